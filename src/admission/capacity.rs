@@ -1,0 +1,635 @@
+//! The backlog ceiling and the fail-closed gate (contract section 2), one [`CapacityGate`]
+//! per queue.
+//!
+//! A gate keeps the last depth read from the admin plane and reuses it for the TTL. One
+//! read is in flight at a time per queue: sends that find the cache stale while a read
+//! runs wait for that read instead of starting their own. On top of the last read the
+//! gate counts the sends this process admitted since, so one process never overshoots
+//! the ceiling between reads:
+//!
+//! ```text
+//! estimate = backlog from the read
+//!          + sends that completed after the read started (or within `lag` before it,
+//!            for an admin plane whose counts trail the data plane)
+//!          + sends admitted and still in flight
+//! ```
+//!
+//! A failed read (error, timeout, no permission) adds one to the queue's consecutive-failure
+//! streak; a good read resets it. With the backlog unknown the send proceeds (fails open)
+//! unless the gate is on and the streak has reached its threshold (fails closed).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use crate::backend::{Backend, DepthError};
+use crate::config::CapacitySettings;
+use crate::domain::QueueName;
+
+/// Completions are counted in slots this wide when a lag window is kept. A slot is
+/// stamped with its end, so rounding can only over-count (refuse a little early), never
+/// let a send through over the ceiling.
+const SLOT: Duration = Duration::from_millis(10);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapacityPolicy {
+    pub limit: u64,
+    pub fail_closed: bool,
+    pub streak_threshold: u32,
+    pub ttl: Duration,
+    pub read_timeout: Duration,
+    /// How far the admin plane's counts may trail the data plane. Sends completed this
+    /// long before a read started are still counted on top of it.
+    pub lag: Duration,
+}
+
+impl CapacityPolicy {
+    pub fn from_settings(s: &CapacitySettings, lag: Duration) -> Self {
+        Self {
+            limit: s.max_queue_depth.max(1),
+            fail_closed: s.fail_closed,
+            streak_threshold: s.fail_closed_streak.max(1),
+            ttl: s.depth_ttl,
+            read_timeout: s.admin_timeout,
+            lag,
+        }
+    }
+}
+
+/// Why a send is refused before it reaches the broker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    QueueFull {
+        backlog: u64,
+        limit: u64,
+        retry_after: Duration,
+    },
+    CapacityUnknown {
+        consecutive_failures: u32,
+    },
+}
+
+/// How an admitted send ended, as far as the queue's backlog is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOutcome {
+    /// A new message is in the queue.
+    Stored,
+    /// Definitely nothing new in the queue (refused, or a detected duplicate).
+    NotStored,
+    /// It may be in the queue (timeout, cancelled): counted as stored, to stay under the ceiling.
+    Unknown,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum LastRead {
+    Never,
+    Ok { backlog: u64, at: Instant },
+    Failed { at: Instant },
+}
+
+#[derive(Debug)]
+struct GateState {
+    last_read: LastRead,
+    /// Bumped by every finished read; waiters compare it to learn that a read happened.
+    generation: u64,
+    streak: u32,
+    /// Admitted, not yet finished.
+    in_flight: u64,
+    /// Finished sends counted on top of the last good read.
+    since_read: u64,
+    /// Every finished send that may be in the queue, ever (a monotonic counter).
+    completed_total: u64,
+    /// Recent completions in `SLOT`-wide slots `(slot end, count)`; kept only when `lag > 0`.
+    recent: VecDeque<(Instant, u64)>,
+    last_read_ok_at: Option<SystemTime>,
+    reads_ok: u64,
+    reads_failed: u64,
+}
+
+/// What `/health/detailed` and `/metrics` show of one queue's gate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateSnapshot {
+    pub backlog: Option<u64>,
+    pub limit: u64,
+    pub consecutive_failures: u32,
+    pub fail_closed: bool,
+    pub last_read_ok_at: Option<SystemTime>,
+    pub reads_ok: u64,
+    pub reads_failed: u64,
+}
+
+pub struct CapacityGate {
+    queue: QueueName,
+    policy: CapacityPolicy,
+    state: Mutex<GateState>,
+    /// Held by the one read in flight; sends that find the cache stale queue here.
+    read_turn: tokio::sync::Mutex<()>,
+}
+
+impl CapacityGate {
+    pub fn new(queue: QueueName, policy: CapacityPolicy) -> Arc<Self> {
+        Arc::new(Self {
+            queue,
+            policy,
+            state: Mutex::new(GateState {
+                last_read: LastRead::Never,
+                generation: 0,
+                streak: 0,
+                in_flight: 0,
+                since_read: 0,
+                completed_total: 0,
+                recent: VecDeque::new(),
+                last_read_ok_at: None,
+                reads_ok: 0,
+                reads_failed: 0,
+            }),
+            read_turn: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    pub fn queue(&self) -> &QueueName {
+        &self.queue
+    }
+
+    pub fn policy(&self) -> &CapacityPolicy {
+        &self.policy
+    }
+
+    /// Decide whether one more send may go to the queue, reading the depth first when the
+    /// cached read is stale. An admitted send holds a [`Reservation`] until it finishes.
+    pub async fn admit(self: &Arc<Self>, backend: &dyn Backend) -> Result<Reservation, Refusal> {
+        let seen_generation = {
+            let mut state = self.state.lock();
+            if self.is_fresh(&state, Instant::now()) {
+                return self.decide(&mut state);
+            }
+            state.generation
+        };
+        self.refresh(backend, seen_generation).await;
+        let mut state = self.state.lock();
+        self.decide(&mut state)
+    }
+
+    fn is_fresh(&self, state: &GateState, now: Instant) -> bool {
+        match state.last_read {
+            LastRead::Never => false,
+            LastRead::Ok { at, .. } | LastRead::Failed { at } => now < at + self.policy.ttl,
+        }
+    }
+
+    /// Read the depth unless another caller finished a read while this one waited its turn.
+    async fn refresh(&self, backend: &dyn Backend, seen_generation: u64) {
+        let _turn = self.read_turn.lock().await;
+        let (started, completed_at_start, lagged) = {
+            let mut state = self.state.lock();
+            if state.generation != seen_generation {
+                return;
+            }
+            let started = Instant::now();
+            let lagged = self.lagged_completions(&mut state, started);
+            (started, state.completed_total, lagged)
+        };
+        let deadline = started + self.policy.read_timeout;
+        let result =
+            match tokio::time::timeout_at(deadline, backend.backlog(&self.queue, deadline)).await {
+                Ok(result) => result,
+                Err(_) => Err(DepthError::Timeout),
+            };
+        let now = Instant::now();
+        let mut state = self.state.lock();
+        state.generation += 1;
+        match result {
+            Ok(backlog) => {
+                // Completions before the read started are in its count (for an exact admin
+                // plane); those after it, and those inside the lag window, are added on top.
+                state.since_read = lagged + (state.completed_total - completed_at_start);
+                state.last_read = LastRead::Ok {
+                    backlog: backlog.messages,
+                    at: now,
+                };
+                state.streak = 0;
+                state.last_read_ok_at = Some(SystemTime::now());
+                state.reads_ok += 1;
+                tracing::debug!(event = "depth_read", queue = %self.queue, backlog = backlog.messages);
+            }
+            Err(error) => {
+                state.last_read = LastRead::Failed { at: now };
+                state.streak = state.streak.saturating_add(1);
+                state.reads_failed += 1;
+                tracing::warn!(
+                    event = "depth_read_failed",
+                    queue = %self.queue,
+                    consecutive_failures = state.streak,
+                    error = %error,
+                    "could not read the queue depth"
+                );
+            }
+        }
+    }
+
+    /// Completions within `lag` before `started`, pruning slots no future read can need.
+    fn lagged_completions(&self, state: &mut GateState, started: Instant) -> u64 {
+        if self.policy.lag.is_zero() {
+            return 0;
+        }
+        let cutoff = started.checked_sub(self.policy.lag);
+        if let Some(cutoff) = cutoff {
+            while state.recent.front().is_some_and(|(end, _)| *end < cutoff) {
+                state.recent.pop_front();
+            }
+        }
+        state.recent.iter().map(|(_, n)| n).sum()
+    }
+
+    fn decide(self: &Arc<Self>, state: &mut GateState) -> Result<Reservation, Refusal> {
+        match state.last_read {
+            LastRead::Ok { backlog, at } => {
+                let estimate = backlog + state.since_read + state.in_flight;
+                if estimate >= self.policy.limit {
+                    let until_next_read =
+                        (at + self.policy.ttl).saturating_duration_since(Instant::now());
+                    return Err(Refusal::QueueFull {
+                        backlog: estimate,
+                        limit: self.policy.limit,
+                        retry_after: until_next_read,
+                    });
+                }
+            }
+            LastRead::Failed { .. } | LastRead::Never => {
+                if self.policy.fail_closed && state.streak >= self.policy.streak_threshold {
+                    tracing::warn!(
+                        event = "send_failclosed",
+                        queue = %self.queue,
+                        consecutive_failures = state.streak,
+                        "queue depth unknown: refusing the send (fail-closed)"
+                    );
+                    return Err(Refusal::CapacityUnknown {
+                        consecutive_failures: state.streak,
+                    });
+                }
+            }
+        }
+        state.in_flight += 1;
+        Ok(Reservation {
+            gate: self.clone(),
+            finished: false,
+        })
+    }
+
+    fn finish(&self, outcome: SendOutcome) {
+        let mut state = self.state.lock();
+        state.in_flight = state.in_flight.saturating_sub(1);
+        if outcome == SendOutcome::NotStored {
+            return;
+        }
+        state.completed_total += 1;
+        state.since_read += 1;
+        if !self.policy.lag.is_zero() {
+            let now = Instant::now();
+            match state.recent.back_mut() {
+                Some((end, n)) if *end >= now => *n += 1,
+                _ => state.recent.push_back((now + SLOT, 1)),
+            }
+            // Bound memory when reads are rare: nothing older than lag plus the longest
+            // read can matter to a read that is running or yet to start.
+            if let Some(cutoff) = now.checked_sub(self.policy.lag + self.policy.read_timeout + SLOT)
+            {
+                while state.recent.front().is_some_and(|(end, _)| *end < cutoff) {
+                    state.recent.pop_front();
+                }
+            }
+        }
+    }
+
+    pub fn snapshot(&self) -> GateSnapshot {
+        let state = self.state.lock();
+        let backlog = match state.last_read {
+            LastRead::Ok { backlog, .. } => Some(backlog + state.since_read + state.in_flight),
+            _ => None,
+        };
+        let unknown = !matches!(state.last_read, LastRead::Ok { .. });
+        GateSnapshot {
+            backlog,
+            limit: self.policy.limit,
+            consecutive_failures: state.streak,
+            fail_closed: unknown
+                && self.policy.fail_closed
+                && state.streak >= self.policy.streak_threshold,
+            last_read_ok_at: state.last_read_ok_at,
+            reads_ok: state.reads_ok,
+            reads_failed: state.reads_failed,
+        }
+    }
+}
+
+/// One admitted send's place under the ceiling. Finish it with the send's outcome; if it
+/// is dropped unfinished (the request was cancelled mid-send) it counts as
+/// [`SendOutcome::Unknown`], the safe side.
+pub struct Reservation {
+    gate: Arc<CapacityGate>,
+    finished: bool,
+}
+
+impl Reservation {
+    pub fn finish(mut self, outcome: SendOutcome) {
+        self.finished = true;
+        self.gate.finish(outcome);
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.gate.finish(SendOutcome::Unknown);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Backlog, OutgoingMessage, SendError, SendReceipt};
+    use async_trait::async_trait;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// An admin plane that answers from a script (then repeats its last answer), after a delay.
+    struct ScriptedDepth {
+        answers: Mutex<VecDeque<Result<u64, DepthError>>>,
+        last: Mutex<Result<u64, DepthError>>,
+        delay: Duration,
+        reads: AtomicU64,
+    }
+
+    impl ScriptedDepth {
+        fn new(answers: Vec<Result<u64, DepthError>>, delay: Duration) -> Self {
+            Self {
+                answers: Mutex::new(answers.into()),
+                last: Mutex::new(Ok(0)),
+                delay,
+                reads: AtomicU64::new(0),
+            }
+        }
+        fn reads(&self) -> u64 {
+            self.reads.load(Ordering::SeqCst)
+        }
+    }
+
+    #[async_trait]
+    impl Backend for ScriptedDepth {
+        fn kind(&self) -> &'static str {
+            "scripted"
+        }
+        async fn send(&self, _: OutgoingMessage, _: Instant) -> Result<SendReceipt, SendError> {
+            unreachable!("capacity never sends")
+        }
+        async fn backlog(&self, _: &QueueName, _: Instant) -> Result<Backlog, DepthError> {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            let answer = {
+                let mut answers = self.answers.lock();
+                match answers.pop_front() {
+                    Some(a) => {
+                        *self.last.lock() = a.clone();
+                        a
+                    }
+                    None => self.last.lock().clone(),
+                }
+            };
+            tokio::time::sleep(self.delay).await;
+            answer.map(|messages| Backlog { messages })
+        }
+    }
+
+    fn policy(limit: u64, ttl_ms: u64, fail_closed: bool, threshold: u32) -> CapacityPolicy {
+        CapacityPolicy {
+            limit,
+            fail_closed,
+            streak_threshold: threshold,
+            ttl: Duration::from_millis(ttl_ms),
+            read_timeout: Duration::from_millis(2000),
+            lag: Duration::ZERO,
+        }
+    }
+
+    fn gate(p: CapacityPolicy) -> Arc<CapacityGate> {
+        CapacityGate::new(QueueName::parse("requests").unwrap(), p)
+    }
+
+    fn down() -> Result<u64, DepthError> {
+        Err(DepthError::Failed("admin plane down".into()))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_is_reused_for_the_ttl() {
+        let backend = ScriptedDepth::new(vec![Ok(0)], Duration::ZERO);
+        let g = gate(policy(100, 1000, false, 3));
+        for _ in 0..3 {
+            g.admit(&backend).await.unwrap().finish(SendOutcome::Stored);
+        }
+        assert_eq!(backend.reads(), 1);
+        tokio::time::advance(Duration::from_millis(999)).await;
+        g.admit(&backend).await.unwrap().finish(SendOutcome::Stored);
+        assert_eq!(backend.reads(), 1);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        g.admit(&backend).await.unwrap().finish(SendOutcome::Stored);
+        assert_eq!(backend.reads(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_sends_share_one_read_in_flight() {
+        let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::from_millis(100)));
+        let g = gate(policy(100, 0, false, 3));
+        let admits: Vec<_> = (0..10)
+            .map(|_| {
+                let (g, b) = (g.clone(), backend.clone());
+                tokio::spawn(async move { g.admit(b.as_ref()).await.is_ok() })
+            })
+            .collect();
+        for a in admits {
+            assert!(a.await.unwrap());
+        }
+        assert!(
+            backend.reads() <= 2,
+            "10 concurrent sends made {} reads",
+            backend.reads()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sends_since_the_read_count_so_the_ceiling_is_never_overshot() {
+        let backend = ScriptedDepth::new(vec![Ok(0)], Duration::ZERO);
+        let g = gate(policy(5, 60_000, false, 3));
+        let mut queued = 0;
+        let mut refused = Vec::new();
+        for _ in 0..8 {
+            match g.admit(&backend).await {
+                Ok(r) => {
+                    r.finish(SendOutcome::Stored);
+                    queued += 1;
+                }
+                Err(e) => refused.push(e),
+            }
+        }
+        assert_eq!(queued, 5);
+        assert_eq!(refused.len(), 3);
+        assert!(matches!(
+            refused[0],
+            Refusal::QueueFull {
+                backlog: 5,
+                limit: 5,
+                ..
+            }
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sends_in_flight_count_towards_the_backlog() {
+        let backend = ScriptedDepth::new(vec![Ok(3)], Duration::ZERO);
+        let g = gate(policy(5, 60_000, false, 3));
+        let a = g.admit(&backend).await.unwrap();
+        let b = g.admit(&backend).await.unwrap();
+        assert!(
+            g.admit(&backend).await.is_err(),
+            "3 stored + 2 in flight is the ceiling"
+        );
+        b.finish(SendOutcome::NotStored);
+        let c = g
+            .admit(&backend)
+            .await
+            .expect("a refused send frees its place");
+        drop(c); // a cancelled send counts as stored: the safe side
+        assert!(g.admit(&backend).await.is_err());
+        a.finish(SendOutcome::Stored);
+        assert_eq!(g.snapshot().backlog, Some(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_read_replaces_the_local_count_without_double_counting() {
+        // The second read already counts the two sends stored before it: they must not be
+        // added again on top of it.
+        let backend = ScriptedDepth::new(vec![Ok(0), Ok(2)], Duration::ZERO);
+        let g = gate(policy(3, 1000, false, 3));
+        g.admit(&backend).await.unwrap().finish(SendOutcome::Stored);
+        g.admit(&backend).await.unwrap().finish(SendOutcome::Stored);
+        tokio::time::advance(Duration::from_millis(1000)).await;
+        g.admit(&backend).await.unwrap().finish(SendOutcome::Stored);
+        assert_eq!(g.snapshot().backlog, Some(3));
+        assert!(matches!(
+            g.admit(&backend).await,
+            Err(Refusal::QueueFull { backlog: 3, .. })
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lagging_admin_plane_still_sees_recent_sends_counted() {
+        // The admin plane reports 0 although 4 sends completed just before the read.
+        let backend = ScriptedDepth::new(vec![Ok(0), Ok(0)], Duration::ZERO);
+        let mut p = policy(5, 1000, false, 3);
+        p.lag = Duration::from_secs(5);
+        let g = gate(p);
+        for _ in 0..4 {
+            g.admit(&backend).await.unwrap().finish(SendOutcome::Stored);
+        }
+        tokio::time::advance(Duration::from_secs(1)).await;
+        g.admit(&backend).await.unwrap().finish(SendOutcome::Stored);
+        assert!(
+            g.admit(&backend).await.is_err(),
+            "lagging read of 0 + 5 recent sends is the ceiling"
+        );
+        // Well past the lag window, the admin plane's count is trusted alone.
+        tokio::time::advance(Duration::from_secs(7)).await;
+        assert!(g.admit(&backend).await.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn queue_full_says_when_the_next_read_is_due() {
+        let backend = ScriptedDepth::new(vec![Ok(10)], Duration::ZERO);
+        let g = gate(policy(5, 4000, false, 3));
+        assert!(g.admit(&backend).await.is_err());
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        match g.admit(&backend).await {
+            Err(Refusal::QueueFull {
+                backlog: 10,
+                limit: 5,
+                retry_after,
+            }) => {
+                assert_eq!(retry_after, Duration::from_millis(2500));
+            }
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gate_on_fails_closed_at_the_threshold_and_recovers() {
+        let backend = ScriptedDepth::new(vec![down(), down(), down(), Ok(0)], Duration::ZERO);
+        let g = gate(policy(100, 0, true, 3));
+        assert!(g.admit(&backend).await.is_ok());
+        assert!(g.admit(&backend).await.is_ok());
+        assert_eq!(
+            g.admit(&backend).await.err(),
+            Some(Refusal::CapacityUnknown {
+                consecutive_failures: 3
+            })
+        );
+        assert!(g.snapshot().fail_closed);
+        assert!(
+            g.admit(&backend).await.is_ok(),
+            "a good read resets the streak"
+        );
+        assert_eq!(g.snapshot().consecutive_failures, 0);
+        assert!(!g.snapshot().fail_closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gate_off_always_fails_open() {
+        let backend = ScriptedDepth::new(vec![down()], Duration::ZERO);
+        let g = gate(policy(100, 0, false, 3));
+        for _ in 0..5 {
+            g.admit(&backend).await.unwrap().finish(SendOutcome::Stored);
+        }
+        assert_eq!(g.snapshot().consecutive_failures, 5);
+        assert!(!g.snapshot().fail_closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_streak_counts_consecutive_failures_only() {
+        let backend = ScriptedDepth::new(vec![down(), Ok(0), down()], Duration::ZERO);
+        let g = gate(policy(100, 0, true, 2));
+        for _ in 0..3 {
+            assert!(g.admit(&backend).await.is_ok());
+        }
+        assert_eq!(g.snapshot().consecutive_failures, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_that_outlives_its_timeout_is_a_failure_and_ends_on_time() {
+        let backend = ScriptedDepth::new(vec![Ok(0)], Duration::from_secs(60));
+        let g = gate(policy(100, 0, true, 1));
+        let start = Instant::now();
+        assert_eq!(
+            g.admit(&backend).await.err(),
+            Some(Refusal::CapacityUnknown {
+                consecutive_failures: 1
+            }),
+            "the timed-out read counts before the send is decided"
+        );
+        assert_eq!(start.elapsed(), Duration::from_millis(2000));
+        assert_eq!(g.snapshot().consecutive_failures, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_reads_are_cached_for_the_ttl_too() {
+        let backend = ScriptedDepth::new(vec![down()], Duration::ZERO);
+        let g = gate(policy(100, 1000, true, 3));
+        for _ in 0..10 {
+            assert!(g.admit(&backend).await.is_ok());
+        }
+        assert_eq!(
+            backend.reads(),
+            1,
+            "a failing admin plane is not hammered by every send"
+        );
+    }
+}

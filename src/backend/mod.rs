@@ -1,0 +1,97 @@
+//! The broker behind the gateway.
+//!
+//! A [`Backend`] does two things, each bounded by a deadline that is passed *into* the
+//! operation (not only put around it), so a call that runs out of time is cancelled and
+//! gives back whatever it held:
+//! - `send`: put one message on a queue (the data plane);
+//! - `backlog`: read how many messages wait in a queue (the admin plane).
+
+pub mod embedded;
+mod metered;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use crate::domain::{CorrelationId, MessageId, QueueName};
+
+pub use metered::{BackendCalls, Metered};
+
+/// One message on its way to a queue; `body` is delivered byte for byte.
+#[derive(Debug, Clone)]
+pub struct OutgoingMessage {
+    pub queue: QueueName,
+    pub message_id: MessageId,
+    pub correlation_id: Option<CorrelationId>,
+    pub body: Bytes,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendReceipt {
+    /// The broker already held a message with this id inside its duplicate-detection
+    /// window, so nothing new was stored.
+    pub duplicate: bool,
+}
+
+/// What the admin plane says about a queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backlog {
+    /// Messages waiting: stored and not yet taken (contract section 2).
+    pub messages: u64,
+}
+
+/// Why a send did not put the message on the queue (or may not have).
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum SendError {
+    /// The deadline passed; the broker may or may not have the message.
+    #[error("the broker did not confirm the send before its deadline")]
+    Timeout,
+    #[error("the broker refused the gateway's credential: {0}")]
+    AuthFailed(String),
+    #[error("the broker is busy or throttling: {reason}")]
+    Busy {
+        reason: String,
+        retry_after: Option<Duration>,
+    },
+    #[error("the queue is disabled for sends at the broker")]
+    QueueDisabled,
+    #[error("the queue does not exist at the broker")]
+    QueueNotFound,
+    #[error("the broker refused the message as too large")]
+    TooLarge,
+    #[error("the broker could not be reached: {0}")]
+    Unavailable(String),
+    #[error("the send failed: {0}")]
+    Failed(String),
+}
+
+/// Why the backlog could not be read. Every variant counts as one failed read.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum DepthError {
+    #[error("the depth read did not answer before its deadline")]
+    Timeout,
+    #[error("the admin plane refused the credential (no right to read the depth): {0}")]
+    Unauthorized(String),
+    #[error("the queue does not exist at the broker")]
+    QueueNotFound,
+    #[error("the depth read failed: {0}")]
+    Failed(String),
+}
+
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// `embedded`, `rabbitmq` or `servicebus`, as `/health/detailed` shows it.
+    fn kind(&self) -> &'static str;
+
+    /// Put `message` on its queue; give up, cancelling the operation, at `deadline`.
+    async fn send(
+        &self,
+        message: OutgoingMessage,
+        deadline: Instant,
+    ) -> Result<SendReceipt, SendError>;
+
+    /// Read the queue's backlog from the admin plane; give up at `deadline`.
+    async fn backlog(&self, queue: &QueueName, deadline: Instant) -> Result<Backlog, DepthError>;
+}

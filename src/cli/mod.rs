@@ -1,0 +1,51 @@
+//! The command line: `serve` (the default), `queue`, `keys`. One file per subcommand.
+
+mod keys;
+mod queue;
+mod serve;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "sendgate",
+    version,
+    about = "An HTTP gateway that refuses work the queue cannot take."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway (what `sendgate` with no subcommand does).
+    Serve,
+    /// Work with the embedded queue on local disk.
+    Queue {
+        #[command(subcommand)]
+        action: queue::QueueCommand,
+    },
+    /// Make API keys.
+    Keys {
+        #[command(subcommand)]
+        action: keys::KeysCommand,
+    },
+}
+
+pub fn run() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => serve::run(),
+        Command::Queue { action } => queue::run(action),
+        Command::Keys { action } => keys::run(action),
+    }
+}

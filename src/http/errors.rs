@@ -1,0 +1,328 @@
+//! Every refusal the HTTP API can give, and the only place status codes, error codes,
+//! bodies and `Retry-After` are chosen.
+//!
+//! Every error body is `{"code", "message", "request_id", ...fields}`; every 429 and 503
+//! carries an integer `Retry-After` of at least 1.
+
+use std::time::Duration;
+
+use actix_web::http::header::{HeaderValue, ALLOW, RETRY_AFTER, WWW_AUTHENTICATE};
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, ResponseError};
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+use crate::admission::capacity::Refusal;
+use crate::admission::DispatchError;
+use crate::backend::SendError;
+use crate::domain::{MessageId, RequestId};
+use crate::lifecycle::NotAdmitting;
+
+/// Fail-closed answers with a fixed `Retry-After`: the admin plane is down, so there is
+/// no better estimate of when capacity will be known again.
+pub const CAPACITY_UNKNOWN_RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// One problem with the request's input: where (`["body"]`, `["header", "Idempotency-Key"]`)
+/// and what.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FieldError {
+    pub loc: Vec<String>,
+    pub msg: String,
+}
+
+impl FieldError {
+    pub fn new(loc: &[&str], msg: impl Into<String>) -> Self {
+        Self {
+            loc: loc.iter().map(|s| s.to_string()).collect(),
+            msg: msg.into(),
+        }
+    }
+}
+
+/// Most input problems listed in one 400.
+pub const MAX_FIELD_ERRORS: usize = 20;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Problem {
+    #[error("No route matches this path.")]
+    NotFound,
+    #[error("This path does not accept this method.")]
+    MethodNotAllowed { allow: &'static str },
+    #[error("The queue {queue:?} is not served by this gateway.")]
+    UnknownQueue { queue: String },
+    #[error("A valid bearer token is required.")]
+    Unauthenticated { token_given: bool },
+    #[error("This key may not {action}.")]
+    Forbidden { action: &'static str },
+    #[error("The gateway is starting; try again shortly.")]
+    Starting,
+    #[error("The gateway is draining before a restart; try again after Retry-After.")]
+    Draining { retry_after: Duration },
+    #[error("The body must be sent as application/json.")]
+    UnsupportedMediaType,
+    #[error("The body is larger than {limit} bytes.")]
+    PayloadTooLarge { limit: usize },
+    #[error("The request is not valid.")]
+    InvalidRequest { errors: Vec<FieldError> },
+    #[error("The queue holds {backlog} messages, at or over its ceiling of {limit}.")]
+    QueueFull {
+        backlog: u64,
+        limit: u64,
+        retry_after: Duration,
+    },
+    #[error("The queue's depth could not be read {consecutive_failures} times in a row; sends are refused until it can.")]
+    CapacityUnknown { consecutive_failures: u32 },
+    #[error("Too many sends are in flight; try again in a moment.")]
+    Saturated,
+    #[error("The broker did not confirm the send in time; the outcome is unknown. Retry with the same Idempotency-Key.")]
+    SendTimeout { message_id: String },
+    #[error("The broker refused the gateway's credential.")]
+    BackendAuthFailed,
+    #[error("The broker is busy; try again after Retry-After.")]
+    BackendBusy { retry_after: Duration },
+    #[error("The queue is disabled at the broker.")]
+    QueueDisabled,
+    #[error("The message was not sent: {detail}")]
+    SendFailed { detail: String },
+}
+
+impl Problem {
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::NotFound => "not_found",
+            Self::MethodNotAllowed { .. } => "method_not_allowed",
+            Self::UnknownQueue { .. } => "unknown_queue",
+            Self::Unauthenticated { .. } => "unauthenticated",
+            Self::Forbidden { .. } => "forbidden",
+            Self::Starting => "starting",
+            Self::Draining { .. } => "draining",
+            Self::UnsupportedMediaType => "unsupported_media_type",
+            Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::InvalidRequest { .. } => "invalid_request",
+            Self::QueueFull { .. } => "queue_full",
+            Self::CapacityUnknown { .. } => "capacity_unknown",
+            Self::Saturated => "saturated",
+            Self::SendTimeout { .. } => "send_timeout",
+            Self::BackendAuthFailed => "backend_auth_failed",
+            Self::BackendBusy { .. } => "backend_busy",
+            Self::QueueDisabled => "queue_disabled",
+            Self::SendFailed { .. } => "send_failed",
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::NotFound | Self::UnknownQueue { .. } => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::Unauthenticated { .. } => StatusCode::UNAUTHORIZED,
+            Self::Forbidden { .. } => StatusCode::FORBIDDEN,
+            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            Self::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::Starting
+            | Self::Draining { .. }
+            | Self::CapacityUnknown { .. }
+            | Self::Saturated
+            | Self::BackendBusy { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::SendTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Self::BackendAuthFailed | Self::SendFailed { .. } => StatusCode::BAD_GATEWAY,
+            Self::QueueDisabled => StatusCode::CONFLICT,
+        }
+    }
+
+    /// `Retry-After`, for the answers that carry one.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Starting | Self::Saturated => Some(Duration::from_secs(1)),
+            Self::Draining { retry_after }
+            | Self::QueueFull { retry_after, .. }
+            | Self::BackendBusy { retry_after } => Some(*retry_after),
+            Self::CapacityUnknown { .. } => Some(CAPACITY_UNKNOWN_RETRY_AFTER),
+            _ => None,
+        }
+    }
+
+    fn fields(&self, body: &mut Map<String, Value>) {
+        match self {
+            Self::UnknownQueue { queue } => {
+                body.insert("queue".into(), json!(queue));
+            }
+            Self::Draining { retry_after } => {
+                body.insert("retry_after_s".into(), json!(whole_seconds(*retry_after)));
+            }
+            Self::PayloadTooLarge { limit } => {
+                body.insert("limit_bytes".into(), json!(limit));
+            }
+            Self::InvalidRequest { errors } => {
+                body.insert("errors".into(), json!(errors));
+            }
+            Self::QueueFull { backlog, limit, .. } => {
+                body.insert("backlog".into(), json!(backlog));
+                body.insert("limit".into(), json!(limit));
+            }
+            Self::CapacityUnknown {
+                consecutive_failures,
+            } => {
+                body.insert("consecutive_failures".into(), json!(consecutive_failures));
+            }
+            Self::SendTimeout { message_id } => {
+                body.insert("outcome".into(), json!("unknown"));
+                body.insert("message_id".into(), json!(message_id));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// `Retry-After` in whole seconds, rounded up, never below 1.
+pub fn whole_seconds(d: Duration) -> u64 {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    secs.max(1)
+}
+
+/// A refusal for one request: the problem and the request's id.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{problem}")]
+pub struct ApiError {
+    pub problem: Problem,
+    pub request_id: RequestId,
+}
+
+impl ApiError {
+    pub fn new(problem: Problem, request_id: &RequestId) -> Self {
+        Self {
+            problem,
+            request_id: request_id.clone(),
+        }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        self.problem.status()
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let mut body = Map::new();
+        body.insert("code".into(), json!(self.problem.code()));
+        body.insert("message".into(), json!(self.problem.to_string()));
+        body.insert("request_id".into(), json!(self.request_id.as_str()));
+        self.problem.fields(&mut body);
+
+        let mut response = HttpResponse::build(self.problem.status());
+        response.insert_header(("X-Request-Id", self.request_id.as_str()));
+        if let Some(after) = self.problem.retry_after() {
+            response.insert_header((RETRY_AFTER, HeaderValue::from(whole_seconds(after))));
+        }
+        match &self.problem {
+            Problem::Unauthenticated { token_given: false } => {
+                response.insert_header((WWW_AUTHENTICATE, "Bearer"));
+            }
+            Problem::Unauthenticated { token_given: true } => {
+                response.insert_header((WWW_AUTHENTICATE, "Bearer error=\"invalid_token\""));
+            }
+            Problem::MethodNotAllowed { allow } => {
+                response.insert_header((ALLOW, *allow));
+            }
+            _ => {}
+        }
+        response.json(Value::Object(body))
+    }
+}
+
+impl From<NotAdmitting> for Problem {
+    fn from(n: NotAdmitting) -> Self {
+        match n {
+            NotAdmitting::Starting => Problem::Starting,
+            NotAdmitting::Draining { retry_after } => Problem::Draining { retry_after },
+            NotAdmitting::Stopped => Problem::Draining {
+                retry_after: Duration::from_secs(1),
+            },
+        }
+    }
+}
+
+impl Problem {
+    /// The answer for a dispatch that did not end in the queue. `message_id` goes into a
+    /// 504 so the client can retry with the same key.
+    pub fn from_dispatch(e: DispatchError, message_id: &MessageId) -> Self {
+        match e {
+            DispatchError::Refused(Refusal::QueueFull {
+                backlog,
+                limit,
+                retry_after,
+            }) => Problem::QueueFull {
+                backlog,
+                limit,
+                retry_after,
+            },
+            DispatchError::Refused(Refusal::CapacityUnknown {
+                consecutive_failures,
+            }) => Problem::CapacityUnknown {
+                consecutive_failures,
+            },
+            DispatchError::Saturated => Problem::Saturated,
+            DispatchError::UnknownQueue => Problem::SendFailed {
+                detail: "no route to this queue".into(),
+            },
+            DispatchError::Send(SendError::Timeout) => Problem::SendTimeout {
+                message_id: message_id.to_string(),
+            },
+            DispatchError::Send(SendError::AuthFailed(_)) => Problem::BackendAuthFailed,
+            DispatchError::Send(SendError::Busy { retry_after, .. }) => Problem::BackendBusy {
+                retry_after: retry_after.unwrap_or(Duration::from_secs(1)),
+            },
+            DispatchError::Send(SendError::QueueDisabled) => Problem::QueueDisabled,
+            DispatchError::Send(SendError::TooLarge) => Problem::SendFailed {
+                detail: "the broker refused the message as too large".into(),
+            },
+            DispatchError::Send(
+                e @ (SendError::QueueNotFound | SendError::Unavailable(_) | SendError::Failed(_)),
+            ) => Problem::SendFailed {
+                detail: e.to_string(),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_and_is_at_least_one() {
+        assert_eq!(whole_seconds(Duration::ZERO), 1);
+        assert_eq!(whole_seconds(Duration::from_millis(1)), 1);
+        assert_eq!(whole_seconds(Duration::from_millis(1000)), 1);
+        assert_eq!(whole_seconds(Duration::from_millis(1001)), 2);
+        assert_eq!(whole_seconds(Duration::from_secs(30)), 30);
+    }
+
+    #[test]
+    fn every_429_and_503_has_a_retry_after() {
+        let all = [
+            Problem::Starting,
+            Problem::Draining {
+                retry_after: Duration::ZERO,
+            },
+            Problem::QueueFull {
+                backlog: 1,
+                limit: 1,
+                retry_after: Duration::ZERO,
+            },
+            Problem::CapacityUnknown {
+                consecutive_failures: 3,
+            },
+            Problem::Saturated,
+            Problem::BackendBusy {
+                retry_after: Duration::ZERO,
+            },
+        ];
+        for p in all {
+            let s = p.status().as_u16();
+            assert!(s == 429 || s == 503);
+            assert!(p.retry_after().is_some(), "{p:?}");
+        }
+    }
+}

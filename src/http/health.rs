@@ -1,0 +1,146 @@
+//! `/health/live`, `/health/ready` and `/health/detailed`.
+//!
+//! None of them touches the broker: they report what the gateway already knows (the
+//! lifecycle, each queue's last depth read and streak), so a probe can never hold a send's
+//! slot or keep a failing request path looking healthy.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::Serialize;
+use serde_json::json;
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+use super::auth::{AuthError, Permission};
+use super::errors::{ApiError, Problem};
+use super::{request_id, AppState};
+use crate::lifecycle::{GatewayState, NotAdmitting};
+
+pub async fn live() -> HttpResponse {
+    HttpResponse::Ok().json(json!({"status": "ok"}))
+}
+
+pub async fn ready(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let gateway_state = state.lifecycle.state();
+    if gateway_state == GatewayState::Running {
+        return Ok(HttpResponse::Ok()
+            .json(json!({"status": "ready", "gateway_state": gateway_state.as_str()})));
+    }
+    let why = match gateway_state {
+        GatewayState::Starting => NotAdmitting::Starting,
+        _ => NotAdmitting::Draining {
+            retry_after: state
+                .lifecycle
+                .drain_status()
+                .map(|d| d.remaining)
+                .unwrap_or_default(),
+        },
+    };
+    Err(ApiError::new(why.into(), &request_id(&req).0))
+}
+
+#[derive(Serialize)]
+struct Detailed {
+    status: &'static str,
+    gateway_state: &'static str,
+    version: &'static str,
+    pid: u32,
+    drain: Option<Drain>,
+    queues: BTreeMap<String, QueueHealth>,
+    backends: BTreeMap<&'static str, BackendHealth>,
+}
+
+#[derive(Serialize)]
+struct Drain {
+    remaining_s: f64,
+    in_flight: usize,
+}
+
+#[derive(Serialize)]
+struct QueueHealth {
+    backlog: Option<u64>,
+    limit: u64,
+    consecutive_failures: u32,
+    fail_closed: bool,
+    last_read_ok_at: Option<String>,
+}
+
+#[derive(Serialize)]
+struct BackendHealth {
+    kind: &'static str,
+    breaker: &'static str,
+    sends_in_flight: usize,
+    max_in_flight: usize,
+}
+
+pub async fn detailed(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let rid = request_id(&req).0;
+    let principal = state.auth.authenticate(&req).map_err(|e| {
+        ApiError::new(
+            Problem::Unauthenticated {
+                token_given: e == AuthError::Unknown,
+            },
+            &rid,
+        )
+    })?;
+    if !principal.may(Permission::Observe) {
+        return Err(ApiError::new(
+            Problem::Forbidden {
+                action: "read the gateway's health",
+            },
+            &rid,
+        ));
+    }
+
+    let gateway_state = state.lifecycle.state();
+    let mut degraded = gateway_state != GatewayState::Running;
+    let mut queues = BTreeMap::new();
+    for gate in state.dispatcher.gates() {
+        let s = gate.snapshot();
+        degraded |= s.consecutive_failures > 0;
+        queues.insert(
+            gate.queue().to_string(),
+            QueueHealth {
+                backlog: s.backlog,
+                limit: s.limit,
+                consecutive_failures: s.consecutive_failures,
+                fail_closed: s.fail_closed,
+                last_read_ok_at: s.last_read_ok_at.and_then(rfc3339),
+            },
+        );
+    }
+    let in_flight = state.dispatcher.in_flight();
+    let backends = BTreeMap::from([(
+        "primary",
+        BackendHealth {
+            kind: state.dispatcher.backend_kind(),
+            breaker: "closed",
+            sends_in_flight: in_flight.current(),
+            max_in_flight: in_flight.max(),
+        },
+    )]);
+    let drain = state.lifecycle.drain_status().map(|d| Drain {
+        remaining_s: (d.remaining.as_secs_f64() * 10.0).round() / 10.0,
+        in_flight: d.in_flight,
+    });
+    Ok(HttpResponse::Ok()
+        .insert_header(("X-Request-Id", rid.as_str()))
+        .json(Detailed {
+            status: if degraded { "degraded" } else { "ok" },
+            gateway_state: gateway_state.as_str(),
+            version: env!("CARGO_PKG_VERSION"),
+            pid: std::process::id(),
+            drain,
+            queues,
+            backends,
+        }))
+}
+
+fn rfc3339(t: SystemTime) -> Option<String> {
+    OffsetDateTime::from(t).format(&Rfc3339).ok()
+}

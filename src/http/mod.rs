@@ -1,0 +1,74 @@
+//! The HTTP API: one file per route group, the shared state, and the routing table.
+
+pub mod auth;
+pub mod errors;
+mod fallback;
+mod health;
+mod send;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use actix_web::{web, HttpRequest};
+
+use crate::admission::Dispatcher;
+use crate::backend::BackendCalls;
+use crate::domain::{QueueName, RequestId};
+use crate::lifecycle::Lifecycle;
+use auth::Authenticator;
+use errors::FieldError;
+
+/// What every handler can reach.
+pub struct AppState {
+    pub dispatcher: Dispatcher,
+    pub auth: Authenticator,
+    pub lifecycle: Lifecycle,
+    pub queues: HashMap<String, QueueName>,
+    pub max_body_bytes: usize,
+    pub backend_calls: Arc<BackendCalls>,
+}
+
+/// The routing table. Anything not listed is `404 not_found`, answered here without
+/// touching the backend.
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.service(
+        web::resource("/v1/queues/{queue}/messages")
+            .route(web::post().to(send::send_message))
+            .default_service(web::to(fallback::only_post)),
+    )
+    .service(
+        web::resource("/health/live")
+            .route(web::get().to(health::live))
+            .default_service(web::to(fallback::only_get)),
+    )
+    .service(
+        web::resource("/health/ready")
+            .route(web::get().to(health::ready))
+            .default_service(web::to(fallback::only_get)),
+    )
+    .service(
+        web::resource("/health/detailed")
+            .route(web::get().to(health::detailed))
+            .default_service(web::to(fallback::only_get)),
+    )
+    .default_service(web::to(fallback::not_found));
+}
+
+/// The request's id: the client's `X-Request-Id` when it is valid, else a fresh one (and
+/// the header's problem, reported with the other input errors).
+pub fn request_id(req: &HttpRequest) -> (RequestId, Option<FieldError>) {
+    match req.headers().get("X-Request-Id") {
+        None => (RequestId::generate(), None),
+        Some(value) => match value
+            .to_str()
+            .map_err(|_| crate::domain::IdError::NotPrintable)
+            .and_then(RequestId::parse)
+        {
+            Ok(id) => (id, None),
+            Err(e) => (
+                RequestId::generate(),
+                Some(FieldError::new(&["header", "X-Request-Id"], e.to_string())),
+            ),
+        },
+    }
+}

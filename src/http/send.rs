@@ -1,0 +1,244 @@
+//! `POST /v1/queues/{queue}/messages`: the admission order of the contract, top to bottom.
+
+use actix_web::http::header::CONTENT_TYPE;
+use actix_web::{web, HttpRequest, HttpResponse};
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use serde::Serialize;
+
+use super::auth::{AuthError, Permission};
+use super::errors::{ApiError, FieldError, Problem, MAX_FIELD_ERRORS};
+use super::{request_id, AppState};
+use crate::backend::OutgoingMessage;
+use crate::domain::{CorrelationId, IdError, MessageId};
+
+#[derive(Serialize)]
+struct Queued<'a> {
+    status: &'static str,
+    queue: &'a str,
+    message_id: &'a str,
+    request_id: &'a str,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    duplicate: bool,
+}
+
+#[derive(Serialize)]
+struct Valid<'a> {
+    status: &'static str,
+    dry_run: bool,
+    queue: &'a str,
+    message_id: &'a str,
+    request_id: &'a str,
+}
+
+pub async fn send_message(
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let (request_id, request_id_problem) = request_id(&req);
+    let fail = |problem: Problem| ApiError::new(problem, &request_id);
+
+    // 2. Who is asking, and may they?
+    let principal = state.auth.authenticate(&req).map_err(|e| {
+        fail(Problem::Unauthenticated {
+            token_given: e == AuthError::Unknown,
+        })
+    })?;
+    if !principal.may(Permission::Send) {
+        return Err(fail(Problem::Forbidden {
+            action: "send messages",
+        }));
+    }
+    let queue = state
+        .queues
+        .get(path.as_str())
+        .ok_or_else(|| {
+            fail(Problem::UnknownQueue {
+                queue: path.clone(),
+            })
+        })?
+        .clone();
+    if !principal.may_use_queue(&queue) {
+        return Err(fail(Problem::Forbidden {
+            action: "send to this queue",
+        }));
+    }
+
+    // 3. Lifecycle: the guard keeps a drain waiting until this send is answered.
+    let _in_flight = state.lifecycle.admit_send().map_err(|n| fail(n.into()))?;
+
+    // 4. Input.
+    if !is_json(&req) {
+        return Err(fail(Problem::UnsupportedMediaType));
+    }
+    let body = read_body(&req, payload, state.max_body_bytes)
+        .await
+        .map_err(fail)?;
+    let input = Input::parse(&req, &body, request_id_problem).map_err(fail)?;
+    let message_id = input.message_id.unwrap_or_else(MessageId::generate);
+
+    let mut response_headers = vec![("X-Request-Id", request_id.to_string())];
+    if let Some(c) = &input.correlation_header {
+        response_headers.push(("X-Correlation-Id", c.to_string()));
+    }
+
+    if input.dry_run {
+        let mut ok = HttpResponse::Ok();
+        for h in response_headers {
+            ok.insert_header(h);
+        }
+        return Ok(ok.json(Valid {
+            status: "valid",
+            dry_run: true,
+            queue: queue.as_str(),
+            message_id: message_id.as_str(),
+            request_id: request_id.as_str(),
+        }));
+    }
+
+    // 5.–8. Capacity, in-flight limit, the send under its deadline.
+    let correlation_id = input.correlation_header.or_else(|| {
+        CorrelationId::parse(request_id.as_str())
+            .ok()
+            .filter(|_| input.request_id_given)
+    });
+    let message = OutgoingMessage {
+        queue: queue.clone(),
+        message_id: message_id.clone(),
+        correlation_id,
+        body,
+    };
+    match state.dispatcher.send(message).await {
+        Ok(receipt) => {
+            let mut created = HttpResponse::Created();
+            for h in response_headers {
+                created.insert_header(h);
+            }
+            Ok(created.json(Queued {
+                status: "queued",
+                queue: queue.as_str(),
+                message_id: message_id.as_str(),
+                request_id: request_id.as_str(),
+                duplicate: receipt.duplicate,
+            }))
+        }
+        Err(e) => Err(fail(Problem::from_dispatch(e, &message_id))),
+    }
+}
+
+fn is_json(req: &HttpRequest) -> bool {
+    req.headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<mime::Mime>().ok())
+        .is_some_and(|m| m.essence_str().eq_ignore_ascii_case("application/json"))
+}
+
+/// The body, refusing it as soon as it is known to be too large (from `Content-Length`
+/// before reading, or while streaming when the length was not announced).
+async fn read_body(
+    req: &HttpRequest,
+    mut payload: web::Payload,
+    limit: usize,
+) -> Result<Bytes, Problem> {
+    let announced = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if announced.is_some_and(|n| n > limit) {
+        return Err(Problem::PayloadTooLarge { limit });
+    }
+    let mut body = BytesMut::with_capacity(announced.unwrap_or(1024).min(limit));
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| Problem::InvalidRequest {
+            errors: vec![FieldError::new(
+                &["body"],
+                format!("the body could not be read: {e}"),
+            )],
+        })?;
+        if body.len() + chunk.len() > limit {
+            return Err(Problem::PayloadTooLarge { limit });
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
+/// The parts of the request that are input, all checked before any is rejected so one 400
+/// lists every problem.
+struct Input {
+    message_id: Option<MessageId>,
+    correlation_header: Option<CorrelationId>,
+    request_id_given: bool,
+    dry_run: bool,
+}
+
+impl Input {
+    fn parse(
+        req: &HttpRequest,
+        body: &[u8],
+        request_id_problem: Option<FieldError>,
+    ) -> Result<Self, Problem> {
+        let mut errors: Vec<FieldError> = request_id_problem.into_iter().collect();
+
+        if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+            errors.push(FieldError::new(&["body"], format!("not valid JSON: {e}")));
+        }
+        let message_id = header_id(req, "Idempotency-Key", MessageId::parse, &mut errors);
+        let correlation_header =
+            header_id(req, "X-Correlation-Id", CorrelationId::parse, &mut errors);
+        let dry_run = match query_value(req, "dry_run") {
+            None => false,
+            Some(v) if v.eq_ignore_ascii_case("true") || v == "1" => true,
+            Some(v) if v.eq_ignore_ascii_case("false") || v == "0" => false,
+            Some(_) => {
+                errors.push(FieldError::new(
+                    &["query", "dry_run"],
+                    "must be true or false",
+                ));
+                false
+            }
+        };
+        if !errors.is_empty() {
+            errors.truncate(MAX_FIELD_ERRORS);
+            return Err(Problem::InvalidRequest { errors });
+        }
+        Ok(Self {
+            message_id,
+            correlation_header,
+            request_id_given: req.headers().contains_key("X-Request-Id"),
+            dry_run,
+        })
+    }
+}
+
+fn header_id<T>(
+    req: &HttpRequest,
+    name: &str,
+    parse: fn(&str) -> Result<T, IdError>,
+    errors: &mut Vec<FieldError>,
+) -> Option<T> {
+    let value = req.headers().get(name)?;
+    match value
+        .to_str()
+        .map_err(|_| IdError::NotPrintable)
+        .and_then(parse)
+    {
+        Ok(v) => Some(v),
+        Err(e) => {
+            errors.push(FieldError::new(&["header", name], e.to_string()));
+            None
+        }
+    }
+}
+
+fn query_value(req: &HttpRequest, key: &str) -> Option<String> {
+    serde_urlencoded::from_str::<Vec<(String, String)>>(req.query_string())
+        .unwrap_or_default()
+        .into_iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v)
+}

@@ -1,0 +1,12 @@
+//! sendgate: an HTTP gateway in front of a message queue that refuses work the queue
+//! cannot take. See ARCHITECTURE.md for the map of the code.
+
+pub mod admission;
+pub mod backend;
+pub mod cli;
+pub mod config;
+pub mod domain;
+pub mod http;
+pub mod lifecycle;
+pub mod startup;
+pub mod telemetry;

@@ -1,0 +1,225 @@
+//! Build the application from [`Settings`], bind, run, and wire signals to the lifecycle.
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::dev::Server;
+use actix_web::{web, App, HttpServer};
+
+use crate::admission::capacity::{CapacityGate, CapacityPolicy};
+use crate::admission::inflight::InFlight;
+use crate::admission::Dispatcher;
+use crate::backend::embedded::{EmbeddedFaults, EmbeddedQueue, StoreError};
+use crate::backend::{Backend, BackendCalls, Metered};
+use crate::config::{AuthSettings, BackendKind, ConfigError, Settings};
+use crate::http::auth::{Authenticator, KeysFileError};
+use crate::http::{routes, AppState};
+use crate::lifecycle::Lifecycle;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Keys(#[from] KeysFileError),
+    #[error("SENDGATE_BACKEND: the {0} backend is not part of this build yet")]
+    BackendNotBuilt(&'static str),
+    #[error("SENDGATE_DATA_DIR: {0}")]
+    Embedded(#[from] StoreError),
+    #[error("SENDGATE_LISTEN: cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+}
+
+impl StartupError {
+    /// 2 for a setting that is wrong, 1 for an environment that failed us.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Config(_) | Self::Keys(_) | Self::BackendNotBuilt(_) => 2,
+            Self::Embedded(_) | Self::Bind { .. } => 1,
+        }
+    }
+}
+
+/// Handles that tests and the CLI keep while the server runs.
+#[derive(Clone)]
+pub struct AppHandle {
+    pub lifecycle: Lifecycle,
+    pub backend_calls: Arc<BackendCalls>,
+    /// Present on the embedded backend: fault switches for tests.
+    pub embedded_faults: Option<Arc<EmbeddedFaults>>,
+}
+
+pub struct Application {
+    server: Server,
+    port: u16,
+    handle: AppHandle,
+    drain_timeout: Duration,
+}
+
+impl Application {
+    /// Open the configured backend and bind the listener. The gateway is `running` when
+    /// this returns.
+    pub async fn build(settings: Settings) -> Result<Self, StartupError> {
+        let (backend, faults): (Arc<dyn Backend>, _) = match settings.backend {
+            BackendKind::Embedded => {
+                let queue = EmbeddedQueue::open(&settings.data_dir)?;
+                let faults = queue.faults();
+                (Arc::new(queue), Some(faults))
+            }
+            other => return Err(StartupError::BackendNotBuilt(other.as_str())),
+        };
+        Self::assemble(settings, backend, faults)
+    }
+
+    fn assemble(
+        settings: Settings,
+        backend: Arc<dyn Backend>,
+        embedded_faults: Option<Arc<EmbeddedFaults>>,
+    ) -> Result<Self, StartupError> {
+        let auth = match &settings.auth {
+            AuthSettings::KeysFile(path) => Authenticator::from_file(path)?,
+            AuthSettings::Open { explicitly_none } => {
+                tracing::warn!(
+                    event = "auth_open",
+                    explicitly_none,
+                    listen = %settings.listen,
+                    "no API keys configured: every caller may send and observe"
+                );
+                Authenticator::Open
+            }
+        };
+        let metered = Arc::new(Metered::new(backend));
+        let backend_calls = metered.calls();
+        let policy = CapacityPolicy::from_settings(&settings.capacity, Duration::ZERO);
+        let gates = settings
+            .queues
+            .iter()
+            .map(|q| CapacityGate::new(q.clone(), policy.clone()));
+        let dispatcher = Dispatcher::new(
+            metered,
+            gates,
+            InFlight::new(settings.max_in_flight),
+            settings.send_timeout,
+        );
+        let lifecycle = Lifecycle::new();
+        let state = web::Data::new(AppState {
+            dispatcher,
+            auth,
+            lifecycle: lifecycle.clone(),
+            queues: settings
+                .queues
+                .iter()
+                .map(|q| (q.to_string(), q.clone()))
+                .collect::<HashMap<_, _>>(),
+            max_body_bytes: settings.max_body_bytes,
+            backend_calls: backend_calls.clone(),
+        });
+
+        let bind_error = |source| StartupError::Bind {
+            addr: settings.listen.to_string(),
+            source,
+        };
+        let listener = TcpListener::bind(settings.listen).map_err(bind_error)?;
+        let port = listener.local_addr().map_err(bind_error)?.port();
+        let app_state = state.clone();
+        let mut server =
+            HttpServer::new(move || App::new().app_data(app_state.clone()).configure(routes))
+                // The lifecycle owns SIGTERM/SIGINT: the listener must keep accepting while draining.
+                .disable_signals()
+                .shutdown_timeout(1);
+        if let Some(workers) = settings.workers {
+            server = server.workers(workers);
+        }
+        let server = server.listen(listener).map_err(bind_error)?.run();
+        lifecycle.set_running();
+        tracing::info!(
+            event = "started",
+            listen = %settings.listen,
+            port,
+            backend = settings.backend.as_str(),
+            queues = ?settings.queues.iter().map(|q| q.as_str()).collect::<Vec<_>>(),
+            "sendgate is running"
+        );
+        Ok(Self {
+            server,
+            port,
+            handle: AppHandle {
+                lifecycle,
+                backend_calls,
+                embedded_faults,
+            },
+            drain_timeout: settings.drain_timeout,
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn handle(&self) -> AppHandle {
+        self.handle.clone()
+    }
+
+    /// Serve until a drain (started by `signals`, or through the handle) completes.
+    /// With `signals`, SIGTERM or SIGINT starts the drain and a second one ends it at once.
+    pub async fn run_until_stopped(self, signals: bool) -> std::io::Result<()> {
+        let server_handle = self.server.handle();
+        let mut server = tokio::spawn(self.server);
+        let lifecycle = self.handle.lifecycle.clone();
+        if signals {
+            let lifecycle = lifecycle.clone();
+            let window = self.drain_timeout;
+            tokio::spawn(async move {
+                if next_signal().await.is_ok() {
+                    lifecycle.begin_drain(window);
+                }
+            });
+        }
+
+        tokio::select! {
+            finished = &mut server => return finished.unwrap_or_else(|e| Err(std::io::Error::other(e))),
+            () = lifecycle.drain_started() => {}
+        }
+        tracing::info!(
+            event = "drain_started",
+            in_flight = lifecycle.sends_in_flight(),
+            window_s = self.drain_timeout.as_secs(),
+            "draining: new sends get 503 until the process exits"
+        );
+        let cut_off = tokio::select! {
+            left = lifecycle.drained() => left,
+            _ = next_signal(), if signals => {
+                tracing::warn!(event = "drain_interrupted", "second signal: ending the drain now");
+                lifecycle.sends_in_flight()
+            }
+        };
+        lifecycle.set_stopped();
+        tracing::info!(event = "drain_finished", cut_off, "drain finished");
+        server_handle.stop(cut_off == 0).await;
+        server
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+    }
+}
+
+#[cfg(unix)]
+async fn next_signal() -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+async fn next_signal() -> std::io::Result<()> {
+    tokio::signal::ctrl_c().await
+}
