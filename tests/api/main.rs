@@ -1,1 +1,9 @@
-fn main() {}
+//! Black-box tests: the real application on a random port, driven over HTTP.
+
+mod auth;
+mod binary;
+mod capacity;
+mod health;
+mod helpers;
+mod routing;
+mod send;

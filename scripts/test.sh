@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: formatting, lints, then every test.
+# Usage: ./scripts/test.sh   (from anywhere inside the repository)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "== cargo clippy --all-targets -D warnings"
+cargo clippy --all-targets --quiet -- -D warnings
+
+echo "== cargo test"
+mkdir -p target
+cargo test --all-targets 2>&1 | tee target/test-output.txt
+
+# One closing line for the whole run.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) s += $i } }
+     END { printf "suite: %d passed, %d failed, %d skipped\n", p, f, s }' target/test-output.txt

@@ -1,0 +1,94 @@
+//! API keys (contract section 5).
+
+use sha2::{Digest, Sha256};
+
+use crate::helpers::{body_json, spawn_app_with, TestApp};
+
+fn entry(name: &str, token: &str, roles: &str, queues: &str) -> String {
+    format!(
+        "[[keys]]\nname = \"{name}\"\nsha256 = \"{}\"\nroles = [{roles}]\nqueues = [{queues}]\n",
+        hex::encode(Sha256::digest(token.as_bytes()))
+    )
+}
+
+async fn app_with_keys() -> (TestApp, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keys.toml");
+    let text = [
+        entry("playground", "play-secret", "\"sender\"", "\"requests\""),
+        entry("grafana", "observe-secret", "\"observer\"", "\"*\""),
+        entry("ops", "admin-secret", "\"admin\"", "\"*\""),
+    ]
+    .concat();
+    std::fs::write(&path, text).unwrap();
+    let app = spawn_app_with(&[
+        ("SENDGATE_API_KEYS_FILE", path.to_str().unwrap()),
+        ("SENDGATE_QUEUES", "requests,private"),
+    ])
+    .await;
+    (app, dir)
+}
+
+#[tokio::test]
+async fn a_missing_or_unknown_token_is_401_with_www_authenticate() {
+    let (app, _dir) = app_with_keys().await;
+    let response = app.send("requests", "{}").await;
+    assert_eq!(response.status(), 401);
+    assert_eq!(response.headers()["WWW-Authenticate"], "Bearer");
+    assert_eq!(body_json(response).await["code"], "unauthenticated");
+
+    let response = app
+        .send_with("requests", "{}", &[("Authorization", "Bearer guessed")])
+        .await;
+    assert_eq!(response.status(), 401);
+    assert!(response.headers()["WWW-Authenticate"]
+        .to_str()
+        .unwrap()
+        .starts_with("Bearer"));
+    assert_eq!(app.backend_calls(), 0);
+}
+
+#[tokio::test]
+async fn authentication_comes_before_everything_but_routing() {
+    let (app, _dir) = app_with_keys().await;
+    // Unknown queue, wrong content type, bad body: still 401 first.
+    let response = app
+        .send_with("nope", "{bad", &[("Content-Type", "text/plain")])
+        .await;
+    assert_eq!(response.status(), 401);
+    let response = app.client.get(app.url("/nowhere")).send().await.unwrap();
+    assert_eq!(response.status(), 404);
+}
+
+#[tokio::test]
+async fn a_known_token_without_the_role_or_queue_is_403() {
+    let (app, _dir) = app_with_keys().await;
+    let observer = [("Authorization", "Bearer observe-secret")];
+    let response = app.send_with("requests", "{}", &observer).await;
+    assert_eq!(response.status(), 403);
+    assert_eq!(body_json(response).await["code"], "forbidden");
+
+    let sender = [("Authorization", "Bearer play-secret")];
+    assert_eq!(app.send_with("private", "{}", &sender).await.status(), 403);
+    assert_eq!(app.send_with("requests", "{}", &sender).await.status(), 201);
+    let admin = [("Authorization", "Bearer admin-secret")];
+    assert_eq!(app.send_with("private", "{}", &admin).await.status(), 201);
+}
+
+#[tokio::test]
+async fn health_detailed_needs_observer_or_admin_while_live_and_ready_are_open() {
+    let (app, _dir) = app_with_keys().await;
+    let get = |path: &'static str, token: Option<&'static str>| {
+        let mut req = app.client.get(app.url(path));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(get("/health/live", None).await, 200);
+    assert_eq!(get("/health/ready", None).await, 200);
+    assert_eq!(get("/health/detailed", None).await, 401);
+    assert_eq!(get("/health/detailed", Some("play-secret")).await, 403);
+    assert_eq!(get("/health/detailed", Some("observe-secret")).await, 200);
+    assert_eq!(get("/health/detailed", Some("admin-secret")).await, 200);
+}

@@ -1,0 +1,192 @@
+//! The real binary: start-up refusals, exit codes, and the `queue` and `keys` commands.
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use crate::helpers::spawn_in;
+
+fn sendgate(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sendgate"));
+    cmd.args(args).stdin(Stdio::null());
+    // A clean environment: only what the test names (and PATH for the runtime).
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    // Nothing here should serve: every case ends on its own.
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_with_timeout(child, Duration::from_secs(20))
+}
+
+fn wait_with_timeout(mut child: std::process::Child, limit: Duration) -> Output {
+    let start = std::time::Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("sendgate did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn a_non_loopback_listen_without_keys_refuses_to_start() {
+    let out = sendgate(&["serve"], &[("SENDGATE_LISTEN", "0.0.0.0:0")]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains("non-loopback") && err.contains("SENDGATE_AUTH=none"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_bad_value_stops_start_up_with_one_line_naming_the_variable() {
+    for (var, value) in [
+        ("SENDGATE_DEPTH_TTL_MS", "soon"),
+        ("SENDGATE_BACKEND", "kafka"),
+        ("SENDGATE_SEND_TIMEOUT_MS", "-1"),
+        ("SENDGATE_LISTEN", "everywhere"),
+    ] {
+        let out = sendgate(&[], &[(var, value)]);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{var}={value}: {}",
+            stderr(&out)
+        );
+        let err = stderr(&out);
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(var), "{err}");
+    }
+}
+
+#[test]
+fn the_forgiving_capacity_variables_never_stop_start_up() {
+    // With garbage in the three SERVICEBUS_SEND_* variables the server still starts; a bad
+    // SENDGATE_ variable next to them is what stops it, proving the others parsed.
+    let out = sendgate(
+        &[],
+        &[
+            ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "lots"),
+            ("SERVICEBUS_SEND_FAILCLOSED", "perhaps"),
+            ("SERVICEBUS_SEND_FAILCLOSED_STREAK", "abc"),
+            ("SENDGATE_MAX_BODY_BYTES", "big"),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("SENDGATE_MAX_BODY_BYTES"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_bad_keys_file_stops_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keys.toml");
+    std::fs::write(
+        &path,
+        "[[keys]]\nname = \"x\"\nsha256 = \"short\"\nroles = [\"sender\"]\nqueues = [\"*\"]\n",
+    )
+    .unwrap();
+    let out = sendgate(
+        &[],
+        &[
+            ("SENDGATE_API_KEYS_FILE", path.to_str().unwrap()),
+            ("SENDGATE_LISTEN", "127.0.0.1:0"),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("SENDGATE_API_KEYS_FILE"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[tokio::test]
+async fn queue_receive_and_depth_work_beside_a_running_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap().to_owned();
+    let app = spawn_in(dir.path(), &[]).await;
+    for body in [r#"{"a":1}"#, "[\n  2\n]", r#""three""#] {
+        assert_eq!(
+            app.send_with("requests", body, &[("X-Correlation-Id", "c-1")])
+                .await
+                .status(),
+            201
+        );
+    }
+    let env = [("SENDGATE_DATA_DIR", data.as_str())];
+    let depth = sendgate(&["queue", "depth", "--queue", "requests"], &env);
+    assert_eq!(String::from_utf8_lossy(&depth.stdout).trim(), "3");
+
+    let out = sendgate(
+        &["queue", "receive", "--queue", "requests", "--max", "2"],
+        &env,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["body"], serde_json::json!({"a": 1}));
+    assert_eq!(lines[1]["body"], serde_json::json!([2]));
+    assert_eq!(lines[0]["correlation_id"], "c-1");
+    assert_eq!(lines[0]["queue"], "requests");
+    assert!(lines[0]["message_id"].is_string() && lines[0]["enqueued_at"].is_string());
+
+    // The server sees the consumer's work on its next read.
+    assert_eq!(app.stored("requests"), 1);
+}
+
+#[tokio::test]
+async fn keys_new_prints_a_working_token_and_an_entry_holding_only_its_hash() {
+    let out = sendgate(
+        &[
+            "keys", "new", "--name", "batch", "--role", "sender", "--queue", "requests",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let token = stderr(&out).lines().last().unwrap().trim().to_owned();
+    assert!(token.starts_with("sg_"));
+    let entry = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        !entry.contains(&token),
+        "the keys file entry never holds the token"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.toml");
+    std::fs::write(&keys, &entry).unwrap();
+    let app =
+        crate::helpers::spawn_app_with(&[("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap())]).await;
+    let auth = format!("Bearer {token}");
+    assert_eq!(
+        app.send_with("requests", "{}", &[("Authorization", auth.as_str())])
+            .await
+            .status(),
+        201
+    );
+    assert_eq!(app.send("requests", "{}").await.status(), 401);
+
+    let bad = sendgate(&["keys", "new", "--name", "x", "--role", "root"], &[]);
+    assert_eq!(bad.status.code(), Some(2));
+}

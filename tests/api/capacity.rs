@@ -1,0 +1,218 @@
+//! The backlog ceiling and the fail-closed gate, over HTTP (contract section 2).
+
+use crate::helpers::{body_json, retry_after, spawn_app_with, spawn_in, TestApp};
+
+/// Send `n` messages one after another; the status of each.
+async fn statuses(app: &TestApp, n: usize) -> Vec<u16> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        out.push(
+            app.send("requests", &format!("{{\"i\":{i}}}"))
+                .await
+                .status()
+                .as_u16(),
+        );
+    }
+    out
+}
+
+#[tokio::test]
+async fn with_ceiling_5_exactly_5_of_8_sends_are_queued() {
+    let app = spawn_app_with(&[
+        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "5"),
+        ("SENDGATE_DEPTH_TTL_MS", "60000"),
+    ])
+    .await;
+    let mut refused = Vec::new();
+    for i in 0..8 {
+        let response = app.send("requests", &i.to_string()).await;
+        if response.status() == 429 {
+            assert!(retry_after(&response).unwrap() >= 1);
+            refused.push(body_json(response).await);
+        } else {
+            assert_eq!(response.status(), 201);
+        }
+    }
+    assert_eq!(refused.len(), 3);
+    for body in &refused {
+        assert_eq!(body["code"], "queue_full");
+        assert_eq!(body["backlog"], 5);
+        assert_eq!(body["limit"], 5);
+        assert!(body["request_id"].is_string() && body["message"].is_string());
+    }
+    assert_eq!(app.stored("requests"), 5);
+    assert_eq!(
+        app.handle.backend_calls.backlog_reads(),
+        1,
+        "one read, reused for the TTL"
+    );
+}
+
+#[tokio::test]
+async fn after_a_consumer_takes_messages_sends_are_admitted_again() {
+    let app = spawn_app_with(&[
+        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "3"),
+        ("SENDGATE_DEPTH_TTL_MS", "0"),
+    ])
+    .await;
+    assert_eq!(statuses(&app, 4).await, [201, 201, 201, 429]);
+    assert_eq!(app.receive_all("requests").len(), 3);
+    assert_eq!(statuses(&app, 4).await, [201, 201, 201, 429]);
+}
+
+#[tokio::test]
+async fn a_backlog_already_over_the_ceiling_is_refused_from_the_first_send() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_in(dir.path(), &[]).await;
+    assert_eq!(statuses(&app, 3).await, [201, 201, 201]);
+    app.stop().await;
+    // Restarted with a lower ceiling, the gateway reads the stored backlog before admitting.
+    let app = spawn_in(dir.path(), &[("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "2")]).await;
+    let response = app.send("requests", "{}").await;
+    assert_eq!(response.status(), 429);
+    let body = body_json(response).await;
+    assert_eq!(
+        (body["backlog"].as_u64(), body["limit"].as_u64()),
+        (Some(3), Some(2))
+    );
+}
+
+#[tokio::test]
+async fn concurrent_sends_never_overshoot_the_ceiling() {
+    let app = spawn_app_with(&[
+        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "20"),
+        ("SENDGATE_DEPTH_TTL_MS", "60000"),
+    ])
+    .await;
+    let sends: Vec<_> = (0..64)
+        .map(|i| {
+            let (client, url) = (app.client.clone(), app.url("/v1/queues/requests/messages"));
+            tokio::spawn(async move {
+                client
+                    .post(url)
+                    .header("Content-Type", "application/json")
+                    .body(format!("{i}"))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16()
+            })
+        })
+        .collect();
+    let mut queued = 0;
+    let mut full = 0;
+    for s in sends {
+        match s.await.unwrap() {
+            201 => queued += 1,
+            429 => full += 1,
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    assert_eq!((queued, full), (20, 44));
+    assert_eq!(app.stored("requests"), 20);
+    assert_eq!(
+        app.handle.backend_calls.backlog_reads(),
+        1,
+        "64 concurrent sends shared one depth read"
+    );
+}
+
+#[tokio::test]
+async fn gate_on_fails_closed_on_the_third_failed_read_and_recovers() {
+    let app = spawn_app_with(&[
+        ("SERVICEBUS_SEND_FAILCLOSED", "true"),
+        ("SERVICEBUS_SEND_FAILCLOSED_STREAK", "3"),
+        ("SENDGATE_DEPTH_TTL_MS", "0"),
+    ])
+    .await;
+    app.faults().fail_depth_reads(true);
+    assert_eq!(
+        statuses(&app, 2).await,
+        [201, 201],
+        "below the threshold the send fails open"
+    );
+
+    let response = app.send("requests", "{}").await;
+    assert_eq!(response.status(), 503);
+    assert_eq!(retry_after(&response), Some(30));
+    let body = body_json(response).await;
+    assert_eq!(body["code"], "capacity_unknown");
+    assert_eq!(body["consecutive_failures"], 3);
+    let health = app.detailed().await;
+    assert_eq!(health["queues"]["requests"]["fail_closed"], true);
+    assert_eq!(health["status"], "degraded");
+
+    app.faults().fail_depth_reads(false);
+    assert_eq!(statuses(&app, 1).await, [201]);
+    let health = app.detailed().await;
+    assert_eq!(health["queues"]["requests"]["consecutive_failures"], 0);
+    assert_eq!(health["queues"]["requests"]["fail_closed"], false);
+    assert_eq!(app.stored("requests"), 3);
+}
+
+#[tokio::test]
+async fn gate_off_lets_every_send_through_while_reads_fail() {
+    let app = spawn_app_with(&[("SENDGATE_DEPTH_TTL_MS", "0")]).await;
+    app.faults().fail_depth_reads(true);
+    assert_eq!(statuses(&app, 5).await, [201; 5]);
+    assert_eq!(
+        app.detailed().await["queues"]["requests"]["consecutive_failures"],
+        5
+    );
+}
+
+#[tokio::test]
+async fn only_consecutive_failures_count_towards_the_threshold() {
+    let app = spawn_app_with(&[
+        ("SERVICEBUS_SEND_FAILCLOSED", "yes"),
+        ("SERVICEBUS_SEND_FAILCLOSED_STREAK", "2"),
+        ("SENDGATE_DEPTH_TTL_MS", "0"),
+    ])
+    .await;
+    let faults = app.faults();
+    let mut seen = Vec::new();
+    for fail in [true, false, true] {
+        faults.fail_depth_reads(fail);
+        seen.push(app.send("requests", "{}").await.status().as_u16());
+    }
+    assert_eq!(seen, [201, 201, 201]);
+}
+
+#[tokio::test]
+async fn a_streak_of_0_acts_as_1() {
+    let app = spawn_app_with(&[
+        ("SERVICEBUS_SEND_FAILCLOSED", "1"),
+        ("SERVICEBUS_SEND_FAILCLOSED_STREAK", "0"),
+        ("SENDGATE_DEPTH_TTL_MS", "0"),
+    ])
+    .await;
+    app.faults().fail_depth_reads(true);
+    let response = app.send("requests", "{}").await;
+    assert_eq!(response.status(), 503);
+    assert_eq!(body_json(response).await["consecutive_failures"], 1);
+}
+
+#[tokio::test]
+async fn a_streak_that_is_not_a_number_acts_as_3() {
+    let app = spawn_app_with(&[
+        ("SERVICEBUS_SEND_FAILCLOSED", "TRUE"),
+        ("SERVICEBUS_SEND_FAILCLOSED_STREAK", "abc"),
+        ("SENDGATE_DEPTH_TTL_MS", "0"),
+    ])
+    .await;
+    app.faults().fail_depth_reads(true);
+    assert_eq!(statuses(&app, 3).await, [201, 201, 503]);
+}
+
+#[tokio::test]
+async fn a_flag_that_is_not_on_leaves_the_gate_off() {
+    let app = spawn_app_with(&[
+        ("SERVICEBUS_SEND_FAILCLOSED", "on"),
+        ("SERVICEBUS_SEND_FAILCLOSED_STREAK", "1"),
+        ("SENDGATE_DEPTH_TTL_MS", "0"),
+    ])
+    .await;
+    app.faults().fail_depth_reads(true);
+    assert_eq!(statuses(&app, 3).await, [201, 201, 201]);
+}

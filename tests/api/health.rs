@@ -1,0 +1,113 @@
+use crate::helpers::{body_json, retry_after, spawn_app, spawn_app_with};
+
+#[tokio::test]
+async fn live_and_ready_answer_while_running() {
+    let app = spawn_app().await;
+    let live = app
+        .client
+        .get(app.url("/health/live"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(live.status(), 200);
+    assert_eq!(body_json(live).await["status"], "ok");
+    let ready = app
+        .client
+        .get(app.url("/health/ready"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+    assert_eq!(body_json(ready).await["gateway_state"], "running");
+}
+
+#[tokio::test]
+async fn detailed_reports_state_version_pid_queues_and_backends() {
+    let app = spawn_app_with(&[
+        ("SENDGATE_QUEUES", "requests,batch"),
+        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "40"),
+    ])
+    .await;
+    assert_eq!(app.send("requests", "{}").await.status(), 201);
+    let d = app.detailed().await;
+    assert_eq!(d["status"], "ok");
+    assert_eq!(d["gateway_state"], "running");
+    assert_eq!(d["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(d["pid"], std::process::id());
+    assert!(d["drain"].is_null());
+    let q = &d["queues"]["requests"];
+    assert_eq!(q["backlog"], 1);
+    assert_eq!(q["limit"], 40);
+    assert_eq!(q["consecutive_failures"], 0);
+    assert_eq!(q["fail_closed"], false);
+    let read_at = q["last_read_ok_at"].as_str().unwrap();
+    assert!(
+        time::OffsetDateTime::parse(read_at, &time::format_description::well_known::Rfc3339)
+            .is_ok()
+    );
+    assert!(d["queues"]["batch"]["backlog"].is_null(), "never read yet");
+    assert_eq!(d["backends"]["primary"]["kind"], "embedded");
+    assert_eq!(d["backends"]["primary"]["breaker"], "closed");
+}
+
+#[tokio::test]
+async fn draining_turns_ready_to_503_and_refuses_sends_with_the_window_left() {
+    let app = spawn_app_with(&[
+        ("SENDGATE_DRAIN_TIMEOUT_S", "30"),
+        ("SENDGATE_SEND_TIMEOUT_MS", "20000"),
+    ])
+    .await;
+    // Hold one send in flight so the drain stays open.
+    app.faults().hold_sends(true);
+    let held = {
+        let (client, url) = (app.client.clone(), app.url("/v1/queues/requests/messages"));
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .header("Content-Type", "application/json")
+                .body("1")
+                .send()
+                .await
+                .unwrap()
+                .status()
+        })
+    };
+    crate::send::wait_until(|| async {
+        app.detailed().await["backends"]["primary"]["sends_in_flight"] == 1
+    })
+    .await;
+    app.handle
+        .lifecycle
+        .begin_drain(std::time::Duration::from_secs(30));
+
+    let ready = app
+        .client
+        .get(app.url("/health/ready"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 503);
+    assert!(retry_after(&ready).unwrap() >= 1);
+    let response = app.send("requests", "2").await;
+    assert_eq!(response.status(), 503);
+    let after = retry_after(&response).unwrap();
+    assert!(
+        (28..=30).contains(&after),
+        "Retry-After is the window left, got {after}"
+    );
+    let body = body_json(response).await;
+    assert_eq!(body["code"], "draining");
+    assert_eq!(body["retry_after_s"], after);
+    let d = app.detailed().await;
+    assert_eq!(d["gateway_state"], "draining");
+    assert_eq!(d["drain"]["in_flight"], 1);
+    assert!(d["drain"]["remaining_s"].as_f64().unwrap() > 28.0);
+
+    app.faults().hold_sends(false);
+    assert_eq!(
+        held.await.unwrap(),
+        201,
+        "a send in flight completes normally"
+    );
+    assert_eq!(app.stored("requests"), 1);
+}

@@ -1,0 +1,305 @@
+use std::time::Duration;
+
+use crate::helpers::{body_json, retry_after, spawn_app, spawn_app_with, spawn_in};
+
+#[tokio::test]
+async fn a_send_is_queued_with_its_ids() {
+    let app = spawn_app().await;
+    let response = app
+        .send_with(
+            "requests",
+            r#"{"job":1}"#,
+            &[("X-Request-Id", "req-7"), ("X-Correlation-Id", "corr-9")],
+        )
+        .await;
+    assert_eq!(response.status(), 201);
+    assert_eq!(response.headers()["X-Request-Id"], "req-7");
+    assert_eq!(response.headers()["X-Correlation-Id"], "corr-9");
+    let body = body_json(response).await;
+    assert_eq!(body["status"], "queued");
+    assert_eq!(body["queue"], "requests");
+    assert_eq!(body["request_id"], "req-7");
+    let message_id = body["message_id"].as_str().unwrap();
+    assert!(
+        uuid::Uuid::parse_str(message_id).is_ok(),
+        "a generated id is a UUID: {message_id}"
+    );
+
+    let stored = app.receive_all("requests");
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].message_id, message_id);
+    assert_eq!(stored[0].correlation_id.as_deref(), Some("corr-9"));
+}
+
+#[tokio::test]
+async fn the_idempotency_key_becomes_the_message_id_and_a_retry_stores_nothing_new() {
+    let app = spawn_app().await;
+    for _ in 0..2 {
+        let response = app
+            .send_with("requests", "[1,2]", &[("Idempotency-Key", "order-42")])
+            .await;
+        assert_eq!(response.status(), 201);
+        assert_eq!(body_json(response).await["message_id"], "order-42");
+    }
+    let stored = app.receive_all("requests");
+    assert_eq!(
+        stored.len(),
+        1,
+        "the retry with the same key is detected as a duplicate"
+    );
+    assert_eq!(stored[0].message_id, "order-42");
+}
+
+#[tokio::test]
+async fn the_body_is_stored_byte_for_byte_and_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = "{ \"text\" : \"h\u{e9}llo \\u00e9 \u{1f680}\",\n  \"n\": 1.50e3 }  ";
+    let app = spawn_in(dir.path(), &[]).await;
+    assert_eq!(app.send("requests", body).await.status(), 201);
+    assert_eq!(app.send("requests", "null").await.status(), 201);
+    app.stop().await;
+
+    let restarted = spawn_in(dir.path(), &[]).await;
+    let stored = restarted.receive_all("requests");
+    assert_eq!(stored.len(), 2);
+    assert_eq!(stored[0].body, body.as_bytes());
+    assert_eq!(stored[1].body, b"null");
+}
+
+#[tokio::test]
+async fn a_dry_run_validates_without_touching_the_backend() {
+    let app = spawn_app().await;
+    let response = app
+        .client
+        .post(app.url("/v1/queues/requests/messages?dry_run=true"))
+        .header("Content-Type", "application/json")
+        .body(r#"{"ok":true}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body = body_json(response).await;
+    assert_eq!(body["status"], "valid");
+    assert_eq!(body["dry_run"], true);
+    assert!(body["message_id"].is_string() && body["request_id"].is_string());
+
+    let invalid = app
+        .client
+        .post(app.url("/v1/queues/requests/messages?dry_run=true"))
+        .header("Content-Type", "application/json")
+        .body("{oops")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(invalid.status(), 400);
+    assert_eq!(app.backend_calls(), 0);
+    assert_eq!(app.stored("requests"), 0);
+}
+
+#[tokio::test]
+async fn a_wrong_content_type_is_415() {
+    let app = spawn_app().await;
+    for content_type in [None, Some("text/plain"), Some("application/xml")] {
+        let mut req = app
+            .client
+            .post(app.url("/v1/queues/requests/messages"))
+            .body("{}");
+        if let Some(ct) = content_type {
+            req = req.header("Content-Type", ct);
+        }
+        let response = req.send().await.unwrap();
+        assert_eq!(response.status(), 415, "{content_type:?}");
+        let body = body_json(response).await;
+        assert_eq!(body["code"], "unsupported_media_type");
+        assert!(body["message"].is_string() && body["request_id"].is_string());
+    }
+    let with_charset = app
+        .send_with(
+            "requests",
+            "{}",
+            &[("Content-Type", "application/json; charset=utf-8")],
+        )
+        .await;
+    assert_eq!(with_charset.status(), 201);
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_413_whether_announced_or_streamed() {
+    let app = spawn_app_with(&[("SENDGATE_MAX_BODY_BYTES", "100")]).await;
+    let exactly = format!("\"{}\"", "x".repeat(98));
+    assert_eq!(app.send("requests", &exactly).await.status(), 201);
+
+    let too_big = format!("\"{}\"", "x".repeat(99));
+    let response = app.send("requests", &too_big).await;
+    assert_eq!(response.status(), 413);
+    let body = body_json(response).await;
+    assert_eq!(body["code"], "payload_too_large");
+    assert_eq!(body["limit_bytes"], 100);
+
+    // Chunked, with no Content-Length to refuse it early.
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = vec![Ok(vec![b'['; 60]), Ok(vec![b']'; 60])];
+    let response = app
+        .client
+        .post(app.url("/v1/queues/requests/messages"))
+        .header("Content-Type", "application/json")
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 413);
+    assert_eq!(app.stored("requests"), 1);
+}
+
+#[tokio::test]
+async fn bad_input_is_400_listing_every_problem() {
+    let app = spawn_app().await;
+    let long_key = "k".repeat(129);
+    let response = app
+        .client
+        .post(app.url("/v1/queues/requests/messages?dry_run=maybe"))
+        .header("Content-Type", "application/json")
+        .header("Idempotency-Key", long_key.as_str())
+        .header("X-Correlation-Id", "")
+        .body("{\"unterminated\": ")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let body = body_json(response).await;
+    assert_eq!(body["code"], "invalid_request");
+    let locs: Vec<String> = body["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            assert!(e["msg"].is_string());
+            e["loc"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p.as_str().unwrap())
+                .collect::<Vec<_>>()
+                .join(".")
+        })
+        .collect();
+    assert_eq!(
+        locs,
+        [
+            "body",
+            "header.Idempotency-Key",
+            "header.X-Correlation-Id",
+            "query.dry_run"
+        ]
+    );
+
+    for bad in ["", "{\"a\":1} trailing", "NaN", "[1,]"] {
+        let response = app.send("requests", bad).await;
+        assert_eq!(response.status(), 400, "{bad:?}");
+    }
+    assert_eq!(
+        app.backend_calls(),
+        0,
+        "invalid input never reaches the backend"
+    );
+}
+
+#[tokio::test]
+async fn a_full_in_flight_pool_answers_503_saturated_at_once_and_gives_slots_back() {
+    let app = spawn_app_with(&[
+        ("SENDGATE_MAX_IN_FLIGHT", "2"),
+        ("SENDGATE_SEND_TIMEOUT_MS", "30000"),
+    ])
+    .await;
+    app.faults().hold_sends(true);
+    let held: Vec<_> = (0..2)
+        .map(|i| {
+            let (client, url) = (app.client.clone(), app.url("/v1/queues/requests/messages"));
+            tokio::spawn(async move {
+                client
+                    .post(url)
+                    .header("Content-Type", "application/json")
+                    .body(format!("{i}"))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+            })
+        })
+        .collect();
+    wait_until(|| async { app.detailed().await["backends"]["primary"]["sends_in_flight"] == 2 })
+        .await;
+
+    let started = std::time::Instant::now();
+    let response = app.send("requests", "3").await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "saturation is answered at once"
+    );
+    assert_eq!(response.status(), 503);
+    assert_eq!(retry_after(&response), Some(1));
+    assert_eq!(body_json(response).await["code"], "saturated");
+
+    app.faults().hold_sends(false);
+    for h in held {
+        assert_eq!(h.await.unwrap(), 201);
+    }
+    assert_eq!(
+        app.detailed().await["backends"]["primary"]["sends_in_flight"],
+        0
+    );
+    assert_eq!(app.send("requests", "4").await.status(), 201);
+    assert_eq!(app.stored("requests"), 3);
+}
+
+#[tokio::test]
+async fn a_send_past_its_deadline_is_504_outcome_unknown_and_frees_its_slot() {
+    let app = spawn_app_with(&[
+        ("SENDGATE_SEND_TIMEOUT_MS", "300"),
+        ("SENDGATE_MAX_IN_FLIGHT", "1"),
+    ])
+    .await;
+    app.faults().hold_sends(true);
+    let response = app
+        .send_with("requests", "{}", &[("Idempotency-Key", "slow-1")])
+        .await;
+    assert_eq!(response.status(), 504);
+    let body = body_json(response).await;
+    assert_eq!(body["code"], "send_timeout");
+    assert_eq!(body["outcome"], "unknown");
+    assert_eq!(body["message_id"], "slow-1");
+
+    app.faults().hold_sends(false);
+    assert_eq!(
+        app.detailed().await["backends"]["primary"]["sends_in_flight"],
+        0
+    );
+    assert_eq!(
+        app.send_with("requests", "{}", &[("Idempotency-Key", "slow-1")])
+            .await
+            .status(),
+        201
+    );
+    assert_eq!(
+        app.stored("requests"),
+        1,
+        "the timed-out send was cancelled, the retry stored once"
+    );
+}
+
+/// Poll until `check` holds (for state that another task changes), failing after 5 s.
+pub async fn wait_until<F, Fut>(check: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !check().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "condition not reached in 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
