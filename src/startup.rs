@@ -28,6 +28,12 @@ pub enum StartupError {
     BackendNotBuilt(&'static str),
     #[error("SENDGATE_DATA_DIR: {0}")]
     Embedded(#[from] StoreError),
+    /// A backend setting that cannot work (exit 2), e.g. a malformed connection string.
+    #[error("{var}: {message}")]
+    BackendConfig { var: &'static str, message: String },
+    /// The backend could not be set up although its settings are well-formed (exit 1).
+    #[error("backend: {0}")]
+    BackendInit(String),
     #[error("SENDGATE_LISTEN: cannot listen on {addr}: {source}")]
     Bind {
         addr: String,
@@ -39,8 +45,11 @@ impl StartupError {
     /// 2 for a setting that is wrong, 1 for an environment that failed us.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Config(_) | Self::Keys(_) | Self::BackendNotBuilt(_) => 2,
-            Self::Embedded(_) | Self::Bind { .. } => 1,
+            Self::Config(_)
+            | Self::Keys(_)
+            | Self::BackendNotBuilt(_)
+            | Self::BackendConfig { .. } => 2,
+            Self::Embedded(_) | Self::Bind { .. } | Self::BackendInit(_) => 1,
         }
     }
 }
@@ -93,9 +102,9 @@ impl Application {
                 Authenticator::Open
             }
         };
+        let policy = CapacityPolicy::from_settings(&settings.capacity, backend.depth_lag());
         let metered = Arc::new(Metered::new(backend));
         let backend_calls = metered.calls();
-        let policy = CapacityPolicy::from_settings(&settings.capacity, Duration::ZERO);
         let gates = settings
             .queues
             .iter()

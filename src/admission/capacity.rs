@@ -70,6 +70,8 @@ pub enum Refusal {
     CapacityUnknown {
         consecutive_failures: u32,
     },
+    /// The admin plane says the queue does not accept sends.
+    QueueDisabled,
 }
 
 /// How an admitted send ended, as far as the queue's backlog is concerned.
@@ -86,8 +88,14 @@ pub enum SendOutcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum LastRead {
     Never,
-    Ok { backlog: u64, at: Instant },
-    Failed { at: Instant },
+    Ok {
+        backlog: u64,
+        send_disabled: bool,
+        at: Instant,
+    },
+    Failed {
+        at: Instant,
+    },
 }
 
 #[derive(Debug)]
@@ -208,6 +216,7 @@ impl CapacityGate {
                 state.since_read = lagged + (state.completed_total - completed_at_start);
                 state.last_read = LastRead::Ok {
                     backlog: backlog.messages,
+                    send_disabled: backlog.send_disabled,
                     at: now,
                 };
                 state.streak = 0;
@@ -246,7 +255,11 @@ impl CapacityGate {
 
     fn decide(self: &Arc<Self>, state: &mut GateState) -> Result<Reservation, Refusal> {
         match state.last_read {
-            LastRead::Ok { backlog, at } => {
+            LastRead::Ok {
+                send_disabled: true,
+                ..
+            } => return Err(Refusal::QueueDisabled),
+            LastRead::Ok { backlog, at, .. } => {
                 let estimate = backlog + state.since_read + state.in_flight;
                 if estimate >= self.policy.limit {
                     let until_next_read =
@@ -398,7 +411,7 @@ mod tests {
                 }
             };
             tokio::time::sleep(self.delay).await;
-            answer.map(|messages| Backlog { messages })
+            answer.map(Backlog::of)
         }
     }
 

@@ -68,4 +68,8 @@ impl Backend for Metered {
         self.calls.backlog_reads.fetch_add(1, Ordering::Relaxed);
         self.inner.backlog(queue, deadline).await
     }
+
+    fn depth_lag(&self) -> std::time::Duration {
+        self.inner.depth_lag()
+    }
 }

@@ -40,6 +40,18 @@ pub struct SendReceipt {
 pub struct Backlog {
     /// Messages waiting: stored and not yet taken (contract section 2).
     pub messages: u64,
+    /// The broker says the queue does not accept sends now (Service Bus `Status`
+    /// `Disabled`/`SendDisabled`): sends are answered `409 queue_disabled` without trying.
+    pub send_disabled: bool,
+}
+
+impl Backlog {
+    pub fn of(messages: u64) -> Self {
+        Self {
+            messages,
+            send_disabled: false,
+        }
+    }
 }
 
 /// Why a send did not put the message on the queue (or may not have).
@@ -94,4 +106,11 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Read the queue's backlog from the admin plane; give up at `deadline`.
     async fn backlog(&self, queue: &QueueName, deadline: Instant) -> Result<Backlog, DepthError>;
+
+    /// How far the admin plane's counts may trail the data plane. The capacity gate counts
+    /// sends completed within this window before a read on top of it. Zero for an exact
+    /// admin plane.
+    fn depth_lag(&self) -> Duration {
+        Duration::ZERO
+    }
 }

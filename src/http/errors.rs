@@ -262,6 +262,7 @@ impl Problem {
             }) => Problem::CapacityUnknown {
                 consecutive_failures,
             },
+            DispatchError::Refused(Refusal::QueueDisabled) => Problem::QueueDisabled,
             DispatchError::Saturated => Problem::Saturated,
             DispatchError::UnknownQueue => Problem::SendFailed {
                 detail: "no route to this queue".into(),

@@ -186,7 +186,7 @@ impl Backend for EmbeddedQueue {
             Err(_) => Err(DepthError::Timeout),
             Ok(Err(join)) => Err(DepthError::Failed(join.to_string())),
             Ok(Ok(Err(e))) => Err(DepthError::Failed(e.to_string())),
-            Ok(Ok(Ok(messages))) => Ok(Backlog { messages }),
+            Ok(Ok(Ok(messages))) => Ok(Backlog::of(messages)),
         }
     }
 }
