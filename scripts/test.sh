@@ -4,6 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+echo "== services: RabbitMQ with its management plugin"
+./scripts/ensure-rabbitmq.sh
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 

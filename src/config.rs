@@ -74,6 +74,11 @@ pub const VARIABLES: &[Variable] = &[
         "management or amqp",
     ),
     var(
+        "SENDGATE_RABBITMQ_STATS_LAG_MS",
+        Some("6000"),
+        "how far management counts trail the data plane",
+    ),
+    var(
         "SERVICEBUS_NAMESPACE",
         None,
         "e.g. myns.servicebus.windows.net",
@@ -87,6 +92,16 @@ pub const VARIABLES: &[Variable] = &[
         "SERVICEBUS_ENDPOINT",
         None,
         "override of https://{SERVICEBUS_NAMESPACE}, for tests",
+    ),
+    var(
+        "SERVICEBUS_MANAGE_CONNECTION_STRING",
+        None,
+        "SAS connection string for depth reads (Manage right); defaults to the send one",
+    ),
+    var(
+        "SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID",
+        None,
+        "client id of a user-assigned managed identity (Entra ID only)",
     ),
     var(
         "SERVICEBUS_SEND_MAX_QUEUE_DEPTH",
@@ -216,6 +231,10 @@ pub enum LogFormat {
 pub struct Secret(String);
 
 impl Secret {
+    pub fn new(value: &str) -> Self {
+        Self(value.to_owned())
+    }
+
     pub fn expose(&self) -> &str {
         &self.0
     }
@@ -244,6 +263,8 @@ pub struct RabbitMqSettings {
     pub management_user: Option<String>,
     pub management_password: Option<Secret>,
     pub depth_source: DepthSource,
+    /// How far the management API's counts trail the data plane.
+    pub stats_lag: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -251,6 +272,10 @@ pub struct ServiceBusSettings {
     pub namespace: Option<String>,
     pub connection_string: Option<Secret>,
     pub endpoint: Option<String>,
+    /// Depth reads use this key when set (it needs the Manage right), the send key otherwise.
+    pub manage_connection_string: Option<Secret>,
+    /// A user-assigned managed identity, when Entra ID is used.
+    pub managed_identity_client_id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -385,6 +410,10 @@ impl Settings {
                     .opt("SENDGATE_RABBITMQ_MANAGEMENT_PASSWORD")
                     .map(|p| Secret(p.to_owned())),
                 depth_source,
+                stats_lag: Duration::from_millis(parse_u64(
+                    "SENDGATE_RABBITMQ_STATS_LAG_MS",
+                    raw.req("SENDGATE_RABBITMQ_STATS_LAG_MS"),
+                )?),
             },
             servicebus: ServiceBusSettings {
                 namespace: raw.opt("SERVICEBUS_NAMESPACE").map(str::to_owned),
@@ -392,6 +421,12 @@ impl Settings {
                     .opt("SERVICEBUS_CONNECTION_STRING")
                     .map(|s| Secret(s.to_owned())),
                 endpoint: raw.opt("SERVICEBUS_ENDPOINT").map(str::to_owned),
+                manage_connection_string: raw
+                    .opt("SERVICEBUS_MANAGE_CONNECTION_STRING")
+                    .map(|s| Secret(s.to_owned())),
+                managed_identity_client_id: raw
+                    .opt("SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID")
+                    .map(str::to_owned),
             },
             capacity: CapacitySettings {
                 max_queue_depth: forgiving_max_depth(raw.opt("SERVICEBUS_SEND_MAX_QUEUE_DEPTH")),

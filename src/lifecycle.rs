@@ -170,6 +170,17 @@ impl Lifecycle {
         self.inner.sends.load(Ordering::Acquire)
     }
 
+    /// Wait until the gateway has left `starting`.
+    pub async fn started(&self) {
+        loop {
+            let notified = self.inner.changed.notified();
+            if self.state() != GatewayState::Starting {
+                return;
+            }
+            notified.await;
+        }
+    }
+
     /// Wait until a drain has begun.
     pub async fn drain_started(&self) {
         loop {

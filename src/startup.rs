@@ -12,6 +12,8 @@ use crate::admission::capacity::{CapacityGate, CapacityPolicy};
 use crate::admission::inflight::InFlight;
 use crate::admission::Dispatcher;
 use crate::backend::embedded::{EmbeddedFaults, EmbeddedQueue, StoreError};
+use crate::backend::rabbitmq::RabbitMq;
+use crate::backend::servicebus::{ServiceBus, ServiceBusError};
 use crate::backend::{Backend, BackendCalls, Metered};
 use crate::config::{AuthSettings, BackendKind, ConfigError, Settings};
 use crate::http::auth::{Authenticator, KeysFileError};
@@ -24,8 +26,6 @@ pub enum StartupError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Keys(#[from] KeysFileError),
-    #[error("SENDGATE_BACKEND: the {0} backend is not part of this build yet")]
-    BackendNotBuilt(&'static str),
     #[error("SENDGATE_DATA_DIR: {0}")]
     Embedded(#[from] StoreError),
     /// A backend setting that cannot work (exit 2), e.g. a malformed connection string.
@@ -45,13 +45,27 @@ impl StartupError {
     /// 2 for a setting that is wrong, 1 for an environment that failed us.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Config(_)
-            | Self::Keys(_)
-            | Self::BackendNotBuilt(_)
-            | Self::BackendConfig { .. } => 2,
+            Self::Config(_) | Self::Keys(_) | Self::BackendConfig { .. } => 2,
             Self::Embedded(_) | Self::Bind { .. } | Self::BackendInit(_) => 1,
         }
     }
+}
+
+/// How long start-up waits for the backend to connect, on top of one depth read's timeout.
+const STARTUP_CONNECT_BUDGET: Duration = Duration::from_secs(5);
+
+/// `starting` → `running`: connect the backend and make each queue's first depth read
+/// (success or failure, both bounded), then admit sends. A backend that is down does not
+/// keep the gateway `starting` for ever: after the budget it runs, and the capacity rules
+/// (fail open, or fail closed after the streak) decide what happens to sends.
+async fn warm_up(state: web::Data<AppState>, budget: Duration) {
+    let deadline = tokio::time::Instant::now() + budget;
+    if let Err(e) = state.dispatcher.warm_up(deadline).await {
+        tracing::warn!(event = "backend_unreachable_at_start", error = %e, "the backend is not reachable yet");
+    }
+    let _ = tokio::time::timeout_at(deadline, state.dispatcher.prime_capacity()).await;
+    state.lifecycle.set_running();
+    tracing::info!(event = "started", "sendgate is running");
 }
 
 /// Handles that tests and the CLI keep while the server runs.
@@ -80,7 +94,30 @@ impl Application {
                 let faults = queue.faults();
                 (Arc::new(queue), Some(faults))
             }
-            other => return Err(StartupError::BackendNotBuilt(other.as_str())),
+            BackendKind::RabbitMq => {
+                let rabbit = RabbitMq::new(&settings.rabbitmq, &settings.queues).map_err(|e| {
+                    StartupError::BackendConfig {
+                        var: e.variable(),
+                        message: e.to_string(),
+                    }
+                })?;
+                (Arc::new(rabbit), None)
+            }
+            BackendKind::ServiceBus => {
+                let bus = match ServiceBus::new(&settings.servicebus, &settings.queues) {
+                    Ok(bus) => bus,
+                    Err(ServiceBusError::Setting(e)) => {
+                        return Err(StartupError::BackendConfig {
+                            var: e.var,
+                            message: e.message,
+                        })
+                    }
+                    Err(ServiceBusError::Init(message)) => {
+                        return Err(StartupError::BackendInit(message))
+                    }
+                };
+                (Arc::new(bus), None)
+            }
         };
         Self::assemble(settings, backend, faults)
     }
@@ -126,6 +163,7 @@ impl Application {
                 .map(|q| (q.to_string(), q.clone()))
                 .collect::<HashMap<_, _>>(),
             max_body_bytes: settings.max_body_bytes,
+            drain_window: settings.drain_timeout,
             backend_calls: backend_calls.clone(),
         });
 
@@ -140,20 +178,24 @@ impl Application {
             HttpServer::new(move || App::new().app_data(app_state.clone()).configure(routes))
                 // The lifecycle owns SIGTERM/SIGINT: the listener must keep accepting while draining.
                 .disable_signals()
+                // Longer than the usual 60 s idle timeout of load balancers in front, so the
+                // balancer, not sendgate, closes idle connections (no reset-on-reuse races).
+                .keep_alive(Duration::from_secs(75))
                 .shutdown_timeout(1);
         if let Some(workers) = settings.workers {
             server = server.workers(workers);
         }
         let server = server.listen(listener).map_err(bind_error)?.run();
-        lifecycle.set_running();
         tracing::info!(
-            event = "started",
+            event = "listening",
             listen = %settings.listen,
             port,
             backend = settings.backend.as_str(),
             queues = ?settings.queues.iter().map(|q| q.as_str()).collect::<Vec<_>>(),
-            "sendgate is running"
+            "sendgate is listening; starting"
         );
+        let budget = STARTUP_CONNECT_BUDGET + settings.capacity.admin_timeout;
+        tokio::spawn(warm_up(state, budget));
         Ok(Self {
             server,
             port,

@@ -181,6 +181,12 @@ impl CapacityGate {
         self.decide(&mut state)
     }
 
+    /// Read the depth now, whatever the cache holds (start-up).
+    pub async fn prime(&self, backend: &dyn Backend) {
+        let generation = self.state.lock().generation;
+        self.refresh(backend, generation).await;
+    }
+
     fn is_fresh(&self, state: &GateState, now: Instant) -> bool {
         match state.last_read {
             LastRead::Never => false,

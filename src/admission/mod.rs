@@ -62,6 +62,18 @@ impl Dispatcher {
         &self.in_flight
     }
 
+    /// Connect the backend ahead of the first send.
+    pub async fn warm_up(&self, deadline: Instant) -> Result<(), String> {
+        self.backend.warm_up(deadline).await
+    }
+
+    /// Make every queue's first depth read now, concurrently, so the first sends find the
+    /// backlog known (or the streak started).
+    pub async fn prime_capacity(&self) {
+        let reads = self.gates.values().map(|g| g.prime(self.backend.as_ref()));
+        futures_util::future::join_all(reads).await;
+    }
+
     /// Admit and send one message. Dropping the returned future at any point gives back
     /// its in-flight slot and its place under the ceiling.
     pub async fn send(&self, message: OutgoingMessage) -> Result<SendReceipt, DispatchError> {

@@ -72,4 +72,8 @@ impl Backend for Metered {
     fn depth_lag(&self) -> std::time::Duration {
         self.inner.depth_lag()
     }
+
+    async fn warm_up(&self, deadline: Instant) -> Result<(), String> {
+        self.inner.warm_up(deadline).await
+    }
 }

@@ -8,6 +8,8 @@
 
 pub mod embedded;
 mod metered;
+pub mod rabbitmq;
+pub mod servicebus;
 
 use std::time::Duration;
 
@@ -112,5 +114,11 @@ pub trait Backend: Send + Sync + 'static {
     /// admin plane.
     fn depth_lag(&self) -> Duration {
         Duration::ZERO
+    }
+
+    /// Get ready to serve (connect, declare) before the gateway says `running`. A failure
+    /// is reported, not fatal: sends connect on demand.
+    async fn warm_up(&self, _deadline: Instant) -> Result<(), String> {
+        Ok(())
     }
 }

@@ -60,7 +60,7 @@ pub enum Problem {
     Draining { retry_after: Duration },
     #[error("The body must be sent as application/json.")]
     UnsupportedMediaType,
-    #[error("The body is larger than {limit} bytes.")]
+    #[error("The message is too large: at most {limit} bytes are accepted.")]
     PayloadTooLarge { limit: usize },
     #[error("The request is not valid.")]
     InvalidRequest { errors: Vec<FieldError> },
@@ -225,6 +225,11 @@ impl ResponseError for ApiError {
             Problem::MethodNotAllowed { allow } => {
                 response.insert_header((ALLOW, *allow));
             }
+            // Close the connection: the client's next attempt opens a new one, which a load
+            // balancer can route to another replica instead of this draining one.
+            Problem::Draining { .. } => {
+                response.force_close();
+            }
             _ => {}
         }
         response.json(Value::Object(body))
@@ -245,8 +250,10 @@ impl From<NotAdmitting> for Problem {
 
 impl Problem {
     /// The answer for a dispatch that did not end in the queue. `message_id` goes into a
-    /// 504 so the client can retry with the same key.
-    pub fn from_dispatch(e: DispatchError, message_id: &MessageId) -> Self {
+    /// 504 so the client can retry with the same key; `max_body_bytes` is the limit a 413
+    /// names when the broker refuses the message as too large (its own limit also counts
+    /// the message's properties, so a body under ours can still be refused).
+    pub fn from_dispatch(e: DispatchError, message_id: &MessageId, max_body_bytes: usize) -> Self {
         match e {
             DispatchError::Refused(Refusal::QueueFull {
                 backlog,
@@ -275,8 +282,8 @@ impl Problem {
                 retry_after: retry_after.unwrap_or(Duration::from_secs(1)),
             },
             DispatchError::Send(SendError::QueueDisabled) => Problem::QueueDisabled,
-            DispatchError::Send(SendError::TooLarge) => Problem::SendFailed {
-                detail: "the broker refused the message as too large".into(),
+            DispatchError::Send(SendError::TooLarge) => Problem::PayloadTooLarge {
+                limit: max_body_bytes,
             },
             DispatchError::Send(
                 e @ (SendError::QueueNotFound | SendError::Unavailable(_) | SendError::Failed(_)),
@@ -298,6 +305,15 @@ mod tests {
         assert_eq!(whole_seconds(Duration::from_millis(1000)), 1);
         assert_eq!(whole_seconds(Duration::from_millis(1001)), 2);
         assert_eq!(whole_seconds(Duration::from_secs(30)), 30);
+    }
+
+    #[test]
+    fn a_message_the_broker_finds_too_large_is_a_413_naming_the_gateway_limit() {
+        let id = MessageId::parse("m-1").unwrap();
+        let p = Problem::from_dispatch(DispatchError::Send(SendError::TooLarge), &id, 4096);
+        assert_eq!(p, Problem::PayloadTooLarge { limit: 4096 });
+        assert_eq!(p.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(p.code(), "payload_too_large");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The HTTP API: one file per route group, the shared state, and the routing table.
 
+mod admin;
 pub mod auth;
 pub mod errors;
 mod fallback;
@@ -25,6 +26,8 @@ pub struct AppState {
     pub lifecycle: Lifecycle,
     pub queues: HashMap<String, QueueName>,
     pub max_body_bytes: usize,
+    /// The drain window `POST /admin/drain` opens (`SENDGATE_DRAIN_TIMEOUT_S`).
+    pub drain_window: std::time::Duration,
     pub backend_calls: Arc<BackendCalls>,
 }
 
@@ -50,6 +53,11 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         web::resource("/health/detailed")
             .route(web::get().to(health::detailed))
             .default_service(web::to(fallback::only_get)),
+    )
+    .service(
+        web::resource("/admin/drain")
+            .route(web::post().to(admin::drain))
+            .default_service(web::to(fallback::only_post)),
     )
     .default_service(web::to(fallback::not_found));
 }

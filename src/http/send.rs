@@ -124,7 +124,11 @@ pub async fn send_message(
                 duplicate: receipt.duplicate,
             }))
         }
-        Err(e) => Err(fail(Problem::from_dispatch(e, &message_id))),
+        Err(e) => Err(fail(Problem::from_dispatch(
+            e,
+            &message_id,
+            state.max_body_bytes,
+        ))),
     }
 }
 

@@ -45,7 +45,10 @@ async fn detailed_reports_state_version_pid_queues_and_backends() {
         time::OffsetDateTime::parse(read_at, &time::format_description::well_known::Rfc3339)
             .is_ok()
     );
-    assert!(d["queues"]["batch"]["backlog"].is_null(), "never read yet");
+    assert_eq!(
+        d["queues"]["batch"]["backlog"], 0,
+        "every queue is read once at start-up"
+    );
     assert_eq!(d["backends"]["primary"]["kind"], "embedded");
     assert_eq!(d["backends"]["primary"]["breaker"], "closed");
 }

@@ -14,6 +14,8 @@ pub struct TestApp {
     pub handle: AppHandle,
     pub client: reqwest::Client,
     pub data_dir: PathBuf,
+    /// Backend calls made by start-up (each queue's first depth read).
+    calls_at_start: u64,
     /// Keeps the temporary directory alive for as long as the app.
     _dir: Option<Arc<tempfile::TempDir>>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
@@ -47,7 +49,10 @@ pub async fn spawn_in(data_dir: &Path, vars: &[(&str, &str)]) -> TestApp {
     let address = format!("http://127.0.0.1:{}", app.port());
     let handle = app.handle();
     let server = tokio::spawn(app.run_until_stopped(false));
+    handle.lifecycle.started().await;
+    let calls_at_start = handle.backend_calls.total();
     TestApp {
+        calls_at_start,
         address,
         handle,
         client: reqwest::Client::new(),
@@ -102,8 +107,9 @@ impl TestApp {
             .expect("embedded backend")
     }
 
+    /// Backend calls since start-up finished.
     pub fn backend_calls(&self) -> u64 {
-        self.handle.backend_calls.total()
+        self.handle.backend_calls.total() - self.calls_at_start
     }
 
     /// What is on disk in `queue`, read without taking it off.
@@ -122,6 +128,15 @@ impl TestApp {
             })
             .unwrap();
         out
+    }
+
+    /// Wait for the server to stop on its own (after a drain started elsewhere).
+    pub async fn wait_stopped(self, limit: Duration) {
+        tokio::time::timeout(limit, self.server)
+            .await
+            .expect("the server stops after the drain")
+            .expect("the server task ends")
+            .expect("the server ends cleanly");
     }
 
     /// Drain and stop the server, waiting until it has let go of its port.

@@ -1,5 +1,6 @@
 //! Black-box tests: the real application on a random port, driven over HTTP.
 
+mod admin;
 mod auth;
 mod binary;
 mod capacity;

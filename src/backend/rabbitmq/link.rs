@@ -1,0 +1,298 @@
+//! One long-lived AMQP connection with a few publisher channels, replaced when it dies.
+//!
+//! The link hands out a [`Session`] (connection + channels). A session is dropped and a
+//! new one made when the connection reports an error, when a channel closes, or after
+//! [`TIMEOUTS_BEFORE_REPLACE`] sends in a row end at their deadline (a wedged connection
+//! that still looks open: a black-holed socket, a broker that stopped confirming).
+//! Reconnects are single-flight and back off exponentially, so a dead broker costs one
+//! connect attempt per backoff step, not one per send; sends in between fail fast.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::options::{ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use lapin::uri::AMQPUri;
+use lapin::{Channel, Connection, ConnectionProperties};
+use parking_lot::{Mutex, RwLock};
+use tokio::time::Instant;
+
+use crate::domain::QueueName;
+
+/// Publisher channels per connection: confirms are per channel, so several channels let
+/// confirms for different sends be waited on independently.
+const PUBLISH_CHANNELS: usize = 4;
+/// Sends in a row that end at their deadline before the connection is presumed wedged.
+pub const TIMEOUTS_BEFORE_REPLACE: u32 = 3;
+/// Longest one connect attempt may take (further bounded by the caller's deadline).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Heartbeat asked for when the URL names none: a dead peer is noticed within ~2 of these.
+const DEFAULT_HEARTBEAT_S: u16 = 10;
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum LinkError {
+    #[error("the broker refused the credential: {0}")]
+    AccessRefused(String),
+    #[error("cannot reach the broker: {0}")]
+    Unreachable(String),
+    #[error("reconnecting to the broker (next attempt in {0:?})")]
+    BackingOff(Duration),
+    #[error("the operation ran out of time")]
+    Timeout,
+}
+
+pub struct Session {
+    pub connection: Connection,
+    publishers: Vec<Channel>,
+    next: AtomicUsize,
+    /// A channel for passive declares (depth reads); a failed declare closes it.
+    declarer: tokio::sync::Mutex<Option<Channel>>,
+    generation: u64,
+}
+
+impl Session {
+    /// A publisher channel, round robin.
+    pub fn publisher(&self) -> &Channel {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.publishers.len();
+        &self.publishers[i]
+    }
+
+    fn healthy(&self) -> bool {
+        self.connection.status().connected()
+            && self.publishers.iter().all(|c| c.status().connected())
+    }
+
+    /// Ready messages in `queue`, by a passive declare: exact, needs no admin right.
+    pub async fn ready_messages(&self, queue: &QueueName) -> Result<u64, lapin::Error> {
+        let mut slot = self.declarer.lock().await;
+        let channel = match slot.as_ref().filter(|c| c.status().connected()) {
+            Some(c) => c.clone(),
+            None => {
+                let c = self.connection.create_channel().await?;
+                *slot = Some(c.clone());
+                c
+            }
+        };
+        let declared = channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await;
+        if declared.is_err() {
+            // The broker closes the channel on a failed passive declare.
+            *slot = None;
+        }
+        Ok(u64::from(declared?.message_count()))
+    }
+}
+
+struct Backoff {
+    next_attempt: Option<Instant>,
+    delay: Duration,
+    /// Why the last attempt failed: a refused credential stays the answer while backing off.
+    last_error: Option<LinkError>,
+}
+
+pub struct Link {
+    uri: AMQPUri,
+    queues: Vec<QueueName>,
+    current: RwLock<Option<Arc<Session>>>,
+    connecting: tokio::sync::Mutex<()>,
+    backoff: Mutex<Backoff>,
+    timeouts_in_a_row: AtomicU32,
+    generations: AtomicU64,
+}
+
+impl Link {
+    pub fn new(mut uri: AMQPUri, queues: Vec<QueueName>) -> Self {
+        if uri.query.heartbeat.is_none() {
+            uri.query.heartbeat = Some(DEFAULT_HEARTBEAT_S);
+        }
+        Self {
+            uri,
+            queues,
+            current: RwLock::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            backoff: Mutex::new(Backoff {
+                next_attempt: None,
+                delay: BACKOFF_FIRST,
+                last_error: None,
+            }),
+            timeouts_in_a_row: AtomicU32::new(0),
+            generations: AtomicU64::new(0),
+        }
+    }
+
+    /// The current session, connecting first if there is none (or it died).
+    pub async fn session(&self, deadline: Instant) -> Result<Arc<Session>, LinkError> {
+        if let Some(s) = self.live_session() {
+            return Ok(s);
+        }
+        let _turn = tokio::time::timeout_at(deadline, self.connecting.lock())
+            .await
+            .map_err(|_| LinkError::Timeout)?;
+        if let Some(s) = self.live_session() {
+            return Ok(s);
+        }
+        {
+            let backoff = self.backoff.lock();
+            if let Some(at) = backoff.next_attempt.filter(|at| *at > Instant::now()) {
+                return Err(match &backoff.last_error {
+                    Some(refused @ LinkError::AccessRefused(_)) => refused.clone(),
+                    _ => LinkError::BackingOff(at - Instant::now()),
+                });
+            }
+        }
+        let attempt_deadline = deadline.min(Instant::now() + CONNECT_TIMEOUT);
+        let outcome = tokio::time::timeout_at(attempt_deadline, self.connect())
+            .await
+            .unwrap_or(Err(LinkError::Timeout));
+        let mut backoff = self.backoff.lock();
+        match outcome {
+            Ok(session) => {
+                *backoff = Backoff {
+                    next_attempt: None,
+                    delay: BACKOFF_FIRST,
+                    last_error: None,
+                };
+                self.timeouts_in_a_row.store(0, Ordering::Relaxed);
+                *self.current.write() = Some(session.clone());
+                tracing::info!(
+                    event = "amqp_connected",
+                    generation = session.generation,
+                    "connected to RabbitMQ"
+                );
+                Ok(session)
+            }
+            Err(e) => {
+                backoff.next_attempt = Some(Instant::now() + backoff.delay);
+                tracing::warn!(
+                    event = "amqp_connect_failed",
+                    error = %e,
+                    retry_in_ms = backoff.delay.as_millis() as u64,
+                    "cannot connect to RabbitMQ"
+                );
+                backoff.delay = (backoff.delay * 2).min(BACKOFF_MAX);
+                backoff.last_error = Some(e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    fn live_session(&self) -> Option<Arc<Session>> {
+        let current = self.current.read();
+        current.as_ref().filter(|s| s.healthy()).cloned()
+    }
+
+    async fn connect(&self) -> Result<Arc<Session>, LinkError> {
+        let connection = Connection::connect_uri(
+            self.uri.clone(),
+            ConnectionProperties::default().with_connection_name("sendgate".into()),
+        )
+        .await
+        .map_err(classify_connect_error)?;
+        let mut publishers = Vec::with_capacity(PUBLISH_CHANNELS);
+        for _ in 0..PUBLISH_CHANNELS {
+            let channel = connection
+                .create_channel()
+                .await
+                .map_err(classify_connect_error)?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await
+                .map_err(classify_connect_error)?;
+            publishers.push(channel);
+        }
+        let session = Session {
+            connection,
+            publishers,
+            next: AtomicUsize::new(0),
+            declarer: tokio::sync::Mutex::new(None),
+            generation: self.generations.fetch_add(1, Ordering::Relaxed) + 1,
+        };
+        self.ensure_queues(&session).await?;
+        Ok(Arc::new(session))
+    }
+
+    /// Declare each served queue (durable) unless it exists already. An existing queue is
+    /// left exactly as it is, whatever its arguments (overflow, length limits).
+    async fn ensure_queues(&self, session: &Session) -> Result<(), LinkError> {
+        for queue in &self.queues {
+            if session.ready_messages(queue).await.is_ok() {
+                continue;
+            }
+            let channel = session
+                .connection
+                .create_channel()
+                .await
+                .map_err(classify_connect_error)?;
+            channel
+                .queue_declare(
+                    queue.as_str().into(),
+                    QueueDeclareOptions::durable(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(classify_connect_error)?;
+            let _ = channel.close(200, "declared".into()).await;
+            tracing::info!(event = "queue_declared", queue = %queue, "declared durable queue");
+        }
+        Ok(())
+    }
+
+    /// A send ended at its deadline. Enough of these in a row and the session is replaced.
+    pub fn note_timeout(&self, session: &Session) {
+        let n = self.timeouts_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= TIMEOUTS_BEFORE_REPLACE {
+            tracing::warn!(
+                event = "amqp_wedged",
+                timeouts_in_a_row = n,
+                "replacing a connection that stopped confirming"
+            );
+            self.discard(session);
+        }
+    }
+
+    pub fn note_success(&self) {
+        self.timeouts_in_a_row.store(0, Ordering::Relaxed);
+    }
+
+    /// Drop `session` (if it is still the current one) and close it in the background.
+    pub fn discard(&self, session: &Session) {
+        let mut current = self.current.write();
+        if current
+            .as_ref()
+            .is_some_and(|s| s.generation == session.generation)
+        {
+            if let Some(old) = current.take() {
+                self.timeouts_in_a_row.store(0, Ordering::Relaxed);
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(1),
+                        old.connection.close(320, "replaced".into()),
+                    )
+                    .await;
+                });
+            }
+        }
+    }
+}
+
+/// 403 ACCESS_REFUSED (bad credentials, no permission) and 530 NOT_ALLOWED (no access to
+/// the vhost) are the credential's fault; everything else is reachability.
+fn classify_connect_error(e: lapin::Error) -> LinkError {
+    if let lapin::ErrorKind::ProtocolError(amqp) = e.kind() {
+        if matches!(amqp.get_id(), 403 | 530) {
+            return LinkError::AccessRefused(amqp.get_message().to_string());
+        }
+    }
+    LinkError::Unreachable(e.to_string())
+}

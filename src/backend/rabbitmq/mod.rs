@@ -1,0 +1,236 @@
+//! The RabbitMQ backend: AMQP 0.9.1 for sends, the management HTTP API (or a passive
+//! declare) for the depth.
+//!
+//! Sends are persistent messages published to the default exchange with the queue as
+//! routing key, `mandatory` (an unroutable publish comes back as an error instead of being
+//! dropped), and waited on with publisher confirms: a 2xx means the broker took
+//! responsibility for the message.
+
+mod link;
+mod management;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lapin::options::BasicPublishOptions;
+use lapin::uri::AMQPUri;
+use lapin::{BasicProperties, Confirmation};
+use tokio::time::Instant;
+
+use super::{Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt};
+use crate::config::{DepthSource, RabbitMqSettings, Secret};
+use crate::domain::QueueName;
+use link::{Link, LinkError};
+use management::{Management, QueueCount};
+
+/// How long a client is told to wait while the broker blocks publishers (memory or disk alarm).
+const BLOCKED_RETRY_AFTER: Duration = Duration::from_secs(5);
+
+pub struct RabbitMq {
+    link: Link,
+    management: Management,
+    depth_source: DepthSource,
+    stats_lag: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RabbitConfigError {
+    #[error("not an AMQP URL: {0}")]
+    Url(String),
+    #[error("{0}")]
+    ManagementUrl(String),
+}
+
+impl RabbitConfigError {
+    pub fn variable(&self) -> &'static str {
+        match self {
+            Self::Url(_) => "SENDGATE_RABBITMQ_URL",
+            Self::ManagementUrl(_) => "SENDGATE_RABBITMQ_MANAGEMENT_URL",
+        }
+    }
+}
+
+impl RabbitMq {
+    pub fn new(
+        settings: &RabbitMqSettings,
+        queues: &[QueueName],
+    ) -> Result<Self, RabbitConfigError> {
+        let uri: AMQPUri = settings.url.parse().map_err(RabbitConfigError::Url)?;
+        let user = settings
+            .management_user
+            .clone()
+            .unwrap_or_else(|| uri.authority.userinfo.username.clone());
+        let password = settings
+            .management_password
+            .clone()
+            .unwrap_or_else(|| Secret::new(&uri.authority.userinfo.password));
+        let management = Management::new(&settings.management_url, &uri.vhost, user, password)
+            .map_err(RabbitConfigError::ManagementUrl)?;
+        Ok(Self {
+            link: Link::new(uri, queues.to_vec()),
+            management,
+            depth_source: settings.depth_source,
+            stats_lag: settings.stats_lag,
+        })
+    }
+
+    /// Connect and declare the queues now, so start-up shows a broken broker at once.
+    /// Failing here is not fatal: sends connect on demand.
+    pub async fn warm_up(&self, deadline: Instant) -> Result<(), String> {
+        self.link
+            .session(deadline)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    async fn ready_messages(
+        &self,
+        queue: &QueueName,
+        deadline: Instant,
+    ) -> Result<u64, DepthError> {
+        let read = async {
+            let session = self
+                .link
+                .session(deadline)
+                .await
+                .map_err(|e| DepthError::Failed(e.to_string()))?;
+            session
+                .ready_messages(queue)
+                .await
+                .map_err(|e| match e.kind() {
+                    lapin::ErrorKind::ProtocolError(p) if p.get_id() == 404 => {
+                        DepthError::QueueNotFound
+                    }
+                    _ => DepthError::Failed(e.to_string()),
+                })
+        };
+        tokio::time::timeout_at(deadline, read)
+            .await
+            .unwrap_or(Err(DepthError::Timeout))
+    }
+}
+
+#[async_trait]
+impl Backend for RabbitMq {
+    fn kind(&self) -> &'static str {
+        "rabbitmq"
+    }
+
+    async fn send(
+        &self,
+        message: OutgoingMessage,
+        deadline: Instant,
+    ) -> Result<SendReceipt, SendError> {
+        let session = self.link.session(deadline).await.map_err(|e| match e {
+            LinkError::AccessRefused(why) => SendError::AuthFailed(why),
+            LinkError::Timeout => SendError::Timeout,
+            other => SendError::Unavailable(other.to_string()),
+        })?;
+        if session.connection.status().blocked() {
+            // A blocked connection accepts publishes and never confirms them: answer now.
+            return Err(SendError::Busy {
+                reason: "the broker is blocking publishers (memory or disk alarm)".into(),
+                retry_after: Some(BLOCKED_RETRY_AFTER),
+            });
+        }
+        let mut properties = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type("application/json".into())
+            .with_message_id(message.message_id.as_str().into());
+        if let Some(c) = &message.correlation_id {
+            properties = properties.with_correlation_id(c.as_str().into());
+        }
+        let publish = async {
+            let confirm = session
+                .publisher()
+                .basic_publish(
+                    "".into(),
+                    message.queue.as_str().into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    &message.body,
+                    properties,
+                )
+                .await?;
+            confirm.await
+        };
+        match tokio::time::timeout_at(deadline, publish).await {
+            Err(_) => {
+                // Dropping the publish future abandons the confirm; the channel stays usable.
+                self.link.note_timeout(&session);
+                Err(SendError::Timeout)
+            }
+            Ok(Ok(Confirmation::Ack(None))) => {
+                self.link.note_success();
+                Ok(SendReceipt { duplicate: false })
+            }
+            Ok(Ok(Confirmation::Ack(Some(returned)))) => {
+                self.link.note_success();
+                // 312 NO_ROUTE: the default exchange found no queue of that name.
+                Err(if returned.reply_code == 312 {
+                    SendError::QueueNotFound
+                } else {
+                    SendError::Failed(format!("returned by the broker: {}", returned.reply_text))
+                })
+            }
+            Ok(Ok(Confirmation::Nack(_))) => {
+                self.link.note_success();
+                Err(SendError::Busy {
+                    reason:
+                        "the broker refused the message (queue full with overflow=reject-publish?)"
+                            .into(),
+                    retry_after: None,
+                })
+            }
+            Ok(Ok(Confirmation::NotRequested)) => {
+                Err(SendError::Failed("publisher confirms are off".into()))
+            }
+            Ok(Err(e)) => {
+                self.link.discard(&session);
+                Err(match e.kind() {
+                    lapin::ErrorKind::ProtocolError(p) if p.get_id() == 403 => {
+                        SendError::AuthFailed(p.get_message().to_string())
+                    }
+                    lapin::ErrorKind::ProtocolError(p) if p.get_id() == 404 => {
+                        SendError::QueueNotFound
+                    }
+                    _ => SendError::Unavailable(e.to_string()),
+                })
+            }
+        }
+    }
+
+    async fn backlog(&self, queue: &QueueName, deadline: Instant) -> Result<Backlog, DepthError> {
+        match self.depth_source {
+            DepthSource::Amqp => self.ready_messages(queue, deadline).await.map(Backlog::of),
+            DepthSource::Management => match self.management.count(queue, deadline).await? {
+                QueueCount::Messages(n) => Ok(Backlog::of(n)),
+                // A queue whose statistics are not published yet: read the exact ready
+                // count from the data plane instead, so a new queue neither trips
+                // fail-closed nor goes unguarded.
+                QueueCount::NotReported => {
+                    self.ready_messages(queue, deadline).await.map(Backlog::of)
+                }
+            },
+        }
+    }
+
+    /// Connect and declare the queues before the gateway says `running`.
+    async fn warm_up(&self, deadline: Instant) -> Result<(), String> {
+        self.link
+            .session(deadline)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    fn depth_lag(&self) -> Duration {
+        match self.depth_source {
+            DepthSource::Management => self.stats_lag,
+            DepthSource::Amqp => Duration::ZERO,
+        }
+    }
+}

@@ -1,0 +1,44 @@
+//! `POST /admin/drain` (role `admin`): start the same drain as SIGTERM, so a deploy
+//! pipeline can announce a restart ahead of it. The process exits when the drain completes.
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde_json::json;
+
+use super::auth::{AuthError, Permission};
+use super::errors::{ApiError, Problem};
+use super::{request_id, AppState};
+
+pub async fn drain(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let rid = request_id(&req).0;
+    let principal = state.auth.authenticate(&req).map_err(|e| {
+        ApiError::new(
+            Problem::Unauthenticated {
+                token_given: e == AuthError::Unknown,
+            },
+            &rid,
+        )
+    })?;
+    if !principal.may(Permission::Administer) {
+        return Err(ApiError::new(
+            Problem::Forbidden {
+                action: "drain the gateway",
+            },
+            &rid,
+        ));
+    }
+    let started_now = state.lifecycle.begin_drain(state.drain_window);
+    if started_now {
+        tracing::info!(event = "drain_requested", by = %principal.name, "drain requested over HTTP");
+    }
+    let status = state.lifecycle.drain_status();
+    Ok(HttpResponse::Accepted()
+        .insert_header(("X-Request-Id", rid.as_str()))
+        .json(json!({
+            "status": "draining",
+            "gateway_state": state.lifecycle.state().as_str(),
+            "already_draining": !started_now,
+            "remaining_s": status.map(|d| (d.remaining.as_secs_f64() * 10.0).round() / 10.0),
+            "in_flight": status.map(|d| d.in_flight),
+            "request_id": rid.as_str(),
+        })))
+}

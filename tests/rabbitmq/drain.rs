@@ -1,0 +1,278 @@
+//! The announced lifecycle, on the real binary: SIGTERM drains sends held in flight by a
+//! slow broker (the fault proxy delays the data plane), tells new clients when to come
+//! back, and exits 0; nothing acknowledged is lost.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::fault_proxy::{Fault, FaultProxy};
+use crate::rabbit;
+
+struct Gateway {
+    child: Child,
+    base: String,
+    client: reqwest::Client,
+}
+
+impl Gateway {
+    /// The real binary on the RabbitMQ backend, its data plane through `proxy`.
+    async fn start(queue: &str, proxy: &FaultProxy, vars: &[(&str, &str)]) -> Self {
+        rabbit::ensure_broker();
+        let port = free_port();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sendgate"));
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("SENDGATE_LISTEN", format!("127.0.0.1:{port}"))
+            .env("SENDGATE_BACKEND", "rabbitmq")
+            .env("SENDGATE_QUEUES", queue)
+            .env(
+                "SENDGATE_RABBITMQ_URL",
+                format!("amqp://guest:guest@{}/%2f", proxy.addr()),
+            )
+            .env("SENDGATE_DEPTH_TTL_MS", "600000")
+            .env("SENDGATE_SEND_TIMEOUT_MS", "20000")
+            .env("SENDGATE_WORKERS", "2")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("the binary starts");
+        let gateway = Self {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            client: reqwest::Client::builder()
+                .pool_max_idle_per_host(0)
+                .build()
+                .unwrap(),
+        };
+        let started = Instant::now();
+        loop {
+            if let Ok(r) = gateway
+                .client
+                .get(gateway.url("/health/ready"))
+                .send()
+                .await
+            {
+                if r.status() == 200 {
+                    break;
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "the gateway never became ready"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        gateway
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    fn send(
+        &self,
+        queue: &str,
+        body: &str,
+    ) -> impl std::future::Future<Output = Result<u16, reqwest::Error>> + 'static {
+        let request = self
+            .client
+            .post(self.url(&format!("/v1/queues/{queue}/messages")))
+            .header("Content-Type", "application/json")
+            .body(body.to_owned())
+            .send();
+        async move { request.await.map(|r| r.status().as_u16()) }
+    }
+
+    async fn detailed(&self) -> serde_json::Value {
+        self.client
+            .get(self.url("/health/detailed"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    fn signal(&self, name: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+
+    /// Wait for the process to exit; its exit code and when.
+    async fn exit(&mut self, limit: Duration) -> (i32, Instant) {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return (status.code().expect("exited, not killed"), Instant::now());
+            }
+            if started.elapsed() > limit {
+                let _ = self.child.kill();
+                panic!("the gateway did not exit within {limit:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn wait_in_flight(&self, n: u64) {
+        let started = Instant::now();
+        while self.detailed().await["backends"]["primary"]["sends_in_flight"] != n {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "never {n} in flight"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test]
+async fn sigterm_drains_sends_in_flight_announces_the_window_and_exits_zero() {
+    let queue = rabbit::unique("sg-drain");
+    let proxy = FaultProxy::start(rabbit::AMQP.parse().unwrap()).await;
+    let mut gw = Gateway::start(&queue, &proxy, &[("SENDGATE_DRAIN_TIMEOUT_S", "20")]).await;
+
+    // Hold three sends in flight: each chunk to and from the broker now takes 1 s.
+    proxy.set(Fault::Delay(Duration::from_millis(1000)));
+    let held: Vec<_> = (0..3)
+        .map(|i| tokio::spawn(gw.send(&queue, &i.to_string())))
+        .collect();
+    gw.wait_in_flight(3).await;
+
+    gw.signal("TERM");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let d = gw.detailed().await;
+    assert_eq!(d["gateway_state"], "draining");
+    let first = d["drain"]["remaining_s"].as_f64().unwrap();
+    assert!(first > 18.0 && first <= 20.0, "remaining_s {first}");
+    assert_eq!(d["drain"]["in_flight"], 3);
+
+    // A late client gets the truth: 503 draining with the window left, not a refused connection.
+    let late = gw
+        .client
+        .post(gw.url(&format!("/v1/queues/{queue}/messages")))
+        .header("Content-Type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .expect("the listener still accepts while draining");
+    assert_eq!(late.status(), 503);
+    let retry_after: u64 = late.headers()["Retry-After"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let body: serde_json::Value = late.json().await.unwrap();
+    assert_eq!(body["code"], "draining");
+    assert_eq!(body["retry_after_s"], retry_after);
+    assert!(
+        (18..=20).contains(&retry_after),
+        "Retry-After {retry_after} is the window left, not a fixed 1"
+    );
+    let ready = gw.client.get(gw.url("/health/ready")).send().await.unwrap();
+    assert_eq!(ready.status(), 503);
+
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let later = gw.detailed().await["drain"]["remaining_s"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        later < first - 0.5,
+        "remaining_s falls: {first} then {later}"
+    );
+
+    let mut created = 0;
+    let mut last_answer = Instant::now();
+    for h in held {
+        assert_eq!(
+            h.await.unwrap().unwrap(),
+            201,
+            "a send in flight completes normally"
+        );
+        created += 1;
+        last_answer = Instant::now();
+    }
+    let (code, exited_at) = gw.exit(Duration::from_secs(15)).await;
+    assert_eq!(code, 0);
+    assert!(
+        exited_at.duration_since(last_answer) < Duration::from_secs(3),
+        "exits soon after the last send"
+    );
+    proxy.set(Fault::Pass);
+    assert_eq!(
+        rabbit::ready(&queue).await,
+        created,
+        "every 2xx is in the queue"
+    );
+    rabbit::delete(&queue).await;
+}
+
+#[tokio::test]
+async fn a_drain_window_shorter_than_a_held_send_ends_at_the_window_without_a_false_2xx() {
+    let queue = rabbit::unique("sg-drain-cap");
+    let proxy = FaultProxy::start(rabbit::AMQP.parse().unwrap()).await;
+    let mut gw = Gateway::start(&queue, &proxy, &[("SENDGATE_DRAIN_TIMEOUT_S", "1")]).await;
+    proxy.set(Fault::Delay(Duration::from_millis(4000)));
+    let held = tokio::spawn(gw.send(&queue, "{}"));
+    gw.wait_in_flight(1).await;
+
+    let signalled = Instant::now();
+    gw.signal("TERM");
+    let (code, exited_at) = gw.exit(Duration::from_secs(10)).await;
+    assert_eq!(code, 0);
+    let took = exited_at.duration_since(signalled);
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        "exited after {took:?}"
+    );
+    // Either an error status or a closed connection (no answer is not a 2xx).
+    if let Ok(status) = held.await.unwrap() {
+        assert_ne!(
+            status, 201,
+            "a send cut off by the drain never reports success"
+        );
+    }
+    proxy.set(Fault::Pass);
+    rabbit::delete(&queue).await;
+}
+
+#[tokio::test]
+async fn a_second_signal_ends_the_drain_at_once() {
+    let queue = rabbit::unique("sg-drain-twice");
+    let proxy = FaultProxy::start(rabbit::AMQP.parse().unwrap()).await;
+    let mut gw = Gateway::start(&queue, &proxy, &[("SENDGATE_DRAIN_TIMEOUT_S", "30")]).await;
+    proxy.set(Fault::Blackhole);
+    let _held = tokio::spawn(gw.send(&queue, "{}"));
+    gw.wait_in_flight(1).await;
+    gw.signal("TERM");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(gw.detailed().await["gateway_state"], "draining");
+    let second = Instant::now();
+    gw.signal("INT");
+    let (code, exited_at) = gw.exit(Duration::from_secs(10)).await;
+    assert_eq!(code, 0);
+    assert!(exited_at.duration_since(second) < Duration::from_secs(3));
+    proxy.set(Fault::Pass);
+    rabbit::delete(&queue).await;
+}

@@ -1,0 +1,156 @@
+//! What a send puts on the wire: request line, headers, body, and a SAS token that verifies.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::helpers::{
+    assert_sas_verifies, body_json, connection_string, percent_decode, spawn_with, MANAGE_KEY,
+    NAMESPACE, SEND_KEY,
+};
+
+#[tokio::test]
+async fn a_send_is_one_post_with_the_body_byte_for_byte_and_its_broker_properties() {
+    let app = spawn_with(&[]).await;
+    // Whitespace, key order and escapes that a re-serialisation would change.
+    let body = "{ \"prompt\" : \"h\\u00e9llo\",\n  \"n\": [1, 2.50, 1e3] }";
+    let response = app
+        .send_with(
+            body,
+            &[
+                ("Idempotency-Key", "order-1"),
+                ("X-Correlation-Id", "corr-9"),
+            ],
+        )
+        .await;
+    assert_eq!(response.status(), 201);
+    let answer = body_json(response).await;
+    assert_eq!(answer["message_id"], "order-1");
+
+    let sends = app.stub.sends();
+    assert_eq!(sends.len(), 1, "{sends:?}");
+    let send = &sends[0];
+    assert_eq!(send.request_line(), "POST /requests/messages HTTP/1.1");
+    assert_eq!(send.body, body.as_bytes(), "the body arrives byte for byte");
+    assert_eq!(send.header("Content-Type"), Some("application/json"));
+    assert_eq!(send.header_count("BrokerProperties"), 1);
+    let properties: serde_json::Value =
+        serde_json::from_str(send.header("BrokerProperties").unwrap()).unwrap();
+    assert_eq!(
+        properties,
+        serde_json::json!({"MessageId": "order-1", "CorrelationId": "corr-9"})
+    );
+    let authorization = send.header("Authorization").unwrap();
+    assert!(
+        authorization.starts_with("SharedAccessSignature sr="),
+        "{authorization}"
+    );
+}
+
+#[tokio::test]
+async fn without_a_correlation_id_broker_properties_carry_only_the_generated_message_id() {
+    let app = spawn_with(&[]).await;
+    let response = app.send("{}").await;
+    assert_eq!(response.status(), 201);
+    let message_id = body_json(response).await["message_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(message_id.len(), 36, "a UUID: {message_id}");
+
+    let send = &app.stub.sends()[0];
+    let properties: serde_json::Value =
+        serde_json::from_str(send.header("BrokerProperties").unwrap()).unwrap();
+    assert_eq!(properties, serde_json::json!({ "MessageId": message_id }));
+}
+
+#[tokio::test]
+async fn the_sas_token_verifies_against_the_key_the_queue_url_and_its_expiry() {
+    let app = spawn_with(&[]).await;
+    assert_eq!(app.send("{}").await.status(), 201);
+    let send = &app.stub.sends()[0];
+    let sas = assert_sas_verifies(send.header("Authorization").unwrap(), SEND_KEY);
+
+    assert_eq!(sas.skn, "send");
+    // Signed for the queue's URL on the namespace (not the stub's address), url-encoded.
+    assert_eq!(
+        sas.sr,
+        "https%3A%2F%2Ftest.servicebus.windows.net%2Frequests"
+    );
+    assert_eq!(
+        percent_decode(&sas.sr),
+        format!("https://{NAMESPACE}/requests")
+    );
+    // Valid for an hour from now.
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let expiry: u64 = sas.se.parse().unwrap();
+    assert!(
+        (now + 3500..=now + 3601).contains(&expiry),
+        "se={expiry}, now={now}"
+    );
+    // The key used as base64 text would not verify if it had been decoded first.
+    assert!(SEND_KEY.ends_with('='));
+}
+
+#[tokio::test]
+async fn the_same_token_is_reused_between_calls() {
+    let app = spawn_with(&[("SENDGATE_DEPTH_TTL_MS", "0")]).await;
+    assert_eq!(app.statuses(3).await, [201, 201, 201]);
+    let requests = app.stub.requests();
+    assert_eq!(requests.len(), 6, "a depth read before each send");
+    let tokens: std::collections::BTreeSet<_> = requests
+        .iter()
+        .map(|r| r.header("Authorization").unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        tokens.len(),
+        1,
+        "one cached token for the queue: {tokens:?}"
+    );
+}
+
+#[tokio::test]
+async fn depth_reads_use_the_manage_key_when_one_is_set() {
+    let manage = connection_string("manage", MANAGE_KEY);
+    let app = spawn_with(&[("SERVICEBUS_MANAGE_CONNECTION_STRING", &manage)]).await;
+    assert_eq!(app.send("{}").await.status(), 201);
+
+    let reads = app.stub.depth_reads();
+    assert_eq!(reads.len(), 1);
+    let read = assert_sas_verifies(reads[0].header("Authorization").unwrap(), MANAGE_KEY);
+    assert_eq!(read.skn, "manage");
+    let send = assert_sas_verifies(
+        app.stub.sends()[0].header("Authorization").unwrap(),
+        SEND_KEY,
+    );
+    assert_eq!(send.skn, "send");
+}
+
+#[tokio::test]
+async fn one_pooled_client_reuses_its_connections() {
+    let app = spawn_with(&[("SENDGATE_DEPTH_TTL_MS", "0")]).await;
+    assert_eq!(app.statuses(5).await, [201; 5]);
+    let requests = app.stub.requests().len();
+    assert_eq!(requests, 10);
+    assert!(
+        app.stub.connections() < requests,
+        "{} connections for {requests} requests",
+        app.stub.connections()
+    );
+}
+
+#[tokio::test]
+async fn health_shows_the_servicebus_backend() {
+    let app = spawn_with(&[]).await;
+    let health = app.detailed().await;
+    assert_eq!(
+        health["backends"]["primary"]["kind"], "servicebus",
+        "{health}"
+    );
+    assert!(
+        app.stub.requests().is_empty(),
+        "health never calls the broker"
+    );
+    app.stop().await;
+}
