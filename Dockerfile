@@ -30,8 +30,7 @@ RUN mkdir -p src \
 #    crate itself whatever the copied files' timestamps are.
 COPY src ./src
 RUN cargo build --release --locked --bin sendgate \
-    && install -d -m 0755 /out/var/lib/sendgate \
-    && install -m 0755 target/release/sendgate /out/sendgate
+    && install -D -m 0755 target/release/sendgate /out/sendgate
 
 # ---------------------------------------------------------------------------------------
 # Runtime: distroless "cc" (glibc, libgcc, CA certificates, tzdata; no shell, no package
@@ -47,18 +46,18 @@ LABEL org.opencontainers.image.title="sendgate" \
       org.opencontainers.image.description="HTTP gateway in front of a message queue that refuses work the queue cannot take" \
       org.opencontainers.image.licenses="MIT"
 
-# The embedded backend's data directory (only used with SENDGATE_BACKEND=embedded; mount a
-# volume there to keep its messages across container restarts), owned by the runtime user.
-COPY --from=builder --chown=65532:65532 /out/var/lib/sendgate /var/lib/sendgate
 COPY --from=builder /out/sendgate /usr/local/bin/sendgate
 
 # Listen on all interfaces inside the container. A non-loopback listener needs API keys
 # (SENDGATE_API_KEYS_FILE) or an explicit SENDGATE_AUTH=none, or sendgate exits 2.
+# The embedded backend (SENDGATE_BACKEND=embedded, the default) creates its data directory
+# in the runtime user's home, which that user owns; mount a volume there to keep its
+# messages across container restarts. The Service Bus backend writes nothing to disk.
 ENV SENDGATE_LISTEN=0.0.0.0:8080 \
-    SENDGATE_DATA_DIR=/var/lib/sendgate
+    SENDGATE_DATA_DIR=/home/nonroot/sendgate-data
 
 USER 65532:65532
-WORKDIR /var/lib/sendgate
+WORKDIR /home/nonroot
 EXPOSE 8080
 
 # Exec form: sendgate is PID 1 and receives SIGTERM itself. It handles SIGTERM/SIGINT

@@ -164,7 +164,116 @@ pub const VARIABLES: &[Variable] = &[
         None,
         "HTTP worker threads; defaults to the number of CPU cores",
     ),
+    var(
+        "SENDGATE_BREAKER_WINDOW_S",
+        Some("60"),
+        "breaker: outcomes counted over this window",
+    ),
+    var(
+        "SENDGATE_BREAKER_MIN_FAILURES",
+        Some("10"),
+        "breaker: fewest failures in the window to open",
+    ),
+    var(
+        "SENDGATE_BREAKER_FAILURE_RATE",
+        Some("0.5"),
+        "breaker: share of failures in the window to open",
+    ),
+    var(
+        "SENDGATE_BREAKER_OPEN_S",
+        Some("15"),
+        "breaker: time open before a trial send",
+    ),
+    var(
+        "SENDGATE_PROBE_INTERVAL_S",
+        Some("5"),
+        "health probe period per backend (0 = off)",
+    ),
+    var(
+        "SENDGATE_FALLBACK_BACKEND",
+        None,
+        "embedded, rabbitmq or servicebus: used while the primary's breaker is open",
+    ),
+    var(
+        "SENDGATE_FORCE_BACKEND",
+        None,
+        "primary or fallback: pin routing (primary = never fail over)",
+    ),
+    var(
+        "SENDGATE_FALLBACK_DATA_DIR",
+        None,
+        "fallback's SENDGATE_DATA_DIR",
+    ),
+    var(
+        "SENDGATE_FALLBACK_RABBITMQ_URL",
+        None,
+        "fallback's SENDGATE_RABBITMQ_URL",
+    ),
+    var(
+        "SENDGATE_FALLBACK_RABBITMQ_MANAGEMENT_URL",
+        None,
+        "fallback's SENDGATE_RABBITMQ_MANAGEMENT_URL",
+    ),
+    var(
+        "SENDGATE_FALLBACK_RABBITMQ_MANAGEMENT_USER",
+        None,
+        "fallback's SENDGATE_RABBITMQ_MANAGEMENT_USER",
+    ),
+    var(
+        "SENDGATE_FALLBACK_RABBITMQ_MANAGEMENT_PASSWORD",
+        None,
+        "fallback's SENDGATE_RABBITMQ_MANAGEMENT_PASSWORD",
+    ),
+    var(
+        "SENDGATE_FALLBACK_RABBITMQ_DEPTH_SOURCE",
+        None,
+        "fallback's SENDGATE_RABBITMQ_DEPTH_SOURCE",
+    ),
+    var(
+        "SENDGATE_FALLBACK_RABBITMQ_STATS_LAG_MS",
+        None,
+        "fallback's SENDGATE_RABBITMQ_STATS_LAG_MS",
+    ),
+    var(
+        "SENDGATE_FALLBACK_SERVICEBUS_NAMESPACE",
+        None,
+        "fallback's SERVICEBUS_NAMESPACE",
+    ),
+    var(
+        "SENDGATE_FALLBACK_SERVICEBUS_CONNECTION_STRING",
+        None,
+        "fallback's SERVICEBUS_CONNECTION_STRING",
+    ),
+    var(
+        "SENDGATE_FALLBACK_SERVICEBUS_ENDPOINT",
+        None,
+        "fallback's SERVICEBUS_ENDPOINT",
+    ),
+    var(
+        "SENDGATE_FALLBACK_SERVICEBUS_MANAGE_CONNECTION_STRING",
+        None,
+        "fallback's SERVICEBUS_MANAGE_CONNECTION_STRING",
+    ),
+    var(
+        "SENDGATE_FALLBACK_SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID",
+        None,
+        "fallback's SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID",
+    ),
 ];
+
+/// The fallback backend's variable for one of the primary's: `SENDGATE_X` →
+/// `SENDGATE_FALLBACK_X`, `SERVICEBUS_X` → `SENDGATE_FALLBACK_SERVICEBUS_X`. Unset, the
+/// fallback uses the primary's value (so a fallback of another kind needs no new names).
+fn fallback_var(name: &'static str) -> &'static str {
+    let wanted = match name.strip_prefix("SENDGATE_") {
+        Some(rest) => format!("SENDGATE_FALLBACK_{rest}"),
+        None => format!("SENDGATE_FALLBACK_{name}"),
+    };
+    VARIABLES
+        .iter()
+        .find(|v| v.name == wanted)
+        .map_or(name, |v| v.name)
+}
 
 const fn var(name: &'static str, default: Option<&'static str>, meaning: &'static str) -> Variable {
     Variable {
@@ -286,7 +395,34 @@ pub enum AuthSettings {
     Open { explicitly_none: bool },
 }
 
+/// A second backend, used while the primary's circuit is open.
 #[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FallbackSettings {
+    pub backend: BackendKind,
+    pub data_dir: PathBuf,
+    pub rabbitmq: RabbitMqSettings,
+    pub servicebus: ServiceBusSettings,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForceBackend {
+    Primary,
+    Fallback,
+}
+
+/// The request-path circuit breaker and the health probes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DispatchSettings {
+    pub breaker_window: Duration,
+    pub breaker_min_failures: u32,
+    pub breaker_failure_rate: f64,
+    pub breaker_open: Duration,
+    pub probe_interval: Duration,
+    pub fallback: Option<FallbackSettings>,
+    pub force: Option<ForceBackend>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
     pub listen: SocketAddr,
     pub backend: BackendKind,
@@ -302,6 +438,7 @@ pub struct Settings {
     pub auth: AuthSettings,
     pub log_format: LogFormat,
     pub workers: Option<usize>,
+    pub dispatch: DispatchSettings,
 }
 
 impl Settings {
@@ -319,34 +456,10 @@ impl Settings {
 
     fn from_layers(raw: &Layers) -> Result<Self, ConfigError> {
         let listen = parse_listen(raw.req("SENDGATE_LISTEN"))?;
-        let backend = match raw.req("SENDGATE_BACKEND").to_ascii_lowercase().as_str() {
-            "embedded" => BackendKind::Embedded,
-            "rabbitmq" => BackendKind::RabbitMq,
-            "servicebus" => BackendKind::ServiceBus,
-            _ => {
-                return Err(invalid(
-                    "SENDGATE_BACKEND",
-                    raw.req("SENDGATE_BACKEND"),
-                    "expected embedded, rabbitmq or servicebus",
-                ))
-            }
-        };
+        let backend = parse_backend_kind("SENDGATE_BACKEND", raw.req("SENDGATE_BACKEND"))?;
         let queues = parse_queues(raw.req("SENDGATE_QUEUES"))?;
-        let depth_source = match raw
-            .req("SENDGATE_RABBITMQ_DEPTH_SOURCE")
-            .to_ascii_lowercase()
-            .as_str()
-        {
-            "management" => DepthSource::Management,
-            "amqp" => DepthSource::Amqp,
-            other => {
-                return Err(invalid(
-                    "SENDGATE_RABBITMQ_DEPTH_SOURCE",
-                    other,
-                    "expected management or amqp",
-                ))
-            }
-        };
+        let primary = BackendParts::parse(raw, false)?;
+        let dispatch = parse_dispatch(raw)?;
         let log_format = match raw.req("SENDGATE_LOG_FORMAT").to_ascii_lowercase().as_str() {
             "text" | "" => LogFormat::Text,
             "json" => LogFormat::Json,
@@ -399,35 +512,9 @@ impl Settings {
             listen,
             backend,
             queues,
-            data_dir: PathBuf::from(raw.req("SENDGATE_DATA_DIR")),
-            rabbitmq: RabbitMqSettings {
-                url: raw.req("SENDGATE_RABBITMQ_URL").to_owned(),
-                management_url: raw.req("SENDGATE_RABBITMQ_MANAGEMENT_URL").to_owned(),
-                management_user: raw
-                    .opt("SENDGATE_RABBITMQ_MANAGEMENT_USER")
-                    .map(str::to_owned),
-                management_password: raw
-                    .opt("SENDGATE_RABBITMQ_MANAGEMENT_PASSWORD")
-                    .map(|p| Secret(p.to_owned())),
-                depth_source,
-                stats_lag: Duration::from_millis(parse_u64(
-                    "SENDGATE_RABBITMQ_STATS_LAG_MS",
-                    raw.req("SENDGATE_RABBITMQ_STATS_LAG_MS"),
-                )?),
-            },
-            servicebus: ServiceBusSettings {
-                namespace: raw.opt("SERVICEBUS_NAMESPACE").map(str::to_owned),
-                connection_string: raw
-                    .opt("SERVICEBUS_CONNECTION_STRING")
-                    .map(|s| Secret(s.to_owned())),
-                endpoint: raw.opt("SERVICEBUS_ENDPOINT").map(str::to_owned),
-                manage_connection_string: raw
-                    .opt("SERVICEBUS_MANAGE_CONNECTION_STRING")
-                    .map(|s| Secret(s.to_owned())),
-                managed_identity_client_id: raw
-                    .opt("SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID")
-                    .map(str::to_owned),
-            },
+            data_dir: primary.data_dir,
+            rabbitmq: primary.rabbitmq,
+            servicebus: primary.servicebus,
             capacity: CapacitySettings {
                 max_queue_depth: forgiving_max_depth(raw.opt("SERVICEBUS_SEND_MAX_QUEUE_DEPTH")),
                 fail_closed: forgiving_flag(raw.opt("SERVICEBUS_SEND_FAILCLOSED")),
@@ -460,8 +547,148 @@ impl Settings {
             auth,
             log_format,
             workers,
+            dispatch,
         })
     }
+}
+
+/// One backend's own settings, read from the primary's variables or, for the fallback,
+/// from the `SENDGATE_FALLBACK_` ones falling back to the primary's.
+struct BackendParts {
+    data_dir: PathBuf,
+    rabbitmq: RabbitMqSettings,
+    servicebus: ServiceBusSettings,
+}
+
+impl BackendParts {
+    fn parse(raw: &Layers, fallback: bool) -> Result<Self, ConfigError> {
+        // (the name to blame in errors, its value)
+        let opt = |name: &'static str| -> Option<(&'static str, &str)> {
+            if fallback {
+                let fb = fallback_var(name);
+                if let Some(v) = raw.opt(fb) {
+                    return Some((fb, v));
+                }
+            }
+            raw.opt(name).map(|v| (name, v))
+        };
+        let req = |name: &'static str| opt(name).unwrap_or((name, raw.req(name)));
+        let (var, value) = req("SENDGATE_RABBITMQ_DEPTH_SOURCE");
+        let depth_source = match value.to_ascii_lowercase().as_str() {
+            "management" => DepthSource::Management,
+            "amqp" => DepthSource::Amqp,
+            _ => return Err(invalid(var, value, "expected management or amqp")),
+        };
+        let (lag_var, lag) = req("SENDGATE_RABBITMQ_STATS_LAG_MS");
+        Ok(Self {
+            data_dir: PathBuf::from(req("SENDGATE_DATA_DIR").1),
+            rabbitmq: RabbitMqSettings {
+                url: req("SENDGATE_RABBITMQ_URL").1.to_owned(),
+                management_url: req("SENDGATE_RABBITMQ_MANAGEMENT_URL").1.to_owned(),
+                management_user: opt("SENDGATE_RABBITMQ_MANAGEMENT_USER")
+                    .map(|(_, v)| v.to_owned()),
+                management_password: opt("SENDGATE_RABBITMQ_MANAGEMENT_PASSWORD")
+                    .map(|(_, v)| Secret::new(v)),
+                depth_source,
+                stats_lag: Duration::from_millis(parse_u64(lag_var, lag)?),
+            },
+            servicebus: ServiceBusSettings {
+                namespace: opt("SERVICEBUS_NAMESPACE").map(|(_, v)| v.to_owned()),
+                connection_string: opt("SERVICEBUS_CONNECTION_STRING").map(|(_, v)| Secret::new(v)),
+                endpoint: opt("SERVICEBUS_ENDPOINT").map(|(_, v)| v.to_owned()),
+                manage_connection_string: opt("SERVICEBUS_MANAGE_CONNECTION_STRING")
+                    .map(|(_, v)| Secret::new(v)),
+                managed_identity_client_id: opt("SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID")
+                    .map(|(_, v)| v.to_owned()),
+            },
+        })
+    }
+}
+
+fn parse_backend_kind(var: &'static str, value: &str) -> Result<BackendKind, ConfigError> {
+    match value.to_ascii_lowercase().as_str() {
+        "embedded" => Ok(BackendKind::Embedded),
+        "rabbitmq" => Ok(BackendKind::RabbitMq),
+        "servicebus" => Ok(BackendKind::ServiceBus),
+        _ => Err(invalid(
+            var,
+            value,
+            "expected embedded, rabbitmq or servicebus",
+        )),
+    }
+}
+
+fn parse_dispatch(raw: &Layers) -> Result<DispatchSettings, ConfigError> {
+    let rate_var = "SENDGATE_BREAKER_FAILURE_RATE";
+    let rate: f64 = raw
+        .req(rate_var)
+        .trim()
+        .parse()
+        .ok()
+        .filter(|r: &f64| *r > 0.0 && *r <= 1.0)
+        .ok_or_else(|| {
+            invalid(
+                rate_var,
+                raw.req(rate_var),
+                "expected a number above 0 and at most 1",
+            )
+        })?;
+    let fallback = match raw.opt("SENDGATE_FALLBACK_BACKEND") {
+        None => None,
+        Some(kind) => {
+            let parts = BackendParts::parse(raw, true)?;
+            Some(FallbackSettings {
+                backend: parse_backend_kind("SENDGATE_FALLBACK_BACKEND", kind)?,
+                data_dir: parts.data_dir,
+                rabbitmq: parts.rabbitmq,
+                servicebus: parts.servicebus,
+            })
+        }
+    };
+    let force = match raw
+        .opt("SENDGATE_FORCE_BACKEND")
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        None => None,
+        Some("primary") => Some(ForceBackend::Primary),
+        Some("fallback") if fallback.is_some() => Some(ForceBackend::Fallback),
+        Some("fallback") => {
+            return Err(ConfigError::Other {
+                var: "SENDGATE_FORCE_BACKEND",
+                message: "fallback needs SENDGATE_FALLBACK_BACKEND".into(),
+            })
+        }
+        Some(other) => {
+            return Err(invalid(
+                "SENDGATE_FORCE_BACKEND",
+                other,
+                "expected primary or fallback",
+            ))
+        }
+    };
+    Ok(DispatchSettings {
+        breaker_window: Duration::from_secs(parse_positive(
+            "SENDGATE_BREAKER_WINDOW_S",
+            raw.req("SENDGATE_BREAKER_WINDOW_S"),
+        )?),
+        breaker_min_failures: parse_positive(
+            "SENDGATE_BREAKER_MIN_FAILURES",
+            raw.req("SENDGATE_BREAKER_MIN_FAILURES"),
+        )?
+        .min(u64::from(u32::MAX)) as u32,
+        breaker_failure_rate: rate,
+        breaker_open: Duration::from_secs(parse_positive(
+            "SENDGATE_BREAKER_OPEN_S",
+            raw.req("SENDGATE_BREAKER_OPEN_S"),
+        )?),
+        probe_interval: Duration::from_secs(parse_u64(
+            "SENDGATE_PROBE_INTERVAL_S",
+            raw.req("SENDGATE_PROBE_INTERVAL_S"),
+        )?),
+        fallback,
+        force,
+    })
 }
 
 /// The merged layers, as strings keyed by variable name.
@@ -735,6 +962,45 @@ mod tests {
             s.send_timeout,
             Duration::from_millis(900),
             "environment wins over the file"
+        );
+    }
+
+    #[test]
+    fn a_fallback_reads_its_own_variables_then_the_primarys() {
+        let s = Settings::from_vars(&vars(&[
+            ("SENDGATE_BACKEND", "rabbitmq"),
+            ("SENDGATE_RABBITMQ_URL", "amqp://a/%2f"),
+            ("SENDGATE_RABBITMQ_DEPTH_SOURCE", "amqp"),
+            ("SENDGATE_FALLBACK_BACKEND", "rabbitmq"),
+            ("SENDGATE_FALLBACK_RABBITMQ_URL", "amqp://b/%2f"),
+        ]))
+        .unwrap();
+        let fb = s.dispatch.fallback.unwrap();
+        assert_eq!(fb.backend, BackendKind::RabbitMq);
+        assert_eq!(fb.rabbitmq.url, "amqp://b/%2f");
+        assert_eq!(s.rabbitmq.url, "amqp://a/%2f");
+        assert_eq!(fb.rabbitmq.depth_source, DepthSource::Amqp, "inherited");
+        let err =
+            Settings::from_vars(&vars(&[("SENDGATE_FORCE_BACKEND", "fallback")])).unwrap_err();
+        assert!(
+            err.to_string().starts_with("SENDGATE_FORCE_BACKEND"),
+            "{err}"
+        );
+        let err = Settings::from_vars(&vars(&[
+            ("SENDGATE_FALLBACK_BACKEND", "rabbitmq"),
+            ("SENDGATE_FALLBACK_RABBITMQ_DEPTH_SOURCE", "x"),
+        ]))
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("SENDGATE_FALLBACK_RABBITMQ_DEPTH_SOURCE"),
+            "{err}"
+        );
+        let err =
+            Settings::from_vars(&vars(&[("SENDGATE_BREAKER_FAILURE_RATE", "1.5")])).unwrap_err();
+        assert!(
+            err.to_string().starts_with("SENDGATE_BREAKER_FAILURE_RATE"),
+            "{err}"
         );
     }
 

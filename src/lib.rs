@@ -4,6 +4,7 @@
 pub mod admission;
 pub mod backend;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod domain;
 pub mod http;

@@ -8,14 +8,17 @@ use std::time::Duration;
 use actix_web::dev::Server;
 use actix_web::{web, App, HttpServer};
 
-use crate::admission::capacity::{CapacityGate, CapacityPolicy};
+use crate::admission::breaker::BreakerPolicy;
 use crate::admission::inflight::InFlight;
-use crate::admission::Dispatcher;
+use crate::admission::{BackendRole, Dispatcher, Route};
 use crate::backend::embedded::{EmbeddedFaults, EmbeddedQueue, StoreError};
 use crate::backend::rabbitmq::RabbitMq;
 use crate::backend::servicebus::{ServiceBus, ServiceBusError};
-use crate::backend::{Backend, BackendCalls, Metered};
-use crate::config::{AuthSettings, BackendKind, ConfigError, Settings};
+use crate::backend::{Backend, BackendCalls};
+use crate::config::{
+    AuthSettings, BackendKind, ConfigError, RabbitMqSettings, ServiceBusSettings, Settings,
+};
+use crate::domain::QueueName;
 use crate::http::auth::{Authenticator, KeysFileError};
 use crate::http::{routes, AppState};
 use crate::lifecycle::Lifecycle;
@@ -72,9 +75,81 @@ async fn warm_up(state: web::Data<AppState>, budget: Duration) {
 #[derive(Clone)]
 pub struct AppHandle {
     pub lifecycle: Lifecycle,
+    /// Calls that reached the primary backend (probes excluded).
     pub backend_calls: Arc<BackendCalls>,
-    /// Present on the embedded backend: fault switches for tests.
+    pub fallback_calls: Option<Arc<BackendCalls>>,
+    /// Present on an embedded primary: fault switches for tests.
     pub embedded_faults: Option<Arc<EmbeddedFaults>>,
+    /// Present on an embedded fallback.
+    pub fallback_faults: Option<Arc<EmbeddedFaults>>,
+}
+
+/// A backend just opened, with its fault switches when it is the embedded one.
+struct Opened {
+    backend: Arc<dyn Backend>,
+    faults: Option<Arc<EmbeddedFaults>>,
+}
+
+fn open_backend(
+    kind: BackendKind,
+    data_dir: &std::path::Path,
+    rabbitmq: &RabbitMqSettings,
+    servicebus: &ServiceBusSettings,
+    queues: &[QueueName],
+) -> Result<Opened, StartupError> {
+    Ok(match kind {
+        BackendKind::Embedded => {
+            let queue = EmbeddedQueue::open(data_dir)?;
+            let faults = Some(queue.faults());
+            Opened {
+                backend: Arc::new(queue),
+                faults,
+            }
+        }
+        BackendKind::RabbitMq => {
+            let rabbit =
+                RabbitMq::new(rabbitmq, queues).map_err(|e| StartupError::BackendConfig {
+                    var: e.variable(),
+                    message: e.to_string(),
+                })?;
+            Opened {
+                backend: Arc::new(rabbit),
+                faults: None,
+            }
+        }
+        BackendKind::ServiceBus => {
+            let bus = match ServiceBus::new(servicebus, queues) {
+                Ok(bus) => bus,
+                Err(ServiceBusError::Setting(e)) => {
+                    return Err(StartupError::BackendConfig {
+                        var: e.var,
+                        message: e.message,
+                    })
+                }
+                Err(ServiceBusError::Init(message)) => {
+                    return Err(StartupError::BackendInit(message))
+                }
+            };
+            Opened {
+                backend: Arc::new(bus),
+                faults: None,
+            }
+        }
+    })
+}
+
+/// Probe every backend's admin plane on a timer, for `/health/detailed`. Probes have their
+/// own deadline and never take a request-path slot or feed the breaker.
+async fn probe_forever(state: web::Data<AppState>, every: Duration, timeout: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if state.lifecycle.state() == crate::lifecycle::GatewayState::Stopped {
+            return;
+        }
+        futures_util::future::join_all(state.dispatcher.routes().map(|r| r.probe(timeout))).await;
+    }
 }
 
 pub struct Application {
@@ -85,47 +160,33 @@ pub struct Application {
 }
 
 impl Application {
-    /// Open the configured backend and bind the listener. The gateway is `running` when
-    /// this returns.
+    /// Open the configured backends and bind the listener. The gateway is `starting` when
+    /// this returns; it turns `running` once the backends are warmed up (see [`warm_up`]).
     pub async fn build(settings: Settings) -> Result<Self, StartupError> {
-        let (backend, faults): (Arc<dyn Backend>, _) = match settings.backend {
-            BackendKind::Embedded => {
-                let queue = EmbeddedQueue::open(&settings.data_dir)?;
-                let faults = queue.faults();
-                (Arc::new(queue), Some(faults))
-            }
-            BackendKind::RabbitMq => {
-                let rabbit = RabbitMq::new(&settings.rabbitmq, &settings.queues).map_err(|e| {
-                    StartupError::BackendConfig {
-                        var: e.variable(),
-                        message: e.to_string(),
-                    }
-                })?;
-                (Arc::new(rabbit), None)
-            }
-            BackendKind::ServiceBus => {
-                let bus = match ServiceBus::new(&settings.servicebus, &settings.queues) {
-                    Ok(bus) => bus,
-                    Err(ServiceBusError::Setting(e)) => {
-                        return Err(StartupError::BackendConfig {
-                            var: e.var,
-                            message: e.message,
-                        })
-                    }
-                    Err(ServiceBusError::Init(message)) => {
-                        return Err(StartupError::BackendInit(message))
-                    }
-                };
-                (Arc::new(bus), None)
-            }
+        let primary = open_backend(
+            settings.backend,
+            &settings.data_dir,
+            &settings.rabbitmq,
+            &settings.servicebus,
+            &settings.queues,
+        )?;
+        let fallback = match &settings.dispatch.fallback {
+            None => None,
+            Some(f) => Some(open_backend(
+                f.backend,
+                &f.data_dir,
+                &f.rabbitmq,
+                &f.servicebus,
+                &settings.queues,
+            )?),
         };
-        Self::assemble(settings, backend, faults)
+        Self::assemble(settings, primary, fallback)
     }
 
     fn assemble(
         settings: Settings,
-        backend: Arc<dyn Backend>,
-        embedded_faults: Option<Arc<EmbeddedFaults>>,
+        primary: Opened,
+        fallback: Option<Opened>,
     ) -> Result<Self, StartupError> {
         let auth = match &settings.auth {
             AuthSettings::KeysFile(path) => Authenticator::from_file(path)?,
@@ -139,16 +200,32 @@ impl Application {
                 Authenticator::Open
             }
         };
-        let policy = CapacityPolicy::from_settings(&settings.capacity, backend.depth_lag());
-        let metered = Arc::new(Metered::new(backend));
-        let backend_calls = metered.calls();
-        let gates = settings
-            .queues
-            .iter()
-            .map(|q| CapacityGate::new(q.clone(), policy.clone()));
+        let d = &settings.dispatch;
+        let breaker = BreakerPolicy {
+            window: d.breaker_window,
+            min_failures: d.breaker_min_failures,
+            failure_rate: d.breaker_failure_rate,
+            open_for: d.breaker_open,
+        };
+        let route = |role, backend| {
+            Route::new(
+                role,
+                backend,
+                &settings.queues,
+                &settings.capacity,
+                breaker.clone(),
+            )
+        };
+        let primary_route = route(BackendRole::Primary, primary.backend);
+        let fallback_route = fallback
+            .as_ref()
+            .map(|f| route(BackendRole::Fallback, f.backend.clone()));
+        let backend_calls = primary_route.calls();
+        let fallback_calls = fallback_route.as_ref().map(Route::calls);
         let dispatcher = Dispatcher::new(
-            metered,
-            gates,
+            primary_route,
+            fallback_route,
+            d.force,
             InFlight::new(settings.max_in_flight),
             settings.send_timeout,
         );
@@ -164,7 +241,6 @@ impl Application {
                 .collect::<HashMap<_, _>>(),
             max_body_bytes: settings.max_body_bytes,
             drain_window: settings.drain_timeout,
-            backend_calls: backend_calls.clone(),
         });
 
         let bind_error = |source| StartupError::Bind {
@@ -195,6 +271,13 @@ impl Application {
             "sendgate is listening; starting"
         );
         let budget = STARTUP_CONNECT_BUDGET + settings.capacity.admin_timeout;
+        if !settings.dispatch.probe_interval.is_zero() {
+            tokio::spawn(probe_forever(
+                state.clone(),
+                settings.dispatch.probe_interval,
+                settings.capacity.admin_timeout,
+            ));
+        }
         tokio::spawn(warm_up(state, budget));
         Ok(Self {
             server,
@@ -202,7 +285,9 @@ impl Application {
             handle: AppHandle {
                 lifecycle,
                 backend_calls,
-                embedded_faults,
+                fallback_calls,
+                embedded_faults: primary.faults,
+                fallback_faults: fallback.and_then(|f| f.faults),
             },
             drain_timeout: settings.drain_timeout,
         })

@@ -74,6 +74,8 @@ pub enum Problem {
     CapacityUnknown { consecutive_failures: u32 },
     #[error("Too many sends are in flight; try again in a moment.")]
     Saturated,
+    #[error("The broker is failing; sends are refused until a trial send succeeds.")]
+    BackendUnavailable { retry_after: Duration },
     #[error("The broker did not confirm the send in time; the outcome is unknown. Retry with the same Idempotency-Key.")]
     SendTimeout { message_id: String },
     #[error("The broker refused the gateway's credential.")]
@@ -102,6 +104,7 @@ impl Problem {
             Self::QueueFull { .. } => "queue_full",
             Self::CapacityUnknown { .. } => "capacity_unknown",
             Self::Saturated => "saturated",
+            Self::BackendUnavailable { .. } => "backend_unavailable",
             Self::SendTimeout { .. } => "send_timeout",
             Self::BackendAuthFailed => "backend_auth_failed",
             Self::BackendBusy { .. } => "backend_busy",
@@ -124,6 +127,7 @@ impl Problem {
             | Self::Draining { .. }
             | Self::CapacityUnknown { .. }
             | Self::Saturated
+            | Self::BackendUnavailable { .. }
             | Self::BackendBusy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::SendTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::BackendAuthFailed | Self::SendFailed { .. } => StatusCode::BAD_GATEWAY,
@@ -137,7 +141,8 @@ impl Problem {
             Self::Starting | Self::Saturated => Some(Duration::from_secs(1)),
             Self::Draining { retry_after }
             | Self::QueueFull { retry_after, .. }
-            | Self::BackendBusy { retry_after } => Some(*retry_after),
+            | Self::BackendBusy { retry_after }
+            | Self::BackendUnavailable { retry_after } => Some(*retry_after),
             Self::CapacityUnknown { .. } => Some(CAPACITY_UNKNOWN_RETRY_AFTER),
             _ => None,
         }
@@ -187,6 +192,8 @@ pub fn whole_seconds(d: Duration) -> u64 {
 pub struct ApiError {
     pub problem: Problem,
     pub request_id: RequestId,
+    /// The backend the send went to, echoed as `X-Sendgate-Backend`.
+    pub via: Option<&'static str>,
 }
 
 impl ApiError {
@@ -194,7 +201,13 @@ impl ApiError {
         Self {
             problem,
             request_id: request_id.clone(),
+            via: None,
         }
+    }
+
+    pub fn via(mut self, backend: Option<&'static str>) -> Self {
+        self.via = backend;
+        self
     }
 }
 
@@ -212,6 +225,9 @@ impl ResponseError for ApiError {
 
         let mut response = HttpResponse::build(self.problem.status());
         response.insert_header(("X-Request-Id", self.request_id.as_str()));
+        if let Some(via) = self.via {
+            response.insert_header(("X-Sendgate-Backend", via));
+        }
         if let Some(after) = self.problem.retry_after() {
             response.insert_header((RETRY_AFTER, HeaderValue::from(whole_seconds(after))));
         }
@@ -271,6 +287,9 @@ impl Problem {
             },
             DispatchError::Refused(Refusal::QueueDisabled) => Problem::QueueDisabled,
             DispatchError::Saturated => Problem::Saturated,
+            DispatchError::BackendUnavailable { retry_after } => {
+                Problem::BackendUnavailable { retry_after }
+            }
             DispatchError::UnknownQueue => Problem::SendFailed {
                 detail: "no route to this queue".into(),
             },
@@ -332,6 +351,9 @@ mod tests {
                 consecutive_failures: 3,
             },
             Problem::Saturated,
+            Problem::BackendUnavailable {
+                retry_after: Duration::ZERO,
+            },
             Problem::BackendBusy {
                 retry_after: Duration::ZERO,
             },

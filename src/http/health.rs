@@ -16,6 +16,8 @@ use time::OffsetDateTime;
 use super::auth::{AuthError, Permission};
 use super::errors::{ApiError, Problem};
 use super::{request_id, AppState};
+use crate::admission::breaker::BreakerState;
+use crate::admission::{BackendRole, Route};
 use crate::lifecycle::{GatewayState, NotAdmitting};
 
 pub async fn live() -> HttpResponse {
@@ -73,6 +75,18 @@ struct BackendHealth {
     breaker: &'static str,
     sends_in_flight: usize,
     max_in_flight: usize,
+    /// The last health probe of the admin plane; it never moves the breaker.
+    probe: Option<Probe>,
+    /// The fallback's own per-queue capacity (the primary's is the top-level `queues`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queues: Option<BTreeMap<String, QueueHealth>>,
+}
+
+#[derive(Serialize)]
+struct Probe {
+    ok: bool,
+    at: Option<String>,
+    error: Option<String>,
 }
 
 pub async fn detailed(
@@ -99,31 +113,46 @@ pub async fn detailed(
 
     let gateway_state = state.lifecycle.state();
     let mut degraded = gateway_state != GatewayState::Running;
-    let mut queues = BTreeMap::new();
-    for gate in state.dispatcher.gates() {
-        let s = gate.snapshot();
-        degraded |= s.consecutive_failures > 0;
-        queues.insert(
-            gate.queue().to_string(),
-            QueueHealth {
-                backlog: s.backlog,
-                limit: s.limit,
-                consecutive_failures: s.consecutive_failures,
-                fail_closed: s.fail_closed,
-                last_read_ok_at: s.last_read_ok_at.and_then(rfc3339),
+    let queues_of = |route: &Route| -> BTreeMap<String, QueueHealth> {
+        route
+            .gates()
+            .map(|gate| {
+                let s = gate.snapshot();
+                let health = QueueHealth {
+                    backlog: s.backlog,
+                    limit: s.limit,
+                    consecutive_failures: s.consecutive_failures,
+                    fail_closed: s.fail_closed,
+                    last_read_ok_at: s.last_read_ok_at.and_then(rfc3339),
+                };
+                (gate.queue().to_string(), health)
+            })
+            .collect()
+    };
+    let primary = state.dispatcher.primary();
+    let queues = queues_of(primary);
+    degraded |= queues.values().any(|q| q.consecutive_failures > 0);
+    let in_flight = state.dispatcher.in_flight();
+    let mut backends = BTreeMap::new();
+    for route in state.dispatcher.routes() {
+        let breaker = route.breaker.state();
+        degraded |= route.role == BackendRole::Primary && breaker != BreakerState::Closed;
+        backends.insert(
+            route.role.as_str(),
+            BackendHealth {
+                kind: route.kind(),
+                breaker: breaker.as_str(),
+                sends_in_flight: in_flight.current(),
+                max_in_flight: in_flight.max(),
+                probe: route.last_probe().map(|p| Probe {
+                    ok: p.ok,
+                    at: rfc3339(p.at),
+                    error: p.error,
+                }),
+                queues: (route.role == BackendRole::Fallback).then(|| queues_of(route)),
             },
         );
     }
-    let in_flight = state.dispatcher.in_flight();
-    let backends = BTreeMap::from([(
-        "primary",
-        BackendHealth {
-            kind: state.dispatcher.backend_kind(),
-            breaker: "closed",
-            sends_in_flight: in_flight.current(),
-            max_in_flight: in_flight.max(),
-        },
-    )]);
     let drain = state.lifecycle.drain_status().map(|d| Drain {
         remaining_s: (d.remaining.as_secs_f64() * 10.0).round() / 10.0,
         in_flight: d.in_flight,

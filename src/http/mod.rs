@@ -8,12 +8,10 @@ mod health;
 mod send;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use actix_web::{web, HttpRequest};
 
 use crate::admission::Dispatcher;
-use crate::backend::BackendCalls;
 use crate::domain::{QueueName, RequestId};
 use crate::lifecycle::Lifecycle;
 use auth::Authenticator;
@@ -28,7 +26,6 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// The drain window `POST /admin/drain` opens (`SENDGATE_DRAIN_TIMEOUT_S`).
     pub drain_window: std::time::Duration,
-    pub backend_calls: Arc<BackendCalls>,
 }
 
 /// The routing table. Anything not listed is `404 not_found`, answered here without

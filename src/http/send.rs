@@ -110,7 +110,12 @@ pub async fn send_message(
         correlation_id,
         body,
     };
-    match state.dispatcher.send(message).await {
+    let dispatched = state.dispatcher.send(message).await;
+    let via = dispatched.via.map(|role| role.as_str());
+    if let Some(via) = via {
+        response_headers.push(("X-Sendgate-Backend", via.to_owned()));
+    }
+    match dispatched.result {
         Ok(receipt) => {
             let mut created = HttpResponse::Created();
             for h in response_headers {
@@ -124,11 +129,7 @@ pub async fn send_message(
                 duplicate: receipt.duplicate,
             }))
         }
-        Err(e) => Err(fail(Problem::from_dispatch(
-            e,
-            &message_id,
-            state.max_body_bytes,
-        ))),
+        Err(e) => Err(fail(Problem::from_dispatch(e, &message_id, state.max_body_bytes)).via(via)),
     }
 }
 

@@ -6,5 +6,6 @@ mod binary;
 mod capacity;
 mod health;
 mod helpers;
+mod leaks;
 mod routing;
 mod send;

@@ -26,7 +26,7 @@ async fn unknown_paths_are_404_and_never_reach_the_backend() {
         assert_eq!(body["code"], "not_found");
         assert!(body["request_id"].is_string() && body["message"].is_string());
     }
-    for _ in 0..200 {
+    for _ in 0..1000 {
         assert_eq!(
             app.client
                 .get(app.url("/scanner/probe"))

@@ -2,19 +2,29 @@
 
 use std::time::{Duration, Instant};
 
-use crate::helpers::{assert_sas_verifies, body_json, retry_after, spawn_with, SEND_KEY};
-use crate::stub::{description, Reply, CLAIM_EMPTY_401, DESCRIPTION, NOT_FOUND_FEED};
+use crate::helpers::{assert_sas_verifies, body_json, retry_after, spawn_on, spawn_with, SEND_KEY};
+use crate::stub::{
+    description, Reply, ServiceBusStub, CLAIM_EMPTY_401, DESCRIPTION, NOT_FOUND_FEED,
+};
 
 #[tokio::test]
 async fn the_backlog_is_active_plus_scheduled_without_dead_letters() {
-    let app = spawn_with(&[
-        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "8"),
-        ("SENDGATE_DEPTH_TTL_MS", "60000"),
-    ])
-    .await;
+    let stub = ServiceBusStub::start().await;
     // 4 active + 3 scheduled = 7; the 50 dead letters are not backlog.
-    app.stub
-        .on_depth(Reply::xml(200, &description(4, 50, 3, "Active")));
+    stub.on_depth(Reply::xml(200, &description(4, 50, 3, "Active")));
+    let app = spawn_on(
+        stub,
+        &[
+            ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "8"),
+            ("SENDGATE_DEPTH_TTL_MS", "60000"),
+        ],
+    )
+    .await;
+    let health = app.detailed().await;
+    assert_eq!(
+        health["queues"]["requests"]["backlog"], 7,
+        "the start-up read: {health}"
+    );
 
     assert_eq!(app.send("{}").await.status(), 201, "7 is under 8");
     let response = app.send("{}").await;
@@ -32,7 +42,7 @@ async fn the_backlog_is_active_plus_scheduled_without_dead_letters() {
     assert_eq!(health["queues"]["requests"]["consecutive_failures"], 0);
 
     let reads = app.stub.depth_reads();
-    assert_eq!(reads.len(), 1, "one read, reused for the TTL");
+    assert_eq!(reads.len(), 1, "the start-up read, reused for the TTL");
     assert_eq!(
         reads[0].request_line(),
         "GET /requests?api-version=2021-05 HTTP/1.1"
@@ -48,35 +58,64 @@ async fn the_backlog_is_active_plus_scheduled_without_dead_letters() {
 
 #[tokio::test]
 async fn at_the_ceiling_the_first_send_is_refused_with_the_read_backlog() {
-    let app = spawn_with(&[("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "5")]).await;
-    app.stub
-        .on_depth(Reply::xml(200, &description(2, 0, 3, "Active")));
+    let stub = ServiceBusStub::start().await;
+    // 2 active + 3 scheduled: at the ceiling of 5 from the start.
+    stub.on_depth(Reply::xml(200, &description(2, 0, 3, "Active")));
+    let app = spawn_on(
+        stub,
+        &[
+            ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "5"),
+            ("SENDGATE_DEPTH_TTL_MS", "60000"),
+        ],
+    )
+    .await;
     let response = app.send("{}").await;
     assert_eq!(response.status(), 429);
+    assert!(retry_after(&response).unwrap() >= 1);
     let body = body_json(response).await;
+    assert_eq!(body["code"], "queue_full");
     assert_eq!(
         (body["backlog"].as_u64(), body["limit"].as_u64()),
         (Some(5), Some(5))
     );
     assert!(app.stub.sends().is_empty(), "refused without a send");
+    assert_eq!(
+        app.stub.depth_reads().len(),
+        1,
+        "decided on the start-up read, reused for the TTL"
+    );
 }
 
 #[tokio::test]
 async fn a_queue_missing_from_the_namespace_is_a_failed_read() {
-    let app = spawn_with(&[
-        ("SERVICEBUS_SEND_FAILCLOSED", "true"),
-        ("SERVICEBUS_SEND_FAILCLOSED_STREAK", "2"),
-        ("SENDGATE_DEPTH_TTL_MS", "0"),
-    ])
-    .await;
+    let stub = ServiceBusStub::start().await;
     // 200 with an empty ATOM feed: how Service Bus says "no such queue".
-    app.stub.on_depth(Reply::xml(200, NOT_FOUND_FEED));
-    assert_eq!(app.statuses(1).await, [201], "one failure: still open");
+    stub.on_depth(Reply::xml(200, NOT_FOUND_FEED));
+    let app = spawn_on(
+        stub,
+        &[
+            ("SERVICEBUS_SEND_FAILCLOSED", "true"),
+            ("SERVICEBUS_SEND_FAILCLOSED_STREAK", "3"),
+            ("SENDGATE_DEPTH_TTL_MS", "0"),
+        ],
+    )
+    .await;
+    // The start-up read is failure 1: the feed is not read as a backlog of 0.
+    let health = app.detailed().await;
+    let queue = &health["queues"]["requests"];
+    assert!(queue["backlog"].is_null(), "{health}");
+    assert_eq!(queue["consecutive_failures"], 1, "{health}");
+    assert_eq!(queue["fail_closed"], false, "{health}");
+    assert_eq!(
+        app.statuses(1).await,
+        [201],
+        "two failures (start-up, this send's read): still open"
+    );
     let response = app.send("{}").await;
     assert_eq!(response.status(), 503);
     let body = body_json(response).await;
     assert_eq!(body["code"], "capacity_unknown");
-    assert_eq!(body["consecutive_failures"], 2);
+    assert_eq!(body["consecutive_failures"], 3);
     let health = app.detailed().await;
     assert!(
         health["queues"]["requests"]["backlog"].is_null(),
@@ -87,19 +126,38 @@ async fn a_queue_missing_from_the_namespace_is_a_failed_read() {
 
 #[tokio::test]
 async fn a_401_from_the_admin_plane_fails_closed_on_the_third_read_and_recovers() {
-    let app = spawn_with(&[
-        ("SERVICEBUS_SEND_FAILCLOSED", "1"),
-        ("SERVICEBUS_SEND_FAILCLOSED_STREAK", "3"),
-        ("SENDGATE_DEPTH_TTL_MS", "0"),
-    ])
+    let stub = ServiceBusStub::start().await;
+    stub.on_depth(Reply::xml(401, CLAIM_EMPTY_401));
+    let app = spawn_on(
+        stub,
+        &[
+            ("SERVICEBUS_SEND_FAILCLOSED", "1"),
+            ("SERVICEBUS_SEND_FAILCLOSED_STREAK", "3"),
+            ("SENDGATE_DEPTH_TTL_MS", "0"),
+        ],
+    )
     .await;
-    app.stub.on_depth(Reply::xml(401, CLAIM_EMPTY_401));
+    // Read 1, at start-up, already failed.
+    let health = app.detailed().await;
     assert_eq!(
-        app.statuses(2).await,
-        [201, 201],
+        health["queues"]["requests"]["consecutive_failures"], 1,
+        "{health}"
+    );
+    assert_eq!(health["queues"]["requests"]["fail_closed"], false);
+
+    // Read 2, before the first send: below the threshold, fail open.
+    assert_eq!(
+        app.statuses(1).await,
+        [201],
         "below the threshold: fail open"
     );
+    let health = app.detailed().await;
+    assert_eq!(
+        health["queues"]["requests"]["consecutive_failures"], 2,
+        "{health}"
+    );
 
+    // Read 3, before the second send: the threshold, fail closed.
     let response = app.send("{}").await;
     assert_eq!(response.status(), 503);
     assert_eq!(retry_after(&response), Some(30));
@@ -109,7 +167,7 @@ async fn a_401_from_the_admin_plane_fails_closed_on_the_third_read_and_recovers(
     assert_eq!(app.stub.depth_reads().len(), 3);
     assert_eq!(
         app.stub.sends().len(),
-        2,
+        1,
         "the refused send never reached the broker"
     );
     let health = app.detailed().await;
@@ -119,6 +177,8 @@ async fn a_401_from_the_admin_plane_fails_closed_on_the_third_read_and_recovers(
     // The right is granted: the next read works, the streak resets, the send goes through.
     app.stub.on_depth(Reply::xml(200, DESCRIPTION));
     assert_eq!(app.statuses(1).await, [201]);
+    assert_eq!(app.stub.depth_reads().len(), 4);
+    assert_eq!(app.stub.sends().len(), 2);
     let health = app.detailed().await;
     assert_eq!(health["queues"]["requests"]["consecutive_failures"], 0);
     assert_eq!(health["queues"]["requests"]["fail_closed"], false);
@@ -126,7 +186,10 @@ async fn a_401_from_the_admin_plane_fails_closed_on_the_third_read_and_recovers(
 
 #[tokio::test]
 async fn a_disabled_queue_is_409_queue_disabled_without_a_send() {
-    let app = spawn_with(&[("SENDGATE_DEPTH_TTL_MS", "0")]).await;
+    // Disabled from the start: the start-up read sees it; each send reads again (TTL 0).
+    let stub = ServiceBusStub::start().await;
+    stub.on_depth(Reply::xml(200, &description(0, 0, 0, "Disabled")));
+    let app = spawn_on(stub, &[("SENDGATE_DEPTH_TTL_MS", "0")]).await;
     for status in ["Disabled", "SendDisabled"] {
         app.stub
             .on_depth(Reply::xml(200, &description(0, 0, 0, status)));
@@ -143,13 +206,29 @@ async fn a_disabled_queue_is_409_queue_disabled_without_a_send() {
 
 #[tokio::test]
 async fn a_depth_read_that_never_answers_times_out_and_counts_in_the_streak() {
-    let app = spawn_with(&[
-        ("SENDGATE_ADMIN_TIMEOUT_MS", "300"),
-        ("SENDGATE_DEPTH_TTL_MS", "0"),
-    ])
+    let stub = ServiceBusStub::start().await;
+    stub.on_depth(Reply::Hang);
+    let started = Instant::now();
+    let app = spawn_on(
+        stub,
+        &[
+            ("SENDGATE_ADMIN_TIMEOUT_MS", "300"),
+            ("SENDGATE_DEPTH_TTL_MS", "0"),
+        ],
+    )
     .await;
-    app.stub.on_depth(Reply::Hang);
-    for streak in 1..=2 {
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_millis(1800),
+        "the start-up read gave up after {took:?}, and the gateway runs"
+    );
+    let health = app.detailed().await;
+    assert_eq!(health["gateway_state"], "running", "{health}");
+    assert_eq!(
+        health["queues"]["requests"]["consecutive_failures"], 1,
+        "{health}"
+    );
+    for streak in 2..=3 {
         let started = Instant::now();
         let response = app.send("{}").await;
         let took = started.elapsed();
@@ -164,7 +243,8 @@ async fn a_depth_read_that_never_answers_times_out_and_counts_in_the_streak() {
             "{health}"
         );
     }
-    assert_eq!(app.stub.depth_reads().len(), 2);
+    assert_eq!(app.stub.depth_reads().len(), 3);
+    assert_eq!(app.stub.sends().len(), 2);
 }
 
 #[tokio::test]
@@ -183,6 +263,12 @@ async fn malformed_hostile_or_oversized_descriptions_are_failed_reads() {
         "not xml".to_owned(),
         String::new(),
     ];
+    // The start-up read got the stub's good description: the streak starts at 0.
+    let health = app.detailed().await;
+    assert_eq!(
+        health["queues"]["requests"]["consecutive_failures"], 0,
+        "{health}"
+    );
     for (i, body) in bodies.iter().enumerate() {
         app.stub.on_depth(Reply::xml(200, body));
         assert_eq!(app.send("{}").await.status(), 201, "case {i}: fails open");

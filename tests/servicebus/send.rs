@@ -97,8 +97,19 @@ async fn the_sas_token_verifies_against_the_key_the_queue_url_and_its_expiry() {
 async fn the_same_token_is_reused_between_calls() {
     let app = spawn_with(&[("SENDGATE_DEPTH_TTL_MS", "0")]).await;
     assert_eq!(app.statuses(3).await, [201, 201, 201]);
+    let after_start = app.requests_since_start();
+    let shape: Vec<_> = after_start
+        .iter()
+        .map(|r| (r.is_depth_read(), r.is_send()))
+        .collect();
+    assert_eq!(
+        shape,
+        [(true, false), (false, true)].repeat(3),
+        "a depth read before each send"
+    );
+    // The start-up read's token and the six calls after it: one token.
     let requests = app.stub.requests();
-    assert_eq!(requests.len(), 6, "a depth read before each send");
+    assert_eq!(requests.len(), 7);
     let tokens: std::collections::BTreeSet<_> = requests
         .iter()
         .map(|r| r.header("Authorization").unwrap().to_owned())
@@ -113,11 +124,15 @@ async fn the_same_token_is_reused_between_calls() {
 #[tokio::test]
 async fn depth_reads_use_the_manage_key_when_one_is_set() {
     let manage = connection_string("manage", MANAGE_KEY);
-    let app = spawn_with(&[("SERVICEBUS_MANAGE_CONNECTION_STRING", &manage)]).await;
+    let app = spawn_with(&[
+        ("SERVICEBUS_MANAGE_CONNECTION_STRING", &manage),
+        ("SENDGATE_DEPTH_TTL_MS", "60000"),
+    ])
+    .await;
     assert_eq!(app.send("{}").await.status(), 201);
 
     let reads = app.stub.depth_reads();
-    assert_eq!(reads.len(), 1);
+    assert_eq!(reads.len(), 1, "the start-up read, reused for the send");
     let read = assert_sas_verifies(reads[0].header("Authorization").unwrap(), MANAGE_KEY);
     assert_eq!(read.skn, "manage");
     let send = assert_sas_verifies(
@@ -130,27 +145,44 @@ async fn depth_reads_use_the_manage_key_when_one_is_set() {
 #[tokio::test]
 async fn one_pooled_client_reuses_its_connections() {
     let app = spawn_with(&[("SENDGATE_DEPTH_TTL_MS", "0")]).await;
+    let connections_at_start = app.stub.connections();
+    assert_eq!(
+        connections_at_start, 1,
+        "one connection for the start-up read"
+    );
     assert_eq!(app.statuses(5).await, [201; 5]);
-    let requests = app.stub.requests().len();
-    assert_eq!(requests, 10);
+    let requests = app.requests_since_start().len();
+    assert_eq!(requests, 10, "a depth read and a send, five times");
+    let opened = app.stub.connections() - connections_at_start;
     assert!(
-        app.stub.connections() < requests,
-        "{} connections for {requests} requests",
-        app.stub.connections()
+        opened < requests,
+        "{opened} new connections for {requests} requests after start-up"
+    );
+    assert!(
+        app.stub.connections() < app.stub.requests().len(),
+        "{} connections for {} requests in all",
+        app.stub.connections(),
+        app.stub.requests().len()
     );
 }
 
 #[tokio::test]
 async fn health_shows_the_servicebus_backend() {
+    // `spawn_with` has checked that start-up made only its one depth read.
     let app = spawn_with(&[]).await;
     let health = app.detailed().await;
     assert_eq!(
         health["backends"]["primary"]["kind"], "servicebus",
         "{health}"
     );
+    for path in ["/health/live", "/health/ready", "/health/detailed"] {
+        let response = app.client.get(app.url(path)).send().await.unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+    }
     assert!(
-        app.stub.requests().is_empty(),
-        "health never calls the broker"
+        app.requests_since_start().is_empty(),
+        "health never calls the broker: {:?}",
+        app.requests_since_start()
     );
     app.stop().await;
 }

@@ -1,0 +1,557 @@
+// sendgate on Azure: Service Bus (namespace + request queue), a user-assigned managed
+// identity with only the data-plane roles it needs, Log Analytics, a Container Apps
+// environment and the sendgate Container App. See infra/README.md for the deploy commands.
+//
+//   az deployment group create -g <rg> -f infra/main.bicep -p @infra/main.parameters.json
+//
+// Every environment variable set on the container is one sendgate reads (src/config.rs
+// VARIABLES), plus AZURE_CLIENT_ID (read by azure_identity); scripts/lint-infra.sh checks it.
+
+targetScope = 'resourceGroup'
+
+// ---------------------------------------------------------------------------------------
+// Parameters
+// ---------------------------------------------------------------------------------------
+
+@description('Azure region for every resource.')
+param location string = resourceGroup().location
+
+@description('Lower-case prefix of resource names (letters, digits, hyphens; starts with a letter).')
+@minLength(2)
+@maxLength(20)
+param namePrefix string = 'sendgate'
+
+@description('Container image to run, e.g. myregistry.azurecr.io/sendgate:0.1.0 (built from the repository Dockerfile).')
+param image string
+
+@description('Optional: name of an Azure Container Registry in THIS resource group holding the image. When set, the identity gets AcrPull on that registry only and pulls with it. Leave empty for a public image.')
+param containerRegistryName string = ''
+
+// --- Service Bus ---
+
+@description('Queues sendgate serves (SENDGATE_QUEUES). Each is created here with duplicate detection on. Names: letters, digits, ".", "-", "_", starting with a letter or digit.')
+@minLength(1)
+param queueNames array = [
+  'requests'
+]
+
+@description('Disable SAS (shared access key) authentication on the namespace: only Entra ID (the managed identity) can send. Keep true unless some other client must use SAS keys.')
+param disableLocalAuth bool = true
+
+@description('Duplicate-detection window (ISO 8601). sendgate sets MessageId = Idempotency-Key, so a retried send inside this window is stored once. Note: duplicate detection itself cannot be turned on or off after a queue is created.')
+param duplicateDetectionWindow string = 'PT10M'
+
+@description('Deliveries of one message before it is dead-lettered.')
+@minValue(1)
+@maxValue(2000)
+param maxDeliveryCount int = 10
+
+@description('Peek-lock duration of the queue for the workers (ISO 8601, at most PT5M).')
+param lockDuration string = 'PT1M'
+
+@description('Time to live of a message on the queue (ISO 8601); expired messages are dead-lettered.')
+param messageTimeToLive string = 'P14D'
+
+@description('Queue size in MB (Standard tier: 1024, 2048, 3072, 4096 or 5120).')
+@allowed([
+  1024
+  2048
+  3072
+  4096
+  5120
+])
+param maxQueueSizeInMegabytes int = 1024
+
+@description('Grant the identity "Azure Service Bus Data Owner" on each queue so sendgate can read the backlog (ActiveMessageCount) and enforce the ceiling. Reading an entity\'s counts needs the Manage right, which no narrower built-in role carries. false: sends only; the ceiling is never enforced and SERVICEBUS_SEND_FAILCLOSED must stay off.')
+param readDepth bool = true
+
+// --- sendgate settings ---
+
+@description('SERVICEBUS_SEND_MAX_QUEUE_DEPTH: backlog ceiling per queue; at or over it sends get 429 queue_full.')
+@minValue(1)
+param maxQueueDepth int = 2000
+
+@description('SERVICEBUS_SEND_FAILCLOSED: refuse sends (503 capacity_unknown) after failClosedStreak failed depth reads. Keep false unless readDepth is true AND /health/detailed shows a backlog for every queue; the deployment fails if this is true while readDepth is false.')
+param failClosed bool = false
+
+@description('SERVICEBUS_SEND_FAILCLOSED_STREAK: consecutive failed depth reads before failing closed.')
+@minValue(1)
+param failClosedStreak int = 3
+
+@description('SENDGATE_DEPTH_TTL_MS: reuse a depth read this long. A depth read costs 10 of a Standard namespace\'s 1,000 throttling credits per second per replica: raise it with many replicas.')
+@minValue(0)
+param depthTtlMs int = 1000
+
+@description('SENDGATE_DRAIN_TIMEOUT_S: longest drain after SIGTERM (sends in flight finish, new sends get 503 draining).')
+@minValue(1)
+@maxValue(570)
+param drainTimeoutSeconds int = 30
+
+@description('Seconds the platform waits after the drain window before killing the replica: terminationGracePeriodSeconds = drainTimeoutSeconds + this (at most 600 in total).')
+@minValue(5)
+@maxValue(30)
+param terminationGraceMarginSeconds int = 15
+
+// --- API keys (Key Vault) ---
+
+@description('Name of an EXISTING Key Vault holding the API keys file (RBAC permission model).')
+param keyVaultName string
+
+@description('Resource group of that Key Vault (defaults to this one).')
+param keyVaultResourceGroupName string = resourceGroup().name
+
+@description('Name of the Key Vault secret whose value is the API keys TOML file (made with `sendgate keys new`; it holds only SHA-256 digests of the tokens).')
+param apiKeysSecretName string = 'sendgate-api-keys'
+
+@description('Grant the identity "Key Vault Secrets User" on that one secret. Needs permission to create role assignments on the vault; set false when the vault owner grants it instead (see infra/README.md).')
+param grantKeyVaultAccess bool = true
+
+// --- Container App ---
+
+@description('true: ingress reachable from the internet (HTTPS only). false: reachable only inside the Container Apps environment (or its virtual network, with infrastructureSubnetId).')
+param externalIngress bool = true
+
+@description('Optional: subnet (resource id, delegated to Microsoft.App/environments, /23 or larger for a Consumption-only environment) for the Container Apps environment. With externalIngress=false the environment gets an internal load balancer in that virtual network.')
+param infrastructureSubnetId string = ''
+
+@description('Optional ingress IP allow-list: [{ name, ipAddressRange: "203.0.113.0/24", action: "Allow" }]. Empty = no restriction.')
+param ipSecurityRestrictions array = []
+
+@description('Minimum replicas. Keep at least 1: a gateway scaled to zero answers its first request late.')
+@minValue(0)
+@maxValue(300)
+param minReplicas int = 1
+
+@description('Maximum replicas. Each replica enforces the ceiling on its own reads; see README (capacity).')
+@minValue(1)
+@maxValue(300)
+param maxReplicas int = 5
+
+@description('HTTP scale rule: concurrent requests per replica before another replica is added.')
+@minValue(1)
+param httpConcurrentRequests int = 100
+
+@description('vCPU per replica (Consumption: 0.25 to 2 in steps of 0.25), as a string.')
+param cpu string = '0.5'
+
+@description('Memory per replica; must pair with cpu (0.5 vCPU -> 1Gi).')
+param memory string = '1Gi'
+
+@description('Log Analytics retention in days.')
+@minValue(30)
+@maxValue(730)
+param logRetentionDays int = 30
+
+@description('Tags applied to every resource.')
+param tags object = {
+  app: 'sendgate'
+}
+
+// ---------------------------------------------------------------------------------------
+// Names and constants
+// ---------------------------------------------------------------------------------------
+
+var suffix = uniqueString(resourceGroup().id, namePrefix)
+var serviceBusName = take('${namePrefix}-sb-${suffix}', 50)
+var identityName = '${namePrefix}-id'
+var logAnalyticsName = '${namePrefix}-logs'
+var environmentName = '${namePrefix}-env'
+var appName = take(namePrefix, 32)
+
+// Built-in roles.
+var serviceBusDataSenderRoleId = '69a216fc-b8fb-44d8-bc22-1f3c2cd27a39'
+var serviceBusDataOwnerRoleId = '090c5cfd-751d-490a-894a-3ce6f1109419'
+var acrPullRoleId = '7f951dda-4ed3-4680-a7ca-43fe172d538d'
+
+var containerPort = 8080
+var apiKeysMountPath = '/etc/sendgate'
+var apiKeysFileName = 'keys.toml'
+var terminationGracePeriodSeconds = drainTimeoutSeconds + terminationGraceMarginSeconds
+
+// Only used with infrastructureSubnetId: the environment joins that virtual network, with an
+// internal load balancer when ingress is internal.
+var vnetConfiguration = {
+  infrastructureSubnetId: infrastructureSubnetId
+  internal: !externalIngress
+}
+
+// Image pull with the identity (only with containerRegistryName).
+var registryCredentials = [
+  {
+    server: '${containerRegistryName}${environment().suffixes.acrLoginServer}'
+    identity: identity.id
+  }
+]
+
+// Versionless secret URL: Container Apps fetches the secret's latest version.
+var apiKeysSecretUri = 'https://${keyVaultName}${environment().suffixes.keyvaultDns}/secrets/${apiKeysSecretName}'
+
+// Guard: fail-closed without the right to read the depth is an outage by configuration
+// (every depth read fails, so after the streak every send answers 503). ARM evaluates only
+// the branch taken, so this errors at deployment time only for that combination, with the
+// message below in the error.
+var failClosedGuard = 'failClosed=true needs readDepth=true: without Data Owner every depth read fails and every send would fail closed'
+var failClosedSetting = failClosed ? (readDepth ? 'true' : string(int(failClosedGuard))) : 'false'
+
+// ---------------------------------------------------------------------------------------
+// Identity
+// ---------------------------------------------------------------------------------------
+
+resource identity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = {
+  name: identityName
+  location: location
+  tags: tags
+}
+
+// ---------------------------------------------------------------------------------------
+// Service Bus
+// ---------------------------------------------------------------------------------------
+
+resource serviceBus 'Microsoft.ServiceBus/namespaces@2024-01-01' = {
+  name: serviceBusName
+  location: location
+  tags: tags
+  sku: {
+    name: 'Standard'
+    tier: 'Standard'
+  }
+  properties: {
+    minimumTlsVersion: '1.2'
+    disableLocalAuth: disableLocalAuth
+    // Standard has no private endpoints or IP firewall (Premium only): access is
+    // guarded by Entra ID + RBAC (and SAS is off by default).
+    publicNetworkAccess: 'Enabled'
+  }
+}
+
+resource queues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = [
+  for queueName in queueNames: {
+    parent: serviceBus
+    name: queueName
+    properties: {
+      requiresDuplicateDetection: true
+      duplicateDetectionHistoryTimeWindow: duplicateDetectionWindow
+      maxDeliveryCount: maxDeliveryCount
+      lockDuration: lockDuration
+      defaultMessageTimeToLive: messageTimeToLive
+      deadLetteringOnMessageExpiration: true
+      maxSizeInMegabytes: maxQueueSizeInMegabytes
+      enablePartitioning: false
+      requiresSession: false
+    }
+  }
+]
+
+// Sends: "Azure Service Bus Data Sender", scoped to each queue (not the namespace).
+resource queueSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = [
+  for (queueName, i) in queueNames: {
+    name: guid(queues[i].id, identity.id, serviceBusDataSenderRoleId)
+    scope: queues[i]
+    properties: {
+      roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataSenderRoleId)
+      principalId: identity.properties.principalId
+      principalType: 'ServicePrincipal'
+      description: 'sendgate: send messages to this queue'
+    }
+  }
+]
+
+// Depth reads (GET {namespace}/{queue}: CountDetails.ActiveMessageCount) need the Manage
+// right; among built-in roles only "Azure Service Bus Data Owner" carries it. Scoped to each
+// queue, the narrowest scope Azure RBAC offers for Service Bus. Only when readDepth.
+resource queueOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = [
+  for (queueName, i) in queueNames: if (readDepth) {
+    name: guid(queues[i].id, identity.id, serviceBusDataOwnerRoleId)
+    scope: queues[i]
+    properties: {
+      roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataOwnerRoleId)
+      principalId: identity.properties.principalId
+      principalType: 'ServicePrincipal'
+      description: 'sendgate: read this queue\'s message counts (backlog ceiling)'
+    }
+  }
+]
+
+// ---------------------------------------------------------------------------------------
+// Key Vault: read access to the one secret holding the API keys file
+// ---------------------------------------------------------------------------------------
+
+module apiKeysSecretAccess 'modules/keyvault-secret-reader.bicep' = if (grantKeyVaultAccess) {
+  name: '${namePrefix}-kv-secret-reader'
+  scope: resourceGroup(keyVaultResourceGroupName)
+  params: {
+    keyVaultName: keyVaultName
+    secretName: apiKeysSecretName
+    principalId: identity.properties.principalId
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Container registry (optional): pull the image with the identity
+// ---------------------------------------------------------------------------------------
+
+resource registry 'Microsoft.ContainerRegistry/registries@2023-07-01' existing = if (!empty(containerRegistryName)) {
+  name: containerRegistryName
+}
+
+resource registryPull 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(containerRegistryName)) {
+  name: guid(registry.id, identity.id, acrPullRoleId)
+  scope: registry
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', acrPullRoleId)
+    principalId: identity.properties.principalId
+    principalType: 'ServicePrincipal'
+    description: 'sendgate: pull the container image'
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Logs and the Container Apps environment
+// ---------------------------------------------------------------------------------------
+
+resource logAnalytics 'Microsoft.OperationalInsights/workspaces@2023-09-01' = {
+  name: logAnalyticsName
+  location: location
+  tags: tags
+  properties: {
+    sku: {
+      name: 'PerGB2018'
+    }
+    retentionInDays: logRetentionDays
+  }
+}
+
+resource containerEnvironment 'Microsoft.App/managedEnvironments@2024-03-01' = {
+  name: environmentName
+  location: location
+  tags: tags
+  properties: {
+    appLogsConfiguration: {
+      destination: 'log-analytics'
+      logAnalyticsConfiguration: {
+        customerId: logAnalytics.properties.customerId
+        sharedKey: logAnalytics.listKeys().primarySharedKey
+      }
+    }
+    vnetConfiguration: empty(infrastructureSubnetId) ? null : vnetConfiguration
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// The sendgate Container App
+// ---------------------------------------------------------------------------------------
+
+resource app 'Microsoft.App/containerApps@2024-03-01' = {
+  name: appName
+  location: location
+  tags: tags
+  identity: {
+    type: 'UserAssigned'
+    userAssignedIdentities: {
+      '${identity.id}': {}
+    }
+  }
+  properties: {
+    managedEnvironmentId: containerEnvironment.id
+    configuration: {
+      activeRevisionsMode: 'Single'
+      ingress: {
+        external: externalIngress
+        targetPort: containerPort
+        transport: 'auto'
+        // HTTPS only: plain HTTP is redirected, never served.
+        allowInsecure: false
+        ipSecurityRestrictions: ipSecurityRestrictions
+        traffic: [
+          {
+            latestRevision: true
+            weight: 100
+          }
+        ]
+      }
+      // The API keys file comes from Key Vault through the identity: it never appears in a
+      // parameter, the template or the deployment history.
+      secrets: [
+        {
+          name: 'api-keys'
+          keyVaultUrl: apiKeysSecretUri
+          identity: identity.id
+        }
+      ]
+      registries: empty(containerRegistryName) ? [] : registryCredentials
+    }
+    template: {
+      // Longer than the drain window, so the platform never kills a replica mid-drain.
+      terminationGracePeriodSeconds: terminationGracePeriodSeconds
+      containers: [
+        {
+          name: 'sendgate'
+          image: image
+          resources: {
+            cpu: json(cpu)
+            memory: memory
+          }
+          env: [
+            {
+              name: 'SENDGATE_BACKEND'
+              value: 'servicebus'
+            }
+            {
+              // Host name from the namespace's endpoint (https://<name>.servicebus.windows.net:443/).
+              name: 'SERVICEBUS_NAMESPACE'
+              value: split(split(replace(serviceBus.properties.serviceBusEndpoint, 'https://', ''), '/')[0], ':')[0]
+            }
+            {
+              name: 'SENDGATE_QUEUES'
+              value: join(queueNames, ',')
+            }
+            {
+              // Entra ID with the user-assigned identity: sendgate picks it by client id.
+              name: 'SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID'
+              value: identity.properties.clientId
+            }
+            {
+              // The conventional variable for Azure SDKs; azure_identity reads it for
+              // workload identity. Harmless here, kept for tooling that expects it.
+              name: 'AZURE_CLIENT_ID'
+              value: identity.properties.clientId
+            }
+            {
+              name: 'SERVICEBUS_SEND_MAX_QUEUE_DEPTH'
+              value: string(maxQueueDepth)
+            }
+            {
+              name: 'SERVICEBUS_SEND_FAILCLOSED'
+              value: failClosedSetting
+            }
+            {
+              name: 'SERVICEBUS_SEND_FAILCLOSED_STREAK'
+              value: string(failClosedStreak)
+            }
+            {
+              name: 'SENDGATE_DEPTH_TTL_MS'
+              value: string(depthTtlMs)
+            }
+            {
+              name: 'SENDGATE_DRAIN_TIMEOUT_S'
+              value: string(drainTimeoutSeconds)
+            }
+            {
+              name: 'SENDGATE_LISTEN'
+              value: '0.0.0.0:${containerPort}'
+            }
+            {
+              name: 'SENDGATE_LOG_FORMAT'
+              value: 'json'
+            }
+            {
+              name: 'SENDGATE_API_KEYS_FILE'
+              value: '${apiKeysMountPath}/${apiKeysFileName}'
+            }
+          ]
+          volumeMounts: [
+            {
+              volumeName: 'api-keys'
+              mountPath: apiKeysMountPath
+            }
+          ]
+          probes: [
+            {
+              // Up to ~30 s for start-up (listener bound) before liveness applies.
+              // (Container Apps caps failureThreshold at 10.)
+              type: 'Startup'
+              httpGet: {
+                path: '/health/live'
+                port: containerPort
+              }
+              initialDelaySeconds: 1
+              periodSeconds: 3
+              failureThreshold: 10
+              timeoutSeconds: 2
+            }
+            {
+              // 200 while the process serves HTTP, also while draining: never restarts a
+              // replica that is finishing its sends.
+              type: 'Liveness'
+              httpGet: {
+                path: '/health/live'
+                port: containerPort
+              }
+              periodSeconds: 10
+              failureThreshold: 3
+              timeoutSeconds: 3
+            }
+            {
+              // 503 while starting or draining: traffic goes to other replicas.
+              type: 'Readiness'
+              httpGet: {
+                path: '/health/ready'
+                port: containerPort
+              }
+              periodSeconds: 5
+              failureThreshold: 2
+              successThreshold: 1
+              timeoutSeconds: 3
+            }
+          ]
+        }
+      ]
+      volumes: [
+        {
+          name: 'api-keys'
+          storageType: 'Secret'
+          secrets: [
+            {
+              secretRef: 'api-keys'
+              path: apiKeysFileName
+            }
+          ]
+        }
+      ]
+      scale: {
+        minReplicas: minReplicas
+        maxReplicas: maxReplicas
+        rules: [
+          {
+            name: 'http-concurrency'
+            http: {
+              metadata: {
+                concurrentRequests: string(httpConcurrentRequests)
+              }
+            }
+          }
+        ]
+      }
+    }
+  }
+  // The roles must exist before the first revision starts: the Key Vault secret is
+  // fetched at creation, the image pulled with the identity, and the queues used at once.
+  dependsOn: [
+    apiKeysSecretAccess
+    registryPull
+    queueSender
+    queueOwner
+  ]
+}
+
+// ---------------------------------------------------------------------------------------
+// Outputs
+// ---------------------------------------------------------------------------------------
+
+@description('Host name of the gateway (https://<fqdn>/v1/queues/<queue>/messages).')
+output appFqdn string = app.properties.configuration.ingress.fqdn
+
+@description('Client id of the user-assigned identity (SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID / AZURE_CLIENT_ID).')
+output identityClientId string = identity.properties.clientId
+
+@description('Principal (object) id of the identity, for role assignments made by others (e.g. the Key Vault owner).')
+output identityPrincipalId string = identity.properties.principalId
+
+@description('Service Bus namespace name.')
+output serviceBusNamespaceName string = serviceBus.name
+
+@description('Queues created and served.')
+output queues array = queueNames
+
+@description('terminationGracePeriodSeconds given to the app (drain + margin).')
+output terminationGracePeriodSeconds int = terminationGracePeriodSeconds

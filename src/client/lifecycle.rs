@@ -1,0 +1,384 @@
+//! The lifecycle probe: may a send go now, or is the gateway draining (or starting) so
+//! the producer should wait instead of spending its retries against it?
+//!
+//! One verdict is cached for `ttl` (5 s) and shared by every concurrent send of a client,
+//! and only one probe is ever in flight (single-flight): callers that find the verdict
+//! stale queue on an async mutex, the first one probes, and the rest find its fresh
+//! verdict when their turn comes. A burst of 1,000 sends therefore costs one probe.
+//!
+//! The probe is advisory: any failure (transport, timeout, 5xx, a body that does not
+//! parse) reads as "not draining", and the send's own answer stays authoritative. The
+//! exceptions are authentication answers: a 401 means the gateway does not know the
+//! token, so every send would get a 401 too, and the verdict is terminal. A 403 means the
+//! token is known but lacks the `observer` role (a plain `sender` key, the usual producer
+//! key): that is not a refusal to send, so probing simply stops for this client and the
+//! sends go ahead; a `503 draining` from a send still makes the client wait
+//! ([`LifecycleProbe::observe_defer`]).
+//!
+//! States: `running` → go. `draining` → wait `drain.remaining_s` (the window left; the
+//! drain may end sooner), at most `ttl`, then probe again. `starting` → wait briefly (1 s,
+//! the gateway's own `Retry-After` while starting; starting lasts a few seconds at most)
+//! and probe again. `stopped` → the process is about to exit; wait 1 s like starting, as
+//! the next one is probably on its way. Any other state is unknown and reads as go.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use super::transport::{ProbeAnswer, Transport};
+
+/// Shortest wait before asking again, so a drain announced with 0.01 s left does not
+/// turn into a busy loop of probes.
+const MIN_DEFER: Duration = Duration::from_millis(250);
+/// How long `starting` and `stopped` defer before the next probe.
+const BRIEF_DEFER: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Send now.
+    Go,
+    /// Wait until `until`, then ask again; `state` is what the gateway said.
+    Defer { until: Instant, state: String },
+    /// The gateway refused the token: no send can succeed.
+    AuthFailed { status: u16, code: String },
+}
+
+#[derive(Debug, Clone)]
+struct Cached {
+    verdict: Verdict,
+    expires: Instant,
+}
+
+pub struct LifecycleProbe {
+    transport: Arc<dyn Transport>,
+    ttl: Duration,
+    timeout: Duration,
+    cached: Mutex<Option<Cached>>,
+    /// Held while a probe is in flight; waiting on it is how concurrent callers share one.
+    probing: tokio::sync::Mutex<()>,
+    /// Set after a 403: this token may not read the health, so never ask again.
+    forbidden: AtomicBool,
+    probes: AtomicU64,
+}
+
+impl LifecycleProbe {
+    pub fn new(transport: Arc<dyn Transport>, ttl: Duration, timeout: Duration) -> Self {
+        Self {
+            transport,
+            ttl,
+            timeout,
+            cached: Mutex::new(None),
+            probing: tokio::sync::Mutex::new(()),
+            forbidden: AtomicBool::new(false),
+            probes: AtomicU64::new(0),
+        }
+    }
+
+    /// Probes made so far (each one a `GET /health/detailed`).
+    pub fn probes(&self) -> u64 {
+        self.probes.load(Ordering::Relaxed)
+    }
+
+    /// The verdict for a send about to go: cached, or from the one probe in flight.
+    pub async fn verdict(&self) -> Verdict {
+        if let Some(v) = self.fresh(Instant::now()) {
+            return v;
+        }
+        let _turn = self.probing.lock().await;
+        // Whoever held the lock before us may have just probed.
+        if let Some(v) = self.fresh(Instant::now()) {
+            return v;
+        }
+        if self.forbidden.load(Ordering::Relaxed) {
+            return Verdict::Go;
+        }
+        self.probes.fetch_add(1, Ordering::Relaxed);
+        let answer = tokio::time::timeout(self.timeout, self.transport.probe())
+            .await
+            .unwrap_or_else(|_| ProbeAnswer::Unusable("health probe timed out".into()));
+        let now = Instant::now();
+        let (verdict, expires) = match answer {
+            ProbeAnswer::State {
+                gateway_state,
+                remaining,
+            } => match gateway_state.as_str() {
+                "draining" => {
+                    let wait = remaining.unwrap_or(BRIEF_DEFER).clamp(MIN_DEFER, self.ttl);
+                    self.defer(now, wait, gateway_state)
+                }
+                "starting" | "stopped" => {
+                    self.defer(now, BRIEF_DEFER.min(self.ttl), gateway_state)
+                }
+                _ => (Verdict::Go, now + self.ttl),
+            },
+            ProbeAnswer::Unauthenticated { code } => {
+                (Verdict::AuthFailed { status: 401, code }, now + self.ttl)
+            }
+            ProbeAnswer::Forbidden => {
+                tracing::info!(
+                    event = "client_probe_forbidden",
+                    "the token may not read /health/detailed (no observer role); drains are learnt from the sends' own answers"
+                );
+                self.forbidden.store(true, Ordering::Relaxed);
+                return Verdict::Go;
+            }
+            ProbeAnswer::Unusable(why) => {
+                tracing::debug!(event = "client_probe_failed", error = %why, "lifecycle probe failed; sending anyway");
+                (Verdict::Go, now + self.ttl)
+            }
+        };
+        *self.cached.lock() = Some(Cached {
+            verdict: verdict.clone(),
+            expires,
+        });
+        verdict
+    }
+
+    /// A send was answered `503 draining` or `starting`: share that with every other send
+    /// until its `Retry-After` (at most `ttl`) instead of letting each one find out alone.
+    /// A cached authentication failure is kept: it is the stronger news.
+    pub fn observe_defer(&self, state: &str, retry_after: Option<Duration>) {
+        let now = Instant::now();
+        let wait = retry_after.unwrap_or(BRIEF_DEFER).clamp(MIN_DEFER, self.ttl);
+        let (verdict, expires) = self.defer(now, wait, state.to_owned());
+        let mut cached = self.cached.lock();
+        if let Some(Cached {
+            verdict: Verdict::AuthFailed { .. },
+            expires,
+        }) = &*cached
+        {
+            if now < *expires {
+                return;
+            }
+        }
+        *cached = Some(Cached { verdict, expires });
+    }
+
+    fn defer(&self, now: Instant, wait: Duration, state: String) -> (Verdict, Instant) {
+        let until = now + wait;
+        (Verdict::Defer { until, state }, until)
+    }
+
+    fn fresh(&self, now: Instant) -> Option<Verdict> {
+        match &*self.cached.lock() {
+            Some(c) if now < c.expires => Some(c.verdict.clone()),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::transport::{Answer, TransportError};
+    use async_trait::async_trait;
+    use bytes::Bytes;
+
+    /// Answers every probe with the next scripted answer (the last one repeats), after a
+    /// delay, counting calls.
+    struct Scripted {
+        answers: Mutex<Vec<ProbeAnswer>>,
+        delay: Duration,
+        calls: AtomicU64,
+    }
+
+    impl Scripted {
+        fn new(answers: Vec<ProbeAnswer>, delay: Duration) -> Arc<Self> {
+            Arc::new(Self {
+                answers: Mutex::new(answers),
+                delay,
+                calls: AtomicU64::new(0),
+            })
+        }
+    }
+
+    #[async_trait]
+    impl Transport for Scripted {
+        async fn post(&self, _: &str, _: Bytes, _: &str) -> Result<Answer, TransportError> {
+            Err(TransportError("not in this test".into()))
+        }
+
+        async fn probe(&self) -> ProbeAnswer {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(self.delay).await;
+            let mut a = self.answers.lock();
+            if a.len() > 1 {
+                a.remove(0)
+            } else {
+                a[0].clone()
+            }
+        }
+    }
+
+    fn state(s: &str, remaining: Option<f64>) -> ProbeAnswer {
+        ProbeAnswer::State {
+            gateway_state: s.into(),
+            remaining: remaining.map(Duration::from_secs_f64),
+        }
+    }
+
+    fn probe_of(t: &Arc<Scripted>) -> Arc<LifecycleProbe> {
+        Arc::new(LifecycleProbe::new(
+            t.clone(),
+            Duration::from_secs(5),
+            Duration::from_secs(3),
+        ))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_thousand_concurrent_callers_share_one_probe_per_ttl() {
+        let t = Scripted::new(vec![state("running", None)], Duration::from_millis(200));
+        let probe = probe_of(&t);
+        let callers: Vec<_> = (0..1000)
+            .map(|_| {
+                let p = probe.clone();
+                tokio::spawn(async move { p.verdict().await })
+            })
+            .collect();
+        for c in callers {
+            assert_eq!(c.await.unwrap(), Verdict::Go);
+        }
+        assert_eq!(t.calls.load(Ordering::SeqCst), 1);
+        assert_eq!(probe.probes(), 1);
+
+        // Still fresh 4 s later; stale after 5 s, when exactly one more probe is made.
+        tokio::time::advance(Duration::from_secs(4)).await;
+        probe.verdict().await;
+        assert_eq!(probe.probes(), 1);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let again: Vec<_> = (0..100)
+            .map(|_| {
+                let p = probe.clone();
+                tokio::spawn(async move { p.verdict().await })
+            })
+            .collect();
+        for c in again {
+            c.await.unwrap();
+        }
+        assert_eq!(probe.probes(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_draining_gateway_defers_for_the_window_left_but_at_most_the_ttl() {
+        let t = Scripted::new(
+            vec![
+                state("draining", Some(2.5)),
+                state("draining", Some(40.0)),
+                state("draining", None),
+                state("running", None),
+            ],
+            Duration::ZERO,
+        );
+        let probe = probe_of(&t);
+        let start = Instant::now();
+        let Verdict::Defer { until, state } = probe.verdict().await else {
+            panic!("draining defers")
+        };
+        assert_eq!(state, "draining");
+        assert_eq!(until - start, Duration::from_millis(2500));
+        // Everyone asking before then gets the same verdict without a probe.
+        assert!(matches!(probe.verdict().await, Verdict::Defer { .. }));
+        assert_eq!(probe.probes(), 1);
+
+        tokio::time::sleep_until(until).await;
+        let Verdict::Defer { until, .. } = probe.verdict().await else {
+            panic!()
+        };
+        assert_eq!(until - Instant::now(), Duration::from_secs(5), "capped at the ttl");
+        tokio::time::sleep_until(until).await;
+        let Verdict::Defer { until, .. } = probe.verdict().await else {
+            panic!()
+        };
+        assert_eq!(until - Instant::now(), BRIEF_DEFER, "no hint: a brief wait");
+        tokio::time::sleep_until(until).await;
+        assert_eq!(probe.verdict().await, Verdict::Go);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn starting_and_stopped_defer_briefly() {
+        for s in ["starting", "stopped"] {
+            let t = Scripted::new(vec![state(s, None)], Duration::ZERO);
+            let probe = probe_of(&t);
+            let now = Instant::now();
+            let Verdict::Defer { until, .. } = probe.verdict().await else {
+                panic!("{s} defers")
+            };
+            assert_eq!(until - now, Duration::from_secs(1), "{s}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn any_probe_failure_reads_as_not_draining_and_is_cached_too() {
+        for answer in [
+            ProbeAnswer::Unusable("health answered 500".into()),
+            ProbeAnswer::Unusable("could not connect".into()),
+            state("sideways", None),
+        ] {
+            let t = Scripted::new(vec![answer.clone()], Duration::ZERO);
+            let probe = probe_of(&t);
+            assert_eq!(probe.verdict().await, Verdict::Go, "{answer:?}");
+            probe.verdict().await;
+            assert_eq!(probe.probes(), 1, "a failed probe is not repeated per send");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_that_hangs_times_out_after_3_s_as_not_draining() {
+        let t = Scripted::new(vec![state("draining", Some(20.0))], Duration::from_secs(60));
+        let probe = probe_of(&t);
+        let start = Instant::now();
+        assert_eq!(probe.verdict().await, Verdict::Go);
+        assert_eq!(start.elapsed(), Duration::from_secs(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_401_is_terminal_and_a_403_stops_probing_but_not_sending() {
+        let t = Scripted::new(
+            vec![ProbeAnswer::Unauthenticated {
+                code: "unauthenticated".into(),
+            }],
+            Duration::ZERO,
+        );
+        let probe = probe_of(&t);
+        assert_eq!(
+            probe.verdict().await,
+            Verdict::AuthFailed {
+                status: 401,
+                code: "unauthenticated".into()
+            }
+        );
+        // A send's 503 draining does not hide the auth failure.
+        probe.observe_defer("draining", Some(Duration::from_secs(3)));
+        assert!(matches!(probe.verdict().await, Verdict::AuthFailed { .. }));
+
+        let t = Scripted::new(vec![ProbeAnswer::Forbidden], Duration::ZERO);
+        let probe = probe_of(&t);
+        assert_eq!(probe.verdict().await, Verdict::Go);
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert_eq!(probe.verdict().await, Verdict::Go);
+        assert_eq!(probe.probes(), 1, "never asked again");
+        // Drains are still learnt from the sends.
+        probe.observe_defer("draining", Some(Duration::from_secs(2)));
+        assert!(matches!(probe.verdict().await, Verdict::Defer { .. }));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(probe.verdict().await, Verdict::Go);
+        assert_eq!(probe.probes(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_send_that_meets_a_drain_makes_every_send_wait_without_a_probe() {
+        let t = Scripted::new(vec![state("running", None)], Duration::ZERO);
+        let probe = probe_of(&t);
+        assert_eq!(probe.verdict().await, Verdict::Go);
+        probe.observe_defer("draining", Some(Duration::from_secs(30)));
+        let now = Instant::now();
+        let Verdict::Defer { until, state } = probe.verdict().await else {
+            panic!()
+        };
+        assert_eq!((until - now, state.as_str()), (Duration::from_secs(5), "draining"));
+        assert_eq!(probe.probes(), 1);
+    }
+}

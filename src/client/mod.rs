@@ -1,0 +1,448 @@
+//! The producer client: send messages to a sendgate gateway the way the contract asks a
+//! careful producer to (section 7 of `docs/contract.md`).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), sendgate::client::ClientError> {
+//! use sendgate::client::{Client, ClientConfig, SendOutcome};
+//!
+//! let client = Client::new(ClientConfig::new("http://127.0.0.1:8080").token("…"))?;
+//! match client.send("requests", r#"{"prompt":"hi"}"#, Some("order-42")).await {
+//!     SendOutcome::Queued { message_id } => println!("queued as {message_id}"),
+//!     other => eprintln!("not queued: {other}"),
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! One [`Client`] is meant to be shared (it is cheap to clone): its connection pool, its
+//! lifecycle verdict and its retry budget are what make a burst of sends polite.
+//!
+//! - `lifecycle.rs`: is the gateway draining? one cached, single-flight probe.
+//! - `retry.rs`: what is retried, the backoff, the budget shared across messages.
+//! - `transport.rs`: the two HTTP calls, and the trait that lets tests fake them.
+
+pub mod lifecycle;
+pub mod retry;
+pub mod transport;
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+use crate::domain::{MessageId, QueueName};
+use lifecycle::{LifecycleProbe, Verdict};
+use retry::{is_retryable_status, Backoff, BudgetConfig, RetryBudget};
+use transport::{HttpTransport, Transport, TransportSetupError};
+
+/// How a client behaves. [`ClientConfig::new`] gives the defaults of the contract.
+#[derive(Clone)]
+pub struct ClientConfig {
+    /// The gateway's base URL, e.g. `http://127.0.0.1:8080`.
+    pub base_url: String,
+    /// Sent as `Authorization: Bearer …` when set.
+    pub token: Option<String>,
+    /// Longest time one message may spend waiting (for a drain to end, or before a
+    /// retry), from the moment `send` is called. An attempt already in flight is bounded
+    /// by `request_timeout` instead, so its outcome is never cut off and guessed at.
+    pub deadline: Duration,
+    /// Longest time one HTTP request may take (the gateway's own send deadline is 10 s).
+    pub request_timeout: Duration,
+    pub backoff: Backoff,
+    pub budget: BudgetConfig,
+    /// How long one lifecycle verdict is shared.
+    pub probe_ttl: Duration,
+    /// Longest wait for `/health/detailed`; past it the verdict is "not draining".
+    pub probe_timeout: Duration,
+    /// Sends on the wire at once, whatever the number of concurrent `send` calls: keeps
+    /// the connection pool (and the gateway's in-flight slots) bounded.
+    pub max_concurrent_requests: usize,
+}
+
+impl fmt::Debug for ClientConfig {
+    // Never print the token.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("base_url", &self.base_url)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("deadline", &self.deadline)
+            .field("request_timeout", &self.request_timeout)
+            .field("backoff", &self.backoff)
+            .field("budget", &self.budget)
+            .field("probe_ttl", &self.probe_ttl)
+            .field("probe_timeout", &self.probe_timeout)
+            .field("max_concurrent_requests", &self.max_concurrent_requests)
+            .finish()
+    }
+}
+
+impl ClientConfig {
+    pub fn new(base_url: impl Into<String>) -> Self {
+        Self {
+            base_url: base_url.into(),
+            token: None,
+            // Longer than the default drain window (30 s) plus a start-up (≤ 7 s), so a
+            // rolling restart is waited out rather than reported as a failure.
+            deadline: Duration::from_secs(120),
+            request_timeout: Duration::from_secs(30),
+            backoff: Backoff::default(),
+            budget: BudgetConfig::default(),
+            probe_ttl: Duration::from_secs(5),
+            probe_timeout: Duration::from_secs(3),
+            max_concurrent_requests: 64,
+        }
+    }
+
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    pub fn budget(mut self, budget: BudgetConfig) -> Self {
+        self.budget = budget;
+        self
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error(transparent)]
+    Setup(#[from] TransportSetupError),
+}
+
+/// Why one attempt did not queue the message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AttemptError {
+    /// The gateway answered with an error status.
+    #[error("{status} {code}")]
+    Status { status: u16, code: String },
+    /// No HTTP answer: whether the message was stored is unknown.
+    #[error("transport error: {0}")]
+    Transport(String),
+    /// The deadline passed while the gateway was still draining or starting.
+    #[error("the gateway was still {state} at the deadline")]
+    StillDeferred { state: String },
+}
+
+impl AttemptError {
+    /// A short code for summaries: the gateway's code, `transport` or the state.
+    pub fn code(&self) -> String {
+        match self {
+            Self::Status { code, .. } => code.clone(),
+            Self::Transport(_) => "transport".into(),
+            Self::StillDeferred { state } => state.clone(),
+        }
+    }
+}
+
+/// Why a retryable failure was given up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GaveUp {
+    /// The per-message attempt cap was reached.
+    Attempts,
+    /// The retry budget shared by all messages was spent.
+    Budget,
+    /// The next attempt (or the end of a drain) would come after the deadline.
+    Deadline,
+    /// The answer is a server error outside what is retried (a `502`): reported at once.
+    NotRetryable,
+}
+
+impl fmt::Display for GaveUp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Attempts => "attempts exhausted",
+            Self::Budget => "retry budget spent",
+            Self::Deadline => "deadline reached",
+            Self::NotRetryable => "not retryable",
+        })
+    }
+}
+
+/// What became of one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SendOutcome {
+    /// The gateway answered 2xx: the message is in the queue.
+    Queued { message_id: String },
+    /// The gateway refused the message for good (`400`, `404`, `409`, `413`, `415`…):
+    /// sending it again would be refused again.
+    Refused { status: u16, code: String },
+    /// Not queued, although it might have been with more patience: retries ran out (or a
+    /// `502`). `last_error` is the last attempt's. Never reported as sent: after a `504`
+    /// or a transport error the message may still be in the queue; a later send with the
+    /// same `Idempotency-Key` is safe.
+    Failed {
+        last_error: AttemptError,
+        attempts: u32,
+        gave_up: GaveUp,
+    },
+    /// The gateway refused the token (`401`) or its scope (`403`): no send will succeed
+    /// until the credential changes, so nothing was retried.
+    AuthFailed { status: u16, code: String },
+    /// Refused locally, never sent: the queue name or the key cannot be valid.
+    Invalid { reason: String },
+}
+
+impl fmt::Display for SendOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Queued { message_id } => write!(f, "queued as {message_id}"),
+            Self::Refused { status, code } => write!(f, "refused: {status} {code}"),
+            Self::Failed {
+                last_error,
+                attempts,
+                gave_up,
+            } => write!(
+                f,
+                "failed after {attempts} attempt(s) ({gave_up}): {last_error}"
+            ),
+            Self::AuthFailed { status, code } => {
+                write!(f, "authentication failed: {status} {code}")
+            }
+            Self::Invalid { reason } => write!(f, "invalid, not sent: {reason}"),
+        }
+    }
+}
+
+/// Counters over the life of a client (for summaries and tests).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    /// `GET /health/detailed` calls.
+    pub probes: u64,
+    /// `POST` attempts, first attempts and retries alike.
+    pub requests: u64,
+    /// Retries granted by the budget.
+    pub retries: u64,
+    /// Retries the budget refused.
+    pub budget_refusals: u64,
+    /// Waits for a draining or starting gateway.
+    pub deferrals: u64,
+}
+
+/// A producer client. Clone it freely: clones share the pool, the verdict and the budget.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    transport: Arc<dyn Transport>,
+    lifecycle: LifecycleProbe,
+    budget: RetryBudget,
+    backoff: Backoff,
+    deadline: Duration,
+    on_the_wire: Semaphore,
+    requests: AtomicU64,
+    retries: AtomicU64,
+    budget_refusals: AtomicU64,
+    deferrals: AtomicU64,
+}
+
+impl Client {
+    /// A client over HTTP (reqwest with rustls, one pooled connection set).
+    pub fn new(config: ClientConfig) -> Result<Self, ClientError> {
+        let transport = HttpTransport::new(
+            &config.base_url,
+            config.token.as_deref(),
+            config.request_timeout,
+        )?;
+        Ok(Self::with_transport(config, Arc::new(transport)))
+    }
+
+    /// A client over any [`Transport`] (tests use a scripted one). `base_url`, `token`
+    /// and `request_timeout` of `config` are the transport's business and unused here.
+    pub fn with_transport(config: ClientConfig, transport: Arc<dyn Transport>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                lifecycle: LifecycleProbe::new(
+                    transport.clone(),
+                    config.probe_ttl,
+                    config.probe_timeout,
+                ),
+                transport,
+                budget: RetryBudget::new(config.budget),
+                backoff: config.backoff,
+                deadline: config.deadline,
+                on_the_wire: Semaphore::new(config.max_concurrent_requests.max(1)),
+                requests: AtomicU64::new(0),
+                retries: AtomicU64::new(0),
+                budget_refusals: AtomicU64::new(0),
+                deferrals: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    pub fn stats(&self) -> ClientStats {
+        let i = &self.inner;
+        ClientStats {
+            probes: i.lifecycle.probes(),
+            requests: i.requests.load(Ordering::Relaxed),
+            retries: i.retries.load(Ordering::Relaxed),
+            budget_refusals: i.budget_refusals.load(Ordering::Relaxed),
+            deferrals: i.deferrals.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Send one message (`body`: a JSON value; the gateway validates it) to `queue`.
+    ///
+    /// Every attempt carries the same `Idempotency-Key`: `idempotency_key`, or a UUID made
+    /// here when it is `None`. While the gateway drains, the send waits (no attempt, no
+    /// retry spent) until the drain is over or the deadline passes.
+    pub async fn send(
+        &self,
+        queue: &str,
+        body: impl Into<Bytes>,
+        idempotency_key: Option<&str>,
+    ) -> SendOutcome {
+        let queue = match QueueName::parse(queue) {
+            Ok(q) => q,
+            Err(e) => {
+                return SendOutcome::Invalid {
+                    reason: format!("queue {queue:?}: {e}"),
+                }
+            }
+        };
+        let key = match idempotency_key.map(MessageId::parse) {
+            None => MessageId::generate(),
+            Some(Ok(k)) => k,
+            Some(Err(e)) => {
+                return SendOutcome::Invalid {
+                    reason: format!("Idempotency-Key: {e}"),
+                }
+            }
+        };
+        self.deliver(&queue, body.into(), &key).await
+    }
+
+    /// The send loop: wait out a drain, attempt, and retry what the policy allows.
+    async fn deliver(&self, queue: &QueueName, body: Bytes, key: &MessageId) -> SendOutcome {
+        let i = &self.inner;
+        let deadline = Instant::now() + i.deadline;
+        let mut attempts: u32 = 0;
+        let mut deposited = false;
+        let mut last_error: Option<AttemptError> = None;
+        loop {
+            match i.lifecycle.verdict().await {
+                Verdict::AuthFailed { status, code } => {
+                    return SendOutcome::AuthFailed { status, code }
+                }
+                Verdict::Defer { until, state } => {
+                    if Instant::now() >= deadline {
+                        return SendOutcome::Failed {
+                            last_error: last_error
+                                .unwrap_or(AttemptError::StillDeferred { state }),
+                            attempts,
+                            gave_up: GaveUp::Deadline,
+                        };
+                    }
+                    i.deferrals.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep_until(until.min(deadline)).await;
+                    continue;
+                }
+                Verdict::Go => {}
+            }
+
+            if !deposited {
+                // A first attempt earns the budget its share, once per message.
+                i.budget.deposit(Instant::now());
+                deposited = true;
+            }
+            let answer = {
+                // The permit is held for the exchange only, never across a wait.
+                let _permit = i.on_the_wire.acquire().await;
+                i.requests.fetch_add(1, Ordering::Relaxed);
+                i.transport
+                    .post(queue.as_str(), body.clone(), key.as_str())
+                    .await
+            };
+            let retry_after = match answer {
+                Ok(a) if (200..300).contains(&a.status) => {
+                    return SendOutcome::Queued {
+                        message_id: a.message_id.unwrap_or_else(|| key.to_string()),
+                    }
+                }
+                Ok(a) if a.status == 401 || a.status == 403 => {
+                    return SendOutcome::AuthFailed {
+                        status: a.status,
+                        code: a.code_or_status(),
+                    }
+                }
+                // The drain (or start-up) shows in a send before the cached verdict
+                // expires: a wait like the probe's, not a failed attempt.
+                Ok(a) if a.status == 503
+                    && matches!(a.code.as_deref(), Some("draining" | "starting")) =>
+                {
+                    i.lifecycle
+                        .observe_defer(a.code.as_deref().unwrap_or("draining"), a.retry_after);
+                    continue;
+                }
+                Ok(a) => {
+                    attempts += 1;
+                    let error = AttemptError::Status {
+                        status: a.status,
+                        code: a.code_or_status(),
+                    };
+                    if !is_retryable_status(a.status) {
+                        if a.status >= 500 {
+                            return SendOutcome::Failed {
+                                last_error: error,
+                                attempts,
+                                gave_up: GaveUp::NotRetryable,
+                            };
+                        }
+                        return SendOutcome::Refused {
+                            status: a.status,
+                            code: a.code_or_status(),
+                        };
+                    }
+                    last_error = Some(error);
+                    a.retry_after
+                }
+                Err(e) => {
+                    attempts += 1;
+                    last_error = Some(AttemptError::Transport(e.0));
+                    None
+                }
+            };
+
+            let give_up = |gave_up| SendOutcome::Failed {
+                last_error: last_error
+                    .clone()
+                    .unwrap_or_else(|| AttemptError::Transport("no attempt".into())),
+                attempts,
+                gave_up,
+            };
+            let Some(delay) = i.backoff.delay(attempts, retry_after, rand::random()) else {
+                return give_up(GaveUp::Attempts);
+            };
+            let now = Instant::now();
+            let at = match now.checked_add(delay) {
+                Some(at) if at <= deadline => at,
+                // No attempt could happen in time: say so now rather than sleep first.
+                _ => return give_up(GaveUp::Deadline),
+            };
+            if !i.budget.try_withdraw(now) {
+                i.budget_refusals.fetch_add(1, Ordering::Relaxed);
+                return give_up(GaveUp::Budget);
+            }
+            i.retries.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep_until(at).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,380 @@
+//! The send loop against a scripted transport, on tokio's paused clock: what is retried,
+//! when, with which key, and what is reported.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use super::retry::{Backoff, BudgetConfig};
+use super::transport::{Answer, ProbeAnswer, Transport, TransportError};
+use super::{AttemptError, Client, ClientConfig, GaveUp, SendOutcome};
+
+type Reply = Result<Answer, TransportError>;
+
+/// Answers sends from a script (the last entry repeats) and probes with one answer,
+/// recording when each send came and with which key.
+struct Scripted {
+    replies: Mutex<Vec<Reply>>,
+    probe: ProbeAnswer,
+    posts: Mutex<Vec<(Instant, String)>>,
+}
+
+impl Scripted {
+    fn new(replies: Vec<Reply>) -> Arc<Self> {
+        Self::probing(replies, running())
+    }
+
+    fn probing(replies: Vec<Reply>, probe: ProbeAnswer) -> Arc<Self> {
+        Arc::new(Self {
+            replies: Mutex::new(replies),
+            probe,
+            posts: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn posts(&self) -> Vec<(Instant, String)> {
+        self.posts.lock().clone()
+    }
+}
+
+#[async_trait]
+impl Transport for Scripted {
+    async fn post(&self, _queue: &str, _body: Bytes, key: &str) -> Reply {
+        self.posts.lock().push((Instant::now(), key.to_owned()));
+        let mut r = self.replies.lock();
+        if r.len() > 1 {
+            r.remove(0)
+        } else {
+            r[0].clone()
+        }
+    }
+
+    async fn probe(&self) -> ProbeAnswer {
+        self.probe.clone()
+    }
+}
+
+fn running() -> ProbeAnswer {
+    ProbeAnswer::State {
+        gateway_state: "running".into(),
+        remaining: None,
+    }
+}
+
+fn answer(status: u16, code: &str, retry_after_s: Option<u64>) -> Reply {
+    Ok(Answer {
+        status,
+        code: Some(code.into()),
+        message_id: None,
+        retry_after: retry_after_s.map(Duration::from_secs),
+    })
+}
+
+fn created(id: &str) -> Reply {
+    Ok(Answer {
+        status: 201,
+        code: None,
+        message_id: Some(id.into()),
+        retry_after: None,
+    })
+}
+
+fn client(t: &Arc<Scripted>, config: ClientConfig) -> Client {
+    Client::with_transport(config, t.clone())
+}
+
+fn config() -> ClientConfig {
+    ClientConfig::new("http://unused")
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_30_from_fail_closed_is_honoured_to_the_second() {
+    let t = Scripted::new(vec![
+        answer(503, "capacity_unknown", Some(30)),
+        created("k-1"),
+    ]);
+    let c = client(&t, config());
+    let start = Instant::now();
+    let send = tokio::spawn({
+        let c = c.clone();
+        async move { c.send("requests", "{}", Some("k-1")).await }
+    });
+
+    // The paused clock jumps to each timer: no retry may be due before 30 s.
+    tokio::time::sleep(Duration::from_millis(29_999)).await;
+    assert_eq!(t.posts().len(), 1, "no retry before Retry-After");
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    assert_eq!(t.posts().len(), 2, "the retry comes at 30 s");
+
+    assert_eq!(
+        send.await.unwrap(),
+        SendOutcome::Queued {
+            message_id: "k-1".into()
+        }
+    );
+    let posts = t.posts();
+    assert_eq!(posts[1].0 - start, Duration::from_secs(30));
+    assert!(posts.iter().all(|(_, key)| key == "k-1"));
+    assert_eq!(c.stats().retries, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_attempt_carries_the_same_key_and_exhaustion_is_failed_never_sent() {
+    let t = Scripted::new(vec![answer(504, "send_timeout", None)]);
+    let c = client(
+        &t,
+        config().backoff(Backoff {
+            max_attempts: 4,
+            ..Backoff::default()
+        }),
+    );
+    let outcome = c.send("requests", "{}", None).await;
+    assert_eq!(
+        outcome,
+        SendOutcome::Failed {
+            last_error: AttemptError::Status {
+                status: 504,
+                code: "send_timeout".into()
+            },
+            attempts: 4,
+            gave_up: GaveUp::Attempts,
+        }
+    );
+    let posts = t.posts();
+    assert_eq!(posts.len(), 4);
+    let key = &posts[0].1;
+    assert!(uuid::Uuid::parse_str(key).is_ok(), "a generated key: {key}");
+    assert!(posts.iter().all(|(_, k)| k == key), "one key for all attempts");
+    // Backoff between attempts stays under the doubling ceiling (200, 400, 800 ms).
+    for (n, pair) in posts.windows(2).enumerate() {
+        let gap = pair[1].0 - pair[0].0;
+        assert!(gap <= Duration::from_millis(200 << n), "{n}: {gap:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn refusals_and_auth_errors_are_final_after_one_attempt() {
+    for (status, code) in [
+        (400, "invalid_request"),
+        (404, "unknown_queue"),
+        (409, "queue_disabled"),
+        (413, "payload_too_large"),
+        (415, "unsupported_media_type"),
+    ] {
+        let t = Scripted::new(vec![answer(status, code, None), created("x")]);
+        let outcome = client(&t, config()).send("requests", "{}", None).await;
+        assert_eq!(
+            outcome,
+            SendOutcome::Refused {
+                status,
+                code: code.into()
+            }
+        );
+        assert_eq!(t.posts().len(), 1, "{status} is not retried");
+    }
+    for (status, code) in [(401, "unauthenticated"), (403, "forbidden")] {
+        let t = Scripted::new(vec![answer(status, code, None), created("x")]);
+        let outcome = client(&t, config()).send("requests", "{}", None).await;
+        assert_eq!(
+            outcome,
+            SendOutcome::AuthFailed {
+                status,
+                code: code.into()
+            }
+        );
+        assert_eq!(t.posts().len(), 1);
+    }
+    let t = Scripted::new(vec![answer(502, "send_failed", None), created("x")]);
+    let outcome = client(&t, config()).send("requests", "{}", None).await;
+    assert!(matches!(
+        outcome,
+        SendOutcome::Failed {
+            attempts: 1,
+            gave_up: GaveUp::NotRetryable,
+            ..
+        }
+    ));
+    // A body that is not the gateway's JSON (a proxy's error page) keeps its status.
+    let t = Scripted::new(vec![Ok(Answer {
+        status: 413,
+        code: None,
+        message_id: None,
+        retry_after: None,
+    })]);
+    let outcome = client(&t, config()).send("requests", "{}", None).await;
+    assert_eq!(
+        outcome,
+        SendOutcome::Refused {
+            status: 413,
+            code: "http_413".into()
+        }
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn transport_errors_429_and_503_are_retried() {
+    let t = Scripted::new(vec![
+        Err(TransportError("could not connect".into())),
+        answer(429, "queue_full", Some(1)),
+        answer(503, "saturated", Some(1)),
+        created("m"),
+    ]);
+    let outcome = client(&t, config()).send("requests", "{}", Some("m")).await;
+    assert_eq!(
+        outcome,
+        SendOutcome::Queued {
+            message_id: "m".into()
+        }
+    );
+    let posts = t.posts();
+    assert_eq!(posts.len(), 4);
+    assert!(posts[2].0 - posts[1].0 >= Duration::from_secs(1));
+    assert!(posts[3].0 - posts[2].0 >= Duration::from_secs(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_draining_answer_is_waited_out_without_spending_an_attempt() {
+    // One attempt allowed, no retry: yet the message gets through the drain.
+    let t = Scripted::new(vec![answer(503, "draining", Some(3)), created("d")]);
+    let c = client(
+        &t,
+        config().backoff(Backoff {
+            max_attempts: 1,
+            ..Backoff::default()
+        }),
+    );
+    let outcome = c.send("requests", "{}", Some("d")).await;
+    assert_eq!(
+        outcome,
+        SendOutcome::Queued {
+            message_id: "d".into()
+        }
+    );
+    let posts = t.posts();
+    assert_eq!(posts.len(), 2);
+    assert_eq!(posts[1].0 - posts[0].0, Duration::from_secs(3));
+    let stats = c.stats();
+    assert_eq!(stats.retries, 0, "a wait is not a retry");
+    assert!(stats.deferrals >= 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drain_that_outlasts_the_deadline_is_failed_without_a_send() {
+    let t = Scripted::probing(
+        vec![created("never")],
+        ProbeAnswer::State {
+            gateway_state: "draining".into(),
+            remaining: Some(Duration::from_secs(20)),
+        },
+    );
+    let c = client(&t, config().deadline(Duration::from_secs(12)));
+    let start = Instant::now();
+    let outcome = c.send("requests", "{}", None).await;
+    assert_eq!(
+        outcome,
+        SendOutcome::Failed {
+            last_error: AttemptError::StillDeferred {
+                state: "draining".into()
+            },
+            attempts: 0,
+            gave_up: GaveUp::Deadline,
+        }
+    );
+    assert_eq!(start.elapsed(), Duration::from_secs(12));
+    assert!(t.posts().is_empty());
+    // Re-probed as each verdict expired (5 s), not more often.
+    assert_eq!(c.stats().probes, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_past_the_deadline_fails_at_once_instead_of_retrying_early() {
+    let t = Scripted::new(vec![answer(503, "capacity_unknown", Some(30)), created("x")]);
+    let c = client(&t, config().deadline(Duration::from_secs(5)));
+    let start = Instant::now();
+    let outcome = c.send("requests", "{}", None).await;
+    assert_eq!(
+        outcome,
+        SendOutcome::Failed {
+            last_error: AttemptError::Status {
+                status: 503,
+                code: "capacity_unknown".into()
+            },
+            attempts: 1,
+            gave_up: GaveUp::Deadline,
+        }
+    );
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(t.posts().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_shared_budget_holds_a_failing_burst_to_a_fifth_in_retries() {
+    let t = Scripted::new(vec![answer(503, "saturated", Some(1))]);
+    let c = client(
+        &t,
+        config().budget(BudgetConfig {
+            ratio: 0.2,
+            min_per_second: 0.0,
+            window: Duration::from_secs(10),
+        }),
+    );
+    let sends: Vec<_> = (0..100)
+        .map(|_| {
+            let c = c.clone();
+            tokio::spawn(async move { c.send("requests", "{}", None).await })
+        })
+        .collect();
+    let mut by_budget = 0;
+    for s in sends {
+        match s.await.unwrap() {
+            SendOutcome::Failed {
+                gave_up: GaveUp::Budget,
+                ..
+            } => by_budget += 1,
+            SendOutcome::Failed { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    let stats = c.stats();
+    assert_eq!(stats.retries, 20, "100 first attempts × 0.2");
+    assert_eq!(stats.requests, 120);
+    assert_eq!(by_budget, 100, "every message ended on the spent budget");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_token_refused_by_the_probe_sends_nothing() {
+    let t = Scripted::probing(
+        vec![created("never")],
+        ProbeAnswer::Unauthenticated {
+            code: "unauthenticated".into(),
+        },
+    );
+    let outcome = client(&t, config()).send("requests", "{}", None).await;
+    assert_eq!(
+        outcome,
+        SendOutcome::AuthFailed {
+            status: 401,
+            code: "unauthenticated".into()
+        }
+    );
+    assert!(t.posts().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bad_queue_or_key_is_refused_locally() {
+    let t = Scripted::new(vec![created("never")]);
+    let c = client(&t, config());
+    assert!(matches!(
+        c.send("no/such", "{}", None).await,
+        SendOutcome::Invalid { .. }
+    ));
+    assert!(matches!(
+        c.send("requests", "{}", Some("tab\there")).await,
+        SendOutcome::Invalid { .. }
+    ));
+    assert!(t.posts().is_empty());
+}
