@@ -551,7 +551,7 @@ output identityPrincipalId string = identity.properties.principalId
 output serviceBusNamespaceName string = serviceBus.name
 
 @description('Queues created and served.')
-output queues array = queueNames
+output servedQueues array = queueNames
 
 @description('terminationGracePeriodSeconds given to the app (drain + margin).')
 output terminationGracePeriodSeconds int = terminationGracePeriodSeconds

@@ -9,5 +9,6 @@ pub mod config;
 pub mod domain;
 pub mod http;
 pub mod lifecycle;
+pub mod metrics;
 pub mod startup;
 pub mod telemetry;

@@ -241,6 +241,7 @@ impl Application {
                 .collect::<HashMap<_, _>>(),
             max_body_bytes: settings.max_body_bytes,
             drain_window: settings.drain_timeout,
+            metrics: crate::metrics::Metrics::new(),
         });
 
         let bind_error = |source| StartupError::Bind {

@@ -93,6 +93,7 @@ pub struct Breaker {
     name: &'static str,
     policy: BreakerPolicy,
     inner: Mutex<Inner>,
+    opened: std::sync::atomic::AtomicU64,
 }
 
 /// Permission for one send; report its outcome with [`Ticket::record`]. Dropped without a
@@ -127,6 +128,7 @@ impl Breaker {
                 state: State::Closed,
                 slots: VecDeque::new(),
             }),
+            opened: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -246,7 +248,14 @@ impl Breaker {
         }
     }
 
+    /// Times the breaker has opened (for `/metrics`).
+    pub fn opened_total(&self) -> u64 {
+        self.opened.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn open(&self, inner: &mut Inner, now: Instant, why: &'static str) {
+        self.opened
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         inner.state = State::Open {
             until: now + self.policy.open_for,
         };

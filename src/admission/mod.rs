@@ -38,6 +38,8 @@ pub enum DispatchError {
 pub struct Dispatched {
     pub via: Option<BackendRole>,
     pub result: Result<SendReceipt, DispatchError>,
+    /// How long the backend send itself took, when one was made.
+    pub send_time: Option<Duration>,
 }
 
 pub struct Dispatcher {
@@ -117,15 +119,19 @@ impl Dispatcher {
                 return Dispatched {
                     via: None,
                     result: Err(DispatchError::BackendUnavailable { retry_after }),
+                    send_time: None,
                 }
             }
         };
         if route.role == BackendRole::Fallback {
             tracing::debug!(event = "fallback_selected", queue = %message.queue, "primary circuit open: using the fallback");
         }
+        let mut send_time = None;
+        let result = self.send_via(route, message, &mut send_time).await;
         Dispatched {
             via: Some(route.role),
-            result: self.send_via(route, message).await,
+            result,
+            send_time,
         }
     }
 
@@ -133,6 +139,7 @@ impl Dispatcher {
         &self,
         route: &Route,
         message: OutgoingMessage,
+        send_time: &mut Option<Duration>,
     ) -> Result<SendReceipt, DispatchError> {
         let gate = route
             .gate(&message.queue)
@@ -153,12 +160,14 @@ impl Dispatcher {
                 return Err(DispatchError::BackendUnavailable { retry_after });
             }
         };
-        let deadline = Instant::now() + self.send_timeout;
+        let started = Instant::now();
+        let deadline = started + self.send_timeout;
         // The deadline goes into the backend, which cancels its own work; the outer timeout
         // is the backstop for a backend that ignores it.
         let result = tokio::time::timeout_at(deadline, route.backend().send(message, deadline))
             .await
             .unwrap_or(Err(SendError::Timeout));
+        *send_time = Some(started.elapsed());
         ticket.record(match &result {
             Ok(_) => Outcome::Success,
             // The request's own fault, or the queue's configuration: not the backend's health.

@@ -1,7 +1,8 @@
-//! The command line: `serve` (the default), `queue`, `keys`. One file per subcommand.
+//! The command line: `serve` (the default), `queue`, `keys`, `send`. One file per subcommand.
 
 mod keys;
 mod queue;
+mod send;
 mod serve;
 
 use std::process::ExitCode;
@@ -33,6 +34,8 @@ enum Command {
         #[command(subcommand)]
         action: keys::KeysCommand,
     },
+    /// Send one message per JSON line to a gateway (the producer client).
+    Send(send::SendArgs),
 }
 
 pub fn run() -> ExitCode {
@@ -47,5 +50,6 @@ pub fn run() -> ExitCode {
         Command::Serve => serve::run(),
         Command::Queue { action } => queue::run(action),
         Command::Keys { action } => keys::run(action),
+        Command::Send(args) => send::run(args),
     }
 }

@@ -109,9 +109,7 @@ impl LifecycleProbe {
                     let wait = remaining.unwrap_or(BRIEF_DEFER).clamp(MIN_DEFER, self.ttl);
                     self.defer(now, wait, gateway_state)
                 }
-                "starting" | "stopped" => {
-                    self.defer(now, BRIEF_DEFER.min(self.ttl), gateway_state)
-                }
+                "starting" | "stopped" => self.defer(now, BRIEF_DEFER.min(self.ttl), gateway_state),
                 _ => (Verdict::Go, now + self.ttl),
             },
             ProbeAnswer::Unauthenticated { code } => {
@@ -142,7 +140,9 @@ impl LifecycleProbe {
     /// A cached authentication failure is kept: it is the stronger news.
     pub fn observe_defer(&self, state: &str, retry_after: Option<Duration>) {
         let now = Instant::now();
-        let wait = retry_after.unwrap_or(BRIEF_DEFER).clamp(MIN_DEFER, self.ttl);
+        let wait = retry_after
+            .unwrap_or(BRIEF_DEFER)
+            .clamp(MIN_DEFER, self.ttl);
         let (verdict, expires) = self.defer(now, wait, state.to_owned());
         let mut cached = self.cached.lock();
         if let Some(Cached {
@@ -287,7 +287,11 @@ mod tests {
         let Verdict::Defer { until, .. } = probe.verdict().await else {
             panic!()
         };
-        assert_eq!(until - Instant::now(), Duration::from_secs(5), "capped at the ttl");
+        assert_eq!(
+            until - Instant::now(),
+            Duration::from_secs(5),
+            "capped at the ttl"
+        );
         tokio::time::sleep_until(until).await;
         let Verdict::Defer { until, .. } = probe.verdict().await else {
             panic!()
@@ -378,7 +382,10 @@ mod tests {
         let Verdict::Defer { until, state } = probe.verdict().await else {
             panic!()
         };
-        assert_eq!((until - now, state.as_str()), (Duration::from_secs(5), "draining"));
+        assert_eq!(
+            (until - now, state.as_str()),
+            (Duration::from_secs(5), "draining")
+        );
         assert_eq!(probe.probes(), 1);
     }
 }

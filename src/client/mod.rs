@@ -342,8 +342,7 @@ impl Client {
                 Verdict::Defer { until, state } => {
                     if Instant::now() >= deadline {
                         return SendOutcome::Failed {
-                            last_error: last_error
-                                .unwrap_or(AttemptError::StillDeferred { state }),
+                            last_error: last_error.unwrap_or(AttemptError::StillDeferred { state }),
                             attempts,
                             gave_up: GaveUp::Deadline,
                         };
@@ -382,8 +381,9 @@ impl Client {
                 }
                 // The drain (or start-up) shows in a send before the cached verdict
                 // expires: a wait like the probe's, not a failed attempt.
-                Ok(a) if a.status == 503
-                    && matches!(a.code.as_deref(), Some("draining" | "starting")) =>
+                Ok(a)
+                    if a.status == 503
+                        && matches!(a.code.as_deref(), Some("draining" | "starting")) =>
                 {
                     i.lifecycle
                         .observe_defer(a.code.as_deref().unwrap_or("draining"), a.retry_after);

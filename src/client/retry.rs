@@ -125,7 +125,9 @@ const ONE_TOKEN: i64 = 1000;
 
 fn milli(tokens: f64) -> i64 {
     if tokens.is_finite() && tokens > 0.0 {
-        (tokens * ONE_TOKEN as f64).round().min(i64::MAX as f64 / 4.0) as i64
+        (tokens * ONE_TOKEN as f64)
+            .round()
+            .min(i64::MAX as f64 / 4.0) as i64
     } else {
         0
     }
@@ -172,8 +174,12 @@ impl RetryBudget {
     }
 
     fn milli_balance(&self, slices: &VecDeque<(Instant, i64)>) -> i64 {
-        self.reserve_milli
-            .saturating_add(slices.iter().map(|(_, t)| *t).fold(0i64, i64::saturating_add))
+        self.reserve_milli.saturating_add(
+            slices
+                .iter()
+                .map(|(_, t)| *t)
+                .fold(0i64, i64::saturating_add),
+        )
     }
 
     fn add(&self, slices: &mut VecDeque<(Instant, i64)>, now: Instant, tokens: i64) {
@@ -243,7 +249,9 @@ mod tests {
         let d = b.delay(4, Some(Duration::from_millis(10)), 0.99).unwrap();
         assert!(d > Duration::from_millis(1500), "{d:?}");
         // An absurd one is bounded.
-        let d = b.delay(1, Some(Duration::from_secs(u64::MAX)), 0.5).unwrap();
+        let d = b
+            .delay(1, Some(Duration::from_secs(u64::MAX)), 0.5)
+            .unwrap();
         assert_eq!(d, MAX_RETRY_AFTER);
     }
 
@@ -255,7 +263,11 @@ mod tests {
         };
         assert!(b.delay(1, None, 0.5).is_some());
         assert!(b.delay(2, None, 0.5).is_some());
-        assert_eq!(b.delay(3, None, 0.5), None, "three attempts made: no fourth");
+        assert_eq!(
+            b.delay(3, None, 0.5),
+            None,
+            "three attempts made: no fourth"
+        );
         let once = Backoff {
             max_attempts: 0,
             ..Backoff::default()

@@ -148,7 +148,10 @@ async fn every_attempt_carries_the_same_key_and_exhaustion_is_failed_never_sent(
     assert_eq!(posts.len(), 4);
     let key = &posts[0].1;
     assert!(uuid::Uuid::parse_str(key).is_ok(), "a generated key: {key}");
-    assert!(posts.iter().all(|(_, k)| k == key), "one key for all attempts");
+    assert!(
+        posts.iter().all(|(_, k)| k == key),
+        "one key for all attempts"
+    );
     // Backoff between attempts stays under the doubling ceiling (200, 400, 800 ms).
     for (n, pair) in posts.windows(2).enumerate() {
         let gap = pair[1].0 - pair[0].0;
@@ -292,7 +295,10 @@ async fn a_drain_that_outlasts_the_deadline_is_failed_without_a_send() {
 
 #[tokio::test(start_paused = true)]
 async fn a_retry_after_past_the_deadline_fails_at_once_instead_of_retrying_early() {
-    let t = Scripted::new(vec![answer(503, "capacity_unknown", Some(30)), created("x")]);
+    let t = Scripted::new(vec![
+        answer(503, "capacity_unknown", Some(30)),
+        created("x"),
+    ]);
     let c = client(&t, config().deadline(Duration::from_secs(5)));
     let start = Instant::now();
     let outcome = c.send("requests", "{}", None).await;

@@ -173,3 +173,30 @@ pub async fn detailed(
 fn rfc3339(t: SystemTime) -> Option<String> {
     OffsetDateTime::from(t).format(&Rfc3339).ok()
 }
+
+/// `GET /metrics`: Prometheus text (role `observer` or `admin` when keys are on).
+pub async fn metrics(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let rid = request_id(&req).0;
+    let principal = state.auth.authenticate(&req).map_err(|e| {
+        ApiError::new(
+            Problem::Unauthenticated {
+                token_given: e == AuthError::Unknown,
+            },
+            &rid,
+        )
+    })?;
+    if !principal.may(Permission::Observe) {
+        return Err(ApiError::new(
+            Problem::Forbidden {
+                action: "read metrics",
+            },
+            &rid,
+        ));
+    }
+    Ok(HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(state.metrics.render(&state.dispatcher, &state.lifecycle)))
+}

@@ -26,6 +26,7 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// The drain window `POST /admin/drain` opens (`SENDGATE_DRAIN_TIMEOUT_S`).
     pub drain_window: std::time::Duration,
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// The routing table. Anything not listed is `404 not_found`, answered here without
@@ -49,6 +50,11 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     .service(
         web::resource("/health/detailed")
             .route(web::get().to(health::detailed))
+            .default_service(web::to(fallback::only_get)),
+    )
+    .service(
+        web::resource("/metrics")
+            .route(web::get().to(health::metrics))
             .default_service(web::to(fallback::only_get)),
     )
     .service(

@@ -37,6 +37,41 @@ pub async fn send_message(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
+    let queue_label = match state.queues.get_key_value(path.as_str()) {
+        Some((name, _)) => name.clone(),
+        None => "unknown".to_owned(),
+    };
+    let answer = admit_and_send(req, path, payload, &state).await;
+    let (status, code, backend) = match &answer {
+        Ok(r) => {
+            let code = if r.status() == actix_web::http::StatusCode::CREATED {
+                "queued"
+            } else {
+                "valid"
+            };
+            let backend = r
+                .headers()
+                .get("X-Sendgate-Backend")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("none");
+            (r.status().as_u16(), code, backend)
+        }
+        Err(e) => (
+            e.problem.status().as_u16(),
+            e.problem.code(),
+            e.via.unwrap_or("none"),
+        ),
+    };
+    state.metrics.request(&queue_label, status, code, backend);
+    answer
+}
+
+async fn admit_and_send(
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+    state: &AppState,
+) -> Result<HttpResponse, ApiError> {
     let (request_id, request_id_problem) = request_id(&req);
     let fail = |problem: Problem| ApiError::new(problem, &request_id);
 
@@ -112,6 +147,9 @@ pub async fn send_message(
     };
     let dispatched = state.dispatcher.send(message).await;
     let via = dispatched.via.map(|role| role.as_str());
+    if let (Some(via), Some(took)) = (via, dispatched.send_time) {
+        state.metrics.send_latency(via, took);
+    }
     if let Some(via) = via {
         response_headers.push(("X-Sendgate-Backend", via.to_owned()));
     }

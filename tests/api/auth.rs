@@ -76,7 +76,7 @@ async fn a_known_token_without_the_role_or_queue_is_403() {
 }
 
 #[tokio::test]
-async fn health_detailed_needs_observer_or_admin_while_live_and_ready_are_open() {
+async fn health_detailed_and_metrics_need_observer_or_admin_while_live_and_ready_are_open() {
     let (app, _dir) = app_with_keys().await;
     let get = |path: &'static str, token: Option<&'static str>| {
         let mut req = app.client.get(app.url(path));
@@ -91,4 +91,7 @@ async fn health_detailed_needs_observer_or_admin_while_live_and_ready_are_open()
     assert_eq!(get("/health/detailed", Some("play-secret")).await, 403);
     assert_eq!(get("/health/detailed", Some("observe-secret")).await, 200);
     assert_eq!(get("/health/detailed", Some("admin-secret")).await, 200);
+    assert_eq!(get("/metrics", None).await, 401);
+    assert_eq!(get("/metrics", Some("play-secret")).await, 403);
+    assert_eq!(get("/metrics", Some("observe-secret")).await, 200);
 }

@@ -7,5 +7,6 @@ mod capacity;
 mod health;
 mod helpers;
 mod leaks;
+mod metrics;
 mod routing;
 mod send;

@@ -1,0 +1,645 @@
+//! loadgen: the measuring side of `./bench/run.sh`. Every run prints one JSON line.
+//!
+//! ```text
+//! loadgen http  --addr 127.0.0.1:P --path /v1/queues/bench/messages --concurrency 64
+//!               --duration 10 [--warmup 1] [--rate R] [--size 1024] [--token T]
+//!               [--count-addr 127.0.0.1:Q] [--metrics-token T]
+//! loadgen amqp  --url amqp://guest:guest@127.0.0.1:5672/%2f --queue bench --concurrency 64
+//!               --duration 10 [--warmup 1] [--channels 4] [--size 1024]
+//! loadgen hold  --addr 127.0.0.1:P --connections 1000 --hold 10 --ready-file F
+//! loadgen proxy --listen 127.0.0.1:P --upstream 127.0.0.1:15672 --control 127.0.0.1:Q
+//!               [--max-secs 3600]
+//! ```
+//!
+//! - `http`: one keep-alive connection per worker (a minimal HTTP/1.1 client, so the load
+//!   generator costs as little CPU as possible on a machine it shares with the server).
+//!   Closed loop by default (`concurrency` requests in flight); with `--rate` each worker is
+//!   paced so the total is `rate` requests/s. With `--count-addr` it reads the counting
+//!   proxy's total of admin-plane requests at the start and end of the measured window; with
+//!   `--metrics-token` it does the same with `sendgate_depth_reads_total` from `/metrics`
+//!   (when the gateway has that route).
+//! - `amqp`: the direct baseline: the same 1 KB persistent messages published with lapin on
+//!   one connection with `--channels` publisher channels (confirms on, round robin, like the
+//!   gateway's link), `concurrency` publishes in flight, each awaited on its confirm.
+//! - `hold`: opens `connections` keep-alive connections, makes one request on each (so the
+//!   server set the connection up fully), writes `ready-file`, holds them, then exits.
+//! - `proxy`: a TCP proxy in front of RabbitMQ's management port that counts the
+//!   `GET /api/queues/...` requests going through it; the count is served as plain text on
+//!   the control address. Exits by itself after `max-secs`.
+//!
+//! Latency is measured from just before the request is written to when its answer has been
+//! read in full (or the confirm arrived), per request, in microseconds; percentiles are
+//! nearest-rank over every request that started inside the measured window.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+
+type Args = HashMap<String, String>;
+
+fn parse_args(raw: &[String]) -> Args {
+    let mut args = Args::new();
+    let mut it = raw.iter();
+    while let Some(key) = it.next() {
+        let Some(name) = key.strip_prefix("--") else {
+            die(&format!("unexpected argument {key:?}"));
+        };
+        let value = it
+            .next()
+            .unwrap_or_else(|| die(&format!("--{name} needs a value")));
+        args.insert(name.to_owned(), value.clone());
+    }
+    args
+}
+
+fn die(msg: &str) -> ! {
+    eprintln!("loadgen: {msg}");
+    std::process::exit(2)
+}
+
+fn get<T: std::str::FromStr>(args: &Args, key: &str, default: Option<T>) -> T {
+    match args.get(key) {
+        Some(v) => v
+            .parse()
+            .unwrap_or_else(|_| die(&format!("--{key}: bad value {v:?}"))),
+        None => default.unwrap_or_else(|| die(&format!("--{key} is required"))),
+    }
+}
+
+fn main() {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let Some((mode, rest)) = argv.split_first() else {
+        die("usage: loadgen http|amqp|hold|proxy --key value ...");
+    };
+    let args = parse_args(rest);
+    let threads: usize = get(&args, "threads", Some(2));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let out = runtime.block_on(async {
+        match mode.as_str() {
+            "http" => http(&args).await,
+            "amqp" => amqp(&args).await,
+            "hold" => hold(&args).await,
+            "proxy" => proxy(&args).await,
+            other => die(&format!("unknown mode {other:?}")),
+        }
+    });
+    println!("{out}");
+}
+
+/// The 1 KB JSON body every send carries (exactly `size` bytes).
+fn body(size: usize) -> Vec<u8> {
+    let head = br#"{"bench":true,"pad":""#;
+    let tail = br#""}"#;
+    let pad = size.saturating_sub(head.len() + tail.len());
+    let mut b = Vec::with_capacity(size);
+    b.extend_from_slice(head);
+    b.extend(std::iter::repeat_n(b'x', pad));
+    b.extend_from_slice(tail);
+    b
+}
+
+#[derive(Default)]
+struct Recorder {
+    latency_us: Vec<u32>,
+    statuses: BTreeMap<u16, u64>,
+    errors: u64,
+}
+
+impl Recorder {
+    fn record(&mut self, status: u16, took: Duration) {
+        self.latency_us
+            .push(took.as_micros().min(u128::from(u32::MAX)) as u32);
+        *self.statuses.entry(status).or_default() += 1;
+    }
+
+    fn merge(&mut self, other: Recorder) {
+        self.latency_us.extend(other.latency_us);
+        for (k, v) in other.statuses {
+            *self.statuses.entry(k).or_default() += v;
+        }
+        self.errors += other.errors;
+    }
+
+    fn summary(mut self, secs: f64) -> Value {
+        self.latency_us.sort_unstable();
+        let n = self.latency_us.len();
+        let pct = |q: f64| -> Option<f64> {
+            if n == 0 {
+                return None;
+            }
+            let rank = ((q * n as f64).ceil() as usize).clamp(1, n);
+            Some(f64::from(self.latency_us[rank - 1]) / 1000.0)
+        };
+        let mean = if n == 0 {
+            None
+        } else {
+            Some(self.latency_us.iter().map(|&u| f64::from(u)).sum::<f64>() / n as f64 / 1000.0)
+        };
+        json!({
+            "requests": n,
+            "secs": secs,
+            "rps": n as f64 / secs,
+            "p50_ms": pct(0.50),
+            "p90_ms": pct(0.90),
+            "p99_ms": pct(0.99),
+            "max_ms": pct(1.0),
+            "mean_ms": mean,
+            "statuses": self.statuses.iter().map(|(k, v)| (k.to_string(), *v)).collect::<BTreeMap<_, _>>(),
+            "errors": self.errors,
+        })
+    }
+}
+
+/// When the measured window starts and ends; requests before `start` are warm-up.
+#[derive(Clone, Copy)]
+struct Window {
+    start: Instant,
+    end: Instant,
+}
+
+impl Window {
+    fn new(args: &Args) -> Self {
+        let warmup: f64 = get(args, "warmup", Some(1.0));
+        let duration: f64 = get(args, "duration", None);
+        let start = Instant::now() + Duration::from_secs_f64(warmup);
+        Self {
+            start,
+            end: start + Duration::from_secs_f64(duration),
+        }
+    }
+
+    fn secs(&self) -> f64 {
+        (self.end - self.start).as_secs_f64()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// A minimal HTTP/1.1 client: one request at a time on a keep-alive connection.
+
+struct HttpConn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+impl HttpConn {
+    async fn connect(addr: &str) -> io::Result<Self> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(Self {
+            stream,
+            buf: Vec::with_capacity(8192),
+        })
+    }
+
+    async fn fill(&mut self) -> io::Result<()> {
+        let mut chunk = [0u8; 16384];
+        let n = self.stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(())
+    }
+
+    /// Send `request` and read one answer: (status, keep-alive?, body).
+    async fn round_trip(&mut self, request: &[u8]) -> io::Result<(u16, bool, Vec<u8>)> {
+        self.stream.write_all(request).await?;
+        let head_end = loop {
+            if let Some(pos) = find(&self.buf, b"\r\n\r\n") {
+                break pos;
+            }
+            self.fill().await?;
+        };
+        let head = std::str::from_utf8(&self.buf[..head_end])
+            .map_err(|_| io::Error::other("non-UTF-8 response head"))?;
+        let mut lines = head.split("\r\n");
+        let status: u16 = lines
+            .next()
+            .and_then(|l| l.split(' ').nth(1))
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| io::Error::other("bad status line"))?;
+        let mut length = 0usize;
+        let mut keep = true;
+        for line in lines {
+            let Some((name, value)) = line.split_once(':') else {
+                continue;
+            };
+            let value = value.trim();
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value
+                    .parse()
+                    .map_err(|_| io::Error::other("bad content-length"))?;
+            } else if name.eq_ignore_ascii_case("connection") && value.eq_ignore_ascii_case("close")
+            {
+                keep = false;
+            } else if name.eq_ignore_ascii_case("transfer-encoding") {
+                return Err(io::Error::other("chunked answers are not supported"));
+            }
+        }
+        let total = head_end + 4 + length;
+        while self.buf.len() < total {
+            self.fill().await?;
+        }
+        let body = self.buf[head_end + 4..total].to_vec();
+        self.buf.drain(..total);
+        Ok((status, keep, body))
+    }
+}
+
+/// One GET with `Connection: close`; the body when the answer is 200.
+async fn get_once(addr: &str, path: &str, token: Option<&str>) -> Option<String> {
+    let mut conn = HttpConn::connect(addr).await.ok()?;
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: bench\r\n{auth}Connection: close\r\n\r\n");
+    let (status, _, body) = tokio::time::timeout(
+        Duration::from_secs(5),
+        conn.round_trip(req.as_bytes()),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    (status == 200).then(|| String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Sum of every `sendgate_depth_reads_total{...}` sample, if `/metrics` exists.
+async fn depth_reads_metric(addr: &str, token: &str) -> Option<f64> {
+    let text = get_once(addr, "/metrics", Some(token)).await?;
+    let mut sum = None;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("sendgate_depth_reads_total") {
+            if rest.starts_with('{') || rest.starts_with(' ') {
+                let v: f64 = rest.rsplit(' ').next()?.parse().ok()?;
+                *sum.get_or_insert(0.0) += v;
+            }
+        }
+    }
+    sum
+}
+
+/// The counting proxy's total.
+async fn proxy_count(addr: &str) -> Option<u64> {
+    let mut s = TcpStream::connect(addr).await.ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).await.ok()?;
+    text.trim().parse().ok()
+}
+
+async fn http(args: &Args) -> Value {
+    let addr: String = get(args, "addr", None);
+    let path: String = get(args, "path", Some("/v1/queues/bench/messages".into()));
+    let concurrency: usize = get(args, "concurrency", None);
+    let size: usize = get(args, "size", Some(1024));
+    let rate: f64 = get(args, "rate", Some(0.0));
+    let token = args.get("token").cloned();
+    let count_addr = args.get("count-addr").cloned();
+    let metrics_token = args.get("metrics-token").cloned();
+
+    let body = body(size);
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let mut request = format!(
+        "POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(&body);
+    let request = Arc::new(request);
+
+    let window = Window::new(args);
+    let pace = (rate > 0.0).then(|| Duration::from_secs_f64(concurrency as f64 / rate));
+    let workers: Vec<_> = (0..concurrency)
+        .map(|i| {
+            let (addr, request) = (addr.clone(), request.clone());
+            // Stagger paced workers evenly over one period.
+            let first = Instant::now() + pace.map_or(Duration::ZERO, |p| p * i as u32 / concurrency as u32);
+            tokio::spawn(http_worker(addr, request, pace, first, window))
+        })
+        .collect();
+
+    // Read the counters at the edges of the measured window.
+    tokio::time::sleep_until(window.start).await;
+    let reads_at_start = match &count_addr {
+        Some(a) => proxy_count(a).await,
+        None => None,
+    };
+    let metric_at_start = match &metrics_token {
+        Some(t) => depth_reads_metric(&addr, t).await,
+        None => None,
+    };
+    tokio::time::sleep_until(window.end).await;
+    let reads_at_end = match &count_addr {
+        Some(a) => proxy_count(a).await,
+        None => None,
+    };
+    let metric_at_end = match &metrics_token {
+        Some(t) => depth_reads_metric(&addr, t).await,
+        None => None,
+    };
+
+    let mut all = Recorder::default();
+    for w in workers {
+        all.merge(w.await.expect("worker"));
+    }
+    let mut out = all.summary(window.secs());
+    out["mode"] = json!("http");
+    out["concurrency"] = json!(concurrency);
+    out["target_rate"] = json!(rate);
+    if let (Some(a), Some(b)) = (reads_at_start, reads_at_end) {
+        out["admin_reads"] = json!(b - a);
+        out["admin_reads_per_s"] = json!((b - a) as f64 / window.secs());
+    }
+    if let (Some(a), Some(b)) = (metric_at_start, metric_at_end) {
+        out["metric_depth_reads"] = json!(b - a);
+        out["metric_depth_reads_per_s"] = json!((b - a) / window.secs());
+    }
+    out
+}
+
+async fn http_worker(
+    addr: String,
+    request: Arc<Vec<u8>>,
+    pace: Option<Duration>,
+    first: Instant,
+    window: Window,
+) -> Recorder {
+    let mut rec = Recorder::default();
+    let mut conn: Option<HttpConn> = None;
+    let mut ticker = pace.map(|p| {
+        let mut t = tokio::time::interval_at(first, p);
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    });
+    loop {
+        if let Some(t) = ticker.as_mut() {
+            t.tick().await;
+        }
+        if Instant::now() >= window.end {
+            break;
+        }
+        if conn.is_none() {
+            match HttpConn::connect(&addr).await {
+                Ok(c) => conn = Some(c),
+                Err(_) => {
+                    rec.errors += 1;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            }
+        }
+        let c = conn.as_mut().expect("connected");
+        let t0 = Instant::now();
+        match c.round_trip(&request).await {
+            Ok((status, keep, _)) => {
+                if t0 >= window.start && t0 < window.end {
+                    rec.record(status, t0.elapsed());
+                }
+                if !keep {
+                    conn = None;
+                }
+            }
+            Err(_) => {
+                rec.errors += 1;
+                conn = None;
+            }
+        }
+    }
+    rec
+}
+
+// ---------------------------------------------------------------------------------------
+// The direct baseline: lapin, publisher confirms.
+
+async fn amqp(args: &Args) -> Value {
+    let url: String = get(
+        args,
+        "url",
+        Some("amqp://guest:guest@127.0.0.1:5672/%2f".into()),
+    );
+    let queue: String = get(args, "queue", Some("bench".into()));
+    let concurrency: usize = get(args, "concurrency", None);
+    let channels: usize = get(args, "channels", Some(4));
+    let size: usize = get(args, "size", Some(1024));
+
+    let connection = Connection::connect(&url, ConnectionProperties::default())
+        .await
+        .unwrap_or_else(|e| die(&format!("cannot connect to {url}: {e}")));
+    let mut publishers = Vec::with_capacity(channels);
+    for _ in 0..channels {
+        let channel = connection
+            .create_channel()
+            .await
+            .unwrap_or_else(|e| die(&format!("channel: {e}")));
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap_or_else(|e| die(&format!("confirm.select: {e}")));
+        publishers.push(channel);
+    }
+    let publishers = Arc::new(publishers);
+    let next = Arc::new(AtomicUsize::new(0));
+    let body = Arc::new(body(size));
+
+    let window = Window::new(args);
+    let workers: Vec<_> = (0..concurrency)
+        .map(|task| {
+            let (publishers, next, body, queue) =
+                (publishers.clone(), next.clone(), body.clone(), queue.clone());
+            tokio::spawn(async move {
+                let mut rec = Recorder::default();
+                let mut seq: u64 = 0;
+                while Instant::now() < window.end {
+                    seq += 1;
+                    // A UUID-shaped id, like the gateway's generated message ids.
+                    let id = format!("{task:08x}-0000-4000-8000-{seq:012x}");
+                    let properties = BasicProperties::default()
+                        .with_delivery_mode(2)
+                        .with_content_type("application/json".into())
+                        .with_message_id(id.as_str().into());
+                    let channel = &publishers[next.fetch_add(1, Ordering::Relaxed) % publishers.len()];
+                    let t0 = Instant::now();
+                    let outcome = async {
+                        channel
+                            .basic_publish(
+                                "".into(),
+                                queue.as_str().into(),
+                                BasicPublishOptions {
+                                    mandatory: true,
+                                    ..BasicPublishOptions::default()
+                                },
+                                &body,
+                                properties,
+                            )
+                            .await?
+                            .await
+                    }
+                    .await;
+                    let status = match outcome {
+                        Ok(Confirmation::Ack(None)) => 201,
+                        Ok(Confirmation::Ack(Some(_))) => 502,
+                        Ok(Confirmation::Nack(_)) => 503,
+                        Ok(Confirmation::NotRequested) => 500,
+                        Err(_) => {
+                            rec.errors += 1;
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            continue;
+                        }
+                    };
+                    if t0 >= window.start && t0 < window.end {
+                        rec.record(status, t0.elapsed());
+                    }
+                }
+                rec
+            })
+        })
+        .collect();
+    let mut all = Recorder::default();
+    for w in workers {
+        all.merge(w.await.expect("worker"));
+    }
+    let _ = connection.close(200, "done".into()).await;
+    let mut out = all.summary(window.secs());
+    out["mode"] = json!("amqp");
+    out["concurrency"] = json!(concurrency);
+    out["channels"] = json!(channels);
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// Keep-alive connections held open.
+
+async fn hold(args: &Args) -> Value {
+    let addr: String = get(args, "addr", None);
+    let connections: usize = get(args, "connections", None);
+    let hold_secs: f64 = get(args, "hold", None);
+    let ready_file: String = get(args, "ready-file", None);
+    let request = b"GET /health/live HTTP/1.1\r\nHost: bench\r\n\r\n";
+
+    let mut held = Vec::with_capacity(connections);
+    let mut failed = 0u64;
+    // Open in batches so the listen backlog is never the limit.
+    for batch in (0..connections).collect::<Vec<_>>().chunks(100) {
+        let opened: Vec<_> = batch
+            .iter()
+            .map(|_| {
+                let addr = addr.clone();
+                tokio::spawn(async move {
+                    let mut c = HttpConn::connect(&addr).await?;
+                    let (status, keep, _) = c.round_trip(request).await?;
+                    if status == 200 && keep {
+                        Ok(c)
+                    } else {
+                        Err(io::Error::other(format!("status {status}")))
+                    }
+                })
+            })
+            .collect();
+        for o in opened {
+            match o.await.expect("task") {
+                Ok(c) => held.push(c),
+                Err(_) => failed += 1,
+            }
+        }
+    }
+    std::fs::write(&ready_file, format!("{}\n", held.len())).expect("ready file");
+    tokio::time::sleep(Duration::from_secs_f64(hold_secs)).await;
+    // Still open at the end? (The server would have closed idle ones past its keep-alive.)
+    let mut still_open = 0;
+    for c in &mut held {
+        if c.round_trip(request).await.is_ok() {
+            still_open += 1;
+        }
+    }
+    json!({"mode": "hold", "held": held.len(), "failed": failed, "still_open": still_open})
+}
+
+// ---------------------------------------------------------------------------------------
+// A counting proxy in front of the management API.
+
+async fn proxy(args: &Args) -> Value {
+    let listen: String = get(args, "listen", None);
+    let upstream: String = get(args, "upstream", Some("127.0.0.1:15672".into()));
+    let control: String = get(args, "control", None);
+    let max_secs: u64 = get(args, "max-secs", Some(3600));
+    let count = Arc::new(AtomicU64::new(0));
+
+    let listener = TcpListener::bind(&listen)
+        .await
+        .unwrap_or_else(|e| die(&format!("listen {listen}: {e}")));
+    let control_listener = TcpListener::bind(&control)
+        .await
+        .unwrap_or_else(|e| die(&format!("listen {control}: {e}")));
+
+    let counter = count.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = control_listener.accept().await {
+            let n = counter.load(Ordering::SeqCst);
+            let _ = s.write_all(format!("{n}\n").as_bytes()).await;
+        }
+    });
+    let counter = count.clone();
+    let serve = async move {
+        while let Ok((inbound, _)) = listener.accept().await {
+            let (upstream, counter) = (upstream.clone(), counter.clone());
+            tokio::spawn(async move {
+                let Ok(outbound) = TcpStream::connect(&upstream).await else {
+                    return;
+                };
+                let _ = inbound.set_nodelay(true);
+                let _ = outbound.set_nodelay(true);
+                let (mut ri, mut wi) = inbound.into_split();
+                let (mut ro, mut wo) = outbound.into_split();
+                let up = async move {
+                    const PATTERN: &[u8] = b"GET /api/queues/";
+                    let mut carry: Vec<u8> = Vec::new();
+                    let mut chunk = vec![0u8; 16384];
+                    loop {
+                        let n = match ri.read(&mut chunk).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        carry.extend_from_slice(&chunk[..n]);
+                        let hits = carry
+                            .windows(PATTERN.len())
+                            .filter(|w| *w == PATTERN)
+                            .count();
+                        counter.fetch_add(hits as u64, Ordering::SeqCst);
+                        // Keep the tail that could start a match split across reads.
+                        let keep = carry.len().min(PATTERN.len() - 1);
+                        carry.drain(..carry.len() - keep);
+                        if wo.write_all(&chunk[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                    let _ = wo.shutdown().await;
+                };
+                let down = async move {
+                    let _ = tokio::io::copy(&mut ro, &mut wi).await;
+                    let _ = wi.shutdown().await;
+                };
+                tokio::join!(up, down);
+            });
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(max_secs), serve).await;
+    json!({"mode": "proxy", "admin_reads": count.load(Ordering::SeqCst)})
+}

@@ -1,0 +1,256 @@
+//! `GET /metrics`: Prometheus text format.
+//!
+//! Two kinds of series. Those the hot path must count as they happen (requests by queue,
+//! status, code and backend; the send-latency histogram) live in a per-application
+//! registry — per application, not global, so several gateways in one process (tests)
+//! never share counts. Everything that is state (backlog, streak, breaker, in-flight,
+//! lifecycle, depth reads) is read from its owner at scrape time, so the request path pays
+//! nothing for it.
+
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+use crate::admission::breaker::BreakerState;
+use crate::admission::Dispatcher;
+use crate::lifecycle::{GatewayState, Lifecycle};
+
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    send_seconds: HistogramVec,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "sendgate_requests_total",
+                "Send requests answered, by queue, HTTP status, code and backend.",
+            ),
+            &["queue", "status", "code", "backend"],
+        )
+        .expect("valid metric definition");
+        let send_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "sendgate_send_duration_seconds",
+                "Time the backend took to take a message, by backend.",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0,
+            ]),
+            &["backend"],
+        )
+        .expect("valid metric definition");
+        registry
+            .register(Box::new(requests.clone()))
+            .expect("registered once");
+        registry
+            .register(Box::new(send_seconds.clone()))
+            .expect("registered once");
+        Self {
+            registry,
+            requests,
+            send_seconds,
+        }
+    }
+
+    /// Count one answered send request. `queue` must be a configured queue or "unknown", so
+    /// the label set stays bounded whatever clients send.
+    pub fn request(&self, queue: &str, status: u16, code: &str, backend: &str) {
+        let mut buf = [0u8; 3];
+        self.requests
+            .with_label_values(&[queue, status_str(status, &mut buf), code, backend])
+            .inc();
+    }
+
+    pub fn send_latency(&self, backend: &str, took: Duration) {
+        self.send_seconds
+            .with_label_values(&[backend])
+            .observe(took.as_secs_f64());
+    }
+
+    /// The whole exposition: the registry's series plus the state read now.
+    pub fn render(&self, dispatcher: &Dispatcher, lifecycle: &Lifecycle) -> String {
+        let mut families = self.registry.gather();
+        families.extend(state_families(dispatcher, lifecycle));
+        let mut out = Vec::new();
+        // Encoding into a Vec cannot fail for well-formed families.
+        let _ = TextEncoder::new().encode(&families, &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+/// The status as its three digits, without allocating on the hot path.
+fn status_str(status: u16, buf: &mut [u8; 3]) -> &str {
+    let s = status.clamp(100, 999);
+    buf[0] = b'0' + (s / 100) as u8;
+    buf[1] = b'0' + (s / 10 % 10) as u8;
+    buf[2] = b'0' + (s % 10) as u8;
+    std::str::from_utf8(buf).unwrap_or("000")
+}
+
+fn gauge_vec(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric definition")
+}
+
+fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric definition")
+}
+
+fn state_families(
+    dispatcher: &Dispatcher,
+    lifecycle: &Lifecycle,
+) -> Vec<prometheus::proto::MetricFamily> {
+    use prometheus::core::Collector;
+
+    let backlog = gauge_vec(
+        "sendgate_backlog",
+        "Messages waiting in the queue, as the gate counts them.",
+        &["backend", "queue"],
+    );
+    let limit = gauge_vec(
+        "sendgate_backlog_limit",
+        "The backlog ceiling.",
+        &["backend", "queue"],
+    );
+    let streak = gauge_vec(
+        "sendgate_depth_read_failure_streak",
+        "Consecutive failed depth reads.",
+        &["backend", "queue"],
+    );
+    let fail_closed = gauge_vec(
+        "sendgate_fail_closed",
+        "1 while sends are refused for an unknown depth.",
+        &["backend", "queue"],
+    );
+    let reads = counter_vec(
+        "sendgate_depth_reads_total",
+        "Depth reads from the admin plane, by result.",
+        &["backend", "queue", "result"],
+    );
+    let breaker = gauge_vec(
+        "sendgate_breaker_state",
+        "1 for the breaker's current state.",
+        &["backend", "kind", "state"],
+    );
+    let opened = counter_vec(
+        "sendgate_breaker_opened_total",
+        "Times the breaker opened.",
+        &["backend"],
+    );
+    let probe_ok = gauge_vec(
+        "sendgate_probe_ok",
+        "1 when the last admin-plane probe passed.",
+        &["backend"],
+    );
+    let state = gauge_vec(
+        "sendgate_gateway_state",
+        "1 for the gateway's lifecycle state.",
+        &["state"],
+    );
+    let in_flight = IntGauge::new(
+        "sendgate_sends_in_flight",
+        "Backend sends holding an in-flight slot.",
+    )
+    .expect("valid");
+    let max_in_flight =
+        IntGauge::new("sendgate_sends_in_flight_max", "The in-flight limit.").expect("valid");
+
+    for route in dispatcher.routes() {
+        let role = route.role.as_str();
+        for gate in route.gates() {
+            let s = gate.snapshot();
+            let q = gate.queue().as_str();
+            if let Some(b) = s.backlog {
+                backlog
+                    .with_label_values(&[role, q])
+                    .set(i64::try_from(b).unwrap_or(i64::MAX));
+            }
+            limit
+                .with_label_values(&[role, q])
+                .set(i64::try_from(s.limit).unwrap_or(i64::MAX));
+            streak
+                .with_label_values(&[role, q])
+                .set(i64::from(s.consecutive_failures));
+            fail_closed
+                .with_label_values(&[role, q])
+                .set(i64::from(s.fail_closed));
+            reads.with_label_values(&[role, q, "ok"]).inc_by(s.reads_ok);
+            reads
+                .with_label_values(&[role, q, "failed"])
+                .inc_by(s.reads_failed);
+        }
+        let current = route.breaker.state();
+        for st in [
+            BreakerState::Closed,
+            BreakerState::Open,
+            BreakerState::HalfOpen,
+        ] {
+            breaker
+                .with_label_values(&[role, route.kind(), st.as_str()])
+                .set(i64::from(st == current));
+        }
+        opened
+            .with_label_values(&[role])
+            .inc_by(route.breaker.opened_total());
+        if let Some(p) = route.last_probe() {
+            probe_ok.with_label_values(&[role]).set(i64::from(p.ok));
+        }
+    }
+    let current = lifecycle.state();
+    for st in [
+        GatewayState::Starting,
+        GatewayState::Running,
+        GatewayState::Draining,
+        GatewayState::Stopped,
+    ] {
+        state
+            .with_label_values(&[st.as_str()])
+            .set(i64::from(st == current));
+    }
+    in_flight.set(dispatcher.in_flight().current() as i64);
+    max_in_flight.set(dispatcher.in_flight().max() as i64);
+
+    let mut families = Vec::new();
+    for c in [
+        &backlog,
+        &limit,
+        &streak,
+        &fail_closed,
+        &breaker,
+        &probe_ok,
+        &state,
+    ] {
+        families.extend(c.collect());
+    }
+    families.extend(reads.collect());
+    families.extend(opened.collect());
+    families.extend(in_flight.collect());
+    families.extend(max_in_flight.collect());
+    families
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_codes_render_as_three_digits() {
+        let mut buf = [0; 3];
+        assert_eq!(status_str(201, &mut buf), "201");
+        assert_eq!(status_str(429, &mut buf), "429");
+        assert_eq!(status_str(5, &mut buf), "100");
+    }
+}

@@ -1,0 +1,229 @@
+//! `sendgate send`, the real binary, against the real gateway behind the counting proxy.
+
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+
+use crate::helpers::spawn_app_with;
+use crate::keys_file;
+use crate::proxy::Proxy;
+
+/// Run `sendgate send ARGS` with a clean environment plus `env`, feeding `stdin`.
+async fn sendgate_send(args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Output {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_sendgate"));
+    cmd.arg("send").args(args);
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .kill_on_drop(true);
+    let mut child = cmd.spawn().unwrap();
+    if let Some(text) = stdin {
+        let mut pipe = child.stdin.take().unwrap();
+        pipe.write_all(text.as_bytes()).await.unwrap();
+        drop(pipe);
+    }
+    tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("sendgate send ends on its own")
+        .unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn lines(n: usize) -> String {
+    (0..n).map(|i| format!("{{\"n\":{i}}}\n")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_of_json_lines_is_queued_and_exits_0() {
+    let app = spawn_app_with(&[]).await;
+    let proxy = Proxy::start(&app.address).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("messages.jsonl");
+    // 25 messages; blank lines and a CRLF ending are not messages.
+    std::fs::write(
+        &file,
+        format!("\n{}  \r\n\n{{\"last\":true}}\r\n", lines(24)),
+    )
+    .unwrap();
+
+    let out = sendgate_send(
+        &[
+            "--url",
+            &proxy.address,
+            "--queue",
+            "requests",
+            "--concurrency",
+            "4",
+            file.to_str().unwrap(),
+        ],
+        &[],
+        None,
+    )
+    .await;
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("summary: 25 messages: 25 queued, 0 refused, 0 failed"),
+        "{err}"
+    );
+    assert_eq!(app.stored("requests"), 25);
+    assert_eq!(proxy.posts().len(), 25);
+    assert_eq!(proxy.probes(), 1);
+    let bodies: Vec<String> = app
+        .receive_all("requests")
+        .iter()
+        .map(|m| String::from_utf8(m.body.clone()).unwrap())
+        .collect();
+    assert!(
+        bodies.contains(&r#"{"last":true}"#.to_owned()),
+        "{bodies:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_line_is_refused_locally_and_exits_1() {
+    let app = spawn_app_with(&[]).await;
+    let proxy = Proxy::start(&app.address).await;
+    let input = "{\"a\":1}\n{broken\n2\n\"three\"\n";
+
+    let out = sendgate_send(
+        &["--url", &proxy.address, "--queue", "requests", "-"],
+        &[],
+        Some(input),
+    )
+    .await;
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("summary: 4 messages: 3 queued, 1 refused, 0 failed"),
+        "{err}"
+    );
+    assert!(err.contains("refused invalid_json (local): 1"), "{err}");
+    assert!(err.contains("line 2: refused locally"), "{err}");
+    assert_eq!(proxy.posts().len(), 3, "the invalid line is never sent");
+    assert_eq!(app.stored("requests"), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_token_stops_at_once_with_exit_2_after_one_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = keys_file(
+        dir.path(),
+        &[("app", "right-token", "sender,observer", "*")],
+    );
+    let app = spawn_app_with(&[("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap())]).await;
+    let proxy = Proxy::start(&app.address).await;
+    let token = dir.path().join("token");
+    std::fs::write(&token, "wrong-token\n").unwrap();
+
+    let out = sendgate_send(
+        &[
+            "--url",
+            &proxy.address,
+            "--queue",
+            "requests",
+            "--token-file",
+            token.to_str().unwrap(),
+            "--concurrency",
+            "8",
+            "-",
+        ],
+        &[],
+        Some(&lines(20)),
+    )
+    .await;
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("401 unauthenticated"), "{err}");
+    assert!(err.contains("stopped"), "{err}");
+    let seen = proxy.seen();
+    assert_eq!(seen.len(), 1, "exactly one request: {seen:?}");
+    assert_eq!(seen[0].status, 401);
+    assert!(seen[0].authorization, "the token was sent");
+    assert_eq!(app.stored("requests"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forbidden_send_stops_at_once_with_exit_2_after_one_send() {
+    // The key may read the health and send, but only to another queue: the probe passes
+    // and the first send is refused with 403.
+    let dir = tempfile::tempdir().unwrap();
+    let keys = keys_file(
+        dir.path(),
+        &[("app", "scoped-token", "sender,observer", "other")],
+    );
+    let app = spawn_app_with(&[
+        ("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap()),
+        ("SENDGATE_QUEUES", "requests,other"),
+    ])
+    .await;
+    let proxy = Proxy::start(&app.address).await;
+
+    let out = sendgate_send(
+        &["--url", &proxy.address, "--queue", "requests"],
+        &[("SENDGATE_TOKEN", "scoped-token")],
+        Some(&lines(20)),
+    )
+    .await;
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("403 forbidden"), "{err}");
+    let posts = proxy.posts();
+    assert_eq!(posts.len(), 1, "exactly one send: {posts:?}");
+    assert_eq!(posts[0].status, 403);
+    assert_eq!(proxy.probes(), 1);
+    assert_eq!(app.stored("requests"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_errors_exit_2_before_any_request() {
+    let app = spawn_app_with(&[]).await;
+    let proxy = Proxy::start(&app.address).await;
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty-token");
+    std::fs::write(&empty, "\n").unwrap();
+    for args in [
+        vec!["--url", "not a url", "--queue", "requests"],
+        vec!["--url", &proxy.address, "--queue", "no/such"],
+        vec![
+            "--url",
+            &proxy.address,
+            "--queue",
+            "requests",
+            "/no/such/file",
+        ],
+        vec![
+            "--url",
+            &proxy.address,
+            "--queue",
+            "requests",
+            "--token-file",
+            empty.to_str().unwrap(),
+        ],
+        vec![
+            "--url",
+            &proxy.address,
+            "--queue",
+            "requests",
+            "--concurrency",
+            "0",
+        ],
+    ] {
+        let out = sendgate_send(&args, &[], Some(&lines(1))).await;
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+    }
+    assert!(proxy.seen().is_empty());
+}

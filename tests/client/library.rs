@@ -1,0 +1,322 @@
+//! The client library against the real gateway (embedded backend), mostly through the
+//! counting proxy so that requests are counted on the wire.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use sendgate::client::retry::Backoff;
+use sendgate::client::{AttemptError, Client, ClientConfig, GaveUp, SendOutcome};
+
+use crate::helpers::{spawn_app_with, spawn_in, TestApp};
+use crate::proxy::Proxy;
+
+fn port_of(app: &TestApp) -> u16 {
+    app.address.rsplit(':').next().unwrap().parse().unwrap()
+}
+
+fn queued(id: &str) -> SendOutcome {
+    SendOutcome::Queued {
+        message_id: id.into(),
+    }
+}
+
+/// Send every key at once, each from its own task.
+fn send_all(client: &Client, keys: &[String]) -> Vec<tokio::task::JoinHandle<SendOutcome>> {
+    keys.iter()
+        .map(|key| {
+            let (client, key) = (client.clone(), key.clone());
+            tokio::spawn(async move {
+                client
+                    .send("requests", format!("{{\"key\":\"{key}\"}}"), Some(&key))
+                    .await
+            })
+        })
+        .collect()
+}
+
+/// Message ids on disk, taken off the queue; a duplicate would show as a shorter set.
+fn stored_ids(app: &TestApp) -> (usize, BTreeSet<String>) {
+    let all = app.receive_all("requests");
+    let ids = all.iter().map(|m| m.message_id.clone()).collect();
+    (all.len(), ids)
+}
+
+async fn wait_until(mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "condition not met in time"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_announced_on_the_probe_is_waited_out_and_every_message_lands_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = spawn_in(dir.path(), &[]).await;
+    let port = port_of(&old);
+    // A send in flight holds the drain open until the test lets it go.
+    let in_flight = old.handle.lifecycle.admit_send().unwrap();
+    assert!(old.handle.lifecycle.begin_drain(Duration::from_secs(30)));
+
+    let client = Client::new(ClientConfig::new(old.address.clone())).unwrap();
+    let keys: Vec<String> = (0..40).map(|i| format!("drain-{i}")).collect();
+    let sends = send_all(&client, &keys);
+
+    // The gateway says "draining, 30 s left": the client waits, sends nothing, fails nothing.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let stats = client.stats();
+    assert_eq!(stats.requests, 0, "no send against a draining gateway");
+    assert_eq!(stats.probes, 1, "one probe for 40 sends");
+    assert!(sends.iter().all(|s| !s.is_finished()), "still waiting");
+
+    // The old process ends its drain and exits; a new one takes the same port and data.
+    drop(in_flight);
+    old.wait_stopped(Duration::from_secs(10)).await;
+    let listen = format!("127.0.0.1:{port}");
+    let new = spawn_in(dir.path(), &[("SENDGATE_LISTEN", listen.as_str())]).await;
+
+    for (send, key) in sends.into_iter().zip(&keys) {
+        assert_eq!(send.await.unwrap(), queued(key));
+    }
+    let stats = client.stats();
+    assert_eq!(stats.retries, 0, "waiting out a drain costs no retry");
+    assert_eq!(stats.requests, 40, "one request per message");
+    let (count, ids) = stored_ids(&new);
+    assert_eq!(count, 40, "none lost, none duplicated");
+    assert_eq!(ids, keys.iter().cloned().collect::<BTreeSet<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_met_by_the_sends_themselves_is_waited_out_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = spawn_in(dir.path(), &[]).await;
+    let port = port_of(&old);
+    let client = Client::new(ClientConfig::new(old.address.clone())).unwrap();
+    // The client has just seen the gateway running (a verdict it keeps for 5 s)...
+    assert_eq!(
+        client.send("requests", "0", Some("before")).await,
+        queued("before")
+    );
+    // ...when the drain starts: the sends themselves get 503 draining.
+    let in_flight = old.handle.lifecycle.admit_send().unwrap();
+    assert!(old.handle.lifecycle.begin_drain(Duration::from_secs(30)));
+    let keys: Vec<String> = (0..40).map(|i| format!("mid-{i}")).collect();
+    let sends = send_all(&client, &keys);
+
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let stats = client.stats();
+    assert!(stats.requests >= 2, "the sends met the drain: {stats:?}");
+    assert_eq!(stats.retries, 0, "a 503 draining is a wait, not a retry");
+    assert!(sends.iter().all(|s| !s.is_finished()), "still waiting");
+    assert_eq!(old.stored("requests"), 1);
+
+    drop(in_flight);
+    old.wait_stopped(Duration::from_secs(10)).await;
+    let listen = format!("127.0.0.1:{port}");
+    let new = spawn_in(dir.path(), &[("SENDGATE_LISTEN", listen.as_str())]).await;
+
+    for (send, key) in sends.into_iter().zip(&keys) {
+        assert_eq!(send.await.unwrap(), queued(key));
+    }
+    assert_eq!(client.stats().retries, 0);
+    let (count, ids) = stored_ids(&new);
+    assert_eq!(count, 41, "none lost, none duplicated");
+    let mut expected: BTreeSet<String> = keys.into_iter().collect();
+    expected.insert("before".into());
+    assert_eq!(ids, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_retry_after_30_is_never_cut_short() {
+    let app = spawn_app_with(&[
+        ("SERVICEBUS_SEND_FAILCLOSED", "1"),
+        ("SERVICEBUS_SEND_FAILCLOSED_STREAK", "1"),
+        ("SENDGATE_DEPTH_TTL_MS", "0"),
+    ])
+    .await;
+    app.faults().fail_depth_reads(true);
+    let proxy = Proxy::start(&app.address).await;
+    // Patience of 5 s, but the gateway asks for 30: no retry can honour it in time, so the
+    // message fails at once with the gateway's answer instead of retrying early.
+    let client =
+        Client::new(ClientConfig::new(proxy.address.clone()).deadline(Duration::from_secs(5)))
+            .unwrap();
+    let start = Instant::now();
+    let outcome = client.send("requests", "{}", Some("fc-1")).await;
+    assert_eq!(
+        outcome,
+        SendOutcome::Failed {
+            last_error: AttemptError::Status {
+                status: 503,
+                code: "capacity_unknown".into()
+            },
+            attempts: 1,
+            gave_up: GaveUp::Deadline,
+        }
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(proxy.posts().len(), 1, "exactly one attempt on the wire");
+    assert_eq!(app.stored("requests"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_too_large_bodies_and_unknown_queues_are_not_retried() {
+    let app = spawn_app_with(&[("SENDGATE_MAX_BODY_BYTES", "64")]).await;
+    let proxy = Proxy::start(&app.address).await;
+    let client = Client::new(ClientConfig::new(proxy.address.clone())).unwrap();
+
+    let big = format!("\"{}\"", "x".repeat(100));
+    let cases = [
+        ("requests", "not json".to_owned(), 400, "invalid_request"),
+        ("requests", big, 413, "payload_too_large"),
+        ("elsewhere", "{}".to_owned(), 404, "unknown_queue"),
+    ];
+    for (queue, body, status, code) in cases {
+        assert_eq!(
+            client.send(queue, body, None).await,
+            SendOutcome::Refused {
+                status,
+                code: code.into()
+            }
+        );
+    }
+    // Longer than any backoff would wait: nothing else arrives.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let posts = proxy.posts();
+    assert_eq!(
+        posts.iter().map(|p| p.status).collect::<Vec<_>>(),
+        [400, 413, 404],
+        "one attempt each"
+    );
+    assert_eq!(client.stats().retries, 0);
+    assert_eq!(app.stored("requests"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_504_is_retried_with_the_same_key_and_stores_one_message() {
+    let app = spawn_app_with(&[("SENDGATE_SEND_TIMEOUT_MS", "300")]).await;
+    let proxy = Proxy::start(&app.address).await;
+    let client = Client::new(ClientConfig::new(proxy.address.clone()).backoff(Backoff {
+        max_attempts: 10,
+        ..Backoff::default()
+    }))
+    .unwrap();
+    app.faults().hold_sends(true);
+    let send = tokio::spawn({
+        let client = client.clone();
+        async move { client.send("requests", r#"{"n":504}"#, Some("k-504")).await }
+    });
+    // The gateway gives up on the held send: 504 send_timeout, outcome unknown.
+    wait_until(|| proxy.posts().iter().any(|p| p.status == 504)).await;
+    app.faults().hold_sends(false);
+
+    assert_eq!(send.await.unwrap(), queued("k-504"));
+    let posts = proxy.posts();
+    assert!(posts.len() >= 2, "{posts:?}");
+    assert_eq!(posts[0].status, 504);
+    assert_eq!(posts.last().unwrap().status, 201);
+    assert!(
+        posts.iter().all(|p| p.key.as_deref() == Some("k-504")),
+        "the same Idempotency-Key on every attempt: {posts:?}"
+    );
+    let stored = app.receive_all("requests");
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].message_id, "k-504");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_lost_after_the_store_is_retried_without_a_duplicate() {
+    // The held-send 504 above never stores the first attempt (the embedded backend drops
+    // a send whose deadline passed). Here the first attempt IS stored and only its answer
+    // is lost: the retry with the same key must be recognised as a duplicate.
+    let app = spawn_app_with(&[]).await;
+    let proxy = Proxy::start(&app.address).await;
+    let client = Client::new(ClientConfig::new(proxy.address.clone())).unwrap();
+    proxy.lose_next_post_answer();
+
+    assert_eq!(
+        client.send("requests", r#"{"n":1}"#, Some("k-lost")).await,
+        queued("k-lost")
+    );
+    let posts = proxy.posts();
+    assert_eq!(
+        posts
+            .iter()
+            .map(|p| (p.key.as_deref(), p.upstream, p.status))
+            .collect::<Vec<_>>(),
+        [(Some("k-lost"), 201, 504), (Some("k-lost"), 201, 201)],
+        "the gateway accepted both attempts"
+    );
+    let stored = app.receive_all("requests");
+    assert_eq!(stored.len(), 1, "stored once");
+    assert_eq!(stored[0].message_id, "k-lost");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_concurrent_sends_cost_one_probe() {
+    let app = spawn_app_with(&[]).await;
+    let proxy = Proxy::start(&app.address).await;
+    let client = Client::new(ClientConfig::new(proxy.address.clone())).unwrap();
+    let start = Instant::now();
+    let sends: Vec<_> = (0..1000)
+        .map(|i| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                client
+                    .send("requests", format!("{{\"n\":{i}}}"), None)
+                    .await
+            })
+        })
+        .collect();
+    for s in sends {
+        assert!(matches!(s.await.unwrap(), SendOutcome::Queued { .. }));
+    }
+    let elapsed = start.elapsed();
+    let probes = proxy.probes();
+    eprintln!("1000 concurrent sends: {probes} probe(s) in {elapsed:?}");
+    // One per 5 s of the burst (a slow machine may take longer than 5 s), never per send.
+    let allowed = 1 + elapsed.as_secs() as usize / 5;
+    assert!(probes >= 1 && probes <= allowed, "{probes} probes");
+    assert_eq!(client.stats().probes as usize, probes);
+    assert_eq!(proxy.posts().len(), 1000);
+    assert_eq!(app.stored("requests"), 1000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_only_key_cannot_probe_but_still_sends() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = crate::keys_file(dir.path(), &[("app", "sender-token", "sender", "*")]);
+    let app = spawn_app_with(&[("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap())]).await;
+    let proxy = Proxy::start(&app.address).await;
+    let mut config = ClientConfig::new(proxy.address.clone()).token("sender-token");
+    config.probe_ttl = Duration::from_millis(100);
+    let client = Client::new(config).unwrap();
+
+    assert_eq!(
+        client.send("requests", "1", Some("s-1")).await,
+        queued("s-1")
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        client.send("requests", "2", Some("s-2")).await,
+        queued("s-2")
+    );
+
+    let seen = proxy.seen();
+    let probes: Vec<_> = seen.iter().filter(|s| s.method == "GET").collect();
+    assert_eq!(probes.len(), 1, "a 403 on the probe is not asked again");
+    assert_eq!(probes[0].status, 403);
+    assert!(
+        seen.iter().all(|s| s.authorization),
+        "the token on every request"
+    );
+    assert_eq!(app.stored("requests"), 2);
+}
