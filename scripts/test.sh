@@ -18,7 +18,7 @@ cargo clippy --all-targets --quiet -- -D warnings
 
 echo "== cargo test"
 mkdir -p target
-cargo test --all-targets 2>&1 | tee target/test-output.txt
+cargo test --all-targets --no-fail-fast 2>&1 | tee target/test-output.txt
 
 # One closing line for the whole run.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) s += $i } }

@@ -40,7 +40,8 @@ pub struct SendArgs {
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=1024))]
     concurrency: u16,
     /// Longest time one message may wait (a drain, Retry-After, backoff), in seconds.
-    #[arg(long, value_name = "SECONDS", default_value_t = 120)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 120,
+          value_parser = clap::value_parser!(u64).range(0..=604_800))]
     deadline: u64,
     /// Attempts per message, the first included.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
@@ -350,8 +351,10 @@ impl Report {
         let refused: u64 = self.refused.values().sum();
         let failed: u64 = self.failed.values().sum();
         eprintln!(
-            "summary: {} messages: {} queued, {refused} refused, {failed} failed",
-            self.read, self.queued
+            "summary: {} message{}: {} queued, {refused} refused, {failed} failed",
+            self.read,
+            if self.read == 1 { "" } else { "s" },
+            self.queued
         );
         for (code, n) in &self.refused {
             eprintln!("  refused {code}: {n}");
@@ -363,6 +366,11 @@ impl Report {
             "  requests {}, retries {}, retries refused by the budget {}, waits for a drain {}, lifecycle probes {}",
             stats.requests, stats.retries, stats.budget_refusals, stats.deferrals, stats.probes
         );
+        if stats.probe_forbidden {
+            eprintln!(
+                "  note: the token may not read /health/detailed (no observer role), so a drain was only noticed when a send met it"
+            );
+        }
         if let Some(e) = &read_error {
             eprintln!("input: read error, the rest was not sent: {e}");
         }

@@ -68,7 +68,8 @@ impl LifecycleProbe {
     pub fn new(transport: Arc<dyn Transport>, ttl: Duration, timeout: Duration) -> Self {
         Self {
             transport,
-            ttl,
+            // Bounded so that `now + ttl` can never overflow the clock.
+            ttl: ttl.clamp(Duration::from_millis(1), Duration::from_secs(3600)),
             timeout,
             cached: Mutex::new(None),
             probing: tokio::sync::Mutex::new(()),
@@ -80,6 +81,11 @@ impl LifecycleProbe {
     /// Probes made so far (each one a `GET /health/detailed`).
     pub fn probes(&self) -> u64 {
         self.probes.load(Ordering::Relaxed)
+    }
+
+    /// Whether the token was found unable to read the health (a 403): no more probes.
+    pub fn forbidden(&self) -> bool {
+        self.forbidden.load(Ordering::Relaxed)
     }
 
     /// The verdict for a send about to go: cached, or from the one probe in flight.

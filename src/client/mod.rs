@@ -38,6 +38,10 @@ use lifecycle::{LifecycleProbe, Verdict};
 use retry::{is_retryable_status, Backoff, BudgetConfig, RetryBudget};
 use transport::{HttpTransport, Transport, TransportSetupError};
 
+/// The longest deadline taken as given; anything longer (which no caller means) would
+/// only risk overflowing the clock.
+pub const MAX_DEADLINE: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+
 /// How a client behaves. [`ClientConfig::new`] gives the defaults of the contract.
 #[derive(Clone)]
 pub struct ClientConfig {
@@ -230,6 +234,9 @@ pub struct ClientStats {
     pub budget_refusals: u64,
     /// Waits for a draining or starting gateway.
     pub deferrals: u64,
+    /// The token may not read `/health/detailed` (a 403), so drains are only learnt from
+    /// the sends' own `503 draining`.
+    pub probe_forbidden: bool,
 }
 
 /// A producer client. Clone it freely: clones share the pool, the verdict and the budget.
@@ -293,6 +300,7 @@ impl Client {
             retries: i.retries.load(Ordering::Relaxed),
             budget_refusals: i.budget_refusals.load(Ordering::Relaxed),
             deferrals: i.deferrals.load(Ordering::Relaxed),
+            probe_forbidden: i.lifecycle.forbidden(),
         }
     }
 
@@ -330,7 +338,7 @@ impl Client {
     /// The send loop: wait out a drain, attempt, and retry what the policy allows.
     async fn deliver(&self, queue: &QueueName, body: Bytes, key: &MessageId) -> SendOutcome {
         let i = &self.inner;
-        let deadline = Instant::now() + i.deadline;
+        let deadline = Instant::now() + i.deadline.min(MAX_DEADLINE);
         let mut attempts: u32 = 0;
         let mut deposited = false;
         let mut last_error: Option<AttemptError> = None;

@@ -4,28 +4,12 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::json;
 
-use super::auth::{AuthError, Permission};
-use super::errors::{ApiError, Problem};
-use super::{request_id, AppState};
+use super::auth::Permission;
+use super::errors::ApiError;
+use super::{authorize, AppState};
 
 pub async fn drain(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let rid = request_id(&req).0;
-    let principal = state.auth.authenticate(&req).map_err(|e| {
-        ApiError::new(
-            Problem::Unauthenticated {
-                token_given: e == AuthError::Unknown,
-            },
-            &rid,
-        )
-    })?;
-    if !principal.may(Permission::Administer) {
-        return Err(ApiError::new(
-            Problem::Forbidden {
-                action: "drain the gateway",
-            },
-            &rid,
-        ));
-    }
+    let (principal, rid) = authorize(&req, &state, Permission::Administer, "drain the gateway")?;
     let started_now = state.lifecycle.begin_drain(state.drain_window);
     if started_now {
         tracing::info!(event = "drain_requested", by = %principal.name, "drain requested over HTTP");

@@ -13,9 +13,9 @@ use serde_json::json;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-use super::auth::{AuthError, Permission};
-use super::errors::{ApiError, Problem};
-use super::{request_id, AppState};
+use super::auth::Permission;
+use super::errors::ApiError;
+use super::{authorize, request_id, AppState};
 use crate::admission::breaker::BreakerState;
 use crate::admission::{BackendRole, Route};
 use crate::lifecycle::{GatewayState, NotAdmitting};
@@ -93,23 +93,12 @@ pub async fn detailed(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let rid = request_id(&req).0;
-    let principal = state.auth.authenticate(&req).map_err(|e| {
-        ApiError::new(
-            Problem::Unauthenticated {
-                token_given: e == AuthError::Unknown,
-            },
-            &rid,
-        )
-    })?;
-    if !principal.may(Permission::Observe) {
-        return Err(ApiError::new(
-            Problem::Forbidden {
-                action: "read the gateway's health",
-            },
-            &rid,
-        ));
-    }
+    let (_, rid) = authorize(
+        &req,
+        &state,
+        Permission::Observe,
+        "read the gateway's health",
+    )?;
 
     let gateway_state = state.lifecycle.state();
     let mut degraded = gateway_state != GatewayState::Running;
@@ -179,24 +168,9 @@ pub async fn metrics(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let rid = request_id(&req).0;
-    let principal = state.auth.authenticate(&req).map_err(|e| {
-        ApiError::new(
-            Problem::Unauthenticated {
-                token_given: e == AuthError::Unknown,
-            },
-            &rid,
-        )
-    })?;
-    if !principal.may(Permission::Observe) {
-        return Err(ApiError::new(
-            Problem::Forbidden {
-                action: "read metrics",
-            },
-            &rid,
-        ));
-    }
+    let (_, rid) = authorize(&req, &state, Permission::Observe, "read metrics")?;
     Ok(HttpResponse::Ok()
+        .insert_header(("X-Request-Id", rid.as_str()))
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(state.metrics.render(&state.dispatcher, &state.lifecycle)))
 }

@@ -65,6 +65,30 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     .default_service(web::to(fallback::not_found));
 }
 
+/// Authenticate the caller and check it may do `permission` (`action` names it in the 403).
+/// Every protected route but the send path (which also checks the queue) goes through here.
+pub fn authorize(
+    req: &HttpRequest,
+    state: &AppState,
+    permission: auth::Permission,
+    action: &'static str,
+) -> Result<(auth::Principal, RequestId), errors::ApiError> {
+    use errors::{ApiError, Problem};
+    let rid = request_id(req).0;
+    let principal = state.auth.authenticate(req).map_err(|e| {
+        ApiError::new(
+            Problem::Unauthenticated {
+                token_given: e == auth::AuthError::Unknown,
+            },
+            &rid,
+        )
+    })?;
+    if !principal.may(permission) {
+        return Err(ApiError::new(Problem::Forbidden { action }, &rid));
+    }
+    Ok((principal, rid))
+}
+
 /// The request's id: the client's `X-Request-Id` when it is valid, else a fresh one (and
 /// the header's problem, reported with the other input errors).
 pub fn request_id(req: &HttpRequest) -> (RequestId, Option<FieldError>) {

@@ -14,40 +14,19 @@ async fn in_flight(app: &TestApp) -> u64 {
         .unwrap()
 }
 
-#[tokio::test]
-async fn hung_timed_out_and_abandoned_sends_all_give_their_slot_back() {
-    const MAX: usize = 4;
-    let app = spawn_app_with(&[
-        ("SENDGATE_MAX_IN_FLIGHT", "4"),
-        ("SENDGATE_SEND_TIMEOUT_MS", "1500"),
-        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "100000"),
-    ])
-    .await;
-    app.faults().hold_sends(true);
-
-    // Ten times the pool: half wait for the gateway's deadline, half give up after 200 ms
-    // and disconnect.
-    let impatient = reqwest::Client::builder()
-        .timeout(Duration::from_millis(200))
-        .build()
-        .unwrap();
-    let sends: Vec<_> = (0..MAX * 10)
+/// `n` sends at once; each answer's status, or `None` when the client gave up first.
+async fn burst(app: &TestApp, client: &reqwest::Client, n: usize) -> Vec<Option<u16>> {
+    let sends: Vec<_> = (0..n)
         .map(|i| {
-            let client = if i % 2 == 0 {
-                app.client.clone()
-            } else {
-                impatient.clone()
-            };
-            let url = app.url("/v1/queues/requests/messages");
+            let (client, url) = (client.clone(), app.url("/v1/queues/requests/messages"));
             tokio::spawn(async move {
-                client
+                let sent = client
                     .post(url)
                     .header("Content-Type", "application/json")
                     .body(i.to_string())
                     .send()
-                    .await
-                    .map(|r| r.status().as_u16())
-                    .ok()
+                    .await;
+                sent.map(|r| r.status().as_u16()).ok()
             })
         })
         .collect();
@@ -55,42 +34,55 @@ async fn hung_timed_out_and_abandoned_sends_all_give_their_slot_back() {
     for s in sends {
         answers.push(s.await.unwrap());
     }
-    let timed_out = answers.iter().filter(|a| **a == Some(504)).count();
-    let saturated = answers.iter().filter(|a| **a == Some(503)).count();
-    let abandoned = answers.iter().filter(|a| a.is_none()).count();
-    assert!(timed_out >= 1, "{answers:?}");
-    assert!(saturated >= 1, "{answers:?}");
-    assert!(abandoned >= 1, "{answers:?}");
-    assert!(
-        answers
-            .iter()
-            .all(|a| matches!(a, None | Some(503) | Some(504))),
-        "{answers:?}"
-    );
+    answers
+}
 
-    // Every slot comes back: abandoned ones when their future is dropped or at the deadline.
-    wait_until(|| async { in_flight(&app).await == 0 }).await;
+#[tokio::test]
+async fn hung_timed_out_and_abandoned_sends_all_give_their_slot_back() {
+    const MAX: usize = 4;
+    let app = spawn_app_with(&[
+        ("SENDGATE_MAX_IN_FLIGHT", "4"),
+        ("SENDGATE_SEND_TIMEOUT_MS", "500"),
+        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "100000"),
+        // Forty timeouts would rightly open the breaker; this test is about slots.
+        ("SENDGATE_BREAKER_MIN_FAILURES", "1000"),
+    ])
+    .await;
+    app.faults().hold_sends(true);
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(150))
+        .build()
+        .unwrap();
+
+    // Ten times the pool in hung sends, in rounds: clients that give up and disconnect,
+    // clients that wait for the gateway's deadline, and the sends a full pool refuses.
+    let mut hung = 0;
+    while hung < MAX * 10 {
+        let abandoned = burst(&app, &impatient, MAX).await;
+        assert!(abandoned.iter().all(Option::is_none), "{abandoned:?}");
+        assert_eq!(
+            in_flight(&app).await,
+            MAX as u64,
+            "abandoned sends hold their slot until the deadline"
+        );
+        let refused = burst(&app, &app.client, MAX).await;
+        assert!(
+            refused.iter().all(|a| *a == Some(503)),
+            "a full pool answers at once: {refused:?}"
+        );
+        wait_until(|| async { in_flight(&app).await == 0 }).await;
+        let timed_out = burst(&app, &app.client, MAX).await;
+        assert!(timed_out.iter().all(|a| *a == Some(504)), "{timed_out:?}");
+        hung += 2 * MAX;
+    }
+    assert_eq!(in_flight(&app).await, 0);
 
     app.faults().hold_sends(false);
-    let burst: Vec<_> = (0..MAX)
-        .map(|i| {
-            let (client, url) = (app.client.clone(), app.url("/v1/queues/requests/messages"));
-            tokio::spawn(async move {
-                client
-                    .post(url)
-                    .header("Content-Type", "application/json")
-                    .body(i.to_string())
-                    .send()
-                    .await
-                    .unwrap()
-                    .status()
-                    .as_u16()
-            })
-        })
-        .collect();
-    for b in burst {
-        assert_eq!(b.await.unwrap(), 201, "full concurrency is available again");
-    }
+    let answers = burst(&app, &app.client, MAX).await;
+    assert!(
+        answers.iter().all(|a| *a == Some(201)),
+        "full concurrency is available again: {answers:?}"
+    );
     assert_eq!(in_flight(&app).await, 0);
 }
 

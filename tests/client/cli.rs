@@ -29,7 +29,8 @@ async fn sendgate_send(args: &[&str], env: &[(&str, &str)], stdin: Option<&str>)
     let mut child = cmd.spawn().unwrap();
     if let Some(text) = stdin {
         let mut pipe = child.stdin.take().unwrap();
-        pipe.write_all(text.as_bytes()).await.unwrap();
+        // A run that stops early (a usage error) may close its stdin unread.
+        let _ = pipe.write_all(text.as_bytes()).await;
         drop(pipe);
     }
     tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())

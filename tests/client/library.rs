@@ -318,5 +318,6 @@ async fn a_sender_only_key_cannot_probe_but_still_sends() {
         seen.iter().all(|s| s.authorization),
         "the token on every request"
     );
+    assert!(client.stats().probe_forbidden);
     assert_eq!(app.stored("requests"), 2);
 }

@@ -190,7 +190,8 @@ async fn without_the_gate_every_send_is_queued_while_the_admin_plane_refuses() {
     }
     assert_eq!(
         app.detailed().await["queues"][&queue]["consecutive_failures"],
-        5
+        6,
+        "the start-up read and the five sends' reads all failed"
     );
     assert_eq!(rabbit::ready(&queue).await, 5);
     rabbit::delete(&queue).await;

@@ -34,11 +34,16 @@ pub struct TestApp {
 }
 
 /// The settings every test starts from: loopback, random port, the servicebus backend
-/// on `stub`, the send connection string; `vars` on top.
+/// on `stub`, the send connection string, no timer probes; `vars` on top.
+///
+/// The health probe reads the admin plane on its own timer (its first tick at start-up),
+/// with the same `GET` as a depth read. These tests count every admin-plane call the
+/// start-up and request paths make, so the probe is off unless a test turns it on.
 fn env(stub: &ServiceBusStub, vars: &[(&str, &str)]) -> HashMap<String, String> {
     let mut env: HashMap<String, String> = HashMap::from([
         ("SENDGATE_LISTEN".into(), "127.0.0.1:0".into()),
         ("SENDGATE_WORKERS".into(), "2".into()),
+        ("SENDGATE_PROBE_INTERVAL_S".into(), "0".into()),
         ("SENDGATE_BACKEND".into(), "servicebus".into()),
         ("SERVICEBUS_ENDPOINT".into(), stub.endpoint()),
         (
