@@ -18,7 +18,7 @@ pub async fn only_post(req: HttpRequest) -> Result<HttpResponse, ApiError> {
 
 pub async fn only_get(req: HttpRequest) -> Result<HttpResponse, ApiError> {
     Err(ApiError::new(
-        Problem::MethodNotAllowed { allow: "GET, HEAD" },
+        Problem::MethodNotAllowed { allow: "GET" },
         &request_id(&req).0,
     ))
 }

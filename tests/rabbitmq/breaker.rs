@@ -59,8 +59,8 @@ async fn black_holed_sends_open_the_breaker_although_probes_pass_and_a_trial_clo
     let (r, took) = timed(&app).await;
     assert_eq!(r.status(), 503);
     assert!(
-        took < Duration::from_millis(100),
-        "fail fast, took {took:?}"
+        took < Duration::from_millis(200),
+        "fail fast (a send's deadline is 300 ms), took {took:?}"
     );
     let after = retry_after(&r).unwrap();
     assert!((1..=2).contains(&after), "Retry-After {after}");
