@@ -308,12 +308,28 @@ impl Application {
         let server_handle = self.server.handle();
         let mut server = tokio::spawn(self.server);
         let lifecycle = self.handle.lifecycle.clone();
+        // One listener counts every signal: the first starts the drain, the second ends it.
+        // A drain started another way (POST /admin/drain) is not ended by the platform's
+        // first SIGTERM: only a second signal received cuts it short.
+        let (count, mut received) = tokio::sync::watch::channel(0u32);
         if signals {
             let lifecycle = lifecycle.clone();
             let window = self.drain_timeout;
             tokio::spawn(async move {
-                if next_signal().await.is_ok() {
-                    lifecycle.begin_drain(window);
+                let Ok(mut stream) = SignalStream::new() else {
+                    tracing::error!(
+                        event = "signals_unavailable",
+                        "cannot listen for SIGTERM/SIGINT"
+                    );
+                    return;
+                };
+                loop {
+                    stream.next().await;
+                    let n = *count.borrow() + 1;
+                    count.send_replace(n);
+                    if n == 1 {
+                        lifecycle.begin_drain(window);
+                    }
                 }
             });
         }
@@ -330,7 +346,7 @@ impl Application {
         );
         let cut_off = tokio::select! {
             left = lifecycle.drained() => left,
-            _ = next_signal(), if signals => {
+            _ = received.wait_for(|n| *n >= 2) => {
                 tracing::warn!(event = "drain_interrupted", "second signal: ending the drain now");
                 lifecycle.sends_in_flight()
             }
@@ -344,19 +360,41 @@ impl Application {
     }
 }
 
+/// SIGTERM and SIGINT as one stream.
 #[cfg(unix)]
-async fn next_signal() -> std::io::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+struct SignalStream {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+#[cfg(unix)]
+impl SignalStream {
+    fn new() -> std::io::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
     }
-    Ok(())
+
+    async fn next(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
 }
 
 #[cfg(not(unix))]
-async fn next_signal() -> std::io::Result<()> {
-    tokio::signal::ctrl_c().await
+struct SignalStream;
+
+#[cfg(not(unix))]
+impl SignalStream {
+    fn new() -> std::io::Result<Self> {
+        Ok(Self)
+    }
+
+    async fn next(&mut self) {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

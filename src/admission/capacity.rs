@@ -117,6 +117,13 @@ struct GateState {
     reads_failed: u64,
 }
 
+/// Why a read is made: for a send (counts in the streak) or at start-up (does not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    ForSend,
+    Priming,
+}
+
 /// What `/health/detailed` and `/metrics` show of one queue's gate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GateSnapshot {
@@ -176,15 +183,19 @@ impl CapacityGate {
             }
             state.generation
         };
-        self.refresh(backend, seen_generation).await;
+        self.refresh(backend, seen_generation, Read::ForSend).await;
         let mut state = self.state.lock();
         self.decide(&mut state)
     }
 
     /// Read the depth now, whatever the cache holds (start-up).
+    /// Read the depth now, whatever the cache holds (start-up). A failure here is recorded
+    /// but does not start the streak: the streak counts the reads sends depend on, so with
+    /// the admin plane down from the start, sends 1 and 2 still fail open and send 3 is the
+    /// one refused (contract section 2).
     pub async fn prime(&self, backend: &dyn Backend) {
         let generation = self.state.lock().generation;
-        self.refresh(backend, generation).await;
+        self.refresh(backend, generation, Read::Priming).await;
     }
 
     fn is_fresh(&self, state: &GateState, now: Instant) -> bool {
@@ -195,7 +206,7 @@ impl CapacityGate {
     }
 
     /// Read the depth unless another caller finished a read while this one waited its turn.
-    async fn refresh(&self, backend: &dyn Backend, seen_generation: u64) {
+    async fn refresh(&self, backend: &dyn Backend, seen_generation: u64, kind: Read) {
         let _turn = self.read_turn.lock().await;
         let (started, completed_at_start, lagged) = {
             let mut state = self.state.lock();
@@ -232,7 +243,9 @@ impl CapacityGate {
             }
             Err(error) => {
                 state.last_read = LastRead::Failed { at: now };
-                state.streak = state.streak.saturating_add(1);
+                if kind == Read::ForSend {
+                    state.streak = state.streak.saturating_add(1);
+                }
                 state.reads_failed += 1;
                 tracing::warn!(
                     event = "depth_read_failed",
@@ -266,7 +279,9 @@ impl CapacityGate {
                 ..
             } => return Err(Refusal::QueueDisabled),
             LastRead::Ok { backlog, at, .. } => {
-                let estimate = backlog + state.since_read + state.in_flight;
+                let estimate = backlog
+                    .saturating_add(state.since_read)
+                    .saturating_add(state.in_flight);
                 if estimate >= self.policy.limit {
                     let until_next_read =
                         (at + self.policy.ttl).saturating_duration_since(Instant::now());
@@ -326,7 +341,11 @@ impl CapacityGate {
     pub fn snapshot(&self) -> GateSnapshot {
         let state = self.state.lock();
         let backlog = match state.last_read {
-            LastRead::Ok { backlog, .. } => Some(backlog + state.since_read + state.in_flight),
+            LastRead::Ok { backlog, .. } => Some(
+                backlog
+                    .saturating_add(state.since_read)
+                    .saturating_add(state.in_flight),
+            ),
             _ => None,
         };
         let unknown = !matches!(state.last_read, LastRead::Ok { .. });
@@ -599,6 +618,24 @@ mod tests {
         );
         assert_eq!(g.snapshot().consecutive_failures, 0);
         assert!(!g.snapshot().fail_closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_start_up_read_does_not_start_the_streak() {
+        let backend = ScriptedDepth::new(vec![down()], Duration::ZERO);
+        let g = gate(policy(100, 0, true, 3));
+        g.prime(&backend).await;
+        assert_eq!(g.snapshot().consecutive_failures, 0);
+        assert_eq!(g.snapshot().reads_failed, 1);
+        assert!(g.admit(&backend).await.is_ok());
+        assert!(g.admit(&backend).await.is_ok());
+        assert_eq!(
+            g.admit(&backend).await.err(),
+            Some(Refusal::CapacityUnknown {
+                consecutive_failures: 3
+            }),
+            "the contract's example: sends 1 and 2 queued, send 3 refused"
+        );
     }
 
     #[tokio::test(start_paused = true)]

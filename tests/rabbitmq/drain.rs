@@ -276,3 +276,34 @@ async fn a_second_signal_ends_the_drain_at_once() {
     proxy.set(Fault::Pass);
     rabbit::delete(&queue).await;
 }
+
+#[tokio::test]
+async fn an_announced_drain_is_not_cut_short_by_the_platforms_sigterm() {
+    let queue = rabbit::unique("sg-drain-announced");
+    let proxy = FaultProxy::start(rabbit::AMQP.parse().unwrap()).await;
+    let mut gw = Gateway::start(&queue, &proxy, &[("SENDGATE_DRAIN_TIMEOUT_S", "20")]).await;
+    proxy.set(Fault::Delay(Duration::from_millis(1000)));
+    let held = tokio::spawn(gw.send(&queue, "{}"));
+    gw.wait_in_flight(1).await;
+
+    // The deploy pipeline announces the drain, then the platform sends SIGTERM.
+    let announced = gw.client.post(gw.url("/admin/drain")).send().await.unwrap();
+    assert_eq!(announced.status(), 202);
+    gw.signal("TERM");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        gw.detailed().await["gateway_state"],
+        "draining",
+        "SIGTERM did not end the drain"
+    );
+    assert_eq!(
+        held.await.unwrap().unwrap(),
+        201,
+        "the send in flight completes"
+    );
+    let (code, _) = gw.exit(Duration::from_secs(10)).await;
+    assert_eq!(code, 0);
+    proxy.set(Fault::Pass);
+    assert_eq!(rabbit::ready(&queue).await, 1);
+    rabbit::delete(&queue).await;
+}

@@ -190,8 +190,8 @@ async fn without_the_gate_every_send_is_queued_while_the_admin_plane_refuses() {
     }
     assert_eq!(
         app.detailed().await["queues"][&queue]["consecutive_failures"],
-        6,
-        "the start-up read and the five sends' reads all failed"
+        5,
+        "the five sends' reads failed (the start-up read does not start the streak)"
     );
     assert_eq!(rabbit::ready(&queue).await, 5);
     rabbit::delete(&queue).await;
@@ -512,5 +512,43 @@ async fn while_the_broker_is_unreachable_at_start_the_gateway_says_starting() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    rabbit::delete(&queue).await;
+}
+
+#[tokio::test]
+async fn with_the_admin_plane_down_from_the_start_send_3_is_the_first_refused() {
+    // The contract's example: gate on, threshold 3, depth read before every send, admin
+    // plane down: sends 1 and 2 are queued, send 3 answers 503 with consecutive_failures 3.
+    let queue = rabbit::unique("sg-down-from-start");
+    let proxy = FaultProxy::start(rabbit::MANAGEMENT.parse().unwrap()).await;
+    proxy.set(Fault::Reset);
+    let management = format!("http://{}", proxy.addr());
+    let app = spawn(
+        &queue,
+        &[
+            ("SENDGATE_RABBITMQ_MANAGEMENT_URL", &management),
+            ("SERVICEBUS_SEND_FAILCLOSED", "true"),
+            ("SERVICEBUS_SEND_FAILCLOSED_STREAK", "3"),
+            ("SENDGATE_DEPTH_TTL_MS", "0"),
+        ],
+    )
+    .await;
+    assert_eq!(app.status("{}").await, 201);
+    assert_eq!(app.status("{}").await, 201);
+    let response = app.send("{}").await;
+    assert_eq!(response.status(), 503);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["consecutive_failures"], 3);
+
+    proxy.set(Fault::Pass);
+    assert_eq!(
+        app.status("{}").await,
+        201,
+        "the admin plane answers again: the next send reads it"
+    );
+    assert_eq!(
+        app.detailed().await["queues"][&queue]["consecutive_failures"],
+        0
+    );
     rabbit::delete(&queue).await;
 }

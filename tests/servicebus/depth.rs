@@ -100,16 +100,17 @@ async fn a_queue_missing_from_the_namespace_is_a_failed_read() {
         ],
     )
     .await;
-    // The start-up read is failure 1: the feed is not read as a backlog of 0.
+    // The start-up read failed (the feed is not read as a backlog of 0); it does not
+    // start the streak, which counts the reads sends depend on.
     let health = app.detailed().await;
     let queue = &health["queues"]["requests"];
     assert!(queue["backlog"].is_null(), "{health}");
-    assert_eq!(queue["consecutive_failures"], 1, "{health}");
+    assert_eq!(queue["consecutive_failures"], 0, "{health}");
     assert_eq!(queue["fail_closed"], false, "{health}");
     assert_eq!(
-        app.statuses(1).await,
-        [201],
-        "two failures (start-up, this send's read): still open"
+        app.statuses(2).await,
+        [201, 201],
+        "failures 1 and 2 (these sends' reads): still open"
     );
     let response = app.send("{}").await;
     assert_eq!(response.status(), 503);
@@ -121,7 +122,7 @@ async fn a_queue_missing_from_the_namespace_is_a_failed_read() {
         health["queues"]["requests"]["backlog"].is_null(),
         "{health}"
     );
-    assert_eq!(app.stub.sends().len(), 1);
+    assert_eq!(app.stub.sends().len(), 2);
 }
 
 #[tokio::test]
@@ -137,18 +138,18 @@ async fn a_401_from_the_admin_plane_fails_closed_on_the_third_read_and_recovers(
         ],
     )
     .await;
-    // Read 1, at start-up, already failed.
+    // The start-up read failed too, but the streak counts the reads sends depend on.
     let health = app.detailed().await;
     assert_eq!(
-        health["queues"]["requests"]["consecutive_failures"], 1,
+        health["queues"]["requests"]["consecutive_failures"], 0,
         "{health}"
     );
     assert_eq!(health["queues"]["requests"]["fail_closed"], false);
 
-    // Read 2, before the first send: below the threshold, fail open.
+    // Reads 1 and 2, before sends 1 and 2: below the threshold, fail open.
     assert_eq!(
-        app.statuses(1).await,
-        [201],
+        app.statuses(2).await,
+        [201, 201],
         "below the threshold: fail open"
     );
     let health = app.detailed().await;
@@ -157,17 +158,17 @@ async fn a_401_from_the_admin_plane_fails_closed_on_the_third_read_and_recovers(
         "{health}"
     );
 
-    // Read 3, before the second send: the threshold, fail closed.
+    // Read 3, before send 3: the threshold, fail closed (the contract's example).
     let response = app.send("{}").await;
     assert_eq!(response.status(), 503);
     assert_eq!(retry_after(&response), Some(30));
     let body = body_json(response).await;
     assert_eq!(body["code"], "capacity_unknown");
     assert_eq!(body["consecutive_failures"], 3);
-    assert_eq!(app.stub.depth_reads().len(), 3);
+    assert_eq!(app.stub.depth_reads().len(), 4, "start-up + one per send");
     assert_eq!(
         app.stub.sends().len(),
-        1,
+        2,
         "the refused send never reached the broker"
     );
     let health = app.detailed().await;
@@ -177,8 +178,8 @@ async fn a_401_from_the_admin_plane_fails_closed_on_the_third_read_and_recovers(
     // The right is granted: the next read works, the streak resets, the send goes through.
     app.stub.on_depth(Reply::xml(200, DESCRIPTION));
     assert_eq!(app.statuses(1).await, [201]);
-    assert_eq!(app.stub.depth_reads().len(), 4);
-    assert_eq!(app.stub.sends().len(), 2);
+    assert_eq!(app.stub.depth_reads().len(), 5);
+    assert_eq!(app.stub.sends().len(), 3);
     let health = app.detailed().await;
     assert_eq!(health["queues"]["requests"]["consecutive_failures"], 0);
     assert_eq!(health["queues"]["requests"]["fail_closed"], false);
@@ -225,10 +226,10 @@ async fn a_depth_read_that_never_answers_times_out_and_counts_in_the_streak() {
     let health = app.detailed().await;
     assert_eq!(health["gateway_state"], "running", "{health}");
     assert_eq!(
-        health["queues"]["requests"]["consecutive_failures"], 1,
+        health["queues"]["requests"]["consecutive_failures"], 0,
         "{health}"
     );
-    for streak in 2..=3 {
+    for streak in 1..=2 {
         let started = Instant::now();
         let response = app.send("{}").await;
         let took = started.elapsed();
