@@ -766,11 +766,25 @@ fn invalid(var: &'static str, value: &str, reason: &'static str) -> ConfigError 
     }
 }
 
+/// Whole numbers, with a ceiling set by the unit the name ends in: an hour for `_MS`, a
+/// day for `_S`, a billion otherwise. Larger values are mistakes, and a duration that big
+/// would overflow the clock when added to "now".
 fn parse_u64(var: &'static str, value: &str) -> Result<u64, ConfigError> {
-    value
+    let n: u64 = value
         .trim()
         .parse()
-        .map_err(|_| invalid(var, value, "expected a whole number"))
+        .map_err(|_| invalid(var, value, "expected a whole number"))?;
+    let (max, reason) = if var.ends_with("_MS") {
+        (3_600_000, "must be at most 3600000 (one hour)")
+    } else if var.ends_with("_S") {
+        (86_400, "must be at most 86400 (one day)")
+    } else {
+        (1_000_000_000, "must be at most 1000000000")
+    };
+    if n > max {
+        return Err(invalid(var, value, reason));
+    }
+    Ok(n)
 }
 
 fn parse_positive(var: &'static str, value: &str) -> Result<u64, ConfigError> {
@@ -818,18 +832,19 @@ pub fn forgiving_flag(value: Option<&str>) -> bool {
     })
 }
 
-/// `SERVICEBUS_SEND_FAILCLOSED_STREAK`: default 3, below 1 becomes 1, a non-integer means 3.
+/// `SERVICEBUS_SEND_FAILCLOSED_STREAK`: default 3, below 1 becomes 1, a non-integer means 3
+/// (an integer too large to hold is still an integer: it becomes the largest streak).
 pub fn forgiving_streak(value: Option<&str>) -> u32 {
-    match value.map(|v| v.trim().parse::<i64>()) {
-        Some(Ok(n)) => n.clamp(1, u32::MAX as i64) as u32,
+    match value.map(|v| v.trim().parse::<i128>()) {
+        Some(Ok(n)) => n.clamp(1, i128::from(u32::MAX)) as u32,
         _ => 3,
     }
 }
 
 /// `SERVICEBUS_SEND_MAX_QUEUE_DEPTH`: default 2000, below 1 becomes 1, a non-integer means 2000.
 pub fn forgiving_max_depth(value: Option<&str>) -> u64 {
-    match value.map(|v| v.trim().parse::<i64>()) {
-        Some(Ok(n)) => n.max(1) as u64,
+    match value.map(|v| v.trim().parse::<i128>()) {
+        Some(Ok(n)) => n.clamp(1, i128::from(u64::MAX)) as u64,
         _ => 2000,
     }
 }
@@ -889,6 +904,7 @@ mod tests {
         assert_eq!(forgiving_streak(Some("abc")), 3);
         assert_eq!(forgiving_streak(Some("2.5")), 3);
         assert_eq!(forgiving_streak(None), 3);
+        assert_eq!(forgiving_streak(Some("99999999999999999999")), u32::MAX);
     }
 
     #[test]
@@ -897,6 +913,10 @@ mod tests {
         assert_eq!(forgiving_max_depth(Some("-10")), 1);
         assert_eq!(forgiving_max_depth(Some("50")), 50);
         assert_eq!(forgiving_max_depth(Some("lots")), 2000);
+        assert_eq!(
+            forgiving_max_depth(Some("99999999999999999999999")),
+            u64::MAX
+        );
     }
 
     #[test]
@@ -915,6 +935,19 @@ mod tests {
         );
         let err = Settings::from_vars(&vars(&[("SENDGATE_QUEUES", "ok,bad name")])).unwrap_err();
         assert!(err.to_string().starts_with("SENDGATE_QUEUES:"), "{err}");
+    }
+
+    #[test]
+    fn durations_too_large_for_the_clock_are_refused() {
+        for (var, value) in [
+            ("SENDGATE_DRAIN_TIMEOUT_S", "9223372036854775808"),
+            ("SENDGATE_BREAKER_OPEN_S", "86401"),
+            ("SENDGATE_SEND_TIMEOUT_MS", "3600001"),
+        ] {
+            let err = Settings::from_vars(&vars(&[(var, value)])).unwrap_err();
+            assert!(err.to_string().starts_with(var), "{err}");
+        }
+        assert!(Settings::from_vars(&vars(&[("SENDGATE_DRAIN_TIMEOUT_S", "86400")])).is_ok());
     }
 
     #[test]

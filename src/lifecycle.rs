@@ -72,7 +72,7 @@ pub struct SendGuard {
 
 impl Drop for SendGuard {
     fn drop(&mut self) {
-        if self.inner.sends.fetch_sub(1, Ordering::AcqRel) == 1 {
+        if self.inner.sends.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.inner.idle.notify_waiters();
         }
     }
@@ -105,31 +105,31 @@ impl Lifecycle {
     }
 
     pub fn state(&self) -> GatewayState {
-        GatewayState::from_u8(self.inner.state.load(Ordering::Acquire))
+        GatewayState::from_u8(self.inner.state.load(Ordering::SeqCst))
     }
 
     pub fn set_running(&self) {
         let _ = self
             .inner
             .state
-            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire);
+            .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
         self.inner.changed.notify_waiters();
     }
 
     pub fn set_stopped(&self) {
-        self.inner.state.store(3, Ordering::Release);
+        self.inner.state.store(3, Ordering::SeqCst);
         self.inner.changed.notify_waiters();
     }
 
     /// Enter `draining` with a window of `window`. Returns false if already draining or stopped.
     pub fn begin_drain(&self, window: Duration) -> bool {
         let mut deadline = self.inner.drain_deadline.lock();
-        let previous = self.inner.state.load(Ordering::Acquire);
+        let previous = self.inner.state.load(Ordering::SeqCst);
         if previous >= 2 {
             return false;
         }
         *deadline = Some(Instant::now() + window);
-        self.inner.state.store(2, Ordering::Release);
+        self.inner.state.store(2, Ordering::SeqCst);
         self.inner.changed.notify_waiters();
         true
     }
@@ -141,14 +141,15 @@ impl Lifecycle {
         let deadline = (*self.inner.drain_deadline.lock())?;
         Some(DrainStatus {
             remaining: deadline.saturating_duration_since(Instant::now()),
-            in_flight: self.inner.sends.load(Ordering::Acquire),
+            in_flight: self.inner.sends.load(Ordering::SeqCst),
         })
     }
 
     /// Admit a new send, or say why not. The guard keeps the drain waiting for it.
     pub fn admit_send(&self) -> Result<SendGuard, NotAdmitting> {
-        // Count first, then check: a drain that starts in between sees this send and waits.
-        self.inner.sends.fetch_add(1, Ordering::AcqRel);
+        // Count first, then check (both sequentially consistent, as the drain sets the state
+        // then reads the count): a drain that starts in between sees this send and waits.
+        self.inner.sends.fetch_add(1, Ordering::SeqCst);
         let guard = SendGuard {
             inner: self.inner.clone(),
         };
@@ -167,7 +168,7 @@ impl Lifecycle {
 
     /// Sends admitted and not yet finished.
     pub fn sends_in_flight(&self) -> usize {
-        self.inner.sends.load(Ordering::Acquire)
+        self.inner.sends.load(Ordering::SeqCst)
     }
 
     /// Wait until the gateway has left `starting`.

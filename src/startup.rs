@@ -242,6 +242,7 @@ impl Application {
             max_body_bytes: settings.max_body_bytes,
             drain_window: settings.drain_timeout,
             metrics: crate::metrics::Metrics::new(),
+            body_timeout: settings.send_timeout,
         });
 
         let bind_error = |source| StartupError::Bind {

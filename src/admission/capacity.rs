@@ -176,16 +176,35 @@ impl CapacityGate {
     /// Decide whether one more send may go to the queue, reading the depth first when the
     /// cached read is stale. An admitted send holds a [`Reservation`] until it finishes.
     pub async fn admit(self: &Arc<Self>, backend: &dyn Backend) -> Result<Reservation, Refusal> {
-        let seen_generation = {
+        let cached = {
             let mut state = self.state.lock();
             if self.is_fresh(&state, Instant::now()) {
-                return self.decide(&mut state);
+                Ok(self.decide(&mut state))
+            } else {
+                Err(state.generation)
             }
-            state.generation
         };
-        self.refresh(backend, seen_generation, Read::ForSend).await;
-        let mut state = self.state.lock();
-        self.decide(&mut state)
+        let decision = match cached {
+            Ok(decision) => decision,
+            Err(seen_generation) => {
+                self.refresh(backend, seen_generation, Read::ForSend).await;
+                let mut state = self.state.lock();
+                self.decide(&mut state)
+            }
+        };
+        // Logged after the lock is released: stderr must not serialise a queue's sends.
+        if let Err(Refusal::CapacityUnknown {
+            consecutive_failures,
+        }) = &decision
+        {
+            tracing::warn!(
+                event = "send_failclosed",
+                queue = %self.queue,
+                consecutive_failures,
+                "queue depth unknown: refusing the send (fail-closed)"
+            );
+        }
+        decision
     }
 
     /// Read the depth now, whatever the cache holds (start-up).
@@ -239,7 +258,6 @@ impl CapacityGate {
                 state.streak = 0;
                 state.last_read_ok_at = Some(SystemTime::now());
                 state.reads_ok += 1;
-                tracing::debug!(event = "depth_read", queue = %self.queue, backlog = backlog.messages);
             }
             Err(error) => {
                 state.last_read = LastRead::Failed { at: now };
@@ -247,10 +265,12 @@ impl CapacityGate {
                     state.streak = state.streak.saturating_add(1);
                 }
                 state.reads_failed += 1;
+                let streak = state.streak;
+                drop(state);
                 tracing::warn!(
                     event = "depth_read_failed",
                     queue = %self.queue,
-                    consecutive_failures = state.streak,
+                    consecutive_failures = streak,
                     error = %error,
                     "could not read the queue depth"
                 );
@@ -294,12 +314,6 @@ impl CapacityGate {
             }
             LastRead::Failed { .. } | LastRead::Never => {
                 if self.policy.fail_closed && state.streak >= self.policy.streak_threshold {
-                    tracing::warn!(
-                        event = "send_failclosed",
-                        queue = %self.queue,
-                        consecutive_failures = state.streak,
-                        "queue depth unknown: refusing the send (fail-closed)"
-                    );
                     return Err(Refusal::CapacityUnknown {
                         consecutive_failures: state.streak,
                     });

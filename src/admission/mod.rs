@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 use crate::backend::{OutgoingMessage, SendError, SendReceipt};
 use crate::config::ForceBackend;
+use crate::domain::QueueName;
 use breaker::Outcome;
 use capacity::{Refusal, SendOutcome};
 use inflight::InFlight;
@@ -92,19 +93,20 @@ impl Dispatcher {
     }
 
     /// Which backend takes the next send: the primary while its circuit lets sends through,
-    /// else the fallback; `SENDGATE_FORCE_BACKEND` pins the choice (primary = never fail over).
-    fn choose(&self) -> Result<&Route, Duration> {
+    /// else the fallback when its circuit does; `SENDGATE_FORCE_BACKEND` pins the choice
+    /// (primary = never fail over). With both circuits open it is the primary, so capacity
+    /// still answers first (429 before 503, the contract's order).
+    fn choose(&self) -> &Route {
         match (self.force, &self.fallback) {
-            (Some(ForceBackend::Primary), _) | (None, None) => Ok(&self.primary),
-            (Some(ForceBackend::Fallback), Some(fallback)) => Ok(fallback),
-            (Some(ForceBackend::Fallback), None) => Ok(&self.primary),
+            (Some(ForceBackend::Primary), _)
+            | (None, None)
+            | (Some(ForceBackend::Fallback), None) => &self.primary,
+            (Some(ForceBackend::Fallback), Some(fallback)) => fallback,
             (None, Some(fallback)) => {
-                if self.primary.breaker.would_allow() {
-                    Ok(&self.primary)
-                } else if fallback.breaker.would_allow() {
-                    Ok(fallback)
+                if !self.primary.breaker.would_allow() && fallback.breaker.would_allow() {
+                    fallback
                 } else {
-                    Err(self.primary.breaker.retry_after())
+                    &self.primary
                 }
             }
         }
@@ -113,61 +115,86 @@ impl Dispatcher {
     /// Admit and send one message. Dropping the future at any point gives back its
     /// in-flight slot, its place under the ceiling and its breaker ticket.
     pub async fn send(&self, message: OutgoingMessage) -> Dispatched {
-        let route = match self.choose() {
-            Ok(route) => route,
-            Err(retry_after) => {
-                return Dispatched {
-                    via: None,
-                    result: Err(DispatchError::BackendUnavailable { retry_after }),
-                    send_time: None,
-                }
+        let mut route = self.choose();
+        let mut admitted = self.admit(route, &message.queue).await;
+        // The primary's trial went to another send (or it opened meanwhile): with a fallback
+        // that takes sends, use it rather than answer 503.
+        if let (Err(DispatchError::BackendUnavailable { .. }), None, Some(fallback)) =
+            (&admitted, self.force, &self.fallback)
+        {
+            if route.role == BackendRole::Primary && fallback.breaker.would_allow() {
+                route = fallback;
+                admitted = self.admit(route, &message.queue).await;
             }
-        };
+        }
         if route.role == BackendRole::Fallback {
             tracing::debug!(event = "fallback_selected", queue = %message.queue, "primary circuit open: using the fallback");
         }
-        let mut send_time = None;
-        let result = self.send_via(route, message, &mut send_time).await;
+        let admitted = match admitted {
+            Ok(admitted) => admitted,
+            Err(e) => {
+                let via = (!matches!(e, DispatchError::UnknownQueue)).then_some(route.role);
+                return Dispatched {
+                    via,
+                    result: Err(e),
+                    send_time: None,
+                };
+            }
+        };
+        let started = Instant::now();
+        let result = self.deliver(route, admitted, message, started).await;
         Dispatched {
             via: Some(route.role),
             result,
-            send_time,
+            send_time: Some(started.elapsed()),
         }
     }
 
-    async fn send_via(
-        &self,
-        route: &Route,
-        message: OutgoingMessage,
-        send_time: &mut Option<Duration>,
-    ) -> Result<SendReceipt, DispatchError> {
-        let gate = route
-            .gate(&message.queue)
-            .ok_or(DispatchError::UnknownQueue)?;
+    /// Steps 5 to 7 for one backend: capacity, an in-flight slot, a breaker ticket.
+    async fn admit(&self, route: &Route, queue: &QueueName) -> Result<Admitted, DispatchError> {
+        let gate = route.gate(queue).ok_or(DispatchError::UnknownQueue)?;
         let reservation = gate
             .admit(route.backend())
             .await
             .map_err(DispatchError::Refused)?;
-        let Some(_slot) = self.in_flight.try_acquire() else {
+        let Some(slot) = self.in_flight.try_acquire() else {
             reservation.finish(SendOutcome::NotStored);
-            tracing::debug!(event = "send_saturated", queue = %message.queue);
+            tracing::debug!(event = "send_saturated", queue = %queue);
             return Err(DispatchError::Saturated);
         };
-        let ticket = match route.breaker.try_acquire() {
-            Ok(ticket) => ticket,
+        match route.breaker.try_acquire() {
+            Ok(ticket) => Ok(Admitted {
+                reservation,
+                _slot: slot,
+                ticket,
+            }),
             Err(retry_after) => {
                 reservation.finish(SendOutcome::NotStored);
-                return Err(DispatchError::BackendUnavailable { retry_after });
+                Err(DispatchError::BackendUnavailable { retry_after })
             }
-        };
-        let started = Instant::now();
+        }
+    }
+
+    /// Step 8: the send under its deadline; its outcome feeds the breaker and the count
+    /// under the ceiling.
+    async fn deliver(
+        &self,
+        route: &Route,
+        admitted: Admitted,
+        message: OutgoingMessage,
+        started: Instant,
+    ) -> Result<SendReceipt, DispatchError> {
+        let Admitted {
+            reservation,
+            _slot,
+            ticket,
+        } = admitted;
         let deadline = started + self.send_timeout;
         // The deadline goes into the backend, which cancels its own work; the outer timeout
         // is the backstop for a backend that ignores it.
         let result = tokio::time::timeout_at(deadline, route.backend().send(message, deadline))
             .await
             .unwrap_or(Err(SendError::Timeout));
-        *send_time = Some(started.elapsed());
         ticket.record(match &result {
             Ok(_) => Outcome::Success,
             // The request's own fault, or the queue's configuration: not the backend's health.
@@ -177,13 +204,18 @@ impl Dispatcher {
         reservation.finish(match &result {
             Ok(receipt) if receipt.duplicate => SendOutcome::NotStored,
             Ok(_) => SendOutcome::Stored,
-            Err(SendError::Timeout | SendError::Unavailable(_) | SendError::Failed(_)) => {
-                SendOutcome::Unknown
-            }
+            Err(SendError::Timeout | SendError::Uncertain(_)) => SendOutcome::Unknown,
             Err(_) => SendOutcome::NotStored,
         });
         result.map_err(DispatchError::Send)
     }
+}
+
+/// What a send holds between admission and its answer; each part is given back on drop.
+struct Admitted {
+    reservation: capacity::Reservation,
+    _slot: inflight::Slot,
+    ticket: breaker::Ticket,
 }
 
 #[cfg(test)]
@@ -302,5 +334,124 @@ mod tests {
             next.result,
             Err(DispatchError::BackendUnavailable { .. })
         ));
+    }
+
+    /// A broker whose sends fail until `heal` is set, whose depth reads take 100 ms.
+    struct Flaky {
+        healed: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait]
+    impl Backend for Flaky {
+        fn kind(&self) -> &'static str {
+            "flaky"
+        }
+        async fn send(&self, _: OutgoingMessage, _: Instant) -> Result<SendReceipt, SendError> {
+            if self.healed.load(std::sync::atomic::Ordering::SeqCst) {
+                std::future::pending::<()>().await; // the trial hangs: it holds the trial slot
+            }
+            Err(SendError::Failed("down".into()))
+        }
+        async fn backlog(&self, _: &QueueName, _: Instant) -> Result<Backlog, DepthError> {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok(Backlog::of(0))
+        }
+    }
+
+    /// A broker that takes everything at once.
+    struct Healthy;
+
+    #[async_trait]
+    impl Backend for Healthy {
+        fn kind(&self) -> &'static str {
+            "healthy"
+        }
+        async fn send(&self, _: OutgoingMessage, _: Instant) -> Result<SendReceipt, SendError> {
+            Ok(SendReceipt { duplicate: false })
+        }
+        async fn backlog(&self, _: &QueueName, _: Instant) -> Result<Backlog, DepthError> {
+            Ok(Backlog::of(0))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_send_that_loses_the_primarys_trial_goes_to_the_fallback_not_to_a_503() {
+        let queue = QueueName::parse("q").unwrap();
+        let capacity = CapacitySettings {
+            max_queue_depth: 1000,
+            fail_closed: false,
+            fail_closed_streak: 3,
+            depth_ttl: Duration::ZERO,
+            admin_timeout: Duration::from_secs(1),
+        };
+        let flaky = Arc::new(Flaky {
+            healed: false.into(),
+        });
+        let queues = std::slice::from_ref(&queue);
+        let policy = BreakerPolicy {
+            open_for: Duration::from_secs(5),
+            ..BreakerPolicy::default()
+        };
+        let primary = Route::new(
+            BackendRole::Primary,
+            flaky.clone(),
+            queues,
+            &capacity,
+            policy.clone(),
+        );
+        let fallback = Route::new(
+            BackendRole::Fallback,
+            Arc::new(Healthy),
+            queues,
+            &capacity,
+            policy,
+        );
+        let d = Arc::new(Dispatcher::new(
+            primary,
+            Some(fallback),
+            None,
+            InFlight::new(64),
+            Duration::from_secs(30),
+        ));
+        for _ in 0..10 {
+            assert_eq!(
+                d.send(message(&queue)).await.via,
+                Some(BackendRole::Primary)
+            );
+        }
+        assert_eq!(d.primary().breaker.state(), breaker::BreakerState::Open);
+        assert_eq!(
+            d.send(message(&queue)).await.via,
+            Some(BackendRole::Fallback)
+        );
+
+        // The open time passes: two sends both pick the primary (its trial is due) and wait on
+        // its depth read; one gets the trial, the other must not be refused.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        flaky
+            .healed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let sends: Vec<_> = (0..2)
+            .map(|_| {
+                let (d, m) = (d.clone(), message(&queue));
+                tokio::spawn(async move {
+                    let sent = d.send(m).await;
+                    (sent.via, sent.result.is_ok())
+                })
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for s in sends {
+            answers.push(s.await.unwrap());
+        }
+        answers.sort_by_key(|(via, _)| via.map(BackendRole::as_str));
+        assert_eq!(
+            answers,
+            [
+                (Some(BackendRole::Fallback), true),
+                (Some(BackendRole::Primary), false)
+            ],
+            "one send is the primary's trial (it hangs to its deadline); the other is not refused"
+        );
     }
 }

@@ -75,8 +75,14 @@ pub enum SendError {
     QueueNotFound,
     #[error("the broker refused the message as too large")]
     TooLarge,
+    /// The message never reached the broker (no connection, backing off, no credential).
     #[error("the broker could not be reached: {0}")]
     Unavailable(String),
+    /// The request may have reached the broker, but the answer was lost (a connection
+    /// dropped mid-call): the outcome is unknown, as after a timeout.
+    #[error("the send's outcome is unknown: {0}")]
+    Uncertain(String),
+    /// The broker answered with an error: nothing was stored.
     #[error("the send failed: {0}")]
     Failed(String),
 }

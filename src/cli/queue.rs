@@ -98,7 +98,10 @@ fn execute(command: QueueCommand) -> Result<(), (u8, String)> {
 /// its tokens (pretty-printed input) become spaces so it stays on one line — the same JSON
 /// value. The stored bytes themselves are untouched.
 fn render(m: &StoredMessage) -> std::io::Result<String> {
-    let text = String::from_utf8_lossy(&m.body).replace(['\r', '\n'], " ");
+    // Accepted bodies are valid UTF-8 JSON (checked at the door); anything else is reported.
+    let text = std::str::from_utf8(&m.body)
+        .map_err(std::io::Error::other)?
+        .replace(['\r', '\n'], " ");
     let body = RawValue::from_string(text).map_err(std::io::Error::other)?;
     let enqueued_at =
         OffsetDateTime::from_unix_timestamp_nanos(i128::from(m.enqueued_at_ms) * 1_000_000)

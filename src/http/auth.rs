@@ -5,6 +5,7 @@
 //! so neither the comparison nor the position of a key in the file leaks through timing.
 
 use std::path::Path;
+use std::sync::{Arc, LazyLock};
 
 use actix_web::http::header::AUTHORIZATION;
 use actix_web::HttpRequest;
@@ -32,6 +33,9 @@ impl Role {
         }
     }
 }
+
+/// The caller when no keys are configured: may do everything.
+static ANONYMOUS: LazyLock<Arc<Principal>> = LazyLock::new(|| Arc::new(Principal::anonymous()));
 
 /// What a route needs of its caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,7 +128,7 @@ struct KeyEntry {
 /// One configured key: the digest of its token and who it stands for.
 pub struct ApiKey {
     digest: [u8; 32],
-    principal: Principal,
+    principal: Arc<Principal>,
 }
 
 /// How requests are authenticated.
@@ -193,11 +197,11 @@ impl Authenticator {
             };
             keys.push(ApiKey {
                 digest,
-                principal: Principal {
+                principal: Arc::new(Principal {
                     name,
                     roles,
                     queues,
-                },
+                }),
             });
         }
         Ok(Self::Keys(keys))
@@ -207,9 +211,10 @@ impl Authenticator {
         matches!(self, Self::Open)
     }
 
-    pub fn authenticate(&self, req: &HttpRequest) -> Result<Principal, AuthError> {
+    /// The caller behind the request's bearer token; shared, so nothing is copied per request.
+    pub fn authenticate(&self, req: &HttpRequest) -> Result<Arc<Principal>, AuthError> {
         let keys = match self {
-            Self::Open => return Ok(Principal::anonymous()),
+            Self::Open => return Ok(ANONYMOUS.clone()),
             Self::Keys(keys) => keys,
         };
         let token = req

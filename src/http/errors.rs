@@ -84,8 +84,13 @@ pub enum Problem {
     BackendBusy { retry_after: Duration },
     #[error("The queue is disabled at the broker.")]
     QueueDisabled,
-    #[error("The message was not sent: {detail}")]
-    SendFailed { detail: String },
+    #[error("The send did not complete: {detail}")]
+    SendFailed {
+        detail: String,
+        /// Set when the broker may have the message: the body then says `outcome: unknown`
+        /// and carries the id to retry with.
+        unknown_message_id: Option<String>,
+    },
 }
 
 impl Problem {
@@ -171,7 +176,11 @@ impl Problem {
             } => {
                 body.insert("consecutive_failures".into(), json!(consecutive_failures));
             }
-            Self::SendTimeout { message_id } => {
+            Self::SendTimeout { message_id }
+            | Self::SendFailed {
+                unknown_message_id: Some(message_id),
+                ..
+            } => {
                 body.insert("outcome".into(), json!("unknown"));
                 body.insert("message_id".into(), json!(message_id));
             }
@@ -194,6 +203,8 @@ pub struct ApiError {
     pub request_id: RequestId,
     /// The backend the send went to, echoed as `X-Sendgate-Backend`.
     pub via: Option<&'static str>,
+    /// The client's `X-Correlation-Id`, echoed.
+    pub correlation: Option<String>,
 }
 
 impl ApiError {
@@ -202,7 +213,13 @@ impl ApiError {
             problem,
             request_id: request_id.clone(),
             via: None,
+            correlation: None,
         }
+    }
+
+    pub fn correlation(mut self, id: Option<String>) -> Self {
+        self.correlation = id;
+        self
     }
 
     pub fn via(mut self, backend: Option<&'static str>) -> Self {
@@ -228,15 +245,16 @@ impl ResponseError for ApiError {
         if let Some(via) = self.via {
             response.insert_header(("X-Sendgate-Backend", via));
         }
+        if let Some(correlation) = &self.correlation {
+            response.insert_header(("X-Correlation-Id", correlation.as_str()));
+        }
         if let Some(after) = self.problem.retry_after() {
             response.insert_header((RETRY_AFTER, HeaderValue::from(whole_seconds(after))));
         }
         match &self.problem {
-            Problem::Unauthenticated { token_given: false } => {
+            // Exactly `Bearer`, for a missing and an unknown token alike (contract section 5).
+            Problem::Unauthenticated { .. } => {
                 response.insert_header((WWW_AUTHENTICATE, "Bearer"));
-            }
-            Problem::Unauthenticated { token_given: true } => {
-                response.insert_header((WWW_AUTHENTICATE, "Bearer error=\"invalid_token\""));
             }
             Problem::MethodNotAllowed { allow } => {
                 response.insert_header((ALLOW, *allow));
@@ -292,6 +310,7 @@ impl Problem {
             }
             DispatchError::UnknownQueue => Problem::SendFailed {
                 detail: "no route to this queue".into(),
+                unknown_message_id: None,
             },
             DispatchError::Send(SendError::Timeout) => Problem::SendTimeout {
                 message_id: message_id.to_string(),
@@ -304,10 +323,15 @@ impl Problem {
             DispatchError::Send(SendError::TooLarge) => Problem::PayloadTooLarge {
                 limit: max_body_bytes,
             },
+            DispatchError::Send(e @ SendError::Uncertain(_)) => Problem::SendFailed {
+                detail: e.to_string(),
+                unknown_message_id: Some(message_id.to_string()),
+            },
             DispatchError::Send(
                 e @ (SendError::QueueNotFound | SendError::Unavailable(_) | SendError::Failed(_)),
             ) => Problem::SendFailed {
                 detail: e.to_string(),
+                unknown_message_id: None,
             },
         }
     }

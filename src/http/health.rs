@@ -20,14 +20,17 @@ use crate::admission::breaker::BreakerState;
 use crate::admission::{BackendRole, Route};
 use crate::lifecycle::{GatewayState, NotAdmitting};
 
-pub async fn live() -> HttpResponse {
-    HttpResponse::Ok().json(json!({"status": "ok"}))
+pub async fn live(req: HttpRequest) -> HttpResponse {
+    HttpResponse::Ok()
+        .insert_header(("X-Request-Id", request_id(&req).0.as_str()))
+        .json(json!({"status": "ok"}))
 }
 
 pub async fn ready(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let gateway_state = state.lifecycle.state();
     if gateway_state == GatewayState::Running {
         return Ok(HttpResponse::Ok()
+            .insert_header(("X-Request-Id", request_id(&req).0.as_str()))
             .json(json!({"status": "ready", "gateway_state": gateway_state.as_str()})));
     }
     let why = match gateway_state {

@@ -27,6 +27,8 @@ pub struct AppState {
     /// The drain window `POST /admin/drain` opens (`SENDGATE_DRAIN_TIMEOUT_S`).
     pub drain_window: std::time::Duration,
     pub metrics: crate::metrics::Metrics,
+    /// Longest a request body may take to arrive.
+    pub body_timeout: std::time::Duration,
 }
 
 /// The routing table. Anything not listed is `404 not_found`, answered here without
@@ -72,7 +74,7 @@ pub fn authorize(
     state: &AppState,
     permission: auth::Permission,
     action: &'static str,
-) -> Result<(auth::Principal, RequestId), errors::ApiError> {
+) -> Result<(std::sync::Arc<auth::Principal>, RequestId), errors::ApiError> {
     use errors::{ApiError, Problem};
     let rid = request_id(req).0;
     let principal = state.auth.authenticate(req).map_err(|e| {

@@ -108,15 +108,29 @@ async fn admit_and_send(
     if !is_json(&req) {
         return Err(fail(Problem::UnsupportedMediaType));
     }
-    let body = read_body(&req, payload, state.max_body_bytes)
-        .await
-        .map_err(fail)?;
+    // A client that stops mid-body must not hold its request (and the drain) open: the
+    // body gets the send's own deadline to arrive.
+    let body = tokio::time::timeout(
+        state.body_timeout,
+        read_body(&req, payload, state.max_body_bytes),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        Err(Problem::InvalidRequest {
+            errors: vec![FieldError::new(
+                &["body"],
+                "the body did not arrive in time",
+            )],
+        })
+    })
+    .map_err(fail)?;
     let input = Input::parse(&req, &body, request_id_problem).map_err(fail)?;
     let message_id = input.message_id.unwrap_or_else(MessageId::generate);
 
     let mut response_headers = vec![("X-Request-Id", request_id.to_string())];
-    if let Some(c) = &input.correlation_header {
-        response_headers.push(("X-Correlation-Id", c.to_string()));
+    let echoed_correlation = input.correlation_header.as_ref().map(|c| c.to_string());
+    if let Some(c) = &echoed_correlation {
+        response_headers.push(("X-Correlation-Id", c.clone()));
     }
 
     if input.dry_run {
@@ -167,7 +181,11 @@ async fn admit_and_send(
                 duplicate: receipt.duplicate,
             }))
         }
-        Err(e) => Err(fail(Problem::from_dispatch(e, &message_id, state.max_body_bytes)).via(via)),
+        Err(e) => Err(
+            fail(Problem::from_dispatch(e, &message_id, state.max_body_bytes))
+                .via(via)
+                .correlation(echoed_correlation),
+        ),
     }
 }
 
@@ -227,8 +245,15 @@ impl Input {
     ) -> Result<Self, Problem> {
         let mut errors: Vec<FieldError> = request_id_problem.into_iter().collect();
 
-        if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(body) {
-            errors.push(FieldError::new(&["body"], format!("not valid JSON: {e}")));
+        // JSON text is UTF-8; serde_json's slice reader would skip over invalid bytes
+        // inside strings, so check the encoding first.
+        match std::str::from_utf8(body) {
+            Err(e) => errors.push(FieldError::new(&["body"], format!("not valid UTF-8: {e}"))),
+            Ok(text) => {
+                if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(text) {
+                    errors.push(FieldError::new(&["body"], format!("not valid JSON: {e}")));
+                }
+            }
         }
         let message_id = header_id(req, "Idempotency-Key", MessageId::parse, &mut errors);
         let correlation_header =
@@ -279,6 +304,9 @@ fn header_id<T>(
 }
 
 fn query_value(req: &HttpRequest, key: &str) -> Option<String> {
+    if req.query_string().is_empty() {
+        return None;
+    }
     serde_urlencoded::from_str::<Vec<(String, String)>>(req.query_string())
         .unwrap_or_default()
         .into_iter()

@@ -303,3 +303,63 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+#[tokio::test]
+async fn a_body_that_is_not_utf8_is_400_even_inside_a_string() {
+    let app = spawn_app().await;
+    let response = app
+        .client
+        .post(app.url("/v1/queues/requests/messages"))
+        .header("Content-Type", "application/json")
+        .body(b"\"\xff\xfe\"".to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let body = body_json(response).await;
+    assert_eq!(body["errors"][0]["loc"], serde_json::json!(["body"]));
+    assert_eq!(app.stored("requests"), 0);
+}
+
+#[tokio::test]
+async fn error_answers_echo_the_correlation_id_too() {
+    let app = spawn_app_with(&[
+        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "1"),
+        ("SENDGATE_DEPTH_TTL_MS", "60000"),
+    ])
+    .await;
+    assert_eq!(app.send("requests", "1").await.status(), 201);
+    let response = app
+        .send_with("requests", "2", &[("X-Correlation-Id", "corr-full")])
+        .await;
+    assert_eq!(response.status(), 429);
+    assert_eq!(response.headers()["X-Correlation-Id"], "corr-full");
+    assert!(response.headers().contains_key("X-Request-Id"));
+}
+
+#[tokio::test]
+async fn a_body_that_stops_arriving_is_given_up_at_the_send_deadline() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let app = spawn_app_with(&[("SENDGATE_SEND_TIMEOUT_MS", "500")]).await;
+    let addr = app.address.trim_start_matches("http://").to_owned();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // Announce 100 bytes, send 10, then nothing.
+    stream
+        .write_all(b"POST /v1/queues/requests/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n[1,2,3,4,")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut answer = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut answer))
+        .await
+        .expect("answered")
+        .unwrap();
+    let text = String::from_utf8_lossy(&answer[..n]).to_string();
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(
+        app.handle.lifecycle.sends_in_flight(),
+        0,
+        "the stalled upload no longer holds the drain"
+    );
+}

@@ -167,43 +167,58 @@ impl Store {
     }
 
     /// Take up to `max` messages off `queue`, oldest first. Each is handed to `deliver`
-    /// before the deletion commits, so a receiver that dies half-way loses nothing
-    /// (at-least-once: it may see a message again).
+    /// before it is deleted, so a receiver that dies half-way loses nothing (at-least-once:
+    /// it may see a message again). The write lock is taken only for the short delete at
+    /// the end, never while `deliver` writes out: a slow reader on the other end of a pipe
+    /// must not stall the gateway's writer.
     pub fn receive(
         &mut self,
         queue: &str,
         max: usize,
         mut deliver: impl FnMut(&StoredMessage) -> std::io::Result<()>,
     ) -> Result<usize, StoreError> {
-        let tx = self
-            .conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let messages: Vec<StoredMessage> = {
-            let mut select = tx.prepare(
+            let mut select = self.conn.prepare(
                 "SELECT seq, queue, message_id, correlation_id, body, enqueued_at_ms
                  FROM messages WHERE queue = ?1 ORDER BY seq LIMIT ?2",
             )?;
-            let rows = select.query_map(params![queue, max as i64], |r| {
-                Ok(StoredMessage {
-                    seq: r.get(0)?,
-                    queue: r.get(1)?,
-                    message_id: r.get(2)?,
-                    correlation_id: r.get(3)?,
-                    body: r.get(4)?,
-                    enqueued_at_ms: r.get(5)?,
-                })
-            })?;
+            let rows =
+                select.query_map(params![queue, max.min(i64::MAX as usize) as i64], |r| {
+                    Ok(StoredMessage {
+                        seq: r.get(0)?,
+                        queue: r.get(1)?,
+                        message_id: r.get(2)?,
+                        correlation_id: r.get(3)?,
+                        body: r.get(4)?,
+                        enqueued_at_ms: r.get(5)?,
+                    })
+                })?;
             rows.collect::<Result<_, _>>()?
         };
+        let mut delivered = Vec::with_capacity(messages.len());
+        let mut failure = None;
+        for m in &messages {
+            if let Err(e) = deliver(m) {
+                failure = Some(e);
+                break;
+            }
+            delivered.push(m.seq);
+        }
+        // Delete what was handed out, even when a later delivery failed.
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         {
-            let mut delete = tx.prepare("DELETE FROM messages WHERE seq = ?1")?;
-            for m in &messages {
-                deliver(m)?;
-                delete.execute([m.seq])?;
+            let mut delete = tx.prepare_cached("DELETE FROM messages WHERE seq = ?1")?;
+            for seq in &delivered {
+                delete.execute([seq])?;
             }
         }
         tx.commit()?;
-        Ok(messages.len())
+        match failure {
+            Some(e) => Err(StoreError::Output(e)),
+            None => Ok(delivered.len()),
+        }
     }
 }
 
@@ -268,6 +283,49 @@ mod tests {
             vec![false]
         );
         assert_eq!(store.depth("q").unwrap(), 2);
+    }
+
+    #[test]
+    fn a_receiver_that_fails_half_way_keeps_what_it_did_not_hand_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path()).unwrap();
+        store
+            .insert_batch(&[msg("a", b"1"), msg("b", b"2"), msg("c", b"3")], 1)
+            .unwrap();
+        let mut handed = 0;
+        let result = store.receive("q", 10, |_| {
+            handed += 1;
+            if handed == 2 {
+                Err(std::io::Error::other("pipe closed"))
+            } else {
+                Ok(())
+            }
+        });
+        assert!(result.is_err());
+        assert_eq!(
+            store.depth("q").unwrap(),
+            2,
+            "only the one handed out is gone"
+        );
+    }
+
+    #[test]
+    fn a_slow_receiver_does_not_hold_the_write_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path()).unwrap();
+        let mut writer = Store::open(dir.path()).unwrap();
+        store.insert_batch(&[msg("a", b"1")], 1).unwrap();
+        store
+            .receive("q", 1, |_| {
+                // While the receiver is still writing its output, the writer commits.
+                writer.conn.busy_timeout(Duration::from_millis(1)).unwrap();
+                writer
+                    .insert_batch(&[msg("b", b"2")], 2)
+                    .map(|_| ())
+                    .map_err(std::io::Error::other)
+            })
+            .unwrap();
+        assert_eq!(store.depth("q").unwrap(), 1);
     }
 
     #[test]

@@ -124,7 +124,6 @@ impl Backend for RabbitMq {
     ) -> Result<SendReceipt, SendError> {
         let session = self.link.session(deadline).await.map_err(|e| match e {
             LinkError::AccessRefused(why) => SendError::AuthFailed(why),
-            LinkError::Timeout => SendError::Timeout,
             other => SendError::Unavailable(other.to_string()),
         })?;
         if session.connection.status().blocked() {
@@ -197,7 +196,8 @@ impl Backend for RabbitMq {
                     lapin::ErrorKind::ProtocolError(p) if p.get_id() == 404 => {
                         SendError::QueueNotFound
                     }
-                    _ => SendError::Unavailable(e.to_string()),
+                    // The connection died between publish and confirm: it may be stored.
+                    _ => SendError::Uncertain(e.to_string()),
                 })
             }
         }

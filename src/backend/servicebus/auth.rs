@@ -296,10 +296,17 @@ impl CredentialChain {
     async fn token(&self) -> Result<azure_core::credentials::AccessToken, String> {
         let chosen = self.chosen.load(Ordering::Relaxed);
         if let Some((name, source)) = self.sources.get(chosen) {
-            return source
-                .get_token(&[ENTRA_SCOPE], None)
-                .await
-                .map_err(|e| format!("{name}: {e}"));
+            // Bounded like the first pass: a hung identity endpoint must not hold the one
+            // refresh in flight (and with it every send) for ever.
+            return match tokio::time::timeout(
+                ENTRA_SOURCE_BUDGET,
+                source.get_token(&[ENTRA_SCOPE], None),
+            )
+            .await
+            {
+                Ok(result) => result.map_err(|e| format!("{name}: {e}")),
+                Err(_) => Err(format!("{name}: no answer in {ENTRA_SOURCE_BUDGET:?}")),
+            };
         }
         let mut errors = Vec::new();
         for (index, (name, source)) in self.sources.iter().enumerate() {
@@ -396,9 +403,13 @@ impl EntraCredential {
             }
             result
         });
+        let cleanup = self.state.clone();
         let refresh = async move {
-            task.await
-                .unwrap_or_else(|e| Err(format!("the token refresh stopped: {e}")))
+            task.await.unwrap_or_else(|e| {
+                // The task died before clearing its slot: clear it, so the next call retries.
+                cleanup.lock().refreshing = None;
+                Err(format!("the token refresh stopped: {e}"))
+            })
         }
         .boxed()
         .shared();

@@ -128,7 +128,9 @@ impl Backend for ServiceBus {
             .authorization(&message.queue, deadline)
             .await
             .map_err(|e| match e {
-                AuthError::Timeout => SendError::Timeout,
+                // No token in time: the message never left, so this is not an unknown
+                // outcome (504) but a broker that cannot be used now.
+                AuthError::Timeout => SendError::Unavailable("no Entra ID token in time".into()),
                 AuthError::Unavailable(why) => SendError::AuthFailed(why),
             })?;
         let result = self

@@ -37,8 +37,10 @@ pub const MIN_BUSY_RETRY_AFTER: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum CallError {
     Timeout,
-    /// Connect failure, reset, a body cut off: the request may or may not have arrived.
+    /// A reset, a body cut off: the request may or may not have arrived.
     Transport(String),
+    /// The connection was never made: the request did not leave.
+    Unsent(String),
     /// The request could not be built (a header value reqwest refuses); never sent.
     Request(String),
 }
@@ -96,8 +98,9 @@ impl RestClient {
                 send_outcome(answer.status, answer.retry_after, &detail)
             }
             Err(CallError::Timeout) => Err(SendError::Timeout),
-            Err(CallError::Transport(e)) => Err(SendError::Unavailable(e)),
-            Err(CallError::Request(e)) => Err(SendError::Failed(e)),
+            Err(CallError::Unsent(e)) => Err(SendError::Unavailable(e)),
+            Err(CallError::Transport(e)) => Err(SendError::Uncertain(e)),
+            Err(CallError::Request(e)) => Err(SendError::Unavailable(e)),
         }
     }
 
@@ -116,9 +119,9 @@ impl RestClient {
         match self.call(request, deadline, MAX_DOCUMENT_BYTES).await {
             Ok(answer) => depth_outcome(answer.status, answer.body),
             Err(CallError::Timeout) => Err(DepthError::Timeout),
-            Err(CallError::Transport(e) | CallError::Request(e)) => Err(DepthError::Failed(
-                format!("the admin plane could not be reached: {e}"),
-            )),
+            Err(CallError::Transport(e) | CallError::Unsent(e) | CallError::Request(e)) => Err(
+                DepthError::Failed(format!("the admin plane could not be reached: {e}")),
+            ),
         }
     }
 
@@ -147,6 +150,8 @@ impl RestClient {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(e)) if e.is_timeout() => Err(CallError::Timeout),
             Ok(Err(e)) if e.is_builder() => return Err(CallError::Request(e.to_string())),
+            // A failed connect never carried the request; anything later may have.
+            Ok(Err(e)) if e.is_connect() => Err(CallError::Unsent(error_chain(&e))),
             Ok(Err(e)) => Err(CallError::Transport(error_chain(&e))),
             Err(_) => Err(CallError::Timeout),
         };
