@@ -10,7 +10,6 @@ use actix_web::http::header::{HeaderValue, ALLOW, RETRY_AFTER, WWW_AUTHENTICATE}
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
-use serde_json::{json, Map, Value};
 
 use crate::admission::capacity::Refusal;
 use crate::admission::DispatchError;
@@ -152,41 +151,6 @@ impl Problem {
             _ => None,
         }
     }
-
-    fn fields(&self, body: &mut Map<String, Value>) {
-        match self {
-            Self::UnknownQueue { queue } => {
-                body.insert("queue".into(), json!(queue));
-            }
-            Self::Draining { retry_after } => {
-                body.insert("retry_after_s".into(), json!(whole_seconds(*retry_after)));
-            }
-            Self::PayloadTooLarge { limit } => {
-                body.insert("limit_bytes".into(), json!(limit));
-            }
-            Self::InvalidRequest { errors } => {
-                body.insert("errors".into(), json!(errors));
-            }
-            Self::QueueFull { backlog, limit, .. } => {
-                body.insert("backlog".into(), json!(backlog));
-                body.insert("limit".into(), json!(limit));
-            }
-            Self::CapacityUnknown {
-                consecutive_failures,
-            } => {
-                body.insert("consecutive_failures".into(), json!(consecutive_failures));
-            }
-            Self::SendTimeout { message_id }
-            | Self::SendFailed {
-                unknown_message_id: Some(message_id),
-                ..
-            } => {
-                body.insert("outcome".into(), json!("unknown"));
-                body.insert("message_id".into(), json!(message_id));
-            }
-            _ => {}
-        }
-    }
 }
 
 /// `Retry-After` in whole seconds, rounded up, never below 1.
@@ -234,11 +198,7 @@ impl ResponseError for ApiError {
     }
 
     fn error_response(&self) -> HttpResponse {
-        let mut body = Map::new();
-        body.insert("code".into(), json!(self.problem.code()));
-        body.insert("message".into(), json!(self.problem.to_string()));
-        body.insert("request_id".into(), json!(self.request_id.as_str()));
-        self.problem.fields(&mut body);
+        let body = self.body();
 
         let mut response = HttpResponse::build(self.problem.status());
         response.insert_header(("X-Request-Id", self.request_id.as_str()));
@@ -266,7 +226,7 @@ impl ResponseError for ApiError {
             }
             _ => {}
         }
-        response.json(Value::Object(body))
+        response.json(body)
     }
 }
 
@@ -387,5 +347,76 @@ mod tests {
             assert!(s == 429 || s == 503);
             assert!(p.retry_after().is_some(), "{p:?}");
         }
+    }
+}
+
+/// The error body, typed: fields in alphabetical order, so the JSON is byte for byte what
+/// the `serde_json::Map` (a BTreeMap) produced, without building a map per refusal.
+#[derive(Serialize)]
+pub struct ErrorBody<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    backlog: Option<u64>,
+    code: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    consecutive_failures: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    errors: Option<&'a [FieldError]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit_bytes: Option<usize>,
+    message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    outcome: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queue: Option<&'a str>,
+    request_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after_s: Option<u64>,
+}
+
+impl ApiError {
+    fn body(&self) -> ErrorBody<'_> {
+        let mut b = ErrorBody {
+            backlog: None,
+            code: self.problem.code(),
+            consecutive_failures: None,
+            errors: None,
+            limit: None,
+            limit_bytes: None,
+            message: self.problem.to_string(),
+            message_id: None,
+            outcome: None,
+            queue: None,
+            request_id: self.request_id.as_str(),
+            retry_after_s: None,
+        };
+        match &self.problem {
+            Problem::UnknownQueue { queue } => b.queue = Some(queue),
+            Problem::Draining { retry_after } => {
+                b.retry_after_s = Some(whole_seconds(*retry_after))
+            }
+            Problem::PayloadTooLarge { limit } => b.limit_bytes = Some(*limit),
+            Problem::InvalidRequest { errors } => b.errors = Some(errors),
+            Problem::QueueFull { backlog, limit, .. } => {
+                b.backlog = Some(*backlog);
+                b.limit = Some(*limit);
+            }
+            Problem::CapacityUnknown {
+                consecutive_failures,
+            } => b.consecutive_failures = Some(*consecutive_failures),
+            Problem::SendTimeout { message_id }
+            | Problem::SendFailed {
+                unknown_message_id: Some(message_id),
+                ..
+            } => {
+                b.outcome = Some("unknown");
+                b.message_id = Some(message_id);
+            }
+            _ => {}
+        }
+        b
     }
 }

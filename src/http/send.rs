@@ -189,12 +189,20 @@ async fn admit_and_send(
     }
 }
 
+/// `application/json`, in any case, optionally followed by parameters (`; charset=utf-8`).
+/// A byte comparison: a full media-type parse on every send costs more than it checks.
 fn is_json(req: &HttpRequest) -> bool {
-    req.headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<mime::Mime>().ok())
-        .is_some_and(|m| m.essence_str().eq_ignore_ascii_case("application/json"))
+    const JSON: &[u8] = b"application/json";
+    let Some(value) = req.headers().get(CONTENT_TYPE) else {
+        return false;
+    };
+    let value = value.as_bytes().trim_ascii();
+    value.len() >= JSON.len()
+        && value[..JSON.len()].eq_ignore_ascii_case(JSON)
+        && matches!(
+            value[JSON.len()..].trim_ascii_start().first(),
+            None | Some(b';')
+        )
 }
 
 /// The body, refusing it as soon as it is known to be too large (from `Content-Length`
@@ -312,4 +320,40 @@ fn query_value(req: &HttpRequest, key: &str) -> Option<String> {
         .into_iter()
         .find(|(k, _)| k == key)
         .map(|(_, v)| v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actix_web::test::TestRequest;
+
+    fn with_type(value: &str) -> bool {
+        is_json(
+            &TestRequest::default()
+                .insert_header((CONTENT_TYPE, value))
+                .to_http_request(),
+        )
+    }
+
+    #[test]
+    fn only_application_json_with_optional_parameters_is_json() {
+        for yes in [
+            "application/json",
+            "Application/JSON",
+            "application/json; charset=utf-8",
+            " application/json ;x=y",
+        ] {
+            assert!(with_type(yes), "{yes:?}");
+        }
+        for no in [
+            "application/jsonx",
+            "text/json",
+            "application/xml",
+            "",
+            "application/json-seq",
+        ] {
+            assert!(!with_type(no), "{no:?}");
+        }
+        assert!(!is_json(&TestRequest::default().to_http_request()));
+    }
 }
