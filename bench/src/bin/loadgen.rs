@@ -116,6 +116,8 @@ struct Recorder {
     latency_us: Vec<u32>,
     statuses: BTreeMap<u16, u64>,
     errors: u64,
+    /// The first answer that was not a 2xx, for the record (a 429 run keeps its 429 body).
+    first_refusal: Option<String>,
 }
 
 impl Recorder {
@@ -131,6 +133,9 @@ impl Recorder {
             *self.statuses.entry(k).or_default() += v;
         }
         self.errors += other.errors;
+        if self.first_refusal.is_none() {
+            self.first_refusal = other.first_refusal;
+        }
     }
 
     fn summary(mut self, secs: f64) -> Value {
@@ -159,6 +164,7 @@ impl Recorder {
             "mean_ms": mean,
             "statuses": self.statuses.iter().map(|(k, v)| (k.to_string(), *v)).collect::<BTreeMap<_, _>>(),
             "errors": self.errors,
+            "first_refusal": self.first_refusal,
         })
     }
 }
@@ -270,13 +276,11 @@ async fn get_once(addr: &str, path: &str, token: Option<&str>) -> Option<String>
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
     let req = format!("GET {path} HTTP/1.1\r\nHost: bench\r\n{auth}Connection: close\r\n\r\n");
-    let (status, _, body) = tokio::time::timeout(
-        Duration::from_secs(5),
-        conn.round_trip(req.as_bytes()),
-    )
-    .await
-    .ok()?
-    .ok()?;
+    let (status, _, body) =
+        tokio::time::timeout(Duration::from_secs(5), conn.round_trip(req.as_bytes()))
+            .await
+            .ok()?
+            .ok()?;
     (status == 200).then(|| String::from_utf8_lossy(&body).into_owned())
 }
 
@@ -295,12 +299,14 @@ async fn depth_reads_metric(addr: &str, token: &str) -> Option<f64> {
     sum
 }
 
-/// The counting proxy's total.
-async fn proxy_count(addr: &str) -> Option<u64> {
+/// The counting proxy's totals: requests seen, and the sum of their latencies (µs, from
+/// the request's first bytes to the answer's first bytes).
+async fn proxy_count(addr: &str) -> Option<(u64, u64)> {
     let mut s = TcpStream::connect(addr).await.ok()?;
     let mut text = String::new();
     s.read_to_string(&mut text).await.ok()?;
-    text.trim().parse().ok()
+    let mut parts = text.split_whitespace();
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
 async fn http(args: &Args) -> Value {
@@ -331,7 +337,8 @@ async fn http(args: &Args) -> Value {
         .map(|i| {
             let (addr, request) = (addr.clone(), request.clone());
             // Stagger paced workers evenly over one period.
-            let first = Instant::now() + pace.map_or(Duration::ZERO, |p| p * i as u32 / concurrency as u32);
+            let first =
+                Instant::now() + pace.map_or(Duration::ZERO, |p| p * i as u32 / concurrency as u32);
             tokio::spawn(http_worker(addr, request, pace, first, window))
         })
         .collect();
@@ -364,9 +371,12 @@ async fn http(args: &Args) -> Value {
     out["mode"] = json!("http");
     out["concurrency"] = json!(concurrency);
     out["target_rate"] = json!(rate);
-    if let (Some(a), Some(b)) = (reads_at_start, reads_at_end) {
+    if let (Some((a, la)), Some((b, lb))) = (reads_at_start, reads_at_end) {
         out["admin_reads"] = json!(b - a);
         out["admin_reads_per_s"] = json!((b - a) as f64 / window.secs());
+        if b > a {
+            out["admin_read_mean_ms"] = json!((lb - la) as f64 / (b - a) as f64 / 1000.0);
+        }
     }
     if let (Some(a), Some(b)) = (metric_at_start, metric_at_end) {
         out["metric_depth_reads"] = json!(b - a);
@@ -409,9 +419,14 @@ async fn http_worker(
         let c = conn.as_mut().expect("connected");
         let t0 = Instant::now();
         match c.round_trip(&request).await {
-            Ok((status, keep, _)) => {
+            Ok((status, keep, body)) => {
                 if t0 >= window.start && t0 < window.end {
                     rec.record(status, t0.elapsed());
+                }
+                if !(200..300).contains(&status) && rec.first_refusal.is_none() {
+                    let shown = &body[..body.len().min(300)];
+                    rec.first_refusal =
+                        Some(format!("{status} {}", String::from_utf8_lossy(shown)));
                 }
                 if !keep {
                     conn = None;
@@ -462,8 +477,12 @@ async fn amqp(args: &Args) -> Value {
     let window = Window::new(args);
     let workers: Vec<_> = (0..concurrency)
         .map(|task| {
-            let (publishers, next, body, queue) =
-                (publishers.clone(), next.clone(), body.clone(), queue.clone());
+            let (publishers, next, body, queue) = (
+                publishers.clone(),
+                next.clone(),
+                body.clone(),
+                queue.clone(),
+            );
             tokio::spawn(async move {
                 let mut rec = Recorder::default();
                 let mut seq: u64 = 0;
@@ -475,7 +494,8 @@ async fn amqp(args: &Args) -> Value {
                         .with_delivery_mode(2)
                         .with_content_type("application/json".into())
                         .with_message_id(id.as_str().into());
-                    let channel = &publishers[next.fetch_add(1, Ordering::Relaxed) % publishers.len()];
+                    let channel =
+                        &publishers[next.fetch_add(1, Ordering::Relaxed) % publishers.len()];
                     let t0 = Instant::now();
                     let outcome = async {
                         channel
@@ -581,6 +601,7 @@ async fn proxy(args: &Args) -> Value {
     let control: String = get(args, "control", None);
     let max_secs: u64 = get(args, "max-secs", Some(3600));
     let count = Arc::new(AtomicU64::new(0));
+    let latency_us = Arc::new(AtomicU64::new(0));
 
     let listener = TcpListener::bind(&listen)
         .await
@@ -589,17 +610,21 @@ async fn proxy(args: &Args) -> Value {
         .await
         .unwrap_or_else(|e| die(&format!("listen {control}: {e}")));
 
-    let counter = count.clone();
+    let (counter, latency) = (count.clone(), latency_us.clone());
     tokio::spawn(async move {
         while let Ok((mut s, _)) = control_listener.accept().await {
             let n = counter.load(Ordering::SeqCst);
-            let _ = s.write_all(format!("{n}\n").as_bytes()).await;
+            let l = latency.load(Ordering::SeqCst);
+            let _ = s.write_all(format!("{n} {l}\n").as_bytes()).await;
         }
     });
-    let counter = count.clone();
+    let (counter, latency) = (count.clone(), latency_us.clone());
     let serve = async move {
         while let Ok((inbound, _)) = listener.accept().await {
-            let (upstream, counter) = (upstream.clone(), counter.clone());
+            let (upstream, counter, latency) = (upstream.clone(), counter.clone(), latency.clone());
+            // When the request now waiting for its answer was seen (HTTP/1.1: one at a time).
+            let asked: Arc<std::sync::Mutex<Option<Instant>>> = Arc::default();
+            let asked_up = asked.clone();
             tokio::spawn(async move {
                 let Ok(outbound) = TcpStream::connect(&upstream).await else {
                     return;
@@ -623,6 +648,9 @@ async fn proxy(args: &Args) -> Value {
                             .filter(|w| *w == PATTERN)
                             .count();
                         counter.fetch_add(hits as u64, Ordering::SeqCst);
+                        if hits > 0 {
+                            *asked_up.lock().expect("lock") = Some(Instant::now());
+                        }
                         // Keep the tail that could start a match split across reads.
                         let keep = carry.len().min(PATTERN.len() - 1);
                         carry.drain(..carry.len() - keep);
@@ -633,7 +661,19 @@ async fn proxy(args: &Args) -> Value {
                     let _ = wo.shutdown().await;
                 };
                 let down = async move {
-                    let _ = tokio::io::copy(&mut ro, &mut wi).await;
+                    let mut chunk = vec![0u8; 16384];
+                    loop {
+                        let n = match ro.read(&mut chunk).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        if let Some(at) = asked.lock().expect("lock").take() {
+                            latency.fetch_add(at.elapsed().as_micros() as u64, Ordering::SeqCst);
+                        }
+                        if wi.write_all(&chunk[..n]).await.is_err() {
+                            break;
+                        }
+                    }
                     let _ = wi.shutdown().await;
                 };
                 tokio::join!(up, down);

@@ -1,0 +1,421 @@
+#!/usr/bin/env bash
+# sendgate's benchmark suite (issue 9). One command:
+#
+#   ./bench/run.sh            # full run, ~12 minutes after the builds
+#   ./bench/run.sh --quick    # same comparisons, shorter windows (~4 minutes)
+#   ./bench/run.sh --only 2,4 # some comparisons only (1 accept, 2 reject, 3 admin plane,
+#                             # 4 RSS, 5 criterion); the report shows what was measured
+#
+# Writes raw results to bench/results/<timestamp>/ (results.jsonl, logs, criterion
+# numbers; bench/results/latest points at the last run) and the report to
+# docs/benchmarks.md (numbers from bench/report.py, analysis from bench/analysis.md).
+#
+# Everything runs on 127.0.0.1: the local RabbitMQ (./scripts/ensure-rabbitmq.sh),
+# sendgate release builds, the bench/ crate (loadgen, bare429) and wrk. Every loop is
+# bounded; every process this script starts is stopped by PID on exit and is also
+# wrapped in `timeout`, so nothing outlives a killed run by more than 30 minutes.
+# Release builds go to target/bench (CARGO_TARGET_DIR) so they never invalidate the
+# debug builds of ./scripts/test.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+QUICK=0
+ONLY="1,2,3,4,5"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK=1 ;;
+    --only) ONLY="$2"; shift ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+want() { [[ ",$ONLY," == *",$1,"* ]]; }
+
+if [ "$QUICK" = 1 ]; then
+  D=3; WARM=0.5; D3=5; ROUNDS=3; ROUNDS_REJECT=3; HOLD=4
+  CRITERION_ARGS=(--warm-up-time 0.2 --measurement-time 0.5 --sample-size 20)
+else
+  D=10; WARM=1; D3=10; ROUNDS=3; ROUNDS_REJECT=5; HOLD=6
+  CRITERION_ARGS=()
+fi
+
+export CARGO_TARGET_DIR="$ROOT/target/bench"
+BIN="$CARGO_TARGET_DIR/release"
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+OUT="$ROOT/bench/results/$STAMP"
+mkdir -p "$OUT"
+ln -sfn "$STAMP" "$ROOT/bench/results/latest"
+RESULTS="$OUT/results.jsonl"
+: > "$RESULTS"
+
+log() { echo "[bench $(date -u +%H:%M:%S)] $*" >&2; }
+
+MGMT=http://127.0.0.1:15672
+AMQP_URL='amqp://guest:guest@127.0.0.1:5672/%2f'
+# Ports: sendgate instances 187xx, bare handlers 18729/18730, counting proxies 157xx.
+P_ACCEPT=18701; P_TTL0=18702; P_FULL=18703; P_RSS=18704; P_BARE=18729; P_FWD=18730
+PX_A=15701; PX_A_CTL=15702; PX_B=15703; PX_B_CTL=15704
+HUGE_CEILING=1000000000
+
+# ---------------------------------------------------------------------------------------
+# Processes: started with `timeout`, remembered by PID, stopped by PID.
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Not called in $(...): the job must belong to this shell to be waited for.
+start() { # name, command...: start in the background under a 30-minute bound; sets PID
+  local name=$1; shift
+  timeout -s TERM 1800 "$@" > "$OUT/$name.log" 2>&1 &
+  PID=$!
+  PIDS+=("$PID")
+}
+stop() { # pid (as returned by start)
+  kill "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}
+child_of() { # the real process under a `timeout` wrapper
+  local c
+  for _ in $(seq 1 50); do
+    c=$(pgrep -P "$1" | head -1 || true)
+    [ -n "$c" ] && { echo "$c"; return; }
+    sleep 0.1
+  done
+  echo "$1"
+}
+
+# sendgate on the RabbitMQ backend with API keys on; extra VAR=value arguments override.
+start_sendgate() { # name, port, VAR=value...: sets PID once /health/ready answers 200
+  local name=$1 port=$2; shift 2
+  start "$name" env RUST_LOG=warn \
+    SENDGATE_LISTEN="127.0.0.1:$port" SENDGATE_BACKEND=rabbitmq SENDGATE_QUEUES=bench \
+    SENDGATE_API_KEYS_FILE="$OUT/keys.toml" SERVICEBUS_SEND_MAX_QUEUE_DEPTH=$HUGE_CEILING \
+    "$@" "$BIN/sendgate"
+  for _ in $(seq 1 300); do
+    if curl -sf "http://127.0.0.1:$port/health/ready" >/dev/null 2>&1; then
+      return
+    fi
+    sleep 0.1
+  done
+  log "sendgate $name did not become ready; log:"; tail -20 "$OUT/$name.log" >&2
+  exit 1
+}
+
+# ---------------------------------------------------------------------------------------
+# RabbitMQ helpers (management HTTP API: no Erlang CLI start-up per call).
+rmq() { curl -sf -u guest:guest "$@"; }
+declare_queue() { rmq -X PUT -H 'content-type: application/json' -d '{"durable":true}' "$MGMT/api/queues/%2F/$1" >/dev/null; }
+purge() { rmq -X DELETE "$MGMT/api/queues/%2F/$1/contents" >/dev/null || true; }
+depth() { rmq "$MGMT/api/queues/%2F/$1?columns=messages" | jq -r '.messages // 0'; }
+
+# Append one result line: the tool's JSON plus the labels given as key=value.
+record() { # json, key=value...
+  local json=$1; shift
+  # A tool that failed (e.g. the broker restarted under it) leaves a marked row, not a hole.
+  if ! echo "$json" | jq -e 'type == "object"' >/dev/null 2>&1; then
+    log "run failed: $* (output: ${json:0:200})"
+    json='{"failed": true}'
+  fi
+  # The machine may be shared: note its load, and the broker's uptime (a restart by someone
+  # else's test shows up as an uptime that went down).
+  local uptime_s
+  uptime_s=$(rmq "$MGMT/api/nodes" 2>/dev/null | jq '.[0].uptime / 1000 | floor' 2>/dev/null || echo null)
+  # Builds and test binaries of others, alive right now (they steal the same 2 cores).
+  local foreign
+  foreign=$(( $(ps -eo comm= | grep -cxE 'rustc|cargo|rust-lld|cc|ld' || true) + $(pgrep -c -f '/target/debug/deps/' || true) ))
+  json=$(echo "$json" | jq -c --arg load "$(cut -d' ' -f1 /proc/loadavg)" --argjson up "${uptime_s:-null}" \
+    --argjson foreign "$foreign" \
+    '. + {loadavg_1m: ($load|tonumber), broker_uptime_s: $up, foreign_procs: $foreign}')
+  local args=()
+  for kv in "$@"; do args+=(--arg "${kv%%=*}" "${kv#*=}"); done
+  local labels
+  labels=$(jq -cn '$ARGS.named' "${args[@]}")
+  echo "$json" | jq -c --argjson l "$labels" '. + $l' >> "$RESULTS"
+  echo "$json" | jq -c --argjson l "$labels" '$l + {rps, p50_ms, p99_ms}' >&2
+}
+
+loadgen() { timeout 120 "$BIN/loadgen" "$@"; }
+
+# ---------------------------------------------------------------------------------------
+setup() {
+  log "RabbitMQ"
+  ./scripts/ensure-rabbitmq.sh
+  if ! command -v wrk >/dev/null 2>&1; then
+    log "installing wrk"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq wrk >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
+  fi
+  # 1,000 held connections plus the rest.
+  ulimit -n 65536 2>/dev/null || ulimit -n 8192 || true
+
+  log "building sendgate (release) and the bench/ tools into $CARGO_TARGET_DIR"
+  cargo build --release --quiet --bin sendgate
+  (cd bench && cargo build --release --quiet)
+
+  # Five API keys: a sender, an observer (for /metrics) and three other senders, so each
+  # request's token is compared with several keys, as in production.
+  SENDER_TOKEN="sg_$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+  OBSERVER_TOKEN="sg_$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+  {
+    for i in 1 2 3; do
+      printf '[[keys]]\nname = "other-%s"\nsha256 = "%s"\nroles = ["sender"]\nqueues = ["*"]\n\n' \
+        "$i" "$(head -c 32 /dev/urandom | sha256sum | cut -d' ' -f1)"
+    done
+    printf '[[keys]]\nname = "bench-observer"\nsha256 = "%s"\nroles = ["observer"]\nqueues = ["*"]\n\n' \
+      "$(printf %s "$OBSERVER_TOKEN" | sha256sum | cut -d' ' -f1)"
+    printf '[[keys]]\nname = "bench-sender"\nsha256 = "%s"\nroles = ["sender"]\nqueues = ["*"]\n' \
+      "$(printf %s "$SENDER_TOKEN" | sha256sum | cut -d' ' -f1)"
+  } > "$OUT/keys.toml"
+
+  declare_queue bench
+  purge bench
+
+  log "recording the machine and versions"
+  local lock="$ROOT/Cargo.lock"
+  ver() { awk -v n="$1" '$0 == "name = \"" n "\"" { getline; gsub(/version = |"/, ""); print; exit }' "$lock"; }
+  jq -n \
+    --arg stamp "$STAMP" --arg quick "$QUICK" --arg only "$ONLY" \
+    --arg d "$D" --arg d3 "$D3" --arg warm "$WARM" --arg rounds "$ROUNDS" --arg rounds_reject "$ROUNDS_REJECT" \
+    --arg nproc "$(nproc)" \
+    --arg mem_kib "$(awk '/MemTotal/ {print $2}' /proc/meminfo)" \
+    --arg cpu "$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)" \
+    --arg kernel "$(uname -r)" \
+    --arg loadavg "$(cat /proc/loadavg)" \
+    --arg rustc "$(rustc --version)" \
+    --arg rabbitmq "$(rabbitmqctl -q status 2>/dev/null | awk -F': ' '/RabbitMQ version/ {print $2; exit}')" \
+    --arg erlang "$(rabbitmqctl -q status 2>/dev/null | awk -F': ' '/Erlang configuration/ {print $2; exit}' | cut -d' ' -f1-2)" \
+    --arg wrk "$(wrk -v 2>&1 | head -1 | awk '{print $2}')" \
+    --arg actix "$(ver actix-web)" --arg lapin "$(ver lapin)" --arg tokio "$(ver tokio)" \
+    --arg criterion "$(ver criterion)" \
+    --arg commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+    --arg dirty "$(git status --porcelain -- src Cargo.toml 2>/dev/null | wc -l)" \
+    '$ARGS.named' > "$OUT/meta.json"
+}
+
+# ---------------------------------------------------------------------------------------
+# 1. Accepted sends: sendgate (default TTL, ceiling raised) vs direct lapin, 1 and 64 in
+#    flight; and, as a third side, a bare actix-web + lapin forwarder (the floor of any
+#    HTTP-to-AMQP gateway here), so the gap splits into "the HTTP hop" and "sendgate's code".
+compare_accept() {
+  log "1. accepted sends: sendgate vs direct lapin (confirms) vs bare forwarder, 1 KB persistent"
+  ensure_accept_instance
+  for round in $(seq 1 "$ROUNDS"); do
+    for c in 1 64; do
+      purge bench
+      record "$(loadgen http --addr 127.0.0.1:$P_ACCEPT --token "$SENDER_TOKEN" \
+        --metrics-token "$OBSERVER_TOKEN" --count-addr 127.0.0.1:$PX_A_CTL \
+        --concurrency $c --duration $D --warmup $WARM)" \
+        comparison=accept side=sendgate round="$round" level="$c"
+      purge bench
+      record "$(loadgen amqp --url "$AMQP_URL" --queue bench --channels 4 \
+        --concurrency $c --duration $D --warmup $WARM)" \
+        comparison=accept side=direct round="$round" level="$c"
+      # A fresh forwarder per run: it has no reconnect logic of its own.
+      start bareforward-$round-$c "$BIN/bareforward" 127.0.0.1:$P_FWD "$AMQP_URL" 600
+      local fwd=$PID
+      for _ in $(seq 1 50); do
+        [ "$(curl -s -o /dev/null -w '%{http_code}' -X POST -H 'Content-Type: application/json' -d '{}' \
+          "http://127.0.0.1:$P_FWD/v1/queues/bench/messages" || true)" = 201 ] && break
+        sleep 0.1
+      done
+      purge bench
+      record "$(loadgen http --addr 127.0.0.1:$P_FWD \
+        --concurrency $c --duration $D --warmup $WARM)" \
+        comparison=accept side=bareforward round="$round" level="$c"
+      stop "$fwd"
+    done
+  done
+  purge bench
+}
+
+# The default-TTL gateway (comparisons 1 and 3), its admin plane behind counting proxy A.
+ensure_accept_instance() {
+  [ -n "${SG_ACCEPT_PID:-}" ] && return
+  start proxy-a "$BIN/loadgen" proxy --listen 127.0.0.1:$PX_A --control 127.0.0.1:$PX_A_CTL --max-secs 1700
+  PX_A_PID=$PID
+  start_sendgate sendgate-accept $P_ACCEPT SENDGATE_RABBITMQ_MANAGEMENT_URL=http://127.0.0.1:$PX_A
+  SG_ACCEPT_PID=$PID
+}
+
+# ---------------------------------------------------------------------------------------
+# 2. Rejection path: 429 from a cached backlog (keys on) vs a bare actix-web 429 handler.
+compare_reject() {
+  log "2. rejection path: sendgate 429 (cached backlog, API keys on) vs bare actix-web 429"
+  declare_queue bench_full
+  purge bench_full
+  for _ in $(seq 1 10); do
+    rmq -X POST -H 'content-type: application/json' \
+      -d '{"properties":{"delivery_mode":2},"routing_key":"bench_full","payload":"{}","payload_encoding":"string"}' \
+      "$MGMT/api/exchanges/%2F/amq.default/publish" >/dev/null
+  done
+  local sg bare url_sg url_bare status
+  start_sendgate sendgate-full $P_FULL SENDGATE_QUEUES=bench_full SERVICEBUS_SEND_MAX_QUEUE_DEPTH=1
+  sg=$PID
+  start bare429 "$BIN/bare429" 127.0.0.1:$P_BARE 1700
+  bare=$PID
+  url_sg="http://127.0.0.1:$P_FULL/v1/queues/bench_full/messages"
+  url_bare="http://127.0.0.1:$P_BARE/v1/queues/bench_full/messages"
+  # The management API may not count the fresh messages yet: wait until the gate refuses.
+  for _ in $(seq 1 100); do
+    status=$(curl -s -o /dev/null -w '%{http_code}' -X POST -H "Authorization: Bearer $SENDER_TOKEN" \
+      -H 'Content-Type: application/json' -d '{}' "$url_sg" || true)
+    [ "$status" = 429 ] && break
+    sleep 0.2
+  done
+  [ "$status" = 429 ] || { log "sendgate never answered 429 (last: $status)"; exit 1; }
+  for _ in $(seq 1 50); do
+    status=$(curl -s -o /dev/null -w '%{http_code}' -X POST -H 'Content-Type: application/json' -d '{}' "$url_bare" || true)
+    [ "$status" = 429 ] && break
+    sleep 0.1
+  done
+  [ "$status" = 429 ] || { log "bare429 never answered 429 (last: $status)"; exit 1; }
+
+  run_wrk() { # url, connections, token
+    local out
+    out=$(BENCH_TOKEN="$3" timeout 120 wrk -t2 -c"$2" -d"${D}s" --timeout 5s \
+      -s "$ROOT/bench/lua/post.lua" "$1" 2>&1)
+    echo "$out" | sed -n 's/^BENCH_JSON //p'
+  }
+  # Cheap (no broker): more rounds, for a steadier median on a shared machine.
+  for round in $(seq 1 "$ROUNDS_REJECT"); do
+    for c in 64 256; do
+      record "$(run_wrk "$url_sg" $c "$SENDER_TOKEN")" comparison=reject side=sendgate round="$round" level="$c"
+      record "$(run_wrk "$url_bare" $c "")" comparison=reject side=bare round="$round" level="$c"
+    done
+  done
+  # Every sendgate answer in the window must have been the 429 (none got through).
+  jq -c 'select(.comparison=="reject" and .requests != .non_2xx_3xx)' "$RESULTS" | grep -q . \
+    && log "WARNING: some rejection-path answers were 2xx/3xx"
+  stop "$sg"; stop "$bare"
+  purge bench_full
+}
+
+# ---------------------------------------------------------------------------------------
+# 3. Admin-plane reads per second under paced load, and TTL=0 vs the default TTL.
+compare_admin() {
+  log "3. admin-plane reads: paced sends at 0/10/100/1000 per second; TTL 0 vs default"
+  local sg0 pxb
+  ensure_accept_instance
+  start proxy-b "$BIN/loadgen" proxy --listen 127.0.0.1:$PX_B --control 127.0.0.1:$PX_B_CTL --max-secs 1700
+  pxb=$PID
+  start_sendgate sendgate-ttl0 $P_TTL0 SENDGATE_DEPTH_TTL_MS=0 SENDGATE_RABBITMQ_MANAGEMENT_URL=http://127.0.0.1:$PX_B
+  sg0=$PID
+
+  # 0) the admin plane's own capacity: what a design reading the depth before every send
+  #    (without sendgate's single-flight sharing) could never exceed, broker otherwise idle.
+  for round in $(seq 1 "$ROUNDS"); do
+    for c in 1 8; do
+      record "$(BENCH_AUTH="Basic $(printf guest:guest | base64)" timeout 60 wrk -t1 -c$c -d3s \
+        -s "$ROOT/bench/lua/get.lua" "$MGMT/api/queues/%2F/bench?columns=messages" 2>&1 \
+        | sed -n 's/^BENCH_JSON //p')" \
+        comparison=admin_capacity side=management_api round="$round" level="$c"
+    done
+  done
+  # a) paced: rate -> connections (each connection paced at rate/connections)
+  for round in $(seq 1 "$ROUNDS"); do
+    for spec in 0:0 10:1 100:2 1000:8; do
+      local rate=${spec%%:*} conns=${spec#*:}
+      purge bench
+      record "$(loadgen http --addr 127.0.0.1:$P_ACCEPT --token "$SENDER_TOKEN" \
+        --metrics-token "$OBSERVER_TOKEN" --count-addr 127.0.0.1:$PX_A_CTL \
+        --concurrency $conns --rate $rate --duration $D3 --warmup $WARM)" \
+        comparison=admin_paced side=sendgate round="$round" level="$rate"
+    done
+  done
+  # b) closed loop: default TTL vs read on every send (TTL 0), same sendgate build
+  for round in $(seq 1 "$ROUNDS"); do
+    for c in 64 1; do
+      purge bench
+      record "$(loadgen http --addr 127.0.0.1:$P_ACCEPT --token "$SENDER_TOKEN" \
+        --metrics-token "$OBSERVER_TOKEN" --count-addr 127.0.0.1:$PX_A_CTL \
+        --concurrency $c --duration $D --warmup $WARM)" \
+        comparison=ttl side=default round="$round" level="$c"
+      purge bench
+      record "$(loadgen http --addr 127.0.0.1:$P_TTL0 --token "$SENDER_TOKEN" \
+        --metrics-token "$OBSERVER_TOKEN" --count-addr 127.0.0.1:$PX_B_CTL \
+        --concurrency $c --duration $D --warmup $WARM)" \
+        comparison=ttl side=ttl0 round="$round" level="$c"
+    done
+  done
+  purge bench
+  stop "$sg0"; stop "$pxb"
+}
+
+# ---------------------------------------------------------------------------------------
+# 4. RSS idle and with 1,000 keep-alive connections (a fresh process each round).
+rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+hwm_kib() { awk '/^VmHWM/ {print $2}' "/proc/$1/status"; }
+compare_rss() {
+  log "4. RSS: idle, and with 1,000 keep-alive connections"
+  if [ -n "${SG_ACCEPT_PID:-}" ]; then
+    local p
+    p=$(child_of "$SG_ACCEPT_PID")
+    record "$(jq -cn --arg r "$(rss_kib "$p")" --arg h "$(hwm_kib "$p")" \
+      '{rss_kib: ($r|tonumber), hwm_kib: ($h|tonumber)}')" \
+      comparison=rss side=after_load round=1 level=0
+  fi
+  for round in $(seq 1 "$ROUNDS"); do
+    local sg pid idle held after hold_out ready="$OUT/hold-ready-$round"
+    # The gateway's defaults (ceiling, TTL, workers) on the RabbitMQ backend with keys on.
+    start_sendgate sendgate-rss-$round $P_RSS SERVICEBUS_SEND_MAX_QUEUE_DEPTH=2000
+    sg=$PID
+    pid=$(child_of "$sg")
+    sleep 2
+    idle=$(rss_kib "$pid")
+    rm -f "$ready"
+    timeout 60 "$BIN/loadgen" hold --addr 127.0.0.1:$P_RSS --connections 1000 \
+      --hold "$HOLD" --ready-file "$ready" > "$OUT/hold-$round.json" &
+    local lg=$!
+    for _ in $(seq 1 300); do [ -f "$ready" ] && break; sleep 0.1; done
+    sleep 1
+    held=$(rss_kib "$pid")
+    wait "$lg" || true
+    hold_out=$(cat "$OUT/hold-$round.json")
+    sleep 1
+    after=$(rss_kib "$pid")
+    record "$(echo "$hold_out" | jq -c --arg i "$idle" --arg h "$held" --arg a "$after" --arg w "$(hwm_kib "$pid")" \
+      '. + {idle_kib: ($i|tonumber), held_kib: ($h|tonumber), after_kib: ($a|tonumber), hwm_kib: ($w|tonumber)}')" \
+      comparison=rss side=sendgate round="$round" level=1000
+    stop "$sg"
+  done
+}
+
+# ---------------------------------------------------------------------------------------
+# 5. criterion micro-benchmarks of the admission decision.
+compare_micro() {
+  log "5. criterion micro-benchmarks (benches/admission.rs)"
+  rm -rf "$CARGO_TARGET_DIR/criterion"
+  cargo bench --quiet --bench admission -- "${CRITERION_ARGS[@]}" > "$OUT/criterion.txt" 2>&1 \
+    || { tail -30 "$OUT/criterion.txt" >&2; exit 1; }
+  find "$CARGO_TARGET_DIR/criterion" -path '*/new/estimates.json' | sort | while read -r f; do
+    local name=${f#"$CARGO_TARGET_DIR/criterion/"}
+    name=${name%/new/estimates.json}
+    jq -c --arg name "$name" \
+      '{comparison: "micro", name: $name, median_ns: .median.point_estimate,
+        median_lo_ns: .median.confidence_interval.lower_bound,
+        median_hi_ns: .median.confidence_interval.upper_bound, mean_ns: .mean.point_estimate}' "$f" \
+      >> "$RESULTS"
+  done
+}
+
+# ---------------------------------------------------------------------------------------
+started=$(date +%s)
+setup
+want 1 && compare_accept
+want 2 && compare_reject
+want 3 && compare_admin
+want 4 && compare_rss
+[ -n "${SG_ACCEPT_PID:-}" ] && { stop "$SG_ACCEPT_PID"; stop "$PX_A_PID"; }
+want 5 && compare_micro
+jq -cn --arg s "$(( $(date +%s) - started ))" '{comparison: "run", seconds: ($s|tonumber)}' >> "$RESULTS"
+
+log "writing docs/benchmarks.md"
+python3 bench/report.py "$OUT" > "$OUT/benchmarks.md"
+cp "$OUT/benchmarks.md" docs/benchmarks.md
+log "done in $(( $(date +%s) - started )) s: docs/benchmarks.md, raw results in $OUT"
