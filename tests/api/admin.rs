@@ -62,23 +62,7 @@ async fn admin_drain_needs_the_admin_role_and_then_drains_to_a_stop() {
 async fn a_draining_answer_closes_the_connection_so_the_balancer_reroutes() {
     let app = spawn_app_with(&[("SENDGATE_DRAIN_TIMEOUT_S", "20")]).await;
     app.faults().hold_sends(true);
-    let held = {
-        let (client, url) = (app.client.clone(), app.url("/v1/queues/requests/messages"));
-        tokio::spawn(async move {
-            client
-                .post(url)
-                .header("Content-Type", "application/json")
-                .body("1")
-                .send()
-                .await
-                .unwrap()
-                .status()
-        })
-    };
-    crate::send::wait_until(|| async {
-        app.detailed().await["backends"]["primary"]["sends_in_flight"] == 1
-    })
-    .await;
+    let held = app.hold_one_send().await;
     app.handle.lifecycle.begin_drain(Duration::from_secs(20));
     let response = app.send("requests", "2").await;
     assert_eq!(response.status(), 503);

@@ -62,23 +62,7 @@ async fn draining_turns_ready_to_503_and_refuses_sends_with_the_window_left() {
     .await;
     // Hold one send in flight so the drain stays open.
     app.faults().hold_sends(true);
-    let held = {
-        let (client, url) = (app.client.clone(), app.url("/v1/queues/requests/messages"));
-        tokio::spawn(async move {
-            client
-                .post(url)
-                .header("Content-Type", "application/json")
-                .body("1")
-                .send()
-                .await
-                .unwrap()
-                .status()
-        })
-    };
-    crate::send::wait_until(|| async {
-        app.detailed().await["backends"]["primary"]["sends_in_flight"] == 1
-    })
-    .await;
+    let held = app.hold_one_send().await;
     app.handle
         .lifecycle
         .begin_drain(std::time::Duration::from_secs(30));

@@ -130,6 +130,30 @@ impl TestApp {
         out
     }
 
+    /// Start one send while sends are held (`faults().hold_sends(true)`) and wait until it is
+    /// in flight; the task answers its status once released.
+    pub async fn hold_one_send(&self) -> tokio::task::JoinHandle<reqwest::StatusCode> {
+        let (client, url) = (
+            self.client.clone(),
+            self.url("/v1/queues/requests/messages"),
+        );
+        let held = tokio::spawn(async move {
+            client
+                .post(url)
+                .header("Content-Type", "application/json")
+                .body("1")
+                .send()
+                .await
+                .unwrap()
+                .status()
+        });
+        crate::send::wait_until(|| async {
+            self.detailed().await["backends"]["primary"]["sends_in_flight"] == 1
+        })
+        .await;
+        held
+    }
+
     /// Wait for the server to stop on its own (after a drain started elsewhere).
     pub async fn wait_stopped(self, limit: Duration) {
         tokio::time::timeout(limit, self.server)
