@@ -102,9 +102,10 @@ loads = [r["loadavg_1m"] for r in rows if r.get("loadavg_1m") is not None]
 if loads:
     p(
         f"1-minute load average at the start of the runs: {min(loads):.2f} – {max(loads):.2f} "
-        f"(median {statistics.median(loads):.2f}; the benchmark itself keeps it near 2). "
-        "Anything else running on the machine at the same time (a build, a test suite) shows up "
-        "here and in the spread between rounds."
+        f"(median {statistics.median(loads):.2f}). The benchmark alone drives it to ~2 during "
+        "the broker runs and ~5 during the wrk runs (wrk's threads and the server's workers are "
+        "all runnable); anything else running at the same time (a build, a test suite) shows up "
+        "as more, and in the spread between rounds."
     )
     p("")
 
@@ -135,8 +136,8 @@ p("")
 p("## How to run")
 p("")
 p("```sh")
-p("./bench/run.sh            # everything, ~12 min after the release builds (which take a few minutes the first time)")
-p("./bench/run.sh --quick    # the same comparisons with short windows, ~4 min")
+p("./bench/run.sh            # everything, ~13 min after the release builds (which take a few minutes the first time)")
+p("./bench/run.sh --quick    # the same comparisons with short windows, ~5 min")
 p("./bench/run.sh --only 2,4 # some comparisons only")
 p("```")
 p("")
@@ -144,7 +145,8 @@ p(
     "It needs only what the repository installs: RabbitMQ via `./scripts/ensure-rabbitmq.sh`, "
     "`wrk` via apt-get if missing, and cargo. Release builds go to `target/bench`. Raw results "
     "(one JSON line per run, every process's log, criterion's output) stay in "
-    "`bench/results/<timestamp>/` (git-ignored; `bench/results/latest` is the last run)."
+    "`bench/results/<timestamp>/` (git-ignored; `bench/results/latest` is the last run). Only a "
+    "full run rewrites this file; `--quick` and `--only` leave their report in that folder."
 )
 p("")
 p("## Method")

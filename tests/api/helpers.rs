@@ -147,10 +147,14 @@ impl TestApp {
                 .unwrap()
                 .status()
         });
-        crate::send::wait_until(|| async {
-            self.detailed().await["backends"]["primary"]["sends_in_flight"] == 1
-        })
-        .await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while self.detailed().await["backends"]["primary"]["sends_in_flight"] != 1 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the held send never got in flight"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         held
     }
 
