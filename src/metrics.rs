@@ -85,6 +85,9 @@ impl Metrics {
     pub fn render(&self, dispatcher: &Dispatcher, lifecycle: &Lifecycle) -> String {
         let mut families = self.registry.gather();
         families.extend(state_families(dispatcher, lifecycle));
+        // A family with no series (no probe has run: SENDGATE_PROBE_INTERVAL_S=0) makes the
+        // encoder stop with an error half way through the text: leave such families out.
+        families.retain(|f| !f.get_metric().is_empty());
         let mut out = Vec::new();
         // Encoding into a Vec cannot fail for well-formed families.
         let _ = TextEncoder::new().encode(&families, &mut out);

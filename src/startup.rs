@@ -11,10 +11,10 @@ use actix_web::{web, App, HttpServer};
 use crate::admission::breaker::BreakerPolicy;
 use crate::admission::inflight::InFlight;
 use crate::admission::{BackendRole, Dispatcher, Route};
-use crate::backend::embedded::{EmbeddedFaults, EmbeddedQueue, StoreError};
+use crate::backend::embedded::{EmbeddedQueue, StoreError};
 use crate::backend::rabbitmq::RabbitMq;
 use crate::backend::servicebus::{ServiceBus, ServiceBusError};
-use crate::backend::{Backend, BackendCalls};
+use crate::backend::Backend;
 use crate::config::{
     AuthSettings, BackendKind, ConfigError, RabbitMqSettings, ServiceBusSettings, Settings,
 };
@@ -71,23 +71,45 @@ async fn warm_up(state: web::Data<AppState>, budget: Duration) {
     tracing::info!(event = "started", "sendgate is running");
 }
 
-/// Handles that tests and the CLI keep while the server runs.
+/// What a caller keeps while the server runs: the lifecycle, to wait for `running` or to
+/// start a drain without a signal.
 #[derive(Clone)]
 pub struct AppHandle {
     pub lifecycle: Lifecycle,
-    /// Calls that reached the primary backend (probes excluded).
-    pub backend_calls: Arc<BackendCalls>,
-    pub fallback_calls: Option<Arc<BackendCalls>>,
-    /// Present on an embedded primary: fault switches for tests.
-    pub embedded_faults: Option<Arc<EmbeddedFaults>>,
-    /// Present on an embedded fallback.
-    pub fallback_faults: Option<Arc<EmbeddedFaults>>,
 }
 
-/// A backend just opened, with its fault switches when it is the embedded one.
-struct Opened {
-    backend: Arc<dyn Backend>,
-    faults: Option<Arc<EmbeddedFaults>>,
+/// The backends the gateway dispatches to. [`Backends::open`] makes them from the
+/// settings; tests build their own (real backends wrapped in fault-injecting decorators)
+/// and hand them to [`Application::build_with`].
+pub struct Backends {
+    pub primary: Arc<dyn Backend>,
+    /// Used while the primary's breaker is open (`SENDGATE_FALLBACK_BACKEND`).
+    pub fallback: Option<Arc<dyn Backend>>,
+}
+
+impl Backends {
+    /// Open the backends the settings name. Nothing is connected yet: that happens during
+    /// warm-up, so a broker that is down does not stop start-up.
+    pub fn open(settings: &Settings) -> Result<Self, StartupError> {
+        let primary = open_backend(
+            settings.backend,
+            &settings.data_dir,
+            &settings.rabbitmq,
+            &settings.servicebus,
+            &settings.queues,
+        )?;
+        let fallback = match &settings.dispatch.fallback {
+            None => None,
+            Some(f) => Some(open_backend(
+                f.backend,
+                &f.data_dir,
+                &f.rabbitmq,
+                &f.servicebus,
+                &settings.queues,
+            )?),
+        };
+        Ok(Self { primary, fallback })
+    }
 }
 
 fn open_backend(
@@ -96,45 +118,27 @@ fn open_backend(
     rabbitmq: &RabbitMqSettings,
     servicebus: &ServiceBusSettings,
     queues: &[QueueName],
-) -> Result<Opened, StartupError> {
+) -> Result<Arc<dyn Backend>, StartupError> {
     Ok(match kind {
-        BackendKind::Embedded => {
-            let queue = EmbeddedQueue::open(data_dir)?;
-            let faults = Some(queue.faults());
-            Opened {
-                backend: Arc::new(queue),
-                faults,
-            }
-        }
+        BackendKind::Embedded => Arc::new(EmbeddedQueue::open(data_dir)?),
         BackendKind::RabbitMq => {
-            let rabbit =
+            Arc::new(
                 RabbitMq::new(rabbitmq, queues).map_err(|e| StartupError::BackendConfig {
                     var: e.variable(),
                     message: e.to_string(),
-                })?;
-            Opened {
-                backend: Arc::new(rabbit),
-                faults: None,
-            }
+                })?,
+            )
         }
-        BackendKind::ServiceBus => {
-            let bus = match ServiceBus::new(servicebus, queues) {
-                Ok(bus) => bus,
-                Err(ServiceBusError::Setting(e)) => {
-                    return Err(StartupError::BackendConfig {
-                        var: e.var,
-                        message: e.message,
-                    })
-                }
-                Err(ServiceBusError::Init(message)) => {
-                    return Err(StartupError::BackendInit(message))
-                }
-            };
-            Opened {
-                backend: Arc::new(bus),
-                faults: None,
+        BackendKind::ServiceBus => match ServiceBus::new(servicebus, queues) {
+            Ok(bus) => Arc::new(bus),
+            Err(ServiceBusError::Setting(e)) => {
+                return Err(StartupError::BackendConfig {
+                    var: e.var,
+                    message: e.message,
+                })
             }
-        }
+            Err(ServiceBusError::Init(message)) => return Err(StartupError::BackendInit(message)),
+        },
     })
 }
 
@@ -163,31 +167,13 @@ impl Application {
     /// Open the configured backends and bind the listener. The gateway is `starting` when
     /// this returns; it turns `running` once the backends are warmed up (see [`warm_up`]).
     pub async fn build(settings: Settings) -> Result<Self, StartupError> {
-        let primary = open_backend(
-            settings.backend,
-            &settings.data_dir,
-            &settings.rabbitmq,
-            &settings.servicebus,
-            &settings.queues,
-        )?;
-        let fallback = match &settings.dispatch.fallback {
-            None => None,
-            Some(f) => Some(open_backend(
-                f.backend,
-                &f.data_dir,
-                &f.rabbitmq,
-                &f.servicebus,
-                &settings.queues,
-            )?),
-        };
-        Self::assemble(settings, primary, fallback)
+        let backends = Backends::open(&settings)?;
+        Self::build_with(settings, backends)
     }
 
-    fn assemble(
-        settings: Settings,
-        primary: Opened,
-        fallback: Option<Opened>,
-    ) -> Result<Self, StartupError> {
+    /// Assemble the gateway from settings and backends that are already open, bind the
+    /// listener and start warming up. Needs a Tokio runtime.
+    pub fn build_with(settings: Settings, backends: Backends) -> Result<Self, StartupError> {
         let auth = match &settings.auth {
             AuthSettings::KeysFile(path) => Authenticator::from_file(path)?,
             AuthSettings::Open { explicitly_none } => {
@@ -216,12 +202,10 @@ impl Application {
                 breaker.clone(),
             )
         };
-        let primary_route = route(BackendRole::Primary, primary.backend);
-        let fallback_route = fallback
-            .as_ref()
-            .map(|f| route(BackendRole::Fallback, f.backend.clone()));
-        let backend_calls = primary_route.calls();
-        let fallback_calls = fallback_route.as_ref().map(Route::calls);
+        let primary_route = route(BackendRole::Primary, backends.primary);
+        let fallback_route = backends
+            .fallback
+            .map(|backend| route(BackendRole::Fallback, backend));
         let dispatcher = Dispatcher::new(
             primary_route,
             fallback_route,
@@ -284,13 +268,7 @@ impl Application {
         Ok(Self {
             server,
             port,
-            handle: AppHandle {
-                lifecycle,
-                backend_calls,
-                fallback_calls,
-                embedded_faults: primary.faults,
-                fallback_faults: fallback.and_then(|f| f.faults),
-            },
+            handle: AppHandle { lifecycle },
             drain_timeout: settings.drain_timeout,
         })
     }

@@ -3,6 +3,11 @@
 //! test binary of their own (cargo runs test binaries one after another), so no other test
 //! sees the broker down.
 
+#[allow(dead_code)]
+#[path = "support/faulty_backend.rs"]
+mod faulty_backend;
+#[path = "support/gateway.rs"]
+mod gateway;
 #[path = "rabbitmq/helpers.rs"]
 mod helpers;
 #[path = "support/rabbit.rs"]

@@ -1,4 +1,4 @@
-//! One backend as the dispatcher sees it: the backend (metered), its circuit breaker, one
+//! One backend as the dispatcher sees it: the backend, its circuit breaker, one
 //! capacity gate per queue, and the last health probe.
 //!
 //! Probes run on their own timer against the backend's admin plane and never take an
@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::breaker::{Breaker, BreakerPolicy};
 use super::capacity::{CapacityGate, CapacityPolicy};
-use crate::backend::{Backend, BackendCalls, Metered};
+use crate::backend::Backend;
 use crate::config::CapacitySettings;
 use crate::domain::QueueName;
 
@@ -43,9 +43,7 @@ pub struct ProbeStatus {
 pub struct Route {
     pub role: BackendRole,
     pub breaker: Arc<Breaker>,
-    metered: Arc<Metered>,
-    /// The backend without the call counter: probes are not request-path calls.
-    raw: Arc<dyn Backend>,
+    backend: Arc<dyn Backend>,
     gates: HashMap<QueueName, Arc<CapacityGate>>,
     probe: Mutex<Option<ProbeStatus>>,
 }
@@ -62,8 +60,7 @@ impl Route {
         Self {
             role,
             breaker: Breaker::new(role.as_str(), breaker),
-            metered: Arc::new(Metered::new(backend.clone())),
-            raw: backend,
+            backend,
             gates: queues
                 .iter()
                 .map(|q| (q.clone(), CapacityGate::new(q.clone(), policy.clone())))
@@ -73,15 +70,11 @@ impl Route {
     }
 
     pub fn backend(&self) -> &dyn Backend {
-        self.metered.as_ref()
+        self.backend.as_ref()
     }
 
     pub fn kind(&self) -> &'static str {
-        self.raw.kind()
-    }
-
-    pub fn calls(&self) -> Arc<BackendCalls> {
-        self.metered.calls()
+        self.backend.kind()
     }
 
     pub fn gate(&self, queue: &QueueName) -> Option<&Arc<CapacityGate>> {
@@ -97,7 +90,7 @@ impl Route {
     }
 
     pub async fn warm_up(&self, deadline: Instant) -> Result<(), String> {
-        self.metered.warm_up(deadline).await
+        self.backend.warm_up(deadline).await
     }
 
     pub async fn prime_capacity(&self) {
@@ -111,7 +104,7 @@ impl Route {
             return;
         };
         let deadline = Instant::now() + timeout;
-        let result = tokio::time::timeout_at(deadline, self.raw.backlog(queue, deadline)).await;
+        let result = tokio::time::timeout_at(deadline, self.backend.backlog(queue, deadline)).await;
         let status = match result {
             Ok(Ok(_)) => ProbeStatus {
                 ok: true,

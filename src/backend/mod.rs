@@ -7,7 +7,6 @@
 //! - `backlog`: read how many messages wait in a queue (the admin plane).
 
 pub mod embedded;
-mod metered;
 pub mod rabbitmq;
 pub mod servicebus;
 
@@ -18,8 +17,6 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use crate::domain::{CorrelationId, MessageId, QueueName};
-
-pub use metered::{BackendCalls, Metered};
 
 /// One message on its way to a queue; `body` is delivered byte for byte.
 #[derive(Debug, Clone)]

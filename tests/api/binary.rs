@@ -1,44 +1,12 @@
 //! The real binary: start-up refusals, exit codes, and the `queue` and `keys` commands.
 
-use std::process::{Command, Output, Stdio};
-use std::time::Duration;
+use std::process::Output;
 
+use crate::gateway::{run_binary, stderr};
 use crate::helpers::spawn_in;
 
 fn sendgate(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sendgate"));
-    cmd.args(args).stdin(Stdio::null());
-    // A clean environment: only what the test names (and PATH for the runtime).
-    cmd.env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    // Nothing here should serve: every case ends on its own.
-    let child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_with_timeout(child, Duration::from_secs(20))
-}
-
-fn wait_with_timeout(mut child: std::process::Child, limit: Duration) -> Output {
-    let start = std::time::Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            panic!("sendgate did not exit within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
+    run_binary(args, env)
 }
 
 #[test]

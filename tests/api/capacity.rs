@@ -42,7 +42,7 @@ async fn with_ceiling_5_exactly_5_of_8_sends_are_queued() {
     }
     assert_eq!(app.stored("requests"), 5);
     assert_eq!(
-        app.handle.backend_calls.backlog_reads(),
+        app.primary.backlog_reads(),
         1,
         "one read, reused for the TTL"
     );
@@ -112,7 +112,7 @@ async fn concurrent_sends_never_overshoot_the_ceiling() {
     assert_eq!((queued, full), (20, 44));
     assert_eq!(app.stored("requests"), 20);
     assert_eq!(
-        app.handle.backend_calls.backlog_reads(),
+        app.primary.backlog_reads(),
         1,
         "64 concurrent sends shared one depth read"
     );

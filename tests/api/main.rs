@@ -4,6 +4,10 @@ mod admin;
 mod auth;
 mod binary;
 mod capacity;
+#[path = "../support/faulty_backend.rs"]
+mod faulty_backend;
+#[path = "../support/gateway.rs"]
+mod gateway;
 mod health;
 mod helpers;
 mod leaks;

@@ -2,156 +2,33 @@
 //! slow broker (the fault proxy delays the data plane), tells new clients when to come
 //! back, and exits 0; nothing acknowledged is lost.
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::fault_proxy::{Fault, FaultProxy};
+use crate::gateway::GatewayProcess;
 use crate::rabbit;
 
-struct Gateway {
-    child: Child,
-    base: String,
-    client: reqwest::Client,
-}
-
-impl Gateway {
-    /// The real binary on the RabbitMQ backend, its data plane through `proxy`.
-    async fn start(queue: &str, proxy: &FaultProxy, vars: &[(&str, &str)]) -> Self {
-        rabbit::ensure_broker();
-        let port = free_port();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sendgate"));
-        cmd.env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("SENDGATE_LISTEN", format!("127.0.0.1:{port}"))
-            .env("SENDGATE_BACKEND", "rabbitmq")
-            .env("SENDGATE_QUEUES", queue)
-            .env(
-                "SENDGATE_RABBITMQ_URL",
-                format!("amqp://guest:guest@{}/%2f", proxy.addr()),
-            )
-            .env("SENDGATE_DEPTH_TTL_MS", "600000")
-            .env("SENDGATE_SEND_TIMEOUT_MS", "20000")
-            .env("SENDGATE_WORKERS", "2")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        for (k, v) in vars {
-            cmd.env(k, v);
-        }
-        let child = cmd.spawn().expect("the binary starts");
-        let gateway = Self {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            client: reqwest::Client::builder()
-                .pool_max_idle_per_host(0)
-                .build()
-                .unwrap(),
-        };
-        let started = Instant::now();
-        loop {
-            if let Ok(r) = gateway
-                .client
-                .get(gateway.url("/health/ready"))
-                .send()
-                .await
-            {
-                if r.status() == 200 {
-                    break;
-                }
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "the gateway never became ready"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        gateway
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{}", self.base, path)
-    }
-
-    fn send(
-        &self,
-        queue: &str,
-        body: &str,
-    ) -> impl std::future::Future<Output = Result<u16, reqwest::Error>> + 'static {
-        let request = self
-            .client
-            .post(self.url(&format!("/v1/queues/{queue}/messages")))
-            .header("Content-Type", "application/json")
-            .body(body.to_owned())
-            .send();
-        async move { request.await.map(|r| r.status().as_u16()) }
-    }
-
-    async fn detailed(&self) -> serde_json::Value {
-        self.client
-            .get(self.url("/health/detailed"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    }
-
-    fn signal(&self, name: &str) {
-        let ok = Command::new("kill")
-            .args([&format!("-{name}"), &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(ok.success());
-    }
-
-    /// Wait for the process to exit; its exit code and when.
-    async fn exit(&mut self, limit: Duration) -> (i32, Instant) {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return (status.code().expect("exited, not killed"), Instant::now());
-            }
-            if started.elapsed() > limit {
-                let _ = self.child.kill();
-                panic!("the gateway did not exit within {limit:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    async fn wait_in_flight(&self, n: u64) {
-        let started = Instant::now();
-        while self.detailed().await["backends"]["primary"]["sends_in_flight"] != n {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "never {n} in flight"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// The real binary on the RabbitMQ backend serving `queue`, its data plane through `proxy`.
+async fn start(queue: &str, proxy: &FaultProxy, vars: &[(&str, &str)]) -> GatewayProcess {
+    rabbit::ensure_broker();
+    let amqp = format!("amqp://guest:guest@{}/%2f", proxy.addr());
+    let mut all = vec![
+        ("SENDGATE_BACKEND", "rabbitmq"),
+        ("SENDGATE_QUEUES", queue),
+        ("SENDGATE_RABBITMQ_URL", amqp.as_str()),
+        ("SENDGATE_DEPTH_TTL_MS", "600000"),
+        ("SENDGATE_SEND_TIMEOUT_MS", "20000"),
+        ("SENDGATE_WORKERS", "2"),
+    ];
+    all.extend_from_slice(vars);
+    GatewayProcess::start(&all).await
 }
 
 #[tokio::test]
 async fn sigterm_drains_sends_in_flight_announces_the_window_and_exits_zero() {
     let queue = rabbit::unique("sg-drain");
     let proxy = FaultProxy::start(rabbit::AMQP.parse().unwrap()).await;
-    let mut gw = Gateway::start(&queue, &proxy, &[("SENDGATE_DRAIN_TIMEOUT_S", "20")]).await;
+    let mut gw = start(&queue, &proxy, &[("SENDGATE_DRAIN_TIMEOUT_S", "20")]).await;
 
     // Hold three sends in flight: each chunk to and from the broker now takes 1 s.
     proxy.set(Fault::Delay(Duration::from_millis(1000)));
@@ -232,7 +109,7 @@ async fn sigterm_drains_sends_in_flight_announces_the_window_and_exits_zero() {
 async fn a_drain_window_shorter_than_a_held_send_ends_at_the_window_without_a_false_2xx() {
     let queue = rabbit::unique("sg-drain-cap");
     let proxy = FaultProxy::start(rabbit::AMQP.parse().unwrap()).await;
-    let mut gw = Gateway::start(&queue, &proxy, &[("SENDGATE_DRAIN_TIMEOUT_S", "1")]).await;
+    let mut gw = start(&queue, &proxy, &[("SENDGATE_DRAIN_TIMEOUT_S", "1")]).await;
     proxy.set(Fault::Delay(Duration::from_millis(4000)));
     let held = tokio::spawn(gw.send(&queue, "{}"));
     gw.wait_in_flight(1).await;
@@ -261,7 +138,7 @@ async fn a_drain_window_shorter_than_a_held_send_ends_at_the_window_without_a_fa
 async fn a_second_signal_ends_the_drain_at_once() {
     let queue = rabbit::unique("sg-drain-twice");
     let proxy = FaultProxy::start(rabbit::AMQP.parse().unwrap()).await;
-    let mut gw = Gateway::start(&queue, &proxy, &[("SENDGATE_DRAIN_TIMEOUT_S", "30")]).await;
+    let mut gw = start(&queue, &proxy, &[("SENDGATE_DRAIN_TIMEOUT_S", "30")]).await;
     proxy.set(Fault::Blackhole);
     let _held = tokio::spawn(gw.send(&queue, "{}"));
     gw.wait_in_flight(1).await;
@@ -281,7 +158,7 @@ async fn a_second_signal_ends_the_drain_at_once() {
 async fn an_announced_drain_is_not_cut_short_by_the_platforms_sigterm() {
     let queue = rabbit::unique("sg-drain-announced");
     let proxy = FaultProxy::start(rabbit::AMQP.parse().unwrap()).await;
-    let mut gw = Gateway::start(&queue, &proxy, &[("SENDGATE_DRAIN_TIMEOUT_S", "20")]).await;
+    let mut gw = start(&queue, &proxy, &[("SENDGATE_DRAIN_TIMEOUT_S", "20")]).await;
     proxy.set(Fault::Delay(Duration::from_millis(1000)));
     let held = tokio::spawn(gw.send(&queue, "{}"));
     gw.wait_in_flight(1).await;

@@ -5,6 +5,11 @@ mod breaker;
 mod drain;
 #[path = "../support/fault_proxy.rs"]
 mod fault_proxy;
+#[allow(dead_code)]
+#[path = "../support/faulty_backend.rs"]
+mod faulty_backend;
+#[path = "../support/gateway.rs"]
+mod gateway;
 mod helpers;
 #[path = "../support/rabbit.rs"]
 mod rabbit;
@@ -436,21 +441,14 @@ async fn while_the_broker_is_unreachable_at_start_the_gateway_says_starting() {
     let proxy = FaultProxy::start(rabbit::AMQP.parse().unwrap()).await;
     proxy.set(Fault::Blackhole);
     let amqp = format!("amqp://guest:guest@{}/%2f", proxy.addr());
-    let env = std::collections::HashMap::from([
-        ("SENDGATE_LISTEN".to_string(), "127.0.0.1:0".to_string()),
-        ("SENDGATE_BACKEND".to_string(), "rabbitmq".to_string()),
-        ("SENDGATE_QUEUES".to_string(), queue.clone()),
-        ("SENDGATE_RABBITMQ_URL".to_string(), amqp),
-        ("SENDGATE_WORKERS".to_string(), "1".to_string()),
-    ]);
-    let settings = sendgate::config::Settings::from_vars(&env).unwrap();
-    let app = sendgate::startup::Application::build(settings)
-        .await
-        .expect("binds without the broker");
-    let base = format!("http://127.0.0.1:{}", app.port());
-    let handle = app.handle();
-    tokio::spawn(app.run_until_stopped(false));
-    let client = reqwest::Client::new();
+    let settings = gateway::settings_of(&[&[
+        ("SENDGATE_BACKEND", "rabbitmq"),
+        ("SENDGATE_QUEUES", &queue),
+        ("SENDGATE_RABBITMQ_URL", &amqp),
+    ]]);
+    // Returns while `starting`: it binds without the broker.
+    let app = gateway::Gateway::launch(settings).await;
+    let (base, client) = (app.address.clone(), app.client.clone());
 
     assert_eq!(
         client
@@ -468,15 +466,7 @@ async fn while_the_broker_is_unreachable_at_start_the_gateway_says_starting() {
         .unwrap();
     assert_eq!(ready.status(), 503);
     assert!(retry_after(&ready).unwrap() >= 1);
-    let detailed: serde_json::Value = client
-        .get(format!("{base}/health/detailed"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(detailed["gateway_state"], "starting");
+    assert_eq!(app.detailed().await["gateway_state"], "starting");
     let send = client
         .post(format!("{base}/v1/queues/{queue}/messages"))
         .header("Content-Type", "application/json")
@@ -490,9 +480,7 @@ async fn while_the_broker_is_unreachable_at_start_the_gateway_says_starting() {
     assert_eq!(body["code"], "starting");
 
     proxy.set(Fault::Pass);
-    tokio::time::timeout(Duration::from_secs(15), handle.lifecycle.started())
-        .await
-        .expect("leaves starting");
+    app.until_running().await;
     let started = Instant::now();
     loop {
         let status = client

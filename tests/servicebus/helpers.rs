@@ -1,14 +1,13 @@
 //! Spawn the real application with the servicebus backend, pointed at a local stub.
 
-use std::collections::HashMap;
-use std::time::Duration;
+use std::ops::Deref;
 
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use sendgate::config::Settings;
-use sendgate::startup::{AppHandle, Application, StartupError};
+pub use crate::gateway::{body_json, build_only, retry_after};
+use crate::gateway::{settings_of, Gateway};
 
 use crate::stub::{Recorded, ServiceBusStub};
 
@@ -22,39 +21,20 @@ pub fn connection_string(key_name: &str, key: &str) -> String {
 }
 
 pub struct TestApp {
-    pub address: String,
-    pub handle: AppHandle,
-    pub client: reqwest::Client,
+    gateway: Gateway,
     pub stub: ServiceBusStub,
     /// The queues the app serves, as configured.
     pub queues: Vec<String>,
     /// How many requests the stub had recorded when the app became `running`.
     start_up_requests: usize,
-    server: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
-/// The settings every test starts from: loopback, random port, the servicebus backend
-/// on `stub`, the send connection string, no timer probes; `vars` on top.
-///
-/// The health probe reads the admin plane on its own timer (its first tick at start-up),
-/// with the same `GET` as a depth read. These tests count every admin-plane call the
-/// start-up and request paths make, so the probe is off unless a test turns it on.
-fn env(stub: &ServiceBusStub, vars: &[(&str, &str)]) -> HashMap<String, String> {
-    let mut env: HashMap<String, String> = HashMap::from([
-        ("SENDGATE_LISTEN".into(), "127.0.0.1:0".into()),
-        ("SENDGATE_WORKERS".into(), "2".into()),
-        ("SENDGATE_PROBE_INTERVAL_S".into(), "0".into()),
-        ("SENDGATE_BACKEND".into(), "servicebus".into()),
-        ("SERVICEBUS_ENDPOINT".into(), stub.endpoint()),
-        (
-            "SERVICEBUS_CONNECTION_STRING".into(),
-            connection_string("send", SEND_KEY),
-        ),
-    ]);
-    for (k, v) in vars {
-        env.insert(k.to_string(), v.to_string());
+impl Deref for TestApp {
+    type Target = Gateway;
+
+    fn deref(&self) -> &Gateway {
+        &self.gateway
     }
-    env
 }
 
 /// A fresh stub with its default answers (sends 201, depth reads backlog 0), and the app
@@ -72,23 +52,29 @@ pub async fn spawn_on(stub: ServiceBusStub, vars: &[(&str, &str)]) -> TestApp {
     app
 }
 
-/// The app on `stub`, returned as soon as `Application::build` does: the gateway is
-/// still `starting` and its start-up reads may be in flight.
+/// The app on `stub`, returned as soon as it is assembled: the gateway is still
+/// `starting` and its start-up reads may be in flight.
+///
+/// The servicebus backend on `stub` with the send connection string, `vars` on top.
+/// The harness keeps the probe timer off: these tests count every admin-plane call the
+/// start-up and request paths make, and a probe reads with the same `GET`.
 pub async fn launch(stub: ServiceBusStub, vars: &[(&str, &str)]) -> TestApp {
-    let settings = Settings::from_vars(&env(&stub, vars)).expect("test settings are valid");
+    let endpoint = stub.endpoint();
+    let send = connection_string("send", SEND_KEY);
+    let settings = settings_of(&[
+        &[
+            ("SENDGATE_BACKEND", "servicebus"),
+            ("SERVICEBUS_ENDPOINT", &endpoint),
+            ("SERVICEBUS_CONNECTION_STRING", &send),
+        ],
+        vars,
+    ]);
     let queues = settings.queues.iter().map(|q| q.to_string()).collect();
-    let app = Application::build(settings).await.expect("the app starts");
-    let address = format!("http://127.0.0.1:{}", app.port());
-    let handle = app.handle();
-    let server = tokio::spawn(app.run_until_stopped(false));
     TestApp {
-        address,
-        handle,
-        client: reqwest::Client::new(),
+        gateway: Gateway::launch(settings).await,
         stub,
         queues,
         start_up_requests: 0,
-        server,
     }
 }
 
@@ -117,24 +103,11 @@ pub fn assert_start_up_reads(requests: &[Recorded], queues: &[String]) {
     assert_eq!(seen, expected, "start-up reads each queue's depth once");
 }
 
-/// Build the application from exactly these variables (no defaults added), for start-up
-/// refusals.
-pub async fn build_only(vars: &[(&str, &str)]) -> Result<(), StartupError> {
-    let env: HashMap<String, String> = vars
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let settings = Settings::from_vars(&env).expect("the settings themselves parse");
-    Application::build(settings).await.map(|_| ())
-}
-
 impl TestApp {
     /// Wait until the gateway leaves `starting`, check what start-up asked the broker,
     /// and take that as the baseline of [`Self::requests_since_start`].
     pub async fn until_running(&mut self) {
-        tokio::time::timeout(Duration::from_secs(15), self.handle.lifecycle.started())
-            .await
-            .expect("the gateway leaves `starting`");
+        self.gateway.until_running().await;
         let requests = self.stub.requests();
         assert_start_up_reads(&requests, &self.queues);
         self.start_up_requests = requests.len();
@@ -145,24 +118,12 @@ impl TestApp {
         self.stub.requests()[self.start_up_requests..].to_vec()
     }
 
-    pub fn url(&self, path: &str) -> String {
-        format!("{}{}", self.address, path)
-    }
-
     pub async fn send(&self, body: &str) -> reqwest::Response {
-        self.send_with(body, &[]).await
+        self.gateway.send("requests", body).await
     }
 
     pub async fn send_with(&self, body: &str, headers: &[(&str, &str)]) -> reqwest::Response {
-        let mut req = self
-            .client
-            .post(self.url("/v1/queues/requests/messages"))
-            .header("Content-Type", "application/json")
-            .body(body.to_owned());
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        req.send().await.expect("request reaches the server")
+        self.gateway.send_with("requests", body, headers).await
     }
 
     /// Send `n` messages one after another; the status of each.
@@ -174,39 +135,10 @@ impl TestApp {
         out
     }
 
-    pub async fn detailed(&self) -> serde_json::Value {
-        self.client
-            .get(self.url("/health/detailed"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    }
-
     /// Drain and stop the server.
     pub async fn stop(self) {
-        self.handle.lifecycle.begin_drain(Duration::from_secs(5));
-        tokio::time::timeout(Duration::from_secs(10), self.server)
-            .await
-            .expect("the server stops")
-            .expect("the server task ends")
-            .expect("the server ends cleanly");
+        self.gateway.stop().await
     }
-}
-
-pub async fn body_json(response: reqwest::Response) -> serde_json::Value {
-    response.json().await.expect("a JSON body")
-}
-
-pub fn retry_after(response: &reqwest::Response) -> Option<u64> {
-    response.headers().get("Retry-After").map(|v| {
-        v.to_str()
-            .unwrap()
-            .parse()
-            .expect("Retry-After is an integer")
-    })
 }
 
 /// The fields of a `SharedAccessSignature sr=..&sig=..&se=..&skn=..` header, as sent.

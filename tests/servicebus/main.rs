@@ -3,6 +3,11 @@
 //! serves the recorded bodies (tests/data/servicebus) and records every request.
 
 mod depth;
+#[allow(dead_code)]
+#[path = "../support/faulty_backend.rs"]
+mod faulty_backend;
+#[path = "../support/gateway.rs"]
+mod gateway;
 mod helpers;
 mod send;
 mod send_errors;

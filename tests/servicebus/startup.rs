@@ -1,7 +1,6 @@
 //! Start-up on Service Bus: the `starting` phase and its one depth read per queue, and
 //! the refusals for settings that cannot work.
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use sendgate::lifecycle::GatewayState;
@@ -150,25 +149,13 @@ async fn a_malformed_connection_string_stops_start_up_without_showing_the_key() 
 
 #[test]
 fn the_binary_exits_2_with_one_line_naming_the_variable() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sendgate"))
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("SENDGATE_BACKEND", "servicebus")
-        .env("SENDGATE_LISTEN", "127.0.0.1:0")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = std::time::Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if started.elapsed() > Duration::from_secs(20) {
-            let _ = child.kill();
-            panic!("sendgate did not exit");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = crate::gateway::run_binary(
+        &[],
+        &[
+            ("SENDGATE_BACKEND", "servicebus"),
+            ("SENDGATE_LISTEN", "127.0.0.1:0"),
+        ],
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");

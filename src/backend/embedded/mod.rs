@@ -10,13 +10,12 @@
 mod store;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 pub use store::{database_path, unix_ms, Store, StoreError, StoredMessage, DUPLICATE_WINDOW};
@@ -35,39 +34,9 @@ struct WriteJob {
     reply: oneshot::Sender<Result<SendReceipt, SendError>>,
 }
 
-/// Switches that make the embedded backend misbehave on purpose. The embedded queue has
-/// no admin plane that could fail for real, so tests of the fail-closed gate and of
-/// in-flight limits use these; nothing outside the process can reach them.
-#[derive(Debug)]
-pub struct EmbeddedFaults {
-    fail_depth_reads: AtomicBool,
-    hold_sends: watch::Sender<bool>,
-}
-
-impl EmbeddedFaults {
-    fn new() -> Self {
-        Self {
-            fail_depth_reads: AtomicBool::new(false),
-            hold_sends: watch::Sender::new(false),
-        }
-    }
-
-    /// Make every depth read fail (`true`) or work again (`false`).
-    pub fn fail_depth_reads(&self, fail: bool) {
-        self.fail_depth_reads.store(fail, Ordering::SeqCst);
-    }
-
-    /// Hold every send before it reaches the writer (`true`) until released (`false`);
-    /// a held send still ends at its deadline.
-    pub fn hold_sends(&self, hold: bool) {
-        self.hold_sends.send_replace(hold);
-    }
-}
-
 pub struct EmbeddedQueue {
     jobs: mpsc::Sender<WriteJob>,
     reader: Arc<Mutex<Store>>,
-    faults: Arc<EmbeddedFaults>,
 }
 
 impl EmbeddedQueue {
@@ -83,12 +52,7 @@ impl EmbeddedQueue {
         Ok(Self {
             jobs,
             reader: Arc::new(Mutex::new(reader)),
-            faults: Arc::new(EmbeddedFaults::new()),
         })
-    }
-
-    pub fn faults(&self) -> Arc<EmbeddedFaults> {
-        self.faults.clone()
     }
 }
 
@@ -154,9 +118,6 @@ impl Backend for EmbeddedQueue {
         deadline: Instant,
     ) -> Result<SendReceipt, SendError> {
         let write = async {
-            let mut held = self.faults.hold_sends.subscribe();
-            // Only an injected fault holds here; the wait ends when released.
-            let _ = held.wait_for(|hold| !*hold).await;
             let (reply, answer) = oneshot::channel();
             self.jobs
                 .send(WriteJob { message, reply })
@@ -174,11 +135,6 @@ impl Backend for EmbeddedQueue {
     }
 
     async fn backlog(&self, queue: &QueueName, deadline: Instant) -> Result<Backlog, DepthError> {
-        if self.faults.fail_depth_reads.load(Ordering::SeqCst) {
-            return Err(DepthError::Failed(
-                "injected fault: depth reads fail".into(),
-            ));
-        }
         let reader = self.reader.clone();
         let queue = queue.as_str().to_owned();
         let read = tokio::task::spawn_blocking(move || reader.lock().depth(&queue));
