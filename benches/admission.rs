@@ -32,9 +32,9 @@ use futures_util::FutureExt;
 use tokio::time::Instant;
 
 use sendgate::admission::breaker::BreakerPolicy;
-use sendgate::admission::capacity::{CapacityGate, CapacityPolicy, SendOutcome};
+use sendgate::admission::capacity::{BacklogEffect, CapacityGate, CapacityPolicy};
 use sendgate::admission::inflight::InFlight;
-use sendgate::admission::{BackendRole, DispatchError, Dispatcher, Route};
+use sendgate::admission::{BackendRole, DispatchError, Dispatcher, Lane};
 use sendgate::backend::{Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt};
 use sendgate::config::{CapacitySettings, Settings};
 use sendgate::domain::{MessageId, QueueName};
@@ -169,7 +169,7 @@ fn bench_capacity(c: &mut Criterion) {
                     .now_or_never()
                     .expect("cached: no await")
                     .expect("admitted");
-                r.finish(SendOutcome::Stored);
+                r.finish(BacklogEffect::Stored);
             })
         });
     }
@@ -225,7 +225,7 @@ fn bench_decision(c: &mut Criterion) {
             ("SENDGATE_DEPTH_TTL_MS", "3600000"),
             ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", limit),
         ]);
-        let route = Route::new(
+        let route = Lane::new(
             BackendRole::Primary,
             Arc::new(Stub { backlog }),
             &[queue()],

@@ -171,7 +171,7 @@ fn state_families(
     let max_in_flight =
         IntGauge::new("sendgate_sends_in_flight_max", "The in-flight limit.").expect("valid");
 
-    for route in dispatcher.routes() {
+    for route in dispatcher.lanes() {
         let role = route.role.as_str();
         for gate in route.gates() {
             let s = gate.snapshot();

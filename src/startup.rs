@@ -10,7 +10,7 @@ use actix_web::{web, App, HttpServer};
 
 use crate::admission::breaker::BreakerPolicy;
 use crate::admission::inflight::InFlight;
-use crate::admission::{BackendRole, Dispatcher, Route};
+use crate::admission::{BackendRole, Dispatcher, Lane};
 use crate::backend::embedded::{EmbeddedQueue, StoreError};
 use crate::backend::rabbitmq::RabbitMq;
 use crate::backend::servicebus::{ServiceBus, ServiceBusError};
@@ -152,7 +152,7 @@ async fn probe_forever(state: web::Data<AppState>, every: Duration, timeout: Dur
         if state.lifecycle.state() == crate::lifecycle::GatewayState::Stopped {
             return;
         }
-        futures_util::future::join_all(state.dispatcher.routes().map(|r| r.probe(timeout))).await;
+        futures_util::future::join_all(state.dispatcher.lanes().map(|r| r.probe(timeout))).await;
     }
 }
 
@@ -194,7 +194,7 @@ impl Application {
             open_for: d.breaker_open,
         };
         let route = |role, backend| {
-            Route::new(
+            Lane::new(
                 role,
                 backend,
                 &settings.queues,

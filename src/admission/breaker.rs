@@ -77,7 +77,7 @@ enum State {
 
 /// One second's outcomes.
 #[derive(Debug)]
-struct Slot {
+struct SecondBucket {
     start: Instant,
     successes: u32,
     failures: u32,
@@ -86,7 +86,7 @@ struct Slot {
 #[derive(Debug)]
 struct Inner {
     state: State,
-    slots: VecDeque<Slot>,
+    buckets: VecDeque<SecondBucket>,
 }
 
 pub struct Breaker {
@@ -126,7 +126,7 @@ impl Breaker {
             policy,
             inner: Mutex::new(Inner {
                 state: State::Closed,
-                slots: VecDeque::new(),
+                buckets: VecDeque::new(),
             }),
             opened: std::sync::atomic::AtomicU64::new(0),
         })
@@ -201,7 +201,7 @@ impl Breaker {
             match outcome {
                 Outcome::Success => {
                     inner.state = State::Closed;
-                    inner.slots.clear();
+                    inner.buckets.clear();
                     tracing::info!(
                         event = "breaker_closed",
                         backend = self.name,
@@ -222,24 +222,24 @@ impl Breaker {
             return;
         }
         let window_start = now.checked_sub(self.policy.window);
-        while let (Some(first), Some(start)) = (inner.slots.front(), window_start) {
+        while let (Some(first), Some(start)) = (inner.buckets.front(), window_start) {
             if first.start + Duration::from_secs(1) > start {
                 break;
             }
-            inner.slots.pop_front();
+            inner.buckets.pop_front();
         }
-        match inner.slots.back_mut() {
+        match inner.buckets.back_mut() {
             Some(slot) if now < slot.start + Duration::from_secs(1) => match outcome {
                 Outcome::Success => slot.successes += 1,
                 _ => slot.failures += 1,
             },
-            _ => inner.slots.push_back(Slot {
+            _ => inner.buckets.push_back(SecondBucket {
                 start: now,
                 successes: u32::from(outcome == Outcome::Success),
                 failures: u32::from(outcome == Outcome::Failure),
             }),
         }
-        let (successes, failures) = inner.slots.iter().fold((0u64, 0u64), |(s, f), slot| {
+        let (successes, failures) = inner.buckets.iter().fold((0u64, 0u64), |(s, f), slot| {
             (s + u64::from(slot.successes), f + u64::from(slot.failures))
         });
         let rate = failures as f64 / (successes + failures) as f64;
@@ -259,7 +259,7 @@ impl Breaker {
         inner.state = State::Open {
             until: now + self.policy.open_for,
         };
-        inner.slots.clear();
+        inner.buckets.clear();
         tracing::warn!(
             event = "breaker_open",
             backend = self.name,

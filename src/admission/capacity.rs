@@ -76,7 +76,7 @@ pub enum Refusal {
 
 /// How an admitted send ended, as far as the queue's backlog is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SendOutcome {
+pub enum BacklogEffect {
     /// A new message is in the queue.
     Stored,
     /// Definitely nothing new in the queue (refused, or a detected duplicate).
@@ -327,10 +327,10 @@ impl CapacityGate {
         })
     }
 
-    fn finish(&self, outcome: SendOutcome) {
+    fn finish(&self, outcome: BacklogEffect) {
         let mut state = self.state.lock();
         state.in_flight = state.in_flight.saturating_sub(1);
-        if outcome == SendOutcome::NotStored {
+        if outcome == BacklogEffect::NotStored {
             return;
         }
         state.completed_total += 1;
@@ -379,14 +379,14 @@ impl CapacityGate {
 
 /// One admitted send's place under the ceiling. Finish it with the send's outcome; if it
 /// is dropped unfinished (the request was cancelled mid-send) it counts as
-/// [`SendOutcome::Unknown`], the safe side.
+/// [`BacklogEffect::Unknown`], the safe side.
 pub struct Reservation {
     gate: Arc<CapacityGate>,
     finished: bool,
 }
 
 impl Reservation {
-    pub fn finish(mut self, outcome: SendOutcome) {
+    pub fn finish(mut self, outcome: BacklogEffect) {
         self.finished = true;
         self.gate.finish(outcome);
     }
@@ -395,7 +395,7 @@ impl Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         if !self.finished {
-            self.gate.finish(SendOutcome::Unknown);
+            self.gate.finish(BacklogEffect::Unknown);
         }
     }
 }
@@ -478,14 +478,23 @@ mod tests {
         let backend = ScriptedDepth::new(vec![Ok(0)], Duration::ZERO);
         let g = gate(policy(100, 1000, false, 3));
         for _ in 0..3 {
-            g.admit(&backend).await.unwrap().finish(SendOutcome::Stored);
+            g.admit(&backend)
+                .await
+                .unwrap()
+                .finish(BacklogEffect::Stored);
         }
         assert_eq!(backend.reads(), 1);
         tokio::time::advance(Duration::from_millis(999)).await;
-        g.admit(&backend).await.unwrap().finish(SendOutcome::Stored);
+        g.admit(&backend)
+            .await
+            .unwrap()
+            .finish(BacklogEffect::Stored);
         assert_eq!(backend.reads(), 1);
         tokio::time::advance(Duration::from_millis(1)).await;
-        g.admit(&backend).await.unwrap().finish(SendOutcome::Stored);
+        g.admit(&backend)
+            .await
+            .unwrap()
+            .finish(BacklogEffect::Stored);
         assert_eq!(backend.reads(), 2);
     }
 
@@ -518,7 +527,7 @@ mod tests {
         for _ in 0..8 {
             match g.admit(&backend).await {
                 Ok(r) => {
-                    r.finish(SendOutcome::Stored);
+                    r.finish(BacklogEffect::Stored);
                     queued += 1;
                 }
                 Err(e) => refused.push(e),
@@ -546,14 +555,14 @@ mod tests {
             g.admit(&backend).await.is_err(),
             "3 stored + 2 in flight is the ceiling"
         );
-        b.finish(SendOutcome::NotStored);
+        b.finish(BacklogEffect::NotStored);
         let c = g
             .admit(&backend)
             .await
             .expect("a refused send frees its place");
         drop(c); // a cancelled send counts as stored: the safe side
         assert!(g.admit(&backend).await.is_err());
-        a.finish(SendOutcome::Stored);
+        a.finish(BacklogEffect::Stored);
         assert_eq!(g.snapshot().backlog, Some(5));
     }
 
@@ -563,10 +572,19 @@ mod tests {
         // added again on top of it.
         let backend = ScriptedDepth::new(vec![Ok(0), Ok(2)], Duration::ZERO);
         let g = gate(policy(3, 1000, false, 3));
-        g.admit(&backend).await.unwrap().finish(SendOutcome::Stored);
-        g.admit(&backend).await.unwrap().finish(SendOutcome::Stored);
+        g.admit(&backend)
+            .await
+            .unwrap()
+            .finish(BacklogEffect::Stored);
+        g.admit(&backend)
+            .await
+            .unwrap()
+            .finish(BacklogEffect::Stored);
         tokio::time::advance(Duration::from_millis(1000)).await;
-        g.admit(&backend).await.unwrap().finish(SendOutcome::Stored);
+        g.admit(&backend)
+            .await
+            .unwrap()
+            .finish(BacklogEffect::Stored);
         assert_eq!(g.snapshot().backlog, Some(3));
         assert!(matches!(
             g.admit(&backend).await,
@@ -582,10 +600,16 @@ mod tests {
         p.lag = Duration::from_secs(5);
         let g = gate(p);
         for _ in 0..4 {
-            g.admit(&backend).await.unwrap().finish(SendOutcome::Stored);
+            g.admit(&backend)
+                .await
+                .unwrap()
+                .finish(BacklogEffect::Stored);
         }
         tokio::time::advance(Duration::from_secs(1)).await;
-        g.admit(&backend).await.unwrap().finish(SendOutcome::Stored);
+        g.admit(&backend)
+            .await
+            .unwrap()
+            .finish(BacklogEffect::Stored);
         assert!(
             g.admit(&backend).await.is_err(),
             "lagging read of 0 + 5 recent sends is the ceiling"
@@ -657,7 +681,10 @@ mod tests {
         let backend = ScriptedDepth::new(vec![down()], Duration::ZERO);
         let g = gate(policy(100, 0, false, 3));
         for _ in 0..5 {
-            g.admit(&backend).await.unwrap().finish(SendOutcome::Stored);
+            g.admit(&backend)
+                .await
+                .unwrap()
+                .finish(BacklogEffect::Stored);
         }
         assert_eq!(g.snapshot().consecutive_failures, 5);
         assert!(!g.snapshot().fail_closed);

@@ -1,5 +1,5 @@
 //! The gates a send passes after its input is valid, in the contract's order:
-//! route (primary, or the fallback while the primary's circuit is open) → capacity
+//! lane (primary, or the fallback while the primary's circuit is open) → capacity
 //! (backlog ceiling, fail-closed) → the in-flight limit → the circuit breaker → the send
 //! itself under its deadline. [`Dispatcher`] strings them together; each gate is its own
 //! module.
@@ -7,7 +7,7 @@
 pub mod breaker;
 pub mod capacity;
 pub mod inflight;
-mod route;
+mod lane;
 
 use std::time::Duration;
 
@@ -17,9 +17,9 @@ use crate::backend::{OutgoingMessage, SendError, SendReceipt};
 use crate::config::ForceBackend;
 use crate::domain::QueueName;
 use breaker::Outcome;
-use capacity::{Refusal, SendOutcome};
+use capacity::{BacklogEffect, Refusal};
 use inflight::InFlight;
-pub use route::{BackendRole, ProbeStatus, Route};
+pub use lane::{BackendRole, Lane, ProbeStatus};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DispatchError {
@@ -44,8 +44,8 @@ pub struct Dispatched {
 }
 
 pub struct Dispatcher {
-    primary: Route,
-    fallback: Option<Route>,
+    primary: Lane,
+    fallback: Option<Lane>,
     force: Option<ForceBackend>,
     in_flight: InFlight,
     send_timeout: Duration,
@@ -53,8 +53,8 @@ pub struct Dispatcher {
 
 impl Dispatcher {
     pub fn new(
-        primary: Route,
-        fallback: Option<Route>,
+        primary: Lane,
+        fallback: Option<Lane>,
         force: Option<ForceBackend>,
         in_flight: InFlight,
         send_timeout: Duration,
@@ -68,11 +68,11 @@ impl Dispatcher {
         }
     }
 
-    pub fn routes(&self) -> impl Iterator<Item = &Route> {
+    pub fn lanes(&self) -> impl Iterator<Item = &Lane> {
         std::iter::once(&self.primary).chain(self.fallback.as_ref())
     }
 
-    pub fn primary(&self) -> &Route {
+    pub fn primary(&self) -> &Lane {
         &self.primary
     }
 
@@ -83,20 +83,20 @@ impl Dispatcher {
     /// Connect every backend ahead of the first send.
     pub async fn warm_up(&self, deadline: Instant) -> Result<(), String> {
         let results =
-            futures_util::future::join_all(self.routes().map(|r| r.warm_up(deadline))).await;
+            futures_util::future::join_all(self.lanes().map(|r| r.warm_up(deadline))).await;
         results.into_iter().collect()
     }
 
     /// Make every queue's first depth read now, so the first sends find the backlog known.
     pub async fn prime_capacity(&self) {
-        futures_util::future::join_all(self.routes().map(Route::prime_capacity)).await;
+        futures_util::future::join_all(self.lanes().map(Lane::prime_capacity)).await;
     }
 
     /// Which backend takes the next send: the primary while its circuit lets sends through,
     /// else the fallback when its circuit does; `SENDGATE_FORCE_BACKEND` pins the choice
     /// (primary = never fail over). With both circuits open it is the primary, so capacity
     /// still answers first (429 before 503, the contract's order).
-    fn choose(&self) -> &Route {
+    fn choose(&self) -> &Lane {
         match (self.force, &self.fallback) {
             (Some(ForceBackend::Primary), _)
             | (None, None)
@@ -115,25 +115,25 @@ impl Dispatcher {
     /// Admit and send one message. Dropping the future at any point gives back its
     /// in-flight slot, its place under the ceiling and its breaker ticket.
     pub async fn send(&self, message: OutgoingMessage) -> Dispatched {
-        let mut route = self.choose();
-        let mut admitted = self.admit(route, &message.queue).await;
+        let mut lane = self.choose();
+        let mut admitted = self.admit(lane, &message.queue).await;
         // The primary's trial went to another send (or it opened meanwhile): with a fallback
         // that takes sends, use it rather than answer 503.
         if let (Err(DispatchError::BackendUnavailable { .. }), None, Some(fallback)) =
             (&admitted, self.force, &self.fallback)
         {
-            if route.role == BackendRole::Primary && fallback.breaker.would_allow() {
-                route = fallback;
-                admitted = self.admit(route, &message.queue).await;
+            if lane.role == BackendRole::Primary && fallback.breaker.would_allow() {
+                lane = fallback;
+                admitted = self.admit(lane, &message.queue).await;
             }
         }
-        if route.role == BackendRole::Fallback {
+        if lane.role == BackendRole::Fallback {
             tracing::debug!(event = "fallback_selected", queue = %message.queue, "primary circuit open: using the fallback");
         }
         let admitted = match admitted {
             Ok(admitted) => admitted,
             Err(e) => {
-                let via = (!matches!(e, DispatchError::UnknownQueue)).then_some(route.role);
+                let via = (!matches!(e, DispatchError::UnknownQueue)).then_some(lane.role);
                 return Dispatched {
                     via,
                     result: Err(e),
@@ -142,34 +142,34 @@ impl Dispatcher {
             }
         };
         let started = Instant::now();
-        let result = self.deliver(route, admitted, message, started).await;
+        let result = self.deliver(lane, admitted, message, started).await;
         Dispatched {
-            via: Some(route.role),
+            via: Some(lane.role),
             result,
             send_time: Some(started.elapsed()),
         }
     }
 
     /// Steps 5 to 7 for one backend: capacity, an in-flight slot, a breaker ticket.
-    async fn admit(&self, route: &Route, queue: &QueueName) -> Result<Admitted, DispatchError> {
-        let gate = route.gate(queue).ok_or(DispatchError::UnknownQueue)?;
+    async fn admit(&self, lane: &Lane, queue: &QueueName) -> Result<Admitted, DispatchError> {
+        let gate = lane.gate(queue).ok_or(DispatchError::UnknownQueue)?;
         let reservation = gate
-            .admit(route.backend())
+            .admit(lane.backend())
             .await
             .map_err(DispatchError::Refused)?;
         let Some(slot) = self.in_flight.try_acquire() else {
-            reservation.finish(SendOutcome::NotStored);
+            reservation.finish(BacklogEffect::NotStored);
             tracing::debug!(event = "send_saturated", queue = %queue);
             return Err(DispatchError::Saturated);
         };
-        match route.breaker.try_acquire() {
+        match lane.breaker.try_acquire() {
             Ok(ticket) => Ok(Admitted {
                 reservation,
                 _slot: slot,
                 ticket,
             }),
             Err(retry_after) => {
-                reservation.finish(SendOutcome::NotStored);
+                reservation.finish(BacklogEffect::NotStored);
                 Err(DispatchError::BackendUnavailable { retry_after })
             }
         }
@@ -179,7 +179,7 @@ impl Dispatcher {
     /// under the ceiling.
     async fn deliver(
         &self,
-        route: &Route,
+        lane: &Lane,
         admitted: Admitted,
         message: OutgoingMessage,
         started: Instant,
@@ -192,7 +192,7 @@ impl Dispatcher {
         let deadline = started + self.send_timeout;
         // The deadline goes into the backend, which cancels its own work; the outer timeout
         // is the backstop for a backend that ignores it.
-        let result = tokio::time::timeout_at(deadline, route.backend().send(message, deadline))
+        let result = tokio::time::timeout_at(deadline, lane.backend().send(message, deadline))
             .await
             .unwrap_or(Err(SendError::Timeout));
         ticket.record(match &result {
@@ -202,10 +202,10 @@ impl Dispatcher {
             Err(_) => Outcome::Failure,
         });
         reservation.finish(match &result {
-            Ok(receipt) if receipt.duplicate => SendOutcome::NotStored,
-            Ok(_) => SendOutcome::Stored,
-            Err(SendError::Timeout | SendError::Uncertain(_)) => SendOutcome::Unknown,
-            Err(_) => SendOutcome::NotStored,
+            Ok(receipt) if receipt.duplicate => BacklogEffect::NotStored,
+            Ok(_) => BacklogEffect::Stored,
+            Err(SendError::Timeout | SendError::Uncertain(_)) => BacklogEffect::Unknown,
+            Err(_) => BacklogEffect::NotStored,
         });
         result.map_err(DispatchError::Send)
     }
@@ -253,7 +253,7 @@ mod tests {
             depth_ttl: Duration::from_secs(60),
             admin_timeout: Duration::from_secs(1),
         };
-        let route = Route::new(
+        let lane = Lane::new(
             BackendRole::Primary,
             Arc::new(Hung),
             std::slice::from_ref(&queue),
@@ -262,7 +262,7 @@ mod tests {
         );
         (
             Arc::new(Dispatcher::new(
-                route,
+                lane,
                 None,
                 None,
                 InFlight::new(max),
@@ -392,14 +392,14 @@ mod tests {
             open_for: Duration::from_secs(5),
             ..BreakerPolicy::default()
         };
-        let primary = Route::new(
+        let primary = Lane::new(
             BackendRole::Primary,
             flaky.clone(),
             queues,
             &capacity,
             policy.clone(),
         );
-        let fallback = Route::new(
+        let fallback = Lane::new(
             BackendRole::Fallback,
             Arc::new(Healthy),
             queues,

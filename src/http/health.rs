@@ -17,7 +17,7 @@ use super::auth::Permission;
 use super::errors::ApiError;
 use super::{authorize, request_id, AppState};
 use crate::admission::breaker::BreakerState;
-use crate::admission::{BackendRole, Route};
+use crate::admission::{BackendRole, Lane};
 use crate::lifecycle::{GatewayState, NotAdmitting};
 
 pub async fn live(req: HttpRequest) -> HttpResponse {
@@ -105,7 +105,7 @@ pub async fn detailed(
 
     let gateway_state = state.lifecycle.state();
     let mut degraded = gateway_state != GatewayState::Running;
-    let queues_of = |route: &Route| -> BTreeMap<String, QueueHealth> {
+    let queues_of = |route: &Lane| -> BTreeMap<String, QueueHealth> {
         route
             .gates()
             .map(|gate| {
@@ -126,7 +126,7 @@ pub async fn detailed(
     degraded |= queues.values().any(|q| q.consecutive_failures > 0);
     let in_flight = state.dispatcher.in_flight();
     let mut backends = BTreeMap::new();
-    for route in state.dispatcher.routes() {
+    for route in state.dispatcher.lanes() {
         let breaker = route.breaker.state();
         degraded |= route.role == BackendRole::Primary && breaker != BreakerState::Closed;
         backends.insert(

@@ -96,7 +96,7 @@ impl Session {
     }
 }
 
-struct Backoff {
+struct ReconnectBackoff {
     next_attempt: Option<Instant>,
     delay: Duration,
     /// Why the last attempt failed: a refused credential stays the answer while backing off.
@@ -108,7 +108,7 @@ pub struct Link {
     queues: Vec<QueueName>,
     current: RwLock<Option<Arc<Session>>>,
     connecting: tokio::sync::Mutex<()>,
-    backoff: Mutex<Backoff>,
+    backoff: Mutex<ReconnectBackoff>,
     timeouts_in_a_row: AtomicU32,
     generations: AtomicU64,
 }
@@ -131,7 +131,7 @@ impl Link {
             queues,
             current: RwLock::new(None),
             connecting: tokio::sync::Mutex::new(()),
-            backoff: Mutex::new(Backoff {
+            backoff: Mutex::new(ReconnectBackoff {
                 next_attempt: None,
                 delay: BACKOFF_FIRST,
                 last_error: None,
@@ -168,7 +168,7 @@ impl Link {
         let mut backoff = self.backoff.lock();
         match outcome {
             Ok(session) => {
-                *backoff = Backoff {
+                *backoff = ReconnectBackoff {
                     next_attempt: None,
                     delay: BACKOFF_FIRST,
                     last_error: None,

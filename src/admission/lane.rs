@@ -1,4 +1,4 @@
-//! One backend as the dispatcher sees it: the backend, its circuit breaker, one
+//! A lane: one backend as the dispatcher sees it: the backend, its circuit breaker, one
 //! capacity gate per queue, and the last health probe.
 //!
 //! Probes run on their own timer against the backend's admin plane and never take an
@@ -40,7 +40,7 @@ pub struct ProbeStatus {
     pub error: Option<String>,
 }
 
-pub struct Route {
+pub struct Lane {
     pub role: BackendRole,
     pub breaker: Arc<Breaker>,
     backend: Arc<dyn Backend>,
@@ -48,7 +48,7 @@ pub struct Route {
     probe: Mutex<Option<ProbeStatus>>,
 }
 
-impl Route {
+impl Lane {
     pub fn new(
         role: BackendRole,
         backend: Arc<dyn Backend>,
