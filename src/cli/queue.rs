@@ -1,9 +1,14 @@
-//! `sendgate queue receive|depth`: use the embedded queue from another process while the
-//! server runs (SQLite in WAL mode lets both work at once).
+//! `sendgate queue receive|complete|depth`: use the embedded queue from another process
+//! while the server runs (SQLite in WAL mode lets both work at once).
+//!
+//! Two ways to receive, as Service Bus and SQS offer: receive-and-delete (the default),
+//! and peek-lock (`--lock-s N`), which leases messages and prints a lock token per
+//! message; `complete` deletes them. An unfinished lease makes them deliverable again.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Subcommand;
 use serde::Serialize;
@@ -11,7 +16,7 @@ use serde_json::value::RawValue;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-use crate::backend::embedded::{Store, StoredMessage};
+use crate::backend::embedded::{unix_ms, LeasedMessage, Store, StoreError, StoredMessage};
 use crate::config::Settings;
 use crate::domain::QueueName;
 
@@ -24,7 +29,21 @@ pub enum QueueCommand {
         /// Most messages to take.
         #[arg(long, default_value_t = 1)]
         max: usize,
+        /// Peek-lock: lease the messages for this many seconds (1 to 300) and print a
+        /// lock token each, instead of deleting them; `queue complete` deletes them.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=300))]
+        lock_s: Option<u64>,
         /// Defaults to SENDGATE_DATA_DIR.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
+    /// Delete messages received with `--lock-s`, by lock token, while their lease holds.
+    Complete {
+        #[arg(long)]
+        queue: String,
+        /// One or more lock tokens, as `receive --lock-s` printed them.
+        #[arg(long = "lock-token", required = true, num_args = 1..)]
+        lock_tokens: Vec<String>,
         #[arg(long)]
         data_dir: Option<PathBuf>,
     },
@@ -43,6 +62,11 @@ struct ReceivedLine<'a> {
     message_id: &'a str,
     correlation_id: Option<&'a str>,
     enqueued_at: String,
+    delivery_count: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lock_token: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    locked_until: Option<String>,
     body: &'a RawValue,
 }
 
@@ -59,6 +83,9 @@ pub fn run(command: QueueCommand) -> ExitCode {
 fn execute(command: QueueCommand) -> Result<(), (u8, String)> {
     let (queue, data_dir) = match &command {
         QueueCommand::Receive {
+            queue, data_dir, ..
+        }
+        | QueueCommand::Complete {
             queue, data_dir, ..
         }
         | QueueCommand::Depth { queue, data_dir } => (queue, data_dir),
@@ -80,40 +107,92 @@ fn execute(command: QueueCommand) -> Result<(), (u8, String)> {
                 .map_err(|e| (1, e.to_string()))?;
             println!("{n}");
         }
-        QueueCommand::Receive { max, .. } => {
+        QueueCommand::Receive { max, lock_s, .. } => {
             let stdout = std::io::stdout();
             let mut out = stdout.lock();
-            store
-                .receive(queue.as_str(), max, |m| {
-                    writeln!(out, "{}", render(m)?)?;
-                    out.flush()
-                })
-                .map_err(|e| (1, e.to_string()))?;
+            match lock_s {
+                None => store
+                    .receive(queue.as_str(), max, |m| {
+                        writeln!(out, "{}", render(m, None)?)?;
+                        out.flush()
+                    })
+                    .map(|_| ()),
+                Some(seconds) => peek_lock(&mut store, &queue, max, seconds, &mut out),
+            }
+            .map_err(|e| (1, e.to_string()))?;
         }
+        QueueCommand::Complete { lock_tokens, .. } => complete(&mut store, &lock_tokens)?,
     }
     Ok(())
+}
+
+fn peek_lock(
+    store: &mut Store,
+    queue: &QueueName,
+    max: usize,
+    seconds: u64,
+    out: &mut impl Write,
+) -> Result<(), StoreError> {
+    let now = unix_ms(std::time::SystemTime::now());
+    let leased = store.lease(queue.as_str(), max, Duration::from_secs(seconds), now)?;
+    for l in &leased {
+        writeln!(out, "{}", render(&l.message, Some(l))?)?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// Exit 1 when any token's lock was lost: its message may be handed out again.
+fn complete(store: &mut Store, tokens: &[String]) -> Result<(), (u8, String)> {
+    let now = unix_ms(std::time::SystemTime::now());
+    let tokens: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    let done = store
+        .complete(&tokens, now)
+        .map_err(|e| (1, e.to_string()))?;
+    let lost: Vec<&str> = tokens
+        .iter()
+        .zip(&done)
+        .filter(|(_, ok)| !**ok)
+        .map(|(t, _)| *t)
+        .collect();
+    if lost.is_empty() {
+        return Ok(());
+    }
+    Err((
+        1,
+        format!(
+            "lock lost (lease ended, or unknown token) for {}: the message may be delivered again",
+            lost.join(", ")
+        ),
+    ))
 }
 
 /// One line per message. The body was valid JSON when it was accepted; line breaks between
 /// its tokens (pretty-printed input) become spaces so it stays on one line — the same JSON
 /// value. The stored bytes themselves are untouched.
-fn render(m: &StoredMessage) -> std::io::Result<String> {
+fn render(m: &StoredMessage, lease: Option<&LeasedMessage>) -> std::io::Result<String> {
     // Accepted bodies are valid UTF-8 JSON (checked at the door); anything else is reported.
     let text = std::str::from_utf8(&m.body)
         .map_err(std::io::Error::other)?
         .replace(['\r', '\n'], " ");
     let body = RawValue::from_string(text).map_err(std::io::Error::other)?;
-    let enqueued_at =
-        OffsetDateTime::from_unix_timestamp_nanos(i128::from(m.enqueued_at_ms) * 1_000_000)
-            .ok()
-            .and_then(|t| t.format(&Rfc3339).ok())
-            .unwrap_or_default();
+    let enqueued_at = rfc3339(m.enqueued_at_ms);
     serde_json::to_string(&ReceivedLine {
         queue: &m.queue,
         message_id: &m.message_id,
         correlation_id: m.correlation_id.as_deref(),
         enqueued_at,
+        delivery_count: m.delivery_count,
+        lock_token: lease.map(|l| l.lock_token.as_str()),
+        locked_until: lease.map(|l| rfc3339(l.locked_until_ms)),
         body: &body,
     })
     .map_err(std::io::Error::other)
+}
+
+fn rfc3339(unix_ms: i64) -> String {
+    OffsetDateTime::from_unix_timestamp_nanos(i128::from(unix_ms) * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .unwrap_or_default()
 }

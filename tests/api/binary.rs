@@ -124,6 +124,79 @@ async fn queue_receive_and_depth_work_beside_a_running_server() {
     assert_eq!(app.stored("requests"), 1);
 }
 
+fn json_lines(out: &Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect()
+}
+
+#[tokio::test]
+async fn peek_lock_leases_hides_and_completes_by_lock_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap().to_owned();
+    let app = spawn_in(dir.path(), &[]).await;
+    for i in 0..3 {
+        assert_eq!(app.send("requests", &i.to_string()).await.status(), 201);
+    }
+    let env = [("SENDGATE_DATA_DIR", data.as_str())];
+    let receive = |max: &str| {
+        let args = [
+            "queue", "receive", "--queue", "requests", "--max", max, "--lock-s", "60",
+        ];
+        let out = sendgate(&args, &env);
+        assert!(out.status.success(), "{}", stderr(&out));
+        json_lines(&out)
+    };
+    let first = receive("2");
+    assert_eq!(first.len(), 2);
+    assert_eq!(first[0]["body"], 0);
+    assert_eq!(first[0]["delivery_count"], 1);
+    assert!(first[0]["lock_token"].is_string() && first[0]["locked_until"].is_string());
+    let second = receive("10");
+    assert_eq!(second.len(), 1, "leased messages go to nobody else");
+    assert_eq!(second[0]["body"], 2);
+    assert_eq!(app.stored("requests"), 3, "leased, not deleted");
+
+    let token = first[0]["lock_token"].as_str().unwrap();
+    let done = sendgate(
+        &[
+            "queue",
+            "complete",
+            "--queue",
+            "requests",
+            "--lock-token",
+            token,
+        ],
+        &env,
+    );
+    assert!(done.status.success(), "{}", stderr(&done));
+    assert_eq!(app.stored("requests"), 2);
+    let again = sendgate(
+        &[
+            "queue",
+            "complete",
+            "--queue",
+            "requests",
+            "--lock-token",
+            token,
+        ],
+        &env,
+    );
+    assert_eq!(
+        again.status.code(),
+        Some(1),
+        "a lock completed twice is lost"
+    );
+    assert!(stderr(&again).contains("lock lost"), "{}", stderr(&again));
+
+    let too_long = sendgate(
+        &["queue", "receive", "--queue", "requests", "--lock-s", "301"],
+        &env,
+    );
+    assert_eq!(too_long.status.code(), Some(2), "{}", stderr(&too_long));
+}
+
 #[tokio::test]
 async fn keys_new_prints_a_working_token_and_an_entry_holding_only_its_hash() {
     let out = sendgate(

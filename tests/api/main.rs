@@ -4,6 +4,7 @@ mod admin;
 mod auth;
 mod binary;
 mod capacity;
+mod competing;
 #[path = "../support/faulty_backend.rs"]
 mod faulty_backend;
 #[path = "../support/gateway.rs"]

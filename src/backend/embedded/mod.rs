@@ -18,7 +18,10 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-pub use store::{database_path, unix_ms, Store, StoreError, StoredMessage, DUPLICATE_WINDOW};
+pub use store::{
+    database_path, unix_ms, LeasedMessage, Store, StoreError, StoredMessage, DUPLICATE_WINDOW,
+    MAX_LEASE,
+};
 
 use super::{Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt};
 use crate::domain::QueueName;

@@ -8,6 +8,17 @@
 //!
 //! Depth is kept in its own table by triggers, so reading it is one row lookup however
 //! long the queue is.
+//!
+//! Every write transaction is `IMMEDIATE`: it takes the write lock when it begins, so a
+//! writer that finds the lock taken waits in SQLite's busy handler. A deferred
+//! transaction that reads first and writes later cannot wait: once it holds a read
+//! snapshot SQLite answers `SQLITE_BUSY` at once, and the send would fail beside a worker.
+//!
+//! Receiving claims messages with a lease, in one transaction: a claimed message is
+//! invisible to other receivers until its lease ends (`locked_until_ms`), so two workers
+//! never get the same message. Receive-and-delete deletes what it handed out; peek-lock
+//! hands out a lock token and leaves the delete to `complete`. A lease that ends without
+//! a delete makes the message deliverable again, its `delivery_count` one higher.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -48,6 +59,21 @@ CREATE TABLE IF NOT EXISTS seen_ids (
 CREATE INDEX IF NOT EXISTS seen_ids_by_age ON seen_ids (seen_at_ms);
 ";
 
+/// Leases (schema version 1): added to databases made before them.
+const LEASE_COLUMNS: &[&str] = &[
+    "ALTER TABLE messages ADD COLUMN locked_until_ms INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE messages ADD COLUMN lock_token TEXT",
+    "ALTER TABLE messages ADD COLUMN delivery_count INTEGER NOT NULL DEFAULT 0",
+    "CREATE INDEX IF NOT EXISTS messages_by_lock_token ON messages (lock_token)",
+];
+
+/// How long receive-and-delete keeps its claim while it writes the messages out. A
+/// receiver that dies meanwhile loses nothing: the messages come back after this.
+pub const RECEIVE_AND_DELETE_LEASE: Duration = Duration::from_secs(30);
+
+/// The longest lease `receive --lock-s` takes (Service Bus allows 5 minutes).
+pub const MAX_LEASE: Duration = Duration::from_secs(300);
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("cannot create the data directory {path}: {source}")]
@@ -70,6 +96,16 @@ pub struct StoredMessage {
     pub correlation_id: Option<String>,
     pub body: Vec<u8>,
     pub enqueued_at_ms: i64,
+    /// How many times it has been handed out, this time included.
+    pub delivery_count: u32,
+}
+
+/// A message claimed by a receiver until `locked_until_ms`; `lock_token` completes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeasedMessage {
+    pub message: StoredMessage,
+    pub lock_token: String,
+    pub locked_until_ms: i64,
 }
 
 /// A message to store, borrowed from the request.
@@ -101,7 +137,15 @@ impl Store {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.execute_batch(SCHEMA)?;
+        migrate(&conn)?;
         Ok(Self { conn })
+    }
+
+    /// A write transaction that holds the write lock from its start (see the module doc).
+    fn write(&mut self) -> Result<rusqlite::Transaction<'_>, StoreError> {
+        Ok(self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?)
     }
 
     /// Store a batch in one transaction; one result per message: `true` when it was a
@@ -112,7 +156,7 @@ impl Store {
         now_ms: i64,
     ) -> Result<Vec<bool>, StoreError> {
         let window_start = now_ms - DUPLICATE_WINDOW.as_millis() as i64;
-        let tx = self.conn.transaction()?;
+        let tx = self.write()?;
         let mut duplicates = Vec::with_capacity(batch.len());
         {
             let mut seen = tx.prepare_cached(
@@ -151,9 +195,10 @@ impl Store {
     /// Forget message ids older than the duplicate window.
     pub fn prune_seen_ids(&mut self, now_ms: i64) -> Result<usize, StoreError> {
         let window_start = now_ms - DUPLICATE_WINDOW.as_millis() as i64;
-        Ok(self
-            .conn
-            .execute("DELETE FROM seen_ids WHERE seen_at_ms < ?1", [window_start])?)
+        let tx = self.write()?;
+        let pruned = tx.execute("DELETE FROM seen_ids WHERE seen_at_ms < ?1", [window_start])?;
+        tx.commit()?;
+        Ok(pruned)
     }
 
     /// Messages stored in `queue` and not yet received.
@@ -166,24 +211,73 @@ impl Store {
         Ok(n.unwrap_or(0).max(0) as u64)
     }
 
-    /// Take up to `max` messages off `queue`, oldest first. Each is handed to `deliver`
-    /// before it is deleted, so a receiver that dies half-way loses nothing (at-least-once:
-    /// it may see a message again). The write lock is taken only for the short delete at
-    /// the end, never while `deliver` writes out: a slow reader on the other end of a pipe
-    /// must not stall the gateway's writer.
+    /// Take up to `max` messages off `queue`, oldest first (receive-and-delete). They are
+    /// claimed first, so no other receiver gets them; each is handed to `deliver`, and what
+    /// was handed out is deleted. A receiver that fails or dies half-way loses nothing
+    /// (at-least-once): what it did not hand out is released at once, what it did not
+    /// delete comes back when the claim ends. No lock is held while `deliver` writes out:
+    /// a slow reader on the other end of a pipe never stalls the gateway's writer.
     pub fn receive(
         &mut self,
         queue: &str,
         max: usize,
         mut deliver: impl FnMut(&StoredMessage) -> std::io::Result<()>,
     ) -> Result<usize, StoreError> {
-        let messages: Vec<StoredMessage> = {
-            let mut select = self.conn.prepare(
-                "SELECT seq, queue, message_id, correlation_id, body, enqueued_at_ms
-                 FROM messages WHERE queue = ?1 ORDER BY seq LIMIT ?2",
+        let now_ms = unix_ms(SystemTime::now());
+        let claimed = self.lease(queue, max, RECEIVE_AND_DELETE_LEASE, now_ms)?;
+        let mut delivered = Vec::with_capacity(claimed.len());
+        let mut failure = None;
+        for leased in &claimed {
+            if let Err(e) = deliver(&leased.message) {
+                failure = Some(e);
+                break;
+            }
+            delivered.push(leased.lock_token.as_str());
+        }
+        let undelivered: Vec<&str> = claimed[delivered.len()..]
+            .iter()
+            .map(|l| l.lock_token.as_str())
+            .collect();
+        // Delete what was handed out, even when a later delivery failed.
+        self.complete(&delivered, now_ms)?;
+        self.release(&undelivered)?;
+        match failure {
+            Some(e) => Err(StoreError::Output(e)),
+            None => Ok(delivered.len()),
+        }
+    }
+
+    /// Claim up to `max` deliverable messages of `queue` (oldest first) until
+    /// `now_ms + lease`, each with a lock token of its own.
+    pub fn lease(
+        &mut self,
+        queue: &str,
+        max: usize,
+        lease: Duration,
+        now_ms: i64,
+    ) -> Result<Vec<LeasedMessage>, StoreError> {
+        let locked_until_ms = now_ms.saturating_add(lease.min(MAX_LEASE).as_millis() as i64);
+        let max = max.min(i64::MAX as usize) as i64;
+        let tx = self.write()?;
+        let seqs: Vec<i64> = tx
+            .prepare_cached(
+                "SELECT seq FROM messages WHERE queue = ?1 AND locked_until_ms <= ?2
+                 ORDER BY seq LIMIT ?3",
+            )?
+            .query_map(params![queue, now_ms, max], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        let mut claimed = Vec::with_capacity(seqs.len());
+        {
+            let mut claim = tx.prepare_cached(
+                "UPDATE messages SET locked_until_ms = ?2, lock_token = ?3,
+                        delivery_count = delivery_count + 1
+                 WHERE seq = ?1
+                 RETURNING seq, queue, message_id, correlation_id, body, enqueued_at_ms,
+                           delivery_count",
             )?;
-            let rows =
-                select.query_map(params![queue, max.min(i64::MAX as usize) as i64], |r| {
+            for seq in seqs {
+                let lock_token = uuid::Uuid::new_v4().to_string();
+                let message = claim.query_row(params![seq, locked_until_ms, lock_token], |r| {
                     Ok(StoredMessage {
                         seq: r.get(0)?,
                         queue: r.get(1)?,
@@ -191,35 +285,88 @@ impl Store {
                         correlation_id: r.get(3)?,
                         body: r.get(4)?,
                         enqueued_at_ms: r.get(5)?,
+                        delivery_count: r.get(6)?,
                     })
                 })?;
-            rows.collect::<Result<_, _>>()?
-        };
-        let mut delivered = Vec::with_capacity(messages.len());
-        let mut failure = None;
-        for m in &messages {
-            if let Err(e) = deliver(m) {
-                failure = Some(e);
-                break;
-            }
-            delivered.push(m.seq);
-        }
-        // Delete what was handed out, even when a later delivery failed.
-        let tx = self
-            .conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        {
-            let mut delete = tx.prepare_cached("DELETE FROM messages WHERE seq = ?1")?;
-            for seq in &delivered {
-                delete.execute([seq])?;
+                claimed.push(LeasedMessage {
+                    message,
+                    lock_token,
+                    locked_until_ms,
+                });
             }
         }
         tx.commit()?;
-        match failure {
-            Some(e) => Err(StoreError::Output(e)),
-            None => Ok(delivered.len()),
+        Ok(claimed)
+    }
+
+    /// Delete the messages these lock tokens claim; per token, `false` when its lease had
+    /// already ended (the message may have gone to another receiver) or it is unknown.
+    pub fn complete(&mut self, lock_tokens: &[&str], now_ms: i64) -> Result<Vec<bool>, StoreError> {
+        if lock_tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        let tx = self.write()?;
+        let mut done = Vec::with_capacity(lock_tokens.len());
+        {
+            let mut delete = tx.prepare_cached(
+                "DELETE FROM messages WHERE lock_token = ?1 AND locked_until_ms > ?2",
+            )?;
+            for token in lock_tokens {
+                done.push(delete.execute(params![token, now_ms])? > 0);
+            }
+        }
+        tx.commit()?;
+        Ok(done)
+    }
+
+    /// Give claimed messages back at once, as if never handed out.
+    fn release(&mut self, lock_tokens: &[&str]) -> Result<(), StoreError> {
+        if lock_tokens.is_empty() {
+            return Ok(());
+        }
+        let tx = self.write()?;
+        {
+            let mut release = tx.prepare_cached(
+                "UPDATE messages SET locked_until_ms = 0, lock_token = NULL,
+                        delivery_count = delivery_count - 1
+                 WHERE lock_token = ?1",
+            )?;
+            for token in lock_tokens {
+                release.execute([token])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+}
+
+/// Bring a database made by an older sendgate up to the current schema.
+fn migrate(conn: &Connection) -> Result<(), StoreError> {
+    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    if version >= 1 {
+        return Ok(());
+    }
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    // Another process may have migrated while this one waited for the lock.
+    let has_leases = conn
+        .prepare("SELECT 1 FROM pragma_table_info('messages') WHERE name = 'lock_token'")?
+        .exists([])?;
+    let migrated = (|| {
+        if !has_leases {
+            for statement in LEASE_COLUMNS {
+                conn.execute_batch(statement)?;
+            }
+        }
+        conn.pragma_update(None, "user_version", 1)
+    })();
+    match migrated {
+        Ok(()) => conn.execute_batch("COMMIT")?,
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            return Err(e.into());
         }
     }
+    Ok(())
 }
 
 pub fn unix_ms(t: SystemTime) -> i64 {
@@ -326,6 +473,96 @@ mod tests {
             })
             .unwrap();
         assert_eq!(store.depth("q").unwrap(), 1);
+    }
+
+    fn lease(store: &mut Store, max: usize, lease_ms: u64, now_ms: i64) -> Vec<LeasedMessage> {
+        store
+            .lease("q", max, Duration::from_millis(lease_ms), now_ms)
+            .unwrap()
+    }
+
+    #[test]
+    fn a_leased_message_is_hidden_from_other_receivers_until_its_lease_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path()).unwrap();
+        let mut other = Store::open(dir.path()).unwrap();
+        store
+            .insert_batch(&[msg("a", b"1"), msg("b", b"2")], 1)
+            .unwrap();
+        let first = lease(&mut store, 1, 1_000, 10);
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].message.message_id, "a");
+        assert_eq!(first[0].message.delivery_count, 1);
+        assert_eq!(first[0].locked_until_ms, 1_010);
+        let second = lease(&mut other, 10, 1_000, 20);
+        let ids: Vec<_> = second
+            .iter()
+            .map(|l| l.message.message_id.as_str())
+            .collect();
+        assert_eq!(
+            ids,
+            ["b"],
+            "the other receiver only gets what is not leased"
+        );
+        assert_eq!(store.depth("q").unwrap(), 2, "leased messages still count");
+
+        // The lease ends without a complete: deliverable again, one delivery more.
+        let again = lease(&mut other, 10, 1_000, 1_010);
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].message.message_id, "a");
+        assert_eq!(again[0].message.delivery_count, 2);
+        assert_ne!(again[0].lock_token, first[0].lock_token);
+    }
+
+    #[test]
+    fn complete_deletes_by_lock_token_only_while_the_lease_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path()).unwrap();
+        store
+            .insert_batch(&[msg("a", b"1"), msg("b", b"2")], 1)
+            .unwrap();
+        let leased = lease(&mut store, 2, 1_000, 10);
+        let (a, b) = (leased[0].lock_token.as_str(), leased[1].lock_token.as_str());
+        assert_eq!(store.complete(&[a, "nope"], 500).unwrap(), [true, false]);
+        assert_eq!(store.depth("q").unwrap(), 1);
+        assert_eq!(store.complete(&[a], 600).unwrap(), [false], "already gone");
+        assert_eq!(
+            store.complete(&[b], 1_010).unwrap(),
+            [false],
+            "the lease ended: the lock is lost"
+        );
+        assert_eq!(store.depth("q").unwrap(), 1);
+    }
+
+    #[test]
+    fn a_lease_is_capped_at_the_longest_lease() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path()).unwrap();
+        store.insert_batch(&[msg("a", b"1")], 1).unwrap();
+        let leased = lease(&mut store, 1, u64::MAX, 0);
+        assert_eq!(leased[0].locked_until_ms, MAX_LEASE.as_millis() as i64);
+    }
+
+    #[test]
+    fn a_database_from_before_leases_is_migrated_and_keeps_its_messages() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let conn = Connection::open(database_path(dir.path())).unwrap();
+            conn.execute_batch(SCHEMA).unwrap();
+            conn.execute(
+                "INSERT INTO messages (queue, message_id, body, enqueued_at_ms) VALUES ('q', 'old', x'31', 1)",
+                [],
+            )
+            .unwrap();
+        }
+        let mut store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.depth("q").unwrap(), 1);
+        let leased = lease(&mut store, 1, 1_000, 10);
+        assert_eq!(leased[0].message.message_id, "old");
+        assert_eq!(leased[0].message.delivery_count, 1);
+        drop(store);
+        // Opening again is a no-op.
+        assert_eq!(Store::open(dir.path()).unwrap().depth("q").unwrap(), 1);
     }
 
     #[test]
