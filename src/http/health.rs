@@ -15,22 +15,22 @@ use time::OffsetDateTime;
 
 use super::auth::Permission;
 use super::errors::ApiError;
-use super::{authorize, request_id, AppState};
+use super::{authorize, AppState, RequestContext};
 use crate::admission::breaker::BreakerState;
 use crate::admission::{BackendRole, Route};
 use crate::lifecycle::{GatewayState, NotAdmitting};
 
-pub async fn live(req: HttpRequest) -> HttpResponse {
-    HttpResponse::Ok()
-        .insert_header(("X-Request-Id", request_id(&req).0.as_str()))
-        .json(json!({"status": "ok"}))
+pub async fn live() -> HttpResponse {
+    HttpResponse::Ok().json(json!({"status": "ok"}))
 }
 
-pub async fn ready(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub async fn ready(
+    context: RequestContext,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     let gateway_state = state.lifecycle.state();
     if gateway_state == GatewayState::Running {
         return Ok(HttpResponse::Ok()
-            .insert_header(("X-Request-Id", request_id(&req).0.as_str()))
             .json(json!({"status": "ready", "gateway_state": gateway_state.as_str()})));
     }
     let why = match gateway_state {
@@ -43,7 +43,7 @@ pub async fn ready(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpR
                 .unwrap_or_default(),
         },
     };
-    Err(ApiError::new(why.into(), &request_id(&req).0))
+    Err(context.error(why.into()))
 }
 
 #[derive(Serialize)]
@@ -94,10 +94,12 @@ struct Probe {
 
 pub async fn detailed(
     req: HttpRequest,
+    context: RequestContext,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let (_, rid) = authorize(
+    authorize(
         &req,
+        &context,
         &state,
         Permission::Observe,
         "read the gateway's health",
@@ -149,17 +151,15 @@ pub async fn detailed(
         remaining_s: (d.remaining.as_secs_f64() * 10.0).round() / 10.0,
         in_flight: d.in_flight,
     });
-    Ok(HttpResponse::Ok()
-        .insert_header(("X-Request-Id", rid.as_str()))
-        .json(Detailed {
-            status: if degraded { "degraded" } else { "ok" },
-            gateway_state: gateway_state.as_str(),
-            version: env!("CARGO_PKG_VERSION"),
-            pid: std::process::id(),
-            drain,
-            queues,
-            backends,
-        }))
+    Ok(HttpResponse::Ok().json(Detailed {
+        status: if degraded { "degraded" } else { "ok" },
+        gateway_state: gateway_state.as_str(),
+        version: env!("CARGO_PKG_VERSION"),
+        pid: std::process::id(),
+        drain,
+        queues,
+        backends,
+    }))
 }
 
 fn rfc3339(t: SystemTime) -> Option<String> {
@@ -169,11 +169,11 @@ fn rfc3339(t: SystemTime) -> Option<String> {
 /// `GET /metrics`: Prometheus text (role `observer` or `admin` when keys are on).
 pub async fn metrics(
     req: HttpRequest,
+    context: RequestContext,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let (_, rid) = authorize(&req, &state, Permission::Observe, "read metrics")?;
+    authorize(&req, &context, &state, Permission::Observe, "read metrics")?;
     Ok(HttpResponse::Ok()
-        .insert_header(("X-Request-Id", rid.as_str()))
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(state.metrics.render(&state.dispatcher, &state.lifecycle)))
 }
