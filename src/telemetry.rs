@@ -14,6 +14,7 @@ use std::fmt;
 use serde_json::{Map, Value};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
+use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
@@ -29,8 +30,10 @@ pub fn init(format: LogFormat) {
         .with_writer(std::io::stderr);
     // A second init (tests) keeps the first subscriber.
     let _ = match format {
-        // `.json()` records span fields as JSON objects, which `FlatJson` merges.
-        LogFormat::Json => builder.json().event_format(FlatJson).try_init(),
+        LogFormat::Json => builder
+            .fmt_fields(JsonMembers)
+            .event_format(FlatJson)
+            .try_init(),
         LogFormat::Text => builder.try_init(),
     };
 }
@@ -63,7 +66,8 @@ where
                 let Some(fields) = extensions.get::<FormattedFields<N>>() else {
                     continue;
                 };
-                if let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(fields) {
+                let object = format!("{{{}}}", fields.fields);
+                if let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(&object) {
                     line.extend(fields);
                 }
             }
@@ -71,6 +75,82 @@ where
         event.record(&mut JsonFieldsOf(&mut line));
         line.insert("target".into(), meta.target().into());
         writeln!(writer, "{}", Value::Object(line))
+    }
+}
+
+/// A span's fields as JSON object members (`"request_id":"r-1","queue":"requests"`),
+/// appended to as fields are recorded, never re-parsed: a request's span costs one small
+/// string, and its fields are only merged into an object when an event is written.
+struct JsonMembers;
+
+impl<'writer> FormatFields<'writer> for JsonMembers {
+    fn format_fields<R: RecordFields>(
+        &self,
+        mut writer: Writer<'writer>,
+        fields: R,
+    ) -> fmt::Result {
+        let mut members = JsonMembersOf {
+            writer: &mut writer,
+            first: true,
+            result: Ok(()),
+        };
+        fields.record(&mut members);
+        members.result
+    }
+
+    fn add_fields(
+        &self,
+        current: &'writer mut FormattedFields<Self>,
+        fields: &tracing::span::Record<'_>,
+    ) -> fmt::Result {
+        let mut members = JsonMembersOf {
+            first: current.fields.is_empty(),
+            writer: &mut current.as_writer(),
+            result: Ok(()),
+        };
+        fields.record(&mut members);
+        members.result
+    }
+}
+
+struct JsonMembersOf<'a, 'w> {
+    writer: &'a mut Writer<'w>,
+    first: bool,
+    result: fmt::Result,
+}
+
+impl JsonMembersOf<'_, '_> {
+    fn member(&mut self, field: &Field, value: Value) {
+        let comma = if std::mem::take(&mut self.first) {
+            ""
+        } else {
+            ","
+        };
+        let name = Value::from(field.name());
+        self.result = self
+            .result
+            .and_then(|()| write!(self.writer, "{comma}{name}:{value}"));
+    }
+}
+
+impl Visit for JsonMembersOf<'_, '_> {
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.member(field, value.into());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.member(field, value.into());
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.member(field, value.into());
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.member(field, value.into());
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.member(field, value.into());
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.member(field, format!("{value:?}").into());
     }
 }
 
@@ -133,14 +213,19 @@ mod tests {
         let out = Captured::default();
         let subscriber = tracing_subscriber::fmt()
             .with_writer(out.clone())
-            .json()
+            .fmt_fields(JsonMembers)
             .event_format(FlatJson)
             .finish();
         tracing::subscriber::with_default(subscriber, || {
-            let span =
-                tracing::error_span!("request", request_id = "r-1", queue = tracing::field::Empty);
+            let span = tracing::error_span!(
+                "request",
+                request_id = "r-\"1\"",
+                queue = tracing::field::Empty,
+                key = tracing::field::Empty,
+            );
             let _in = span.enter();
             span.record("queue", "requests");
+            span.record("key", "batch");
             tracing::warn!(
                 event = "send_failclosed",
                 consecutive_failures = 3u32,
@@ -149,8 +234,10 @@ mod tests {
         });
         let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
         let line: Value = serde_json::from_str(text.trim()).unwrap();
-        assert_eq!(line["request_id"], "r-1");
+        assert_eq!(line["request_id"], "r-\"1\"");
         assert_eq!(line["queue"], "requests");
+        assert_eq!(line["key"], "batch");
+        assert_eq!(line["key"], "batch");
         assert_eq!(line["event"], "send_failclosed");
         assert_eq!(line["consecutive_failures"], 3);
         assert_eq!(line["message"], "refused");

@@ -12,7 +12,6 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
 
-use actix_web::body::EitherBody;
 use actix_web::dev::{forward_ready, Service, ServiceRequest, ServiceResponse, Transform};
 use actix_web::http::header::HeaderValue;
 use actix_web::{Error, FromRequest, HttpMessage, HttpRequest};
@@ -123,7 +122,7 @@ impl<S, B> Transform<S, ServiceRequest> for RequestIdentity
 where
     S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error>,
 {
-    type Response = ServiceResponse<EitherBody<B>>;
+    type Response = ServiceResponse<B>;
     type Error = Error;
     type Transform = RequestIdentityService<S>;
     type InitError = ();
@@ -142,9 +141,9 @@ impl<S, B> Service<ServiceRequest> for RequestIdentityService<S>
 where
     S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error>,
 {
-    type Response = ServiceResponse<EitherBody<B>>;
+    type Response = ServiceResponse<B>;
     type Error = Error;
-    type Future = Answered<S::Future>;
+    type Future = WithRequestId<S::Future>;
 
     forward_ready!(service);
 
@@ -159,45 +158,92 @@ where
         };
         let span = context.0.span.clone();
         req.extensions_mut().insert(context);
-        let request = req.request().clone();
-        Answered {
-            inner: self.service.call(req).instrument(span),
+        // Routing runs inside `call`, the handler in the future: both within the span.
+        let inner = span.in_scope(|| self.service.call(req));
+        WithRequestId {
+            inner: inner.instrument(span),
             header,
-            request: Some(request),
         }
     }
 }
 
 pin_project_lite::pin_project! {
     /// The rest of the request, run inside its span; its answer gets `X-Request-Id`.
-    pub struct Answered<F> {
+    pub struct WithRequestId<F> {
         #[pin]
         inner: Instrumented<F>,
         header: Option<HeaderValue>,
-        // Only for the (unexpected) error an inner service returns instead of a response.
-        request: Option<HttpRequest>,
     }
 }
 
-impl<F, B> Future for Answered<F>
+impl<F, B> Future for WithRequestId<F>
 where
     F: Future<Output = Result<ServiceResponse<B>, Error>>,
 {
-    type Output = Result<ServiceResponse<EitherBody<B>>, Error>;
+    type Output = Result<ServiceResponse<B>, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let result = std::task::ready!(this.inner.poll(cx));
-        // Handlers answer their own errors; one that still comes up here (from a layer
-        // below) is turned into its response now, so it carries the id like every answer.
-        let mut response = match (result, this.request.take()) {
-            (Ok(response), _) => response.map_into_left_body(),
-            (Err(e), Some(request)) => ServiceResponse::from_err(e, request).map_into_right_body(),
-            (Err(e), None) => return Poll::Ready(Err(e)),
-        };
+        // Routing turns every handler's (and extractor's) error into a response before it
+        // gets here, so each answer of the app passes through this point.
+        let mut response = std::task::ready!(this.inner.poll(cx))?;
         if let Some(value) = this.header.take() {
             response.headers_mut().insert(REQUEST_ID, value);
         }
         Poll::Ready(Ok(response))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actix_web::test::{call_service, init_service, read_body, TestRequest};
+    use actix_web::{web, App};
+
+    async fn answer(id: Option<&str>) -> (Option<String>, String) {
+        let app = init_service(App::new().wrap(RequestIdentity).route(
+            "/",
+            web::get().to(|context: RequestContext| async move {
+                let problem = context.header_problem().map(|e| e.msg);
+                format!("{} {problem:?}", context.id())
+            }),
+        ))
+        .await;
+        let mut request = TestRequest::get().uri("/");
+        if let Some(id) = id {
+            request = request.insert_header((REQUEST_ID, id));
+        }
+        let response = call_service(&app, request.to_request()).await;
+        let header = response
+            .headers()
+            .get(REQUEST_ID)
+            .map(|v| v.to_str().unwrap().to_owned());
+        let body = String::from_utf8(read_body(response).await.to_vec()).unwrap();
+        (header, body)
+    }
+
+    #[actix_web::test]
+    async fn the_handler_sees_the_id_the_answer_carries() {
+        assert_eq!(
+            answer(Some("given-1")).await,
+            (Some("given-1".into()), "given-1 None".into())
+        );
+        let (header, body) = answer(None).await;
+        let header = header.expect("a fresh id");
+        assert_eq!(body, format!("{header} None"));
+
+        // An invalid id is replaced, and its problem kept for the send path.
+        let (header, body) = answer(Some("")).await;
+        let header = header.expect("a fresh id");
+        assert!(!header.is_empty());
+        assert_eq!(body, format!("{header} Some(\"must not be empty\")"));
+    }
+
+    #[actix_web::test]
+    async fn an_unrouted_request_gets_an_id_too() {
+        let app = init_service(App::new().wrap(RequestIdentity)).await;
+        let response = call_service(&app, TestRequest::get().uri("/nowhere").to_request()).await;
+        assert_eq!(response.status(), 404);
+        assert!(response.headers().contains_key(REQUEST_ID));
     }
 }
