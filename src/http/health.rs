@@ -106,46 +106,15 @@ pub async fn detailed(
     )?;
 
     let gateway_state = state.lifecycle.state();
-    let mut degraded = gateway_state != GatewayState::Running;
-    let queues_of = |route: &Route| -> BTreeMap<String, QueueHealth> {
-        route
-            .gates()
-            .map(|gate| {
-                let s = gate.snapshot();
-                let health = QueueHealth {
-                    backlog: s.backlog,
-                    limit: s.limit,
-                    consecutive_failures: s.consecutive_failures,
-                    fail_closed: s.fail_closed,
-                    last_read_ok_at: s.last_read_ok_at.and_then(rfc3339),
-                };
-                (gate.queue().to_string(), health)
-            })
-            .collect()
-    };
-    let primary = state.dispatcher.primary();
-    let queues = queues_of(primary);
-    degraded |= queues.values().any(|q| q.consecutive_failures > 0);
-    let in_flight = state.dispatcher.in_flight();
+    let queues = queues_of(state.dispatcher.primary());
+    let mut degraded = gateway_state != GatewayState::Running
+        || queues.values().any(|q| q.consecutive_failures > 0);
     let mut backends = BTreeMap::new();
     for route in state.dispatcher.routes() {
-        let breaker = route.breaker.state();
-        degraded |= route.role == BackendRole::Primary && breaker != BreakerState::Closed;
-        backends.insert(
-            route.role.as_str(),
-            BackendHealth {
-                kind: route.kind(),
-                breaker: breaker.as_str(),
-                sends_in_flight: in_flight.current(),
-                max_in_flight: in_flight.max(),
-                probe: route.last_probe().map(|p| Probe {
-                    ok: p.ok,
-                    at: rfc3339(p.at),
-                    error: p.error,
-                }),
-                queues: (route.role == BackendRole::Fallback).then(|| queues_of(route)),
-            },
-        );
+        let health = backend_health(route, &state);
+        degraded |=
+            route.role == BackendRole::Primary && health.breaker != BreakerState::Closed.as_str();
+        backends.insert(route.role.as_str(), health);
     }
     let drain = state.lifecycle.drain_status().map(|d| Drain {
         remaining_s: (d.remaining.as_secs_f64() * 10.0).round() / 10.0,
@@ -160,6 +129,40 @@ pub async fn detailed(
         queues,
         backends,
     }))
+}
+
+/// Each queue's capacity state on `route`, as its gate last saw it.
+fn queues_of(route: &Route) -> BTreeMap<String, QueueHealth> {
+    route
+        .gates()
+        .map(|gate| {
+            let s = gate.snapshot();
+            let health = QueueHealth {
+                backlog: s.backlog,
+                limit: s.limit,
+                consecutive_failures: s.consecutive_failures,
+                fail_closed: s.fail_closed,
+                last_read_ok_at: s.last_read_ok_at.and_then(rfc3339),
+            };
+            (gate.queue().to_string(), health)
+        })
+        .collect()
+}
+
+fn backend_health(route: &Route, state: &AppState) -> BackendHealth {
+    let in_flight = state.dispatcher.in_flight();
+    BackendHealth {
+        kind: route.kind(),
+        breaker: route.breaker.state().as_str(),
+        sends_in_flight: in_flight.current(),
+        max_in_flight: in_flight.max(),
+        probe: route.last_probe().map(|p| Probe {
+            ok: p.ok,
+            at: rfc3339(p.at),
+            error: p.error,
+        }),
+        queues: (route.role == BackendRole::Fallback).then(|| queues_of(route)),
+    }
 }
 
 fn rfc3339(t: SystemTime) -> Option<String> {
