@@ -137,9 +137,10 @@ struct LoggingGateway {
 }
 
 impl LoggingGateway {
-    /// A servicebus gateway whose admin plane is a closed port, failing closed on the first
-    /// failed read: every send is refused `capacity_unknown`, logging on the way.
-    fn start() -> Self {
+    /// A servicebus gateway on a closed port. Failing closed on the first failed depth read,
+    /// every send is refused `capacity_unknown`; failing open, every send fails at the
+    /// broker (`send_failed`). Both log on the way.
+    fn start(fail_closed: bool) -> Self {
         let dead_port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -155,9 +156,9 @@ impl LoggingGateway {
                 ("SENDGATE_PROBE_INTERVAL_S", "0"),
                 ("SENDGATE_DEPTH_TTL_MS", "0"),
                 ("SENDGATE_ADMIN_TIMEOUT_MS", "1000"),
-                ("SERVICEBUS_SEND_FAILCLOSED", "1"),
                 ("SERVICEBUS_SEND_FAILCLOSED_STREAK", "1"),
             ])
+            .env("SERVICEBUS_SEND_FAILCLOSED", if fail_closed { "1" } else { "0" })
             .env("SERVICEBUS_ENDPOINT", format!("http://127.0.0.1:{dead_port}"))
             .env(
                 "SERVICEBUS_CONNECTION_STRING",
@@ -223,7 +224,7 @@ impl Drop for LoggingGateway {
 
 #[tokio::test]
 async fn a_sends_log_events_carry_its_request_id() {
-    let mut gateway = LoggingGateway::start();
+    let mut gateway = LoggingGateway::start(true);
     let client = reqwest::Client::new();
     let url = format!(
         "http://127.0.0.1:{}/v1/queues/requests/messages",
@@ -280,4 +281,31 @@ async fn a_sends_log_events_carry_its_request_id() {
         "{:?}",
         gateway.start_up
     );
+}
+
+#[tokio::test]
+async fn a_failed_sends_log_events_carry_its_request_id() {
+    let mut gateway = LoggingGateway::start(false);
+    let response = reqwest::Client::new()
+        .post(format!(
+            "http://127.0.0.1:{}/v1/queues/requests/messages",
+            gateway.port
+        ))
+        .header("Content-Type", "application/json")
+        .header("X-Request-Id", "failed-send-7")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 502);
+    let lines = gateway.lines_until("send_failed");
+    let backend_detail = lines
+        .iter()
+        .find(|l| l["event"] == "servicebus_send_failed")
+        .unwrap_or_else(|| panic!("the backend logs its detail: {lines:?}"));
+    for event in [backend_detail, lines.last().unwrap()] {
+        assert_eq!(event["request_id"], "failed-send-7", "{event}");
+        assert_eq!(event["queue"], "requests", "{event}");
+    }
+    assert_eq!(lines.last().unwrap()["backend"], "primary");
 }
