@@ -14,9 +14,33 @@ use prometheus::{
     TextEncoder,
 };
 
+use actix_web::http::StatusCode;
+
 use crate::admission::breaker::BreakerState;
-use crate::admission::Dispatcher;
+use crate::admission::{BackendRole, Dispatcher};
 use crate::lifecycle::{GatewayState, Lifecycle};
+
+/// How one send request was answered, as the handler decided it: what
+/// `sendgate_requests_total` counts it under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestOutcome {
+    pub status: StatusCode,
+    /// `queued`, `valid`, or the error code of the refusal.
+    pub code: &'static str,
+    /// The backend the send was routed to, if it got that far.
+    pub backend: Option<BackendRole>,
+}
+
+impl RequestOutcome {
+    /// The `status`, `code` and `backend` labels (`backend="none"` when no route was chosen).
+    fn labels<'b>(&self, status_buf: &'b mut [u8; 3]) -> [&'b str; 3] {
+        [
+            status_str(self.status.as_u16(), status_buf),
+            self.code,
+            self.backend.map_or("none", BackendRole::as_str),
+        ]
+    }
+}
 
 pub struct Metrics {
     registry: Registry,
@@ -68,10 +92,11 @@ impl Metrics {
 
     /// Count one answered send request. `queue` must be a configured queue or "unknown", so
     /// the label set stays bounded whatever clients send.
-    pub fn request(&self, queue: &str, status: u16, code: &str, backend: &str) {
+    pub fn request(&self, queue: &str, outcome: &RequestOutcome) {
         let mut buf = [0u8; 3];
+        let [status, code, backend] = outcome.labels(&mut buf);
         self.requests
-            .with_label_values(&[queue, status_str(status, &mut buf), code, backend])
+            .with_label_values(&[queue, status, code, backend])
             .inc();
     }
 
@@ -248,6 +273,40 @@ fn state_families(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_outcome_gives_its_status_code_and_backend_as_labels() {
+        let mut buf = [0; 3];
+        let queued = RequestOutcome {
+            status: StatusCode::CREATED,
+            code: "queued",
+            backend: Some(BackendRole::Fallback),
+        };
+        assert_eq!(queued.labels(&mut buf), ["201", "queued", "fallback"]);
+        let refused = RequestOutcome {
+            status: StatusCode::NOT_FOUND,
+            code: "unknown_queue",
+            backend: None,
+        };
+        assert_eq!(refused.labels(&mut buf), ["404", "unknown_queue", "none"]);
+    }
+
+    #[test]
+    fn a_counted_outcome_is_one_series_with_those_labels() {
+        let metrics = Metrics::new();
+        let full = RequestOutcome {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            code: "queue_full",
+            backend: Some(BackendRole::Primary),
+        };
+        metrics.request("requests", &full);
+        metrics.request("requests", &full);
+        let count = metrics
+            .requests
+            .with_label_values(&["requests", "429", "queue_full", "primary"])
+            .get();
+        assert_eq!(count, 2);
+    }
 
     #[test]
     fn status_codes_render_as_three_digits() {

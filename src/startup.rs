@@ -236,14 +236,18 @@ impl Application {
         let listener = TcpListener::bind(settings.listen).map_err(bind_error)?;
         let port = listener.local_addr().map_err(bind_error)?.port();
         let app_state = state.clone();
-        let mut server =
-            HttpServer::new(move || App::new().app_data(app_state.clone()).configure(routes))
-                // The lifecycle owns SIGTERM/SIGINT: the listener must keep accepting while draining.
-                .disable_signals()
-                // Longer than the usual 60 s idle timeout of load balancers in front, so the
-                // balancer, not sendgate, closes idle connections (no reset-on-reuse races).
-                .keep_alive(Duration::from_secs(75))
-                .shutdown_timeout(1);
+        let mut server = HttpServer::new(move || {
+            App::new()
+                .wrap(crate::http::RequestIdentity)
+                .app_data(app_state.clone())
+                .configure(routes)
+        })
+        // The lifecycle owns SIGTERM/SIGINT: the listener must keep accepting while draining.
+        .disable_signals()
+        // Longer than the usual 60 s idle timeout of load balancers in front, so the
+        // balancer, not sendgate, closes idle connections (no reset-on-reuse races).
+        .keep_alive(Duration::from_secs(75))
+        .shutdown_timeout(1);
         if let Some(workers) = settings.workers {
             server = server.workers(workers);
         }

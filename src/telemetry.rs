@@ -1,7 +1,24 @@
 //! Logs: structured `tracing` events with stable `event` names (`send_failclosed`,
 //! `depth_read_failed`, `drain_started`, ...), human-readable by default, JSON lines with
 //! `SENDGATE_LOG_FORMAT=json`. `RUST_LOG` sets the level (default `info`).
+//!
+//! An event logged while serving a request runs inside the request's span (see
+//! `http/context.rs`), so it carries `request_id` (and `queue`, `key` once known): in the
+//! text format as the span's prefix, in JSON as top-level fields next to the event's own
+//! (`{"event":"send_failclosed","request_id":"...","queue":"requests",...}`), so a log
+//! query filters on `request_id` directly. Work a request hands to a shared task (the
+//! embedded writer thread, a token refresh) logs without one: it serves many requests.
 
+use std::fmt;
+
+use serde_json::{Map, Value};
+use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::field::RecordFields;
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
@@ -14,10 +31,217 @@ pub fn init(format: LogFormat) {
     // A second init (tests) keeps the first subscriber.
     let _ = match format {
         LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
+            .fmt_fields(JsonMembers)
+            .event_format(FlatJson)
             .try_init(),
         LogFormat::Text => builder.try_init(),
     };
+}
+
+/// One JSON object per event: `timestamp`, `level`, `target`, the fields of the spans it
+/// happened in (outermost first) and the event's own fields, all at the top level. On a
+/// name clash the event's field wins, then the innermost span's.
+struct FlatJson;
+
+impl<S, N> FormatEvent<S, N> for FlatJson
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let mut line = Map::new();
+        let mut timestamp = String::new();
+        SystemTime.format_time(&mut Writer::new(&mut timestamp))?;
+        line.insert("timestamp".into(), Value::String(timestamp));
+        let meta = event.metadata();
+        line.insert("level".into(), meta.level().as_str().into());
+        if let Some(scope) = ctx.event_scope() {
+            for span in scope.from_root() {
+                let extensions = span.extensions();
+                let Some(fields) = extensions.get::<FormattedFields<N>>() else {
+                    continue;
+                };
+                let object = format!("{{{}}}", fields.fields);
+                if let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(&object) {
+                    line.extend(fields);
+                }
+            }
+        }
+        event.record(&mut JsonFieldsOf(&mut line));
+        line.insert("target".into(), meta.target().into());
+        writeln!(writer, "{}", Value::Object(line))
+    }
+}
+
+/// A span's fields as JSON object members (`"request_id":"r-1","queue":"requests"`),
+/// appended to as fields are recorded, never re-parsed: a request's span costs one small
+/// string, and its fields are only merged into an object when an event is written.
+struct JsonMembers;
+
+impl<'writer> FormatFields<'writer> for JsonMembers {
+    fn format_fields<R: RecordFields>(
+        &self,
+        mut writer: Writer<'writer>,
+        fields: R,
+    ) -> fmt::Result {
+        let mut members = JsonMembersOf {
+            writer: &mut writer,
+            first: true,
+            result: Ok(()),
+        };
+        fields.record(&mut members);
+        members.result
+    }
+
+    fn add_fields(
+        &self,
+        current: &'writer mut FormattedFields<Self>,
+        fields: &tracing::span::Record<'_>,
+    ) -> fmt::Result {
+        let mut members = JsonMembersOf {
+            first: current.fields.is_empty(),
+            writer: &mut current.as_writer(),
+            result: Ok(()),
+        };
+        fields.record(&mut members);
+        members.result
+    }
+}
+
+struct JsonMembersOf<'a, 'w> {
+    writer: &'a mut Writer<'w>,
+    first: bool,
+    result: fmt::Result,
+}
+
+impl JsonMembersOf<'_, '_> {
+    fn member(&mut self, field: &Field, value: Value) {
+        let comma = if std::mem::take(&mut self.first) {
+            ""
+        } else {
+            ","
+        };
+        let name = Value::from(field.name());
+        self.result = self
+            .result
+            .and_then(|()| write!(self.writer, "{comma}{name}:{value}"));
+    }
+}
+
+impl Visit for JsonMembersOf<'_, '_> {
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.member(field, value.into());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.member(field, value.into());
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.member(field, value.into());
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.member(field, value.into());
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.member(field, value.into());
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.member(field, format!("{value:?}").into());
+    }
+}
+
+/// An event's fields as JSON values.
+struct JsonFieldsOf<'a>(&'a mut Map<String, Value>);
+
+impl Visit for JsonFieldsOf<'_> {
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        self.0.insert(field.name().into(), value.to_string().into());
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.0
+            .insert(field.name().into(), format!("{value:?}").into());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use tracing_subscriber::fmt::MakeWriter;
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> MakeWriter<'a> for Captured {
+        type Writer = Self;
+        fn make_writer(&'a self) -> Self {
+            self.clone()
+        }
+    }
+
+    #[test]
+    fn span_fields_recorded_later_sit_next_to_the_event_fields() {
+        let out = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(out.clone())
+            .fmt_fields(JsonMembers)
+            .event_format(FlatJson)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::error_span!(
+                "request",
+                request_id = "r-\"1\"",
+                queue = tracing::field::Empty,
+                key = tracing::field::Empty,
+            );
+            let _in = span.enter();
+            span.record("queue", "requests");
+            span.record("key", "batch");
+            tracing::warn!(
+                event = "send_failclosed",
+                consecutive_failures = 3u32,
+                "refused"
+            );
+        });
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let line: Value = serde_json::from_str(text.trim()).unwrap();
+        assert_eq!(line["request_id"], "r-\"1\"");
+        assert_eq!(line["queue"], "requests");
+        assert_eq!(line["key"], "batch");
+        assert_eq!(line["key"], "batch");
+        assert_eq!(line["event"], "send_failclosed");
+        assert_eq!(line["consecutive_failures"], 3);
+        assert_eq!(line["message"], "refused");
+        assert_eq!(line["level"], "WARN");
+        assert!(line["timestamp"].is_string() && line["target"].is_string());
+    }
 }

@@ -195,6 +195,11 @@ impl Dispatcher {
         let result = tokio::time::timeout_at(deadline, lane.backend().send(message, deadline))
             .await
             .unwrap_or(Err(SendError::Timeout));
+        // One event per failed send whatever the backend, inside the request's span (its
+        // `request_id`, `queue` and `key`); backends may add their own detail.
+        if let Err(error) = &result {
+            tracing::warn!(event = "send_failed", backend = lane.role.as_str(), %error, "the backend did not take the message");
+        }
         ticket.record(match &result {
             Ok(_) => Outcome::Success,
             // The request's own fault, or the queue's configuration: not the backend's health.

@@ -6,23 +6,31 @@ use serde_json::json;
 
 use super::auth::Permission;
 use super::errors::ApiError;
-use super::{authorize, AppState};
+use super::{authorize, AppState, RequestContext};
 
-pub async fn drain(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let (principal, rid) = authorize(&req, &state, Permission::Administer, "drain the gateway")?;
+pub async fn drain(
+    req: HttpRequest,
+    context: RequestContext,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let principal = authorize(
+        &req,
+        &context,
+        &state,
+        Permission::Administer,
+        "drain the gateway",
+    )?;
     let started_now = state.lifecycle.begin_drain(state.drain_window);
     if started_now {
         tracing::info!(event = "drain_requested", by = %principal.name, "drain requested over HTTP");
     }
     let status = state.lifecycle.drain_status();
-    Ok(HttpResponse::Accepted()
-        .insert_header(("X-Request-Id", rid.as_str()))
-        .json(json!({
-            "status": "draining",
-            "gateway_state": state.lifecycle.state().as_str(),
-            "already_draining": !started_now,
-            "remaining_s": status.map(|d| (d.remaining.as_secs_f64() * 10.0).round() / 10.0),
-            "in_flight": status.map(|d| d.in_flight),
-            "request_id": rid.as_str(),
-        })))
+    Ok(HttpResponse::Accepted().json(json!({
+        "status": "draining",
+        "gateway_state": state.lifecycle.state().as_str(),
+        "already_draining": !started_now,
+        "remaining_s": status.map(|d| (d.remaining.as_secs_f64() * 10.0).round() / 10.0),
+        "in_flight": status.map(|d| d.in_flight),
+        "request_id": context.id().as_str(),
+    })))
 }

@@ -11,8 +11,9 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 
+use super::headers::{CORRELATION_ID, SENDGATE_BACKEND};
 use crate::admission::capacity::Refusal;
-use crate::admission::DispatchError;
+use crate::admission::{BackendRole, DispatchError};
 use crate::backend::SendError;
 use crate::domain::{MessageId, RequestId};
 use crate::lifecycle::NotAdmitting;
@@ -166,7 +167,7 @@ pub struct ApiError {
     pub problem: Problem,
     pub request_id: RequestId,
     /// The backend the send went to, echoed as `X-Sendgate-Backend`.
-    pub via: Option<&'static str>,
+    pub via: Option<BackendRole>,
     /// The client's `X-Correlation-Id`, echoed.
     pub correlation: Option<String>,
 }
@@ -186,7 +187,7 @@ impl ApiError {
         self
     }
 
-    pub fn via(mut self, backend: Option<&'static str>) -> Self {
+    pub fn via(mut self, backend: Option<BackendRole>) -> Self {
         self.via = backend;
         self
     }
@@ -200,13 +201,13 @@ impl ResponseError for ApiError {
     fn error_response(&self) -> HttpResponse {
         let body = self.body();
 
+        // `X-Request-Id` is set on every answer by the request context (`context.rs`).
         let mut response = HttpResponse::build(self.problem.status());
-        response.insert_header(("X-Request-Id", self.request_id.as_str()));
         if let Some(via) = self.via {
-            response.insert_header(("X-Sendgate-Backend", via));
+            response.insert_header((SENDGATE_BACKEND, via.as_str()));
         }
         if let Some(correlation) = &self.correlation {
-            response.insert_header(("X-Correlation-Id", correlation.as_str()));
+            response.insert_header((CORRELATION_ID, correlation.as_str()));
         }
         if let Some(after) = self.problem.retry_after() {
             response.insert_header((RETRY_AFTER, HeaderValue::from(whole_seconds(after))));

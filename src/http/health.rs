@@ -15,22 +15,22 @@ use time::OffsetDateTime;
 
 use super::auth::Permission;
 use super::errors::ApiError;
-use super::{authorize, request_id, AppState};
+use super::{authorize, AppState, RequestContext};
 use crate::admission::breaker::BreakerState;
 use crate::admission::{BackendRole, Lane};
 use crate::lifecycle::{GatewayState, NotAdmitting};
 
-pub async fn live(req: HttpRequest) -> HttpResponse {
-    HttpResponse::Ok()
-        .insert_header(("X-Request-Id", request_id(&req).0.as_str()))
-        .json(json!({"status": "ok"}))
+pub async fn live() -> HttpResponse {
+    HttpResponse::Ok().json(json!({"status": "ok"}))
 }
 
-pub async fn ready(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub async fn ready(
+    context: RequestContext,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     let gateway_state = state.lifecycle.state();
     if gateway_state == GatewayState::Running {
         return Ok(HttpResponse::Ok()
-            .insert_header(("X-Request-Id", request_id(&req).0.as_str()))
             .json(json!({"status": "ready", "gateway_state": gateway_state.as_str()})));
     }
     let why = match gateway_state {
@@ -43,7 +43,7 @@ pub async fn ready(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpR
                 .unwrap_or_default(),
         },
     };
-    Err(ApiError::new(why.into(), &request_id(&req).0))
+    Err(context.error(why.into()))
 }
 
 #[derive(Serialize)]
@@ -94,72 +94,75 @@ struct Probe {
 
 pub async fn detailed(
     req: HttpRequest,
+    context: RequestContext,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let (_, rid) = authorize(
+    authorize(
         &req,
+        &context,
         &state,
         Permission::Observe,
         "read the gateway's health",
     )?;
 
     let gateway_state = state.lifecycle.state();
-    let mut degraded = gateway_state != GatewayState::Running;
-    let queues_of = |route: &Lane| -> BTreeMap<String, QueueHealth> {
-        route
-            .gates()
-            .map(|gate| {
-                let s = gate.snapshot();
-                let health = QueueHealth {
-                    backlog: s.backlog,
-                    limit: s.limit,
-                    consecutive_failures: s.consecutive_failures,
-                    fail_closed: s.fail_closed,
-                    last_read_ok_at: s.last_read_ok_at.and_then(rfc3339),
-                };
-                (gate.queue().to_string(), health)
-            })
-            .collect()
-    };
-    let primary = state.dispatcher.primary();
-    let queues = queues_of(primary);
-    degraded |= queues.values().any(|q| q.consecutive_failures > 0);
-    let in_flight = state.dispatcher.in_flight();
+    let queues = queues_of(state.dispatcher.primary());
+    let mut degraded = gateway_state != GatewayState::Running
+        || queues.values().any(|q| q.consecutive_failures > 0);
     let mut backends = BTreeMap::new();
     for route in state.dispatcher.lanes() {
-        let breaker = route.breaker.state();
-        degraded |= route.role == BackendRole::Primary && breaker != BreakerState::Closed;
-        backends.insert(
-            route.role.as_str(),
-            BackendHealth {
-                kind: route.kind(),
-                breaker: breaker.as_str(),
-                sends_in_flight: in_flight.current(),
-                max_in_flight: in_flight.max(),
-                probe: route.last_probe().map(|p| Probe {
-                    ok: p.ok,
-                    at: rfc3339(p.at),
-                    error: p.error,
-                }),
-                queues: (route.role == BackendRole::Fallback).then(|| queues_of(route)),
-            },
-        );
+        let health = backend_health(route, &state);
+        degraded |=
+            route.role == BackendRole::Primary && health.breaker != BreakerState::Closed.as_str();
+        backends.insert(route.role.as_str(), health);
     }
     let drain = state.lifecycle.drain_status().map(|d| Drain {
         remaining_s: (d.remaining.as_secs_f64() * 10.0).round() / 10.0,
         in_flight: d.in_flight,
     });
-    Ok(HttpResponse::Ok()
-        .insert_header(("X-Request-Id", rid.as_str()))
-        .json(Detailed {
-            status: if degraded { "degraded" } else { "ok" },
-            gateway_state: gateway_state.as_str(),
-            version: env!("CARGO_PKG_VERSION"),
-            pid: std::process::id(),
-            drain,
-            queues,
-            backends,
-        }))
+    Ok(HttpResponse::Ok().json(Detailed {
+        status: if degraded { "degraded" } else { "ok" },
+        gateway_state: gateway_state.as_str(),
+        version: env!("CARGO_PKG_VERSION"),
+        pid: std::process::id(),
+        drain,
+        queues,
+        backends,
+    }))
+}
+
+/// Each queue's capacity state on `route`, as its gate last saw it.
+fn queues_of(route: &Lane) -> BTreeMap<String, QueueHealth> {
+    route
+        .gates()
+        .map(|gate| {
+            let s = gate.snapshot();
+            let health = QueueHealth {
+                backlog: s.backlog,
+                limit: s.limit,
+                consecutive_failures: s.consecutive_failures,
+                fail_closed: s.fail_closed,
+                last_read_ok_at: s.last_read_ok_at.and_then(rfc3339),
+            };
+            (gate.queue().to_string(), health)
+        })
+        .collect()
+}
+
+fn backend_health(route: &Lane, state: &AppState) -> BackendHealth {
+    let in_flight = state.dispatcher.in_flight();
+    BackendHealth {
+        kind: route.kind(),
+        breaker: route.breaker.state().as_str(),
+        sends_in_flight: in_flight.current(),
+        max_in_flight: in_flight.max(),
+        probe: route.last_probe().map(|p| Probe {
+            ok: p.ok,
+            at: rfc3339(p.at),
+            error: p.error,
+        }),
+        queues: (route.role == BackendRole::Fallback).then(|| queues_of(route)),
+    }
 }
 
 fn rfc3339(t: SystemTime) -> Option<String> {
@@ -169,11 +172,11 @@ fn rfc3339(t: SystemTime) -> Option<String> {
 /// `GET /metrics`: Prometheus text (role `observer` or `admin` when keys are on).
 pub async fn metrics(
     req: HttpRequest,
+    context: RequestContext,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let (_, rid) = authorize(&req, &state, Permission::Observe, "read metrics")?;
+    authorize(&req, &context, &state, Permission::Observe, "read metrics")?;
     Ok(HttpResponse::Ok()
-        .insert_header(("X-Request-Id", rid.as_str()))
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(state.metrics.render(&state.dispatcher, &state.lifecycle)))
 }

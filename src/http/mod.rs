@@ -2,8 +2,10 @@
 
 mod admin;
 pub mod auth;
+pub mod context;
 pub mod errors;
 mod fallback;
+pub mod headers;
 mod health;
 mod send;
 
@@ -12,10 +14,10 @@ use std::collections::HashMap;
 use actix_web::{web, HttpRequest};
 
 use crate::admission::Dispatcher;
-use crate::domain::{QueueName, RequestId};
+use crate::domain::QueueName;
 use crate::lifecycle::Lifecycle;
 use auth::Authenticator;
-use errors::FieldError;
+pub use context::{RequestContext, RequestIdentity};
 
 /// What every handler can reach.
 pub struct AppState {
@@ -68,44 +70,23 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
 }
 
 /// Authenticate the caller and check it may do `permission` (`action` names it in the 403).
-/// Every protected route but the send path (which also checks the queue) goes through here.
+/// Every protected route goes through here; the key's name goes on the request's span.
 pub fn authorize(
     req: &HttpRequest,
+    context: &RequestContext,
     state: &AppState,
     permission: auth::Permission,
     action: &'static str,
-) -> Result<(std::sync::Arc<auth::Principal>, RequestId), errors::ApiError> {
-    use errors::{ApiError, Problem};
-    let rid = request_id(req).0;
+) -> Result<std::sync::Arc<auth::Principal>, errors::ApiError> {
+    use errors::Problem;
     let principal = state.auth.authenticate(req).map_err(|e| {
-        ApiError::new(
-            Problem::Unauthenticated {
-                token_given: e == auth::AuthError::Unknown,
-            },
-            &rid,
-        )
+        context.error(Problem::Unauthenticated {
+            token_given: e == auth::AuthError::Unknown,
+        })
     })?;
+    context.record_key(&principal.name);
     if !principal.may(permission) {
-        return Err(ApiError::new(Problem::Forbidden { action }, &rid));
+        return Err(context.error(Problem::Forbidden { action }));
     }
-    Ok((principal, rid))
-}
-
-/// The request's id: the client's `X-Request-Id` when it is valid, else a fresh one (and
-/// the header's problem, reported with the other input errors).
-pub fn request_id(req: &HttpRequest) -> (RequestId, Option<FieldError>) {
-    match req.headers().get("X-Request-Id") {
-        None => (RequestId::generate(), None),
-        Some(value) => match value
-            .to_str()
-            .map_err(|_| crate::domain::IdError::NotPrintable)
-            .and_then(RequestId::parse)
-        {
-            Ok(id) => (id, None),
-            Err(e) => (
-                RequestId::generate(),
-                Some(FieldError::new(&["header", "X-Request-Id"], e.to_string())),
-            ),
-        },
-    }
+    Ok(principal)
 }

@@ -1,16 +1,20 @@
 //! `POST /v1/queues/{queue}/messages`: the admission order of the contract, top to bottom.
 
-use actix_web::http::header::CONTENT_TYPE;
+use actix_web::http::header::{HeaderName, CONTENT_TYPE};
+use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use serde::Serialize;
 
-use super::auth::{AuthError, Permission};
+use super::auth::Permission;
 use super::errors::{ApiError, FieldError, Problem, MAX_FIELD_ERRORS};
-use super::{request_id, AppState};
+use super::headers::{spelling, CORRELATION_ID, IDEMPOTENCY_KEY, SENDGATE_BACKEND};
+use super::{authorize, AppState, RequestContext};
+use crate::admission::BackendRole;
 use crate::backend::OutgoingMessage;
-use crate::domain::{CorrelationId, IdError, MessageId};
+use crate::domain::{CorrelationId, IdError, MessageId, QueueName, RequestId};
+use crate::metrics::RequestOutcome;
 
 #[derive(Serialize)]
 struct Queued<'a> {
@@ -31,88 +35,143 @@ struct Valid<'a> {
     request_id: &'a str,
 }
 
+/// A send the gateway took, or validated on a dry run: what its 201 or 200 says.
+struct Accepted {
+    queue: QueueName,
+    message_id: MessageId,
+    correlation: Option<CorrelationId>,
+    taken: Taken,
+}
+
+enum Taken {
+    Validated,
+    Queued {
+        via: Option<BackendRole>,
+        duplicate: bool,
+    },
+}
+
 pub async fn send_message(
     req: HttpRequest,
+    context: RequestContext,
     path: web::Path<String>,
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let queue_label = match state.queues.get_key_value(path.as_str()) {
-        Some((name, _)) => name.clone(),
-        None => "unknown".to_owned(),
-    };
-    let answer = admit_and_send(req, path, payload, &state).await;
-    let (status, code, backend) = match &answer {
-        Ok(r) => {
-            let code = if r.status() == actix_web::http::StatusCode::CREATED {
-                "queued"
-            } else {
-                "valid"
-            };
-            let backend = r
-                .headers()
-                .get("X-Sendgate-Backend")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("none");
-            (r.status().as_u16(), code, backend)
-        }
-        Err(e) => (
-            e.problem.status().as_u16(),
-            e.problem.code(),
-            e.via.unwrap_or("none"),
-        ),
-    };
-    state.metrics.request(&queue_label, status, code, backend);
-    answer
+    // A configured queue's name or "unknown", so the label set stays bounded.
+    let queue_label = state
+        .queues
+        .get_key_value(path.as_str())
+        .map_or("unknown", |(name, _)| name.as_str());
+    let answer = admit_and_send(&req, &context, &path, payload, &state).await;
+    state.metrics.request(queue_label, &outcome(&answer));
+    answer.map(|accepted| accepted.into_response(context.id()))
 }
 
+/// What the answer is counted as, from the typed result (never read back from a response).
+fn outcome(answer: &Result<Accepted, ApiError>) -> RequestOutcome {
+    match answer {
+        Ok(Accepted {
+            taken: Taken::Validated,
+            ..
+        }) => RequestOutcome {
+            status: StatusCode::OK,
+            code: "valid",
+            backend: None,
+        },
+        Ok(Accepted {
+            taken: Taken::Queued { via, .. },
+            ..
+        }) => RequestOutcome {
+            status: StatusCode::CREATED,
+            code: "queued",
+            backend: *via,
+        },
+        Err(e) => RequestOutcome {
+            status: e.problem.status(),
+            code: e.problem.code(),
+            backend: e.via,
+        },
+    }
+}
+
+/// Steps 2 to 8 of the contract's admission order, each its own function.
 async fn admit_and_send(
-    req: HttpRequest,
-    path: web::Path<String>,
+    req: &HttpRequest,
+    context: &RequestContext,
+    queue: &str,
     payload: web::Payload,
     state: &AppState,
-) -> Result<HttpResponse, ApiError> {
-    let (request_id, request_id_problem) = request_id(&req);
-    let fail = |problem: Problem| ApiError::new(problem, &request_id);
+) -> Result<Accepted, ApiError> {
+    // 2. Who is asking, and may they send to this queue?
+    let queue = authorize_send(req, context, queue, state)?;
+    // 3. Lifecycle: the guard keeps a drain waiting until this send is answered.
+    let _in_flight = state
+        .lifecycle
+        .admit_send()
+        .map_err(|n| context.error(n.into()))?;
+    // 4. Input.
+    let (input, body) = read_input(req, context, payload, state)
+        .await
+        .map_err(|problem| context.error(problem))?;
+    let message_id = input.message_id.clone().unwrap_or_else(MessageId::generate);
+    if input.dry_run {
+        return Ok(Accepted {
+            queue,
+            message_id,
+            correlation: input.correlation_header,
+            taken: Taken::Validated,
+        });
+    }
+    // 5.–8. Route, capacity, in-flight limit, breaker, the send under its deadline.
+    dispatch(
+        context,
+        state,
+        queue,
+        message_id,
+        input.correlation_header,
+        body,
+    )
+    .await
+}
 
-    // 2. Who is asking, and may they?
-    let principal = state.auth.authenticate(&req).map_err(|e| {
-        fail(Problem::Unauthenticated {
-            token_given: e == AuthError::Unknown,
+/// Step 2: the key may send, the queue is served, and the key's scope includes it.
+fn authorize_send(
+    req: &HttpRequest,
+    context: &RequestContext,
+    queue: &str,
+    state: &AppState,
+) -> Result<QueueName, ApiError> {
+    let principal = authorize(req, context, state, Permission::Send, "send messages")?;
+    let queue = state.queues.get(queue).ok_or_else(|| {
+        context.error(Problem::UnknownQueue {
+            queue: queue.to_owned(),
         })
     })?;
-    if !principal.may(Permission::Send) {
-        return Err(fail(Problem::Forbidden {
-            action: "send messages",
-        }));
-    }
-    let queue = state
-        .queues
-        .get(path.as_str())
-        .ok_or_else(|| {
-            fail(Problem::UnknownQueue {
-                queue: path.clone(),
-            })
-        })?
-        .clone();
-    if !principal.may_use_queue(&queue) {
-        return Err(fail(Problem::Forbidden {
+    context.record_queue(queue.as_str());
+    if !principal.may_use_queue(queue) {
+        return Err(context.error(Problem::Forbidden {
             action: "send to this queue",
         }));
     }
+    Ok(queue.clone())
+}
 
-    // 3. Lifecycle: the guard keeps a drain waiting until this send is answered.
-    let _in_flight = state.lifecycle.admit_send().map_err(|n| fail(n.into()))?;
-
-    // 4. Input.
-    if !is_json(&req) {
-        return Err(fail(Problem::UnsupportedMediaType));
+/// Step 4: content type, size, JSON validity, headers and `dry_run`.
+async fn read_input(
+    req: &HttpRequest,
+    context: &RequestContext,
+    payload: web::Payload,
+    state: &AppState,
+) -> Result<(Input, Bytes), Problem> {
+    if !is_json(req) {
+        return Err(Problem::UnsupportedMediaType);
     }
     // A client that stops mid-body must not hold its request (and the drain) open: the
     // body gets the send's own deadline to arrive.
     let body = tokio::time::timeout(
         state.body_timeout,
-        read_body(&req, payload, state.max_body_bytes),
+        read_body(req, payload, state.max_body_bytes),
     )
     .await
     .unwrap_or_else(|_| {
@@ -122,36 +181,26 @@ async fn admit_and_send(
                 "the body did not arrive in time",
             )],
         })
-    })
-    .map_err(fail)?;
-    let input = Input::parse(&req, &body, request_id_problem).map_err(fail)?;
-    let message_id = input.message_id.unwrap_or_else(MessageId::generate);
+    })?;
+    let input = Input::parse(req, &body, context.header_problem())?;
+    Ok((input, body))
+}
 
-    let mut response_headers = vec![("X-Request-Id", request_id.to_string())];
-    let echoed_correlation = input.correlation_header.as_ref().map(|c| c.to_string());
-    if let Some(c) = &echoed_correlation {
-        response_headers.push(("X-Correlation-Id", c.clone()));
-    }
-
-    if input.dry_run {
-        let mut ok = HttpResponse::Ok();
-        for h in response_headers {
-            ok.insert_header(h);
-        }
-        return Ok(ok.json(Valid {
-            status: "valid",
-            dry_run: true,
-            queue: queue.as_str(),
-            message_id: message_id.as_str(),
-            request_id: request_id.as_str(),
-        }));
-    }
-
-    // 5.–8. Capacity, in-flight limit, the send under its deadline.
-    let correlation_id = input.correlation_header.or_else(|| {
-        CorrelationId::parse(request_id.as_str())
-            .ok()
-            .filter(|_| input.request_id_given)
+/// Steps 5 to 8, in the dispatcher; the answer names the backend the send went to.
+async fn dispatch(
+    context: &RequestContext,
+    state: &AppState,
+    queue: QueueName,
+    message_id: MessageId,
+    correlation: Option<CorrelationId>,
+    body: Bytes,
+) -> Result<Accepted, ApiError> {
+    // Without a correlation id of its own, the message carries the client's request id.
+    let correlation_id = correlation.clone().or_else(|| {
+        context
+            .id_given()
+            .then(|| CorrelationId::parse(context.id().as_str()).ok())
+            .flatten()
     });
     let message = OutgoingMessage {
         queue: queue.clone(),
@@ -160,32 +209,57 @@ async fn admit_and_send(
         body,
     };
     let dispatched = state.dispatcher.send(message).await;
-    let via = dispatched.via.map(|role| role.as_str());
-    if let (Some(via), Some(took)) = (via, dispatched.send_time) {
-        state.metrics.send_latency(via, took);
-    }
-    if let Some(via) = via {
-        response_headers.push(("X-Sendgate-Backend", via.to_owned()));
+    if let (Some(via), Some(took)) = (dispatched.via, dispatched.send_time) {
+        state.metrics.send_latency(via.as_str(), took);
     }
     match dispatched.result {
-        Ok(receipt) => {
-            let mut created = HttpResponse::Created();
-            for h in response_headers {
-                created.insert_header(h);
-            }
-            Ok(created.json(Queued {
-                status: "queued",
-                queue: queue.as_str(),
-                message_id: message_id.as_str(),
-                request_id: request_id.as_str(),
+        Ok(receipt) => Ok(Accepted {
+            queue,
+            message_id,
+            correlation,
+            taken: Taken::Queued {
+                via: dispatched.via,
                 duplicate: receipt.duplicate,
-            }))
+            },
+        }),
+        Err(e) => Err(context
+            .error(Problem::from_dispatch(e, &message_id, state.max_body_bytes))
+            .via(dispatched.via)
+            .correlation(correlation.map(|c| c.to_string()))),
+    }
+}
+
+impl Accepted {
+    /// 201 `queued`, or 200 `valid` for a dry run (`X-Request-Id` comes from the context).
+    fn into_response(self, request_id: &RequestId) -> HttpResponse {
+        let mut answer = match self.taken {
+            Taken::Validated => HttpResponse::Ok(),
+            Taken::Queued { .. } => HttpResponse::Created(),
+        };
+        if let Some(c) = &self.correlation {
+            answer.insert_header((CORRELATION_ID, c.as_str()));
         }
-        Err(e) => Err(
-            fail(Problem::from_dispatch(e, &message_id, state.max_body_bytes))
-                .via(via)
-                .correlation(echoed_correlation),
-        ),
+        match self.taken {
+            Taken::Validated => answer.json(Valid {
+                status: "valid",
+                dry_run: true,
+                queue: self.queue.as_str(),
+                message_id: self.message_id.as_str(),
+                request_id: request_id.as_str(),
+            }),
+            Taken::Queued { via, duplicate } => {
+                if let Some(via) = via {
+                    answer.insert_header((SENDGATE_BACKEND, via.as_str()));
+                }
+                answer.json(Queued {
+                    status: "queued",
+                    queue: self.queue.as_str(),
+                    message_id: self.message_id.as_str(),
+                    request_id: request_id.as_str(),
+                    duplicate,
+                })
+            }
+        }
     }
 }
 
@@ -241,7 +315,6 @@ async fn read_body(
 struct Input {
     message_id: Option<MessageId>,
     correlation_header: Option<CorrelationId>,
-    request_id_given: bool,
     dry_run: bool,
 }
 
@@ -263,9 +336,18 @@ impl Input {
                 }
             }
         }
-        let message_id = header_id(req, "Idempotency-Key", MessageId::parse, &mut errors);
-        let correlation_header =
-            header_id(req, "X-Correlation-Id", CorrelationId::parse, &mut errors);
+        let message_id = header_id(
+            req,
+            (&IDEMPOTENCY_KEY, spelling::IDEMPOTENCY_KEY),
+            MessageId::parse,
+            &mut errors,
+        );
+        let correlation_header = header_id(
+            req,
+            (&CORRELATION_ID, spelling::CORRELATION_ID),
+            CorrelationId::parse,
+            &mut errors,
+        );
         let dry_run = match query_value(req, "dry_run") {
             None => false,
             Some(v) if v.eq_ignore_ascii_case("true") || v == "1" => true,
@@ -285,15 +367,15 @@ impl Input {
         Ok(Self {
             message_id,
             correlation_header,
-            request_id_given: req.headers().contains_key("X-Request-Id"),
             dry_run,
         })
     }
 }
 
+/// The header `name` parsed, or its problem (named with the contract's `spelled` name).
 fn header_id<T>(
     req: &HttpRequest,
-    name: &str,
+    (name, spelled): (&HeaderName, &str),
     parse: fn(&str) -> Result<T, IdError>,
     errors: &mut Vec<FieldError>,
 ) -> Option<T> {
@@ -305,7 +387,7 @@ fn header_id<T>(
     {
         Ok(v) => Some(v),
         Err(e) => {
-            errors.push(FieldError::new(&["header", name], e.to_string()));
+            errors.push(FieldError::new(&["header", spelled], e.to_string()));
             None
         }
     }

@@ -13,5 +13,6 @@ mod health;
 mod helpers;
 mod leaks;
 mod metrics;
+mod request_id;
 mod routing;
 mod send;

@@ -1,0 +1,249 @@
+//! One request context: the middleware that gives every request its id once, and the
+//! [`RequestContext`] handlers take as an extractor.
+//!
+//! [`RequestIdentity`] (wrapped around the whole app) validates or creates `X-Request-Id`
+//! before any handler runs, sets it on every answer (successes, refusals, and the 404/405
+//! of the routing table alike), and runs the request inside a `tracing` span `request`
+//! carrying `request_id`, then `key` and `queue` once the handler knows them, so every
+//! event logged while serving the request names it.
+
+use std::future::{ready, Future, Ready};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+
+use actix_web::dev::{forward_ready, Service, ServiceRequest, ServiceResponse, Transform};
+use actix_web::http::header::HeaderValue;
+use actix_web::{Error, FromRequest, HttpMessage, HttpRequest};
+use tracing::instrument::Instrumented;
+use tracing::{Instrument, Span};
+
+use super::errors::{ApiError, FieldError, Problem};
+use super::headers::{spelling, REQUEST_ID};
+use crate::domain::{IdError, RequestId};
+
+/// What every handler knows about its request before it starts. Cheap to clone (shared).
+#[derive(Clone)]
+pub struct RequestContext(Rc<Inner>);
+
+struct Inner {
+    id: RequestId,
+    /// The client sent this id itself (a valid `X-Request-Id`).
+    given: bool,
+    /// The client's `X-Request-Id` was not a valid id: it was replaced, and the send path
+    /// reports it with the other input problems.
+    header_problem: Option<IdError>,
+    span: Span,
+}
+
+impl RequestContext {
+    /// The client's `X-Request-Id` when it is valid, else a fresh one (and the header's
+    /// problem). The span is disabled (and costs nothing) when no subscriber wants it.
+    fn from_header(value: Option<&HeaderValue>) -> Self {
+        let (id, given, header_problem) = match value.map(parse_id) {
+            None => (RequestId::generate(), false, None),
+            Some(Ok(id)) => (id, true, None),
+            Some(Err(e)) => (RequestId::generate(), false, Some(e)),
+        };
+        // ERROR, so the span is enabled whenever any event is: a warning logged under
+        // `RUST_LOG=warn` still names its request.
+        let span = tracing::error_span!(
+            "request",
+            request_id = id.as_str(),
+            queue = tracing::field::Empty,
+            key = tracing::field::Empty,
+        );
+        Self(Rc::new(Inner {
+            id,
+            given,
+            header_problem,
+            span,
+        }))
+    }
+
+    pub fn id(&self) -> &RequestId {
+        &self.0.id
+    }
+
+    /// The client chose this id (so it may stand in for a missing correlation id).
+    pub fn id_given(&self) -> bool {
+        self.0.given
+    }
+
+    /// The invalid `X-Request-Id`, as a field error for the send path's 400.
+    pub fn header_problem(&self) -> Option<FieldError> {
+        self.0
+            .header_problem
+            .as_ref()
+            .map(|e| FieldError::new(&["header", spelling::REQUEST_ID], e.to_string()))
+    }
+
+    /// A refusal of this request.
+    pub fn error(&self, problem: Problem) -> ApiError {
+        ApiError::new(problem, &self.0.id)
+    }
+
+    /// The authenticated key's name, on the request's span.
+    pub fn record_key(&self, name: &str) {
+        self.0.span.record("key", name);
+    }
+
+    /// The queue the request is for, once it is known to be served.
+    pub fn record_queue(&self, queue: &str) {
+        self.0.span.record("queue", queue);
+    }
+}
+
+fn parse_id(value: &HeaderValue) -> Result<RequestId, IdError> {
+    value
+        .to_str()
+        .map_err(|_| IdError::NotPrintable)
+        .and_then(RequestId::parse)
+}
+
+/// The handler's view of the context [`RequestIdentity`] stored. A route outside the
+/// middleware (a unit test's bare request) gets a fresh one rather than failing.
+impl FromRequest for RequestContext {
+    type Error = Error;
+    type Future = Ready<Result<Self, Error>>;
+
+    fn from_request(req: &HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
+        let context = req.extensions().get::<RequestContext>().cloned();
+        ready(Ok(context.unwrap_or_else(|| {
+            RequestContext::from_header(req.headers().get(REQUEST_ID))
+        })))
+    }
+}
+
+/// The middleware: `App::new().wrap(RequestIdentity)`.
+pub struct RequestIdentity;
+
+impl<S, B> Transform<S, ServiceRequest> for RequestIdentity
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error>,
+{
+    type Response = ServiceResponse<B>;
+    type Error = Error;
+    type Transform = RequestIdentityService<S>;
+    type InitError = ();
+    type Future = Ready<Result<Self::Transform, Self::InitError>>;
+
+    fn new_transform(&self, service: S) -> Self::Future {
+        ready(Ok(RequestIdentityService { service }))
+    }
+}
+
+pub struct RequestIdentityService<S> {
+    service: S,
+}
+
+impl<S, B> Service<ServiceRequest> for RequestIdentityService<S>
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error>,
+{
+    type Response = ServiceResponse<B>;
+    type Error = Error;
+    type Future = WithRequestId<S::Future>;
+
+    forward_ready!(service);
+
+    fn call(&self, req: ServiceRequest) -> Self::Future {
+        let client_value = req.headers().get(REQUEST_ID).cloned();
+        let context = RequestContext::from_header(client_value.as_ref());
+        // A valid client id goes back as the client sent it (no copy); a fresh one is
+        // encoded once. A generated UUID is always a valid header value.
+        let header = match client_value {
+            Some(value) if context.id_given() => Some(value),
+            _ => HeaderValue::from_str(context.id().as_str()).ok(),
+        };
+        let span = context.0.span.clone();
+        req.extensions_mut().insert(context);
+        // Routing runs inside `call`, the handler in the future: both within the span.
+        let inner = span.in_scope(|| self.service.call(req));
+        WithRequestId {
+            inner: inner.instrument(span),
+            header,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The rest of the request, run inside its span; its answer gets `X-Request-Id`.
+    pub struct WithRequestId<F> {
+        #[pin]
+        inner: Instrumented<F>,
+        header: Option<HeaderValue>,
+    }
+}
+
+impl<F, B> Future for WithRequestId<F>
+where
+    F: Future<Output = Result<ServiceResponse<B>, Error>>,
+{
+    type Output = Result<ServiceResponse<B>, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        // Routing turns every handler's (and extractor's) error into a response before it
+        // gets here, so each answer of the app passes through this point.
+        let mut response = std::task::ready!(this.inner.poll(cx))?;
+        if let Some(value) = this.header.take() {
+            response.headers_mut().insert(REQUEST_ID, value);
+        }
+        Poll::Ready(Ok(response))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actix_web::test::{call_service, init_service, read_body, TestRequest};
+    use actix_web::{web, App};
+
+    async fn answer(id: Option<&str>) -> (Option<String>, String) {
+        let app = init_service(App::new().wrap(RequestIdentity).route(
+            "/",
+            web::get().to(|context: RequestContext| async move {
+                let problem = context.header_problem().map(|e| e.msg);
+                format!("{} {problem:?}", context.id())
+            }),
+        ))
+        .await;
+        let mut request = TestRequest::get().uri("/");
+        if let Some(id) = id {
+            request = request.insert_header((REQUEST_ID, id));
+        }
+        let response = call_service(&app, request.to_request()).await;
+        let header = response
+            .headers()
+            .get(REQUEST_ID)
+            .map(|v| v.to_str().unwrap().to_owned());
+        let body = String::from_utf8(read_body(response).await.to_vec()).unwrap();
+        (header, body)
+    }
+
+    #[actix_web::test]
+    async fn the_handler_sees_the_id_the_answer_carries() {
+        assert_eq!(
+            answer(Some("given-1")).await,
+            (Some("given-1".into()), "given-1 None".into())
+        );
+        let (header, body) = answer(None).await;
+        let header = header.expect("a fresh id");
+        assert_eq!(body, format!("{header} None"));
+
+        // An invalid id is replaced, and its problem kept for the send path.
+        let (header, body) = answer(Some("")).await;
+        let header = header.expect("a fresh id");
+        assert!(!header.is_empty());
+        assert_eq!(body, format!("{header} Some(\"must not be empty\")"));
+    }
+
+    #[actix_web::test]
+    async fn an_unrouted_request_gets_an_id_too() {
+        let app = init_service(App::new().wrap(RequestIdentity)).await;
+        let response = call_service(&app, TestRequest::get().uri("/nowhere").to_request()).await;
+        assert_eq!(response.status(), 404);
+        assert!(response.headers().contains_key(REQUEST_ID));
+    }
+}

@@ -1,0 +1,42 @@
+//! The names of the headers the API reads and writes that the `http` crate does not
+//! define: the one place they are spelled.
+//!
+//! Each comes twice: as a [`HeaderName`] for look-ups and answers (lower case, as `http`
+//! requires and as it goes on the wire), and as the contract spells it, for the `loc` of a
+//! 400's field errors (`["header", "Idempotency-Key"]`). A test keeps the pairs in step.
+
+use actix_web::http::header::HeaderName;
+
+/// Identifies one HTTP request; set on every answer.
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// Becomes the broker message id.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// Carried to the message as its correlation id; echoed.
+pub const CORRELATION_ID: HeaderName = HeaderName::from_static("x-correlation-id");
+/// The backend a send went to (`primary` or `fallback`).
+pub const SENDGATE_BACKEND: HeaderName = HeaderName::from_static("x-sendgate-backend");
+
+/// The contract's spelling of each name above.
+pub mod spelling {
+    pub const REQUEST_ID: &str = "X-Request-Id";
+    pub const IDEMPOTENCY_KEY: &str = "Idempotency-Key";
+    pub const CORRELATION_ID: &str = "X-Correlation-Id";
+    pub const SENDGATE_BACKEND: &str = "X-Sendgate-Backend";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_name_matches_its_contract_spelling() {
+        for (name, spelled) in [
+            (REQUEST_ID, spelling::REQUEST_ID),
+            (IDEMPOTENCY_KEY, spelling::IDEMPOTENCY_KEY),
+            (CORRELATION_ID, spelling::CORRELATION_ID),
+            (SENDGATE_BACKEND, spelling::SENDGATE_BACKEND),
+        ] {
+            assert!(name.as_str().eq_ignore_ascii_case(spelled), "{spelled}");
+        }
+    }
+}
