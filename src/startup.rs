@@ -13,11 +13,9 @@ use crate::admission::inflight::InFlight;
 use crate::admission::{BackendRole, Dispatcher, Route};
 use crate::backend::embedded::{EmbeddedFaults, EmbeddedQueue, StoreError};
 use crate::backend::rabbitmq::RabbitMq;
-use crate::backend::servicebus::{ServiceBus, ServiceBusError};
+use crate::backend::servicebus::ServiceBus;
 use crate::backend::{Backend, BackendCalls};
-use crate::config::{
-    AuthSettings, BackendKind, ConfigError, RabbitMqSettings, ServiceBusSettings, Settings,
-};
+use crate::config::{AuthSettings, BackendSettings, ConfigError, Settings};
 use crate::domain::QueueName;
 use crate::http::auth::{Authenticator, KeysFileError};
 use crate::http::{routes, AppState};
@@ -31,9 +29,6 @@ pub enum StartupError {
     Keys(#[from] KeysFileError),
     #[error("SENDGATE_DATA_DIR: {0}")]
     Embedded(#[from] StoreError),
-    /// A backend setting that cannot work (exit 2), e.g. a malformed connection string.
-    #[error("{var}: {message}")]
-    BackendConfig { var: &'static str, message: String },
     /// The backend could not be set up although its settings are well-formed (exit 1).
     #[error("backend: {0}")]
     BackendInit(String),
@@ -48,7 +43,7 @@ impl StartupError {
     /// 2 for a setting that is wrong, 1 for an environment that failed us.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Config(_) | Self::Keys(_) | Self::BackendConfig { .. } => 2,
+            Self::Config(_) | Self::Keys(_) => 2,
             Self::Embedded(_) | Self::Bind { .. } | Self::BackendInit(_) => 1,
         }
     }
@@ -90,15 +85,9 @@ struct Opened {
     faults: Option<Arc<EmbeddedFaults>>,
 }
 
-fn open_backend(
-    kind: BackendKind,
-    data_dir: &std::path::Path,
-    rabbitmq: &RabbitMqSettings,
-    servicebus: &ServiceBusSettings,
-    queues: &[QueueName],
-) -> Result<Opened, StartupError> {
-    Ok(match kind {
-        BackendKind::Embedded => {
+fn open_backend(settings: &BackendSettings, queues: &[QueueName]) -> Result<Opened, StartupError> {
+    Ok(match settings {
+        BackendSettings::Embedded { data_dir } => {
             let queue = EmbeddedQueue::open(data_dir)?;
             let faults = Some(queue.faults());
             Opened {
@@ -106,30 +95,17 @@ fn open_backend(
                 faults,
             }
         }
-        BackendKind::RabbitMq => {
-            let rabbit =
-                RabbitMq::new(rabbitmq, queues).map_err(|e| StartupError::BackendConfig {
-                    var: e.variable(),
-                    message: e.to_string(),
-                })?;
+        BackendSettings::RabbitMq(rabbitmq) => {
+            let rabbit = RabbitMq::new(rabbitmq, queues)
+                .map_err(|e| StartupError::BackendInit(e.to_string()))?;
             Opened {
                 backend: Arc::new(rabbit),
                 faults: None,
             }
         }
-        BackendKind::ServiceBus => {
-            let bus = match ServiceBus::new(servicebus, queues) {
-                Ok(bus) => bus,
-                Err(ServiceBusError::Setting(e)) => {
-                    return Err(StartupError::BackendConfig {
-                        var: e.var,
-                        message: e.message,
-                    })
-                }
-                Err(ServiceBusError::Init(message)) => {
-                    return Err(StartupError::BackendInit(message))
-                }
-            };
+        BackendSettings::ServiceBus(plan) => {
+            let bus =
+                ServiceBus::new(plan).map_err(|e| StartupError::BackendInit(e.to_string()))?;
             Opened {
                 backend: Arc::new(bus),
                 faults: None,
@@ -163,22 +139,10 @@ impl Application {
     /// Open the configured backends and bind the listener. The gateway is `starting` when
     /// this returns; it turns `running` once the backends are warmed up (see [`warm_up`]).
     pub async fn build(settings: Settings) -> Result<Self, StartupError> {
-        let primary = open_backend(
-            settings.backend,
-            &settings.data_dir,
-            &settings.rabbitmq,
-            &settings.servicebus,
-            &settings.queues,
-        )?;
-        let fallback = match &settings.dispatch.fallback {
+        let primary = open_backend(&settings.primary, &settings.queues)?;
+        let fallback = match &settings.fallback {
             None => None,
-            Some(f) => Some(open_backend(
-                f.backend,
-                &f.data_dir,
-                &f.rabbitmq,
-                &f.servicebus,
-                &settings.queues,
-            )?),
+            Some(f) => Some(open_backend(f, &settings.queues)?),
         };
         Self::assemble(settings, primary, fallback)
     }
@@ -268,7 +232,7 @@ impl Application {
             event = "listening",
             listen = %settings.listen,
             port,
-            backend = settings.backend.as_str(),
+            backend = settings.primary.kind().as_str(),
             queues = ?settings.queues.iter().map(|q| q.as_str()).collect::<Vec<_>>(),
             "sendgate is listening; starting"
         );
