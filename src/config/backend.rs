@@ -126,9 +126,7 @@ pub fn parse(
     };
     Ok(Some(match kind {
         BackendKind::Embedded => BackendSettings::Embedded {
-            data_dir: layers
-                .path(scoped.pick(|v| v.data_dir))
-                .unwrap_or_default(),
+            data_dir: layers.path(scoped.pick(|v| v.data_dir)).unwrap_or_default(),
         },
         BackendKind::RabbitMq => BackendSettings::RabbitMq(rabbitmq(&scoped)?),
         BackendKind::ServiceBus => {
@@ -152,8 +150,10 @@ fn rabbitmq(scoped: &Scoped<'_>) -> Result<RabbitMqSettings, ConfigError> {
     let url_var = scoped.pick(|v| v.rabbitmq_url);
     let uri = parse_amqp_uri(url_var, layers.value(url_var).unwrap_or_default())?;
     let management_var = scoped.pick(|v| v.rabbitmq_management_url);
-    let management_url =
-        parse_management_url(management_var, layers.value(management_var).unwrap_or_default())?;
+    let management_url = parse_management_url(
+        management_var,
+        layers.value(management_var).unwrap_or_default(),
+    )?;
     let depth_source = match layers.choice(scoped.pick(|v| v.rabbitmq_depth_source))? {
         Some("amqp") => DepthSource::Amqp,
         _ => DepthSource::Management,
@@ -193,14 +193,19 @@ fn parse_amqp_uri(var: &'static Var, raw: &str) -> Result<AMQPUri, ConfigError> 
     }
     raw.parse::<AMQPUri>().map_err(|lapin_says| {
         let password = url.password().unwrap_or_default();
-        let safe = !lapin_says.contains(raw) && (password.is_empty() || !lapin_says.contains(password));
-        refuse(if safe { &lapin_says } else { "not a valid AMQP URI" })
+        let safe =
+            !lapin_says.contains(raw) && (password.is_empty() || !lapin_says.contains(password));
+        refuse(if safe {
+            &lapin_says
+        } else {
+            "not a valid AMQP URI"
+        })
     })
 }
 
 fn parse_management_url(var: &'static Var, raw: &str) -> Result<Url, ConfigError> {
-    let url = Url::parse(raw)
-        .map_err(|e| ConfigError::invalid(var, raw, format!("not a URL: {e}")))?;
+    let url =
+        Url::parse(raw).map_err(|e| ConfigError::invalid(var, raw, format!("not a URL: {e}")))?;
     if url.cannot_be_a_base() || !matches!(url.scheme(), "http" | "https") {
         return Err(ConfigError::invalid(var, raw, "not an http(s) base URL"));
     }

@@ -198,8 +198,8 @@ fn parse_queues(layers: &Layers) -> Result<Vec<QueueName>, ConfigError> {
     let value = layers.value(var).unwrap_or_default();
     let mut queues: Vec<QueueName> = Vec::new();
     for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let name =
-            QueueName::parse(part).map_err(|e| ConfigError::other(var, format!("{part:?}: {e}")))?;
+        let name = QueueName::parse(part)
+            .map_err(|e| ConfigError::other(var, format!("{part:?}: {e}")))?;
         if !queues.contains(&name) {
             queues.push(name);
         }
@@ -223,7 +223,12 @@ fn parse_auth(layers: &Layers, listen: SocketAddr) -> Result<AuthSettings, Confi
         (Some(file), false) => AuthSettings::KeysFile(file),
         (None, explicitly_none) => AuthSettings::Open { explicitly_none },
     };
-    if auth == (AuthSettings::Open { explicitly_none: false }) && !listen.ip().is_loopback() {
+    if auth
+        == (AuthSettings::Open {
+            explicitly_none: false,
+        })
+        && !listen.ip().is_loopback()
+    {
         return Err(ConfigError::other(
             &v::API_KEYS_FILE,
             format!(

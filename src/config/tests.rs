@@ -205,26 +205,42 @@ fn a_bad_fallback_value_is_named_by_the_fallbacks_variable() {
         (&v::FALLBACK_RABBITMQ_URL, "http://h/"),
     ])
     .unwrap_err();
-    assert_eq!(err.variable(), Some("SENDGATE_FALLBACK_RABBITMQ_URL"), "{err}");
+    assert_eq!(
+        err.variable(),
+        Some("SENDGATE_FALLBACK_RABBITMQ_URL"),
+        "{err}"
+    );
     // Inherited from the primary's variable: that is the one named.
     let err = Settings::from_overrides(&[
         (&v::FALLBACK_BACKEND, "rabbitmq"),
         (&v::RABBITMQ_MANAGEMENT_URL, "not a url"),
     ])
     .unwrap_err();
-    assert_eq!(err.variable(), Some("SENDGATE_RABBITMQ_MANAGEMENT_URL"), "{err}");
+    assert_eq!(
+        err.variable(),
+        Some("SENDGATE_RABBITMQ_MANAGEMENT_URL"),
+        "{err}"
+    );
     let err = Settings::from_overrides(&[
         (&v::FALLBACK_BACKEND, "servicebus"),
         (&v::FALLBACK_SERVICEBUS_ENDPOINT, "ftp://x"),
     ])
     .unwrap_err();
-    assert_eq!(err.variable(), Some("SENDGATE_FALLBACK_SERVICEBUS_ENDPOINT"), "{err}");
+    assert_eq!(
+        err.variable(),
+        Some("SENDGATE_FALLBACK_SERVICEBUS_ENDPOINT"),
+        "{err}"
+    );
     let err = Settings::from_overrides(&[
         (&v::FALLBACK_BACKEND, "rabbitmq"),
         (&v::FALLBACK_RABBITMQ_STATS_LAG_MS, "3600001"),
     ])
     .unwrap_err();
-    assert_eq!(err.variable(), Some("SENDGATE_FALLBACK_RABBITMQ_STATS_LAG_MS"), "{err}");
+    assert_eq!(
+        err.variable(),
+        Some("SENDGATE_FALLBACK_RABBITMQ_STATS_LAG_MS"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -235,7 +251,13 @@ fn management_credentials_come_from_the_url_unless_set() {
     ])
     .unwrap();
     let r = rabbit(&s.primary);
-    assert_eq!((r.management_user.as_str(), r.management_password.expose().as_str()), ("app", "apppw"));
+    assert_eq!(
+        (
+            r.management_user.as_str(),
+            r.management_password.expose().as_str()
+        ),
+        ("app", "apppw")
+    );
     assert_eq!(r.uri.expose().vhost, "prod");
     let s = Settings::from_overrides(&[
         (&v::BACKEND, "rabbitmq"),
@@ -245,8 +267,17 @@ fn management_credentials_come_from_the_url_unless_set() {
     ])
     .unwrap();
     let r = rabbit(&s.primary);
-    assert_eq!((r.management_user.as_str(), r.management_password.expose().as_str()), ("admin", "adminpw"));
-    assert!(!format!("{s:?}").contains("apppw"), "Debug hides the URL's password");
+    assert_eq!(
+        (
+            r.management_user.as_str(),
+            r.management_password.expose().as_str()
+        ),
+        ("admin", "adminpw")
+    );
+    assert!(
+        !format!("{s:?}").contains("apppw"),
+        "Debug hides the URL's password"
+    );
     assert!(!format!("{s:?}").contains("adminpw"));
 }
 
@@ -299,9 +330,22 @@ fn unknown_sendgate_variables_are_refused_with_a_suggestion() {
             suggestion: Some("SENDGATE_DEPTH_TTL_MS")
         }
     );
-    assert!(err.to_string().contains("did you mean SENDGATE_DEPTH_TTL_MS?"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("did you mean SENDGATE_DEPTH_TTL_MS?"),
+        "{err}"
+    );
     let err = Settings::from_vars(&vars(&[("SENDGATE_COLOUR", "blue")])).unwrap_err();
-    assert!(matches!(err, ConfigError::UnknownVariable { suggestion: None, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            ConfigError::UnknownVariable {
+                suggestion: None,
+                ..
+            }
+        ),
+        "{err}"
+    );
     // The client's variable and other tools' SERVICEBUS_* variables are tolerated.
     assert!(Settings::from_vars(&vars(&[
         ("SENDGATE_TOKEN", "sg_x"),
@@ -324,7 +368,10 @@ fn unknown_file_keys_are_refused() {
             suggestion: Some("depth_ttl_ms".into())
         }
     );
-    assert!(err.to_string().contains("did you mean depth_ttl_ms?"), "{err}");
+    assert!(
+        err.to_string().contains("did you mean depth_ttl_ms?"),
+        "{err}"
+    );
 }
 
 #[test]

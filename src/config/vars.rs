@@ -303,7 +303,10 @@ pub const SERVICEBUS_SEND_FAILCLOSED_STREAK: Var = Var::server(
 pub const DEPTH_TTL_MS: Var = Var::server(
     "SENDGATE_DEPTH_TTL_MS",
     G::Capacity,
-    K::Duration { min: 0, max: HOUR_MS },
+    K::Duration {
+        min: 0,
+        max: HOUR_MS,
+    },
     "Reuse one depth read this long; 0 reads before every send.",
 )
 .default("1000")
@@ -311,7 +314,10 @@ pub const DEPTH_TTL_MS: Var = Var::server(
 pub const ADMIN_TIMEOUT_MS: Var = Var::server(
     "SENDGATE_ADMIN_TIMEOUT_MS",
     G::Capacity,
-    K::Duration { min: 1, max: HOUR_MS },
+    K::Duration {
+        min: 1,
+        max: HOUR_MS,
+    },
     "Deadline of one depth read.",
 )
 .default("2000")
@@ -320,7 +326,10 @@ pub const ADMIN_TIMEOUT_MS: Var = Var::server(
 pub const SEND_TIMEOUT_MS: Var = Var::server(
     "SENDGATE_SEND_TIMEOUT_MS",
     G::Limits,
-    K::Duration { min: 1, max: HOUR_MS },
+    K::Duration {
+        min: 1,
+        max: HOUR_MS,
+    },
     "Deadline of one send to the broker; past it: 504 send_timeout, outcome unknown.",
 )
 .default("10000")
@@ -328,14 +337,20 @@ pub const SEND_TIMEOUT_MS: Var = Var::server(
 pub const MAX_IN_FLIGHT: Var = Var::server(
     "SENDGATE_MAX_IN_FLIGHT",
     G::Limits,
-    K::Whole { min: 1, max: BILLION },
+    K::Whole {
+        min: 1,
+        max: BILLION,
+    },
     "Backend sends in flight before 503 saturated.",
 )
 .default("256");
 pub const MAX_BODY_BYTES: Var = Var::server(
     "SENDGATE_MAX_BODY_BYTES",
     G::Limits,
-    K::Whole { min: 1, max: BILLION },
+    K::Whole {
+        min: 1,
+        max: BILLION,
+    },
     "Largest accepted message body (the Service Bus Standard limit).",
 )
 .default("262144")
@@ -372,7 +387,10 @@ pub const LOG_FORMAT: Var = Var::server(
 pub const WORKERS: Var = Var::server(
     "SENDGATE_WORKERS",
     G::Process,
-    K::Whole { min: 1, max: BILLION },
+    K::Whole {
+        min: 1,
+        max: BILLION,
+    },
     "HTTP worker threads; defaults to the number of CPU cores.",
 )
 .unset("CPU cores");

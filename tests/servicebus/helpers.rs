@@ -117,14 +117,14 @@ pub fn assert_start_up_reads(requests: &[Recorded], queues: &[String]) {
     assert_eq!(seen, expected, "start-up reads each queue's depth once");
 }
 
-/// Build the application from exactly these variables (no defaults added), for start-up
-/// refusals.
+/// Parse these variables (no defaults added) and build the application, for start-up
+/// refusals: a setting that cannot work is refused while parsing (`StartupError::Config`).
 pub async fn build_only(vars: &[(&str, &str)]) -> Result<(), StartupError> {
     let env: HashMap<String, String> = vars
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    let settings = Settings::from_vars(&env).expect("the settings themselves parse");
+    let settings = Settings::from_vars(&env)?;
     Application::build(settings).await.map(|_| ())
 }
 

@@ -141,15 +141,25 @@ mod tests {
 
     #[test]
     fn the_default_vhost_is_one_encoded_segment() {
-        let m =
-            Management::new(Url::parse("http://127.0.0.1:15672").unwrap(), "/", "u".into(), Secret::new("p")).unwrap();
+        let m = Management::new(
+            Url::parse("http://127.0.0.1:15672").unwrap(),
+            "/",
+            "u".into(),
+            Secret::new("p"),
+        )
+        .unwrap();
         let url = m.queue_url(&QueueName::parse("requests").unwrap());
         assert_eq!(
             url.as_str(),
             "http://127.0.0.1:15672/api/queues/%2F/requests?columns=messages"
         );
-        let m =
-            Management::new(Url::parse("http://h:1/rabbit/").unwrap(), "prod", "u".into(), Secret::new("p")).unwrap();
+        let m = Management::new(
+            Url::parse("http://h:1/rabbit/").unwrap(),
+            "prod",
+            "u".into(),
+            Secret::new("p"),
+        )
+        .unwrap();
         let url = m.queue_url(&QueueName::parse("q").unwrap());
         assert_eq!(
             url.as_str(),
