@@ -23,8 +23,8 @@ impl Layers {
         let server = || VARIABLES.iter().filter(|v| v.side == Side::Server);
         let mut builder = config::Config::builder();
         if let Some(path) = env.get(vars::CONFIG.name).filter(|p| !p.trim().is_empty()) {
-            builder = builder
-                .add_source(config::File::new(path, config::FileFormat::Toml).required(true));
+            let text = read_file(path)?;
+            builder = builder.add_source(config::File::from_str(&text, config::FileFormat::Toml));
         }
         for v in server() {
             if let Some(value) = env.get(v.name).filter(|s| !s.trim().is_empty()) {
@@ -120,6 +120,11 @@ impl Layers {
             .transpose()
     }
 
+    /// A [`Kind::Whole`] variable that has a default, so always has a value.
+    pub fn count(&self, var: &'static Var) -> Result<u64, ConfigError> {
+        self.whole(var)?.ok_or_else(|| required(var))
+    }
+
     /// A [`Kind::Duration`] variable, within its bounds, in its unit.
     pub fn duration(&self, var: &'static Var) -> Result<Duration, ConfigError> {
         let Kind::Duration { min, max } = var.kind else {
@@ -145,6 +150,25 @@ impl Layers {
                 ConfigError::invalid(var, value, "expected a number above 0 and at most 1")
             })
     }
+}
+
+/// The file's text, checked to be TOML here because the parser's own message quotes the
+/// offending line, which may hold a secret (`rabbitmq_url = amqp://user:password@…`): the
+/// error says where and why, never what.
+fn read_file(path: &str) -> Result<String, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::File(format!("cannot read {path}: {e}")))?;
+    if let Err(e) = text.parse::<toml::Table>() {
+        let at = e.span().map_or(0, |span| span.start);
+        let before = &text[..at.min(text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+        return Err(ConfigError::File(format!(
+            "{path}: not valid TOML at line {line}, column {column}: {}",
+            e.message()
+        )));
+    }
+    Ok(text)
 }
 
 /// An unknown `SENDGATE_*` variable is a typo until proven otherwise: refuse it, as an

@@ -134,11 +134,6 @@ impl Settings {
             _ => LogFormat::Text,
         };
         let auth = parse_auth(layers, listen)?;
-        let whole = |var: &'static Var| -> Result<u64, ConfigError> {
-            layers
-                .whole(var)?
-                .ok_or_else(|| ConfigError::other(var, "must be set"))
-        };
         Ok(Settings {
             listen,
             queues,
@@ -156,8 +151,8 @@ impl Settings {
                 admin_timeout: layers.duration(&v::ADMIN_TIMEOUT_MS)?,
             },
             send_timeout: layers.duration(&v::SEND_TIMEOUT_MS)?,
-            max_in_flight: whole(&v::MAX_IN_FLIGHT)? as usize,
-            max_body_bytes: whole(&v::MAX_BODY_BYTES)? as usize,
+            max_in_flight: layers.count(&v::MAX_IN_FLIGHT)? as usize,
+            max_body_bytes: layers.count(&v::MAX_BODY_BYTES)? as usize,
             drain_timeout: layers.duration(&v::DRAIN_TIMEOUT_S)?,
             auth,
             log_format,
@@ -253,9 +248,8 @@ fn parse_dispatch(layers: &Layers, has_fallback: bool) -> Result<DispatchSetting
     };
     Ok(DispatchSettings {
         breaker_window: layers.duration(&v::BREAKER_WINDOW_S)?,
-        breaker_min_failures: layers
-            .whole(&v::BREAKER_MIN_FAILURES)?
-            .map_or(u32::MAX, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+        breaker_min_failures: u32::try_from(layers.count(&v::BREAKER_MIN_FAILURES)?)
+            .unwrap_or(u32::MAX),
         breaker_failure_rate: layers.fraction(&v::BREAKER_FAILURE_RATE)?,
         breaker_open: layers.duration(&v::BREAKER_OPEN_S)?,
         probe_interval: layers.duration(&v::PROBE_INTERVAL_S)?,

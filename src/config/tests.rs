@@ -394,3 +394,33 @@ fn every_choice_variable_parses_each_of_its_options() {
         }
     }
 }
+
+#[test]
+fn a_file_that_is_not_toml_is_refused_without_quoting_its_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in [
+        (
+            "a.toml",
+            "queues = [\"a\"]\nrabbitmq_url = amqp://u:s3cr3tpw@h\n",
+        ),
+        ("b.toml", "rabbitmq_url = \"amqp://u:s3cr3tpw@h\n"),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let err =
+            Settings::from_vars(&vars(&[("SENDGATE_CONFIG", path.to_str().unwrap())])).unwrap_err();
+        let shown = err.to_string();
+        assert!(shown.starts_with("SENDGATE_CONFIG: "), "{shown}");
+        assert!(!shown.contains("s3cr3tpw"), "{shown}");
+    }
+    let path = dir.path().join("a.toml");
+    let err =
+        Settings::from_vars(&vars(&[("SENDGATE_CONFIG", path.to_str().unwrap())])).unwrap_err();
+    assert!(err.to_string().contains("line 2, column 16"), "{err}");
+    let err = Settings::from_vars(&vars(&[("SENDGATE_CONFIG", "/nonexistent/sendgate.toml")]))
+        .unwrap_err();
+    assert!(
+        err.to_string().starts_with("SENDGATE_CONFIG: cannot read"),
+        "{err}"
+    );
+}
