@@ -4,7 +4,7 @@
 //
 //   az deployment group create -g <rg> -f infra/main.bicep -p @infra/main.parameters.json
 //
-// Every environment variable set on the container is one sendgate reads (src/config.rs
+// Every environment variable set on the container is one sendgate reads (src/config/vars.rs
 // VARIABLES), plus AZURE_CLIENT_ID (read by azure_identity); scripts/lint-infra.sh checks it.
 
 targetScope = 'resourceGroup'

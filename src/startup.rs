@@ -13,11 +13,9 @@ use crate::admission::inflight::InFlight;
 use crate::admission::{BackendRole, Dispatcher, Lane};
 use crate::backend::embedded::{EmbeddedQueue, StoreError};
 use crate::backend::rabbitmq::RabbitMq;
-use crate::backend::servicebus::{ServiceBus, ServiceBusError};
+use crate::backend::servicebus::ServiceBus;
 use crate::backend::Backend;
-use crate::config::{
-    AuthSettings, BackendKind, ConfigError, RabbitMqSettings, ServiceBusSettings, Settings,
-};
+use crate::config::{AuthSettings, BackendSettings, ConfigError, Settings};
 use crate::domain::QueueName;
 use crate::http::auth::{Authenticator, KeysFileError};
 use crate::http::{routes, AppState};
@@ -31,9 +29,6 @@ pub enum StartupError {
     Keys(#[from] KeysFileError),
     #[error("SENDGATE_DATA_DIR: {0}")]
     Embedded(#[from] StoreError),
-    /// A backend setting that cannot work (exit 2), e.g. a malformed connection string.
-    #[error("{var}: {message}")]
-    BackendConfig { var: &'static str, message: String },
     /// The backend could not be set up although its settings are well-formed (exit 1).
     #[error("backend: {0}")]
     BackendInit(String),
@@ -48,7 +43,7 @@ impl StartupError {
     /// 2 for a setting that is wrong, 1 for an environment that failed us.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Config(_) | Self::Keys(_) | Self::BackendConfig { .. } => 2,
+            Self::Config(_) | Self::Keys(_) => 2,
             Self::Embedded(_) | Self::Bind { .. } | Self::BackendInit(_) => 1,
         }
     }
@@ -91,54 +86,28 @@ impl Backends {
     /// Open the backends the settings name. Nothing is connected yet: that happens during
     /// warm-up, so a broker that is down does not stop start-up.
     pub fn open(settings: &Settings) -> Result<Self, StartupError> {
-        let primary = open_backend(
-            settings.backend,
-            &settings.data_dir,
-            &settings.rabbitmq,
-            &settings.servicebus,
-            &settings.queues,
-        )?;
-        let fallback = match &settings.dispatch.fallback {
+        let primary = open_backend(&settings.primary, &settings.queues)?;
+        let fallback = match &settings.fallback {
             None => None,
-            Some(f) => Some(open_backend(
-                f.backend,
-                &f.data_dir,
-                &f.rabbitmq,
-                &f.servicebus,
-                &settings.queues,
-            )?),
+            Some(f) => Some(open_backend(f, &settings.queues)?),
         };
         Ok(Self { primary, fallback })
     }
 }
 
 fn open_backend(
-    kind: BackendKind,
-    data_dir: &std::path::Path,
-    rabbitmq: &RabbitMqSettings,
-    servicebus: &ServiceBusSettings,
+    settings: &BackendSettings,
     queues: &[QueueName],
 ) -> Result<Arc<dyn Backend>, StartupError> {
-    Ok(match kind {
-        BackendKind::Embedded => Arc::new(EmbeddedQueue::open(data_dir)?),
-        BackendKind::RabbitMq => {
-            Arc::new(
-                RabbitMq::new(rabbitmq, queues).map_err(|e| StartupError::BackendConfig {
-                    var: e.variable(),
-                    message: e.to_string(),
-                })?,
-            )
+    Ok(match settings {
+        BackendSettings::Embedded { data_dir } => Arc::new(EmbeddedQueue::open(data_dir)?),
+        BackendSettings::RabbitMq(rabbitmq) => Arc::new(
+            RabbitMq::new(rabbitmq, queues)
+                .map_err(|e| StartupError::BackendInit(e.to_string()))?,
+        ),
+        BackendSettings::ServiceBus(plan) => {
+            Arc::new(ServiceBus::new(plan).map_err(|e| StartupError::BackendInit(e.to_string()))?)
         }
-        BackendKind::ServiceBus => match ServiceBus::new(servicebus, queues) {
-            Ok(bus) => Arc::new(bus),
-            Err(ServiceBusError::Setting(e)) => {
-                return Err(StartupError::BackendConfig {
-                    var: e.var,
-                    message: e.message,
-                })
-            }
-            Err(ServiceBusError::Init(message)) => return Err(StartupError::BackendInit(message)),
-        },
     })
 }
 
@@ -256,7 +225,7 @@ impl Application {
             event = "listening",
             listen = %settings.listen,
             port,
-            backend = settings.backend.as_str(),
+            backend = settings.primary.kind().as_str(),
             queues = ?settings.queues.iter().map(|q| q.as_str()).collect::<Vec<_>>(),
             "sendgate is listening; starting"
         );

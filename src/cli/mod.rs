@@ -1,5 +1,7 @@
-//! The command line: `serve` (the default), `queue`, `keys`, `send`. One file per subcommand.
+//! The command line: `serve` (the default), `queue`, `keys`, `send`, and the hidden
+//! `config`. One file per subcommand.
 
+mod config;
 mod keys;
 mod queue;
 mod send;
@@ -36,6 +38,12 @@ enum Command {
     },
     /// Send one message per JSON line to a gateway (the producer client).
     Send(send::SendArgs),
+    /// Print what the variable descriptors render (`.env.example`, the README table).
+    #[command(hide = true)]
+    Config {
+        #[command(subcommand)]
+        action: config::ConfigCommand,
+    },
 }
 
 pub fn run() -> ExitCode {
@@ -51,5 +59,6 @@ pub fn run() -> ExitCode {
         Command::Queue { action } => queue::run(action),
         Command::Keys { action } => keys::run(action),
         Command::Send(args) => send::run(args),
+        Command::Config { action } => config::run(action),
     }
 }

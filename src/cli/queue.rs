@@ -33,7 +33,7 @@ pub enum QueueCommand {
         /// lock token each, instead of deleting them; `queue complete` deletes them.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..=300))]
         lock_s: Option<u64>,
-        /// Defaults to SENDGATE_DATA_DIR.
+        /// Defaults to the embedded backend's SENDGATE_DATA_DIR (or SENDGATE_FALLBACK_DATA_DIR).
         #[arg(long)]
         data_dir: Option<PathBuf>,
     },
@@ -93,11 +93,14 @@ fn execute(command: QueueCommand) -> Result<(), (u8, String)> {
     let queue = QueueName::parse(queue).map_err(|e| (2, format!("--queue: {e}")))?;
     let data_dir = match data_dir {
         Some(d) => d.clone(),
-        None => {
-            Settings::from_env()
-                .map_err(|e| (2, e.to_string()))?
-                .data_dir
-        }
+        None => Settings::from_env()
+            .map_err(|e| (2, e.to_string()))?
+            .embedded_data_dir()
+            .ok_or((
+                2,
+                "no embedded backend is configured: pass --data-dir".to_owned(),
+            ))?
+            .to_owned(),
     };
     let mut store = Store::open(&data_dir).map_err(|e| (1, e.to_string()))?;
     match command {

@@ -23,7 +23,7 @@ use crate::domain::QueueName;
 
 /// The variable that holds the bearer token when `--token-file` is not given. Not a
 /// server setting: the server never reads it.
-pub const TOKEN_VARIABLE: &str = "SENDGATE_TOKEN";
+pub const TOKEN_VARIABLE: &str = crate::config::vars::TOKEN.name;
 
 #[derive(Args)]
 pub struct SendArgs {

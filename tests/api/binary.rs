@@ -231,3 +231,62 @@ async fn keys_new_prints_a_working_token_and_an_entry_holding_only_its_hash() {
     let bad = sendgate(&["keys", "new", "--name", "x", "--role", "root"], &[]);
     assert_eq!(bad.status.code(), Some(2));
 }
+
+#[test]
+fn a_misspelled_variable_stops_start_up_and_names_the_one_meant() {
+    let out = sendgate(&[], &[("SENDGATE_DEPHT_TTL_MS", "5")]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("SENDGATE_DEPHT_TTL_MS"), "{err}");
+    assert!(err.contains("did you mean SENDGATE_DEPTH_TTL_MS?"), "{err}");
+}
+
+#[test]
+fn a_bad_fallback_url_is_named_by_the_fallbacks_variable() {
+    let out = sendgate(
+        &[],
+        &[
+            ("SENDGATE_FALLBACK_BACKEND", "rabbitmq"),
+            ("SENDGATE_FALLBACK_RABBITMQ_URL", "http://127.0.0.1:5672/"),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with("sendgate: SENDGATE_FALLBACK_RABBITMQ_URL: "),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_secret_in_a_bad_setting_is_never_echoed() {
+    let secret = "Pw0rdN0tForY0urEyes";
+    let url = format!("amqp:guest:{secret}@127.0.0.1");
+    let connection = format!(
+        "Endpoint=sb://ns.servicebus.windows.net/,SharedAccessKeyName=send,SharedAccessKey={secret}"
+    );
+    for (env, var) in [
+        (
+            [
+                ("SENDGATE_BACKEND", "rabbitmq"),
+                ("SENDGATE_RABBITMQ_URL", url.as_str()),
+            ],
+            "SENDGATE_RABBITMQ_URL",
+        ),
+        (
+            [
+                ("SENDGATE_BACKEND", "servicebus"),
+                ("SERVICEBUS_CONNECTION_STRING", connection.as_str()),
+            ],
+            "SERVICEBUS_CONNECTION_STRING",
+        ),
+    ] {
+        let out = sendgate(&[], &env);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(var), "{err}");
+        assert!(!err.contains(secret), "{err}");
+        assert!(!String::from_utf8_lossy(&out.stdout).contains(secret));
+    }
+}

@@ -111,7 +111,7 @@ async fn without_a_namespace_endpoint_or_connection_string_start_up_names_servic
         .await
         .unwrap_err();
     match &err {
-        StartupError::BackendConfig { var, .. } => assert_eq!(*var, "SERVICEBUS_NAMESPACE"),
+        StartupError::Config(e) => assert_eq!(e.variable(), Some("SERVICEBUS_NAMESPACE")),
         other => panic!("{other:?}"),
     }
     assert_eq!(err.exit_code(), 2);
@@ -128,6 +128,8 @@ async fn a_malformed_connection_string_stops_start_up_without_showing_the_key() 
         format!("Endpoint=https://ns.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey={key}"),
         format!("Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKey={key}"),
         format!("sb://ns.servicebus.windows.net/;{key}"),
+        // Commas instead of semicolons: one long Endpoint value that holds the key.
+        format!("Endpoint=sb://ns.servicebus.windows.net/,SharedAccessKeyName=send,SharedAccessKey={key}"),
     ] {
         let err = build_only(&[
             ("SENDGATE_BACKEND", "servicebus"),
@@ -136,8 +138,8 @@ async fn a_malformed_connection_string_stops_start_up_without_showing_the_key() 
         .await
         .unwrap_err();
         match &err {
-            StartupError::BackendConfig { var, .. } => {
-                assert_eq!(*var, "SERVICEBUS_CONNECTION_STRING")
+            StartupError::Config(e) => {
+                assert_eq!(e.variable(), Some("SERVICEBUS_CONNECTION_STRING"))
             }
             other => panic!("{other:?}"),
         }

@@ -49,10 +49,11 @@ pub fn settings_of(layers: &[&[(&str, &str)]]) -> Settings {
     Settings::from_vars(&env_of(&all)).expect("test settings are valid")
 }
 
-/// Build the application from exactly these variables (no defaults added); for start-up
-/// refusals.
+/// Parse exactly these variables (no defaults added) and build the application, for
+/// start-up refusals: a setting that cannot work is refused while parsing
+/// (`StartupError::Config`), a backend that cannot be set up while building.
 pub async fn build_only(vars: &[(&str, &str)]) -> Result<(), StartupError> {
-    let settings = Settings::from_vars(&env_of(&[vars])).expect("the settings themselves parse");
+    let settings = Settings::from_vars(&env_of(&[vars]))?;
     Application::build(settings).await.map(|_| ())
 }
 

@@ -33,15 +33,16 @@ pub struct Management {
 }
 
 impl Management {
-    pub fn new(base: &str, vhost: &str, user: String, password: Secret) -> Result<Self, String> {
-        let base = Url::parse(base).map_err(|e| format!("not a URL: {e}"))?;
-        if base.cannot_be_a_base() {
-            return Err("not an http(s) base URL".into());
-        }
+    /// `base` is checked by the configuration (an http(s) base URL).
+    pub fn new(
+        base: Url,
+        vhost: &str,
+        user: String,
+        password: Secret,
+    ) -> Result<Self, reqwest::Error> {
         let client = reqwest::Client::builder()
             .pool_idle_timeout(Duration::from_secs(30))
-            .build()
-            .map_err(|e| e.to_string())?;
+            .build()?;
         Ok(Self {
             client,
             base,
@@ -140,15 +141,25 @@ mod tests {
 
     #[test]
     fn the_default_vhost_is_one_encoded_segment() {
-        let m =
-            Management::new("http://127.0.0.1:15672", "/", "u".into(), Secret::new("p")).unwrap();
+        let m = Management::new(
+            Url::parse("http://127.0.0.1:15672").unwrap(),
+            "/",
+            "u".into(),
+            Secret::new("p"),
+        )
+        .unwrap();
         let url = m.queue_url(&QueueName::parse("requests").unwrap());
         assert_eq!(
             url.as_str(),
             "http://127.0.0.1:15672/api/queues/%2F/requests?columns=messages"
         );
-        let m =
-            Management::new("http://h:1/rabbit/", "prod", "u".into(), Secret::new("p")).unwrap();
+        let m = Management::new(
+            Url::parse("http://h:1/rabbit/").unwrap(),
+            "prod",
+            "u".into(),
+            Secret::new("p"),
+        )
+        .unwrap();
         let url = m.queue_url(&QueueName::parse("q").unwrap());
         assert_eq!(
             url.as_str(),

@@ -13,12 +13,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lapin::options::BasicPublishOptions;
-use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Confirmation};
 use tokio::time::Instant;
 
 use super::{Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt};
-use crate::config::{DepthSource, RabbitMqSettings, Secret};
+use crate::config::{DepthSource, RabbitMqSettings};
 use crate::domain::QueueName;
 use link::{Link, LinkError};
 use management::{Management, QueueCount};
@@ -33,39 +32,21 @@ pub struct RabbitMq {
     stats_lag: Duration,
 }
 
+/// The settings are parsed and fine, but the HTTP client could not be set up (exit 1).
 #[derive(Debug, thiserror::Error)]
-pub enum RabbitConfigError {
-    #[error("not an AMQP URL: {0}")]
-    Url(String),
-    #[error("{0}")]
-    ManagementUrl(String),
-}
-
-impl RabbitConfigError {
-    pub fn variable(&self) -> &'static str {
-        match self {
-            Self::Url(_) => "SENDGATE_RABBITMQ_URL",
-            Self::ManagementUrl(_) => "SENDGATE_RABBITMQ_MANAGEMENT_URL",
-        }
-    }
-}
+#[error("rabbitmq: {0}")]
+pub struct RabbitInitError(String);
 
 impl RabbitMq {
-    pub fn new(
-        settings: &RabbitMqSettings,
-        queues: &[QueueName],
-    ) -> Result<Self, RabbitConfigError> {
-        let uri: AMQPUri = settings.url.parse().map_err(RabbitConfigError::Url)?;
-        let user = settings
-            .management_user
-            .clone()
-            .unwrap_or_else(|| uri.authority.userinfo.username.clone());
-        let password = settings
-            .management_password
-            .clone()
-            .unwrap_or_else(|| Secret::new(&uri.authority.userinfo.password));
-        let management = Management::new(&settings.management_url, &uri.vhost, user, password)
-            .map_err(RabbitConfigError::ManagementUrl)?;
+    pub fn new(settings: &RabbitMqSettings, queues: &[QueueName]) -> Result<Self, RabbitInitError> {
+        let uri = settings.uri.expose().clone();
+        let management = Management::new(
+            settings.management_url.clone(),
+            &uri.vhost,
+            settings.management_user.clone(),
+            settings.management_password.clone(),
+        )
+        .map_err(|e| RabbitInitError(e.to_string()))?;
         Ok(Self {
             link: Link::new(uri, queues.to_vec()),
             management,

@@ -74,6 +74,10 @@ pub struct ConnectionString {
 pub enum ConnectionStringError {
     #[error("every part must be Name=value separated by ';'")]
     NotNameValue,
+    /// `Endpoint=...,SharedAccessKeyName=...,SharedAccessKey=...`: one long Endpoint value
+    /// holding the key, which must not be echoed back.
+    #[error("parts must be separated by ';', not ','")]
+    CommaSeparated,
     #[error("{0} appears twice")]
     Duplicate(&'static str),
     #[error("{0} is missing")]
@@ -103,6 +107,9 @@ impl ConnectionString {
                 // TransportType, UseDevelopmentEmulator, ...: nothing the REST client uses.
                 _ => continue,
             };
+            if value.contains(',') {
+                return Err(ConnectionStringError::CommaSeparated);
+            }
             if slot.replace(value.trim().to_owned()).is_some() {
                 return Err(ConnectionStringError::Duplicate(field));
             }
@@ -111,7 +118,7 @@ impl ConnectionString {
             .filter(|e| !e.is_empty())
             .ok_or(ConnectionStringError::Missing("Endpoint"))?;
         let host = endpoint_host(&endpoint)
-            .ok_or_else(|| ConnectionStringError::BadEndpoint(endpoint.clone()))?;
+            .ok_or_else(|| ConnectionStringError::BadEndpoint(shown_endpoint(&endpoint)))?;
         let key_name = key_name
             .filter(|k| !k.is_empty())
             .ok_or(ConnectionStringError::Missing("SharedAccessKeyName"))?;
@@ -142,6 +149,16 @@ impl fmt::Debug for ConnectionString {
 }
 
 /// `sb://host/` → `host` (lower case); `None` for anything else.
+/// An Endpoint value fit to print: one holding `=` or spaces has swallowed other parts
+/// (perhaps the key), so it is not shown.
+fn shown_endpoint(endpoint: &str) -> String {
+    if endpoint.contains('=') || endpoint.contains(char::is_whitespace) {
+        "a value that holds more than an endpoint; not shown".to_owned()
+    } else {
+        endpoint.to_owned()
+    }
+}
+
 fn endpoint_host(endpoint: &str) -> Option<String> {
     let scheme_end = endpoint.find("://")?;
     if !endpoint[..scheme_end].eq_ignore_ascii_case("sb") {
@@ -534,6 +551,20 @@ mod tests {
                 ConnectionStringError::PresignedToken,
             ),
             (key.to_owned(), ConnectionStringError::NotNameValue),
+            (
+                format!("Endpoint=sb://x.servicebus.windows.net/,SharedAccessKeyName=send,SharedAccessKey={key}"),
+                ConnectionStringError::CommaSeparated,
+            ),
+            (
+                format!("SharedAccessKeyName=send,SharedAccessKey={key};Endpoint=sb://x/"),
+                ConnectionStringError::CommaSeparated,
+            ),
+            (
+                format!("Endpoint=sb://x.servicebus.windows.net/ SharedAccessKey={key}"),
+                ConnectionStringError::BadEndpoint(
+                    "a value that holds more than an endpoint; not shown".into(),
+                ),
+            ),
         ];
         for (raw, expected) in cases {
             let err = ConnectionString::parse(&raw).unwrap_err();

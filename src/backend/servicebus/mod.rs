@@ -1,7 +1,7 @@
 //! The Azure Service Bus backend: a thin REST client of our own (see the README for why
 //! not the legacy `azure_messaging_servicebus` crate).
 //!
-//! - `plan`: settings → endpoint and one credential per plane, checked at start-up;
+//! - the endpoint and one credential per plane come resolved from `config::servicebus`;
 //! - `auth`: SAS tokens (HMAC-SHA256) and Entra ID tokens, cached;
 //! - `rest`: the pooled HTTP client, the two calls, status → error mapping;
 //! - `atom`: the management endpoint's XML, parsed defensively.
@@ -12,7 +12,6 @@
 
 pub mod atom;
 pub mod auth;
-pub mod plan;
 pub mod rest;
 
 use std::sync::Arc;
@@ -22,11 +21,10 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::{Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt};
-use crate::config::ServiceBusSettings;
+use crate::config::{CredentialPlan, ServiceBusSettings};
 use crate::domain::QueueName;
 use atom::EntityStatus;
 use auth::{AuthError, Credential, CredentialChain, EntraCredential, SasCredential};
-use plan::{CredentialPlan, SettingError};
 use rest::RestClient;
 
 /// The management API version whose `QueueDescription` carries `CountDetails`.
@@ -38,15 +36,10 @@ pub const API_VERSION: &str = "2021-05";
 /// than overshot.
 const DEPTH_LAG: Duration = Duration::from_secs(1);
 
+/// The settings are resolved and fine, but the client could not be set up (exit 1).
 #[derive(Debug, thiserror::Error)]
-pub enum ServiceBusError {
-    /// A setting that cannot work (start-up exit 2).
-    #[error(transparent)]
-    Setting(#[from] SettingError),
-    /// The settings are fine but the client could not be set up (exit 1).
-    #[error("servicebus: {0}")]
-    Init(String),
-}
+#[error("servicebus: {0}")]
+pub struct ServiceBusError(pub String);
 
 pub struct ServiceBus {
     endpoint: String,
@@ -56,19 +49,15 @@ pub struct ServiceBus {
 }
 
 impl ServiceBus {
-    /// Check the settings and set up the client; nothing here touches the network.
-    pub fn new(
-        settings: &ServiceBusSettings,
-        queues: &[QueueName],
-    ) -> Result<Self, ServiceBusError> {
-        let plan = plan::resolve(settings, queues)?;
-        let rest = RestClient::new().map_err(|e| ServiceBusError::Init(e.to_string()))?;
+    /// Set up the client from the resolved plan; nothing here touches the network.
+    pub fn new(plan: &ServiceBusSettings) -> Result<Self, ServiceBusError> {
+        let rest = RestClient::new().map_err(|e| ServiceBusError(e.to_string()))?;
         let needs_entra = [&plan.send, &plan.manage].contains(&&CredentialPlan::EntraId);
         // One Entra credential (and one token cache) for both planes: the scope is the same.
         let entra = if needs_entra {
             let chain =
-                CredentialChain::from_environment(settings.managed_identity_client_id.as_deref())
-                    .map_err(ServiceBusError::Init)?;
+                CredentialChain::from_environment(plan.managed_identity_client_id.as_deref())
+                    .map_err(ServiceBusError)?;
             Some(Arc::new(EntraCredential::new(chain)))
         } else {
             None
@@ -78,14 +67,14 @@ impl ServiceBus {
                 Ok(Credential::Sas(SasCredential::new(connection)))
             }
             (CredentialPlan::EntraId, Some(entra)) => Ok(Credential::Entra(entra.clone())),
-            (CredentialPlan::EntraId, None) => Err(ServiceBusError::Init(
+            (CredentialPlan::EntraId, None) => Err(ServiceBusError(
                 "Entra ID was planned but not set up".into(),
             )),
         };
         let bus = Self {
             send_credential: credential(&plan.send)?,
             manage_credential: credential(&plan.manage)?,
-            endpoint: plan.endpoint,
+            endpoint: plan.endpoint.clone(),
             rest,
         };
         tracing::info!(

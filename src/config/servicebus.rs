@@ -1,124 +1,106 @@
-//! From the `SERVICEBUS_*` settings to where the backend sends and with which credential:
-//! every inconsistency is found here, at start-up, naming the variable to fix.
+//! From the `SERVICEBUS_*` variables (or the fallback's) to where the backend sends and
+//! with which credential: every inconsistency is found here, while the settings are
+//! parsed, naming the variable the operator set.
 
-use crate::config::ServiceBusSettings;
+use super::error::ConfigError;
+use super::vars::Var;
+use crate::backend::servicebus::auth::ConnectionString;
 use crate::domain::QueueName;
-
-use super::auth::{ConnectionString, ConnectionStringError};
 
 /// The public-cloud suffix added to a bare namespace name (`myns`).
 const PUBLIC_CLOUD_SUFFIX: &str = ".servicebus.windows.net";
 
-/// Where the calls go and how each plane authenticates.
+/// The Service Bus backend, resolved: where the calls go and how each plane authenticates.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Plan {
+pub struct ServiceBusSettings {
     /// `https://{namespace}` or `SERVICEBUS_ENDPOINT`, without a trailing slash.
     pub endpoint: String,
     /// Sends (the data plane): needs the Send right.
     pub send: CredentialPlan,
     /// Depth reads (the management plane): needs Manage, or the Data Owner role.
     pub manage: CredentialPlan,
+    /// A user-assigned managed identity, when Entra ID is used.
+    pub managed_identity_client_id: Option<String>,
 }
 
+/// A connection string's key never shows: `ConnectionString`'s `Debug` hides it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CredentialPlan {
     Sas(ConnectionString),
     EntraId,
 }
 
-/// A setting that cannot work; shown as `{var}: {message}`, never with a key in it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{var}: {message}")]
-pub struct SettingError {
-    pub var: &'static str,
-    pub message: String,
+/// One value and the variable it was read from (the fallback's own, or the primary's).
+#[derive(Debug, Clone, Copy)]
+pub struct Sourced<'a> {
+    pub var: &'static Var,
+    pub value: &'a str,
 }
 
-fn setting(var: &'static str, message: impl Into<String>) -> SettingError {
-    SettingError {
-        var,
-        message: message.into(),
-    }
+/// What [`resolve`] reads, each value with the variable that set it.
+pub struct ServiceBusInput<'a> {
+    pub namespace: Option<Sourced<'a>>,
+    pub connection_string: Option<Sourced<'a>>,
+    pub endpoint: Option<Sourced<'a>>,
+    pub manage_connection_string: Option<Sourced<'a>>,
+    pub managed_identity_client_id: Option<&'a str>,
+    /// Named in the "needs a namespace" error.
+    pub namespace_var: &'static Var,
 }
 
-pub fn resolve(settings: &ServiceBusSettings, queues: &[QueueName]) -> Result<Plan, SettingError> {
-    let parse = |var: &'static str, raw: Option<&str>| {
-        raw.map(ConnectionString::parse)
-            .transpose()
-            .map_err(|e: ConnectionStringError| setting(var, e.to_string()))
-    };
-    let send = parse(
-        "SERVICEBUS_CONNECTION_STRING",
-        settings.connection_string.as_ref().map(|s| s.expose()),
-    )?;
-    let manage = parse(
-        "SERVICEBUS_MANAGE_CONNECTION_STRING",
-        settings
-            .manage_connection_string
-            .as_ref()
-            .map(|s| s.expose()),
-    )?;
-    let namespace = settings
+/// A parsed connection string and where it came from.
+struct Connection {
+    var: &'static Var,
+    parsed: ConnectionString,
+}
+
+fn connection(source: Option<Sourced<'_>>) -> Result<Option<Connection>, ConfigError> {
+    source
+        .map(|s| {
+            ConnectionString::parse(s.value)
+                .map(|parsed| Connection { var: s.var, parsed })
+                // The error names a part, never the key: safe to show.
+                .map_err(|e| ConfigError::other(s.var, e.to_string()))
+        })
+        .transpose()
+}
+
+pub fn resolve(
+    input: &ServiceBusInput<'_>,
+    queues: &[QueueName],
+) -> Result<ServiceBusSettings, ConfigError> {
+    let send = connection(input.connection_string)?;
+    let manage = connection(input.manage_connection_string)?;
+    let namespace = input
         .namespace
-        .as_deref()
-        .map(normalize_namespace)
+        .map(|s| normalize_namespace(s).map(|host| (s.var, host)))
         .transpose()?;
 
-    for (var, connection) in [
-        ("SERVICEBUS_CONNECTION_STRING", &send),
-        ("SERVICEBUS_MANAGE_CONNECTION_STRING", &manage),
-    ] {
-        let Some(connection) = connection else {
-            continue;
-        };
-        // A key signs for its own namespace only: a mismatch could never authenticate.
-        if let Some(ns) = &namespace {
-            if *ns != connection.host {
-                return Err(setting(
-                    "SERVICEBUS_NAMESPACE",
-                    format!(
-                        "{ns} is not the namespace of {var} ({}); they must name the same namespace",
-                        connection.host
-                    ),
-                ));
-            }
-        }
-        if let Some(entity) = &connection.entity_path {
-            if let Some(other) = queues
-                .iter()
-                .find(|q| !q.as_str().eq_ignore_ascii_case(entity))
-            {
-                return Err(setting(
-                    var,
-                    format!(
-                        "its key is scoped to the queue {entity:?} (EntityPath) but SENDGATE_QUEUES also names {:?}",
-                        other.as_str()
-                    ),
-                ));
-            }
-        }
+    for connection in [&send, &manage].into_iter().flatten() {
+        check_connection(connection, namespace.as_ref(), queues)?;
     }
     if let (Some(s), Some(m)) = (&send, &manage) {
-        if s.host != m.host {
-            return Err(setting(
-                "SERVICEBUS_MANAGE_CONNECTION_STRING",
+        if s.parsed.host != m.parsed.host {
+            return Err(ConfigError::other(
+                m.var,
                 format!(
-                    "its namespace ({}) differs from SERVICEBUS_CONNECTION_STRING's ({})",
-                    m.host, s.host
+                    "its namespace ({}) differs from {}'s ({})",
+                    m.parsed.host, s.var.name, s.parsed.host
                 ),
             ));
         }
     }
 
-    let endpoint = match settings.endpoint.as_deref() {
-        Some(raw) => normalize_endpoint(raw)?,
+    let endpoint = match input.endpoint {
+        Some(source) => normalize_endpoint(source)?,
         None => {
             let host = namespace
-                .or_else(|| send.as_ref().map(|c| c.host.clone()))
-                .or_else(|| manage.as_ref().map(|c| c.host.clone()))
+                .map(|(_, host)| host)
+                .or_else(|| send.as_ref().map(|c| c.parsed.host.clone()))
+                .or_else(|| manage.as_ref().map(|c| c.parsed.host.clone()))
                 .ok_or_else(|| {
-                    setting(
-                        "SERVICEBUS_NAMESPACE",
+                    ConfigError::other(
+                        input.namespace_var,
                         "the servicebus backend needs a namespace: set SERVICEBUS_NAMESPACE (e.g. myns.servicebus.windows.net), or SERVICEBUS_CONNECTION_STRING, or SERVICEBUS_ENDPOINT",
                     )
                 })?;
@@ -127,20 +109,58 @@ pub fn resolve(settings: &ServiceBusSettings, queues: &[QueueName]) -> Result<Pl
     };
 
     let manage = match (manage, &send) {
-        (Some(m), _) => CredentialPlan::Sas(m),
-        (None, Some(s)) => CredentialPlan::Sas(s.clone()),
+        (Some(m), _) => CredentialPlan::Sas(m.parsed),
+        (None, Some(s)) => CredentialPlan::Sas(s.parsed.clone()),
         (None, None) => CredentialPlan::EntraId,
     };
-    let send = send.map_or(CredentialPlan::EntraId, CredentialPlan::Sas);
-    Ok(Plan {
+    let send = send.map_or(CredentialPlan::EntraId, |c| CredentialPlan::Sas(c.parsed));
+    Ok(ServiceBusSettings {
         endpoint,
         send,
         manage,
+        managed_identity_client_id: input.managed_identity_client_id.map(str::to_owned),
     })
 }
 
+/// A key signs for its own namespace only, and a queue-scoped key for its queue only: a
+/// mismatch could never authenticate.
+fn check_connection(
+    connection: &Connection,
+    namespace: Option<&(&'static Var, String)>,
+    queues: &[QueueName],
+) -> Result<(), ConfigError> {
+    let host = &connection.parsed.host;
+    if let Some((ns_var, ns)) = namespace {
+        if ns != host {
+            return Err(ConfigError::other(
+                ns_var,
+                format!(
+                    "{ns} is not the namespace of {} ({host}); they must name the same namespace",
+                    connection.var.name
+                ),
+            ));
+        }
+    }
+    if let Some(entity) = &connection.parsed.entity_path {
+        if let Some(other) = queues
+            .iter()
+            .find(|q| !q.as_str().eq_ignore_ascii_case(entity))
+        {
+            return Err(ConfigError::other(
+                connection.var,
+                format!(
+                    "its key is scoped to the queue {entity:?} (EntityPath) but SENDGATE_QUEUES also names {:?}",
+                    other.as_str()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// `myns`, `myns.servicebus.windows.net`, `https://myns.servicebus.windows.net/` → the host.
-fn normalize_namespace(raw: &str) -> Result<String, SettingError> {
+fn normalize_namespace(source: Sourced<'_>) -> Result<String, ConfigError> {
+    let raw = source.value;
     let lower = raw.trim().to_ascii_lowercase();
     let host = ["https://", "sb://"]
         .iter()
@@ -152,9 +172,10 @@ fn normalize_namespace(raw: &str) -> Result<String, SettingError> {
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-'));
     if !valid {
-        return Err(setting(
-            "SERVICEBUS_NAMESPACE",
-            format!("expected a host name such as myns.servicebus.windows.net (got {raw:?})"),
+        return Err(ConfigError::invalid(
+            source.var,
+            raw,
+            "expected a host name such as myns.servicebus.windows.net",
         ));
     }
     Ok(if host.contains('.') {
@@ -165,11 +186,13 @@ fn normalize_namespace(raw: &str) -> Result<String, SettingError> {
 }
 
 /// An `http(s)://host[:port][/path]` URL, without its trailing slash.
-fn normalize_endpoint(raw: &str) -> Result<String, SettingError> {
+fn normalize_endpoint(source: Sourced<'_>) -> Result<String, ConfigError> {
+    let raw = source.value;
     let bad = |why: &str| {
-        setting(
-            "SERVICEBUS_ENDPOINT",
-            format!("{why}; expected e.g. https://myns.servicebus.windows.net (got {raw:?})"),
+        ConfigError::invalid(
+            source.var,
+            raw,
+            format!("{why}; expected e.g. https://myns.servicebus.windows.net"),
         )
     };
     let url = reqwest::Url::parse(raw.trim()).map_err(|e| bad(&e.to_string()))?;
@@ -179,8 +202,15 @@ fn normalize_endpoint(raw: &str) -> Result<String, SettingError> {
     if url.host_str().is_none_or(str::is_empty) {
         return Err(bad("no host"));
     }
-    if url.query().is_some() || url.fragment().is_some() || !url.username().is_empty() {
-        return Err(bad("no query, fragment or credentials allowed"));
+    if !url.username().is_empty() || url.password().is_some() {
+        // Not echoed: it holds credentials.
+        return Err(ConfigError::other(
+            source.var,
+            "no credentials allowed in the URL; expected e.g. https://myns.servicebus.windows.net",
+        ));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(bad("no query or fragment allowed"));
     }
     Ok(url.as_str().trim_end_matches('/').to_owned())
 }
@@ -188,7 +218,7 @@ fn normalize_endpoint(raw: &str) -> Result<String, SettingError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Settings;
+    use crate::config::{BackendSettings, Settings};
     use std::collections::HashMap;
 
     const KEY: &str = "c2VjcmV0LWtleS0xMjM0NTY3ODkw";
@@ -202,13 +232,16 @@ mod tests {
         s
     }
 
-    fn plan_of(vars: &[(&str, &str)]) -> Result<Plan, SettingError> {
-        let env: HashMap<String, String> = vars
+    fn plan_of(vars: &[(&str, &str)]) -> Result<ServiceBusSettings, ConfigError> {
+        let mut env: HashMap<String, String> = vars
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        let settings = Settings::from_vars(&env).unwrap();
-        resolve(&settings.servicebus, &settings.queues)
+        env.insert("SENDGATE_BACKEND".into(), "servicebus".into());
+        match Settings::from_vars(&env)?.primary {
+            BackendSettings::ServiceBus(s) => Ok(s),
+            other => panic!("{other:?}"),
+        }
     }
 
     fn key_name(p: &CredentialPlan) -> Option<&str> {
@@ -221,7 +254,7 @@ mod tests {
     #[test]
     fn nothing_set_is_an_error_naming_servicebus_namespace() {
         let err = plan_of(&[]).unwrap_err();
-        assert_eq!(err.var, "SERVICEBUS_NAMESPACE");
+        assert_eq!(err.variable(), Some("SERVICEBUS_NAMESPACE"));
     }
 
     #[test]
@@ -258,11 +291,11 @@ mod tests {
             "https://user:pw@x",
         ] {
             let err = plan_of(&[("SERVICEBUS_ENDPOINT", bad)]).unwrap_err();
-            assert_eq!(err.var, "SERVICEBUS_ENDPOINT", "{bad}");
+            assert_eq!(err.variable(), Some("SERVICEBUS_ENDPOINT"), "{bad}");
         }
         for bad in ["my ns", "ns/queue", "https://"] {
             let err = plan_of(&[("SERVICEBUS_NAMESPACE", bad)]).unwrap_err();
-            assert_eq!(err.var, "SERVICEBUS_NAMESPACE", "{bad}");
+            assert_eq!(err.variable(), Some("SERVICEBUS_NAMESPACE"), "{bad}");
         }
     }
 
@@ -307,7 +340,7 @@ mod tests {
             "SERVICEBUS_MANAGE_CONNECTION_STRING",
         ] {
             let err = plan_of(&[(var, &raw)]).unwrap_err();
-            assert_eq!(err.var, var);
+            assert_eq!(err.variable(), Some(var));
             assert!(!err.to_string().contains(KEY), "{err}");
         }
     }
@@ -320,14 +353,14 @@ mod tests {
             ("SERVICEBUS_NAMESPACE", "b.servicebus.windows.net"),
         ])
         .unwrap_err();
-        assert_eq!(err.var, "SERVICEBUS_NAMESPACE");
+        assert_eq!(err.variable(), Some("SERVICEBUS_NAMESPACE"));
         let other = conn("b.servicebus.windows.net", "manage", None);
         let err = plan_of(&[
             ("SERVICEBUS_CONNECTION_STRING", &cs),
             ("SERVICEBUS_MANAGE_CONNECTION_STRING", &other),
         ])
         .unwrap_err();
-        assert_eq!(err.var, "SERVICEBUS_MANAGE_CONNECTION_STRING");
+        assert_eq!(err.variable(), Some("SERVICEBUS_MANAGE_CONNECTION_STRING"));
     }
 
     #[test]
@@ -339,7 +372,7 @@ mod tests {
             ("SENDGATE_QUEUES", "requests,other"),
         ])
         .unwrap_err();
-        assert_eq!(err.var, "SERVICEBUS_CONNECTION_STRING");
-        assert!(err.message.contains("\"other\""), "{err}");
+        assert_eq!(err.variable(), Some("SERVICEBUS_CONNECTION_STRING"));
+        assert!(err.to_string().contains("\"other\""), "{err}");
     }
 }

@@ -1,0 +1,236 @@
+//! The merged layers (built-in defaults < `SENDGATE_CONFIG` file < environment) and the
+//! typed getters every setting is read through.
+//!
+//! Only declared variables are stored, and a getter takes a descriptor, not a name: a
+//! setting cannot be read under a name that is not in [`VARIABLES`]. An empty value counts
+//! as unset in its layer.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::error::{closest, ConfigError};
+use super::secret::Secret;
+use super::vars::{self, Kind, Side, Unit, Var, VARIABLES};
+
+pub struct Layers {
+    values: HashMap<&'static str, String>,
+}
+
+impl Layers {
+    pub fn build(env: &HashMap<String, String>) -> Result<Self, ConfigError> {
+        refuse_unknown_variables(env)?;
+        let server = || VARIABLES.iter().filter(|v| v.side == Side::Server);
+        let mut builder = config::Config::builder();
+        if let Some(path) = env.get(vars::CONFIG.name).filter(|p| !p.trim().is_empty()) {
+            let text = read_file(path)?;
+            builder = builder.add_source(config::File::from_str(&text, config::FileFormat::Toml));
+        }
+        for v in server() {
+            if let Some(value) = env.get(v.name).filter(|s| !s.trim().is_empty()) {
+                builder = builder
+                    .set_override(v.toml_key(), value.as_str())
+                    .map_err(|e| ConfigError::File(e.to_string()))?;
+            }
+        }
+        let table: HashMap<String, config::Value> = builder
+            .build()
+            .and_then(config::Config::try_deserialize)
+            .map_err(|e| ConfigError::File(e.to_string()))?;
+
+        let mut values = HashMap::new();
+        for (key, value) in table {
+            let Some(v) = server().find(|v| v.toml_key() == key) else {
+                let keys: Vec<String> = server().map(|v| v.toml_key()).collect();
+                let suggestion = closest(&key, keys.iter().map(String::as_str)).map(str::to_owned);
+                return Err(ConfigError::UnknownKey { key, suggestion });
+            };
+            let text = match value.kind {
+                // `queues = ["a", "b"]` in the file reads like SENDGATE_QUEUES=a,b.
+                config::ValueKind::Array(items) => items
+                    .into_iter()
+                    .map(|i| i.into_string().unwrap_or_default())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                config::ValueKind::Nil => continue,
+                other => config::Value::new(None, other)
+                    .into_string()
+                    .map_err(|e| ConfigError::other(v, e.to_string()))?,
+            };
+            values.insert(v.name, text);
+        }
+        Ok(Self { values })
+    }
+
+    /// The value set in the file or the environment, trimmed; `None` when unset.
+    pub fn raw(&self, var: &'static Var) -> Option<&str> {
+        self.values
+            .get(var.name)
+            .map(|s| s.trim())
+            .filter(|s| !s.is_empty())
+    }
+
+    /// Whether the file or the environment sets `var`.
+    pub fn is_set(&self, var: &'static Var) -> bool {
+        self.raw(var).is_some()
+    }
+
+    /// The value set, or the declared default.
+    pub fn value(&self, var: &'static Var) -> Option<&str> {
+        self.raw(var).or(var.default)
+    }
+
+    pub fn text(&self, var: &'static Var) -> Option<String> {
+        self.value(var).map(str::to_owned)
+    }
+
+    pub fn path(&self, var: &'static Var) -> Option<PathBuf> {
+        self.value(var).map(PathBuf::from)
+    }
+
+    pub fn secret(&self, var: &'static Var) -> Option<Secret> {
+        self.value(var).map(Secret::new)
+    }
+
+    /// A [`Kind::Choice`] variable: the declared option it names (any case).
+    pub fn choice(&self, var: &'static Var) -> Result<Option<&'static str>, ConfigError> {
+        let Kind::Choice(options) = var.kind else {
+            return Err(not_of_kind(var, "a choice"));
+        };
+        let Some(value) = self.value(var) else {
+            return Ok(None);
+        };
+        match options.iter().find(|o| o.eq_ignore_ascii_case(value)) {
+            Some(option) => Ok(Some(option)),
+            None => Err(ConfigError::invalid(
+                var,
+                value,
+                format!("expected {}", one_of(options)),
+            )),
+        }
+    }
+
+    /// A [`Kind::Whole`] variable, within its bounds.
+    pub fn whole(&self, var: &'static Var) -> Result<Option<u64>, ConfigError> {
+        let Kind::Whole { min, max } = var.kind else {
+            return Err(not_of_kind(var, "a whole number"));
+        };
+        self.value(var)
+            .map(|value| bounded(var, value, min, max))
+            .transpose()
+    }
+
+    /// A [`Kind::Whole`] variable that has a default, so always has a value.
+    pub fn count(&self, var: &'static Var) -> Result<u64, ConfigError> {
+        self.whole(var)?.ok_or_else(|| required(var))
+    }
+
+    /// A [`Kind::Duration`] variable, within its bounds, in its unit.
+    pub fn duration(&self, var: &'static Var) -> Result<Duration, ConfigError> {
+        let Kind::Duration { min, max } = var.kind else {
+            return Err(not_of_kind(var, "a duration"));
+        };
+        let value = self.value(var).ok_or_else(|| required(var))?;
+        let n = bounded(var, value, min, max)?;
+        match var.unit {
+            Unit::Millis => Ok(Duration::from_millis(n)),
+            Unit::Seconds => Ok(Duration::from_secs(n)),
+            Unit::None | Unit::Bytes => Err(not_of_kind(var, "a duration in ms or s")),
+        }
+    }
+
+    /// A [`Kind::Fraction`] variable: above 0, at most 1.
+    pub fn fraction(&self, var: &'static Var) -> Result<f64, ConfigError> {
+        let value = self.value(var).ok_or_else(|| required(var))?;
+        value
+            .parse()
+            .ok()
+            .filter(|r: &f64| *r > 0.0 && *r <= 1.0)
+            .ok_or_else(|| {
+                ConfigError::invalid(var, value, "expected a number above 0 and at most 1")
+            })
+    }
+}
+
+/// The file's text, checked to be TOML here because the parser's own message quotes the
+/// offending line, which may hold a secret (`rabbitmq_url = amqp://user:password@…`): the
+/// error says where and why, never what.
+fn read_file(path: &str) -> Result<String, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::File(format!("cannot read {path}: {e}")))?;
+    if let Err(e) = text.parse::<toml::Table>() {
+        let at = e.span().map_or(0, |span| span.start);
+        let before = &text[..at.min(text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+        return Err(ConfigError::File(format!(
+            "{path}: not valid TOML at line {line}, column {column}: {}",
+            e.message()
+        )));
+    }
+    Ok(text)
+}
+
+/// An unknown `SENDGATE_*` variable is a typo until proven otherwise: refuse it, as an
+/// unknown file key is refused. `SERVICEBUS_*` is shared with other tools: only the
+/// declared ones are read, the rest ignored.
+fn refuse_unknown_variables(env: &HashMap<String, String>) -> Result<(), ConfigError> {
+    let mut unknown: Vec<&String> = env
+        .keys()
+        .filter(|k| k.starts_with("SENDGATE_") && vars::find(k).is_none())
+        .collect();
+    unknown.sort();
+    match unknown.first() {
+        None => Ok(()),
+        Some(name) => Err(ConfigError::UnknownVariable {
+            name: (*name).clone(),
+            suggestion: closest(name, VARIABLES.iter().map(|v| v.name)),
+        }),
+    }
+}
+
+fn bounded(var: &'static Var, value: &str, min: u64, max: u64) -> Result<u64, ConfigError> {
+    let n: u64 = value
+        .parse()
+        .map_err(|_| ConfigError::invalid(var, value, "expected a whole number"))?;
+    let unit = match var.unit {
+        Unit::Millis => " ms",
+        Unit::Seconds => " s",
+        Unit::Bytes => " bytes",
+        Unit::None => "",
+    };
+    if n < min {
+        return Err(ConfigError::invalid(
+            var,
+            value,
+            format!("must be at least {min}{unit}"),
+        ));
+    }
+    if n > max {
+        return Err(ConfigError::invalid(
+            var,
+            value,
+            format!("must be at most {max}{unit}"),
+        ));
+    }
+    Ok(n)
+}
+
+/// `a`, `a or b`, `a, b or c`.
+pub fn one_of(options: &[&str]) -> String {
+    match options {
+        [] => String::new(),
+        [one] => (*one).to_owned(),
+        [rest @ .., last] => format!("{} or {last}", rest.join(", ")),
+    }
+}
+
+fn required(var: &'static Var) -> ConfigError {
+    ConfigError::other(var, "must be set")
+}
+
+/// A getter used on a variable of another kind: a mistake in this crate, reported as a
+/// setting error rather than a panic.
+fn not_of_kind(var: &'static Var, wanted: &str) -> ConfigError {
+    ConfigError::other(var, format!("is not declared as {wanted}"))
+}

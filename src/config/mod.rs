@@ -1,0 +1,261 @@
+//! Settings: built-in defaults < optional TOML file (`SENDGATE_CONFIG`) < environment,
+//! parsed once into typed values.
+//!
+//! - `vars`: every variable, declared once as a typed descriptor ([`vars::VARIABLES`]);
+//! - `layers`: the merge, and the typed getters every setting is read through;
+//! - `backend`: one backend's settings, parsed through a scope (primary or fallback);
+//! - `servicebus`: the Service Bus endpoint and credential plan, resolved;
+//! - `forgiving`: the contract's rules for the three `SERVICEBUS_SEND_*` variables;
+//! - `secret`: the redacting wrapper; `render`: `.env.example` and the README table.
+//!
+//! The TOML key of a variable is its name in lower case without the `SENDGATE_` prefix
+//! (`SENDGATE_DEPTH_TTL_MS` → `depth_ttl_ms`, `SERVICEBUS_NAMESPACE` → `servicebus_namespace`).
+//! A bad value, an unknown key or an unknown `SENDGATE_*` variable stops start-up with one
+//! line naming the variable (exit status 2).
+
+mod backend;
+mod error;
+mod forgiving;
+mod layers;
+pub mod render;
+mod secret;
+pub mod servicebus;
+pub mod vars;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use backend::{BackendKind, BackendSettings, DepthSource, RabbitMqSettings, Scope};
+pub use error::ConfigError;
+pub use forgiving::{forgiving_flag, forgiving_max_depth, forgiving_streak};
+pub use secret::Secret;
+pub use servicebus::{CredentialPlan, ServiceBusSettings};
+pub use vars::{Var, VARIABLES};
+
+use crate::domain::QueueName;
+use layers::Layers;
+use vars as v;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The backlog ceiling and the fail-closed gate (contract section 2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapacitySettings {
+    pub max_queue_depth: u64,
+    pub fail_closed: bool,
+    pub fail_closed_streak: u32,
+    pub depth_ttl: Duration,
+    pub admin_timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthSettings {
+    /// Keys from this file are required on every protected route.
+    KeysFile(PathBuf),
+    /// No keys: allowed on loopback, or anywhere with `SENDGATE_AUTH=none`.
+    Open { explicitly_none: bool },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForceBackend {
+    Primary,
+    Fallback,
+}
+
+/// The request-path circuit breaker and the health probes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DispatchSettings {
+    pub breaker_window: Duration,
+    pub breaker_min_failures: u32,
+    pub breaker_failure_rate: f64,
+    pub breaker_open: Duration,
+    pub probe_interval: Duration,
+    pub force: Option<ForceBackend>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    pub queues: Vec<QueueName>,
+    /// The backend sends go to.
+    pub primary: BackendSettings,
+    /// A second backend, used while the primary's circuit is open.
+    pub fallback: Option<BackendSettings>,
+    pub capacity: CapacitySettings,
+    pub send_timeout: Duration,
+    pub max_in_flight: usize,
+    pub max_body_bytes: usize,
+    pub drain_timeout: Duration,
+    pub auth: AuthSettings,
+    pub log_format: LogFormat,
+    pub workers: Option<usize>,
+    pub dispatch: DispatchSettings,
+}
+
+impl Settings {
+    /// Settings from the process environment (and the file it names).
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_vars(&std::env::vars().collect())
+    }
+
+    /// Settings from an explicit set of variables: tests use this instead of mutating the
+    /// process environment. Names are checked as in the environment: an unknown
+    /// `SENDGATE_*` name is refused.
+    pub fn from_vars(env: &HashMap<String, String>) -> Result<Self, ConfigError> {
+        Self::from_layers(&Layers::build(env)?)
+    }
+
+    /// Settings from descriptor-keyed values, e.g. `[(&vars::DEPTH_TTL_MS, "250")]`: a
+    /// misspelled override does not compile.
+    pub fn from_overrides(overrides: &[(&'static Var, &str)]) -> Result<Self, ConfigError> {
+        Self::from_vars(
+            &overrides
+                .iter()
+                .map(|(var, value)| (var.name.to_owned(), (*value).to_owned()))
+                .collect(),
+        )
+    }
+
+    fn from_layers(layers: &Layers) -> Result<Self, ConfigError> {
+        let listen = parse_listen(layers)?;
+        let queues = parse_queues(layers)?;
+        let primary = backend::parse(layers, Scope::Primary, &queues)?
+            .ok_or_else(|| ConfigError::other(&v::BACKEND, "must be set"))?;
+        let fallback = backend::parse(layers, Scope::Fallback, &queues)?;
+        let dispatch = parse_dispatch(layers, fallback.is_some())?;
+        let log_format = match layers.choice(&v::LOG_FORMAT)? {
+            Some("json") => LogFormat::Json,
+            _ => LogFormat::Text,
+        };
+        let auth = parse_auth(layers, listen)?;
+        Ok(Settings {
+            listen,
+            queues,
+            primary,
+            fallback,
+            capacity: CapacitySettings {
+                max_queue_depth: forgiving_max_depth(
+                    layers.value(&v::SERVICEBUS_SEND_MAX_QUEUE_DEPTH),
+                ),
+                fail_closed: forgiving_flag(layers.value(&v::SERVICEBUS_SEND_FAILCLOSED)),
+                fail_closed_streak: forgiving_streak(
+                    layers.value(&v::SERVICEBUS_SEND_FAILCLOSED_STREAK),
+                ),
+                depth_ttl: layers.duration(&v::DEPTH_TTL_MS)?,
+                admin_timeout: layers.duration(&v::ADMIN_TIMEOUT_MS)?,
+            },
+            send_timeout: layers.duration(&v::SEND_TIMEOUT_MS)?,
+            max_in_flight: layers.count(&v::MAX_IN_FLIGHT)? as usize,
+            max_body_bytes: layers.count(&v::MAX_BODY_BYTES)? as usize,
+            drain_timeout: layers.duration(&v::DRAIN_TIMEOUT_S)?,
+            auth,
+            log_format,
+            workers: layers.whole(&v::WORKERS)?.map(|n| n as usize),
+            dispatch,
+        })
+    }
+
+    /// The data directory of the embedded backend, primary first: `sendgate queue` reads it.
+    pub fn embedded_data_dir(&self) -> Option<&std::path::Path> {
+        [Some(&self.primary), self.fallback.as_ref()]
+            .into_iter()
+            .flatten()
+            .find_map(|b| match b {
+                BackendSettings::Embedded { data_dir } => Some(data_dir.as_path()),
+                _ => None,
+            })
+    }
+}
+
+fn parse_listen(layers: &Layers) -> Result<SocketAddr, ConfigError> {
+    let var = &v::LISTEN;
+    let value = layers.value(var).unwrap_or_default();
+    let reason = "expected IP:PORT, e.g. 127.0.0.1:8080 or [::]:8080";
+    if let Some(port) = value.strip_prefix("localhost:") {
+        let port = port
+            .parse()
+            .map_err(|_| ConfigError::invalid(var, value, reason))?;
+        return Ok(SocketAddr::new(IpAddr::from([127, 0, 0, 1]), port));
+    }
+    value
+        .parse()
+        .map_err(|_| ConfigError::invalid(var, value, reason))
+}
+
+fn parse_queues(layers: &Layers) -> Result<Vec<QueueName>, ConfigError> {
+    let var = &v::QUEUES;
+    let value = layers.value(var).unwrap_or_default();
+    let mut queues: Vec<QueueName> = Vec::new();
+    for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let name = QueueName::parse(part)
+            .map_err(|e| ConfigError::other(var, format!("{part:?}: {e}")))?;
+        if !queues.contains(&name) {
+            queues.push(name);
+        }
+    }
+    if queues.is_empty() {
+        return Err(ConfigError::invalid(var, value, "name at least one queue"));
+    }
+    Ok(queues)
+}
+
+fn parse_auth(layers: &Layers, listen: SocketAddr) -> Result<AuthSettings, ConfigError> {
+    let keys_file = layers.path(&v::API_KEYS_FILE);
+    let explicitly_none = layers.choice(&v::AUTH)?.is_some();
+    let auth = match (keys_file, explicitly_none) {
+        (Some(_), true) => {
+            return Err(ConfigError::other(
+                &v::AUTH,
+                "`none` cannot be combined with SENDGATE_API_KEYS_FILE",
+            ))
+        }
+        (Some(file), false) => AuthSettings::KeysFile(file),
+        (None, explicitly_none) => AuthSettings::Open { explicitly_none },
+    };
+    if auth
+        == (AuthSettings::Open {
+            explicitly_none: false,
+        })
+        && !listen.ip().is_loopback()
+    {
+        return Err(ConfigError::other(
+            &v::API_KEYS_FILE,
+            format!(
+                "refusing to listen on non-loopback {listen} without API keys; set SENDGATE_API_KEYS_FILE, or SENDGATE_AUTH=none to run open on purpose"
+            ),
+        ));
+    }
+    Ok(auth)
+}
+
+fn parse_dispatch(layers: &Layers, has_fallback: bool) -> Result<DispatchSettings, ConfigError> {
+    let force = match layers.choice(&v::FORCE_BACKEND)? {
+        None => None,
+        Some("fallback") if !has_fallback => {
+            return Err(ConfigError::other(
+                &v::FORCE_BACKEND,
+                "fallback needs SENDGATE_FALLBACK_BACKEND",
+            ))
+        }
+        Some("fallback") => Some(ForceBackend::Fallback),
+        Some(_) => Some(ForceBackend::Primary),
+    };
+    Ok(DispatchSettings {
+        breaker_window: layers.duration(&v::BREAKER_WINDOW_S)?,
+        breaker_min_failures: u32::try_from(layers.count(&v::BREAKER_MIN_FAILURES)?)
+            .unwrap_or(u32::MAX),
+        breaker_failure_rate: layers.fraction(&v::BREAKER_FAILURE_RATE)?,
+        breaker_open: layers.duration(&v::BREAKER_OPEN_S)?,
+        probe_interval: layers.duration(&v::PROBE_INTERVAL_S)?,
+        force,
+    })
+}
+
+#[cfg(test)]
+mod tests;

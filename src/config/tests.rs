@@ -1,0 +1,426 @@
+use super::*;
+use crate::config::vars as v;
+
+fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn rabbit(b: &BackendSettings) -> &RabbitMqSettings {
+    match b {
+        BackendSettings::RabbitMq(r) => r,
+        other => panic!("not rabbitmq: {other:?}"),
+    }
+}
+
+#[test]
+fn defaults_match_the_contract() {
+    let s = Settings::from_vars(&HashMap::new()).unwrap();
+    assert_eq!(s.listen, "127.0.0.1:8080".parse().unwrap());
+    assert_eq!(
+        s.primary,
+        BackendSettings::Embedded {
+            data_dir: PathBuf::from("./sendgate-data")
+        }
+    );
+    assert_eq!(s.fallback, None);
+    assert_eq!(s.queues, vec![QueueName::parse("requests").unwrap()]);
+    assert_eq!(s.capacity.max_queue_depth, 2000);
+    assert!(!s.capacity.fail_closed);
+    assert_eq!(s.capacity.fail_closed_streak, 3);
+    assert_eq!(s.capacity.depth_ttl, Duration::from_millis(1000));
+    assert_eq!(s.capacity.admin_timeout, Duration::from_millis(2000));
+    assert_eq!(s.send_timeout, Duration::from_millis(10000));
+    assert_eq!(s.max_in_flight, 256);
+    assert_eq!(s.max_body_bytes, 262_144);
+    assert_eq!(s.drain_timeout, Duration::from_secs(30));
+    assert_eq!(
+        s.auth,
+        AuthSettings::Open {
+            explicitly_none: false
+        }
+    );
+    let s = Settings::from_overrides(&[(&v::BACKEND, "rabbitmq")]).unwrap();
+    let r = rabbit(&s.primary);
+    assert_eq!(r.depth_source, DepthSource::Management);
+    assert_eq!(r.uri.expose().authority.host, "127.0.0.1");
+    assert_eq!(r.management_user, "guest");
+    assert_eq!(r.management_password.expose(), "guest");
+    assert_eq!(r.management_url.as_str(), "http://127.0.0.1:15672/");
+}
+
+#[test]
+fn bad_values_name_the_variable() {
+    let err = Settings::from_vars(&vars(&[("SENDGATE_DEPTH_TTL_MS", "soon")])).unwrap_err();
+    assert!(
+        err.to_string().starts_with("SENDGATE_DEPTH_TTL_MS:"),
+        "{err}"
+    );
+    let err = Settings::from_vars(&vars(&[("SENDGATE_BACKEND", "kafka")])).unwrap_err();
+    assert!(err.to_string().starts_with("SENDGATE_BACKEND:"), "{err}");
+    let err = Settings::from_vars(&vars(&[("SENDGATE_MAX_IN_FLIGHT", "0")])).unwrap_err();
+    assert!(
+        err.to_string().starts_with("SENDGATE_MAX_IN_FLIGHT:"),
+        "{err}"
+    );
+    let err = Settings::from_vars(&vars(&[("SENDGATE_QUEUES", "ok,bad name")])).unwrap_err();
+    assert!(err.to_string().starts_with("SENDGATE_QUEUES:"), "{err}");
+}
+
+#[test]
+fn durations_too_large_for_the_clock_are_refused() {
+    for (var, value) in [
+        ("SENDGATE_DRAIN_TIMEOUT_S", "9223372036854775808"),
+        ("SENDGATE_BREAKER_OPEN_S", "86401"),
+        ("SENDGATE_SEND_TIMEOUT_MS", "3600001"),
+    ] {
+        let err = Settings::from_vars(&vars(&[(var, value)])).unwrap_err();
+        assert!(err.to_string().starts_with(var), "{err}");
+    }
+    assert!(Settings::from_vars(&vars(&[("SENDGATE_DRAIN_TIMEOUT_S", "86400")])).is_ok());
+}
+
+#[test]
+fn non_loopback_without_keys_refuses_unless_auth_none() {
+    let err = Settings::from_vars(&vars(&[("SENDGATE_LISTEN", "0.0.0.0:8080")])).unwrap_err();
+    assert!(err.to_string().contains("non-loopback"), "{err}");
+    let s = Settings::from_vars(&vars(&[
+        ("SENDGATE_LISTEN", "0.0.0.0:8080"),
+        ("SENDGATE_AUTH", "none"),
+    ]))
+    .unwrap();
+    assert_eq!(
+        s.auth,
+        AuthSettings::Open {
+            explicitly_none: true
+        }
+    );
+    let s = Settings::from_vars(&vars(&[
+        ("SENDGATE_LISTEN", "[::]:80"),
+        ("SENDGATE_API_KEYS_FILE", "/k.toml"),
+    ]))
+    .unwrap();
+    assert_eq!(s.auth, AuthSettings::KeysFile("/k.toml".into()));
+    assert!(Settings::from_vars(&vars(&[("SENDGATE_LISTEN", "localhost:9000")])).is_ok());
+    let err = Settings::from_overrides(&[(&v::AUTH, "none"), (&v::API_KEYS_FILE, "/k.toml")])
+        .unwrap_err();
+    assert!(err.to_string().starts_with("SENDGATE_AUTH:"), "{err}");
+    let err = Settings::from_overrides(&[(&v::AUTH, "nope")]).unwrap_err();
+    assert!(err.to_string().starts_with("SENDGATE_AUTH:"), "{err}");
+}
+
+#[test]
+fn file_layer_sits_between_defaults_and_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sendgate.toml");
+    std::fs::write(
+        &path,
+        "queues = [\"a\", \"b\"]\ndepth_ttl_ms = 250\nservicebus_send_max_queue_depth = 7\nsend_timeout_ms = 500\n",
+    )
+    .unwrap();
+    let s = Settings::from_vars(&vars(&[
+        ("SENDGATE_CONFIG", path.to_str().unwrap()),
+        ("SENDGATE_SEND_TIMEOUT_MS", "900"),
+    ]))
+    .unwrap();
+    assert_eq!(s.queues.len(), 2);
+    assert_eq!(s.capacity.depth_ttl, Duration::from_millis(250));
+    assert_eq!(s.capacity.max_queue_depth, 7);
+    assert_eq!(
+        s.send_timeout,
+        Duration::from_millis(900),
+        "environment wins over the file"
+    );
+}
+
+#[test]
+fn a_fallback_reads_its_own_variables_then_the_primarys() {
+    let s = Settings::from_vars(&vars(&[
+        ("SENDGATE_BACKEND", "rabbitmq"),
+        ("SENDGATE_RABBITMQ_URL", "amqp://a/%2f"),
+        ("SENDGATE_RABBITMQ_DEPTH_SOURCE", "amqp"),
+        ("SENDGATE_FALLBACK_BACKEND", "rabbitmq"),
+        ("SENDGATE_FALLBACK_RABBITMQ_URL", "amqp://b/%2f"),
+    ]))
+    .unwrap();
+    let fb = rabbit(s.fallback.as_ref().unwrap());
+    assert_eq!(fb.uri.expose().authority.host, "b");
+    assert_eq!(rabbit(&s.primary).uri.expose().authority.host, "a");
+    assert_eq!(fb.depth_source, DepthSource::Amqp, "inherited");
+    let err = Settings::from_vars(&vars(&[("SENDGATE_FORCE_BACKEND", "fallback")])).unwrap_err();
+    assert!(
+        err.to_string().starts_with("SENDGATE_FORCE_BACKEND"),
+        "{err}"
+    );
+    let err = Settings::from_vars(&vars(&[
+        ("SENDGATE_FALLBACK_BACKEND", "rabbitmq"),
+        ("SENDGATE_FALLBACK_RABBITMQ_DEPTH_SOURCE", "x"),
+    ]))
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("SENDGATE_FALLBACK_RABBITMQ_DEPTH_SOURCE"),
+        "{err}"
+    );
+    let err = Settings::from_vars(&vars(&[("SENDGATE_BREAKER_FAILURE_RATE", "1.5")])).unwrap_err();
+    assert!(
+        err.to_string().starts_with("SENDGATE_BREAKER_FAILURE_RATE"),
+        "{err}"
+    );
+}
+
+#[test]
+fn only_the_chosen_backends_settings_are_carried() {
+    let s = Settings::from_overrides(&[
+        (&v::BACKEND, "servicebus"),
+        (&v::SERVICEBUS_NAMESPACE, "ns"),
+        (&v::FALLBACK_BACKEND, "embedded"),
+        (&v::FALLBACK_DATA_DIR, "/fb"),
+    ])
+    .unwrap();
+    match &s.primary {
+        BackendSettings::ServiceBus(sb) => {
+            assert_eq!(sb.endpoint, "https://ns.servicebus.windows.net");
+            assert_eq!(sb.send, CredentialPlan::EntraId);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        s.fallback,
+        Some(BackendSettings::Embedded {
+            data_dir: "/fb".into()
+        })
+    );
+    assert_eq!(s.embedded_data_dir(), Some(std::path::Path::new("/fb")));
+    // A bad RabbitMQ URL is not read when no backend is RabbitMQ.
+    assert!(Settings::from_overrides(&[(&v::RABBITMQ_URL, "nonsense")]).is_ok());
+}
+
+#[test]
+fn a_bad_fallback_value_is_named_by_the_fallbacks_variable() {
+    let err = Settings::from_overrides(&[
+        (&v::FALLBACK_BACKEND, "rabbitmq"),
+        (&v::FALLBACK_RABBITMQ_URL, "http://h/"),
+    ])
+    .unwrap_err();
+    assert_eq!(
+        err.variable(),
+        Some("SENDGATE_FALLBACK_RABBITMQ_URL"),
+        "{err}"
+    );
+    // Inherited from the primary's variable: that is the one named.
+    let err = Settings::from_overrides(&[
+        (&v::FALLBACK_BACKEND, "rabbitmq"),
+        (&v::RABBITMQ_MANAGEMENT_URL, "not a url"),
+    ])
+    .unwrap_err();
+    assert_eq!(
+        err.variable(),
+        Some("SENDGATE_RABBITMQ_MANAGEMENT_URL"),
+        "{err}"
+    );
+    let err = Settings::from_overrides(&[
+        (&v::FALLBACK_BACKEND, "servicebus"),
+        (&v::FALLBACK_SERVICEBUS_ENDPOINT, "ftp://x"),
+    ])
+    .unwrap_err();
+    assert_eq!(
+        err.variable(),
+        Some("SENDGATE_FALLBACK_SERVICEBUS_ENDPOINT"),
+        "{err}"
+    );
+    let err = Settings::from_overrides(&[
+        (&v::FALLBACK_BACKEND, "rabbitmq"),
+        (&v::FALLBACK_RABBITMQ_STATS_LAG_MS, "3600001"),
+    ])
+    .unwrap_err();
+    assert_eq!(
+        err.variable(),
+        Some("SENDGATE_FALLBACK_RABBITMQ_STATS_LAG_MS"),
+        "{err}"
+    );
+}
+
+#[test]
+fn management_credentials_come_from_the_url_unless_set() {
+    let s = Settings::from_overrides(&[
+        (&v::BACKEND, "rabbitmq"),
+        (&v::RABBITMQ_URL, "amqp://app:apppw@h:5672/prod"),
+    ])
+    .unwrap();
+    let r = rabbit(&s.primary);
+    assert_eq!(
+        (
+            r.management_user.as_str(),
+            r.management_password.expose().as_str()
+        ),
+        ("app", "apppw")
+    );
+    assert_eq!(r.uri.expose().vhost, "prod");
+    let s = Settings::from_overrides(&[
+        (&v::BACKEND, "rabbitmq"),
+        (&v::RABBITMQ_URL, "amqp://app:apppw@h:5672/prod"),
+        (&v::RABBITMQ_MANAGEMENT_USER, "admin"),
+        (&v::RABBITMQ_MANAGEMENT_PASSWORD, "adminpw"),
+    ])
+    .unwrap();
+    let r = rabbit(&s.primary);
+    assert_eq!(
+        (
+            r.management_user.as_str(),
+            r.management_password.expose().as_str()
+        ),
+        ("admin", "adminpw")
+    );
+    assert!(
+        !format!("{s:?}").contains("apppw"),
+        "Debug hides the URL's password"
+    );
+    assert!(!format!("{s:?}").contains("adminpw"));
+}
+
+#[test]
+fn an_amqp_url_that_does_not_parse_is_never_echoed() {
+    for bad in [
+        "amqp://user:s3cr3tpw@host:notaport/%2f",
+        "amqp:user:s3cr3tpw",
+        "http://user:s3cr3tpw@host/",
+        "amqp://user:s3cr3tpw@host/%2f?frame_max=lots",
+        "amqp://user:s3cr3tpw@host/%2f?auth_mechanism=s3cr3tpw",
+        "user:s3cr3tpw@host",
+    ] {
+        for url_var in [&v::RABBITMQ_URL, &v::FALLBACK_RABBITMQ_URL] {
+            let err = Settings::from_overrides(&[
+                (&v::BACKEND, "rabbitmq"),
+                (&v::FALLBACK_BACKEND, "rabbitmq"),
+                (url_var, bad),
+            ])
+            .unwrap_err();
+            assert_eq!(err.variable(), Some(url_var.name), "{err}");
+            let shown = format!("{err} {err:?}");
+            assert!(!shown.contains("s3cr3tpw"), "{shown}");
+        }
+    }
+}
+
+#[test]
+fn a_secret_variable_is_never_echoed_in_a_parse_error() {
+    let err = Settings::from_overrides(&[
+        (&v::BACKEND, "servicebus"),
+        (
+            &v::SERVICEBUS_CONNECTION_STRING,
+            "Endpoint=sb://ns.servicebus.windows.net/,SharedAccessKeyName=send,SharedAccessKey=KeyKeyKey123=",
+        ),
+    ])
+    .unwrap_err();
+    assert_eq!(err.variable(), Some("SERVICEBUS_CONNECTION_STRING"));
+    assert!(!format!("{err} {err:?}").contains("KeyKeyKey123"), "{err}");
+    assert!(err.to_string().contains("';', not ','"), "{err}");
+}
+
+#[test]
+fn unknown_sendgate_variables_are_refused_with_a_suggestion() {
+    let err = Settings::from_vars(&vars(&[("SENDGATE_DEPHT_TTL_MS", "5")])).unwrap_err();
+    assert_eq!(
+        err,
+        ConfigError::UnknownVariable {
+            name: "SENDGATE_DEPHT_TTL_MS".into(),
+            suggestion: Some("SENDGATE_DEPTH_TTL_MS")
+        }
+    );
+    assert!(
+        err.to_string()
+            .contains("did you mean SENDGATE_DEPTH_TTL_MS?"),
+        "{err}"
+    );
+    let err = Settings::from_vars(&vars(&[("SENDGATE_COLOUR", "blue")])).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ConfigError::UnknownVariable {
+                suggestion: None,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // The client's variable and other tools' SERVICEBUS_* variables are tolerated.
+    assert!(Settings::from_vars(&vars(&[
+        ("SENDGATE_TOKEN", "sg_x"),
+        ("SERVICEBUS_SOMETHING_ELSE", "1"),
+    ]))
+    .is_ok());
+}
+
+#[test]
+fn unknown_file_keys_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sendgate.toml");
+    std::fs::write(&path, "depht_ttl_ms = 5\n").unwrap();
+    let err =
+        Settings::from_vars(&vars(&[("SENDGATE_CONFIG", path.to_str().unwrap())])).unwrap_err();
+    assert_eq!(
+        err,
+        ConfigError::UnknownKey {
+            key: "depht_ttl_ms".into(),
+            suggestion: Some("depth_ttl_ms".into())
+        }
+    );
+    assert!(
+        err.to_string().contains("did you mean depth_ttl_ms?"),
+        "{err}"
+    );
+}
+
+#[test]
+fn every_choice_variable_parses_each_of_its_options() {
+    for var in VARIABLES.iter().filter(|v| v.side == vars::Side::Server) {
+        let vars::Kind::Choice(options) = var.kind else {
+            continue;
+        };
+        for option in options {
+            let mut pairs = vec![(*var, *option)];
+            // Options that need a partner to be valid on their own.
+            if var.name == v::FORCE_BACKEND.name || var.name == v::AUTH.name {
+                pairs.push((&v::FALLBACK_BACKEND, "embedded"));
+            }
+            if option == &"servicebus" {
+                pairs.push((&v::SERVICEBUS_NAMESPACE, "ns"));
+            }
+            let result = Settings::from_overrides(&pairs);
+            assert!(result.is_ok(), "{}={option}: {result:?}", var.name);
+        }
+    }
+}
+
+#[test]
+fn a_file_that_is_not_toml_is_refused_without_quoting_its_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in [
+        (
+            "a.toml",
+            "queues = [\"a\"]\nrabbitmq_url = amqp://u:s3cr3tpw@h\n",
+        ),
+        ("b.toml", "rabbitmq_url = \"amqp://u:s3cr3tpw@h\n"),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let err =
+            Settings::from_vars(&vars(&[("SENDGATE_CONFIG", path.to_str().unwrap())])).unwrap_err();
+        let shown = err.to_string();
+        assert!(shown.starts_with("SENDGATE_CONFIG: "), "{shown}");
+        assert!(!shown.contains("s3cr3tpw"), "{shown}");
+    }
+    let path = dir.path().join("a.toml");
+    let err =
+        Settings::from_vars(&vars(&[("SENDGATE_CONFIG", path.to_str().unwrap())])).unwrap_err();
+    assert!(err.to_string().contains("line 2, column 16"), "{err}");
+    let err = Settings::from_vars(&vars(&[("SENDGATE_CONFIG", "/nonexistent/sendgate.toml")]))
+        .unwrap_err();
+    assert!(
+        err.to_string().starts_with("SENDGATE_CONFIG: cannot read"),
+        "{err}"
+    );
+}

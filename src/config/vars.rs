@@ -1,0 +1,670 @@
+//! Every variable sendgate reads, declared once as a typed descriptor.
+//!
+//! Parsing reads through these constants (`layers.duration(&DEPTH_TTL_MS)`), so a variable
+//! that is not declared here cannot be read; `.env.example` and the README's table are
+//! rendered from [`VARIABLES`] (see `render.rs`), and a test keeps both in step.
+
+/// What a variable holds, with its bounds: the parser and the documentation read this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Free text (a user name, a client id).
+    Text,
+    /// A file or directory.
+    Path,
+    /// An `http(s)://` base URL.
+    HttpUrl,
+    /// `IP:PORT` or `localhost:PORT`.
+    SocketAddr,
+    /// Comma-separated queue names (a TOML array in the file).
+    QueueList,
+    /// An `amqp://` or `amqps://` URI.
+    AmqpUri,
+    /// A Service Bus host name, `myns` or `myns.servicebus.windows.net`.
+    Namespace,
+    /// A Service Bus SAS connection string.
+    ConnectionString,
+    /// One of these words, in any case.
+    Choice(&'static [&'static str]),
+    /// A whole number within the bounds.
+    Whole { min: u64, max: u64 },
+    /// A whole number of [`Var::unit`] within the bounds.
+    Duration { min: u64, max: u64 },
+    /// A number above 0 and at most 1.
+    Fraction,
+    /// Read by the contract's forgiving rules (section 2): never refused.
+    Forgiving,
+}
+
+/// The unit of a number, shown in the documentation and used to build durations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    None,
+    Millis,
+    Seconds,
+    Bytes,
+}
+
+/// Who reads a variable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The gateway (`sendgate serve`).
+    Server,
+    /// The producer client (`sendgate send`); the server only tolerates it in its environment.
+    Client,
+}
+
+/// A section of `.env.example`, in the order they appear.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Group {
+    General,
+    RabbitMq,
+    ServiceBus,
+    Capacity,
+    Limits,
+    Auth,
+    Process,
+    Breaker,
+    Fallback,
+    Client,
+}
+
+/// One variable.
+#[derive(Debug, Clone, Copy)]
+pub struct Var {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub unit: Unit,
+    /// The value used when neither the file nor the environment sets it.
+    pub default: Option<&'static str>,
+    /// Without a default: what happens when unset, for the README (e.g. "CPU cores").
+    pub unset: Option<&'static str>,
+    /// One line, for `.env.example` and the README.
+    pub help: &'static str,
+    pub side: Side,
+    /// Never shown: not in `Debug`, not in an error message.
+    pub secret: bool,
+    pub group: Group,
+    /// For a `SENDGATE_FALLBACK_` variable: the primary's, used when this one is unset.
+    pub fallback_of: Option<&'static Var>,
+}
+
+impl Var {
+    const fn server(name: &'static str, group: Group, kind: Kind, help: &'static str) -> Self {
+        Self {
+            name,
+            kind,
+            unit: Unit::None,
+            default: None,
+            unset: None,
+            help,
+            side: Side::Server,
+            secret: false,
+            group,
+            fallback_of: None,
+        }
+    }
+
+    const fn default(self, value: &'static str) -> Self {
+        Self {
+            default: Some(value),
+            ..self
+        }
+    }
+
+    const fn unset(self, meaning: &'static str) -> Self {
+        Self {
+            unset: Some(meaning),
+            ..self
+        }
+    }
+
+    const fn unit(self, unit: Unit) -> Self {
+        Self { unit, ..self }
+    }
+
+    const fn secret(self) -> Self {
+        Self {
+            secret: true,
+            ..self
+        }
+    }
+
+    /// The fallback backend's copy of a primary variable: same kind and bounds, no default
+    /// of its own (unset, the primary's value applies).
+    const fn fallback(name: &'static str, primary: &'static Var) -> Self {
+        Self {
+            name,
+            default: None,
+            unset: Some("the primary's"),
+            help: "",
+            group: Group::Fallback,
+            fallback_of: Some(primary),
+            ..*primary
+        }
+    }
+
+    /// The key of this variable in the `SENDGATE_CONFIG` file.
+    pub fn toml_key(&self) -> String {
+        self.name
+            .strip_prefix("SENDGATE_")
+            .unwrap_or(self.name)
+            .to_ascii_lowercase()
+    }
+}
+
+/// Bounds shared by many variables: a duration larger than these is a mistake, and would
+/// overflow the clock when added to "now".
+const HOUR_MS: u64 = 3_600_000;
+const DAY_S: u64 = 86_400;
+const BILLION: u64 = 1_000_000_000;
+const BACKENDS: &[&str] = &["embedded", "rabbitmq", "servicebus"];
+
+use Group as G;
+use Kind as K;
+
+pub const CONFIG: Var = Var::server(
+    "SENDGATE_CONFIG",
+    G::General,
+    K::Path,
+    "Optional TOML file with the same settings; the environment wins.",
+);
+pub const LISTEN: Var = Var::server(
+    "SENDGATE_LISTEN",
+    G::General,
+    K::SocketAddr,
+    "HTTP listen address. A non-loopback address needs API keys or SENDGATE_AUTH=none.",
+)
+.default("127.0.0.1:8080");
+pub const BACKEND: Var = Var::server(
+    "SENDGATE_BACKEND",
+    G::General,
+    K::Choice(BACKENDS),
+    "Backend: embedded (local durable queue), rabbitmq or servicebus.",
+)
+.default("embedded");
+pub const QUEUES: Var = Var::server(
+    "SENDGATE_QUEUES",
+    G::General,
+    K::QueueList,
+    "Comma-separated queue names served; any other name is 404 unknown_queue.",
+)
+.default("requests");
+pub const DATA_DIR: Var = Var::server(
+    "SENDGATE_DATA_DIR",
+    G::General,
+    K::Path,
+    "Where the embedded backend keeps its SQLite database.",
+)
+.default("./sendgate-data");
+
+pub const RABBITMQ_URL: Var = Var::server(
+    "SENDGATE_RABBITMQ_URL",
+    G::RabbitMq,
+    K::AmqpUri,
+    "AMQP 0.9.1 data plane.",
+)
+.default("amqp://guest:guest@127.0.0.1:5672/%2f")
+.secret();
+pub const RABBITMQ_MANAGEMENT_URL: Var = Var::server(
+    "SENDGATE_RABBITMQ_MANAGEMENT_URL",
+    G::RabbitMq,
+    K::HttpUrl,
+    "RabbitMQ admin plane (the management HTTP API).",
+)
+.default("http://127.0.0.1:15672");
+pub const RABBITMQ_MANAGEMENT_USER: Var = Var::server(
+    "SENDGATE_RABBITMQ_MANAGEMENT_USER",
+    G::RabbitMq,
+    K::Text,
+    "Admin-plane user; defaults to the AMQP URL's user.",
+)
+.unset("the AMQP URL's");
+pub const RABBITMQ_MANAGEMENT_PASSWORD: Var = Var::server(
+    "SENDGATE_RABBITMQ_MANAGEMENT_PASSWORD",
+    G::RabbitMq,
+    K::Text,
+    "Admin-plane password; defaults to the AMQP URL's password.",
+)
+.unset("the AMQP URL's")
+.secret();
+pub const RABBITMQ_DEPTH_SOURCE: Var = Var::server(
+    "SENDGATE_RABBITMQ_DEPTH_SOURCE",
+    G::RabbitMq,
+    K::Choice(&["management", "amqp"]),
+    "management (admin plane, lags a few seconds) or amqp (passive declare: exact, ready only).",
+)
+.default("management");
+pub const RABBITMQ_STATS_LAG_MS: Var = Var::server(
+    "SENDGATE_RABBITMQ_STATS_LAG_MS",
+    G::RabbitMq,
+    K::Duration { min: 0, max: HOUR_MS },
+    "How far management counts trail the data plane: sends confirmed this long before a depth read count on top of it, so a lagging read never lets one process overshoot the ceiling. Ignored with the amqp depth source.",
+)
+.default("6000")
+.unit(Unit::Millis);
+
+pub const SERVICEBUS_NAMESPACE: Var = Var::server(
+    "SERVICEBUS_NAMESPACE",
+    G::ServiceBus,
+    K::Namespace,
+    "e.g. myns.servicebus.windows.net (a bare myns gets .servicebus.windows.net).",
+)
+.unset("from the connection string");
+pub const SERVICEBUS_CONNECTION_STRING: Var = Var::server(
+    "SERVICEBUS_CONNECTION_STRING",
+    G::ServiceBus,
+    K::ConnectionString,
+    "SAS connection string (Send right); without it Entra ID (managed/workload identity, Azure CLI) is used.",
+)
+.secret();
+pub const SERVICEBUS_ENDPOINT: Var = Var::server(
+    "SERVICEBUS_ENDPOINT",
+    G::ServiceBus,
+    K::HttpUrl,
+    "Override of https://{SERVICEBUS_NAMESPACE}, for tests.",
+)
+.unset("https://{SERVICEBUS_NAMESPACE}");
+pub const SERVICEBUS_MANAGE_CONNECTION_STRING: Var = Var::server(
+    "SERVICEBUS_MANAGE_CONNECTION_STRING",
+    G::ServiceBus,
+    K::ConnectionString,
+    "SAS connection string for depth reads (needs the Manage right); defaults to the send one.",
+)
+.unset("the send one")
+.secret();
+pub const SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID: Var = Var::server(
+    "SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID",
+    G::ServiceBus,
+    K::Text,
+    "Client id of a user-assigned managed identity (Entra ID only); unset = system-assigned.",
+);
+
+pub const SERVICEBUS_SEND_MAX_QUEUE_DEPTH: Var = Var::server(
+    "SERVICEBUS_SEND_MAX_QUEUE_DEPTH",
+    G::Capacity,
+    K::Forgiving,
+    "Backlog ceiling: at or over it, sends get 429 queue_full. Below 1 becomes 1; not a number means 2000.",
+)
+.default("2000");
+pub const SERVICEBUS_SEND_FAILCLOSED: Var = Var::server(
+    "SERVICEBUS_SEND_FAILCLOSED",
+    G::Capacity,
+    K::Forgiving,
+    "Fail-closed gate: 1, true or yes (any case) turn it on; anything else leaves it off.",
+)
+.default("false");
+pub const SERVICEBUS_SEND_FAILCLOSED_STREAK: Var = Var::server(
+    "SERVICEBUS_SEND_FAILCLOSED_STREAK",
+    G::Capacity,
+    K::Forgiving,
+    "Consecutive failed depth reads before failing closed. Below 1 becomes 1; not a number means 3.",
+)
+.default("3");
+pub const DEPTH_TTL_MS: Var = Var::server(
+    "SENDGATE_DEPTH_TTL_MS",
+    G::Capacity,
+    K::Duration {
+        min: 0,
+        max: HOUR_MS,
+    },
+    "Reuse one depth read this long; 0 reads before every send.",
+)
+.default("1000")
+.unit(Unit::Millis);
+pub const ADMIN_TIMEOUT_MS: Var = Var::server(
+    "SENDGATE_ADMIN_TIMEOUT_MS",
+    G::Capacity,
+    K::Duration {
+        min: 1,
+        max: HOUR_MS,
+    },
+    "Deadline of one depth read.",
+)
+.default("2000")
+.unit(Unit::Millis);
+
+pub const SEND_TIMEOUT_MS: Var = Var::server(
+    "SENDGATE_SEND_TIMEOUT_MS",
+    G::Limits,
+    K::Duration {
+        min: 1,
+        max: HOUR_MS,
+    },
+    "Deadline of one send to the broker; past it: 504 send_timeout, outcome unknown.",
+)
+.default("10000")
+.unit(Unit::Millis);
+pub const MAX_IN_FLIGHT: Var = Var::server(
+    "SENDGATE_MAX_IN_FLIGHT",
+    G::Limits,
+    K::Whole {
+        min: 1,
+        max: BILLION,
+    },
+    "Backend sends in flight before 503 saturated.",
+)
+.default("256");
+pub const MAX_BODY_BYTES: Var = Var::server(
+    "SENDGATE_MAX_BODY_BYTES",
+    G::Limits,
+    K::Whole {
+        min: 1,
+        max: BILLION,
+    },
+    "Largest accepted message body (the Service Bus Standard limit).",
+)
+.default("262144")
+.unit(Unit::Bytes);
+pub const DRAIN_TIMEOUT_S: Var = Var::server(
+    "SENDGATE_DRAIN_TIMEOUT_S",
+    G::Limits,
+    K::Duration { min: 0, max: DAY_S },
+    "Longest drain after SIGTERM/SIGINT.",
+)
+.default("30")
+.unit(Unit::Seconds);
+
+pub const API_KEYS_FILE: Var = Var::server(
+    "SENDGATE_API_KEYS_FILE",
+    G::Auth,
+    K::Path,
+    "TOML file of hashed API keys (see `sendgate keys new`).",
+);
+pub const AUTH: Var = Var::server(
+    "SENDGATE_AUTH",
+    G::Auth,
+    K::Choice(&["none"]),
+    "none: run without keys on a non-loopback address (on purpose).",
+);
+
+pub const LOG_FORMAT: Var = Var::server(
+    "SENDGATE_LOG_FORMAT",
+    G::Process,
+    K::Choice(&["text", "json"]),
+    "text or json (JSON lines). RUST_LOG sets the level (default info).",
+)
+.default("text");
+pub const WORKERS: Var = Var::server(
+    "SENDGATE_WORKERS",
+    G::Process,
+    K::Whole {
+        min: 1,
+        max: BILLION,
+    },
+    "HTTP worker threads; defaults to the number of CPU cores.",
+)
+.unset("CPU cores");
+
+pub const BREAKER_WINDOW_S: Var = Var::server(
+    "SENDGATE_BREAKER_WINDOW_S",
+    G::Breaker,
+    K::Duration { min: 1, max: DAY_S },
+    "Breaker: outcomes counted over this window.",
+)
+.default("60")
+.unit(Unit::Seconds);
+pub const BREAKER_MIN_FAILURES: Var = Var::server(
+    "SENDGATE_BREAKER_MIN_FAILURES",
+    G::Breaker,
+    K::Whole {
+        min: 1,
+        max: BILLION,
+    },
+    "Breaker: fewest failures in the window to open.",
+)
+.default("10");
+pub const BREAKER_FAILURE_RATE: Var = Var::server(
+    "SENDGATE_BREAKER_FAILURE_RATE",
+    G::Breaker,
+    K::Fraction,
+    "Breaker: share of failures in the window to open.",
+)
+.default("0.5");
+pub const BREAKER_OPEN_S: Var = Var::server(
+    "SENDGATE_BREAKER_OPEN_S",
+    G::Breaker,
+    K::Duration { min: 1, max: DAY_S },
+    "Breaker: time open before one real send is the trial.",
+)
+.default("15")
+.unit(Unit::Seconds);
+pub const PROBE_INTERVAL_S: Var = Var::server(
+    "SENDGATE_PROBE_INTERVAL_S",
+    G::Breaker,
+    K::Duration { min: 0, max: DAY_S },
+    "Probe each backend's admin plane this often for /health/detailed (0 = off).",
+)
+.default("5")
+.unit(Unit::Seconds);
+
+pub const FALLBACK_BACKEND: Var = Var::server(
+    "SENDGATE_FALLBACK_BACKEND",
+    G::Fallback,
+    K::Choice(BACKENDS),
+    "embedded, rabbitmq or servicebus: used while the primary's circuit is open.",
+);
+pub const FORCE_BACKEND: Var = Var::server(
+    "SENDGATE_FORCE_BACKEND",
+    G::Fallback,
+    K::Choice(&["primary", "fallback"]),
+    "primary (never fail over) or fallback: pin routing.",
+);
+pub const FALLBACK_DATA_DIR: Var = Var::fallback("SENDGATE_FALLBACK_DATA_DIR", &DATA_DIR);
+pub const FALLBACK_RABBITMQ_URL: Var =
+    Var::fallback("SENDGATE_FALLBACK_RABBITMQ_URL", &RABBITMQ_URL);
+pub const FALLBACK_RABBITMQ_MANAGEMENT_URL: Var = Var::fallback(
+    "SENDGATE_FALLBACK_RABBITMQ_MANAGEMENT_URL",
+    &RABBITMQ_MANAGEMENT_URL,
+);
+pub const FALLBACK_RABBITMQ_MANAGEMENT_USER: Var = Var::fallback(
+    "SENDGATE_FALLBACK_RABBITMQ_MANAGEMENT_USER",
+    &RABBITMQ_MANAGEMENT_USER,
+);
+pub const FALLBACK_RABBITMQ_MANAGEMENT_PASSWORD: Var = Var::fallback(
+    "SENDGATE_FALLBACK_RABBITMQ_MANAGEMENT_PASSWORD",
+    &RABBITMQ_MANAGEMENT_PASSWORD,
+);
+pub const FALLBACK_RABBITMQ_DEPTH_SOURCE: Var = Var::fallback(
+    "SENDGATE_FALLBACK_RABBITMQ_DEPTH_SOURCE",
+    &RABBITMQ_DEPTH_SOURCE,
+);
+pub const FALLBACK_RABBITMQ_STATS_LAG_MS: Var = Var::fallback(
+    "SENDGATE_FALLBACK_RABBITMQ_STATS_LAG_MS",
+    &RABBITMQ_STATS_LAG_MS,
+);
+pub const FALLBACK_SERVICEBUS_NAMESPACE: Var = Var::fallback(
+    "SENDGATE_FALLBACK_SERVICEBUS_NAMESPACE",
+    &SERVICEBUS_NAMESPACE,
+);
+pub const FALLBACK_SERVICEBUS_CONNECTION_STRING: Var = Var::fallback(
+    "SENDGATE_FALLBACK_SERVICEBUS_CONNECTION_STRING",
+    &SERVICEBUS_CONNECTION_STRING,
+);
+pub const FALLBACK_SERVICEBUS_ENDPOINT: Var = Var::fallback(
+    "SENDGATE_FALLBACK_SERVICEBUS_ENDPOINT",
+    &SERVICEBUS_ENDPOINT,
+);
+pub const FALLBACK_SERVICEBUS_MANAGE_CONNECTION_STRING: Var = Var::fallback(
+    "SENDGATE_FALLBACK_SERVICEBUS_MANAGE_CONNECTION_STRING",
+    &SERVICEBUS_MANAGE_CONNECTION_STRING,
+);
+pub const FALLBACK_SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID: Var = Var::fallback(
+    "SENDGATE_FALLBACK_SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID",
+    &SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID,
+);
+
+pub const TOKEN: Var = Var {
+    side: Side::Client,
+    ..Var::server(
+        "SENDGATE_TOKEN",
+        G::Client,
+        K::Text,
+        "The bearer token `sendgate send` sends when --token-file is not given (a token printed by `sendgate keys new`).",
+    )
+    .secret()
+};
+
+/// Every variable, in the order `.env.example` documents them.
+pub const VARIABLES: &[&Var] = &[
+    &CONFIG,
+    &LISTEN,
+    &BACKEND,
+    &QUEUES,
+    &DATA_DIR,
+    &RABBITMQ_URL,
+    &RABBITMQ_MANAGEMENT_URL,
+    &RABBITMQ_MANAGEMENT_USER,
+    &RABBITMQ_MANAGEMENT_PASSWORD,
+    &RABBITMQ_DEPTH_SOURCE,
+    &RABBITMQ_STATS_LAG_MS,
+    &SERVICEBUS_NAMESPACE,
+    &SERVICEBUS_CONNECTION_STRING,
+    &SERVICEBUS_ENDPOINT,
+    &SERVICEBUS_MANAGE_CONNECTION_STRING,
+    &SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID,
+    &SERVICEBUS_SEND_MAX_QUEUE_DEPTH,
+    &SERVICEBUS_SEND_FAILCLOSED,
+    &SERVICEBUS_SEND_FAILCLOSED_STREAK,
+    &DEPTH_TTL_MS,
+    &ADMIN_TIMEOUT_MS,
+    &SEND_TIMEOUT_MS,
+    &MAX_IN_FLIGHT,
+    &MAX_BODY_BYTES,
+    &DRAIN_TIMEOUT_S,
+    &API_KEYS_FILE,
+    &AUTH,
+    &LOG_FORMAT,
+    &WORKERS,
+    &BREAKER_WINDOW_S,
+    &BREAKER_MIN_FAILURES,
+    &BREAKER_FAILURE_RATE,
+    &BREAKER_OPEN_S,
+    &PROBE_INTERVAL_S,
+    &FALLBACK_BACKEND,
+    &FORCE_BACKEND,
+    &FALLBACK_DATA_DIR,
+    &FALLBACK_RABBITMQ_URL,
+    &FALLBACK_RABBITMQ_MANAGEMENT_URL,
+    &FALLBACK_RABBITMQ_MANAGEMENT_USER,
+    &FALLBACK_RABBITMQ_MANAGEMENT_PASSWORD,
+    &FALLBACK_RABBITMQ_DEPTH_SOURCE,
+    &FALLBACK_RABBITMQ_STATS_LAG_MS,
+    &FALLBACK_SERVICEBUS_NAMESPACE,
+    &FALLBACK_SERVICEBUS_CONNECTION_STRING,
+    &FALLBACK_SERVICEBUS_ENDPOINT,
+    &FALLBACK_SERVICEBUS_MANAGE_CONNECTION_STRING,
+    &FALLBACK_SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID,
+    &TOKEN,
+];
+
+/// The variables one backend reads; a backend is parsed through one of these sets.
+#[derive(Debug, Clone, Copy)]
+pub struct BackendVars {
+    pub kind: &'static Var,
+    pub data_dir: &'static Var,
+    pub rabbitmq_url: &'static Var,
+    pub rabbitmq_management_url: &'static Var,
+    pub rabbitmq_management_user: &'static Var,
+    pub rabbitmq_management_password: &'static Var,
+    pub rabbitmq_depth_source: &'static Var,
+    pub rabbitmq_stats_lag_ms: &'static Var,
+    pub servicebus_namespace: &'static Var,
+    pub servicebus_connection_string: &'static Var,
+    pub servicebus_endpoint: &'static Var,
+    pub servicebus_manage_connection_string: &'static Var,
+    pub servicebus_managed_identity_client_id: &'static Var,
+}
+
+pub const PRIMARY_VARS: BackendVars = BackendVars {
+    kind: &BACKEND,
+    data_dir: &DATA_DIR,
+    rabbitmq_url: &RABBITMQ_URL,
+    rabbitmq_management_url: &RABBITMQ_MANAGEMENT_URL,
+    rabbitmq_management_user: &RABBITMQ_MANAGEMENT_USER,
+    rabbitmq_management_password: &RABBITMQ_MANAGEMENT_PASSWORD,
+    rabbitmq_depth_source: &RABBITMQ_DEPTH_SOURCE,
+    rabbitmq_stats_lag_ms: &RABBITMQ_STATS_LAG_MS,
+    servicebus_namespace: &SERVICEBUS_NAMESPACE,
+    servicebus_connection_string: &SERVICEBUS_CONNECTION_STRING,
+    servicebus_endpoint: &SERVICEBUS_ENDPOINT,
+    servicebus_manage_connection_string: &SERVICEBUS_MANAGE_CONNECTION_STRING,
+    servicebus_managed_identity_client_id: &SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID,
+};
+
+pub const FALLBACK_VARS: BackendVars = BackendVars {
+    kind: &FALLBACK_BACKEND,
+    data_dir: &FALLBACK_DATA_DIR,
+    rabbitmq_url: &FALLBACK_RABBITMQ_URL,
+    rabbitmq_management_url: &FALLBACK_RABBITMQ_MANAGEMENT_URL,
+    rabbitmq_management_user: &FALLBACK_RABBITMQ_MANAGEMENT_USER,
+    rabbitmq_management_password: &FALLBACK_RABBITMQ_MANAGEMENT_PASSWORD,
+    rabbitmq_depth_source: &FALLBACK_RABBITMQ_DEPTH_SOURCE,
+    rabbitmq_stats_lag_ms: &FALLBACK_RABBITMQ_STATS_LAG_MS,
+    servicebus_namespace: &FALLBACK_SERVICEBUS_NAMESPACE,
+    servicebus_connection_string: &FALLBACK_SERVICEBUS_CONNECTION_STRING,
+    servicebus_endpoint: &FALLBACK_SERVICEBUS_ENDPOINT,
+    servicebus_manage_connection_string: &FALLBACK_SERVICEBUS_MANAGE_CONNECTION_STRING,
+    servicebus_managed_identity_client_id: &FALLBACK_SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID,
+};
+
+/// The declared variable of this name, if any.
+pub fn find(name: &str) -> Option<&'static Var> {
+    VARIABLES.iter().copied().find(|v| v.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn names_are_unique_and_every_scoped_variable_is_declared() {
+        let mut seen = HashSet::new();
+        for v in VARIABLES {
+            assert!(seen.insert(v.name), "{} twice", v.name);
+        }
+        for set in [PRIMARY_VARS, FALLBACK_VARS] {
+            for v in [
+                set.kind,
+                set.data_dir,
+                set.rabbitmq_url,
+                set.rabbitmq_management_url,
+                set.rabbitmq_management_user,
+                set.rabbitmq_management_password,
+                set.rabbitmq_depth_source,
+                set.rabbitmq_stats_lag_ms,
+                set.servicebus_namespace,
+                set.servicebus_connection_string,
+                set.servicebus_endpoint,
+                set.servicebus_manage_connection_string,
+                set.servicebus_managed_identity_client_id,
+            ] {
+                assert!(seen.contains(v.name), "{} is not in VARIABLES", v.name);
+            }
+        }
+    }
+
+    #[test]
+    fn a_fallback_variable_keeps_its_primarys_kind_and_secrecy() {
+        for v in VARIABLES.iter().filter(|v| v.fallback_of.is_some()) {
+            let primary = v.fallback_of.unwrap();
+            assert_eq!(v.kind, primary.kind, "{}", v.name);
+            assert_eq!(v.secret, primary.secret, "{}", v.name);
+            assert!(v.default.is_none(), "{}", v.name);
+        }
+    }
+
+    #[test]
+    fn defaults_are_within_their_bounds() {
+        for v in VARIABLES {
+            let Some(default) = v.default else { continue };
+            if let Kind::Whole { min, max } | Kind::Duration { min, max } = v.kind {
+                let n: u64 = default.parse().unwrap();
+                assert!((min..=max).contains(&n), "{}", v.name);
+            }
+            if let Kind::Choice(options) = v.kind {
+                assert!(options.contains(&default), "{}", v.name);
+            }
+        }
+    }
+}
