@@ -4,32 +4,13 @@ use actix_web::http::header::CONTENT_TYPE;
 use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
-use serde::Serialize;
+use sendgate_wire::{Queued, Valid};
 
 use super::auth::{AuthError, Permission};
 use super::errors::{ApiError, FieldError, Problem, MAX_FIELD_ERRORS};
 use super::{request_id, AppState};
 use crate::backend::OutgoingMessage;
 use crate::domain::{CorrelationId, IdError, MessageId};
-
-#[derive(Serialize)]
-struct Queued<'a> {
-    status: &'static str,
-    queue: &'a str,
-    message_id: &'a str,
-    request_id: &'a str,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    duplicate: bool,
-}
-
-#[derive(Serialize)]
-struct Valid<'a> {
-    status: &'static str,
-    dry_run: bool,
-    queue: &'a str,
-    message_id: &'a str,
-    request_id: &'a str,
-}
 
 pub async fn send_message(
     req: HttpRequest,
@@ -58,7 +39,7 @@ pub async fn send_message(
         }
         Err(e) => (
             e.problem.status().as_u16(),
-            e.problem.code(),
+            e.problem.code().as_str(),
             e.via.unwrap_or("none"),
         ),
     };
@@ -138,13 +119,11 @@ async fn admit_and_send(
         for h in response_headers {
             ok.insert_header(h);
         }
-        return Ok(ok.json(Valid {
-            status: "valid",
-            dry_run: true,
-            queue: queue.as_str(),
-            message_id: message_id.as_str(),
-            request_id: request_id.as_str(),
-        }));
+        return Ok(ok.json(Valid::new(
+            queue.as_str(),
+            message_id.as_str(),
+            request_id.as_str(),
+        )));
     }
 
     // 5.–8. Capacity, in-flight limit, the send under its deadline.
@@ -173,13 +152,12 @@ async fn admit_and_send(
             for h in response_headers {
                 created.insert_header(h);
             }
-            Ok(created.json(Queued {
-                status: "queued",
-                queue: queue.as_str(),
-                message_id: message_id.as_str(),
-                request_id: request_id.as_str(),
-                duplicate: receipt.duplicate,
-            }))
+            Ok(created.json(Queued::new(
+                queue.as_str(),
+                message_id.as_str(),
+                request_id.as_str(),
+                receipt.duplicate,
+            )))
         }
         Err(e) => Err(
             fail(Problem::from_dispatch(e, &message_id, state.max_body_bytes))
