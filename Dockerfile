@@ -16,19 +16,30 @@ FROM rust:1-bookworm AS builder
 WORKDIR /build
 
 # 1. Dependencies only. With just the manifests and stub targets, this layer is rebuilt
-#    only when Cargo.toml or Cargo.lock change, not on every source edit. (Building only
-#    the `sendgate` bin does not need the [[test]] targets' files.)
+#    only when a Cargo.toml or Cargo.lock change, not on every source edit. (Building only
+#    the `sendgate` bin does not need the [[test]] targets' files.) The workspace's
+#    members (client/, wire/: the server depends on both) get their manifests and an
+#    empty lib.rs each; bench/ is its own workspace and is not needed.
 COPY Cargo.toml Cargo.lock ./
-RUN mkdir -p src \
+COPY client/Cargo.toml ./client/
+COPY wire/Cargo.toml ./wire/
+RUN mkdir -p src client/src wire/src \
     && printf 'fn main() {}\n' > src/main.rs \
     && : > src/lib.rs \
+    && : > client/src/lib.rs \
+    && : > wire/src/lib.rs \
     && cargo build --release --locked --bin sendgate \
-    && rm -rf src target/release/sendgate target/release/deps/sendgate-* \
-              target/release/deps/libsendgate-* target/release/.fingerprint/sendgate-*
+    && rm -rf src client/src wire/src target/release/sendgate \
+              target/release/deps/sendgate-* target/release/deps/libsendgate-* \
+              target/release/deps/sendgate_* target/release/deps/libsendgate_* \
+              target/release/.fingerprint/sendgate-*
 
-# 2. The real sources. The stub's fingerprints were removed above, so cargo rebuilds the
-#    crate itself whatever the copied files' timestamps are.
+# 2. The real sources. The stubs' fingerprints (sendgate, sendgate-client, sendgate-wire)
+#    were removed above, so cargo rebuilds the three crates whatever the copied files'
+#    timestamps are.
 COPY src ./src
+COPY client/src ./client/src
+COPY wire/src ./wire/src
 RUN cargo build --release --locked --bin sendgate \
     && install -D -m 0755 target/release/sendgate /out/sendgate
 

@@ -13,12 +13,13 @@ echo "== deployment lint: checkov (infra/, Dockerfile), hadolint, bicep parse"
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
-echo "== cargo clippy --all-targets -D warnings"
-cargo clippy --all-targets --quiet -- -D warnings
+# --workspace: the server, the client crate (client/) and the wire crate (wire/).
+echo "== cargo clippy --workspace --all-targets -D warnings"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
 
-echo "== cargo test"
+echo "== cargo test --workspace"
 mkdir -p target
-cargo test --all-targets --no-fail-fast 2>&1 | tee target/test-output.txt
+cargo test --workspace --all-targets --no-fail-fast 2>&1 | tee target/test-output.txt
 
 # One closing line for the whole run.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) s += $i } }

@@ -4,7 +4,6 @@
 pub mod admission;
 pub mod backend;
 pub mod cli;
-pub mod client;
 pub mod config;
 pub mod domain;
 pub mod http;

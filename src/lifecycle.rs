@@ -16,31 +16,16 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GatewayState {
-    Starting,
-    Running,
-    Draining,
-    Stopped,
-}
+/// The states are wire vocabulary (`/health/*` announces them, the client reads them).
+pub use sendgate_wire::GatewayState;
 
-impl GatewayState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Starting => "starting",
-            Self::Running => "running",
-            Self::Draining => "draining",
-            Self::Stopped => "stopped",
-        }
-    }
-
-    fn from_u8(v: u8) -> Self {
-        match v {
-            0 => Self::Starting,
-            1 => Self::Running,
-            2 => Self::Draining,
-            _ => Self::Stopped,
-        }
+/// The state as stored in the atomic: 0 starting, 1 running, 2 draining, 3 stopped.
+fn state_from_u8(v: u8) -> GatewayState {
+    match v {
+        0 => GatewayState::Starting,
+        1 => GatewayState::Running,
+        2 => GatewayState::Draining,
+        _ => GatewayState::Stopped,
     }
 }
 
@@ -105,7 +90,7 @@ impl Lifecycle {
     }
 
     pub fn state(&self) -> GatewayState {
-        GatewayState::from_u8(self.inner.state.load(Ordering::SeqCst))
+        state_from_u8(self.inner.state.load(Ordering::SeqCst))
     }
 
     pub fn set_running(&self) {
@@ -207,12 +192,6 @@ impl Lifecycle {
                 return self.sends_in_flight();
             }
         }
-    }
-}
-
-impl PartialOrd for GatewayState {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some((*self as u8).cmp(&(*other as u8)))
     }
 }
 

@@ -1,5 +1,5 @@
 //! `sendgate send`: one message per JSON line, from a file or stdin, through the producer
-//! client (`src/client`): bounded concurrency, a progress bar on a terminal and plain lines
+//! client (the `sendgate-client` crate): bounded concurrency, a progress bar on a terminal and plain lines
 //! otherwise, a summary on stderr, and the exit status of the contract (section 7):
 //! 0 every message queued, 1 some not, 2 a terminal authentication error (or a usage
 //! error, like every other sendgate command).
@@ -17,9 +17,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use crate::client::retry::Backoff;
-use crate::client::{Client, ClientConfig, ClientStats, SendOutcome};
-use crate::domain::QueueName;
+use sendgate_client::retry::Backoff;
+use sendgate_client::{
+    code_label, AttemptError, Client, ClientConfig, ClientStats, QueueName, QueueNameError,
+    SendOutcome,
+};
 
 /// The variable that holds the bearer token when `--token-file` is not given. Not a
 /// server setting: the server never reads it.
@@ -55,7 +57,7 @@ pub struct SendArgs {
 #[derive(Debug, thiserror::Error)]
 enum UsageError {
     #[error("--queue: {0}")]
-    Queue(#[from] crate::domain::QueueNameError),
+    Queue(#[from] QueueNameError),
     #[error("--token-file {path}: {source}")]
     TokenFile {
         path: String,
@@ -64,7 +66,7 @@ enum UsageError {
     #[error("--token-file {0}: the file is empty")]
     EmptyToken(String),
     #[error("--url: {0}")]
-    Client(#[from] crate::client::ClientError),
+    Client(#[from] sendgate_client::ClientError),
     #[error("{path}: {source}")]
     Input {
         path: String,
@@ -237,8 +239,8 @@ struct Report {
     queued: u64,
     refused: BTreeMap<String, u64>,
     failed: BTreeMap<String, u64>,
-    /// The first authentication failure: the run stops on it.
-    auth: Option<(u16, String)>,
+    /// The first authentication failure ("401 unauthenticated"): the run stops on it.
+    auth: Option<String>,
 }
 
 impl Report {
@@ -288,24 +290,24 @@ impl Report {
         match outcome {
             SendOutcome::Queued { .. } => self.queued += 1,
             SendOutcome::Refused { status, code } => {
-                *self.refused.entry(format!("{status} {code}")).or_default() += 1
+                let key = format!("{status} {}", code_label(status, code.as_ref()));
+                *self.refused.entry(key).or_default() += 1
             }
             SendOutcome::Invalid { .. } => {
                 *self.refused.entry("invalid (local)".into()).or_default() += 1
             }
             SendOutcome::Failed { last_error, .. } => {
                 let key = match &last_error {
-                    crate::client::AttemptError::Status { status, code } => {
-                        format!("{status} {code}")
-                    }
+                    status @ AttemptError::Status { .. } => status.to_string(),
                     other => other.code(),
                 };
                 *self.failed.entry(key).or_default() += 1
             }
             SendOutcome::AuthFailed { status, code } => {
-                *self.failed.entry(format!("{status} {code}")).or_default() += 1;
+                let shown = format!("{status} {}", code_label(status, code.as_ref()));
+                *self.failed.entry(shown.clone()).or_default() += 1;
                 if self.auth.is_none() {
-                    self.auth = Some((status, code));
+                    self.auth = Some(shown);
                 }
                 return true;
             }
@@ -374,9 +376,9 @@ impl Report {
         if let Some(e) = &read_error {
             eprintln!("input: read error, the rest was not sent: {e}");
         }
-        if let Some((status, code)) = &self.auth {
+        if let Some(refusal) = &self.auth {
             eprintln!(
-                "stopped: the gateway refused the credential ({status} {code}); the rest of the input was not sent"
+                "stopped: the gateway refused the credential ({refusal}); the rest of the input was not sent"
             );
             return ExitCode::from(2);
         }

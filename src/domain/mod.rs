@@ -1,8 +1,8 @@
 //! Types that parse instead of validate: once built, each value is known to be valid,
 //! so code further down the request path never re-checks it.
+//!
+//! The identifiers and queue names travel on the wire, so they are defined once in
+//! `sendgate-wire` (the client parses them too) and re-exported here.
 
-mod ids;
-mod queue_name;
-
-pub use ids::{CorrelationId, IdError, MessageId, RequestId};
-pub use queue_name::{QueueName, QueueNameError};
+pub use sendgate_wire::ids::{CorrelationId, IdError, MessageId, RequestId};
+pub use sendgate_wire::queue_name::{QueueName, QueueNameError};

@@ -9,7 +9,7 @@ use std::time::Duration;
 use actix_web::http::header::{HeaderValue, ALLOW, RETRY_AFTER, WWW_AUTHENTICATE};
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
-use serde::Serialize;
+use sendgate_wire::{ErrorBody, ErrorCode};
 
 use super::headers::{CORRELATION_ID, SENDGATE_BACKEND};
 use crate::admission::capacity::Refusal;
@@ -22,22 +22,8 @@ use crate::lifecycle::NotAdmitting;
 /// no better estimate of when capacity will be known again.
 pub const CAPACITY_UNKNOWN_RETRY_AFTER: Duration = Duration::from_secs(30);
 
-/// One problem with the request's input: where (`["body"]`, `["header", "Idempotency-Key"]`)
-/// and what.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct FieldError {
-    pub loc: Vec<String>,
-    pub msg: String,
-}
-
-impl FieldError {
-    pub fn new(loc: &[&str], msg: impl Into<String>) -> Self {
-        Self {
-            loc: loc.iter().map(|s| s.to_string()).collect(),
-            msg: msg.into(),
-        }
-    }
-}
+/// One problem with the request's input (part of the error body, so wire vocabulary).
+pub use sendgate_wire::FieldError;
 
 /// Most input problems listed in one 400.
 pub const MAX_FIELD_ERRORS: usize = 20;
@@ -94,27 +80,28 @@ pub enum Problem {
 }
 
 impl Problem {
-    pub fn code(&self) -> &'static str {
+    /// The wire code (`Copy`; `as_str()` is static, so no allocation per refusal).
+    pub fn code(&self) -> ErrorCode {
         match self {
-            Self::NotFound => "not_found",
-            Self::MethodNotAllowed { .. } => "method_not_allowed",
-            Self::UnknownQueue { .. } => "unknown_queue",
-            Self::Unauthenticated { .. } => "unauthenticated",
-            Self::Forbidden { .. } => "forbidden",
-            Self::Starting => "starting",
-            Self::Draining { .. } => "draining",
-            Self::UnsupportedMediaType => "unsupported_media_type",
-            Self::PayloadTooLarge { .. } => "payload_too_large",
-            Self::InvalidRequest { .. } => "invalid_request",
-            Self::QueueFull { .. } => "queue_full",
-            Self::CapacityUnknown { .. } => "capacity_unknown",
-            Self::Saturated => "saturated",
-            Self::BackendUnavailable { .. } => "backend_unavailable",
-            Self::SendTimeout { .. } => "send_timeout",
-            Self::BackendAuthFailed => "backend_auth_failed",
-            Self::BackendBusy { .. } => "backend_busy",
-            Self::QueueDisabled => "queue_disabled",
-            Self::SendFailed { .. } => "send_failed",
+            Self::NotFound => ErrorCode::NotFound,
+            Self::MethodNotAllowed { .. } => ErrorCode::MethodNotAllowed,
+            Self::UnknownQueue { .. } => ErrorCode::UnknownQueue,
+            Self::Unauthenticated { .. } => ErrorCode::Unauthenticated,
+            Self::Forbidden { .. } => ErrorCode::Forbidden,
+            Self::Starting => ErrorCode::Starting,
+            Self::Draining { .. } => ErrorCode::Draining,
+            Self::UnsupportedMediaType => ErrorCode::UnsupportedMediaType,
+            Self::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
+            Self::InvalidRequest { .. } => ErrorCode::InvalidRequest,
+            Self::QueueFull { .. } => ErrorCode::QueueFull,
+            Self::CapacityUnknown { .. } => ErrorCode::CapacityUnknown,
+            Self::Saturated => ErrorCode::Saturated,
+            Self::BackendUnavailable { .. } => ErrorCode::BackendUnavailable,
+            Self::SendTimeout { .. } => ErrorCode::SendTimeout,
+            Self::BackendAuthFailed => ErrorCode::BackendAuthFailed,
+            Self::BackendBusy { .. } => ErrorCode::BackendBusy,
+            Self::QueueDisabled => ErrorCode::QueueDisabled,
+            Self::SendFailed { .. } => ErrorCode::SendFailed,
         }
     }
 
@@ -298,6 +285,42 @@ impl Problem {
     }
 }
 
+impl ApiError {
+    /// The wire's error body (`sendgate_wire::ErrorBody`), borrowing from the problem.
+    fn body(&self) -> ErrorBody<'_> {
+        let mut b = ErrorBody::new(
+            self.problem.code(),
+            self.problem.to_string().into(),
+            self.request_id.as_str(),
+        );
+        match &self.problem {
+            Problem::UnknownQueue { queue } => b.queue = Some(queue.into()),
+            Problem::Draining { retry_after } => {
+                b.retry_after_s = Some(whole_seconds(*retry_after))
+            }
+            Problem::PayloadTooLarge { limit } => b.limit_bytes = Some(*limit),
+            Problem::InvalidRequest { errors } => b.errors = Some(errors.into()),
+            Problem::QueueFull { backlog, limit, .. } => {
+                b.backlog = Some(*backlog);
+                b.limit = Some(*limit);
+            }
+            Problem::CapacityUnknown {
+                consecutive_failures,
+            } => b.consecutive_failures = Some(*consecutive_failures),
+            Problem::SendTimeout { message_id }
+            | Problem::SendFailed {
+                unknown_message_id: Some(message_id),
+                ..
+            } => {
+                b.outcome = Some(ErrorBody::OUTCOME_UNKNOWN.into());
+                b.message_id = Some(message_id.into());
+            }
+            _ => {}
+        }
+        b
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -317,7 +340,7 @@ mod tests {
         let p = Problem::from_dispatch(DispatchError::Send(SendError::TooLarge), &id, 4096);
         assert_eq!(p, Problem::PayloadTooLarge { limit: 4096 });
         assert_eq!(p.status(), StatusCode::PAYLOAD_TOO_LARGE);
-        assert_eq!(p.code(), "payload_too_large");
+        assert_eq!(p.code(), ErrorCode::PayloadTooLarge);
     }
 
     #[test]
@@ -348,76 +371,5 @@ mod tests {
             assert!(s == 429 || s == 503);
             assert!(p.retry_after().is_some(), "{p:?}");
         }
-    }
-}
-
-/// The error body, typed: fields in alphabetical order, so the JSON is byte for byte what
-/// the `serde_json::Map` (a BTreeMap) produced, without building a map per refusal.
-#[derive(Serialize)]
-pub struct ErrorBody<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    backlog: Option<u64>,
-    code: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    consecutive_failures: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    errors: Option<&'a [FieldError]>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    limit: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    limit_bytes: Option<usize>,
-    message: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    message_id: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    outcome: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    queue: Option<&'a str>,
-    request_id: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    retry_after_s: Option<u64>,
-}
-
-impl ApiError {
-    fn body(&self) -> ErrorBody<'_> {
-        let mut b = ErrorBody {
-            backlog: None,
-            code: self.problem.code(),
-            consecutive_failures: None,
-            errors: None,
-            limit: None,
-            limit_bytes: None,
-            message: self.problem.to_string(),
-            message_id: None,
-            outcome: None,
-            queue: None,
-            request_id: self.request_id.as_str(),
-            retry_after_s: None,
-        };
-        match &self.problem {
-            Problem::UnknownQueue { queue } => b.queue = Some(queue),
-            Problem::Draining { retry_after } => {
-                b.retry_after_s = Some(whole_seconds(*retry_after))
-            }
-            Problem::PayloadTooLarge { limit } => b.limit_bytes = Some(*limit),
-            Problem::InvalidRequest { errors } => b.errors = Some(errors),
-            Problem::QueueFull { backlog, limit, .. } => {
-                b.backlog = Some(*backlog);
-                b.limit = Some(*limit);
-            }
-            Problem::CapacityUnknown {
-                consecutive_failures,
-            } => b.consecutive_failures = Some(*consecutive_failures),
-            Problem::SendTimeout { message_id }
-            | Problem::SendFailed {
-                unknown_message_id: Some(message_id),
-                ..
-            } => {
-                b.outcome = Some("unknown");
-                b.message_id = Some(message_id);
-            }
-            _ => {}
-        }
-        b
     }
 }

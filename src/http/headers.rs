@@ -16,12 +16,12 @@ pub const CORRELATION_ID: HeaderName = HeaderName::from_static("x-correlation-id
 /// The backend a send went to (`primary` or `fallback`).
 pub const SENDGATE_BACKEND: HeaderName = HeaderName::from_static("x-sendgate-backend");
 
-/// The contract's spelling of each name above.
+/// The contract's spelling of each name above: the wire vocabulary's, which the
+/// producer client uses too.
 pub mod spelling {
-    pub const REQUEST_ID: &str = "X-Request-Id";
-    pub const IDEMPOTENCY_KEY: &str = "Idempotency-Key";
-    pub const CORRELATION_ID: &str = "X-Correlation-Id";
-    pub const SENDGATE_BACKEND: &str = "X-Sendgate-Backend";
+    pub use sendgate_wire::headers::{
+        BACKEND as SENDGATE_BACKEND, CORRELATION_ID, IDEMPOTENCY_KEY, REQUEST_ID,
+    };
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ use super::{authorize, AppState, RequestContext};
 use crate::admission::breaker::BreakerState;
 use crate::admission::{BackendRole, Lane};
 use crate::lifecycle::{GatewayState, NotAdmitting};
+use sendgate_wire::Drain;
 
 pub async fn live() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
@@ -55,12 +56,6 @@ struct Detailed {
     drain: Option<Drain>,
     queues: BTreeMap<String, QueueHealth>,
     backends: BTreeMap<&'static str, BackendHealth>,
-}
-
-#[derive(Serialize)]
-struct Drain {
-    remaining_s: f64,
-    in_flight: usize,
 }
 
 #[derive(Serialize)]

@@ -5,7 +5,7 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
-use serde::Serialize;
+use sendgate_wire::{Queued, Valid};
 
 use super::auth::Permission;
 use super::errors::{ApiError, FieldError, Problem, MAX_FIELD_ERRORS};
@@ -15,25 +15,6 @@ use crate::admission::BackendRole;
 use crate::backend::OutgoingMessage;
 use crate::domain::{CorrelationId, IdError, MessageId, QueueName, RequestId};
 use crate::metrics::RequestOutcome;
-
-#[derive(Serialize)]
-struct Queued<'a> {
-    status: &'static str,
-    queue: &'a str,
-    message_id: &'a str,
-    request_id: &'a str,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    duplicate: bool,
-}
-
-#[derive(Serialize)]
-struct Valid<'a> {
-    status: &'static str,
-    dry_run: bool,
-    queue: &'a str,
-    message_id: &'a str,
-    request_id: &'a str,
-}
 
 /// A send the gateway took, or validated on a dry run: what its 201 or 200 says.
 struct Accepted {
@@ -76,7 +57,7 @@ fn outcome(answer: &Result<Accepted, ApiError>) -> RequestOutcome {
             ..
         }) => RequestOutcome {
             status: StatusCode::OK,
-            code: "valid",
+            code: Valid::STATUS,
             backend: None,
         },
         Ok(Accepted {
@@ -84,12 +65,12 @@ fn outcome(answer: &Result<Accepted, ApiError>) -> RequestOutcome {
             ..
         }) => RequestOutcome {
             status: StatusCode::CREATED,
-            code: "queued",
+            code: Queued::STATUS,
             backend: *via,
         },
         Err(e) => RequestOutcome {
             status: e.problem.status(),
-            code: e.problem.code(),
+            code: e.problem.code().as_str(),
             backend: e.via,
         },
     }
@@ -240,24 +221,21 @@ impl Accepted {
             answer.insert_header((CORRELATION_ID, c.as_str()));
         }
         match self.taken {
-            Taken::Validated => answer.json(Valid {
-                status: "valid",
-                dry_run: true,
-                queue: self.queue.as_str(),
-                message_id: self.message_id.as_str(),
-                request_id: request_id.as_str(),
-            }),
+            Taken::Validated => answer.json(Valid::new(
+                self.queue.as_str(),
+                self.message_id.as_str(),
+                request_id.as_str(),
+            )),
             Taken::Queued { via, duplicate } => {
                 if let Some(via) = via {
                     answer.insert_header((SENDGATE_BACKEND, via.as_str()));
                 }
-                answer.json(Queued {
-                    status: "queued",
-                    queue: self.queue.as_str(),
-                    message_id: self.message_id.as_str(),
-                    request_id: request_id.as_str(),
+                answer.json(Queued::new(
+                    self.queue.as_str(),
+                    self.message_id.as_str(),
+                    request_id.as_str(),
                     duplicate,
-                })
+                ))
             }
         }
     }

@@ -4,8 +4,8 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use sendgate::client::retry::Backoff;
-use sendgate::client::{AttemptError, Client, ClientConfig, GaveUp, SendOutcome};
+use sendgate_client::retry::Backoff;
+use sendgate_client::{AttemptError, Client, ClientConfig, ErrorCode, GaveUp, SendOutcome};
 
 use crate::helpers::{spawn_app_with, spawn_in, TestApp};
 use crate::proxy::Proxy;
@@ -151,7 +151,7 @@ async fn fail_closed_retry_after_30_is_never_cut_short() {
         SendOutcome::Failed {
             last_error: AttemptError::Status {
                 status: 503,
-                code: "capacity_unknown".into()
+                code: Some(ErrorCode::CapacityUnknown.into())
             },
             attempts: 1,
             gave_up: GaveUp::Deadline,
@@ -175,16 +175,21 @@ async fn bad_requests_too_large_bodies_and_unknown_queues_are_not_retried() {
 
     let big = format!("\"{}\"", "x".repeat(100));
     let cases = [
-        ("requests", "not json".to_owned(), 400, "invalid_request"),
-        ("requests", big, 413, "payload_too_large"),
-        ("elsewhere", "{}".to_owned(), 404, "unknown_queue"),
+        (
+            "requests",
+            "not json".to_owned(),
+            400,
+            ErrorCode::InvalidRequest,
+        ),
+        ("requests", big, 413, ErrorCode::PayloadTooLarge),
+        ("elsewhere", "{}".to_owned(), 404, ErrorCode::UnknownQueue),
     ];
     for (queue, body, status, code) in cases {
         assert_eq!(
             client.send(queue, body, None).await,
             SendOutcome::Refused {
                 status,
-                code: code.into()
+                code: Some(code.into())
             }
         );
     }

@@ -1,5 +1,5 @@
-//! The producer client (`src/client` and `sendgate send`) against the real gateway,
-//! spawned in-process on a random port with the embedded backend.
+//! The producer client (the `sendgate-client` crate and `sendgate send`) against the real
+//! gateway, spawned in-process on a random port with the embedded backend.
 
 #[allow(dead_code)]
 #[path = "../support/faulty_backend.rs"]

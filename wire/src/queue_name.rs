@@ -1,3 +1,5 @@
+//! Queue names, parsed once: a value of this type is a name every backend accepts.
+
 use std::fmt;
 
 /// The name of a queue served by the gateway.

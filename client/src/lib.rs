@@ -2,8 +2,8 @@
 //! careful producer to (section 7 of `docs/contract.md`).
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), sendgate::client::ClientError> {
-//! use sendgate::client::{Client, ClientConfig, SendOutcome};
+//! # async fn demo() -> Result<(), sendgate_client::ClientError> {
+//! use sendgate_client::{Client, ClientConfig, SendOutcome};
 //!
 //! let client = Client::new(ClientConfig::new("http://127.0.0.1:8080").token("…"))?;
 //! match client.send("requests", r#"{"prompt":"hi"}"#, Some("order-42")).await {
@@ -19,6 +19,9 @@
 //! - `lifecycle.rs`: is the gateway draining? one cached, single-flight probe.
 //! - `retry.rs`: what is retried, the backoff, the budget shared across messages.
 //! - `transport.rs`: the two HTTP calls, and the trait that lets tests fake them.
+//!
+//! Codes and states are the gateway's own types from `sendgate-wire`, re-exported here:
+//! the client decides by [`ErrorCode`] and [`GatewayState`], never by matching text.
 
 pub mod lifecycle;
 pub mod retry;
@@ -33,10 +36,13 @@ use bytes::Bytes;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::domain::{MessageId, QueueName};
 use lifecycle::{LifecycleProbe, Verdict};
 use retry::{is_retryable_status, Backoff, BudgetConfig, RetryBudget};
 use transport::{HttpTransport, Transport, TransportSetupError};
+
+pub use sendgate_wire::{
+    AnyCode, ErrorCode, GatewayState, IdError, MessageId, QueueName, QueueNameError,
+};
 
 /// The longest deadline taken as given; anything longer (which no caller means) would
 /// only risk overflowing the clock.
@@ -127,27 +133,37 @@ pub enum ClientError {
     Setup(#[from] TransportSetupError),
 }
 
+/// The code to show for an answer: the body's, or `http_<status>` when the body was not
+/// the gateway's JSON (a proxy's error page).
+pub fn code_label(status: u16, code: Option<&AnyCode>) -> String {
+    match code {
+        Some(code) => code.as_str().to_owned(),
+        None => format!("http_{status}"),
+    }
+}
+
 /// Why one attempt did not queue the message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AttemptError {
-    /// The gateway answered with an error status.
-    #[error("{status} {code}")]
-    Status { status: u16, code: String },
+    /// The gateway answered with an error status; `code` is `None` when the body was not
+    /// the gateway's JSON.
+    #[error("{status} {}", code_label(*status, code.as_ref()))]
+    Status { status: u16, code: Option<AnyCode> },
     /// No HTTP answer: whether the message was stored is unknown.
     #[error("transport error: {0}")]
     Transport(String),
     /// The deadline passed while the gateway was still draining or starting.
     #[error("the gateway was still {state} at the deadline")]
-    StillDeferred { state: String },
+    StillDeferred { state: GatewayState },
 }
 
 impl AttemptError {
     /// A short code for summaries: the gateway's code, `transport` or the state.
     pub fn code(&self) -> String {
         match self {
-            Self::Status { code, .. } => code.clone(),
+            Self::Status { status, code } => code_label(*status, code.as_ref()),
             Self::Transport(_) => "transport".into(),
-            Self::StillDeferred { state } => state.clone(),
+            Self::StillDeferred { state } => state.as_str().into(),
         }
     }
 }
@@ -182,8 +198,9 @@ pub enum SendOutcome {
     /// The gateway answered 2xx: the message is in the queue.
     Queued { message_id: String },
     /// The gateway refused the message for good (`400`, `404`, `409`, `413`, `415`…):
-    /// sending it again would be refused again.
-    Refused { status: u16, code: String },
+    /// sending it again would be refused again. `code` is `None` when the body was not
+    /// the gateway's JSON.
+    Refused { status: u16, code: Option<AnyCode> },
     /// Not queued, although it might have been with more patience: retries ran out (or a
     /// `502`). `last_error` is the last attempt's. Never reported as sent: after a `504`
     /// or a transport error the message may still be in the queue; a later send with the
@@ -195,7 +212,7 @@ pub enum SendOutcome {
     },
     /// The gateway refused the token (`401`) or its scope (`403`): no send will succeed
     /// until the credential changes, so nothing was retried.
-    AuthFailed { status: u16, code: String },
+    AuthFailed { status: u16, code: Option<AnyCode> },
     /// Refused locally, never sent: the queue name or the key cannot be valid.
     Invalid { reason: String },
 }
@@ -204,7 +221,13 @@ impl fmt::Display for SendOutcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Queued { message_id } => write!(f, "queued as {message_id}"),
-            Self::Refused { status, code } => write!(f, "refused: {status} {code}"),
+            Self::Refused { status, code } => {
+                write!(
+                    f,
+                    "refused: {status} {}",
+                    code_label(*status, code.as_ref())
+                )
+            }
             Self::Failed {
                 last_error,
                 attempts,
@@ -213,9 +236,11 @@ impl fmt::Display for SendOutcome {
                 f,
                 "failed after {attempts} attempt(s) ({gave_up}): {last_error}"
             ),
-            Self::AuthFailed { status, code } => {
-                write!(f, "authentication failed: {status} {code}")
-            }
+            Self::AuthFailed { status, code } => write!(
+                f,
+                "authentication failed: {status} {}",
+                code_label(*status, code.as_ref())
+            ),
             Self::Invalid { reason } => write!(f, "invalid, not sent: {reason}"),
         }
     }
@@ -375,6 +400,12 @@ impl Client {
                     .post(queue.as_str(), body.clone(), key.as_str())
                     .await
             };
+            // The drain (or start-up) shows in a send before the cached verdict expires:
+            // a wait like the probe's, not a failed attempt.
+            if let Ok(Some((state, after))) = answer.as_ref().map(|a| a.deferral()) {
+                i.lifecycle.observe_defer(state, after);
+                continue;
+            }
             let retry_after = match answer {
                 Ok(a) if (200..300).contains(&a.status) => {
                     return SendOutcome::Queued {
@@ -384,24 +415,14 @@ impl Client {
                 Ok(a) if a.status == 401 || a.status == 403 => {
                     return SendOutcome::AuthFailed {
                         status: a.status,
-                        code: a.code_or_status(),
+                        code: a.code,
                     }
-                }
-                // The drain (or start-up) shows in a send before the cached verdict
-                // expires: a wait like the probe's, not a failed attempt.
-                Ok(a)
-                    if a.status == 503
-                        && matches!(a.code.as_deref(), Some("draining" | "starting")) =>
-                {
-                    i.lifecycle
-                        .observe_defer(a.code.as_deref().unwrap_or("draining"), a.retry_after);
-                    continue;
                 }
                 Ok(a) => {
                     attempts += 1;
                     let error = AttemptError::Status {
                         status: a.status,
-                        code: a.code_or_status(),
+                        code: a.code.clone(),
                     };
                     if !is_retryable_status(a.status) {
                         if a.status >= 500 {
@@ -413,7 +434,7 @@ impl Client {
                         }
                         return SendOutcome::Refused {
                             status: a.status,
-                            code: a.code_or_status(),
+                            code: a.code,
                         };
                     }
                     last_error = Some(error);

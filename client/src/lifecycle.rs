@@ -19,13 +19,15 @@
 //! drain may end sooner), at most `ttl`, then probe again. `starting` → wait briefly (1 s,
 //! the gateway's own `Retry-After` while starting; starting lasts a few seconds at most)
 //! and probe again. `stopped` → the process is about to exit; wait 1 s like starting, as
-//! the next one is probably on its way. Any other state is unknown and reads as go.
+//! the next one is probably on its way. A state this version does not know is an unusable
+//! answer (the transport says so), and reads as go.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use sendgate_wire::{AnyCode, GatewayState};
 use tokio::time::Instant;
 
 use super::transport::{ProbeAnswer, Transport};
@@ -41,9 +43,9 @@ pub enum Verdict {
     /// Send now.
     Go,
     /// Wait until `until`, then ask again; `state` is what the gateway said.
-    Defer { until: Instant, state: String },
+    Defer { until: Instant, state: GatewayState },
     /// The gateway refused the token: no send can succeed.
-    AuthFailed { status: u16, code: String },
+    AuthFailed { status: u16, code: Option<AnyCode> },
 }
 
 #[derive(Debug, Clone)]
@@ -110,17 +112,23 @@ impl LifecycleProbe {
             ProbeAnswer::State {
                 gateway_state,
                 remaining,
-            } => match gateway_state.as_str() {
-                "draining" => {
+            } => match gateway_state {
+                GatewayState::Draining => {
                     let wait = remaining.unwrap_or(BRIEF_DEFER).clamp(MIN_DEFER, self.ttl);
                     self.defer(now, wait, gateway_state)
                 }
-                "starting" | "stopped" => self.defer(now, BRIEF_DEFER.min(self.ttl), gateway_state),
-                _ => (Verdict::Go, now + self.ttl),
+                GatewayState::Starting | GatewayState::Stopped => {
+                    self.defer(now, BRIEF_DEFER.min(self.ttl), gateway_state)
+                }
+                GatewayState::Running => (Verdict::Go, now + self.ttl),
             },
-            ProbeAnswer::Unauthenticated { code } => {
-                (Verdict::AuthFailed { status: 401, code }, now + self.ttl)
-            }
+            ProbeAnswer::Unauthenticated { code } => (
+                Verdict::AuthFailed {
+                    status: 401,
+                    code: Some(code),
+                },
+                now + self.ttl,
+            ),
             ProbeAnswer::Forbidden => {
                 tracing::info!(
                     event = "client_probe_forbidden",
@@ -144,12 +152,12 @@ impl LifecycleProbe {
     /// A send was answered `503 draining` or `starting`: share that with every other send
     /// until its `Retry-After` (at most `ttl`) instead of letting each one find out alone.
     /// A cached authentication failure is kept: it is the stronger news.
-    pub fn observe_defer(&self, state: &str, retry_after: Option<Duration>) {
+    pub fn observe_defer(&self, state: GatewayState, retry_after: Option<Duration>) {
         let now = Instant::now();
         let wait = retry_after
             .unwrap_or(BRIEF_DEFER)
             .clamp(MIN_DEFER, self.ttl);
-        let (verdict, expires) = self.defer(now, wait, state.to_owned());
+        let (verdict, expires) = self.defer(now, wait, state);
         let mut cached = self.cached.lock();
         if let Some(Cached {
             verdict: Verdict::AuthFailed { .. },
@@ -163,7 +171,7 @@ impl LifecycleProbe {
         *cached = Some(Cached { verdict, expires });
     }
 
-    fn defer(&self, now: Instant, wait: Duration, state: String) -> (Verdict, Instant) {
+    fn defer(&self, now: Instant, wait: Duration, state: GatewayState) -> (Verdict, Instant) {
         let until = now + wait;
         (Verdict::Defer { until, state }, until)
     }
@@ -179,9 +187,10 @@ impl LifecycleProbe {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::transport::{Answer, TransportError};
+    use crate::transport::{Answer, TransportError};
     use async_trait::async_trait;
     use bytes::Bytes;
+    use sendgate_wire::ErrorCode;
 
     /// Answers every probe with the next scripted answer (the last one repeats), after a
     /// delay, counting calls.
@@ -219,9 +228,9 @@ mod tests {
         }
     }
 
-    fn state(s: &str, remaining: Option<f64>) -> ProbeAnswer {
+    fn state(s: GatewayState, remaining: Option<f64>) -> ProbeAnswer {
         ProbeAnswer::State {
-            gateway_state: s.into(),
+            gateway_state: s,
             remaining: remaining.map(Duration::from_secs_f64),
         }
     }
@@ -236,7 +245,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_thousand_concurrent_callers_share_one_probe_per_ttl() {
-        let t = Scripted::new(vec![state("running", None)], Duration::from_millis(200));
+        let t = Scripted::new(
+            vec![state(GatewayState::Running, None)],
+            Duration::from_millis(200),
+        );
         let probe = probe_of(&t);
         let callers: Vec<_> = (0..1000)
             .map(|_| {
@@ -271,10 +283,10 @@ mod tests {
     async fn a_draining_gateway_defers_for_the_window_left_but_at_most_the_ttl() {
         let t = Scripted::new(
             vec![
-                state("draining", Some(2.5)),
-                state("draining", Some(40.0)),
-                state("draining", None),
-                state("running", None),
+                state(GatewayState::Draining, Some(2.5)),
+                state(GatewayState::Draining, Some(40.0)),
+                state(GatewayState::Draining, None),
+                state(GatewayState::Running, None),
             ],
             Duration::ZERO,
         );
@@ -283,7 +295,7 @@ mod tests {
         let Verdict::Defer { until, state } = probe.verdict().await else {
             panic!("draining defers")
         };
-        assert_eq!(state, "draining");
+        assert_eq!(state, GatewayState::Draining);
         assert_eq!(until - start, Duration::from_millis(2500));
         // Everyone asking before then gets the same verdict without a probe.
         assert!(matches!(probe.verdict().await, Verdict::Defer { .. }));
@@ -309,7 +321,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn starting_and_stopped_defer_briefly() {
-        for s in ["starting", "stopped"] {
+        for s in [GatewayState::Starting, GatewayState::Stopped] {
             let t = Scripted::new(vec![state(s, None)], Duration::ZERO);
             let probe = probe_of(&t);
             let now = Instant::now();
@@ -325,7 +337,7 @@ mod tests {
         for answer in [
             ProbeAnswer::Unusable("health answered 500".into()),
             ProbeAnswer::Unusable("could not connect".into()),
-            state("sideways", None),
+            ProbeAnswer::Unusable("health names an unknown gateway_state \"sideways\"".into()),
         ] {
             let t = Scripted::new(vec![answer.clone()], Duration::ZERO);
             let probe = probe_of(&t);
@@ -337,7 +349,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_probe_that_hangs_times_out_after_3_s_as_not_draining() {
-        let t = Scripted::new(vec![state("draining", Some(20.0))], Duration::from_secs(60));
+        let t = Scripted::new(
+            vec![state(GatewayState::Draining, Some(20.0))],
+            Duration::from_secs(60),
+        );
         let probe = probe_of(&t);
         let start = Instant::now();
         assert_eq!(probe.verdict().await, Verdict::Go);
@@ -348,7 +363,7 @@ mod tests {
     async fn a_401_is_terminal_and_a_403_stops_probing_but_not_sending() {
         let t = Scripted::new(
             vec![ProbeAnswer::Unauthenticated {
-                code: "unauthenticated".into(),
+                code: ErrorCode::Unauthenticated.into(),
             }],
             Duration::ZERO,
         );
@@ -357,11 +372,11 @@ mod tests {
             probe.verdict().await,
             Verdict::AuthFailed {
                 status: 401,
-                code: "unauthenticated".into()
+                code: Some(ErrorCode::Unauthenticated.into())
             }
         );
         // A send's 503 draining does not hide the auth failure.
-        probe.observe_defer("draining", Some(Duration::from_secs(3)));
+        probe.observe_defer(GatewayState::Draining, Some(Duration::from_secs(3)));
         assert!(matches!(probe.verdict().await, Verdict::AuthFailed { .. }));
 
         let t = Scripted::new(vec![ProbeAnswer::Forbidden], Duration::ZERO);
@@ -371,7 +386,7 @@ mod tests {
         assert_eq!(probe.verdict().await, Verdict::Go);
         assert_eq!(probe.probes(), 1, "never asked again");
         // Drains are still learnt from the sends.
-        probe.observe_defer("draining", Some(Duration::from_secs(2)));
+        probe.observe_defer(GatewayState::Draining, Some(Duration::from_secs(2)));
         assert!(matches!(probe.verdict().await, Verdict::Defer { .. }));
         tokio::time::advance(Duration::from_secs(2)).await;
         assert_eq!(probe.verdict().await, Verdict::Go);
@@ -380,17 +395,17 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_send_that_meets_a_drain_makes_every_send_wait_without_a_probe() {
-        let t = Scripted::new(vec![state("running", None)], Duration::ZERO);
+        let t = Scripted::new(vec![state(GatewayState::Running, None)], Duration::ZERO);
         let probe = probe_of(&t);
         assert_eq!(probe.verdict().await, Verdict::Go);
-        probe.observe_defer("draining", Some(Duration::from_secs(30)));
+        probe.observe_defer(GatewayState::Draining, Some(Duration::from_secs(30)));
         let now = Instant::now();
         let Verdict::Defer { until, state } = probe.verdict().await else {
             panic!()
         };
         assert_eq!(
-            (until - now, state.as_str()),
-            (Duration::from_secs(5), "draining")
+            (until - now, state),
+            (Duration::from_secs(5), GatewayState::Draining)
         );
         assert_eq!(probe.probes(), 1);
     }

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
+use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+use sendgate_wire::{headers, AnyCode, ErrorBody, ErrorCode, GatewayState, LifecycleView, Queued};
 
 use super::retry::MAX_RETRY_AFTER;
 
@@ -19,18 +20,25 @@ use super::retry::MAX_RETRY_AFTER;
 pub struct Answer {
     pub status: u16,
     /// The body's `code`; `None` when the body is not the gateway's JSON (a proxy's page).
-    pub code: Option<String>,
+    pub code: Option<AnyCode>,
     /// The body's `message_id` (on a 201, and on a 504).
     pub message_id: Option<String>,
     pub retry_after: Option<Duration>,
 }
 
 impl Answer {
-    /// The error code to report: the body's, or `http_<status>` when there is none.
-    pub fn code_or_status(&self) -> String {
-        self.code
-            .clone()
-            .unwrap_or_else(|| format!("http_{}", self.status))
+    /// A `503 draining` or `503 starting`: the gateway's state and its `Retry-After`. Such
+    /// an answer is a wait, not a failed attempt.
+    pub fn deferral(&self) -> Option<(GatewayState, Option<Duration>)> {
+        if self.status != 503 {
+            return None;
+        }
+        let state = match self.code.as_ref()?.known()? {
+            ErrorCode::Draining => GatewayState::Draining,
+            ErrorCode::Starting => GatewayState::Starting,
+            _ => return None,
+        };
+        Some((state, self.retry_after))
     }
 }
 
@@ -43,16 +51,17 @@ pub struct TransportError(pub String);
 /// What `/health/detailed` said.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ProbeAnswer {
-    /// A 200 with a `gateway_state`, and `drain.remaining_s` when draining.
+    /// A 200 with a known `gateway_state`, and `drain.remaining_s` when draining.
     State {
-        gateway_state: String,
+        gateway_state: GatewayState,
         remaining: Option<Duration>,
     },
     /// 401: the gateway does not know the token.
-    Unauthenticated { code: String },
+    Unauthenticated { code: AnyCode },
     /// 403: the token is known but may not read the health (a `sender`-only key).
     Forbidden,
-    /// Anything else: transport error, 5xx, a body that does not parse.
+    /// Anything else: transport error, 5xx, a body that does not parse, a state this
+    /// version does not know.
     Unusable(String),
 }
 
@@ -148,7 +157,7 @@ impl Transport for HttpTransport {
             .http
             .post(url)
             .header(CONTENT_TYPE, "application/json")
-            .header("Idempotency-Key", key)
+            .header(headers::IDEMPOTENCY_KEY, key)
             .body(body);
         let response = self
             .with_auth(req)
@@ -158,26 +167,16 @@ impl Transport for HttpTransport {
         let status = response.status().as_u16();
         let retry_after = response
             .headers()
-            .get(RETRY_AFTER)
+            .get(headers::RETRY_AFTER)
             .and_then(|v| parse_retry_after(v.to_str().ok()?));
         // The body is small (the gateway's JSON); a body that cannot be read or parsed only
         // loses the code, never the status.
-        let fields = response
-            .bytes()
-            .await
-            .ok()
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
-        let text = |name: &str| {
-            fields
-                .as_ref()
-                .and_then(|f| f.get(name))
-                .and_then(|v| v.as_str())
-                .map(str::to_owned)
-        };
+        let body = response.bytes().await.unwrap_or_default();
+        let (code, message_id) = read_send_body(status, &body);
         Ok(Answer {
             status,
-            code: text("code"),
-            message_id: text("message_id"),
+            code,
+            message_id,
             retry_after,
         })
     }
@@ -191,33 +190,56 @@ impl Transport for HttpTransport {
         match response.status().as_u16() {
             200 => {}
             401 => {
-                let code = response
-                    .json::<serde_json::Value>()
-                    .await
-                    .ok()
-                    .and_then(|v| v.get("code")?.as_str().map(str::to_owned))
-                    .unwrap_or_else(|| "unauthenticated".into());
+                let body = response.bytes().await.unwrap_or_default();
+                let code = read_send_body(401, &body)
+                    .0
+                    .unwrap_or(AnyCode::Known(ErrorCode::Unauthenticated));
                 return ProbeAnswer::Unauthenticated { code };
             }
             403 => return ProbeAnswer::Forbidden,
             other => return ProbeAnswer::Unusable(format!("health answered {other}")),
         }
-        let Ok(v) = response.json::<serde_json::Value>().await else {
-            return ProbeAnswer::Unusable("health body is not JSON".into());
-        };
-        let Some(state) = v.get("gateway_state").and_then(|s| s.as_str()) else {
-            return ProbeAnswer::Unusable("health body has no gateway_state".into());
-        };
-        let remaining = v
-            .get("drain")
-            .and_then(|d| d.get("remaining_s"))
-            .and_then(|r| r.as_f64())
-            .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
-            .map(|d| d.min(MAX_RETRY_AFTER));
-        ProbeAnswer::State {
-            gateway_state: state.to_owned(),
-            remaining,
+        match response.bytes().await {
+            Ok(body) => read_health(&body),
+            Err(e) => ProbeAnswer::Unusable(describe(&e)),
         }
+    }
+}
+
+/// The code and the message id of a send's answer body: a [`Queued`] body on a 2xx, an
+/// [`ErrorBody`] otherwise. A body that is not the gateway's JSON gives neither.
+fn read_send_body(status: u16, body: &[u8]) -> (Option<AnyCode>, Option<String>) {
+    if (200..300).contains(&status) {
+        return match serde_json::from_slice::<Queued>(body) {
+            Ok(q) => (None, Some(q.message_id.into_owned())),
+            Err(_) => (None, None),
+        };
+    }
+    match serde_json::from_slice::<ErrorBody>(body) {
+        Ok(e) => (Some(e.code), e.message_id.map(|m| m.into_owned())),
+        Err(_) => (None, None),
+    }
+}
+
+/// A 200 from `/health/detailed`, read as far as the lifecycle goes.
+fn read_health(body: &[u8]) -> ProbeAnswer {
+    let view = match serde_json::from_slice::<LifecycleView>(body) {
+        Ok(v) => v,
+        Err(e) => return ProbeAnswer::Unusable(format!("health body unreadable: {e}")),
+    };
+    let Some(gateway_state) = view.state() else {
+        return ProbeAnswer::Unusable(format!(
+            "health names an unknown gateway_state {:?}",
+            view.gateway_state
+        ));
+    };
+    let remaining = view
+        .drain
+        .and_then(|d| Duration::try_from_secs_f64(d.remaining_s).ok())
+        .map(|d| d.min(MAX_RETRY_AFTER));
+    ProbeAnswer::State {
+        gateway_state,
+        remaining,
     }
 }
 
@@ -277,5 +299,73 @@ mod tests {
         let t = HttpTransport::new("http://h:1/", Some("s3cret"), Duration::from_secs(1)).unwrap();
         assert_eq!(t.base, "http://h:1");
         assert!(!format!("{t:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn send_bodies_are_read_through_the_wire_types() {
+        let created = br#"{"status":"queued","queue":"q","message_id":"m-1","request_id":"r"}"#;
+        assert_eq!(read_send_body(201, created), (None, Some("m-1".into())));
+        let timeout = br#"{"code":"send_timeout","message":"late","message_id":"m-2","outcome":"unknown","request_id":"r"}"#;
+        assert_eq!(
+            read_send_body(504, timeout),
+            (Some(ErrorCode::SendTimeout.into()), Some("m-2".into()))
+        );
+        let newer = br#"{"code":"rate_limited","message":"slow down","request_id":"r"}"#;
+        assert_eq!(
+            read_send_body(429, newer),
+            (Some(AnyCode::Unknown("rate_limited".into())), None)
+        );
+        assert_eq!(
+            read_send_body(502, b"<html>bad gateway</html>"),
+            (None, None)
+        );
+    }
+
+    #[test]
+    fn only_a_503_draining_or_starting_is_a_deferral() {
+        let answer = |status, code: ErrorCode| Answer {
+            status,
+            code: Some(code.into()),
+            message_id: None,
+            retry_after: Some(Duration::from_secs(7)),
+        };
+        assert_eq!(
+            answer(503, ErrorCode::Draining).deferral(),
+            Some((GatewayState::Draining, Some(Duration::from_secs(7))))
+        );
+        assert_eq!(
+            answer(503, ErrorCode::Starting).deferral(),
+            Some((GatewayState::Starting, Some(Duration::from_secs(7))))
+        );
+        assert_eq!(answer(503, ErrorCode::Saturated).deferral(), None);
+        assert_eq!(answer(429, ErrorCode::Draining).deferral(), None);
+    }
+
+    #[test]
+    fn the_health_body_gives_the_state_and_the_drain_left() {
+        let draining = br#"{"status":"degraded","gateway_state":"draining","drain":{"remaining_s":2.5,"in_flight":1}}"#;
+        assert_eq!(
+            read_health(draining),
+            ProbeAnswer::State {
+                gateway_state: GatewayState::Draining,
+                remaining: Some(Duration::from_millis(2500))
+            }
+        );
+        let running = br#"{"status":"ok","gateway_state":"running","drain":null}"#;
+        assert!(matches!(
+            read_health(running),
+            ProbeAnswer::State {
+                gateway_state: GatewayState::Running,
+                remaining: None
+            }
+        ));
+        // A state this version does not know reads as unusable, which means "send".
+        for body in [&br#"{"gateway_state":"sideways"}"#[..], b"{}", b"not json"] {
+            assert!(
+                matches!(read_health(body), ProbeAnswer::Unusable(_)),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
 }

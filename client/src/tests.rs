@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::retry::{Backoff, BudgetConfig};
 use super::transport::{Answer, ProbeAnswer, Transport, TransportError};
-use super::{AttemptError, Client, ClientConfig, GaveUp, SendOutcome};
+use super::{AttemptError, Client, ClientConfig, ErrorCode, GatewayState, GaveUp, SendOutcome};
 
 type Reply = Result<Answer, TransportError>;
 
@@ -60,12 +60,12 @@ impl Transport for Scripted {
 
 fn running() -> ProbeAnswer {
     ProbeAnswer::State {
-        gateway_state: "running".into(),
+        gateway_state: GatewayState::Running,
         remaining: None,
     }
 }
 
-fn answer(status: u16, code: &str, retry_after_s: Option<u64>) -> Reply {
+fn answer(status: u16, code: ErrorCode, retry_after_s: Option<u64>) -> Reply {
     Ok(Answer {
         status,
         code: Some(code.into()),
@@ -94,7 +94,7 @@ fn config() -> ClientConfig {
 #[tokio::test(start_paused = true)]
 async fn retry_after_30_from_fail_closed_is_honoured_to_the_second() {
     let t = Scripted::new(vec![
-        answer(503, "capacity_unknown", Some(30)),
+        answer(503, ErrorCode::CapacityUnknown, Some(30)),
         created("k-1"),
     ]);
     let c = client(&t, config());
@@ -124,7 +124,7 @@ async fn retry_after_30_from_fail_closed_is_honoured_to_the_second() {
 
 #[tokio::test(start_paused = true)]
 async fn every_attempt_carries_the_same_key_and_exhaustion_is_failed_never_sent() {
-    let t = Scripted::new(vec![answer(504, "send_timeout", None)]);
+    let t = Scripted::new(vec![answer(504, ErrorCode::SendTimeout, None)]);
     let c = client(
         &t,
         config().backoff(Backoff {
@@ -138,7 +138,7 @@ async fn every_attempt_carries_the_same_key_and_exhaustion_is_failed_never_sent(
         SendOutcome::Failed {
             last_error: AttemptError::Status {
                 status: 504,
-                code: "send_timeout".into()
+                code: Some(ErrorCode::SendTimeout.into())
             },
             attempts: 4,
             gave_up: GaveUp::Attempts,
@@ -162,11 +162,11 @@ async fn every_attempt_carries_the_same_key_and_exhaustion_is_failed_never_sent(
 #[tokio::test(start_paused = true)]
 async fn refusals_and_auth_errors_are_final_after_one_attempt() {
     for (status, code) in [
-        (400, "invalid_request"),
-        (404, "unknown_queue"),
-        (409, "queue_disabled"),
-        (413, "payload_too_large"),
-        (415, "unsupported_media_type"),
+        (400, ErrorCode::InvalidRequest),
+        (404, ErrorCode::UnknownQueue),
+        (409, ErrorCode::QueueDisabled),
+        (413, ErrorCode::PayloadTooLarge),
+        (415, ErrorCode::UnsupportedMediaType),
     ] {
         let t = Scripted::new(vec![answer(status, code, None), created("x")]);
         let outcome = client(&t, config()).send("requests", "{}", None).await;
@@ -174,24 +174,27 @@ async fn refusals_and_auth_errors_are_final_after_one_attempt() {
             outcome,
             SendOutcome::Refused {
                 status,
-                code: code.into()
+                code: Some(code.into())
             }
         );
         assert_eq!(t.posts().len(), 1, "{status} is not retried");
     }
-    for (status, code) in [(401, "unauthenticated"), (403, "forbidden")] {
+    for (status, code) in [
+        (401, ErrorCode::Unauthenticated),
+        (403, ErrorCode::Forbidden),
+    ] {
         let t = Scripted::new(vec![answer(status, code, None), created("x")]);
         let outcome = client(&t, config()).send("requests", "{}", None).await;
         assert_eq!(
             outcome,
             SendOutcome::AuthFailed {
                 status,
-                code: code.into()
+                code: Some(code.into())
             }
         );
         assert_eq!(t.posts().len(), 1);
     }
-    let t = Scripted::new(vec![answer(502, "send_failed", None), created("x")]);
+    let t = Scripted::new(vec![answer(502, ErrorCode::SendFailed, None), created("x")]);
     let outcome = client(&t, config()).send("requests", "{}", None).await;
     assert!(matches!(
         outcome,
@@ -213,17 +216,18 @@ async fn refusals_and_auth_errors_are_final_after_one_attempt() {
         outcome,
         SendOutcome::Refused {
             status: 413,
-            code: "http_413".into()
+            code: None
         }
     );
+    assert_eq!(outcome.to_string(), "refused: 413 http_413");
 }
 
 #[tokio::test(start_paused = true)]
 async fn transport_errors_429_and_503_are_retried() {
     let t = Scripted::new(vec![
         Err(TransportError("could not connect".into())),
-        answer(429, "queue_full", Some(1)),
-        answer(503, "saturated", Some(1)),
+        answer(429, ErrorCode::QueueFull, Some(1)),
+        answer(503, ErrorCode::Saturated, Some(1)),
         created("m"),
     ]);
     let outcome = client(&t, config()).send("requests", "{}", Some("m")).await;
@@ -242,7 +246,10 @@ async fn transport_errors_429_and_503_are_retried() {
 #[tokio::test(start_paused = true)]
 async fn a_draining_answer_is_waited_out_without_spending_an_attempt() {
     // One attempt allowed, no retry: yet the message gets through the drain.
-    let t = Scripted::new(vec![answer(503, "draining", Some(3)), created("d")]);
+    let t = Scripted::new(vec![
+        answer(503, ErrorCode::Draining, Some(3)),
+        created("d"),
+    ]);
     let c = client(
         &t,
         config().backoff(Backoff {
@@ -270,7 +277,7 @@ async fn a_drain_that_outlasts_the_deadline_is_failed_without_a_send() {
     let t = Scripted::probing(
         vec![created("never")],
         ProbeAnswer::State {
-            gateway_state: "draining".into(),
+            gateway_state: GatewayState::Draining,
             remaining: Some(Duration::from_secs(20)),
         },
     );
@@ -281,7 +288,7 @@ async fn a_drain_that_outlasts_the_deadline_is_failed_without_a_send() {
         outcome,
         SendOutcome::Failed {
             last_error: AttemptError::StillDeferred {
-                state: "draining".into()
+                state: GatewayState::Draining
             },
             attempts: 0,
             gave_up: GaveUp::Deadline,
@@ -296,7 +303,7 @@ async fn a_drain_that_outlasts_the_deadline_is_failed_without_a_send() {
 #[tokio::test(start_paused = true)]
 async fn a_retry_after_past_the_deadline_fails_at_once_instead_of_retrying_early() {
     let t = Scripted::new(vec![
-        answer(503, "capacity_unknown", Some(30)),
+        answer(503, ErrorCode::CapacityUnknown, Some(30)),
         created("x"),
     ]);
     let c = client(&t, config().deadline(Duration::from_secs(5)));
@@ -307,7 +314,7 @@ async fn a_retry_after_past_the_deadline_fails_at_once_instead_of_retrying_early
         SendOutcome::Failed {
             last_error: AttemptError::Status {
                 status: 503,
-                code: "capacity_unknown".into()
+                code: Some(ErrorCode::CapacityUnknown.into())
             },
             attempts: 1,
             gave_up: GaveUp::Deadline,
@@ -319,7 +326,7 @@ async fn a_retry_after_past_the_deadline_fails_at_once_instead_of_retrying_early
 
 #[tokio::test(start_paused = true)]
 async fn the_shared_budget_holds_a_failing_burst_to_a_fifth_in_retries() {
-    let t = Scripted::new(vec![answer(503, "saturated", Some(1))]);
+    let t = Scripted::new(vec![answer(503, ErrorCode::Saturated, Some(1))]);
     let c = client(
         &t,
         config().budget(BudgetConfig {
@@ -356,7 +363,7 @@ async fn a_token_refused_by_the_probe_sends_nothing() {
     let t = Scripted::probing(
         vec![created("never")],
         ProbeAnswer::Unauthenticated {
-            code: "unauthenticated".into(),
+            code: ErrorCode::Unauthenticated.into(),
         },
     );
     let outcome = client(&t, config()).send("requests", "{}", None).await;
@@ -364,7 +371,7 @@ async fn a_token_refused_by_the_probe_sends_nothing() {
         outcome,
         SendOutcome::AuthFailed {
             status: 401,
-            code: "unauthenticated".into()
+            code: Some(ErrorCode::Unauthenticated.into())
         }
     );
     assert!(t.posts().is_empty());

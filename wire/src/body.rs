@@ -1,0 +1,204 @@
+//! The bodies of a send's answers: `201` [`Queued`], `200` [`Valid`] (a dry run) and every
+//! error's [`ErrorBody`].
+//!
+//! Text fields are `Cow`: the server fills them with borrowed strings (no copy per answer)
+//! and a client reads them owned. Field order is serialization order, and it is the
+//! contract's: do not reorder.
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+
+use crate::code::AnyCode;
+
+/// `201 Created`: the message is in the queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Queued<'a> {
+    /// Always [`Queued::STATUS`].
+    pub status: Cow<'a, str>,
+    pub queue: Cow<'a, str>,
+    pub message_id: Cow<'a, str>,
+    pub request_id: Cow<'a, str>,
+    /// The broker already held a message with this id (shown only when true).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub duplicate: bool,
+}
+
+impl<'a> Queued<'a> {
+    pub const STATUS: &'static str = "queued";
+
+    pub fn new(queue: &'a str, message_id: &'a str, request_id: &'a str, duplicate: bool) -> Self {
+        Self {
+            status: Cow::Borrowed(Self::STATUS),
+            queue: Cow::Borrowed(queue),
+            message_id: Cow::Borrowed(message_id),
+            request_id: Cow::Borrowed(request_id),
+            duplicate,
+        }
+    }
+}
+
+/// `200 OK` to a dry run: the send would have been attempted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Valid<'a> {
+    /// Always [`Valid::STATUS`].
+    pub status: Cow<'a, str>,
+    pub dry_run: bool,
+    pub queue: Cow<'a, str>,
+    pub message_id: Cow<'a, str>,
+    pub request_id: Cow<'a, str>,
+}
+
+impl<'a> Valid<'a> {
+    pub const STATUS: &'static str = "valid";
+
+    pub fn new(queue: &'a str, message_id: &'a str, request_id: &'a str) -> Self {
+        Self {
+            status: Cow::Borrowed(Self::STATUS),
+            dry_run: true,
+            queue: Cow::Borrowed(queue),
+            message_id: Cow::Borrowed(message_id),
+            request_id: Cow::Borrowed(request_id),
+        }
+    }
+}
+
+/// One problem with the request's input: where (`["body"]`, `["header", "Idempotency-Key"]`)
+/// and what.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FieldError {
+    pub loc: Vec<String>,
+    pub msg: String,
+}
+
+impl FieldError {
+    pub fn new(loc: &[&str], msg: impl Into<String>) -> Self {
+        Self {
+            loc: loc.iter().map(|s| s.to_string()).collect(),
+            msg: msg.into(),
+        }
+    }
+}
+
+/// Every error answer's body: `code`, `message`, `request_id`, and the fields its code
+/// carries. Fields are in alphabetical order, so the JSON is byte for byte what the
+/// gateway's earlier `serde_json::Map` (a BTreeMap) produced; absent ones are omitted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody<'a> {
+    /// `queue_full`: the backlog read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backlog: Option<u64>,
+    pub code: AnyCode,
+    /// `capacity_unknown`: failed depth reads in a row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consecutive_failures: Option<u32>,
+    /// `invalid_request`: what is wrong, where.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub errors: Option<Cow<'a, [FieldError]>>,
+    /// `queue_full`: the backlog ceiling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+    /// `payload_too_large`: the largest body accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_bytes: Option<usize>,
+    pub message: Cow<'a, str>,
+    /// With `outcome`: the id to retry with (the same `Idempotency-Key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<Cow<'a, str>>,
+    /// [`ErrorBody::OUTCOME_UNKNOWN`] when the broker may hold the message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Cow<'a, str>>,
+    /// `unknown_queue`: the name asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<Cow<'a, str>>,
+    pub request_id: Cow<'a, str>,
+    /// `draining`: whole seconds left in the drain window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_s: Option<u64>,
+}
+
+impl<'a> ErrorBody<'a> {
+    pub const OUTCOME_UNKNOWN: &'static str = "unknown";
+
+    /// A body with only the three fields every error carries.
+    pub fn new(code: impl Into<AnyCode>, message: Cow<'a, str>, request_id: &'a str) -> Self {
+        Self {
+            backlog: None,
+            code: code.into(),
+            consecutive_failures: None,
+            errors: None,
+            limit: None,
+            limit_bytes: None,
+            message,
+            message_id: None,
+            outcome: None,
+            queue: None,
+            request_id: Cow::Borrowed(request_id),
+            retry_after_s: None,
+        }
+    }
+
+    /// Whether the broker may hold the message although the send was not confirmed.
+    pub fn outcome_unknown(&self) -> bool {
+        self.outcome.as_deref() == Some(Self::OUTCOME_UNKNOWN)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::code::ErrorCode;
+
+    #[test]
+    fn queued_and_valid_serialize_in_the_contracts_order() {
+        let q = Queued::new("requests", "m-1", "r-1", false);
+        assert_eq!(
+            serde_json::to_string(&q).unwrap(),
+            r#"{"status":"queued","queue":"requests","message_id":"m-1","request_id":"r-1"}"#
+        );
+        let dup = Queued::new("requests", "m-1", "r-1", true);
+        assert!(serde_json::to_string(&dup)
+            .unwrap()
+            .ends_with(r#""request_id":"r-1","duplicate":true}"#));
+        let back: Queued = serde_json::from_str(&serde_json::to_string(&q).unwrap()).unwrap();
+        assert_eq!(back, q);
+
+        let v = Valid::new("requests", "m-1", "r-1");
+        assert_eq!(
+            serde_json::to_string(&v).unwrap(),
+            r#"{"status":"valid","dry_run":true,"queue":"requests","message_id":"m-1","request_id":"r-1"}"#
+        );
+    }
+
+    #[test]
+    fn an_error_body_is_alphabetical_omits_what_is_absent_and_reads_back() {
+        let mut b = ErrorBody::new(ErrorCode::SendTimeout, "late".into(), "r-1");
+        b.outcome = Some(ErrorBody::OUTCOME_UNKNOWN.into());
+        b.message_id = Some("m-1".into());
+        let json = serde_json::to_string(&b).unwrap();
+        assert_eq!(
+            json,
+            r#"{"code":"send_timeout","message":"late","message_id":"m-1","outcome":"unknown","request_id":"r-1"}"#
+        );
+        let back: ErrorBody = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, b);
+        assert!(back.outcome_unknown());
+
+        let errors = [FieldError::new(&["body"], "not JSON")];
+        let mut b = ErrorBody::new(ErrorCode::InvalidRequest, "bad".into(), "r");
+        b.errors = Some(Cow::Borrowed(&errors));
+        assert_eq!(
+            serde_json::to_string(&b).unwrap(),
+            r#"{"code":"invalid_request","errors":[{"loc":["body"],"msg":"not JSON"}],"message":"bad","request_id":"r"}"#
+        );
+    }
+
+    #[test]
+    fn a_body_with_a_newer_code_and_extra_fields_still_reads() {
+        let b: ErrorBody = serde_json::from_str(
+            r#"{"code":"rate_limited","message":"m","request_id":"r","new_field":[1]}"#,
+        )
+        .unwrap();
+        assert_eq!(b.code, AnyCode::Unknown("rate_limited".into()));
+    }
+}
