@@ -362,113 +362,182 @@ impl Client {
 
     /// The send loop: wait out a drain, attempt, and retry what the policy allows.
     async fn deliver(&self, queue: &QueueName, body: Bytes, key: &MessageId) -> SendOutcome {
-        let i = &self.inner;
-        let deadline = Instant::now() + i.deadline.min(MAX_DEADLINE);
-        let mut attempts: u32 = 0;
-        let mut deposited = false;
-        let mut last_error: Option<AttemptError> = None;
+        let deadline = Instant::now() + self.inner.deadline.min(MAX_DEADLINE);
+        let mut tries = Tries::default();
         loop {
-            match i.lifecycle.verdict().await {
-                Verdict::AuthFailed { status, code } => {
-                    return SendOutcome::AuthFailed { status, code }
-                }
-                Verdict::Defer { until, state } => {
-                    if Instant::now() >= deadline {
-                        return SendOutcome::Failed {
-                            last_error: last_error.unwrap_or(AttemptError::StillDeferred { state }),
-                            attempts,
-                            gave_up: GaveUp::Deadline,
-                        };
-                    }
-                    i.deferrals.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep_until(until.min(deadline)).await;
-                    continue;
-                }
-                Verdict::Go => {}
+            if let Err(outcome) = self.wait_until_admitting(deadline, &tries).await {
+                return outcome;
             }
-
-            if !deposited {
+            if !tries.deposited {
                 // A first attempt earns the budget its share, once per message.
-                i.budget.deposit(Instant::now());
-                deposited = true;
+                self.inner.budget.deposit(Instant::now());
+                tries.deposited = true;
             }
-            let answer = {
-                // The permit is held for the exchange only, never across a wait.
-                let _permit = i.on_the_wire.acquire().await;
-                i.requests.fetch_add(1, Ordering::Relaxed);
-                i.transport
-                    .post(queue.as_str(), body.clone(), key.as_str())
-                    .await
-            };
+            let answer = self.attempt(queue, &body, key).await;
             // The drain (or start-up) shows in a send before the cached verdict expires:
             // a wait like the probe's, not a failed attempt.
             if let Ok(Some((state, after))) = answer.as_ref().map(|a| a.deferral()) {
-                i.lifecycle.observe_defer(state, after);
+                self.inner.lifecycle.observe_defer(state, after);
                 continue;
             }
-            let retry_after = match answer {
-                Ok(a) if (200..300).contains(&a.status) => {
-                    return SendOutcome::Queued {
-                        message_id: a.message_id.unwrap_or_else(|| key.to_string()),
-                    }
-                }
-                Ok(a) if a.status == 401 || a.status == 403 => {
-                    return SendOutcome::AuthFailed {
-                        status: a.status,
-                        code: a.code,
-                    }
-                }
-                Ok(a) => {
-                    attempts += 1;
-                    let error = AttemptError::Status {
-                        status: a.status,
-                        code: a.code.clone(),
-                    };
-                    if !is_retryable_status(a.status) {
-                        if a.status >= 500 {
-                            return SendOutcome::Failed {
-                                last_error: error,
-                                attempts,
-                                gave_up: GaveUp::NotRetryable,
-                            };
-                        }
-                        return SendOutcome::Refused {
-                            status: a.status,
-                            code: a.code,
-                        };
-                    }
-                    last_error = Some(error);
-                    a.retry_after
-                }
-                Err(e) => {
-                    attempts += 1;
-                    last_error = Some(AttemptError::Transport(e.0));
-                    None
-                }
+            let retry_after = match tries.judge(answer, key) {
+                Judged::Final(outcome) => return outcome,
+                Judged::Retry { retry_after } => retry_after,
             };
-
-            let give_up = |gave_up| SendOutcome::Failed {
-                last_error: last_error
-                    .clone()
-                    .unwrap_or_else(|| AttemptError::Transport("no attempt".into())),
-                attempts,
-                gave_up,
-            };
-            let Some(delay) = i.backoff.delay(attempts, retry_after, rand::random()) else {
-                return give_up(GaveUp::Attempts);
-            };
-            let now = Instant::now();
-            let at = match now.checked_add(delay) {
-                Some(at) if at <= deadline => at,
-                // No attempt could happen in time: say so now rather than sleep first.
-                _ => return give_up(GaveUp::Deadline),
-            };
-            if !i.budget.try_withdraw(now) {
-                i.budget_refusals.fetch_add(1, Ordering::Relaxed);
-                return give_up(GaveUp::Budget);
+            match self.retry_at(&tries, retry_after, deadline) {
+                Ok(at) => tokio::time::sleep_until(at).await,
+                Err(gave_up) => return tries.give_up(gave_up),
             }
-            i.retries.fetch_add(1, Ordering::Relaxed);
-            tokio::time::sleep_until(at).await;
+        }
+    }
+
+    /// Wait while the gateway is draining or starting; an auth failure on the probe, or
+    /// a deadline passed while waiting, ends the send.
+    async fn wait_until_admitting(
+        &self,
+        deadline: Instant,
+        tries: &Tries,
+    ) -> Result<(), SendOutcome> {
+        loop {
+            match self.inner.lifecycle.verdict().await {
+                Verdict::AuthFailed { status, code } => {
+                    return Err(SendOutcome::AuthFailed { status, code })
+                }
+                Verdict::Defer { until, state } => {
+                    if Instant::now() >= deadline {
+                        return Err(SendOutcome::Failed {
+                            last_error: tries
+                                .last_error
+                                .clone()
+                                .unwrap_or(AttemptError::StillDeferred { state }),
+                            attempts: tries.attempts,
+                            gave_up: GaveUp::Deadline,
+                        });
+                    }
+                    self.inner.deferrals.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep_until(until.min(deadline)).await;
+                }
+                Verdict::Go => return Ok(()),
+            }
+        }
+    }
+
+    /// One exchange with the gateway.
+    async fn attempt(
+        &self,
+        queue: &QueueName,
+        body: &Bytes,
+        key: &MessageId,
+    ) -> Result<transport::Answer, transport::TransportError> {
+        // The permit is held for the exchange only, never across a wait.
+        let _permit = self.inner.on_the_wire.acquire().await;
+        self.inner.requests.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .transport
+            .post(queue.as_str(), body.clone(), key.as_str())
+            .await
+    }
+
+    /// When the next attempt may go, if the backoff, the deadline and the shared retry
+    /// budget all allow one.
+    fn retry_at(
+        &self,
+        tries: &Tries,
+        retry_after: Option<Duration>,
+        deadline: Instant,
+    ) -> Result<Instant, GaveUp> {
+        let i = &self.inner;
+        let delay = i
+            .backoff
+            .delay(tries.attempts, retry_after, rand::random())
+            .ok_or(GaveUp::Attempts)?;
+        let now = Instant::now();
+        let at = match now.checked_add(delay) {
+            Some(at) if at <= deadline => at,
+            // No attempt could happen in time: say so now rather than sleep first.
+            _ => return Err(GaveUp::Deadline),
+        };
+        if !i.budget.try_withdraw(now) {
+            i.budget_refusals.fetch_add(1, Ordering::Relaxed);
+            return Err(GaveUp::Budget);
+        }
+        i.retries.fetch_add(1, Ordering::Relaxed);
+        Ok(at)
+    }
+}
+
+/// One message's attempts so far.
+#[derive(Default)]
+struct Tries {
+    attempts: u32,
+    deposited: bool,
+    last_error: Option<AttemptError>,
+}
+
+/// What one answer means for the message.
+enum Judged {
+    Final(SendOutcome),
+    Retry { retry_after: Option<Duration> },
+}
+
+impl Tries {
+    fn judge(
+        &mut self,
+        answer: Result<transport::Answer, transport::TransportError>,
+        key: &MessageId,
+    ) -> Judged {
+        let a = match answer {
+            Ok(a) => a,
+            Err(e) => {
+                self.attempts += 1;
+                self.last_error = Some(AttemptError::Transport(e.0));
+                return Judged::Retry { retry_after: None };
+            }
+        };
+        if (200..300).contains(&a.status) {
+            return Judged::Final(SendOutcome::Queued {
+                message_id: a.message_id.unwrap_or_else(|| key.to_string()),
+            });
+        }
+        if a.status == 401 || a.status == 403 {
+            return Judged::Final(SendOutcome::AuthFailed {
+                status: a.status,
+                code: a.code,
+            });
+        }
+        self.attempts += 1;
+        let error = AttemptError::Status {
+            status: a.status,
+            code: a.code.clone(),
+        };
+        if is_retryable_status(a.status) {
+            self.last_error = Some(error);
+            return Judged::Retry {
+                retry_after: a.retry_after,
+            };
+        }
+        Judged::Final(if a.status >= 500 {
+            SendOutcome::Failed {
+                last_error: error,
+                attempts: self.attempts,
+                gave_up: GaveUp::NotRetryable,
+            }
+        } else {
+            SendOutcome::Refused {
+                status: a.status,
+                code: a.code,
+            }
+        })
+    }
+
+    fn give_up(&self, gave_up: GaveUp) -> SendOutcome {
+        SendOutcome::Failed {
+            last_error: self
+                .last_error
+                .clone()
+                .unwrap_or_else(|| AttemptError::Transport("no attempt".into())),
+            attempts: self.attempts,
+            gave_up,
         }
     }
 }

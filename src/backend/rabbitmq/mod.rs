@@ -92,6 +92,69 @@ impl RabbitMq {
     }
 }
 
+/// The message properties of every send: persistent JSON, with the ids the producer gave.
+fn properties_of(message: &OutgoingMessage) -> BasicProperties {
+    let properties = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_content_type("application/json".into())
+        .with_message_id(message.message_id.as_str().into());
+    match &message.correlation_id {
+        Some(c) => properties.with_correlation_id(c.as_str().into()),
+        None => properties,
+    }
+}
+
+impl RabbitMq {
+    /// What the broker's confirm (or the error instead of one) means for the send, and for
+    /// the connection's health.
+    fn settle(
+        &self,
+        session: &link::Session,
+        confirmed: Result<Confirmation, lapin::Error>,
+    ) -> Result<SendReceipt, SendError> {
+        match confirmed {
+            Ok(Confirmation::Ack(None)) => {
+                self.link.note_success();
+                Ok(SendReceipt { duplicate: false })
+            }
+            Ok(Confirmation::Ack(Some(returned))) => {
+                self.link.note_success();
+                // 312 NO_ROUTE: the default exchange found no queue of that name.
+                Err(if returned.reply_code == 312 {
+                    SendError::QueueNotFound
+                } else {
+                    SendError::Failed(format!("returned by the broker: {}", returned.reply_text))
+                })
+            }
+            Ok(Confirmation::Nack(_)) => {
+                self.link.note_success();
+                Err(SendError::Busy {
+                    reason:
+                        "the broker refused the message (queue full with overflow=reject-publish?)"
+                            .into(),
+                    retry_after: None,
+                })
+            }
+            Ok(Confirmation::NotRequested) => {
+                Err(SendError::Failed("publisher confirms are off".into()))
+            }
+            Err(e) => {
+                self.link.discard(session);
+                Err(match e.kind() {
+                    lapin::ErrorKind::ProtocolError(p) if p.get_id() == 403 => {
+                        SendError::AuthFailed(p.get_message().to_string())
+                    }
+                    lapin::ErrorKind::ProtocolError(p) if p.get_id() == 404 => {
+                        SendError::QueueNotFound
+                    }
+                    // The connection died between publish and confirm: it may be stored.
+                    _ => SendError::Uncertain(e.to_string()),
+                })
+            }
+        }
+    }
+}
+
 #[async_trait]
 impl Backend for RabbitMq {
     fn kind(&self) -> &'static str {
@@ -114,13 +177,7 @@ impl Backend for RabbitMq {
                 retry_after: Some(BLOCKED_RETRY_AFTER),
             });
         }
-        let mut properties = BasicProperties::default()
-            .with_delivery_mode(2)
-            .with_content_type("application/json".into())
-            .with_message_id(message.message_id.as_str().into());
-        if let Some(c) = &message.correlation_id {
-            properties = properties.with_correlation_id(c.as_str().into());
-        }
+        let properties = properties_of(&message);
         let publish = async {
             let confirm = session
                 .publisher()
@@ -143,44 +200,7 @@ impl Backend for RabbitMq {
                 self.link.note_timeout(&session);
                 Err(SendError::Timeout)
             }
-            Ok(Ok(Confirmation::Ack(None))) => {
-                self.link.note_success();
-                Ok(SendReceipt { duplicate: false })
-            }
-            Ok(Ok(Confirmation::Ack(Some(returned)))) => {
-                self.link.note_success();
-                // 312 NO_ROUTE: the default exchange found no queue of that name.
-                Err(if returned.reply_code == 312 {
-                    SendError::QueueNotFound
-                } else {
-                    SendError::Failed(format!("returned by the broker: {}", returned.reply_text))
-                })
-            }
-            Ok(Ok(Confirmation::Nack(_))) => {
-                self.link.note_success();
-                Err(SendError::Busy {
-                    reason:
-                        "the broker refused the message (queue full with overflow=reject-publish?)"
-                            .into(),
-                    retry_after: None,
-                })
-            }
-            Ok(Ok(Confirmation::NotRequested)) => {
-                Err(SendError::Failed("publisher confirms are off".into()))
-            }
-            Ok(Err(e)) => {
-                self.link.discard(&session);
-                Err(match e.kind() {
-                    lapin::ErrorKind::ProtocolError(p) if p.get_id() == 403 => {
-                        SendError::AuthFailed(p.get_message().to_string())
-                    }
-                    lapin::ErrorKind::ProtocolError(p) if p.get_id() == 404 => {
-                        SendError::QueueNotFound
-                    }
-                    // The connection died between publish and confirm: it may be stored.
-                    _ => SendError::Uncertain(e.to_string()),
-                })
-            }
+            Ok(confirmed) => self.settle(&session, confirmed),
         }
     }
 

@@ -47,7 +47,7 @@ const SAS_ENCODE: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'~');
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AuthError {
+pub enum TokenError {
     #[error("no token before the deadline")]
     Timeout,
     #[error("{0}")]
@@ -378,7 +378,7 @@ impl EntraCredential {
         }
     }
 
-    pub async fn authorization(&self, deadline: Instant) -> Result<String, AuthError> {
+    pub async fn authorization(&self, deadline: Instant) -> Result<String, TokenError> {
         let now = OffsetDateTime::now_utc();
         let (cached, refresh) = {
             let mut state = self.state.lock();
@@ -393,8 +393,8 @@ impl EntraCredential {
         let usable = cached.filter(|t| t.expires_on > now).map(|t| t.header);
         match tokio::time::timeout_at(deadline, refresh).await {
             Ok(Ok(token)) => Ok(token.header),
-            Ok(Err(e)) => usable.ok_or(AuthError::Unavailable(e)),
-            Err(_) => usable.ok_or(AuthError::Timeout),
+            Ok(Err(e)) => usable.ok_or(TokenError::Unavailable(e)),
+            Err(_) => usable.ok_or(TokenError::Timeout),
         }
     }
 
@@ -450,7 +450,7 @@ impl Credential {
         &self,
         queue: &QueueName,
         deadline: Instant,
-    ) -> Result<String, AuthError> {
+    ) -> Result<String, TokenError> {
         match self {
             Self::Sas(sas) => Ok(sas.authorization_at(queue, SystemTime::now())),
             Self::Entra(entra) => entra.authorization(deadline).await,
@@ -714,7 +714,7 @@ mod tests {
             FakeCredential::new(false, Duration::from_millis(200), Duration::from_secs(3600));
         let entra = EntraCredential::new(CredentialChain::new(vec![("slow", slow.clone())]));
         let soon = Instant::now() + Duration::from_millis(20);
-        assert_eq!(entra.authorization(soon).await, Err(AuthError::Timeout));
+        assert_eq!(entra.authorization(soon).await, Err(TokenError::Timeout));
         // The refresh went on; the next caller gets its token without a second fetch.
         assert_eq!(entra.authorization(far()).await.unwrap(), "Bearer token-1");
         assert_eq!(slow.calls(), 1);
@@ -725,7 +725,7 @@ mod tests {
         let a = FakeCredential::new(true, Duration::ZERO, Duration::ZERO);
         let entra = EntraCredential::new(CredentialChain::new(vec![("first", a.clone())]));
         match entra.authorization(far()).await {
-            Err(AuthError::Unavailable(e)) => assert!(e.contains("first: "), "{e}"),
+            Err(TokenError::Unavailable(e)) => assert!(e.contains("first: "), "{e}"),
             other => panic!("{other:?}"),
         }
         // A failed refresh does not stick: the next call tries again.

@@ -24,7 +24,7 @@ use super::{Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceip
 use crate::config::{CredentialPlan, ServiceBusSettings};
 use crate::domain::QueueName;
 use atom::EntityStatus;
-use auth::{AuthError, Credential, CredentialChain, EntraCredential, SasCredential};
+use auth::{Credential, CredentialChain, EntraCredential, SasCredential, TokenError};
 use rest::RestClient;
 
 /// The management API version whose `QueueDescription` carries `CountDetails`.
@@ -119,8 +119,8 @@ impl Backend for ServiceBus {
             .map_err(|e| match e {
                 // No token in time: the message never left, so this is not an unknown
                 // outcome (504) but a broker that cannot be used now.
-                AuthError::Timeout => SendError::Unavailable("no Entra ID token in time".into()),
-                AuthError::Unavailable(why) => SendError::AuthFailed(why),
+                TokenError::Timeout => SendError::Unavailable("no Entra ID token in time".into()),
+                TokenError::Unavailable(why) => SendError::AuthFailed(why),
             })?;
         let result = self
             .rest
@@ -149,8 +149,8 @@ impl Backend for ServiceBus {
             .authorization(queue, deadline)
             .await
             .map_err(|e| match e {
-                AuthError::Timeout => DepthError::Timeout,
-                AuthError::Unavailable(why) => DepthError::Unauthorized(why),
+                TokenError::Timeout => DepthError::Timeout,
+                TokenError::Unavailable(why) => DepthError::Unauthorized(why),
             })?;
         let runtime = self
             .rest

@@ -46,7 +46,7 @@ enum CallError {
 }
 
 /// An HTTP answer: status, `Retry-After`, and the body when it fit under the cap.
-struct Answer {
+struct RestReply {
     status: StatusCode,
     retry_after: Option<Duration>,
     body: Result<Bytes, String>,
@@ -130,7 +130,7 @@ impl RestClient {
         request: reqwest::RequestBuilder,
         deadline: Instant,
         body_cap: usize,
-    ) -> Result<Answer, CallError> {
+    ) -> Result<RestReply, CallError> {
         let remaining = deadline.saturating_duration_since(Instant::now());
         if remaining.is_zero() {
             return Err(CallError::Timeout);
@@ -140,7 +140,7 @@ impl RestClient {
             let status = response.status();
             let retry_after = retry_after(response.headers());
             let body = read_capped(&mut response, body_cap).await?;
-            Ok::<_, reqwest::Error>(Answer {
+            Ok::<_, reqwest::Error>(RestReply {
                 status,
                 retry_after,
                 body,
