@@ -1,8 +1,12 @@
 //! The gateway's lifecycle, one source of truth for `/health/*` and for admission:
 //!
 //! ```text
-//! starting ──(backend open, listener bound)──▶ running ──(SIGTERM/SIGINT)──▶ draining ──▶ stopped
+//! starting ──(warm-up done, or its time budget spent)──▶ running ──(SIGTERM/SIGINT, POST /admin/drain)──▶ draining ──▶ stopped
 //! ```
+//!
+//! The listener answers from the start, so probes see an honest `starting` (503); warm-up
+//! (connect the backends, read each queue's depth once) is bounded by a time budget, after
+//! which the gateway runs anyway and the capacity rules decide what happens to sends.
 //!
 //! While draining, new sends are refused with `Retry-After` set to the seconds left in the
 //! drain window, and sends already admitted run to completion. The drain ends when no send

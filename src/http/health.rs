@@ -163,15 +163,3 @@ fn backend_health(route: &Lane, state: &AppState) -> BackendHealth {
 fn rfc3339(t: SystemTime) -> Option<String> {
     OffsetDateTime::from(t).format(&Rfc3339).ok()
 }
-
-/// `GET /metrics`: Prometheus text (role `observer` or `admin` when keys are on).
-pub async fn metrics(
-    req: HttpRequest,
-    context: RequestContext,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &context, &state, Permission::Observe, "read metrics")?;
-    Ok(HttpResponse::Ok()
-        .content_type("text/plain; version=0.0.4; charset=utf-8")
-        .body(state.metrics.render(&state.dispatcher, &state.lifecycle)))
-}

@@ -7,6 +7,7 @@ pub mod errors;
 mod fallback;
 pub mod headers;
 mod health;
+mod metrics;
 mod send;
 
 use std::collections::HashMap;
@@ -58,7 +59,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     )
     .service(
         web::resource("/metrics")
-            .route(web::get().to(health::metrics))
+            .route(web::get().to(metrics::metrics))
             .default_service(web::to(fallback::only_get)),
     )
     .service(
