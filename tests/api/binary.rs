@@ -159,30 +159,23 @@ async fn peek_lock_leases_hides_and_completes_by_lock_token() {
     assert_eq!(app.stored("requests"), 3, "leased, not deleted");
 
     let token = first[0]["lock_token"].as_str().unwrap();
-    let done = sendgate(
-        &[
-            "queue",
-            "complete",
-            "--queue",
-            "requests",
-            "--lock-token",
-            token,
-        ],
-        &env,
-    );
+    let complete = || {
+        sendgate(
+            &[
+                "queue",
+                "complete",
+                "--queue",
+                "requests",
+                "--lock-token",
+                token,
+            ],
+            &env,
+        )
+    };
+    let done = complete();
     assert!(done.status.success(), "{}", stderr(&done));
     assert_eq!(app.stored("requests"), 2);
-    let again = sendgate(
-        &[
-            "queue",
-            "complete",
-            "--queue",
-            "requests",
-            "--lock-token",
-            token,
-        ],
-        &env,
-    );
+    let again = complete();
     assert_eq!(
         again.status.code(),
         Some(1),

@@ -2,13 +2,14 @@
 //! serving a request carries its id.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::gateway::{binary, env_of, free_port};
 use crate::helpers::{body_json, spawn_app, spawn_app_with};
 
 /// The answer's `X-Request-Id`, checked to be the id its body names (when it has a body
@@ -141,30 +142,23 @@ impl LoggingGateway {
     /// every send is refused `capacity_unknown`; failing open, every send fails at the
     /// broker (`send_failed`). Both log on the way.
     fn start(fail_closed: bool) -> Self {
-        let dead_port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sendgate"))
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .envs([
-                ("SENDGATE_LOG_FORMAT", "json"),
-                ("SENDGATE_LISTEN", "127.0.0.1:0"),
-                ("SENDGATE_BACKEND", "servicebus"),
-                ("SENDGATE_PROBE_INTERVAL_S", "0"),
-                ("SENDGATE_DEPTH_TTL_MS", "0"),
-                ("SENDGATE_ADMIN_TIMEOUT_MS", "1000"),
-                ("SERVICEBUS_SEND_FAILCLOSED_STREAK", "1"),
-            ])
-            .env("SERVICEBUS_SEND_FAILCLOSED", if fail_closed { "1" } else { "0" })
-            .env("SERVICEBUS_ENDPOINT", format!("http://127.0.0.1:{dead_port}"))
-            .env(
+        let endpoint = format!("http://127.0.0.1:{}", free_port());
+        let env = env_of(&[&[
+            ("SENDGATE_LOG_FORMAT", "json"),
+            ("SENDGATE_LISTEN", "127.0.0.1:0"),
+            ("SENDGATE_BACKEND", "servicebus"),
+            ("SENDGATE_PROBE_INTERVAL_S", "0"),
+            ("SENDGATE_DEPTH_TTL_MS", "0"),
+            ("SENDGATE_ADMIN_TIMEOUT_MS", "1000"),
+            ("SERVICEBUS_SEND_FAILCLOSED_STREAK", "1"),
+            ("SERVICEBUS_SEND_FAILCLOSED", if fail_closed { "1" } else { "0" }),
+            ("SERVICEBUS_ENDPOINT", &endpoint),
+            (
                 "SERVICEBUS_CONNECTION_STRING",
                 "Endpoint=sb://test.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=c2VuZA==",
-            )
-            .stdin(Stdio::null())
+            ),
+        ]]);
+        let mut child = binary(&[], &env)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

@@ -5,19 +5,21 @@ use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 
+use crate::gateway::binary;
 use crate::helpers::spawn_app_with;
 use crate::keys_file;
 use crate::proxy::Proxy;
 
 /// Run `sendgate send ARGS` with a clean environment plus `env`, feeding `stdin`.
-async fn sendgate_send(args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Output {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_sendgate"));
-    cmd.arg("send").args(args);
-    cmd.env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
+async fn sendgate_send(args_in: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Output {
+    // Names are not checked: usage errors are tested with wrong ones on purpose.
+    let env = env
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let mut args = vec!["send"];
+    args.extend_from_slice(args_in);
+    let mut cmd = tokio::process::Command::from(binary(&args, &env));
     cmd.stdin(if stdin.is_some() {
         Stdio::piped()
     } else {
