@@ -18,6 +18,7 @@ use crate::backend::Backend;
 use crate::config::{AuthSettings, BackendSettings, ConfigError, Settings};
 use crate::domain::QueueName;
 use crate::http::auth::{Authenticator, KeysFileError};
+use crate::http::guard::HostCheck;
 use crate::http::{routes, AppState};
 use crate::lifecycle::Lifecycle;
 
@@ -111,6 +112,20 @@ fn open_backend(
     })
 }
 
+/// Open without keys on a loopback listener, only loopback `Host` names are served: a
+/// web page must not reach the gateway through DNS rebinding (see `http/guard.rs`).
+fn host_check(settings: &Settings) -> HostCheck {
+    match settings.auth {
+        AuthSettings::Open {
+            explicitly_none: false,
+        } => HostCheck::LoopbackOnly,
+        AuthSettings::Open {
+            explicitly_none: true,
+        }
+        | AuthSettings::KeysFile(_) => HostCheck::Off,
+    }
+}
+
 /// Probe every backend's admin plane on a timer, for `/health/detailed`. Probes have their
 /// own deadline and never take a request-path slot or feed the breaker.
 async fn probe_forever(state: web::Data<AppState>, every: Duration, timeout: Duration) {
@@ -150,7 +165,7 @@ impl Application {
                     event = "auth_open",
                     explicitly_none,
                     listen = %settings.listen,
-                    "no API keys configured: every caller may send and observe"
+                    "no API keys configured: every caller may send, observe and use the admin routes (POST /admin/drain); only loopback Host names are served unless SENDGATE_AUTH=none"
                 );
                 Authenticator::Open
             }
@@ -205,8 +220,13 @@ impl Application {
         let listener = TcpListener::bind(settings.listen).map_err(bind_error)?;
         let port = listener.local_addr().map_err(bind_error)?.port();
         let app_state = state.clone();
+        let host_check = host_check(&settings);
         let mut server = HttpServer::new(move || {
             App::new()
+                // Inside the request context, so a refusal carries its X-Request-Id.
+                .wrap(actix_web::middleware::from_fn(move |req, next| {
+                    crate::http::guard::refuse_foreign_hosts(host_check, req, next)
+                }))
                 .wrap(crate::http::RequestIdentity)
                 .app_data(app_state.clone())
                 .configure(routes)

@@ -21,6 +21,7 @@ fn problem_for(code: ErrorCode) -> Problem {
         ErrorCode::UnknownQueue => Problem::UnknownQueue { queue: "q".into() },
         ErrorCode::Unauthenticated => Problem::Unauthenticated { token_given: true },
         ErrorCode::Forbidden => Problem::Forbidden { action: "send" },
+        ErrorCode::ForbiddenHost => Problem::ForbiddenHost,
         ErrorCode::Starting => Problem::Starting,
         ErrorCode::Draining => Problem::Draining { retry_after: wait },
         ErrorCode::UnsupportedMediaType => Problem::UnsupportedMediaType,
@@ -60,6 +61,7 @@ fn is_covered(p: &Problem) -> bool {
         | Problem::UnknownQueue { .. }
         | Problem::Unauthenticated { .. }
         | Problem::Forbidden { .. }
+        | Problem::ForbiddenHost
         | Problem::Starting
         | Problem::Draining { .. }
         | Problem::UnsupportedMediaType

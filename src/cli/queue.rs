@@ -47,7 +47,7 @@ pub enum QueueCommand {
         #[arg(long)]
         data_dir: Option<PathBuf>,
     },
-    /// Print how many messages wait in a queue.
+    /// Print how many messages are in a queue (leased ones included, until completed).
     Depth {
         #[arg(long)]
         queue: String,

@@ -1,11 +1,15 @@
 //! `POST /admin/drain` (role `admin`): start the same drain as SIGTERM, so a deploy
 //! pipeline can announce a restart ahead of it. The process exits when the drain completes.
+//!
+//! Like every state-changing route it needs `Content-Type: application/json`: a browser
+//! sends that cross-site only after a CORS preflight, which sendgate never answers, so a
+//! page cannot drain a gateway running open on loopback with a form post.
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::json;
 
 use super::auth::Permission;
-use super::errors::ApiError;
+use super::errors::{ApiError, Problem};
 use super::{authorize, AppState, RequestContext};
 
 pub async fn drain(
@@ -20,6 +24,9 @@ pub async fn drain(
         Permission::Administer,
         "drain the gateway",
     )?;
+    if !super::send::is_json(&req) {
+        return Err(context.error(Problem::UnsupportedMediaType));
+    }
     let started_now = state.lifecycle.begin_drain(state.drain_window);
     if started_now {
         tracing::info!(event = "drain_requested", by = %principal.name, "drain requested over HTTP");

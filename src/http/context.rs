@@ -61,6 +61,11 @@ impl RequestContext {
         }))
     }
 
+    /// A context for a request the middleware did not see (a bare test request).
+    pub fn detached() -> Self {
+        Self::from_header(None)
+    }
+
     pub fn id(&self) -> &RequestId {
         &self.0.id
     }

@@ -40,6 +40,8 @@ pub enum Problem {
     Unauthenticated { token_given: bool },
     #[error("This key may not {action}.")]
     Forbidden { action: &'static str },
+    #[error("Without API keys this gateway answers only requests addressed to a loopback name (localhost, 127.0.0.1, [::1]).")]
+    ForbiddenHost,
     #[error("The gateway is starting; try again shortly.")]
     Starting,
     #[error("The gateway is draining before a restart; try again after Retry-After.")]
@@ -88,6 +90,7 @@ impl Problem {
             Self::UnknownQueue { .. } => ErrorCode::UnknownQueue,
             Self::Unauthenticated { .. } => ErrorCode::Unauthenticated,
             Self::Forbidden { .. } => ErrorCode::Forbidden,
+            Self::ForbiddenHost => ErrorCode::ForbiddenHost,
             Self::Starting => ErrorCode::Starting,
             Self::Draining { .. } => ErrorCode::Draining,
             Self::UnsupportedMediaType => ErrorCode::UnsupportedMediaType,
@@ -110,7 +113,7 @@ impl Problem {
             Self::NotFound | Self::UnknownQueue { .. } => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::Unauthenticated { .. } => StatusCode::UNAUTHORIZED,
-            Self::Forbidden { .. } => StatusCode::FORBIDDEN,
+            Self::Forbidden { .. } | Self::ForbiddenHost => StatusCode::FORBIDDEN,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,

@@ -5,6 +5,7 @@ pub mod auth;
 pub mod context;
 pub mod errors;
 mod fallback;
+pub mod guard;
 pub mod headers;
 mod health;
 mod metrics;

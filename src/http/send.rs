@@ -243,7 +243,7 @@ impl Accepted {
 
 /// `application/json`, in any case, optionally followed by parameters (`; charset=utf-8`).
 /// A byte comparison: a full media-type parse on every send costs more than it checks.
-fn is_json(req: &HttpRequest) -> bool {
+pub(super) fn is_json(req: &HttpRequest) -> bool {
     const JSON: &[u8] = b"application/json";
     let Some(value) = req.headers().get(CONTENT_TYPE) else {
         return false;

@@ -283,3 +283,18 @@ fn a_secret_in_a_bad_setting_is_never_echoed() {
         assert!(!String::from_utf8_lossy(&out.stdout).contains(secret));
     }
 }
+
+#[test]
+fn text_logs_written_to_a_file_or_pipe_carry_no_colour_codes() {
+    // Taken port: start-up logs its auth_open warning, then cannot bind and exits 1.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listen = taken.local_addr().unwrap().to_string();
+    let out = sendgate(&["serve"], &[("SENDGATE_LISTEN", listen.as_str())]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("auth_open"), "{err}");
+    assert!(
+        !err.contains('\u{1b}'),
+        "ANSI escapes in piped logs: {err:?}"
+    );
+}

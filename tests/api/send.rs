@@ -345,7 +345,7 @@ async fn a_body_that_stops_arriving_is_given_up_at_the_send_deadline() {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     // Announce 100 bytes, send 10, then nothing.
     stream
-        .write_all(b"POST /v1/queues/requests/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n[1,2,3,4,")
+        .write_all(b"POST /v1/queues/requests/messages HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n[1,2,3,4,")
         .await
         .unwrap();
     let started = std::time::Instant::now();

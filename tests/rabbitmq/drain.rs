@@ -164,7 +164,13 @@ async fn an_announced_drain_is_not_cut_short_by_the_platforms_sigterm() {
     gw.wait_in_flight(1).await;
 
     // The deploy pipeline announces the drain, then the platform sends SIGTERM.
-    let announced = gw.client.post(gw.url("/admin/drain")).send().await.unwrap();
+    let announced = gw
+        .client
+        .post(gw.url("/admin/drain"))
+        .header("Content-Type", "application/json")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(announced.status(), 202);
     gw.signal("TERM");
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -19,6 +19,8 @@ pub enum ErrorCode {
     UnknownQueue,
     Unauthenticated,
     Forbidden,
+    /// Open mode (no API keys) serves loopback `Host` names only (DNS rebinding).
+    ForbiddenHost,
     Starting,
     Draining,
     UnsupportedMediaType,
@@ -42,12 +44,13 @@ pub struct UnknownCode(pub String);
 
 impl ErrorCode {
     /// Every code, in the contract's order.
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 20] = [
         Self::NotFound,
         Self::MethodNotAllowed,
         Self::UnknownQueue,
         Self::Unauthenticated,
         Self::Forbidden,
+        Self::ForbiddenHost,
         Self::Starting,
         Self::Draining,
         Self::UnsupportedMediaType,
@@ -73,6 +76,7 @@ impl ErrorCode {
             Self::UnknownQueue => "unknown_queue",
             Self::Unauthenticated => "unauthenticated",
             Self::Forbidden => "forbidden",
+            Self::ForbiddenHost => "forbidden_host",
             Self::Starting => "starting",
             Self::Draining => "draining",
             Self::UnsupportedMediaType => "unsupported_media_type",
