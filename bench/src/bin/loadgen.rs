@@ -275,7 +275,7 @@ async fn get_once(addr: &str, path: &str, token: Option<&str>) -> Option<String>
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
-    let req = format!("GET {path} HTTP/1.1\r\nHost: bench\r\n{auth}Connection: close\r\n\r\n");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Connection: close\r\n\r\n");
     let (status, _, body) =
         tokio::time::timeout(Duration::from_secs(5), conn.round_trip(req.as_bytes()))
             .await
@@ -324,7 +324,7 @@ async fn http(args: &Args) -> Value {
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
     let mut request = format!(
-        "POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\n\r\n",
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\n\r\n",
         body.len()
     )
     .into_bytes();
@@ -552,7 +552,7 @@ async fn hold(args: &Args) -> Value {
     let connections: usize = get(args, "connections", None);
     let hold_secs: f64 = get(args, "hold", None);
     let ready_file: String = get(args, "ready-file", None);
-    let request = b"GET /health/live HTTP/1.1\r\nHost: bench\r\n\r\n";
+    let request = b"GET /health/live HTTP/1.1\r\nHost: localhost\r\n\r\n";
 
     let mut held = Vec::with_capacity(connections);
     let mut failed = 0u64;
