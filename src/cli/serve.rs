@@ -13,6 +13,15 @@ pub fn run() -> ExitCode {
         }
     };
     telemetry::init(settings.log_format);
+    let env = std::env::vars().collect();
+    for (name, known) in crate::config::servicebus_near_misses(&env) {
+        tracing::warn!(
+            event = "unknown_variable",
+            name,
+            did_you_mean = known,
+            "an unknown SERVICEBUS_* variable is ignored"
+        );
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

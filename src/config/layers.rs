@@ -189,6 +189,20 @@ fn refuse_unknown_variables(env: &HashMap<String, String>) -> Result<(), ConfigE
     }
 }
 
+/// Unknown `SERVICEBUS_*` variables that are a near miss of a declared one, with it:
+/// they cannot stop start-up (other tools share the prefix), but are worth a warning.
+pub fn servicebus_near_misses(env: &HashMap<String, String>) -> Vec<(String, &'static str)> {
+    let mut near: Vec<(String, &'static str)> = env
+        .keys()
+        .filter(|k| k.starts_with("SERVICEBUS_") && vars::find(k).is_none())
+        .filter_map(|k| {
+            closest(k, VARIABLES.iter().map(|v| v.name)).map(|known| (k.clone(), known))
+        })
+        .collect();
+    near.sort();
+    near
+}
+
 fn bounded(var: &'static Var, value: &str, min: u64, max: u64) -> Result<u64, ConfigError> {
     let n: u64 = value
         .parse()

@@ -30,6 +30,7 @@ use std::time::Duration;
 pub use backend::{BackendKind, BackendSettings, DepthSource, RabbitMqSettings, Scope};
 pub use error::ConfigError;
 pub use forgiving::{forgiving_flag, forgiving_max_depth, forgiving_streak};
+pub use layers::servicebus_near_misses;
 pub use secret::Secret;
 pub use servicebus::{CredentialPlan, ServiceBusSettings};
 pub use vars::{Var, VARIABLES};

@@ -298,3 +298,32 @@ fn text_logs_written_to_a_file_or_pipe_carry_no_colour_codes() {
         "ANSI escapes in piped logs: {err:?}"
     );
 }
+
+#[test]
+fn a_misspelled_servicebus_variable_is_named_at_start_up_without_stopping_it() {
+    // SERVICEBUS_* is shared with other tools, so an unknown one cannot stop start-up;
+    // a near miss of a declared one (the ceiling, here) is said out loud.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listen = taken.local_addr().unwrap().to_string();
+    let out = sendgate(
+        &["serve"],
+        &[
+            ("SENDGATE_LISTEN", listen.as_str()),
+            ("SERVICEBUS_SEND_MAX_QUEUE_DEPT", "5"),
+            ("SERVICEBUS_UNRELATED_TOOL_SETTING", "x"),
+        ],
+    );
+    let err = stderr(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "it got as far as binding: {err}"
+    );
+    assert!(err.contains("unknown_variable"), "{err}");
+    assert!(
+        err.contains("SERVICEBUS_SEND_MAX_QUEUE_DEPT")
+            && err.contains("SERVICEBUS_SEND_MAX_QUEUE_DEPTH"),
+        "{err}"
+    );
+    assert!(!err.contains("SERVICEBUS_UNRELATED_TOOL_SETTING"), "{err}");
+}
