@@ -424,3 +424,38 @@ fn a_file_that_is_not_toml_is_refused_without_quoting_its_lines() {
         "{err}"
     );
 }
+
+#[test]
+fn a_management_url_with_credentials_is_refused_without_echoing_them() {
+    // A password in the admin plane's URL would be ignored (the request authenticates with
+    // SENDGATE_RABBITMQ_MANAGEMENT_USER/_PASSWORD) yet printed by every failed depth read
+    // (reqwest's errors name the URL) and by `Debug`: refuse it, and never show it.
+    for bad in [
+        "http://admin:s3cr3tpw@h:15672",
+        "http://admin:s3cr3tpw@h:99999",
+        "http://admin:s3cr3tpw@[::1",
+        "ftp://admin:s3cr3tpw@h/",
+    ] {
+        for var in [
+            &v::RABBITMQ_MANAGEMENT_URL,
+            &v::FALLBACK_RABBITMQ_MANAGEMENT_URL,
+        ] {
+            let err = Settings::from_overrides(&[
+                (&v::BACKEND, "rabbitmq"),
+                (&v::FALLBACK_BACKEND, "rabbitmq"),
+                (var, bad),
+            ])
+            .unwrap_err();
+            assert_eq!(err.variable(), Some(var.name), "{err}");
+            let shown = format!("{err} {err:?}");
+            assert!(!shown.contains("s3cr3tpw"), "{shown}");
+        }
+    }
+    // Without credentials the value is still shown, to help fix it.
+    let err = Settings::from_overrides(&[
+        (&v::BACKEND, "rabbitmq"),
+        (&v::RABBITMQ_MANAGEMENT_URL, "http://h:99999"),
+    ])
+    .unwrap_err();
+    assert!(err.to_string().contains("http://h:99999"), "{err}");
+}
