@@ -459,3 +459,49 @@ fn a_management_url_with_credentials_is_refused_without_echoing_them() {
     .unwrap_err();
     assert!(err.to_string().contains("http://h:99999"), "{err}");
 }
+
+#[test]
+fn an_environment_that_is_not_utf8_never_panics() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+    let bytes = |b: &[u8]| OsString::from_vec(b.to_vec());
+    let text = |s: &str| OsString::from(s);
+
+    // Another program's variable: skipped.
+    let env = text_environment(
+        [
+            (text("OTHER"), bytes(b"\xff")),
+            (bytes(b"OTHER_\xff"), text("x")),
+            (text("SENDGATE_DEPTH_TTL_MS"), text("5")),
+        ]
+        .into_iter(),
+    )
+    .unwrap();
+    assert_eq!(
+        Settings::from_vars(&env)
+            .unwrap()
+            .capacity
+            .depth_ttl
+            .as_millis(),
+        5
+    );
+
+    // One of ours: refused, naming it, never showing the value.
+    let err = text_environment(
+        [(
+            text("SENDGATE_RABBITMQ_URL"),
+            bytes(b"amqp://u:s3cr3t\xff@h"),
+        )]
+        .into_iter(),
+    )
+    .unwrap_err();
+    assert_eq!(err.variable(), Some("SENDGATE_RABBITMQ_URL"));
+    assert!(!format!("{err} {err:?}").contains("s3cr3t"), "{err}");
+    let err = text_environment([(bytes(b"SENDGATE_\xff"), text("x"))].into_iter()).unwrap_err();
+    assert!(matches!(err, ConfigError::UnknownVariable { .. }), "{err}");
+    let env = text_environment([(text("SENDGATE_NOPE"), bytes(b"\xff"))].into_iter()).unwrap();
+    assert!(matches!(
+        Settings::from_vars(&env),
+        Err(ConfigError::UnknownVariable { .. })
+    ));
+}

@@ -290,3 +290,30 @@ fn a_secret_in_a_bad_setting_is_never_echoed() {
         assert!(!String::from_utf8_lossy(&out.stdout).contains(secret));
     }
 }
+
+#[test]
+fn a_variable_that_is_not_utf8_never_panics_the_binary() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap().to_owned();
+    let run = |name: &str, value: &[u8]| {
+        let mut cmd = crate::gateway::binary(
+            &["queue", "depth", "--queue", "requests"],
+            &[("SENDGATE_DATA_DIR".to_owned(), data.clone())].into(),
+        );
+        cmd.env(name, std::ffi::OsStr::from_bytes(value));
+        cmd.output().expect("the binary runs")
+    };
+    // Another program's variable: none of our business.
+    let out = run("SOMEONE_ELSES", b"caf\xe9");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0");
+    // One of ours: refused in one line, its value never shown.
+    let out = run("SENDGATE_RABBITMQ_URL", b"amqp://u:s3cr3tpw\xff@h");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("SENDGATE_RABBITMQ_URL") && !err.contains("s3cr3tpw"),
+        "{err}"
+    );
+}
