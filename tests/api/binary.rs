@@ -159,6 +159,23 @@ async fn peek_lock_leases_hides_and_completes_by_lock_token() {
     assert_eq!(app.stored("requests"), 3, "leased, not deleted");
 
     let token = first[0]["lock_token"].as_str().unwrap();
+    let elsewhere = sendgate(
+        &[
+            "queue",
+            "complete",
+            "--queue",
+            "other",
+            "--lock-token",
+            token,
+        ],
+        &env,
+    );
+    assert_eq!(
+        elsewhere.status.code(),
+        Some(1),
+        "a token completes only in the queue it was leased from"
+    );
+    assert_eq!(app.stored("requests"), 3);
     let done = sendgate(
         &[
             "queue",

@@ -239,7 +239,7 @@ impl Store {
             .map(|l| l.lock_token.as_str())
             .collect();
         // Delete what was handed out, even when a later delivery failed.
-        self.complete(&delivered, now_ms)?;
+        self.complete(queue, &delivered, now_ms)?;
         self.release(&undelivered)?;
         match failure {
             Some(e) => Err(StoreError::Output(e)),
@@ -299,9 +299,15 @@ impl Store {
         Ok(claimed)
     }
 
-    /// Delete the messages these lock tokens claim; per token, `false` when its lease had
-    /// already ended (the message may have gone to another receiver) or it is unknown.
-    pub fn complete(&mut self, lock_tokens: &[&str], now_ms: i64) -> Result<Vec<bool>, StoreError> {
+    /// Delete the messages of `queue` these lock tokens claim; per token, `false` when its
+    /// lease had already ended (the message may have gone to another receiver) or it is
+    /// unknown in `queue`.
+    pub fn complete(
+        &mut self,
+        queue: &str,
+        lock_tokens: &[&str],
+        now_ms: i64,
+    ) -> Result<Vec<bool>, StoreError> {
         if lock_tokens.is_empty() {
             return Ok(Vec::new());
         }
@@ -309,10 +315,11 @@ impl Store {
         let mut done = Vec::with_capacity(lock_tokens.len());
         {
             let mut delete = tx.prepare_cached(
-                "DELETE FROM messages WHERE lock_token = ?1 AND locked_until_ms > ?2",
+                "DELETE FROM messages
+                 WHERE lock_token = ?1 AND locked_until_ms > ?2 AND queue = ?3",
             )?;
             for token in lock_tokens {
-                done.push(delete.execute(params![token, now_ms])? > 0);
+                done.push(delete.execute(params![token, now_ms, queue])? > 0);
             }
         }
         tx.commit()?;
@@ -523,11 +530,24 @@ mod tests {
             .unwrap();
         let leased = lease(&mut store, 2, 1_000, 10);
         let (a, b) = (leased[0].lock_token.as_str(), leased[1].lock_token.as_str());
-        assert_eq!(store.complete(&[a, "nope"], 500).unwrap(), [true, false]);
-        assert_eq!(store.depth("q").unwrap(), 1);
-        assert_eq!(store.complete(&[a], 600).unwrap(), [false], "already gone");
         assert_eq!(
-            store.complete(&[b], 1_010).unwrap(),
+            store.complete("other", &[a], 500).unwrap(),
+            [false],
+            "a token completes only in the queue it was leased from"
+        );
+        assert_eq!(store.depth("q").unwrap(), 2);
+        assert_eq!(
+            store.complete("q", &[a, "nope"], 500).unwrap(),
+            [true, false]
+        );
+        assert_eq!(store.depth("q").unwrap(), 1);
+        assert_eq!(
+            store.complete("q", &[a], 600).unwrap(),
+            [false],
+            "already gone"
+        );
+        assert_eq!(
+            store.complete("q", &[b], 1_010).unwrap(),
             [false],
             "the lease ended: the lock is lost"
         );
