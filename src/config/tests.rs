@@ -289,6 +289,10 @@ fn an_amqp_url_that_does_not_parse_is_never_echoed() {
         "http://user:s3cr3tpw@host/",
         "amqp://user:s3cr3tpw@host/%2f?frame_max=lots",
         "amqp://user:s3cr3tpw@host/%2f?auth_mechanism=s3cr3tpw",
+        // lapin lower-cases the mechanism it quotes, and the URL keeps the password
+        // percent-encoded: neither may let the password through.
+        "amqp://user:S3CR3TPW@host/%2f?auth_mechanism=S3CR3TPW",
+        "amqp://user:s3cr3t%70w@host/%2f?auth_mechanism=s3cr3tpw",
         "user:s3cr3tpw@host",
     ] {
         for url_var in [&v::RABBITMQ_URL, &v::FALLBACK_RABBITMQ_URL] {
@@ -299,7 +303,7 @@ fn an_amqp_url_that_does_not_parse_is_never_echoed() {
             ])
             .unwrap_err();
             assert_eq!(err.variable(), Some(url_var.name), "{err}");
-            let shown = format!("{err} {err:?}");
+            let shown = format!("{err} {err:?}").to_lowercase();
             assert!(!shown.contains("s3cr3tpw"), "{shown}");
         }
     }
