@@ -133,8 +133,8 @@ impl Store {
         })?;
         let conn = Connection::open(database_path(data_dir))?;
         // Another process (a receiver) may hold the write lock briefly.
-        conn.busy_timeout(Duration::from_secs(5))?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        enable_wal(&conn)?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.execute_batch(SCHEMA)?;
         migrate(&conn)?;
@@ -345,6 +345,31 @@ impl Store {
         tx.commit()?;
         Ok(())
     }
+}
+
+/// How long a statement waits for another process's lock before giving up.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Switch to WAL. On a new database the switch takes an exclusive lock without waiting in
+/// the busy handler, so two processes opening a fresh data directory at once (the gateway
+/// and `sendgate queue`) would get "database is locked": retry for the busy timeout.
+fn enable_wal(conn: &Connection) -> Result<(), StoreError> {
+    let give_up = std::time::Instant::now() + BUSY_TIMEOUT;
+    loop {
+        match conn.pragma_update(None, "journal_mode", "WAL") {
+            Err(e) if is_busy(&e) && std::time::Instant::now() < give_up => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            done => return Ok(done?),
+        }
+    }
+}
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
 }
 
 /// Bring a database made by an older sendgate up to the current schema.
@@ -593,5 +618,38 @@ mod tests {
         let err = store.receive("q", 10, |_| Err(std::io::Error::other("pipe closed")));
         assert!(err.is_err());
         assert_eq!(store.depth("q").unwrap(), 1);
+    }
+
+    #[test]
+    fn many_processes_opening_one_data_directory_at_once_all_succeed() {
+        // The gateway and `sendgate queue` may open a data directory at the same moment,
+        // fresh (switching it to WAL) or made before leases (migrating it).
+        for round in 0..24 {
+            let dir = tempfile::tempdir().unwrap();
+            if round % 2 == 0 {
+                let conn = Connection::open(database_path(dir.path())).unwrap();
+                conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+                conn.execute_batch(SCHEMA).unwrap();
+            }
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(8));
+            let openers: Vec<_> = (0..8)
+                .map(|_| {
+                    let path = dir.path().to_owned();
+                    let barrier = barrier.clone();
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        Store::open(&path).map(drop).map_err(|e| e.to_string())
+                    })
+                })
+                .collect();
+            for opener in openers {
+                if let Err(e) = opener.join().unwrap() {
+                    panic!("round {round}: {e}");
+                }
+            }
+            let mut store = Store::open(dir.path()).unwrap();
+            store.insert_batch(&[msg("a", b"1")], 1).unwrap();
+            assert_eq!(lease(&mut store, 1, 1_000, 10).len(), 1);
+        }
     }
 }
