@@ -509,3 +509,28 @@ fn an_environment_that_is_not_utf8_never_panics() {
         Err(ConfigError::UnknownVariable { .. })
     ));
 }
+
+#[test]
+fn a_credential_pasted_into_a_plain_variable_is_not_echoed() {
+    // A connection string pasted into the namespace, a URL with a password in the endpoint
+    // or the listen address: the variables are not secret, their value this time is.
+    let key = "KeyKeyKey123=";
+    let connection = format!(
+        "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey={key}"
+    );
+    for (var, value) in [
+        (&v::SERVICEBUS_NAMESPACE, connection.as_str()),
+        (&v::SERVICEBUS_ENDPOINT, connection.as_str()),
+        (&v::SERVICEBUS_ENDPOINT, "https://u:KeyKeyKey123=@h:99999"),
+        (&v::LISTEN, "amqp://u:KeyKeyKey123=@h:5672"),
+        (&v::LISTEN, "u:KeyKeyKey123=@h:5672"),
+    ] {
+        let err =
+            Settings::from_overrides(&[(&v::BACKEND, "servicebus"), (var, value)]).unwrap_err();
+        assert_eq!(err.variable(), Some(var.name), "{err}");
+        assert!(!format!("{err} {err:?}").contains(key), "{err}");
+    }
+    // An ordinary mistake is still shown.
+    let err = Settings::from_overrides(&[(&v::LISTEN, "everywhere")]).unwrap_err();
+    assert!(err.to_string().contains("everywhere"), "{err}");
+}
