@@ -114,7 +114,11 @@ impl LifecycleProbe {
                 remaining,
             } => match gateway_state {
                 GatewayState::Draining => {
-                    let wait = remaining.unwrap_or(BRIEF_DEFER).clamp(MIN_DEFER, self.ttl);
+                    // Not `clamp`: it panics when the caller's ttl is below MIN_DEFER.
+                    let wait = remaining
+                        .unwrap_or(BRIEF_DEFER)
+                        .max(MIN_DEFER)
+                        .min(self.ttl);
                     self.defer(now, wait, gateway_state)
                 }
                 GatewayState::Starting | GatewayState::Stopped => {
@@ -156,7 +160,8 @@ impl LifecycleProbe {
         let now = Instant::now();
         let wait = retry_after
             .unwrap_or(BRIEF_DEFER)
-            .clamp(MIN_DEFER, self.ttl);
+            .max(MIN_DEFER)
+            .min(self.ttl);
         let (verdict, expires) = self.defer(now, wait, state);
         let mut cached = self.cached.lock();
         if let Some(Cached {
@@ -317,6 +322,28 @@ mod tests {
         assert_eq!(until - Instant::now(), BRIEF_DEFER, "no hint: a brief wait");
         tokio::time::sleep_until(until).await;
         assert_eq!(probe.verdict().await, Verdict::Go);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_ttl_shorter_than_the_shortest_defer_caps_the_wait_without_panicking() {
+        // `probe_ttl` is the caller's: one below MIN_DEFER must not turn a draining answer
+        // into a panic (`Duration::clamp` with min > max).
+        let ttl = Duration::from_millis(100);
+        let t = Scripted::new(
+            vec![state(GatewayState::Draining, Some(2.0))],
+            Duration::ZERO,
+        );
+        let probe = LifecycleProbe::new(t.clone(), ttl, Duration::from_secs(3));
+        let start = Instant::now();
+        let Verdict::Defer { until, .. } = probe.verdict().await else {
+            panic!("draining defers")
+        };
+        assert_eq!(until - start, ttl);
+        probe.observe_defer(GatewayState::Draining, Some(Duration::from_secs(3)));
+        let Verdict::Defer { until, .. } = probe.verdict().await else {
+            panic!("still deferred")
+        };
+        assert_eq!(until - Instant::now(), ttl);
     }
 
     #[tokio::test(start_paused = true)]

@@ -124,7 +124,7 @@ fn execute(command: QueueCommand) -> Result<(), (u8, String)> {
             }
             .map_err(|e| (1, e.to_string()))?;
         }
-        QueueCommand::Complete { lock_tokens, .. } => complete(&mut store, &lock_tokens)?,
+        QueueCommand::Complete { lock_tokens, .. } => complete(&mut store, &queue, &lock_tokens)?,
     }
     Ok(())
 }
@@ -146,11 +146,11 @@ fn peek_lock(
 }
 
 /// Exit 1 when any token's lock was lost: its message may be handed out again.
-fn complete(store: &mut Store, tokens: &[String]) -> Result<(), (u8, String)> {
+fn complete(store: &mut Store, queue: &QueueName, tokens: &[String]) -> Result<(), (u8, String)> {
     let now = unix_ms(std::time::SystemTime::now());
     let tokens: Vec<&str> = tokens.iter().map(String::as_str).collect();
     let done = store
-        .complete(&tokens, now)
+        .complete(queue.as_str(), &tokens, now)
         .map_err(|e| (1, e.to_string()))?;
     let lost: Vec<&str> = tokens
         .iter()
@@ -164,7 +164,8 @@ fn complete(store: &mut Store, tokens: &[String]) -> Result<(), (u8, String)> {
     Err((
         1,
         format!(
-            "lock lost (lease ended, or unknown token) for {}: the message may be delivered again",
+            "lock lost (lease ended, or no such token in {}) for {}: the message may be delivered again",
+            queue.as_str(),
             lost.join(", ")
         ),
     ))

@@ -13,8 +13,9 @@ pub fn run() -> ExitCode {
         }
     };
     telemetry::init(settings.log_format);
-    let env = std::env::vars().collect();
-    for (name, known) in crate::config::servicebus_near_misses(&env) {
+    // Names only, and only those that are text: `std::env::vars` panics on the others.
+    let names = std::env::vars_os().filter_map(|(name, _)| name.into_string().ok());
+    for (name, known) in crate::config::servicebus_near_misses(names) {
         tracing::warn!(
             event = "unknown_variable",
             name,

@@ -191,23 +191,45 @@ fn parse_amqp_uri(var: &'static Var, raw: &str) -> Result<AMQPUri, ConfigError> 
     if url.cannot_be_a_base() || url.host_str().is_none_or(str::is_empty) {
         return Err(refuse("no host"));
     }
+    // What lapin still refuses here: a number, UTF-8 in the user info, or the
+    // auth_mechanism, which it quotes lower-cased (so a password typed there would pass a
+    // comparison with the URL's). Only its messages that quote nothing (no `:`) are shown.
     raw.parse::<AMQPUri>().map_err(|lapin_says| {
-        let password = url.password().unwrap_or_default();
-        let safe =
-            !lapin_says.contains(raw) && (password.is_empty() || !lapin_says.contains(password));
-        refuse(if safe {
-            &lapin_says
-        } else {
+        refuse(if lapin_says.starts_with("Invalid SASL mechanism") {
+            "auth_mechanism must be plain, amqplain, external, anonymous or rabbit-cr-demo"
+        } else if lapin_says.contains(':') || lapin_says.contains(raw) {
             "not a valid AMQP URI"
+        } else {
+            &lapin_says
         })
     })
 }
 
+/// Credentials in this URL would never be used (the admin plane authenticates with
+/// `SENDGATE_RABBITMQ_MANAGEMENT_USER`/`_PASSWORD`) yet would be printed by `Debug` and by
+/// every failed depth read (reqwest's errors name the URL): refused, and never echoed, even
+/// when the URL does not parse.
 fn parse_management_url(var: &'static Var, raw: &str) -> Result<Url, ConfigError> {
-    let url =
-        Url::parse(raw).map_err(|e| ConfigError::invalid(var, raw, format!("not a URL: {e}")))?;
+    let may_hold_credentials = raw.contains('@');
+    let refuse = |why: String| {
+        if may_hold_credentials {
+            ConfigError::other(
+                var,
+                format!("{why} (value not shown: it may hold a password)"),
+            )
+        } else {
+            ConfigError::invalid(var, raw, why)
+        }
+    };
+    let url = Url::parse(raw).map_err(|e| refuse(format!("not a URL: {e}")))?;
     if url.cannot_be_a_base() || !matches!(url.scheme(), "http" | "https") {
-        return Err(ConfigError::invalid(var, raw, "not an http(s) base URL"));
+        return Err(refuse("not an http(s) base URL".to_owned()));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(ConfigError::other(
+            var,
+            "no credentials allowed in the URL; set SENDGATE_RABBITMQ_MANAGEMENT_USER and SENDGATE_RABBITMQ_MANAGEMENT_PASSWORD",
+        ));
     }
     Ok(url)
 }

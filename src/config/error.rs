@@ -37,12 +37,13 @@ fn did_you_mean(suggestion: &Option<impl AsRef<str>>) -> String {
 }
 
 impl ConfigError {
-    /// A value of `var` that does not parse: shown unless the variable is secret.
+    /// A value of `var` that does not parse: shown unless the variable is secret or the
+    /// value looks like a credential pasted into the wrong variable.
     pub fn invalid(var: &'static Var, value: &str, reason: impl Into<String>) -> Self {
         Self::Invalid {
             var: var.name,
             reason: reason.into(),
-            got: (!var.secret).then(|| value.to_owned()),
+            got: (!var.secret && !holds_a_credential(value)).then(|| value.to_owned()),
         }
     }
 
@@ -61,6 +62,12 @@ impl ConfigError {
             Self::UnknownVariable { name, .. } => Some(name),
         }
     }
+}
+
+/// A SAS connection string or token, or user info (`user:password@host`, with or without
+/// a scheme): what an operator may paste into a variable that is not secret.
+fn holds_a_credential(value: &str) -> bool {
+    value.contains('@') || value.to_ascii_lowercase().contains("sharedaccess")
 }
 
 /// The closest of `candidates` to a misspelled `name`, if it is close enough to be the

@@ -191,13 +191,10 @@ fn refuse_unknown_variables(env: &HashMap<String, String>) -> Result<(), ConfigE
 
 /// Unknown `SERVICEBUS_*` variables that are a near miss of a declared one, with it:
 /// they cannot stop start-up (other tools share the prefix), but are worth a warning.
-pub fn servicebus_near_misses(env: &HashMap<String, String>) -> Vec<(String, &'static str)> {
-    let mut near: Vec<(String, &'static str)> = env
-        .keys()
+pub fn servicebus_near_misses(names: impl Iterator<Item = String>) -> Vec<(String, &'static str)> {
+    let mut near: Vec<(String, &'static str)> = names
         .filter(|k| k.starts_with("SERVICEBUS_") && vars::find(k).is_none())
-        .filter_map(|k| {
-            closest(k, VARIABLES.iter().map(|v| v.name)).map(|known| (k.clone(), known))
-        })
+        .filter_map(|k| closest(&k, VARIABLES.iter().map(|v| v.name)).map(|known| (k, known)))
         .collect();
     near.sort();
     near

@@ -23,6 +23,7 @@ pub mod servicebus;
 pub mod vars;
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -102,7 +103,7 @@ pub struct Settings {
 impl Settings {
     /// Settings from the process environment (and the file it names).
     pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_vars(&std::env::vars().collect())
+        Self::from_vars(&text_environment(std::env::vars_os())?)
     }
 
     /// Settings from an explicit set of variables: tests use this instead of mutating the
@@ -172,6 +173,41 @@ impl Settings {
                 _ => None,
             })
     }
+}
+
+/// The environment as text. `std::env::vars` panics on a name or value that is not
+/// UTF-8; another program's variable like that is none of our business and is skipped,
+/// while one of ours is refused (its value never shown: it may be a secret).
+fn text_environment(
+    vars: impl Iterator<Item = (OsString, OsString)>,
+) -> Result<HashMap<String, String>, ConfigError> {
+    let mut env = HashMap::new();
+    for (name, value) in vars {
+        match (name.into_string(), value.into_string()) {
+            (Ok(name), Ok(value)) => {
+                env.insert(name, value);
+            }
+            (Ok(name), Err(_)) => {
+                if let Some(var) = v::find(&name) {
+                    return Err(ConfigError::other(var, "is not valid UTF-8"));
+                }
+                if name.starts_with("SENDGATE_") {
+                    // Refused as unknown by the layers, as it would be with a text value.
+                    env.insert(name, String::new());
+                }
+            }
+            (Err(name), _) => {
+                let name = name.to_string_lossy();
+                if name.starts_with("SENDGATE_") {
+                    return Err(ConfigError::UnknownVariable {
+                        name: name.into_owned(),
+                        suggestion: None,
+                    });
+                }
+            }
+        }
+    }
+    Ok(env)
 }
 
 fn parse_listen(layers: &Layers) -> Result<SocketAddr, ConfigError> {

@@ -289,6 +289,10 @@ fn an_amqp_url_that_does_not_parse_is_never_echoed() {
         "http://user:s3cr3tpw@host/",
         "amqp://user:s3cr3tpw@host/%2f?frame_max=lots",
         "amqp://user:s3cr3tpw@host/%2f?auth_mechanism=s3cr3tpw",
+        // lapin lower-cases the mechanism it quotes, and the URL keeps the password
+        // percent-encoded: neither may let the password through.
+        "amqp://user:S3CR3TPW@host/%2f?auth_mechanism=S3CR3TPW",
+        "amqp://user:s3cr3t%70w@host/%2f?auth_mechanism=s3cr3tpw",
         "user:s3cr3tpw@host",
     ] {
         for url_var in [&v::RABBITMQ_URL, &v::FALLBACK_RABBITMQ_URL] {
@@ -299,7 +303,7 @@ fn an_amqp_url_that_does_not_parse_is_never_echoed() {
             ])
             .unwrap_err();
             assert_eq!(err.variable(), Some(url_var.name), "{err}");
-            let shown = format!("{err} {err:?}");
+            let shown = format!("{err} {err:?}").to_lowercase();
             assert!(!shown.contains("s3cr3tpw"), "{shown}");
         }
     }
@@ -423,4 +427,110 @@ fn a_file_that_is_not_toml_is_refused_without_quoting_its_lines() {
         err.to_string().starts_with("SENDGATE_CONFIG: cannot read"),
         "{err}"
     );
+}
+
+#[test]
+fn a_management_url_with_credentials_is_refused_without_echoing_them() {
+    // A password in the admin plane's URL would be ignored (the request authenticates with
+    // SENDGATE_RABBITMQ_MANAGEMENT_USER/_PASSWORD) yet printed by every failed depth read
+    // (reqwest's errors name the URL) and by `Debug`: refuse it, and never show it.
+    for bad in [
+        "http://admin:s3cr3tpw@h:15672",
+        "http://admin:s3cr3tpw@h:99999",
+        "http://admin:s3cr3tpw@[::1",
+        "ftp://admin:s3cr3tpw@h/",
+    ] {
+        for var in [
+            &v::RABBITMQ_MANAGEMENT_URL,
+            &v::FALLBACK_RABBITMQ_MANAGEMENT_URL,
+        ] {
+            let err = Settings::from_overrides(&[
+                (&v::BACKEND, "rabbitmq"),
+                (&v::FALLBACK_BACKEND, "rabbitmq"),
+                (var, bad),
+            ])
+            .unwrap_err();
+            assert_eq!(err.variable(), Some(var.name), "{err}");
+            let shown = format!("{err} {err:?}");
+            assert!(!shown.contains("s3cr3tpw"), "{shown}");
+        }
+    }
+    // Without credentials the value is still shown, to help fix it.
+    let err = Settings::from_overrides(&[
+        (&v::BACKEND, "rabbitmq"),
+        (&v::RABBITMQ_MANAGEMENT_URL, "http://h:99999"),
+    ])
+    .unwrap_err();
+    assert!(err.to_string().contains("http://h:99999"), "{err}");
+}
+
+#[test]
+fn an_environment_that_is_not_utf8_never_panics() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+    let bytes = |b: &[u8]| OsString::from_vec(b.to_vec());
+    let text = |s: &str| OsString::from(s);
+
+    // Another program's variable: skipped.
+    let env = text_environment(
+        [
+            (text("OTHER"), bytes(b"\xff")),
+            (bytes(b"OTHER_\xff"), text("x")),
+            (text("SENDGATE_DEPTH_TTL_MS"), text("5")),
+        ]
+        .into_iter(),
+    )
+    .unwrap();
+    assert_eq!(
+        Settings::from_vars(&env)
+            .unwrap()
+            .capacity
+            .depth_ttl
+            .as_millis(),
+        5
+    );
+
+    // One of ours: refused, naming it, never showing the value.
+    let err = text_environment(
+        [(
+            text("SENDGATE_RABBITMQ_URL"),
+            bytes(b"amqp://u:s3cr3t\xff@h"),
+        )]
+        .into_iter(),
+    )
+    .unwrap_err();
+    assert_eq!(err.variable(), Some("SENDGATE_RABBITMQ_URL"));
+    assert!(!format!("{err} {err:?}").contains("s3cr3t"), "{err}");
+    let err = text_environment([(bytes(b"SENDGATE_\xff"), text("x"))].into_iter()).unwrap_err();
+    assert!(matches!(err, ConfigError::UnknownVariable { .. }), "{err}");
+    let env = text_environment([(text("SENDGATE_NOPE"), bytes(b"\xff"))].into_iter()).unwrap();
+    assert!(matches!(
+        Settings::from_vars(&env),
+        Err(ConfigError::UnknownVariable { .. })
+    ));
+}
+
+#[test]
+fn a_credential_pasted_into_a_plain_variable_is_not_echoed() {
+    // A connection string pasted into the namespace, a URL with a password in the endpoint
+    // or the listen address: the variables are not secret, their value this time is.
+    let key = "KeyKeyKey123=";
+    let connection = format!(
+        "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey={key}"
+    );
+    for (var, value) in [
+        (&v::SERVICEBUS_NAMESPACE, connection.as_str()),
+        (&v::SERVICEBUS_ENDPOINT, connection.as_str()),
+        (&v::SERVICEBUS_ENDPOINT, "https://u:KeyKeyKey123=@h:99999"),
+        (&v::LISTEN, "amqp://u:KeyKeyKey123=@h:5672"),
+        (&v::LISTEN, "u:KeyKeyKey123=@h:5672"),
+    ] {
+        let err =
+            Settings::from_overrides(&[(&v::BACKEND, "servicebus"), (var, value)]).unwrap_err();
+        assert_eq!(err.variable(), Some(var.name), "{err}");
+        assert!(!format!("{err} {err:?}").contains(key), "{err}");
+    }
+    // An ordinary mistake is still shown.
+    let err = Settings::from_overrides(&[(&v::LISTEN, "everywhere")]).unwrap_err();
+    assert!(err.to_string().contains("everywhere"), "{err}");
 }

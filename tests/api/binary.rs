@@ -159,23 +159,23 @@ async fn peek_lock_leases_hides_and_completes_by_lock_token() {
     assert_eq!(app.stored("requests"), 3, "leased, not deleted");
 
     let token = first[0]["lock_token"].as_str().unwrap();
-    let complete = || {
+    let complete = |queue: &str| {
         sendgate(
-            &[
-                "queue",
-                "complete",
-                "--queue",
-                "requests",
-                "--lock-token",
-                token,
-            ],
+            &["queue", "complete", "--queue", queue, "--lock-token", token],
             &env,
         )
     };
-    let done = complete();
+    let elsewhere = complete("other");
+    assert_eq!(
+        elsewhere.status.code(),
+        Some(1),
+        "a token completes only in the queue it was leased from"
+    );
+    assert_eq!(app.stored("requests"), 3);
+    let done = complete("requests");
     assert!(done.status.success(), "{}", stderr(&done));
     assert_eq!(app.stored("requests"), 2);
-    let again = complete();
+    let again = complete("requests");
     assert_eq!(
         again.status.code(),
         Some(1),
@@ -326,4 +326,31 @@ fn a_misspelled_servicebus_variable_is_named_at_start_up_without_stopping_it() {
         "{err}"
     );
     assert!(!err.contains("SERVICEBUS_UNRELATED_TOOL_SETTING"), "{err}");
+}
+
+#[test]
+fn a_variable_that_is_not_utf8_never_panics_the_binary() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap().to_owned();
+    let run = |name: &str, value: &[u8]| {
+        let mut cmd = crate::gateway::binary(
+            &["queue", "depth", "--queue", "requests"],
+            &[("SENDGATE_DATA_DIR".to_owned(), data.clone())].into(),
+        );
+        cmd.env(name, std::ffi::OsStr::from_bytes(value));
+        cmd.output().expect("the binary runs")
+    };
+    // Another program's variable: none of our business.
+    let out = run("SOMEONE_ELSES", b"caf\xe9");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0");
+    // One of ours: refused in one line, its value never shown.
+    let out = run("SENDGATE_RABBITMQ_URL", b"amqp://u:s3cr3tpw\xff@h");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("SENDGATE_RABBITMQ_URL") && !err.contains("s3cr3tpw"),
+        "{err}"
+    );
 }

@@ -133,8 +133,8 @@ impl Store {
         })?;
         let conn = Connection::open(database_path(data_dir))?;
         // Another process (a receiver) may hold the write lock briefly.
-        conn.busy_timeout(Duration::from_secs(5))?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        enable_wal(&conn)?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.execute_batch(SCHEMA)?;
         migrate(&conn)?;
@@ -239,7 +239,7 @@ impl Store {
             .map(|l| l.lock_token.as_str())
             .collect();
         // Delete what was handed out, even when a later delivery failed.
-        self.complete(&delivered, now_ms)?;
+        self.complete(queue, &delivered, now_ms)?;
         self.release(&undelivered)?;
         match failure {
             Some(e) => Err(StoreError::Output(e)),
@@ -299,9 +299,15 @@ impl Store {
         Ok(claimed)
     }
 
-    /// Delete the messages these lock tokens claim; per token, `false` when its lease had
-    /// already ended (the message may have gone to another receiver) or it is unknown.
-    pub fn complete(&mut self, lock_tokens: &[&str], now_ms: i64) -> Result<Vec<bool>, StoreError> {
+    /// Delete the messages of `queue` these lock tokens claim; per token, `false` when its
+    /// lease had already ended (the message may have gone to another receiver) or it is
+    /// unknown in `queue`.
+    pub fn complete(
+        &mut self,
+        queue: &str,
+        lock_tokens: &[&str],
+        now_ms: i64,
+    ) -> Result<Vec<bool>, StoreError> {
         if lock_tokens.is_empty() {
             return Ok(Vec::new());
         }
@@ -309,10 +315,11 @@ impl Store {
         let mut done = Vec::with_capacity(lock_tokens.len());
         {
             let mut delete = tx.prepare_cached(
-                "DELETE FROM messages WHERE lock_token = ?1 AND locked_until_ms > ?2",
+                "DELETE FROM messages
+                 WHERE lock_token = ?1 AND locked_until_ms > ?2 AND queue = ?3",
             )?;
             for token in lock_tokens {
-                done.push(delete.execute(params![token, now_ms])? > 0);
+                done.push(delete.execute(params![token, now_ms, queue])? > 0);
             }
         }
         tx.commit()?;
@@ -338,6 +345,31 @@ impl Store {
         tx.commit()?;
         Ok(())
     }
+}
+
+/// How long a statement waits for another process's lock before giving up.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Switch to WAL. On a new database the switch takes an exclusive lock without waiting in
+/// the busy handler, so two processes opening a fresh data directory at once (the gateway
+/// and `sendgate queue`) would get "database is locked": retry for the busy timeout.
+fn enable_wal(conn: &Connection) -> Result<(), StoreError> {
+    let give_up = std::time::Instant::now() + BUSY_TIMEOUT;
+    loop {
+        match conn.pragma_update(None, "journal_mode", "WAL") {
+            Err(e) if is_busy(&e) && std::time::Instant::now() < give_up => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            done => return Ok(done?),
+        }
+    }
+}
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
 }
 
 /// Bring a database made by an older sendgate up to the current schema.
@@ -523,11 +555,24 @@ mod tests {
             .unwrap();
         let leased = lease(&mut store, 2, 1_000, 10);
         let (a, b) = (leased[0].lock_token.as_str(), leased[1].lock_token.as_str());
-        assert_eq!(store.complete(&[a, "nope"], 500).unwrap(), [true, false]);
-        assert_eq!(store.depth("q").unwrap(), 1);
-        assert_eq!(store.complete(&[a], 600).unwrap(), [false], "already gone");
         assert_eq!(
-            store.complete(&[b], 1_010).unwrap(),
+            store.complete("other", &[a], 500).unwrap(),
+            [false],
+            "a token completes only in the queue it was leased from"
+        );
+        assert_eq!(store.depth("q").unwrap(), 2);
+        assert_eq!(
+            store.complete("q", &[a, "nope"], 500).unwrap(),
+            [true, false]
+        );
+        assert_eq!(store.depth("q").unwrap(), 1);
+        assert_eq!(
+            store.complete("q", &[a], 600).unwrap(),
+            [false],
+            "already gone"
+        );
+        assert_eq!(
+            store.complete("q", &[b], 1_010).unwrap(),
             [false],
             "the lease ended: the lock is lost"
         );
@@ -573,5 +618,38 @@ mod tests {
         let err = store.receive("q", 10, |_| Err(std::io::Error::other("pipe closed")));
         assert!(err.is_err());
         assert_eq!(store.depth("q").unwrap(), 1);
+    }
+
+    #[test]
+    fn many_processes_opening_one_data_directory_at_once_all_succeed() {
+        // The gateway and `sendgate queue` may open a data directory at the same moment,
+        // fresh (switching it to WAL) or made before leases (migrating it).
+        for round in 0..24 {
+            let dir = tempfile::tempdir().unwrap();
+            if round % 2 == 0 {
+                let conn = Connection::open(database_path(dir.path())).unwrap();
+                conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+                conn.execute_batch(SCHEMA).unwrap();
+            }
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(8));
+            let openers: Vec<_> = (0..8)
+                .map(|_| {
+                    let path = dir.path().to_owned();
+                    let barrier = barrier.clone();
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        Store::open(&path).map(drop).map_err(|e| e.to_string())
+                    })
+                })
+                .collect();
+            for opener in openers {
+                if let Err(e) = opener.join().unwrap() {
+                    panic!("round {round}: {e}");
+                }
+            }
+            let mut store = Store::open(dir.path()).unwrap();
+            store.insert_batch(&[msg("a", b"1")], 1).unwrap();
+            assert_eq!(lease(&mut store, 1, 1_000, 10).len(), 1);
+        }
     }
 }
