@@ -115,6 +115,10 @@ struct GateState {
     last_read_ok_at: Option<SystemTime>,
     reads_ok: u64,
     reads_failed: u64,
+    /// The read generation whose fail-closed refusals were last logged, and the refusals
+    /// not logged since: `send_failclosed` is logged once per depth read, not per send.
+    failclosed_logged: Option<u64>,
+    failclosed_unlogged: u64,
 }
 
 /// Why a read is made: for a send (counts in the streak) or at start-up (does not).
@@ -160,6 +164,8 @@ impl CapacityGate {
                 last_read_ok_at: None,
                 reads_ok: 0,
                 reads_failed: 0,
+                failclosed_logged: None,
+                failclosed_unlogged: 0,
             }),
             read_turn: tokio::sync::Mutex::new(()),
         })
@@ -179,32 +185,55 @@ impl CapacityGate {
         let cached = {
             let mut state = self.state.lock();
             if self.is_fresh(&state, Instant::now()) {
-                Ok(self.decide(&mut state))
+                let decision = self.decide(&mut state);
+                Ok((Self::failclosed_to_log(&mut state, &decision), decision))
             } else {
                 Err(state.generation)
             }
         };
-        let decision = match cached {
-            Ok(decision) => decision,
+        let (log, decision) = match cached {
+            Ok(decided) => decided,
             Err(seen_generation) => {
                 self.refresh(backend, seen_generation, Read::ForSend).await;
                 let mut state = self.state.lock();
-                self.decide(&mut state)
+                let decision = self.decide(&mut state);
+                (Self::failclosed_to_log(&mut state, &decision), decision)
             }
         };
         // Logged after the lock is released: stderr must not serialise a queue's sends.
-        if let Err(Refusal::CapacityUnknown {
-            consecutive_failures,
-        }) = &decision
+        if let (
+            Some(refused_since_last_log),
+            Err(Refusal::CapacityUnknown {
+                consecutive_failures,
+            }),
+        ) = (log, &decision)
         {
             tracing::warn!(
                 event = "send_failclosed",
                 queue = %self.queue,
                 consecutive_failures,
-                "queue depth unknown: refusing the send (fail-closed)"
+                refused_since_last_log,
+                "queue depth unknown: refusing sends (fail-closed)"
             );
         }
         decision
+    }
+
+    /// A fail-closed refusal is logged once per depth read: the first after each read
+    /// says how many were refused since the last line (this one included).
+    fn failclosed_to_log(
+        state: &mut GateState,
+        decision: &Result<Reservation, Refusal>,
+    ) -> Option<u64> {
+        if !matches!(decision, Err(Refusal::CapacityUnknown { .. })) {
+            return None;
+        }
+        state.failclosed_unlogged += 1;
+        if state.failclosed_logged == Some(state.generation) {
+            return None;
+        }
+        state.failclosed_logged = Some(state.generation);
+        Some(std::mem::take(&mut state.failclosed_unlogged))
     }
 
     /// Read the depth now, whatever the cache holds (start-up).
@@ -406,6 +435,44 @@ mod tests {
     use crate::backend::{Backlog, OutgoingMessage, SendError, SendReceipt};
     use async_trait::async_trait;
     use std::sync::atomic::{AtomicU64, Ordering};
+
+    #[test]
+    fn fail_closed_refusals_are_logged_once_per_depth_read_with_the_count_since() {
+        let gate = CapacityGate::new(QueueName::parse("q").unwrap(), policy(1, 1000, true, 3));
+        let refused = || -> Result<Reservation, Refusal> {
+            Err(Refusal::CapacityUnknown {
+                consecutive_failures: 3,
+            })
+        };
+        let mut state = gate.state.lock();
+        state.generation = 7;
+        assert_eq!(
+            CapacityGate::failclosed_to_log(&mut state, &refused()),
+            Some(1)
+        );
+        for _ in 0..4 {
+            assert_eq!(
+                CapacityGate::failclosed_to_log(&mut state, &refused()),
+                None
+            );
+        }
+        let full = Err(Refusal::QueueFull {
+            backlog: 1,
+            limit: 1,
+            retry_after: Duration::from_secs(1),
+        });
+        assert_eq!(CapacityGate::failclosed_to_log(&mut state, &full), None);
+        state.generation = 8;
+        assert_eq!(
+            CapacityGate::failclosed_to_log(&mut state, &refused()),
+            Some(5),
+            "the four silent ones and this one"
+        );
+        assert_eq!(
+            CapacityGate::failclosed_to_log(&mut state, &refused()),
+            None
+        );
+    }
 
     /// An admin plane that answers from a script (then repeats its last answer), after a delay.
     struct ScriptedDepth {
