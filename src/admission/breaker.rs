@@ -328,6 +328,37 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn an_outcome_at_a_buckets_end_starts_the_next_bucket() {
+        // One failure opens a bucket at t=0; the eight at t=1.0 s, exactly its end, start
+        // the next one (9 in all: closed). At t=61.0 s the window starts at 1.0 s: the first
+        // bucket has left it, the second has not, so those eight and two more open it.
+        let b = breaker();
+        outcome(&b, Outcome::Failure);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        for _ in 0..8 {
+            outcome(&b, Outcome::Failure);
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+        tokio::time::advance(Duration::from_secs(60)).await;
+        outcome(&b, Outcome::Failure);
+        assert_eq!(b.state(), BreakerState::Closed, "8 + 1 in the window");
+        outcome(&b, Outcome::Failure);
+        assert_eq!(b.state(), BreakerState::Open, "8 + 2 in the window");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_bucket_still_partly_in_the_window_still_counts() {
+        let b = breaker();
+        for _ in 0..9 {
+            outcome(&b, Outcome::Failure);
+        }
+        // The window starts at 0.5 s: the bucket [0, 1) s is partly inside it.
+        tokio::time::advance(Duration::from_millis(60_500)).await;
+        outcome(&b, Outcome::Failure);
+        assert_eq!(b.state(), BreakerState::Open);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn neutral_outcomes_count_for_nothing() {
         let b = breaker();
         for _ in 0..50 {
