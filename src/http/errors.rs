@@ -22,6 +22,10 @@ use crate::lifecycle::NotAdmitting;
 /// no better estimate of when capacity will be known again.
 pub const CAPACITY_UNKNOWN_RETRY_AFTER: Duration = Duration::from_secs(30);
 
+/// The longest wait a broker's own `Retry-After` may impose on producers: a throttling
+/// broker asking for more (or sending garbage like `9999999999`) is passed on as this.
+pub const MAX_BROKER_RETRY_AFTER: Duration = Duration::from_secs(60);
+
 /// One problem with the request's input (part of the error body, so wire vocabulary).
 pub use sendgate_wire::FieldError;
 
@@ -268,7 +272,9 @@ impl Problem {
             },
             DispatchError::Send(SendError::AuthFailed(_)) => Problem::BackendAuthFailed,
             DispatchError::Send(SendError::Busy { retry_after, .. }) => Problem::BackendBusy {
-                retry_after: retry_after.unwrap_or(Duration::from_secs(1)),
+                retry_after: retry_after
+                    .unwrap_or(Duration::from_secs(1))
+                    .min(MAX_BROKER_RETRY_AFTER),
             },
             DispatchError::Send(SendError::QueueDisabled) => Problem::QueueDisabled,
             DispatchError::Send(SendError::TooLarge) => Problem::PayloadTooLarge {

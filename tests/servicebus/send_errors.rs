@@ -88,6 +88,19 @@ async fn each_broker_refusal_maps_to_its_answer() {
             "backend_busy",
             Some(12),
         ),
+        // Bounded by us, not by the broker: a producer is never told to wait for years.
+        (
+            Reply::status(429).header("Retry-After", "9999999999"),
+            503,
+            "backend_busy",
+            Some(60),
+        ),
+        (
+            Reply::status(503).header("Retry-After", "61"),
+            503,
+            "backend_busy",
+            Some(60),
+        ),
     ];
     let total = cases.len();
     for (i, (reply, status, code, retry)) in cases.into_iter().enumerate() {
