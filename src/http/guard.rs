@@ -97,6 +97,66 @@ fn strip_port(host: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use actix_web::test as http_test;
+    use actix_web::{web, App, HttpResponse};
+
+    /// The status a request naming `host` gets through the guard in front of a route
+    /// that answers 200 (no `host`: a request with no Host header at all).
+    async fn status_through(check: HostCheck, host: Option<&str>) -> u16 {
+        let app = http_test::init_service(
+            App::new()
+                .wrap(actix_web::middleware::from_fn(move |req, next| {
+                    refuse_foreign_hosts(check, req, next)
+                }))
+                .route("/", web::get().to(HttpResponse::Ok)),
+        )
+        .await;
+        let mut req = http_test::TestRequest::get().uri("/");
+        if let Some(host) = host {
+            req = req.insert_header((HOST, host));
+        }
+        http_test::call_service(&app, req.to_request())
+            .await
+            .status()
+            .as_u16()
+    }
+
+    #[actix_web::test]
+    async fn loopback_only_refuses_a_foreign_host_before_the_route_and_passes_loopback() {
+        let only = HostCheck::LoopbackOnly;
+        assert_eq!(status_through(only, Some("evil.example")).await, 403);
+        assert_eq!(status_through(only, Some("localhost:8080")).await, 200);
+        assert_eq!(
+            status_through(only, None).await,
+            200,
+            "no Host: not a browser"
+        );
+        assert_eq!(
+            status_through(HostCheck::Off, Some("evil.example")).await,
+            200
+        );
+    }
+
+    #[actix_web::test]
+    async fn a_host_header_that_is_not_text_is_refused() {
+        let app = http_test::init_service(
+            App::new()
+                .wrap(actix_web::middleware::from_fn(move |req, next| {
+                    refuse_foreign_hosts(HostCheck::LoopbackOnly, req, next)
+                }))
+                .route("/", web::get().to(HttpResponse::Ok)),
+        )
+        .await;
+        let value = actix_web::http::header::HeaderValue::from_bytes(b"local\xffhost").unwrap();
+        let req = http_test::TestRequest::get()
+            .uri("/")
+            .insert_header((HOST, value))
+            .to_request();
+        assert_eq!(
+            http_test::call_service(&app, req).await.status().as_u16(),
+            403
+        );
+    }
 
     #[test]
     fn loopback_names_and_addresses_pass() {
