@@ -24,7 +24,9 @@ use tracing_subscriber::EnvFilter;
 use crate::config::LogFormat;
 
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info"))
+        .add_directive(no_payloads());
     // Colours only for a person at a terminal: a file or a log collector gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -38,6 +40,17 @@ pub fn init(format: LogFormat) {
             .try_init(),
         LogFormat::Text => builder.try_init(),
     };
+}
+
+/// Logs never carry message bodies. The AMQP client logs a message the broker returns
+/// (a `mandatory` publish to a queue that is gone) with its whole payload, at WARN; the
+/// backend maps that return to `send_failed` itself, so the client's line is dropped
+/// whatever `RUST_LOG` says.
+fn no_payloads() -> tracing_subscriber::filter::Directive {
+    // A constant, checked by the test below: never input.
+    "lapin::returned_messages=off"
+        .parse()
+        .expect("a valid directive")
 }
 
 /// One JSON object per event: `timestamp`, `level`, `target`, the fields of the spans it
@@ -187,6 +200,11 @@ impl Visit for JsonFieldsOf<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_no_payloads_directive_parses_and_silences_returned_messages() {
+        assert_eq!(no_payloads().to_string(), "lapin::returned_messages=off");
+    }
     use std::sync::{Arc, Mutex};
     use tracing_subscriber::fmt::MakeWriter;
 

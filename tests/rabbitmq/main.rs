@@ -540,3 +540,39 @@ async fn with_the_admin_plane_down_from_the_start_send_3_is_the_first_refused() 
     );
     rabbit::delete(&queue).await;
 }
+
+#[tokio::test]
+async fn a_message_returned_by_the_broker_never_puts_its_payload_in_the_logs() {
+    // Sends are `mandatory`: when the queue is gone the broker returns the whole message,
+    // and the AMQP client would log it (payload included) at WARN, under the default filter.
+    rabbit::ensure_broker();
+    let queue = rabbit::unique("sg-returned");
+    rabbit::declare(&queue, &[]).await;
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let gw = gateway::GatewayProcess::start_logging_to(
+        &[
+            ("SENDGATE_BACKEND", "rabbitmq"),
+            ("SENDGATE_QUEUES", &queue),
+            ("SENDGATE_WORKERS", "1"),
+        ],
+        log.reopen().unwrap(),
+    )
+    .await;
+    rabbit::delete(&queue).await;
+    let marker = "PAYLOAD-MARKER-7f3a9c";
+    let status = gw
+        .send(&queue, &format!("{{\"secret\":\"{marker}\"}}"))
+        .await
+        .unwrap();
+    assert_eq!(status, 502, "the queue is gone: send_failed");
+    drop(gw);
+    let text = std::fs::read_to_string(log.path()).unwrap();
+    assert!(text.contains("listening"), "the log was captured: {text}");
+    // As text, or as the byte list a Debug of the delivery prints.
+    let as_bytes = format!("{:?}", &marker.as_bytes()[..8]);
+    let as_bytes = &as_bytes[1..as_bytes.len() - 1];
+    assert!(
+        !text.contains(marker) && !text.contains(as_bytes),
+        "the payload reached the logs:\n{text}"
+    );
+}

@@ -184,12 +184,17 @@ impl GatewayProcess {
     /// Start `sendgate serve` with a clean environment plus `vars` (names checked) on a
     /// free port, and wait until `/health/ready` answers 200. Its output is discarded.
     pub async fn start(vars: &[(&str, &str)]) -> Self {
+        Self::start_logging_to(vars, Stdio::null()).await
+    }
+
+    /// [`Self::start`], its logs (stderr) going to `log`.
+    pub async fn start_logging_to(vars: &[(&str, &str)], log: impl Into<Stdio>) -> Self {
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
         let env = env_of(&[&[("SENDGATE_LISTEN", listen.as_str())], vars]);
         let child = binary(&["serve"], &env)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("the binary starts");
         let gateway = Self {
