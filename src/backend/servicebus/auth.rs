@@ -38,6 +38,11 @@ const ENTRA_REFRESH_BEFORE: Duration = Duration::from_secs(5 * 60);
 /// One credential source may take this long before the chain moves on (an IMDS endpoint
 /// that does not exist off Azure can hang rather than refuse).
 const ENTRA_SOURCE_BUDGET: Duration = Duration::from_secs(10);
+/// After a failed token fetch, sends are refused from the cached failure for a while
+/// instead of each one asking Entra ID again: 5 s, doubling with each failure in a row
+/// up to 30 s, less up to a fifth at random so a fleet does not retry in step.
+const ENTRA_FAILURE_PAUSE_FIRST: Duration = Duration::from_secs(5);
+const ENTRA_FAILURE_PAUSE_MAX: Duration = Duration::from_secs(30);
 
 /// What SAS encodes: everything but the unreserved characters, as the Azure SDKs do.
 const SAS_ENCODE: &AsciiSet = &NON_ALPHANUMERIC
@@ -362,6 +367,26 @@ type Refresh = Shared<BoxFuture<'static, Result<CachedBearer, String>>>;
 struct EntraState {
     token: Option<CachedBearer>,
     refreshing: Option<Refresh>,
+    /// The last fetch failed: its error, answered without a new fetch until `until`.
+    failed: Option<FailedFetch>,
+    /// Fetches failed in a row (for the pause's doubling).
+    failures_in_a_row: u32,
+}
+
+#[derive(Clone)]
+struct FailedFetch {
+    error: String,
+    until: Instant,
+}
+
+/// How long a failed fetch is answered from the cache: failure number `n` in a row
+/// (counting from 1) waits 5 s × 2^(n−1), at most 30 s, times `unit` in [0.8, 1.0]
+/// (`unit` is random in production: jitter).
+fn failure_pause(n: u32, unit: f64) -> Duration {
+    let doubled = ENTRA_FAILURE_PAUSE_FIRST
+        .saturating_mul(1u32 << n.saturating_sub(1).min(8))
+        .min(ENTRA_FAILURE_PAUSE_MAX);
+    doubled.mul_f64(0.8 + 0.2 * unit.clamp(0.0, 1.0))
 }
 
 /// Bearer tokens from a [`CredentialChain`], cached, refreshed by one task at a time.
@@ -386,6 +411,13 @@ impl EntraCredential {
                 if token.expires_on - now > ENTRA_REFRESH_BEFORE {
                     return Ok(token.header.clone());
                 }
+            }
+            let usable = state.token.clone().filter(|t| t.expires_on > now);
+            if let Some(failed) = state.failed.clone().filter(|f| Instant::now() < f.until) {
+                // Entra ID failed a moment ago: do not ask again for every send.
+                return usable
+                    .map(|t| t.header)
+                    .ok_or(TokenError::Unavailable(failed.error));
             }
             (state.token.clone(), self.refresh(&mut state))
         };
@@ -413,9 +445,19 @@ impl EntraCredential {
             let mut state = shared_state.lock();
             state.refreshing = None;
             match &result {
-                Ok(token) => state.token = Some(token.clone()),
+                Ok(token) => {
+                    state.token = Some(token.clone());
+                    state.failed = None;
+                    state.failures_in_a_row = 0;
+                }
                 Err(e) => {
-                    tracing::warn!(event = "servicebus_entra_failed", error = %e, "could not get an Entra ID token")
+                    state.failures_in_a_row = state.failures_in_a_row.saturating_add(1);
+                    let pause = failure_pause(state.failures_in_a_row, rand::random());
+                    state.failed = Some(FailedFetch {
+                        error: e.clone(),
+                        until: Instant::now() + pause,
+                    });
+                    tracing::warn!(event = "servicebus_entra_failed", error = %e, retry_in_s = pause.as_secs_f64(), "could not get an Entra ID token")
                 }
             }
             result
@@ -728,8 +770,43 @@ mod tests {
             Err(TokenError::Unavailable(e)) => assert!(e.contains("first: "), "{e}"),
             other => panic!("{other:?}"),
         }
-        // A failed refresh does not stick: the next call tries again.
-        let _ = entra.authorization(far()).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_fetch_is_answered_from_the_cache_for_its_pause_then_retried() {
+        let a = FakeCredential::new(true, Duration::ZERO, Duration::ZERO);
+        let entra = EntraCredential::new(CredentialChain::new(vec![("first", a.clone())]));
+        assert!(entra.authorization(far()).await.is_err());
+        assert_eq!(a.calls(), 1);
+        // Every send in the next seconds gets the same answer without asking Entra ID.
+        for _ in 0..100 {
+            match entra.authorization(far()).await {
+                Err(TokenError::Unavailable(e)) => assert!(e.contains("first: "), "{e}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(a.calls(), 1, "the failure is cached");
+        // The first pause is 4 to 5 s: after it, one new fetch (which fails again).
+        tokio::time::advance(Duration::from_millis(5_001)).await;
+        assert!(entra.authorization(far()).await.is_err());
+        assert_eq!(a.calls(), 2, "a failed refresh does not stick for ever");
+        // The second failure in a row pauses longer (8 to 10 s).
+        tokio::time::advance(Duration::from_millis(5_001)).await;
+        assert!(entra.authorization(far()).await.is_err());
         assert_eq!(a.calls(), 2);
+    }
+
+    #[test]
+    fn the_failure_pause_doubles_to_thirty_seconds_with_jitter_below() {
+        let s = Duration::from_secs;
+        assert_eq!(failure_pause(1, 1.0), s(5));
+        assert_eq!(failure_pause(2, 1.0), s(10));
+        assert_eq!(failure_pause(3, 1.0), s(20));
+        assert_eq!(failure_pause(4, 1.0), s(30));
+        assert_eq!(failure_pause(u32::MAX, 1.0), s(30));
+        assert_eq!(failure_pause(1, 0.0), s(4));
+        assert_eq!(failure_pause(4, 0.0), s(24));
+        assert_eq!(failure_pause(0, 1.0), s(5), "never below the first pause");
+        assert_eq!(failure_pause(1, 7.0), s(5), "the unit is clamped");
     }
 }
