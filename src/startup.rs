@@ -210,7 +210,8 @@ impl Application {
             max_body_bytes: settings.max_body_bytes,
             drain_window: settings.drain_timeout,
             metrics: crate::metrics::Metrics::new(),
-            body_timeout: settings.send_timeout,
+            body_timeout: settings.body_timeout,
+            body_budget: crate::http::body_budget::BodyBudget::new(settings.max_buffered_bytes),
         });
 
         let bind_error = |source| StartupError::Bind {
@@ -237,9 +238,13 @@ impl Application {
         // balancer, not sendgate, closes idle connections (no reset-on-reuse races).
         .keep_alive(Duration::from_secs(75))
         .shutdown_timeout(1);
-        if let Some(workers) = settings.workers {
-            server = server.workers(workers);
-        }
+        // SENDGATE_MAX_CONNECTIONS is for the process; actix counts per worker.
+        let workers = settings.workers.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        });
+        server = server
+            .workers(workers)
+            .max_connections(settings.max_connections.div_ceil(workers));
         let server = server.listen(listener).map_err(bind_error)?.run();
         tracing::info!(
             event = "listening",

@@ -125,16 +125,23 @@ impl Layers {
         self.whole(var)?.ok_or_else(|| required(var))
     }
 
-    /// A [`Kind::Duration`] variable, within its bounds, in its unit.
+    /// A [`Kind::Duration`] variable that has a default, so always has a value.
     pub fn duration(&self, var: &'static Var) -> Result<Duration, ConfigError> {
+        self.optional_duration(var)?.ok_or_else(|| required(var))
+    }
+
+    /// A [`Kind::Duration`] variable, within its bounds, in its unit; `None` when unset.
+    pub fn optional_duration(&self, var: &'static Var) -> Result<Option<Duration>, ConfigError> {
         let Kind::Duration { min, max } = var.kind else {
             return Err(not_of_kind(var, "a duration"));
         };
-        let value = self.value(var).ok_or_else(|| required(var))?;
+        let Some(value) = self.value(var) else {
+            return Ok(None);
+        };
         let n = bounded(var, value, min, max)?;
         match var.unit {
-            Unit::Millis => Ok(Duration::from_millis(n)),
-            Unit::Seconds => Ok(Duration::from_secs(n)),
+            Unit::Millis => Ok(Some(Duration::from_millis(n))),
+            Unit::Seconds => Ok(Some(Duration::from_secs(n))),
             Unit::None | Unit::Bytes => Err(not_of_kind(var, "a duration in ms or s")),
         }
     }

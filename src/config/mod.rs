@@ -93,6 +93,12 @@ pub struct Settings {
     pub send_timeout: Duration,
     pub max_in_flight: usize,
     pub max_body_bytes: usize,
+    /// Longest a request body may take to arrive; never longer than `send_timeout`.
+    pub body_timeout: Duration,
+    /// Request bodies held in memory at once, in bytes; at least `max_body_bytes`.
+    pub max_buffered_bytes: usize,
+    /// Open client connections, all workers together.
+    pub max_connections: usize,
     pub drain_timeout: Duration,
     pub auth: AuthSettings,
     pub log_format: LogFormat,
@@ -136,6 +142,8 @@ impl Settings {
             _ => LogFormat::Text,
         };
         let auth = parse_auth(layers, listen)?;
+        let send_timeout = layers.duration(&v::SEND_TIMEOUT_MS)?;
+        let max_body_bytes = layers.count(&v::MAX_BODY_BYTES)? as usize;
         Ok(Settings {
             listen,
             queues,
@@ -152,9 +160,12 @@ impl Settings {
                 depth_ttl: layers.duration(&v::DEPTH_TTL_MS)?,
                 admin_timeout: layers.duration(&v::ADMIN_TIMEOUT_MS)?,
             },
-            send_timeout: layers.duration(&v::SEND_TIMEOUT_MS)?,
+            send_timeout,
             max_in_flight: layers.count(&v::MAX_IN_FLIGHT)? as usize,
-            max_body_bytes: layers.count(&v::MAX_BODY_BYTES)? as usize,
+            max_body_bytes,
+            body_timeout: body_timeout(layers, send_timeout)?,
+            max_buffered_bytes: max_buffered_bytes(layers, max_body_bytes)?,
+            max_connections: layers.count(&v::MAX_CONNECTIONS)? as usize,
             drain_timeout: layers.duration(&v::DRAIN_TIMEOUT_S)?,
             auth,
             log_format,
@@ -173,6 +184,36 @@ impl Settings {
                 _ => None,
             })
     }
+}
+
+/// The body's own deadline: set, it may not exceed the send deadline (a body still
+/// arriving when the send would have timed out is a send that cannot finish); unset, 5 s or
+/// the send deadline, the shorter.
+fn body_timeout(layers: &Layers, send_timeout: Duration) -> Result<Duration, ConfigError> {
+    match layers.optional_duration(&v::BODY_TIMEOUT_MS)? {
+        None => Ok(send_timeout.min(Duration::from_secs(5))),
+        Some(t) if t > send_timeout => Err(ConfigError::other(
+            &v::BODY_TIMEOUT_MS,
+            format!(
+                "must be at most SENDGATE_SEND_TIMEOUT_MS ({} ms)",
+                send_timeout.as_millis()
+            ),
+        )),
+        Some(t) => Ok(t),
+    }
+}
+
+/// Room for at least one body of the largest size, or no full-size send could ever pass.
+fn max_buffered_bytes(layers: &Layers, max_body_bytes: usize) -> Result<usize, ConfigError> {
+    let n = layers.count(&v::MAX_BUFFERED_BYTES)?;
+    let n = usize::try_from(n).unwrap_or(usize::MAX);
+    if n < max_body_bytes {
+        return Err(ConfigError::other(
+            &v::MAX_BUFFERED_BYTES,
+            format!("must be at least SENDGATE_MAX_BODY_BYTES ({max_body_bytes})"),
+        ));
+    }
+    Ok(n)
 }
 
 /// The environment as text. `std::env::vars` panics on a name or value that is not

@@ -534,3 +534,38 @@ fn a_credential_pasted_into_a_plain_variable_is_not_echoed() {
     let err = Settings::from_overrides(&[(&v::LISTEN, "everywhere")]).unwrap_err();
     assert!(err.to_string().contains("everywhere"), "{err}");
 }
+
+#[test]
+fn the_body_deadline_defaults_under_the_send_deadline_and_may_not_exceed_it() {
+    let s = Settings::from_vars(&HashMap::new()).unwrap();
+    assert_eq!(s.body_timeout, Duration::from_secs(5));
+    assert_eq!(s.max_buffered_bytes, 64 * 1024 * 1024);
+    assert_eq!(s.max_connections, 10_000);
+    let s = Settings::from_vars(&vars(&[("SENDGATE_SEND_TIMEOUT_MS", "300")])).unwrap();
+    assert_eq!(s.body_timeout, Duration::from_millis(300), "the shorter");
+    let s = Settings::from_vars(&vars(&[("SENDGATE_BODY_TIMEOUT_MS", "10000")])).unwrap();
+    assert_eq!(s.body_timeout, Duration::from_secs(10), "equal is fine");
+    let err = Settings::from_vars(&vars(&[("SENDGATE_BODY_TIMEOUT_MS", "10001")])).unwrap_err();
+    assert!(
+        err.to_string().starts_with("SENDGATE_BODY_TIMEOUT_MS"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_memory_budget_holds_at_least_one_largest_body() {
+    let err = Settings::from_vars(&vars(&[
+        ("SENDGATE_MAX_BODY_BYTES", "2000"),
+        ("SENDGATE_MAX_BUFFERED_BYTES", "1999"),
+    ]))
+    .unwrap_err();
+    assert!(
+        err.to_string().starts_with("SENDGATE_MAX_BUFFERED_BYTES"),
+        "{err}"
+    );
+    assert!(Settings::from_vars(&vars(&[
+        ("SENDGATE_MAX_BODY_BYTES", "2000"),
+        ("SENDGATE_MAX_BUFFERED_BYTES", "2000"),
+    ]))
+    .is_ok());
+}

@@ -355,6 +355,38 @@ pub const MAX_BODY_BYTES: Var = Var::server(
 )
 .default("262144")
 .unit(Unit::Bytes);
+pub const BODY_TIMEOUT_MS: Var = Var::server(
+    "SENDGATE_BODY_TIMEOUT_MS",
+    G::Limits,
+    K::Duration {
+        min: 1,
+        max: HOUR_MS,
+    },
+    "Longest a request body may take to arrive (a slow or stalled client); at most the send deadline.",
+)
+.unset("5000 or SENDGATE_SEND_TIMEOUT_MS, the shorter")
+.unit(Unit::Millis);
+pub const MAX_BUFFERED_BYTES: Var = Var::server(
+    "SENDGATE_MAX_BUFFERED_BYTES",
+    G::Limits,
+    K::Whole {
+        min: 1,
+        max: BILLION * 4,
+    },
+    "Request bodies held in memory at once; a send that would pass it is 503 saturated at once.",
+)
+.default("67108864")
+.unit(Unit::Bytes);
+pub const MAX_CONNECTIONS: Var = Var::server(
+    "SENDGATE_MAX_CONNECTIONS",
+    G::Limits,
+    K::Whole {
+        min: 1,
+        max: 1_000_000,
+    },
+    "Open client connections, all workers together; more wait in the listen backlog.",
+)
+.default("10000");
 pub const DRAIN_TIMEOUT_S: Var = Var::server(
     "SENDGATE_DRAIN_TIMEOUT_S",
     G::Limits,
@@ -530,6 +562,9 @@ pub const VARIABLES: &[&Var] = &[
     &SEND_TIMEOUT_MS,
     &MAX_IN_FLIGHT,
     &MAX_BODY_BYTES,
+    &BODY_TIMEOUT_MS,
+    &MAX_BUFFERED_BYTES,
+    &MAX_CONNECTIONS,
     &DRAIN_TIMEOUT_S,
     &API_KEYS_FILE,
     &AUTH,

@@ -2,6 +2,7 @@
 
 mod admin;
 pub mod auth;
+pub mod body_budget;
 pub mod context;
 pub mod errors;
 mod fallback;
@@ -33,6 +34,8 @@ pub struct AppState {
     pub metrics: crate::metrics::Metrics,
     /// Longest a request body may take to arrive.
     pub body_timeout: std::time::Duration,
+    /// Request bodies held in memory at once.
+    pub body_budget: body_budget::BodyBudget,
 }
 
 /// The routing table. Anything not listed is `404 not_found`, answered here without

@@ -8,6 +8,7 @@ use futures_util::StreamExt;
 use sendgate_wire::{Queued, Valid};
 
 use super::auth::Permission;
+use super::body_budget::BodyReservation;
 use super::errors::{ApiError, FieldError, Problem, MAX_FIELD_ERRORS};
 use super::headers::{spelling, CORRELATION_ID, IDEMPOTENCY_KEY, SENDGATE_BACKEND};
 use super::{authorize, AppState, RequestContext};
@@ -92,7 +93,8 @@ async fn admit_and_send(
         .admit_send()
         .map_err(|n| context.error(n.into()))?;
     // 4. Input.
-    let (input, body) = read_input(req, context, payload, state)
+    // `_buffered` holds the body's bytes in the budget until the send has ended.
+    let (input, body, _buffered) = read_input(req, context, payload, state)
         .await
         .map_err(|problem| context.error(problem))?;
     let message_id = input.message_id.clone().unwrap_or_else(MessageId::generate);
@@ -144,15 +146,22 @@ async fn read_input(
     context: &RequestContext,
     payload: web::Payload,
     state: &AppState,
-) -> Result<(Input, Bytes), Problem> {
+) -> Result<(Input, Bytes, BodyReservation), Problem> {
     if !is_json(req) {
         return Err(Problem::UnsupportedMediaType);
     }
+    // Room for the body in memory first, held until the send ends; none left: refused now.
+    let announced = announced_length(req);
+    let expected = announced.map_or(state.max_body_bytes, |n| n.min(state.max_body_bytes));
+    let reservation = state
+        .body_budget
+        .try_reserve(expected)
+        .ok_or(Problem::Saturated)?;
     // A client that stops mid-body must not hold its request (and the drain) open: the
-    // body gets the send's own deadline to arrive.
+    // body has its own deadline to arrive (`SENDGATE_BODY_TIMEOUT_MS`).
     let body = tokio::time::timeout(
         state.body_timeout,
-        read_body(req, payload, state.max_body_bytes),
+        read_body(payload, announced, state.max_body_bytes),
     )
     .await
     .unwrap_or_else(|_| {
@@ -164,7 +173,7 @@ async fn read_input(
         })
     })?;
     let input = Input::parse(req, &body, context.header_problem())?;
-    Ok((input, body))
+    Ok((input, body, reservation))
 }
 
 /// Steps 5 to 8, in the dispatcher; the answer names the backend the send went to.
@@ -257,18 +266,21 @@ pub(super) fn is_json(req: &HttpRequest) -> bool {
         )
 }
 
+/// The `Content-Length` the client announced, when it is a number.
+fn announced_length(req: &HttpRequest) -> Option<usize> {
+    req.headers()
+        .get(actix_web::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+}
+
 /// The body, refusing it as soon as it is known to be too large (from `Content-Length`
 /// before reading, or while streaming when the length was not announced).
 async fn read_body(
-    req: &HttpRequest,
     mut payload: web::Payload,
+    announced: Option<usize>,
     limit: usize,
 ) -> Result<Bytes, Problem> {
-    let announced = req
-        .headers()
-        .get(actix_web::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
     if announced.is_some_and(|n| n > limit) {
         return Err(Problem::PayloadTooLarge { limit });
     }

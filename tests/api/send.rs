@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use crate::helpers::{body_json, retry_after, spawn_app, spawn_app_with, spawn_in};
+use crate::helpers::{body_json, retry_after, spawn_app, spawn_app_with, spawn_in, TestApp};
 
 #[tokio::test]
 async fn a_send_is_queued_with_its_ids() {
@@ -337,13 +337,11 @@ async fn error_answers_echo_the_correlation_id_too() {
     assert!(response.headers().contains_key("X-Request-Id"));
 }
 
-#[tokio::test]
-async fn a_body_that_stops_arriving_is_given_up_at_the_send_deadline() {
+/// Announce 100 bytes, send 10, then nothing: the answer, and how long it took.
+async fn stalled_upload(app: &TestApp) -> (String, Duration) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let app = spawn_app_with(&[("SENDGATE_SEND_TIMEOUT_MS", "500")]).await;
     let addr = app.address.trim_start_matches("http://").to_owned();
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    // Announce 100 bytes, send 10, then nothing.
     stream
         .write_all(b"POST /v1/queues/requests/messages HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n[1,2,3,4,")
         .await
@@ -354,12 +352,70 @@ async fn a_body_that_stops_arriving_is_given_up_at_the_send_deadline() {
         .await
         .expect("answered")
         .unwrap();
-    let text = String::from_utf8_lossy(&answer[..n]).to_string();
+    (
+        String::from_utf8_lossy(&answer[..n]).to_string(),
+        started.elapsed(),
+    )
+}
+
+#[tokio::test]
+async fn a_body_that_stops_arriving_is_given_up_at_the_send_deadline() {
+    let app = spawn_app_with(&[("SENDGATE_SEND_TIMEOUT_MS", "500")]).await;
+    let (text, took) = stalled_upload(&app).await;
     assert!(text.starts_with("HTTP/1.1 400"), "{text}");
-    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(took < Duration::from_secs(3));
     assert_eq!(
         app.handle.lifecycle.sends_in_flight(),
         0,
         "the stalled upload no longer holds the drain"
+    );
+}
+
+#[tokio::test]
+async fn a_body_has_a_deadline_of_its_own_shorter_than_the_sends() {
+    // The send deadline (10 s) would let a stalled upload hold its request for 10 s.
+    let app = spawn_app_with(&[("SENDGATE_BODY_TIMEOUT_MS", "300")]).await;
+    let (text, took) = stalled_upload(&app).await;
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.contains("did not arrive in time"), "{text}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+}
+
+#[tokio::test]
+async fn bodies_held_past_the_memory_budget_are_refused_saturated_at_once() {
+    let app = spawn_app_with(&[
+        ("SENDGATE_MAX_BODY_BYTES", "1000"),
+        ("SENDGATE_MAX_BUFFERED_BYTES", "1000"),
+    ])
+    .await;
+    let body = format!("\"{}\"", "x".repeat(598)); // 600 bytes
+    app.faults().hold_sends(true);
+    let (client, url, held_body) = (
+        app.client.clone(),
+        app.url("/v1/queues/requests/messages"),
+        body.clone(),
+    );
+    let held = tokio::spawn(async move {
+        client
+            .post(url)
+            .header("Content-Type", "application/json")
+            .body(held_body)
+            .send()
+            .await
+            .unwrap()
+            .status()
+    });
+    app.wait_in_flight(1).await;
+    // 600 held + 600 more > 1000: refused before the body is read.
+    let response = app.send("requests", &body).await;
+    assert_eq!(response.status(), 503);
+    assert!(retry_after(&response).is_some());
+    assert_eq!(body_json(response).await["code"], "saturated");
+    app.faults().hold_sends(false);
+    assert_eq!(held.await.unwrap(), 201);
+    assert_eq!(
+        app.send("requests", &body).await.status(),
+        201,
+        "given back"
     );
 }
