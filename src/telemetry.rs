@@ -42,6 +42,36 @@ pub fn init(format: LogFormat) {
     };
 }
 
+/// At most one line per `period` for an event that would otherwise be logged once per
+/// request (a broker that fails every send would write thousands a second). The line that
+/// is let through says how many were held back since the last one.
+pub struct EveryPeriod {
+    period: std::time::Duration,
+    state: parking_lot::Mutex<(Option<tokio::time::Instant>, u64)>,
+}
+
+impl EveryPeriod {
+    pub const fn new(period: std::time::Duration) -> Self {
+        Self {
+            period,
+            state: parking_lot::const_mutex((None, 0)),
+        }
+    }
+
+    /// `Some(held back since the last line)` when this one may be logged.
+    pub fn admit(&self) -> Option<u64> {
+        let now = tokio::time::Instant::now();
+        let mut state = self.state.lock();
+        let (last, held_back) = &mut *state;
+        if last.is_some_and(|at| now < at + self.period) {
+            *held_back += 1;
+            return None;
+        }
+        *last = Some(now);
+        Some(std::mem::take(held_back))
+    }
+}
+
 /// Logs never carry message bodies. The AMQP client logs a message the broker returns
 /// (a `mandatory` publish to a queue that is gone) with its whole payload, at WARN; the
 /// backend maps that return to `send_failed` itself, so the client's line is dropped
@@ -200,6 +230,24 @@ impl Visit for JsonFieldsOf<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_throttled_event_is_let_through_once_a_period_with_the_count_held_back() {
+        let every = EveryPeriod::new(std::time::Duration::from_secs(1));
+        assert_eq!(every.admit(), Some(0), "the first one");
+        for _ in 0..5 {
+            assert_eq!(every.admit(), None);
+        }
+        tokio::time::advance(std::time::Duration::from_millis(999)).await;
+        assert_eq!(every.admit(), None, "still inside the period");
+        tokio::time::advance(std::time::Duration::from_millis(1)).await;
+        assert_eq!(
+            every.admit(),
+            Some(6),
+            "one line, saying six were held back"
+        );
+        assert_eq!(every.admit(), None);
+    }
 
     #[test]
     fn the_no_payloads_directive_parses_and_silences_returned_messages() {

@@ -46,6 +46,8 @@ pub struct Lane {
     backend: Arc<dyn Backend>,
     gates: HashMap<QueueName, Arc<CapacityGate>>,
     probe: Mutex<Option<ProbeStatus>>,
+    /// `send_failed` is logged at most once a second per lane.
+    pub send_failed_log: crate::telemetry::EveryPeriod,
 }
 
 impl Lane {
@@ -66,6 +68,7 @@ impl Lane {
                 .map(|q| (q.clone(), CapacityGate::new(q.clone(), policy.clone())))
                 .collect(),
             probe: Mutex::new(None),
+            send_failed_log: crate::telemetry::EveryPeriod::new(Duration::from_secs(1)),
         }
     }
 

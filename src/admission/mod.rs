@@ -196,9 +196,12 @@ impl Dispatcher {
             .await
             .unwrap_or(Err(SendError::Timeout));
         // One event per failed send whatever the backend, inside the request's span (its
-        // `request_id`, `queue` and `key`); backends may add their own detail.
+        // `request_id`, `queue` and `key`), at most one a second per lane (with the count
+        // held back): a broker failing every send must not flood the logs.
         if let Err(error) = &result {
-            tracing::warn!(event = "send_failed", backend = lane.role.as_str(), %error, "the backend did not take the message");
+            if let Some(held_back) = lane.send_failed_log.admit() {
+                tracing::warn!(event = "send_failed", backend = lane.role.as_str(), %error, held_back_since_last_log = held_back, "the backend did not take the message");
+            }
         }
         ticket.record(match &result {
             Ok(_) => Outcome::Success,
