@@ -465,6 +465,31 @@ mod tests {
     }
 
     #[test]
+    fn pruning_forgets_only_ids_older_than_the_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path()).unwrap();
+        let window = DUPLICATE_WINDOW.as_millis() as i64;
+        store.insert_batch(&[msg("old", b"1")], 1_000).unwrap();
+        store.insert_batch(&[msg("new", b"2")], 5_000).unwrap();
+        // At 1_000 + window + 1 only "old" is out of the window.
+        assert_eq!(store.prune_seen_ids(1_000 + window + 1).unwrap(), 1);
+        assert_eq!(
+            store.prune_seen_ids(1_000 + window + 1).unwrap(),
+            0,
+            "already gone"
+        );
+        let seen: Vec<String> = store
+            .conn
+            .prepare("SELECT message_id FROM seen_ids ORDER BY message_id")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(seen, ["new"], "the recent id is still remembered");
+    }
+
+    #[test]
     fn a_receiver_that_fails_half_way_keeps_what_it_did_not_hand_out() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::open(dir.path()).unwrap();
