@@ -24,9 +24,7 @@ use tracing_subscriber::EnvFilter;
 use crate::config::LogFormat;
 
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info"))
-        .add_directive(no_payloads());
+    let filter = filter(std::env::var(EnvFilter::DEFAULT_ENV).ok().as_deref());
     // Colours only for a person at a terminal: a file or a log collector gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -72,16 +70,30 @@ impl EveryPeriod {
     }
 }
 
-/// Logs never carry message bodies. The AMQP client logs a message the broker returns
-/// (a `mandatory` publish to a queue that is gone) with its whole payload, at WARN; the
-/// backend maps that return to `send_failed` itself, so the client's line is dropped
-/// whatever `RUST_LOG` says.
-fn no_payloads() -> tracing_subscriber::filter::Directive {
-    // A constant, checked by the test below: never input.
-    "lapin::returned_messages=off"
-        .parse()
-        .expect("a valid directive")
+/// `RUST_LOG` (or `info` when unset or invalid), with [`NO_PAYLOADS`] on top.
+fn filter(rust_log: Option<&str>) -> EnvFilter {
+    let filter = rust_log
+        .and_then(|directives| EnvFilter::try_new(directives).ok())
+        .unwrap_or_else(|| EnvFilter::new("info"));
+    NO_PAYLOADS.iter().fold(filter, |filter, directive| {
+        // Constants, checked by the tests below: never input.
+        filter.add_directive(directive.parse().expect("a valid directive"))
+    })
 }
+
+/// Logs never carry message bodies or the broker password, whatever `RUST_LOG` says.
+/// The AMQP client logs a message the broker returns (a `mandatory` publish to a queue
+/// that is gone) with its whole payload, at WARN (the backend maps that return to
+/// `send_failed` itself); at TRACE it logs every frame it reads or writes (`Debug` of a
+/// body frame is the payload, of `connection.start-ok` the PLAIN password) and the
+/// frames it discards. Those modules stay at DEBUG at most; nothing else of lapin's is
+/// touched.
+const NO_PAYLOADS: &[&str] = &[
+    "lapin::returned_messages=off",
+    "lapin::channels=debug",
+    "lapin::io_loop=debug",
+    "lapin::frames=debug",
+];
 
 /// One JSON object per event: `timestamp`, `level`, `target`, the fields of the spans it
 /// happened in (outermost first) and the event's own fields, all at the top level. On a
@@ -249,12 +261,54 @@ mod tests {
         assert_eq!(every.admit(), None);
     }
 
-    #[test]
-    fn the_no_payloads_directive_parses_and_silences_returned_messages() {
-        assert_eq!(no_payloads().to_string(), "lapin::returned_messages=off");
-    }
     use std::sync::{Arc, Mutex};
     use tracing_subscriber::fmt::MakeWriter;
+
+    /// What a subscriber filtered by `RUST_LOG=rust_log` writes for one event per target.
+    fn logged_under(rust_log: &str) -> String {
+        let out = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(out.clone())
+            .with_env_filter(filter(Some(rust_log)))
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(target: "lapin::returned_messages", "returned PAYLOAD-1");
+            tracing::trace!(target: "lapin::channels", "will handle frame PAYLOAD-2");
+            tracing::trace!(target: "lapin::io_loop", "will write StartOk SECRET-3");
+            tracing::trace!(target: "lapin::frames", "discarding frame PAYLOAD-4");
+            tracing::trace!(target: "lapin::io_loop", "kept at trace");
+            tracing::debug!(target: "lapin::io_loop", "io loop at debug");
+            tracing::trace!(target: "lapin::connection", "connection at trace");
+            tracing::info!(target: "sendgate", "ours at info");
+        });
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        text
+    }
+
+    #[test]
+    fn no_rust_log_lets_payloads_or_the_broker_password_into_the_logs() {
+        for rust_log in [
+            "trace",
+            "info,lapin=trace",
+            "info,lapin::io_loop=trace,lapin::channels=trace,lapin::frames=trace,lapin::returned_messages=warn",
+        ] {
+            let text = logged_under(rust_log);
+            for secret in ["PAYLOAD-1", "PAYLOAD-2", "SECRET-3", "PAYLOAD-4"] {
+                assert!(!text.contains(secret), "{rust_log}: {text}");
+            }
+            assert!(text.contains("io loop at debug"), "{rust_log}: {text}");
+            assert!(text.contains("ours at info"), "{rust_log}: {text}");
+        }
+        let text = logged_under("info,lapin=trace");
+        assert!(
+            text.contains("connection at trace"),
+            "the rest of lapin: {text}"
+        );
+        assert!(
+            logged_under("not a filter [").contains("ours at info"),
+            "invalid: info"
+        );
+    }
 
     #[derive(Clone, Default)]
     struct Captured(Arc<Mutex<Vec<u8>>>);

@@ -4,7 +4,9 @@
 //! that, and held until its send ends: without a budget, many slow clients uploading
 //! large bodies at once could hold gigabytes. A send reserves its announced length (or the
 //! largest allowed body when none is announced) before reading; when the budget is spent
-//! it is refused `503 saturated` at once, never queued.
+//! it is refused `503 saturated` at once, never queued. Once read, a body keeps only its
+//! own length reserved: a small body sent without a length must not hold the largest size
+//! for the whole send.
 
 use std::sync::Arc;
 
@@ -16,6 +18,18 @@ pub struct BodyBudget {
 
 /// Bytes reserved for one body, given back when dropped.
 pub struct BodyReservation(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
+
+impl BodyReservation {
+    /// Give back all but `n` bytes: the body turned out smaller than reserved.
+    pub fn shrink_to(&mut self, n: usize) {
+        if let Some(permit) = &mut self.0 {
+            let surplus = permit.num_permits().saturating_sub(n);
+            if surplus > 0 {
+                drop(permit.split(surplus));
+            }
+        }
+    }
+}
 
 impl BodyBudget {
     pub fn new(bytes: usize) -> Self {
@@ -66,5 +80,20 @@ mod tests {
             budget.try_reserve(1001).is_none(),
             "never more than the whole"
         );
+    }
+
+    #[test]
+    fn a_reservation_shrunk_to_its_body_gives_back_the_rest_and_the_body_on_drop() {
+        let budget = BodyBudget::new(1000);
+        let mut r = budget.try_reserve(1000).expect("room");
+        r.shrink_to(12);
+        assert_eq!(budget.available(), 988);
+        r.shrink_to(500);
+        assert_eq!(budget.available(), 988, "never grows");
+        drop(r);
+        assert_eq!(budget.available(), 1000);
+        let mut empty = budget.try_reserve(0).expect("room");
+        empty.shrink_to(0);
+        assert_eq!(budget.available(), 1000);
     }
 }

@@ -138,6 +138,29 @@ mod tests {
     }
 
     #[actix_web::test]
+    async fn without_a_host_header_the_uris_authority_is_checked() {
+        let app = http_test::init_service(
+            App::new()
+                .wrap(actix_web::middleware::from_fn(move |req, next| {
+                    refuse_foreign_hosts(HostCheck::LoopbackOnly, req, next)
+                }))
+                .default_service(web::to(HttpResponse::Ok)),
+        )
+        .await;
+        for (uri, status) in [
+            ("http://evil.example/", 403),
+            ("http://evil.example:8080/x", 403),
+            ("http://localhost:8080/", 200),
+            ("http://[::1]/", 200),
+        ] {
+            let req = http_test::TestRequest::get().uri(uri).to_request();
+            assert!(req.headers().get(HOST).is_none());
+            let got = http_test::call_service(&app, req).await.status().as_u16();
+            assert_eq!(got, status, "{uri}");
+        }
+    }
+
+    #[actix_web::test]
     async fn a_host_header_that_is_not_text_is_refused() {
         let app = http_test::init_service(
             App::new()

@@ -153,7 +153,7 @@ async fn read_input(
     // Room for the body in memory first, held until the send ends; none left: refused now.
     let announced = announced_length(req);
     let expected = announced.map_or(state.max_body_bytes, |n| n.min(state.max_body_bytes));
-    let reservation = state
+    let mut reservation = state
         .body_budget
         .try_reserve(expected)
         .ok_or(Problem::Saturated)?;
@@ -172,6 +172,8 @@ async fn read_input(
             )],
         })
     })?;
+    // A body sent without a length was reserved at the largest size: keep only its own.
+    reservation.shrink_to(body.len());
     let input = Input::parse(req, &body, context.header_problem())?;
     Ok((input, body, reservation))
 }

@@ -419,3 +419,58 @@ async fn bodies_held_past_the_memory_budget_are_refused_saturated_at_once() {
         "given back"
     );
 }
+
+#[tokio::test]
+async fn a_body_sent_without_a_length_holds_only_its_own_bytes_once_read() {
+    // No Content-Length: the largest body is reserved while it arrives, but once it is
+    // read only its 12 bytes stay held for the send, not the whole 1000.
+    let app = spawn_app_with(&[
+        ("SENDGATE_MAX_BODY_BYTES", "1000"),
+        ("SENDGATE_MAX_BUFFERED_BYTES", "1000"),
+    ])
+    .await;
+    app.faults().hold_sends(true);
+    let (client, url) = (app.client.clone(), app.url("/v1/queues/requests/messages"));
+    let held = tokio::spawn(async move {
+        let chunks = futures_util::stream::iter([Ok::<_, std::io::Error>("\"chunked!!!\"")]);
+        client
+            .post(url)
+            .header("Content-Type", "application/json")
+            .body(reqwest::Body::wrap_stream(chunks))
+            .send()
+            .await
+            .unwrap()
+            .status()
+    });
+    app.wait_in_flight(1).await;
+    let body = format!("\"{}\"", "x".repeat(598)); // 600 bytes: 12 + 600 < 1000
+    let (client, url) = (app.client.clone(), app.url("/v1/queues/requests/messages"));
+    let second = tokio::spawn(async move {
+        let response = client
+            .post(url)
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        (response.status(), response.text().await.unwrap())
+    });
+    // Refused, it is answered at once; taken, it waits for the broker beside the first.
+    let started = std::time::Instant::now();
+    while !second.is_finished() && started.elapsed() < Duration::from_secs(5) {
+        let detailed = app
+            .client
+            .get(app.url("/health/detailed"))
+            .send()
+            .await
+            .unwrap();
+        if body_json(detailed).await["backends"]["primary"]["sends_in_flight"] == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    app.faults().hold_sends(false);
+    let (status, text) = second.await.unwrap();
+    assert_eq!(status, 201, "{text}");
+    assert_eq!(held.await.unwrap(), 201);
+}

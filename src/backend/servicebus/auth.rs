@@ -510,7 +510,7 @@ impl Credential {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicU32;
+    use std::sync::atomic::{AtomicBool, AtomicU32};
 
     const SEND: &str = "Endpoint=sb://test.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0LWtleS0xMjM0NTY3ODkw";
 
@@ -658,7 +658,7 @@ mod tests {
     #[derive(Debug)]
     struct FakeCredential {
         calls: AtomicU32,
-        fail: bool,
+        fail: AtomicBool,
         delay: Duration,
         lifetime: Duration,
     }
@@ -667,13 +667,16 @@ mod tests {
         fn new(fail: bool, delay: Duration, lifetime: Duration) -> Arc<Self> {
             Arc::new(Self {
                 calls: AtomicU32::new(0),
-                fail,
+                fail: AtomicBool::new(fail),
                 delay,
                 lifetime,
             })
         }
         fn calls(&self) -> u32 {
             self.calls.load(Ordering::SeqCst)
+        }
+        fn start_failing(&self) {
+            self.fail.store(true, Ordering::SeqCst);
         }
     }
 
@@ -687,7 +690,7 @@ mod tests {
             assert_eq!(scopes, [ENTRA_SCOPE]);
             let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
             tokio::time::sleep(self.delay).await;
-            if self.fail {
+            if self.fail.load(Ordering::SeqCst) {
                 return Err(azure_core::Error::with_message(
                     azure_core::error::ErrorKind::Credential,
                     "not here",
@@ -794,6 +797,20 @@ mod tests {
         tokio::time::advance(Duration::from_millis(5_001)).await;
         assert!(entra.authorization(far()).await.is_err());
         assert_eq!(a.calls(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_token_still_valid_is_used_through_a_failure_pause() {
+        // Four minutes: valid, but inside the five-minute renewal window.
+        let short = FakeCredential::new(false, Duration::ZERO, Duration::from_secs(240));
+        let entra = EntraCredential::new(CredentialChain::new(vec![("short", short.clone())]));
+        assert_eq!(entra.authorization(far()).await.unwrap(), "Bearer token-1");
+        short.start_failing();
+        // The renewal fails: the old token still serves, and keeps serving in the pause.
+        assert_eq!(entra.authorization(far()).await.unwrap(), "Bearer token-1");
+        assert_eq!(short.calls(), 2);
+        assert_eq!(entra.authorization(far()).await.unwrap(), "Bearer token-1");
+        assert_eq!(short.calls(), 2, "no new fetch during the pause");
     }
 
     #[test]
