@@ -511,6 +511,25 @@ mod tests {
             2,
             "only the one handed out is gone"
         );
+        // What was not handed out is released at once, not after the 30 s claim, with its
+        // delivery not counted.
+        let next = store
+            .lease("q", 10, Duration::from_secs(1), unix_ms(SystemTime::now()))
+            .unwrap();
+        let ids: Vec<_> = next.iter().map(|l| l.message.message_id.as_str()).collect();
+        assert_eq!(ids, ["b", "c"]);
+        assert!(next.iter().all(|l| l.message.delivery_count == 1));
+    }
+
+    #[test]
+    fn the_database_is_in_wal_mode_so_readers_run_beside_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mode: String = store
+            .conn
+            .pragma_query_value(None, "journal_mode", |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
     }
 
     #[test]
