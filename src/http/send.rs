@@ -7,7 +7,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use sendgate_wire::{Queued, Valid};
 
-use super::auth::Permission;
+use super::auth::{Authenticator, Permission};
 use super::body_budget::BodyReservation;
 use super::errors::{ApiError, FieldError, Problem, MAX_FIELD_ERRORS};
 use super::headers::{spelling, CORRELATION_ID, IDEMPOTENCY_KEY, SENDGATE_BACKEND};
@@ -86,7 +86,7 @@ async fn admit_and_send(
     state: &AppState,
 ) -> Result<Accepted, ApiError> {
     // 2. Who is asking, and may they send to this queue?
-    let queue = authorize_send(req, context, queue, state)?;
+    let (queue, caller) = authorize_send(req, context, queue, state)?;
     // 3. Lifecycle: the guard keeps a drain waiting until this send is answered.
     let _in_flight = state
         .lifecycle
@@ -106,25 +106,52 @@ async fn admit_and_send(
             taken: Taken::Validated,
         });
     }
+    // A client's key is scoped to the caller at the broker: another key holder on the
+    // same queue cannot suppress this message by reusing its Idempotency-Key.
+    let broker_id = match (&input.message_id, caller) {
+        (Some(key), Some(caller)) => scoped_message_id(&caller, key),
+        _ => message_id.clone(),
+    };
     // 5.–8. Route, capacity, in-flight limit, breaker, the send under its deadline.
-    dispatch(
-        context,
-        state,
-        queue,
-        message_id,
-        input.correlation_header,
-        body,
-    )
-    .await
+    let ids = Ids {
+        answered: message_id,
+        at_broker: broker_id,
+    };
+    dispatch(context, state, queue, ids, input.correlation_header, body).await
 }
 
-/// Step 2: the key may send, the queue is served, and the key's scope includes it.
+/// A message's id as the client knows it (echoed in every answer), and as the broker
+/// stores it (scoped to the caller when keys are on).
+struct Ids {
+    answered: MessageId,
+    at_broker: MessageId,
+}
+
+/// `{key name}:{Idempotency-Key}`, or, when that is not a valid id (too long, a name that
+/// is not printable ASCII), the key's SHA-256 after the name, or the SHA-256 of both.
+/// Deterministic, so every retry of one message by one caller has the same broker id.
+fn scoped_message_id(caller: &str, key: &MessageId) -> MessageId {
+    use sha2::{Digest, Sha256};
+    let plain = format!("{caller}:{}", key.as_str());
+    if let Ok(id) = MessageId::parse(&plain) {
+        return id;
+    }
+    let hashed_key = format!("{caller}:{}", hex::encode(Sha256::digest(key.as_str())));
+    if let Ok(id) = MessageId::parse(&hashed_key) {
+        return id;
+    }
+    let both = hex::encode(Sha256::digest(plain.as_bytes()));
+    MessageId::parse(&both).unwrap_or_else(|_| MessageId::generate())
+}
+
+/// Step 2: the key may send, the queue is served, and the key's scope includes it. With
+/// keys on, also the caller's name (what its Idempotency-Keys are scoped to).
 fn authorize_send(
     req: &HttpRequest,
     context: &RequestContext,
     queue: &str,
     state: &AppState,
-) -> Result<QueueName, ApiError> {
+) -> Result<(QueueName, Option<String>), ApiError> {
     let principal = authorize(req, context, state, Permission::Send, "send messages")?;
     let queue = state.queues.get(queue).ok_or_else(|| {
         context.error(Problem::UnknownQueue {
@@ -137,7 +164,8 @@ fn authorize_send(
             action: "send to this queue",
         }));
     }
-    Ok(queue.clone())
+    let caller = matches!(state.auth, Authenticator::Keys(_)).then(|| principal.name.clone());
+    Ok((queue.clone(), caller))
 }
 
 /// Step 4: content type, size, JSON validity, headers and `dry_run`.
@@ -183,10 +211,14 @@ async fn dispatch(
     context: &RequestContext,
     state: &AppState,
     queue: QueueName,
-    message_id: MessageId,
+    ids: Ids,
     correlation: Option<CorrelationId>,
     body: Bytes,
 ) -> Result<Accepted, ApiError> {
+    let Ids {
+        answered: message_id,
+        at_broker,
+    } = ids;
     // Without a correlation id of its own, the message carries the client's request id.
     let correlation_id = correlation.clone().or_else(|| {
         context
@@ -196,7 +228,7 @@ async fn dispatch(
     });
     let message = OutgoingMessage {
         queue: queue.clone(),
-        message_id: message_id.clone(),
+        message_id: at_broker,
         correlation_id,
         body,
     };
@@ -407,6 +439,26 @@ mod tests {
                 .insert_header((CONTENT_TYPE, value))
                 .to_http_request(),
         )
+    }
+
+    #[test]
+    fn a_key_is_scoped_to_its_caller_and_always_a_valid_deterministic_id() {
+        let key = MessageId::parse("order-42").unwrap();
+        assert_eq!(scoped_message_id("batch", &key).as_str(), "batch:order-42");
+        assert_ne!(
+            scoped_message_id("batch", &key),
+            scoped_message_id("web", &key)
+        );
+        // Too long together: the key's hash after the name, the same every time.
+        let long = MessageId::parse(&"k".repeat(128)).unwrap();
+        let scoped = scoped_message_id("batch", &long);
+        assert!(scoped.as_str().starts_with("batch:") && scoped.as_str().len() == 6 + 64);
+        assert_eq!(scoped, scoped_message_id("batch", &long));
+        // A name that cannot be part of an id: the hash of both.
+        let odd = scoped_message_id("équipe bleue", &key);
+        assert_eq!(odd.as_str().len(), 64);
+        assert_eq!(odd, scoped_message_id("équipe bleue", &key));
+        assert_ne!(odd, scoped_message_id("équipe rouge", &key));
     }
 
     #[test]

@@ -95,3 +95,36 @@ async fn health_detailed_and_metrics_need_observer_or_admin_while_live_and_ready
     assert_eq!(get("/metrics", Some("play-secret")).await, 403);
     assert_eq!(get("/metrics", Some("observe-secret")).await, 200);
 }
+
+#[tokio::test]
+async fn an_idempotency_key_is_scoped_to_the_key_holder_at_the_broker() {
+    let (app, _dir) = app_with_keys().await;
+    let app = &app;
+    let send = |token: &'static str| async move {
+        app.send_with(
+            "requests",
+            "{}",
+            &[("Authorization", token), ("Idempotency-Key", "order-42")],
+        )
+        .await
+    };
+    let first = body_json(send("Bearer play-secret").await).await;
+    assert_eq!(
+        first["message_id"], "order-42",
+        "the answer echoes the client's key"
+    );
+    // Another key holder reusing the same Idempotency-Key does not suppress anything…
+    let other = body_json(send("Bearer admin-secret").await).await;
+    assert_eq!(other["status"], "queued");
+    assert_eq!(other.get("duplicate"), None, "{other}");
+    // …while the same caller's retry is still a duplicate.
+    let retry = body_json(send("Bearer play-secret").await).await;
+    assert_eq!(retry["duplicate"], true, "{retry}");
+    let mut stored: Vec<String> = app
+        .receive_all("requests")
+        .into_iter()
+        .map(|m| m.message_id)
+        .collect();
+    stored.sort();
+    assert_eq!(stored, ["ops:order-42", "playground:order-42"]);
+}
