@@ -1,5 +1,7 @@
 //! `POST /v1/queues/{queue}/messages`: the admission order of the contract, top to bottom.
 
+use std::sync::Arc;
+
 use actix_web::http::header::{HeaderName, CONTENT_TYPE};
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -7,7 +9,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use sendgate_wire::{Queued, Valid};
 
-use super::auth::{Authenticator, Permission};
+use super::auth::{Authenticator, Permission, Principal};
 use super::body_budget::BodyReservation;
 use super::errors::{ApiError, FieldError, Problem, MAX_FIELD_ERRORS};
 use super::headers::{spelling, CORRELATION_ID, IDEMPOTENCY_KEY, SENDGATE_BACKEND};
@@ -109,7 +111,7 @@ async fn admit_and_send(
     // A client's key is scoped to the caller at the broker: another key holder on the
     // same queue cannot suppress this message by reusing its Idempotency-Key.
     let broker_id = match (&input.message_id, caller) {
-        (Some(key), Some(caller)) => scoped_message_id(&caller, key),
+        (Some(key), Some(caller)) => scoped_message_id(&caller.name, key),
         _ => message_id.clone(),
     };
     // 5.–8. Route, capacity, in-flight limit, breaker, the send under its deadline.
@@ -151,7 +153,7 @@ fn authorize_send(
     context: &RequestContext,
     queue: &str,
     state: &AppState,
-) -> Result<(QueueName, Option<String>), ApiError> {
+) -> Result<(QueueName, Option<Arc<Principal>>), ApiError> {
     let principal = authorize(req, context, state, Permission::Send, "send messages")?;
     let queue = state.queues.get(queue).ok_or_else(|| {
         context.error(Problem::UnknownQueue {
@@ -164,7 +166,7 @@ fn authorize_send(
             action: "send to this queue",
         }));
     }
-    let caller = matches!(state.auth, Authenticator::Keys(_)).then(|| principal.name.clone());
+    let caller = matches!(state.auth, Authenticator::Keys(_)).then_some(principal);
     Ok((queue.clone(), caller))
 }
 
