@@ -576,3 +576,59 @@ async fn a_message_returned_by_the_broker_never_puts_its_payload_in_the_logs() {
         "the payload reached the logs:\n{text}"
     );
 }
+
+#[tokio::test]
+async fn a_publish_that_timed_out_has_its_channel_recycled_without_losing_the_connection() {
+    // A publish abandoned at its deadline leaves its pending confirm in the AMQP client
+    // until the channel closes; the channel is swapped for a fresh one so that state cannot
+    // pile up over a long life of sporadic timeouts that never add up to a wedged link.
+    rabbit::ensure_broker();
+    let queue = rabbit::unique("sg-recycle");
+    rabbit::declare(&queue, &[]).await;
+    let proxy = FaultProxy::start(rabbit::AMQP.parse().unwrap()).await;
+    let amqp = format!("amqp://guest:guest@{}/%2f", proxy.addr());
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let gw = gateway::GatewayProcess::start_logging_to(
+        &[
+            ("SENDGATE_BACKEND", "rabbitmq"),
+            ("SENDGATE_QUEUES", &queue),
+            ("SENDGATE_RABBITMQ_URL", &amqp),
+            ("SENDGATE_SEND_TIMEOUT_MS", "500"),
+            ("SENDGATE_DEPTH_TTL_MS", "600000"),
+            ("SENDGATE_WORKERS", "1"),
+        ],
+        log.reopen().unwrap(),
+    )
+    .await;
+    assert_eq!(gw.send(&queue, "{}").await.unwrap(), 201);
+    let recycled = || {
+        std::fs::read_to_string(log.path())
+            .unwrap()
+            .matches("amqp_channel_recycled")
+            .count()
+    };
+    for round in 1..=2 {
+        // Each chunk now takes 800 ms each way: the confirm cannot come within 500 ms.
+        proxy.set(Fault::Delay(Duration::from_millis(800)));
+        assert_eq!(gw.send(&queue, "{}").await.unwrap(), 504, "round {round}");
+        proxy.set(Fault::Pass);
+        let started = Instant::now();
+        while recycled() < round {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "round {round}: no channel recycled"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(gw.send(&queue, "{}").await.unwrap(), 201, "round {round}");
+    }
+    drop(gw);
+    let text = std::fs::read_to_string(log.path()).unwrap();
+    assert_eq!(recycled(), 2, "one recycle per timed-out publish:\n{text}");
+    assert_eq!(
+        text.matches("amqp_connected").count(),
+        1,
+        "sporadic timeouts keep the connection:\n{text}"
+    );
+    rabbit::delete(&queue).await;
+}

@@ -4,10 +4,13 @@
 //! new one made when the connection reports an error, when a channel closes, or after
 //! [`TIMEOUTS_BEFORE_REPLACE`] sends in a row end at their deadline (a wedged connection
 //! that still looks open: a black-holed socket, a broker that stopped confirming).
+//! A single timed-out publish only has its channel recycled: the abandoned confirm stays
+//! in the AMQP client's per-channel state until that channel closes, so the channel is
+//! swapped for a fresh one and closed once the sends still waiting on it have ended.
 //! Reconnects are single-flight and back off exponentially, so a dead broker costs one
 //! connect attempt per backoff step, not one per send; sends in between fail fast.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,23 +51,90 @@ pub enum LinkError {
 
 pub struct Session {
     pub connection: Connection,
-    publishers: Vec<Channel>,
+    publishers: Vec<PublisherSlot>,
     next: AtomicUsize,
     /// A channel for passive declares (depth reads); a failed declare closes it.
     declarer: tokio::sync::Mutex<Option<Channel>>,
     generation: u64,
 }
 
+/// One publisher channel, replaceable while sends use it.
+struct PublisherSlot {
+    channel: RwLock<Channel>,
+    /// A replacement is being opened: one at a time per slot.
+    recycling: AtomicBool,
+}
+
+/// The channel a publish went out on, and which slot it came from.
+pub struct Publisher {
+    slot: usize,
+    pub channel: Channel,
+}
+
 impl Session {
     /// A publisher channel, round robin.
-    pub fn publisher(&self) -> &Channel {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.publishers.len();
-        &self.publishers[i]
+    pub fn publisher(&self) -> Publisher {
+        let slot = self.next.fetch_add(1, Ordering::Relaxed) % self.publishers.len();
+        Publisher {
+            slot,
+            channel: self.publishers[slot].channel.read().clone(),
+        }
     }
 
     fn healthy(&self) -> bool {
         self.connection.status().connected()
-            && self.publishers.iter().all(|c| c.status().connected())
+            && self
+                .publishers
+                .iter()
+                .all(|p| p.channel.read().status().connected())
+    }
+
+    /// Swap `publisher`'s channel for a fresh one in the background, and close the old
+    /// one after `grace` (by then every send that was waiting on it has hit its deadline),
+    /// which drops the confirms abandoned on it. Swapped at most once at a time per slot;
+    /// the old channel is only closed if it is still the one in the slot's past.
+    fn recycle(self: &Arc<Self>, publisher: &Publisher, grace: Duration) {
+        let slot = &self.publishers[publisher.slot];
+        if slot.channel.read().id() != publisher.channel.id()
+            || slot.recycling.swap(true, Ordering::AcqRel)
+        {
+            return; // already replaced, or being replaced
+        }
+        let session = Arc::downgrade(self);
+        let index = publisher.slot;
+        tokio::spawn(async move {
+            let Some(session) = session.upgrade() else {
+                return;
+            };
+            let fresh =
+                tokio::time::timeout(CONNECT_TIMEOUT, open_publisher(&session.connection)).await;
+            let slot = &session.publishers[index];
+            let old = match fresh {
+                Ok(Ok(fresh)) => {
+                    let new_id = fresh.id();
+                    let old = std::mem::replace(&mut *slot.channel.write(), fresh);
+                    tracing::info!(
+                        event = "amqp_channel_recycled",
+                        generation = session.generation,
+                        old_channel = old.id(),
+                        new_channel = new_id,
+                        "replaced a publisher channel after a publish timed out"
+                    );
+                    Some(old)
+                }
+                // The connection cannot open a channel: the timeouts in a row (or the
+                // health check) replace the whole session instead.
+                _ => None,
+            };
+            slot.recycling.store(false, Ordering::Release);
+            drop(session);
+            if let Some(old) = old {
+                tokio::time::sleep(grace).await;
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(1), old.close(200, "recycled".into()))
+                        .await;
+            }
+        });
     }
 
     /// Ready messages in `queue`, by a passive declare: exact, needs no admin right.
@@ -211,15 +281,13 @@ impl Link {
         .map_err(classify_connect_error)?;
         let mut publishers = Vec::with_capacity(PUBLISH_CHANNELS);
         for _ in 0..PUBLISH_CHANNELS {
-            let channel = connection
-                .create_channel()
+            let channel = open_publisher(&connection)
                 .await
                 .map_err(classify_connect_error)?;
-            channel
-                .confirm_select(ConfirmSelectOptions::default())
-                .await
-                .map_err(classify_connect_error)?;
-            publishers.push(channel);
+            publishers.push(PublisherSlot {
+                channel: RwLock::new(channel),
+                recycling: AtomicBool::new(false),
+            });
         }
         let session = Session {
             connection,
@@ -258,8 +326,10 @@ impl Link {
         Ok(())
     }
 
-    /// A send ended at its deadline. Enough of these in a row and the session is replaced.
-    pub fn note_timeout(&self, session: &Session) {
+    /// A send on `publisher` ended at its deadline. Enough of these in a row and the
+    /// session is replaced; a lone one recycles the channel (closing the old one after
+    /// `grace`, the longest a send still waiting on it can take).
+    pub fn note_timeout(&self, session: &Arc<Session>, publisher: &Publisher, grace: Duration) {
         let n = self.timeouts_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
         if n >= TIMEOUTS_BEFORE_REPLACE {
             tracing::warn!(
@@ -268,6 +338,8 @@ impl Link {
                 "replacing a connection that stopped confirming"
             );
             self.discard(session);
+        } else {
+            session.recycle(publisher, grace);
         }
     }
 
@@ -294,6 +366,15 @@ impl Link {
             }
         }
     }
+}
+
+/// A channel in confirm mode, for publishing.
+async fn open_publisher(connection: &Connection) -> Result<Channel, lapin::Error> {
+    let channel = connection.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    Ok(channel)
 }
 
 /// 403 ACCESS_REFUSED (bad credentials, no permission) and 530 NOT_ALLOWED (no access to

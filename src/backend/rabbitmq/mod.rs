@@ -166,6 +166,7 @@ impl Backend for RabbitMq {
         message: OutgoingMessage,
         deadline: Instant,
     ) -> Result<SendReceipt, SendError> {
+        let budget = deadline.saturating_duration_since(Instant::now());
         let session = self.link.session(deadline).await.map_err(|e| match e {
             LinkError::AccessRefused(why) => SendError::AuthFailed(why),
             other => SendError::Unavailable(other.to_string()),
@@ -178,9 +179,10 @@ impl Backend for RabbitMq {
             });
         }
         let properties = properties_of(&message);
+        let publisher = session.publisher();
         let publish = async {
-            let confirm = session
-                .publisher()
+            let confirm = publisher
+                .channel
                 .basic_publish(
                     "".into(),
                     message.queue.as_str().into(),
@@ -196,8 +198,10 @@ impl Backend for RabbitMq {
         };
         match tokio::time::timeout_at(deadline, publish).await {
             Err(_) => {
-                // Dropping the publish future abandons the confirm; the channel stays usable.
-                self.link.note_timeout(&session);
+                // Dropping the publish future abandons the confirm, but the channel keeps
+                // its state until it closes: the channel is recycled. Sends that began on
+                // it after this one end within about one budget; twice that is the grace.
+                self.link.note_timeout(&session, &publisher, budget * 2);
                 Err(SendError::Timeout)
             }
             Ok(confirmed) => self.settle(&session, confirmed),
