@@ -14,6 +14,7 @@
 //! line naming the variable (exit status 2).
 
 mod backend;
+mod coordination;
 mod error;
 mod forgiving;
 mod layers;
@@ -29,6 +30,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use backend::{BackendKind, BackendSettings, DepthSource, RabbitMqSettings, Scope};
+pub use coordination::{CoordinationSettings, KeyPrefix, RedisAuth, RedisSettings};
 pub use error::ConfigError;
 pub use forgiving::{forgiving_flag, forgiving_max_depth, forgiving_streak};
 pub use layers::servicebus_near_misses;
@@ -104,6 +106,8 @@ pub struct Settings {
     pub log_format: LogFormat,
     pub workers: Option<usize>,
     pub dispatch: DispatchSettings,
+    /// Alone, or one ceiling shared by every replica through Redis.
+    pub coordination: CoordinationSettings,
 }
 
 impl Settings {
@@ -171,6 +175,7 @@ impl Settings {
             log_format,
             workers: layers.whole(&v::WORKERS)?.map(|n| n as usize),
             dispatch,
+            coordination: coordination::parse(layers)?,
         })
     }
 

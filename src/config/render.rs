@@ -39,6 +39,11 @@ fn note(group: Group) -> Option<&'static str> {
             "Optional fallback backend, used while the primary's circuit is open. Responses \
              say which one took a send (X-Sendgate-Backend: primary|fallback)."
         }
+        Group::Coordination => {
+            "Fleet mode: replicas share one ceiling through Redis. Redis is a helper, never a \
+             single point of failure: while it errs or misses its deadline a replica runs in \
+             local mode and says so on /health/detailed."
+        }
         Group::Client => {
             "The producer client (`sendgate send`), not the server, reads these; the server \
              only tolerates them in its environment."

@@ -393,6 +393,16 @@ fn every_choice_variable_parses_each_of_its_options() {
             if option == &"servicebus" {
                 pairs.push((&v::SERVICEBUS_NAMESPACE, "ns"));
             }
+            if option == &"redis" {
+                pairs.push((&v::REDIS_URL, "redis://127.0.0.1:6379"));
+            }
+            if var.name == v::REDIS_AUTH.name {
+                pairs.push((&v::COORDINATION, "redis"));
+                pairs.push((
+                    &v::REDIS_URL,
+                    "rediss://00000000-0000-0000-0000-000000000000@host:10000",
+                ));
+            }
             let result = Settings::from_overrides(&pairs);
             assert!(result.is_ok(), "{}={option}: {result:?}", var.name);
         }
@@ -568,4 +578,42 @@ fn the_memory_budget_holds_at_least_one_largest_body() {
         ("SENDGATE_MAX_BUFFERED_BYTES", "2000"),
     ]))
     .is_ok());
+}
+
+#[test]
+fn redis_coordination_needs_a_url_and_parses_its_settings() {
+    assert_eq!(
+        Settings::from_overrides(&[]).unwrap().coordination,
+        CoordinationSettings::Local
+    );
+    let err = Settings::from_overrides(&[(&v::COORDINATION, "redis")]).unwrap_err();
+    assert_eq!(err.variable(), Some("SENDGATE_REDIS_URL"));
+    let settings = Settings::from_overrides(&[
+        (&v::COORDINATION, "Redis"),
+        (&v::REDIS_URL, "redis://app:pw@127.0.0.1:6379/3"),
+        (&v::REDIS_PREFIX, "prod-eu"),
+        (&v::REDIS_TIMEOUT_MS, "75"),
+    ])
+    .unwrap();
+    let CoordinationSettings::Redis(redis) = settings.coordination else {
+        panic!("redis coordination");
+    };
+    assert_eq!(
+        redis.url.expose().as_str(),
+        "redis://app:pw@127.0.0.1:6379/3"
+    );
+    assert_eq!(redis.auth, RedisAuth::Url);
+    assert_eq!(redis.prefix.as_str(), "prod-eu");
+    assert_eq!(redis.timeout, Duration::from_millis(75));
+    assert!(
+        !format!("{redis:?}").contains("pw@"),
+        "the URL is never shown"
+    );
+    let err = Settings::from_overrides(&[
+        (&v::COORDINATION, "redis"),
+        (&v::REDIS_URL, "redis://127.0.0.1"),
+        (&v::REDIS_PREFIX, "a b"),
+    ])
+    .unwrap_err();
+    assert_eq!(err.variable(), Some("SENDGATE_REDIS_PREFIX"));
 }

@@ -19,6 +19,8 @@ pub enum Kind {
     QueueList,
     /// An `amqp://` or `amqps://` URI.
     AmqpUri,
+    /// A `redis://` or `rediss://` URL.
+    RedisUrl,
     /// A Service Bus host name, `myns` or `myns.servicebus.windows.net`.
     Namespace,
     /// A Service Bus SAS connection string.
@@ -65,6 +67,7 @@ pub enum Group {
     Process,
     Breaker,
     Fallback,
+    Coordination,
     Client,
 }
 
@@ -525,6 +528,47 @@ pub const FALLBACK_SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID: Var = Var::fallback(
     &SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID,
 );
 
+pub const COORDINATION: Var = Var::server(
+    "SENDGATE_COORDINATION",
+    G::Coordination,
+    K::Choice(&["local", "redis"]),
+    "local: this process alone keeps the ceiling. redis: every replica shares one depth read, fail-closed streak and admitted count per queue.",
+)
+.default("local");
+pub const REDIS_URL: Var = Var::server(
+    "SENDGATE_REDIS_URL",
+    G::Coordination,
+    K::RedisUrl,
+    "redis:// or rediss:// (TLS), with user:password for ACL auth; with Entra auth (see SENDGATE_REDIS_AUTH) the user is the managed identity's object id and there is no password.",
+)
+.unset("required with SENDGATE_COORDINATION=redis")
+.secret();
+pub const REDIS_AUTH: Var = Var::server(
+    "SENDGATE_REDIS_AUTH",
+    G::Coordination,
+    K::Choice(&["url", "entra"]),
+    "url: the credentials in SENDGATE_REDIS_URL (or none). entra: a Microsoft Entra token of the managed identity (Azure Managed Redis), renewed before it expires.",
+)
+.default("url");
+pub const REDIS_PREFIX: Var = Var::server(
+    "SENDGATE_REDIS_PREFIX",
+    G::Coordination,
+    K::Text,
+    "Prefix of every key this deployment uses (1-64 of A-Z a-z 0-9 . _ : -): one per deployment sharing a Redis.",
+)
+.default("sendgate");
+pub const REDIS_TIMEOUT_MS: Var = Var::server(
+    "SENDGATE_REDIS_TIMEOUT_MS",
+    G::Coordination,
+    K::Duration {
+        min: 1,
+        max: 60_000,
+    },
+    "Deadline of one Redis call; past it the replica falls back to local mode until Redis answers again.",
+)
+.default("50")
+.unit(Unit::Millis);
+
 pub const TOKEN: Var = Var {
     side: Side::Client,
     ..Var::server(
@@ -589,6 +633,11 @@ pub const VARIABLES: &[&Var] = &[
     &FALLBACK_SERVICEBUS_ENDPOINT,
     &FALLBACK_SERVICEBUS_MANAGE_CONNECTION_STRING,
     &FALLBACK_SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID,
+    &COORDINATION,
+    &REDIS_URL,
+    &REDIS_AUTH,
+    &REDIS_PREFIX,
+    &REDIS_TIMEOUT_MS,
     &TOKEN,
 ];
 
