@@ -117,17 +117,17 @@ fn queue() -> QueueName {
 }
 
 /// A gate whose first read has been made (and stays fresh for an hour).
-fn primed_gate(backlog: u64, limit: u64, lag: Duration) -> (Arc<CapacityGate>, Stub) {
+fn primed_gate(backlog: u64, limit: u64, lag: Duration) -> Arc<CapacityGate> {
     let settings = capacity(&[
         ("SENDGATE_DEPTH_TTL_MS", "3600000"),
         ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", &limit.to_string()),
     ]);
-    let gate = CapacityGate::new(queue(), CapacityPolicy::from_settings(&settings, lag));
-    let stub = Stub { backlog };
+    let stub = Arc::new(Stub { backlog });
+    let gate = CapacityGate::new(queue(), CapacityPolicy::from_settings(&settings, lag), stub);
     // The read runs under a deadline (a tokio timer), so it needs a runtime; the cached
     // admits measured below never reach a timer.
-    runtime().block_on(gate.prime(&stub));
-    (gate, stub)
+    runtime().block_on(gate.prime());
+    gate
 }
 
 fn bench_auth(c: &mut Criterion) {
@@ -161,11 +161,11 @@ fn bench_capacity(c: &mut Criterion) {
         ("admit_cached", Duration::ZERO),
         ("admit_cached_lag6s", Duration::from_secs(6)),
     ] {
-        let (gate, stub) = primed_gate(0, u64::MAX / 2, lag);
+        let gate = primed_gate(0, u64::MAX / 2, lag);
         group.bench_function(name, |b| {
             b.iter(|| {
                 let r = gate
-                    .admit(&stub)
+                    .admit()
                     .now_or_never()
                     .expect("cached: no await")
                     .expect("admitted");
@@ -173,10 +173,10 @@ fn bench_capacity(c: &mut Criterion) {
             })
         });
     }
-    let (gate, stub) = primed_gate(10, 1, Duration::from_secs(6));
+    let gate = primed_gate(10, 1, Duration::from_secs(6));
     group.bench_function("refuse_cached_429", |b| {
         b.iter(|| {
-            let refused = gate.admit(&stub).now_or_never().expect("cached: no await");
+            let refused = gate.admit().now_or_never().expect("cached: no await");
             black_box(refused.is_err())
         })
     });

@@ -14,6 +14,12 @@
 //!          + sends admitted and still in flight
 //! ```
 //!
+//! Reads are made ahead of expiry: the first send that finds the cached read within its
+//! refresh lead of the TTL (twice the last read's duration, at most half the TTL) starts a
+//! read in the background and is decided on the cached value, so under steady traffic no
+//! send waits for the admin plane; only a queue's first read, or one after the value
+//! expired with no traffic to refresh it, is waited for.
+//!
 //! A failed read (error, timeout, no permission) adds one to the queue's consecutive-failure
 //! streak; a good read resets it. With the backlog unknown the send proceeds (fails open)
 //! unless the gate is on and the streak has reached its threshold (fails closed).
@@ -119,6 +125,10 @@ struct GateState {
     /// not logged since: `send_failclosed` is logged once per depth read, not per send.
     failclosed_logged: Option<u64>,
     failclosed_unlogged: u64,
+    /// How long the last read took: the refresh starts this long (twice) before expiry.
+    last_read_took: Duration,
+    /// A read started ahead of expiry is running in the background.
+    refreshing_ahead: bool,
 }
 
 /// Why a read is made: for a send (counts in the streak) or at start-up (does not).
@@ -143,16 +153,19 @@ pub struct GateSnapshot {
 pub struct CapacityGate {
     queue: QueueName,
     policy: CapacityPolicy,
+    /// Whose admin plane is read: the lane's backend.
+    backend: Arc<dyn Backend>,
     state: Mutex<GateState>,
     /// Held by the one read in flight; sends that find the cache stale queue here.
     read_turn: tokio::sync::Mutex<()>,
 }
 
 impl CapacityGate {
-    pub fn new(queue: QueueName, policy: CapacityPolicy) -> Arc<Self> {
+    pub fn new(queue: QueueName, policy: CapacityPolicy, backend: Arc<dyn Backend>) -> Arc<Self> {
         Arc::new(Self {
             queue,
             policy,
+            backend,
             state: Mutex::new(GateState {
                 last_read: LastRead::Never,
                 generation: 0,
@@ -166,6 +179,8 @@ impl CapacityGate {
                 reads_failed: 0,
                 failclosed_logged: None,
                 failclosed_unlogged: 0,
+                last_read_took: Duration::ZERO,
+                refreshing_ahead: false,
             }),
             read_turn: tokio::sync::Mutex::new(()),
         })
@@ -181,20 +196,35 @@ impl CapacityGate {
 
     /// Decide whether one more send may go to the queue, reading the depth first when the
     /// cached read is stale. An admitted send holds a [`Reservation`] until it finishes.
-    pub async fn admit(self: &Arc<Self>, backend: &dyn Backend) -> Result<Reservation, Refusal> {
+    pub async fn admit(self: &Arc<Self>) -> Result<Reservation, Refusal> {
         let cached = {
             let mut state = self.state.lock();
-            if self.is_fresh(&state, Instant::now()) {
+            let now = Instant::now();
+            if self.is_fresh(&state, now) {
+                let ahead = self.should_refresh_ahead(&mut state, now);
                 let decision = self.decide(&mut state);
-                Ok((Self::failclosed_to_log(&mut state, &decision), decision))
+                Ok((
+                    Self::failclosed_to_log(&mut state, &decision),
+                    decision,
+                    ahead,
+                ))
             } else {
                 Err(state.generation)
             }
         };
         let (log, decision) = match cached {
-            Ok(decided) => decided,
+            Ok((log, decision, ahead)) => {
+                if let Some(generation) = ahead {
+                    let gate = Arc::clone(self);
+                    tokio::spawn(async move {
+                        gate.refresh(generation, Read::ForSend).await;
+                        gate.state.lock().refreshing_ahead = false;
+                    });
+                }
+                (log, decision)
+            }
             Err(seen_generation) => {
-                self.refresh(backend, seen_generation, Read::ForSend).await;
+                self.refresh(seen_generation, Read::ForSend).await;
                 let mut state = self.state.lock();
                 let decision = self.decide(&mut state);
                 (Self::failclosed_to_log(&mut state, &decision), decision)
@@ -241,9 +271,9 @@ impl CapacityGate {
     /// but does not start the streak: the streak counts the reads sends depend on, so with
     /// the admin plane down from the start, sends 1 and 2 still fail open and send 3 is the
     /// one refused (contract section 2).
-    pub async fn prime(&self, backend: &dyn Backend) {
+    pub async fn prime(&self) {
         let generation = self.state.lock().generation;
-        self.refresh(backend, generation, Read::Priming).await;
+        self.refresh(generation, Read::Priming).await;
     }
 
     fn is_fresh(&self, state: &GateState, now: Instant) -> bool {
@@ -253,8 +283,22 @@ impl CapacityGate {
         }
     }
 
+    /// Whether this send starts the read ahead of expiry (and of which generation): the
+    /// cached value is within its refresh lead of the TTL and no read runs yet.
+    fn should_refresh_ahead(&self, state: &mut GateState, now: Instant) -> Option<u64> {
+        let (LastRead::Ok { at, .. } | LastRead::Failed { at }) = state.last_read else {
+            return None;
+        };
+        let lead = (state.last_read_took * 2).min(self.policy.ttl / 2);
+        if state.refreshing_ahead || now < (at + self.policy.ttl).checked_sub(lead)? {
+            return None;
+        }
+        state.refreshing_ahead = true;
+        Some(state.generation)
+    }
+
     /// Read the depth unless another caller finished a read while this one waited its turn.
-    async fn refresh(&self, backend: &dyn Backend, seen_generation: u64, kind: Read) {
+    async fn refresh(&self, seen_generation: u64, kind: Read) {
         let _turn = self.read_turn.lock().await;
         let (started, completed_at_start, lagged) = {
             let mut state = self.state.lock();
@@ -266,14 +310,15 @@ impl CapacityGate {
             (started, state.completed_total, lagged)
         };
         let deadline = started + self.policy.read_timeout;
-        let result =
-            match tokio::time::timeout_at(deadline, backend.backlog(&self.queue, deadline)).await {
-                Ok(result) => result,
-                Err(_) => Err(DepthError::Timeout),
-            };
+        let read = self.backend.backlog(&self.queue, deadline);
+        let result = match tokio::time::timeout_at(deadline, read).await {
+            Ok(result) => result,
+            Err(_) => Err(DepthError::Timeout),
+        };
         let now = Instant::now();
         let mut state = self.state.lock();
         state.generation += 1;
+        state.last_read_took = now - started;
         match result {
             Ok(backlog) => {
                 // Completions before the read started are in its count (for an exact admin
@@ -438,7 +483,8 @@ mod tests {
 
     #[test]
     fn fail_closed_refusals_are_logged_once_per_depth_read_with_the_count_since() {
-        let gate = CapacityGate::new(QueueName::parse("q").unwrap(), policy(1, 1000, true, 3));
+        let backend = Arc::new(ScriptedDepth::new(vec![], Duration::ZERO));
+        let gate = gate(policy(1, 1000, true, 3), &backend);
         let refused = || -> Result<Reservation, Refusal> {
             Err(Refusal::CapacityUnknown {
                 consecutive_failures: 3,
@@ -532,8 +578,8 @@ mod tests {
         }
     }
 
-    fn gate(p: CapacityPolicy) -> Arc<CapacityGate> {
-        CapacityGate::new(QueueName::parse("requests").unwrap(), p)
+    fn gate(p: CapacityPolicy, backend: &Arc<ScriptedDepth>) -> Arc<CapacityGate> {
+        CapacityGate::new(QueueName::parse("requests").unwrap(), p, backend.clone())
     }
 
     fn down() -> Result<u64, DepthError> {
@@ -542,37 +588,87 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_read_is_reused_for_the_ttl() {
-        let backend = ScriptedDepth::new(vec![Ok(0)], Duration::ZERO);
-        let g = gate(policy(100, 1000, false, 3));
+        let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
+        let g = gate(policy(100, 1000, false, 3), &backend);
         for _ in 0..3 {
-            g.admit(&backend)
-                .await
-                .unwrap()
-                .finish(BacklogEffect::Stored);
+            g.admit().await.unwrap().finish(BacklogEffect::Stored);
         }
         assert_eq!(backend.reads(), 1);
         tokio::time::advance(Duration::from_millis(999)).await;
-        g.admit(&backend)
-            .await
-            .unwrap()
-            .finish(BacklogEffect::Stored);
+        g.admit().await.unwrap().finish(BacklogEffect::Stored);
         assert_eq!(backend.reads(), 1);
         tokio::time::advance(Duration::from_millis(1)).await;
-        g.admit(&backend)
-            .await
-            .unwrap()
-            .finish(BacklogEffect::Stored);
+        g.admit().await.unwrap().finish(BacklogEffect::Stored);
         assert_eq!(backend.reads(), 2);
+    }
+
+    /// Admit one send and say how long it waited.
+    async fn timed_admit(g: &Arc<CapacityGate>) -> Duration {
+        let started = Instant::now();
+        g.admit().await.unwrap().finish(BacklogEffect::NotStored);
+        started.elapsed()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn under_steady_traffic_the_read_is_made_ahead_of_expiry_and_no_send_waits() {
+        let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::from_millis(50)));
+        let g = gate(policy(100, 1000, false, 3), &backend);
+        assert_eq!(
+            timed_admit(&g).await,
+            Duration::from_millis(50),
+            "only the first read is waited for"
+        );
+        // The read took 50 ms: the next one starts 100 ms before the value expires.
+        tokio::time::advance(Duration::from_millis(899)).await;
+        assert_eq!(timed_admit(&g).await, Duration::ZERO);
+        tokio::task::yield_now().await;
+        assert_eq!(backend.reads(), 1, "not yet within the lead");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(
+            timed_admit(&g).await,
+            Duration::ZERO,
+            "decided on the cached value"
+        );
+        for _ in 0..5 {
+            assert_eq!(timed_admit(&g).await, Duration::ZERO);
+        }
+        tokio::task::yield_now().await;
+        assert_eq!(backend.reads(), 2, "one read ahead, however many sends");
+        tokio::time::advance(Duration::from_millis(150)).await;
+        // Past the first value's expiry: the value read ahead is fresh.
+        assert_eq!(timed_admit(&g).await, Duration::ZERO);
+        tokio::task::yield_now().await;
+        assert_eq!(backend.reads(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_read_ahead_counts_in_the_streak_and_the_next_send_sees_it() {
+        let backend = Arc::new(ScriptedDepth::new(
+            vec![Ok(0), down()],
+            Duration::from_millis(10),
+        ));
+        let g = gate(policy(100, 1000, true, 1), &backend);
+        timed_admit(&g).await;
+        tokio::time::advance(Duration::from_millis(985)).await;
+        assert_eq!(timed_admit(&g).await, Duration::ZERO);
+        tokio::task::yield_now().await; // the read ahead starts
+        tokio::time::advance(Duration::from_millis(10)).await;
+        tokio::task::yield_now().await; // and finishes
+        assert_eq!(g.snapshot().consecutive_failures, 1);
+        assert!(matches!(
+            g.admit().await.err(),
+            Some(Refusal::CapacityUnknown { .. })
+        ));
     }
 
     #[tokio::test(start_paused = true)]
     async fn concurrent_sends_share_one_read_in_flight() {
         let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::from_millis(100)));
-        let g = gate(policy(100, 0, false, 3));
+        let g = gate(policy(100, 0, false, 3), &backend);
         let admits: Vec<_> = (0..10)
             .map(|_| {
-                let (g, b) = (g.clone(), backend.clone());
-                tokio::spawn(async move { g.admit(b.as_ref()).await.is_ok() })
+                let g = g.clone();
+                tokio::spawn(async move { g.admit().await.is_ok() })
             })
             .collect();
         for a in admits {
@@ -587,12 +683,12 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn sends_since_the_read_count_so_the_ceiling_is_never_overshot() {
-        let backend = ScriptedDepth::new(vec![Ok(0)], Duration::ZERO);
-        let g = gate(policy(5, 60_000, false, 3));
+        let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
+        let g = gate(policy(5, 60_000, false, 3), &backend);
         let mut queued = 0;
         let mut refused = Vec::new();
         for _ in 0..8 {
-            match g.admit(&backend).await {
+            match g.admit().await {
                 Ok(r) => {
                     r.finish(BacklogEffect::Stored);
                     queued += 1;
@@ -614,21 +710,18 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn sends_in_flight_count_towards_the_backlog() {
-        let backend = ScriptedDepth::new(vec![Ok(3)], Duration::ZERO);
-        let g = gate(policy(5, 60_000, false, 3));
-        let a = g.admit(&backend).await.unwrap();
-        let b = g.admit(&backend).await.unwrap();
+        let backend = Arc::new(ScriptedDepth::new(vec![Ok(3)], Duration::ZERO));
+        let g = gate(policy(5, 60_000, false, 3), &backend);
+        let a = g.admit().await.unwrap();
+        let b = g.admit().await.unwrap();
         assert!(
-            g.admit(&backend).await.is_err(),
+            g.admit().await.is_err(),
             "3 stored + 2 in flight is the ceiling"
         );
         b.finish(BacklogEffect::NotStored);
-        let c = g
-            .admit(&backend)
-            .await
-            .expect("a refused send frees its place");
+        let c = g.admit().await.expect("a refused send frees its place");
         drop(c); // a cancelled send counts as stored: the safe side
-        assert!(g.admit(&backend).await.is_err());
+        assert!(g.admit().await.is_err());
         a.finish(BacklogEffect::Stored);
         assert_eq!(g.snapshot().backlog, Some(5));
     }
@@ -637,24 +730,15 @@ mod tests {
     async fn a_new_read_replaces_the_local_count_without_double_counting() {
         // The second read already counts the two sends stored before it: they must not be
         // added again on top of it.
-        let backend = ScriptedDepth::new(vec![Ok(0), Ok(2)], Duration::ZERO);
-        let g = gate(policy(3, 1000, false, 3));
-        g.admit(&backend)
-            .await
-            .unwrap()
-            .finish(BacklogEffect::Stored);
-        g.admit(&backend)
-            .await
-            .unwrap()
-            .finish(BacklogEffect::Stored);
+        let backend = Arc::new(ScriptedDepth::new(vec![Ok(0), Ok(2)], Duration::ZERO));
+        let g = gate(policy(3, 1000, false, 3), &backend);
+        g.admit().await.unwrap().finish(BacklogEffect::Stored);
+        g.admit().await.unwrap().finish(BacklogEffect::Stored);
         tokio::time::advance(Duration::from_millis(1000)).await;
-        g.admit(&backend)
-            .await
-            .unwrap()
-            .finish(BacklogEffect::Stored);
+        g.admit().await.unwrap().finish(BacklogEffect::Stored);
         assert_eq!(g.snapshot().backlog, Some(3));
         assert!(matches!(
-            g.admit(&backend).await,
+            g.admit().await,
             Err(Refusal::QueueFull { backlog: 3, .. })
         ));
     }
@@ -662,37 +746,31 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_lagging_admin_plane_still_sees_recent_sends_counted() {
         // The admin plane reports 0 although 4 sends completed just before the read.
-        let backend = ScriptedDepth::new(vec![Ok(0), Ok(0)], Duration::ZERO);
+        let backend = Arc::new(ScriptedDepth::new(vec![Ok(0), Ok(0)], Duration::ZERO));
         let mut p = policy(5, 1000, false, 3);
         p.lag = Duration::from_secs(5);
-        let g = gate(p);
+        let g = gate(p, &backend);
         for _ in 0..4 {
-            g.admit(&backend)
-                .await
-                .unwrap()
-                .finish(BacklogEffect::Stored);
+            g.admit().await.unwrap().finish(BacklogEffect::Stored);
         }
         tokio::time::advance(Duration::from_secs(1)).await;
-        g.admit(&backend)
-            .await
-            .unwrap()
-            .finish(BacklogEffect::Stored);
+        g.admit().await.unwrap().finish(BacklogEffect::Stored);
         assert!(
-            g.admit(&backend).await.is_err(),
+            g.admit().await.is_err(),
             "lagging read of 0 + 5 recent sends is the ceiling"
         );
         // Well past the lag window, the admin plane's count is trusted alone.
         tokio::time::advance(Duration::from_secs(7)).await;
-        assert!(g.admit(&backend).await.is_ok());
+        assert!(g.admit().await.is_ok());
     }
 
     #[tokio::test(start_paused = true)]
     async fn queue_full_says_when_the_next_read_is_due() {
-        let backend = ScriptedDepth::new(vec![Ok(10)], Duration::ZERO);
-        let g = gate(policy(5, 4000, false, 3));
-        assert!(g.admit(&backend).await.is_err());
+        let backend = Arc::new(ScriptedDepth::new(vec![Ok(10)], Duration::ZERO));
+        let g = gate(policy(5, 4000, false, 3), &backend);
+        assert!(g.admit().await.is_err());
         tokio::time::advance(Duration::from_millis(1500)).await;
-        match g.admit(&backend).await {
+        match g.admit().await {
             Err(Refusal::QueueFull {
                 backlog: 10,
                 limit: 5,
@@ -706,36 +784,36 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn gate_on_fails_closed_at_the_threshold_and_recovers() {
-        let backend = ScriptedDepth::new(vec![down(), down(), down(), Ok(0)], Duration::ZERO);
-        let g = gate(policy(100, 0, true, 3));
-        assert!(g.admit(&backend).await.is_ok());
-        assert!(g.admit(&backend).await.is_ok());
+        let backend = Arc::new(ScriptedDepth::new(
+            vec![down(), down(), down(), Ok(0)],
+            Duration::ZERO,
+        ));
+        let g = gate(policy(100, 0, true, 3), &backend);
+        assert!(g.admit().await.is_ok());
+        assert!(g.admit().await.is_ok());
         assert_eq!(
-            g.admit(&backend).await.err(),
+            g.admit().await.err(),
             Some(Refusal::CapacityUnknown {
                 consecutive_failures: 3
             })
         );
         assert!(g.snapshot().fail_closed);
-        assert!(
-            g.admit(&backend).await.is_ok(),
-            "a good read resets the streak"
-        );
+        assert!(g.admit().await.is_ok(), "a good read resets the streak");
         assert_eq!(g.snapshot().consecutive_failures, 0);
         assert!(!g.snapshot().fail_closed);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_failed_start_up_read_does_not_start_the_streak() {
-        let backend = ScriptedDepth::new(vec![down()], Duration::ZERO);
-        let g = gate(policy(100, 0, true, 3));
-        g.prime(&backend).await;
+        let backend = Arc::new(ScriptedDepth::new(vec![down()], Duration::ZERO));
+        let g = gate(policy(100, 0, true, 3), &backend);
+        g.prime().await;
         assert_eq!(g.snapshot().consecutive_failures, 0);
         assert_eq!(g.snapshot().reads_failed, 1);
-        assert!(g.admit(&backend).await.is_ok());
-        assert!(g.admit(&backend).await.is_ok());
+        assert!(g.admit().await.is_ok());
+        assert!(g.admit().await.is_ok());
         assert_eq!(
-            g.admit(&backend).await.err(),
+            g.admit().await.err(),
             Some(Refusal::CapacityUnknown {
                 consecutive_failures: 3
             }),
@@ -745,13 +823,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn gate_off_always_fails_open() {
-        let backend = ScriptedDepth::new(vec![down()], Duration::ZERO);
-        let g = gate(policy(100, 0, false, 3));
+        let backend = Arc::new(ScriptedDepth::new(vec![down()], Duration::ZERO));
+        let g = gate(policy(100, 0, false, 3), &backend);
         for _ in 0..5 {
-            g.admit(&backend)
-                .await
-                .unwrap()
-                .finish(BacklogEffect::Stored);
+            g.admit().await.unwrap().finish(BacklogEffect::Stored);
         }
         assert_eq!(g.snapshot().consecutive_failures, 5);
         assert!(!g.snapshot().fail_closed);
@@ -759,21 +834,24 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_streak_counts_consecutive_failures_only() {
-        let backend = ScriptedDepth::new(vec![down(), Ok(0), down()], Duration::ZERO);
-        let g = gate(policy(100, 0, true, 2));
+        let backend = Arc::new(ScriptedDepth::new(
+            vec![down(), Ok(0), down()],
+            Duration::ZERO,
+        ));
+        let g = gate(policy(100, 0, true, 2), &backend);
         for _ in 0..3 {
-            assert!(g.admit(&backend).await.is_ok());
+            assert!(g.admit().await.is_ok());
         }
         assert_eq!(g.snapshot().consecutive_failures, 1);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_read_that_outlives_its_timeout_is_a_failure_and_ends_on_time() {
-        let backend = ScriptedDepth::new(vec![Ok(0)], Duration::from_secs(60));
-        let g = gate(policy(100, 0, true, 1));
+        let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::from_secs(60)));
+        let g = gate(policy(100, 0, true, 1), &backend);
         let start = Instant::now();
         assert_eq!(
-            g.admit(&backend).await.err(),
+            g.admit().await.err(),
             Some(Refusal::CapacityUnknown {
                 consecutive_failures: 1
             }),
@@ -785,10 +863,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn failed_reads_are_cached_for_the_ttl_too() {
-        let backend = ScriptedDepth::new(vec![down()], Duration::ZERO);
-        let g = gate(policy(100, 1000, true, 3));
+        let backend = Arc::new(ScriptedDepth::new(vec![down()], Duration::ZERO));
+        let g = gate(policy(100, 1000, true, 3), &backend);
         for _ in 0..10 {
-            assert!(g.admit(&backend).await.is_ok());
+            assert!(g.admit().await.is_ok());
         }
         assert_eq!(
             backend.reads(),

@@ -59,14 +59,18 @@ impl Lane {
         breaker: BreakerPolicy,
     ) -> Self {
         let policy = CapacityPolicy::from_settings(capacity, backend.depth_lag());
+        let gates = queues
+            .iter()
+            .map(|q| {
+                let gate = CapacityGate::new(q.clone(), policy.clone(), backend.clone());
+                (q.clone(), gate)
+            })
+            .collect();
         Self {
             role,
             breaker: Breaker::new(role.as_str(), breaker),
             backend,
-            gates: queues
-                .iter()
-                .map(|q| (q.clone(), CapacityGate::new(q.clone(), policy.clone())))
-                .collect(),
+            gates,
             probe: Mutex::new(None),
             send_failed_log: crate::telemetry::EveryPeriod::new(Duration::from_secs(1)),
         }
@@ -97,7 +101,7 @@ impl Lane {
     }
 
     pub async fn prime_capacity(&self) {
-        let reads = self.gates.values().map(|g| g.prime(self.backend()));
+        let reads = self.gates.values().map(|g| g.prime());
         futures_util::future::join_all(reads).await;
     }
 

@@ -153,10 +153,7 @@ impl Dispatcher {
     /// Steps 5 to 7 for one backend: capacity, an in-flight slot, a breaker ticket.
     async fn admit(&self, lane: &Lane, queue: &QueueName) -> Result<Admitted, DispatchError> {
         let gate = lane.gate(queue).ok_or(DispatchError::UnknownQueue)?;
-        let reservation = gate
-            .admit(lane.backend())
-            .await
-            .map_err(DispatchError::Refused)?;
+        let reservation = gate.admit().await.map_err(DispatchError::Refused)?;
         let Some(slot) = self.in_flight.try_acquire() else {
             reservation.finish(BacklogEffect::NotStored);
             tracing::debug!(event = "send_saturated", queue = %queue);
