@@ -21,6 +21,15 @@ echo "== cargo test --workspace"
 mkdir -p target
 cargo test --workspace --all-targets --no-fail-fast 2>&1 | tee target/test-output.txt
 
+# The API against its own OpenAPI document (GET /openapi.json), on the real binary.
+echo "== schemathesis: every route, every check"
+schemathesis_status=0
+./scripts/schemathesis.sh || schemathesis_status=$?
+
 # One closing line for the whole run.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) s += $i } }
      END { printf "suite: %d passed, %d failed, %d skipped\n", p, f, s }' target/test-output.txt
+if [ "$schemathesis_status" -ne 0 ]; then
+    echo "schemathesis: FAILED (see above)"
+    exit "$schemathesis_status"
+fi

@@ -1,5 +1,5 @@
-//! The command line: `serve` (the default), `queue`, `keys`, `send`, and the hidden
-//! `config`. One file per subcommand.
+//! The command line: `serve` (the default), `queue`, `keys`, `send`, `openapi` (printed
+//! by `http::openapi`), and the hidden `config`. One file per subcommand that has options.
 
 mod config;
 mod keys;
@@ -38,6 +38,8 @@ enum Command {
     },
     /// Send one message per JSON line to a gateway (the producer client).
     Send(send::SendArgs),
+    /// Print the OpenAPI 3.1 document that GET /openapi.json serves (docs/openapi.json).
+    Openapi,
     /// Print what the variable descriptors render (`.env.example`, the README table).
     #[command(hide = true)]
     Config {
@@ -60,5 +62,9 @@ pub fn run() -> ExitCode {
         Command::Keys { action } => keys::run(action),
         Command::Send(args) => send::run(args),
         Command::Config { action } => config::run(action),
+        Command::Openapi => {
+            print!("{}", crate::http::openapi::json());
+            ExitCode::SUCCESS
+        }
     }
 }

@@ -9,30 +9,75 @@ use std::time::SystemTime;
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
-use serde_json::json;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
+use utoipa::ToSchema;
 
 use super::auth::Permission;
 use super::errors::ApiError;
+use super::openapi::schema;
 use super::{authorize, AppState, RequestContext};
 use crate::admission::breaker::BreakerState;
 use crate::admission::{BackendRole, Lane};
 use crate::lifecycle::{GatewayState, NotAdmitting};
-use sendgate_wire::Drain;
+use sendgate_wire::{Drain, ErrorBody};
 
-pub async fn live() -> HttpResponse {
-    HttpResponse::Ok().json(json!({"status": "ok"}))
+/// `GET /health/live`'s body.
+#[derive(Serialize, ToSchema)]
+pub struct Live {
+    #[schema(schema_with = schema::word_ok)]
+    status: &'static str,
 }
 
+/// `GET /health/ready`'s body when running (fields alphabetical, as before it was typed).
+#[derive(Serialize, ToSchema)]
+pub struct Ready {
+    /// Always `running` here; otherwise the answer is a 503.
+    gateway_state: GatewayState,
+    #[schema(schema_with = schema::word_ready)]
+    status: &'static str,
+}
+
+#[utoipa::path(
+    get,
+    path = "/health/live",
+    tag = "health",
+    operation_id = "live",
+    summary = "The process serves HTTP",
+    security(()),
+    responses(
+        (status = 200, description = "Always, while the process serves HTTP.", body = Live),
+        (status = 403, description = "`forbidden_host` (open mode, a Host that is not loopback).", body = ErrorBody),
+    )
+)]
+pub async fn live() -> HttpResponse {
+    HttpResponse::Ok().json(Live { status: "ok" })
+}
+
+#[utoipa::path(
+    get,
+    path = "/health/ready",
+    tag = "health",
+    operation_id = "ready",
+    summary = "The gateway admits sends (state `running`)",
+    security(()),
+    responses(
+        (status = 200, description = "Running.", body = Ready),
+        (status = 403, description = "`forbidden_host` (open mode, a Host that is not loopback).", body = ErrorBody),
+        (status = 503, description = "`starting`, or `draining` (with `retry_after_s`).", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Whole seconds, at least 1: the drain window left, or 1 while starting."))),
+    )
+)]
 pub async fn ready(
     context: RequestContext,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let gateway_state = state.lifecycle.state();
     if gateway_state == GatewayState::Running {
-        return Ok(HttpResponse::Ok()
-            .json(json!({"status": "ready", "gateway_state": gateway_state.as_str()})));
+        return Ok(HttpResponse::Ok().json(Ready {
+            gateway_state,
+            status: "ready",
+        }));
     }
     let why = match gateway_state {
         GatewayState::Starting => NotAdmitting::Starting,
@@ -47,29 +92,42 @@ pub async fn ready(
     Err(context.error(why.into()))
 }
 
-#[derive(Serialize)]
-struct Detailed {
+/// `GET /health/detailed`'s body.
+#[derive(Serialize, ToSchema)]
+pub struct Detailed {
+    /// `degraded` when not running, a depth read is failing, or the primary's breaker is
+    /// not closed.
+    #[schema(schema_with = schema::health_status)]
     status: &'static str,
-    gateway_state: &'static str,
+    gateway_state: GatewayState,
     version: &'static str,
     pid: u32,
+    /// `null` unless draining.
     drain: Option<Drain>,
+    /// The primary's capacity state, by queue.
     queues: BTreeMap<String, QueueHealth>,
+    /// `primary`, and `fallback` when one is configured.
+    #[schema(schema_with = schema::backends)]
     backends: BTreeMap<&'static str, BackendHealth>,
 }
 
-#[derive(Serialize)]
-struct QueueHealth {
+#[derive(Serialize, ToSchema)]
+pub struct QueueHealth {
+    /// The last backlog read; `null` before the first.
     backlog: Option<u64>,
     limit: u64,
     consecutive_failures: u32,
     fail_closed: bool,
+    /// RFC 3339.
+    #[schema(format = DateTime)]
     last_read_ok_at: Option<String>,
 }
 
-#[derive(Serialize)]
-struct BackendHealth {
+#[derive(Serialize, ToSchema)]
+pub struct BackendHealth {
+    #[schema(schema_with = schema::backend_kind)]
     kind: &'static str,
+    #[schema(schema_with = schema::breaker_state)]
     breaker: &'static str,
     sends_in_flight: usize,
     max_in_flight: usize,
@@ -80,13 +138,28 @@ struct BackendHealth {
     queues: Option<BTreeMap<String, QueueHealth>>,
 }
 
-#[derive(Serialize)]
-struct Probe {
+#[derive(Serialize, ToSchema)]
+pub struct Probe {
     ok: bool,
+    /// RFC 3339.
+    #[schema(format = DateTime)]
     at: Option<String>,
     error: Option<String>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/health/detailed",
+    tag = "health",
+    operation_id = "detailed",
+    summary = "Lifecycle, capacity and backends, as the gateway last saw them (role observer or admin)",
+    responses(
+        (status = 200, description = "The gateway's view; never calls the broker.", body = Detailed),
+        (status = 401, description = "`unauthenticated`: no or an unknown bearer token.", body = ErrorBody,
+            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+        (status = 403, description = "`forbidden` (the key lacks the role), or `forbidden_host` (open mode).", body = ErrorBody),
+    )
+)]
 pub async fn detailed(
     req: HttpRequest,
     context: RequestContext,
@@ -117,7 +190,7 @@ pub async fn detailed(
     });
     Ok(HttpResponse::Ok().json(Detailed {
         status: if degraded { "degraded" } else { "ok" },
-        gateway_state: gateway_state.as_str(),
+        gateway_state,
         version: env!("CARGO_PKG_VERSION"),
         pid: std::process::id(),
         drain,

@@ -6,8 +6,23 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use super::auth::Permission;
 use super::errors::ApiError;
 use super::{authorize, AppState, RequestContext};
+use sendgate_wire::ErrorBody;
 
 /// `GET /metrics`: Prometheus text (role `observer` or `admin` when keys are on).
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "observability",
+    operation_id = "metrics",
+    summary = "Prometheus text exposition (role observer or admin)",
+    responses(
+        (status = 200, description = "Prometheus text format 0.0.4.", body = String,
+            content_type = "text/plain; version=0.0.4; charset=utf-8"),
+        (status = 401, description = "`unauthenticated`: no or an unknown bearer token.", body = ErrorBody,
+            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+        (status = 403, description = "`forbidden` (the key lacks the role), or `forbidden_host` (open mode).", body = ErrorBody),
+    )
+)]
 pub async fn metrics(
     req: HttpRequest,
     context: RequestContext,

@@ -10,6 +10,7 @@ pub mod guard;
 pub mod headers;
 mod health;
 mod metrics;
+pub mod openapi;
 mod send;
 
 use std::collections::HashMap;
@@ -70,6 +71,11 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         web::resource("/admin/drain")
             .route(web::post().to(admin::drain))
             .default_service(web::to(fallback::only_post)),
+    )
+    .service(
+        web::resource("/openapi.json")
+            .route(web::get().to(openapi::openapi_json))
+            .default_service(web::to(fallback::only_get)),
     )
     .default_service(web::to(fallback::not_found));
 }

@@ -7,7 +7,7 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
-use sendgate_wire::{Queued, Valid};
+use sendgate_wire::{ErrorBody, Queued, Valid};
 
 use super::auth::{Authenticator, Permission, Principal};
 use super::body_budget::BodyReservation;
@@ -35,6 +35,51 @@ enum Taken {
     },
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/messages",
+    tag = "send",
+    operation_id = "send",
+    summary = "Put one message on a queue, or refuse it (role sender or admin)",
+    description = "The admission order of docs/contract.md section 1: the first rule that applies answers. Every 429 and 503 carries an integer `Retry-After` of at least 1.",
+    params(
+        ("queue" = String, Path, description = "One of the queues this gateway serves (`SENDGATE_QUEUES`); any other is 404 `unknown_queue`.", example = "requests"),
+        ("dry_run" = Option<bool>, Query, description = "Validate and answer 200 `valid` without any backend call (`true`/`false`, or `1`/`0`)."),
+        ("Idempotency-Key" = Option<String>, Header, nullable = false, description = "Becomes the broker message id (scoped to the caller's key name when keys are on): 1–128 printable ASCII characters. Without it the gateway makes one (a UUID).", min_length = 1, max_length = 128, pattern = r"^[ -~]{1,128}$"),
+        ("X-Correlation-Id" = Option<String>, Header, nullable = false, description = "The message's correlation id; echoed. 1–128 printable ASCII characters.", min_length = 1, max_length = 128, pattern = r"^[ -~]{1,128}$"),
+        ("X-Request-Id" = Option<String>, Header, nullable = false, description = "This request's id, echoed on the answer; the message's correlation id when no X-Correlation-Id is given. 1–128 printable ASCII characters; on this route an invalid one is a 400.", min_length = 1, max_length = 128, pattern = r"^[ -~]{1,128}$"),
+    ),
+    request_body(
+        description = "The message itself, delivered byte for byte: any JSON value, at most `SENDGATE_MAX_BODY_BYTES` bytes.",
+        content = serde_json::Value,
+        content_type = "application/json",
+    ),
+    responses(
+        (status = 201, description = "`queued`: the message is in the queue.", body = Queued,
+            headers(
+                ("X-Sendgate-Backend" = String, description = "`primary` or `fallback`: the backend that took it."),
+                ("X-Correlation-Id" = String, description = "The request's X-Correlation-Id, when it had one."),
+            )),
+        (status = 200, description = "`valid`: a dry run that would have been attempted.", body = Valid,
+            headers(("X-Correlation-Id" = String, description = "The request's X-Correlation-Id, when it had one."))),
+        (status = 400, description = "`invalid_request`: malformed JSON, a bad header or `dry_run`; `errors` lists each problem (at most 20).", body = ErrorBody),
+        (status = 401, description = "`unauthenticated`: no or an unknown bearer token.", body = ErrorBody,
+            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+        (status = 403, description = "`forbidden` (the key lacks the role or the queue), or `forbidden_host` (open mode).", body = ErrorBody),
+        (status = 404, description = "`unknown_queue`: the gateway does not serve this queue.", body = ErrorBody),
+        (status = 409, description = "`queue_disabled` at the broker.", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`, with `limit_bytes`.", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: not `application/json`.", body = ErrorBody),
+        (status = 429, description = "`queue_full`: the backlog is at or over its ceiling (`backlog`, `limit`).", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Whole seconds to wait, at least 1."))),
+        (status = 502, description = "`backend_auth_failed`, or `send_failed` (with `outcome: unknown` and `message_id` when the broker may hold the message).", body = ErrorBody,
+            headers(("X-Sendgate-Backend" = String, description = "The backend the send went to."))),
+        (status = 503, description = "`draining` (with `retry_after_s`), `starting`, `saturated`, `capacity_unknown` (with `consecutive_failures`), `backend_unavailable` or `backend_busy`.", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Whole seconds to wait, at least 1."))),
+        (status = 504, description = "`send_timeout`: the broker did not confirm in time; `outcome: unknown` and the `message_id` to retry with.", body = ErrorBody,
+            headers(("X-Sendgate-Backend" = String, description = "The backend the send went to."))),
+    )
+)]
 pub async fn send_message(
     req: HttpRequest,
     context: RequestContext,

@@ -13,6 +13,7 @@ mod health;
 mod helpers;
 mod leaks;
 mod metrics;
+mod openapi;
 mod request_id;
 mod routing;
 mod send;

@@ -13,14 +13,17 @@ use crate::code::AnyCode;
 
 /// `201 Created`: the message is in the queue.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Queued<'a> {
     /// Always [`Queued::STATUS`].
+    #[cfg_attr(feature = "openapi", schema(schema_with = schema::queued))]
     pub status: Cow<'a, str>,
     pub queue: Cow<'a, str>,
     pub message_id: Cow<'a, str>,
     pub request_id: Cow<'a, str>,
     /// The broker already held a message with this id (shown only when true).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[cfg_attr(feature = "openapi", schema(schema_with = schema::always_true))]
     pub duplicate: bool,
 }
 
@@ -40,9 +43,13 @@ impl<'a> Queued<'a> {
 
 /// `200 OK` to a dry run: the send would have been attempted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Valid<'a> {
     /// Always [`Valid::STATUS`].
+    #[cfg_attr(feature = "openapi", schema(schema_with = schema::valid))]
     pub status: Cow<'a, str>,
+    /// Always `true`.
+    #[cfg_attr(feature = "openapi", schema(schema_with = schema::always_true))]
     pub dry_run: bool,
     pub queue: Cow<'a, str>,
     pub message_id: Cow<'a, str>,
@@ -66,6 +73,7 @@ impl<'a> Valid<'a> {
 /// One problem with the request's input: where (`["body"]`, `["header", "Idempotency-Key"]`)
 /// and what.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FieldError {
     pub loc: Vec<String>,
     pub msg: String,
@@ -84,36 +92,47 @@ impl FieldError {
 /// carries. Fields are in alphabetical order, so the JSON is byte for byte what the
 /// gateway's earlier `serde_json::Map` (a BTreeMap) produced; absent ones are omitted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody<'a> {
     /// `queue_full`: the backlog read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub backlog: Option<u64>,
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::ErrorCode))]
     pub code: AnyCode,
     /// `capacity_unknown`: failed depth reads in a row.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub consecutive_failures: Option<u32>,
     /// `invalid_request`: what is wrong, where.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<FieldError>>, nullable = false, max_items = 20))]
     pub errors: Option<Cow<'a, [FieldError]>>,
     /// `queue_full`: the backlog ceiling.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub limit: Option<u64>,
     /// `payload_too_large`: the largest body accepted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub limit_bytes: Option<usize>,
     pub message: Cow<'a, str>,
     /// With `outcome`: the id to retry with (the same `Idempotency-Key`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub message_id: Option<Cow<'a, str>>,
     /// [`ErrorBody::OUTCOME_UNKNOWN`] when the broker may hold the message.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(schema_with = schema::outcome_unknown))]
     pub outcome: Option<Cow<'a, str>>,
     /// `unknown_queue`: the name asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub queue: Option<Cow<'a, str>>,
     pub request_id: Cow<'a, str>,
     /// `draining`: whole seconds left in the drain window.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false, minimum = 1))]
     pub retry_after_s: Option<u64>,
 }
 
@@ -141,6 +160,39 @@ impl<'a> ErrorBody<'a> {
     /// Whether the broker may hold the message although the send was not confirmed.
     pub fn outcome_unknown(&self) -> bool {
         self.outcome.as_deref() == Some(Self::OUTCOME_UNKNOWN)
+    }
+}
+
+/// Schemas for the fields whose Rust type is wider than what the gateway writes.
+#[cfg(feature = "openapi")]
+mod schema {
+    use utoipa::openapi::schema::{Object, ObjectBuilder, Type};
+
+    fn word(text: &'static str) -> Object {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some([text]))
+            .build()
+    }
+
+    pub fn queued() -> Object {
+        word(super::Queued::STATUS)
+    }
+
+    pub fn valid() -> Object {
+        word(super::Valid::STATUS)
+    }
+
+    pub fn outcome_unknown() -> Object {
+        word(super::ErrorBody::OUTCOME_UNKNOWN)
+    }
+
+    /// `true`: a dry run's `dry_run`, and `duplicate`, which is shown only when true.
+    pub fn always_true() -> Object {
+        ObjectBuilder::new()
+            .schema_type(Type::Boolean)
+            .enum_values(Some([true]))
+            .build()
     }
 }
 

@@ -8,6 +8,7 @@ use crate::state::GatewayState;
 
 /// A drain in progress (`null` otherwise).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Drain {
     /// Seconds left in the drain window, to a tenth; the drain may end sooner.
     pub remaining_s: f64,

@@ -7,6 +7,12 @@ use std::str::FromStr;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+// serde is hand-written below (forgiving reads); the schema spells the same words.
+#[cfg_attr(
+    feature = "openapi",
+    derive(utoipa::ToSchema),
+    schema(rename_all = "lowercase")
+)]
 pub enum GatewayState {
     Starting,
     Running,

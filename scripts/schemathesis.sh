@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The API against its own OpenAPI document: schemathesis with every check (server
+# errors, status codes, content types, response schemas and headers, negative and
+# positive data, missing headers, unsupported methods, ignored auth, ...) on every route
+# of GET /openapi.json, against the real binary on the embedded backend. Exits non-zero
+# on any finding. Run by ./scripts/test.sh; alone: ./scripts/schemathesis.sh
+#
+# The gateway runs with API keys (so 401 and 403 answer), a backlog ceiling of 20 read
+# before every send (so 429 queue_full answers once 20 messages are stored) and a 64-byte
+# body limit (so 413 answers), on a free port, in a temporary data directory.
+#
+# POST /admin/drain is tested in a second pass with a key that has only the sender role
+# (with /health/detailed and /metrics, so their 403 answers too): with an admin key the
+# first 202 drains the gateway and the process exits (nothing is in flight), so every
+# later request would fail to connect. That 202 is tested in tests/api/admin.rs.
+#
+# schemathesis lives in a project-local virtualenv (.venv-schemathesis/, git- and
+# docker-ignored), installed from PyPI on first use, pinned.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=.venv-schemathesis
+PACKAGES=("schemathesis==4.32.5")
+STAMP="$VENV/.installed-$(printf '%s\n' "${PACKAGES[@]}" | cksum | cut -d' ' -f1)"
+# Test cases per operation and phase; SCHEMATHESIS_MAX_EXAMPLES overrides, and
+# SCHEMATHESIS_EXTRA adds options (e.g. "--report har --report-dir /tmp/st").
+EXAMPLES="${SCHEMATHESIS_MAX_EXAMPLES:-200}"
+
+if [ ! -f "$STAMP" ]; then
+    echo "-- installing ${PACKAGES[*]} into $VENV"
+    rm -rf "$VENV"
+    if ! python3 -m venv "$VENV" 2>/dev/null; then
+        # Debian's python3 ships venv separately.
+        if command -v apt-get >/dev/null; then
+            apt-get install -y -qq python3-venv >/dev/null
+        fi
+        rm -rf "$VENV"
+        python3 -m venv "$VENV"
+    fi
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PACKAGES[@]}"
+    touch "$STAMP"
+fi
+
+echo "-- building sendgate"
+cargo build --quiet --bin sendgate
+BINARY=target/debug/sendgate
+
+WORK=$(mktemp -d)
+PID=""
+cleanup() {
+    if [ -n "$PID" ]; then
+        kill "$PID" 2>/dev/null || true
+        wait "$PID" 2>/dev/null || true
+    fi
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+token() { "$VENV/bin/python" -c 'import secrets; print(secrets.token_urlsafe(32))'; }
+ADMIN_TOKEN=$(token)
+SENDER_TOKEN=$(token)
+key() { # name token role
+    printf '[[keys]]\nname = "%s"\nsha256 = "%s"\nroles = ["%s"]\nqueues = ["*"]\n' \
+        "$1" "$(printf '%s' "$2" | sha256sum | cut -d' ' -f1)" "$3"
+}
+{ key fuzz-admin "$ADMIN_TOKEN" admin; key fuzz-sender "$SENDER_TOKEN" sender; } >"$WORK/keys.toml"
+
+PORT=$("$VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+BASE="http://127.0.0.1:$PORT"
+
+echo "-- starting sendgate on $BASE (log: $WORK/sendgate.log)"
+env -i PATH="$PATH" \
+    SENDGATE_LISTEN="127.0.0.1:$PORT" \
+    SENDGATE_BACKEND=embedded \
+    SENDGATE_DATA_DIR="$WORK/data" \
+    SENDGATE_API_KEYS_FILE="$WORK/keys.toml" \
+    SERVICEBUS_SEND_MAX_QUEUE_DEPTH=20 \
+    SENDGATE_DEPTH_TTL_MS=0 \
+    SENDGATE_MAX_BODY_BYTES=64 \
+    "$BINARY" serve >"$WORK/sendgate.log" 2>&1 &
+PID=$!
+for _ in $(seq 1 200); do
+    if curl -fsS -o /dev/null "$BASE/health/ready" 2>/dev/null; then break; fi
+    if ! kill -0 "$PID" 2>/dev/null; then
+        cat "$WORK/sendgate.log"
+        echo "schemathesis: the gateway did not start"
+        exit 1
+    fi
+    sleep 0.1
+done
+curl -fsS -o /dev/null "$BASE/health/ready"
+
+SCHEMATHESIS=("$VENV/bin/schemathesis" --config-file scripts/schemathesis.toml run
+    "$BASE/openapi.json" --checks all --max-examples "$EXAMPLES" --seed 1
+    --no-color --warnings off ${SCHEMATHESIS_EXTRA:-})
+
+failed=0
+echo "-- schemathesis: every route but POST /admin/drain, as an admin"
+"${SCHEMATHESIS[@]}" -H "Authorization: Bearer $ADMIN_TOKEN" \
+    --exclude-path /admin/drain || failed=1
+
+echo "-- schemathesis: POST /admin/drain, /health/detailed, /metrics as a sender (403)"
+"${SCHEMATHESIS[@]}" -H "Authorization: Bearer $SENDER_TOKEN" \
+    --include-path /admin/drain --include-path /health/detailed --include-path /metrics || failed=1
+
+if ! kill -0 "$PID" 2>/dev/null; then
+    echo "schemathesis: the gateway exited during the run"
+    failed=1
+fi
+if [ "$failed" -ne 0 ]; then
+    echo "-- gateway log (last 40 lines)"
+    tail -n 40 "$WORK/sendgate.log"
+    echo "schemathesis: FAILED"
+    exit 1
+fi
+echo "schemathesis: ok"

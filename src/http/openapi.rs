@@ -1,0 +1,240 @@
+//! The OpenAPI 3.1 document, generated from the code: the routes' `#[utoipa::path]`
+//! annotations (beside each handler) and the bodies' `ToSchema` (the wire types, and the
+//! health and admin bodies). `GET /openapi.json` serves it; `sendgate openapi` prints it;
+//! `docs/openapi.json` is the committed copy (tests/api/openapi.rs keeps the three equal).
+//!
+//! The route is open, like `/health/live`: it describes the API, which is public
+//! (docs/contract.md), and a client generator must be able to read it without a key.
+
+use std::sync::LazyLock;
+
+use actix_web::HttpResponse;
+use serde_json::Value;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use super::headers::spelling;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "sendgate",
+        description = "An HTTP gateway in front of a message queue that refuses work the queue cannot take. The promise in words is docs/contract.md; this document is generated from the code.",
+        license(name = "MIT", identifier = "MIT"),
+    ),
+    servers((url = "http://127.0.0.1:8080", description = "the default SENDGATE_LISTEN")),
+    paths(
+        super::send::send_message,
+        super::health::live,
+        super::health::ready,
+        super::health::detailed,
+        super::metrics::metrics,
+        super::admin::drain,
+        openapi_json,
+    ),
+    // Every route needs a bearer token when keys are configured, unless it says otherwise.
+    security(("bearer" = [])),
+    modifiers(&Bearer),
+    tags(
+        (name = "send", description = "docs/contract.md sections 1 and 2"),
+        (name = "health", description = "docs/contract.md section 3"),
+        (name = "observability", description = "docs/contract.md section 6"),
+        (name = "admin", description = "docs/contract.md sections 3 and 5"),
+        (name = "meta", description = "this document"),
+    )
+)]
+struct ApiDoc;
+
+/// The `bearer` scheme of contract section 5.
+struct Bearer;
+
+impl Modify for Bearer {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let mut scheme = Http::new(HttpAuthScheme::Bearer);
+        scheme.description = Some(
+            "An API key's token (`SENDGATE_API_KEYS_FILE`). Without a keys file the gateway runs open and no route needs one."
+                .into(),
+        );
+        openapi
+            .components
+            .get_or_insert_with(Default::default)
+            .add_security_scheme("bearer", SecurityScheme::Http(scheme));
+    }
+}
+
+/// Headers that are on the answers where the document names them, always: `required`,
+/// which utoipa 5's `Header` cannot say, is added to each.
+const ALWAYS_SET: [&str; 2] = [sendgate_wire::headers::RETRY_AFTER, "WWW-Authenticate"];
+
+/// The document as pretty JSON with a final newline: byte for byte `docs/openapi.json`.
+///
+/// Object keys come out sorted (serde_json's map), so the committed file diffs stably.
+pub fn json() -> String {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or(Value::Null);
+    finish(&mut doc);
+    let mut text = serde_json::to_string_pretty(&doc).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+/// What the annotations cannot say: every answer's `X-Request-Id` (set by
+/// `context.rs` on all of them), `required` on the headers that are always there, and
+/// `Retry-After`'s floor of 1.
+fn finish(doc: &mut Value) {
+    let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let operations = paths
+        .values_mut()
+        .filter_map(Value::as_object_mut)
+        .flat_map(|item| item.values_mut());
+    for operation in operations {
+        let Some(responses) = operation
+            .get_mut("responses")
+            .and_then(Value::as_object_mut)
+        else {
+            continue;
+        };
+        for response in responses.values_mut().filter_map(Value::as_object_mut) {
+            let headers = response
+                .entry("headers")
+                .or_insert_with(|| Value::Object(Default::default()));
+            let Some(headers) = headers.as_object_mut() else {
+                continue;
+            };
+            headers.insert(
+                spelling::REQUEST_ID.to_owned(),
+                serde_json::json!({
+                    "description": "This request's id: the client's valid X-Request-Id, or one the gateway made.",
+                    "required": true,
+                    "schema": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[ -~]{1,128}$"},
+                }),
+            );
+            for name in ALWAYS_SET {
+                if let Some(header) = headers.get_mut(name).and_then(Value::as_object_mut) {
+                    header.insert("required".into(), Value::Bool(true));
+                    if name == sendgate_wire::headers::RETRY_AFTER {
+                        if let Some(schema) =
+                            header.get_mut("schema").and_then(Value::as_object_mut)
+                        {
+                            schema.insert("minimum".into(), Value::from(1));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+static DOCUMENT: LazyLock<String> = LazyLock::new(json);
+
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "meta",
+    operation_id = "openapi",
+    summary = "This document (OpenAPI 3.1)",
+    security(()),
+    responses(
+        (status = 200, description = "The document; the same bytes as docs/openapi.json.", body = Object, content_type = "application/json"),
+        (status = 403, description = "`forbidden_host` (open mode, a Host that is not loopback).", body = sendgate_wire::ErrorBody),
+    )
+)]
+pub async fn openapi_json() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(DOCUMENT.as_str())
+}
+
+/// Schemas for fields whose Rust type (`&'static str`) is wider than the words written.
+pub mod schema {
+    use utoipa::openapi::schema::{Object, ObjectBuilder, Type};
+
+    use crate::admission::breaker::BreakerState;
+    use crate::config::BackendKind;
+
+    fn words(list: impl IntoIterator<Item = &'static str>) -> Object {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(list))
+            .build()
+    }
+
+    pub fn word_ok() -> Object {
+        words(["ok"])
+    }
+
+    pub fn word_ready() -> Object {
+        words(["ready"])
+    }
+
+    pub fn word_draining() -> Object {
+        words(["draining"])
+    }
+
+    pub fn health_status() -> Object {
+        words(["ok", "degraded"])
+    }
+
+    pub fn breaker_state() -> Object {
+        words(
+            [
+                BreakerState::Closed,
+                BreakerState::Open,
+                BreakerState::HalfOpen,
+            ]
+            .map(BreakerState::as_str),
+        )
+    }
+
+    pub fn backend_kind() -> Object {
+        words(
+            [
+                BackendKind::Embedded,
+                BackendKind::RabbitMq,
+                BackendKind::ServiceBus,
+            ]
+            .map(BackendKind::as_str),
+        )
+    }
+
+    /// `primary`, and `fallback` when configured: each a `BackendHealth`.
+    pub fn backends() -> Object {
+        ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .property(
+                "primary",
+                utoipa::openapi::Ref::from_schema_name("BackendHealth"),
+            )
+            .property(
+                "fallback",
+                utoipa::openapi::Ref::from_schema_name("BackendHealth"),
+            )
+            .required("primary")
+            .additional_properties(Some(
+                utoipa::openapi::schema::AdditionalProperties::FreeForm(false),
+            ))
+            .build()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_answer_of_every_operation_names_its_request_id() {
+        let doc: Value = serde_json::from_str(&json()).unwrap();
+        assert_eq!(doc["openapi"], "3.1.0");
+        let mut answers = 0;
+        for item in doc["paths"].as_object().unwrap().values() {
+            for operation in item.as_object().unwrap().values() {
+                for response in operation["responses"].as_object().unwrap().values() {
+                    assert_eq!(response["headers"]["X-Request-Id"]["required"], true);
+                    answers += 1;
+                }
+            }
+        }
+        assert!(answers > 20, "{answers}");
+    }
+}

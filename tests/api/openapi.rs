@@ -1,0 +1,97 @@
+//! `GET /openapi.json`: the document generated from the code, open like `/health/live`,
+//! the same bytes as the committed `docs/openapi.json` and as `sendgate openapi` prints.
+
+use sha2::{Digest, Sha256};
+
+use crate::gateway::run_binary;
+use crate::helpers::spawn_app_with;
+
+const COMMITTED: &str = include_str!("../../docs/openapi.json");
+const STALE: &str =
+    "docs/openapi.json is stale: regenerate it with `cargo run -q -- openapi > docs/openapi.json`";
+
+/// A gateway with API keys on, so an open route is open on purpose.
+async fn with_keys() -> (crate::helpers::TestApp, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.toml");
+    std::fs::write(
+        &keys,
+        format!(
+            "[[keys]]\nname = \"app\"\nsha256 = \"{}\"\nroles = [\"sender\"]\nqueues = [\"*\"]\n",
+            hex::encode(Sha256::digest(b"sender-token"))
+        ),
+    )
+    .unwrap();
+    let app = spawn_app_with(&[("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap())]).await;
+    (app, dir)
+}
+
+#[tokio::test]
+async fn the_served_document_is_the_committed_file_and_needs_no_token() {
+    let (app, _dir) = with_keys().await;
+    let response = app
+        .client
+        .get(app.url("/openapi.json"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "application/json");
+    assert!(response.headers().contains_key("x-request-id"));
+    let served = response.text().await.unwrap();
+    assert!(served == COMMITTED, "{STALE}");
+    let doc: serde_json::Value = serde_json::from_str(&served).unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+
+    let wrong_method = app
+        .client
+        .post(app.url("/openapi.json"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong_method.status(), 405);
+    assert_eq!(wrong_method.headers()["allow"], "GET");
+}
+
+#[test]
+fn the_cli_prints_the_committed_file() {
+    let out = run_binary(&["openapi"], &[]);
+    assert!(out.status.success());
+    assert!(
+        String::from_utf8(out.stdout).unwrap() == COMMITTED,
+        "{STALE}"
+    );
+}
+
+/// Every documented operation is routed (none falls to the 404 of an unknown path), and
+/// those that need a key say so in the document exactly when they answer 401 without one.
+#[tokio::test]
+async fn every_documented_operation_is_a_route_and_its_security_is_what_it_does() {
+    let (app, _dir) = with_keys().await;
+    let doc: serde_json::Value = serde_json::from_str(COMMITTED).unwrap();
+    let mut operations = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            let url = app.url(&path.replace("{queue}", "requests"));
+            let method = method.to_uppercase().parse().unwrap();
+            let response = app
+                .client
+                .request(method, url)
+                .header("Content-Type", "application/json")
+                .body("{}")
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            assert_ne!(status, 404, "{path}");
+            let open = operation["security"] == serde_json::json!([{}]);
+            assert_eq!(status == 401, !open, "{path}: {status}");
+            assert!(
+                operation["responses"][status.to_string()].is_object(),
+                "{path} answered {status}, which it does not document"
+            );
+            operations += 1;
+        }
+    }
+    assert_eq!(operations, 7);
+}
