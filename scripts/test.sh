@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 echo "== services: RabbitMQ with its management plugin"
 ./scripts/ensure-rabbitmq.sh
 
+echo "== services: Redis (the fleet ledger)"
+./scripts/ensure-redis.sh
+
 echo "== deployment lint: checkov (infra/, Dockerfile), hadolint, bicep parse"
 ./scripts/lint-infra.sh
 

@@ -5,6 +5,7 @@ pub mod admission;
 pub mod backend;
 pub mod cli;
 pub mod config;
+pub mod coordination;
 pub mod domain;
 pub mod http;
 pub mod lifecycle;

@@ -1,0 +1,3 @@
+//! How replicas share one ceiling (issue 14).
+
+pub mod ledger;

@@ -1,0 +1,70 @@
+-- Prepended to every ledger script at build time (see ledger.rs). Every script is one
+-- atomic step on one queue's keys, so no decision ever rests on a read made by an earlier
+-- round trip. KEYS are always, in this order (one hash tag, so one cluster slot):
+--   1 read         HASH   the fleet's last depth read and its streak
+--   2 lease        STRING who reads the admin plane now (SET NX PX)
+--   3 count        HASH   completed_total, since_read, reserved
+--   4 blocks       ZSET   block id -> expiry (ms, Redis TIME)
+--   5 block_sizes  HASH   block id -> headroom the block still holds
+-- All time is this Redis's TIME: replicas' clocks are never compared.
+local READ, LEASE, COUNT, BLOCKS, SIZES = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- A missing field (false in Lua) or a non-number counts as 0.
+local function num(v)
+  return tonumber(v) or 0
+end
+
+-- Integers are written as plain digits: never let a double's formatting (1e+15) reach a
+-- field that HINCRBY or the client must parse.
+local function int(n)
+  return string.format('%d', n)
+end
+
+local function at_least_zero(n)
+  if n < 0 then return 0 end
+  return n
+end
+
+-- Every key but the lease (which has its own PX) lives `idle_ms` after its last write, so
+-- a deleted queue or deployment leaves nothing behind for ever.
+local function touch(idle_ms)
+  for _, k in ipairs({READ, COUNT, BLOCKS, SIZES}) do
+    redis.call('PEXPIRE', k, idle_ms)
+  end
+end
+
+-- Blocks whose lease ran out (a replica that died or stopped asking) give their headroom
+-- back: their sizes leave `reserved`.
+local function prune(now)
+  local expired = redis.call('ZRANGEBYSCORE', BLOCKS, '-inf', now)
+  if #expired == 0 then return end
+  local freed = 0
+  for _, id in ipairs(expired) do
+    freed = freed + num(redis.call('HGET', SIZES, id))
+    redis.call('HDEL', SIZES, id)
+  end
+  redis.call('ZREMRANGEBYSCORE', BLOCKS, '-inf', now)
+  local reserved = at_least_zero(num(redis.call('HGET', COUNT, 'reserved')) - freed)
+  redis.call('HSET', COUNT, 'reserved', int(reserved))
+end
+
+-- The shared read as the client decodes it, ten integers:
+-- state (0 never, 1 ok, 2 failed), backlog, send_disabled, age_ms, streak, generation,
+-- since_read, reserved, reads_ok, reads_failed.
+local function read_reply(now)
+  local r = redis.call('HMGET', READ, 'state', 'backlog', 'send_disabled', 'at_ms',
+    'streak', 'generation', 'reads_ok', 'reads_failed')
+  local c = redis.call('HMGET', COUNT, 'since_read', 'reserved')
+  local state = 0
+  if r[1] == 'ok' then state = 1 elseif r[1] == 'failed' then state = 2 end
+  local age = 0
+  if r[4] then age = at_least_zero(now - num(r[4])) end
+  return {state, num(r[2]), num(r[3]), age, num(r[5]), num(r[6]), num(c[1]), num(c[2]),
+    num(r[7]), num(r[8])}
+end
+

@@ -1,0 +1,708 @@
+//! The fleet ledger (src/coordination/ledger.rs) against the real local Redis: the
+//! ceiling under concurrent reservations, settling, expiry of a dead replica's headroom,
+//! the shared read and its lease, and a Redis that stops answering. Each test has a key
+//! prefix of its own and removes its keys when it ends.
+
+#[path = "support/fault_proxy.rs"]
+mod fault_proxy;
+#[path = "support/redis.rs"]
+mod redis_support;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use fault_proxy::{Fault, FaultProxy};
+use redis_support::{cli, ensure_redis, keys_and_ttls, settings, unique_prefix, Cleanup};
+use sendgate::config::BackendKind;
+use sendgate::coordination::ledger::{
+    Ledger, LedgerError, QueueKeys, ReadOutcome, Reservation, SharedRead, SharedState, IDLE,
+};
+use sendgate::domain::QueueName;
+
+const URL: &str = "redis://127.0.0.1:6379";
+const TIMEOUT: Duration = Duration::from_millis(500);
+const LONG: Duration = Duration::from_secs(30);
+
+struct Fixture {
+    ledger: Ledger,
+    keys: QueueKeys,
+    prefix: String,
+    _cleanup: Cleanup,
+}
+
+async fn fixture() -> Fixture {
+    ensure_redis();
+    let prefix = unique_prefix();
+    let ledger = Ledger::connect(&settings(URL, &prefix, TIMEOUT))
+        .await
+        .expect("the local Redis answers");
+    let keys = ledger.keys(BackendKind::RabbitMq, &QueueName::parse("orders").unwrap());
+    Fixture {
+        ledger,
+        keys,
+        _cleanup: Cleanup(prefix.clone()),
+        prefix,
+    }
+}
+
+/// Take the read lease and publish a good read of `backlog`.
+async fn publish_ok(f: &Fixture, backlog: u64) -> SharedRead {
+    let ticket = f
+        .ledger
+        .lease_read(&f.keys, "reader", Duration::from_millis(1))
+        .await
+        .unwrap();
+    let ticket = match ticket {
+        Some(ticket) => ticket,
+        None => {
+            // A 1 ms lease from an earlier call may still be held.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            f.ledger
+                .lease_read(&f.keys, "reader", Duration::from_millis(1))
+                .await
+                .unwrap()
+                .expect("the lease is free again")
+        }
+    };
+    let read = f
+        .ledger
+        .publish_read(
+            &f.keys,
+            ticket,
+            ReadOutcome::Ok {
+                backlog,
+                send_disabled: false,
+            },
+            true,
+        )
+        .await
+        .unwrap();
+    // Let the 1 ms lease run out, so the test may take it.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    read
+}
+
+fn granted(r: Reservation) -> u64 {
+    match r {
+        Reservation::Granted { granted, .. } => granted,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_reservations_fill_the_ceiling_exactly_then_refuse() {
+    let f = fixture().await;
+    publish_ok(&f, 10).await;
+    let limit = 60;
+    let tasks: Vec<_> = (0..64u64)
+        .map(|i| {
+            let ledger = f.ledger.clone();
+            let keys = f.keys.clone();
+            tokio::spawn(async move {
+                let block = format!("replica-{i}");
+                let want = 1 + i % 8;
+                let mut total = 0;
+                // Each task asks until the ceiling says no: nobody can get past it.
+                loop {
+                    match ledger
+                        .reserve(&keys, &block, want, limit, 8, LONG)
+                        .await
+                        .unwrap()
+                    {
+                        Reservation::Granted { granted, .. } => {
+                            assert!((1..=want).contains(&granted), "{granted} of {want}");
+                            total += granted;
+                        }
+                        Reservation::Full { estimate, .. } => {
+                            assert!(estimate >= limit, "full at {estimate} < {limit}");
+                            return total;
+                        }
+                        other => panic!("{other:?}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut sum = 0;
+    for task in tasks {
+        sum += task.await.unwrap();
+    }
+    assert_eq!(
+        sum,
+        limit - 10,
+        "granted beyond backlog 10 under limit {limit}"
+    );
+    let read = f.ledger.shared_read(&f.keys).await.unwrap();
+    assert_eq!(read.reserved, 50);
+    match f
+        .ledger
+        .reserve(&f.keys, "late", 1, limit, 8, LONG)
+        .await
+        .unwrap()
+    {
+        Reservation::Full { estimate, .. } => assert_eq!(estimate, 60),
+        other => panic!("expected Full, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn grants_shrink_as_the_room_shrinks_down_to_one() {
+    let f = fixture().await;
+    publish_ok(&f, 0).await;
+    let mut grants = Vec::new();
+    loop {
+        match f
+            .ledger
+            .reserve(&f.keys, "a", 1000, 80, 8, LONG)
+            .await
+            .unwrap()
+        {
+            Reservation::Granted { granted, .. } => grants.push(granted),
+            Reservation::Full { estimate, .. } => {
+                assert_eq!(estimate, 80);
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(grants.iter().sum::<u64>(), 80, "{grants:?}");
+    assert_eq!(grants[0], 10, "an eighth of 80: {grants:?}");
+    assert!(grants.windows(2).all(|w| w[0] >= w[1]), "{grants:?}");
+    assert_eq!(grants.last(), Some(&1), "{grants:?}");
+    assert!(
+        grants.iter().filter(|&&g| g == 1).count() >= 8,
+        "the last eight units go one by one: {grants:?}"
+    );
+}
+
+#[tokio::test]
+async fn settling_not_stored_frees_room_and_stored_keeps_it_used() {
+    let f = fixture().await;
+    publish_ok(&f, 2).await;
+    assert_eq!(
+        granted(
+            f.ledger
+                .reserve(&f.keys, "b", 8, 10, 1, LONG)
+                .await
+                .unwrap()
+        ),
+        8
+    );
+    assert!(matches!(
+        f.ledger
+            .reserve(&f.keys, "c", 1, 10, 1, LONG)
+            .await
+            .unwrap(),
+        Reservation::Full { estimate: 10, .. }
+    ));
+
+    // Three sends definitely not stored: their room is free again.
+    f.ledger.settle(&f.keys, "b", 0, 3).await.unwrap();
+    let read = f.ledger.shared_read(&f.keys).await.unwrap();
+    assert_eq!((read.reserved, read.since_read), (5, 0));
+    assert_eq!(
+        granted(
+            f.ledger
+                .reserve(&f.keys, "c", 5, 10, 1, LONG)
+                .await
+                .unwrap()
+        ),
+        3
+    );
+
+    // Four stored: they leave the block but stay counted, on top of the read.
+    f.ledger.settle(&f.keys, "b", 4, 0).await.unwrap();
+    let read = f.ledger.shared_read(&f.keys).await.unwrap();
+    assert_eq!((read.reserved, read.since_read), (4, 4));
+    assert!(matches!(
+        f.ledger
+            .reserve(&f.keys, "d", 1, 10, 1, LONG)
+            .await
+            .unwrap(),
+        Reservation::Full { estimate: 10, .. }
+    ));
+
+    // A block cannot give back more than it holds (b holds 1, c holds 3).
+    f.ledger.release(&f.keys, "b", 100).await.unwrap();
+    let read = f.ledger.shared_read(&f.keys).await.unwrap();
+    assert_eq!(read.reserved, 3);
+    f.ledger.release(&f.keys, "nobody", 5).await.unwrap();
+    assert_eq!(f.ledger.shared_read(&f.keys).await.unwrap().reserved, 3);
+}
+
+#[tokio::test]
+async fn an_expired_blocks_headroom_returns_and_its_late_settle_subtracts_nothing() {
+    let f = fixture().await;
+    publish_ok(&f, 0).await;
+    let short = Duration::from_millis(200);
+    assert_eq!(
+        granted(
+            f.ledger
+                .reserve(&f.keys, "dies", 6, 10, 1, short)
+                .await
+                .unwrap()
+        ),
+        6
+    );
+    assert_eq!(
+        granted(
+            f.ledger
+                .reserve(&f.keys, "lives", 4, 10, 1, LONG)
+                .await
+                .unwrap()
+        ),
+        4
+    );
+    assert!(matches!(
+        f.ledger
+            .reserve(&f.keys, "x", 1, 10, 1, LONG)
+            .await
+            .unwrap(),
+        Reservation::Full { .. }
+    ));
+
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let read = f.ledger.shared_read(&f.keys).await.unwrap();
+    assert_eq!(read.reserved, 4, "only the live block's headroom is held");
+
+    // The dead block's sends report late: the stored ones still count, and `reserved`
+    // (now only the live block's) is not reduced a second time.
+    f.ledger.settle(&f.keys, "dies", 5, 1).await.unwrap();
+    let read = f.ledger.shared_read(&f.keys).await.unwrap();
+    assert_eq!((read.reserved, read.since_read), (4, 5));
+    assert_eq!(
+        granted(
+            f.ledger
+                .reserve(&f.keys, "x", 5, 10, 1, LONG)
+                .await
+                .unwrap()
+        ),
+        1
+    );
+}
+
+#[tokio::test]
+async fn asking_again_grows_the_block_and_extends_its_lease() {
+    let f = fixture().await;
+    publish_ok(&f, 0).await;
+    let lease = Duration::from_millis(400);
+    granted(
+        f.ledger
+            .reserve(&f.keys, "a", 2, 100, 1, lease)
+            .await
+            .unwrap(),
+    );
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    granted(
+        f.ledger
+            .reserve(&f.keys, "a", 3, 100, 1, lease)
+            .await
+            .unwrap(),
+    );
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    // 500 ms after the first grant, 250 ms after the second: the block (5) is still live.
+    assert_eq!(f.ledger.shared_read(&f.keys).await.unwrap().reserved, 5);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(f.ledger.shared_read(&f.keys).await.unwrap().reserved, 0);
+}
+
+#[tokio::test]
+async fn since_read_counts_only_completions_after_the_ticket() {
+    let f = fixture().await;
+    publish_ok(&f, 0).await;
+    granted(
+        f.ledger
+            .reserve(&f.keys, "a", 10, 100, 1, LONG)
+            .await
+            .unwrap(),
+    );
+    f.ledger.settle(&f.keys, "a", 3, 0).await.unwrap();
+
+    let ticket = f
+        .ledger
+        .lease_read(&f.keys, "me", LONG)
+        .await
+        .unwrap()
+        .expect("the lease is free");
+    f.ledger.settle(&f.keys, "a", 2, 0).await.unwrap();
+    let before = f.ledger.shared_read(&f.keys).await.unwrap();
+    assert_eq!(before.since_read, 5, "counted on top of the previous read");
+
+    let read = f
+        .ledger
+        .publish_read(
+            &f.keys,
+            ticket,
+            ReadOutcome::Ok {
+                backlog: 7,
+                send_disabled: false,
+            },
+            true,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        read.state,
+        SharedState::Ok {
+            backlog: 7,
+            send_disabled: false
+        }
+    );
+    assert_eq!(
+        read.since_read, 2,
+        "only the two completed after the ticket"
+    );
+    assert_eq!(read.reserved, 5);
+    assert_eq!(read.generation, before.generation + 1);
+    assert!(read.age < Duration::from_secs(1), "{:?}", read.age);
+}
+
+#[tokio::test]
+async fn failures_add_to_the_streak_only_when_they_count_and_a_good_read_resets_it() {
+    let f = fixture().await;
+    let fresh = f.ledger.shared_read(&f.keys).await.unwrap();
+    assert_eq!(fresh.state, SharedState::Never);
+    assert!(matches!(
+        f.ledger
+            .reserve(&f.keys, "a", 1, 10, 1, LONG)
+            .await
+            .unwrap(),
+        Reservation::Unknown { .. }
+    ));
+
+    let lease = Duration::from_millis(1);
+    let publish = |outcome, counts| {
+        let f = &f;
+        async move {
+            tokio::time::sleep(Duration::from_millis(3)).await;
+            let ticket = f
+                .ledger
+                .lease_read(&f.keys, "me", lease)
+                .await
+                .unwrap()
+                .expect("the lease ran out");
+            f.ledger
+                .publish_read(&f.keys, ticket, outcome, counts)
+                .await
+                .unwrap()
+        }
+    };
+    let r = publish(ReadOutcome::Failed, false).await;
+    assert_eq!((r.state, r.streak), (SharedState::Failed, 0), "priming");
+    let r = publish(ReadOutcome::Failed, true).await;
+    assert_eq!(r.streak, 1);
+    let r = publish(ReadOutcome::Failed, true).await;
+    assert_eq!(r.streak, 2);
+    let r = publish(ReadOutcome::Failed, false).await;
+    assert_eq!(r.streak, 2, "a read that does not count leaves the streak");
+    assert_eq!((r.reads_failed, r.generation), (4, 4));
+    match f
+        .ledger
+        .reserve(&f.keys, "a", 1, 10, 1, LONG)
+        .await
+        .unwrap()
+    {
+        Reservation::Unknown { read } => assert_eq!(read.streak, 2),
+        other => panic!("expected Unknown, got {other:?}"),
+    }
+
+    let ok = ReadOutcome::Ok {
+        backlog: 1,
+        send_disabled: true,
+    };
+    let r = publish(ok, true).await;
+    assert_eq!((r.streak, r.reads_ok), (0, 1));
+    assert!(matches!(
+        f.ledger
+            .reserve(&f.keys, "a", 1, 10, 1, LONG)
+            .await
+            .unwrap(),
+        Reservation::Disabled { .. }
+    ));
+    let r = publish(ReadOutcome::Failed, true).await;
+    assert_eq!(r.streak, 1);
+    assert_eq!(
+        r.state,
+        SharedState::Failed,
+        "a failure leaves no depth behind"
+    );
+}
+
+#[tokio::test]
+async fn a_read_older_than_the_published_one_is_dropped() {
+    let f = fixture().await;
+    let short = Duration::from_millis(50);
+    let slow = f
+        .ledger
+        .lease_read(&f.keys, "slow", short)
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let quick = f
+        .ledger
+        .lease_read(&f.keys, "quick", short)
+        .await
+        .unwrap()
+        .expect("the slow reader's lease ran out");
+    assert!(quick.seq > slow.seq);
+    let ok = |backlog| ReadOutcome::Ok {
+        backlog,
+        send_disabled: false,
+    };
+    let newer = f
+        .ledger
+        .publish_read(&f.keys, quick, ok(30), true)
+        .await
+        .unwrap();
+    let after = f
+        .ledger
+        .publish_read(&f.keys, slow, ReadOutcome::Failed, true)
+        .await
+        .unwrap();
+    assert_eq!(after.state, newer.state);
+    assert_eq!((after.generation, after.streak), (newer.generation, 0));
+    let again = f
+        .ledger
+        .publish_read(&f.keys, quick, ok(1), true)
+        .await
+        .unwrap();
+    assert_eq!(again.state, newer.state, "a ticket publishes once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_caller_of_many_gets_the_read_lease() {
+    let f = fixture().await;
+    let callers: Vec<_> = (0..16)
+        .map(|i| {
+            let ledger = f.ledger.clone();
+            let keys = f.keys.clone();
+            tokio::spawn(async move {
+                ledger
+                    .lease_read(&keys, &format!("replica-{i}"), Duration::from_millis(300))
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut winners = 0;
+    for caller in callers {
+        winners += usize::from(caller.await.unwrap().is_some());
+    }
+    assert_eq!(winners, 1);
+    assert!(f
+        .ledger
+        .lease_read(&f.keys, "late", LONG)
+        .await
+        .unwrap()
+        .is_none());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        f.ledger
+            .lease_read(&f.keys, "late", LONG)
+            .await
+            .unwrap()
+            .is_some(),
+        "the lease is free once it ran out"
+    );
+}
+
+#[tokio::test]
+async fn every_key_expires_after_the_idle_bound() {
+    let f = fixture().await;
+    publish_ok(&f, 0).await;
+    granted(
+        f.ledger
+            .reserve(&f.keys, "a", 4, 100, 1, LONG)
+            .await
+            .unwrap(),
+    );
+    f.ledger.settle(&f.keys, "a", 1, 0).await.unwrap();
+    let keys = keys_and_ttls(&f.prefix);
+    assert!(keys.len() >= 4, "{keys:?}");
+    let idle = i64::try_from(IDLE.as_millis()).unwrap();
+    for (key, ttl) in keys {
+        assert!(ttl > 0 && ttl <= idle, "{key} lives {ttl} ms");
+    }
+}
+
+#[tokio::test]
+async fn a_foreign_value_under_a_ledger_key_is_an_error_not_a_panic() {
+    let f = fixture().await;
+    let count_key = f.keys.all()[2].to_owned();
+    assert_eq!(cli(&["SET", &count_key, "not a hash"]), "OK");
+    for result in [
+        f.ledger.shared_read(&f.keys).await.map(|_| ()),
+        f.ledger
+            .reserve(&f.keys, "a", 1, 10, 1, LONG)
+            .await
+            .map(|_| ()),
+        f.ledger.settle(&f.keys, "a", 1, 0).await,
+    ] {
+        match result {
+            Err(LedgerError::Redis(text)) => assert!(text.contains("WRONGTYPE"), "{text}"),
+            other => panic!("expected a Redis error, got {other:?}"),
+        }
+    }
+}
+
+fn within(started: Instant, bound: Duration) {
+    let took = started.elapsed();
+    assert!(took <= bound, "took {took:?}, bound {bound:?}");
+}
+
+#[tokio::test]
+async fn a_black_holed_redis_times_out_within_the_deadline_then_recovers() {
+    ensure_redis();
+    let prefix = unique_prefix();
+    let _cleanup = Cleanup(prefix.clone());
+    let target: SocketAddr = redis_support::ADDR.parse().unwrap();
+    let proxy = FaultProxy::start(target).await;
+    let timeout = Duration::from_millis(100);
+    let url = format!("redis://127.0.0.1:{}", proxy.port());
+    let ledger = Ledger::connect(&settings(&url, &prefix, timeout))
+        .await
+        .unwrap();
+    let keys = ledger.keys(BackendKind::RabbitMq, &QueueName::parse("q").unwrap());
+    ledger.shared_read(&keys).await.unwrap();
+
+    proxy.set(Fault::Blackhole);
+    let slack = timeout + Duration::from_millis(150);
+    let started = Instant::now();
+    assert_eq!(ledger.ping().await, Err(LedgerError::Timeout));
+    within(started, slack);
+    let started = Instant::now();
+    assert_eq!(
+        ledger.reserve(&keys, "a", 1, 10, 1, LONG).await,
+        Err(LedgerError::Timeout)
+    );
+    within(started, slack);
+    let started = Instant::now();
+    assert_eq!(
+        ledger.lease_read(&keys, "me", LONG).await,
+        Err(LedgerError::Timeout)
+    );
+    within(started, slack);
+
+    proxy.set(Fault::Pass);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match ledger.ping().await {
+            Ok(()) => break,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("Redis never answered again: {e}"),
+        }
+    }
+    ledger.shared_read(&keys).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_unreachable_redis_errs_within_the_deadline() {
+    // A port nothing listens on: bind one, note it, close it.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let prefix = unique_prefix();
+    let s = settings(&format!("redis://127.0.0.1:{closed}"), &prefix, TIMEOUT);
+    let started = Instant::now();
+    assert!(Ledger::connect(&s).await.is_err());
+    within(started, Duration::from_millis(1500));
+
+    // A lazy ledger exists without Redis and each call fails by its deadline.
+    let ledger = Ledger::lazy(&s).unwrap();
+    let keys = ledger.keys(BackendKind::Embedded, &QueueName::parse("q").unwrap());
+    for _ in 0..3 {
+        let started = Instant::now();
+        assert!(ledger.shared_read(&keys).await.is_err());
+        within(started, TIMEOUT + Duration::from_millis(150));
+    }
+}
+
+#[tokio::test]
+async fn a_tls_url_to_a_silent_server_times_out_without_panicking() {
+    // Accepts and never answers: the TLS handshake starts (so the TLS config is built,
+    // which needs a crypto provider) and then waits for the deadline.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            held.push(socket);
+        }
+    });
+    let s = settings(
+        &format!("rediss://localhost:{port}"),
+        &unique_prefix(),
+        Duration::from_millis(100),
+    );
+    let started = Instant::now();
+    assert_eq!(Ledger::connect(&s).await.unwrap_err(), LedgerError::Timeout);
+    within(started, Duration::from_millis(1500));
+    holder.abort();
+}
+
+/// An ACL user of its own, deleted when dropped.
+struct AclUser(String);
+
+impl Drop for AclUser {
+    fn drop(&mut self) {
+        cli(&["ACL", "DELUSER", &self.0]);
+    }
+}
+
+#[tokio::test]
+async fn a_refused_password_is_reported_without_echoing_it_then_the_ledger_recovers() {
+    ensure_redis();
+    let prefix = unique_prefix();
+    let _cleanup = Cleanup(prefix.clone());
+    let user = AclUser(format!(
+        "sgtest-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    ));
+    let password = format!("pw{}", uuid::Uuid::new_v4().simple());
+    assert_eq!(
+        cli(&[
+            "ACL",
+            "SETUSER",
+            &user.0,
+            "on",
+            ">other-password",
+            "~*",
+            "+@all"
+        ]),
+        "OK"
+    );
+    let url = format!("redis://{}:{password}@127.0.0.1:6379", user.0);
+    let s = settings(&url, &prefix, TIMEOUT);
+
+    let started = Instant::now();
+    let e = Ledger::connect(&s).await.unwrap_err();
+    within(started, Duration::from_millis(1500));
+    let text = format!("{e} {e:?}");
+    assert!(!text.contains(&password), "{text}");
+    assert!(
+        matches!(e, LedgerError::Redis(_)),
+        "the refusal, not a timeout: {e:?}"
+    );
+
+    // The operator fixes the ACL: the same ledger answers within a few calls, without a
+    // restart (redis's manager alone would keep the failed first connection for ever).
+    let ledger = Ledger::lazy(&s).unwrap();
+    assert!(ledger.ping().await.is_err());
+    let grant = format!(">{password}");
+    assert_eq!(cli(&["ACL", "SETUSER", &user.0, "resetpass", &grant]), "OK");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while let Err(e) = ledger.ping().await {
+        assert!(Instant::now() < deadline, "never recovered: {e}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let keys = ledger.keys(BackendKind::RabbitMq, &QueueName::parse("q").unwrap());
+    assert_eq!(
+        ledger.shared_read(&keys).await.unwrap().state,
+        SharedState::Never
+    );
+}
