@@ -16,6 +16,7 @@ use crate::backend::rabbitmq::RabbitMq;
 use crate::backend::servicebus::ServiceBus;
 use crate::backend::Backend;
 use crate::config::{AuthSettings, BackendSettings, ConfigError, Settings};
+use crate::coordination::Coordination;
 use crate::domain::QueueName;
 use crate::http::auth::{Authenticator, KeysFileError};
 use crate::http::guard::HostCheck;
@@ -190,6 +191,13 @@ impl Application {
         let fallback_route = backends
             .fallback
             .map(|backend| route(BackendRole::Fallback, backend));
+        let coordination = Coordination::start(&settings.coordination);
+        if let Coordination::Fleet(fleet) = &coordination {
+            primary_route.join_fleet(fleet, settings.primary.kind(), settings.send_timeout);
+            if let (Some(lane), Some(kind)) = (&fallback_route, &settings.fallback) {
+                lane.join_fleet(fleet, kind.kind(), settings.send_timeout);
+            }
+        }
         let dispatcher = Dispatcher::new(
             primary_route,
             fallback_route,
@@ -212,6 +220,7 @@ impl Application {
             metrics: crate::metrics::Metrics::new(),
             body_timeout: settings.body_timeout,
             body_budget: crate::http::body_budget::BodyBudget::new(settings.max_buffered_bytes),
+            coordination,
         });
 
         let bind_error = |source| StartupError::Bind {

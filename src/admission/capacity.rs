@@ -31,6 +31,7 @@ use std::time::{Duration, SystemTime};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
+use super::shared::{FleetSeat, Held};
 use crate::backend::{Backend, DepthError};
 use crate::config::CapacitySettings;
 use crate::domain::QueueName;
@@ -158,6 +159,9 @@ pub struct CapacityGate {
     state: Mutex<GateState>,
     /// Held by the one read in flight; sends that find the cache stale queue here.
     read_turn: tokio::sync::Mutex<()>,
+    /// With `SENDGATE_COORDINATION=redis`: the fleet's shared ceiling, used while the
+    /// replica is in the fleet (this local gate decides while it is not).
+    seat: std::sync::OnceLock<Arc<FleetSeat>>,
 }
 
 impl CapacityGate {
@@ -183,7 +187,47 @@ impl CapacityGate {
                 refreshing_ahead: false,
             }),
             read_turn: tokio::sync::Mutex::new(()),
+            seat: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Share this queue's ceiling with the fleet (once, at start-up).
+    pub fn join_fleet(&self, seat: Arc<FleetSeat>) {
+        let _ = self.seat.set(seat);
+    }
+
+    /// The fleet's decision while this replica is in the fleet; `None` in local mode, or
+    /// when Redis just failed (the replica turns local and this send is decided here).
+    async fn admit_in_fleet(self: &Arc<Self>) -> Option<Result<Reservation, Refusal>> {
+        let seat = self.seat.get().filter(|s| s.joined())?;
+        match seat.admit(&self.backend).await {
+            Ok(Ok(held)) => Some(Ok(Reservation {
+                gate: self.clone(),
+                held: Some(held),
+                finished: false,
+            })),
+            Ok(Err(refusal)) => {
+                if let Refusal::CapacityUnknown {
+                    consecutive_failures,
+                } = refusal
+                {
+                    if let Some(refused_since_last_log) = seat.failclosed_to_log() {
+                        tracing::warn!(
+                            event = "send_failclosed",
+                            queue = %self.queue,
+                            consecutive_failures,
+                            refused_since_last_log,
+                            "queue depth unknown: refusing sends (fail-closed)"
+                        );
+                    }
+                }
+                Some(Err(refusal))
+            }
+            Err(error) => {
+                seat.fall_back(&error);
+                None
+            }
+        }
     }
 
     pub fn queue(&self) -> &QueueName {
@@ -197,6 +241,9 @@ impl CapacityGate {
     /// Decide whether one more send may go to the queue, reading the depth first when the
     /// cached read is stale. An admitted send holds a [`Reservation`] until it finishes.
     pub async fn admit(self: &Arc<Self>) -> Result<Reservation, Refusal> {
+        if let Some(decided) = self.admit_in_fleet().await {
+            return decided;
+        }
         let cached = {
             let mut state = self.state.lock();
             let now = Instant::now();
@@ -272,6 +319,12 @@ impl CapacityGate {
     /// the admin plane down from the start, sends 1 and 2 still fail open and send 3 is the
     /// one refused (contract section 2).
     pub async fn prime(&self) {
+        if let Some(seat) = self.seat.get().filter(|s| s.joined()) {
+            match seat.prime(&self.backend).await {
+                Ok(()) => return,
+                Err(error) => seat.fall_back(&error),
+            }
+        }
         let generation = self.state.lock().generation;
         self.refresh(generation, Read::Priming).await;
     }
@@ -397,6 +450,7 @@ impl CapacityGate {
         state.in_flight += 1;
         Ok(Reservation {
             gate: self.clone(),
+            held: None,
             finished: false,
         })
     }
@@ -427,6 +481,14 @@ impl CapacityGate {
     }
 
     pub fn snapshot(&self) -> GateSnapshot {
+        if let Some(shared) = self
+            .seat
+            .get()
+            .filter(|s| s.joined())
+            .and_then(|s| s.snapshot())
+        {
+            return shared;
+        }
         let state = self.state.lock();
         let backlog = match state.last_read {
             LastRead::Ok { backlog, .. } => Some(
@@ -456,20 +518,29 @@ impl CapacityGate {
 /// [`BacklogEffect::Unknown`], the safe side.
 pub struct Reservation {
     gate: Arc<CapacityGate>,
+    /// What the fleet reserved; `None` when the local gate admitted the send.
+    held: Option<Held>,
     finished: bool,
 }
 
 impl Reservation {
     pub fn finish(mut self, outcome: BacklogEffect) {
         self.finished = true;
-        self.gate.finish(outcome);
+        self.settle(outcome);
+    }
+
+    fn settle(&self, outcome: BacklogEffect) {
+        match (self.held, self.gate.seat.get()) {
+            (Some(held), Some(seat)) => seat.finish(held, outcome),
+            _ => self.gate.finish(outcome),
+        }
     }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
         if !self.finished {
-            self.gate.finish(BacklogEffect::Unknown);
+            self.settle(BacklogEffect::Unknown);
         }
     }
 }

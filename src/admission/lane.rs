@@ -76,6 +76,24 @@ impl Lane {
         }
     }
 
+    /// Share each queue's ceiling with the fleet (`SENDGATE_COORDINATION=redis`).
+    pub fn join_fleet(
+        &self,
+        fleet: &Arc<crate::coordination::fleet::Fleet>,
+        kind: crate::config::BackendKind,
+        send_timeout: Duration,
+    ) {
+        for (queue, gate) in &self.gates {
+            gate.join_fleet(super::shared::FleetSeat::new(
+                Arc::clone(fleet),
+                fleet.ledger().keys(kind, queue),
+                queue.clone(),
+                gate.policy().clone(),
+                send_timeout,
+            ));
+        }
+    }
+
     pub fn backend(&self) -> &dyn Backend {
         self.backend.as_ref()
     }

@@ -8,6 +8,7 @@ pub mod breaker;
 pub mod capacity;
 pub mod inflight;
 mod lane;
+pub mod shared;
 
 use std::time::Duration;
 

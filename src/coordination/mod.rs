@@ -1,3 +1,66 @@
-//! How replicas share one ceiling (issue 14).
+//! How replicas share one ceiling (issue 14): `local` (this process alone) or `redis`
+//! (every replica through the [`ledger`], with [`fleet`] tracking whether this replica is
+//! in the fleet right now).
 
+pub mod fleet;
 pub mod ledger;
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::config::CoordinationSettings;
+use fleet::{CoordinationHealth, Fleet};
+use ledger::Ledger;
+
+/// The coordination this process runs with.
+pub enum Coordination {
+    /// `SENDGATE_COORDINATION=local`.
+    Local { since: SystemTime },
+    /// `redis`: in the fleet while Redis answers, local while it does not.
+    Fleet(Arc<Fleet>),
+    /// `redis`, but the settings cannot be used (an auth mode not built): local for good,
+    /// said on every health read rather than refusing to start a replica of a fleet.
+    Unusable { since: SystemTime, error: String },
+}
+
+impl Coordination {
+    /// Needs a tokio runtime for `redis` (the fleet's probe).
+    pub fn start(settings: &CoordinationSettings) -> Self {
+        let since = SystemTime::now();
+        match settings {
+            CoordinationSettings::Local => Self::Local { since },
+            CoordinationSettings::Redis(redis) => match Ledger::lazy(redis) {
+                Ok(ledger) => Self::Fleet(Fleet::start(ledger)),
+                Err(e) => {
+                    tracing::warn!(
+                        event = "coordination_local",
+                        error = %e,
+                        "cannot use Redis: keeping the ceiling locally"
+                    );
+                    Self::Unusable {
+                        since,
+                        error: e.to_string(),
+                    }
+                }
+            },
+        }
+    }
+
+    pub fn health(&self) -> CoordinationHealth {
+        match self {
+            Self::Local { since } => CoordinationHealth {
+                mode: "local",
+                ok: true,
+                since: *since,
+                last_error: None,
+            },
+            Self::Fleet(fleet) => fleet.health(),
+            Self::Unusable { since, error } => CoordinationHealth {
+                mode: "local",
+                ok: false,
+                since: *since,
+                last_error: Some(error.clone()),
+            },
+        }
+    }
+}

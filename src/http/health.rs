@@ -109,6 +109,22 @@ pub struct Detailed {
     /// `primary`, and `fallback` when one is configured.
     #[schema(schema_with = schema::backends)]
     backends: BTreeMap<&'static str, BackendHealth>,
+    /// Whether this replica shares the ceiling with the fleet right now.
+    coordination: CoordinationState,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct CoordinationState {
+    /// `redis` while the replica shares the fleet's ceiling; `local` while it keeps its own
+    /// (configured so, or Redis not answering).
+    #[schema(schema_with = schema::coordination_mode)]
+    mode: &'static str,
+    /// `false` while Redis is configured but not answering (the replica runs local).
+    ok: bool,
+    /// When the current mode began. RFC 3339.
+    #[schema(format = DateTime)]
+    since: Option<String>,
+    last_error: Option<String>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -184,6 +200,8 @@ pub async fn detailed(
             route.role == BackendRole::Primary && health.breaker != BreakerState::Closed.as_str();
         backends.insert(route.role.as_str(), health);
     }
+    let coordination = coordination_of(&state);
+    degraded |= !coordination.ok;
     let drain = state.lifecycle.drain_status().map(|d| Drain {
         remaining_s: (d.remaining.as_secs_f64() * 10.0).round() / 10.0,
         in_flight: d.in_flight,
@@ -196,7 +214,18 @@ pub async fn detailed(
         drain,
         queues,
         backends,
+        coordination,
     }))
+}
+
+fn coordination_of(state: &AppState) -> CoordinationState {
+    let h = state.coordination.health();
+    CoordinationState {
+        mode: h.mode,
+        ok: h.ok,
+        since: rfc3339(h.since),
+        last_error: h.last_error,
+    }
 }
 
 /// Each queue's capacity state on `route`, as its gate last saw it.

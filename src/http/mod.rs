@@ -37,6 +37,8 @@ pub struct AppState {
     pub body_timeout: std::time::Duration,
     /// Request bodies held in memory at once.
     pub body_budget: body_budget::BodyBudget,
+    /// Alone, or sharing the ceiling with the fleet.
+    pub coordination: crate::coordination::Coordination,
 }
 
 /// The routing table. Anything not listed is `404 not_found`, answered here without

@@ -176,6 +176,10 @@ pub mod schema {
         words(["ok", "degraded"])
     }
 
+    pub fn coordination_mode() -> Object {
+        words(["local", "redis"])
+    }
+
     pub fn breaker_state() -> Object {
         words(
             [

@@ -1,0 +1,421 @@
+//! One queue's ceiling shared by the fleet (`SENDGATE_COORDINATION=redis`): the
+//! [`FleetSeat`] a [`CapacityGate`](super::capacity::CapacityGate) consults while its
+//! replica is in the fleet.
+//!
+//! - **One admin read per TTL, fleet-wide**: the replica that takes the read lease (held
+//!   for the TTL) reads the admin plane and publishes the outcome; the others use it. The
+//!   read is started ahead of expiry, so under traffic no send waits for it.
+//! - **One streak**: failures are published, so every replica takes the same fail-closed
+//!   decision on the same read.
+//! - **Exact at the ceiling, free far from it**: headroom is reserved in blocks (a share of
+//!   what remains, shrinking to one near the ceiling) that this replica hands out locally
+//!   for [`USE_BLOCK_FOR`]; outcomes are settled in batches every [`SETTLE_EVERY`]. A block's
+//!   lease outlives its use by a send deadline, so sends still in flight stay counted, and a
+//!   replica killed holding a block gives it back when the lease ends.
+//!
+//! Every call here may fail with a [`LedgerError`]: the caller then falls back to the local
+//! gate for that send, and the fleet status to local mode.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use super::capacity::{BacklogEffect, CapacityPolicy, GateSnapshot, Refusal};
+use crate::backend::{Backend, DepthError};
+use crate::coordination::fleet::Fleet;
+use crate::coordination::ledger::{
+    LedgerError, QueueKeys, ReadOutcome, Reservation, SharedRead, SharedState,
+};
+use crate::domain::QueueName;
+
+/// Most headroom one reservation asks for.
+const BLOCK_WANT: u64 = 32;
+/// A block is at most this share of the room left (1/8), so replicas split the headroom
+/// and blocks shrink to one send near the ceiling.
+const SHARE_DIVISOR: u64 = 8;
+/// How long a block's headroom is handed out before what is left goes back.
+pub const USE_BLOCK_FOR: Duration = Duration::from_millis(500);
+/// Outcomes are settled in one call per this period (per queue, per replica).
+const SETTLE_EVERY: Duration = Duration::from_millis(50);
+/// A replica tries a read ahead at most this often while another replica holds the lease.
+const AHEAD_RETRY: Duration = Duration::from_millis(10);
+/// How often a replica waiting for another's read asks whether it was published.
+const WAIT_POLL: Duration = Duration::from_millis(10);
+
+/// What an admission in the fleet holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    /// A unit of this replica's block.
+    Block,
+    /// Nothing reserved: admitted fail-open (no good read); stored outcomes still count.
+    Open,
+}
+
+struct SeatState {
+    /// Headroom of the block not yet handed out, and until when it may be.
+    left: u64,
+    use_until: Instant,
+    /// The fleet's read as last seen, and when (local clock).
+    last: Option<(SharedRead, Instant)>,
+    pending_block_stored: u64,
+    pending_block_not_stored: u64,
+    pending_open_stored: u64,
+    flush_scheduled: bool,
+    ahead_tried_at: Option<Instant>,
+    last_read_took: Duration,
+    /// The read generation whose fail-closed refusals were last logged, and those since.
+    failclosed_logged: Option<u64>,
+    failclosed_unlogged: u64,
+}
+
+pub struct FleetSeat {
+    fleet: Arc<Fleet>,
+    keys: QueueKeys,
+    queue: QueueName,
+    policy: CapacityPolicy,
+    /// How long a block stays counted: its use, plus a send's deadline, plus a margin.
+    block_lease: Duration,
+    block_id: String,
+    open_id: String,
+    state: Mutex<SeatState>,
+    /// One read attempt at a time in this replica.
+    read_turn: tokio::sync::Mutex<()>,
+}
+
+impl FleetSeat {
+    pub fn new(
+        fleet: Arc<Fleet>,
+        keys: QueueKeys,
+        queue: QueueName,
+        policy: CapacityPolicy,
+        send_timeout: Duration,
+    ) -> Arc<Self> {
+        let block_id = fleet.replica().to_owned();
+        Arc::new(Self {
+            open_id: format!("{block_id}-open"),
+            block_id,
+            fleet,
+            keys,
+            queue,
+            policy,
+            block_lease: USE_BLOCK_FOR + send_timeout + Duration::from_secs(1),
+            state: Mutex::new(SeatState {
+                left: 0,
+                use_until: Instant::now(),
+                last: None,
+                pending_block_stored: 0,
+                pending_block_not_stored: 0,
+                pending_open_stored: 0,
+                flush_scheduled: false,
+                ahead_tried_at: None,
+                last_read_took: Duration::ZERO,
+                failclosed_logged: None,
+                failclosed_unlogged: 0,
+            }),
+            read_turn: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    pub fn joined(&self) -> bool {
+        self.fleet.joined()
+    }
+
+    /// Turn the replica to local mode after a failed call.
+    pub fn fall_back(&self, error: &LedgerError) {
+        self.fleet.fall_back(error);
+        let mut state = self.state.lock();
+        state.left = 0;
+        state.last = None;
+    }
+
+    /// Decide one send against the fleet's ceiling.
+    pub async fn admit(
+        self: &Arc<Self>,
+        backend: &Arc<dyn Backend>,
+    ) -> Result<Result<Held, Refusal>, LedgerError> {
+        let now = Instant::now();
+        let (fresh, ahead, leftover) = {
+            let mut state = self.state.lock();
+            let age = state.last.map(|(read, seen)| read.age + (now - seen));
+            let fresh = state
+                .last
+                .is_some_and(|(read, _)| read.state != SharedState::Never)
+                && age.is_some_and(|a| a < self.policy.ttl);
+            if fresh && state.left > 0 && now < state.use_until {
+                state.left -= 1;
+                let ahead = self.ahead_due(&mut state, age, now);
+                drop(state);
+                self.spawn_ahead(ahead, backend);
+                return Ok(Ok(Held::Block));
+            }
+            let ahead = fresh && self.ahead_due(&mut state, age, now);
+            let leftover = if now >= state.use_until {
+                std::mem::take(&mut state.left)
+            } else {
+                0
+            };
+            (fresh, ahead, leftover)
+        };
+        if !fresh {
+            self.refresh(backend, true).await?;
+        }
+        self.spawn_ahead(ahead, backend);
+        let ledger = self.fleet.ledger();
+        if leftover > 0 {
+            ledger.release(&self.keys, &self.block_id, leftover).await?;
+        }
+        let reservation = ledger
+            .reserve(
+                &self.keys,
+                &self.block_id,
+                BLOCK_WANT,
+                self.policy.limit,
+                SHARE_DIVISOR,
+                self.block_lease,
+            )
+            .await?;
+        let now = Instant::now();
+        let mut state = self.state.lock();
+        Ok(match reservation {
+            Reservation::Granted { granted, read } => {
+                state.last = Some((read, now));
+                state.left += granted.saturating_sub(1);
+                state.use_until = now + USE_BLOCK_FOR;
+                Ok(Held::Block)
+            }
+            Reservation::Full { estimate, read } => {
+                state.last = Some((read, now));
+                Err(Refusal::QueueFull {
+                    backlog: estimate,
+                    limit: self.policy.limit,
+                    retry_after: self.policy.ttl.saturating_sub(read.age),
+                })
+            }
+            Reservation::Disabled { read } => {
+                state.last = Some((read, now));
+                Err(Refusal::QueueDisabled)
+            }
+            Reservation::Unknown { read } => {
+                state.last = Some((read, now));
+                if self.policy.fail_closed && read.streak >= self.policy.streak_threshold {
+                    Err(Refusal::CapacityUnknown {
+                        consecutive_failures: read.streak,
+                    })
+                } else {
+                    Ok(Held::Open)
+                }
+            }
+        })
+    }
+
+    /// Whether this send should start a read ahead of expiry (throttled while another
+    /// replica holds the lease).
+    fn ahead_due(&self, state: &mut SeatState, age: Option<Duration>, now: Instant) -> bool {
+        let Some(age) = age else { return false };
+        let lead = (state.last_read_took * 2)
+            .max(AHEAD_RETRY)
+            .min(self.policy.ttl / 2);
+        if age + lead < self.policy.ttl {
+            return false;
+        }
+        if state
+            .ahead_tried_at
+            .is_some_and(|at| now < at + AHEAD_RETRY)
+        {
+            return false;
+        }
+        state.ahead_tried_at = Some(now);
+        true
+    }
+
+    fn spawn_ahead(self: &Arc<Self>, ahead: bool, backend: &Arc<dyn Backend>) {
+        if !ahead {
+            return;
+        }
+        let (seat, backend) = (Arc::clone(self), Arc::clone(backend));
+        tokio::spawn(async move {
+            if let Err(e) = seat.refresh(&backend, false).await {
+                seat.fall_back(&e);
+            }
+        });
+    }
+
+    /// Make the fleet's read fresh: read the admin plane if this replica gets the lease,
+    /// otherwise (when `wait`) wait for the replica that holds it to publish.
+    async fn refresh(&self, backend: &Arc<dyn Backend>, wait: bool) -> Result<(), LedgerError> {
+        let _turn = self.read_turn.lock().await;
+        let ledger = self.fleet.ledger();
+        let seen = ledger.shared_read(&self.keys).await?;
+        self.state.lock().last = Some((seen, Instant::now()));
+        if seen.state != SharedState::Never && seen.age < self.policy.ttl && wait {
+            return Ok(()); // another replica published while this one queued
+        }
+        let lease = self.policy.ttl.max(Duration::from_millis(1));
+        match ledger
+            .lease_read(&self.keys, self.fleet.replica(), lease)
+            .await?
+        {
+            Some(ticket) => {
+                let started = Instant::now();
+                let deadline = started + self.policy.read_timeout;
+                let read = backend.backlog(&self.queue, deadline);
+                let outcome = match tokio::time::timeout_at(deadline, read).await {
+                    Ok(Ok(backlog)) => ReadOutcome::Ok {
+                        backlog: backlog.messages,
+                        send_disabled: backlog.send_disabled,
+                    },
+                    Ok(Err(error)) => Self::failed(&self.queue, error),
+                    Err(_) => Self::failed(&self.queue, DepthError::Timeout),
+                };
+                let published = ledger
+                    .publish_read(&self.keys, ticket, outcome, true)
+                    .await?;
+                let mut state = self.state.lock();
+                state.last_read_took = started.elapsed();
+                state.last = Some((published, Instant::now()));
+            }
+            None if wait => {
+                let deadline = Instant::now() + self.policy.read_timeout;
+                while Instant::now() < deadline {
+                    tokio::time::sleep(WAIT_POLL).await;
+                    let now = ledger.shared_read(&self.keys).await?;
+                    self.state.lock().last = Some((now, Instant::now()));
+                    if now.generation != seen.generation {
+                        break;
+                    }
+                }
+            }
+            None => {}
+        }
+        Ok(())
+    }
+
+    fn failed(queue: &QueueName, error: DepthError) -> ReadOutcome {
+        tracing::warn!(
+            event = "depth_read_failed",
+            queue = %queue,
+            error = %error,
+            "could not read the queue depth (published to the fleet)"
+        );
+        ReadOutcome::Failed
+    }
+
+    /// A send admitted through the fleet ended: its outcome is settled with the next batch.
+    pub fn finish(self: &Arc<Self>, held: Held, effect: BacklogEffect) {
+        let stored = effect != BacklogEffect::NotStored;
+        let schedule = {
+            let mut state = self.state.lock();
+            match (held, stored) {
+                (Held::Block, true) => state.pending_block_stored += 1,
+                (Held::Block, false) => state.pending_block_not_stored += 1,
+                (Held::Open, true) => state.pending_open_stored += 1,
+                (Held::Open, false) => return,
+            }
+            !std::mem::replace(&mut state.flush_scheduled, true)
+        };
+        if schedule {
+            let seat = Arc::clone(self);
+            tokio::spawn(async move {
+                tokio::time::sleep(SETTLE_EVERY).await;
+                if let Err(e) = seat.settle_pending().await {
+                    seat.fall_back(&e);
+                }
+            });
+        }
+    }
+
+    async fn settle_pending(&self) -> Result<(), LedgerError> {
+        let (stored, not_stored, open) = {
+            let mut state = self.state.lock();
+            state.flush_scheduled = false;
+            (
+                std::mem::take(&mut state.pending_block_stored),
+                std::mem::take(&mut state.pending_block_not_stored),
+                std::mem::take(&mut state.pending_open_stored),
+            )
+        };
+        let ledger = self.fleet.ledger();
+        if stored + not_stored > 0 {
+            ledger
+                .settle(&self.keys, &self.block_id, stored, not_stored)
+                .await?;
+        }
+        if open > 0 {
+            ledger.settle(&self.keys, &self.open_id, open, 0).await?;
+        }
+        Ok(())
+    }
+
+    /// A fail-closed refusal is logged once per fleet read, with the count since the last
+    /// line (this one included).
+    pub fn failclosed_to_log(&self) -> Option<u64> {
+        let mut state = self.state.lock();
+        let generation = state.last.map(|(read, _)| read.generation);
+        state.failclosed_unlogged += 1;
+        if state.failclosed_logged.is_some() && state.failclosed_logged == generation {
+            return None;
+        }
+        state.failclosed_logged = generation;
+        Some(std::mem::take(&mut state.failclosed_unlogged))
+    }
+
+    /// Read the fleet's state once at start-up (a failure does not count in the streak).
+    pub async fn prime(&self, backend: &Arc<dyn Backend>) -> Result<(), LedgerError> {
+        let _turn = self.read_turn.lock().await;
+        let ledger = self.fleet.ledger();
+        let seen = ledger.shared_read(&self.keys).await?;
+        self.state.lock().last = Some((seen, Instant::now()));
+        if seen.state != SharedState::Never && seen.age < self.policy.ttl {
+            return Ok(());
+        }
+        let lease = self.policy.ttl.max(Duration::from_millis(1));
+        if let Some(ticket) = ledger
+            .lease_read(&self.keys, self.fleet.replica(), lease)
+            .await?
+        {
+            let deadline = Instant::now() + self.policy.read_timeout;
+            let outcome =
+                match tokio::time::timeout_at(deadline, backend.backlog(&self.queue, deadline))
+                    .await
+                {
+                    Ok(Ok(b)) => ReadOutcome::Ok {
+                        backlog: b.messages,
+                        send_disabled: b.send_disabled,
+                    },
+                    _ => ReadOutcome::Failed,
+                };
+            let published = ledger
+                .publish_read(&self.keys, ticket, outcome, false)
+                .await?;
+            self.state.lock().last = Some((published, Instant::now()));
+        }
+        Ok(())
+    }
+
+    /// The fleet's view of this queue as last seen, while in the fleet.
+    pub fn snapshot(&self) -> Option<GateSnapshot> {
+        let state = self.state.lock();
+        let (read, _) = state.last?;
+        let unknown = !matches!(read.state, SharedState::Ok { .. });
+        Some(GateSnapshot {
+            backlog: match read.state {
+                SharedState::Ok { backlog, .. } => Some(
+                    backlog
+                        .saturating_add(read.since_read)
+                        .saturating_add(read.reserved),
+                ),
+                _ => None,
+            },
+            limit: self.policy.limit,
+            consecutive_failures: read.streak,
+            fail_closed: unknown
+                && self.policy.fail_closed
+                && read.streak >= self.policy.streak_threshold,
+            last_read_ok_at: None,
+            reads_ok: read.reads_ok,
+            reads_failed: read.reads_failed,
+        })
+    }
+}
