@@ -11,3 +11,4 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod startup;
 pub mod telemetry;
+pub mod tls;

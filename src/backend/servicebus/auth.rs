@@ -297,6 +297,8 @@ impl CredentialChain {
             DeveloperToolsCredential, ManagedIdentityCredential, ManagedIdentityCredentialOptions,
             UserAssignedId, WorkloadIdentityCredential,
         };
+        // The credentials build azure_core's reqwest client, which needs the provider.
+        crate::tls::install_ring();
         let mut sources: Vec<(&'static str, Arc<dyn TokenCredential>)> = Vec::new();
         // Only built when AZURE_TENANT_ID, AZURE_CLIENT_ID and AZURE_FEDERATED_TOKEN_FILE
         // are set; otherwise it is simply not a candidate.
