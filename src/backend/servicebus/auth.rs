@@ -520,6 +520,21 @@ mod tests {
         QueueName::parse(name).unwrap()
     }
 
+    /// The Entra ID chain is built from azure_identity with default features off: it must
+    /// still get its HTTP client (azure_core's reqwest, rustls with our ring provider: run
+    /// alone, this panics in reqwest if from_environment does not install it) and the
+    /// managed identity and Azure CLI sources, without touching the network.
+    #[test]
+    fn the_entra_chain_builds_with_the_trimmed_azure_features() {
+        let chain = CredentialChain::from_environment(Some("00000000-0000-0000-0000-000000000001"))
+            .expect("the chain builds");
+        let names: Vec<&str> = chain.sources.iter().map(|(name, _)| *name).collect();
+        assert!(
+            names.ends_with(&["managed identity", "developer tools (Azure CLI)"]),
+            "{names:?}"
+        );
+    }
+
     #[test]
     fn sas_token_matches_a_vector_computed_with_openssl() {
         // Computed outside Rust, and the same with Python's hmac + urllib.parse.quote_plus
