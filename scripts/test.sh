@@ -20,6 +20,9 @@ cargo fmt --all -- --check
 echo "== cargo clippy --workspace --all-targets -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
+echo "== cargo deny: licenses, bans (one TLS stack, duplicates), sources"
+./scripts/deny.sh
+
 echo "== cargo test --workspace"
 mkdir -p target
 cargo test --workspace --all-targets --no-fail-fast 2>&1 | tee target/test-output.txt

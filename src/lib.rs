@@ -12,3 +12,4 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod startup;
 pub mod telemetry;
+pub mod tls;

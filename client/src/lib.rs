@@ -285,6 +285,9 @@ struct Inner {
 
 impl Client {
     /// A client over HTTP (reqwest with rustls, one pooled connection set).
+    ///
+    /// TLS uses the process-level rustls crypto provider: if the process has not installed
+    /// one, this installs ring's (a provider installed earlier is kept).
     pub fn new(config: ClientConfig) -> Result<Self, ClientError> {
         let transport = HttpTransport::new(
             &config.base_url,

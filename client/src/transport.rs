@@ -107,6 +107,19 @@ impl fmt::Debug for HttpTransport {
 const POOL_IDLE: Duration = Duration::from_secs(50);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Installs ring as the process-level rustls provider unless the producer installed one.
+///
+/// reqwest is built with `rustls-no-provider` (one TLS stack, no aws-lc-rs C build) and
+/// panics when building a client with no provider installed; a provider the producer chose
+/// before this is kept.
+fn install_ring_provider() {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        // Err only means one is installed already, which is all a client needs.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
 impl HttpTransport {
     pub fn new(
         base_url: &str,
@@ -127,6 +140,7 @@ impl HttpTransport {
                 Ok::<_, TransportSetupError>(v)
             })
             .transpose()?;
+        install_ring_provider();
         let http = reqwest::Client::builder()
             .user_agent(concat!("sendgate-client/", env!("CARGO_PKG_VERSION")))
             .timeout(request_timeout)

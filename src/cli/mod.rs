@@ -56,6 +56,8 @@ pub fn run() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
+    // Before any subcommand builds an HTTP client (see tls.rs).
+    crate::tls::install_ring();
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => serve::run(),
         Command::Queue { action } => queue::run(action),

@@ -279,7 +279,7 @@ impl Ledger {
         let redact: std::sync::Arc<[String]> = redact.into();
         let fail = |e: redis::RedisError| redis_error(&redact, e);
         if url.scheme() == "rediss" {
-            install_crypto_provider();
+            crate::tls::install_ring();
         }
         let client = redis::Client::open(url.as_str()).map_err(fail)?;
         let config = ConnectionManagerConfig::new()
@@ -463,13 +463,6 @@ impl Ledger {
             }
         }
     }
-}
-
-/// rustls is built with both ring (ours) and aws-lc-rs (azure_core's reqwest 0.13 turns it
-/// on), so it cannot pick a process default itself and redis asks for one: ring, as the
-/// rest of the build uses. Installing twice is harmless (the first one stays).
-fn install_crypto_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 /// An error Redis answered on a working connection (a script's error, WRONGTYPE) says

@@ -49,6 +49,7 @@ async fn hung_timed_out_and_abandoned_sends_all_give_their_slot_back() {
     ])
     .await;
     app.faults().hold_sends(true);
+    sendgate::tls::install_ring();
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(150))
         .build()
@@ -97,6 +98,7 @@ async fn a_client_that_disconnects_holds_its_slot_no_longer_than_the_deadline() 
     ])
     .await;
     app.faults().hold_sends(true);
+    sendgate::tls::install_ring();
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(300))
         .build()

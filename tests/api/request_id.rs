@@ -219,6 +219,7 @@ impl Drop for LoggingGateway {
 #[tokio::test]
 async fn a_sends_log_events_carry_its_request_id() {
     let mut gateway = LoggingGateway::start(true);
+    sendgate::tls::install_ring();
     let client = reqwest::Client::new();
     let url = format!(
         "http://127.0.0.1:{}/v1/queues/requests/messages",
@@ -280,6 +281,7 @@ async fn a_sends_log_events_carry_its_request_id() {
 #[tokio::test]
 async fn a_failed_sends_log_events_carry_its_request_id() {
     let mut gateway = LoggingGateway::start(false);
+    sendgate::tls::install_ring();
     let response = reqwest::Client::new()
         .post(format!(
             "http://127.0.0.1:{}/v1/queues/requests/messages",

@@ -111,6 +111,7 @@ impl Proxy {
     pub async fn start(upstream: &str) -> Proxy {
         let log = Arc::new(Mutex::new(Vec::new()));
         let lose = Arc::new(AtomicBool::new(false));
+        sendgate::tls::install_ring();
         let state = web::Data::new(State {
             upstream: upstream.trim_end_matches('/').to_owned(),
             http: reqwest::Client::new(),

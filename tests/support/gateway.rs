@@ -89,6 +89,7 @@ impl Gateway {
         let address = format!("http://127.0.0.1:{}", app.port());
         let handle = app.handle();
         let server = tokio::spawn(app.run_until_stopped(false));
+        sendgate::tls::install_ring();
         Self {
             address,
             handle,
@@ -197,6 +198,7 @@ impl GatewayProcess {
             .stderr(log)
             .spawn()
             .expect("the binary starts");
+        sendgate::tls::install_ring();
         let gateway = Self {
             child,
             address: format!("http://{listen}"),

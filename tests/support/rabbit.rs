@@ -136,6 +136,7 @@ pub async fn take(queue: &str, n: usize) -> Vec<lapin::message::BasicGetMessage>
 /// Wait until the management API reports `n` messages for `queue` (its statistics lag).
 pub async fn wait_for_management_count(queue: &str, n: u64) {
     let url = format!("http://{MANAGEMENT}/api/queues/%2F/{queue}?columns=messages");
+    sendgate::tls::install_ring();
     let client = reqwest::Client::new();
     let started = std::time::Instant::now();
     loop {

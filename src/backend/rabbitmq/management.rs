@@ -40,6 +40,7 @@ impl Management {
         user: String,
         password: Secret,
     ) -> Result<Self, reqwest::Error> {
+        crate::tls::install_ring();
         let client = reqwest::Client::builder()
             .pool_idle_timeout(Duration::from_secs(30))
             .build()?;

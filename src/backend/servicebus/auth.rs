@@ -297,6 +297,8 @@ impl CredentialChain {
             DeveloperToolsCredential, ManagedIdentityCredential, ManagedIdentityCredentialOptions,
             UserAssignedId, WorkloadIdentityCredential,
         };
+        // The credentials build azure_core's reqwest client, which needs the provider.
+        crate::tls::install_ring();
         let mut sources: Vec<(&'static str, Arc<dyn TokenCredential>)> = Vec::new();
         // Only built when AZURE_TENANT_ID, AZURE_CLIENT_ID and AZURE_FEDERATED_TOKEN_FILE
         // are set; otherwise it is simply not a candidate.
@@ -516,6 +518,21 @@ mod tests {
 
     fn queue(name: &str) -> QueueName {
         QueueName::parse(name).unwrap()
+    }
+
+    /// The Entra ID chain is built from azure_identity with default features off: it must
+    /// still get its HTTP client (azure_core's reqwest, rustls with our ring provider: run
+    /// alone, this panics in reqwest if from_environment does not install it) and the
+    /// managed identity and Azure CLI sources, without touching the network.
+    #[test]
+    fn the_entra_chain_builds_with_the_trimmed_azure_features() {
+        let chain = CredentialChain::from_environment(Some("00000000-0000-0000-0000-000000000001"))
+            .expect("the chain builds");
+        let names: Vec<&str> = chain.sources.iter().map(|(name, _)| *name).collect();
+        assert!(
+            names.ends_with(&["managed identity", "developer tools (Azure CLI)"]),
+            "{names:?}"
+        );
     }
 
     #[test]

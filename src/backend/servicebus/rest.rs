@@ -184,6 +184,7 @@ impl RestClient {
 }
 
 fn build_client() -> Result<reqwest::Client, reqwest::Error> {
+    crate::tls::install_ring();
     reqwest::Client::builder()
         .pool_idle_timeout(POOL_IDLE_TIMEOUT)
         .tcp_keepalive(Duration::from_secs(30))
