@@ -10,7 +10,8 @@ pub mod guard;
 pub mod headers;
 mod health;
 mod metrics;
-mod send;
+// Visible to the crate for `crate::fuzzing`, which parses send input as the handler does.
+pub(crate) mod send;
 
 use std::collections::HashMap;
 
