@@ -131,7 +131,11 @@ impl ConnectionString {
             .filter(|k| !k.is_empty())
             .ok_or(ConnectionStringError::Missing("SharedAccessKey"))?;
         let entity_path = entity_path
-            .map(|p| p.trim_matches('/').to_owned())
+            // `/orders/`, ` / orders`: neither slashes nor spaces are part of a queue name.
+            .map(|p| {
+                p.trim_matches(|c: char| c == '/' || c.is_whitespace())
+                    .to_owned()
+            })
             .filter(|p| !p.is_empty());
         Ok(Self {
             host,
@@ -554,6 +558,24 @@ mod tests {
         assert_eq!(c.host, "myns.servicebus.windows.net");
         assert_eq!(c.key, "abc==");
         assert_eq!(c.entity_path.as_deref(), Some("orders"));
+    }
+
+    #[test]
+    fn an_entity_path_is_trimmed_of_spaces_inside_its_slashes_too() {
+        // Found by the connection_string fuzz target: "/ orders" kept its space, so the
+        // parsed value did not survive being written back (and named no queue).
+        for raw in ["/ orders", "orders /", " / orders / "] {
+            let c = ConnectionString::parse(&format!(
+                "Endpoint=sb://ns/;SharedAccessKeyName=k;SharedAccessKey=x;EntityPath={raw}"
+            ))
+            .unwrap();
+            assert_eq!(c.entity_path.as_deref(), Some("orders"), "{raw:?}");
+        }
+        let c = ConnectionString::parse(
+            "Endpoint=sb://ns/;SharedAccessKeyName=k;SharedAccessKey=x;EntityPath= / ",
+        )
+        .unwrap();
+        assert_eq!(c.entity_path, None);
     }
 
     #[test]
