@@ -157,17 +157,21 @@ impl fmt::Debug for ConnectionString {
     }
 }
 
-/// `sb://host/` → `host` (lower case); `None` for anything else.
+/// What [`ConnectionStringError::BadEndpoint`] says instead of an Endpoint value that
+/// may hold the key.
+pub const ENDPOINT_NOT_SHOWN: &str = "a value that holds more than an endpoint; not shown";
+
 /// An Endpoint value fit to print: one holding `=` or spaces has swallowed other parts
 /// (perhaps the key), so it is not shown.
 fn shown_endpoint(endpoint: &str) -> String {
     if endpoint.contains('=') || endpoint.contains(char::is_whitespace) {
-        "a value that holds more than an endpoint; not shown".to_owned()
+        ENDPOINT_NOT_SHOWN.to_owned()
     } else {
         endpoint.to_owned()
     }
 }
 
+/// `sb://host/` → `host` (lower case); `None` for anything else.
 fn endpoint_host(endpoint: &str) -> Option<String> {
     let scheme_end = endpoint.find("://")?;
     if !endpoint[..scheme_end].eq_ignore_ascii_case("sb") {
