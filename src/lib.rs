@@ -7,6 +7,10 @@ pub mod cli;
 pub mod config;
 pub mod coordination;
 pub mod domain;
+// The fuzz targets' entry points (fuzz/) and their corpus replay; in no normal build.
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod lifecycle;
 pub mod metrics;

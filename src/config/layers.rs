@@ -19,11 +19,24 @@ pub struct Layers {
 
 impl Layers {
     pub fn build(env: &HashMap<String, String>) -> Result<Self, ConfigError> {
+        Self::build_with(env, |path| {
+            std::fs::read_to_string(path)
+                .map_err(|e| ConfigError::File(format!("cannot read {path}: {e}")))
+        })
+    }
+
+    /// [`Layers::build`] with the file named by `SENDGATE_CONFIG` read by `read`: the
+    /// parse is pure, so the fuzz target and its corpus replay give the text directly.
+    pub fn build_with(
+        env: &HashMap<String, String>,
+        read: impl FnOnce(&str) -> Result<String, ConfigError>,
+    ) -> Result<Self, ConfigError> {
         refuse_unknown_variables(env)?;
         let server = || VARIABLES.iter().filter(|v| v.side == Side::Server);
         let mut builder = config::Config::builder();
         if let Some(path) = env.get(vars::CONFIG.name).filter(|p| !p.trim().is_empty()) {
-            let text = read_file(path)?;
+            let text = read(path)?;
+            check_toml(path, &text)?;
             builder = builder.add_source(config::File::from_str(&text, config::FileFormat::Toml));
         }
         for v in server() {
@@ -162,9 +175,7 @@ impl Layers {
 /// The file's text, checked to be TOML here because the parser's own message quotes the
 /// offending line, which may hold a secret (`rabbitmq_url = amqp://user:password@…`): the
 /// error says where and why, never what.
-fn read_file(path: &str) -> Result<String, ConfigError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ConfigError::File(format!("cannot read {path}: {e}")))?;
+fn check_toml(path: &str, text: &str) -> Result<(), ConfigError> {
     if let Err(e) = text.parse::<toml::Table>() {
         let at = e.span().map_or(0, |span| span.start);
         let before = &text[..at.min(text.len())];
@@ -175,7 +186,7 @@ fn read_file(path: &str) -> Result<String, ConfigError> {
             e.message()
         )));
     }
-    Ok(text)
+    Ok(())
 }
 
 /// An unknown `SENDGATE_*` variable is a typo until proven otherwise: refuse it, as an

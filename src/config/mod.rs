@@ -123,6 +123,16 @@ impl Settings {
         Self::from_layers(&Layers::build(env)?)
     }
 
+    /// [`Settings::from_vars`] with `file` as the text of the file `SENDGATE_CONFIG`
+    /// names, whatever the path: the fuzz target's and its replay's way in, without a disk.
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub(crate) fn from_vars_and_file(
+        env: &HashMap<String, String>,
+        file: &str,
+    ) -> Result<Self, ConfigError> {
+        Self::from_layers(&Layers::build_with(env, |_| Ok(file.to_owned()))?)
+    }
+
     /// Settings from descriptor-keyed values, e.g. `[(&vars::DEPTH_TTL_MS, "250")]`: a
     /// misspelled override does not compile.
     pub fn from_overrides(overrides: &[(&'static Var, &str)]) -> Result<Self, ConfigError> {

@@ -11,7 +11,8 @@ pub mod headers;
 mod health;
 mod metrics;
 pub mod openapi;
-mod send;
+// Visible to the crate for `crate::fuzzing`, which parses send input as the handler does.
+pub(crate) mod send;
 
 use std::collections::HashMap;
 

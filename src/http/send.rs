@@ -177,7 +177,7 @@ struct Ids {
 /// `{key name}:{Idempotency-Key}`, or, when that is not a valid id (too long, a name that
 /// is not printable ASCII), the key's SHA-256 after the name, or the SHA-256 of both.
 /// Deterministic, so every retry of one message by one caller has the same broker id.
-fn scoped_message_id(caller: &str, key: &MessageId) -> MessageId {
+pub(crate) fn scoped_message_id(caller: &str, key: &MessageId) -> MessageId {
     use sha2::{Digest, Sha256};
     let plain = format!("{caller}:{}", key.as_str());
     if let Ok(id) = MessageId::parse(&plain) {
@@ -333,7 +333,7 @@ impl Accepted {
 
 /// `application/json`, in any case, optionally followed by parameters (`; charset=utf-8`).
 /// A byte comparison: a full media-type parse on every send costs more than it checks.
-pub(super) fn is_json(req: &HttpRequest) -> bool {
+pub(crate) fn is_json(req: &HttpRequest) -> bool {
     const JSON: &[u8] = b"application/json";
     let Some(value) = req.headers().get(CONTENT_TYPE) else {
         return false;
@@ -383,14 +383,14 @@ async fn read_body(
 
 /// The parts of the request that are input, all checked before any is rejected so one 400
 /// lists every problem.
-struct Input {
-    message_id: Option<MessageId>,
-    correlation_header: Option<CorrelationId>,
-    dry_run: bool,
+pub(crate) struct Input {
+    pub(crate) message_id: Option<MessageId>,
+    pub(crate) correlation_header: Option<CorrelationId>,
+    pub(crate) dry_run: bool,
 }
 
 impl Input {
-    fn parse(
+    pub(crate) fn parse(
         req: &HttpRequest,
         body: &[u8],
         request_id_problem: Option<FieldError>,

@@ -19,7 +19,7 @@ pub const MAX_DOCUMENT_BYTES: usize = 1024 * 1024;
 const MAX_DEPTH: usize = 64;
 
 /// The longest error detail kept from an `<Error>` body.
-const MAX_DETAIL_CHARS: usize = 512;
+pub const MAX_DETAIL_CHARS: usize = 512;
 
 /// What a `GET {ns}/{queue}` body says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

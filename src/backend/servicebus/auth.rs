@@ -131,7 +131,11 @@ impl ConnectionString {
             .filter(|k| !k.is_empty())
             .ok_or(ConnectionStringError::Missing("SharedAccessKey"))?;
         let entity_path = entity_path
-            .map(|p| p.trim_matches('/').to_owned())
+            // `/orders/`, ` / orders`: neither slashes nor spaces are part of a queue name.
+            .map(|p| {
+                p.trim_matches(|c: char| c == '/' || c.is_whitespace())
+                    .to_owned()
+            })
             .filter(|p| !p.is_empty());
         Ok(Self {
             host,
@@ -153,17 +157,21 @@ impl fmt::Debug for ConnectionString {
     }
 }
 
-/// `sb://host/` → `host` (lower case); `None` for anything else.
+/// What [`ConnectionStringError::BadEndpoint`] says instead of an Endpoint value that
+/// may hold the key.
+pub const ENDPOINT_NOT_SHOWN: &str = "a value that holds more than an endpoint; not shown";
+
 /// An Endpoint value fit to print: one holding `=` or spaces has swallowed other parts
 /// (perhaps the key), so it is not shown.
 fn shown_endpoint(endpoint: &str) -> String {
     if endpoint.contains('=') || endpoint.contains(char::is_whitespace) {
-        "a value that holds more than an endpoint; not shown".to_owned()
+        ENDPOINT_NOT_SHOWN.to_owned()
     } else {
         endpoint.to_owned()
     }
 }
 
+/// `sb://host/` → `host` (lower case); `None` for anything else.
 fn endpoint_host(endpoint: &str) -> Option<String> {
     let scheme_end = endpoint.find("://")?;
     if !endpoint[..scheme_end].eq_ignore_ascii_case("sb") {
@@ -571,6 +579,24 @@ mod tests {
         assert_eq!(c.host, "myns.servicebus.windows.net");
         assert_eq!(c.key, "abc==");
         assert_eq!(c.entity_path.as_deref(), Some("orders"));
+    }
+
+    #[test]
+    fn an_entity_path_is_trimmed_of_spaces_inside_its_slashes_too() {
+        // Found by the connection_string fuzz target: "/ orders" kept its space, so the
+        // parsed value did not survive being written back (and named no queue).
+        for raw in ["/ orders", "orders /", " / orders / "] {
+            let c = ConnectionString::parse(&format!(
+                "Endpoint=sb://ns/;SharedAccessKeyName=k;SharedAccessKey=x;EntityPath={raw}"
+            ))
+            .unwrap();
+            assert_eq!(c.entity_path.as_deref(), Some("orders"), "{raw:?}");
+        }
+        let c = ConnectionString::parse(
+            "Endpoint=sb://ns/;SharedAccessKeyName=k;SharedAccessKey=x;EntityPath= / ",
+        )
+        .unwrap();
+        assert_eq!(c.entity_path, None);
     }
 
     #[test]
