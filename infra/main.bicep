@@ -1,6 +1,8 @@
 // sendgate on Azure: Service Bus (namespace + request queue), a user-assigned managed
 // identity with only the data-plane roles it needs, Log Analytics, a Container Apps
-// environment and the sendgate Container App. See infra/README.md for the deploy commands.
+// environment, the sendgate Container App and, when it may run more than one replica, an
+// Azure Managed Redis the replicas share the ceiling through. See infra/README.md for the
+// deploy commands.
 //
 //   az deployment group create -g <rg> -f infra/main.bicep -p @infra/main.parameters.json
 //
@@ -137,6 +139,43 @@ param cpu string = '0.5'
 @description('Memory per replica; must pair with cpu (0.5 vCPU -> 1Gi).')
 param memory string = '1Gi'
 
+// --- Redis (shared ceiling; only when maxReplicas > 1) ---
+
+@description('Azure Managed Redis SKU (deployed only when maxReplicas > 1). sendgate keeps a few small keys per queue there: the smallest sizes are plenty. Only Azure Managed Redis SKUs (hosts *.redis.azure.net, port 10000), not the older Enterprise ones.')
+@allowed([
+  'Balanced_B0'
+  'Balanced_B1'
+  'Balanced_B3'
+  'Balanced_B5'
+  'Balanced_B10'
+  'MemoryOptimized_M10'
+  'ComputeOptimized_X3'
+  'ComputeOptimized_X5'
+  'ComputeOptimized_X10'
+])
+param redisSku string = 'Balanced_B1'
+
+@description('Replicate the Redis data set (a replica shard on another node). Without it a node failure loses the shared counts; sendgate then falls back to per-replica ceilings until Redis answers again, and re-reads the depth.')
+param redisHighAvailability bool = true
+
+@description('Clustering policy of the Redis database. NoCluster: one shard, every command (also multi-key scripts) works with a plain, non-cluster client, as sendgate uses; offered for the smaller sizes. EnterpriseCluster: for larger sizes; the proxy routes single-key commands, but keys of one multi-key call must share a hash slot. Cannot be changed once created (except from NoCluster).')
+@allowed([
+  'NoCluster'
+  'EnterpriseCluster'
+])
+param redisClusteringPolicy string = 'NoCluster'
+
+@description('Optional: subnet (resource id) for the Redis private endpoint, in the virtual network of infrastructureSubnetId (or one peered with it), NOT the environment\'s delegated subnet. Set: Redis gets publicNetworkAccess Disabled and is reachable only through that endpoint. Empty: Redis keeps its public endpoint, guarded by Entra ID (access keys off) and TLS only. Needs infrastructureSubnetId; the deployment fails otherwise.')
+param redisPrivateEndpointSubnetId string = ''
+
+@description('Optional, with redisPrivateEndpointSubnetId: resource id of an EXISTING private DNS zone privatelink.redis.azure.net (e.g. a hub\'s central zone, already linked to the environment\'s virtual network). Empty: the zone is created in this resource group and linked to the private endpoint subnet\'s virtual network.')
+param redisPrivateDnsZoneId string = ''
+
+@description('SENDGATE_REDIS_TIMEOUT_MS: deadline of one Redis call; past it the replica falls back to its own ceiling until Redis answers again.')
+@minValue(1)
+@maxValue(10000)
+param redisTimeoutMs int = 50
+
 @description('Log Analytics retention in days.')
 @minValue(30)
 @maxValue(730)
@@ -157,6 +196,7 @@ var identityName = '${namePrefix}-id'
 var logAnalyticsName = '${namePrefix}-logs'
 var environmentName = '${namePrefix}-env'
 var appName = take(namePrefix, 32)
+var redisName = take('${namePrefix}-redis-${suffix}', 60)
 
 // Built-in roles.
 var serviceBusDataSenderRoleId = '69a216fc-b8fb-44d8-bc22-1f3c2cd27a39'
@@ -167,6 +207,30 @@ var containerPort = 8080
 var apiKeysMountPath = '/etc/sendgate'
 var apiKeysFileName = 'keys.toml'
 var terminationGracePeriodSeconds = drainTimeoutSeconds + terminationGraceMarginSeconds
+
+// ---------------------------------------------------------------------------------------
+// Redis: shared ceiling across replicas
+// ---------------------------------------------------------------------------------------
+
+// More than one replica means more than one process admitting sends against the same
+// ceiling: they share the depth read, the fail-closed streak and the admitted count through
+// Redis (SENDGATE_COORDINATION=redis). One replica keeps them in memory and needs no Redis.
+var useRedis = maxReplicas > 1
+var redisPrivate = useRedis && !empty(redisPrivateEndpointSubnetId)
+var createRedisDnsZone = redisPrivate && empty(redisPrivateDnsZoneId)
+// Azure Managed Redis serves TLS on 10000 (the only port of the database it creates).
+var redisPort = 10000
+// The private endpoint subnet's virtual network (the DNS zone is linked to it).
+var redisEndpointVnetId = empty(redisPrivateEndpointSubnetId) ? '' : substring(redisPrivateEndpointSubnetId, 0, lastIndexOf(redisPrivateEndpointSubnetId, '/subnets/'))
+// Azure Managed Redis's private link zone (the older Enterprise SKUs use another one).
+var redisPrivateDnsZoneName = 'privatelink.redis.azure.net'
+// Access policy assignment names are letters and digits only.
+var redisAccessName = take(replace('${namePrefix}gateway', '-', ''), 60)
+
+// Guard, as for failClosed: a private endpoint the environment cannot reach (no virtual
+// network of its own) would leave every replica on its own ceiling, silently.
+var redisPrivateGuard = 'redisPrivateEndpointSubnetId needs infrastructureSubnetId: without a virtual network the Container Apps environment cannot reach a private endpoint'
+var redisPublicNetworkAccess = redisPrivate ? (empty(infrastructureSubnetId) ? string(int(redisPrivateGuard)) : 'Disabled') : 'Enabled'
 
 // Only used with infrastructureSubnetId: the environment joins that virtual network, with an
 // internal load balancer when ingress is internal.
@@ -287,6 +351,151 @@ module apiKeysSecretAccess 'modules/keyvault-secret-reader.bicep' = if (grantKey
 }
 
 // ---------------------------------------------------------------------------------------
+// Redis (Azure Managed Redis), only when maxReplicas > 1: TLS only, Entra ID only
+// ---------------------------------------------------------------------------------------
+
+resource redis 'Microsoft.Cache/redisEnterprise@2025-07-01' = if (useRedis) {
+  name: redisName
+  location: location
+  tags: tags
+  sku: {
+    name: redisSku
+  }
+  properties: {
+    minimumTlsVersion: '1.2'
+    highAvailability: redisHighAvailability ? 'Enabled' : 'Disabled'
+    // Disabled with a private endpoint. Without one Azure Managed Redis offers no IP
+    // firewall: the public endpoint is guarded by Entra ID (no keys exist) and TLS.
+    publicNetworkAccess: redisPublicNetworkAccess
+  }
+}
+
+resource redisDatabase 'Microsoft.Cache/redisEnterprise/databases@2025-07-01' = if (useRedis) {
+  parent: redis
+  // Azure Managed Redis has exactly one database, named default.
+  name: 'default'
+  properties: {
+    // TLS only: no plaintext listener.
+    clientProtocol: 'Encrypted'
+    port: redisPort
+    // No access keys: the only way in is an Entra token of an identity with an access
+    // policy assignment below, so there is no Redis secret to store, leak or rotate.
+    accessKeysAuthentication: 'Disabled'
+    clusteringPolicy: redisClusteringPolicy
+    // Coordination state must not be evicted to make room: under memory pressure a write
+    // fails, and the replica falls back to its own ceiling instead of sharing a wrong one.
+    evictionPolicy: 'NoEviction'
+    // No persistence: every value is re-derived (depth re-read, counts restart) after a loss.
+  }
+}
+
+// The gateway's identity (the one it uses for Service Bus) gets the built-in "default"
+// data access policy; the URL's user is that identity's object id.
+resource redisAccess 'Microsoft.Cache/redisEnterprise/databases/accessPolicyAssignments@2025-07-01' = if (useRedis) {
+  parent: redisDatabase
+  name: redisAccessName
+  properties: {
+    accessPolicyName: 'default'
+    user: {
+      objectId: identity.properties.principalId
+    }
+  }
+}
+
+resource redisDnsZone 'Microsoft.Network/privateDnsZones@2020-06-01' = if (createRedisDnsZone) {
+  name: redisPrivateDnsZoneName
+  location: 'global'
+  tags: tags
+}
+
+resource redisDnsZoneLink 'Microsoft.Network/privateDnsZones/virtualNetworkLinks@2020-06-01' = if (createRedisDnsZone) {
+  parent: redisDnsZone
+  name: '${namePrefix}-redis-link'
+  location: 'global'
+  tags: tags
+  properties: {
+    virtualNetwork: {
+      id: redisEndpointVnetId
+    }
+    registrationEnabled: false
+  }
+}
+
+resource redisEndpoint 'Microsoft.Network/privateEndpoints@2024-05-01' = if (redisPrivate) {
+  name: '${namePrefix}-redis-pe'
+  location: location
+  tags: tags
+  properties: {
+    subnet: {
+      id: redisPrivateEndpointSubnetId
+    }
+    privateLinkServiceConnections: [
+      {
+        name: 'redis'
+        properties: {
+          privateLinkServiceId: redis.id
+          groupIds: [
+            'redisEnterprise'
+          ]
+        }
+      }
+    ]
+  }
+  dependsOn: [
+    redisDatabase
+  ]
+}
+
+resource redisEndpointDns 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2024-05-01' = if (redisPrivate) {
+  parent: redisEndpoint
+  name: 'default'
+  properties: {
+    privateDnsZoneConfigs: [
+      {
+        name: 'redis'
+        properties: {
+          privateDnsZoneId: createRedisDnsZone ? redisDnsZone.id : redisPrivateDnsZoneId
+        }
+      }
+    ]
+  }
+  dependsOn: [
+    redisDnsZoneLink
+  ]
+}
+
+// What the container is told. ARM evaluates only the branch taken, so the Redis properties
+// are never read when Redis is not deployed.
+var coordinationEnv = useRedis ? [
+  {
+    name: 'SENDGATE_COORDINATION'
+    value: 'redis'
+  }
+  {
+    // Entra auth: the user is the identity's object id, and there is no password.
+    name: 'SENDGATE_REDIS_URL'
+    value: 'rediss://${identity.properties.principalId}@${redis!.properties.hostName}:${redisPort}'
+  }
+  {
+    name: 'SENDGATE_REDIS_AUTH'
+    value: 'entra'
+  }
+  {
+    name: 'SENDGATE_REDIS_PREFIX'
+    value: namePrefix
+  }
+  {
+    name: 'SENDGATE_REDIS_TIMEOUT_MS'
+    value: string(redisTimeoutMs)
+  }
+] : [
+  {
+    name: 'SENDGATE_COORDINATION'
+    value: 'local'
+  }
+]
+
+// ---------------------------------------------------------------------------------------
 // Container registry (optional): pull the image with the identity
 // ---------------------------------------------------------------------------------------
 
@@ -391,7 +600,7 @@ resource app 'Microsoft.App/containerApps@2024-03-01' = {
             cpu: json(cpu)
             memory: memory
           }
-          env: [
+          env: concat([
             {
               name: 'SENDGATE_BACKEND'
               value: 'servicebus'
@@ -448,7 +657,7 @@ resource app 'Microsoft.App/containerApps@2024-03-01' = {
               name: 'SENDGATE_API_KEYS_FILE'
               value: '${apiKeysMountPath}/${apiKeysFileName}'
             }
-          ]
+          ], coordinationEnv)
           volumeMounts: [
             {
               volumeName: 'api-keys'
@@ -525,12 +734,15 @@ resource app 'Microsoft.App/containerApps@2024-03-01' = {
     }
   }
   // The roles must exist before the first revision starts: the Key Vault secret is
-  // fetched at creation, the image pulled with the identity, and the queues used at once.
+  // fetched at creation, the image pulled with the identity, and the queues used at once;
+  // likewise Redis access (and its private endpoint) before the replicas coordinate.
   dependsOn: [
     apiKeysSecretAccess
     registryPull
     queueSender
     queueOwner
+    redisAccess
+    redisEndpointDns
   ]
 }
 
@@ -552,6 +764,12 @@ output serviceBusNamespaceName string = serviceBus.name
 
 @description('Queues created and served.')
 output servedQueues array = queueNames
+
+@description('SENDGATE_COORDINATION given to the app: redis when maxReplicas > 1, else local.')
+output coordination string = useRedis ? 'redis' : 'local'
+
+@description('Host name of the Redis the replicas share (empty when maxReplicas is 1).')
+output redisHostName string = useRedis ? redis!.properties.hostName : ''
 
 @description('terminationGracePeriodSeconds given to the app (drain + margin).')
 output terminationGracePeriodSeconds int = terminationGracePeriodSeconds

