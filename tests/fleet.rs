@@ -7,13 +7,10 @@ mod fault_proxy;
 #[allow(dead_code)]
 #[path = "support/faulty_backend.rs"]
 mod faulty_backend;
-#[allow(dead_code)]
 #[path = "support/gateway.rs"]
 mod gateway;
-#[allow(dead_code)]
 #[path = "support/rabbit.rs"]
 mod rabbit;
-#[allow(dead_code)]
 #[path = "support/redis.rs"]
 mod redis_support;
 
