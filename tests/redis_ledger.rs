@@ -307,6 +307,45 @@ async fn asking_again_grows_the_block_and_extends_its_lease() {
 }
 
 #[tokio::test]
+async fn with_a_lagging_admin_plane_completions_within_the_lag_count_on_top_of_the_read() {
+    let f = fixture().await;
+    let lagging = f.keys.clone().with_lag(Duration::from_secs(5));
+    publish_ok(&f, 0).await;
+    granted(
+        f.ledger
+            .reserve(&lagging, "a", 10, 100, 1, LONG)
+            .await
+            .unwrap(),
+    );
+    f.ledger.settle(&lagging, "a", 4, 0).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await; // publish_ok's 1 ms lease ends
+    let ticket = f
+        .ledger
+        .lease_read(&lagging, "me", LONG)
+        .await
+        .unwrap()
+        .expect("the lease is free");
+    // The admin plane's count trails: it does not show the 4 stored just before the lease.
+    let read = f
+        .ledger
+        .publish_read(
+            &lagging,
+            ticket,
+            ReadOutcome::Ok {
+                backlog: 0,
+                send_disabled: false,
+            },
+            true,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        read.since_read, 4,
+        "completions within the lag stay counted on top of the read"
+    );
+}
+
+#[tokio::test]
 async fn since_read_counts_only_completions_after_the_ticket() {
     let f = fixture().await;
     publish_ok(&f, 0).await;

@@ -86,7 +86,7 @@ impl Lane {
         for (queue, gate) in &self.gates {
             gate.join_fleet(super::shared::FleetSeat::new(
                 Arc::clone(fleet),
-                fleet.ledger().keys(kind, queue),
+                fleet.ledger().keys(kind, queue).with_lag(gate.policy().lag),
                 queue.clone(),
                 gate.policy().clone(),
                 send_timeout,

@@ -66,6 +66,8 @@ pub struct QueueKeys {
     count: String,
     blocks: String,
     block_sizes: String,
+    /// How far the admin plane's counts trail the data plane (see [`QueueKeys::with_lag`]).
+    lag_ms: u64,
 }
 
 impl QueueKeys {
@@ -79,7 +81,17 @@ impl QueueKeys {
             count: format!("{base}:count"),
             blocks: format!("{base}:blocks"),
             block_sizes: format!("{base}:block_sizes"),
+            lag_ms: 0,
         }
+    }
+
+    /// For an admin plane whose counts trail the data plane by up to `lag` (RabbitMQ's
+    /// management statistics): completions settled within `lag` before a read's lease are
+    /// still counted on top of that read, as the local gate does. Completions are kept in
+    /// 100 ms buckets (rounded so a read counts a little more, never less).
+    pub fn with_lag(mut self, lag: Duration) -> Self {
+        self.lag_ms = millis(lag);
+        self
     }
 
     /// Every key, in the order the scripts take them (`KEYS[1..5]`).
@@ -334,7 +346,8 @@ impl Ledger {
         call.key(&q.all()[..])
             .arg(owner)
             .arg(millis(lease).max(1))
-            .arg(millis(IDLE));
+            .arg(millis(IDLE))
+            .arg(q.lag_ms);
         let reply = self.run(&call).await?;
         decode_ticket(&ints(reply)?)
     }
@@ -420,7 +433,8 @@ impl Ledger {
             .arg(block_id)
             .arg(exact(stored))
             .arg(exact(not_stored))
-            .arg(millis(IDLE));
+            .arg(millis(IDLE))
+            .arg(q.lag_ms);
         let reply = self.run(&call).await?;
         expect_one(&reply)
     }

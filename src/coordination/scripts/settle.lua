@@ -1,6 +1,6 @@
 -- Sends from a block finished (settle), or a block gives back headroom it will not use
 -- (release: stored = 0).
--- ARGV: block_id, stored, not_stored, idle_ms
+-- ARGV: block_id, stored, not_stored, idle_ms, lag_ms
 -- Reply: 1.
 local now = now_ms()
 -- Pruned first: a block that already expired gave its headroom back then, so it must not
@@ -24,6 +24,22 @@ end
 if stored > 0 then
   redis.call('HINCRBY', COUNT, 'completed_total', int(stored))
   redis.call('HINCRBY', COUNT, 'since_read', int(stored))
+end
+-- A lagging admin plane: remember recent completions in 100 ms buckets (fields `r:N` of
+-- COUNT), so the next lease can count those its read will not see yet. Buckets older than
+-- the lag (plus a second) can no longer matter and are dropped here.
+local lag = num(ARGV[5])
+if lag > 0 then
+  if stored > 0 then
+    redis.call('HINCRBY', COUNT, 'r:' .. int(math.floor(now / 100)), int(stored))
+  end
+  local oldest = math.floor((now - lag - 1000) / 100)
+  local fields = redis.call('HKEYS', COUNT)
+  for _, f in ipairs(fields) do
+    if string.sub(f, 1, 2) == 'r:' and num(string.sub(f, 3)) < oldest then
+      redis.call('HDEL', COUNT, f)
+    end
+  end
 end
 touch(ARGV[4])
 return 1
