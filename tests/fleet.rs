@@ -14,10 +14,62 @@ mod rabbit;
 #[path = "support/redis.rs"]
 mod redis_support;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fault_proxy::{Fault, FaultProxy};
 use gateway::GatewayProcess;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A TCP relay to the management API that counts the queue reads going through it.
+async fn counting_management_proxy() -> (String, Arc<AtomicU64>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let reads = Arc::new(AtomicU64::new(0));
+    let counter = reads.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let Ok(server) = TcpStream::connect(rabbit::MANAGEMENT).await else {
+                    return;
+                };
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                let up = async move {
+                    let mut buf = vec![0u8; 16 * 1024];
+                    while let Ok(n) = cr.read(&mut buf).await {
+                        if n == 0 || sw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                        let chunk = &buf[..n];
+                        let hits = chunk
+                            .windows(16)
+                            .filter(|w| *w == b"GET /api/queues/")
+                            .count();
+                        counter.fetch_add(hits as u64, Ordering::SeqCst);
+                    }
+                };
+                let down = async move {
+                    let _ = tokio::io::copy(&mut sr, &mut cw).await;
+                };
+                tokio::join!(up, down);
+            });
+        }
+    });
+    (url, reads)
+}
+
+fn forget_prefix(prefix: &str) {
+    redis_support::cli(&[
+        "EVAL",
+        "for _,k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end",
+        "0",
+        &format!("{prefix}:*"),
+    ]);
+}
 
 /// The real binary on RabbitMQ (exact depth from the data plane), in the fleet `prefix`.
 async fn replica(queue: &str, redis_url: &str, prefix: &str, ceiling: &str) -> GatewayProcess {
@@ -107,12 +159,7 @@ async fn three_replicas_keep_one_ceiling_under_64_concurrent_senders() {
     }
     drop(fleet);
     rabbit::delete(&queue).await;
-    redis_support::cli(&[
-        "EVAL",
-        "for _,k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end",
-        "0",
-        &format!("{prefix}:*"),
-    ]);
+    forget_prefix(&prefix);
 }
 
 #[tokio::test]
@@ -159,10 +206,189 @@ async fn a_black_holed_redis_turns_each_replica_local_within_its_deadline_and_it
     }
     drop((a, b));
     rabbit::delete(&queue).await;
-    redis_support::cli(&[
-        "EVAL",
-        "for _,k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end",
-        "0",
-        &format!("{prefix}:*"),
-    ]);
+    forget_prefix(&prefix);
+}
+
+#[tokio::test]
+async fn the_fleet_reads_the_admin_plane_at_most_once_per_ttl() {
+    rabbit::ensure_broker();
+    redis_support::ensure_redis();
+    let queue = rabbit::unique("sg-fleet-reads");
+    rabbit::declare(&queue, &[]).await;
+    rabbit::wait_for_management_count(&queue, 0).await;
+    let (management, reads) = counting_management_proxy().await;
+    let prefix = redis_support::unique_prefix();
+    let mut fleet = Vec::new();
+    for _ in 0..3 {
+        fleet.push(
+            GatewayProcess::start(&[
+                ("SENDGATE_BACKEND", "rabbitmq"),
+                ("SENDGATE_QUEUES", &queue),
+                ("SENDGATE_RABBITMQ_MANAGEMENT_URL", &management),
+                ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "100000"),
+                ("SENDGATE_DEPTH_TTL_MS", "500"),
+                ("SENDGATE_PROBE_INTERVAL_S", "0"),
+                ("SENDGATE_WORKERS", "1"),
+                ("SENDGATE_COORDINATION", "redis"),
+                ("SENDGATE_REDIS_URL", "redis://127.0.0.1:6379"),
+                ("SENDGATE_REDIS_PREFIX", &prefix),
+            ])
+            .await,
+        );
+    }
+    for gw in &fleet {
+        wait_for_mode(gw, "redis").await;
+    }
+    // Three seconds of steady sends from 12 producers spread over the fleet.
+    let before = reads.load(Ordering::SeqCst);
+    let started = Instant::now();
+    let run = Duration::from_secs(3);
+    let producers: Vec<_> = (0..12)
+        .map(|i| {
+            let gw = &fleet[i % 3];
+            let (client, url) = (
+                gw.client.clone(),
+                gw.url(&format!("/v1/queues/{queue}/messages")),
+            );
+            tokio::spawn(async move {
+                let mut sent = 0u32;
+                while started.elapsed() < run {
+                    let status = client
+                        .post(&url)
+                        .header("Content-Type", "application/json")
+                        .body("{}")
+                        .send()
+                        .await
+                        .unwrap()
+                        .status();
+                    assert_eq!(status, 201);
+                    sent += 1;
+                }
+                sent
+            })
+        })
+        .collect();
+    let mut sent = 0;
+    for p in producers {
+        sent += p.await.unwrap();
+    }
+    let made = reads.load(Ordering::SeqCst) - before;
+    let elapsed = started.elapsed();
+    let ttls = (elapsed.as_millis() / 500) as u64;
+    assert!(sent > 100, "the fleet was busy: {sent} sends");
+    assert!(
+        made >= 2,
+        "the admin plane was read through the proxy: {made}"
+    );
+    assert!(
+        made <= ttls + 1,
+        "{made} admin reads in {elapsed:?} ({ttls} TTLs) for the whole fleet of 3"
+    );
+    drop(fleet);
+    rabbit::delete(&queue).await;
+    forget_prefix(&prefix);
+}
+
+#[tokio::test]
+async fn with_the_admin_plane_denied_every_replica_refuses_on_the_same_read() {
+    rabbit::ensure_broker();
+    redis_support::ensure_redis();
+    let queue = rabbit::unique("sg-fleet-denied");
+    rabbit::declare(&queue, &[]).await;
+    rabbit::wait_for_management_count(&queue, 0).await;
+    // A management user without the monitoring tag: every admin read is refused.
+    let user = rabbit::TempUser::new(&[]);
+    let prefix = redis_support::unique_prefix();
+    let mut fleet = Vec::new();
+    for _ in 0..3 {
+        fleet.push(
+            GatewayProcess::start(&[
+                ("SENDGATE_BACKEND", "rabbitmq"),
+                ("SENDGATE_QUEUES", &queue),
+                ("SENDGATE_RABBITMQ_MANAGEMENT_USER", &user.name),
+                ("SENDGATE_RABBITMQ_MANAGEMENT_PASSWORD", &user.password),
+                ("SERVICEBUS_SEND_FAILCLOSED", "true"),
+                ("SERVICEBUS_SEND_FAILCLOSED_STREAK", "3"),
+                ("SENDGATE_DEPTH_TTL_MS", "0"),
+                ("SENDGATE_PROBE_INTERVAL_S", "0"),
+                ("SENDGATE_WORKERS", "1"),
+                ("SENDGATE_COORDINATION", "redis"),
+                ("SENDGATE_REDIS_URL", "redis://127.0.0.1:6379"),
+                ("SENDGATE_REDIS_PREFIX", &prefix),
+            ])
+            .await,
+        );
+    }
+    for gw in &fleet {
+        wait_for_mode(gw, "redis").await;
+    }
+    // The streak is the fleet's: failed reads made by any replica add up, so the third
+    // send of the fleet (whichever replica takes it) is the first refused...
+    let mut statuses = Vec::new();
+    for gw in &fleet {
+        statuses.push(gw.send(&queue, "{}").await.unwrap());
+    }
+    assert_eq!(statuses, [201, 201, 503], "fail open twice, then closed");
+    // ...and every replica answers the same: none keeps sending.
+    for gw in &fleet {
+        assert_eq!(gw.send(&queue, "{}").await.unwrap(), 503);
+        let d = gw.detailed().await;
+        assert_eq!(d["queues"][&queue]["fail_closed"], true, "{d}");
+    }
+    assert_eq!(rabbit::ready(&queue).await, 2);
+    drop(fleet);
+    rabbit::delete(&queue).await;
+    forget_prefix(&prefix);
+}
+
+#[tokio::test]
+async fn a_replica_killed_holding_headroom_gives_it_back_when_its_lease_ends() {
+    rabbit::ensure_broker();
+    redis_support::ensure_redis();
+    let queue = rabbit::unique("sg-fleet-kill");
+    rabbit::declare(&queue, &[]).await;
+    let prefix = redis_support::unique_prefix();
+    let vars = [
+        ("SENDGATE_BACKEND", "rabbitmq"),
+        ("SENDGATE_QUEUES", queue.as_str()),
+        ("SENDGATE_RABBITMQ_DEPTH_SOURCE", "amqp"),
+        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "100"),
+        ("SENDGATE_DEPTH_TTL_MS", "200"),
+        ("SENDGATE_SEND_TIMEOUT_MS", "1000"),
+        ("SENDGATE_WORKERS", "1"),
+        ("SENDGATE_COORDINATION", "redis"),
+        ("SENDGATE_REDIS_URL", "redis://127.0.0.1:6379"),
+        ("SENDGATE_REDIS_PREFIX", prefix.as_str()),
+    ];
+    let doomed = GatewayProcess::start(&vars).await;
+    let survivor = GatewayProcess::start(&vars).await;
+    wait_for_mode(&doomed, "redis").await;
+    wait_for_mode(&survivor, "redis").await;
+    // One send takes a block of headroom (a share of the 100); the rest of it is unused.
+    assert_eq!(doomed.send(&queue, "{}").await.unwrap(), 201);
+    drop(doomed); // SIGKILL, then reaped: no drain, no goodbye to Redis
+    // A block's lease: its use (0.5 s) + the send deadline (1 s) + 1 s.
+    tokio::time::sleep(Duration::from_millis(2700)).await;
+    // Fill up to the ceiling. Near it the count errs on the safe side for a moment (a
+    // send stored before a read but settled after it is counted twice until the next
+    // read), so a refusal is retried after a TTL; three in a row end it.
+    let mut queued = 1;
+    let mut refused_in_a_row = 0;
+    while refused_in_a_row < 3 {
+        if survivor.send(&queue, "{}").await.unwrap() == 201 {
+            queued += 1;
+            refused_in_a_row = 0;
+            assert!(queued <= 100, "past the ceiling");
+        } else {
+            refused_in_a_row += 1;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    assert_eq!(
+        queued, 100,
+        "the dead replica's headroom came back within its lease"
+    );
+    assert_eq!(rabbit::ready(&queue).await, 100);
+    rabbit::delete(&queue).await;
+    forget_prefix(&prefix);
 }
