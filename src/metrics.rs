@@ -9,6 +9,8 @@
 
 use std::time::Duration;
 
+use crate::coordination::Coordination;
+use prometheus::core::Collector;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder,
@@ -107,9 +109,15 @@ impl Metrics {
     }
 
     /// The whole exposition: the registry's series plus the state read now.
-    pub fn render(&self, dispatcher: &Dispatcher, lifecycle: &Lifecycle) -> String {
+    pub fn render(
+        &self,
+        dispatcher: &Dispatcher,
+        lifecycle: &Lifecycle,
+        coordination: &Coordination,
+    ) -> String {
         let mut families = self.registry.gather();
         families.extend(state_families(dispatcher, lifecycle));
+        families.extend(coordination_families(coordination));
         // A family with no series (no probe has run: SENDGATE_PROBE_INTERVAL_S=0) makes the
         // encoder stop with an error half way through the text: leave such families out.
         families.retain(|f| !f.get_metric().is_empty());
@@ -118,6 +126,30 @@ impl Metrics {
         let _ = TextEncoder::new().encode(&families, &mut out);
         String::from_utf8(out).unwrap_or_default()
     }
+}
+
+/// `sendgate_coordination_mode{mode}` (one-hot: `local` or `redis`) and
+/// `sendgate_coordination_ok` (0 while Redis is configured but not answering).
+fn coordination_families(coordination: &Coordination) -> Vec<prometheus::proto::MetricFamily> {
+    let health = coordination.health();
+    let mode = gauge_vec(
+        "sendgate_coordination_mode",
+        "1 for the mode this replica keeps the ceiling in: local, or redis (the fleet's).",
+        &["mode"],
+    );
+    for m in ["local", "redis"] {
+        mode.with_label_values(&[m])
+            .set(i64::from(m == health.mode));
+    }
+    let ok = IntGauge::new(
+        "sendgate_coordination_ok",
+        "0 while Redis is configured but not answering (the replica runs local).",
+    )
+    .expect("valid");
+    ok.set(i64::from(health.ok));
+    let mut families = mode.collect();
+    families.extend(ok.collect());
+    families
 }
 
 /// The status as its three digits, without allocating on the hot path.
