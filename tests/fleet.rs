@@ -83,7 +83,7 @@ async fn replica(queue: &str, redis_url: &str, prefix: &str, ceiling: &str) -> G
         ("SENDGATE_COORDINATION", "redis"),
         ("SENDGATE_REDIS_URL", redis_url),
         ("SENDGATE_REDIS_PREFIX", prefix),
-        ("SENDGATE_REDIS_TIMEOUT_MS", "200"),
+        ("SENDGATE_REDIS_TIMEOUT_MS", "500"),
     ])
     .await
 }
@@ -241,6 +241,9 @@ async fn the_fleet_reads_the_admin_plane_at_most_once_per_ttl() {
                 ("SENDGATE_RABBITMQ_MANAGEMENT_URL", &management),
                 ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "100000"),
                 ("SENDGATE_DEPTH_TTL_MS", "500"),
+                // Generous, so a loaded machine never turns a replica local (its own
+                // reads would then count here).
+                ("SENDGATE_REDIS_TIMEOUT_MS", "500"),
                 ("SENDGATE_PROBE_INTERVAL_S", "0"),
                 ("SENDGATE_WORKERS", "1"),
                 ("SENDGATE_COORDINATION", "redis"),
@@ -324,6 +327,7 @@ async fn with_the_admin_plane_denied_every_replica_refuses_on_the_same_read() {
                 ("SERVICEBUS_SEND_FAILCLOSED", "true"),
                 ("SERVICEBUS_SEND_FAILCLOSED_STREAK", "3"),
                 ("SENDGATE_DEPTH_TTL_MS", "0"),
+                ("SENDGATE_REDIS_TIMEOUT_MS", "500"),
                 ("SENDGATE_PROBE_INTERVAL_S", "0"),
                 ("SENDGATE_WORKERS", "1"),
                 ("SENDGATE_COORDINATION", "redis"),
@@ -369,6 +373,7 @@ async fn a_replica_killed_holding_headroom_gives_it_back_when_its_lease_ends() {
         ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "100"),
         ("SENDGATE_DEPTH_TTL_MS", "200"),
         ("SENDGATE_SEND_TIMEOUT_MS", "1000"),
+        ("SENDGATE_REDIS_TIMEOUT_MS", "500"),
         ("SENDGATE_WORKERS", "1"),
         ("SENDGATE_COORDINATION", "redis"),
         ("SENDGATE_REDIS_URL", "redis://127.0.0.1:6379"),

@@ -143,8 +143,14 @@ impl FleetSeat {
                 .last
                 .is_some_and(|(read, _)| read.state != SharedState::Never)
                 && age.is_some_and(|a| a < self.policy.ttl);
-            if fresh && state.left > 0 && now < state.use_until {
+            // Headroom already reserved for this replica is counted fleet-wide until its
+            // lease ends, whatever the age of the read it was granted on: use it first (a
+            // stale read is refreshed in the background). Asking Redis instead would count
+            // this replica's own unused block against it and refuse a send the fleet has room for.
+            if state.left > 0 && now < state.use_until {
                 state.left -= 1;
+                // Within the lead of the TTL, or past it: one read in the background
+                // (throttled, so a flood of sends spawns no flood of reads).
                 let ahead = self.ahead_due(&mut state, age, now);
                 drop(state);
                 self.spawn_ahead(ahead, backend);
