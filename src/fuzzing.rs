@@ -408,4 +408,47 @@ mod tests {
             );
         }
     }
+
+    /// Every version of each crate a lock file holds, by name.
+    fn locked_versions(lock: &Path) -> std::collections::BTreeMap<String, BTreeSet<String>> {
+        let text = std::fs::read_to_string(lock).unwrap();
+        let table: toml::Table = text.parse().unwrap();
+        let mut versions = std::collections::BTreeMap::<String, BTreeSet<String>>::new();
+        for package in table["package"].as_array().unwrap() {
+            versions
+                .entry(package["name"].as_str().unwrap().to_owned())
+                .or_default()
+                .insert(package["version"].as_str().unwrap().to_owned());
+        }
+        versions
+    }
+
+    #[test]
+    fn the_fuzz_lock_file_pins_the_versions_the_server_is_built_with() {
+        // fuzz/ is its own workspace with its own Cargo.lock: a crate at another version
+        // there than in the root lock means the fuzzer exercises code the shipped binary
+        // does not run, and a stale lock is rewritten (from crates.io) by the next
+        // scripts/fuzz.sh. Regenerate: cp Cargo.lock fuzz/Cargo.lock, then
+        // `cargo metadata --offline --format-version 1 --manifest-path fuzz/Cargo.toml`.
+        let root = locked_versions(&Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.lock"));
+        let fuzz = locked_versions(&fuzz_dir().join("Cargo.lock"));
+        let differing: Vec<String> = fuzz
+            .iter()
+            .filter(|(name, _)| name.as_str() != "sendgate-fuzz")
+            .filter_map(|(name, versions)| match root.get(name) {
+                Some(shipped) if shipped == versions => None,
+                Some(shipped) => Some(format!("{name}: fuzz {versions:?}, root {shipped:?}")),
+                None if FUZZ_ONLY.contains(&name.as_str()) => None,
+                None => Some(format!("{name}: fuzz {versions:?}, not in the root lock")),
+            })
+            .collect();
+        assert!(
+            differing.is_empty(),
+            "fuzz/Cargo.lock differs from Cargo.lock:\n{}",
+            differing.join("\n")
+        );
+    }
+
+    /// What only the fuzz workspace needs: libFuzzer's bindings and their build.
+    const FUZZ_ONLY: &[&str] = &["arbitrary", "jobserver", "libfuzzer-sys"];
 }

@@ -632,3 +632,65 @@ async fn a_publish_that_timed_out_has_its_channel_recycled_without_losing_the_co
     );
     rabbit::delete(&queue).await;
 }
+
+#[tokio::test]
+async fn sends_timing_out_on_a_replaced_connection_neither_warn_nor_count_against_its_successor() {
+    // Ten sends wait on a connection that stopped confirming. The third timeout replaces
+    // it (one `amqp_wedged`); the seven after it belong to a connection already gone: they
+    // must neither warn, each, that a connection is being replaced, nor count as timeouts
+    // "in a row" of the connection that follows (nor recycle the dead one's channels).
+    rabbit::ensure_broker();
+    let queue = rabbit::unique("sg-stale-timeouts");
+    rabbit::declare(&queue, &[]).await;
+    let proxy = FaultProxy::start(rabbit::AMQP.parse().unwrap()).await;
+    let amqp = format!("amqp://guest:guest@{}/%2f", proxy.addr());
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let gw = gateway::GatewayProcess::start_logging_to(
+        &[
+            ("SENDGATE_BACKEND", "rabbitmq"),
+            ("SENDGATE_QUEUES", &queue),
+            ("SENDGATE_RABBITMQ_URL", &amqp),
+            ("SENDGATE_SEND_TIMEOUT_MS", "800"),
+            ("SENDGATE_DEPTH_TTL_MS", "600000"),
+            ("SENDGATE_WORKERS", "1"),
+            // The ten timeouts would open the breaker for 15 s; the link is under test.
+            ("SENDGATE_BREAKER_MIN_FAILURES", "1000"),
+        ],
+        log.reopen().unwrap(),
+    )
+    .await;
+    assert_eq!(gw.send(&queue, "{}").await.unwrap(), 201);
+    let count = |event: &str| {
+        std::fs::read_to_string(log.path())
+            .unwrap()
+            .matches(event)
+            .count()
+    };
+
+    proxy.set(Fault::Blackhole);
+    let mut sends = Vec::new();
+    for _ in 0..10 {
+        // Staggered, all started before the first deadline: they time out one by one.
+        sends.push(tokio::spawn(gw.send(&queue, "{}")));
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    for send in sends {
+        assert_eq!(send.await.unwrap().unwrap(), 504);
+    }
+    proxy.set(Fault::Pass);
+    let text = std::fs::read_to_string(log.path()).unwrap();
+    assert_eq!(
+        count("amqp_wedged"),
+        1,
+        "one connection was replaced, so one warning:\n{text}"
+    );
+    let started = Instant::now();
+    while gw.send(&queue, "{}").await.unwrap() != 201 {
+        assert!(started.elapsed() < Duration::from_secs(10), "no recovery");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let text = std::fs::read_to_string(log.path()).unwrap();
+    assert_eq!(count("amqp_connected"), 2, "{text}");
+    drop(gw);
+    rabbit::delete(&queue).await;
+}

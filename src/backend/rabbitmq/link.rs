@@ -330,6 +330,12 @@ impl Link {
     /// session is replaced; a lone one recycles the channel (closing the old one after
     /// `grace`, the longest a send still waiting on it can take).
     pub fn note_timeout(&self, session: &Arc<Session>, publisher: &Publisher, grace: Duration) {
+        // A send that began on a session already replaced (every send still waiting on a
+        // wedged connection ends this way, one by one): its channels close with it. Counted,
+        // it would charge the old connection's wedge to its successor and warn once per send.
+        if !self.is_current(session) {
+            return;
+        }
         let n = self.timeouts_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
         if n >= TIMEOUTS_BEFORE_REPLACE {
             tracing::warn!(
@@ -341,6 +347,13 @@ impl Link {
         } else {
             session.recycle(publisher, grace);
         }
+    }
+
+    fn is_current(&self, session: &Session) -> bool {
+        self.current
+            .read()
+            .as_ref()
+            .is_some_and(|s| s.generation == session.generation)
     }
 
     pub fn note_success(&self) {
