@@ -20,7 +20,7 @@ fi
 
 if ! command -v cargo-fuzz >/dev/null 2>&1; then
     echo "== installing cargo-fuzz"
-    cargo install cargo-fuzz --locked
+    cargo install cargo-fuzz --version 0.13.2 --locked
 fi
 export RUSTC_BOOTSTRAP=1
 fuzz=(cargo fuzz)

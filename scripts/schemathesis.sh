@@ -32,7 +32,7 @@ if [ ! -f "$STAMP" ]; then
     if ! python3 -m venv "$VENV" 2>/dev/null; then
         # Debian's python3 ships venv separately.
         if command -v apt-get >/dev/null; then
-            apt-get install -y -qq python3-venv >/dev/null
+            apt-get update -qq >/dev/null && apt-get install -y -qq python3-venv >/dev/null
         fi
         rm -rf "$VENV"
         python3 -m venv "$VENV"
