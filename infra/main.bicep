@@ -615,7 +615,8 @@ resource app 'Microsoft.App/containerApps@2024-03-01' = {
               value: join(queueNames, ',')
             }
             {
-              // Entra ID with the user-assigned identity: sendgate picks it by client id.
+              // Entra ID with the user-assigned identity: sendgate picks it by client id,
+              // for Service Bus and for Redis (SENDGATE_REDIS_AUTH=entra) alike.
               name: 'SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID'
               value: identity.properties.clientId
             }

@@ -3,21 +3,27 @@
 //! the shared read and its lease, and a Redis that stops answering. Each test has a key
 //! prefix of its own and removes its keys when it ends.
 
+#[path = "support/entra.rs"]
+mod entra_support;
 #[path = "support/fault_proxy.rs"]
 mod fault_proxy;
 #[path = "support/redis.rs"]
 mod redis_support;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use entra_support::FakeToken;
 use fault_proxy::{Fault, FaultProxy};
 use redis_support::{cli, ensure_redis, keys_and_ttls, settings, unique_prefix, Cleanup};
 use sendgate::config::BackendKind;
+use sendgate::coordination::entra::REDIS_SCOPE;
 use sendgate::coordination::ledger::{
     Ledger, LedgerError, QueueKeys, ReadOutcome, Reservation, SharedRead, SharedState, IDLE,
 };
 use sendgate::domain::QueueName;
+use sendgate::entra::{CredentialChain, EntraCredential};
 
 const URL: &str = "redis://127.0.0.1:6379";
 const TIMEOUT: Duration = Duration::from_millis(500);
@@ -744,4 +750,199 @@ async fn a_refused_password_is_reported_without_echoing_it_then_the_ledger_recov
         ledger.shared_read(&keys).await.unwrap().state,
         SharedState::Never
     );
+}
+
+// ---- SENDGATE_REDIS_AUTH=entra, with a fake Entra ID source and an ACL user whose
+// password is the "token" (Azure Managed Redis checks the real token the same way: the
+// identity's object id as the user, the token as its password).
+
+fn entra_credential(source: Arc<FakeToken>) -> Arc<EntraCredential> {
+    Arc::new(EntraCredential::new(CredentialChain::new(
+        REDIS_SCOPE,
+        vec![("fake", source)],
+    )))
+}
+
+fn object_id() -> AclUser {
+    AclUser(format!("sgtest-oid-{}", uuid::Uuid::new_v4().simple()))
+}
+
+fn fake_token(tag: &str) -> String {
+    format!("eyJ{tag}.{}", uuid::Uuid::new_v4().simple())
+}
+
+/// `CLIENT LIST` lines of the connections authenticated as `user`.
+fn connections_of(user: &str) -> Vec<String> {
+    let needle = format!(" user={user} ");
+    cli(&["CLIENT", "LIST"])
+        .lines()
+        .filter(|line| line.contains(&needle))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Whether Redis logged a refused AUTH (or any ACL denial) for `user`.
+fn acl_denials_of(user: &str) -> usize {
+    cli(&["ACL", "LOG", "128"])
+        .lines()
+        .filter(|line| *line == user)
+        .count()
+}
+
+async fn ping_until_ok(ledger: &Ledger, within: Duration) {
+    let deadline = Instant::now() + within;
+    while let Err(e) = ledger.ping().await {
+        assert!(Instant::now() < deadline, "never answered: {e}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn entra_auth_sends_the_token_as_the_users_password_and_follows_a_rotation() {
+    ensure_redis();
+    let prefix = unique_prefix();
+    let _cleanup = Cleanup(prefix.clone());
+    let user = object_id();
+    let (first, rotated) = (fake_token("first"), fake_token("rotated"));
+    let keys_pattern = format!("~{prefix}:*");
+    let grant = format!(">{first}");
+    assert_eq!(
+        cli(&[
+            "ACL",
+            "SETUSER",
+            &user.0,
+            "on",
+            &grant,
+            &keys_pattern,
+            "+@all"
+        ]),
+        "OK"
+    );
+    // Two-second tokens: renewed at three quarters of their life (1.5 s), so the test
+    // sees renewals; real ones live an hour and are renewed five minutes before expiry.
+    let source = FakeToken::new(REDIS_SCOPE, &first, Duration::from_secs(2));
+    let url = format!("redis://{}@127.0.0.1:6379", user.0);
+    let ledger = Ledger::lazy_with_entra(
+        &settings(&url, &prefix, TIMEOUT),
+        entra_credential(source.clone()),
+    )
+    .unwrap();
+
+    // The URL's user with the token as password: AUTH succeeds and the scripts run on
+    // this deployment's keys.
+    ping_until_ok(&ledger, Duration::from_secs(3)).await;
+    let keys = ledger.keys(BackendKind::RabbitMq, &QueueName::parse("orders").unwrap());
+    assert_eq!(
+        ledger.shared_read(&keys).await.unwrap().state,
+        SharedState::Never
+    );
+    let before = connections_of(&user.0);
+    assert_eq!(
+        before.len(),
+        1,
+        "one connection as the object id: {before:?}"
+    );
+    assert!(source.calls() >= 1);
+
+    // Rotation: Redis accepts the new token too, the credential hands it out; once the
+    // live connection renewed (1.5 s), the old token is revoked.
+    let grant = format!(">{rotated}");
+    assert_eq!(cli(&["ACL", "SETUSER", &user.0, &grant]), "OK");
+    source.set_secret(&rotated);
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let revoke = format!("<{first}");
+    assert_eq!(cli(&["ACL", "SETUSER", &user.0, &revoke]), "OK");
+
+    // The live connection keeps re-authenticating, now with the new token only: after a
+    // call, its last command becomes an AUTH again, and Redis refused none.
+    ledger.ping().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = connections_of(&user.0);
+        if now.len() == 1 && now[0].contains(" cmd=auth ") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no re-AUTH seen: {now:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(acl_denials_of(&user.0), 0, "an AUTH was refused");
+    let after = connections_of(&user.0);
+    assert_eq!(after.len(), 1, "{after:?}");
+    let id = |line: &str| line.split(' ').next().unwrap_or_default().to_owned();
+    assert_eq!(
+        id(&after[0]),
+        id(&before[0]),
+        "the same connection, re-authenticated"
+    );
+    ledger.ping().await.unwrap();
+
+    // A new connection (the old one killed) authenticates with the new token.
+    assert_eq!(cli(&["CLIENT", "KILL", "USER", &user.0]), "1");
+    ping_until_ok(&ledger, Duration::from_secs(5)).await;
+    let reconnected = connections_of(&user.0);
+    assert_eq!(reconnected.len(), 1, "{reconnected:?}");
+    assert_ne!(id(&reconnected[0]), id(&before[0]));
+    assert_eq!(acl_denials_of(&user.0), 0, "an AUTH was refused");
+
+    // The control: a ledger whose credential still hands out the revoked token is refused,
+    // and its error does not carry the token.
+    let stale = FakeToken::new(REDIS_SCOPE, &first, Duration::from_secs(3600));
+    let refused =
+        Ledger::lazy_with_entra(&settings(&url, &prefix, TIMEOUT), entra_credential(stale))
+            .unwrap();
+    let e = refused.ping().await.unwrap_err();
+    let text = format!("{e} {e:?}");
+    assert!(matches!(e, LedgerError::Redis(_)), "{text}");
+    assert!(!text.contains(&first) && !text.contains(&rotated), "{text}");
+    assert!(
+        acl_denials_of(&user.0) >= 1,
+        "Redis refused the revoked token"
+    );
+}
+
+#[tokio::test]
+async fn without_an_entra_token_the_ledger_errs_then_joins_when_one_comes() {
+    ensure_redis();
+    let prefix = unique_prefix();
+    let _cleanup = Cleanup(prefix.clone());
+    let user = object_id();
+    let token = fake_token("late");
+    let grant = format!(">{token}");
+    let keys_pattern = format!("~{prefix}:*");
+    assert_eq!(
+        cli(&[
+            "ACL",
+            "SETUSER",
+            &user.0,
+            "on",
+            &grant,
+            &keys_pattern,
+            "+@all"
+        ]),
+        "OK"
+    );
+    let source = FakeToken::new(REDIS_SCOPE, &token, Duration::from_secs(3600));
+    source.set_failing(true);
+    let url = format!("redis://{}@127.0.0.1:6379", user.0);
+    let ledger = Ledger::lazy_with_entra(
+        &settings(&url, &prefix, TIMEOUT),
+        entra_credential(source.clone()),
+    )
+    .unwrap();
+
+    let started = Instant::now();
+    let e = ledger.ping().await.unwrap_err();
+    within(started, Duration::from_millis(1500));
+    let text = e.to_string();
+    assert!(matches!(e, LedgerError::Redis(_)), "{e:?}");
+    assert!(text.contains("Entra"), "says why: {text}");
+    assert!(!text.contains(&token), "{text}");
+    assert!(connections_of(&user.0).is_empty());
+
+    // A token can be had again: the same ledger connects (after the credential's failure
+    // pause of at most 5 s), without a restart.
+    source.set_failing(false);
+    ping_until_ok(&ledger, Duration::from_secs(8)).await;
+    assert_eq!(connections_of(&user.0).len(), 1);
+    assert_eq!(acl_denials_of(&user.0), 0);
 }

@@ -31,12 +31,18 @@ pub struct RedisSettings {
 }
 
 /// How the replica authenticates to Redis.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RedisAuth {
     /// Whatever the URL carries (ACL user and password, a password, or nothing).
     Url,
-    /// A Microsoft Entra token of the managed identity, as the password of the URL's user.
-    Entra,
+    /// A Microsoft Entra token of the process's identity, as the password of the URL's
+    /// user (the identity's object id). The token comes from the same chain as Service
+    /// Bus's (workload identity, managed identity, Azure CLI); a user-assigned managed
+    /// identity is picked by `SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID`, the one identity
+    /// the deployment gives the gateway.
+    Entra {
+        managed_identity_client_id: Option<String>,
+    },
 }
 
 /// The prefix of every key one deployment uses: short, printable, no spaces, so a key is
@@ -68,7 +74,13 @@ pub(super) fn parse(layers: &Layers) -> Result<CoordinationSettings, ConfigError
         return Ok(CoordinationSettings::Local);
     }
     let auth = match layers.choice(&v::REDIS_AUTH)? {
-        Some("entra") => RedisAuth::Entra,
+        Some("entra") => RedisAuth::Entra {
+            managed_identity_client_id: layers
+                .value(&v::SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID)
+                .map(str::trim)
+                .filter(|id| !id.is_empty())
+                .map(str::to_owned),
+        },
         _ => RedisAuth::Url,
     };
     let raw = layers.value(&v::REDIS_URL).ok_or_else(|| {
@@ -77,7 +89,7 @@ pub(super) fn parse(layers: &Layers) -> Result<CoordinationSettings, ConfigError
             "must be set with SENDGATE_COORDINATION=redis",
         )
     })?;
-    let url = parse_redis_url(&v::REDIS_URL, raw, auth)?;
+    let url = parse_redis_url(&v::REDIS_URL, raw, &auth)?;
     let prefix_raw = layers.value(&v::REDIS_PREFIX).unwrap_or_default();
     let prefix = KeyPrefix::parse(prefix_raw)
         .map_err(|why| ConfigError::invalid(&v::REDIS_PREFIX, prefix_raw, why))?;
@@ -91,7 +103,7 @@ pub(super) fn parse(layers: &Layers) -> Result<CoordinationSettings, ConfigError
 
 /// `redis://[user[:password]@]host[:port][/db]` or `rediss://…` (TLS). The reasons never
 /// quote the value: it may hold a password.
-fn parse_redis_url(var: &'static Var, raw: &str, auth: RedisAuth) -> Result<Url, ConfigError> {
+fn parse_redis_url(var: &'static Var, raw: &str, auth: &RedisAuth) -> Result<Url, ConfigError> {
     let refuse = |why: &str| {
         ConfigError::other(
             var,
@@ -114,7 +126,7 @@ fn parse_redis_url(var: &'static Var, raw: &str, auth: RedisAuth) -> Result<Url,
     if url.query().is_some() || url.fragment().is_some() {
         return Err(refuse("no query or fragment is read"));
     }
-    if auth == RedisAuth::Entra {
+    if matches!(auth, RedisAuth::Entra { .. }) {
         if url.username().is_empty() {
             return Err(refuse(
                 "with SENDGATE_REDIS_AUTH=entra the user must be the managed identity's object id",
@@ -134,7 +146,7 @@ mod tests {
     use super::*;
 
     fn url(raw: &str) -> Result<Url, ConfigError> {
-        parse_redis_url(&v::REDIS_URL, raw, RedisAuth::Url)
+        parse_redis_url(&v::REDIS_URL, raw, &RedisAuth::Url)
     }
 
     #[test]
@@ -167,7 +179,10 @@ mod tests {
 
     #[test]
     fn entra_needs_a_user_and_no_password() {
-        let entra = |raw| parse_redis_url(&v::REDIS_URL, raw, RedisAuth::Entra);
+        let auth = RedisAuth::Entra {
+            managed_identity_client_id: None,
+        };
+        let entra = |raw| parse_redis_url(&v::REDIS_URL, raw, &auth);
         assert!(entra("rediss://00000000-1111-2222-3333-444444444444@host:10000").is_ok());
         assert!(entra("rediss://host:10000").is_err());
         assert!(entra("rediss://user:secret@host:10000").is_err());

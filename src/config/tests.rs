@@ -617,3 +617,47 @@ fn redis_coordination_needs_a_url_and_parses_its_settings() {
     .unwrap_err();
     assert_eq!(err.variable(), Some("SENDGATE_REDIS_PREFIX"));
 }
+
+#[test]
+fn entra_redis_auth_takes_the_user_assigned_identity_of_service_bus() {
+    let entra = |extra: &[(&'static Var, &str)]| {
+        let mut overrides: Vec<(&'static Var, &str)> = vec![
+            (&v::COORDINATION, "redis"),
+            (&v::REDIS_AUTH, "entra"),
+            (
+                &v::REDIS_URL,
+                "rediss://00000000-1111-2222-3333-444444444444@cache.example:10000",
+            ),
+        ];
+        overrides.extend_from_slice(extra);
+        let settings = Settings::from_overrides(&overrides).unwrap();
+        let CoordinationSettings::Redis(redis) = settings.coordination else {
+            panic!("redis coordination");
+        };
+        redis.auth
+    };
+    assert_eq!(
+        entra(&[]),
+        RedisAuth::Entra {
+            managed_identity_client_id: None
+        },
+        "system-assigned"
+    );
+    assert_eq!(
+        entra(&[(
+            &v::SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID,
+            " 11111111-2222-3333-4444-555555555555 "
+        )]),
+        RedisAuth::Entra {
+            managed_identity_client_id: Some("11111111-2222-3333-4444-555555555555".into())
+        }
+    );
+    let err = Settings::from_overrides(&[
+        (&v::COORDINATION, "redis"),
+        (&v::REDIS_AUTH, "entra"),
+        (&v::REDIS_URL, "rediss://user:token@cache.example:10000"),
+    ])
+    .unwrap_err();
+    assert_eq!(err.variable(), Some("SENDGATE_REDIS_URL"));
+    assert!(!err.to_string().contains("token@"), "{err}");
+}

@@ -547,7 +547,7 @@ pub const REDIS_AUTH: Var = Var::server(
     "SENDGATE_REDIS_AUTH",
     G::Coordination,
     K::Choice(&["url", "entra"]),
-    "url: the credentials in SENDGATE_REDIS_URL (or none). entra: a Microsoft Entra token of the managed identity (Azure Managed Redis), renewed before it expires.",
+    "url: the credentials in SENDGATE_REDIS_URL (or none). entra: a Microsoft Entra token (scope https://redis.azure.com/.default) as the password of the URL's user, from the same chain as Service Bus (workload identity, managed identity, Azure CLI), renewed 5 min before it expires on every open connection; a user-assigned identity is picked by SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID (AZURE_CLIENT_ID is read only by workload identity). No token: the replica runs local until one comes.",
 )
 .default("url");
 pub const REDIS_PREFIX: Var = Var::server(

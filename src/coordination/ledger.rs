@@ -30,8 +30,10 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 
+use super::entra::{EntraRedisCredentials, REDIS_SCOPE};
 use crate::config::{BackendKind, RedisAuth, RedisSettings};
 use crate::domain::QueueName;
+use crate::entra::{CredentialChain, EntraCredential};
 
 /// How long a queue's keys outlive their last write.
 pub const IDLE: Duration = Duration::from_secs(24 * 60 * 60);
@@ -53,8 +55,9 @@ pub enum LedgerError {
     Redis(String),
     #[error("unexpected reply from a ledger script: {0}")]
     Unexpected(String),
-    #[error("SENDGATE_REDIS_AUTH=entra is not built yet")]
-    EntraNotBuilt,
+    /// `SENDGATE_REDIS_AUTH=entra`, but no Entra ID credential chain could be built here.
+    #[error("SENDGATE_REDIS_AUTH=entra: {0}")]
+    Entra(String),
 }
 
 /// One queue's keys, spelled once. The `{kind/queue}` hash tag puts them in one cluster
@@ -257,6 +260,8 @@ pub struct Ledger {
     scripts: std::sync::Arc<Scripts>,
     /// Strings no error may carry (the URL, its password).
     redact: std::sync::Arc<[String]>,
+    /// With Entra auth: the token source, whose current token no error may carry either.
+    entra: Option<std::sync::Arc<EntraCredential>>,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -281,15 +286,43 @@ impl Ledger {
     /// failure): for a replica that starts while Redis is down and joins when it answers.
     /// Fails only on settings it cannot use.
     pub fn lazy(settings: &RedisSettings) -> Result<Self, LedgerError> {
-        if settings.auth == RedisAuth::Entra {
-            return Err(LedgerError::EntraNotBuilt);
-        }
+        let entra = match &settings.auth {
+            RedisAuth::Url => None,
+            RedisAuth::Entra {
+                managed_identity_client_id,
+            } => {
+                let chain = CredentialChain::from_environment(
+                    REDIS_SCOPE,
+                    managed_identity_client_id.as_deref(),
+                )
+                .map_err(LedgerError::Entra)?;
+                Some(std::sync::Arc::new(EntraCredential::new(chain)))
+            }
+        };
+        Self::build(settings, entra)
+    }
+
+    /// [`Ledger::lazy`] with Entra auth through `credential` (whatever `settings.auth`
+    /// says): the URL's user authenticates with `credential`'s tokens for
+    /// `https://redis.azure.com/.default`. For tests, and for a process that already holds
+    /// a credential.
+    pub fn lazy_with_entra(
+        settings: &RedisSettings,
+        credential: std::sync::Arc<EntraCredential>,
+    ) -> Result<Self, LedgerError> {
+        Self::build(settings, Some(credential))
+    }
+
+    fn build(
+        settings: &RedisSettings,
+        entra: Option<std::sync::Arc<EntraCredential>>,
+    ) -> Result<Self, LedgerError> {
         let url = settings.url.expose();
         let redact: Vec<String> = std::iter::once(url.as_str().to_owned())
             .chain(url.password().filter(|p| !p.is_empty()).map(str::to_owned))
             .collect();
         let redact: std::sync::Arc<[String]> = redact.into();
-        let fail = |e: redis::RedisError| redis_error(&redact, e);
+        let fail = |e: redis::RedisError| redis_error(&redact, None, e);
         if url.scheme() == "rediss" {
             crate::tls::install_ring();
         }
@@ -303,6 +336,15 @@ impl Ledger {
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_millis(200))
             .set_number_of_retries(1);
+        let config = match &entra {
+            // The URL's user with a token as its password, a new AUTH on every live
+            // connection before the token expires (see `super::entra`).
+            Some(credential) => config.set_credentials_provider(EntraRedisCredentials::new(
+                url.username(),
+                credential.clone(),
+            )),
+            None => config,
+        };
         let conn = Connection::new(client, config).map_err(fail)?;
         Ok(Self {
             conn: std::sync::Arc::new(conn),
@@ -310,6 +352,7 @@ impl Ledger {
             timeout: settings.timeout,
             scripts: std::sync::Arc::new(Scripts::new()),
             redact,
+            entra,
         })
     }
 
@@ -469,7 +512,8 @@ impl Ledger {
             }
             Ok(Err(e)) => {
                 self.conn.record(failed_on_the_connection(&e));
-                Err(redis_error(&self.redact, e))
+                let token = self.entra.as_ref().and_then(|c| c.cached_secret());
+                Err(redis_error(&self.redact, token.as_deref(), e))
             }
             Err(_) => {
                 self.conn.record(true);
@@ -486,13 +530,15 @@ fn failed_on_the_connection(e: &redis::RedisError) -> bool {
     !matches!(e.kind(), redis::ErrorKind::Server(kind) if kind != redis::ServerErrorKind::BusyLoading)
 }
 
-fn redis_error(redact: &[String], e: redis::RedisError) -> LedgerError {
+/// `redact` (the URL, its password) and the Entra `token` in use are cut out of the text.
+fn redis_error(redact: &[String], token: Option<&str>, e: redis::RedisError) -> LedgerError {
     if e.is_timeout() {
         return LedgerError::Timeout;
     }
     let mut text = e.to_string();
-    for secret in redact {
-        text = text.replace(secret.as_str(), "(redacted)");
+    let secrets = redact.iter().map(String::as_str).chain(token);
+    for secret in secrets.filter(|s| !s.is_empty()) {
+        text = text.replace(secret, "(redacted)");
     }
     LedgerError::Redis(text)
 }
@@ -757,7 +803,19 @@ mod tests {
             "connect failed",
             "redis://u:hunter2@host:6379 said hunter2".to_owned(),
         ));
-        let text = redis_error(&redact, e).to_string();
+        let text = redis_error(&redact, None, e).to_string();
         assert!(!text.contains("hunter2"), "{text}");
+    }
+
+    #[test]
+    fn errors_never_carry_the_entra_token_in_use() {
+        let e = redis::RedisError::from((
+            redis::ErrorKind::AuthenticationFailed,
+            "AUTH refused",
+            "for eyJ0eXAi.tok3n.sig".to_owned(),
+        ));
+        let text = redis_error(&[], Some("eyJ0eXAi.tok3n.sig"), e).to_string();
+        assert!(!text.contains("tok3n"), "{text}");
+        assert!(text.contains("(redacted)"), "{text}");
     }
 }

@@ -2,6 +2,7 @@
 //! (every replica through the [`ledger`], with [`fleet`] tracking whether this replica is
 //! in the fleet right now).
 
+pub mod entra;
 pub mod fleet;
 pub mod ledger;
 
@@ -18,8 +19,9 @@ pub enum Coordination {
     Local { since: SystemTime },
     /// `redis`: in the fleet while Redis answers, local while it does not.
     Fleet(Arc<Fleet>),
-    /// `redis`, but the settings cannot be used (an auth mode not built): local for good,
-    /// said on every health read rather than refusing to start a replica of a fleet.
+    /// `redis`, but the settings cannot be used here (with `SENDGATE_REDIS_AUTH=entra`, no
+    /// Entra ID credential chain could be built): local for good, said on every health read
+    /// rather than refusing to start a replica of a fleet.
     Unusable { since: SystemTime, error: String },
 }
 

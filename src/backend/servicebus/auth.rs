@@ -4,21 +4,16 @@
 //!   (its resource is the queue's URL, which both namespace-level and queue-level keys
 //!   accept), valid for an hour and renewed after 45 minutes so a token never expires in
 //!   flight.
-//! - **Entra ID** through `azure_identity`: a bearer token for
-//!   `https://servicebus.azure.net/.default`, cached and refreshed five minutes before it
-//!   expires. The refresh runs in its own task, so a caller whose deadline passes does not
-//!   cancel it: the next caller finds the token ready.
+//! - **Entra ID**: a bearer token for `https://servicebus.azure.net/.default` from the
+//!   shared [`crate::entra`] credential (cached, refreshed five minutes before it expires by
+//!   its own task, failures cached for 5–30 s).
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use azure_core::credentials::TokenCredential;
-use azure_core::time::OffsetDateTime;
 use base64::Engine as _;
-use futures_util::future::{BoxFuture, FutureExt, Shared};
 use hmac::{Hmac, Mac};
 use parking_lot::Mutex;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
@@ -26,6 +21,7 @@ use sha2::Sha256;
 use tokio::time::Instant;
 
 use crate::domain::QueueName;
+pub use crate::entra::{CredentialChain, EntraCredential, TokenError};
 
 /// How long a SAS token is valid, and when it is replaced.
 pub const SAS_LIFETIME: Duration = Duration::from_secs(60 * 60);
@@ -33,16 +29,6 @@ pub const SAS_RENEW_AFTER: Duration = Duration::from_secs(45 * 60);
 
 /// The Entra ID scope of every Service Bus data- and management-plane call.
 pub const ENTRA_SCOPE: &str = "https://servicebus.azure.net/.default";
-/// An Entra token is refreshed when it has less than this left.
-const ENTRA_REFRESH_BEFORE: Duration = Duration::from_secs(5 * 60);
-/// One credential source may take this long before the chain moves on (an IMDS endpoint
-/// that does not exist off Azure can hang rather than refuse).
-const ENTRA_SOURCE_BUDGET: Duration = Duration::from_secs(10);
-/// After a failed token fetch, sends are refused from the cached failure for a while
-/// instead of each one asking Entra ID again: 5 s, doubling with each failure in a row
-/// up to 30 s, less up to a fifth at random so a fleet does not retry in step.
-const ENTRA_FAILURE_PAUSE_FIRST: Duration = Duration::from_secs(5);
-const ENTRA_FAILURE_PAUSE_MAX: Duration = Duration::from_secs(30);
 
 /// What SAS encodes: everything but the unreserved characters, as the Azure SDKs do.
 const SAS_ENCODE: &AsciiSet = &NON_ALPHANUMERIC
@@ -50,14 +36,6 @@ const SAS_ENCODE: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'_')
     .remove(b'.')
     .remove(b'~');
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TokenError {
-    #[error("no token before the deadline")]
-    Timeout,
-    #[error("{0}")]
-    Unavailable(String),
-}
 
 // ---------------------------------------------------------------------------------------
 // Connection strings
@@ -276,218 +254,6 @@ impl SasCredential {
 }
 
 // ---------------------------------------------------------------------------------------
-// Entra ID
-// ---------------------------------------------------------------------------------------
-
-/// Tries credential sources in order; the first that gives a token is used from then on
-/// (the shape of the other Azure SDKs' `DefaultAzureCredential`, which `azure_identity`
-/// 1.0 leaves to the application).
-pub struct CredentialChain {
-    sources: Vec<(&'static str, Arc<dyn TokenCredential>)>,
-    chosen: AtomicUsize,
-}
-
-const NONE_CHOSEN: usize = usize::MAX;
-
-impl CredentialChain {
-    pub fn new(sources: Vec<(&'static str, Arc<dyn TokenCredential>)>) -> Self {
-        Self {
-            sources,
-            chosen: AtomicUsize::new(NONE_CHOSEN),
-        }
-    }
-
-    /// Workload identity (when its environment is set, e.g. on AKS), then managed
-    /// identity (`user_assigned_client_id` picks a user-assigned one), then the developer
-    /// tools (Azure CLI, Azure Developer CLI). Nothing here touches the network.
-    pub fn from_environment(user_assigned_client_id: Option<&str>) -> Result<Self, String> {
-        use azure_identity::{
-            DeveloperToolsCredential, ManagedIdentityCredential, ManagedIdentityCredentialOptions,
-            UserAssignedId, WorkloadIdentityCredential,
-        };
-        // The credentials build azure_core's reqwest client, which needs the provider.
-        crate::tls::install_ring();
-        let mut sources: Vec<(&'static str, Arc<dyn TokenCredential>)> = Vec::new();
-        // Only built when AZURE_TENANT_ID, AZURE_CLIENT_ID and AZURE_FEDERATED_TOKEN_FILE
-        // are set; otherwise it is simply not a candidate.
-        if let Ok(workload) = WorkloadIdentityCredential::new(None) {
-            sources.push(("workload identity", workload));
-        }
-        let managed = ManagedIdentityCredential::new(Some(ManagedIdentityCredentialOptions {
-            user_assigned_id: user_assigned_client_id.map(|id| UserAssignedId::ClientId(id.into())),
-            ..Default::default()
-        }))
-        .map_err(|e| format!("managed identity: {e}"))?;
-        sources.push(("managed identity", managed));
-        let developer =
-            DeveloperToolsCredential::new(None).map_err(|e| format!("developer tools: {e}"))?;
-        sources.push(("developer tools (Azure CLI)", developer));
-        Ok(Self::new(sources))
-    }
-
-    async fn token(&self) -> Result<azure_core::credentials::AccessToken, String> {
-        let chosen = self.chosen.load(Ordering::Relaxed);
-        if let Some((name, source)) = self.sources.get(chosen) {
-            // Bounded like the first pass: a hung identity endpoint must not hold the one
-            // refresh in flight (and with it every send) for ever.
-            return match tokio::time::timeout(
-                ENTRA_SOURCE_BUDGET,
-                source.get_token(&[ENTRA_SCOPE], None),
-            )
-            .await
-            {
-                Ok(result) => result.map_err(|e| format!("{name}: {e}")),
-                Err(_) => Err(format!("{name}: no answer in {ENTRA_SOURCE_BUDGET:?}")),
-            };
-        }
-        let mut errors = Vec::new();
-        for (index, (name, source)) in self.sources.iter().enumerate() {
-            match tokio::time::timeout(ENTRA_SOURCE_BUDGET, source.get_token(&[ENTRA_SCOPE], None))
-                .await
-            {
-                Ok(Ok(token)) => {
-                    self.chosen.store(index, Ordering::Relaxed);
-                    tracing::info!(
-                        event = "servicebus_entra_source",
-                        source = name,
-                        "Entra ID tokens come from {name}"
-                    );
-                    return Ok(token);
-                }
-                Ok(Err(e)) => errors.push(format!("{name}: {e}")),
-                Err(_) => errors.push(format!("{name}: no answer in {ENTRA_SOURCE_BUDGET:?}")),
-            }
-        }
-        Err(format!(
-            "no Entra ID credential gave a token ({})",
-            errors.join("; ")
-        ))
-    }
-}
-
-#[derive(Clone)]
-struct CachedBearer {
-    header: String,
-    expires_on: OffsetDateTime,
-}
-
-type Refresh = Shared<BoxFuture<'static, Result<CachedBearer, String>>>;
-
-#[derive(Default)]
-struct EntraState {
-    token: Option<CachedBearer>,
-    refreshing: Option<Refresh>,
-    /// The last fetch failed: its error, answered without a new fetch until `until`.
-    failed: Option<FailedFetch>,
-    /// Fetches failed in a row (for the pause's doubling).
-    failures_in_a_row: u32,
-}
-
-#[derive(Clone)]
-struct FailedFetch {
-    error: String,
-    until: Instant,
-}
-
-/// How long a failed fetch is answered from the cache: failure number `n` in a row
-/// (counting from 1) waits 5 s × 2^(n−1), at most 30 s, times `unit` in [0.8, 1.0]
-/// (`unit` is random in production: jitter).
-fn failure_pause(n: u32, unit: f64) -> Duration {
-    let doubled = ENTRA_FAILURE_PAUSE_FIRST
-        .saturating_mul(1u32 << n.saturating_sub(1).min(8))
-        .min(ENTRA_FAILURE_PAUSE_MAX);
-    doubled.mul_f64(0.8 + 0.2 * unit.clamp(0.0, 1.0))
-}
-
-/// Bearer tokens from a [`CredentialChain`], cached, refreshed by one task at a time.
-pub struct EntraCredential {
-    chain: Arc<CredentialChain>,
-    state: Arc<Mutex<EntraState>>,
-}
-
-impl EntraCredential {
-    pub fn new(chain: CredentialChain) -> Self {
-        Self {
-            chain: Arc::new(chain),
-            state: Arc::default(),
-        }
-    }
-
-    pub async fn authorization(&self, deadline: Instant) -> Result<String, TokenError> {
-        let now = OffsetDateTime::now_utc();
-        let (cached, refresh) = {
-            let mut state = self.state.lock();
-            if let Some(token) = &state.token {
-                if token.expires_on - now > ENTRA_REFRESH_BEFORE {
-                    return Ok(token.header.clone());
-                }
-            }
-            let usable = state.token.clone().filter(|t| t.expires_on > now);
-            if let Some(failed) = state.failed.clone().filter(|f| Instant::now() < f.until) {
-                // Entra ID failed a moment ago: do not ask again for every send.
-                return usable
-                    .map(|t| t.header)
-                    .ok_or(TokenError::Unavailable(failed.error));
-            }
-            (state.token.clone(), self.refresh(&mut state))
-        };
-        // Still valid, though due for renewal: good enough if the refresh fails or is slow.
-        let usable = cached.filter(|t| t.expires_on > now).map(|t| t.header);
-        match tokio::time::timeout_at(deadline, refresh).await {
-            Ok(Ok(token)) => Ok(token.header),
-            Ok(Err(e)) => usable.ok_or(TokenError::Unavailable(e)),
-            Err(_) => usable.ok_or(TokenError::Timeout),
-        }
-    }
-
-    /// The refresh in flight, or a new one run as its own task.
-    fn refresh(&self, state: &mut EntraState) -> Refresh {
-        if let Some(refresh) = &state.refreshing {
-            return refresh.clone();
-        }
-        let chain = self.chain.clone();
-        let shared_state = self.state.clone();
-        let task = tokio::spawn(async move {
-            let result = chain.token().await.map(|t| CachedBearer {
-                header: format!("Bearer {}", t.token.secret()),
-                expires_on: t.expires_on,
-            });
-            let mut state = shared_state.lock();
-            state.refreshing = None;
-            match &result {
-                Ok(token) => {
-                    state.token = Some(token.clone());
-                    state.failed = None;
-                    state.failures_in_a_row = 0;
-                }
-                Err(e) => {
-                    state.failures_in_a_row = state.failures_in_a_row.saturating_add(1);
-                    let pause = failure_pause(state.failures_in_a_row, rand::random());
-                    state.failed = Some(FailedFetch {
-                        error: e.clone(),
-                        until: Instant::now() + pause,
-                    });
-                    tracing::warn!(event = "servicebus_entra_failed", error = %e, retry_in_s = pause.as_secs_f64(), "could not get an Entra ID token")
-                }
-            }
-            result
-        });
-        let cleanup = self.state.clone();
-        let refresh = async move {
-            task.await.unwrap_or_else(|e| {
-                // The task died before clearing its slot: clear it, so the next call retries.
-                cleanup.lock().refreshing = None;
-                Err(format!("the token refresh stopped: {e}"))
-            })
-        }
-        .boxed()
-        .shared();
-        state.refreshing = Some(refresh.clone());
-        refresh
-    }
-}
-
-// ---------------------------------------------------------------------------------------
 // Either
 // ---------------------------------------------------------------------------------------
 
@@ -505,7 +271,10 @@ impl Credential {
     ) -> Result<String, TokenError> {
         match self {
             Self::Sas(sas) => Ok(sas.authorization_at(queue, SystemTime::now())),
-            Self::Entra(entra) => entra.authorization(deadline).await,
+            Self::Entra(entra) => entra
+                .token(deadline)
+                .await
+                .map(|token| format!("Bearer {}", token.secret())),
         }
     }
 
@@ -520,27 +289,11 @@ impl Credential {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, AtomicU32};
 
     const SEND: &str = "Endpoint=sb://test.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0LWtleS0xMjM0NTY3ODkw";
 
     fn queue(name: &str) -> QueueName {
         QueueName::parse(name).unwrap()
-    }
-
-    /// The Entra ID chain is built from azure_identity with default features off: it must
-    /// still get its HTTP client (azure_core's reqwest, rustls with our ring provider: run
-    /// alone, this panics in reqwest if from_environment does not install it) and the
-    /// managed identity and Azure CLI sources, without touching the network.
-    #[test]
-    fn the_entra_chain_builds_with_the_trimmed_azure_features() {
-        let chain = CredentialChain::from_environment(Some("00000000-0000-0000-0000-000000000001"))
-            .expect("the chain builds");
-        let names: Vec<&str> = chain.sources.iter().map(|(name, _)| *name).collect();
-        assert!(
-            names.ends_with(&["managed identity", "developer tools (Azure CLI)"]),
-            "{names:?}"
-        );
     }
 
     #[test]
@@ -697,176 +450,22 @@ mod tests {
         assert!(other.contains("sr=https%3A%2F%2Ftest.servicebus.windows.net%2Fother&"));
     }
 
-    /// A credential that hands out numbered tokens after a delay, or fails.
-    #[derive(Debug)]
-    struct FakeCredential {
-        calls: AtomicU32,
-        fail: AtomicBool,
-        delay: Duration,
-        lifetime: Duration,
-    }
-
-    impl FakeCredential {
-        fn new(fail: bool, delay: Duration, lifetime: Duration) -> Arc<Self> {
-            Arc::new(Self {
-                calls: AtomicU32::new(0),
-                fail: AtomicBool::new(fail),
-                delay,
-                lifetime,
-            })
-        }
-        fn calls(&self) -> u32 {
-            self.calls.load(Ordering::SeqCst)
-        }
-        fn start_failing(&self) {
-            self.fail.store(true, Ordering::SeqCst);
-        }
-    }
-
-    #[async_trait::async_trait]
-    impl TokenCredential for FakeCredential {
-        async fn get_token(
-            &self,
-            scopes: &[&str],
-            _: Option<azure_core::credentials::TokenRequestOptions<'_>>,
-        ) -> azure_core::Result<azure_core::credentials::AccessToken> {
-            assert_eq!(scopes, [ENTRA_SCOPE]);
-            let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
-            tokio::time::sleep(self.delay).await;
-            if self.fail.load(Ordering::SeqCst) {
-                return Err(azure_core::Error::with_message(
-                    azure_core::error::ErrorKind::Credential,
-                    "not here",
-                ));
-            }
-            Ok(azure_core::credentials::AccessToken::new(
-                format!("token-{n}"),
-                OffsetDateTime::now_utc() + self.lifetime,
-            ))
-        }
-    }
-
-    fn far() -> Instant {
-        Instant::now() + Duration::from_secs(5)
-    }
-
+    /// The Service Bus credential asks the shared Entra cache for the Service Bus scope and
+    /// sends the token as a bearer.
     #[tokio::test]
-    async fn the_first_source_that_works_is_kept() {
-        let broken = FakeCredential::new(true, Duration::ZERO, Duration::ZERO);
-        let working = FakeCredential::new(false, Duration::ZERO, Duration::from_secs(3600));
-        let entra = EntraCredential::new(CredentialChain::new(vec![
-            ("broken", broken.clone()),
-            ("working", working.clone()),
-        ]));
-        assert_eq!(entra.authorization(far()).await.unwrap(), "Bearer token-1");
-        assert_eq!(entra.authorization(far()).await.unwrap(), "Bearer token-1");
-        assert_eq!((broken.calls(), working.calls()), (1, 1), "cached");
-    }
-
-    #[tokio::test]
-    async fn a_token_near_its_expiry_is_refreshed_and_the_chain_not_retried() {
-        let broken = FakeCredential::new(true, Duration::ZERO, Duration::ZERO);
-        // Four minutes: inside the five-minute refresh window from the start.
-        let short = FakeCredential::new(false, Duration::ZERO, Duration::from_secs(240));
-        let entra = EntraCredential::new(CredentialChain::new(vec![
-            ("broken", broken.clone()),
-            ("short", short.clone()),
-        ]));
-        assert_eq!(entra.authorization(far()).await.unwrap(), "Bearer token-1");
-        assert_eq!(entra.authorization(far()).await.unwrap(), "Bearer token-2");
-        assert_eq!(broken.calls(), 1, "the chosen source is asked directly");
-    }
-
-    #[tokio::test]
-    async fn concurrent_callers_share_one_refresh() {
-        let slow = FakeCredential::new(false, Duration::from_millis(50), Duration::from_secs(3600));
-        let entra = Arc::new(EntraCredential::new(CredentialChain::new(vec![(
-            "slow",
-            slow.clone(),
-        )])));
-        let calls: Vec<_> = (0..8)
-            .map(|_| {
-                let entra = entra.clone();
-                tokio::spawn(async move { entra.authorization(far()).await })
-            })
-            .collect();
-        for call in calls {
-            assert_eq!(call.await.unwrap().unwrap(), "Bearer token-1");
-        }
-        assert_eq!(slow.calls(), 1);
-    }
-
-    #[tokio::test]
-    async fn a_deadline_does_not_cancel_the_refresh() {
-        let slow =
-            FakeCredential::new(false, Duration::from_millis(200), Duration::from_secs(3600));
-        let entra = EntraCredential::new(CredentialChain::new(vec![("slow", slow.clone())]));
-        let soon = Instant::now() + Duration::from_millis(20);
-        assert_eq!(entra.authorization(soon).await, Err(TokenError::Timeout));
-        // The refresh went on; the next caller gets its token without a second fetch.
-        assert_eq!(entra.authorization(far()).await.unwrap(), "Bearer token-1");
-        assert_eq!(slow.calls(), 1);
-    }
-
-    #[tokio::test]
-    async fn no_working_source_is_an_error_naming_each() {
-        let a = FakeCredential::new(true, Duration::ZERO, Duration::ZERO);
-        let entra = EntraCredential::new(CredentialChain::new(vec![("first", a.clone())]));
-        match entra.authorization(far()).await {
-            Err(TokenError::Unavailable(e)) => assert!(e.contains("first: "), "{e}"),
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_failed_fetch_is_answered_from_the_cache_for_its_pause_then_retried() {
-        let a = FakeCredential::new(true, Duration::ZERO, Duration::ZERO);
-        let entra = EntraCredential::new(CredentialChain::new(vec![("first", a.clone())]));
-        assert!(entra.authorization(far()).await.is_err());
-        assert_eq!(a.calls(), 1);
-        // Every send in the next seconds gets the same answer without asking Entra ID.
-        for _ in 0..100 {
-            match entra.authorization(far()).await {
-                Err(TokenError::Unavailable(e)) => assert!(e.contains("first: "), "{e}"),
-                other => panic!("{other:?}"),
-            }
-        }
-        assert_eq!(a.calls(), 1, "the failure is cached");
-        // The first pause is 4 to 5 s: after it, one new fetch (which fails again).
-        tokio::time::advance(Duration::from_millis(5_001)).await;
-        assert!(entra.authorization(far()).await.is_err());
-        assert_eq!(a.calls(), 2, "a failed refresh does not stick for ever");
-        // The second failure in a row pauses longer (8 to 10 s).
-        tokio::time::advance(Duration::from_millis(5_001)).await;
-        assert!(entra.authorization(far()).await.is_err());
-        assert_eq!(a.calls(), 2);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_token_still_valid_is_used_through_a_failure_pause() {
-        // Four minutes: valid, but inside the five-minute renewal window.
-        let short = FakeCredential::new(false, Duration::ZERO, Duration::from_secs(240));
-        let entra = EntraCredential::new(CredentialChain::new(vec![("short", short.clone())]));
-        assert_eq!(entra.authorization(far()).await.unwrap(), "Bearer token-1");
-        short.start_failing();
-        // The renewal fails: the old token still serves, and keeps serving in the pause.
-        assert_eq!(entra.authorization(far()).await.unwrap(), "Bearer token-1");
-        assert_eq!(short.calls(), 2);
-        assert_eq!(entra.authorization(far()).await.unwrap(), "Bearer token-1");
-        assert_eq!(short.calls(), 2, "no new fetch during the pause");
-    }
-
-    #[test]
-    fn the_failure_pause_doubles_to_thirty_seconds_with_jitter_below() {
-        let s = Duration::from_secs;
-        assert_eq!(failure_pause(1, 1.0), s(5));
-        assert_eq!(failure_pause(2, 1.0), s(10));
-        assert_eq!(failure_pause(3, 1.0), s(20));
-        assert_eq!(failure_pause(4, 1.0), s(30));
-        assert_eq!(failure_pause(u32::MAX, 1.0), s(30));
-        assert_eq!(failure_pause(1, 0.0), s(4));
-        assert_eq!(failure_pause(4, 0.0), s(24));
-        assert_eq!(failure_pause(0, 1.0), s(5), "never below the first pause");
-        assert_eq!(failure_pause(1, 7.0), s(5), "the unit is clamped");
+    async fn the_entra_credential_is_a_bearer_for_the_service_bus_scope() {
+        let source = crate::entra::testing::FakeSource::new(
+            ENTRA_SCOPE,
+            false,
+            Duration::ZERO,
+            Duration::from_secs(3600),
+        );
+        let entra = EntraCredential::new(CredentialChain::new(ENTRA_SCOPE, vec![("fake", source)]));
+        let credential = Credential::Entra(Arc::new(entra));
+        let far = Instant::now() + Duration::from_secs(5);
+        assert_eq!(
+            credential.authorization(&queue("q"), far).await.unwrap(),
+            "Bearer token-1"
+        );
     }
 }

@@ -55,9 +55,11 @@ impl ServiceBus {
         let needs_entra = [&plan.send, &plan.manage].contains(&&CredentialPlan::EntraId);
         // One Entra credential (and one token cache) for both planes: the scope is the same.
         let entra = if needs_entra {
-            let chain =
-                CredentialChain::from_environment(plan.managed_identity_client_id.as_deref())
-                    .map_err(ServiceBusError)?;
+            let chain = CredentialChain::from_environment(
+                auth::ENTRA_SCOPE,
+                plan.managed_identity_client_id.as_deref(),
+            )
+            .map_err(ServiceBusError)?;
             Some(Arc::new(EntraCredential::new(chain)))
         } else {
             None
