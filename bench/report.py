@@ -1,9 +1,16 @@
 #!/usr/bin/env python3
 """Turn one ./bench/run.sh run (bench/results/<stamp>/) into docs/benchmarks.md on stdout.
 
+    python3 bench/report.py bench/results/<stamp> [--carry-over docs/benchmarks.md]
+
 The numbers, medians, ratios and the verdict on each target come from results.jsonl and
 meta.json; the analysis at the end (why a target is missed, what to change) is
 bench/analysis.md, written by hand from profiling, included verbatim.
+
+A partial run (`./bench/run.sh --only ... --update-docs`) renders with `--carry-over`: the
+sections and target rows of the comparisons it did not run are copied from the previous
+report, each marked with the run they come from, so the page stays whole and says which
+numbers are how old. The raw results of that earlier run are not needed.
 """
 
 import json
@@ -15,9 +22,66 @@ from collections import defaultdict
 
 OUT = sys.argv[1]
 HERE = os.path.dirname(os.path.abspath(__file__))
+CARRY = sys.argv[3] if len(sys.argv) == 4 and sys.argv[2] == "--carry-over" else None
+if len(sys.argv) not in (2, 4) or (len(sys.argv) == 4 and CARRY is None):
+    sys.exit("usage: report.py RESULTS_DIR [--carry-over PREVIOUS_BENCHMARKS_MD]")
 
 rows = [json.loads(l) for l in open(os.path.join(OUT, "results.jsonl")) if l.strip()]
 meta = json.load(open(os.path.join(OUT, "meta.json")))
+measured = {int(n) for n in meta.get("only", "").split(",") if n.strip().isdigit()}
+
+
+def previous_report(path):
+    """The previous report's run (stamp, commit), its numbered sections ("## N. ...", up to
+    the next "## ") and its target rows, for the comparisons this run leaves out."""
+    if path is None or not os.path.exists(path):
+        return None
+    text = open(path).read()
+    m = re.search(r"This run: `([^`]+)`.*?sendgate commit `([^`]+)`", text)
+    sections, current = {}, None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            hm = re.match(r"## (\d+)\. ", line)
+            current = int(hm.group(1)) if hm else None
+            if current is not None:
+                sections[current] = []
+        if current is not None:
+            sections[current].append(line)
+    targets_rows, in_targets = [], False
+    for line in text.splitlines():
+        if line.startswith("## "):
+            in_targets = line.startswith("## Results against the targets")
+        elif in_targets and line.startswith("| ") and not line.startswith("| target |"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) == 4:
+                targets_rows.append(cells)
+    return {
+        "stamp": m.group(1) if m else "unknown",
+        "commit": m.group(2) if m else "unknown",
+        "sections": {n: "\n".join(ls).rstrip() for n, ls in sections.items()},
+        "targets": targets_rows,
+    }
+
+
+previous = previous_report(CARRY)
+carried = sorted(n for n in (previous or {}).get("sections", {}) if n not in measured)
+
+
+def carry(n):
+    """Copy section n from the previous report when this run did not measure it."""
+    if n not in carried:
+        return
+    lines = previous["sections"][n].split("\n")
+    out.append(lines[0])
+    # Carried over before: keep its note, which names the run the numbers really come from.
+    if not any(line.startswith("*Not rerun by this (partial) run") for line in lines):
+        out.append("")
+        out.append(
+            f"*Not rerun by this (partial) run: carried over unchanged from run `{previous['stamp']}` "
+            f"(sendgate commit `{previous['commit']}`).*"
+        )
+    out.extend(lines[1:])
+    out.append("")
 
 
 def sel(comparison, side=None, level=None):
@@ -78,6 +142,13 @@ p(
     f"sendgate commit `{meta['commit']}`"
     + (" (with uncommitted changes in src/ or Cargo.toml)" if meta.get("dirty", "0") != "0" else "")
     + (f", {run_secs // 60} min {run_secs % 60} s end to end (after the builds)." if run_secs else ".")
+    + (
+        f" Sections {', '.join(str(n) for n in carried)} and their target rows are carried over "
+        "from the previous version of this page (each names the run its numbers come from); "
+        "this partial run did not repeat them."
+        if carried
+        else ""
+    )
 )
 p("")
 ups = [r["broker_uptime_s"] for r in rows if r.get("broker_uptime_s") is not None]
@@ -121,6 +192,8 @@ p(f"| kernel | {meta['kernel']} |")
 p(f"| Rust | {meta['rustc']} |")
 p(f"| RabbitMQ | {meta['rabbitmq']} on {meta['erlang']}, local, `collect_statistics_interval = 1000` |")
 p(f"| wrk | {meta['wrk']} (Debian package) |")
+if meta.get("redis"):
+    p(f"| Redis | {meta['redis']}, local, shared with other users of the machine; client crate `redis` {meta.get('redis_crate') or '–'} |")
 p(
     f"| crates | actix-web {meta['actix']}, lapin {meta['lapin']}, tokio {meta['tokio']}, "
     f"criterion {meta['criterion']} (the bench/ tools use the same actix-web and lapin) |"
@@ -139,7 +212,8 @@ p("")
 p("```sh")
 p("./bench/run.sh            # everything, ~13 min after the release builds (which take a few minutes the first time)")
 p("./bench/run.sh --quick    # the same comparisons with short windows, ~5 min")
-p("./bench/run.sh --only 2,4 # some comparisons only")
+p("./bench/run.sh --only 2,4 # some comparisons only (6 = the fleet on Redis, ~3 min)")
+p("./bench/run.sh --only 2,6 --update-docs  # a partial run that rewrites this page, the rest carried over")
 p("```")
 p("")
 p(
@@ -147,7 +221,10 @@ p(
     "`wrk` via apt-get if missing, and cargo. Release builds go to `target/bench`. Raw results "
     "(one JSON line per run, every process's log, criterion's output) stay in "
     "`bench/results/<timestamp>/` (git-ignored; `bench/results/latest` is the last run). Only a "
-    "full run rewrites this file; `--quick` and `--only` leave their report in that folder."
+    "full run rewrites this file; `--quick` and `--only` leave their report in that folder, "
+    "unless `--update-docs` asks a partial run to rewrite it with the other comparisons' "
+    "sections carried over from the previous version of this page (marked as such). "
+    "Comparison 6 also needs Redis (`./scripts/ensure-redis.sh`)."
 )
 p("")
 p("## Method")
@@ -210,6 +287,16 @@ p(
 p(
     "- **5. Micro-benchmarks.** `cargo bench --bench admission` (criterion, `benches/admission.rs`), "
     "public API only, a stub backend that answers at once."
+)
+p(
+    "- **6. Fleet.** Three release processes on Redis vs one process and vs three uncoordinated "
+    "processes, then overshoot at a ceiling of 500: see [section 6](#6-fleet-mode-on-redis-3-replicas-vs-one-process). "
+    "The 429 path with refresh-ahead (a fleet target) is comparison 2's 256-connection rows."
+)
+p(
+    "- **Load average.** Every load generator notes the 1-minute load average when it starts and "
+    "when its window ends (`loadavg_before`, `loadavg_after` in `results.jsonl`; the round tables "
+    "show them)."
 )
 p(
     "- **CPU placement.** No `taskset`: RabbitMQ's Erlang VM runs 2 schedulers over both cores "
@@ -315,14 +402,173 @@ if rss_rows:
         ("RSS with 1,000 connections ≤ 48 MiB", f"{held:.1f} MiB", held <= 48, f"{48 - held:+.1f} MiB of headroom")
     )
 
+# ----------------------------------------------------------------- fleet targets (issue 14)
+def answered(r, code):
+    return (r.get("statuses") or {}).get(str(code), 0)
+
+
+def unknown_outcomes(r):
+    """Answers that are neither 201 nor 429 (a send whose outcome is not known to be
+    'not stored'), plus transport errors: what the ceiling's promise allows on top."""
+    st = r.get("statuses") or {}
+    return sum(v for k, v in st.items() if k not in ("201", "429")) + (r.get("errors") or 0)
+
+
+fleet_rows = sel("fleet")
+PROBE_PER_S = 0.2  # one health probe per SENDGATE_PROBE_INTERVAL_S = 5 s per process
+PROCESSES = {"one": 1, "fleet": 3, "local": 3}
+
+
+def gate_reads(r):
+    """Gate reads in the window: each process counts its own reads in `/metrics`, except on
+    Redis, where every replica reports the fleet-wide count (so the highest is the fleet's)."""
+    if r.get("side") == "fleet":
+        return r.get("metric_depth_reads_max")
+    return r.get("metric_depth_reads")
+
+
+def proxy_gate_reads_per_s(r):
+    """The counting proxy's admin-plane requests/s minus the nominal probe rate."""
+    v = r.get("admin_reads_per_s")
+    return None if v is None else max(0.0, v - PROBE_PER_S * PROCESSES.get(r.get("side"), 1))
+
+
+# Commands a client sends over the wire (each one round trip); everything else in
+# commandstats ran inside those scripts (Redis counts a script's redis.call()s too).
+CLIENT_CMDS = {"evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro", "ping", "script|load"}
+
+
+def redis_sent(r):
+    by = r.get("redis_commands_by_cmd")
+    return None if by is None else sum(v for k, v in by.items() if k in CLIENT_CMDS)
+
+
+fleet = {}
+for side in ("one", "fleet", "local"):
+    rs = sel("fleet", side, 64)
+    fleet[side] = {
+        k: med(rs, k)
+        for k in ("rps", "p50_ms", "p99_ms", "metric_depth_reads_per_s", "admin_reads_per_s", "redis_commands")
+    }
+    per_send = [
+        r["redis_commands"] / answered(r, 201)
+        for r in rs
+        if r.get("redis_commands") is not None and answered(r, 201)
+    ]
+    fleet[side]["redis_per_send"] = statistics.median(per_send) if per_send else None
+    sent = [redis_sent(r) / answered(r, 201) for r in rs if redis_sent(r) is not None and answered(r, 201)]
+    fleet[side]["redis_sent_per_send"] = statistics.median(sent) if sent else None
+    gr = [gate_reads(r) / r["secs"] for r in rs if gate_reads(r) is not None and r.get("secs")]
+    fleet[side]["gate_reads_per_s"] = statistics.median(gr) if gr else None
+    pg = [proxy_gate_reads_per_s(r) for r in rs if proxy_gate_reads_per_s(r) is not None]
+    fleet[side]["proxy_gate_reads_per_s"] = statistics.median(pg) if pg else None
+    per_s = [r["redis_commands"] / r["secs"] for r in rs if r.get("redis_commands") is not None and r.get("secs")]
+    fleet[side]["redis_per_s"] = statistics.median(per_s) if per_s else None
+if fleet_rows:
+    fl, one = fleet["fleet"], fleet["one"]
+    ratio = fl["rps"] / one["rps"] if fl["rps"] and one["rps"] else None
+    targets.append(
+        (
+            "fleet of 3 on Redis ≥ 90 % of one process's accepted sends/s (64 in flight in total; issue 14)",
+            f"{pct(ratio)} ({f(fl['rps'], 0)} vs {f(one['rps'], 0)} msg/s)",
+            None if ratio is None else ratio >= 0.90,
+            None if ratio is None else f"{100 * (ratio - 0.90):+.1f} points",
+        )
+    )
+cap_rows = sel("fleet_ceiling", "fleet")
+if cap_rows:
+    worst_over = None
+    ok = True
+    for r in cap_rows:
+        if r.get("depth") is None or r.get("failed"):
+            ok = None if ok else ok
+            continue
+        over = max(0, r["depth"] - r["ceiling"])
+        worst_over = over if worst_over is None else max(worst_over, over)
+        if over > unknown_outcomes(r):
+            ok = False
+    depths = [r["depth"] for r in cap_rows if r.get("depth") is not None]
+    targets.append(
+        (
+            f"fleet overshoot at the ceiling ({cap_rows[0]['ceiling']}) = 0 beyond unknown outcomes (issue 14)",
+            f"queue held {', '.join(str(d) for d in depths) or '–'} (rounds); worst overshoot {worst_over if worst_over is not None else '–'}",
+            None if worst_over is None else ok,
+            "–" if worst_over is None else f"{cap_rows[0]['ceiling'] - max(depths)} under the ceiling in the fullest round",
+        )
+    )
+if fleet_rows:
+    reads = fleet["fleet"]["gate_reads_per_s"]
+    by_proxy = fleet["fleet"]["proxy_gate_reads_per_s"]
+    targets.append(
+        (
+            "fleet-wide admin-plane reads ≤ 1 per TTL (1 s) per queue (issue 14)",
+            f"{f(reads, 2)} gate reads/s for the 3 replicas (`/metrics`); counting proxy: "
+            f"{f(by_proxy, 2)}/s after the probes' nominal 0.6/s",
+            None if reads is None else reads <= 1.0,
+            None if reads is None else f"{1.0 - reads:+.2f} reads/s of headroom",
+        )
+    )
+    sent_ = fleet["fleet"]["redis_sent_per_send"]
+    targets.append(
+        (
+            "Redis commands per accepted send ≤ 0.2, far from the ceiling — counted as the "
+            "commands the replicas send (round trips: `EVALSHA`, `PING`, …; issue 14)",
+            f"{'–' if sent_ is None else f'{sent_:.4f}'}",
+            None if sent_ is None else sent_ <= 0.2,
+            None if sent_ is None else f"{0.2 - sent_:+.4f}",
+        )
+    )
+    rps_ = fleet["fleet"]["redis_per_send"]
+    targets.append(
+        (
+            "the same, counted as every command Redis executed (`total_commands_processed`, "
+            "which includes the commands inside each script; issue 14)",
+            f"{'–' if rps_ is None else f'{rps_:.4f}'} ({f(fleet['fleet']['redis_per_s'], 0)} commands/s)",
+            None if rps_ is None else rps_ <= 0.2,
+            None if rps_ is None else f"{0.2 - rps_:+.4f}",
+        )
+    )
+rej256 = sel("reject", level=256)
+if rej256 and (fleet_rows or cap_rows):
+    s_rows, b_rows = sel("reject", "sendgate", 256), sel("reject", "bare", 256)
+    s_p99, b_p99 = med(s_rows, "p99_ms"), med(b_rows, "p99_ms")
+    s_max = max((r["max_ms"] for r in s_rows if r.get("max_ms") is not None), default=None)
+    b_max = max((r["max_ms"] for r in b_rows if r.get("max_ms") is not None), default=None)
+    ok = None
+    if None not in (s_p99, b_p99, s_max, b_max):
+        ok = s_p99 <= 1.5 * b_p99 and s_max <= 2 * b_max
+    targets.append(
+        (
+            "429 path at 256 connections with refresh-ahead: p99 ≤ 1.5 × bare handler's, no TTL spikes "
+            "(highest max ≤ 2 × bare's highest; issue 14)",
+            f"p99 {f(s_p99, 2)} vs {f(b_p99, 2)} ms ({'–' if not s_p99 or not b_p99 else f'{s_p99 / b_p99:.2f}×'}); "
+            f"max {f(s_max, 1)} vs {f(b_max, 1)} ms",
+            ok,
+            "–" if ok is None else f"p99 {1.5 * b_p99 - s_p99:+.2f} ms, max {2 * b_max - s_max:+.1f} ms",
+        )
+    )
+
 p("## Results against the targets")
 p("")
-p("Targets from issue 9 (2-core machine, ratios from one run). Medians of the rounds of this run.")
+p(
+    "Targets from issue 9 and, for the fleet (comparison 6), issue 14 (2-core machine, ratios "
+    "from one run). Medians of the rounds of this run; a row whose value names a run was "
+    "carried over from that earlier run (see the top of the page)."
+)
 p("")
 p("| target | measured | verdict | margin |")
 p("|---|---|---|---|")
-for name, measured, ok, margin in targets:
-    p(f"| {name} | {measured} | {verdict(ok)} | {margin or '–'} |")
+for name, value, ok, margin in targets:
+    p(f"| {name} | {value} | {verdict(ok)} | {margin or '–'} |")
+if previous and carried:
+    fresh = {t[0] for t in targets}
+    for name, value, ok_text, margin in previous["targets"]:
+        # Rows of the comparisons this run repeated are replaced by its own rows.
+        if name in fresh or "issue 14" in name or name.startswith("rejection path"):
+            continue
+        if "(run `" not in value:
+            value = f"{value} (run `{previous['stamp']}`)"
+        p(f"| {name} | {value} | {ok_text} | {margin} |")
 p("")
 p("Why the missed ones are missed, and what to change in `src/`: [Analysis](#analysis).")
 p("")
@@ -345,6 +591,7 @@ def round_table(comparison, sides, levels, level_name, extra=()):
 
 
 # --------------------------------------------------------------------------- 1
+carry(1)
 if sel("accept"):
     p("## 1. Accepted sends: sendgate vs direct lapin")
     p("")
@@ -399,9 +646,16 @@ if sel("accept"):
         p("")
     p("Every round (answers: HTTP statuses; for direct, 201 = broker ack):")
     p("")
-    round_table("accept", ("sendgate", "direct", "bareforward"), (1, 64), "in flight")
+    round_table(
+        "accept",
+        ("sendgate", "direct", "bareforward"),
+        (1, 64),
+        "in flight",
+        extra=(("load before", "loadavg_before", 2), ("load after", "loadavg_1m", 2)),
+    )
 
 # --------------------------------------------------------------------------- 2
+carry(2)
 if sel("reject"):
     p("## 2. Rejection path: sendgate 429 vs a bare actix-web 429 handler")
     p("")
@@ -418,9 +672,16 @@ if sel("reject"):
     p("")
     p("Every round (wrk; every answer of both sides was a 429, counted by wrk as non-2xx):")
     p("")
-    round_table("reject", ("sendgate", "bare"), (64, 256), "connections")
+    round_table(
+        "reject",
+        ("sendgate", "bare"),
+        (64, 256),
+        "connections",
+        extra=(("load before", "loadavg_before", 2), ("load after", "loadavg_after", 2)),
+    )
 
 # --------------------------------------------------------------------------- 3
+carry(3)
 if sel("admin_paced") or sel("ttl"):
     p("## 3. Admin-plane reads")
     p("")
@@ -511,6 +772,7 @@ if sel("ttl"):
     )
 
 # --------------------------------------------------------------------------- 4
+carry(4)
 if rss_rows:
     p("## 4. Resident memory")
     p("")
@@ -536,6 +798,7 @@ if rss_rows:
         p("")
 
 # --------------------------------------------------------------------------- 5
+carry(5)
 micro = sel("micro")
 if micro:
     p("## 5. Micro-benchmarks of the admission decision (criterion)")
@@ -562,6 +825,111 @@ if micro:
         "the stub's send); `parts/*`: single steps for scale."
     )
     p("")
+
+# --------------------------------------------------------------------------- 6
+carry(6)
+
+
+def load_text(r):
+    a, b = r.get("loadavg_before"), r.get("loadavg_after", r.get("loadavg_1m"))
+    return "–" if a is None or b is None else f"{a:.2f} → {b:.2f}"
+
+
+if fleet_rows or sel("fleet_ceiling"):
+    p("## 6. Fleet mode on Redis: 3 replicas vs one process")
+    p("")
+    p(
+        "Three sides, alternating, 64 sends in flight **in total** (the load generator spreads its "
+        "connections round robin over a side's processes: 22/21/21), the same `bench` queue and "
+        "broker, ceiling 10⁹ (far from it), default TTL (1 s) and depth source (management API): "
+        "**fleet** = 3 release processes with `SENDGATE_WORKERS=1` and `SENDGATE_COORDINATION=redis` "
+        "on the local Redis (one prefix); **one** = a single process with `SENDGATE_WORKERS=3`, the "
+        "fleet's total of HTTP workers, in local mode (the default would be 2 workers on this "
+        "2-core machine; matching the worker count keeps the ratio about splitting into processes "
+        "and coordinating, not about thread counts); **local** = the same 3 processes without "
+        "Redis (each keeps its own ceiling), which splits the fleet's cost into what the 3 "
+        "processes cost and what Redis costs. Each side's admin plane is behind its own counting "
+        "proxy. Redis commands: Redis's own `INFO stats commandstats`, read by the load generator "
+        "at the edges of the measured window (its own `INFO` taken out); they are **all** of "
+        "Redis's commands in the window, so anything else using the shared Redis is counted too — "
+        "the **one** and **local** windows, which send nothing to Redis, measure that background."
+    )
+    p("")
+    p(
+        "| side | msg/s | ÷ one process | p50 / p99 ms | gate reads/s (`/metrics`, all processes) | "
+        "admin requests/s (proxy: gate + probes) | proxy − nominal probes /s | Redis commands/s | "
+        "Redis commands per accepted send: sent / executed |"
+    )
+    p("|---|---|---|---|---|---|---|---|---|")
+    for side in ("one", "fleet", "local"):
+        m = fleet[side]
+        if m["rps"] is None:
+            continue
+        rel = pct(m["rps"] / fleet["one"]["rps"]) if fleet["one"]["rps"] else "–"
+        rps_ = m["redis_per_send"]
+        sent_text = "–" if m["redis_sent_per_send"] is None else f"{m['redis_sent_per_send']:.4f}"
+        p(
+            f"| {side} | {f(m['rps'], 0)} | {rel} | {f(m['p50_ms'], 3)} / {f(m['p99_ms'], 2)} | "
+            f"{f(m['gate_reads_per_s'], 2)} | {f(m['admin_reads_per_s'], 2)} | {f(m['proxy_gate_reads_per_s'], 2)} | "
+            f"{f(m['redis_per_s'], 1)} | "
+            f"{sent_text} / "
+            f"{'–' if rps_ is None else f'{rps_:.4f}'} |"
+        )
+    p("")
+    p(
+        "The proxy's count adds each process's health probe (one read per 5 s per process: 0.2/s "
+        "for one process, 0.6/s for three). Gate reads: each process counts its own in `/metrics` "
+        "(summed here), except on Redis, where every replica reports the fleet-wide count (the "
+        "highest is taken). Every round (load: 1-minute load average when the "
+        "load generator started → when its window ended):"
+    )
+    p("")
+    p("| side | round | msg/s | p50 ms | p99 ms | max ms | answers | gate reads | proxy requests | Redis commands (by command) | load |")
+    p("|---|---|---|---|---|---|---|---|---|---|---|")
+    for rnd in sorted({r["round"] for r in fleet_rows}, key=int):
+        for side in ("one", "fleet", "local"):
+            for r in [x for x in sel("fleet", side, 64) if x["round"] == rnd]:
+                by = r.get("redis_commands_by_cmd") or {}
+                cmds = ", ".join(f"{k} {v}" for k, v in sorted(by.items(), key=lambda kv: -kv[1]))
+                p(
+                    f"| {side} | {rnd} | {f(r.get('rps'), 0)} | {f(r.get('p50_ms'), 3)} | {f(r.get('p99_ms'), 3)} | "
+                    f"{f(r.get('max_ms'), 1)} | {status_text(r)} | {f(gate_reads(r), 0)} | "
+                    f"{r.get('admin_reads', '–')} | {r.get('redis_commands', '–')}"
+                    + (f" ({cmds})" if cmds else "")
+                    + f" | {load_text(r)} |"
+                )
+    p("")
+    caps = sel("fleet_ceiling")
+    if caps:
+        p("### Overshoot at the ceiling")
+        p("")
+        ceiling = caps[0].get("ceiling")
+        p(
+            f"Per round a fresh queue (declared and purged through the management API before the "
+            f"rounds) and a fresh fleet of 3 replicas (`SENDGATE_WORKERS=1`, ceiling {ceiling}, "
+            "default TTL and management depth source, a fresh Redis prefix); 64 senders spread "
+            "over the 3 for the whole window, every answer counted (no warm-up), then the replicas "
+            "are stopped and the queue's depth is read from the queue itself (`rabbitmqctl "
+            "list_queues`, no stats lag). Overshoot = depth − ceiling when positive; the promise "
+            "allows it only up to the sends whose outcome is unknown (answers other than 201 and "
+            "429, and transport errors). The **control** round runs 3 replicas **without** Redis "
+            "(each its own ceiling): it shows the measurement does catch an overshoot."
+        )
+        p("")
+        p("| side | round | sends answered | 201 | 429 | unknown outcomes | queue depth after | overshoot | 201s not in the queue | p50 / p99 / max ms | Redis commands | load |")
+        p("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for r in caps:
+            depth = r.get("depth")
+            over = None if depth is None else max(0, depth - r["ceiling"])
+            missing = None if depth is None else answered(r, 201) - depth
+            p(
+                f"| {r.get('side')} | {r.get('round')} | {r.get('requests', '–')} | {answered(r, 201)} | "
+                f"{answered(r, 429)} | {unknown_outcomes(r)} | {'–' if depth is None else depth} | "
+                f"{'–' if over is None else over} | {'–' if missing is None else missing} | "
+                f"{f(r.get('p50_ms'), 2)} / {f(r.get('p99_ms'), 2)} / {f(r.get('max_ms'), 1)} | "
+                f"{r.get('redis_commands', '–')} | {load_text(r)} |"
+            )
+        p("")
 
 # ------------------------------------------------------------------ dependency diet
 # Build-time numbers (binary size, clean build, crates in the tree), measured by hand when

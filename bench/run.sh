@@ -4,14 +4,21 @@
 #   ./bench/run.sh            # full run, ~13 minutes after the builds
 #   ./bench/run.sh --quick    # same comparisons, shorter windows (~5 minutes)
 #   ./bench/run.sh --only 2,4 # some comparisons only (1 accept, 2 reject, 3 admin plane,
-#                             # 4 RSS, 5 criterion); the report shows what was measured
+#                             # 4 RSS, 5 criterion, 6 fleet on Redis); the report shows what
+#                             # was measured
+#   ./bench/run.sh --only 2,6 --update-docs
+#                             # a partial run that also rewrites docs/benchmarks.md: the
+#                             # comparisons it left out are carried over from the current
+#                             # docs/benchmarks.md, marked with the run they come from
 #
 # Writes raw results to bench/results/<timestamp>/ (results.jsonl, logs, criterion
 # numbers, benchmarks.md; bench/results/latest points at the last run). A full run also
 # writes the report to docs/benchmarks.md (numbers from bench/report.py, analysis from
-# bench/analysis.md); --quick and --only leave docs/benchmarks.md as it is.
+# bench/analysis.md); --quick and --only leave docs/benchmarks.md as it is unless
+# --update-docs (full windows only) asks for the carry-over above.
 #
-# Everything runs on 127.0.0.1: the local RabbitMQ (./scripts/ensure-rabbitmq.sh),
+# Everything runs on 127.0.0.1: the local RabbitMQ (./scripts/ensure-rabbitmq.sh), the
+# local Redis for comparison 6 (./scripts/ensure-redis.sh),
 # sendgate release builds, the bench/ crate (loadgen, bare429) and wrk. Every loop is
 # bounded; every process this script starts is stopped by PID on exit and is also
 # wrapped in `timeout`, so nothing outlives a killed run by more than 30 minutes.
@@ -22,16 +29,21 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 QUICK=0
-ONLY="1,2,3,4,5"
+UPDATE_DOCS=0
+ONLY="1,2,3,4,5,6"
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
     --only) ONLY="$2"; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    --update-docs) UPDATE_DOCS=1 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
 done
+if [ "$UPDATE_DOCS" = 1 ] && [ "$QUICK" = 1 ]; then
+  echo "run.sh: --update-docs needs full windows (not --quick)" >&2; exit 2
+fi
 want() { [[ ",$ONLY," == *",$1,"* ]]; }
 
 if [ "$QUICK" = 1 ]; then
@@ -58,6 +70,13 @@ AMQP_URL='amqp://guest:guest@127.0.0.1:5672/%2f'
 # Ports: sendgate instances 187xx, bare handlers 18729/18730, counting proxies 157xx.
 P_ACCEPT=18701; P_TTL0=18702; P_FULL=18703; P_RSS=18704; P_BARE=18729; P_FWD=18730
 PX_A=15701; PX_A_CTL=15702; PX_B=15703; PX_B_CTL=15704
+# Comparison 6: the Redis fleet 18741-3, one process 18744, a local (uncoordinated) fleet
+# 18745-7, the ceiling fleets 18751-3; each group's admin plane behind its own proxy.
+P_FLEET=(18741 18742 18743); P_ONE=18744; P_LOCAL=(18745 18746 18747); P_CAP=(18751 18752 18753)
+PX_F=15705; PX_F_CTL=15706; PX_O=15707; PX_O_CTL=15708; PX_L=15709; PX_L_CTL=15710
+REDIS_ADDR=127.0.0.1:6379
+REDIS_URL="redis://$REDIS_ADDR"
+FLEET_CEILING=500
 HUGE_CEILING=1000000000
 
 # ---------------------------------------------------------------------------------------
@@ -147,6 +166,10 @@ loadgen() { timeout 120 "$BIN/loadgen" "$@"; }
 setup() {
   log "RabbitMQ"
   ./scripts/ensure-rabbitmq.sh
+  if want 6; then
+    log "Redis"
+    ./scripts/ensure-redis.sh
+  fi
   if ! command -v wrk >/dev/null 2>&1; then
     log "installing wrk"
     export DEBIAN_FRONTEND=noninteractive
@@ -192,6 +215,8 @@ setup() {
     --arg rabbitmq "$(rabbitmqctl -q status 2>/dev/null | awk -F': ' '/RabbitMQ version/ {print $2; exit}')" \
     --arg erlang "$(rabbitmqctl -q status 2>/dev/null | awk -F': ' '/Erlang configuration/ {print $2; exit}' | cut -d' ' -f1-2)" \
     --arg wrk "$(wrk -v 2>&1 | head -1 | awk '{print $2}')" \
+    --arg redis "$(redis-cli -h 127.0.0.1 INFO server 2>/dev/null | awk -F: '/^redis_version/ {sub(/\r/, "", $2); print $2}')" \
+    --arg redis_crate "$(ver redis)" \
     --arg actix "$(ver actix-web)" --arg lapin "$(ver lapin)" --arg tokio "$(ver tokio)" \
     --arg criterion "$(ver criterion)" \
     --arg commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
@@ -406,6 +431,117 @@ compare_micro() {
 }
 
 # ---------------------------------------------------------------------------------------
+# 6. Fleet mode on Redis (issue 14): three gateway processes sharing one ceiling through the
+#    local Redis vs one process, same total concurrency and workers, same broker.
+redis_forget() { # prefix: delete one run's ledger keys (they also expire by themselves)
+  redis-cli -h 127.0.0.1 EVAL \
+    "for _,k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end" 0 "$1:*" >/dev/null || true
+}
+coordination_mode() { # port
+  curl -sf -H "Authorization: Bearer $OBSERVER_TOKEN" "http://127.0.0.1:$1/health/detailed" \
+    | jq -r '.coordination.mode // "none"' 2>/dev/null || echo none
+}
+wait_redis_mode() { # port...: every replica joined the fleet, or the run stops
+  local port mode
+  for port in "$@"; do
+    for _ in $(seq 1 100); do
+      mode=$(coordination_mode "$port")
+      [ "$mode" = redis ] && break
+      sleep 0.1
+    done
+    [ "$mode" = redis ] || { log "replica on $port never joined the fleet (mode: $mode)"; exit 1; }
+  done
+}
+exact_depth() { # queue: messages in it, from the queue process itself (no stats lag)
+  timeout 30 rabbitmqctl list_queues -q name messages 2>/dev/null | awk -v q="$1" '$1 == q {print $2}'
+}
+addrs() { local a=() p; for p in "$@"; do a+=("127.0.0.1:$p"); done; (IFS=,; echo "${a[*]}"); }
+
+compare_fleet() {
+  log "6. fleet: 3 replicas on Redis vs one process vs 3 uncoordinated replicas; overshoot at the ceiling"
+  local prefix="bench-fleet-$STAMP" i pids=() round
+  # The ceiling rounds' queues, declared now so that the management API has their stats
+  # (a queue it has no numbers for yet is not a fair first read) by the time they are used.
+  for round in $(seq 1 "$ROUNDS") control; do
+    declare_queue "bench_ceiling_$round"; purge "bench_ceiling_$round"
+  done
+  # Long-lived instances for the throughput rounds: ceiling 10⁹ (far from it), default TTL,
+  # the management depth source (so every admin read goes through a counting proxy).
+  start proxy-fleet "$BIN/loadgen" proxy --listen 127.0.0.1:$PX_F --control 127.0.0.1:$PX_F_CTL --max-secs 1700
+  pids+=("$PID")
+  start proxy-one "$BIN/loadgen" proxy --listen 127.0.0.1:$PX_O --control 127.0.0.1:$PX_O_CTL --max-secs 1700
+  pids+=("$PID")
+  start proxy-local "$BIN/loadgen" proxy --listen 127.0.0.1:$PX_L --control 127.0.0.1:$PX_L_CTL --max-secs 1700
+  pids+=("$PID")
+  for i in 0 1 2; do
+    start_sendgate fleet-$i "${P_FLEET[$i]}" SENDGATE_WORKERS=1 \
+      SENDGATE_RABBITMQ_MANAGEMENT_URL=http://127.0.0.1:$PX_F \
+      SENDGATE_COORDINATION=redis SENDGATE_REDIS_URL="$REDIS_URL" SENDGATE_REDIS_PREFIX="$prefix"
+    pids+=("$PID")
+    start_sendgate local-$i "${P_LOCAL[$i]}" SENDGATE_WORKERS=1 \
+      SENDGATE_RABBITMQ_MANAGEMENT_URL=http://127.0.0.1:$PX_L
+    pids+=("$PID")
+  done
+  # One process with the fleet's total of 3 HTTP workers (the default would be 2, one per core).
+  start_sendgate one "$P_ONE" SENDGATE_WORKERS=3 SENDGATE_RABBITMQ_MANAGEMENT_URL=http://127.0.0.1:$PX_O
+  pids+=("$PID")
+  wait_redis_mode "${P_FLEET[@]}"
+
+  local fleet one local
+  fleet=$(addrs "${P_FLEET[@]}"); one=$(addrs "$P_ONE"); local=$(addrs "${P_LOCAL[@]}")
+  for round in $(seq 1 "$ROUNDS"); do
+    for spec in "one|$one|$PX_O_CTL" "fleet|$fleet|$PX_F_CTL" "local|$local|$PX_L_CTL"; do
+      IFS='|' read -r side list ctl <<< "$spec"
+      purge bench
+      # 64 in flight in total, spread round robin over the side's processes (22/21/21).
+      record "$(loadgen http --addr "$list" --token "$SENDER_TOKEN" \
+        --metrics-token "$OBSERVER_TOKEN" --count-addr 127.0.0.1:$ctl --redis-addr $REDIS_ADDR \
+        --concurrency 64 --duration $D --warmup $WARM)" \
+        comparison=fleet side="$side" round="$round" level=64
+    done
+  done
+  purge bench
+  for pid in "${pids[@]}"; do stop "$pid"; done
+  redis_forget "$prefix"
+
+  # Overshoot at the ceiling: a fresh queue and a fresh fleet per round, ceiling 500,
+  # 64 senders spread over the 3 replicas for a few seconds (far more than 500 sends
+  # offered), every answer counted (no warm-up); then the queue's exact depth. The last
+  # round is the control: the same with 3 uncoordinated replicas, which should overshoot.
+  local hold=$(( D < 5 ? 2 : 4 ))
+  for round in $(seq 1 "$ROUNDS") control; do
+    local q="bench_ceiling_$round" side=fleet extra=() reps=()
+    if [ "$round" = control ]; then
+      side=local
+    else
+      extra=(SENDGATE_COORDINATION=redis SENDGATE_REDIS_URL="$REDIS_URL" SENDGATE_REDIS_PREFIX="$prefix-cap-$round")
+    fi
+    for _ in $(seq 1 100); do
+      rmq "$MGMT/api/queues/%2F/$q" | jq -e 'has("messages")' >/dev/null 2>&1 && break
+      sleep 0.1
+    done
+    for i in 0 1 2; do
+      start_sendgate cap-$round-$i "${P_CAP[$i]}" SENDGATE_WORKERS=1 SENDGATE_QUEUES="$q" \
+        SERVICEBUS_SEND_MAX_QUEUE_DEPTH=$FLEET_CEILING "${extra[@]}"
+      reps+=("$PID")
+    done
+    if [ "$side" = fleet ]; then wait_redis_mode "${P_CAP[@]}"; fi
+    local out depth
+    out=$(loadgen http --addr "$(addrs "${P_CAP[@]}")" --path "/v1/queues/$q/messages" \
+      --token "$SENDER_TOKEN" --redis-addr $REDIS_ADDR \
+      --concurrency 64 --duration "$hold" --warmup 0)
+    for pid in "${reps[@]}"; do stop "$pid"; done
+    sleep 1
+    depth=$(exact_depth "$q")
+    record "$(echo "$out" | jq -c --arg d "${depth:-}" --argjson c $FLEET_CEILING \
+      '. + {ceiling: $c, depth: ($d | tonumber? // null)}')" \
+      comparison=fleet_ceiling side="$side" round="$round" level=$FLEET_CEILING
+    rmq -X DELETE "$MGMT/api/queues/%2F/$q" >/dev/null || true
+    if [ "$side" = fleet ]; then redis_forget "$prefix-cap-$round"; fi
+  done
+}
+
+# ---------------------------------------------------------------------------------------
 started=$(date +%s)
 setup
 want 1 && compare_accept
@@ -413,13 +549,18 @@ want 2 && compare_reject
 want 3 && compare_admin
 want 4 && compare_rss
 [ -n "${SG_ACCEPT_PID:-}" ] && { stop "$SG_ACCEPT_PID"; stop "$PX_A_PID"; }
+want 6 && compare_fleet
 want 5 && compare_micro
 jq -cn --arg s "$(( $(date +%s) - started ))" '{comparison: "run", seconds: ($s|tonumber)}' >> "$RESULTS"
 
 python3 bench/report.py "$OUT" > "$OUT/benchmarks.md"
-if [ "$QUICK" = 0 ] && [ "$ONLY" = "1,2,3,4,5" ]; then
+if [ "$QUICK" = 0 ] && [ "$ONLY" = "1,2,3,4,5,6" ]; then
   cp "$OUT/benchmarks.md" docs/benchmarks.md
   log "done in $(( $(date +%s) - started )) s: docs/benchmarks.md written; raw results in $OUT"
+elif [ "$UPDATE_DOCS" = 1 ]; then
+  python3 bench/report.py "$OUT" --carry-over docs/benchmarks.md > "$OUT/benchmarks-merged.md"
+  cp "$OUT/benchmarks-merged.md" docs/benchmarks.md
+  log "done in $(( $(date +%s) - started )) s: docs/benchmarks.md written (comparisons $ONLY from this run, the rest carried over); raw results in $OUT"
 else
   log "done in $(( $(date +%s) - started )) s: report in $OUT/benchmarks.md (a quick or partial run leaves docs/benchmarks.md as it is)"
 fi

@@ -1,9 +1,9 @@
 //! loadgen: the measuring side of `./bench/run.sh`. Every run prints one JSON line.
 //!
 //! ```text
-//! loadgen http  --addr 127.0.0.1:P --path /v1/queues/bench/messages --concurrency 64
-//!               --duration 10 [--warmup 1] [--rate R] [--size 1024] [--token T]
-//!               [--count-addr 127.0.0.1:Q] [--metrics-token T]
+//! loadgen http  --addr 127.0.0.1:P[,127.0.0.1:P2,...] --path /v1/queues/bench/messages
+//!               --concurrency 64 --duration 10 [--warmup 1] [--rate R] [--size 1024] [--token T]
+//!               [--count-addr 127.0.0.1:Q] [--metrics-token T] [--redis-addr 127.0.0.1:6379]
 //! loadgen amqp  --url amqp://guest:guest@127.0.0.1:5672/%2f --queue bench --concurrency 64
 //!               --duration 10 [--warmup 1] [--channels 4] [--size 1024]
 //! loadgen hold  --addr 127.0.0.1:P --connections 1000 --hold 10 --ready-file F
@@ -17,7 +17,12 @@
 //!   paced so the total is `rate` requests/s. With `--count-addr` it reads the counting
 //!   proxy's total of admin-plane requests at the start and end of the measured window; with
 //!   `--metrics-token` it does the same with `sendgate_depth_reads_total` from `/metrics`
-//!   (when the gateway has that route).
+//!   (when the gateway has that route). Several addresses (a fleet): the connections are
+//!   spread over them round robin and `/metrics` is summed over all of them. With
+//!   `--redis-addr` it reads Redis's `INFO stats commandstats` at the window's edges and
+//!   reports the commands Redis processed in between (its own `INFO` taken out), in total
+//!   and per command. Every mode also reports the 1-minute load average when it started
+//!   (`loadavg_before`) and when its window ended (`loadavg_after`).
 //! - `amqp`: the direct baseline: the same 1 KB persistent messages published with lapin on
 //!   one connection with `--channels` publisher channels (confirms on, round robin, like the
 //!   gateway's link), `concurrency` publishes in flight, each awaited on its confirm.
@@ -97,6 +102,16 @@ fn main() {
         }
     });
     println!("{out}");
+}
+
+/// The 1-minute load average (`/proc/loadavg`), to note how busy the shared machine was.
+fn loadavg_1m() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// The 1 KB JSON body every send carries (exactly `size` bytes).
@@ -309,8 +324,60 @@ async fn proxy_count(addr: &str) -> Option<(u64, u64)> {
     Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
+/// Redis's command counters: `total_commands_processed` and `cmdstat_<name>` calls, from
+/// one `INFO stats commandstats` (RESP by hand: one command, one bulk-string answer).
+async fn redis_counters(addr: &str) -> Option<(u64, BTreeMap<String, u64>)> {
+    let mut s = TcpStream::connect(addr).await.ok()?;
+    s.write_all(b"*3\r\n$4\r\nINFO\r\n$5\r\nstats\r\n$12\r\ncommandstats\r\n")
+        .await
+        .ok()?;
+    let mut buf = Vec::new();
+    let text = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut chunk = [0u8; 16384];
+        loop {
+            let n = s.read(&mut chunk).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            let head_end = find(&buf, b"\r\n")?;
+            let len: usize = std::str::from_utf8(buf.get(1..head_end)?)
+                .ok()?
+                .parse()
+                .ok()?;
+            if buf.len() >= head_end + 2 + len {
+                return Some(
+                    String::from_utf8_lossy(&buf[head_end + 2..head_end + 2 + len]).into_owned(),
+                );
+            }
+        }
+    })
+    .await
+    .ok()??;
+    let mut total = None;
+    let mut by_cmd = BTreeMap::new();
+    for line in text.lines() {
+        if let Some(v) = line.strip_prefix("total_commands_processed:") {
+            total = v.trim().parse().ok();
+        } else if let Some(rest) = line.strip_prefix("cmdstat_") {
+            let (name, stats) = rest.split_once(':')?;
+            let calls = stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))?
+                .parse()
+                .ok()?;
+            by_cmd.insert(name.to_owned(), calls);
+        }
+    }
+    Some((total?, by_cmd))
+}
+
 async fn http(args: &Args) -> Value {
-    let addr: String = get(args, "addr", None);
+    let loadavg_before = loadavg_1m();
+    let addrs: Vec<String> = get::<String>(args, "addr", None)
+        .split(',')
+        .map(str::to_owned)
+        .collect();
     let path: String = get(args, "path", Some("/v1/queues/bench/messages".into()));
     let concurrency: usize = get(args, "concurrency", None);
     let size: usize = get(args, "size", Some(1024));
@@ -318,6 +385,7 @@ async fn http(args: &Args) -> Value {
     let token = args.get("token").cloned();
     let count_addr = args.get("count-addr").cloned();
     let metrics_token = args.get("metrics-token").cloned();
+    let redis_addr = args.get("redis-addr").cloned();
 
     let body = body(size);
     let auth = token
@@ -335,7 +403,7 @@ async fn http(args: &Args) -> Value {
     let pace = (rate > 0.0).then(|| Duration::from_secs_f64(concurrency as f64 / rate));
     let workers: Vec<_> = (0..concurrency)
         .map(|i| {
-            let (addr, request) = (addr.clone(), request.clone());
+            let (addr, request) = (addrs[i % addrs.len()].clone(), request.clone());
             // Stagger paced workers evenly over one period.
             let first =
                 Instant::now() + pace.map_or(Duration::ZERO, |p| p * i as u32 / concurrency as u32);
@@ -350,18 +418,27 @@ async fn http(args: &Args) -> Value {
         None => None,
     };
     let metric_at_start = match &metrics_token {
-        Some(t) => depth_reads_metric(&addr, t).await,
+        Some(t) => depth_reads_sum(&addrs, t).await,
+        None => None,
+    };
+    let redis_at_start = match &redis_addr {
+        Some(a) => redis_counters(a).await,
         None => None,
     };
     tokio::time::sleep_until(window.end).await;
+    let redis_at_end = match &redis_addr {
+        Some(a) => redis_counters(a).await,
+        None => None,
+    };
     let reads_at_end = match &count_addr {
         Some(a) => proxy_count(a).await,
         None => None,
     };
     let metric_at_end = match &metrics_token {
-        Some(t) => depth_reads_metric(&addr, t).await,
+        Some(t) => depth_reads_sum(&addrs, t).await,
         None => None,
     };
+    let loadavg_after = loadavg_1m();
 
     let mut all = Recorder::default();
     for w in workers {
@@ -369,6 +446,9 @@ async fn http(args: &Args) -> Value {
     }
     let mut out = all.summary(window.secs());
     out["mode"] = json!("http");
+    out["addrs"] = json!(addrs.len());
+    out["loadavg_before"] = json!(loadavg_before);
+    out["loadavg_after"] = json!(loadavg_after);
     out["concurrency"] = json!(concurrency);
     out["target_rate"] = json!(rate);
     if let (Some((a, la)), Some((b, lb))) = (reads_at_start, reads_at_end) {
@@ -378,11 +458,42 @@ async fn http(args: &Args) -> Value {
             out["admin_read_mean_ms"] = json!((lb - la) as f64 / (b - a) as f64 / 1000.0);
         }
     }
-    if let (Some(a), Some(b)) = (metric_at_start, metric_at_end) {
+    if let (Some((a, ma)), Some((b, mb))) = (metric_at_start, metric_at_end) {
         out["metric_depth_reads"] = json!(b - a);
         out["metric_depth_reads_per_s"] = json!((b - a) / window.secs());
+        if addrs.len() > 1 {
+            out["metric_depth_reads_max"] = json!(mb - ma);
+            out["metric_depth_reads_max_per_s"] = json!((mb - ma) / window.secs());
+        }
+    }
+    if let (Some((a, ca)), Some((b, cb))) = (redis_at_start, redis_at_end) {
+        // The first INFO is counted in the second's numbers; the second in neither.
+        let mut by_cmd = BTreeMap::new();
+        for (name, calls) in cb {
+            let before = ca.get(&name).copied().unwrap_or(0);
+            let own = u64::from(name == "info");
+            let delta = calls.saturating_sub(before + own);
+            if delta > 0 {
+                by_cmd.insert(name, delta);
+            }
+        }
+        out["redis_commands"] = json!(b.saturating_sub(a + 1));
+        out["redis_commands_by_cmd"] = json!(by_cmd);
     }
     out
+}
+
+/// `sendgate_depth_reads_total` of every gateway of a side: (sum, highest). The sum is the
+/// side's reads when each process counts its own; a fleet on Redis reports the fleet-wide
+/// count on every replica, so there the highest is the fleet's reads. None if one lacks it.
+async fn depth_reads_sum(addrs: &[String], token: &str) -> Option<(f64, f64)> {
+    let (mut sum, mut max) = (0.0, 0.0f64);
+    for addr in addrs {
+        let v = depth_reads_metric(addr, token).await?;
+        sum += v;
+        max = max.max(v);
+    }
+    Some((sum, max))
 }
 
 async fn http_worker(
@@ -445,6 +556,7 @@ async fn http_worker(
 // The direct baseline: lapin, publisher confirms.
 
 async fn amqp(args: &Args) -> Value {
+    let loadavg_before = loadavg_1m();
     let url: String = get(
         args,
         "url",
@@ -536,9 +648,12 @@ async fn amqp(args: &Args) -> Value {
     for w in workers {
         all.merge(w.await.expect("worker"));
     }
+    let loadavg_after = loadavg_1m();
     let _ = connection.close(200, "done".into()).await;
     let mut out = all.summary(window.secs());
     out["mode"] = json!("amqp");
+    out["loadavg_before"] = json!(loadavg_before);
+    out["loadavg_after"] = json!(loadavg_after);
     out["concurrency"] = json!(concurrency);
     out["channels"] = json!(channels);
     out
