@@ -946,3 +946,167 @@ async fn without_an_entra_token_the_ledger_errs_then_joins_when_one_comes() {
     assert_eq!(connections_of(&user.0).len(), 1);
     assert_eq!(acl_denials_of(&user.0), 0);
 }
+
+// ---- A replica's seat in the fleet (src/admission/shared.rs) and its local gate
+// (src/admission/capacity.rs), on the real Redis through the fault proxy.
+
+mod seat {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    use sendgate::admission::capacity::{BacklogEffect, CapacityGate, CapacityPolicy, Refusal};
+    use sendgate::admission::shared::{FleetSeat, Held};
+    use sendgate::backend::{
+        Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt,
+    };
+    use sendgate::coordination::fleet::Fleet;
+
+    /// An admin plane whose depth the test sets.
+    pub struct Depth(pub AtomicU64);
+
+    #[async_trait::async_trait]
+    impl Backend for Depth {
+        fn kind(&self) -> &'static str {
+            "set-by-the-test"
+        }
+        async fn send(
+            &self,
+            _: OutgoingMessage,
+            _: tokio::time::Instant,
+        ) -> Result<SendReceipt, SendError> {
+            unreachable!("admission never sends")
+        }
+        async fn backlog(
+            &self,
+            _: &QueueName,
+            _: tokio::time::Instant,
+        ) -> Result<Backlog, DepthError> {
+            Ok(Backlog::of(self.0.load(Ordering::SeqCst)))
+        }
+    }
+
+    pub fn policy(limit: u64, ttl: Duration) -> CapacityPolicy {
+        CapacityPolicy {
+            limit,
+            fail_closed: false,
+            streak_threshold: 3,
+            ttl,
+            read_timeout: Duration::from_secs(2),
+            lag: Duration::ZERO,
+        }
+    }
+
+    async fn until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "never: {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// A fleet of one replica whose Redis goes through `proxy`, and a ledger straight to
+    /// Redis (same prefix) to look at what the fleet shares.
+    pub struct Setup {
+        pub proxy: FaultProxy,
+        pub fleet: Arc<Fleet>,
+        pub keys: QueueKeys,
+        pub direct: Ledger,
+        _cleanup: Cleanup,
+    }
+
+    pub async fn setup(proxy_fault: Fault) -> Setup {
+        ensure_redis();
+        let prefix = unique_prefix();
+        let cleanup = Cleanup(prefix.clone());
+        let proxy = FaultProxy::start(redis_support::ADDR.parse().unwrap()).await;
+        proxy.set(proxy_fault);
+        let url = format!("redis://127.0.0.1:{}", proxy.port());
+        let ledger = Ledger::lazy(&settings(&url, &prefix, Duration::from_millis(200))).unwrap();
+        let keys = ledger.keys(BackendKind::RabbitMq, &QueueName::parse("q").unwrap());
+        let direct = Ledger::connect(&settings(URL, &prefix, TIMEOUT))
+            .await
+            .unwrap();
+        Setup {
+            proxy,
+            fleet: Fleet::start(ledger),
+            keys,
+            direct,
+            _cleanup: cleanup,
+        }
+    }
+
+    pub async fn joined(fleet: &Arc<Fleet>, joined: bool) {
+        until(&format!("joined = {joined}"), || fleet.joined() == joined).await;
+    }
+
+    #[tokio::test]
+    async fn stored_sends_whose_settle_failed_are_counted_when_redis_answers_again() {
+        let s = setup(Fault::Pass).await;
+        joined(&s.fleet, true).await;
+        let backend: Arc<dyn Backend> = Arc::new(Depth(AtomicU64::new(0)));
+        let seat = FleetSeat::new(
+            s.fleet.clone(),
+            s.keys.clone(),
+            QueueName::parse("q").unwrap(),
+            policy(100, Duration::from_secs(60)),
+            Duration::from_millis(100),
+        );
+        assert_eq!(seat.admit(&backend).await.unwrap(), Ok(Held::Block));
+        // The send is stored; Redis refuses the batch that would say so.
+        s.proxy.set(Fault::Reset);
+        seat.finish(Held::Block, BacklogEffect::Stored);
+        joined(&s.fleet, false).await;
+        s.proxy.set(Fault::Pass);
+        joined(&s.fleet, true).await;
+        // The message is in the queue: the fleet must count it on top of the read, or, once
+        // its block's lease ends, the fleet admits one more than the ceiling allows.
+        let mut since_read = 0;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            since_read = s.direct.shared_read(&s.keys).await.unwrap().since_read;
+            if since_read > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(since_read, 1, "the stored send was lost with its settle");
+    }
+
+    #[tokio::test]
+    async fn after_a_spell_in_the_fleet_the_local_gate_does_not_reuse_its_old_read() {
+        // Redis down at start: the replica starts local and its gate reads depth 0.
+        let s = setup(Fault::Reset).await;
+        let depth = Arc::new(Depth(AtomicU64::new(0)));
+        let backend: Arc<dyn Backend> = depth.clone();
+        let queue = QueueName::parse("q").unwrap();
+        let p = policy(5, Duration::from_secs(60));
+        let gate = CapacityGate::new(queue.clone(), p.clone(), backend);
+        gate.join_fleet(FleetSeat::new(
+            s.fleet.clone(),
+            s.keys.clone(),
+            queue,
+            p,
+            Duration::from_millis(100),
+        ));
+        gate.prime().await;
+        assert_eq!(gate.snapshot().backlog, Some(0));
+        // Redis answers: in the fleet, whose replicas fill the queue to its ceiling.
+        s.proxy.set(Fault::Pass);
+        joined(&s.fleet, true).await;
+        depth.0.store(5, Ordering::SeqCst);
+        assert!(matches!(
+            gate.admit().await.err(),
+            Some(Refusal::QueueFull { .. })
+        ));
+        // Redis goes away again: this send is decided locally, on a read of its own, not
+        // on the one made before the fleet filled the queue.
+        s.proxy.set(Fault::Reset);
+        let decided = gate.admit().await;
+        assert!(!s.fleet.joined());
+        assert!(
+            matches!(decided.as_ref().err(), Some(Refusal::QueueFull { .. })),
+            "admitted on a read older than the spell in the fleet"
+        );
+    }
+}

@@ -332,7 +332,12 @@ impl CapacityGate {
     fn is_fresh(&self, state: &GateState, now: Instant) -> bool {
         match state.last_read {
             LastRead::Never => false,
-            LastRead::Ok { at, .. } | LastRead::Failed { at } => now < at + self.policy.ttl,
+            LastRead::Ok { at, .. } | LastRead::Failed { at } => {
+                // A read made before the replica last turned local is from before a spell in
+                // the fleet, whose admissions it does not count: never reused.
+                now < at + self.policy.ttl
+                    && self.seat.get().is_none_or(|seat| at >= seat.local_since())
+            }
         }
     }
 

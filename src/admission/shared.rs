@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use super::capacity::{BacklogEffect, CapacityPolicy, GateSnapshot, Refusal};
 use crate::backend::{Backend, DepthError};
-use crate::coordination::fleet::Fleet;
+use crate::coordination::fleet::{Fleet, REJOIN_EVERY};
 use crate::coordination::ledger::{
     LedgerError, QueueKeys, ReadOutcome, Reservation, SharedRead, SharedState,
 };
@@ -120,6 +120,11 @@ impl FleetSeat {
 
     pub fn joined(&self) -> bool {
         self.fleet.joined()
+    }
+
+    /// When the replica last turned local (see [`Fleet::local_since`]).
+    pub fn local_since(&self) -> Instant {
+        self.fleet.local_since()
     }
 
     /// Turn the replica to local mode after a failed call.
@@ -322,17 +327,37 @@ impl FleetSeat {
             !std::mem::replace(&mut state.flush_scheduled, true)
         };
         if schedule {
-            let seat = Arc::clone(self);
-            tokio::spawn(async move {
-                tokio::time::sleep(SETTLE_EVERY).await;
-                if let Err(e) = seat.settle_pending().await {
-                    seat.fall_back(&e);
-                }
-            });
+            tokio::spawn(Arc::clone(self).settle_until_counted());
         }
     }
 
-    async fn settle_pending(&self) -> Result<(), LedgerError> {
+    /// Settle the batch; while Redis fails, keep what was stored and try again each
+    /// [`REJOIN_EVERY`]. A stored send dropped with a failed call would vanish from the
+    /// fleet's count (its block's headroom returns when the lease ends) until the next read:
+    /// the fleet would admit it twice. One such task per seat at a time.
+    async fn settle_until_counted(self: Arc<Self>) {
+        let mut wait = SETTLE_EVERY;
+        loop {
+            tokio::time::sleep(wait).await;
+            let Err((error, unsettled)) = self.settle_pending().await else {
+                return;
+            };
+            self.fall_back(&error);
+            let mut state = self.state.lock();
+            state.pending_open_stored += unsettled;
+            if std::mem::replace(&mut state.flush_scheduled, true) {
+                return; // a send finished meanwhile and scheduled the next batch
+            }
+            wait = REJOIN_EVERY;
+        }
+    }
+
+    /// On failure, the stored sends not yet counted. They are settled again as *open*
+    /// (counted on top of the read, taking nothing from a block): by then their block may
+    /// have expired and its id been reserved anew, and taking from it would free headroom
+    /// that sends in flight hold. Their units stay in the old block until its lease ends
+    /// (counted twice meanwhile: the safe side), as do the not-stored ones.
+    async fn settle_pending(&self) -> Result<(), (LedgerError, u64)> {
         let (stored, not_stored, open) = {
             let mut state = self.state.lock();
             state.flush_scheduled = false;
@@ -346,10 +371,14 @@ impl FleetSeat {
         if stored + not_stored > 0 {
             ledger
                 .settle(&self.keys, &self.block_id, stored, not_stored)
-                .await?;
+                .await
+                .map_err(|e| (e, stored + open))?;
         }
         if open > 0 {
-            ledger.settle(&self.keys, &self.open_id, open, 0).await?;
+            ledger
+                .settle(&self.keys, &self.open_id, open, 0)
+                .await
+                .map_err(|e| (e, open))?;
         }
         Ok(())
     }

@@ -32,6 +32,9 @@ pub struct CoordinationHealth {
 struct Status {
     joined: bool,
     since: SystemTime,
+    /// When this replica last turned local (or started, local): a local gate's read made
+    /// before it predates sends the fleet admitted meanwhile, so it is not reused.
+    local_since: tokio::time::Instant,
     last_error: Option<String>,
 }
 
@@ -52,6 +55,7 @@ impl Fleet {
             status: Mutex::new(Status {
                 joined: false,
                 since: SystemTime::now(),
+                local_since: tokio::time::Instant::now(),
                 last_error: None,
             }),
         });
@@ -71,6 +75,13 @@ impl Fleet {
         self.status.lock().joined
     }
 
+    /// When this replica last turned local (or started). While in the fleet, other
+    /// replicas fill the queue through Redis; a local read made before this instant does not
+    /// see what they (and this replica) admitted since, so the local gate reads again.
+    pub fn local_since(&self) -> tokio::time::Instant {
+        self.status.lock().local_since
+    }
+
     /// A ledger call failed: run alone until Redis answers again. Logged once per turn.
     pub fn fall_back(self: &Arc<Self>, error: &LedgerError) {
         {
@@ -81,6 +92,7 @@ impl Fleet {
             }
             status.joined = false;
             status.since = SystemTime::now();
+            status.local_since = tokio::time::Instant::now();
         }
         tracing::warn!(
             event = "coordination_local",
