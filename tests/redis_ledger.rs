@@ -1109,4 +1109,59 @@ mod seat {
             "admitted on a read older than the spell in the fleet"
         );
     }
+
+    /// An admin plane that takes `delay` to answer.
+    struct SlowDepth(Duration);
+
+    #[async_trait::async_trait]
+    impl Backend for SlowDepth {
+        fn kind(&self) -> &'static str {
+            "slow"
+        }
+        async fn send(
+            &self,
+            _: OutgoingMessage,
+            _: tokio::time::Instant,
+        ) -> Result<SendReceipt, SendError> {
+            unreachable!("admission never sends")
+        }
+        async fn backlog(
+            &self,
+            _: &QueueName,
+            _: tokio::time::Instant,
+        ) -> Result<Backlog, DepthError> {
+            tokio::time::sleep(self.0).await;
+            Ok(Backlog::of(0))
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sends_queued_behind_the_first_read_do_not_each_wait_a_round_trip() {
+        let s = setup(Fault::Pass).await;
+        joined(&s.fleet, true).await;
+        let backend: Arc<dyn Backend> = Arc::new(SlowDepth(Duration::from_millis(200)));
+        let seat = FleetSeat::new(
+            s.fleet.clone(),
+            s.keys.clone(),
+            QueueName::parse("q").unwrap(),
+            policy(100_000, Duration::from_secs(60)),
+            Duration::from_millis(100),
+        );
+        // Every Redis round trip takes 50 ms (well under the 200 ms deadline).
+        s.proxy.set(Fault::Delay(Duration::from_millis(25)));
+        let started = Instant::now();
+        let sends: Vec<_> = (0..60)
+            .map(|_| {
+                let (seat, backend) = (seat.clone(), backend.clone());
+                tokio::spawn(async move { seat.admit(&backend).await })
+            })
+            .collect();
+        for send in sends {
+            assert_eq!(send.await.unwrap(), Ok(Ok(Held::Block)));
+        }
+        // One read (200 ms) and a few round trips; not 60 round trips in a row (3 s).
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(2), "60 sends took {took:?}");
+        assert!(s.fleet.joined());
+    }
 }

@@ -64,6 +64,8 @@ struct SeatState {
     pending_open_stored: u64,
     flush_scheduled: bool,
     ahead_tried_at: Option<Instant>,
+    /// A read ahead runs in the background: no second one is queued behind it.
+    ahead_running: bool,
     last_read_took: Duration,
     /// The read generation whose fail-closed refusals were last logged, and those since.
     failclosed_logged: Option<u64>,
@@ -110,6 +112,7 @@ impl FleetSeat {
                 pending_open_stored: 0,
                 flush_scheduled: false,
                 ahead_tried_at: None,
+                ahead_running: false,
                 last_read_took: Duration::ZERO,
                 failclosed_logged: None,
                 failclosed_unlogged: 0,
@@ -231,13 +234,15 @@ impl FleetSeat {
         if age + lead < self.policy.ttl {
             return false;
         }
-        if state
-            .ahead_tried_at
-            .is_some_and(|at| now < at + AHEAD_RETRY)
+        if state.ahead_running
+            || state
+                .ahead_tried_at
+                .is_some_and(|at| now < at + AHEAD_RETRY)
         {
             return false;
         }
         state.ahead_tried_at = Some(now);
+        state.ahead_running = true;
         true
     }
 
@@ -247,7 +252,9 @@ impl FleetSeat {
         }
         let (seat, backend) = (Arc::clone(self), Arc::clone(backend));
         tokio::spawn(async move {
-            if let Err(e) = seat.refresh(&backend, false).await {
+            let refreshed = seat.refresh(&backend, false).await;
+            seat.state.lock().ahead_running = false;
+            if let Err(e) = refreshed {
                 seat.fall_back(&e);
             }
         });
@@ -257,6 +264,12 @@ impl FleetSeat {
     /// otherwise (when `wait`) wait for the replica that holds it to publish.
     async fn refresh(&self, backend: &Arc<dyn Backend>, wait: bool) -> Result<(), LedgerError> {
         let _turn = self.read_turn.lock().await;
+        // The send before this one in line made the read fresh: no Redis call. Each one
+        // queued here would otherwise make its own round trip while holding the turn, so the
+        // last of N waiting sends waited N round trips.
+        if wait && self.fresh(Instant::now()) {
+            return Ok(());
+        }
         let ledger = self.fleet.ledger();
         let seen = ledger.shared_read(&self.keys).await?;
         self.state.lock().last = Some((seen, Instant::now()));
@@ -301,6 +314,13 @@ impl FleetSeat {
             None => {}
         }
         Ok(())
+    }
+
+    /// The fleet's read as last seen is younger than the TTL.
+    fn fresh(&self, now: Instant) -> bool {
+        self.state.lock().last.is_some_and(|(read, seen)| {
+            read.state != SharedState::Never && read.age + (now - seen) < self.policy.ttl
+        })
     }
 
     fn failed(queue: &QueueName, error: DepthError) -> ReadOutcome {
