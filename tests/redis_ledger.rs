@@ -1016,13 +1016,17 @@ mod seat {
     }
 
     pub async fn setup(proxy_fault: Fault) -> Setup {
+        setup_with(proxy_fault, Duration::from_millis(200)).await
+    }
+
+    pub async fn setup_with(proxy_fault: Fault, redis_timeout: Duration) -> Setup {
         ensure_redis();
         let prefix = unique_prefix();
         let cleanup = Cleanup(prefix.clone());
         let proxy = FaultProxy::start(redis_support::ADDR.parse().unwrap()).await;
         proxy.set(proxy_fault);
         let url = format!("redis://127.0.0.1:{}", proxy.port());
-        let ledger = Ledger::lazy(&settings(&url, &prefix, Duration::from_millis(200))).unwrap();
+        let ledger = Ledger::lazy(&settings(&url, &prefix, redis_timeout)).unwrap();
         let keys = ledger.keys(BackendKind::RabbitMq, &QueueName::parse("q").unwrap());
         let direct = Ledger::connect(&settings(URL, &prefix, TIMEOUT))
             .await
@@ -1163,5 +1167,50 @@ mod seat {
         let took = started.elapsed();
         assert!(took < Duration::from_secs(2), "60 sends took {took:?}");
         assert!(s.fleet.joined());
+    }
+
+    #[tokio::test]
+    async fn a_block_granted_by_a_slow_reply_is_still_counted_while_its_sends_run() {
+        // SENDGATE_REDIS_TIMEOUT_MS may be up to a minute: a reply may come seconds after
+        // the script ran (and started the block's lease) in Redis.
+        let s = setup_with(Fault::Pass, Duration::from_secs(6)).await;
+        joined(&s.fleet, true).await;
+        let backend: Arc<dyn Backend> = Arc::new(Depth(AtomicU64::new(0)));
+        let seat = FleetSeat::new(
+            s.fleet.clone(),
+            s.keys.clone(),
+            QueueName::parse("q").unwrap(),
+            // A ceiling of 8 with nothing queued: blocks of one (8 / 8).
+            policy(8, Duration::from_secs(60)),
+            Duration::from_millis(1),
+        );
+        assert_eq!(seat.admit(&backend).await.unwrap(), Ok(Held::Block));
+        seat.finish(Held::Block, BacklogEffect::NotStored);
+        until_reserved(&s, 0).await;
+        // Each way takes 2 s: the reservation runs in Redis 2 s after it is asked for, and
+        // its answer arrives 2 s later still.
+        s.proxy.set(Fault::Delay(Duration::from_secs(2)));
+        assert_eq!(seat.admit(&backend).await.unwrap(), Ok(Held::Block));
+        // This send runs now (for up to its 1 ms deadline): its unit must still be held.
+        let read = s.direct.shared_read(&s.keys).await.unwrap();
+        assert_eq!(
+            read.reserved, 1,
+            "a send in flight from a block whose lease already ended: uncounted"
+        );
+    }
+
+    async fn until_reserved(s: &Setup, n: u64) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let reserved = s.direct.shared_read(&s.keys).await.unwrap().reserved;
+            if reserved == n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "reserved stays {reserved}, not {n}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }

@@ -10,7 +10,8 @@
 //! - **Exact at the ceiling, free far from it**: headroom is reserved in blocks (a share of
 //!   what remains, shrinking to one near the ceiling) that this replica hands out locally
 //!   for [`USE_BLOCK_FOR`]; outcomes are settled in batches every [`SETTLE_EVERY`]. A block's
-//!   lease outlives its use by a send deadline, so sends still in flight stay counted, and a
+//!   lease outlives its use by a send deadline (and a Redis call's, since the lease starts
+//!   before the grant arrives), so sends still in flight stay counted, and a
 //!   replica killed holding a block gives it back when the lease ends.
 //!
 //! Every call here may fail with a [`LedgerError`]: the caller then falls back to the local
@@ -77,7 +78,8 @@ pub struct FleetSeat {
     keys: QueueKeys,
     queue: QueueName,
     policy: CapacityPolicy,
-    /// How long a block stays counted: its use, plus a send's deadline, plus a margin.
+    /// How long a block stays counted: its use, plus a send's deadline, plus the longest
+    /// its grant may take to arrive (the lease starts when the script runs), plus a margin.
     block_lease: Duration,
     block_id: String,
     open_id: String,
@@ -95,6 +97,8 @@ impl FleetSeat {
         send_timeout: Duration,
     ) -> Arc<Self> {
         let block_id = fleet.replica().to_owned();
+        let block_lease =
+            USE_BLOCK_FOR + send_timeout + fleet.ledger().timeout() + Duration::from_secs(1);
         Arc::new(Self {
             open_id: format!("{block_id}-open"),
             block_id,
@@ -102,7 +106,7 @@ impl FleetSeat {
             keys,
             queue,
             policy,
-            block_lease: USE_BLOCK_FOR + send_timeout + Duration::from_secs(1),
+            block_lease,
             state: Mutex::new(SeatState {
                 left: 0,
                 use_until: Instant::now(),
@@ -177,6 +181,9 @@ impl FleetSeat {
         }
         self.spawn_ahead(ahead, backend);
         let ledger = self.fleet.ledger();
+        // The block is handed out for its use from when it was asked for, which is before
+        // its lease began in Redis, however late the answer.
+        let asked = Instant::now();
         if leftover > 0 {
             ledger.release(&self.keys, &self.block_id, leftover).await?;
         }
@@ -196,7 +203,7 @@ impl FleetSeat {
             Reservation::Granted { granted, read } => {
                 state.last = Some((read, now));
                 state.left += granted.saturating_sub(1);
-                state.use_until = now + USE_BLOCK_FOR;
+                state.use_until = asked + USE_BLOCK_FOR;
                 Ok(Held::Block)
             }
             Reservation::Full { estimate, read } => {

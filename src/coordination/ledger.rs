@@ -356,6 +356,11 @@ impl Ledger {
         })
     }
 
+    /// The deadline of one call: an answer may arrive this long after its script ran.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// The keys of one queue on one backend kind.
     pub fn keys(&self, backend: BackendKind, queue: &QueueName) -> QueueKeys {
         QueueKeys::new(&self.prefix, backend, queue)
