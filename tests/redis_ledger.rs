@@ -1213,4 +1213,41 @@ mod seat {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sends_do_not_each_wait_out_a_dead_readers_lease() {
+        let s = setup(Fault::Pass).await;
+        joined(&s.fleet, true).await;
+        // Another replica took the read lease (for its 10 s TTL) and died before publishing.
+        assert!(s
+            .direct
+            .lease_read(&s.keys, "dead", Duration::from_secs(10))
+            .await
+            .unwrap()
+            .is_some());
+        let backend: Arc<dyn Backend> = Arc::new(Depth(AtomicU64::new(0)));
+        let mut p = policy(100, Duration::from_secs(10));
+        p.read_timeout = Duration::from_millis(300);
+        let seat = FleetSeat::new(
+            s.fleet.clone(),
+            s.keys.clone(),
+            QueueName::parse("q").unwrap(),
+            p,
+            Duration::from_millis(100),
+        );
+        let started = Instant::now();
+        let sends: Vec<_> = (0..10)
+            .map(|_| {
+                let (seat, backend) = (seat.clone(), backend.clone());
+                tokio::spawn(async move { seat.admit(&backend).await })
+            })
+            .collect();
+        for send in sends {
+            // No read yet: fail open.
+            assert_eq!(send.await.unwrap(), Ok(Ok(Held::Open)));
+        }
+        // One read deadline (300 ms), not ten in a row (3 s).
+        let took = started.elapsed();
+        assert!(took < Duration::from_millis(1500), "10 sends took {took:?}");
+    }
 }

@@ -67,6 +67,8 @@ struct SeatState {
     ahead_tried_at: Option<Instant>,
     /// A read ahead runs in the background: no second one is queued behind it.
     ahead_running: bool,
+    /// The read generation another replica's read was last waited for in vain.
+    waited_out: Option<u64>,
     last_read_took: Duration,
     /// The read generation whose fail-closed refusals were last logged, and those since.
     failclosed_logged: Option<u64>,
@@ -117,6 +119,7 @@ impl FleetSeat {
                 flush_scheduled: false,
                 ahead_tried_at: None,
                 ahead_running: false,
+                waited_out: None,
                 last_read_took: Duration::ZERO,
                 failclosed_logged: None,
                 failclosed_unlogged: 0,
@@ -307,9 +310,16 @@ impl FleetSeat {
                 state.last_read_took = started.elapsed();
                 state.last = Some((published, Instant::now()));
             }
-            None if wait => {
+            // Another replica reads: wait for its read, at most a read's deadline. A reader
+            // that died holds the lease until it ends (a TTL, maybe far longer): once one send
+            // waited that read out, those queued behind it do not each wait it out again.
+            None if wait && self.state.lock().waited_out != Some(seen.generation) => {
                 let deadline = Instant::now() + self.policy.read_timeout;
-                while Instant::now() < deadline {
+                loop {
+                    if Instant::now() >= deadline {
+                        self.state.lock().waited_out = Some(seen.generation);
+                        break;
+                    }
                     tokio::time::sleep(WAIT_POLL).await;
                     let now = ledger.shared_read(&self.keys).await?;
                     self.state.lock().last = Some((now, Instant::now()));
