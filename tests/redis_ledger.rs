@@ -1250,4 +1250,40 @@ mod seat {
         let took = started.elapsed();
         assert!(took < Duration::from_millis(1500), "10 sends took {took:?}");
     }
+
+    #[tokio::test]
+    async fn sends_stored_while_local_are_counted_by_the_fleet_it_rejoins() {
+        let s = setup(Fault::Reset).await;
+        let backend: Arc<dyn Backend> = Arc::new(Depth(AtomicU64::new(0)));
+        let queue = QueueName::parse("q").unwrap();
+        let p = policy(100, Duration::from_secs(60));
+        let gate = CapacityGate::new(queue.clone(), p.clone(), backend);
+        gate.join_fleet(FleetSeat::new(
+            s.fleet.clone(),
+            s.keys.clone(),
+            queue,
+            p,
+            Duration::from_millis(100),
+        ));
+        // Redis does not answer: three sends stored under the local gate, one refused.
+        for _ in 0..3 {
+            gate.admit().await.unwrap().finish(BacklogEffect::Stored);
+        }
+        gate.admit().await.unwrap().finish(BacklogEffect::NotStored);
+        s.proxy.set(Fault::Pass);
+        joined(&s.fleet, true).await;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut since_read = 0;
+        while Instant::now() < deadline {
+            since_read = s.direct.shared_read(&s.keys).await.unwrap().since_read;
+            if since_read >= 3 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            since_read, 3,
+            "the fleet does not know of the messages this replica queued alone"
+        );
+    }
 }

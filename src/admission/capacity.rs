@@ -537,7 +537,14 @@ impl Reservation {
     fn settle(&self, outcome: BacklogEffect) {
         match (self.held, self.gate.seat.get()) {
             (Some(held), Some(seat)) => seat.finish(held, outcome),
-            _ => self.gate.finish(outcome),
+            (None, Some(seat)) => {
+                self.gate.finish(outcome);
+                // Admitted by this replica alone while Redis did not answer: the message
+                // may be in the queue, and the fleet's count (which it rejoins) must say so
+                // until its next read. Settled as open when Redis answers again.
+                seat.finish(Held::Open, outcome);
+            }
+            (_, None) => self.gate.finish(outcome),
         }
     }
 }
