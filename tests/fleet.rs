@@ -387,8 +387,8 @@ async fn a_replica_killed_holding_headroom_gives_it_back_when_its_lease_ends() {
     assert_eq!(doomed.send(&queue, "{}").await.unwrap(), 201);
     drop(doomed); // SIGKILL, then reaped: no drain, no goodbye to Redis
                   // A block's lease: its use (0.5 s) + the send deadline (1 s) + the Redis
-                  // deadline (50 ms) + 1 s.
-    tokio::time::sleep(Duration::from_millis(2700)).await;
+                  // deadline (0.5 s) + 1 s.
+    tokio::time::sleep(Duration::from_millis(3200)).await;
     // Fill up to the ceiling. Near it the count errs on the safe side for a moment (a
     // send stored before a read but settled after it is counted twice until the next
     // read), so a refusal is retried after a TTL; three in a row end it.
