@@ -725,6 +725,23 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_slow_admin_plane_is_read_ahead_no_earlier_than_half_the_ttl() {
+        // Reads take 40 ms against a 100 ms TTL: twice the read (80 ms) would start the
+        // next one 20 ms into the value's life; the lead is capped at half the TTL.
+        let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::from_millis(40)));
+        let g = gate(policy(100, 100, false, 3), &backend);
+        timed_admit(&g).await;
+        tokio::time::advance(Duration::from_millis(30)).await;
+        assert_eq!(timed_admit(&g).await, Duration::ZERO);
+        tokio::task::yield_now().await;
+        assert_eq!(backend.reads(), 1, "30 ms into a 100 ms TTL: too early");
+        tokio::time::advance(Duration::from_millis(20)).await;
+        assert_eq!(timed_admit(&g).await, Duration::ZERO);
+        tokio::task::yield_now().await;
+        assert_eq!(backend.reads(), 2, "half the TTL: read ahead");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_failed_read_ahead_counts_in_the_streak_and_the_next_send_sees_it() {
         let backend = Arc::new(ScriptedDepth::new(
             vec![Ok(0), down()],
