@@ -742,6 +742,34 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_lagging_read_counts_completions_within_the_lag_and_during_the_read() {
+        let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::from_millis(100)));
+        let p = CapacityPolicy {
+            lag: Duration::from_secs(5),
+            ..policy(100, 1000, false, 3)
+        };
+        let g = gate(p, &backend);
+        let during = g.admit().await.unwrap(); // read 1 (100 ms)
+        g.admit().await.unwrap().finish(BacklogEffect::Stored); // before read 2, in the lag
+        assert_eq!(g.snapshot().reads_ok, 1);
+        tokio::time::advance(Duration::from_millis(1000)).await;
+        let waiting = {
+            let g = g.clone();
+            tokio::spawn(async move { g.admit().await.unwrap() })
+        };
+        tokio::task::yield_now().await; // read 2 starts
+        during.finish(BacklogEffect::Stored); // completes while read 2 runs
+        let third = waiting.await.unwrap();
+        assert_eq!(g.snapshot().reads_ok, 2);
+        assert_eq!(
+            g.snapshot().backlog,
+            Some(3),
+            "0 read + 1 within the lag + 1 during the read + 1 in flight"
+        );
+        drop(third);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_failed_read_ahead_counts_in_the_streak_and_the_next_send_sees_it() {
         let backend = Arc::new(ScriptedDepth::new(
             vec![Ok(0), down()],
