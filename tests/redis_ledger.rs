@@ -1045,6 +1045,39 @@ mod seat {
     }
 
     #[tokio::test]
+    async fn at_the_ceiling_refusals_are_answered_from_the_last_read_without_asking_redis() {
+        let s = setup(Fault::Pass).await;
+        joined(&s.fleet, true).await;
+        let backend: Arc<dyn Backend> = Arc::new(Depth(AtomicU64::new(5)));
+        let seat = FleetSeat::new(
+            s.fleet.clone(),
+            s.keys.clone(),
+            QueueName::parse("q").unwrap(),
+            policy(5, Duration::from_secs(60)),
+            Duration::from_millis(100),
+        );
+        let full = seat.admit(&backend).await.unwrap();
+        assert!(
+            matches!(full, Err(Refusal::QueueFull { backlog: 5, .. })),
+            "{full:?}"
+        );
+        // Redis stops answering: the next refusals on the same read never reach it (a call
+        // would miss its deadline and turn the replica local).
+        s.proxy.set(Fault::Blackhole);
+        for _ in 0..100 {
+            let started = Instant::now();
+            let again = seat.admit(&backend).await.unwrap();
+            assert!(
+                matches!(again, Err(Refusal::QueueFull { backlog: 5, .. })),
+                "{again:?}"
+            );
+            assert!(started.elapsed() < Duration::from_millis(50));
+        }
+        assert!(s.fleet.joined(), "no Redis call was made, none failed");
+        s.proxy.set(Fault::Pass);
+    }
+
+    #[tokio::test]
     async fn stored_sends_whose_settle_failed_are_counted_when_redis_answers_again() {
         let s = setup(Fault::Pass).await;
         joined(&s.fleet, true).await;
@@ -1103,11 +1136,14 @@ mod seat {
             gate.admit().await.err(),
             Some(Refusal::QueueFull { .. })
         ));
-        // Redis goes away again: this send is decided locally, on a read of its own, not
-        // on the one made before the fleet filled the queue.
+        // Redis goes away again and the replica turns local (said directly: a refusal at
+        // the ceiling is answered from the fleet's last read without a Redis call, so no
+        // send would notice before that read expires). This send is decided locally, on a
+        // read of its own, not on the one made before the fleet filled the queue.
         s.proxy.set(Fault::Reset);
-        let decided = gate.admit().await;
+        s.fleet.fall_back(&LedgerError::Timeout);
         assert!(!s.fleet.joined());
+        let decided = gate.admit().await;
         assert!(
             matches!(decided.as_ref().err(), Some(Refusal::QueueFull { .. })),
             "admitted on a read older than the spell in the fleet"

@@ -73,6 +73,10 @@ struct SeatState {
     /// The read generation whose fail-closed refusals were last logged, and those since.
     failclosed_logged: Option<u64>,
     failclosed_unlogged: u64,
+    /// The fleet said "full" on this read generation: refuse locally until that read
+    /// expires (or a newer one is seen), as a local gate does, instead of asking Redis
+    /// for every refusal at the ceiling. `(until, estimate, generation)`.
+    full: Option<(Instant, u64, u64)>,
 }
 
 pub struct FleetSeat {
@@ -123,6 +127,7 @@ impl FleetSeat {
                 last_read_took: Duration::ZERO,
                 failclosed_logged: None,
                 failclosed_unlogged: 0,
+                full: None,
             }),
             read_turn: tokio::sync::Mutex::new(()),
         })
@@ -171,6 +176,20 @@ impl FleetSeat {
                 self.spawn_ahead(ahead, backend);
                 return Ok(Ok(Held::Block));
             }
+            let generation = state.last.map(|(read, _)| read.generation);
+            if let Some((until, estimate, _)) = state
+                .full
+                .filter(|(until, _, seen)| now < *until && Some(*seen) == generation)
+            {
+                let ahead = self.ahead_due(&mut state, age, now);
+                drop(state);
+                self.spawn_ahead(ahead, backend);
+                return Ok(Err(Refusal::QueueFull {
+                    backlog: estimate,
+                    limit: self.policy.limit,
+                    retry_after: until - now,
+                }));
+            }
             let ahead = fresh && self.ahead_due(&mut state, age, now);
             let leftover = if now >= state.use_until {
                 std::mem::take(&mut state.left)
@@ -211,6 +230,8 @@ impl FleetSeat {
             }
             Reservation::Full { estimate, read } => {
                 state.last = Some((read, now));
+                let until = now + self.policy.ttl.saturating_sub(read.age);
+                state.full = Some((until, estimate, read.generation));
                 Err(Refusal::QueueFull {
                     backlog: estimate,
                     limit: self.policy.limit,
