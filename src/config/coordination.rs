@@ -195,7 +195,10 @@ mod tests {
         assert!(KeyPrefix::parse("").is_err());
         assert!(KeyPrefix::parse("has space").is_err());
         assert!(KeyPrefix::parse("{slot}").is_err());
-        assert!(KeyPrefix::parse(&"x".repeat(64)).is_ok(), "64 is the longest");
+        assert!(
+            KeyPrefix::parse(&"x".repeat(64)).is_ok(),
+            "64 is the longest"
+        );
         assert!(KeyPrefix::parse(&"x".repeat(65)).is_err());
     }
 }
