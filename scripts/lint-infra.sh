@@ -29,22 +29,9 @@ PACKAGES=(
     "tree-sitter==0.25.2"
     "tree-sitter-bicep==1.1.0"
 )
-STAMP="$VENV/.installed-$(printf '%s\n' "${PACKAGES[@]}" | cksum | cut -d' ' -f1)"
 
-if [ ! -f "$STAMP" ]; then
-    echo "-- installing ${PACKAGES[*]} into $VENV"
-    rm -rf "$VENV"
-    if ! python3 -m venv "$VENV" 2>/dev/null; then
-        # Debian's python3 ships venv separately.
-        if command -v apt-get >/dev/null; then
-            apt-get update -qq >/dev/null && apt-get install -y -qq python3-venv >/dev/null
-        fi
-        rm -rf "$VENV"
-        python3 -m venv "$VENV"
-    fi
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PACKAGES[@]}"
-    touch "$STAMP"
-fi
+. scripts/pyvenv.sh
+ensure_venv "$VENV" "${PACKAGES[@]}"
 
 failed=0
 

@@ -21,25 +21,12 @@ cd "$(dirname "$0")/.."
 
 VENV=.venv-schemathesis
 PACKAGES=("schemathesis==4.32.5")
-STAMP="$VENV/.installed-$(printf '%s\n' "${PACKAGES[@]}" | cksum | cut -d' ' -f1)"
 # Test cases per operation and phase; SCHEMATHESIS_MAX_EXAMPLES overrides, and
 # SCHEMATHESIS_EXTRA adds options (e.g. "--report har --report-dir /tmp/st").
 EXAMPLES="${SCHEMATHESIS_MAX_EXAMPLES:-200}"
 
-if [ ! -f "$STAMP" ]; then
-    echo "-- installing ${PACKAGES[*]} into $VENV"
-    rm -rf "$VENV"
-    if ! python3 -m venv "$VENV" 2>/dev/null; then
-        # Debian's python3 ships venv separately.
-        if command -v apt-get >/dev/null; then
-            apt-get update -qq >/dev/null && apt-get install -y -qq python3-venv >/dev/null
-        fi
-        rm -rf "$VENV"
-        python3 -m venv "$VENV"
-    fi
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PACKAGES[@]}"
-    touch "$STAMP"
-fi
+. scripts/pyvenv.sh
+ensure_venv "$VENV" "${PACKAGES[@]}"
 
 echo "-- building sendgate"
 cargo build --quiet --bin sendgate
