@@ -71,21 +71,55 @@ fn forget_prefix(prefix: &str) {
     ]);
 }
 
-/// The real binary on RabbitMQ (exact depth from the data plane), in the fleet `prefix`.
-async fn replica(queue: &str, redis_url: &str, prefix: &str, ceiling: &str) -> GatewayProcess {
-    GatewayProcess::start(&[
+const REDIS: &str = "redis://127.0.0.1:6379";
+
+/// The real binary on RabbitMQ serving `queue`, a member of the fleet `prefix` through
+/// `redis_url`, with one worker and a Redis deadline generous enough that a loaded machine
+/// never turns it local; then `vars`.
+async fn member(
+    queue: &str,
+    redis_url: &str,
+    prefix: &str,
+    vars: &[(&str, &str)],
+) -> GatewayProcess {
+    let mut all = vec![
         ("SENDGATE_BACKEND", "rabbitmq"),
         ("SENDGATE_QUEUES", queue),
-        ("SENDGATE_RABBITMQ_DEPTH_SOURCE", "amqp"),
-        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", ceiling),
-        ("SENDGATE_DEPTH_TTL_MS", "200"),
         ("SENDGATE_WORKERS", "1"),
         ("SENDGATE_COORDINATION", "redis"),
         ("SENDGATE_REDIS_URL", redis_url),
         ("SENDGATE_REDIS_PREFIX", prefix),
         ("SENDGATE_REDIS_TIMEOUT_MS", "500"),
-    ])
-    .await
+    ];
+    all.extend_from_slice(vars);
+    GatewayProcess::start(&all).await
+}
+
+/// A member with the exact depth of the data plane, a 200 ms TTL and this ceiling.
+async fn replica(queue: &str, redis_url: &str, prefix: &str, ceiling: &str) -> GatewayProcess {
+    let vars = [
+        ("SENDGATE_RABBITMQ_DEPTH_SOURCE", "amqp"),
+        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", ceiling),
+        ("SENDGATE_DEPTH_TTL_MS", "200"),
+    ];
+    member(queue, redis_url, prefix, &vars).await
+}
+
+/// `n` members on the local Redis, each in the fleet before it is returned.
+async fn fleet_of(
+    n: usize,
+    queue: &str,
+    prefix: &str,
+    vars: &[(&str, &str)],
+) -> Vec<GatewayProcess> {
+    let mut fleet = Vec::new();
+    for _ in 0..n {
+        fleet.push(member(queue, REDIS, prefix, vars).await);
+    }
+    for gw in &fleet {
+        wait_for_mode(gw, "redis").await;
+    }
+    fleet
 }
 
 async fn wait_for_mode(gw: &GatewayProcess, mode: &str) {
@@ -111,10 +145,9 @@ async fn three_replicas_keep_one_ceiling_under_64_concurrent_senders() {
     let queue = rabbit::unique("sg-fleet");
     rabbit::declare(&queue, &[]).await;
     let prefix = redis_support::unique_prefix();
-    let url = "redis://127.0.0.1:6379";
     let mut fleet = Vec::new();
     for _ in 0..3 {
-        fleet.push(replica(&queue, url, &prefix, "50").await);
+        fleet.push(replica(&queue, REDIS, &prefix, "50").await);
     }
     for gw in &fleet {
         wait_for_mode(gw, "redis").await;
@@ -232,30 +265,13 @@ async fn the_fleet_reads_the_admin_plane_at_most_once_per_ttl() {
     rabbit::wait_for_management_count(&queue, 0).await;
     let (management, reads) = counting_management_proxy().await;
     let prefix = redis_support::unique_prefix();
-    let mut fleet = Vec::new();
-    for _ in 0..3 {
-        fleet.push(
-            GatewayProcess::start(&[
-                ("SENDGATE_BACKEND", "rabbitmq"),
-                ("SENDGATE_QUEUES", &queue),
-                ("SENDGATE_RABBITMQ_MANAGEMENT_URL", &management),
-                ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "100000"),
-                ("SENDGATE_DEPTH_TTL_MS", "500"),
-                // Generous, so a loaded machine never turns a replica local (its own
-                // reads would then count here).
-                ("SENDGATE_REDIS_TIMEOUT_MS", "500"),
-                ("SENDGATE_PROBE_INTERVAL_S", "0"),
-                ("SENDGATE_WORKERS", "1"),
-                ("SENDGATE_COORDINATION", "redis"),
-                ("SENDGATE_REDIS_URL", "redis://127.0.0.1:6379"),
-                ("SENDGATE_REDIS_PREFIX", &prefix),
-            ])
-            .await,
-        );
-    }
-    for gw in &fleet {
-        wait_for_mode(gw, "redis").await;
-    }
+    let vars = [
+        ("SENDGATE_RABBITMQ_MANAGEMENT_URL", management.as_str()),
+        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "100000"),
+        ("SENDGATE_DEPTH_TTL_MS", "500"),
+        ("SENDGATE_PROBE_INTERVAL_S", "0"),
+    ];
+    let fleet = fleet_of(3, &queue, &prefix, &vars).await;
     // Three seconds of steady sends from 12 producers spread over the fleet.
     let before = reads.load(Ordering::SeqCst);
     let started = Instant::now();
@@ -316,30 +332,18 @@ async fn with_the_admin_plane_denied_every_replica_refuses_on_the_same_read() {
     // A management user without the monitoring tag: every admin read is refused.
     let user = rabbit::TempUser::new(&[]);
     let prefix = redis_support::unique_prefix();
-    let mut fleet = Vec::new();
-    for _ in 0..3 {
-        fleet.push(
-            GatewayProcess::start(&[
-                ("SENDGATE_BACKEND", "rabbitmq"),
-                ("SENDGATE_QUEUES", &queue),
-                ("SENDGATE_RABBITMQ_MANAGEMENT_USER", &user.name),
-                ("SENDGATE_RABBITMQ_MANAGEMENT_PASSWORD", &user.password),
-                ("SERVICEBUS_SEND_FAILCLOSED", "true"),
-                ("SERVICEBUS_SEND_FAILCLOSED_STREAK", "3"),
-                ("SENDGATE_DEPTH_TTL_MS", "0"),
-                ("SENDGATE_REDIS_TIMEOUT_MS", "500"),
-                ("SENDGATE_PROBE_INTERVAL_S", "0"),
-                ("SENDGATE_WORKERS", "1"),
-                ("SENDGATE_COORDINATION", "redis"),
-                ("SENDGATE_REDIS_URL", "redis://127.0.0.1:6379"),
-                ("SENDGATE_REDIS_PREFIX", &prefix),
-            ])
-            .await,
-        );
-    }
-    for gw in &fleet {
-        wait_for_mode(gw, "redis").await;
-    }
+    let vars = [
+        ("SENDGATE_RABBITMQ_MANAGEMENT_USER", user.name.as_str()),
+        (
+            "SENDGATE_RABBITMQ_MANAGEMENT_PASSWORD",
+            user.password.as_str(),
+        ),
+        ("SERVICEBUS_SEND_FAILCLOSED", "true"),
+        ("SERVICEBUS_SEND_FAILCLOSED_STREAK", "3"),
+        ("SENDGATE_DEPTH_TTL_MS", "0"),
+        ("SENDGATE_PROBE_INTERVAL_S", "0"),
+    ];
+    let fleet = fleet_of(3, &queue, &prefix, &vars).await;
     // The streak is the fleet's: failed reads made by any replica add up, so the third
     // send of the fleet (whichever replica takes it) is the first refused...
     let mut statuses = Vec::new();
@@ -367,22 +371,14 @@ async fn a_replica_killed_holding_headroom_gives_it_back_when_its_lease_ends() {
     rabbit::declare(&queue, &[]).await;
     let prefix = redis_support::unique_prefix();
     let vars = [
-        ("SENDGATE_BACKEND", "rabbitmq"),
-        ("SENDGATE_QUEUES", queue.as_str()),
         ("SENDGATE_RABBITMQ_DEPTH_SOURCE", "amqp"),
         ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "100"),
         ("SENDGATE_DEPTH_TTL_MS", "200"),
         ("SENDGATE_SEND_TIMEOUT_MS", "1000"),
-        ("SENDGATE_REDIS_TIMEOUT_MS", "500"),
-        ("SENDGATE_WORKERS", "1"),
-        ("SENDGATE_COORDINATION", "redis"),
-        ("SENDGATE_REDIS_URL", "redis://127.0.0.1:6379"),
-        ("SENDGATE_REDIS_PREFIX", prefix.as_str()),
     ];
-    let doomed = GatewayProcess::start(&vars).await;
-    let survivor = GatewayProcess::start(&vars).await;
-    wait_for_mode(&doomed, "redis").await;
-    wait_for_mode(&survivor, "redis").await;
+    let mut pair = fleet_of(2, &queue, &prefix, &vars).await;
+    let survivor = pair.pop().unwrap();
+    let doomed = pair.pop().unwrap();
     // One send takes a block of headroom (a share of the 100); the rest of it is unused.
     assert_eq!(doomed.send(&queue, "{}").await.unwrap(), 201);
     drop(doomed); // SIGKILL, then reaped: no drain, no goodbye to Redis
