@@ -249,7 +249,13 @@ async fn a_black_holed_redis_turns_each_replica_local_within_its_deadline_and_it
     for gw in [&a, &b] {
         wait_for_mode(gw, "redis").await;
         assert_eq!(gw.send(&queue, "{}").await.unwrap(), 201);
-        assert_eq!(gw.detailed().await["coordination"]["ok"], true);
+        let d = gw.detailed().await;
+        assert_eq!(d["coordination"]["ok"], true);
+        assert!(
+            d["coordination"]["last_error"].is_null(),
+            "back in the fleet, still an error: {}",
+            d["coordination"]
+        );
     }
     drop((a, b));
     rabbit::delete(&queue).await;

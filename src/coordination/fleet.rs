@@ -25,6 +25,7 @@ pub struct CoordinationHealth {
     pub ok: bool,
     /// When the current mode began.
     pub since: SystemTime,
+    /// Why the replica is local (the last failed Redis call); `None` while in the fleet.
     pub last_error: Option<String>,
 }
 
@@ -127,6 +128,9 @@ impl Fleet {
             let mut status = self.status.lock();
             status.joined = true;
             status.since = SystemTime::now();
+            // It said why the replica was local; in the fleet again, there is nothing to
+            // say (the `coordination_local` event keeps the history).
+            status.last_error = None;
         }
         tracing::info!(
             event = "coordination_joined",

@@ -124,6 +124,7 @@ pub struct CoordinationState {
     /// When the current mode began. RFC 3339.
     #[schema(format = DateTime)]
     since: Option<String>,
+    /// Why the replica is local: the last failed Redis call. `null` while in the fleet.
     last_error: Option<String>,
 }
 
