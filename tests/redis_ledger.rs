@@ -1040,6 +1040,15 @@ mod seat {
         }
     }
 
+    /// The admission was granted a unit of a block.
+    #[track_caller]
+    pub fn block(admitted: Result<Held, Refusal>) -> Held {
+        match admitted {
+            Ok(held @ Held::Block(_)) => held,
+            other => panic!("expected a unit of a block, got {other:?}"),
+        }
+    }
+
     pub async fn joined(fleet: &Arc<Fleet>, joined: bool) {
         until(&format!("joined = {joined}"), || fleet.joined() == joined).await;
     }
@@ -1089,10 +1098,10 @@ mod seat {
             policy(100, Duration::from_secs(60)),
             Duration::from_millis(100),
         );
-        assert_eq!(seat.admit(&backend).await.unwrap(), Ok(Held::Block));
+        let held = block(seat.admit(&backend).await.unwrap());
         // The send is stored; Redis refuses the batch that would say so.
         s.proxy.set(Fault::Reset);
-        seat.finish(Held::Block, BacklogEffect::Stored);
+        seat.finish(held, BacklogEffect::Stored);
         joined(&s.fleet, false).await;
         s.proxy.set(Fault::Pass);
         joined(&s.fleet, true).await;
@@ -1197,7 +1206,7 @@ mod seat {
             })
             .collect();
         for send in sends {
-            assert_eq!(send.await.unwrap(), Ok(Ok(Held::Block)));
+            block(send.await.unwrap().unwrap());
         }
         // One read (200 ms) and a few round trips; not 60 round trips in a row (3 s).
         let took = started.elapsed();
@@ -1220,19 +1229,85 @@ mod seat {
             policy(8, Duration::from_secs(60)),
             Duration::from_millis(1),
         );
-        assert_eq!(seat.admit(&backend).await.unwrap(), Ok(Held::Block));
-        seat.finish(Held::Block, BacklogEffect::NotStored);
+        let held = block(seat.admit(&backend).await.unwrap());
+        seat.finish(held, BacklogEffect::NotStored);
         until_reserved(&s, 0).await;
         // Each way takes 2 s: the reservation runs in Redis 2 s after it is asked for, and
         // its answer arrives 2 s later still.
         s.proxy.set(Fault::Delay(Duration::from_secs(2)));
-        assert_eq!(seat.admit(&backend).await.unwrap(), Ok(Held::Block));
+        block(seat.admit(&backend).await.unwrap());
         // This send runs now (for up to its 1 ms deadline): its unit must still be held.
         let read = s.direct.shared_read(&s.keys).await.unwrap();
         assert_eq!(
             read.reserved, 1,
             "a send in flight from a block whose lease already ended: uncounted"
         );
+    }
+
+    #[tokio::test]
+    async fn a_late_settle_of_an_expired_block_takes_nothing_from_the_next_block() {
+        let s = setup(Fault::Pass).await;
+        joined(&s.fleet, true).await;
+        let backend: Arc<dyn Backend> = Arc::new(Depth(AtomicU64::new(0)));
+        let seat = FleetSeat::new(
+            s.fleet.clone(),
+            s.keys.clone(),
+            QueueName::parse("q").unwrap(),
+            // A ceiling of 8 with nothing queued: blocks of one.
+            policy(8, Duration::from_secs(60)),
+            Duration::from_millis(1),
+        );
+        let first = block(seat.admit(&backend).await.unwrap());
+        // The first send's block lease ends (use 500 ms + deadline 1 ms + Redis 200 ms + 1 s)
+        // before its outcome is settled (a stalled task, a slow scheduler).
+        tokio::time::sleep(Duration::from_millis(1900)).await;
+        let second = block(seat.admit(&backend).await.unwrap());
+        until_reserved(&s, 1).await;
+        // The first send's outcome arrives, late: not stored.
+        seat.finish(first, BacklogEffect::NotStored);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let read = s.direct.shared_read(&s.keys).await.unwrap();
+        assert_eq!(
+            read.reserved, 1,
+            "the late settle freed the unit a send in flight holds"
+        );
+        seat.finish(second, BacklogEffect::NotStored);
+        until_reserved(&s, 0).await;
+    }
+
+    #[tokio::test]
+    async fn a_send_in_flight_from_the_fleet_counts_in_the_local_gate_after_a_fall_back() {
+        let s = setup(Fault::Pass).await;
+        joined(&s.fleet, true).await;
+        let depth = Arc::new(Depth(AtomicU64::new(0)));
+        let backend: Arc<dyn Backend> = depth.clone();
+        let queue = QueueName::parse("q").unwrap();
+        let p = policy(5, Duration::from_secs(60));
+        let gate = CapacityGate::new(queue.clone(), p.clone(), backend);
+        gate.join_fleet(FleetSeat::new(
+            s.fleet.clone(),
+            s.keys.clone(),
+            queue,
+            p,
+            Duration::from_millis(100),
+        ));
+        let running = gate.admit().await.expect("room in the fleet");
+        // Redis goes while that send runs; the others filled the queue to 4.
+        s.proxy.set(Fault::Reset);
+        s.fleet.fall_back(&LedgerError::Timeout);
+        depth.0.store(4, Ordering::SeqCst);
+        let decided = gate.admit().await;
+        assert!(
+            matches!(
+                decided.as_ref().err(),
+                Some(Refusal::QueueFull { backlog: 5, .. })
+            ),
+            "the send in flight from the fleet was not counted: {:?}",
+            decided.as_ref().err()
+        );
+        // It ends, not stored: room for one again.
+        running.finish(BacklogEffect::NotStored);
+        assert!(gate.admit().await.is_ok());
     }
 
     async fn until_reserved(s: &Setup, n: u64) {

@@ -201,11 +201,16 @@ impl CapacityGate {
     async fn admit_in_fleet(self: &Arc<Self>) -> Option<Result<Reservation, Refusal>> {
         let seat = self.seat.get().filter(|s| s.joined())?;
         match seat.admit(&self.backend).await {
-            Ok(Ok(held)) => Some(Ok(Reservation {
-                gate: self.clone(),
-                held: Some(held),
-                finished: false,
-            })),
+            Ok(Ok(held)) => {
+                // Counted here too: should the replica turn local while this send runs, the
+                // local gate's estimate must hold it (the fleet's count is out of reach).
+                self.state.lock().in_flight += 1;
+                Some(Ok(Reservation {
+                    gate: self.clone(),
+                    held: Some(held),
+                    finished: false,
+                }))
+            }
             Ok(Err(refusal)) => {
                 if let Refusal::CapacityUnknown {
                     consecutive_failures,
@@ -536,7 +541,10 @@ impl Reservation {
 
     fn settle(&self, outcome: BacklogEffect) {
         match (self.held, self.gate.seat.get()) {
-            (Some(held), Some(seat)) => seat.finish(held, outcome),
+            (Some(held), Some(seat)) => {
+                self.gate.finish(outcome);
+                seat.finish(held, outcome);
+            }
             (None, Some(seat)) => {
                 self.gate.finish(outcome);
                 // Admitted by this replica alone while Redis did not answer: the message

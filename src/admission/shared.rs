@@ -48,16 +48,28 @@ const WAIT_POLL: Duration = Duration::from_millis(10);
 /// What an admission in the fleet holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Held {
-    /// A unit of this replica's block.
-    Block,
+    /// A unit of this replica's block, of the block's [`BlockTurn`].
+    Block(BlockTurn),
     /// Nothing reserved: admitted fail-open (no good read); stored outcomes still count.
     Open,
 }
+
+/// Which of this replica's blocks a unit came from. Once a block's lease has surely ended
+/// in Redis, the next block gets a new id (`{replica}:{turn}`): a late settle of the old
+/// block then finds nothing under its id, instead of taking units from a new block that
+/// sends in flight hold (which would free headroom they use: an overshoot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockTurn(u64);
 
 struct SeatState {
     /// Headroom of the block not yet handed out, and until when it may be.
     left: u64,
     use_until: Instant,
+    /// The current block's turn, and when its lease has surely ended in Redis (the
+    /// lease starts when the script runs, before its reply arrives): after that instant
+    /// the next grant starts a new turn under a new id.
+    turn: u64,
+    lease_ends: Instant,
     /// The fleet's read as last seen, and when (local clock).
     last: Option<(SharedRead, Instant)>,
     pending_block_stored: u64,
@@ -87,7 +99,8 @@ pub struct FleetSeat {
     /// How long a block stays counted: its use, plus a send's deadline, plus the longest
     /// its grant may take to arrive (the lease starts when the script runs), plus a margin.
     block_lease: Duration,
-    block_id: String,
+    /// This replica's name: its blocks are `{replica}:{turn}`, its open sends `{replica}-open`.
+    replica: String,
     open_id: String,
     state: Mutex<SeatState>,
     /// One read attempt at a time in this replica.
@@ -102,12 +115,12 @@ impl FleetSeat {
         policy: CapacityPolicy,
         send_timeout: Duration,
     ) -> Arc<Self> {
-        let block_id = fleet.replica().to_owned();
+        let replica = fleet.replica().to_owned();
         let block_lease =
             USE_BLOCK_FOR + send_timeout + fleet.ledger().timeout() + Duration::from_secs(1);
         Arc::new(Self {
-            open_id: format!("{block_id}-open"),
-            block_id,
+            open_id: format!("{replica}-open"),
+            replica,
             fleet,
             keys,
             queue,
@@ -116,6 +129,8 @@ impl FleetSeat {
             state: Mutex::new(SeatState {
                 left: 0,
                 use_until: Instant::now(),
+                turn: 0,
+                lease_ends: Instant::now(),
                 last: None,
                 pending_block_stored: 0,
                 pending_block_not_stored: 0,
@@ -169,12 +184,13 @@ impl FleetSeat {
             // this replica's own unused block against it and refuse a send the fleet has room for.
             if state.left > 0 && now < state.use_until {
                 state.left -= 1;
+                let turn = BlockTurn(state.turn);
                 // Within the lead of the TTL, or past it: one read in the background
                 // (throttled, so a flood of sends spawns no flood of reads).
                 let ahead = self.ahead_due(&mut state, age, now);
                 drop(state);
                 self.spawn_ahead(ahead, backend);
-                return Ok(Ok(Held::Block));
+                return Ok(Ok(Held::Block(turn)));
             }
             let generation = state.last.map(|(read, _)| read.generation);
             if let Some((until, estimate, _)) = state
@@ -191,7 +207,12 @@ impl FleetSeat {
                 }));
             }
             let ahead = fresh && self.ahead_due(&mut state, age, now);
-            let leftover = if now >= state.use_until {
+            let leftover = if now >= state.lease_ends {
+                // The block's lease has ended in Redis, which took its headroom back: the
+                // next block is a new one, under a new id.
+                Self::next_turn(&mut state);
+                0
+            } else if now >= state.use_until {
                 std::mem::take(&mut state.left)
             } else {
                 0
@@ -206,13 +227,17 @@ impl FleetSeat {
         // The block is handed out for its use from when it was asked for, which is before
         // its lease began in Redis, however late the answer.
         let asked = Instant::now();
+        let (turn, block_id) = {
+            let turn = self.state.lock().turn;
+            (turn, self.block_id(turn))
+        };
         if leftover > 0 {
-            ledger.release(&self.keys, &self.block_id, leftover).await?;
+            ledger.release(&self.keys, &block_id, leftover).await?;
         }
         let reservation = ledger
             .reserve(
                 &self.keys,
-                &self.block_id,
+                &block_id,
                 BLOCK_WANT,
                 self.policy.limit,
                 SHARE_DIVISOR,
@@ -224,9 +249,16 @@ impl FleetSeat {
         Ok(match reservation {
             Reservation::Granted { granted, read } => {
                 state.last = Some((read, now));
+                if state.turn != turn {
+                    // Another send began a new turn while this grant was on its way: the
+                    // grant is under the old id, whose lease runs from now. Its unit is
+                    // used by this send; the rest is not handed out (it returns with the lease).
+                    return Ok(Ok(Held::Block(BlockTurn(turn))));
+                }
                 state.left += granted.saturating_sub(1);
                 state.use_until = asked + USE_BLOCK_FOR;
-                Ok(Held::Block)
+                state.lease_ends = now + self.block_lease;
+                Ok(Held::Block(BlockTurn(turn)))
             }
             Reservation::Full { estimate, read } => {
                 state.last = Some((read, now));
@@ -253,6 +285,20 @@ impl FleetSeat {
                 }
             }
         })
+    }
+
+    /// The current block's lease has ended: what its sends still have to settle counts as
+    /// open (the old block gave its headroom back when its lease ended, so nothing is taken
+    /// from it, but stored sends still count on top of the read).
+    fn next_turn(state: &mut SeatState) {
+        state.turn += 1;
+        state.left = 0;
+        state.pending_open_stored += std::mem::take(&mut state.pending_block_stored);
+        state.pending_block_not_stored = 0;
+    }
+
+    fn block_id(&self, turn: u64) -> String {
+        format!("{}:{turn}", self.replica)
     }
 
     /// Whether this send should start a read ahead of expiry (throttled while another
@@ -376,11 +422,15 @@ impl FleetSeat {
         let stored = effect != BacklogEffect::NotStored;
         let schedule = {
             let mut state = self.state.lock();
+            let current = BlockTurn(state.turn);
             match (held, stored) {
-                (Held::Block, true) => state.pending_block_stored += 1,
-                (Held::Block, false) => state.pending_block_not_stored += 1,
-                (Held::Open, true) => state.pending_open_stored += 1,
-                (Held::Open, false) => return,
+                (Held::Block(turn), true) if turn == current => state.pending_block_stored += 1,
+                (Held::Block(turn), false) if turn == current => {
+                    state.pending_block_not_stored += 1
+                }
+                // From a block whose lease ended: it gave its headroom back then.
+                (Held::Block(_) | Held::Open, true) => state.pending_open_stored += 1,
+                (Held::Block(_) | Held::Open, false) => return,
             }
             !std::mem::replace(&mut state.flush_scheduled, true)
         };
@@ -416,19 +466,20 @@ impl FleetSeat {
     /// that sends in flight hold. Their units stay in the old block until its lease ends
     /// (counted twice meanwhile: the safe side), as do the not-stored ones.
     async fn settle_pending(&self) -> Result<(), (LedgerError, u64)> {
-        let (stored, not_stored, open) = {
+        let (stored, not_stored, open, turn) = {
             let mut state = self.state.lock();
             state.flush_scheduled = false;
             (
                 std::mem::take(&mut state.pending_block_stored),
                 std::mem::take(&mut state.pending_block_not_stored),
                 std::mem::take(&mut state.pending_open_stored),
+                state.turn,
             )
         };
         let ledger = self.fleet.ledger();
         if stored + not_stored > 0 {
             ledger
-                .settle(&self.keys, &self.block_id, stored, not_stored)
+                .settle(&self.keys, &self.block_id(turn), stored, not_stored)
                 .await
                 .map_err(|e| (e, stored + open))?;
         }
