@@ -1,8 +1,8 @@
 // sendgate on Azure: Service Bus (namespace + request queue), a user-assigned managed
 // identity with only the data-plane roles it needs, Log Analytics, a Container Apps
-// environment, the sendgate Container App and, when it may run more than one replica, an
-// Azure Managed Redis the replicas share the ceiling through. See infra/README.md for the
-// deploy commands.
+// environment, the sendgate Container App, when it may run more than one replica an Azure
+// Managed Redis the replicas share the ceiling through, and (deployAlerts) alert rules on
+// the gateway's events and 5xx answers. See infra/README.md for the deploy commands.
 //
 //   az deployment group create -g <rg> -f infra/main.bicep -p @infra/main.parameters.json
 //
@@ -180,6 +180,22 @@ param redisTimeoutMs int = 50
 @minValue(30)
 @maxValue(730)
 param logRetentionDays int = 30
+
+// --- Alerts (modules/alerts.bicep; infra/README.md "Alerts") ---
+
+@description('Deploy the alert rules and their action group. false: none (nothing else changes).')
+param deployAlerts bool = true
+
+@description('E-mail addresses the alerts notify. Empty: no e-mail receivers (the alerts still fire and show in the portal).')
+param alertEmails array = []
+
+@description('Webhooks the alerts call, as { "<receiver name>": "https://..." } (common alert schema). Secure, since such URLs often embed a token; HTTPS only. Empty: no webhook receivers.')
+@secure()
+param alertWebhooks object = {}
+
+@description('5xx answers in 5 minutes (Requests metric) at or above which the 5xx alert fires. A count, not a ratio: size it to the traffic.')
+@minValue(1)
+param alertServerErrorsPer5Min int = 20
 
 @description('Tags applied to every resource.')
 param tags object = {
@@ -748,6 +764,31 @@ resource app 'Microsoft.App/containerApps@2024-03-01' = {
 }
 
 // ---------------------------------------------------------------------------------------
+// Alerts: log alerts on the gateway's JSON events, a 5xx metric alert, one action group
+// ---------------------------------------------------------------------------------------
+
+// The streak threshold and the fail-closed flag are the very parameters the container gets
+// (SERVICEBUS_SEND_FAILCLOSED_STREAK, SERVICEBUS_SEND_FAILCLOSED), so the alerts cannot
+// disagree with the gateway. Referencing the app and the workspace by symbol makes the
+// module wait for both.
+module alerts 'modules/alerts.bicep' = if (deployAlerts) {
+  name: '${namePrefix}-alerts'
+  params: {
+    location: location
+    namePrefix: namePrefix
+    tags: tags
+    logAnalyticsName: logAnalytics.name
+    appName: app.name
+    failClosed: failClosed
+    failClosedStreak: failClosedStreak
+    readDepth: readDepth
+    emails: alertEmails
+    webhooks: alertWebhooks
+    serverErrorsPer5Min: alertServerErrorsPer5Min
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // Outputs
 // ---------------------------------------------------------------------------------------
 
@@ -774,3 +815,6 @@ output redisHostName string = useRedis ? redis!.properties.hostName : ''
 
 @description('terminationGracePeriodSeconds given to the app (drain + margin).')
 output terminationGracePeriodSeconds int = terminationGracePeriodSeconds
+
+@description('Resource id of the alerts\' action group (empty with deployAlerts=false).')
+output alertActionGroupId string = deployAlerts ? alerts!.outputs.actionGroupId : ''
