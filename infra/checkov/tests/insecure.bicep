@@ -169,3 +169,152 @@ resource redisDefaults 'Microsoft.Cache/redisEnterprise/databases@2025-07-01' = 
     port: 10000
   }
 }
+
+// Alerts: rules that notify nobody or run as nobody, action groups that send the alert in
+// the clear or in a legacy schema.
+
+param hookUrls array = []
+
+resource ruleDisabled 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
+  name: 'fixture-rule-disabled'
+  location: 'westeurope'
+  kind: 'LogAlert'
+  properties: {
+    enabled: false
+    severity: 1
+    scopes: []
+    criteria: {
+      allOf: []
+    }
+    actions: {
+      actionGroups: [
+        groupDisabled.id
+      ]
+    }
+  }
+}
+
+resource ruleNoActions 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
+  name: 'fixture-rule-silent'
+  location: 'westeurope'
+  kind: 'LogAlert'
+  identity: {
+    type: 'None'
+  }
+  properties: {
+    enabled: true
+    severity: 1
+    scopes: []
+    criteria: {
+      allOf: []
+    }
+  }
+}
+
+resource ruleEmptyActions 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
+  name: 'fixture-rule-empty'
+  location: 'westeurope'
+  kind: 'LogAlert'
+  identity: {
+    type: 'UserAssigned'
+  }
+  properties: {
+    enabled: true
+    severity: 1
+    scopes: []
+    criteria: {
+      allOf: []
+    }
+    actions: {
+      actionGroups: []
+    }
+  }
+}
+
+resource metricDisabled 'Microsoft.Insights/metricAlerts@2018-03-01' = {
+  name: 'fixture-metric-disabled'
+  location: 'global'
+  properties: {
+    enabled: false
+    severity: 2
+    scopes: []
+    evaluationFrequency: 'PT1M'
+    windowSize: 'PT5M'
+    criteria: {}
+    actions: [
+      {
+        actionGroupId: groupDisabled.id
+      }
+    ]
+  }
+}
+
+resource metricSilent 'Microsoft.Insights/metricAlerts@2018-03-01' = {
+  name: 'fixture-metric-silent'
+  location: 'global'
+  properties: {
+    enabled: true
+    severity: 2
+    scopes: []
+    evaluationFrequency: 'PT1M'
+    windowSize: 'PT5M'
+    criteria: {}
+    actions: []
+  }
+}
+
+resource groupDisabled 'Microsoft.Insights/actionGroups@2023-01-01' = {
+  name: 'fixture-group-disabled'
+  location: 'Global'
+  properties: {
+    groupShortName: 'fixture'
+    enabled: false
+  }
+}
+
+resource groupPlainHttp 'Microsoft.Insights/actionGroups@2023-01-01' = {
+  name: 'fixture-group-http'
+  location: 'Global'
+  properties: {
+    groupShortName: 'fixture'
+    enabled: true
+    webhookReceivers: [
+      {
+        name: 'plain'
+        serviceUri: 'http://hooks.example.invalid/alert'
+        useCommonAlertSchema: true
+      }
+    ]
+  }
+}
+
+resource groupLegacySchema 'Microsoft.Insights/actionGroups@2023-01-01' = {
+  name: 'fixture-group-legacy'
+  location: 'Global'
+  properties: {
+    groupShortName: 'fixture'
+    enabled: true
+    emailReceivers: [
+      {
+        name: 'ops'
+        emailAddress: 'ops@example.invalid'
+        useCommonAlertSchema: false
+      }
+    ]
+  }
+}
+
+resource groupLoopLegacy 'Microsoft.Insights/actionGroups@2023-01-01' = {
+  name: 'fixture-group-loop'
+  location: 'Global'
+  properties: {
+    groupShortName: 'fixture'
+    enabled: true
+    webhookReceivers: [
+      for (url, i) in hookUrls: {
+        name: 'hook-${i}'
+        serviceUri: url
+      }
+    ]
+  }
+}
