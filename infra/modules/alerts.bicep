@@ -267,10 +267,9 @@ resource breakerOpen 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
 // the ceiling is not enforced, silently (with the gate on, rule 1 covers it). Not created
 // without readDepth: there every read fails by design and the ceiling is knowingly off.
 //
-// A replica's own gate logs the streak (consecutive_failures): such a line at or over the
-// threshold counts the full threshold. The fleet's reads (SENDGATE_COORDINATION=redis, one
-// per depth TTL fleet-wide) log no streak: each such line counts 1, so the threshold's worth
-// of failed fleet reads within the window fires too.
+// Every depth_read_failed line carries the streak (consecutive_failures): a replica's own
+// gate's, or the fleet's as published (SENDGATE_COORDINATION=redis). A line at or over the
+// threshold counts the full threshold; a line without the field (an older gateway) counts 1.
 resource depthStreak 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = if (!failClosed && readDepth) {
   name: '${namePrefix}-depth-read-streak'
   location: location

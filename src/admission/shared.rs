@@ -362,17 +362,31 @@ impl FleetSeat {
                 let started = Instant::now();
                 let deadline = started + self.policy.read_timeout;
                 let read = backend.backlog(&self.queue, deadline);
-                let outcome = match tokio::time::timeout_at(deadline, read).await {
-                    Ok(Ok(backlog)) => ReadOutcome::Ok {
-                        backlog: backlog.messages,
-                        send_disabled: backlog.send_disabled,
-                    },
-                    Ok(Err(error)) => Self::failed(&self.queue, error),
-                    Err(_) => Self::failed(&self.queue, DepthError::Timeout),
+                let (outcome, error) = match tokio::time::timeout_at(deadline, read).await {
+                    Ok(Ok(backlog)) => (
+                        ReadOutcome::Ok {
+                            backlog: backlog.messages,
+                            send_disabled: backlog.send_disabled,
+                        },
+                        None,
+                    ),
+                    Ok(Err(error)) => (ReadOutcome::Failed, Some(error)),
+                    Err(_) => (ReadOutcome::Failed, Some(DepthError::Timeout)),
                 };
                 let published = ledger
                     .publish_read(&self.keys, ticket, outcome, true)
                     .await?;
+                if let Some(error) = error {
+                    // Logged with the fleet's streak, as a local gate logs its own (alerts
+                    // compare it with the fail-closed threshold).
+                    tracing::warn!(
+                        event = "depth_read_failed",
+                        queue = %self.queue,
+                        consecutive_failures = published.streak,
+                        error = %error,
+                        "could not read the queue depth (published to the fleet)"
+                    );
+                }
                 let mut state = self.state.lock();
                 state.last_read_took = started.elapsed();
                 state.last = Some((published, Instant::now()));
@@ -405,16 +419,6 @@ impl FleetSeat {
         self.state.lock().last.is_some_and(|(read, seen)| {
             read.state != SharedState::Never && read.age + (now - seen) < self.policy.ttl
         })
-    }
-
-    fn failed(queue: &QueueName, error: DepthError) -> ReadOutcome {
-        tracing::warn!(
-            event = "depth_read_failed",
-            queue = %queue,
-            error = %error,
-            "could not read the queue depth (published to the fleet)"
-        );
-        ReadOutcome::Failed
     }
 
     /// A send admitted through the fleet ended: its outcome is settled with the next batch.
