@@ -420,9 +420,11 @@ PROCESSES = {"one": 1, "fleet": 3, "local": 3}
 
 
 def gate_reads(r):
-    """Gate reads in the window: each process counts its own reads in `/metrics`, except on
-    Redis, where every replica reports the fleet-wide count (so the highest is the fleet's)."""
-    if r.get("side") == "fleet":
+    """Gate reads in the window: each process counts its own reads in `/metrics` (on Redis
+    too, since issue 14's review: the fleet-wide count is no longer reported), so the sum
+    over the processes is the fleet's. Results recorded before that change reported the
+    fleet-wide count on every replica; for those the highest is the fleet's."""
+    if r.get("side") == "fleet" and r.get("reads_per_process") is not True:
         return r.get("metric_depth_reads_max")
     return r.get("metric_depth_reads")
 

@@ -1310,6 +1310,177 @@ mod seat {
         assert!(gate.admit().await.is_ok());
     }
 
+    /// A seat on a ceiling of 50 whose sends run for up to 1 s: a block's lease is
+    /// 0.5 s of use + 1 s + 200 ms (Redis) + 1 s = 2.7 s.
+    fn seat_of_50(s: &Setup) -> Arc<FleetSeat> {
+        FleetSeat::new(
+            s.fleet.clone(),
+            s.keys.clone(),
+            QueueName::parse("q").unwrap(),
+            policy(50, Duration::from_secs(30)),
+            Duration::from_secs(1),
+        )
+    }
+
+    /// Admit until the fleet says no, every admitted send kept in flight.
+    async fn fill(seat: &Arc<FleetSeat>, backend: &Arc<dyn Backend>) -> u64 {
+        let mut admitted = 0;
+        for _ in 0..100 {
+            match seat.admit(backend).await.expect("Redis answers") {
+                Ok(_) => admitted += 1,
+                Err(_) => break,
+            }
+        }
+        admitted
+    }
+
+    /// One send every 300 ms for `for_`, each not stored, then the last batch settled.
+    async fn steady_traffic(seat: &Arc<FleetSeat>, backend: &Arc<dyn Backend>, for_: Duration) {
+        let end = Instant::now() + for_;
+        while Instant::now() < end {
+            let held = seat.admit(backend).await.unwrap().expect("room");
+            seat.finish(held, BacklogEffect::NotStored);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    #[tokio::test]
+    async fn without_a_blip_steady_traffic_leaves_the_whole_ceiling() {
+        let s = setup(Fault::Pass).await;
+        joined(&s.fleet, true).await;
+        let backend: Arc<dyn Backend> = Arc::new(Depth(AtomicU64::new(0)));
+        let seat = seat_of_50(&s);
+        seat.prime(&backend).await.unwrap();
+        steady_traffic(&seat, &backend, Duration::from_secs(4)).await;
+        assert_eq!(fill(&seat, &backend).await, 50);
+    }
+
+    #[tokio::test]
+    async fn headroom_unused_at_a_redis_blip_comes_back_within_a_lease_under_steady_traffic() {
+        // Found in review: the unused part of a block was dropped at a fall back while the
+        // replica kept re-reserving under the same id, which extended that block's lease at
+        // every grant: under steady traffic the lost units never came back.
+        let s = setup(Fault::Pass).await;
+        joined(&s.fleet, true).await;
+        let backend: Arc<dyn Backend> = Arc::new(Depth(AtomicU64::new(0)));
+        let seat = seat_of_50(&s);
+        seat.prime(&backend).await.unwrap();
+        // A block of 6 (50 / 8): one used, five not yet handed out.
+        let first = block(seat.admit(&backend).await.unwrap());
+        seat.fall_back(&LedgerError::Timeout);
+        joined(&s.fleet, true).await;
+        seat.finish(first, BacklogEffect::NotStored);
+        // Steady traffic for longer than a block's lease (2.7 s).
+        steady_traffic(&seat, &backend, Duration::from_secs(4)).await;
+        let admitted = fill(&seat, &backend).await;
+        assert_eq!(
+            admitted, 50,
+            "empty queue, nothing in flight: the fleet admitted {admitted} of 50"
+        );
+    }
+
+    /// An empty queue that counts its admin-plane reads.
+    #[derive(Default)]
+    struct CountingDepth(AtomicU64);
+
+    #[async_trait::async_trait]
+    impl Backend for CountingDepth {
+        fn kind(&self) -> &'static str {
+            "counting"
+        }
+        async fn send(
+            &self,
+            _: OutgoingMessage,
+            _: tokio::time::Instant,
+        ) -> Result<SendReceipt, SendError> {
+            unreachable!("admission never sends")
+        }
+        async fn backlog(
+            &self,
+            _: &QueueName,
+            _: tokio::time::Instant,
+        ) -> Result<Backlog, DepthError> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(Backlog::of(0))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_redis_that_answers_ping_but_not_the_scripts_is_not_rejoined() {
+        // Found in review: the rejoin test was a PING. With the queue's scripts failing (here
+        // a key of the wrong type where its shared read lives), the replica rejoined every
+        // second and fell back on the next send; each fall back cost a fresh admin read.
+        let s = setup(Fault::Pass).await;
+        joined(&s.fleet, true).await;
+        cli(&["SET", s.keys.all()[0], "garbage", "EX", "60"]);
+        let backend = Arc::new(CountingDepth::default());
+        let queue = QueueName::parse("q").unwrap();
+        let p = policy(50, Duration::from_secs(30));
+        let gate = CapacityGate::new(queue.clone(), p.clone(), backend.clone());
+        gate.join_fleet(FleetSeat::new(
+            s.fleet.clone(),
+            s.keys.clone(),
+            queue,
+            p,
+            Duration::from_secs(1),
+        ));
+        for _ in 0..5 {
+            let admitted = gate.admit().await.expect("admitted locally");
+            admitted.finish(BacklogEffect::NotStored);
+            // Longer than the rejoin period (1 s).
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+        }
+        let reads = backend.0.load(Ordering::SeqCst);
+        assert_eq!(
+            reads, 1,
+            "5 sends within one 30 s TTL: {reads} admin reads (the replica flapped)"
+        );
+        assert!(!s.fleet.joined());
+        assert!(s.fleet.health().last_error.is_some());
+    }
+
+    #[tokio::test]
+    async fn metrics_count_this_replicas_own_reads_not_the_fleets() {
+        // Found in review: /metrics reported the fleet-wide read count while in the fleet and
+        // this process's own while local, so the counter went down at a switch (and summing
+        // it over N replicas counted every read N times).
+        let s = setup(Fault::Pass).await;
+        joined(&s.fleet, true).await;
+        let other = Fleet::start(s.direct.clone());
+        joined(&other, true).await;
+        let backend: Arc<dyn Backend> = Arc::new(Depth(AtomicU64::new(0)));
+        let queue = QueueName::parse("q").unwrap();
+        let p = policy(50, Duration::from_millis(300));
+        let gate = CapacityGate::new(queue.clone(), p.clone(), backend.clone());
+        let mine = FleetSeat::new(
+            s.fleet.clone(),
+            s.keys.clone(),
+            queue.clone(),
+            p.clone(),
+            Duration::from_millis(100),
+        );
+        gate.join_fleet(mine);
+        gate.prime().await;
+        assert_eq!(gate.snapshot().reads_ok, 1);
+        // The other replica makes the next read; this one uses it.
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        let theirs = FleetSeat::new(other, s.keys.clone(), queue, p, Duration::from_millis(100));
+        block(theirs.admit(&backend).await.unwrap());
+        assert!(gate.admit().await.is_ok());
+        let in_fleet = gate.snapshot();
+        assert_eq!(
+            in_fleet.reads_ok, 1,
+            "the other replica's read was counted here"
+        );
+        assert!(in_fleet.last_read_ok_at.is_some());
+        // Local: its own read comes on top; the counter never goes down.
+        s.proxy.set(Fault::Reset);
+        s.fleet.fall_back(&LedgerError::Timeout);
+        assert!(gate.admit().await.is_ok());
+        assert_eq!(gate.snapshot().reads_ok, 2);
+    }
+
     async fn until_reserved(s: &Setup, n: u64) {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {

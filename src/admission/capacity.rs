@@ -491,15 +491,21 @@ impl CapacityGate {
     }
 
     pub fn snapshot(&self) -> GateSnapshot {
-        if let Some(shared) = self
-            .seat
-            .get()
-            .filter(|s| s.joined())
-            .and_then(|s| s.snapshot())
-        {
-            return shared;
-        }
+        let seat = self.seat.get();
+        // The admin-plane reads this process made, in either mode: a counter in /metrics
+        // that never goes down at a switch between the fleet and local mode.
+        let (seat_ok, seat_failed) = seat.map_or((0, 0), |s| s.own_reads());
+        let shared = seat.filter(|s| s.joined()).and_then(|s| s.snapshot());
         let state = self.state.lock();
+        let reads_ok = state.reads_ok + seat_ok;
+        let reads_failed = state.reads_failed + seat_failed;
+        if let Some(shared) = shared {
+            return GateSnapshot {
+                reads_ok,
+                reads_failed,
+                ..shared
+            };
+        }
         let backlog = match state.last_read {
             LastRead::Ok { backlog, .. } => Some(
                 backlog
@@ -517,8 +523,8 @@ impl CapacityGate {
                 && self.policy.fail_closed
                 && state.streak >= self.policy.streak_threshold,
             last_read_ok_at: state.last_read_ok_at,
-            reads_ok: state.reads_ok,
-            reads_failed: state.reads_failed,
+            reads_ok,
+            reads_failed,
         }
     }
 }

@@ -9,7 +9,8 @@
 //!   decision on the same read.
 //! - **Exact at the ceiling, free far from it**: headroom is reserved in blocks (a share of
 //!   what remains, shrinking to one near the ceiling) that this replica hands out locally
-//!   for [`USE_BLOCK_FOR`]; outcomes are settled in batches every [`SETTLE_EVERY`]. A block's
+//!   for [`USE_BLOCK_FOR`]; outcomes are settled in batches every [`SETTLE_EVERY`]. Each
+//!   grant is a block of its own ([`BlockTurn`]), never extended. A block's
 //!   lease outlives its use by a send deadline (and a Redis call's, since the lease starts
 //!   before the grant arrives), so sends still in flight stay counted, and a
 //!   replica killed holding a block gives it back when the lease ends.
@@ -17,8 +18,9 @@
 //! Every call here may fail with a [`LedgerError`]: the caller then falls back to the local
 //! gate for that send, and the fleet status to local mode.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use parking_lot::Mutex;
 use tokio::time::Instant;
@@ -54,26 +56,26 @@ pub enum Held {
     Open,
 }
 
-/// Which of this replica's blocks a unit came from. Once a block's lease has surely ended
-/// in Redis, the next block gets a new id (`{replica}:{turn}`): a late settle of the old
-/// block then finds nothing under its id, instead of taking units from a new block that
-/// sends in flight hold (which would free headroom they use: an overshoot).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which of this replica's blocks a unit came from. Every grant is a block of its own,
+/// `{replica}:{turn}`, with its own lease that nothing extends: headroom lost on the way (a
+/// fall back with units unused, a reservation that ran in Redis after its caller gave up, a
+/// batch that failed) returns when that lease ends, however busy the replica stays; and a late
+/// settle finds nothing under an expired id instead of taking units that sends in flight of a
+/// newer block hold (which would free headroom they use: an overshoot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct BlockTurn(u64);
 
 struct SeatState {
     /// Headroom of the block not yet handed out, and until when it may be.
     left: u64,
     use_until: Instant,
-    /// The current block's turn, and when its lease has surely ended in Redis (the
-    /// lease starts when the script runs, before its reply arrives): after that instant
-    /// the next grant starts a new turn under a new id.
+    /// The block `left` comes from, and the last turn given to a reservation.
     turn: u64,
-    lease_ends: Instant,
+    turns: u64,
     /// The fleet's read as last seen, and when (local clock).
     last: Option<(SharedRead, Instant)>,
-    pending_block_stored: u64,
-    pending_block_not_stored: u64,
+    /// Outcomes to settle, by block: (stored, not stored).
+    pending_blocks: BTreeMap<BlockTurn, (u64, u64)>,
     pending_open_stored: u64,
     flush_scheduled: bool,
     ahead_tried_at: Option<Instant>,
@@ -82,6 +84,10 @@ struct SeatState {
     /// The read generation another replica's read was last waited for in vain.
     waited_out: Option<u64>,
     last_read_took: Duration,
+    /// Admin-plane reads this replica made for the fleet: (ok, failed). `/metrics` counts a
+    /// process's own reads (the fleet-wide totals in Redis would jump at every switch to
+    /// local mode and back, and add up N times across N replicas).
+    own_reads: (u64, u64),
     /// The read generation whose fail-closed refusals were last logged, and those since.
     failclosed_logged: Option<u64>,
     failclosed_unlogged: u64,
@@ -115,6 +121,7 @@ impl FleetSeat {
         policy: CapacityPolicy,
         send_timeout: Duration,
     ) -> Arc<Self> {
+        fleet.register(keys.clone());
         let replica = fleet.replica().to_owned();
         let block_lease =
             USE_BLOCK_FOR + send_timeout + fleet.ledger().timeout() + Duration::from_secs(1);
@@ -130,16 +137,16 @@ impl FleetSeat {
                 left: 0,
                 use_until: Instant::now(),
                 turn: 0,
-                lease_ends: Instant::now(),
+                turns: 0,
                 last: None,
-                pending_block_stored: 0,
-                pending_block_not_stored: 0,
+                pending_blocks: BTreeMap::new(),
                 pending_open_stored: 0,
                 flush_scheduled: false,
                 ahead_tried_at: None,
                 ahead_running: false,
                 waited_out: None,
                 last_read_took: Duration::ZERO,
+                own_reads: (0, 0),
                 failclosed_logged: None,
                 failclosed_unlogged: 0,
                 full: None,
@@ -207,15 +214,12 @@ impl FleetSeat {
                 }));
             }
             let ahead = fresh && self.ahead_due(&mut state, age, now);
-            let leftover = if now >= state.lease_ends {
-                // The block's lease has ended in Redis, which took its headroom back: the
-                // next block is a new one, under a new id.
-                Self::next_turn(&mut state);
-                0
-            } else if now >= state.use_until {
-                std::mem::take(&mut state.left)
+            // The block's use is over: what it did not hand out goes back now (else with
+            // its lease).
+            let leftover = if now >= state.use_until && state.left > 0 {
+                Some((state.turn, std::mem::take(&mut state.left)))
             } else {
-                0
+                None
             };
             (fresh, ahead, leftover)
         };
@@ -227,17 +231,20 @@ impl FleetSeat {
         // The block is handed out for its use from when it was asked for, which is before
         // its lease began in Redis, however late the answer.
         let asked = Instant::now();
-        let (turn, block_id) = {
-            let turn = self.state.lock().turn;
-            (turn, self.block_id(turn))
-        };
-        if leftover > 0 {
-            ledger.release(&self.keys, &block_id, leftover).await?;
+        if let Some((turn, left)) = leftover {
+            ledger
+                .release(&self.keys, &self.block_id(turn), left)
+                .await?;
         }
+        let turn = {
+            let mut state = self.state.lock();
+            state.turns += 1;
+            state.turns
+        };
         let reservation = ledger
             .reserve(
                 &self.keys,
-                &block_id,
+                &self.block_id(turn),
                 BLOCK_WANT,
                 self.policy.limit,
                 SHARE_DIVISOR,
@@ -249,15 +256,22 @@ impl FleetSeat {
         Ok(match reservation {
             Reservation::Granted { granted, read } => {
                 state.last = Some((read, now));
-                if state.turn != turn {
-                    // Another send began a new turn while this grant was on its way: the
-                    // grant is under the old id, whose lease runs from now. Its unit is
-                    // used by this send; the rest is not handed out (it returns with the lease).
-                    return Ok(Ok(Held::Block(BlockTurn(turn))));
+                let rest = granted.saturating_sub(1);
+                if state.left > 0 && now < state.use_until {
+                    // Another send's grant arrived first and is being handed out: this one's
+                    // rest goes back at once (its lease would return it too, later).
+                    drop(state);
+                    if rest > 0 {
+                        let (seat, id) = (Arc::clone(self), self.block_id(turn));
+                        tokio::spawn(async move {
+                            let _ = seat.fleet.ledger().release(&seat.keys, &id, rest).await;
+                        });
+                    }
+                } else {
+                    state.turn = turn;
+                    state.left = rest;
+                    state.use_until = asked + USE_BLOCK_FOR;
                 }
-                state.left += granted.saturating_sub(1);
-                state.use_until = asked + USE_BLOCK_FOR;
-                state.lease_ends = now + self.block_lease;
                 Ok(Held::Block(BlockTurn(turn)))
             }
             Reservation::Full { estimate, read } => {
@@ -285,16 +299,6 @@ impl FleetSeat {
                 }
             }
         })
-    }
-
-    /// The current block's lease has ended: what its sends still have to settle counts as
-    /// open (the old block gave its headroom back when its lease ended, so nothing is taken
-    /// from it, but stored sends still count on top of the read).
-    fn next_turn(state: &mut SeatState) {
-        state.turn += 1;
-        state.left = 0;
-        state.pending_open_stored += std::mem::take(&mut state.pending_block_stored);
-        state.pending_block_not_stored = 0;
     }
 
     fn block_id(&self, turn: u64) -> String {
@@ -376,6 +380,7 @@ impl FleetSeat {
                 let published = ledger
                     .publish_read(&self.keys, ticket, outcome, true)
                     .await?;
+                Self::count_read(&mut self.state.lock(), &outcome);
                 if let Some(error) = error {
                     // Logged with the fleet's streak, as a local gate logs its own (alerts
                     // compare it with the fail-closed threshold).
@@ -426,15 +431,11 @@ impl FleetSeat {
         let stored = effect != BacklogEffect::NotStored;
         let schedule = {
             let mut state = self.state.lock();
-            let current = BlockTurn(state.turn);
             match (held, stored) {
-                (Held::Block(turn), true) if turn == current => state.pending_block_stored += 1,
-                (Held::Block(turn), false) if turn == current => {
-                    state.pending_block_not_stored += 1
-                }
-                // From a block whose lease ended: it gave its headroom back then.
-                (Held::Block(_) | Held::Open, true) => state.pending_open_stored += 1,
-                (Held::Block(_) | Held::Open, false) => return,
+                (Held::Block(turn), true) => state.pending_blocks.entry(turn).or_default().0 += 1,
+                (Held::Block(turn), false) => state.pending_blocks.entry(turn).or_default().1 += 1,
+                (Held::Open, true) => state.pending_open_stored += 1,
+                (Held::Open, false) => return,
             }
             !std::mem::replace(&mut state.flush_scheduled, true)
         };
@@ -465,27 +466,26 @@ impl FleetSeat {
     }
 
     /// On failure, the stored sends not yet counted. They are settled again as *open*
-    /// (counted on top of the read, taking nothing from a block): by then their block may
-    /// have expired and its id been reserved anew, and taking from it would free headroom
-    /// that sends in flight hold. Their units stay in the old block until its lease ends
-    /// (counted twice meanwhile: the safe side), as do the not-stored ones.
+    /// (counted on top of the read, taking nothing from a block: whether the failed call
+    /// took their units is unknown). Units not taken stay in their block until its lease
+    /// ends (counted twice meanwhile: the safe side), as do the not-stored ones.
     async fn settle_pending(&self) -> Result<(), (LedgerError, u64)> {
-        let (stored, not_stored, open, turn) = {
+        let (blocks, open) = {
             let mut state = self.state.lock();
             state.flush_scheduled = false;
             (
-                std::mem::take(&mut state.pending_block_stored),
-                std::mem::take(&mut state.pending_block_not_stored),
+                std::mem::take(&mut state.pending_blocks),
                 std::mem::take(&mut state.pending_open_stored),
-                state.turn,
             )
         };
         let ledger = self.fleet.ledger();
-        if stored + not_stored > 0 {
+        let mut unsettled_stored: u64 = blocks.values().map(|(stored, _)| stored).sum();
+        for (turn, (stored, not_stored)) in blocks {
             ledger
-                .settle(&self.keys, &self.block_id(turn), stored, not_stored)
+                .settle(&self.keys, &self.block_id(turn.0), stored, not_stored)
                 .await
-                .map_err(|e| (e, stored + open))?;
+                .map_err(|e| (e, unsettled_stored + open))?;
+            unsettled_stored -= stored;
         }
         if open > 0 {
             ledger
@@ -537,15 +537,30 @@ impl FleetSeat {
             let published = ledger
                 .publish_read(&self.keys, ticket, outcome, false)
                 .await?;
-            self.state.lock().last = Some((published, Instant::now()));
+            let mut state = self.state.lock();
+            Self::count_read(&mut state, &outcome);
+            state.last = Some((published, Instant::now()));
         }
         Ok(())
     }
 
-    /// The fleet's view of this queue as last seen, while in the fleet.
+    fn count_read(state: &mut SeatState, outcome: &ReadOutcome) {
+        match outcome {
+            ReadOutcome::Ok { .. } => state.own_reads.0 += 1,
+            ReadOutcome::Failed => state.own_reads.1 += 1,
+        }
+    }
+
+    /// Admin-plane reads this replica made for the fleet: (ok, failed).
+    pub fn own_reads(&self) -> (u64, u64) {
+        self.state.lock().own_reads
+    }
+
+    /// The fleet's view of this queue as last seen, while in the fleet (the read counts are
+    /// this replica's own, see [`SeatState::own_reads`]).
     pub fn snapshot(&self) -> Option<GateSnapshot> {
         let state = self.state.lock();
-        let (read, _) = state.last?;
+        let (read, seen) = state.last?;
         let unknown = !matches!(read.state, SharedState::Ok { .. });
         Some(GateSnapshot {
             backlog: match read.state {
@@ -561,9 +576,13 @@ impl FleetSeat {
             fail_closed: unknown
                 && self.policy.fail_closed
                 && read.streak >= self.policy.streak_threshold,
-            last_read_ok_at: None,
-            reads_ok: read.reads_ok,
-            reads_failed: read.reads_failed,
+            // The shared read is the fleet's last one; when it is good, it was made `age`
+            // before it was seen.
+            last_read_ok_at: matches!(read.state, SharedState::Ok { .. })
+                .then(|| SystemTime::now().checked_sub(read.age + seen.elapsed()))
+                .flatten(),
+            reads_ok: state.own_reads.0,
+            reads_failed: state.own_reads.1,
         })
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! Redis is a helper, never a single point of failure: the first ledger call that errs or
 //! misses its deadline turns the replica to local mode at once (its sends go on under its
-//! own gate, fail-closed unchanged), and a probe pings Redis every
+//! own gate, fail-closed unchanged), and a probe asks Redis (a PING, then each shared
+//! queue's read script: a PING alone can answer while the scripts fail) every
 //! [`REJOIN_EVERY`] until it answers, when the replica rejoins.
 
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use parking_lot::Mutex;
 
-use super::ledger::{Ledger, LedgerError};
+use super::ledger::{Ledger, LedgerError, QueueKeys};
 
 /// How often a replica in local mode asks Redis whether it is back.
 pub const REJOIN_EVERY: Duration = Duration::from_secs(1);
@@ -37,10 +38,15 @@ struct Status {
     /// before it predates sends the fleet admitted meanwhile, so it is not reused.
     local_since: tokio::time::Instant,
     last_error: Option<String>,
+    /// Joined once already: a later join is a return.
+    ever_joined: bool,
 }
 
 pub struct Fleet {
     ledger: Ledger,
+    /// The queues whose scripts must answer before the replica rejoins (see
+    /// [`Fleet::register`]).
+    queues: Mutex<Vec<QueueKeys>>,
     /// Names this replica's blocks and read leases.
     replica: String,
     status: Mutex<Status>,
@@ -58,10 +64,34 @@ impl Fleet {
                 since: SystemTime::now(),
                 local_since: tokio::time::Instant::now(),
                 last_error: None,
+                ever_joined: false,
             }),
+            queues: Mutex::new(Vec::new()),
         });
         tokio::spawn(Arc::clone(&fleet).rejoin_when_redis_answers());
         fleet
+    }
+
+    /// A queue shared through the fleet: rejoining waits until its scripts run. A PING alone
+    /// can answer while every script fails (a key of the wrong type under the prefix, writes
+    /// paused during a failover): rejoining on it would turn the replica local again on the
+    /// next send, every second, and each turn costs a fresh admin-plane read.
+    pub fn register(&self, keys: QueueKeys) {
+        let mut queues = self.queues.lock();
+        if !queues.contains(&keys) {
+            queues.push(keys);
+        }
+    }
+
+    /// Redis answers a PING and every registered queue's shared read (a script, which also
+    /// prunes, so a write).
+    async fn answers(&self) -> Result<(), LedgerError> {
+        self.ledger.ping().await?;
+        let queues = self.queues.lock().clone();
+        for keys in &queues {
+            self.ledger.shared_read(keys).await?;
+        }
+        Ok(())
     }
 
     pub fn ledger(&self) -> &Ledger {
@@ -103,11 +133,11 @@ impl Fleet {
         tokio::spawn(Arc::clone(self).rejoin_when_redis_answers());
     }
 
-    /// Ping until Redis answers, then rejoin. One such task runs per turn to local mode.
+    /// Ask until Redis answers (see [`Fleet::answers`]), then rejoin. One such task runs per turn to local mode.
     async fn rejoin_when_redis_answers(self: Arc<Self>) {
         let mut said = self.status.lock().last_error.is_some();
         loop {
-            match self.ledger.ping().await {
+            match self.answers().await {
                 Ok(()) => break,
                 Err(e) => {
                     if !said {
@@ -124,18 +154,26 @@ impl Fleet {
             }
             tokio::time::sleep(REJOIN_EVERY).await;
         }
-        {
+        let returned = {
             let mut status = self.status.lock();
             status.joined = true;
             status.since = SystemTime::now();
             // It said why the replica was local; in the fleet again, there is nothing to
             // say (the `coordination_local` event keeps the history).
             status.last_error = None;
+            std::mem::replace(&mut status.ever_joined, true)
+        };
+        if returned {
+            tracing::info!(
+                event = "coordination_joined",
+                "Redis answers again: sharing the ceiling with the fleet"
+            );
+        } else {
+            tracing::info!(
+                event = "coordination_joined",
+                "Redis answers: sharing the ceiling with the fleet"
+            );
         }
-        tracing::info!(
-            event = "coordination_joined",
-            "Redis answers again: sharing the ceiling with the fleet"
-        );
     }
 
     pub fn health(&self) -> CoordinationHealth {

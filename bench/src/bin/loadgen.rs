@@ -446,6 +446,9 @@ async fn http(args: &Args) -> Value {
     }
     let mut out = all.summary(window.secs());
     out["mode"] = json!("http");
+    // Tells bench/report.py that `/metrics` counts each process's own reads (older results
+    // had the fleet-wide count on every replica).
+    out["reads_per_process"] = json!(true);
     out["addrs"] = json!(addrs.len());
     out["loadavg_before"] = json!(loadavg_before);
     out["loadavg_after"] = json!(loadavg_after);
@@ -483,9 +486,8 @@ async fn http(args: &Args) -> Value {
     out
 }
 
-/// `sendgate_depth_reads_total` of every gateway of a side: (sum, highest). The sum is the
-/// side's reads when each process counts its own; a fleet on Redis reports the fleet-wide
-/// count on every replica, so there the highest is the fleet's reads. None if one lacks it.
+/// `sendgate_depth_reads_total` of every gateway of a side: (sum, highest). Each process
+/// counts its own reads (on Redis too), so the sum is the side's. None if one lacks it.
 async fn depth_reads_sum(addrs: &[String], token: &str) -> Option<(f64, f64)> {
     let (mut sum, mut max) = (0.0, 0.0f64);
     for addr in addrs {
