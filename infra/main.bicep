@@ -89,6 +89,11 @@ param depthTtlMs int = 1000
 @maxValue(570)
 param drainTimeoutSeconds int = 30
 
+@description('SENDGATE_DRAIN_LINGER_S: shortest drain. After SIGTERM the replica keeps answering 503 draining (readiness 503) at least this long, even with nothing in flight, while the ingress stops routing to it; then it exits. Cut to drainTimeoutSeconds (the window ends every drain).')
+@minValue(0)
+@maxValue(570)
+param drainLingerSeconds int = 5
+
 @description('Seconds the platform waits after the drain window before killing the replica: terminationGracePeriodSeconds = drainTimeoutSeconds + this (at most 600 in total).')
 @minValue(5)
 @maxValue(30)
@@ -222,6 +227,10 @@ var acrPullRoleId = '7f951dda-4ed3-4680-a7ca-43fe172d538d'
 var containerPort = 8080
 var apiKeysMountPath = '/etc/sendgate'
 var apiKeysFileName = 'keys.toml'
+// sendgate refuses a linger longer than its window; the window ends every drain anyway.
+var drainLingerEffectiveSeconds = min(drainLingerSeconds, drainTimeoutSeconds)
+// A drain (linger included: it lies inside the window) never outlasts the window, so the
+// window plus the margin covers the whole of it.
 var terminationGracePeriodSeconds = drainTimeoutSeconds + terminationGraceMarginSeconds
 
 // ---------------------------------------------------------------------------------------
@@ -606,7 +615,8 @@ resource app 'Microsoft.App/containerApps@2024-03-01' = {
       registries: empty(containerRegistryName) ? [] : registryCredentials
     }
     template: {
-      // Longer than the drain window, so the platform never kills a replica mid-drain.
+      // Longer than the drain window (which holds the linger), so the platform never kills
+      // a replica mid-drain.
       terminationGracePeriodSeconds: terminationGracePeriodSeconds
       containers: [
         {
@@ -661,6 +671,10 @@ resource app 'Microsoft.App/containerApps@2024-03-01' = {
             {
               name: 'SENDGATE_DRAIN_TIMEOUT_S'
               value: string(drainTimeoutSeconds)
+            }
+            {
+              name: 'SENDGATE_DRAIN_LINGER_S'
+              value: string(drainLingerEffectiveSeconds)
             }
             {
               name: 'SENDGATE_LISTEN'

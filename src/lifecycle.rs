@@ -10,7 +10,11 @@
 //!
 //! While draining, new sends are refused with `Retry-After` set to the seconds left in the
 //! drain window, and sends already admitted run to completion. The drain ends when no send
-//! is in flight or when the window closes, whichever is first.
+//! is in flight **and** the linger has passed since it began, or when the window closes,
+//! whichever is first. The linger keeps the listener answering `503 draining` (and readiness
+//! 503) for a while even when nothing is in flight: a load balancer keeps routing to a
+//! terminating replica for a few seconds after SIGTERM, and those requests should meet a
+//! `Retry-After`, not a refused connection.
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -48,10 +52,19 @@ pub struct Lifecycle {
 
 struct Inner {
     state: AtomicU8,
-    drain_deadline: Mutex<Option<Instant>>,
+    /// Shortest drain, even with nothing in flight (cut to the window at each drain).
+    linger: Duration,
+    drain: Mutex<Option<DrainTimes>>,
     sends: AtomicUsize,
     idle: Notify,
     changed: Notify,
+}
+
+/// When the current drain's window closes and when its linger ends (never after the window).
+#[derive(Debug, Clone, Copy)]
+struct DrainTimes {
+    deadline: Instant,
+    linger_until: Instant,
 }
 
 /// Counts one send as in flight for the drain until dropped.
@@ -72,6 +85,8 @@ impl Drop for SendGuard {
 pub struct DrainStatus {
     pub remaining: Duration,
     pub in_flight: usize,
+    /// Left of the linger: the drain does not end before it, even with nothing in flight.
+    pub linger_remaining: Duration,
 }
 
 impl Default for Lifecycle {
@@ -81,11 +96,19 @@ impl Default for Lifecycle {
 }
 
 impl Lifecycle {
+    /// A lifecycle whose drains end as soon as nothing is in flight (no linger).
     pub fn new() -> Self {
+        Self::with_linger(Duration::ZERO)
+    }
+
+    /// A lifecycle whose drains last at least `linger` (`SENDGATE_DRAIN_LINGER_S`), or
+    /// their whole window when that is shorter.
+    pub fn with_linger(linger: Duration) -> Self {
         Self {
             inner: Arc::new(Inner {
                 state: AtomicU8::new(0),
-                drain_deadline: Mutex::new(None),
+                linger,
+                drain: Mutex::new(None),
                 sends: AtomicUsize::new(0),
                 idle: Notify::new(),
                 changed: Notify::new(),
@@ -112,12 +135,19 @@ impl Lifecycle {
 
     /// Enter `draining` with a window of `window`. Returns false if already draining or stopped.
     pub fn begin_drain(&self, window: Duration) -> bool {
-        let mut deadline = self.inner.drain_deadline.lock();
+        let mut drain = self.inner.drain.lock();
         let previous = self.inner.state.load(Ordering::SeqCst);
         if previous >= 2 {
             return false;
         }
-        *deadline = Some(Instant::now() + window);
+        let now = Instant::now();
+        let deadline = now + window;
+        *drain = Some(DrainTimes {
+            deadline,
+            linger_until: now
+                .checked_add(self.inner.linger)
+                .map_or(deadline, |t| t.min(deadline)),
+        });
         self.inner.state.store(2, Ordering::SeqCst);
         self.inner.changed.notify_waiters();
         true
@@ -127,10 +157,12 @@ impl Lifecycle {
         if self.state() != GatewayState::Draining {
             return None;
         }
-        let deadline = (*self.inner.drain_deadline.lock())?;
+        let times = (*self.inner.drain.lock())?;
+        let now = Instant::now();
         Some(DrainStatus {
-            remaining: deadline.saturating_duration_since(Instant::now()),
+            remaining: times.deadline.saturating_duration_since(now),
             in_flight: self.inner.sends.load(Ordering::SeqCst),
+            linger_remaining: times.linger_until.saturating_duration_since(now),
         })
     }
 
@@ -182,20 +214,30 @@ impl Lifecycle {
         }
     }
 
-    /// Wait until no send is in flight or the drain window closes. Returns the sends
-    /// still in flight when it returned (0 for a clean drain).
+    /// Wait until the drain is done: no send in flight and the linger over, or the window
+    /// closed, whichever is first. Returns the sends still in flight when it returned (0
+    /// for a clean drain). Without a drain under way it returns at once.
     pub async fn drained(&self) -> usize {
-        let deadline = (*self.inner.drain_deadline.lock()).unwrap_or_else(Instant::now);
+        let Some(times) = *self.inner.drain.lock() else {
+            return self.sends_in_flight();
+        };
         loop {
             let notified = self.inner.idle.notified();
-            let left = self.sends_in_flight();
-            if left == 0 {
-                return 0;
+            if self.sends_in_flight() == 0 {
+                break;
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            if tokio::time::timeout_at(times.deadline, notified)
+                .await
+                .is_err()
+            {
                 return self.sends_in_flight();
             }
         }
+        // Nothing in flight, and nothing can be admitted while draining (a refused send is
+        // counted only for the moment it takes to refuse it): only the linger is left, and
+        // it ends no later than the window.
+        tokio::time::sleep_until(times.linger_until).await;
+        0
     }
 }
 
@@ -245,5 +287,86 @@ mod tests {
         let start = Instant::now();
         assert_eq!(life.drained().await, 1);
         assert_eq!(start.elapsed(), Duration::from_secs(3));
+    }
+
+    /// A drain begun on `life` with a 10 s window, and a task that reports what `drained`
+    /// returned and how long after the drain began it did.
+    fn drain_10s(life: &Lifecycle) -> tokio::task::JoinHandle<(usize, Duration)> {
+        assert!(life.begin_drain(Duration::from_secs(10)));
+        let life = life.clone();
+        let began = Instant::now();
+        tokio::spawn(async move { (life.drained().await, began.elapsed()) })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_nothing_in_flight_the_drain_lasts_the_linger() {
+        let life = Lifecycle::with_linger(Duration::from_secs(5));
+        life.set_running();
+        let waiter = drain_10s(&life);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let status = life.drain_status().unwrap();
+        assert_eq!(status.linger_remaining, Duration::from_secs(3));
+        assert_eq!(status.in_flight, 0);
+        assert!(
+            matches!(life.admit_send(), Err(NotAdmitting::Draining { .. })),
+            "refused while lingering"
+        );
+        assert_eq!(waiter.await.unwrap(), (0, Duration::from_secs(5)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_linger_an_idle_drain_ends_at_once() {
+        let life = Lifecycle::new();
+        life.set_running();
+        assert_eq!(drain_10s(&life).await.unwrap(), (0, Duration::ZERO));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_send_that_ends_within_the_linger_does_not_shorten_it() {
+        let life = Lifecycle::with_linger(Duration::from_secs(5));
+        life.set_running();
+        let held = life.admit_send().unwrap();
+        let waiter = drain_10s(&life);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        drop(held);
+        assert_eq!(waiter.await.unwrap(), (0, Duration::from_secs(5)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_send_longer_than_the_linger_is_waited_for() {
+        let life = Lifecycle::with_linger(Duration::from_secs(5));
+        life.set_running();
+        let held = life.admit_send().unwrap();
+        let waiter = drain_10s(&life);
+        tokio::time::advance(Duration::from_secs(8)).await;
+        assert!(!waiter.is_finished(), "the send still holds the drain");
+        assert_eq!(
+            life.drain_status().unwrap().linger_remaining,
+            Duration::ZERO
+        );
+        drop(held);
+        assert_eq!(waiter.await.unwrap(), (0, Duration::from_secs(8)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_window_ends_the_drain_whatever_the_linger_or_the_sends() {
+        // A linger longer than the window is cut to it.
+        let life = Lifecycle::with_linger(Duration::from_secs(60));
+        life.set_running();
+        let waiter = drain_10s(&life);
+        assert_eq!(
+            life.drain_status().unwrap().linger_remaining,
+            Duration::from_secs(10)
+        );
+        assert_eq!(waiter.await.unwrap(), (0, Duration::from_secs(10)));
+
+        // A send stuck past the window is cut off, and counted.
+        let life = Lifecycle::with_linger(Duration::from_secs(5));
+        life.set_running();
+        let _stuck = life.admit_send().unwrap();
+        assert_eq!(
+            drain_10s(&life).await.unwrap(),
+            (1, Duration::from_secs(10))
+        );
     }
 }

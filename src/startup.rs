@@ -146,6 +146,7 @@ pub struct Application {
     port: u16,
     handle: AppHandle,
     drain_timeout: Duration,
+    drain_linger: Duration,
 }
 
 impl Application {
@@ -205,7 +206,7 @@ impl Application {
             InFlight::new(settings.max_in_flight),
             settings.send_timeout,
         );
-        let lifecycle = Lifecycle::new();
+        let lifecycle = Lifecycle::with_linger(settings.drain_linger);
         let state = web::Data::new(AppState {
             dispatcher,
             auth,
@@ -277,6 +278,7 @@ impl Application {
             port,
             handle: AppHandle { lifecycle },
             drain_timeout: settings.drain_timeout,
+            drain_linger: settings.drain_linger,
         })
     }
 
@@ -288,7 +290,9 @@ impl Application {
         self.handle.clone()
     }
 
-    /// Serve until a drain (started by `signals`, or through the handle) completes.
+    /// Serve until a drain (started by `signals`, or through the handle) completes: no send
+    /// in flight and the linger over, or the window closed (see `lifecycle.rs`). Until then
+    /// the listener keeps answering, so a balancer still routing here meets `503 draining`.
     /// With `signals`, SIGTERM or SIGINT starts the drain and a second one ends it at once.
     pub async fn run_until_stopped(self, signals: bool) -> std::io::Result<()> {
         let server_handle = self.server.handle();
@@ -328,6 +332,7 @@ impl Application {
             event = "drain_started",
             in_flight = lifecycle.sends_in_flight(),
             window_s = self.drain_timeout.as_secs(),
+            linger_s = self.drain_linger.as_secs(),
             "draining: new sends get 503 until the process exits"
         );
         let cut_off = tokio::select! {

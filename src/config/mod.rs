@@ -102,6 +102,8 @@ pub struct Settings {
     /// Open client connections, all workers together.
     pub max_connections: usize,
     pub drain_timeout: Duration,
+    /// Shortest drain, even with nothing in flight; never longer than `drain_timeout`.
+    pub drain_linger: Duration,
     pub auth: AuthSettings,
     pub log_format: LogFormat,
     pub workers: Option<usize>,
@@ -158,6 +160,7 @@ impl Settings {
         let auth = parse_auth(layers, listen)?;
         let send_timeout = layers.duration(&v::SEND_TIMEOUT_MS)?;
         let max_body_bytes = layers.count(&v::MAX_BODY_BYTES)? as usize;
+        let drain_timeout = layers.duration(&v::DRAIN_TIMEOUT_S)?;
         Ok(Settings {
             listen,
             queues,
@@ -180,7 +183,8 @@ impl Settings {
             body_timeout: body_timeout(layers, send_timeout)?,
             max_buffered_bytes: max_buffered_bytes(layers, max_body_bytes)?,
             max_connections: layers.count(&v::MAX_CONNECTIONS)? as usize,
-            drain_timeout: layers.duration(&v::DRAIN_TIMEOUT_S)?,
+            drain_timeout,
+            drain_linger: drain_linger(layers, drain_timeout)?,
             auth,
             log_format,
             workers: layers.whole(&v::WORKERS)?.map(|n| n as usize),
@@ -217,6 +221,26 @@ fn body_timeout(layers: &Layers, send_timeout: Duration) -> Result<Duration, Con
         Some(t) => Ok(t),
     }
 }
+
+/// The window ends every drain, so a linger past it could never be honoured: refused when
+/// set so (exit 2, like the body deadline), and the default shortened to fit.
+fn drain_linger(layers: &Layers, drain_timeout: Duration) -> Result<Duration, ConfigError> {
+    match layers.optional_duration(&v::DRAIN_LINGER_S)? {
+        None => Ok(drain_timeout.min(DEFAULT_DRAIN_LINGER)),
+        Some(t) if t > drain_timeout => Err(ConfigError::other(
+            &v::DRAIN_LINGER_S,
+            format!(
+                "must be at most SENDGATE_DRAIN_TIMEOUT_S ({} s)",
+                drain_timeout.as_secs()
+            ),
+        )),
+        Some(t) => Ok(t),
+    }
+}
+
+/// Long enough for a load balancer to see readiness fail and stop routing here (Kubernetes
+/// endpoints and Container Apps' ingress take a few seconds to propagate).
+const DEFAULT_DRAIN_LINGER: Duration = Duration::from_secs(5);
 
 /// Room for at least one body of the largest size, or no full-size send could ever pass.
 fn max_buffered_bytes(layers: &Layers, max_body_bytes: usize) -> Result<usize, ConfigError> {

@@ -563,6 +563,36 @@ fn the_body_deadline_defaults_under_the_send_deadline_and_may_not_exceed_it() {
 }
 
 #[test]
+fn the_drain_linger_defaults_to_5_s_within_the_window_and_may_not_exceed_it() {
+    let s = Settings::from_vars(&vars(&[])).unwrap();
+    assert_eq!(s.drain_linger, Duration::from_secs(5));
+    let s = Settings::from_vars(&vars(&[("SENDGATE_DRAIN_TIMEOUT_S", "2")])).unwrap();
+    assert_eq!(
+        s.drain_linger,
+        Duration::from_secs(2),
+        "the default fits the window"
+    );
+    let s = Settings::from_vars(&vars(&[("SENDGATE_DRAIN_LINGER_S", "0")])).unwrap();
+    assert_eq!(s.drain_linger, Duration::ZERO);
+    let s = Settings::from_vars(&vars(&[
+        ("SENDGATE_DRAIN_TIMEOUT_S", "10"),
+        ("SENDGATE_DRAIN_LINGER_S", "10"),
+    ]))
+    .unwrap();
+    assert_eq!(s.drain_linger, Duration::from_secs(10));
+    let err = Settings::from_vars(&vars(&[
+        ("SENDGATE_DRAIN_TIMEOUT_S", "10"),
+        ("SENDGATE_DRAIN_LINGER_S", "11"),
+    ]))
+    .unwrap_err();
+    assert!(
+        err.to_string().starts_with("SENDGATE_DRAIN_LINGER_S")
+            && err.to_string().contains("SENDGATE_DRAIN_TIMEOUT_S"),
+        "{err}"
+    );
+}
+
+#[test]
 fn the_memory_budget_holds_at_least_one_largest_body() {
     let err = Settings::from_vars(&vars(&[
         ("SENDGATE_MAX_BODY_BYTES", "2000"),

@@ -398,6 +398,14 @@ pub const DRAIN_TIMEOUT_S: Var = Var::server(
 )
 .default("30")
 .unit(Unit::Seconds);
+pub const DRAIN_LINGER_S: Var = Var::server(
+    "SENDGATE_DRAIN_LINGER_S",
+    G::Limits,
+    K::Duration { min: 0, max: DAY_S },
+    "Shortest drain: after SIGTERM/SIGINT or POST /admin/drain the gateway keeps answering 503 draining (readiness 503) at least this long, even with no send in flight, so load balancers stop routing here before the port closes; 0: exit as soon as no send is in flight. At most the drain timeout.",
+)
+.unset("5 s or SENDGATE_DRAIN_TIMEOUT_S, the shorter")
+.unit(Unit::Seconds);
 
 pub const API_KEYS_FILE: Var = Var::server(
     "SENDGATE_API_KEYS_FILE",
@@ -610,6 +618,7 @@ pub const VARIABLES: &[&Var] = &[
     &MAX_BUFFERED_BYTES,
     &MAX_CONNECTIONS,
     &DRAIN_TIMEOUT_S,
+    &DRAIN_LINGER_S,
     &API_KEYS_FILE,
     &AUTH,
     &LOG_FORMAT,

@@ -206,6 +206,7 @@ pub async fn detailed(
     let drain = state.lifecycle.drain_status().map(|d| Drain {
         remaining_s: (d.remaining.as_secs_f64() * 10.0).round() / 10.0,
         in_flight: d.in_flight,
+        linger_remaining_s: (d.linger_remaining.as_secs_f64() * 10.0).round() / 10.0,
     });
     Ok(HttpResponse::Ok().json(Detailed {
         status: if degraded { "degraded" } else { "ok" },

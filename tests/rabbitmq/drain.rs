@@ -28,7 +28,16 @@ async fn start(queue: &str, proxy: &FaultProxy, vars: &[(&str, &str)]) -> Gatewa
 async fn sigterm_drains_sends_in_flight_announces_the_window_and_exits_zero() {
     let queue = rabbit::unique("sg-drain");
     let proxy = FaultProxy::start(rabbit::AMQP.parse().unwrap()).await;
-    let mut gw = start(&queue, &proxy, &[("SENDGATE_DRAIN_TIMEOUT_S", "20")]).await;
+    // A linger shorter than the held sends: they, not it, decide when the process exits.
+    let mut gw = start(
+        &queue,
+        &proxy,
+        &[
+            ("SENDGATE_DRAIN_TIMEOUT_S", "20"),
+            ("SENDGATE_DRAIN_LINGER_S", "1"),
+        ],
+    )
+    .await;
 
     // Hold three sends in flight: each chunk to and from the broker now takes 1 s.
     proxy.set(Fault::Delay(Duration::from_millis(1000)));

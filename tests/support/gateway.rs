@@ -18,12 +18,14 @@ use sendgate::startup::{AppHandle, Application, Backends, StartupError};
 use crate::faulty_backend::FaultyBackend;
 
 /// What every in-process gateway starts from: loopback on a random port, two workers,
-/// and no probe timer (its first tick would read the admin plane at a random moment and
-/// spoil the call counts tests assert). Suites and tests add their own on top.
+/// no probe timer (its first tick would read the admin plane at a random moment and
+/// spoil the call counts tests assert), and no drain linger (no load balancer in front:
+/// every stop would otherwise wait it out). Suites and tests add their own on top.
 const IN_PROCESS_DEFAULTS: &[(&str, &str)] = &[
     ("SENDGATE_LISTEN", "127.0.0.1:0"),
     ("SENDGATE_WORKERS", "2"),
     ("SENDGATE_PROBE_INTERVAL_S", "0"),
+    ("SENDGATE_DRAIN_LINGER_S", "0"),
 ];
 
 /// `layers` merged left to right (later wins), every name checked against the declared

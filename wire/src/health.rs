@@ -15,6 +15,11 @@ pub struct Drain {
     /// Sends admitted before the drain and not yet finished.
     #[serde(default)]
     pub in_flight: usize,
+    /// Seconds left, to a tenth, before which the drain does not end even with nothing in
+    /// flight (`SENDGATE_DRAIN_LINGER_S`: time for load balancers to stop routing here);
+    /// 0 once it has passed, or from a gateway that does not linger.
+    #[serde(default)]
+    pub linger_remaining_s: f64,
 }
 
 /// What a producer reads of `/health/detailed`.
@@ -41,7 +46,7 @@ mod tests {
     fn a_producer_reads_the_state_and_the_drain_and_ignores_the_rest() {
         let v: LifecycleView = serde_json::from_str(
             r#"{"status":"degraded","gateway_state":"draining","version":"1","pid":7,
-                "drain":{"remaining_s":12.5,"in_flight":3},"queues":{},"backends":{}}"#,
+                "drain":{"remaining_s":12.5,"in_flight":3,"linger_remaining_s":1.5},"queues":{},"backends":{}}"#,
         )
         .unwrap();
         assert_eq!(v.state(), Some(GatewayState::Draining));
@@ -49,7 +54,8 @@ mod tests {
             v.drain,
             Some(Drain {
                 remaining_s: 12.5,
-                in_flight: 3
+                in_flight: 3,
+                linger_remaining_s: 1.5
             })
         );
         let v: LifecycleView =
@@ -64,10 +70,14 @@ mod tests {
         let d = Drain {
             remaining_s: 4.2,
             in_flight: 1,
+            linger_remaining_s: 0.5,
         };
         assert_eq!(
             serde_json::to_string(&d).unwrap(),
-            r#"{"remaining_s":4.2,"in_flight":1}"#
+            r#"{"remaining_s":4.2,"in_flight":1,"linger_remaining_s":0.5}"#
         );
+        // A gateway from before the linger is read as one without it.
+        let old: Drain = serde_json::from_str(r#"{"remaining_s":4.2,"in_flight":1}"#).unwrap();
+        assert_eq!(old.linger_remaining_s, 0.0);
     }
 }
