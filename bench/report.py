@@ -210,9 +210,10 @@ p("")
 p("## How to run")
 p("")
 p("```sh")
-p("./bench/run.sh            # everything, ~13 min after the release builds (which take a few minutes the first time)")
+p("./bench/run.sh            # everything, ~19 min after the release builds (which take a few minutes the first time)")
 p("./bench/run.sh --quick    # the same comparisons with short windows, ~5 min")
-p("./bench/run.sh --only 2,4 # some comparisons only (6 = the fleet on Redis, ~3 min)")
+p("./bench/run.sh --only 2,4 # some comparisons only (6 = the fleet on Redis, ~3 min; 7 = retry amplification, ~4 min; 8 = restart under load, ~2 min)")
+p("./bench/run.sh --only 7 --amplify-s 20  # comparison 7 with 20 s per side instead of 60")
 p("./bench/run.sh --only 2,6 --update-docs  # a partial run that rewrites this page, the rest carried over")
 p("```")
 p("")
@@ -224,7 +225,10 @@ p(
     "full run rewrites this file; `--quick` and `--only` leave their report in that folder, "
     "unless `--update-docs` asks a partial run to rewrite it with the other comparisons' "
     "sections carried over from the previous version of this page (marked as such). "
-    "Comparison 6 also needs Redis (`./scripts/ensure-redis.sh`)."
+    "Comparison 6 also needs Redis (`./scripts/ensure-redis.sh`). Comparison 7's sides come "
+    "from `AMPLIFY_SIDES` (`name:VAR=value,...` each; default: the forced 1 s `Retry-After` of "
+    "`SENDGATE_RETRY_AFTER_MAX_S=1` vs the defaults); a side whose gateway refuses its settings "
+    "is reported as not run."
 )
 p("")
 p("## Method")
@@ -932,6 +936,114 @@ if fleet_rows or sel("fleet_ceiling"):
                 f"{r.get('redis_commands', '–')} | {load_text(r)} |"
             )
         p("")
+
+# --------------------------------------------------------------------------- 7
+carry(7)
+
+
+def jain_text(r):
+    return "–" if r.get("jain") is None else f"{r['jain']:.3f}"
+
+
+amp_rows = sel("amplify")
+if amp_rows:
+    p("## 7. Retry amplification: producers over the ceiling")
+    p("")
+    first = next((r for r in amp_rows if not r.get("failed")), amp_rows[0])
+    p(
+        f"{first.get('producers', 16)} producer tasks, each a `sendgate_client::Client` of its own "
+        "(its own retry budget, as independent producers have; a sender-only key, so the lifecycle "
+        "probe is refused once and drains are learnt from the sends), send one message after "
+        f"another to a RabbitMQ queue with a ceiling of {first.get('ceiling', '–')} for "
+        f"{f(first.get('duration_s'), 0)} s per side, while a consumer takes "
+        f"{f(first.get('consume_rate'), 0)} msg/s off it (`basic.get`, no ack; never banking the "
+        "moments the queue was empty). The gateway reads the depth exactly "
+        "(`SENDGATE_RABBITMQ_DEPTH_SOURCE=amqp`); the bench samples it the same way every 100 ms. "
+        "HTTP requests = the clients' sends (first attempts and retries) plus their probes. "
+        "Fairness: Jain's index over the producers' accepted counts (1 = equal shares, "
+        "1/16 = one producer got everything). Sends still waiting at the window's end are "
+        "abandoned: their requests count, their messages do not."
+    )
+    p("")
+    p(
+        "| side | settings | round | accepted msg/s | HTTP requests per accepted | requests/s | "
+        "retries | budget refusals | failed | Jain | depth max / ceiling | samples over the ceiling | load |"
+    )
+    p("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in amp_rows:
+        if r.get("failed"):
+            p(
+                f"| {r.get('side')} | `{r.get('settings') or 'defaults'}` | {r.get('round')} | "
+                f"not run: {r.get('reason', 'failed')} | | | | | | | | | |"
+            )
+            continue
+        rpa = r.get("requests_per_accepted")
+        p(
+            f"| {r.get('side')} | `{r.get('settings') or 'defaults'}` | {r.get('round')} | "
+            f"{f(r.get('accepted_per_s'), 1)} | {'–' if rpa is None else f'{rpa:.2f}'} | "
+            f"{f(r.get('requests_per_s'), 0)} | {r.get('retries', '–')} | {r.get('budget_refusals', '–')} | "
+            f"{r.get('failed', '–')} | {jain_text(r)} | {r.get('depth_max', '–')} / {r.get('ceiling', '–')} | "
+            f"{r.get('depth_over_ceiling', '–')} | {load_text(r)} |"
+        )
+    p("")
+    sides = []
+    for r in amp_rows:
+        if r.get("side") not in sides:
+            sides.append(r.get("side"))
+    if len(sides) > 1:
+        p("Medians over the rounds:")
+        p("")
+        p("| side | HTTP requests per accepted | accepted msg/s | Jain | depth max |")
+        p("|---|---|---|---|---|")
+        for side in sides:
+            ok = [r for r in sel("amplify", side) if not r.get("failed")]
+            if not ok:
+                continue
+            p(
+                f"| {side} | {f(med(ok, 'requests_per_accepted'), 2)} | {f(med(ok, 'accepted_per_s'), 1)} | "
+                f"{f(med(ok, 'jain'), 3)} | {f(med(ok, 'depth_max'), 0)} |"
+            )
+        p("")
+
+# --------------------------------------------------------------------------- 8
+carry(8)
+
+restart_rows = sel("restart")
+if restart_rows:
+    p("## 8. Restart under load: `sendgate send` across a drain")
+    p("")
+    first = next((r for r in restart_rows if not r.get("failed")), restart_rows[0])
+    p(
+        f"{first.get('producers', 4)} `sendgate send` processes (`--concurrency 4`, defaults "
+        f"otherwise: deadline 120 s, 5 attempts) are fed {f(first.get('rate_per_producer'), 0)} "
+        f"JSON lines a second each for {f(first.get('duration_s'), 0)} s; every message gets its "
+        "own `Idempotency-Key` from the CLI, kept across its attempts. The gateway (embedded "
+        f"backend, defaults) gets SIGTERM at {f(first.get('restart_at_s'), 0)} s, drains and exits; "
+        "a new process is started on the same port and data directory as soon as the old one "
+        "has exited. Afterwards every stored message is taken off the queue (`sendgate queue "
+        "receive`) and counted by (producer, line). Failed: not queued by the CLI (or no outcome "
+        "printed). Stored twice: one line stored more than once. Missing: queued by the CLI "
+        "but not in the queue. Wait: from the line written to the CLI's stdin to its outcome "
+        "printed."
+    )
+    p("")
+    p(
+        "| round | sent | queued | failed | stored | stored twice | missing | longest wait ms | "
+        "p50 / p99 wait ms | drain ms | SIGTERM → ready ms | CLI exit codes | load |"
+    )
+    p("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in restart_rows:
+        if r.get("failed"):
+            p(f"| {r.get('round')} | failed | | | | | | | | | | | |")
+            continue
+        p(
+            f"| {r.get('round')} | {r.get('sent')} | {r.get('queued')} | {r.get('failed')} | "
+            f"{r.get('stored')} | {r.get('stored_twice')} | {r.get('missing')} | "
+            f"{f(r.get('longest_wait_ms'), 0)} | {f(r.get('p50_wait_ms'), 1)} / {f(r.get('p99_wait_ms'), 0)} | "
+            f"{f(r.get('drain_ms'), 0)} | {f(r.get('downtime_ms'), 0)} | "
+            f"{', '.join(str(c) for c in r.get('cli_exit_codes') or [])} | {load_text(r)} |"
+        )
+    p("")
 
 # ------------------------------------------------------------------ dependency diet
 # Build-time numbers (binary size, clean build, crates in the tree), measured by hand when

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # sendgate's benchmark suite (issue 9). One command:
 #
-#   ./bench/run.sh            # full run, ~13 minutes after the builds
+#   ./bench/run.sh            # full run, ~19 minutes after the builds
 #   ./bench/run.sh --quick    # same comparisons, shorter windows (~5 minutes)
 #   ./bench/run.sh --only 2,4 # some comparisons only (1 accept, 2 reject, 3 admin plane,
-#                             # 4 RSS, 5 criterion, 6 fleet on Redis); the report shows what
-#                             # was measured
+#                             # 4 RSS, 5 criterion, 6 fleet on Redis, 7 retry amplification,
+#                             # 8 restart under load); the report shows what was measured
+#   ./bench/run.sh --only 7 --amplify-s 20
+#                             # comparison 7 with a shorter window per side (default 60 s,
+#                             # 15 with --quick)
 #   ./bench/run.sh --only 2,6 --update-docs
 #                             # a partial run that also rewrites docs/benchmarks.md: the
 #                             # comparisons it left out are carried over from the current
@@ -30,13 +33,16 @@ ROOT=$PWD
 
 QUICK=0
 UPDATE_DOCS=0
-ONLY="1,2,3,4,5,6"
+ALL="1,2,3,4,5,6,7,8"
+ONLY=$ALL
+AMPLIFY_S=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
     --only) ONLY="$2"; shift ;;
+    --amplify-s) AMPLIFY_S="$2"; shift ;;
     --update-docs) UPDATE_DOCS=1 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -49,12 +55,21 @@ want() { [[ ",$ONLY," == *",$1,"* ]]; }
 if [ "$QUICK" = 1 ]; then
   D=3; WARM=0.5; D3=5; ROUNDS=3; ROUNDS_REJECT=3; HOLD=4
   CRITERION_ARGS=(--warm-up-time 0.2 --measurement-time 0.5 --sample-size 20)
+  D7=15; ROUNDS7=1; D8=12; ROUNDS8=1
 else
   D=10; WARM=1; D3=10; ROUNDS=3; ROUNDS_REJECT=5; HOLD=6
   CRITERION_ARGS=()
+  D7=60; ROUNDS7=2; D8=30; ROUNDS8=2
 fi
+D7=${AMPLIFY_S:-$D7}
+# Comparison 7's two sides, `name:VAR=value,...` each (an empty list: the defaults). The
+# first forces the 1 s Retry-After of before (SENDGATE_RETRY_AFTER_MAX_S, issue 15; a build
+# that does not know the variable refuses to start, and that side is recorded as failed).
+AMPLIFY_SIDES=${AMPLIFY_SIDES:-"retry_after_1s:SENDGATE_RETRY_AFTER_MAX_S=1 default:"}
+AMP_CEILING=200; AMP_RATE=200; AMP_PRODUCERS=16
 
-export CARGO_TARGET_DIR="$ROOT/target/bench"
+# BENCH_TARGET_DIR: a release target dir shared with other checkouts (default target/bench).
+export CARGO_TARGET_DIR="${BENCH_TARGET_DIR:-$ROOT/target/bench}"
 BIN="$CARGO_TARGET_DIR/release"
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 OUT="$ROOT/bench/results/$STAMP"
@@ -69,6 +84,7 @@ MGMT=http://127.0.0.1:15672
 AMQP_URL='amqp://guest:guest@127.0.0.1:5672/%2f'
 # Ports: sendgate instances 187xx, bare handlers 18729/18730, counting proxies 157xx.
 P_ACCEPT=18701; P_TTL0=18702; P_FULL=18703; P_RSS=18704; P_BARE=18729; P_FWD=18730
+P_AMP=18761; P_RESTART=18762
 PX_A=15701; PX_A_CTL=15702; PX_B=15703; PX_B_CTL=15704
 # Comparison 6: the Redis fleet 18741-3, one process 18744, a local (uncoordinated) fleet
 # 18745-7, the ceiling fleets 18751-3; each group's admin plane behind its own proxy.
@@ -125,6 +141,25 @@ start_sendgate() { # name, port, VAR=value...: sets PID once /health/ready answe
   done
   log "sendgate $name did not become ready; log:"; tail -20 "$OUT/$name.log" >&2
   exit 1
+}
+# The same, but a gateway that does not come up (a setting this build refuses) is not the
+# end of the run: returns 1 after stopping it, so the caller records the side as failed.
+try_start_sendgate() { # name, port, VAR=value...: sets PID
+  local name=$1 port=$2; shift 2
+  start "$name" env RUST_LOG=warn \
+    SENDGATE_LISTEN="127.0.0.1:$port" SENDGATE_BACKEND=rabbitmq SENDGATE_QUEUES=bench \
+    SENDGATE_API_KEYS_FILE="$OUT/keys.toml" SERVICEBUS_SEND_MAX_QUEUE_DEPTH=$HUGE_CEILING \
+    "$@" "$BIN/sendgate"
+  for _ in $(seq 1 300); do
+    if curl -sf "http://127.0.0.1:$port/health/ready" >/dev/null 2>&1; then
+      return 0
+    fi
+    kill -0 "$PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  log "sendgate $name did not become ready; log:"; tail -5 "$OUT/$name.log" >&2
+  stop "$PID"
+  return 1
 }
 
 # ---------------------------------------------------------------------------------------
@@ -542,6 +577,59 @@ compare_fleet() {
 }
 
 # ---------------------------------------------------------------------------------------
+# 7. Retry amplification (issue 15): 16 producers, each a sendgate-client Client of its
+#    own, push at one queue held over its ceiling while a consumer takes 200 msg/s off it;
+#    HTTP requests per accepted message, Jain's fairness over the producers' accepted
+#    counts, the depth's maximum (sampled exactly, must never pass the ceiling). Sides:
+#    AMPLIFY_SIDES (the forced 1 s Retry-After of before vs the default).
+compare_amplify() {
+  log "7. retry amplification: $AMP_PRODUCERS producers over a ceiling of $AMP_CEILING, consumer at $AMP_RATE msg/s, ${D7} s per side"
+  local q=bench_amplify round spec side vars sg
+  declare_queue "$q"
+  for round in $(seq 1 "$ROUNDS7"); do
+    for spec in $AMPLIFY_SIDES; do
+      side=${spec%%:*}; vars=${spec#*:}
+      local extra=()
+      [ -n "$vars" ] && IFS=',' read -r -a extra <<< "$vars"
+      purge "$q"
+      # The exact depth source: the gate and the sampler read the same number.
+      if try_start_sendgate amplify-$side-$round $P_AMP SENDGATE_QUEUES=$q \
+        SERVICEBUS_SEND_MAX_QUEUE_DEPTH=$AMP_CEILING SENDGATE_RABBITMQ_DEPTH_SOURCE=amqp "${extra[@]}"; then
+        sg=$PID
+        record "$(timeout $(( D7 + 60 )) "$BIN/producers" amplify --addr 127.0.0.1:$P_AMP --queue "$q" \
+          --token "$SENDER_TOKEN" --ceiling $AMP_CEILING --producers $AMP_PRODUCERS \
+          --consume-rate $AMP_RATE --duration "$D7" --amqp-url "$AMQP_URL")" \
+          comparison=amplify side="$side" round="$round" level=$AMP_PRODUCERS settings="$vars"
+        stop "$sg"
+      else
+        record '{"failed": true, "reason": "the gateway did not start with these settings"}' \
+          comparison=amplify side="$side" round="$round" level=$AMP_PRODUCERS settings="$vars"
+      fi
+    done
+  done
+  purge "$q"
+}
+
+# ---------------------------------------------------------------------------------------
+# 8. Restart under load (issue 15): 4 `sendgate send` processes, 25 messages/s each (one
+#    Idempotency-Key per message, from the CLI), against a gateway on the embedded backend
+#    that is drained by SIGTERM a third into the window and started again on the same port
+#    and data; failed, stored twice, missing, longest wait.
+compare_restart() {
+  log "8. restart under load: sendgate send x4 across a SIGTERM drain and a restart, ${D8} s"
+  local round
+  for round in $(seq 1 "$ROUNDS8"); do
+    rm -rf "$OUT/restart-data-$round"
+    record "$(timeout $(( D8 + 400 )) "$BIN/producers" restart --sendgate "$BIN/sendgate" \
+      --port $P_RESTART --data-dir "$OUT/restart-data-$round" --queue requests \
+      --producers 4 --rate 25 --concurrency 4 --duration "$D8" --restart-at $(( D8 / 3 )) \
+      --log-dir "$OUT")" \
+      comparison=restart side=sendgate_send round="$round" level=4
+    rm -rf "$OUT/restart-data-$round"
+  done
+}
+
+# ---------------------------------------------------------------------------------------
 started=$(date +%s)
 setup
 want 1 && compare_accept
@@ -550,11 +638,13 @@ want 3 && compare_admin
 want 4 && compare_rss
 [ -n "${SG_ACCEPT_PID:-}" ] && { stop "$SG_ACCEPT_PID"; stop "$PX_A_PID"; }
 want 6 && compare_fleet
+want 7 && compare_amplify
+want 8 && compare_restart
 want 5 && compare_micro
 jq -cn --arg s "$(( $(date +%s) - started ))" '{comparison: "run", seconds: ($s|tonumber)}' >> "$RESULTS"
 
 python3 bench/report.py "$OUT" > "$OUT/benchmarks.md"
-if [ "$QUICK" = 0 ] && [ "$ONLY" = "1,2,3,4,5,6" ]; then
+if [ "$QUICK" = 0 ] && [ "$ONLY" = "$ALL" ]; then
   cp "$OUT/benchmarks.md" docs/benchmarks.md
   log "done in $(( $(date +%s) - started )) s: docs/benchmarks.md written; raw results in $OUT"
 elif [ "$UPDATE_DOCS" = 1 ]; then

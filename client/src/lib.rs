@@ -58,7 +58,15 @@ pub struct ClientConfig {
     /// Longest time one message may spend waiting (for a drain to end, or before a
     /// retry), from the moment `send` is called. An attempt already in flight is bounded
     /// by `request_timeout` instead, so its outcome is never cut off and guessed at.
+    ///
+    /// A drain the gateway announces (its `drain.remaining_s`, or a `503 draining`'s
+    /// `Retry-After`) moves the deadline: it then counts from the announced end of the
+    /// drain, so a drain window longer than `deadline` is waited out, up to
+    /// `deadline_cap` from the call in all.
     pub deadline: Duration,
+    /// The longest an announced drain may stretch `deadline` to, from the call
+    /// (default 10 minutes). Never shortens `deadline`.
+    pub deadline_cap: Duration,
     /// Longest time one HTTP request may take (the gateway's own send deadline is 10 s).
     pub request_timeout: Duration,
     pub backoff: Backoff,
@@ -79,6 +87,7 @@ impl fmt::Debug for ClientConfig {
             .field("base_url", &self.base_url)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("deadline", &self.deadline)
+            .field("deadline_cap", &self.deadline_cap)
             .field("request_timeout", &self.request_timeout)
             .field("backoff", &self.backoff)
             .field("budget", &self.budget)
@@ -97,6 +106,9 @@ impl ClientConfig {
             // Longer than the default drain window (30 s) plus a start-up (≤ 7 s), so a
             // rolling restart is waited out rather than reported as a failure.
             deadline: Duration::from_secs(120),
+            // A drain window of several minutes (a long linger) is still waited out; past
+            // ten minutes the producer hears about it rather than hanging on.
+            deadline_cap: Duration::from_secs(600),
             request_timeout: Duration::from_secs(30),
             backoff: Backoff::default(),
             budget: BudgetConfig::default(),
@@ -113,6 +125,11 @@ impl ClientConfig {
 
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;
+        self
+    }
+
+    pub fn deadline_cap(mut self, cap: Duration) -> Self {
+        self.deadline_cap = cap;
         self
     }
 
@@ -276,6 +293,7 @@ struct Inner {
     budget: RetryBudget,
     backoff: Backoff,
     deadline: Duration,
+    deadline_cap: Duration,
     on_the_wire: Semaphore,
     requests: AtomicU64,
     retries: AtomicU64,
@@ -311,6 +329,7 @@ impl Client {
                 budget: RetryBudget::new(config.budget),
                 backoff: config.backoff,
                 deadline: config.deadline,
+                deadline_cap: config.deadline_cap,
                 on_the_wire: Semaphore::new(config.max_concurrent_requests.max(1)),
                 requests: AtomicU64::new(0),
                 retries: AtomicU64::new(0),
@@ -365,10 +384,11 @@ impl Client {
 
     /// The send loop: wait out a drain, attempt, and retry what the policy allows.
     async fn deliver(&self, queue: &QueueName, body: Bytes, key: &MessageId) -> SendOutcome {
-        let deadline = Instant::now() + self.inner.deadline.min(MAX_DEADLINE);
+        let mut deadline =
+            Deadline::new(Instant::now(), self.inner.deadline, self.inner.deadline_cap);
         let mut tries = Tries::default();
         loop {
-            if let Err(outcome) = self.wait_until_admitting(deadline, &tries).await {
+            if let Err(outcome) = self.wait_until_admitting(&mut deadline, &tries).await {
                 return outcome;
             }
             if !tries.deposited {
@@ -380,34 +400,46 @@ impl Client {
             // The drain (or start-up) shows in a send before the cached verdict expires:
             // a wait like the probe's, not a failed attempt.
             if let Ok(Some((state, after))) = answer.as_ref().map(|a| a.deferral()) {
-                self.inner.lifecycle.observe_defer(state, after);
+                if let Verdict::Defer {
+                    drain_ends: Some(end),
+                    ..
+                } = self.inner.lifecycle.observe_defer(state, after)
+                {
+                    deadline.follow_drain(end);
+                }
                 continue;
             }
             let retry_after = match tries.judge(answer, key) {
                 Judged::Final(outcome) => return outcome,
                 Judged::Retry { retry_after } => retry_after,
             };
-            match self.retry_at(&tries, retry_after, deadline) {
+            match self.retry_at(&tries, retry_after, deadline.at) {
                 Ok(at) => tokio::time::sleep_until(at).await,
                 Err(gave_up) => return tries.give_up(gave_up),
             }
         }
     }
 
-    /// Wait while the gateway is draining or starting; an auth failure on the probe, or
-    /// a deadline passed while waiting, ends the send.
+    /// Wait while the gateway is draining or starting; a deadline passed while waiting
+    /// ends the send. The probe never ends it otherwise: whatever it failed with, the
+    /// send's own answer decides.
     async fn wait_until_admitting(
         &self,
-        deadline: Instant,
+        deadline: &mut Deadline,
         tries: &Tries,
     ) -> Result<(), SendOutcome> {
         loop {
             match self.inner.lifecycle.verdict().await {
-                Verdict::AuthFailed { status, code } => {
-                    return Err(SendOutcome::AuthFailed { status, code })
-                }
-                Verdict::Defer { until, state } => {
-                    if Instant::now() >= deadline {
+                Verdict::Defer {
+                    until,
+                    state,
+                    drain_ends,
+                } => {
+                    if let Some(end) = drain_ends {
+                        deadline.follow_drain(end);
+                    }
+                    let now = Instant::now();
+                    if now >= deadline.at {
                         return Err(SendOutcome::Failed {
                             last_error: tries
                                 .last_error
@@ -418,7 +450,14 @@ impl Client {
                         });
                     }
                     self.inner.deferrals.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep_until(until.min(deadline)).await;
+                    let wake = until.min(deadline.at);
+                    tracing::info!(
+                        event = "client_deferred",
+                        wait_ms = u64::try_from((wake - now).as_millis()).unwrap_or(u64::MAX),
+                        reason = state.as_str(),
+                        "the gateway is {state}: waiting before sending"
+                    );
+                    tokio::time::sleep_until(wake).await;
                 }
                 Verdict::Go => return Ok(()),
             }
@@ -455,8 +494,12 @@ impl Client {
             .delay(tries.attempts, retry_after, rand::random())
             .ok_or(GaveUp::Attempts)?;
         let now = Instant::now();
-        let at = match now.checked_add(delay) {
-            Some(at) if at <= deadline => at,
+        // The jitter on top of a Retry-After is the client's own: trimmed by the deadline
+        // rather than turning a Retry-After that fits into a failure.
+        let earliest = now.checked_add(retry_after.unwrap_or_default());
+        let at = match (now.checked_add(delay), earliest) {
+            (Some(at), _) if at <= deadline => at,
+            (_, Some(earliest)) if earliest <= deadline => deadline,
             // No attempt could happen in time: say so now rather than sleep first.
             _ => return Err(GaveUp::Deadline),
         };
@@ -466,6 +509,33 @@ impl Client {
         }
         i.retries.fetch_add(1, Ordering::Relaxed);
         Ok(at)
+    }
+}
+
+/// When one message gives up waiting: `deadline` from the call, moved by an announced
+/// drain to `deadline` past the drain's end, never past `deadline_cap` from the call.
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    at: Instant,
+    base: Duration,
+    cap_at: Instant,
+}
+
+impl Deadline {
+    fn new(start: Instant, base: Duration, cap: Duration) -> Self {
+        let base = base.min(MAX_DEADLINE);
+        Self {
+            at: start + base,
+            base,
+            cap_at: start + cap.clamp(base, MAX_DEADLINE),
+        }
+    }
+
+    /// The gateway announced that its drain ends by `end` (it may end sooner): the
+    /// message's own patience starts then, as a drain is a wait nobody chose.
+    fn follow_drain(&mut self, end: Instant) {
+        let wanted = end.checked_add(self.base).unwrap_or(self.cap_at);
+        self.at = self.at.max(wanted.min(self.cap_at));
     }
 }
 

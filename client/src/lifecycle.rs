@@ -6,13 +6,14 @@
 //! stale queue on an async mutex, the first one probes, and the rest find its fresh
 //! verdict when their turn comes. A burst of 1,000 sends therefore costs one probe.
 //!
-//! The probe is advisory: any failure (transport, timeout, 5xx, a body that does not
-//! parse) reads as "not draining", and the send's own answer stays authoritative. The
-//! exceptions are authentication answers: a 401 means the gateway does not know the
-//! token, so every send would get a 401 too, and the verdict is terminal. A 403 means the
-//! token is known but lacks the `observer` role (a plain `sender` key, the usual producer
-//! key): that is not a refusal to send, so probing simply stops for this client and the
-//! sends go ahead; a `503 draining` from a send still makes the client wait
+//! The probe is advisory: any error (transport, timeout, 5xx, a body that does not parse,
+//! a 401) reads as "not draining", and the send's own answer stays authoritative — the
+//! contract's rule, so a probe can never block a send. A 401 is logged louder (a
+//! credential problem, which the send's own 401 then reports for good) but not cached as
+//! terminal: something in front of the gateway may guard `/health/detailed` otherwise
+//! than the send route. A 403 means the token is known but lacks the `observer` role (a
+//! plain `sender` key, the usual producer key): probing simply stops for this client and
+//! the sends go ahead; a `503 draining` from a send still makes the client wait
 //! ([`LifecycleProbe::observe_defer`]).
 //!
 //! States: `running` → go. `draining` → wait `drain.remaining_s` (the window left; the
@@ -27,9 +28,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use sendgate_wire::{AnyCode, GatewayState};
+use sendgate_wire::GatewayState;
 use tokio::time::Instant;
 
+use super::retry::MAX_RETRY_AFTER;
 use super::transport::{ProbeAnswer, Transport};
 
 /// Shortest wait before asking again, so a drain announced with 0.01 s left does not
@@ -43,9 +45,14 @@ pub enum Verdict {
     /// Send now.
     Go,
     /// Wait until `until`, then ask again; `state` is what the gateway said.
-    Defer { until: Instant, state: GatewayState },
-    /// The gateway refused the token: no send can succeed.
-    AuthFailed { status: u16, code: Option<AnyCode> },
+    /// `drain_ends` is when the drain window announced by the gateway closes (its
+    /// `remaining_s`, or a `503 draining`'s `Retry-After`): a send's deadline follows it.
+    /// The drain may end sooner; `until` is capped by the ttl so that is noticed.
+    Defer {
+        until: Instant,
+        state: GatewayState,
+        drain_ends: Option<Instant>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -113,26 +120,23 @@ impl LifecycleProbe {
                 gateway_state,
                 remaining,
             } => match gateway_state {
-                GatewayState::Draining => {
-                    // Not `clamp`: it panics when the caller's ttl is below MIN_DEFER.
-                    let wait = remaining
-                        .unwrap_or(BRIEF_DEFER)
-                        .max(MIN_DEFER)
-                        .min(self.ttl);
-                    self.defer(now, wait, gateway_state)
-                }
+                GatewayState::Draining => self.defer(now, remaining, gateway_state),
                 GatewayState::Starting | GatewayState::Stopped => {
-                    self.defer(now, BRIEF_DEFER.min(self.ttl), gateway_state)
+                    self.defer(now, None, gateway_state)
                 }
                 GatewayState::Running => (Verdict::Go, now + self.ttl),
             },
-            ProbeAnswer::Unauthenticated { code } => (
-                Verdict::AuthFailed {
-                    status: 401,
-                    code: Some(code),
-                },
-                now + self.ttl,
-            ),
+            ProbeAnswer::Unauthenticated { code } => {
+                // Not terminal (contract §7: any probe error reads as "not draining"): the
+                // send's own answer decides, and a 401 there is final.
+                tracing::warn!(
+                    event = "client_probe_failed",
+                    status = 401,
+                    code = code.as_str(),
+                    "lifecycle probe refused the token; sending anyway, the send's own answer decides"
+                );
+                (Verdict::Go, now + self.ttl)
+            }
             ProbeAnswer::Forbidden => {
                 tracing::info!(
                     event = "client_probe_forbidden",
@@ -155,30 +159,44 @@ impl LifecycleProbe {
 
     /// A send was answered `503 draining` or `starting`: share that with every other send
     /// until its `Retry-After` (at most `ttl`) instead of letting each one find out alone.
-    /// A cached authentication failure is kept: it is the stronger news.
-    pub fn observe_defer(&self, state: GatewayState, retry_after: Option<Duration>) {
-        let now = Instant::now();
-        let wait = retry_after
-            .unwrap_or(BRIEF_DEFER)
-            .max(MIN_DEFER)
-            .min(self.ttl);
-        let (verdict, expires) = self.defer(now, wait, state);
-        let mut cached = self.cached.lock();
-        if let Some(Cached {
-            verdict: Verdict::AuthFailed { .. },
+    /// Returns the verdict, so the send that met the drain follows it like the others.
+    pub fn observe_defer(&self, state: GatewayState, retry_after: Option<Duration>) -> Verdict {
+        let (verdict, expires) = self.defer(Instant::now(), retry_after, state);
+        *self.cached.lock() = Some(Cached {
+            verdict: verdict.clone(),
             expires,
-        }) = &*cached
-        {
-            if now < *expires {
-                return;
-            }
-        }
-        *cached = Some(Cached { verdict, expires });
+        });
+        verdict
     }
 
-    fn defer(&self, now: Instant, wait: Duration, state: GatewayState) -> (Verdict, Instant) {
-        let until = now + wait;
-        (Verdict::Defer { until, state }, until)
+    /// Wait for the time announced (a drain's time left, a `Retry-After`; BRIEF_DEFER
+    /// without one), at least MIN_DEFER and at most the ttl. Only a drain's announcement
+    /// is a drain end the send's deadline may follow.
+    fn defer(
+        &self,
+        now: Instant,
+        announced: Option<Duration>,
+        state: GatewayState,
+    ) -> (Verdict, Instant) {
+        let announced = announced.map(|a| a.min(MAX_RETRY_AFTER));
+        // Not `clamp`: it panics when the caller's ttl is below MIN_DEFER.
+        let until = now
+            + announced
+                .unwrap_or(BRIEF_DEFER)
+                .max(MIN_DEFER)
+                .min(self.ttl);
+        let drain_ends = match state {
+            GatewayState::Draining => announced.map(|a| now + a),
+            _ => None,
+        };
+        (
+            Verdict::Defer {
+                until,
+                state,
+                drain_ends,
+            },
+            until,
+        )
     }
 
     fn fresh(&self, now: Instant) -> Option<Verdict> {
@@ -297,7 +315,7 @@ mod tests {
         );
         let probe = probe_of(&t);
         let start = Instant::now();
-        let Verdict::Defer { until, state } = probe.verdict().await else {
+        let Verdict::Defer { until, state, .. } = probe.verdict().await else {
             panic!("draining defers")
         };
         assert_eq!(state, GatewayState::Draining);
@@ -387,7 +405,8 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_401_is_terminal_and_a_403_stops_probing_but_not_sending() {
+    async fn a_401_reads_as_not_draining_and_is_asked_again_after_the_ttl() {
+        // Contract §7: any probe error reads as "not draining"; a 401 is not terminal.
         let t = Scripted::new(
             vec![ProbeAnswer::Unauthenticated {
                 code: ErrorCode::Unauthenticated.into(),
@@ -395,17 +414,23 @@ mod tests {
             Duration::ZERO,
         );
         let probe = probe_of(&t);
-        assert_eq!(
-            probe.verdict().await,
-            Verdict::AuthFailed {
-                status: 401,
-                code: Some(ErrorCode::Unauthenticated.into())
-            }
-        );
-        // A send's 503 draining does not hide the auth failure.
+        assert_eq!(probe.verdict().await, Verdict::Go);
+        assert_eq!(probe.verdict().await, Verdict::Go);
+        assert_eq!(probe.probes(), 1, "cached like any failed probe");
+        // A send's 503 draining is followed as usual.
         probe.observe_defer(GatewayState::Draining, Some(Duration::from_secs(3)));
-        assert!(matches!(probe.verdict().await, Verdict::AuthFailed { .. }));
+        assert!(matches!(probe.verdict().await, Verdict::Defer { .. }));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(probe.verdict().await, Verdict::Go);
+        assert_eq!(
+            probe.probes(),
+            2,
+            "asked again: the credential may have been fixed"
+        );
+    }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_403_stops_probing_but_not_sending() {
         let t = Scripted::new(vec![ProbeAnswer::Forbidden], Duration::ZERO);
         let probe = probe_of(&t);
         assert_eq!(probe.verdict().await, Verdict::Go);
@@ -421,13 +446,43 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn only_a_drain_announces_an_end_the_deadline_may_follow() {
+        let t = Scripted::new(
+            vec![state(GatewayState::Draining, Some(400.0))],
+            Duration::ZERO,
+        );
+        let probe = probe_of(&t);
+        let now = Instant::now();
+        let Verdict::Defer {
+            until, drain_ends, ..
+        } = probe.verdict().await
+        else {
+            panic!("draining defers")
+        };
+        assert_eq!(until - now, Duration::from_secs(5), "waits at most the ttl");
+        assert_eq!(drain_ends, Some(now + Duration::from_secs(400)));
+        let Verdict::Defer { drain_ends, .. } =
+            probe.observe_defer(GatewayState::Draining, Some(Duration::from_secs(90)))
+        else {
+            panic!()
+        };
+        assert_eq!(drain_ends, Some(now + Duration::from_secs(90)));
+        let Verdict::Defer { drain_ends, .. } =
+            probe.observe_defer(GatewayState::Starting, Some(Duration::from_secs(1)))
+        else {
+            panic!()
+        };
+        assert_eq!(drain_ends, None);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_send_that_meets_a_drain_makes_every_send_wait_without_a_probe() {
         let t = Scripted::new(vec![state(GatewayState::Running, None)], Duration::ZERO);
         let probe = probe_of(&t);
         assert_eq!(probe.verdict().await, Verdict::Go);
         probe.observe_defer(GatewayState::Draining, Some(Duration::from_secs(30)));
         let now = Instant::now();
-        let Verdict::Defer { until, state } = probe.verdict().await else {
+        let Verdict::Defer { until, state, .. } = probe.verdict().await else {
             panic!()
         };
         assert_eq!(

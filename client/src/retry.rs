@@ -55,9 +55,12 @@ impl Backoff {
     /// failed in a retryable way; `None` when the attempt cap is reached.
     ///
     /// Full jitter (a uniform pick in `[0, min(cap, base·2^(n-1))]`) spreads the retries of
-    /// many producers that failed together, instead of sending them back in waves. The
-    /// pick is never below the gateway's `Retry-After`: the gateway knows when its answer
-    /// can change (a depth read expiring, a drain window closing), the client does not.
+    /// many producers that failed together, instead of sending them back in waves. With a
+    /// `Retry-After`, the pick is added on top of it: the gateway knows when its answer
+    /// can change (a depth read expiring, the backlog draining), so its wait is honoured
+    /// as is, never shortened; and producers refused together, all told the same
+    /// `Retry-After`, do not all come back in the same instant (which a wait of
+    /// `max(Retry-After, pick)` did whenever the pick was the shorter).
     pub fn delay(
         &self,
         attempts_made: u32,
@@ -75,7 +78,10 @@ impl Backoff {
             0.0
         };
         let jittered = ceiling.mul_f64(unit);
-        Some(jittered.max(retry_after.unwrap_or_default().min(MAX_RETRY_AFTER)))
+        Some(match retry_after {
+            Some(floor) => floor.min(MAX_RETRY_AFTER) + jittered,
+            None => jittered,
+        })
     }
 }
 
@@ -239,18 +245,25 @@ mod tests {
     }
 
     #[test]
-    fn never_sooner_than_retry_after_even_past_the_cap() {
+    fn retry_after_is_honoured_as_is_with_the_jitter_on_top() {
         let b = Backoff::default();
-        for unit in [0.0, 0.3, 0.99] {
+        // First retry: the jitter's ceiling is 200 ms, added to the 30 s asked for.
+        for (unit, expected) in [(0.0, 30_000), (0.5, 30_100), (0.99, 30_198)] {
             let d = b.delay(1, Some(Duration::from_secs(30)), unit).unwrap();
-            assert_eq!(d, Duration::from_secs(30));
+            assert_eq!(d, Duration::from_millis(expected), "{unit}");
         }
-        // A short Retry-After does not shorten a longer jittered wait.
-        let d = b.delay(4, Some(Duration::from_millis(10)), 0.99).unwrap();
-        assert!(d > Duration::from_millis(1500), "{d:?}");
+        // A 1 s Retry-After: never sooner, and the jitter spreads it upwards only.
+        assert_eq!(
+            b.delay(1, Some(Duration::from_secs(1)), 0.0),
+            Some(Duration::from_secs(1))
+        );
+        assert_eq!(
+            b.delay(3, Some(Duration::from_secs(1)), 0.5),
+            Some(Duration::from_millis(1400))
+        );
         // An absurd one is bounded.
         let d = b
-            .delay(1, Some(Duration::from_secs(u64::MAX)), 0.5)
+            .delay(1, Some(Duration::from_secs(u64::MAX)), 0.0)
             .unwrap();
         assert_eq!(d, MAX_RETRY_AFTER);
     }

@@ -104,11 +104,12 @@ async fn retry_after_30_from_fail_closed_is_honoured_to_the_second() {
         async move { c.send("requests", "{}", Some("k-1")).await }
     });
 
-    // The paused clock jumps to each timer: no retry may be due before 30 s.
+    // The paused clock jumps to each timer: no retry may be due before 30 s, and the
+    // jitter on top of it is at most the first retry's 200 ms.
     tokio::time::sleep(Duration::from_millis(29_999)).await;
     assert_eq!(t.posts().len(), 1, "no retry before Retry-After");
-    tokio::time::sleep(Duration::from_millis(2)).await;
-    assert_eq!(t.posts().len(), 2, "the retry comes at 30 s");
+    tokio::time::sleep(Duration::from_millis(202)).await;
+    assert_eq!(t.posts().len(), 2, "the retry comes within 30.2 s");
 
     assert_eq!(
         send.await.unwrap(),
@@ -117,7 +118,11 @@ async fn retry_after_30_from_fail_closed_is_honoured_to_the_second() {
         }
     );
     let posts = t.posts();
-    assert_eq!(posts[1].0 - start, Duration::from_secs(30));
+    let waited = posts[1].0 - start;
+    assert!(
+        waited >= Duration::from_secs(30) && waited <= Duration::from_millis(30_200),
+        "{waited:?}"
+    );
     assert!(posts.iter().all(|(_, key)| key == "k-1"));
     assert_eq!(c.stats().retries, 1);
 }
@@ -281,7 +286,13 @@ async fn a_drain_that_outlasts_the_deadline_is_failed_without_a_send() {
             remaining: Some(Duration::from_secs(20)),
         },
     );
-    let c = client(&t, config().deadline(Duration::from_secs(12)));
+    // A cap equal to the deadline: the announced drain cannot stretch it.
+    let c = client(
+        &t,
+        config()
+            .deadline(Duration::from_secs(12))
+            .deadline_cap(Duration::from_secs(12)),
+    );
     let start = Instant::now();
     let outcome = c.send("requests", "{}", None).await;
     assert_eq!(
@@ -359,22 +370,211 @@ async fn the_shared_budget_holds_a_failing_burst_to_a_fifth_in_retries() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_token_refused_by_the_probe_sends_nothing() {
-    let t = Scripted::probing(
-        vec![created("never")],
-        ProbeAnswer::Unauthenticated {
-            code: ErrorCode::Unauthenticated.into(),
-        },
-    );
-    let outcome = client(&t, config()).send("requests", "{}", None).await;
+async fn a_probe_401_never_blocks_the_send_whose_own_answer_decides() {
+    // Contract §7: any error on the probe reads as "not draining". Something in front of
+    // the gateway may guard /health/detailed on its own: the send goes and is queued.
+    let refused_probe = || ProbeAnswer::Unauthenticated {
+        code: ErrorCode::Unauthenticated.into(),
+    };
+    let t = Scripted::probing(vec![created("p-1")], refused_probe());
+    let c = client(&t, config());
     assert_eq!(
-        outcome,
+        c.send("requests", "{}", Some("p-1")).await,
+        SendOutcome::Queued {
+            message_id: "p-1".into()
+        }
+    );
+    assert_eq!(t.posts().len(), 1);
+    assert_eq!(c.stats().deferrals, 0, "no wait either");
+
+    // When the token really is refused, the send's own 401 says so, once, never retried.
+    let t = Scripted::probing(
+        vec![answer(401, ErrorCode::Unauthenticated, None), created("x")],
+        refused_probe(),
+    );
+    let c = client(&t, config());
+    assert_eq!(
+        c.send("requests", "{}", None).await,
         SendOutcome::AuthFailed {
             status: 401,
             code: Some(ErrorCode::Unauthenticated.into())
         }
     );
-    assert!(t.posts().is_empty());
+    assert_eq!(t.posts().len(), 1, "an auth failure is never retried");
+    assert_eq!(c.stats().retries, 0);
+
+    // Any other probe failure: the same.
+    let t = Scripted::probing(
+        vec![created("u")],
+        ProbeAnswer::Unusable("health answered 500".into()),
+    );
+    assert!(matches!(
+        client(&t, config()).send("requests", "{}", None).await,
+        SendOutcome::Queued { .. }
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_follows_a_drain_announced_longer_than_itself() {
+    // The gateway drains with a 200 s window: each send meets `503 draining` with
+    // `Retry-After: 200` until the drain is over, 150 s in, past the 120 s deadline.
+    let mut replies: Vec<Reply> = (0..30)
+        .map(|_| answer(503, ErrorCode::Draining, Some(200)))
+        .collect();
+    replies.push(created("long-drain"));
+    let t = Scripted::new(replies);
+    let c = client(&t, config());
+    let start = Instant::now();
+    let outcome = c.send("requests", "{}", Some("long-drain")).await;
+    assert_eq!(
+        outcome,
+        SendOutcome::Queued {
+            message_id: "long-drain".into()
+        }
+    );
+    assert!(
+        start.elapsed() > Duration::from_secs(120),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(c.stats().retries, 0, "a drain is waited out, not retried");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_announced_drain_stretches_the_deadline_only_up_to_the_cap() {
+    let t = Scripted::new(vec![answer(503, ErrorCode::Draining, Some(2000))]);
+    let c = client(&t, config().deadline_cap(Duration::from_secs(600)));
+    let start = Instant::now();
+    let outcome = c.send("requests", "{}", None).await;
+    assert_eq!(
+        outcome,
+        SendOutcome::Failed {
+            last_error: AttemptError::StillDeferred {
+                state: GatewayState::Draining
+            },
+            attempts: 0,
+            gave_up: GaveUp::Deadline,
+        }
+    );
+    assert_eq!(start.elapsed(), Duration::from_secs(600));
+
+    // A cap below the deadline never shortens it.
+    let t = Scripted::new(vec![answer(503, ErrorCode::Draining, Some(2000))]);
+    let c = client(
+        &t,
+        config()
+            .deadline(Duration::from_secs(30))
+            .deadline_cap(Duration::from_secs(1)),
+    );
+    let start = Instant::now();
+    c.send("requests", "{}", None).await;
+    assert_eq!(start.elapsed(), Duration::from_secs(30));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_429_retry_after_is_never_shortened_and_the_jitter_only_adds() {
+    // Forty producers refused together, all told `Retry-After: 1`: each comes back no
+    // sooner than 1 s, within the first retry's 200 ms of jitter, and not all at once.
+    let mut replies: Vec<Reply> = (0..40)
+        .map(|_| answer(429, ErrorCode::QueueFull, Some(1)))
+        .collect();
+    replies.push(created("ok"));
+    let t = Scripted::new(replies);
+    let c = client(
+        &t,
+        config().budget(BudgetConfig {
+            ratio: 1.0,
+            ..BudgetConfig::default()
+        }),
+    );
+    let sends: Vec<_> = (0..40)
+        .map(|i| {
+            let c = c.clone();
+            tokio::spawn(async move { c.send("requests", "{}", Some(&format!("j-{i}"))).await })
+        })
+        .collect();
+    for s in sends {
+        assert!(matches!(s.await.unwrap(), SendOutcome::Queued { .. }));
+    }
+    let posts = t.posts();
+    assert_eq!(posts.len(), 80);
+    let mut gaps = Vec::new();
+    for i in 0..40 {
+        let key = format!("j-{i}");
+        let at: Vec<Instant> = posts.iter().filter(|p| p.1 == key).map(|p| p.0).collect();
+        gaps.push(at[1] - at[0]);
+    }
+    for gap in &gaps {
+        assert!(
+            *gap >= Duration::from_secs(1),
+            "sooner than Retry-After: {gap:?}"
+        );
+        assert!(*gap <= Duration::from_millis(1200), "{gap:?}");
+    }
+    gaps.sort();
+    gaps.dedup();
+    assert!(gaps.len() > 10, "spread, not one wave at 1 s: {gaps:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_out_a_drain_is_logged_as_client_deferred_with_the_wait_and_the_reason() {
+    let logs = Logs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .with_writer(logs.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let t = Scripted::new(vec![
+        answer(503, ErrorCode::Draining, Some(3)),
+        created("d"),
+    ]);
+    let c = client(&t, config());
+    assert!(matches!(
+        c.send("requests", "{}", Some("d")).await,
+        SendOutcome::Queued { .. }
+    ));
+    let deferred: Vec<serde_json::Value> = logs
+        .lines()
+        .into_iter()
+        .filter(|l| l["fields"]["event"] == "client_deferred")
+        .collect();
+    assert_eq!(deferred.len(), 1, "{deferred:?}");
+    assert_eq!(deferred[0]["fields"]["wait_ms"], 3000);
+    assert_eq!(deferred[0]["fields"]["reason"], "draining");
+    assert_eq!(c.stats().deferrals, 1, "beside the counter");
+}
+
+/// Log lines written by a tracing subscriber, kept for the test to read.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn lines(&self) -> Vec<serde_json::Value> {
+        String::from_utf8_lossy(&self.0.lock())
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = Logs;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -373,6 +373,22 @@ mod tests {
                 remaining: None
             }
         ));
+        // The state is compared trimmed and without regard to case.
+        for body in [
+            &br#"{"gateway_state":"Draining ","drain":{"remaining_s":4.0}}"#[..],
+            br#"{"gateway_state":"DRAINING","drain":{"remaining_s":4.0}}"#,
+            br#"{"gateway_state":" draining\n","drain":{"remaining_s":4.0}}"#,
+        ] {
+            assert_eq!(
+                read_health(body),
+                ProbeAnswer::State {
+                    gateway_state: GatewayState::Draining,
+                    remaining: Some(Duration::from_secs(4))
+                },
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
         // A state this version does not know reads as unusable, which means "send".
         for body in [&br#"{"gateway_state":"sideways"}"#[..], b"{}", b"not json"] {
             assert!(

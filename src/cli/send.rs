@@ -42,9 +42,14 @@ pub struct SendArgs {
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=1024))]
     concurrency: u16,
     /// Longest time one message may wait (a drain, Retry-After, backoff), in seconds.
+    /// A drain the gateway announces moves it: it then counts from the drain's end.
     #[arg(long, value_name = "SECONDS", default_value_t = 120,
           value_parser = clap::value_parser!(u64).range(0..=604_800))]
     deadline: u64,
+    /// The longest an announced drain may stretch --deadline to, in seconds from the send.
+    #[arg(long, value_name = "SECONDS", default_value_t = 600,
+          value_parser = clap::value_parser!(u64).range(0..=604_800))]
+    deadline_cap: u64,
     /// Attempts per message, the first included.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
     max_attempts: u32,
@@ -125,6 +130,7 @@ fn prepare(args: &SendArgs) -> Result<(Client, QueueName, Box<dyn Read + Send>),
     };
     let mut config = ClientConfig::new(args.url.clone())
         .deadline(Duration::from_secs(args.deadline))
+        .deadline_cap(Duration::from_secs(args.deadline_cap))
         .backoff(Backoff {
             max_attempts: args.max_attempts,
             ..Backoff::default()

@@ -121,7 +121,7 @@ async fn an_invalid_line_is_refused_locally_and_exits_1() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_token_stops_at_once_with_exit_2_after_one_request() {
+async fn a_refused_token_stops_at_once_with_exit_2_after_one_send() {
     let dir = tempfile::tempdir().unwrap();
     let keys = keys_file(
         dir.path(),
@@ -152,10 +152,19 @@ async fn a_refused_token_stops_at_once_with_exit_2_after_one_request() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("401 unauthenticated"), "{err}");
     assert!(err.contains("stopped"), "{err}");
-    let seen = proxy.seen();
-    assert_eq!(seen.len(), 1, "exactly one request: {seen:?}");
-    assert_eq!(seen[0].status, 401);
-    assert!(seen[0].authorization, "the token was sent");
+    // The probe's 401 only reads as "not draining" (contract §7); the one send's own 401
+    // is what stops the run, never retried.
+    assert_eq!(proxy.probes(), 1);
+    let posts = proxy.posts();
+    assert_eq!(posts.len(), 1, "exactly one send: {posts:?}");
+    assert_eq!(posts[0].status, 401);
+    assert!(
+        proxy
+            .seen()
+            .iter()
+            .all(|s| s.authorization && s.status == 401),
+        "the token was sent and refused"
+    );
     assert_eq!(app.stored("requests"), 0);
 }
 

@@ -130,6 +130,46 @@ async fn a_drain_met_by_the_sends_themselves_is_waited_out_too() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_window_longer_than_the_deadline_is_waited_out() {
+    // A 2 s deadline, a drain announced for 30 s that lasts 4: the deadline follows the
+    // announced drain (up to its cap) instead of failing the messages at 2 s.
+    let dir = tempfile::tempdir().unwrap();
+    let old = spawn_in(dir.path(), &[]).await;
+    let port = port_of(&old);
+    let in_flight = old.handle.lifecycle.admit_send().unwrap();
+    assert!(old.handle.lifecycle.begin_drain(Duration::from_secs(30)));
+
+    let client = Client::new(
+        ClientConfig::new(old.address.clone())
+            .deadline(Duration::from_secs(2))
+            .deadline_cap(Duration::from_secs(60)),
+    )
+    .unwrap();
+    let keys: Vec<String> = (0..10).map(|i| format!("long-{i}")).collect();
+    let sends = send_all(&client, &keys);
+
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        sends.iter().all(|s| !s.is_finished()),
+        "still waiting past the 2 s deadline"
+    );
+    drop(in_flight);
+    old.wait_stopped(Duration::from_secs(10)).await;
+    let listen = format!("127.0.0.1:{port}");
+    let new = spawn_in(dir.path(), &[("SENDGATE_LISTEN", listen.as_str())]).await;
+
+    for (send, key) in sends.into_iter().zip(&keys) {
+        assert_eq!(send.await.unwrap(), queued(key));
+    }
+    let stats = client.stats();
+    assert_eq!(stats.retries, 0);
+    assert!(stats.deferrals >= 10, "{stats:?}");
+    let (count, ids) = stored_ids(&new);
+    assert_eq!(count, 10);
+    assert_eq!(ids, keys.iter().cloned().collect::<BTreeSet<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_closed_retry_after_30_is_never_cut_short() {
     let app = spawn_app_with(&[
         ("SERVICEBUS_SEND_FAILCLOSED", "1"),
