@@ -994,6 +994,8 @@ mod seat {
             ttl,
             read_timeout: Duration::from_secs(2),
             lag: Duration::ZERO,
+            retry_after_max: Duration::from_secs(300),
+            resume_below: sendgate::config::Fraction::ONE,
         }
     }
 

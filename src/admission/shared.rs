@@ -14,6 +14,11 @@
 //!   before the grant arrives), so sends still in flight stay counted, and a
 //!   replica killed holding a block gives it back when the lease ends.
 //!
+//! - **Drain rate and hysteresis**: the drain rate is measured from the fleet's successive
+//!   reads as this replica sees them, with the fleet's counts (see [`FleetSeat::see`]). The
+//!   refusing state (`SENDGATE_RESUME_BELOW`) is this replica's: once the fleet said "full" to
+//!   it, it refuses until the fleet's estimate is at or below the resume level.
+//!
 //! Every call here may fail with a [`LedgerError`]: the caller then falls back to the local
 //! gate for that send, and the fleet status to local mode.
 
@@ -24,7 +29,9 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use super::capacity::{BacklogEffect, CapacityPolicy, GateSnapshot, Refusal};
+use super::drain::DrainEstimator;
 use crate::backend::{Backend, DepthError};
+use crate::config::Fraction;
 use crate::coordination::fleet::{Fleet, REJOIN_EVERY};
 use crate::coordination::ledger::{
     LedgerError, QueueKeys, ReadOutcome, Reservation, SharedRead, SharedState,
@@ -77,6 +84,14 @@ struct SeatState {
     /// expires (or a newer one is seen), as a local gate does, instead of asking Redis
     /// for every refusal at the ceiling. `(until, estimate, generation)`.
     full: Option<(Instant, u64, u64)>,
+    /// The drain rate, from the fleet's reads as seen here.
+    drain: DrainEstimator,
+    /// The newest good read seen: `(generation, backlog + since_read as last seen, when it
+    /// was read)`, the previous end of the next measured pair.
+    measured: Option<(u64, u64, Instant)>,
+    /// The fleet said "full" to this replica and its estimate has not yet come back to the
+    /// resume level (used only with `SENDGATE_RESUME_BELOW` under 1).
+    refusing: bool,
 }
 
 pub struct FleetSeat {
@@ -111,7 +126,6 @@ impl FleetSeat {
             fleet,
             keys,
             queue,
-            policy,
             block_lease,
             state: Mutex::new(SeatState {
                 left: 0,
@@ -128,9 +142,73 @@ impl FleetSeat {
                 failclosed_logged: None,
                 failclosed_unlogged: 0,
                 full: None,
+                drain: DrainEstimator::new(policy.lag),
+                measured: None,
+                refusing: false,
             }),
             read_turn: tokio::sync::Mutex::new(()),
+            policy,
         })
+    }
+
+    /// Record the fleet's read as seen now, and measure the drain between two good reads:
+    /// the fleet's estimate of the older one as last seen here (its backlog plus every
+    /// send the fleet stored since) minus the newer one's as first seen. Sends stored between
+    /// those two sightings are missing from the first and counted in the second, so the
+    /// drain is under-estimated by them (a longer `Retry-After`: the safe side); at the
+    /// ceiling, where the fleet admits next to nothing, the two agree.
+    fn see(state: &mut SeatState, read: SharedRead, now: Instant) {
+        state.last = Some((read, now));
+        let SharedState::Ok { backlog, .. } = read.state else {
+            return;
+        };
+        let estimate = backlog.saturating_add(read.since_read);
+        let read_at = now.checked_sub(read.age).unwrap_or(now);
+        match state.measured {
+            Some((generation, _, at)) if generation == read.generation => {
+                state.measured = Some((generation, estimate, at));
+            }
+            Some((generation, before, at)) if generation < read.generation => {
+                if read_at > at {
+                    state.drain.record(before, estimate, read_at - at);
+                }
+                state.measured = Some((read.generation, estimate, read_at));
+            }
+            // An older reply overtaken by a newer one: nothing new.
+            Some((_, _, at)) if read_at <= at => {}
+            // The ledger's keys expired and its generations started again.
+            _ => {
+                state.drain.break_chain();
+                state.measured = Some((read.generation, estimate, read_at));
+            }
+        }
+    }
+
+    /// With hysteresis on: refusing since the fleet said "full", and the fleet's estimate on
+    /// the read last seen not yet back at or below the resume level. Refused here, cached
+    /// like a "full" answer, without asking Redis.
+    fn still_refusing(&self, state: &mut SeatState, now: Instant) -> Option<Refusal> {
+        if !state.refusing || self.policy.resume_below >= Fraction::ONE {
+            return None;
+        }
+        let (read, seen) = state.last?;
+        let SharedState::Ok { backlog, .. } = read.state else {
+            return None;
+        };
+        let estimate = backlog
+            .saturating_add(read.since_read)
+            .saturating_add(read.reserved);
+        if estimate <= self.policy.resume_at() {
+            state.refusing = false;
+            return None;
+        }
+        let until = seen + self.policy.ttl.saturating_sub(read.age);
+        state.full = Some((until, estimate, read.generation));
+        Some(self.policy.queue_full(
+            estimate,
+            state.drain.rate(),
+            until.saturating_duration_since(now),
+        ))
     }
 
     pub fn joined(&self) -> bool {
@@ -182,13 +260,10 @@ impl FleetSeat {
                 .filter(|(until, _, seen)| now < *until && Some(*seen) == generation)
             {
                 let ahead = self.ahead_due(&mut state, age, now);
+                let rate = state.drain.rate();
                 drop(state);
                 self.spawn_ahead(ahead, backend);
-                return Ok(Err(Refusal::QueueFull {
-                    backlog: estimate,
-                    limit: self.policy.limit,
-                    retry_after: until - now,
-                }));
+                return Ok(Err(self.policy.queue_full(estimate, rate, until - now)));
             }
             let ahead = fresh && self.ahead_due(&mut state, age, now);
             let leftover = if now >= state.use_until {
@@ -202,6 +277,16 @@ impl FleetSeat {
             self.refresh(backend, true).await?;
         }
         self.spawn_ahead(ahead, backend);
+        let refused = self.still_refusing(&mut self.state.lock(), Instant::now());
+        if let Some(refusal) = refused {
+            if leftover > 0 {
+                self.fleet
+                    .ledger()
+                    .release(&self.keys, &self.block_id, leftover)
+                    .await?;
+            }
+            return Ok(Err(refusal));
+        }
         let ledger = self.fleet.ledger();
         // The block is handed out for its use from when it was asked for, which is before
         // its lease began in Redis, however late the answer.
@@ -223,27 +308,29 @@ impl FleetSeat {
         let mut state = self.state.lock();
         Ok(match reservation {
             Reservation::Granted { granted, read } => {
-                state.last = Some((read, now));
+                Self::see(&mut state, read, now);
+                state.refusing = false;
                 state.left += granted.saturating_sub(1);
                 state.use_until = asked + USE_BLOCK_FOR;
                 Ok(Held::Block)
             }
             Reservation::Full { estimate, read } => {
-                state.last = Some((read, now));
+                Self::see(&mut state, read, now);
                 let until = now + self.policy.ttl.saturating_sub(read.age);
                 state.full = Some((until, estimate, read.generation));
-                Err(Refusal::QueueFull {
-                    backlog: estimate,
-                    limit: self.policy.limit,
-                    retry_after: self.policy.ttl.saturating_sub(read.age),
-                })
+                state.refusing = true;
+                Err(self.policy.queue_full(
+                    estimate,
+                    state.drain.rate(),
+                    self.policy.ttl.saturating_sub(read.age),
+                ))
             }
             Reservation::Disabled { read } => {
-                state.last = Some((read, now));
+                Self::see(&mut state, read, now);
                 Err(Refusal::QueueDisabled)
             }
             Reservation::Unknown { read } => {
-                state.last = Some((read, now));
+                Self::see(&mut state, read, now);
                 if self.policy.fail_closed && read.streak >= self.policy.streak_threshold {
                     Err(Refusal::CapacityUnknown {
                         consecutive_failures: read.streak,
@@ -303,7 +390,7 @@ impl FleetSeat {
         }
         let ledger = self.fleet.ledger();
         let seen = ledger.shared_read(&self.keys).await?;
-        self.state.lock().last = Some((seen, Instant::now()));
+        Self::see(&mut self.state.lock(), seen, Instant::now());
         if seen.state != SharedState::Never && seen.age < self.policy.ttl && wait {
             return Ok(()); // another replica published while this one queued
         }
@@ -329,7 +416,7 @@ impl FleetSeat {
                     .await?;
                 let mut state = self.state.lock();
                 state.last_read_took = started.elapsed();
-                state.last = Some((published, Instant::now()));
+                Self::see(&mut state, published, Instant::now());
             }
             // Another replica reads: wait for its read, at most a read's deadline. A reader
             // that died holds the lease until it ends (a TTL, maybe far longer): once one send
@@ -343,7 +430,7 @@ impl FleetSeat {
                     }
                     tokio::time::sleep(WAIT_POLL).await;
                     let now = ledger.shared_read(&self.keys).await?;
-                    self.state.lock().last = Some((now, Instant::now()));
+                    Self::see(&mut self.state.lock(), now, Instant::now());
                     if now.generation != seen.generation {
                         break;
                     }
@@ -459,7 +546,7 @@ impl FleetSeat {
         let _turn = self.read_turn.lock().await;
         let ledger = self.fleet.ledger();
         let seen = ledger.shared_read(&self.keys).await?;
-        self.state.lock().last = Some((seen, Instant::now()));
+        Self::see(&mut self.state.lock(), seen, Instant::now());
         if seen.state != SharedState::Never && seen.age < self.policy.ttl {
             return Ok(());
         }
@@ -482,7 +569,7 @@ impl FleetSeat {
             let published = ledger
                 .publish_read(&self.keys, ticket, outcome, false)
                 .await?;
-            self.state.lock().last = Some((published, Instant::now()));
+            Self::see(&mut self.state.lock(), published, Instant::now());
         }
         Ok(())
     }
@@ -492,15 +579,22 @@ impl FleetSeat {
         let state = self.state.lock();
         let (read, _) = state.last?;
         let unknown = !matches!(read.state, SharedState::Ok { .. });
+        let backlog = match read.state {
+            SharedState::Ok { backlog, .. } => Some(
+                backlog
+                    .saturating_add(read.since_read)
+                    .saturating_add(read.reserved),
+            ),
+            _ => None,
+        };
+        let resume = self.policy.resume_at();
+        let refusing = state.refusing && self.policy.resume_below < Fraction::ONE;
         Some(GateSnapshot {
-            backlog: match read.state {
-                SharedState::Ok { backlog, .. } => Some(
-                    backlog
-                        .saturating_add(read.since_read)
-                        .saturating_add(read.reserved),
-                ),
-                _ => None,
-            },
+            backlog,
+            drain_rate: state.drain.rate(),
+            refusing_until_backlog: backlog
+                .filter(|b| (refusing && *b > resume) || *b >= self.policy.limit)
+                .map(|_| resume),
             limit: self.policy.limit,
             consecutive_failures: read.streak,
             fail_closed: unknown
