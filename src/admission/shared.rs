@@ -606,3 +606,76 @@ impl FleetSeat {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::drain::DrainRate;
+
+    fn seat_state() -> SeatState {
+        SeatState {
+            left: 0,
+            use_until: Instant::now(),
+            last: None,
+            pending_block_stored: 0,
+            pending_block_not_stored: 0,
+            pending_open_stored: 0,
+            flush_scheduled: false,
+            ahead_tried_at: None,
+            ahead_running: false,
+            waited_out: None,
+            last_read_took: Duration::ZERO,
+            failclosed_logged: None,
+            failclosed_unlogged: 0,
+            full: None,
+            drain: DrainEstimator::new(Duration::ZERO),
+            measured: None,
+            refusing: false,
+        }
+    }
+
+    fn read(generation: u64, backlog: u64, since_read: u64, age_ms: u64) -> SharedRead {
+        SharedRead {
+            state: SharedState::Ok {
+                backlog,
+                send_disabled: false,
+            },
+            age: Duration::from_millis(age_ms),
+            streak: 0,
+            generation,
+            since_read,
+            reserved: 7, // held, not yet in the queue: never part of the drain
+            reads_ok: generation,
+            reads_failed: 0,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_fleets_successive_reads_measure_the_drain_with_the_fleets_counts() {
+        let mut s = seat_state();
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        FleetSeat::see(&mut s, read(1, 200, 10, 0), t0);
+        // Seen again later: the fleet stored 30 on top of that read by then.
+        FleetSeat::see(&mut s, read(1, 200, 30, 500), t0 + ms(500));
+        assert_eq!(s.drain.rate(), None);
+        // The next read, made 5 s after the first: 180 left, so 200 + 30 − 180 = 50 taken.
+        FleetSeat::see(&mut s, read(2, 180, 0, 0), t0 + ms(5000));
+        assert_eq!(s.drain.rate().map(DrainRate::per_second), Some(10.0));
+        // A late reply about the older read changes nothing.
+        FleetSeat::see(&mut s, read(1, 200, 30, 5500), t0 + ms(5500));
+        assert_eq!(s.measured.map(|(g, _, _)| g), Some(2));
+        assert_eq!(s.drain.rate().map(DrainRate::per_second), Some(10.0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sends_the_fleet_stored_between_reads_are_not_drain() {
+        let mut s = seat_state();
+        let t0 = Instant::now();
+        FleetSeat::see(&mut s, read(1, 100, 0, 0), t0);
+        FleetSeat::see(&mut s, read(1, 100, 40, 0), t0 + Duration::from_secs(4));
+        // The broker now holds the 40: no drain.
+        FleetSeat::see(&mut s, read(2, 140, 0, 0), t0 + Duration::from_secs(5));
+        assert_eq!(s.drain.rate(), None);
+    }
+}
