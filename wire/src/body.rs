@@ -106,7 +106,8 @@ pub struct ErrorBody<'a> {
     pub consecutive_failures: Option<u32>,
     /// `queue_full`: how many messages a second the queue's consumers were measured to
     /// take, `null` while unknown (then `Retry-After` is the time until the next depth
-    /// read). Absent (`None`) on other codes; `Some(None)` is the `null`.
+    /// read).
+    // Absent (`None`) on other codes; `Some(None)` is the `null`.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
