@@ -994,6 +994,8 @@ mod seat {
             ttl,
             read_timeout: Duration::from_secs(2),
             lag: Duration::ZERO,
+            retry_after_max: Duration::from_secs(300),
+            resume_below: sendgate::config::Fraction::ONE,
         }
     }
 
@@ -1084,6 +1086,39 @@ mod seat {
         }
         assert!(s.fleet.joined(), "no Redis call was made, none failed");
         s.proxy.set(Fault::Pass);
+    }
+
+    #[tokio::test]
+    async fn with_hysteresis_a_replica_told_full_refuses_until_the_fleet_is_at_the_resume_level() {
+        let s = setup(Fault::Pass).await;
+        joined(&s.fleet, true).await;
+        let depth = Arc::new(Depth(AtomicU64::new(10)));
+        let backend: Arc<dyn Backend> = depth.clone();
+        let ttl = Duration::from_millis(200);
+        let seat = FleetSeat::new(
+            s.fleet.clone(),
+            s.keys.clone(),
+            QueueName::parse("q").unwrap(),
+            CapacityPolicy {
+                resume_below: sendgate::config::Fraction::new(0.5).unwrap(),
+                ..policy(10, ttl)
+            },
+            Duration::from_millis(100),
+        );
+        for backlog in [10, 8, 6] {
+            depth.0.store(backlog, Ordering::SeqCst);
+            tokio::time::sleep(ttl + Duration::from_millis(50)).await; // the read expires
+            let decided = seat.admit(&backend).await.unwrap();
+            assert!(
+                matches!(decided, Err(Refusal::QueueFull { backlog: b, .. }) if b == backlog),
+                "{backlog}: {decided:?}"
+            );
+            assert_eq!(seat.snapshot().unwrap().refusing_until_backlog, Some(5));
+        }
+        depth.0.store(5, Ordering::SeqCst);
+        tokio::time::sleep(ttl + Duration::from_millis(50)).await;
+        let admitted = seat.admit(&backend).await.unwrap();
+        assert!(admitted.is_ok(), "{admitted:?}");
     }
 
     #[tokio::test]

@@ -33,6 +33,7 @@ fn problem_for(code: ErrorCode) -> Problem {
             backlog: 10,
             limit: 10,
             retry_after: wait,
+            drain_rate: None,
         },
         ErrorCode::CapacityUnknown => Problem::CapacityUnknown {
             consecutive_failures: 3,
@@ -107,6 +108,13 @@ async fn the_body_the_server_writes_is_the_body_the_client_reads() {
         assert_eq!(body.code.known(), Some(code), "{problem:?}");
         assert_eq!(body.request_id, "r-1");
         assert_eq!(body.message, problem.to_string());
+        if let Some(seconds) = body.retry_after_s {
+            assert_eq!(
+                Some(Duration::from_secs(seconds)),
+                retry_after,
+                "retry_after_s is the header's value: {problem:?}"
+            );
+        }
 
         // The client's one decision made from a code alone: a 503 draining or starting is
         // a wait, every other answer is not.

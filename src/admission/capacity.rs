@@ -23,6 +23,11 @@
 //! A failed read (error, timeout, no permission) adds one to the queue's consecutive-failure
 //! streak; a good read resets it. With the backlog unknown the send proceeds (fails open)
 //! unless the gate is on and the streak has reached its threshold (fails closed).
+//!
+//! Each good read also measures how fast the queue drains (`drain.rs`): a `429` says how
+//! long that drain needs to bring the backlog back to where sends resume. A queue refusing
+//! at its ceiling keeps refusing until the estimate is at or below the resume level
+//! (`SENDGATE_RESUME_BELOW` × ceiling), so admission does not flap at the boundary.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -31,9 +36,10 @@ use std::time::{Duration, SystemTime};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
+use super::drain::{self, DrainEstimator, DrainRate};
 use super::shared::{FleetSeat, Held};
 use crate::backend::{Backend, DepthError};
-use crate::config::CapacitySettings;
+use crate::config::{CapacitySettings, Fraction};
 use crate::domain::QueueName;
 
 /// Completions are counted in slots this wide when a lag window is kept. A slot is
@@ -51,6 +57,10 @@ pub struct CapacityPolicy {
     /// How far the admin plane's counts may trail the data plane. Sends completed this
     /// long before a read started are still counted on top of it.
     pub lag: Duration,
+    /// The longest `Retry-After` a `429` asks for.
+    pub retry_after_max: Duration,
+    /// Refusing at the ceiling, resume at or below this share of it (1 = at once under it).
+    pub resume_below: Fraction,
 }
 
 impl CapacityPolicy {
@@ -62,6 +72,35 @@ impl CapacityPolicy {
             ttl: s.depth_ttl,
             read_timeout: s.admin_timeout,
             lag,
+            retry_after_max: s.retry_after_max,
+            resume_below: s.resume_below,
+        }
+    }
+
+    /// The backlog at or below which a queue refusing at the ceiling admits again.
+    pub fn resume_at(&self) -> u64 {
+        drain::resume_at(self.limit, self.resume_below)
+    }
+
+    /// A `429`'s answer for an `estimate` at or over the ceiling.
+    pub fn queue_full(
+        &self,
+        estimate: u64,
+        rate: Option<DrainRate>,
+        until_next_read: Duration,
+    ) -> Refusal {
+        Refusal::QueueFull {
+            backlog: estimate,
+            limit: self.limit,
+            retry_after: drain::retry_after(
+                estimate,
+                self.resume_at(),
+                rate,
+                until_next_read,
+                self.retry_after_max,
+                rand::random(),
+            ),
+            drain_rate: rate,
         }
     }
 }
@@ -73,6 +112,8 @@ pub enum Refusal {
         backlog: u64,
         limit: u64,
         retry_after: Duration,
+        /// The measured drain rate; `None` until drain has been observed.
+        drain_rate: Option<DrainRate>,
     },
     CapacityUnknown {
         consecutive_failures: u32,
@@ -130,6 +171,12 @@ struct GateState {
     last_read_took: Duration,
     /// A read started ahead of expiry is running in the background.
     refreshing_ahead: bool,
+    /// The drain rate, measured between good reads.
+    drain: DrainEstimator,
+    /// The last good read's time and backlog: the previous end of the next measured pair.
+    anchor: Option<(Instant, u64)>,
+    /// Refused at the ceiling and not yet back at or below the resume level.
+    refusing: bool,
 }
 
 /// Why a read is made: for a send (counts in the streak) or at start-up (does not).
@@ -149,6 +196,9 @@ pub struct GateSnapshot {
     pub last_read_ok_at: Option<SystemTime>,
     pub reads_ok: u64,
     pub reads_failed: u64,
+    pub drain_rate: Option<DrainRate>,
+    /// While refusing at the ceiling: the backlog at or below which sends are admitted again.
+    pub refusing_until_backlog: Option<u64>,
 }
 
 pub struct CapacityGate {
@@ -168,7 +218,6 @@ impl CapacityGate {
     pub fn new(queue: QueueName, policy: CapacityPolicy, backend: Arc<dyn Backend>) -> Arc<Self> {
         Arc::new(Self {
             queue,
-            policy,
             backend,
             state: Mutex::new(GateState {
                 last_read: LastRead::Never,
@@ -185,9 +234,13 @@ impl CapacityGate {
                 failclosed_unlogged: 0,
                 last_read_took: Duration::ZERO,
                 refreshing_ahead: false,
+                drain: DrainEstimator::new(policy.lag),
+                anchor: None,
+                refusing: false,
             }),
             read_turn: tokio::sync::Mutex::new(()),
             seat: std::sync::OnceLock::new(),
+            policy,
         })
     }
 
@@ -386,7 +439,9 @@ impl CapacityGate {
             Ok(backlog) => {
                 // Completions before the read started are in its count (for an exact admin
                 // plane); those after it, and those inside the lag window, are added on top.
-                state.since_read = lagged + (state.completed_total - completed_at_start);
+                let since_read = lagged + (state.completed_total - completed_at_start);
+                self.measure_drain(&mut state, now, backlog.messages, since_read);
+                state.since_read = since_read;
                 state.last_read = LastRead::Ok {
                     backlog: backlog.messages,
                     send_disabled: backlog.send_disabled,
@@ -415,6 +470,22 @@ impl CapacityGate {
         }
     }
 
+    /// One pair of good reads for the drain rate: the previous read's estimate (its backlog
+    /// and every send stored since) against this one's, as of now. A pair that spans a
+    /// spell in the fleet is not measured: this gate did not count the fleet's sends.
+    fn measure_drain(&self, state: &mut GateState, now: Instant, backlog: u64, since_read: u64) {
+        let comparable = |at: Instant| self.seat.get().is_none_or(|seat| at >= seat.local_since());
+        match state.anchor {
+            Some((at, previous)) if comparable(at) => state.drain.record(
+                previous.saturating_add(state.since_read),
+                backlog.saturating_add(since_read),
+                now - at,
+            ),
+            _ => state.drain.break_chain(),
+        }
+        state.anchor = Some((now, backlog));
+    }
+
     /// Completions within `lag` before `started`, pruning slots no future read can need.
     fn lagged_completions(&self, state: &mut GateState, started: Instant) -> u64 {
         if self.policy.lag.is_zero() {
@@ -439,14 +510,21 @@ impl CapacityGate {
                 let estimate = backlog
                     .saturating_add(state.since_read)
                     .saturating_add(state.in_flight);
-                if estimate >= self.policy.limit {
+                // Hysteresis: at the ceiling the queue starts refusing, and goes on until the
+                // estimate is back at or below the resume level.
+                state.refusing = if state.refusing {
+                    estimate > self.policy.resume_at()
+                } else {
+                    estimate >= self.policy.limit
+                };
+                if state.refusing {
                     let until_next_read =
                         (at + self.policy.ttl).saturating_duration_since(Instant::now());
-                    return Err(Refusal::QueueFull {
-                        backlog: estimate,
-                        limit: self.policy.limit,
-                        retry_after: until_next_read,
-                    });
+                    return Err(self.policy.queue_full(
+                        estimate,
+                        state.drain.rate(),
+                        until_next_read,
+                    ));
                 }
             }
             LastRead::Failed { .. } | LastRead::Never => {
@@ -515,6 +593,7 @@ impl CapacityGate {
             _ => None,
         };
         let unknown = !matches!(state.last_read, LastRead::Ok { .. });
+        let resume = self.policy.resume_at();
         GateSnapshot {
             backlog,
             limit: self.policy.limit,
@@ -525,6 +604,10 @@ impl CapacityGate {
             last_read_ok_at: state.last_read_ok_at,
             reads_ok,
             reads_failed,
+            drain_rate: state.drain.rate(),
+            refusing_until_backlog: backlog
+                .filter(|b| (state.refusing && *b > resume) || *b >= self.policy.limit)
+                .map(|_| resume),
         }
     }
 }
@@ -603,6 +686,7 @@ mod tests {
             backlog: 1,
             limit: 1,
             retry_after: Duration::from_secs(1),
+            drain_rate: None,
         });
         assert_eq!(CapacityGate::failclosed_to_log(&mut state, &full), None);
         state.generation = 8;
@@ -672,6 +756,8 @@ mod tests {
             ttl: Duration::from_millis(ttl_ms),
             read_timeout: Duration::from_millis(2000),
             lag: Duration::ZERO,
+            retry_after_max: Duration::from_secs(300),
+            resume_below: Fraction::ONE,
         }
     }
 
@@ -917,11 +1003,191 @@ mod tests {
                 backlog: 10,
                 limit: 5,
                 retry_after,
+                drain_rate: None,
             }) => {
                 assert_eq!(retry_after, Duration::from_millis(2500));
             }
             other => panic!("{:?}", other.map(|_| ())),
         }
+    }
+
+    /// One send refused `429`: its `Retry-After` and drain rate.
+    async fn refused(g: &Arc<CapacityGate>) -> (Duration, Option<f64>) {
+        match g.admit().await {
+            Err(Refusal::QueueFull {
+                retry_after,
+                drain_rate,
+                ..
+            }) => (retry_after, drain_rate.map(DrainRate::per_second)),
+            other => panic!("not refused full: {:?}", other.map(|_| ())),
+        }
+    }
+
+    /// A gate reading `depths` one per second (TTL 1 s), each read made by a refused send;
+    /// the last refusal's answer.
+    async fn read_each_second(g: &Arc<CapacityGate>, reads: usize) -> (Duration, Option<f64>) {
+        let mut last = refused(g).await;
+        for _ in 1..reads {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            last = refused(g).await;
+        }
+        last
+    }
+
+    fn depths(values: impl IntoIterator<Item = u64>) -> Arc<ScriptedDepth> {
+        Arc::new(ScriptedDepth::new(
+            values.into_iter().map(Ok).collect(),
+            Duration::ZERO,
+        ))
+    }
+
+    fn within(d: Duration, low_s: f64, high_s: f64) -> bool {
+        (low_s..=high_s).contains(&d.as_secs_f64())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_steady_drain_gives_the_time_to_drain_below_the_ceiling() {
+        // 10 a second taken from 200 against a ceiling of 50.
+        let backend = depths((0..6).map(|i| 200 - 10 * i));
+        let g = gate(policy(50, 1000, false, 3), &backend);
+        let (retry_after, rate) = read_each_second(&g, 6).await;
+        assert_eq!(rate, Some(10.0));
+        // 150 − 49 = 101 messages at 10/s, ±10 %.
+        assert!(
+            within(retry_after, 10.1 * 0.9, 10.1 * 1.1),
+            "{retry_after:?}"
+        );
+        assert_eq!(
+            g.snapshot().drain_rate.map(DrainRate::per_second),
+            Some(10.0)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_no_drain_observed_retry_after_is_the_time_until_the_next_read() {
+        let backend = depths([100]);
+        let g = gate(policy(50, 1000, false, 3), &backend);
+        read_each_second(&g, 8).await;
+        tokio::time::advance(Duration::from_millis(300)).await;
+        assert_eq!(refused(&g).await, (Duration::from_millis(700), None));
+        assert_eq!(g.snapshot().drain_rate, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn counts_that_lag_and_jump_are_smoothed_to_the_true_rate() {
+        // Consumers take 10/s, but the admin plane's count moves only every 5 s, off the
+        // reads' phase: reads show no change, then a jump of 50.
+        let backend = depths((0..31).map(|i| 1000 - 50 * ((i + 2) / 5)));
+        let g = gate(policy(50, 1000, false, 3), &backend);
+        let mut rates = Vec::new();
+        refused(&g).await;
+        for _ in 0..30 {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            rates.push(refused(&g).await.1);
+        }
+        assert!(
+            rates[..4].iter().all(Option::is_none),
+            "one read is no rate"
+        );
+        for rate in rates[4..].iter() {
+            let rate = rate.expect("drain observed");
+            assert!((8.0..=12.0).contains(&rate), "{rates:?}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_of_admitted_sends_is_not_mistaken_for_drain() {
+        // Nobody consumes: each read shows the 50 sends admitted since the one before.
+        let backend = depths((0..6).map(|i| 50 * i));
+        let g = gate(policy(250, 1000, false, 3), &backend);
+        for _ in 0..5 {
+            for _ in 0..50 {
+                g.admit().await.unwrap().finish(BacklogEffect::Stored);
+            }
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        assert_eq!(refused(&g).await, (Duration::from_secs(1), None));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_drain_is_clamped_to_the_longest_retry_after() {
+        let backend = depths((0..6).map(|i| 10_000 - i));
+        let p = CapacityPolicy {
+            retry_after_max: Duration::from_secs(120),
+            ..policy(10, 1000, false, 3)
+        };
+        let g = gate(p, &backend);
+        let (retry_after, rate) = read_each_second(&g, 6).await;
+        assert_eq!(rate, Some(1.0));
+        assert!(within(retry_after, 108.0, 120.0), "{retry_after:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_after_is_spread_by_a_tenth_and_never_below_one_second() {
+        let backend = depths((0..6).map(|i| 200 - 10 * i));
+        let g = gate(policy(50, 1000, false, 3), &backend);
+        read_each_second(&g, 6).await;
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..200 {
+            let (retry_after, _) = refused(&g).await;
+            assert!(
+                within(retry_after, 10.1 * 0.9, 10.1 * 1.1),
+                "{retry_after:?}"
+            );
+            seen.insert(retry_after);
+        }
+        assert!(seen.len() > 10, "a fleet would come back in lockstep");
+
+        // 100/s, one message over: a hundredth of a second, raised to the next read (1 s);
+        // the jitter never takes it under 1 s.
+        let backend = depths((0..6).map(|i| 1000 - 100 * i));
+        let g = gate(policy(500, 1000, false, 3), &backend);
+        read_each_second(&g, 6).await;
+        for _ in 0..200 {
+            let (retry_after, _) = refused(&g).await;
+            assert!(within(retry_after, 1.0, 1.1), "{retry_after:?}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refusing_at_the_ceiling_goes_on_until_the_backlog_is_at_the_resume_level() {
+        let backend = depths([10, 8, 6, 5]);
+        let p = CapacityPolicy {
+            resume_below: Fraction::new(0.5).unwrap(),
+            ..policy(10, 1000, false, 3)
+        };
+        let g = gate(p, &backend);
+        for backlog in [10, 8, 6] {
+            assert!(
+                matches!(g.admit().await, Err(Refusal::QueueFull { backlog: b, .. }) if b == backlog),
+                "{backlog} is over the resume level"
+            );
+            assert_eq!(g.snapshot().refusing_until_backlog, Some(5));
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        g.admit()
+            .await
+            .expect("5 is the resume level")
+            .finish(BacklogEffect::NotStored);
+        assert_eq!(g.snapshot().refusing_until_backlog, None);
+        for _ in 0..5 {
+            g.admit()
+                .await
+                .expect("under the ceiling again")
+                .finish(BacklogEffect::Stored);
+        }
+        assert!(g.admit().await.is_err(), "5 + 5 stored is the ceiling");
+        assert_eq!(g.snapshot().refusing_until_backlog, Some(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_hysteresis_one_under_the_ceiling_admits() {
+        let backend = depths([10, 9]);
+        let g = gate(policy(10, 1000, false, 3), &backend);
+        assert!(g.admit().await.is_err());
+        assert_eq!(g.snapshot().refusing_until_backlog, Some(9));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(g.admit().await.is_ok());
     }
 
     #[tokio::test(start_paused = true)]

@@ -6,6 +6,7 @@
 
 pub mod breaker;
 pub mod capacity;
+pub mod drain;
 pub mod inflight;
 mod lane;
 pub mod shared;
@@ -258,6 +259,8 @@ mod tests {
             fail_closed_streak: 3,
             depth_ttl: Duration::from_secs(60),
             admin_timeout: Duration::from_secs(1),
+            retry_after_max: Duration::from_secs(300),
+            resume_below: crate::config::Fraction::ONE,
         };
         let lane = Lane::new(
             BackendRole::Primary,
@@ -389,6 +392,8 @@ mod tests {
             fail_closed_streak: 3,
             depth_ttl: Duration::ZERO,
             admin_timeout: Duration::from_secs(1),
+            retry_after_max: Duration::from_secs(300),
+            resume_below: crate::config::Fraction::ONE,
         };
         let flaky = Arc::new(Flaky {
             healed: false.into(),

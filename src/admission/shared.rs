@@ -15,6 +15,11 @@
 //!   before the grant arrives), so sends still in flight stay counted, and a
 //!   replica killed holding a block gives it back when the lease ends.
 //!
+//! - **Drain rate and hysteresis**: the drain rate is measured from the fleet's successive
+//!   reads as this replica sees them, with the fleet's counts (see [`FleetSeat::see`]). The
+//!   refusing state (`SENDGATE_RESUME_BELOW`) is this replica's: once the fleet said "full" to
+//!   it, it refuses until the fleet's estimate is at or below the resume level.
+//!
 //! Every call here may fail with a [`LedgerError`]: the caller then falls back to the local
 //! gate for that send, and the fleet status to local mode.
 
@@ -26,7 +31,9 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use super::capacity::{BacklogEffect, CapacityPolicy, GateSnapshot, Refusal};
+use super::drain::DrainEstimator;
 use crate::backend::{Backend, DepthError};
+use crate::config::Fraction;
 use crate::coordination::fleet::{Fleet, REJOIN_EVERY};
 use crate::coordination::ledger::{
     LedgerError, QueueKeys, ReadOutcome, Reservation, SharedRead, SharedState,
@@ -95,6 +102,14 @@ struct SeatState {
     /// expires (or a newer one is seen), as a local gate does, instead of asking Redis
     /// for every refusal at the ceiling. `(until, estimate, generation)`.
     full: Option<(Instant, u64, u64)>,
+    /// The drain rate, from the fleet's reads as seen here.
+    drain: DrainEstimator,
+    /// The newest good read seen: `(generation, backlog + since_read as last seen, when it
+    /// was read)`, the previous end of the next measured pair.
+    measured: Option<(u64, u64, Instant)>,
+    /// The fleet said "full" to this replica and its estimate has not yet come back to the
+    /// resume level (used only with `SENDGATE_RESUME_BELOW` under 1).
+    refusing: bool,
 }
 
 pub struct FleetSeat {
@@ -131,7 +146,6 @@ impl FleetSeat {
             fleet,
             keys,
             queue,
-            policy,
             block_lease,
             state: Mutex::new(SeatState {
                 left: 0,
@@ -150,9 +164,73 @@ impl FleetSeat {
                 failclosed_logged: None,
                 failclosed_unlogged: 0,
                 full: None,
+                drain: DrainEstimator::new(policy.lag),
+                measured: None,
+                refusing: false,
             }),
             read_turn: tokio::sync::Mutex::new(()),
+            policy,
         })
+    }
+
+    /// Record the fleet's read as seen now, and measure the drain between two good reads:
+    /// the fleet's estimate of the older one as last seen here (its backlog plus every
+    /// send the fleet stored since) minus the newer one's as first seen. Sends stored between
+    /// those two sightings are missing from the first and counted in the second, so the
+    /// drain is under-estimated by them (a longer `Retry-After`: the safe side); at the
+    /// ceiling, where the fleet admits next to nothing, the two agree.
+    fn see(state: &mut SeatState, read: SharedRead, now: Instant) {
+        state.last = Some((read, now));
+        let SharedState::Ok { backlog, .. } = read.state else {
+            return;
+        };
+        let estimate = backlog.saturating_add(read.since_read);
+        let read_at = now.checked_sub(read.age).unwrap_or(now);
+        match state.measured {
+            Some((generation, _, at)) if generation == read.generation => {
+                state.measured = Some((generation, estimate, at));
+            }
+            Some((generation, before, at)) if generation < read.generation => {
+                if read_at > at {
+                    state.drain.record(before, estimate, read_at - at);
+                }
+                state.measured = Some((read.generation, estimate, read_at));
+            }
+            // An older reply overtaken by a newer one: nothing new.
+            Some((_, _, at)) if read_at <= at => {}
+            // The ledger's keys expired and its generations started again.
+            _ => {
+                state.drain.break_chain();
+                state.measured = Some((read.generation, estimate, read_at));
+            }
+        }
+    }
+
+    /// With hysteresis on: refusing since the fleet said "full", and the fleet's estimate on
+    /// the read last seen not yet back at or below the resume level. Refused here, cached
+    /// like a "full" answer, without asking Redis.
+    fn still_refusing(&self, state: &mut SeatState, now: Instant) -> Option<Refusal> {
+        if !state.refusing || self.policy.resume_below >= Fraction::ONE {
+            return None;
+        }
+        let (read, seen) = state.last?;
+        let SharedState::Ok { backlog, .. } = read.state else {
+            return None;
+        };
+        let estimate = backlog
+            .saturating_add(read.since_read)
+            .saturating_add(read.reserved);
+        if estimate <= self.policy.resume_at() {
+            state.refusing = false;
+            return None;
+        }
+        let until = seen + self.policy.ttl.saturating_sub(read.age);
+        state.full = Some((until, estimate, read.generation));
+        Some(self.policy.queue_full(
+            estimate,
+            state.drain.rate(),
+            until.saturating_duration_since(now),
+        ))
     }
 
     pub fn joined(&self) -> bool {
@@ -205,13 +283,10 @@ impl FleetSeat {
                 .filter(|(until, _, seen)| now < *until && Some(*seen) == generation)
             {
                 let ahead = self.ahead_due(&mut state, age, now);
+                let rate = state.drain.rate();
                 drop(state);
                 self.spawn_ahead(ahead, backend);
-                return Ok(Err(Refusal::QueueFull {
-                    backlog: estimate,
-                    limit: self.policy.limit,
-                    retry_after: until - now,
-                }));
+                return Ok(Err(self.policy.queue_full(estimate, rate, until - now)));
             }
             let ahead = fresh && self.ahead_due(&mut state, age, now);
             // The block's use is over: what it did not hand out goes back now (else with
@@ -227,6 +302,16 @@ impl FleetSeat {
             self.refresh(backend, true).await?;
         }
         self.spawn_ahead(ahead, backend);
+        let refused = self.still_refusing(&mut self.state.lock(), Instant::now());
+        if let Some(refusal) = refused {
+            if let Some((turn, left)) = leftover {
+                self.fleet
+                    .ledger()
+                    .release(&self.keys, &self.block_id(turn), left)
+                    .await?;
+            }
+            return Ok(Err(refusal));
+        }
         let ledger = self.fleet.ledger();
         // The block is handed out for its use from when it was asked for, which is before
         // its lease began in Redis, however late the answer.
@@ -255,7 +340,8 @@ impl FleetSeat {
         let mut state = self.state.lock();
         Ok(match reservation {
             Reservation::Granted { granted, read } => {
-                state.last = Some((read, now));
+                Self::see(&mut state, read, now);
+                state.refusing = false;
                 let rest = granted.saturating_sub(1);
                 if state.left > 0 && now < state.use_until {
                     // Another send's grant arrived first and is being handed out: this one's
@@ -275,21 +361,22 @@ impl FleetSeat {
                 Ok(Held::Block(BlockTurn(turn)))
             }
             Reservation::Full { estimate, read } => {
-                state.last = Some((read, now));
+                Self::see(&mut state, read, now);
                 let until = now + self.policy.ttl.saturating_sub(read.age);
                 state.full = Some((until, estimate, read.generation));
-                Err(Refusal::QueueFull {
-                    backlog: estimate,
-                    limit: self.policy.limit,
-                    retry_after: self.policy.ttl.saturating_sub(read.age),
-                })
+                state.refusing = true;
+                Err(self.policy.queue_full(
+                    estimate,
+                    state.drain.rate(),
+                    self.policy.ttl.saturating_sub(read.age),
+                ))
             }
             Reservation::Disabled { read } => {
-                state.last = Some((read, now));
+                Self::see(&mut state, read, now);
                 Err(Refusal::QueueDisabled)
             }
             Reservation::Unknown { read } => {
-                state.last = Some((read, now));
+                Self::see(&mut state, read, now);
                 if self.policy.fail_closed && read.streak >= self.policy.streak_threshold {
                     Err(Refusal::CapacityUnknown {
                         consecutive_failures: read.streak,
@@ -353,7 +440,7 @@ impl FleetSeat {
         }
         let ledger = self.fleet.ledger();
         let seen = ledger.shared_read(&self.keys).await?;
-        self.state.lock().last = Some((seen, Instant::now()));
+        Self::see(&mut self.state.lock(), seen, Instant::now());
         if seen.state != SharedState::Never && seen.age < self.policy.ttl && wait {
             return Ok(()); // another replica published while this one queued
         }
@@ -394,7 +481,7 @@ impl FleetSeat {
                 }
                 let mut state = self.state.lock();
                 state.last_read_took = started.elapsed();
-                state.last = Some((published, Instant::now()));
+                Self::see(&mut state, published, Instant::now());
             }
             // Another replica reads: wait for its read, at most a read's deadline. A reader
             // that died holds the lease until it ends (a TTL, maybe far longer): once one send
@@ -408,7 +495,7 @@ impl FleetSeat {
                     }
                     tokio::time::sleep(WAIT_POLL).await;
                     let now = ledger.shared_read(&self.keys).await?;
-                    self.state.lock().last = Some((now, Instant::now()));
+                    Self::see(&mut self.state.lock(), now, Instant::now());
                     if now.generation != seen.generation {
                         break;
                     }
@@ -514,7 +601,7 @@ impl FleetSeat {
         let _turn = self.read_turn.lock().await;
         let ledger = self.fleet.ledger();
         let seen = ledger.shared_read(&self.keys).await?;
-        self.state.lock().last = Some((seen, Instant::now()));
+        Self::see(&mut self.state.lock(), seen, Instant::now());
         if seen.state != SharedState::Never && seen.age < self.policy.ttl {
             return Ok(());
         }
@@ -539,7 +626,7 @@ impl FleetSeat {
                 .await?;
             let mut state = self.state.lock();
             Self::count_read(&mut state, &outcome);
-            state.last = Some((published, Instant::now()));
+            Self::see(&mut state, published, Instant::now());
         }
         Ok(())
     }
@@ -562,15 +649,22 @@ impl FleetSeat {
         let state = self.state.lock();
         let (read, seen) = state.last?;
         let unknown = !matches!(read.state, SharedState::Ok { .. });
+        let backlog = match read.state {
+            SharedState::Ok { backlog, .. } => Some(
+                backlog
+                    .saturating_add(read.since_read)
+                    .saturating_add(read.reserved),
+            ),
+            _ => None,
+        };
+        let resume = self.policy.resume_at();
+        let refusing = state.refusing && self.policy.resume_below < Fraction::ONE;
         Some(GateSnapshot {
-            backlog: match read.state {
-                SharedState::Ok { backlog, .. } => Some(
-                    backlog
-                        .saturating_add(read.since_read)
-                        .saturating_add(read.reserved),
-                ),
-                _ => None,
-            },
+            backlog,
+            drain_rate: state.drain.rate(),
+            refusing_until_backlog: backlog
+                .filter(|b| (refusing && *b > resume) || *b >= self.policy.limit)
+                .map(|_| resume),
             limit: self.policy.limit,
             consecutive_failures: read.streak,
             fail_closed: unknown
@@ -584,5 +678,80 @@ impl FleetSeat {
             reads_ok: state.own_reads.0,
             reads_failed: state.own_reads.1,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::drain::DrainRate;
+
+    fn seat_state() -> SeatState {
+        SeatState {
+            left: 0,
+            use_until: Instant::now(),
+            turn: 0,
+            turns: 0,
+            last: None,
+            pending_blocks: BTreeMap::new(),
+            pending_open_stored: 0,
+            flush_scheduled: false,
+            ahead_tried_at: None,
+            ahead_running: false,
+            waited_out: None,
+            last_read_took: Duration::ZERO,
+            own_reads: (0, 0),
+            failclosed_logged: None,
+            failclosed_unlogged: 0,
+            full: None,
+            drain: DrainEstimator::new(Duration::ZERO),
+            measured: None,
+            refusing: false,
+        }
+    }
+
+    fn read(generation: u64, backlog: u64, since_read: u64, age_ms: u64) -> SharedRead {
+        SharedRead {
+            state: SharedState::Ok {
+                backlog,
+                send_disabled: false,
+            },
+            age: Duration::from_millis(age_ms),
+            streak: 0,
+            generation,
+            since_read,
+            reserved: 7, // held, not yet in the queue: never part of the drain
+            reads_ok: generation,
+            reads_failed: 0,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_fleets_successive_reads_measure_the_drain_with_the_fleets_counts() {
+        let mut s = seat_state();
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        FleetSeat::see(&mut s, read(1, 200, 10, 0), t0);
+        // Seen again later: the fleet stored 30 on top of that read by then.
+        FleetSeat::see(&mut s, read(1, 200, 30, 500), t0 + ms(500));
+        assert_eq!(s.drain.rate(), None);
+        // The next read, made 5 s after the first: 180 left, so 200 + 30 − 180 = 50 taken.
+        FleetSeat::see(&mut s, read(2, 180, 0, 0), t0 + ms(5000));
+        assert_eq!(s.drain.rate().map(DrainRate::per_second), Some(10.0));
+        // A late reply about the older read changes nothing.
+        FleetSeat::see(&mut s, read(1, 200, 30, 5500), t0 + ms(5500));
+        assert_eq!(s.measured.map(|(g, _, _)| g), Some(2));
+        assert_eq!(s.drain.rate().map(DrainRate::per_second), Some(10.0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sends_the_fleet_stored_between_reads_are_not_drain() {
+        let mut s = seat_state();
+        let t0 = Instant::now();
+        FleetSeat::see(&mut s, read(1, 100, 0, 0), t0);
+        FleetSeat::see(&mut s, read(1, 100, 40, 0), t0 + Duration::from_secs(4));
+        // The broker now holds the 40: no drain.
+        FleetSeat::see(&mut s, read(2, 140, 0, 0), t0 + Duration::from_secs(5));
+        assert_eq!(s.drain.rate(), None);
     }
 }

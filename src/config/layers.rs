@@ -12,6 +12,7 @@ use std::time::Duration;
 use super::error::{closest, ConfigError};
 use super::secret::Secret;
 use super::vars::{self, Kind, Side, Unit, Var, VARIABLES};
+use super::Fraction;
 
 pub struct Layers {
     values: HashMap<&'static str, String>,
@@ -160,15 +161,11 @@ impl Layers {
     }
 
     /// A [`Kind::Fraction`] variable: above 0, at most 1.
-    pub fn fraction(&self, var: &'static Var) -> Result<f64, ConfigError> {
+    pub fn fraction(&self, var: &'static Var) -> Result<Fraction, ConfigError> {
         let value = self.value(var).ok_or_else(|| required(var))?;
-        value
-            .parse()
-            .ok()
-            .filter(|r: &f64| *r > 0.0 && *r <= 1.0)
-            .ok_or_else(|| {
-                ConfigError::invalid(var, value, "expected a number above 0 and at most 1")
-            })
+        value.parse().ok().and_then(Fraction::new).ok_or_else(|| {
+            ConfigError::invalid(var, value, "expected a number above 0 and at most 1")
+        })
     }
 }
 

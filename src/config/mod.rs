@@ -48,6 +48,26 @@ pub enum LogFormat {
     Json,
 }
 
+/// A number above 0 and at most 1 ([`vars::Kind::Fraction`]); never NaN, so equality is
+/// an equivalence.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+pub struct Fraction(f64);
+
+impl Eq for Fraction {}
+
+impl Fraction {
+    pub const ONE: Fraction = Fraction(1.0);
+
+    /// `None` unless `0 < value <= 1`.
+    pub fn new(value: f64) -> Option<Self> {
+        (value > 0.0 && value <= 1.0).then_some(Self(value))
+    }
+
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
 /// The backlog ceiling and the fail-closed gate (contract section 2).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CapacitySettings {
@@ -56,6 +76,11 @@ pub struct CapacitySettings {
     pub fail_closed_streak: u32,
     pub depth_ttl: Duration,
     pub admin_timeout: Duration,
+    /// The longest `Retry-After` a `429 queue_full` asks for (`SENDGATE_RETRY_AFTER_MAX_S`).
+    pub retry_after_max: Duration,
+    /// Once refusing at the ceiling, refuse until the backlog is at or below this share
+    /// of it (`SENDGATE_RESUME_BELOW`; 1 = no hysteresis).
+    pub resume_below: Fraction,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,6 +201,8 @@ impl Settings {
                 ),
                 depth_ttl: layers.duration(&v::DEPTH_TTL_MS)?,
                 admin_timeout: layers.duration(&v::ADMIN_TIMEOUT_MS)?,
+                retry_after_max: layers.duration(&v::RETRY_AFTER_MAX_S)?,
+                resume_below: layers.fraction(&v::RESUME_BELOW)?,
             },
             send_timeout,
             max_in_flight: layers.count(&v::MAX_IN_FLIGHT)? as usize,
@@ -367,7 +394,7 @@ fn parse_dispatch(layers: &Layers, has_fallback: bool) -> Result<DispatchSetting
         breaker_window: layers.duration(&v::BREAKER_WINDOW_S)?,
         breaker_min_failures: u32::try_from(layers.count(&v::BREAKER_MIN_FAILURES)?)
             .unwrap_or(u32::MAX),
-        breaker_failure_rate: layers.fraction(&v::BREAKER_FAILURE_RATE)?,
+        breaker_failure_rate: layers.fraction(&v::BREAKER_FAILURE_RATE)?.get(),
         breaker_open: layers.duration(&v::BREAKER_OPEN_S)?,
         probe_interval: layers.duration(&v::PROBE_INTERVAL_S)?,
         force,

@@ -32,6 +32,8 @@ fn defaults_match_the_contract() {
     assert_eq!(s.capacity.fail_closed_streak, 3);
     assert_eq!(s.capacity.depth_ttl, Duration::from_millis(1000));
     assert_eq!(s.capacity.admin_timeout, Duration::from_millis(2000));
+    assert_eq!(s.capacity.retry_after_max, Duration::from_secs(300));
+    assert_eq!(s.capacity.resume_below, Fraction::ONE);
     assert_eq!(s.send_timeout, Duration::from_millis(10000));
     assert_eq!(s.max_in_flight, 256);
     assert_eq!(s.max_body_bytes, 262_144);
@@ -690,4 +692,29 @@ fn entra_redis_auth_takes_the_user_assigned_identity_of_service_bus() {
     .unwrap_err();
     assert_eq!(err.variable(), Some("SENDGATE_REDIS_URL"));
     assert!(!err.to_string().contains("token@"), "{err}");
+}
+
+#[test]
+fn the_resume_level_is_a_fraction_and_the_longest_retry_after_whole_seconds() {
+    let s = Settings::from_vars(&vars(&[
+        ("SENDGATE_RESUME_BELOW", "0.8"),
+        ("SENDGATE_RETRY_AFTER_MAX_S", "60"),
+    ]))
+    .unwrap();
+    assert_eq!(s.capacity.resume_below, Fraction::new(0.8).unwrap());
+    assert_eq!(s.capacity.retry_after_max, Duration::from_secs(60));
+    for bad in ["0", "1.5", "-0.2", "NaN", "most"] {
+        let err = Settings::from_vars(&vars(&[("SENDGATE_RESUME_BELOW", bad)])).unwrap_err();
+        assert!(
+            err.to_string().starts_with("SENDGATE_RESUME_BELOW:"),
+            "{bad}: {err}"
+        );
+    }
+    for bad in ["0", "5s", "3601"] {
+        let err = Settings::from_vars(&vars(&[("SENDGATE_RETRY_AFTER_MAX_S", bad)])).unwrap_err();
+        assert!(
+            err.to_string().starts_with("SENDGATE_RETRY_AFTER_MAX_S:"),
+            "{bad}: {err}"
+        );
+    }
 }

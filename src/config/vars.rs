@@ -325,6 +325,24 @@ pub const ADMIN_TIMEOUT_MS: Var = Var::server(
 )
 .default("2000")
 .unit(Unit::Millis);
+pub const RETRY_AFTER_MAX_S: Var = Var::server(
+    "SENDGATE_RETRY_AFTER_MAX_S",
+    G::Capacity,
+    K::Duration {
+        min: 1,
+        max: HOUR_MS / 1000,
+    },
+    "Longest Retry-After of a 429 queue_full (estimated from the measured drain rate).",
+)
+.default("300")
+.unit(Unit::Seconds);
+pub const RESUME_BELOW: Var = Var::server(
+    "SENDGATE_RESUME_BELOW",
+    G::Capacity,
+    K::Fraction,
+    "Once a queue refuses at its ceiling, refuse until the backlog is at or below this share of it (1 = off).",
+)
+.default("1.0");
 
 pub const SEND_TIMEOUT_MS: Var = Var::server(
     "SENDGATE_SEND_TIMEOUT_MS",
@@ -611,6 +629,8 @@ pub const VARIABLES: &[&Var] = &[
     &SERVICEBUS_SEND_FAILCLOSED_STREAK,
     &DEPTH_TTL_MS,
     &ADMIN_TIMEOUT_MS,
+    &RETRY_AFTER_MAX_S,
+    &RESUME_BELOW,
     &SEND_TIMEOUT_MS,
     &MAX_IN_FLIGHT,
     &MAX_BODY_BYTES,

@@ -13,6 +13,7 @@ use sendgate_wire::{ErrorBody, ErrorCode};
 
 use super::headers::{CORRELATION_ID, SENDGATE_BACKEND};
 use crate::admission::capacity::Refusal;
+use crate::admission::drain::DrainRate;
 use crate::admission::{BackendRole, DispatchError};
 use crate::backend::SendError;
 use crate::domain::{MessageId, RequestId};
@@ -61,6 +62,7 @@ pub enum Problem {
         backlog: u64,
         limit: u64,
         retry_after: Duration,
+        drain_rate: Option<DrainRate>,
     },
     #[error("The queue's depth could not be read {consecutive_failures} times in a row; sends are refused until it can.")]
     CapacityUnknown { consecutive_failures: u32 },
@@ -248,10 +250,12 @@ impl Problem {
                 backlog,
                 limit,
                 retry_after,
+                drain_rate,
             }) => Problem::QueueFull {
                 backlog,
                 limit,
                 retry_after,
+                drain_rate,
             },
             DispatchError::Refused(Refusal::CapacityUnknown {
                 consecutive_failures,
@@ -309,9 +313,17 @@ impl ApiError {
             }
             Problem::PayloadTooLarge { limit } => b.limit_bytes = Some(*limit),
             Problem::InvalidRequest { errors } => b.errors = Some(errors.into()),
-            Problem::QueueFull { backlog, limit, .. } => {
+            Problem::QueueFull {
+                backlog,
+                limit,
+                retry_after,
+                drain_rate,
+            } => {
                 b.backlog = Some(*backlog);
                 b.limit = Some(*limit);
+                // The header's value, to the second: a client may read either.
+                b.retry_after_s = Some(whole_seconds(*retry_after));
+                b.drain_rate_per_s = Some(drain_rate.map(DrainRate::rounded));
             }
             Problem::CapacityUnknown {
                 consecutive_failures,
@@ -363,6 +375,7 @@ mod tests {
                 backlog: 1,
                 limit: 1,
                 retry_after: Duration::ZERO,
+                drain_rate: None,
             },
             Problem::CapacityUnknown {
                 consecutive_failures: 3,

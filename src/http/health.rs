@@ -18,6 +18,7 @@ use super::errors::ApiError;
 use super::openapi::schema;
 use super::{authorize, AppState, RequestContext};
 use crate::admission::breaker::BreakerState;
+use crate::admission::drain::DrainRate;
 use crate::admission::{BackendRole, Lane};
 use crate::lifecycle::{GatewayState, NotAdmitting};
 use sendgate_wire::{Drain, ErrorBody};
@@ -138,6 +139,13 @@ pub struct QueueHealth {
     /// RFC 3339.
     #[schema(format = DateTime)]
     last_read_ok_at: Option<String>,
+    /// Messages a second the queue's consumers were measured to take (smoothed over
+    /// successive depth reads); `null` until drain has been observed.
+    #[schema(minimum = 0)]
+    drain_rate_per_s: Option<f64>,
+    /// While the queue refuses at its ceiling: the backlog at or below which sends are
+    /// admitted again (`SENDGATE_RESUME_BELOW` × `limit`, at most `limit` − 1); `null` otherwise.
+    refusing_until_backlog: Option<u64>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -242,6 +250,8 @@ fn queues_of(route: &Lane) -> BTreeMap<String, QueueHealth> {
                 consecutive_failures: s.consecutive_failures,
                 fail_closed: s.fail_closed,
                 last_read_ok_at: s.last_read_ok_at.and_then(rfc3339),
+                drain_rate_per_s: s.drain_rate.map(DrainRate::rounded),
+                refusing_until_backlog: s.refusing_until_backlog,
             };
             (gate.queue().to_string(), health)
         })

@@ -49,6 +49,28 @@ async fn with_ceiling_5_exactly_5_of_8_sends_are_queued() {
 }
 
 #[tokio::test]
+async fn a_429_says_its_retry_after_in_the_body_and_the_drain_rate_as_null_until_measured() {
+    let app = spawn_app_with(&[
+        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "2"),
+        ("SENDGATE_DEPTH_TTL_MS", "60000"),
+    ])
+    .await;
+    assert_eq!(statuses(&app, 2).await, [201, 201]);
+    let response = app.send("requests", "{}").await;
+    assert_eq!(response.status(), 429);
+    let header = retry_after(&response).unwrap();
+    let body = body_json(response).await;
+    assert_eq!(body["retry_after_s"].as_u64(), Some(header));
+    assert!(
+        body.get("drain_rate_per_s").is_some_and(|r| r.is_null()),
+        "{body}"
+    );
+    let queue = &app.detailed().await["queues"]["requests"];
+    assert!(queue["drain_rate_per_s"].is_null(), "{queue}");
+    assert_eq!(queue["refusing_until_backlog"].as_u64(), Some(1), "{queue}");
+}
+
+#[tokio::test]
 async fn after_a_consumer_takes_messages_sends_are_admitted_again() {
     let app = spawn_app_with(&[
         ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "3"),

@@ -91,7 +91,7 @@ impl FieldError {
 /// Every error answer's body: `code`, `message`, `request_id`, and the fields its code
 /// carries. Fields are in alphabetical order, so the JSON is byte for byte what the
 /// gateway's earlier `serde_json::Map` (a BTreeMap) produced; absent ones are omitted.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody<'a> {
     /// `queue_full`: the backlog read.
@@ -104,6 +104,17 @@ pub struct ErrorBody<'a> {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub consecutive_failures: Option<u32>,
+    /// `queue_full`: how many messages a second the queue's consumers were measured to
+    /// take, `null` while unknown (then `Retry-After` is the time until the next depth
+    /// read).
+    // Absent (`None`) on other codes; `Some(None)` is the `null`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<f64>, nullable = true, minimum = 0))]
+    pub drain_rate_per_s: Option<Option<f64>>,
     /// `invalid_request`: what is wrong, where.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<FieldError>>, nullable = false, max_items = 20))]
@@ -130,7 +141,8 @@ pub struct ErrorBody<'a> {
     #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub queue: Option<Cow<'a, str>>,
     pub request_id: Cow<'a, str>,
-    /// `draining`: whole seconds left in the drain window.
+    /// `draining`: whole seconds left in the drain window; `queue_full`: the expected time
+    /// until sends are admitted again. Always the `Retry-After` header's value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(nullable = false, minimum = 1))]
     pub retry_after_s: Option<u64>,
@@ -145,6 +157,7 @@ impl<'a> ErrorBody<'a> {
             backlog: None,
             code: code.into(),
             consecutive_failures: None,
+            drain_rate_per_s: None,
             errors: None,
             limit: None,
             limit_bytes: None,
@@ -161,6 +174,16 @@ impl<'a> ErrorBody<'a> {
     pub fn outcome_unknown(&self) -> bool {
         self.outcome.as_deref() == Some(Self::OUTCOME_UNKNOWN)
     }
+}
+
+/// A field that is present, `null` included: `Some(None)` for `null`, where a plain
+/// `Option` would read it as absent.
+fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
 }
 
 /// Schemas for the fields whose Rust type is wider than what the gateway writes.
@@ -243,6 +266,25 @@ mod tests {
             serde_json::to_string(&b).unwrap(),
             r#"{"code":"invalid_request","errors":[{"loc":["body"],"msg":"not JSON"}],"message":"bad","request_id":"r"}"#
         );
+    }
+
+    #[test]
+    fn a_queue_full_body_says_null_for_an_unknown_drain_rate_and_reads_it_back() {
+        let mut b = ErrorBody::new(ErrorCode::QueueFull, "full".into(), "r");
+        b.backlog = Some(10);
+        b.limit = Some(10);
+        b.retry_after_s = Some(3);
+        b.drain_rate_per_s = Some(None);
+        let json = serde_json::to_string(&b).unwrap();
+        assert_eq!(
+            json,
+            r#"{"backlog":10,"code":"queue_full","drain_rate_per_s":null,"limit":10,"message":"full","request_id":"r","retry_after_s":3}"#
+        );
+        assert_eq!(serde_json::from_str::<ErrorBody>(&json).unwrap(), b);
+        b.drain_rate_per_s = Some(Some(2.5));
+        let json = serde_json::to_string(&b).unwrap();
+        assert!(json.contains(r#""drain_rate_per_s":2.5,"#), "{json}");
+        assert_eq!(serde_json::from_str::<ErrorBody>(&json).unwrap(), b);
     }
 
     #[test]
