@@ -982,7 +982,7 @@ if amp_rows:
             f"| {r.get('side')} | `{r.get('settings') or 'defaults'}` | {r.get('round')} | "
             f"{f(r.get('accepted_per_s'), 1)} | {'–' if rpa is None else f'{rpa:.2f}'} | "
             f"{f(r.get('requests_per_s'), 0)} | {r.get('retries', '–')} | {r.get('budget_refusals', '–')} | "
-            f"{r.get('failed', '–')} | {jain_text(r)} | {r.get('depth_max', '–')} / {r.get('ceiling', '–')} | "
+            f"{r.get('failed_messages', '–')} | {jain_text(r)} | {r.get('depth_max', '–')} / {r.get('ceiling', '–')} | "
             f"{r.get('depth_over_ceiling', '–')} | {load_text(r)} |"
         )
     p("")
@@ -1037,7 +1037,7 @@ if restart_rows:
             p(f"| {r.get('round')} | failed | | | | | | | | | | | |")
             continue
         p(
-            f"| {r.get('round')} | {r.get('sent')} | {r.get('queued')} | {r.get('failed')} | "
+            f"| {r.get('round')} | {r.get('sent')} | {r.get('queued')} | {r.get('failed_messages')} | "
             f"{r.get('stored')} | {r.get('stored_twice')} | {r.get('missing')} | "
             f"{f(r.get('longest_wait_ms'), 0)} | {f(r.get('p50_wait_ms'), 1)} / {f(r.get('p99_wait_ms'), 0)} | "
             f"{f(r.get('drain_ms'), 0)} | {f(r.get('downtime_ms'), 0)} | "

@@ -193,7 +193,21 @@ async fn send_all(
     let mut pilot_done = false;
     let mut read_error = None;
 
-    'input: while let Some(line) = lines.recv().await {
+    'input: loop {
+        // Outcomes are reported as they come, not only when a slot is needed: a producer
+        // piping lines at its own pace sees each message's fate at once.
+        let line = tokio::select! {
+            Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
+                if report.finished(done) {
+                    break 'input;
+                }
+                continue;
+            }
+            line = lines.recv() => match line {
+                Some(line) => line,
+                None => break,
+            },
+        };
         let (number, raw) = match line {
             Ok(l) => l,
             Err(e) => {

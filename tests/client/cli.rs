@@ -201,6 +201,52 @@ async fn a_forbidden_send_stops_at_once_with_exit_2_after_one_send() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_outcome_is_printed_as_it_comes_while_the_input_stays_open() {
+    use tokio::io::AsyncBufReadExt;
+
+    let app = spawn_app_with(&[]).await;
+    let mut args = vec!["send"];
+    args.extend_from_slice(&["--url", &app.address, "--queue", "requests", "-"]);
+    let mut child = tokio::process::Command::from(binary(&args, &Default::default()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut pipe = child.stdin.take().unwrap();
+    let mut err = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    // Three lines with room for eight in flight: before, the outcomes of lines 2 and 3
+    // waited until a slot was needed or the input ended.
+    pipe.write_all(lines(3).as_bytes()).await.unwrap();
+    let seen = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut queued = 0;
+        while let Some(l) = err.next_line().await.unwrap() {
+            if l.contains(": queued as ") {
+                queued += 1;
+                if queued == 3 {
+                    return true;
+                }
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(
+        seen,
+        Ok(true),
+        "three outcomes printed with stdin still open"
+    );
+    drop(pipe);
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(app.stored("requests"), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_errors_exit_2_before_any_request() {
     let app = spawn_app_with(&[]).await;
     let proxy = Proxy::start(&app.address).await;
