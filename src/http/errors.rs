@@ -239,10 +239,19 @@ impl From<NotAdmitting> for Problem {
 
 impl Problem {
     /// The answer for a dispatch that did not end in the queue. `message_id` goes into a
-    /// 504 so the client can retry with the same key; `max_body_bytes` is the limit a 413
-    /// names when the broker refuses the message as too large (its own limit also counts
-    /// the message's properties, so a body under ours can still be refused).
-    pub fn from_dispatch(e: DispatchError, message_id: &MessageId, max_body_bytes: usize) -> Self {
+    /// 504 so the client can retry with the same key (`None` when the send was refused
+    /// before its message was made: no answer of those names an id); `max_body_bytes` is
+    /// the limit a 413 names when the broker refuses the message as too large (its own
+    /// limit also counts the message's properties, so a body under ours can still be
+    /// refused).
+    pub fn from_dispatch(
+        e: DispatchError,
+        message_id: Option<&MessageId>,
+        max_body_bytes: usize,
+    ) -> Self {
+        // Only a send that reached the backend (`DispatchError::Send`) names its id, and
+        // such a send's message was made.
+        let id = || message_id.map(ToString::to_string).unwrap_or_default();
         match e {
             DispatchError::Refused(Refusal::QueueFull {
                 backlog,
@@ -267,9 +276,7 @@ impl Problem {
                 detail: "no route to this queue".into(),
                 unknown_message_id: None,
             },
-            DispatchError::Send(SendError::Timeout) => Problem::SendTimeout {
-                message_id: message_id.to_string(),
-            },
+            DispatchError::Send(SendError::Timeout) => Problem::SendTimeout { message_id: id() },
             DispatchError::Send(SendError::AuthFailed(_)) => Problem::BackendAuthFailed,
             DispatchError::Send(SendError::Busy { retry_after, .. }) => Problem::BackendBusy {
                 retry_after: retry_after
@@ -282,7 +289,7 @@ impl Problem {
             },
             DispatchError::Send(e @ SendError::Uncertain(_)) => Problem::SendFailed {
                 detail: e.to_string(),
-                unknown_message_id: Some(message_id.to_string()),
+                unknown_message_id: Some(id()),
             },
             DispatchError::Send(
                 e @ (SendError::QueueNotFound | SendError::Unavailable(_) | SendError::Failed(_)),
@@ -346,7 +353,7 @@ mod tests {
     #[test]
     fn a_message_the_broker_finds_too_large_is_a_413_naming_the_gateway_limit() {
         let id = MessageId::parse("m-1").unwrap();
-        let p = Problem::from_dispatch(DispatchError::Send(SendError::TooLarge), &id, 4096);
+        let p = Problem::from_dispatch(DispatchError::Send(SendError::TooLarge), Some(&id), 4096);
         assert_eq!(p, Problem::PayloadTooLarge { limit: 4096 });
         assert_eq!(p.status(), StatusCode::PAYLOAD_TOO_LARGE);
         assert_eq!(p.code(), ErrorCode::PayloadTooLarge);
