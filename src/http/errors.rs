@@ -4,6 +4,7 @@
 //! Every error body is `{"code", "message", "request_id", ...fields}`; every 429 and 503
 //! carries an integer `Retry-After` of at least 1.
 
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use actix_web::http::header::{HeaderValue, ALLOW, RETRY_AFTER, WWW_AUTHENTICATE};
@@ -31,6 +32,10 @@ pub use sendgate_wire::FieldError;
 
 /// Most input problems listed in one 400.
 pub const MAX_FIELD_ERRORS: usize = 20;
+
+/// Room for an error body's `message` (the longest is ~130 bytes, a `send_failed` detail
+/// more): a refusal formats it without regrowing the buffer.
+const MESSAGE_CAPACITY: usize = 160;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Problem {
@@ -304,9 +309,13 @@ impl Problem {
 impl ApiError {
     /// The wire's error body (`sendgate_wire::ErrorBody`), borrowing from the problem.
     fn body(&self) -> ErrorBody<'_> {
+        // Formatted once into a buffer of its final size: `to_string()` starts empty and
+        // regrows it several times (every refusal pays it; the 429's message has numbers).
+        let mut message = String::with_capacity(MESSAGE_CAPACITY);
+        let _ = write!(message, "{}", self.problem);
         let mut b = ErrorBody::new(
             self.problem.code(),
-            self.problem.to_string().into(),
+            message.into(),
             self.request_id.as_str(),
         );
         match &self.problem {
