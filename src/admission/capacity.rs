@@ -305,7 +305,7 @@ impl CapacityGate {
         let cached = {
             let mut state = self.state.lock();
             let now = Instant::now();
-            if self.is_fresh(&state, now) {
+            if self.is_fresh(&state, now) || self.is_being_refreshed(&state, now) {
                 let ahead = self.should_refresh_ahead(&mut state, now);
                 let decision = self.decide(&mut state);
                 Ok((
@@ -397,6 +397,22 @@ impl CapacityGate {
                     && self.seat.get().is_none_or(|seat| at >= seat.local_since())
             }
         }
+    }
+
+    /// The cached value expired while its read ahead is still running (the read outlasted
+    /// its lead: a saturated worker, a slow admin plane): sends keep deciding on it until
+    /// the read lands, instead of all queueing behind that read and being released one by
+    /// one (the tail spikes once per TTL under load). Only a queue's first read is waited
+    /// for (contract section 2). Bounded by the read's own deadline, after which the read
+    /// has ended one way or the other; a read made before a spell in the fleet is never
+    /// reused.
+    fn is_being_refreshed(&self, state: &GateState, now: Instant) -> bool {
+        let (LastRead::Ok { at, .. } | LastRead::Failed { at }) = state.last_read else {
+            return false;
+        };
+        state.refreshing_ahead
+            && now < at + self.policy.ttl + self.policy.read_timeout
+            && self.seat.get().is_none_or(|seat| at >= seat.local_since())
     }
 
     /// Whether this send starts the read ahead of expiry (and of which generation): the
@@ -839,6 +855,111 @@ mod tests {
         assert_eq!(timed_admit(&g).await, Duration::ZERO);
         tokio::task::yield_now().await;
         assert_eq!(backend.reads(), 2, "half the TTL: read ahead");
+    }
+
+    /// An admin plane whose reads take the given times in turn (then the last one again).
+    struct SlowingDepth {
+        delays: Mutex<VecDeque<Duration>>,
+        last: Mutex<Duration>,
+        reads: AtomicU64,
+    }
+
+    impl SlowingDepth {
+        fn new(delays_ms: &[u64]) -> Self {
+            Self {
+                delays: Mutex::new(
+                    delays_ms
+                        .iter()
+                        .map(|&ms| Duration::from_millis(ms))
+                        .collect(),
+                ),
+                last: Mutex::new(Duration::ZERO),
+                reads: AtomicU64::new(0),
+            }
+        }
+    }
+
+    #[async_trait]
+    impl Backend for SlowingDepth {
+        fn kind(&self) -> &'static str {
+            "slowing"
+        }
+        async fn send(&self, _: OutgoingMessage, _: Instant) -> Result<SendReceipt, SendError> {
+            unreachable!("capacity never sends")
+        }
+        async fn backlog(&self, _: &QueueName, _: Instant) -> Result<Backlog, DepthError> {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            let delay = match self.delays.lock().pop_front() {
+                Some(d) => {
+                    *self.last.lock() = d;
+                    d
+                }
+                None => *self.last.lock(),
+            };
+            tokio::time::sleep(delay).await;
+            Ok(Backlog::of(0))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_ahead_that_outlasts_its_lead_keeps_sends_on_the_cached_value() {
+        // The first read takes 1 ms, so the next starts 2 ms before the value expires; that
+        // one takes 50 ms (a saturated worker or a busy admin plane). Sends arriving after
+        // the expiry, while it runs, must not queue behind it: at 256 connections they all
+        // would, and be released one by one (the p99 and max spikes once per TTL).
+        let backend = Arc::new(SlowingDepth::new(&[1, 50]));
+        let g = CapacityGate::new(
+            QueueName::parse("requests").unwrap(),
+            policy(100, 1000, false, 3),
+            backend.clone(),
+        );
+        assert_eq!(
+            timed_admit(&g).await,
+            Duration::from_millis(1),
+            "the first read"
+        );
+        tokio::time::advance(Duration::from_millis(998)).await;
+        assert_eq!(timed_admit(&g).await, Duration::ZERO);
+        tokio::task::yield_now().await;
+        assert_eq!(backend.reads.load(Ordering::SeqCst), 2, "read ahead");
+        tokio::time::advance(Duration::from_millis(10)).await;
+        for _ in 0..5 {
+            assert_eq!(
+                timed_admit(&g).await,
+                Duration::ZERO,
+                "past the expiry, the read ahead still running: decided on the last value"
+            );
+        }
+        assert_eq!(
+            backend.reads.load(Ordering::SeqCst),
+            2,
+            "no read of their own"
+        );
+        tokio::time::advance(Duration::from_millis(40)).await;
+        tokio::task::yield_now().await;
+        assert_eq!(g.snapshot().reads_ok, 2, "the read ahead landed");
+        assert_eq!(timed_admit(&g).await, Duration::ZERO);
+        assert_eq!(backend.reads.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_expired_value_is_reused_no_longer_than_a_read_ahead_can_run() {
+        // A read ahead marked as running that never lands (its task gone with its worker):
+        // past the TTL plus the read's deadline, a send reads for itself again.
+        let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
+        let g = gate(policy(100, 1000, false, 3), &backend);
+        timed_admit(&g).await;
+        g.state.lock().refreshing_ahead = true;
+        tokio::time::advance(Duration::from_millis(1000 + 2000 - 1)).await;
+        timed_admit(&g).await;
+        assert_eq!(
+            backend.reads(),
+            1,
+            "within the read's deadline: the last value"
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        timed_admit(&g).await;
+        assert_eq!(backend.reads(), 2, "past it: a read of its own");
     }
 
     #[tokio::test(start_paused = true)]

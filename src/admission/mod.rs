@@ -117,8 +117,19 @@ impl Dispatcher {
     /// Admit and send one message. Dropping the future at any point gives back its
     /// in-flight slot, its place under the ceiling and its breaker ticket.
     pub async fn send(&self, message: OutgoingMessage) -> Dispatched {
+        let queue = message.queue.clone();
+        self.send_with(&queue, || message).await
+    }
+
+    /// [`Dispatcher::send`], with the message made only once the send is admitted: a
+    /// refused send (a 429 from the cached backlog) never builds it (no message id).
+    pub async fn send_with(
+        &self,
+        queue: &QueueName,
+        message: impl FnOnce() -> OutgoingMessage,
+    ) -> Dispatched {
         let mut lane = self.choose();
-        let mut admitted = self.admit(lane, &message.queue).await;
+        let mut admitted = self.admit(lane, queue).await;
         // The primary's trial went to another send (or it opened meanwhile): with a fallback
         // that takes sends, use it rather than answer 503.
         if let (Err(DispatchError::BackendUnavailable { .. }), None, Some(fallback)) =
@@ -126,11 +137,11 @@ impl Dispatcher {
         {
             if lane.role == BackendRole::Primary && fallback.breaker.would_allow() {
                 lane = fallback;
-                admitted = self.admit(lane, &message.queue).await;
+                admitted = self.admit(lane, queue).await;
             }
         }
         if lane.role == BackendRole::Fallback {
-            tracing::debug!(event = "fallback_selected", queue = %message.queue, "primary circuit open: using the fallback");
+            tracing::debug!(event = "fallback_selected", queue = %queue, "primary circuit open: using the fallback");
         }
         let admitted = match admitted {
             Ok(admitted) => admitted,
@@ -144,7 +155,7 @@ impl Dispatcher {
             }
         };
         let started = Instant::now();
-        let result = self.deliver(lane, admitted, message, started).await;
+        let result = self.deliver(lane, admitted, message(), started).await;
         Dispatched {
             via: Some(lane.role),
             result,

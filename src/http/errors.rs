@@ -4,6 +4,7 @@
 //! Every error body is `{"code", "message", "request_id", ...fields}`; every 429 and 503
 //! carries an integer `Retry-After` of at least 1.
 
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use actix_web::http::header::{HeaderValue, ALLOW, RETRY_AFTER, WWW_AUTHENTICATE};
@@ -32,6 +33,10 @@ pub use sendgate_wire::FieldError;
 
 /// Most input problems listed in one 400.
 pub const MAX_FIELD_ERRORS: usize = 20;
+
+/// Room for an error body's `message` (the longest is ~130 bytes, a `send_failed` detail
+/// more): a refusal formats it without regrowing the buffer.
+const MESSAGE_CAPACITY: usize = 160;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Problem {
@@ -241,10 +246,19 @@ impl From<NotAdmitting> for Problem {
 
 impl Problem {
     /// The answer for a dispatch that did not end in the queue. `message_id` goes into a
-    /// 504 so the client can retry with the same key; `max_body_bytes` is the limit a 413
-    /// names when the broker refuses the message as too large (its own limit also counts
-    /// the message's properties, so a body under ours can still be refused).
-    pub fn from_dispatch(e: DispatchError, message_id: &MessageId, max_body_bytes: usize) -> Self {
+    /// 504 so the client can retry with the same key (`None` when the send was refused
+    /// before its message was made: no answer of those names an id); `max_body_bytes` is
+    /// the limit a 413 names when the broker refuses the message as too large (its own
+    /// limit also counts the message's properties, so a body under ours can still be
+    /// refused).
+    pub fn from_dispatch(
+        e: DispatchError,
+        message_id: Option<&MessageId>,
+        max_body_bytes: usize,
+    ) -> Self {
+        // Only a send that reached the backend (`DispatchError::Send`) names its id, and
+        // such a send's message was made.
+        let id = || message_id.map(ToString::to_string).unwrap_or_default();
         match e {
             DispatchError::Refused(Refusal::QueueFull {
                 backlog,
@@ -271,9 +285,7 @@ impl Problem {
                 detail: "no route to this queue".into(),
                 unknown_message_id: None,
             },
-            DispatchError::Send(SendError::Timeout) => Problem::SendTimeout {
-                message_id: message_id.to_string(),
-            },
+            DispatchError::Send(SendError::Timeout) => Problem::SendTimeout { message_id: id() },
             DispatchError::Send(SendError::AuthFailed(_)) => Problem::BackendAuthFailed,
             DispatchError::Send(SendError::Busy { retry_after, .. }) => Problem::BackendBusy {
                 retry_after: retry_after
@@ -286,7 +298,7 @@ impl Problem {
             },
             DispatchError::Send(e @ SendError::Uncertain(_)) => Problem::SendFailed {
                 detail: e.to_string(),
-                unknown_message_id: Some(message_id.to_string()),
+                unknown_message_id: Some(id()),
             },
             DispatchError::Send(
                 e @ (SendError::QueueNotFound | SendError::Unavailable(_) | SendError::Failed(_)),
@@ -301,9 +313,13 @@ impl Problem {
 impl ApiError {
     /// The wire's error body (`sendgate_wire::ErrorBody`), borrowing from the problem.
     fn body(&self) -> ErrorBody<'_> {
+        // Formatted once into a buffer of its final size: `to_string()` starts empty and
+        // regrows it several times (every refusal pays it; the 429's message has numbers).
+        let mut message = String::with_capacity(MESSAGE_CAPACITY);
+        let _ = write!(message, "{}", self.problem);
         let mut b = ErrorBody::new(
             self.problem.code(),
-            self.problem.to_string().into(),
+            message.into(),
             self.request_id.as_str(),
         );
         match &self.problem {
@@ -358,7 +374,7 @@ mod tests {
     #[test]
     fn a_message_the_broker_finds_too_large_is_a_413_naming_the_gateway_limit() {
         let id = MessageId::parse("m-1").unwrap();
-        let p = Problem::from_dispatch(DispatchError::Send(SendError::TooLarge), &id, 4096);
+        let p = Problem::from_dispatch(DispatchError::Send(SendError::TooLarge), Some(&id), 4096);
         assert_eq!(p, Problem::PayloadTooLarge { limit: 4096 });
         assert_eq!(p.status(), StatusCode::PAYLOAD_TOO_LARGE);
         assert_eq!(p.code(), ErrorCode::PayloadTooLarge);

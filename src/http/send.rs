@@ -144,34 +144,46 @@ async fn admit_and_send(
     let (input, body, _buffered) = read_input(req, context, payload, state)
         .await
         .map_err(|problem| context.error(problem))?;
-    let message_id = input.message_id.clone().unwrap_or_else(MessageId::generate);
     if input.dry_run {
         return Ok(Accepted {
             queue,
-            message_id,
+            message_id: input.message_id.unwrap_or_else(MessageId::generate),
             correlation: input.correlation_header,
             taken: Taken::Validated,
         });
     }
-    // A client's key is scoped to the caller at the broker: another key holder on the
-    // same queue cannot suppress this message by reusing its Idempotency-Key.
-    let broker_id = match (&input.message_id, caller) {
-        (Some(key), Some(caller)) => scoped_message_id(&caller.name, key),
-        _ => message_id.clone(),
-    };
     // 5.–8. Route, capacity, in-flight limit, breaker, the send under its deadline.
-    let ids = Ids {
-        answered: message_id,
-        at_broker: broker_id,
+    let key = Key {
+        given: input.message_id,
+        caller,
     };
-    dispatch(context, state, queue, ids, input.correlation_header, body).await
+    dispatch(context, state, queue, key, input.correlation_header, body).await
 }
 
-/// A message's id as the client knows it (echoed in every answer), and as the broker
-/// stores it (scoped to the caller when keys are on).
-struct Ids {
-    answered: MessageId,
-    at_broker: MessageId,
+/// What the message's id is made from: the client's Idempotency-Key (if any) and, with
+/// keys on, the caller it is scoped to.
+struct Key {
+    given: Option<MessageId>,
+    caller: Option<Arc<Principal>>,
+}
+
+impl Key {
+    /// The id as the client knows it (echoed in every answer), and as the broker stores it.
+    /// A client's key is scoped to the caller at the broker: another key holder on the
+    /// same queue cannot suppress this message by reusing its Idempotency-Key.
+    fn ids(self) -> (MessageId, MessageId) {
+        match (self.given, self.caller) {
+            (Some(key), Some(caller)) => {
+                let at_broker = scoped_message_id(&caller.name, &key);
+                (key, at_broker)
+            }
+            (Some(key), None) => (key.clone(), key),
+            (None, _) => {
+                let id = MessageId::generate();
+                (id.clone(), id)
+            }
+        }
+    }
 }
 
 /// `{key name}:{Idempotency-Key}`, or, when that is not a valid id (too long, a name that
@@ -253,40 +265,45 @@ async fn read_input(
     Ok((input, body, reservation))
 }
 
-/// Steps 5 to 8, in the dispatcher; the answer names the backend the send went to.
+/// Steps 5 to 8, in the dispatcher; the answer names the backend the send went to. The
+/// message (and its id) is made only once the send is admitted: a refusal needs neither.
 async fn dispatch(
     context: &RequestContext,
     state: &AppState,
     queue: QueueName,
-    ids: Ids,
+    key: Key,
     correlation: Option<CorrelationId>,
     body: Bytes,
 ) -> Result<Accepted, ApiError> {
-    let Ids {
-        answered: message_id,
-        at_broker,
-    } = ids;
-    // Without a correlation id of its own, the message carries the client's request id.
-    let correlation_id = correlation.clone().or_else(|| {
-        context
-            .id_given()
-            .then(|| CorrelationId::parse(context.id().as_str()).ok())
-            .flatten()
-    });
-    let message = OutgoingMessage {
-        queue: queue.clone(),
-        message_id: at_broker,
-        correlation_id,
-        body,
-    };
-    let dispatched = state.dispatcher.send(message).await;
+    let mut answered: Option<MessageId> = None;
+    let dispatched = state
+        .dispatcher
+        .send_with(&queue, || {
+            let (id, at_broker) = key.ids();
+            answered = Some(id);
+            // Without a correlation id of its own, the message carries the client's request id.
+            let correlation_id = correlation.clone().or_else(|| {
+                context
+                    .id_given()
+                    .then(|| CorrelationId::parse(context.id().as_str()).ok())
+                    .flatten()
+            });
+            OutgoingMessage {
+                queue: queue.clone(),
+                message_id: at_broker,
+                correlation_id,
+                body,
+            }
+        })
+        .await;
     if let (Some(via), Some(took)) = (dispatched.via, dispatched.send_time) {
         state.metrics.send_latency(via.as_str(), took);
     }
     match dispatched.result {
         Ok(receipt) => Ok(Accepted {
             queue,
-            message_id,
+            // A send that reached the backend was built, so its id is there.
+            message_id: answered.unwrap_or_else(MessageId::generate),
             correlation,
             taken: Taken::Queued {
                 via: dispatched.via,
@@ -294,7 +311,11 @@ async fn dispatch(
             },
         }),
         Err(e) => Err(context
-            .error(Problem::from_dispatch(e, &message_id, state.max_body_bytes))
+            .error(Problem::from_dispatch(
+                e,
+                answered.as_ref(),
+                state.max_body_bytes,
+            ))
             .via(dispatched.via)
             .correlation(correlation.map(|c| c.to_string()))),
     }

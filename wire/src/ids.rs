@@ -38,8 +38,16 @@ macro_rules! header_id {
             }
 
             /// A fresh random identifier (a UUID v4), for when the client sent none.
+            /// Encoded into a stack buffer and copied once: `to_string()` would run the
+            /// formatter and grow the `String` several times, on every request.
             pub fn generate() -> Self {
-                Self(uuid::Uuid::new_v4().to_string())
+                let mut buf = uuid::Uuid::encode_buffer();
+                Self(
+                    uuid::Uuid::new_v4()
+                        .hyphenated()
+                        .encode_lower(&mut buf)
+                        .to_owned(),
+                )
             }
 
             pub fn as_str(&self) -> &str {
@@ -86,6 +94,10 @@ mod tests {
     #[test]
     fn generated_ids_parse() {
         let id = MessageId::generate();
+        // The same text as the UUID's `Display`: 36 characters, hyphenated, lower case.
+        let uuid = uuid::Uuid::parse_str(id.as_str()).unwrap();
+        assert_eq!(uuid.get_version_num(), 4);
+        assert_eq!(id.as_str(), uuid.to_string());
         assert_eq!(MessageId::parse(id.as_str()), Ok(id));
     }
 }
