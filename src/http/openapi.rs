@@ -32,6 +32,9 @@ use super::headers::spelling;
         super::admin::drain,
         openapi_json,
     ),
+    // `backends` is described by `schema::backends` (schema_with), which only refers to
+    // BackendHealth by name: registered here, or the reference would dangle.
+    components(schemas(super::health::BackendHealth)),
     // Every route needs a bearer token when keys are configured, unless it says otherwise.
     security(("bearer" = [])),
     modifiers(&Bearer),
