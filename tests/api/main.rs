@@ -5,6 +5,7 @@ mod auth;
 mod binary;
 mod capacity;
 mod competing;
+mod console;
 #[path = "../support/faulty_backend.rs"]
 mod faulty_backend;
 #[path = "../support/gateway.rs"]
