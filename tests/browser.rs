@@ -97,6 +97,28 @@ async fn the_page_shows_the_backlog_and_ceiling_health_detailed_reports_and_foll
 }
 
 #[tokio::test]
+async fn without_javascript_the_page_still_shows_the_current_snapshot() {
+    let (app, _dir) = gateway(&[("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "25")]).await;
+    send(&app, 2).await;
+    let browser = Browser::without_javascript().await;
+    browser.client.goto(&app.url("/")).await.unwrap();
+    let d = app.detailed().await;
+    assert_eq!(
+        browser.text(&field("requests", "backlog")).await.unwrap(),
+        d["queues"]["requests"]["backlog"].to_string()
+    );
+    assert_eq!(
+        browser.text(&field("requests", "limit")).await.unwrap(),
+        "25"
+    );
+    let chart = browser.text(&field("requests", "chart")).await.unwrap();
+    assert!(chart.contains("drawn by the page's script"), "{chart}");
+    assert_eq!(browser.count("svg.spark").await, 0, "no script ran");
+    browser.close().await;
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn with_the_admin_plane_failing_the_page_shows_the_streak_rise_then_refusing() {
     let (app, _dir) = gateway(&[
         ("SERVICEBUS_SEND_FAILCLOSED", "1"),

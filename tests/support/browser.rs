@@ -58,6 +58,15 @@ pub struct Browser {
 
 impl Browser {
     pub async fn start() -> Self {
+        Self::launch(true).await
+    }
+
+    /// A browser with JavaScript switched off: what the server renders is all it shows.
+    pub async fn without_javascript() -> Self {
+        Self::launch(false).await
+    }
+
+    async fn launch(javascript: bool) -> Self {
         ensure_chromium();
         let port = free_port();
         let mut driver = Command::new(CHROMEDRIVER);
@@ -85,6 +94,11 @@ impl Browser {
                     "--hide-scrollbars",
                     format!("--user-data-dir={}", profile.path().display()),
                 ],
+                // 1 allows, 2 blocks.
+                "prefs": {
+                    "profile.managed_default_content_settings.javascript":
+                        if javascript { 1 } else { 2 },
+                },
             }),
         );
         let webdriver = format!("http://127.0.0.1:{port}");
