@@ -10,6 +10,9 @@ echo "== services: RabbitMQ with its management plugin"
 echo "== services: Redis (the fleet ledger)"
 ./scripts/ensure-redis.sh
 
+echo "== browser: headless Chromium and chromedriver (the status page's tests)"
+./scripts/ensure-chromium.sh
+
 echo "== deployment lint: checkov (infra/, Dockerfile), hadolint, bicep parse"
 ./scripts/lint-infra.sh
 

@@ -135,6 +135,7 @@ pub struct QueueHealth {
     backlog: Option<u64>,
     limit: u64,
     consecutive_failures: u32,
+    /// Refusing now: the gate is on and the streak is at its threshold with the backlog unknown.
     fail_closed: bool,
     /// RFC 3339.
     #[schema(format = DateTime)]
@@ -146,6 +147,11 @@ pub struct QueueHealth {
     /// While the queue refuses at its ceiling: the backlog at or below which sends are
     /// admitted again (`SENDGATE_RESUME_BELOW` × `limit`, at most `limit` − 1); `null` otherwise.
     refusing_until_backlog: Option<u64>,
+    /// The fail-closed gate is on (`SERVICEBUS_SEND_FAILCLOSED`), refusing or not.
+    fail_closed_enabled: bool,
+    /// The streak at which the gate, when on, refuses (`SERVICEBUS_SEND_FAILCLOSED_STREAK`).
+    #[schema(minimum = 1)]
+    streak_threshold: u32,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -158,6 +164,10 @@ pub struct BackendHealth {
     max_in_flight: usize,
     /// The last health probe of the admin plane; it never moves the breaker.
     probe: Option<Probe>,
+    /// Seconds until the open breaker lets a trial send through (0: the next send is one);
+    /// `null` unless the breaker is `open`.
+    #[schema(minimum = 0)]
+    next_trial_in_s: Option<f64>,
     /// The fallback's own per-queue capacity (the primary's is the top-level `queues`).
     #[serde(skip_serializing_if = "Option::is_none")]
     queues: Option<BTreeMap<String, QueueHealth>>,
@@ -197,26 +207,31 @@ pub async fn detailed(
         Permission::Observe,
         "read the gateway's health",
     )?;
+    Ok(HttpResponse::Ok().json(snapshot(&state)))
+}
 
+/// What `/health/detailed` answers, without asking who is asking: the status page renders
+/// it on the server in open mode (http/console), where any caller may read it.
+pub(super) fn snapshot(state: &AppState) -> Detailed {
     let gateway_state = state.lifecycle.state();
     let queues = queues_of(state.dispatcher.primary());
     let mut degraded = gateway_state != GatewayState::Running
         || queues.values().any(|q| q.consecutive_failures > 0);
     let mut backends = BTreeMap::new();
     for route in state.dispatcher.lanes() {
-        let health = backend_health(route, &state);
+        let health = backend_health(route, state);
         degraded |=
             route.role == BackendRole::Primary && health.breaker != BreakerState::Closed.as_str();
         backends.insert(route.role.as_str(), health);
     }
-    let coordination = coordination_of(&state);
+    let coordination = coordination_of(state);
     degraded |= !coordination.ok;
     let drain = state.lifecycle.drain_status().map(|d| Drain {
         remaining_s: (d.remaining.as_secs_f64() * 10.0).round() / 10.0,
         in_flight: d.in_flight,
         linger_remaining_s: (d.linger_remaining.as_secs_f64() * 10.0).round() / 10.0,
     });
-    Ok(HttpResponse::Ok().json(Detailed {
+    Detailed {
         status: if degraded { "degraded" } else { "ok" },
         gateway_state,
         version: env!("CARGO_PKG_VERSION"),
@@ -225,7 +240,7 @@ pub async fn detailed(
         queues,
         backends,
         coordination,
-    }))
+    }
 }
 
 fn coordination_of(state: &AppState) -> CoordinationState {
@@ -244,6 +259,7 @@ fn queues_of(route: &Lane) -> BTreeMap<String, QueueHealth> {
         .gates()
         .map(|gate| {
             let s = gate.snapshot();
+            let policy = gate.policy();
             let health = QueueHealth {
                 backlog: s.backlog,
                 limit: s.limit,
@@ -252,6 +268,8 @@ fn queues_of(route: &Lane) -> BTreeMap<String, QueueHealth> {
                 last_read_ok_at: s.last_read_ok_at.and_then(rfc3339),
                 drain_rate_per_s: s.drain_rate.map(DrainRate::rounded),
                 refusing_until_backlog: s.refusing_until_backlog,
+                fail_closed_enabled: policy.fail_closed,
+                streak_threshold: policy.streak_threshold,
             };
             (gate.queue().to_string(), health)
         })
@@ -260,9 +278,10 @@ fn queues_of(route: &Lane) -> BTreeMap<String, QueueHealth> {
 
 fn backend_health(route: &Lane, state: &AppState) -> BackendHealth {
     let in_flight = state.dispatcher.in_flight();
+    let breaker = route.breaker.state();
     BackendHealth {
         kind: route.kind(),
-        breaker: route.breaker.state().as_str(),
+        breaker: breaker.as_str(),
         sends_in_flight: in_flight.current(),
         max_in_flight: in_flight.max(),
         probe: route.last_probe().map(|p| Probe {
@@ -270,6 +289,8 @@ fn backend_health(route: &Lane, state: &AppState) -> BackendHealth {
             at: rfc3339(p.at),
             error: p.error,
         }),
+        next_trial_in_s: (breaker == BreakerState::Open)
+            .then(|| (route.breaker.retry_after().as_secs_f64() * 10.0).round() / 10.0),
         queues: (route.role == BackendRole::Fallback).then(|| queues_of(route)),
     }
 }

@@ -3,6 +3,7 @@
 mod admin;
 pub mod auth;
 pub mod body_budget;
+pub mod console;
 pub mod context;
 pub mod errors;
 mod fallback;
@@ -74,6 +75,21 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         web::resource("/admin/drain")
             .route(web::post().to(admin::drain))
             .default_service(web::to(fallback::only_post)),
+    )
+    .service(
+        web::resource("/")
+            .route(web::get().to(console::page))
+            .default_service(web::to(fallback::only_get)),
+    )
+    .service(
+        web::resource(console::SCRIPT_PATH)
+            .route(web::get().to(console::script))
+            .default_service(web::to(fallback::only_get)),
+    )
+    .service(
+        web::resource(console::STYLE_PATH)
+            .route(web::get().to(console::stylesheet))
+            .default_service(web::to(fallback::only_get)),
     )
     .service(
         web::resource("/openapi.json")

@@ -31,7 +31,11 @@ use super::headers::spelling;
         super::metrics::metrics,
         super::admin::drain,
         openapi_json,
+        super::console::page,
     ),
+    // `backends` is described by `schema::backends` (schema_with), which only refers to
+    // BackendHealth by name: registered here, or the reference would dangle.
+    components(schemas(super::health::BackendHealth)),
     // Every route needs a bearer token when keys are configured, unless it says otherwise.
     security(("bearer" = [])),
     modifiers(&Bearer),
@@ -41,6 +45,7 @@ use super::headers::spelling;
         (name = "observability", description = "docs/contract.md section 6"),
         (name = "admin", description = "docs/contract.md sections 3 and 5"),
         (name = "meta", description = "this document"),
+        (name = "console", description = "the operator's status page (docs/contract.md section 6)"),
     )
 )]
 struct ApiDoc;
@@ -64,7 +69,14 @@ impl Modify for Bearer {
 
 /// Headers that are on the answers where the document names them, always: `required`,
 /// which utoipa 5's `Header` cannot say, is added to each.
-const ALWAYS_SET: [&str; 2] = [sendgate_wire::headers::RETRY_AFTER, "WWW-Authenticate"];
+const ALWAYS_SET: [&str; 5] = [
+    sendgate_wire::headers::RETRY_AFTER,
+    "WWW-Authenticate",
+    // The status page's (http/console).
+    "Content-Security-Policy",
+    "X-Content-Type-Options",
+    "Cache-Control",
+];
 
 /// The document as pretty JSON with a final newline: byte for byte `docs/openapi.json`.
 ///

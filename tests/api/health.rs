@@ -98,3 +98,38 @@ async fn draining_turns_ready_to_503_and_refuses_sends_with_the_window_left() {
     );
     assert_eq!(app.stored("requests"), 1);
 }
+
+#[tokio::test]
+async fn detailed_shows_the_fail_closed_gate_its_threshold_and_the_breakers_next_trial() {
+    let app = spawn_app_with(&[
+        ("SERVICEBUS_SEND_FAILCLOSED", "yes"),
+        ("SERVICEBUS_SEND_FAILCLOSED_STREAK", "4"),
+        ("SENDGATE_SEND_TIMEOUT_MS", "300"),
+        ("SENDGATE_BREAKER_MIN_FAILURES", "1"),
+        ("SENDGATE_BREAKER_OPEN_S", "60"),
+    ])
+    .await;
+    let d = app.detailed().await;
+    let q = &d["queues"]["requests"];
+    assert_eq!(q["fail_closed_enabled"], true, "the gate is on");
+    assert_eq!(q["fail_closed"], false, "but not refusing");
+    assert_eq!(q["streak_threshold"], 4);
+    assert!(d["backends"]["primary"]["next_trial_in_s"].is_null());
+
+    // One send that times out opens the breaker (one failure is enough here).
+    app.faults().hold_sends(true);
+    assert_eq!(app.send("requests", "1").await.status(), 504);
+    let d = app.detailed().await;
+    let primary = &d["backends"]["primary"];
+    assert_eq!(primary["breaker"], "open");
+    let next = primary["next_trial_in_s"].as_f64().unwrap();
+    assert!((0.0..=60.0).contains(&next) && next > 50.0, "{next}");
+}
+
+#[tokio::test]
+async fn the_gate_off_is_said_as_such() {
+    let app = spawn_app().await;
+    let q = &app.detailed().await["queues"]["requests"];
+    assert_eq!(q["fail_closed_enabled"], false);
+    assert_eq!(q["streak_threshold"], 3, "the default");
+}

@@ -5,6 +5,7 @@ mod auth;
 mod binary;
 mod capacity;
 mod competing;
+mod console;
 mod drain;
 #[path = "../support/faulty_backend.rs"]
 mod faulty_backend;

@@ -1,0 +1,370 @@
+//! The status page's HTML, rendered on the server with maud (every value escaped by the
+//! template, none by hand).
+//!
+//! The snapshot is rendered from `/health/detailed`'s JSON, the same value the page's
+//! script polls, so the page reads the same without JavaScript as with it, and a field
+//! another module adds to that body (`drain_rate_per_s`, `refusing_until_backlog`) shows
+//! here as soon as it is there. The markup mirrors `app.js`'s `render`: the same sections,
+//! words and `data-field` hooks (the browser tests find values by them).
+
+use maud::{html, Markup, DOCTYPE};
+use serde_json::Value;
+
+/// Who may see data in a server-rendered page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// No keys: any caller may read `/health/detailed`, so the page shows the snapshot.
+    Open,
+    /// Keys on: the page cannot know the caller's token from a plain GET; it shows the
+    /// frame and the token form, and no data.
+    Keys,
+}
+
+pub const SCRIPT_PATH: &str = "/console/app.js";
+pub const STYLE_PATH: &str = "/console/style.css";
+
+/// The whole page. `snapshot` is `/health/detailed`'s body (open mode) or `None` (keys on).
+/// `now` is when it was taken, RFC 3339.
+pub fn page(mode: Mode, snapshot: Option<&Value>, now: &str) -> Markup {
+    let keys = mode == Mode::Keys;
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                meta name="referrer" content="no-referrer";
+                title { "sendgate status" }
+                link rel="stylesheet" href=(STYLE_PATH);
+                script src=(SCRIPT_PATH) defer {}
+            }
+            body data-auth=(if keys { "keys" } else { "open" }) {
+                header.top {
+                    h1 { "sendgate status" }
+                    p.lead {
+                        "What the gateway knows right now, refreshed every 2 seconds from "
+                        code { "/health/detailed" } ". Nothing here calls the broker."
+                    }
+                }
+                main {
+                    @if keys {
+                        section #auth aria-labelledby="auth-title" {
+                            h2 #auth-title { "Observer token" }
+                            noscript {
+                                p.notice {
+                                    "API keys are on: this page needs JavaScript to send your "
+                                    "observer token (as an Authorization header, never in a URL)."
+                                }
+                            }
+                            // Shown by the script; without it the form could not keep the token out of a URL.
+                            form #token-form hidden method="post" autocomplete="off" {
+                                label for="token" { "Observer token" }
+                                input #token type="password" name="token" required
+                                    autocomplete="off" spellcheck="false"
+                                    aria-describedby="token-help";
+                                button type="submit" { "Show status" }
+                                p #token-help.help {
+                                    "A token with the observer or admin role. It is kept in this tab "
+                                    "only (sessionStorage) and sent as a bearer token."
+                                }
+                            }
+                            p #auth-error.error role="alert" {}
+                            p #signed-in hidden {
+                                "Using the token stored in this tab. "
+                                button #forget-token type="button" { "Forget token" }
+                            }
+                        }
+                    }
+                    p #fetch-error.error role="status" {}
+                    div #status aria-live="polite" {
+                        @match snapshot {
+                            Some(d) => (body(d, now)),
+                            None => p.empty { "No data yet: enter an observer token." },
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The refreshed region's content: `app.js` builds the same from each poll.
+fn body(d: &Value, now: &str) -> Markup {
+    let status = word(&d["status"]);
+    html! {
+        p.summary {
+            "Gateway "
+            span class=(badge(status == "ok")) data-field="status" { (status) }
+            " · state " strong data-field="gateway_state" { (word(&d["gateway_state"])) }
+            " · version " (word(&d["version"]))
+            " · pid " (number(&d["pid"]))
+            " · as of " span data-field="as_of" { (now) }
+        }
+        div.grid {
+            section.card aria-labelledby="lifecycle-title" {
+                h2 #lifecycle-title { "Lifecycle" }
+                dl {
+                    dt { "State" } dd { (word(&d["gateway_state"])) }
+                    dt { "Drain" } dd data-field="drain" { (drain(&d["drain"])) }
+                }
+            }
+            section.card aria-labelledby="coordination-title" {
+                h2 #coordination-title { "Coordination" }
+                (coordination(&d["coordination"]))
+            }
+        }
+        @if let Some(backends) = d["backends"].as_object() {
+            @for (role, backend) in backends {
+                (backend_section(role, backend, queues_of(d, role, backend)))
+            }
+        }
+    }
+}
+
+/// The primary's queues are the top-level `queues`; a fallback carries its own.
+fn queues_of<'a>(d: &'a Value, role: &str, backend: &'a Value) -> &'a Value {
+    if role == "primary" {
+        &d["queues"]
+    } else {
+        &backend["queues"]
+    }
+}
+
+fn coordination(c: &Value) -> Markup {
+    let ok = c["ok"].as_bool().unwrap_or(false);
+    html! {
+        dl {
+            dt { "Mode" } dd data-field="coordination_mode" { (word(&c["mode"])) }
+            dt { "Healthy" }
+            dd data-field="coordination_ok" {
+                span class=(badge(ok)) { (if ok { "yes" } else { "no" }) }
+            }
+            dt { "Since" } dd { (when(&c["since"]).unwrap_or_else(|| "—".into())) }
+            dt { "Last error" } dd data-field="coordination_error" { (or_none(&c["last_error"])) }
+        }
+    }
+}
+
+fn backend_section(role: &str, b: &Value, queues: &Value) -> Markup {
+    let breaker = word(&b["breaker"]);
+    html! {
+        section.backend data-backend=(role) aria-label={ "Backend " (role) } {
+            h2 { "Backend " (role) ": " (word(&b["kind"])) }
+            dl.facts {
+                dt { "Breaker" }
+                dd data-field="breaker" {
+                    span class=(badge(breaker == "closed")) { (breaker) }
+                    @if let Some(s) = b["next_trial_in_s"].as_f64() {
+                        " · next trial in " (seconds(s))
+                    }
+                }
+                dt { "Sends in flight" }
+                dd data-field="in_flight" {
+                    (number(&b["sends_in_flight"])) " of " (number(&b["max_in_flight"]))
+                }
+                dt { "Last probe" } dd { (probe(&b["probe"])) }
+            }
+            div.queues {
+                @if let Some(queues) = queues.as_object() {
+                    @for (name, q) in queues {
+                        (queue_card(role, name, q))
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn queue_card(role: &str, name: &str, q: &Value) -> Markup {
+    let refusing = q["fail_closed"].as_bool().unwrap_or(false);
+    let streak = match q["streak_threshold"].as_u64() {
+        Some(t) => format!("{} of {t}", number(&q["consecutive_failures"])),
+        None => number(&q["consecutive_failures"]),
+    };
+    html! {
+        article.queue data-backend=(role) data-queue=(name) aria-label={ "Queue " (name) " on " (role) } {
+            h3 { "Queue " (name) }
+            p.backlog-line {
+                "Backlog "
+                span.big data-field="backlog" { (or_unknown(&q["backlog"])) }
+                " of ceiling "
+                span.big data-field="limit" { (number(&q["limit"])) }
+            }
+            @if let (Some(backlog), Some(limit)) = (q["backlog"].as_u64(), q["limit"].as_u64()) {
+                meter min="0" max=(limit) value=(backlog.min(limit)) high=(limit.saturating_mul(8) / 10)
+                    optimum="0" aria-label={ "Backlog of " (name) " against its ceiling" } {
+                    (backlog) " of " (limit)
+                }
+            }
+            div.chart data-field="chart" {
+                p.help { "The chart of the last 5 minutes is drawn by the page's script." }
+            }
+            dl {
+                dt { "Read failures in a row" } dd data-field="streak" { (streak) }
+                dt { "Fail-closed gate" }
+                dd data-field="fail_closed_enabled" {
+                    (if q["fail_closed_enabled"].as_bool().unwrap_or(false) { "on" } else { "off" })
+                }
+                dt { "Refusing now" }
+                dd data-field="refusing" {
+                    @if refusing {
+                        span.badge.bad { "yes: refusing sends (capacity unknown)" }
+                    } @else {
+                        span.badge.ok { "no" }
+                    }
+                }
+                @if let Some(rate) = q["drain_rate_per_s"].as_f64() {
+                    dt { "Drain rate (estimated)" }
+                    dd data-field="drain_rate" { (format!("{rate:.1}")) " messages/s" }
+                }
+                @if let Some(until) = q["refusing_until_backlog"].as_u64() {
+                    dt { "Refusing until backlog" }
+                    dd data-field="refusing_until_backlog" { (until) }
+                }
+                dt { "Last good read" } dd data-field="last_read_ok_at" { (when(&q["last_read_ok_at"]).unwrap_or_else(|| "never".into())) }
+            }
+        }
+    }
+}
+
+fn drain(d: &Value) -> String {
+    match d["remaining_s"].as_f64() {
+        Some(left) => format!(
+            "draining: {} left, {} in flight",
+            seconds(left),
+            number(&d["in_flight"])
+        ),
+        None => "not draining".into(),
+    }
+}
+
+fn probe(p: &Value) -> String {
+    match p["ok"].as_bool() {
+        None => "none yet".into(),
+        Some(true) => format!("ok at {}", when(&p["at"]).unwrap_or_else(|| "—".into())),
+        Some(false) => format!(
+            "failed at {}: {}",
+            when(&p["at"]).unwrap_or_else(|| "—".into()),
+            or_none(&p["error"])
+        ),
+    }
+}
+
+/// Status in words and in a class: the colour only repeats what the text says.
+fn badge(good: bool) -> &'static str {
+    if good {
+        "badge ok"
+    } else {
+        "badge bad"
+    }
+}
+
+fn seconds(s: f64) -> String {
+    format!("{s:.1} s")
+}
+
+fn word(v: &Value) -> &str {
+    v.as_str().unwrap_or("?")
+}
+
+fn number(v: &Value) -> String {
+    match v {
+        Value::Number(n) => n.to_string(),
+        _ => "?".into(),
+    }
+}
+
+fn or_unknown(v: &Value) -> String {
+    if v.is_null() {
+        "unknown".into()
+    } else {
+        number(v)
+    }
+}
+
+/// An RFC 3339 time to the second (`2026-12-01T06:24:28Z`), as `app.js`'s `when`: the
+/// fraction of a second is dropped, the zone kept.
+fn when(v: &Value) -> Option<String> {
+    let t = v.as_str()?;
+    let trimmed = t.find('.').and_then(|dot| {
+        let digits = t[dot + 1..].bytes().take_while(u8::is_ascii_digit).count();
+        (digits > 0).then(|| format!("{}{}", &t[..dot], &t[dot + 1 + digits..]))
+    });
+    Some(trimmed.unwrap_or_else(|| t.to_owned()))
+}
+
+fn or_none(v: &Value) -> String {
+    v.as_str().unwrap_or("none").to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Value {
+        serde_json::json!({
+            "status": "degraded", "gateway_state": "running", "version": "0.1.0", "pid": 7,
+            "drain": null,
+            "queues": {"requests": {"backlog": 12, "limit": 40, "consecutive_failures": 2,
+                "fail_closed": false, "last_read_ok_at": null, "fail_closed_enabled": true,
+                "streak_threshold": 3}},
+            "backends": {"primary": {"kind": "embedded", "breaker": "open", "next_trial_in_s": 4.3,
+                "sends_in_flight": 1, "max_in_flight": 256, "probe": null}},
+            "coordination": {"mode": "local", "ok": false, "since": null,
+                "last_error": "<script>alert(1)</script>"}
+        })
+    }
+
+    #[test]
+    fn open_mode_shows_the_snapshot_and_escapes_every_value() {
+        let html = page(Mode::Open, Some(&sample()), "now").into_string();
+        assert!(html.contains(r#"data-queue="requests""#));
+        assert!(html.contains(r#"<span class="big" data-field="backlog">12</span>"#));
+        assert!(html.contains(r#"data-field="limit">40<"#));
+        assert!(html.contains(r#"data-field="streak">2 of 3<"#));
+        assert!(html.contains("next trial in 4.3 s"));
+        assert!(!html.contains("<script>alert"), "{html}");
+        assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+        assert!(!html.contains("drain_rate"), "absent fields are not shown");
+        assert!(!html.contains("token-form"), "no token form in open mode");
+    }
+
+    #[test]
+    fn fields_added_to_the_health_body_show_when_present() {
+        let mut d = sample();
+        d["queues"]["requests"]["drain_rate_per_s"] = serde_json::json!(3.3);
+        d["queues"]["requests"]["refusing_until_backlog"] = serde_json::json!(30);
+        let html = page(Mode::Open, Some(&d), "now").into_string();
+        assert!(
+            html.contains(r#"data-field="drain_rate">3.3 messages/s<"#),
+            "{html}"
+        );
+        assert!(html.contains(r#"data-field="refusing_until_backlog">30<"#));
+    }
+
+    #[test]
+    fn times_are_shown_to_the_second() {
+        let t = |s: &str| when(&Value::from(s));
+        assert_eq!(
+            t("2026-12-01T06:24:28.536196966Z").unwrap(),
+            "2026-12-01T06:24:28Z"
+        );
+        assert_eq!(
+            t("2026-12-01T06:24:28.5+01:00").unwrap(),
+            "2026-12-01T06:24:28+01:00"
+        );
+        assert_eq!(t("2026-12-01T06:24:28Z").unwrap(), "2026-12-01T06:24:28Z");
+        assert_eq!(when(&Value::Null), None);
+    }
+
+    #[test]
+    fn with_keys_the_page_is_the_frame_and_the_form_only() {
+        let html = page(Mode::Keys, None, "now").into_string();
+        assert!(html.contains(r#"<label for="token">Observer token</label>"#));
+        assert!(html.contains(r#"type="password""#));
+        assert!(!html.contains("data-queue"));
+        assert!(html.contains(r#"aria-live="polite""#));
+        assert!(!html.contains("<script>"), "no inline script: {html}");
+        assert!(!html.contains("style="), "no inline style");
+    }
+}

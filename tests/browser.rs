@@ -1,0 +1,321 @@
+//! The status page (`GET /`) in a real browser: headless Chromium through chromedriver.
+//! Needs both (`scripts/ensure-chromium.sh` installs them; without them these tests fail,
+//! they never skip).
+//!
+//! `SENDGATE_SCREENSHOT=1` also writes `docs/console.png` (the README's picture); the normal
+//! run leaves the committed file alone.
+
+#[path = "support/browser.rs"]
+mod browser;
+#[allow(dead_code)] // only its fault switch is used here
+#[path = "support/faulty_backend.rs"]
+mod faulty_backend;
+#[path = "support/gateway.rs"]
+mod gateway;
+
+use sha2::{Digest, Sha256};
+
+use browser::Browser;
+use gateway::{settings_of, Gateway};
+
+/// The page's element for one field of `queue` on the primary.
+fn field(queue: &str, name: &str) -> String {
+    format!(r#"article[data-backend="primary"][data-queue="{queue}"] [data-field="{name}"]"#)
+}
+
+/// A gateway on the embedded backend in a temporary data directory, with `vars` on top.
+async fn gateway(vars: &[(&str, &str)]) -> (Gateway, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("a data directory");
+    let data = dir.path().display().to_string();
+    let settings = settings_of(&[&[("SENDGATE_DATA_DIR", data.as_str())], vars]);
+    (Gateway::start(settings).await, dir)
+}
+
+async fn send(app: &Gateway, n: usize) {
+    for _ in 0..n {
+        assert_eq!(app.send("requests", "{}").await.status(), 201);
+    }
+}
+
+#[tokio::test]
+async fn the_page_shows_the_backlog_and_ceiling_health_detailed_reports_and_follows_them() {
+    let (app, _dir) = gateway(&[("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "25")]).await;
+    send(&app, 4).await;
+    let browser = Browser::start().await;
+    browser.client.goto(&app.url("/")).await.unwrap();
+
+    let d = app.detailed().await;
+    let q = &d["queues"]["requests"];
+    assert_eq!(q["backlog"], 4);
+    let backlog = browser
+        .wait_text(&field("requests", "backlog"), "4", |t| t == "4")
+        .await;
+    assert_eq!(backlog, q["backlog"].to_string());
+    let limit = browser.text(&field("requests", "limit")).await.unwrap();
+    assert_eq!(limit, q["limit"].to_string());
+    assert_eq!(limit, "25");
+
+    // The script redraws from /health/detailed: more sends show up without a reload, and
+    // the chart (drawn only by the script) has its line.
+    send(&app, 3).await;
+    browser
+        .wait_text(&field("requests", "backlog"), "7", |t| t == "7")
+        .await;
+    assert_eq!(app.detailed().await["queues"]["requests"]["backlog"], 7);
+    browser
+        .wait_count(
+            r#"article[data-queue="requests"] svg.spark polyline.backlog"#,
+            1,
+        )
+        .await;
+    assert_eq!(
+        browser
+            .count(r#"article[data-queue="requests"] svg.spark line.ceiling"#)
+            .await,
+        1
+    );
+    assert_eq!(
+        browser.text(&field("requests", "refusing")).await.unwrap(),
+        "no"
+    );
+
+    if std::env::var_os("SENDGATE_SCREENSHOT").is_some_and(|v| v == "1") {
+        // A few more polls with the backlog moving, so the chart has a shape.
+        for n in [5, 3, 6] {
+            send(&app, n).await;
+            tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+        }
+        browser
+            .wait_text(&field("requests", "backlog"), "21", |t| t == "21")
+            .await;
+        let png = browser.client.screenshot().await.expect("a screenshot");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/console.png");
+        std::fs::write(path, png).expect("docs/console.png is written");
+    }
+    browser.close().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn without_javascript_the_page_still_shows_the_current_snapshot() {
+    let (app, _dir) = gateway(&[("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "25")]).await;
+    send(&app, 2).await;
+    let browser = Browser::without_javascript().await;
+    browser.client.goto(&app.url("/")).await.unwrap();
+    let d = app.detailed().await;
+    assert_eq!(
+        browser.text(&field("requests", "backlog")).await.unwrap(),
+        d["queues"]["requests"]["backlog"].to_string()
+    );
+    assert_eq!(
+        browser.text(&field("requests", "limit")).await.unwrap(),
+        "25"
+    );
+    let chart = browser.text(&field("requests", "chart")).await.unwrap();
+    assert!(chart.contains("drawn by the page's script"), "{chart}");
+    assert_eq!(browser.count("svg.spark").await, 0, "no script ran");
+    browser.close().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn with_the_admin_plane_failing_the_page_shows_the_streak_rise_then_refusing() {
+    let (app, _dir) = gateway(&[
+        ("SERVICEBUS_SEND_FAILCLOSED", "1"),
+        ("SERVICEBUS_SEND_FAILCLOSED_STREAK", "3"),
+        ("SENDGATE_DEPTH_TTL_MS", "0"),
+    ])
+    .await;
+    let browser = Browser::start().await;
+    browser.client.goto(&app.url("/")).await.unwrap();
+    let streak = field("requests", "streak");
+    browser
+        .wait_text(&streak, "0 of 3", |t| t == "0 of 3")
+        .await;
+    assert_eq!(
+        browser
+            .text(&field("requests", "fail_closed_enabled"))
+            .await
+            .unwrap(),
+        "on"
+    );
+    assert_eq!(
+        browser.text(&field("requests", "refusing")).await.unwrap(),
+        "no"
+    );
+
+    app.primary.fail_depth_reads(true);
+    // Below the threshold the gate fails open: the sends are queued, the streak rises.
+    send(&app, 1).await;
+    browser
+        .wait_text(&streak, "1 of 3", |t| t == "1 of 3")
+        .await;
+    send(&app, 1).await;
+    browser
+        .wait_text(&streak, "2 of 3", |t| t == "2 of 3")
+        .await;
+    assert_eq!(
+        browser.text(&field("requests", "refusing")).await.unwrap(),
+        "no"
+    );
+    let refused = app.send("requests", "{}").await;
+    assert_eq!(
+        refused.status(),
+        503,
+        "the third failed read closes the gate"
+    );
+    browser
+        .wait_text(&streak, "3 of 3", |t| t == "3 of 3")
+        .await;
+    let refusing = browser
+        .wait_text(&field("requests", "refusing"), "refusing", |t| {
+            t.contains("refusing")
+        })
+        .await;
+    assert!(refusing.starts_with("yes"), "{refusing}");
+    assert_eq!(
+        browser.text(&field("requests", "backlog")).await.unwrap(),
+        "unknown"
+    );
+    assert_eq!(
+        app.detailed().await["queues"]["requests"]["fail_closed"],
+        true,
+        "the page says what /health/detailed says"
+    );
+    browser.close().await;
+    app.stop().await;
+}
+
+fn key(name: &str, token: &str, role: &str) -> String {
+    format!(
+        "[[keys]]\nname = \"{name}\"\nsha256 = \"{}\"\nroles = [\"{role}\"]\nqueues = [\"*\"]\n",
+        hex::encode(Sha256::digest(token.as_bytes()))
+    )
+}
+
+#[tokio::test]
+async fn with_keys_on_a_wrong_token_shows_an_error_and_no_data_and_the_right_one_shows_data() {
+    let observer = format!("obs-{}", uuid::Uuid::new_v4().simple());
+    let sender = format!("snd-{}", uuid::Uuid::new_v4().simple());
+    let keys_dir = tempfile::tempdir().unwrap();
+    let keys = keys_dir.path().join("keys.toml");
+    std::fs::write(
+        &keys,
+        [
+            key("ops", &observer, "observer"),
+            key("app", &sender, "sender"),
+        ]
+        .concat(),
+    )
+    .unwrap();
+    let (app, _dir) = gateway(&[("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap())]).await;
+    let browser = Browser::start().await;
+    browser.client.goto(&app.url("/")).await.unwrap();
+
+    let form = fantoccini::Locator::Css("#token-form");
+    let input = fantoccini::Locator::Css("#token");
+    let submit = fantoccini::Locator::Css("#token-form button[type=submit]");
+    let stored = "return window.sessionStorage.getItem('sendgate.observerToken')";
+    let any_data = "article[data-queue]";
+
+    // The form is the script's (hidden without it): wait until it is shown.
+    let started = std::time::Instant::now();
+    while !browser
+        .client
+        .find(form)
+        .await
+        .unwrap()
+        .is_displayed()
+        .await
+        .unwrap()
+    {
+        assert!(started.elapsed() < std::time::Duration::from_secs(20));
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(browser.count(any_data).await, 0);
+    assert_eq!(
+        browser.text("label[for=token]").await.unwrap(),
+        "Observer token"
+    );
+
+    // An unknown token (401), then a token without the observer role (403): an error,
+    // no data, nothing kept.
+    for (wrong, status) in [("not-a-key", "401"), (sender.as_str(), "403")] {
+        browser
+            .client
+            .find(input)
+            .await
+            .unwrap()
+            .send_keys(wrong)
+            .await
+            .unwrap();
+        browser
+            .client
+            .find(submit)
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        let error = browser
+            .wait_text("#auth-error", status, |t| t.contains(status))
+            .await;
+        assert!(error.contains("refused"), "{error}");
+        assert_eq!(browser.count(any_data).await, 0, "no data after a {status}");
+        assert_eq!(browser.eval(stored).await, serde_json::Value::Null);
+    }
+
+    // The observer's token: data, and the token kept for this tab only.
+    browser
+        .client
+        .find(input)
+        .await
+        .unwrap()
+        .send_keys(&observer)
+        .await
+        .unwrap();
+    browser
+        .client
+        .find(submit)
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    browser
+        .wait_text(&field("requests", "limit"), "the ceiling", |t| t == "2000")
+        .await;
+    assert_eq!(browser.text("#auth-error").await.unwrap_or_default(), "");
+    assert_eq!(browser.eval(stored).await, observer.as_str());
+
+    // A reload keeps the tab's token: data again without asking.
+    browser.client.refresh().await.unwrap();
+    browser
+        .wait_text(&field("requests", "limit"), "the ceiling", |t| t == "2000")
+        .await;
+
+    // The token was never in a URL: not the page's, not any request's it made.
+    let url = browser.client.current_url().await.unwrap();
+    assert_eq!(url.as_str(), app.url("/"));
+    let requested = browser
+        .eval(
+            "return performance.getEntriesByType('navigation')
+                .concat(performance.getEntriesByType('resource'))
+                .map(function (e) { return e.name; })",
+        )
+        .await;
+    let requested: Vec<String> = serde_json::from_value(requested).unwrap();
+    assert!(
+        requested.iter().any(|u| u.ends_with("/health/detailed")),
+        "{requested:?}"
+    );
+    for u in &requested {
+        assert!(
+            !u.contains(&observer) && !u.contains(&sender) && !u.contains("not-a-key"),
+            "a token in {u}"
+        );
+        assert!(!u.contains('?'), "no query at all: {u}");
+    }
+    browser.close().await;
+    app.stop().await;
+}
