@@ -78,6 +78,15 @@ impl DrainEstimator {
     /// it (`before`, `after`: backlog plus the sends counted on top), `over` the time
     /// between the two reads.
     pub fn record(&mut self, before: u64, after: u64, over: Duration) {
+        if before == 0 {
+            // A queue that was empty shows how much there was to take, not how fast
+            // consumers take: idle consumers at an empty queue are not "no drain" (an idle
+            // spell would decay the rate to nothing, and the first refusals of the next burst
+            // would ask for the maximum). Such pairs are no samples. (A pair that ends empty
+            // is kept: what it took is a lower bound of the rate, the safe side.)
+            self.break_chain();
+            return;
+        }
         self.pending += i128::from(before) - i128::from(after);
         self.pending_for += over;
         if self.pending_for < self.span {
@@ -130,18 +139,26 @@ pub fn retry_after(
     max: Duration,
     unit: f64,
 ) -> Duration {
-    let Some(rate) = rate else {
-        return until_next_read;
-    };
     let one = Duration::from_secs(1);
     let max = max.max(one);
+    let Some(rate) = rate else {
+        return until_next_read.min(max);
+    };
     let need = backlog.saturating_sub(resume) as f64 / rate.per_second();
     let base = Duration::try_from_secs_f64(need)
         .unwrap_or(max)
         .max(until_next_read)
         .clamp(one, max);
-    let spread = 1.0 + JITTER * (2.0 * unit.clamp(0.0, 1.0) - 1.0);
-    base.mul_f64(spread).clamp(one, max)
+    // The header has whole seconds: the spread is drawn in whole seconds too, uniformly in
+    // [-k, +k] with k = 10 % of the estimate rounded, so it goes both ways around it
+    // (jittering a fraction and rounding up would only ever add). Under 5 s, k is 0: a
+    // second either way would be more than 10 %.
+    let whole = base.as_secs_f64().round().max(1.0) as u64;
+    let k = (whole as f64 * JITTER).round() as u64;
+    let choices = 2 * k + 1;
+    let pick = ((unit.clamp(0.0, 1.0) * choices as f64) as u64).min(choices - 1);
+    let jittered = (whole + pick).saturating_sub(k);
+    Duration::from_secs(jittered).clamp(one, max)
 }
 
 #[cfg(test)]
@@ -183,6 +200,95 @@ mod tests {
         assert_eq!(e.rate(), None);
         e.record(10, 10, secs(3));
         assert_eq!(e.rate().map(DrainRate::per_second), Some(1.25));
+    }
+
+    /// Review 15: a span in which the queue stayed empty shows how much there was to take,
+    /// not how fast consumers take: idle consumers at an empty queue are not "no drain".
+    /// Today such spans are samples of 0, so after an idle spell the rate has decayed to
+    /// next to nothing and the first refusals of a burst ask for `SENDGATE_RETRY_AFTER_MAX_S`
+    /// although the consumers take the backlog in seconds.
+    #[test]
+    fn spans_at_an_empty_queue_are_not_samples_of_zero_drain() {
+        let mut e = DrainEstimator::new(Duration::ZERO);
+        // Consumers took 10/s for 30 s...
+        for _ in 0..6 {
+            e.record(100, 50, secs(5));
+        }
+        // ...then the queue sat empty for 5 minutes (nothing to take)...
+        for _ in 0..60 {
+            e.record(0, 0, secs(5));
+        }
+        // ...and a burst filled it: the first refusal (ceiling 1000, resume 0.5) should
+        // still see consumers that take about 10/s, i.e. about 50 s, not the 300 s maximum.
+        let wait = retry_after(1000, 500, e.rate(), Duration::ZERO, secs(300), 0.5);
+        assert!(
+            wait <= secs(120),
+            "rate after an idle spell: {:?}, Retry-After {wait:?}",
+            e.rate()
+        );
+    }
+
+    /// Review 15 (a guard, passes today): a consumer that stopped leaves the queue full and
+    /// every sample 0. The smoothed rate decays towards 0 and `Retry-After` must stay at the
+    /// maximum however long the stall: were the rate ever to reach exactly 0.0, `rate()`
+    /// would turn `None` and the answer drop to "until the next read" (1 s). Today the
+    /// decay sticks at a subnormal (the step rounds to 0 first), which this pins down.
+    #[test]
+    fn a_consumer_stopped_for_hours_is_never_answered_with_one_second() {
+        let mut e = DrainEstimator::new(Duration::ZERO);
+        e.record(200, 100, secs(5)); // 20/s, then the consumer dies
+                                     // One hour in, the answer is the maximum (the rate is ~e^-120 of 20/s)...
+        for _ in 0..720 {
+            e.record(100, 100, secs(5));
+        }
+        assert_eq!(
+            retry_after(100, 50, e.rate(), secs(1), secs(300), 0.5),
+            secs(300)
+        );
+        // ...and must stay so while nothing is taken (here up to ~7 h).
+        let mut worst = Duration::MAX;
+        for _ in 0..4_300 {
+            e.record(100, 100, secs(5));
+            let wait = retry_after(100, 50, e.rate(), secs(1), secs(300), 0.5);
+            worst = worst.min(wait);
+        }
+        assert!(
+            worst >= secs(300),
+            "after a long stall Retry-After fell to {worst:?} (rate {:?})",
+            e.rate()
+        );
+    }
+
+    /// Review 15: the ±10 % jitter is applied to a fractional `Duration` that the header then
+    /// rounds *up* to whole seconds, so the spread is one-sided: a 10 s answer is 10 or 11,
+    /// never 9; a 1 s answer is 1 or 2 (observed live: `Retry-After` alternating 1/2 at a
+    /// steady backlog). Contract section 2 promises ±10 % around the estimate.
+    #[test]
+    fn the_header_spreads_both_ways_around_the_estimate() {
+        use crate::http::errors::whole_seconds;
+        let r = Some(DrainRate(1.0));
+        let headers: Vec<u64> = (0..100)
+            .map(|i| {
+                let unit = f64::from(i) / 100.0;
+                whole_seconds(retry_after(110, 100, r, Duration::ZERO, secs(300), unit))
+            })
+            .collect();
+        let below = headers.iter().filter(|&&h| h < 10).count();
+        let above = headers.iter().filter(|&&h| h > 10).count();
+        assert!(
+            below >= 30 && above >= 30,
+            "{below} answers below 10 s, {above} above: {headers:?}"
+        );
+        let at_one: Vec<u64> = (0..100)
+            .map(|i| {
+                let unit = f64::from(i) / 100.0;
+                whole_seconds(retry_after(100, 99, r, Duration::ZERO, secs(300), unit))
+            })
+            .collect();
+        assert!(
+            at_one.iter().all(|&h| h == 1),
+            "a 1 s estimate doubled by rounding: {at_one:?}"
+        );
     }
 
     #[test]

@@ -62,7 +62,7 @@ pub enum Problem {
     PayloadTooLarge { limit: usize },
     #[error("The request is not valid.")]
     InvalidRequest { errors: Vec<FieldError> },
-    #[error("The queue holds {backlog} messages, at or over its ceiling of {limit}.")]
+    #[error("The queue holds {backlog} messages against its ceiling of {limit}; sends resume once consumers take it down.")]
     QueueFull {
         backlog: u64,
         limit: u64,
@@ -361,6 +361,22 @@ impl ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Review 15: with `SENDGATE_RESUME_BELOW` under 1 a queue refuses below its ceiling
+    /// (observed live: backlog 92, ceiling 100, resume level 50), and the 429's message then
+    /// says "The queue holds 92 messages, at or over its ceiling of 100" — false, and the
+    /// body has no field that says why (the resume level is only on `/health/detailed`).
+    #[test]
+    fn a_refusal_under_the_ceiling_does_not_claim_to_be_over_it() {
+        let p = Problem::QueueFull {
+            backlog: 92,
+            limit: 100,
+            retry_after: Duration::from_secs(21),
+            drain_rate: None,
+        };
+        let text = p.to_string();
+        assert!(!text.contains("at or over"), "{text}");
+    }
 
     #[test]
     fn retry_after_rounds_up_and_is_at_least_one() {

@@ -70,7 +70,7 @@ enum Taken {
         (status = 409, description = "`queue_disabled` at the broker.", body = ErrorBody),
         (status = 413, description = "`payload_too_large`, with `limit_bytes`.", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`: not `application/json`.", body = ErrorBody),
-        (status = 429, description = "`queue_full`: the backlog is at or over its ceiling (`backlog`, `limit`, `retry_after_s`: the header's value, `drain_rate_per_s`: the measured drain rate or null).", body = ErrorBody,
+        (status = 429, description = "`queue_full`: the backlog is at or over its ceiling, or, with `SENDGATE_RESUME_BELOW`, not yet back at the resume level (`backlog`, `limit`, `retry_after_s`: the header's value, `drain_rate_per_s`: the measured drain rate or null).", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Whole seconds to wait, at least 1."))),
         (status = 502, description = "`backend_auth_failed`, or `send_failed` (with `outcome: unknown` and `message_id` when the broker may hold the message).", body = ErrorBody,
             headers(("X-Sendgate-Backend" = String, description = "The backend the send went to."))),

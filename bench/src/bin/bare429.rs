@@ -30,7 +30,7 @@ async fn send(_queue: web::Path<String>, body: web::Bytes) -> HttpResponse {
             .insert_header((RETRY_AFTER, 1))
             .json(QueueFull {
                 code: "queue_full",
-                message: "The queue holds 10 messages, at or over its ceiling of 1.",
+                message: "The queue holds 10 messages against its ceiling of 1; sends resume once consumers take it down.",
                 request_id: "00000000-0000-4000-8000-000000000000",
                 backlog: 10,
                 limit: 1,
