@@ -341,7 +341,9 @@ impl FleetSeat {
         Ok(match reservation {
             Reservation::Granted { granted, read } => {
                 Self::see(&mut state, read, now);
-                state.refusing = false;
+                // `refusing` is left as it is: only the estimate back at the resume level
+                // ends it (`still_refusing`, before this send asked). A grant that was on its
+                // way while another send's "full" arrived must not end it (review finding).
                 let rest = granted.saturating_sub(1);
                 if state.left > 0 && now < state.use_until {
                     // Another send's grant arrived first and is being handed out: this one's
