@@ -246,6 +246,33 @@ mod tests {
     use super::*;
 
     #[tokio::test(start_paused = true)]
+    async fn started_waits_while_starting_and_returns_once_running() {
+        let life = Lifecycle::new();
+        let waiter = {
+            let life = life.clone();
+            tokio::spawn(async move { life.started().await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!waiter.is_finished(), "returned while still starting");
+        life.set_running();
+        tokio::time::timeout(Duration::from_secs(1), waiter)
+            .await
+            .expect("started() returns once running")
+            .unwrap();
+    }
+
+    #[test]
+    fn stopped_is_final_no_send_is_admitted_and_no_drain_begins() {
+        let life = Lifecycle::new();
+        life.set_running();
+        life.set_stopped();
+        assert_eq!(life.state(), GatewayState::Stopped);
+        assert!(life.admit_send().is_err());
+        assert!(!life.begin_drain(Duration::from_secs(30)));
+        assert_eq!(life.state(), GatewayState::Stopped);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn states_follow_the_contract_and_drains_announce_their_window() {
         let life = Lifecycle::new();
         assert_eq!(life.state(), GatewayState::Starting);
