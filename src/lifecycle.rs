@@ -261,6 +261,23 @@ mod tests {
             .unwrap();
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn drain_started_waits_while_running_and_returns_once_a_drain_begins() {
+        let life = Lifecycle::new();
+        life.set_running();
+        let waiter = {
+            let life = life.clone();
+            tokio::spawn(async move { life.drain_started().await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!waiter.is_finished(), "returned while running");
+        assert!(life.begin_drain(Duration::from_secs(30)));
+        tokio::time::timeout(Duration::from_secs(1), waiter)
+            .await
+            .expect("drain_started() returns once draining")
+            .unwrap();
+    }
+
     #[test]
     fn stopped_is_final_no_send_is_admitted_and_no_drain_begins() {
         let life = Lifecycle::new();
