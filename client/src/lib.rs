@@ -166,7 +166,8 @@ pub enum AttemptError {
     /// the gateway's JSON.
     #[error("{status} {}", code_label(*status, code.as_ref()))]
     Status { status: u16, code: Option<AnyCode> },
-    /// No HTTP answer: whether the message was stored is unknown.
+    /// No HTTP answer: whether the message was stored is unknown (or, when the gateway
+    /// could not be reached until the deadline, known not to be).
     #[error("transport error: {0}")]
     Transport(String),
     /// The deadline passed while the gateway was still draining or starting.
@@ -268,13 +269,14 @@ impl fmt::Display for SendOutcome {
 pub struct ClientStats {
     /// `GET /health/detailed` calls.
     pub probes: u64,
-    /// `POST` attempts, first attempts and retries alike.
+    /// `POST` attempts, first attempts and retries alike; a connection refused before the
+    /// request was sent is not one (it shows as a deferral).
     pub requests: u64,
     /// Retries granted by the budget.
     pub retries: u64,
     /// Retries the budget refused.
     pub budget_refusals: u64,
-    /// Waits for a draining or starting gateway.
+    /// Waits for a draining, starting or unreachable gateway.
     pub deferrals: u64,
     /// The token may not read `/health/detailed` (a 403), so drains are only learnt from
     /// the sends' own `503 draining`.
@@ -354,8 +356,9 @@ impl Client {
     /// Send one message (`body`: a JSON value; the gateway validates it) to `queue`.
     ///
     /// Every attempt carries the same `Idempotency-Key`: `idempotency_key`, or a UUID made
-    /// here when it is `None`. While the gateway drains, the send waits (no attempt, no
-    /// retry spent) until the drain is over or the deadline passes.
+    /// here when it is `None`. While the gateway drains, starts or cannot be connected to,
+    /// the send waits (no attempt, no retry spent) until that is over or the deadline
+    /// passes.
     pub async fn send(
         &self,
         queue: &str,
@@ -409,6 +412,13 @@ impl Client {
                 }
                 continue;
             }
+            // Nothing listening (a restart's gap): the request never left, nothing was
+            // stored, so this is a wait like `starting`, not a failed attempt.
+            if let Err(transport::TransportError::Connect(why)) = &answer {
+                tries.last_error = Some(AttemptError::Transport(why.clone()));
+                self.inner.lifecycle.observe_unreachable();
+                continue;
+            }
             let retry_after = match tries.judge(answer, key) {
                 Judged::Final(outcome) => return outcome,
                 Judged::Retry { retry_after } => retry_after,
@@ -420,8 +430,8 @@ impl Client {
         }
     }
 
-    /// Wait while the gateway is draining or starting; a deadline passed while waiting
-    /// ends the send. The probe never ends it otherwise: whatever it failed with, the
+    /// Wait while the gateway is draining, starting or unreachable; a deadline passed
+    /// while waiting ends the send. The probe never ends it otherwise: whatever it failed with, the
     /// send's own answer decides.
     async fn wait_until_admitting(
         &self,
@@ -459,6 +469,31 @@ impl Client {
                     );
                     tokio::time::sleep_until(wake).await;
                 }
+                Verdict::Unreachable { until } => {
+                    let now = Instant::now();
+                    if now >= deadline.at {
+                        return Err(SendOutcome::Failed {
+                            last_error: tries.last_error.clone().unwrap_or_else(|| {
+                                AttemptError::Transport("the gateway was unreachable".into())
+                            }),
+                            attempts: tries.attempts,
+                            gave_up: GaveUp::Deadline,
+                        });
+                    }
+                    self.inner.deferrals.fetch_add(1, Ordering::Relaxed);
+                    // Every send that met the closed port wakes a little apart.
+                    let wake = until
+                        .checked_add(self.inner.backoff.jitter(rand::random()))
+                        .unwrap_or(until)
+                        .min(deadline.at);
+                    tracing::info!(
+                        event = "client_deferred",
+                        wait_ms = u64::try_from((wake - now).as_millis()).unwrap_or(u64::MAX),
+                        reason = "unreachable",
+                        "the gateway cannot be connected to: waiting before sending"
+                    );
+                    tokio::time::sleep_until(wake).await;
+                }
                 Verdict::Go => return Ok(()),
             }
         }
@@ -473,11 +508,15 @@ impl Client {
     ) -> Result<transport::Answer, transport::TransportError> {
         // The permit is held for the exchange only, never across a wait.
         let _permit = self.inner.on_the_wire.acquire().await;
-        self.inner.requests.fetch_add(1, Ordering::Relaxed);
-        self.inner
+        let answer = self
+            .inner
             .transport
             .post(queue.as_str(), body.clone(), key.as_str())
-            .await
+            .await;
+        if !matches!(answer, Err(transport::TransportError::Connect(_))) {
+            self.inner.requests.fetch_add(1, Ordering::Relaxed);
+        }
+        answer
     }
 
     /// When the next attempt may go, if the backoff, the deadline and the shared retry
@@ -563,7 +602,7 @@ impl Tries {
             Ok(a) => a,
             Err(e) => {
                 self.attempts += 1;
-                self.last_error = Some(AttemptError::Transport(e.0));
+                self.last_error = Some(AttemptError::Transport(e.to_string()));
                 return Judged::Retry { retry_after: None };
             }
         };

@@ -1,10 +1,11 @@
 //! The lifecycle probe: may a send go now, or is the gateway draining (or starting) so
 //! the producer should wait instead of spending its retries against it?
 //!
-//! One verdict is cached for `ttl` (5 s) and shared by every concurrent send of a client,
-//! and only one probe is ever in flight (single-flight): callers that find the verdict
-//! stale queue on an async mutex, the first one probes, and the rest find its fresh
-//! verdict when their turn comes. A burst of 1,000 sends therefore costs one probe.
+//! One verdict is cached for `ttl` (5 s; a waiting one for about a second, see below) and
+//! shared by every concurrent send of a client, and only one probe is ever in flight
+//! (single-flight): callers that find the verdict stale queue on an async mutex, the
+//! first one probes, and the rest find its fresh verdict when their turn comes. A burst
+//! of 1,000 sends therefore costs one probe.
 //!
 //! The probe is advisory: any error (transport, timeout, 5xx, a body that does not parse,
 //! a 401) reads as "not draining", and the send's own answer stays authoritative — the
@@ -16,12 +17,19 @@
 //! the sends go ahead; a `503 draining` from a send still makes the client wait
 //! ([`LifecycleProbe::observe_defer`]).
 //!
-//! States: `running` → go. `draining` → wait `drain.remaining_s` (the window left; the
-//! drain may end sooner), at most `ttl`, then probe again. `starting` → wait briefly (1 s,
+//! States: `running` → go. `draining` → wait `drain.remaining_s` (the window left), at
+//! most 1 s, then probe again: the window is an upper bound (an idle drain ends after its
+//! linger, and the restarted gateway runs a second later), so the end of a drain is
+//! noticed within about a second rather than after a cached `ttl`; still one probe at a
+//! time, so at most about one `GET` a second per client. `starting` → wait briefly (1 s,
 //! the gateway's own `Retry-After` while starting; starting lasts a few seconds at most)
 //! and probe again. `stopped` → the process is about to exit; wait 1 s like starting, as
 //! the next one is probably on its way. A state this version does not know is an unusable
 //! answer (the transport says so), and reads as go.
+//!
+//! A send that could not connect at all (nothing listening: the gap of a restart on the
+//! same port) stored nothing: [`LifecycleProbe::observe_unreachable`] makes every send
+//! wait briefly, like `starting`, and then probe again.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -37,7 +45,8 @@ use super::transport::{ProbeAnswer, Transport};
 /// Shortest wait before asking again, so a drain announced with 0.01 s left does not
 /// turn into a busy loop of probes.
 const MIN_DEFER: Duration = Duration::from_millis(250);
-/// How long `starting` and `stopped` defer before the next probe.
+/// How long `starting`, `stopped` and an unreachable gateway defer before the next probe,
+/// and the longest a `draining` verdict is kept: a drain's end is noticed this soon.
 const BRIEF_DEFER: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,12 +56,14 @@ pub enum Verdict {
     /// Wait until `until`, then ask again; `state` is what the gateway said.
     /// `drain_ends` is when the drain window announced by the gateway closes (its
     /// `remaining_s`, or a `503 draining`'s `Retry-After`): a send's deadline follows it.
-    /// The drain may end sooner; `until` is capped by the ttl so that is noticed.
+    /// The drain may end sooner; `until` is at most 1 s away so that is noticed.
     Defer {
         until: Instant,
         state: GatewayState,
         drain_ends: Option<Instant>,
     },
+    /// A send could not connect (nothing stored): wait until `until`, then ask again.
+    Unreachable { until: Instant },
 }
 
 #[derive(Debug, Clone)]
@@ -169,9 +180,23 @@ impl LifecycleProbe {
         verdict
     }
 
+    /// A send could not connect: nothing listens (a restart's gap). Every send waits
+    /// BRIEF_DEFER (at most the ttl) and then probes again, instead of spending its
+    /// attempts on a closed port. Returns the verdict, like [`Self::observe_defer`].
+    pub fn observe_unreachable(&self) -> Verdict {
+        let until = Instant::now() + BRIEF_DEFER.min(self.ttl);
+        let verdict = Verdict::Unreachable { until };
+        *self.cached.lock() = Some(Cached {
+            verdict: verdict.clone(),
+            expires: until,
+        });
+        verdict
+    }
+
     /// Wait for the time announced (a drain's time left, a `Retry-After`; BRIEF_DEFER
-    /// without one), at least MIN_DEFER and at most the ttl. Only a drain's announcement
-    /// is a drain end the send's deadline may follow.
+    /// without one), at least MIN_DEFER and at most the ttl; a drain at most BRIEF_DEFER,
+    /// as it may end long before its window does. Only a drain's announcement is a drain
+    /// end the send's deadline may follow.
     fn defer(
         &self,
         now: Instant,
@@ -179,12 +204,12 @@ impl LifecycleProbe {
         state: GatewayState,
     ) -> (Verdict, Instant) {
         let announced = announced.map(|a| a.min(MAX_RETRY_AFTER));
+        let longest = match state {
+            GatewayState::Draining => self.ttl.min(BRIEF_DEFER),
+            _ => self.ttl,
+        };
         // Not `clamp`: it panics when the caller's ttl is below MIN_DEFER.
-        let until = now
-            + announced
-                .unwrap_or(BRIEF_DEFER)
-                .max(MIN_DEFER)
-                .min(self.ttl);
+        let until = now + announced.unwrap_or(BRIEF_DEFER).max(MIN_DEFER).min(longest);
         let drain_ends = match state {
             GatewayState::Draining => announced.map(|a| now + a),
             _ => None,
@@ -236,7 +261,7 @@ mod tests {
     #[async_trait]
     impl Transport for Scripted {
         async fn post(&self, _: &str, _: Bytes, _: &str) -> Result<Answer, TransportError> {
-            Err(TransportError("not in this test".into()))
+            Err(TransportError::Unknown("not in this test".into()))
         }
 
         async fn probe(&self) -> ProbeAnswer {
@@ -303,10 +328,10 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_draining_gateway_defers_for_the_window_left_but_at_most_the_ttl() {
+    async fn a_draining_gateway_defers_for_the_window_left_but_at_most_a_second() {
         let t = Scripted::new(
             vec![
-                state(GatewayState::Draining, Some(2.5)),
+                state(GatewayState::Draining, Some(0.5)),
                 state(GatewayState::Draining, Some(40.0)),
                 state(GatewayState::Draining, None),
                 state(GatewayState::Running, None),
@@ -319,7 +344,7 @@ mod tests {
             panic!("draining defers")
         };
         assert_eq!(state, GatewayState::Draining);
-        assert_eq!(until - start, Duration::from_millis(2500));
+        assert_eq!(until - start, Duration::from_millis(500));
         // Everyone asking before then gets the same verdict without a probe.
         assert!(matches!(probe.verdict().await, Verdict::Defer { .. }));
         assert_eq!(probe.probes(), 1);
@@ -330,8 +355,8 @@ mod tests {
         };
         assert_eq!(
             until - Instant::now(),
-            Duration::from_secs(5),
-            "capped at the ttl"
+            BRIEF_DEFER,
+            "the window is an upper bound: asked again within a second"
         );
         tokio::time::sleep_until(until).await;
         let Verdict::Defer { until, .. } = probe.verdict().await else {
@@ -459,7 +484,7 @@ mod tests {
         else {
             panic!("draining defers")
         };
-        assert_eq!(until - now, Duration::from_secs(5), "waits at most the ttl");
+        assert_eq!(until - now, BRIEF_DEFER, "asks again within a second");
         assert_eq!(drain_ends, Some(now + Duration::from_secs(400)));
         let Verdict::Defer { drain_ends, .. } =
             probe.observe_defer(GatewayState::Draining, Some(Duration::from_secs(90)))
@@ -476,6 +501,28 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn an_unreachable_gateway_makes_every_send_wait_a_second_then_probe_again() {
+        let t = Scripted::new(vec![state(GatewayState::Running, None)], Duration::ZERO);
+        let probe = probe_of(&t);
+        assert_eq!(probe.verdict().await, Verdict::Go);
+        let now = Instant::now();
+        let seen = probe.observe_unreachable();
+        assert_eq!(
+            seen,
+            Verdict::Unreachable {
+                until: now + BRIEF_DEFER
+            }
+        );
+        // Shared without a probe, though the earlier "go" was cached for 5 s...
+        assert_eq!(probe.verdict().await, seen);
+        assert_eq!(probe.probes(), 1);
+        // ...and asked again once the brief wait is over.
+        tokio::time::advance(BRIEF_DEFER).await;
+        assert_eq!(probe.verdict().await, Verdict::Go);
+        assert_eq!(probe.probes(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_send_that_meets_a_drain_makes_every_send_wait_without_a_probe() {
         let t = Scripted::new(vec![state(GatewayState::Running, None)], Duration::ZERO);
         let probe = probe_of(&t);
@@ -485,10 +532,7 @@ mod tests {
         let Verdict::Defer { until, state, .. } = probe.verdict().await else {
             panic!()
         };
-        assert_eq!(
-            (until - now, state),
-            (Duration::from_secs(5), GatewayState::Draining)
-        );
+        assert_eq!((until - now, state), (BRIEF_DEFER, GatewayState::Draining));
         assert_eq!(probe.probes(), 1);
     }
 }

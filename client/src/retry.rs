@@ -85,6 +85,20 @@ impl Backoff {
     }
 }
 
+impl Backoff {
+    /// The client's small jitter on a wait it did not choose (an unreachable gateway):
+    /// a uniform pick in `[0, min(cap, base)]`, the first retry's, so the sends that met
+    /// the same closed port do not all come back in the same instant.
+    pub fn jitter(&self, unit: f64) -> Duration {
+        let unit = if unit.is_finite() {
+            unit.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        self.base.min(self.cap).mul_f64(unit)
+    }
+}
+
 /// The retry budget's knobs, after Finagle's `RetryBudget` and linkerd's `retry_budget`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BudgetConfig {

@@ -42,11 +42,31 @@ impl Answer {
     }
 }
 
-/// No HTTP answer at all: the connection failed, was cut, or the request timed out.
-/// Whether the message was stored is unknown, so it is retried with the same key.
+/// No HTTP answer at all.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct TransportError(pub String);
+pub enum TransportError {
+    /// The request never reached a server (connection refused, reset or timed out while
+    /// connecting): nothing was stored. A restart's gap on the same port looks like this,
+    /// so the send waits and asks again instead of spending an attempt.
+    #[error("{0}")]
+    Connect(String),
+    /// The connection was cut or the request timed out after it was sent: whether the
+    /// message was stored is unknown, so it is retried with the same key.
+    #[error("{0}")]
+    Unknown(String),
+}
+
+impl TransportError {
+    fn of(e: &reqwest::Error) -> Self {
+        // reqwest marks an error from the connector (TCP connect, TLS handshake, the
+        // connect timeout) as `is_connect`: no byte of the request was written then.
+        if e.is_connect() {
+            Self::Connect(describe(e))
+        } else {
+            Self::Unknown(describe(e))
+        }
+    }
+}
 
 /// What `/health/detailed` said.
 #[derive(Debug, Clone, PartialEq)]
@@ -177,7 +197,7 @@ impl Transport for HttpTransport {
             .with_auth(req)
             .send()
             .await
-            .map_err(|e| TransportError(describe(&e)))?;
+            .map_err(|e| TransportError::of(&e))?;
         let status = response.status().as_u16();
         let retry_after = response
             .headers()

@@ -69,7 +69,12 @@ async fn a_drain_announced_on_the_probe_is_waited_out_and_every_message_lands_on
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let stats = client.stats();
     assert_eq!(stats.requests, 0, "no send against a draining gateway");
-    assert_eq!(stats.probes, 1, "one probe for 40 sends");
+    // Asked again every second while draining (its end is noticed that soon), but by one
+    // probe for all 40 sends.
+    assert!(
+        (1..=2).contains(&stats.probes),
+        "one probe a second for 40 sends: {stats:?}"
+    );
     assert!(sends.iter().all(|s| !s.is_finished()), "still waiting");
 
     // The old process ends its drain and exits; a new one takes the same port and data.
