@@ -20,7 +20,7 @@ use redis_support::{cli, ensure_redis, keys_and_ttls, settings, unique_prefix, C
 use sendgate::config::BackendKind;
 use sendgate::coordination::entra::REDIS_SCOPE;
 use sendgate::coordination::ledger::{
-    Ledger, LedgerError, QueueKeys, ReadOutcome, Reservation, SharedRead, SharedState, IDLE,
+    Ledger, LedgerError, QueueKeys, ReadOutcome, Reservation, Settle, SharedRead, SharedState, IDLE,
 };
 use sendgate::domain::QueueName;
 use sendgate::entra::{CredentialChain, EntraCredential};
@@ -179,6 +179,42 @@ async fn grants_shrink_as_the_room_shrinks_down_to_one() {
         grants.iter().filter(|&&g| g == 1).count() >= 8,
         "the last eight units go one by one: {grants:?}"
     );
+}
+
+#[tokio::test]
+async fn one_batch_settles_every_block_it_names_at_once() {
+    let f = fixture().await;
+    publish_ok(&f, 0).await;
+    for id in ["a", "b", "c"] {
+        granted(
+            f.ledger
+                .reserve(&f.keys, id, 4, 100, 1, LONG)
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(f.ledger.shared_read(&f.keys).await.unwrap().reserved, 12);
+    f.ledger
+        .settle_batch(
+            &f.keys,
+            &[
+                Settle::new("a", 4, 0),    // used up, all stored: the block leaves
+                Settle::new("b", 1, 2),    // one stored, two not: one unit left
+                Settle::new("gone", 5, 0), // an id Redis no longer holds: stored counts, takes nothing
+            ],
+        )
+        .await
+        .unwrap();
+    let read = f.ledger.shared_read(&f.keys).await.unwrap();
+    assert_eq!(
+        (read.reserved, read.since_read),
+        (12 - 4 - 3, 4 + 1 + 5),
+        "reserved = b's last unit + c's four; since_read = every stored send"
+    );
+    let blocks = cli(&["ZCARD", f.keys.all()[3]]);
+    assert_eq!(blocks.trim(), "2", "block a, used up, left the blocks");
+    // An empty batch is no call (and no error).
+    f.ledger.settle_batch(&f.keys, &[]).await.unwrap();
 }
 
 #[tokio::test]
@@ -1247,6 +1283,56 @@ mod seat {
         let took = started.elapsed();
         assert!(took < Duration::from_secs(2), "60 sends took {took:?}");
         assert!(s.fleet.joined());
+    }
+
+    #[tokio::test]
+    async fn grants_that_arrive_together_are_all_handed_out_before_another_is_asked_for() {
+        let s = setup(Fault::Pass).await;
+        joined(&s.fleet, true).await;
+        let backend: Arc<dyn Backend> = Arc::new(Depth(AtomicU64::new(0)));
+        let seat = FleetSeat::new(
+            s.fleet.clone(),
+            s.keys.clone(),
+            QueueName::parse("q").unwrap(),
+            policy(100_000, Duration::from_secs(60)),
+            Duration::from_secs(5),
+        );
+        block(seat.admit(&backend).await.unwrap()); // the first read, and a first block
+        let blocks = || cli(&["ZCARD", s.keys.all()[3]]).parse::<u64>().unwrap();
+        let first = blocks();
+        // Use the first block up, then 8 sends at once find none: each reserves one (a
+        // slow Redis keeps them all in flight together).
+        for _ in 1..32 {
+            block(seat.admit(&backend).await.unwrap());
+        }
+        assert_eq!(blocks(), first, "31 more sends came from the first block");
+        s.proxy.set(Fault::Delay(Duration::from_millis(25)));
+        let together: Vec<_> = (0..8)
+            .map(|_| {
+                let (seat, backend) = (seat.clone(), backend.clone());
+                tokio::spawn(async move { seat.admit(&backend).await })
+            })
+            .collect();
+        for send in together {
+            block(send.await.unwrap().unwrap());
+        }
+        s.proxy.set(Fault::Pass);
+        let granted = blocks() - first;
+        assert!(
+            granted > 1,
+            "the test needs grants that overlap ({granted})"
+        );
+        // Every grant's rest (31 each) is handed out before the next reservation.
+        for _ in 0..granted * 31 {
+            block(seat.admit(&backend).await.unwrap());
+        }
+        assert_eq!(
+            blocks() - first,
+            granted,
+            "a grant that arrived beside another was given back instead of used"
+        );
+        block(seat.admit(&backend).await.unwrap());
+        assert_eq!(blocks() - first, granted + 1, "then the next block");
     }
 
     #[tokio::test]

@@ -23,7 +23,7 @@
 //! Every call here may fail with a [`LedgerError`]: the caller then falls back to the local
 //! gate for that send, and the fleet status to local mode.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -36,7 +36,7 @@ use crate::backend::{Backend, DepthError};
 use crate::config::Fraction;
 use crate::coordination::fleet::{Fleet, REJOIN_EVERY};
 use crate::coordination::ledger::{
-    LedgerError, QueueKeys, ReadOutcome, Reservation, SharedRead, SharedState,
+    LedgerError, QueueKeys, ReadOutcome, Reservation, Settle, SharedRead, SharedState,
 };
 use crate::domain::QueueName;
 
@@ -72,12 +72,21 @@ pub enum Held {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct BlockTurn(u64);
 
-struct SeatState {
-    /// Headroom of the block not yet handed out, and until when it may be.
+/// A block granted to this replica, being handed out.
+struct Block {
+    turn: u64,
+    /// Headroom not yet handed out, and until when it may be.
     left: u64,
     use_until: Instant,
-    /// The block `left` comes from, and the last turn given to a reservation.
-    turn: u64,
+}
+
+struct SeatState {
+    /// Blocks being handed out, oldest first. Sends that found none at the same moment each
+    /// reserve one, and every grant is kept (handing out the oldest first), so concurrent
+    /// reservations cost no extra round trips. Bounded: a block leaves once used up or past
+    /// its use, and a new one is asked for only when none is usable.
+    blocks: VecDeque<Block>,
+    /// The last turn given to a reservation.
     turns: u64,
     /// The fleet's read as last seen, and when (local clock).
     last: Option<(SharedRead, Instant)>,
@@ -148,9 +157,7 @@ impl FleetSeat {
             queue,
             block_lease,
             state: Mutex::new(SeatState {
-                left: 0,
-                use_until: Instant::now(),
-                turn: 0,
+                blocks: VecDeque::new(),
                 turns: 0,
                 last: None,
                 pending_blocks: BTreeMap::new(),
@@ -246,7 +253,7 @@ impl FleetSeat {
     pub fn fall_back(&self, error: &LedgerError) {
         self.fleet.fall_back(error);
         let mut state = self.state.lock();
-        state.left = 0;
+        state.blocks.clear();
         state.last = None;
     }
 
@@ -267,9 +274,13 @@ impl FleetSeat {
             // lease ends, whatever the age of the read it was granted on: use it first (a
             // stale read is refreshed in the background). Asking Redis instead would count
             // this replica's own unused block against it and refuse a send the fleet has room for.
-            if state.left > 0 && now < state.use_until {
-                state.left -= 1;
-                let turn = BlockTurn(state.turn);
+            if let Some(block) = state
+                .blocks
+                .iter_mut()
+                .find(|b| b.left > 0 && now < b.use_until)
+            {
+                block.left -= 1;
+                let turn = BlockTurn(block.turn);
                 // Within the lead of the TTL, or past it: one read in the background
                 // (throttled, so a flood of sends spawns no flood of reads).
                 let ahead = self.ahead_due(&mut state, age, now);
@@ -291,11 +302,13 @@ impl FleetSeat {
             let ahead = fresh && self.ahead_due(&mut state, age, now);
             // The block's use is over: what it did not hand out goes back now (else with
             // its lease).
-            let leftover = if now >= state.use_until && state.left > 0 {
-                Some((state.turn, std::mem::take(&mut state.left)))
-            } else {
-                None
-            };
+            let mut leftover = Vec::new();
+            state.blocks.retain(|b| {
+                if b.left > 0 && now >= b.use_until {
+                    leftover.push((b.turn, b.left));
+                }
+                b.left > 0 && now < b.use_until
+            });
             (fresh, ahead, leftover)
         };
         if !fresh {
@@ -303,24 +316,14 @@ impl FleetSeat {
         }
         self.spawn_ahead(ahead, backend);
         let refused = self.still_refusing(&mut self.state.lock(), Instant::now());
+        self.release_leftover(&leftover).await?;
         if let Some(refusal) = refused {
-            if let Some((turn, left)) = leftover {
-                self.fleet
-                    .ledger()
-                    .release(&self.keys, &self.block_id(turn), left)
-                    .await?;
-            }
             return Ok(Err(refusal));
         }
         let ledger = self.fleet.ledger();
         // The block is handed out for its use from when it was asked for, which is before
         // its lease began in Redis, however late the answer.
         let asked = Instant::now();
-        if let Some((turn, left)) = leftover {
-            ledger
-                .release(&self.keys, &self.block_id(turn), left)
-                .await?;
-        }
         let turn = {
             let mut state = self.state.lock();
             state.turns += 1;
@@ -345,20 +348,12 @@ impl FleetSeat {
                 // ends it (`still_refusing`, before this send asked). A grant that was on its
                 // way while another send's "full" arrived must not end it (review finding).
                 let rest = granted.saturating_sub(1);
-                if state.left > 0 && now < state.use_until {
-                    // Another send's grant arrived first and is being handed out: this one's
-                    // rest goes back at once (its lease would return it too, later).
-                    drop(state);
-                    if rest > 0 {
-                        let (seat, id) = (Arc::clone(self), self.block_id(turn));
-                        tokio::spawn(async move {
-                            let _ = seat.fleet.ledger().release(&seat.keys, &id, rest).await;
-                        });
-                    }
-                } else {
-                    state.turn = turn;
-                    state.left = rest;
-                    state.use_until = asked + USE_BLOCK_FOR;
+                if rest > 0 {
+                    state.blocks.push_back(Block {
+                        turn,
+                        left: rest,
+                        use_until: asked + USE_BLOCK_FOR,
+                    });
                 }
                 Ok(Held::Block(BlockTurn(turn)))
             }
@@ -388,6 +383,19 @@ impl FleetSeat {
                 }
             }
         })
+    }
+
+    /// Give back what blocks past their use did not hand out, in one call.
+    async fn release_leftover(&self, leftover: &[(u64, u64)]) -> Result<(), LedgerError> {
+        let ids: Vec<(String, u64)> = leftover
+            .iter()
+            .map(|&(turn, left)| (self.block_id(turn), left))
+            .collect();
+        let batch: Vec<Settle<'_>> = ids
+            .iter()
+            .map(|(id, left)| Settle::new(id, 0, *left))
+            .collect();
+        self.fleet.ledger().settle_batch(&self.keys, &batch).await
     }
 
     fn block_id(&self, turn: u64) -> String {
@@ -567,22 +575,25 @@ impl FleetSeat {
                 std::mem::take(&mut state.pending_open_stored),
             )
         };
-        let ledger = self.fleet.ledger();
-        let mut unsettled_stored: u64 = blocks.values().map(|(stored, _)| stored).sum();
-        for (turn, (stored, not_stored)) in blocks {
-            ledger
-                .settle(&self.keys, &self.block_id(turn.0), stored, not_stored)
-                .await
-                .map_err(|e| (e, unsettled_stored + open))?;
-            unsettled_stored -= stored;
-        }
+        let ids: Vec<(String, u64, u64)> = blocks
+            .into_iter()
+            .map(|(turn, (stored, not_stored))| (self.block_id(turn.0), stored, not_stored))
+            .collect();
+        let mut batch: Vec<Settle<'_>> = ids
+            .iter()
+            .map(|(id, stored, not_stored)| Settle::new(id, *stored, *not_stored))
+            .collect();
         if open > 0 {
-            ledger
-                .settle(&self.keys, &self.open_id, open, 0)
-                .await
-                .map_err(|e| (e, open))?;
+            batch.push(Settle::new(&self.open_id, open, 0));
         }
-        Ok(())
+        // One atomic call: on failure none of it happened (or all of it did, with the reply
+        // lost), so every stored send of the batch is kept to be settled again.
+        let unsettled: u64 = batch.iter().map(|s| s.stored).sum();
+        self.fleet
+            .ledger()
+            .settle_batch(&self.keys, &batch)
+            .await
+            .map_err(|e| (e, unsettled))
     }
 
     /// A fail-closed refusal is logged once per fleet read, with the count since the last
@@ -690,9 +701,7 @@ mod tests {
 
     fn seat_state() -> SeatState {
         SeatState {
-            left: 0,
-            use_until: Instant::now(),
-            turn: 0,
+            blocks: VecDeque::new(),
             turns: 0,
             last: None,
             pending_blocks: BTreeMap::new(),

@@ -170,6 +170,26 @@ pub enum Reservation {
     Unknown { read: SharedRead },
 }
 
+/// One block's outcomes in a [`Ledger::settle_batch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settle<'a> {
+    pub block_id: &'a str,
+    /// Stored (or unknown outcome): counted on top of the read.
+    pub stored: u64,
+    /// Definitely not stored, or never used (a release): only leave the block.
+    pub not_stored: u64,
+}
+
+impl<'a> Settle<'a> {
+    pub fn new(block_id: &'a str, stored: u64, not_stored: u64) -> Self {
+        Self {
+            block_id,
+            stored,
+            not_stored,
+        }
+    }
+}
+
 /// The compiled scripts; each carries its SHA-1 so calls go as EVALSHA (EVAL once after a
 /// Redis restart emptied its script cache).
 struct Scripts {
@@ -476,13 +496,28 @@ impl Ledger {
         stored: u64,
         not_stored: u64,
     ) -> Result<(), LedgerError> {
+        self.settle_batch(q, &[Settle::new(block_id, stored, not_stored)])
+            .await
+    }
+
+    /// [`Ledger::settle`] for several blocks in one atomic call (one round trip): a
+    /// replica's outcomes of one settle period, whatever number of blocks they came from.
+    /// An empty batch makes no call.
+    pub async fn settle_batch(
+        &self,
+        q: &QueueKeys,
+        batch: &[Settle<'_>],
+    ) -> Result<(), LedgerError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
         let mut call = self.scripts.settle.prepare_invoke();
-        call.key(&q.all()[..])
-            .arg(block_id)
-            .arg(exact(stored))
-            .arg(exact(not_stored))
-            .arg(millis(IDLE))
-            .arg(q.lag_ms);
+        call.key(&q.all()[..]).arg(millis(IDLE)).arg(q.lag_ms);
+        for s in batch {
+            call.arg(s.block_id)
+                .arg(exact(s.stored))
+                .arg(exact(s.not_stored));
+        }
         let reply = self.run(&call).await?;
         expect_one(&reply)
     }
