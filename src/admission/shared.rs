@@ -38,6 +38,7 @@ use crate::coordination::fleet::{Fleet, REJOIN_EVERY};
 use crate::coordination::ledger::{
     LedgerError, QueueKeys, ReadOutcome, Reservation, Settle, SharedRead, SharedState,
 };
+use crate::coordination::ledger::{HEARTBEAT, MEMBER_FOR};
 use crate::domain::QueueName;
 
 /// Most headroom one reservation asks for.
@@ -90,6 +91,9 @@ struct SeatState {
     turns: u64,
     /// The fleet's read as last seen, and when (local clock).
     last: Option<(SharedRead, Instant)>,
+    /// What the fleet last said with a good read, kept across a fall back (see
+    /// [`FleetSeat::departure`]).
+    view: Option<FleetView>,
     /// Outcomes to settle, by block: (stored, not stored).
     pending_blocks: BTreeMap<BlockTurn, (u64, u64)>,
     pending_open_stored: u64,
@@ -121,6 +125,39 @@ struct SeatState {
     refusing: bool,
 }
 
+/// The fleet as this replica last saw it.
+#[derive(Debug, Clone, Copy)]
+struct FleetView {
+    /// Replicas in the fleet (at least this one).
+    replicas: u64,
+    /// With the last good read: backlog + sends stored since the read + headroom every
+    /// replica holds, and when it was seen.
+    estimate: Option<(u64, Instant)>,
+    /// When the fleet last heard from this replica.
+    heard: Instant,
+}
+
+/// What a replica that turned local keeps of the fleet, so that its own gate keeps the
+/// fleet's ceiling without Redis:
+/// - **its share** (`allowance`): at most `⌈(limit − estimate) / replicas⌉` admitted alone
+///   (of the fleet's last good read as this replica saw it) until `allowance_until`. Redis
+///   recorded the same share for it and withholds it from the others while this replica is
+///   not heard from (`reserve.lua`), so the fleet stays under the ceiling while part of it
+///   runs alone. After that (the fleet has forgotten it: a long outage) it admits as if each
+///   of the `replicas` admitted as much as it does (its own count × `replicas` on top of the
+///   backlog), so a fleet all alone still stays under the ceiling as its reads see it;
+/// - **a floor** under the backlog its reads see until `floor_until`: the fleet's estimate
+///   includes sends the others stored that a lagging admin plane (RabbitMQ's management
+///   statistics) does not show yet, and sends the others had in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Departure {
+    pub replicas: u64,
+    pub allowance: Option<u64>,
+    pub allowance_until: Instant,
+    pub floor: u64,
+    pub floor_until: Instant,
+}
+
 pub struct FleetSeat {
     fleet: Arc<Fleet>,
     keys: QueueKeys,
@@ -145,11 +182,11 @@ impl FleetSeat {
         policy: CapacityPolicy,
         send_timeout: Duration,
     ) -> Arc<Self> {
-        fleet.register(keys.clone());
+        fleet.register(keys.clone(), policy.limit);
         let replica = fleet.replica().to_owned();
         let block_lease =
             USE_BLOCK_FOR + send_timeout + fleet.ledger().timeout() + Duration::from_secs(1);
-        Arc::new(Self {
+        let seat = Arc::new(Self {
             open_id: format!("{replica}-open"),
             replica,
             fleet,
@@ -160,6 +197,7 @@ impl FleetSeat {
                 blocks: VecDeque::new(),
                 turns: 0,
                 last: None,
+                view: None,
                 pending_blocks: BTreeMap::new(),
                 pending_open_stored: 0,
                 flush_scheduled: false,
@@ -177,7 +215,40 @@ impl FleetSeat {
             }),
             read_turn: tokio::sync::Mutex::new(()),
             policy,
-        })
+        });
+        tokio::spawn(Self::heartbeat(Arc::downgrade(&seat)));
+        seat
+    }
+
+    /// While in the fleet, be heard from at least every [`HEARTBEAT`]: a replica not heard
+    /// from may have turned local, and the others withhold its share of the room
+    /// (`reserve.lua`). A seat busy with sends makes no extra call; an idle one asks for the
+    /// shared read, which also keeps its view of the fleet (size, estimate) fresh for a fall
+    /// back. Ends with the seat.
+    async fn heartbeat(seat: std::sync::Weak<Self>) {
+        loop {
+            tokio::time::sleep(HEARTBEAT).await;
+            let Some(seat) = seat.upgrade() else { return };
+            if !seat.fleet.joined() {
+                continue;
+            }
+            let quiet = seat
+                .state
+                .lock()
+                .last
+                .is_none_or(|(_, seen)| seen.elapsed() >= HEARTBEAT);
+            if !quiet {
+                continue;
+            }
+            let ledger = seat.fleet.ledger();
+            match ledger
+                .shared_read_as(&seat.keys, seat.fleet.replica(), seat.policy.limit)
+                .await
+            {
+                Ok(read) => Self::see(&mut seat.state.lock(), read, Instant::now()),
+                Err(error) => seat.fall_back(&error),
+            }
+        }
     }
 
     /// Record the fleet's read as seen now, and measure the drain between two good reads:
@@ -188,9 +259,23 @@ impl FleetSeat {
     /// ceiling, where the fleet admits next to nothing, the two agree.
     fn see(state: &mut SeatState, read: SharedRead, now: Instant) {
         state.last = Some((read, now));
+        let before = state.view.and_then(|v| v.estimate);
         let SharedState::Ok { backlog, .. } = read.state else {
+            state.view = Some(FleetView {
+                replicas: read.replicas.max(1),
+                estimate: before,
+                heard: now,
+            });
             return;
         };
+        let fleet_estimate = backlog
+            .saturating_add(read.since_read)
+            .saturating_add(read.reserved);
+        state.view = Some(FleetView {
+            replicas: read.replicas.max(1),
+            estimate: Some((fleet_estimate, now)),
+            heard: now,
+        });
         let estimate = backlog.saturating_add(read.since_read);
         let read_at = now.checked_sub(read.age).unwrap_or(now);
         match state.measured {
@@ -247,6 +332,37 @@ impl FleetSeat {
     /// When the replica last turned local (see [`Fleet::local_since`]).
     pub fn local_since(&self) -> Instant {
         self.fleet.local_since()
+    }
+
+    /// While the replica is local after a spell in the fleet: what its own gate keeps of
+    /// the fleet (see [`Departure`]). `None` in the fleet, or when it never heard from
+    /// the fleet (it started without Redis: it knows of no one to share with).
+    pub fn departure(&self) -> Option<Departure> {
+        if self.fleet.joined() {
+            return None;
+        }
+        let view = self.state.lock().view?;
+        // The same share Redis recorded for this replica from the same reply (`record_share`).
+        let allowance = view.estimate.map(|(estimate, _)| {
+            self.policy
+                .limit
+                .saturating_sub(estimate)
+                .div_ceil(view.replicas)
+        });
+        let (floor, seen) = view.estimate.unwrap_or((0, view.heard));
+        Some(Departure {
+            replicas: view.replicas,
+            allowance,
+            // The fleet forgets a replica not heard from for MEMBER_FOR, and with it the
+            // share it withheld for it. A little before that, by this replica's clock.
+            allowance_until: view.heard
+                + MEMBER_FOR.saturating_sub(self.fleet.ledger().absent_after()),
+            floor,
+            // Sends the others stored by then are in the admin plane's count once its lag
+            // has passed; those they had in flight end within a block's lease; a read
+            // finishing by then may have started before (its own deadline).
+            floor_until: seen + self.policy.lag + self.block_lease + self.policy.read_timeout,
+        })
     }
 
     /// Turn the replica to local mode after a failed call.
@@ -449,7 +565,9 @@ impl FleetSeat {
             return Ok(());
         }
         let ledger = self.fleet.ledger();
-        let seen = ledger.shared_read(&self.keys).await?;
+        let seen = ledger
+            .shared_read_as(&self.keys, self.fleet.replica(), self.policy.limit)
+            .await?;
         Self::see(&mut self.state.lock(), seen, Instant::now());
         if seen.state != SharedState::Never && seen.age < self.policy.ttl && wait {
             return Ok(()); // another replica published while this one queued
@@ -504,7 +622,9 @@ impl FleetSeat {
                         break;
                     }
                     tokio::time::sleep(WAIT_POLL).await;
-                    let now = ledger.shared_read(&self.keys).await?;
+                    let now = ledger
+                        .shared_read_as(&self.keys, self.fleet.replica(), self.policy.limit)
+                        .await?;
                     Self::see(&mut self.state.lock(), now, Instant::now());
                     if now.generation != seen.generation {
                         break;
@@ -613,7 +733,9 @@ impl FleetSeat {
     pub async fn prime(&self, backend: &Arc<dyn Backend>) -> Result<(), LedgerError> {
         let _turn = self.read_turn.lock().await;
         let ledger = self.fleet.ledger();
-        let seen = ledger.shared_read(&self.keys).await?;
+        let seen = ledger
+            .shared_read_as(&self.keys, self.fleet.replica(), self.policy.limit)
+            .await?;
         Self::see(&mut self.state.lock(), seen, Instant::now());
         if seen.state != SharedState::Never && seen.age < self.policy.ttl {
             return Ok(());
@@ -704,6 +826,7 @@ mod tests {
             blocks: VecDeque::new(),
             turns: 0,
             last: None,
+            view: None,
             pending_blocks: BTreeMap::new(),
             pending_open_stored: 0,
             flush_scheduled: false,
@@ -734,6 +857,7 @@ mod tests {
             reserved: 7, // held, not yet in the queue: never part of the drain
             reads_ok: generation,
             reads_failed: 0,
+            replicas: 1,
         }
     }
 
