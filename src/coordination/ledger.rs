@@ -604,18 +604,7 @@ impl Ledger {
         deadline: Duration,
         call: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, LedgerError> {
-        let mut call = std::pin::pin!(call);
-        let mut answered = tokio::time::timeout(deadline, &mut call).await;
-        if answered.is_err() {
-            // The deadline passed. On a busy machine this process may not have run when it
-            // did: the reply can be in the socket, waiting for the connection's own task to
-            // read it. Let the tasks that are ready run once (that task among them), then
-            // look again without waiting: a reply that came in time is not a miss, and
-            // nothing waits longer than one turn of the scheduler past the deadline.
-            tokio::task::yield_now().await;
-            answered = tokio::time::timeout(Duration::ZERO, &mut call).await;
-        }
-        match answered {
+        match answer_by(deadline, call).await {
             Ok(Ok(value)) => {
                 self.conn.record(false);
                 Ok(value)
@@ -629,6 +618,26 @@ impl Ledger {
                 self.conn.record(true);
                 Err(LedgerError::Timeout)
             }
+        }
+    }
+}
+
+/// `call`'s answer, or `Elapsed` once `deadline` has passed. When it passes, this process may
+/// not have been running (a busy machine descheduled it): the reply can be in the socket,
+/// waiting for the connection's own task to read it. The tasks that are ready run once
+/// (that task among them) and the call is looked at again without waiting: a reply that
+/// came in time is not a miss, and nothing waits longer than one turn of the scheduler
+/// past the deadline.
+async fn answer_by<T>(
+    deadline: Duration,
+    call: impl std::future::Future<Output = T>,
+) -> Result<T, tokio::time::error::Elapsed> {
+    let mut call = std::pin::pin!(call);
+    match tokio::time::timeout(deadline, &mut call).await {
+        Ok(answer) => Ok(answer),
+        Err(_) => {
+            tokio::task::yield_now().await;
+            tokio::time::timeout(Duration::ZERO, &mut call).await
         }
     }
 }
@@ -781,6 +790,29 @@ mod tests {
 
     fn read_fields() -> Vec<i64> {
         vec![1, 40, 0, 1500, 0, 3, 2, 5, 3, 0, 2]
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reply_ready_when_the_deadline_fires_is_taken_not_called_late() {
+        let deadline = Duration::from_millis(50);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        // The connection's task: its reply is there at the deadline, but the task has not
+        // run yet when the caller's timer fires (the caller's timer was armed first).
+        let caller = tokio::spawn(answer_by(deadline, rx));
+        tokio::task::yield_now().await; // the caller arms its timer
+        tokio::spawn(async move {
+            tokio::time::sleep(deadline).await;
+            let _ = tx.send(7);
+        });
+        assert_eq!(caller.await.unwrap().map(Result::ok), Ok(Some(7)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reply_not_there_by_the_deadline_is_late() {
+        let (_tx, rx) = tokio::sync::oneshot::channel::<u8>();
+        let started = tokio::time::Instant::now();
+        assert!(answer_by(Duration::from_millis(50), rx).await.is_err());
+        assert_eq!(started.elapsed(), Duration::from_millis(50));
     }
 
     #[test]
