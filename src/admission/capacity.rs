@@ -177,9 +177,9 @@ struct GateState {
     anchor: Option<(Instant, u64)>,
     /// Refused at the ceiling and not yet back at or below the resume level.
     refusing: bool,
-    /// Local after a spell in the fleet: since when (the fleet's `local_since`), and how
-    /// many sends this gate admitted alone since then (against its share, see `Departure`).
-    spell: (Option<Instant>, u64),
+    /// Local after a spell in the fleet: the sequence number of the share being spent, and
+    /// how many sends this gate admitted alone against it (see `Departure`).
+    spell: (Option<u64>, u64),
 }
 
 /// Why a read is made: for a send (counts in the streak) or at start-up (does not).
@@ -530,25 +530,23 @@ impl CapacityGate {
                 let own = state.since_read.saturating_add(state.in_flight);
                 // Local after a spell in the fleet: this replica's share of the room, and
                 // the fleet's last estimate under a read that may not show it yet.
-                let departure = self
-                    .seat
-                    .get()
-                    .and_then(|seat| seat.departure().map(|d| (d, seat.local_since())));
-                let (backlog, share) = match departure {
-                    Some((d, _)) if at < d.floor_until => (backlog.max(d.floor), d.replicas),
-                    Some((d, _)) => (backlog, d.replicas),
+                let departure = self.seat.get().and_then(|seat| seat.departure());
+                let (backlog, replicas) = match departure {
+                    Some(d) if at < d.floor_until => (backlog.max(d.floor), d.replicas),
+                    Some(d) => (backlog, d.replicas),
                     None => (backlog, 1),
                 };
-                let mut estimate = backlog.saturating_add(own.saturating_mul(share));
-                if let Some((d, since)) = departure {
-                    if state.spell.0 != Some(since) {
-                        state.spell = (Some(since), 0);
-                    }
-                    let spent = d
-                        .allowance
-                        .is_some_and(|a| state.spell.1 >= a && Instant::now() < d.allowance_until);
-                    if spent {
-                        estimate = estimate.max(self.policy.limit);
+                let mut estimate = backlog.saturating_add(own.saturating_mul(replicas));
+                if let Some(d) = departure {
+                    // Counted against the share it came with: a newer share (heard from
+                    // again) was recomputed by Redis with what this replica stored alone.
+                    if let Some((share, seq)) = d.allowance {
+                        if state.spell.0 != Some(seq) {
+                            state.spell = (Some(seq), 0);
+                        }
+                        if state.spell.1 >= share && Instant::now() < d.allowance_until {
+                            estimate = estimate.max(self.policy.limit);
+                        }
                     }
                 }
                 // Hysteresis: at the ceiling the queue starts refusing, and goes on until the
@@ -577,7 +575,8 @@ impl CapacityGate {
             }
         }
         state.in_flight += 1;
-        if state.spell.0.is_some() && self.seat.get().is_some_and(|seat| !seat.joined()) {
+        if self.seat.get().is_some_and(|seat| !seat.joined()) {
+            // Every send admitted alone counts against the share, fail-open ones too.
             state.spell.1 += 1;
         }
         Ok(Reservation {

@@ -35,10 +35,10 @@ use super::drain::DrainEstimator;
 use crate::backend::{Backend, DepthError};
 use crate::config::Fraction;
 use crate::coordination::fleet::{Fleet, REJOIN_EVERY};
+use crate::coordination::ledger::HEARTBEAT;
 use crate::coordination::ledger::{
     LedgerError, QueueKeys, ReadOutcome, Reservation, Settle, SharedRead, SharedState,
 };
-use crate::coordination::ledger::{HEARTBEAT, MEMBER_FOR};
 use crate::domain::QueueName;
 
 /// Most headroom one reservation asks for.
@@ -133,26 +133,28 @@ struct FleetView {
     /// With the last good read: backlog + sends stored since the read + headroom every
     /// replica holds, and when it was seen.
     estimate: Option<(u64, Instant)>,
-    /// When the fleet last heard from this replica.
-    heard: Instant,
+    /// The newest share Redis recorded for this replica: `(share, sequence number, when its
+    /// answer arrived)`. Replies may be handled out of order: an older one never replaces it.
+    share: Option<(u64, u64, Instant)>,
 }
 
 /// What a replica that turned local keeps of the fleet, so that its own gate keeps the
 /// fleet's ceiling without Redis:
-/// - **its share** (`allowance`): at most `⌈(limit − estimate) / replicas⌉` admitted alone
-///   (of the fleet's last good read as this replica saw it) until `allowance_until`. Redis
-///   recorded the same share for it and withholds it from the others while this replica is
-///   not heard from (`reserve.lua`), so the fleet stays under the ceiling while part of it
-///   runs alone. After that (the fleet has forgotten it: a long outage) it admits as if each
-///   of the `replicas` admitted as much as it does (its own count × `replicas` on top of the
-///   backlog), so a fleet all alone still stays under the ceiling as its reads see it;
+/// - **its share** (`allowance`, with the sequence number it came with): what Redis last
+///   recorded it may admit alone. Every other replica's reservations are checked with that
+///   share counted (`reserve.lua`), so it is never given to anyone else: admitting it alone
+///   keeps the fleet under the ceiling. Until `allowance_until`, a little before the fleet
+///   forgets a replica it has not heard from (and stops withholding its share);
+/// - after that (a long outage) it admits as if each of the `replicas` it knew admitted as
+///   much as it does (its own count × `replicas` on top of the backlog its reads see), so a
+///   fleet all alone still stays under the ceiling;
 /// - **a floor** under the backlog its reads see until `floor_until`: the fleet's estimate
 ///   includes sends the others stored that a lagging admin plane (RabbitMQ's management
 ///   statistics) does not show yet, and sends the others had in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Departure {
     pub replicas: u64,
-    pub allowance: Option<u64>,
+    pub allowance: Option<(u64, u64)>,
     pub allowance_until: Instant,
     pub floor: u64,
     pub floor_until: Instant,
@@ -182,7 +184,7 @@ impl FleetSeat {
         policy: CapacityPolicy,
         send_timeout: Duration,
     ) -> Arc<Self> {
-        fleet.register(keys.clone(), policy.limit);
+        fleet.register(keys.clone());
         let replica = fleet.replica().to_owned();
         let block_lease =
             USE_BLOCK_FOR + send_timeout + fleet.ledger().timeout() + Duration::from_secs(1);
@@ -240,6 +242,10 @@ impl FleetSeat {
             if !quiet {
                 continue;
             }
+            if let Err(error) = seat.settle_alone_first().await {
+                seat.fall_back(&error);
+                continue;
+            }
             let ledger = seat.fleet.ledger();
             match ledger
                 .shared_read_as(&seat.keys, seat.fleet.replica(), seat.policy.limit)
@@ -259,12 +265,22 @@ impl FleetSeat {
     /// ceiling, where the fleet admits next to nothing, the two agree.
     fn see(state: &mut SeatState, read: SharedRead, now: Instant) {
         state.last = Some((read, now));
-        let before = state.view.and_then(|v| v.estimate);
+        let before = state.view;
+        let share = match before.and_then(|v| v.share) {
+            Some(kept @ (_, seq, _)) if seq >= read.share_seq => Some(kept),
+            _ if read.share_seq > 0 => Some((read.share, read.share_seq, now)),
+            kept => kept,
+        };
+        let replicas = if read.replicas > 0 {
+            read.replicas
+        } else {
+            before.map_or(1, |v| v.replicas)
+        };
         let SharedState::Ok { backlog, .. } = read.state else {
             state.view = Some(FleetView {
-                replicas: read.replicas.max(1),
-                estimate: before,
-                heard: now,
+                replicas,
+                estimate: before.and_then(|v| v.estimate),
+                share,
             });
             return;
         };
@@ -272,9 +288,9 @@ impl FleetSeat {
             .saturating_add(read.since_read)
             .saturating_add(read.reserved);
         state.view = Some(FleetView {
-            replicas: read.replicas.max(1),
+            replicas,
             estimate: Some((fleet_estimate, now)),
-            heard: now,
+            share,
         });
         let estimate = backlog.saturating_add(read.since_read);
         let read_at = now.checked_sub(read.age).unwrap_or(now);
@@ -342,21 +358,17 @@ impl FleetSeat {
             return None;
         }
         let view = self.state.lock().view?;
-        // The same share Redis recorded for this replica from the same reply (`record_share`).
-        let allowance = view.estimate.map(|(estimate, _)| {
-            self.policy
-                .limit
-                .saturating_sub(estimate)
-                .div_ceil(view.replicas)
-        });
-        let (floor, seen) = view.estimate.unwrap_or((0, view.heard));
+        let now = Instant::now();
+        let (floor, seen) = view.estimate.unwrap_or((0, now));
+        let ledger = self.fleet.ledger();
         Some(Departure {
-            replicas: view.replicas,
-            allowance,
-            // The fleet forgets a replica not heard from for MEMBER_FOR, and with it the
-            // share it withheld for it. A little before that, by this replica's clock.
-            allowance_until: view.heard
-                + MEMBER_FOR.saturating_sub(self.fleet.ledger().absent_after()),
+            replicas: view.replicas.max(1),
+            allowance: view.share.map(|(share, seq, _)| (share, seq)),
+            // The fleet forgets this replica (and its share) a member horizon after the
+            // script that last heard from it ran; its answer arrived up to a deadline later.
+            allowance_until: view.share.map_or(now, |(_, _, heard)| {
+                heard + ledger.member_for().saturating_sub(ledger.timeout() * 2)
+            }),
             floor,
             // Sends the others stored by then are in the admin plane's count once its lag
             // has passed; those they had in flight end within a block's lease; a read
@@ -427,6 +439,7 @@ impl FleetSeat {
             });
             (fresh, ahead, leftover)
         };
+        self.settle_alone_first().await?;
         if !fresh {
             self.refresh(backend, true).await?;
         }
@@ -475,7 +488,9 @@ impl FleetSeat {
             }
             Reservation::Full { estimate, read } => {
                 Self::see(&mut state, read, now);
-                let until = now + self.policy.ttl.saturating_sub(read.age);
+                // Cached at most a block's use: headroom other replicas hold unused comes
+                // back within that, and one Redis call per replica per period is cheap.
+                let until = now + self.policy.ttl.saturating_sub(read.age).min(USE_BLOCK_FOR);
                 state.full = Some((until, estimate, read.generation));
                 state.refusing = true;
                 Err(self.policy.queue_full(
@@ -499,6 +514,25 @@ impl FleetSeat {
                 }
             }
         })
+    }
+
+    /// Back in the fleet, what this replica stored alone is settled before any call that
+    /// records its new share (a reservation, a heartbeat): that share is then computed with
+    /// those sends counted, and the gate's count against the old one may start again.
+    async fn settle_alone_first(&self) -> Result<(), LedgerError> {
+        let open = std::mem::take(&mut self.state.lock().pending_open_stored);
+        if open == 0 {
+            return Ok(());
+        }
+        let settled = self
+            .fleet
+            .ledger()
+            .settle(&self.keys, &self.open_id, open, 0)
+            .await;
+        if settled.is_err() {
+            self.state.lock().pending_open_stored += open;
+        }
+        settled
     }
 
     /// Give back what blocks past their use did not hand out, in one call.
@@ -857,6 +891,8 @@ mod tests {
             reserved: 7, // held, not yet in the queue: never part of the drain
             reads_ok: generation,
             reads_failed: 0,
+            share: 0,
+            share_seq: 0,
             replicas: 1,
         }
     }

@@ -38,11 +38,10 @@ use crate::entra::{CredentialChain, EntraCredential};
 /// How long a queue's keys outlive their last write.
 pub const IDLE: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// A replica counts in the fleet's size this long after it was last heard from. One not
-/// heard from may be running alone (cut off from Redis), so the others withhold its share of
-/// the room until then; a replica killed without a goodbye is indistinguishable, so its
-/// share comes back only then: short, so a crash does not shrink the ceiling for long; long
-/// beside a blip (a replica that merely missed a deadline rejoins within a second).
+/// A replica counts in the fleet's size this long after it was last heard from (at least;
+/// see [`Ledger::member_for`]), and its share of the room stays withheld from the others
+/// for as long: it may be running alone, cut off from Redis. A replica killed without a
+/// drain is indistinguishable, so its share comes back only then.
 pub const MEMBER_FOR: Duration = Duration::from_secs(10);
 
 /// A replica in the fleet is heard from at least this often: each queue's seat asks for the
@@ -171,9 +170,14 @@ pub struct SharedRead {
     pub reserved: u64,
     pub reads_ok: u64,
     pub reads_failed: u64,
-    /// Replicas that reserved headroom within [`MEMBER_FOR`]: the fleet's size as its
-    /// admissions show it (a replica that turns local keeps its share of the headroom by it).
+    /// Replicas heard from (a reservation, a heartbeat, a read) within the member horizon
+    /// ([`Ledger::member_for`]): the fleet's size.
     pub replicas: u64,
+    /// What the asking replica may admit alone should it turn local before it is heard from
+    /// again (see [`Ledger::reserve`]), and that share's sequence number (newer is larger);
+    /// `0, 0` when the call recorded none (an onlooker's read, a published read).
+    pub share: u64,
+    pub share_seq: u64,
 }
 
 /// What `reserve` decided.
@@ -399,10 +403,10 @@ impl Ledger {
         })
     }
 
-    /// A replica not heard from for this long may have turned local (see `reserve.lua`):
-    /// it missed a few heartbeats ([`HEARTBEAT`]) and the calls' deadlines.
-    pub fn absent_after(&self) -> Duration {
-        (HEARTBEAT * 2 + self.timeout * 2).max(Duration::from_secs(1))
+    /// How long a replica not heard from still counts, its share withheld: [`MEMBER_FOR`],
+    /// or longer with a long call deadline (many heartbeats fit in it either way).
+    pub fn member_for(&self) -> Duration {
+        MEMBER_FOR.max(self.timeout * 4 + HEARTBEAT * 4)
     }
 
     /// The deadline of one call: an answer may arrive this long after its script ran.
@@ -490,8 +494,8 @@ impl Ledger {
     }
 
     /// [`Ledger::shared_read`] by replica `replica` of the fleet, whose ceiling is `limit`:
-    /// it is counted among the [`SharedRead::replicas`] for [`MEMBER_FOR`] (as a
-    /// reservation counts it), and its share of the room is recorded (see `reserve`).
+    /// it is counted among the [`SharedRead::replicas`] (as a reservation counts it), and
+    /// its share of the room is recorded and returned (see [`Ledger::reserve`]).
     pub async fn shared_read_as(
         &self,
         q: &QueueKeys,
@@ -501,7 +505,7 @@ impl Ledger {
         let mut call = self.scripts.shared_read.prepare_invoke();
         call.key(&q.all()[..])
             .arg(replica)
-            .arg(millis(MEMBER_FOR))
+            .arg(millis(self.member_for()))
             .arg(millis(IDLE))
             .arg(exact(limit));
         let reply = self.run(&call).await?;
@@ -513,14 +517,15 @@ impl Ledger {
     /// `limit` → `Full`; else grant `min(want, max(1, (limit − estimate) / share_divisor))`
     /// into block `block_id`, which then expires one `lease` from now (a block asked again
     /// grows and is extended). `want` and `share_divisor` count as at least 1. Block ids
-    /// are `{replica}:{n}`: the part before the last `:` (the whole id when there is none)
-    /// is counted among the fleet's [`SharedRead::replicas`] for [`MEMBER_FOR`].
+    /// are `{replica}:{n}`: the part before the last `:` is counted among the fleet's
+    /// [`SharedRead::replicas`] (an id without a `:` belongs to one anonymous replica).
     ///
-    /// Every answer records the replica's **share**: what it may admit alone should it turn
-    /// local before it is heard from again, `⌈(limit − estimate) / replicas⌉` of the read it
-    /// is answered with (its seat computes the same, see `Departure`). While a replica has
-    /// not been heard from for [`Ledger::absent_after`], its share counts in the others'
-    /// estimate, so the fleet stays under the ceiling even while some of it runs alone.
+    /// Every answer records the replica's **share** and returns it
+    /// ([`SharedRead::share`]): what it may admit alone should it turn local before it is
+    /// heard from again, `⌊(limit − estimate − the others' shares) / replicas⌋`. Every other
+    /// replica's share counts in the estimate a reservation is checked against, so the
+    /// blocks and the shares together never pass the ceiling, and the fleet stays under it
+    /// however much of it is cut off from Redis (for [`Ledger::member_for`]).
     pub async fn reserve(
         &self,
         q: &QueueKeys,
@@ -538,8 +543,7 @@ impl Ledger {
             .arg(millis(lease).max(1))
             .arg(exact(share_divisor).max(1))
             .arg(millis(IDLE))
-            .arg(millis(MEMBER_FOR))
-            .arg(millis(self.absent_after()));
+            .arg(millis(self.member_for()));
         let reply = self.run(&call).await?;
         decode_reservation(&ints(reply)?)
     }
@@ -706,10 +710,10 @@ fn flag(n: i64, what: &str) -> Result<bool, LedgerError> {
     }
 }
 
-const READ_LEN: usize = 11;
+const READ_LEN: usize = 13;
 
 fn decode_read(v: &[i64]) -> Result<SharedRead, LedgerError> {
-    let [state, backlog, send_disabled, age_ms, streak, generation, since_read, reserved, reads_ok, reads_failed, replicas] =
+    let [state, backlog, send_disabled, age_ms, streak, generation, since_read, reserved, reads_ok, reads_failed, replicas, share, share_seq] =
         <[i64; READ_LEN]>::try_from(v).map_err(|_| {
             LedgerError::Unexpected(format!(
                 "a shared read has {READ_LEN} fields, got {}",
@@ -737,6 +741,8 @@ fn decode_read(v: &[i64]) -> Result<SharedRead, LedgerError> {
         reads_ok: count(reads_ok, "reads_ok")?,
         reads_failed: count(reads_failed, "reads_failed")?,
         replicas: count(replicas, "replicas")?,
+        share: count(share, "share")?,
+        share_seq: count(share_seq, "share_seq")?,
     })
 }
 
@@ -789,7 +795,7 @@ mod tests {
     use super::*;
 
     fn read_fields() -> Vec<i64> {
-        vec![1, 40, 0, 1500, 0, 3, 2, 5, 3, 0, 2]
+        vec![1, 40, 0, 1500, 0, 3, 2, 5, 3, 0, 2, 9, 4]
     }
 
     #[tokio::test(start_paused = true)]
@@ -852,6 +858,8 @@ mod tests {
                 reads_ok: 3,
                 reads_failed: 0,
                 replicas: 2,
+                share: 9,
+                share_seq: 4,
             }
         );
     }
@@ -881,7 +889,17 @@ mod tests {
         let mut long = read_fields();
         long.push(0);
         assert!(decode_read(&long).is_err());
-        for (index, value) in [(0, 3), (0, -1), (1, -5), (2, 2), (3, -1), (7, -1), (10, -1)] {
+        for (index, value) in [
+            (0, 3),
+            (0, -1),
+            (1, -5),
+            (2, 2),
+            (3, -1),
+            (7, -1),
+            (10, -1),
+            (11, -1),
+            (12, -1),
+        ] {
             let mut fields = read_fields();
             fields[index] = value;
             assert!(

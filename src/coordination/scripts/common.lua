@@ -7,7 +7,8 @@
 --   4 blocks       ZSET   block id -> expiry (ms, Redis TIME)
 --   5 block_sizes  HASH   block id -> headroom the block still holds
 --   6 members      ZSET   replica -> until when it counts in the fleet's size (ms)
---   7 shares       HASH   replica -> what it may admit alone should it turn local now
+--   7 shares       HASH   replica -> what it may admit alone should it turn local now;
+--                         replica# -> the sequence number of that share
 -- All time is this Redis's TIME: replicas' clocks are never compared.
 local READ, LEASE, COUNT, BLOCKS, SIZES, MEMBERS, SHARES =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
@@ -61,16 +62,17 @@ end
 local function join(now, member, member_ms, idle_ms)
   local gone = redis.call('ZRANGEBYSCORE', MEMBERS, '-inf', now)
   for _, m in ipairs(gone) do
-    redis.call('HDEL', SHARES, m)
+    redis.call('HDEL', SHARES, m, m .. '#')
   end
   redis.call('ZREMRANGEBYSCORE', MEMBERS, '-inf', now)
   redis.call('ZADD', MEMBERS, int(now + member_ms), member)
   redis.call('PEXPIRE', MEMBERS, idle_ms)
 end
 
--- The shared read as the client decodes it, eleven integers:
+-- The shared read as the client decodes it, thirteen integers:
 -- state (0 never, 1 ok, 2 failed), backlog, send_disabled, age_ms, streak, generation,
--- since_read, reserved, reads_ok, reads_failed, replicas (members still counted).
+-- since_read, reserved, reads_ok, reads_failed, replicas (members still counted), and the
+-- asking replica's share and its sequence number (0, 0 unless the script recorded one).
 local function read_reply(now)
   local r = redis.call('HMGET', READ, 'state', 'backlog', 'send_disabled', 'at_ms',
     'streak', 'generation', 'reads_ok', 'reads_failed')
@@ -81,37 +83,42 @@ local function read_reply(now)
   if r[4] then age = at_least_zero(now - num(r[4])) end
   local replicas = redis.call('ZCOUNT', MEMBERS, '(' .. now, '+inf')
   return {state, num(r[2]), num(r[3]), age, num(r[5]), num(r[6]), num(c[1]), num(c[2]),
-    num(r[7]), num(r[8]), replicas}
+    num(r[7]), num(r[8]), replicas, 0, 0}
 end
 
--- What replica `member`, answered with `read`, may admit alone should it turn local before
--- it is heard from again: 1/replicas of the room that read leaves (`Departure` in
--- shared.rs computes the same from the same reply). Nothing without a good read (alone,
--- it fails open or closed as its own gate says).
-local function record_share(member, read, limit, idle_ms)
-  if read[1] ~= 1 or read[3] == 1 then
-    redis.call('HDEL', SHARES, member)
-    return
-  end
-  local estimate = read[2] + read[7] + read[8]
-  local share = 0
-  if estimate < limit then
-    share = math.ceil((limit - estimate) / math.max(1, read[11]))
-  end
-  redis.call('HSET', SHARES, member, int(share))
-  redis.call('PEXPIRE', SHARES, idle_ms)
-end
-
--- The shares of the replicas, but `member`, not heard from for `absent_ms` (and not yet
--- forgotten): each may be running alone on it, so the others must leave it.
-local function withheld(now, member, member_ms, absent_ms)
-  local quiet = redis.call('ZRANGEBYSCORE', MEMBERS, '(' .. int(now),
-    int(now + member_ms - absent_ms))
+-- The shares recorded for every replica still counted but `member`: what each may admit
+-- alone should it turn local before it is heard from again. Never reserved by anyone else.
+local function others_shares(now, member)
+  local live = redis.call('ZRANGEBYSCORE', MEMBERS, '(' .. int(now), '+inf')
   local sum = 0
-  for _, m in ipairs(quiet) do
+  for _, m in ipairs(live) do
     if m ~= member then
       sum = sum + num(redis.call('HGET', SHARES, m))
     end
   end
   return sum
+end
+
+-- Record what replica `member`, answered with `read`, may admit alone should it turn local
+-- before it is heard from again: a quarter of its equal part (1/replicas) of the room left
+-- beside every other replica's share (`others`), rounded down, so the blocks and the shares
+-- together never pass the ceiling, and the shares held for the others never take more than
+-- a quarter of the room from a replica that asks (one that just joined among them too). The
+-- reply carries it with a sequence number (its seat keeps the newest). Without a good read
+-- there is nothing new to divide: the share stays as it was.
+local function record_share(member, read, limit, others, idle_ms)
+  if read[1] ~= 1 or read[3] == 1 then
+    read[12] = num(redis.call('HGET', SHARES, member))
+    read[13] = num(redis.call('HGET', SHARES, member .. '#'))
+    return
+  end
+  local room = limit - (read[2] + read[7] + read[8]) - others
+  local share = 0
+  if room > 0 then
+    share = math.floor(room / (4 * math.max(1, read[11])))
+  end
+  redis.call('HSET', SHARES, member, int(share))
+  read[12] = share
+  read[13] = redis.call('HINCRBY', SHARES, member .. '#', 1)
+  redis.call('PEXPIRE', SHARES, idle_ms)
 end

@@ -1,31 +1,31 @@
 -- Atomic check-and-reserve of headroom under the ceiling.
--- ARGV: block_id, want (>= 1), limit, lease_ms, share_divisor (>= 1), idle_ms, member_ms,
---       absent_ms
--- Reply: {kind, n, <shared read>}: kind 0 granted (n = granted), 1 full (n = estimate, with
---        the shares withheld for replicas not heard from), 2 disabled, 3 unknown (no good
---        read: the caller fails open or closed).
+-- ARGV: block_id, want (>= 1), limit, lease_ms, share_divisor (>= 1), idle_ms, member_ms
+-- Reply: {kind, n, <shared read>}: kind 0 granted (n = granted), 1 full (n = estimate, the
+--        other replicas' shares included), 2 disabled, 3 unknown (no good read: the caller
+--        fails open or closed). The read carries the asking replica's new share.
 local now = now_ms()
 prune(now)
 local limit = num(ARGV[3])
-local idle_ms, member_ms, absent_ms = num(ARGV[6]), num(ARGV[7]), num(ARGV[8])
--- The replica asking counts in the fleet's size (block ids are `{replica}:{n}`), whatever
--- the answer.
-local member = string.match(ARGV[1], '^(.*):[^:]*$') or ARGV[1]
+local idle_ms, member_ms = num(ARGV[6]), num(ARGV[7])
+-- The replica asking counts in the fleet's size, whatever the answer. Block ids are
+-- `{replica}:{n}`; one without a `:` belongs to the anonymous replica ''.
+local member = string.match(ARGV[1], '^(.*):[^:]*$') or ''
 join(now, member, member_ms, idle_ms)
 local read = read_reply(now)
 if read[1] ~= 1 then
-  record_share(member, read, limit, idle_ms)
+  record_share(member, read, limit, 0, idle_ms)
   return {3, 0, unpack(read)}
 end
 if read[3] == 1 then
-  record_share(member, read, limit, idle_ms)
+  record_share(member, read, limit, 0, idle_ms)
   return {2, 0, unpack(read)}
 end
--- backlog + completions since the read + headroom every replica holds, + the shares of
--- replicas that may be running alone.
-local estimate = read[2] + read[7] + read[8] + withheld(now, member, member_ms, absent_ms)
+-- backlog + completions since the read + headroom every replica holds + what each other
+-- replica may admit alone (its share: it may be cut off from Redis right now).
+local others = others_shares(now, member)
+local estimate = read[2] + read[7] + read[8] + others
 if estimate >= limit then
-  record_share(member, read, limit, idle_ms)
+  record_share(member, read, limit, others, idle_ms)
   return {1, estimate, unpack(read)}
 end
 -- A fraction of what remains, never less than one: far from the ceiling a block spares
@@ -37,6 +37,7 @@ redis.call('HINCRBY', SIZES, ARGV[1], int(grant))
 redis.call('ZADD', BLOCKS, int(now + num(ARGV[4])), ARGV[1])
 read[8] = read[8] + grant
 redis.call('HSET', COUNT, 'reserved', int(read[8]))
-record_share(member, read, limit, idle_ms)
+-- Its own share comes out of what is left after the grant.
+record_share(member, read, limit, others, idle_ms)
 touch(idle_ms)
 return {0, grant, unpack(read)}

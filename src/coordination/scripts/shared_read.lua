@@ -8,9 +8,10 @@
 local now = now_ms()
 prune(now)
 if ARGV[1] then
-  join(now, ARGV[1], num(ARGV[2]), num(ARGV[3]))
+  local limit, idle_ms = num(ARGV[4]), num(ARGV[3])
+  join(now, ARGV[1], num(ARGV[2]), idle_ms)
   local read = read_reply(now)
-  record_share(ARGV[1], read, num(ARGV[4]), num(ARGV[3]))
+  record_share(ARGV[1], read, limit, others_shares(now, ARGV[1]), idle_ms)
   return read
 end
 return read_reply(now)
