@@ -11,6 +11,7 @@ pub mod inflight;
 mod lane;
 pub mod shared;
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -48,7 +49,11 @@ pub struct Dispatched {
 pub struct Dispatcher {
     primary: Lane,
     fallback: Option<Lane>,
-    force: Option<ForceBackend>,
+    /// `SENDGATE_FORCE_BACKEND`, or its runtime override: 0 none, 1 primary, 2 fallback
+    /// (an atomic, so routing reads it without a lock).
+    force: AtomicU8,
+    /// The variable's value, restored when the override is removed.
+    force_default: Option<ForceBackend>,
     in_flight: InFlight,
     send_timeout: Duration,
 }
@@ -64,7 +69,8 @@ impl Dispatcher {
         Self {
             primary,
             fallback,
-            force,
+            force: AtomicU8::new(force_code(force)),
+            force_default: force,
             in_flight,
             send_timeout,
         }
@@ -76,6 +82,36 @@ impl Dispatcher {
 
     pub fn primary(&self) -> &Lane {
         &self.primary
+    }
+
+    pub fn fallback(&self) -> Option<&Lane> {
+        self.fallback.as_ref()
+    }
+
+    /// The pinned backend in force (the variable's, or a runtime override).
+    pub fn force(&self) -> Option<ForceBackend> {
+        match self.force.load(Ordering::Relaxed) {
+            1 => Some(ForceBackend::Primary),
+            2 => Some(ForceBackend::Fallback),
+            _ => None,
+        }
+    }
+
+    /// `SENDGATE_FORCE_BACKEND` as the variable set it.
+    pub fn force_default(&self) -> Option<ForceBackend> {
+        self.force_default
+    }
+
+    /// Pin routing from the next send on (`None`: the primary while its circuit allows).
+    /// A fallback pin without a fallback is ignored (the settings refuse it first).
+    pub fn set_force(&self, force: Option<ForceBackend>) {
+        let force = force.filter(|f| *f == ForceBackend::Primary || self.fallback.is_some());
+        self.force.store(force_code(force), Ordering::Relaxed);
+    }
+
+    /// The lane named `primary` or `fallback` (`None`: no such backend here).
+    pub fn lane(&self, role: &str) -> Option<&Lane> {
+        self.lanes().find(|lane| lane.role.as_str() == role)
     }
 
     pub fn in_flight(&self) -> &InFlight {
@@ -99,7 +135,7 @@ impl Dispatcher {
     /// (primary = never fail over). With both circuits open it is the primary, so capacity
     /// still answers first (429 before 503, the contract's order).
     fn choose(&self) -> &Lane {
-        match (self.force, &self.fallback) {
+        match (self.force(), &self.fallback) {
             (Some(ForceBackend::Primary), _)
             | (None, None)
             | (Some(ForceBackend::Fallback), None) => &self.primary,
@@ -133,7 +169,7 @@ impl Dispatcher {
         // The primary's trial went to another send (or it opened meanwhile): with a fallback
         // that takes sends, use it rather than answer 503.
         if let (Err(DispatchError::BackendUnavailable { .. }), None, Some(fallback)) =
-            (&admitted, self.force, &self.fallback)
+            (&admitted, self.force(), &self.fallback)
         {
             if lane.role == BackendRole::Primary && fallback.breaker.would_allow() {
                 lane = fallback;
@@ -226,6 +262,14 @@ impl Dispatcher {
             Err(_) => BacklogEffect::NotStored,
         });
         result.map_err(DispatchError::Send)
+    }
+}
+
+fn force_code(force: Option<ForceBackend>) -> u8 {
+    match force {
+        None => 0,
+        Some(ForceBackend::Primary) => 1,
+        Some(ForceBackend::Fallback) => 2,
     }
 }
 

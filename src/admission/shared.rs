@@ -30,7 +30,7 @@ use std::time::{Duration, SystemTime};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use super::capacity::{BacklogEffect, CapacityPolicy, GateSnapshot, Refusal};
+use super::capacity::{BacklogEffect, GateSnapshot, PolicyCell, Refusal};
 use super::drain::DrainEstimator;
 use crate::backend::{Backend, DepthError};
 use crate::config::Fraction;
@@ -116,7 +116,7 @@ pub struct FleetSeat {
     fleet: Arc<Fleet>,
     keys: QueueKeys,
     queue: QueueName,
-    policy: CapacityPolicy,
+    policy: Arc<PolicyCell>,
     /// How long a block stays counted: its use, plus a send's deadline, plus the longest
     /// its grant may take to arrive (the lease starts when the script runs), plus a margin.
     block_lease: Duration,
@@ -133,9 +133,10 @@ impl FleetSeat {
         fleet: Arc<Fleet>,
         keys: QueueKeys,
         queue: QueueName,
-        policy: CapacityPolicy,
+        policy: impl Into<Arc<PolicyCell>>,
         send_timeout: Duration,
     ) -> Arc<Self> {
+        let policy = policy.into();
         fleet.register(keys.clone());
         let replica = fleet.replica().to_owned();
         let block_lease =
@@ -164,7 +165,7 @@ impl FleetSeat {
                 failclosed_logged: None,
                 failclosed_unlogged: 0,
                 full: None,
-                drain: DrainEstimator::new(policy.lag),
+                drain: DrainEstimator::new(policy.base().lag),
                 measured: None,
                 refusing: false,
             }),
@@ -210,7 +211,7 @@ impl FleetSeat {
     /// the read last seen not yet back at or below the resume level. Refused here, cached
     /// like a "full" answer, without asking Redis.
     fn still_refusing(&self, state: &mut SeatState, now: Instant) -> Option<Refusal> {
-        if !state.refusing || self.policy.resume_below >= Fraction::ONE {
+        if !state.refusing || self.policy.load().resume_below >= Fraction::ONE {
             return None;
         }
         let (read, seen) = state.last?;
@@ -220,13 +221,13 @@ impl FleetSeat {
         let estimate = backlog
             .saturating_add(read.since_read)
             .saturating_add(read.reserved);
-        if estimate <= self.policy.resume_at() {
+        if estimate <= self.policy.load().resume_at() {
             state.refusing = false;
             return None;
         }
-        let until = seen + self.policy.ttl.saturating_sub(read.age);
+        let until = seen + self.policy.load().ttl.saturating_sub(read.age);
         state.full = Some((until, estimate, read.generation));
-        Some(self.policy.queue_full(
+        Some(self.policy.load().queue_full(
             estimate,
             state.drain.rate(),
             until.saturating_duration_since(now),
@@ -262,7 +263,7 @@ impl FleetSeat {
             let fresh = state
                 .last
                 .is_some_and(|(read, _)| read.state != SharedState::Never)
-                && age.is_some_and(|a| a < self.policy.ttl);
+                && age.is_some_and(|a| a < self.policy.load().ttl);
             // Headroom already reserved for this replica is counted fleet-wide until its
             // lease ends, whatever the age of the read it was granted on: use it first (a
             // stale read is refreshed in the background). Asking Redis instead would count
@@ -286,7 +287,11 @@ impl FleetSeat {
                 let rate = state.drain.rate();
                 drop(state);
                 self.spawn_ahead(ahead, backend);
-                return Ok(Err(self.policy.queue_full(estimate, rate, until - now)));
+                return Ok(Err(self.policy.load().queue_full(
+                    estimate,
+                    rate,
+                    until - now,
+                )));
             }
             let ahead = fresh && self.ahead_due(&mut state, age, now);
             // The block's use is over: what it did not hand out goes back now (else with
@@ -331,7 +336,7 @@ impl FleetSeat {
                 &self.keys,
                 &self.block_id(turn),
                 BLOCK_WANT,
-                self.policy.limit,
+                self.policy.load().limit,
                 SHARE_DIVISOR,
                 self.block_lease,
             )
@@ -364,13 +369,13 @@ impl FleetSeat {
             }
             Reservation::Full { estimate, read } => {
                 Self::see(&mut state, read, now);
-                let until = now + self.policy.ttl.saturating_sub(read.age);
+                let until = now + self.policy.load().ttl.saturating_sub(read.age);
                 state.full = Some((until, estimate, read.generation));
                 state.refusing = true;
-                Err(self.policy.queue_full(
+                Err(self.policy.load().queue_full(
                     estimate,
                     state.drain.rate(),
-                    self.policy.ttl.saturating_sub(read.age),
+                    self.policy.load().ttl.saturating_sub(read.age),
                 ))
             }
             Reservation::Disabled { read } => {
@@ -379,7 +384,9 @@ impl FleetSeat {
             }
             Reservation::Unknown { read } => {
                 Self::see(&mut state, read, now);
-                if self.policy.fail_closed && read.streak >= self.policy.streak_threshold {
+                if self.policy.load().fail_closed
+                    && read.streak >= self.policy.load().streak_threshold
+                {
                     Err(Refusal::CapacityUnknown {
                         consecutive_failures: read.streak,
                     })
@@ -400,8 +407,8 @@ impl FleetSeat {
         let Some(age) = age else { return false };
         let lead = (state.last_read_took * 2)
             .max(AHEAD_RETRY)
-            .min(self.policy.ttl / 2);
-        if age + lead < self.policy.ttl {
+            .min(self.policy.load().ttl / 2);
+        if age + lead < self.policy.load().ttl {
             return false;
         }
         if state.ahead_running
@@ -443,17 +450,17 @@ impl FleetSeat {
         let ledger = self.fleet.ledger();
         let seen = ledger.shared_read(&self.keys).await?;
         Self::see(&mut self.state.lock(), seen, Instant::now());
-        if seen.state != SharedState::Never && seen.age < self.policy.ttl && wait {
+        if seen.state != SharedState::Never && seen.age < self.policy.load().ttl && wait {
             return Ok(()); // another replica published while this one queued
         }
-        let lease = self.policy.ttl.max(Duration::from_millis(1));
+        let lease = self.policy.load().ttl.max(Duration::from_millis(1));
         match ledger
             .lease_read(&self.keys, self.fleet.replica(), lease)
             .await?
         {
             Some(ticket) => {
                 let started = Instant::now();
-                let deadline = started + self.policy.read_timeout;
+                let deadline = started + self.policy.base().read_timeout;
                 let read = backend.backlog(&self.queue, deadline);
                 let (outcome, error) = match tokio::time::timeout_at(deadline, read).await {
                     Ok(Ok(backlog)) => (
@@ -489,7 +496,7 @@ impl FleetSeat {
             // that died holds the lease until it ends (a TTL, maybe far longer): once one send
             // waited that read out, those queued behind it do not each wait it out again.
             None if wait && self.state.lock().waited_out != Some(seen.generation) => {
-                let deadline = Instant::now() + self.policy.read_timeout;
+                let deadline = Instant::now() + self.policy.base().read_timeout;
                 loop {
                     if Instant::now() >= deadline {
                         self.state.lock().waited_out = Some(seen.generation);
@@ -511,7 +518,7 @@ impl FleetSeat {
     /// The fleet's read as last seen is younger than the TTL.
     fn fresh(&self, now: Instant) -> bool {
         self.state.lock().last.is_some_and(|(read, seen)| {
-            read.state != SharedState::Never && read.age + (now - seen) < self.policy.ttl
+            read.state != SharedState::Never && read.age + (now - seen) < self.policy.load().ttl
         })
     }
 
@@ -604,15 +611,15 @@ impl FleetSeat {
         let ledger = self.fleet.ledger();
         let seen = ledger.shared_read(&self.keys).await?;
         Self::see(&mut self.state.lock(), seen, Instant::now());
-        if seen.state != SharedState::Never && seen.age < self.policy.ttl {
+        if seen.state != SharedState::Never && seen.age < self.policy.load().ttl {
             return Ok(());
         }
-        let lease = self.policy.ttl.max(Duration::from_millis(1));
+        let lease = self.policy.load().ttl.max(Duration::from_millis(1));
         if let Some(ticket) = ledger
             .lease_read(&self.keys, self.fleet.replica(), lease)
             .await?
         {
-            let deadline = Instant::now() + self.policy.read_timeout;
+            let deadline = Instant::now() + self.policy.base().read_timeout;
             let outcome =
                 match tokio::time::timeout_at(deadline, backend.backlog(&self.queue, deadline))
                     .await
@@ -659,19 +666,19 @@ impl FleetSeat {
             ),
             _ => None,
         };
-        let resume = self.policy.resume_at();
-        let refusing = state.refusing && self.policy.resume_below < Fraction::ONE;
+        let resume = self.policy.load().resume_at();
+        let refusing = state.refusing && self.policy.load().resume_below < Fraction::ONE;
         Some(GateSnapshot {
             backlog,
             drain_rate: state.drain.rate(),
             refusing_until_backlog: backlog
-                .filter(|b| (refusing && *b > resume) || *b >= self.policy.limit)
+                .filter(|b| (refusing && *b > resume) || *b >= self.policy.load().limit)
                 .map(|_| resume),
-            limit: self.policy.limit,
+            limit: self.policy.load().limit,
             consecutive_failures: read.streak,
             fail_closed: unknown
-                && self.policy.fail_closed
-                && read.streak >= self.policy.streak_threshold,
+                && self.policy.load().fail_closed
+                && read.streak >= self.policy.load().streak_threshold,
             // The shared read is the fleet's last one; when it is good, it was made `age`
             // before it was seen.
             last_read_ok_at: matches!(read.state, SharedState::Ok { .. })
