@@ -528,6 +528,25 @@ impl Ledger {
     }
 }
 
+/// Plain commands for the runtime settings (`src/settings/store.rs`), on the ledger's
+/// connection, deadline and redaction.
+impl Ledger {
+    /// A deployment-wide key under this deployment's prefix.
+    pub fn deployment_key(&self, name: &str) -> String {
+        format!("{}:{name}", self.prefix)
+    }
+
+    /// One command or pipeline, bounded by the call deadline.
+    pub async fn query<T: redis::FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+    ) -> Result<T, LedgerError> {
+        let mut conn = self.conn.get();
+        self.within(self.timeout, pipe.query_async::<T>(&mut conn))
+            .await
+    }
+}
+
 /// An error Redis answered on a working connection (a script's error, WRONGTYPE) says
 /// nothing against the connection; any other (refused, reset, timed out, AUTH refused while
 /// connecting, LOADING while Redis restarts) does.
