@@ -80,9 +80,11 @@ pub struct SettingsView {
 /// A PATCH body. Every member is optional: absent = unchanged, `null` = remove the override
 /// (back to the variable's value), a value = override.
 #[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 #[allow(dead_code)]
 pub struct SettingsPatch {
     /// By queue name; each a [`QueuePatch`].
+    #[schema(nullable = false)]
     queues: Option<BTreeMap<String, QueuePatch>>,
     /// `primary`, `fallback` (needs a fallback backend) or `null`.
     #[schema(schema_with = schema::force_backend)]
@@ -91,9 +93,12 @@ pub struct SettingsPatch {
 
 /// One queue's changes.
 #[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 #[allow(dead_code)]
 pub struct QueuePatch {
-    #[schema(minimum = 1)]
+    /// Accepted up to 2^64 − 1; described up to 2^53 − 1, the largest whole number every
+    /// JSON reader holds exactly.
+    #[schema(minimum = 1, maximum = 9007199254740991_u64)]
     max_queue_depth: Option<u64>,
     fail_closed: Option<bool>,
     #[schema(minimum = 1, maximum = 4294967295_u64)]
