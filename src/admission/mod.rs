@@ -103,9 +103,11 @@ impl Dispatcher {
     }
 
     /// Pin routing from the next send on (`None`: the primary while its circuit allows).
-    /// A fallback pin without a fallback is ignored (the settings refuse it first).
+    /// A fallback pin without a fallback changes nothing (the settings refuse it first).
     pub fn set_force(&self, force: Option<ForceBackend>) {
-        let force = force.filter(|f| *f == ForceBackend::Primary || self.fallback.is_some());
+        if force == Some(ForceBackend::Fallback) && self.fallback.is_none() {
+            return;
+        }
         self.force.store(force_code(force), Ordering::Relaxed);
     }
 
@@ -519,5 +521,68 @@ mod tests {
             ],
             "one send is the primary's trial (it hangs to its deadline); the other is not refused"
         );
+    }
+
+    #[tokio::test]
+    async fn a_forced_backend_set_at_runtime_routes_the_next_send_and_none_restores_the_default() {
+        let queue = QueueName::parse("q").unwrap();
+        let capacity = CapacitySettings {
+            max_queue_depth: 1000,
+            fail_closed: false,
+            fail_closed_streak: 3,
+            depth_ttl: Duration::from_secs(60),
+            admin_timeout: Duration::from_secs(1),
+            retry_after_max: Duration::from_secs(300),
+            resume_below: crate::config::Fraction::ONE,
+        };
+        let queues = std::slice::from_ref(&queue);
+        let lane = |role| {
+            Lane::new(
+                role,
+                Arc::new(Healthy),
+                queues,
+                &capacity,
+                BreakerPolicy::default(),
+            )
+        };
+        let d = Dispatcher::new(
+            lane(BackendRole::Primary),
+            Some(lane(BackendRole::Fallback)),
+            None,
+            InFlight::new(8),
+            Duration::from_secs(5),
+        );
+        assert_eq!(
+            d.send(message(&queue)).await.via,
+            Some(BackendRole::Primary)
+        );
+        d.set_force(Some(ForceBackend::Fallback));
+        assert_eq!(d.force(), Some(ForceBackend::Fallback));
+        assert_eq!(
+            d.send(message(&queue)).await.via,
+            Some(BackendRole::Fallback)
+        );
+        d.set_force(d.force_default());
+        assert_eq!(
+            d.send(message(&queue)).await.via,
+            Some(BackendRole::Primary)
+        );
+
+        let alone = Dispatcher::new(
+            lane(BackendRole::Primary),
+            None,
+            Some(ForceBackend::Primary),
+            InFlight::new(8),
+            Duration::from_secs(5),
+        );
+        alone.set_force(Some(ForceBackend::Fallback));
+        assert_eq!(
+            alone.force(),
+            Some(ForceBackend::Primary),
+            "no fallback to pin: nothing changes (the settings refuse it first)"
+        );
+        assert_eq!(alone.force_default(), Some(ForceBackend::Primary));
+        assert!(alone.lane("fallback").is_none());
+        assert!(alone.lane("primary").is_some());
     }
 }
