@@ -100,7 +100,7 @@ fn settings_form(keys: bool) -> Markup {
                 input id=(id) type="number" min=(min) max=[max] step="1" inputmode="numeric"
                     aria-describedby={ (id) "-now" };
                 label.inline { input id={ (id) "-default" } type="checkbox"; " back to the default" }
-                p.help id={ (id) "-now" } data-field="now" {}
+                p.help id={ (id) "-now" } {}
             }
         }
     };
@@ -139,7 +139,7 @@ fn settings_form(keys: bool) -> Markup {
                         option value="false" { "off" }
                         option value="null" { "back to the default" }
                     }
-                    p.help #set-fail_closed-now data-field="now" {}
+                    p.help #set-fail_closed-now {}
                 }
                 (number("set-fail_closed_streak", "Fail-closed streak", 1, Some(u64::from(u32::MAX))))
                 (number("set-depth_ttl_ms", "Depth TTL (ms)", 0, Some(3_600_000)))
@@ -151,7 +151,7 @@ fn settings_form(keys: bool) -> Markup {
                         option value="fallback" { "fallback" }
                         option value="null" { "back to the default" }
                     }
-                    p.help #set-force_backend-now data-field="now" {}
+                    p.help #set-force_backend-now {}
                 }
                 button type="submit" { "Apply" }
                 p #settings-result role="status" {}
