@@ -416,6 +416,11 @@ async fn a_ceiling_lowered_in_the_settings_form_refuses_the_next_send_over_it() 
     browser
         .wait_text(&field("requests", "limit"), "the new ceiling", |t| t == "3")
         .await;
+    browser
+        .wait_text(&field("requests", "limit_overridden"), "marked", |t| {
+            t == "(runtime setting by anonymous)"
+        })
+        .await;
     let now = browser.text("#set-max_queue_depth-now").await.unwrap();
     assert!(
         now.contains("In force: 3") && now.contains("overridden by anonymous"),

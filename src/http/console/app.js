@@ -330,7 +330,7 @@
       .sort()
       .forEach(function (role) {
         var queues = role === "primary" ? d.queues : backends[role].queues;
-        nodes.push(backendSection(role, backends[role], queues || {}));
+        nodes.push(backendSection(role, backends[role], queues || {}, (d.settings || {}).overridden || {}));
       });
     statusRegion.replaceChildren.apply(statusRegion, nodes);
   }
@@ -341,7 +341,7 @@
     return "failed at " + when(p.at, "—") + ": " + orText(p.error, "none");
   }
 
-  function backendSection(role, b, queues) {
+  function backendSection(role, b, queues, overridden) {
     var breaker = word(b.breaker);
     return el(
       "section",
@@ -368,13 +368,14 @@
         Object.keys(queues)
           .sort()
           .map(function (name) {
-            return queueCard(role, name, queues[name]);
+            return queueCard(role, name, queues[name], overridden);
           })
       )
     );
   }
 
-  function queueCard(role, name, q) {
+  function queueCard(role, name, q, overridden) {
+    var ceilingSet = overridden["queues." + name + ".max_queue_depth"];
     var refusing = q.fail_closed === true;
     var hasBacklog = typeof q.backlog === "number";
     var streak =
@@ -420,7 +421,10 @@
         "Backlog ",
         el("span", { class: "big", "data-field": "backlog" }, hasBacklog ? String(q.backlog) : "unknown"),
         " of ceiling ",
-        el("span", { class: "big", "data-field": "limit" }, number(q.limit))
+        el("span", { class: "big", "data-field": "limit" }, number(q.limit)),
+        ceilingSet
+          ? [" ", el("span", { class: "override", "data-field": "limit_overridden" }, "(runtime setting by " + word(ceilingSet.by) + ")")]
+          : null
       ),
       hasBacklog && limit !== null
         ? el(

@@ -188,7 +188,7 @@ fn body(d: &Value, now: &str) -> Markup {
         }
         @if let Some(backends) = d["backends"].as_object() {
             @for (role, backend) in backends {
-                (backend_section(role, backend, queues_of(d, role, backend)))
+                (backend_section(role, backend, queues_of(d, role, backend), &d["settings"]["overridden"]))
             }
         }
     }
@@ -218,7 +218,7 @@ fn coordination(c: &Value) -> Markup {
     }
 }
 
-fn backend_section(role: &str, b: &Value, queues: &Value) -> Markup {
+fn backend_section(role: &str, b: &Value, queues: &Value, overridden: &Value) -> Markup {
     let breaker = word(&b["breaker"]);
     html! {
         section.backend data-backend=(role) aria-label={ "Backend " (role) } {
@@ -240,7 +240,7 @@ fn backend_section(role: &str, b: &Value, queues: &Value) -> Markup {
             div.queues {
                 @if let Some(queues) = queues.as_object() {
                     @for (name, q) in queues {
-                        (queue_card(role, name, q))
+                        (queue_card(role, name, q, overridden))
                     }
                 }
             }
@@ -248,7 +248,8 @@ fn backend_section(role: &str, b: &Value, queues: &Value) -> Markup {
     }
 }
 
-fn queue_card(role: &str, name: &str, q: &Value) -> Markup {
+fn queue_card(role: &str, name: &str, q: &Value, overridden: &Value) -> Markup {
+    let ceiling_set = &overridden[format!("queues.{name}.max_queue_depth")];
     let refusing = q["fail_closed"].as_bool().unwrap_or(false);
     let streak = match q["streak_threshold"].as_u64() {
         Some(t) => format!("{} of {t}", number(&q["consecutive_failures"])),
@@ -262,6 +263,12 @@ fn queue_card(role: &str, name: &str, q: &Value) -> Markup {
                 span.big data-field="backlog" { (or_unknown(&q["backlog"])) }
                 " of ceiling "
                 span.big data-field="limit" { (number(&q["limit"])) }
+                @if ceiling_set.is_object() {
+                    " "
+                    span.override data-field="limit_overridden" {
+                        "(runtime setting by " (word(&ceiling_set["by"])) ")"
+                    }
+                }
             }
             @if let (Some(backlog), Some(limit)) = (q["backlog"].as_u64(), q["limit"].as_u64()) {
                 meter min="0" max=(limit) value=(backlog.min(limit)) high=(limit.saturating_mul(8) / 10)
@@ -415,6 +422,22 @@ mod tests {
             "{html}"
         );
         assert!(html.contains(r#"data-field="refusing_until_backlog">30<"#));
+    }
+
+    #[test]
+    fn a_ceiling_set_at_runtime_is_marked_with_who_set_it() {
+        let mut d = sample();
+        assert!(!page(Mode::Open, Some(&d), "now")
+            .into_string()
+            .contains("limit_overridden"));
+        d["settings"] = serde_json::json!({"store": "file", "ok": true, "last_error": null,
+            "overridden": {"queues.requests.max_queue_depth": {"value": 40,
+                "variable": "SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "by": "ops", "at": "t"}}});
+        let html = page(Mode::Open, Some(&d), "now").into_string();
+        assert!(
+            html.contains(r#"data-field="limit_overridden">(runtime setting by ops)<"#),
+            "{html}"
+        );
     }
 
     #[test]
