@@ -387,3 +387,78 @@ async fn overrides_survive_a_restart_of_the_binary_and_a_corrupt_file_stops_it()
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("settings.json"), "{}", stderr(&out));
 }
+
+#[tokio::test]
+async fn each_change_logs_settings_changed_with_old_and_new_and_the_key_never_its_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = keys_file(dir.path());
+    let data = dir.path().join("data").display().to_string();
+    let log_path = dir.path().join("sendgate.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let gw = GatewayProcess::start_logging_to(
+        &[
+            ("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap()),
+            ("SENDGATE_DATA_DIR", data.as_str()),
+            ("SENDGATE_LOG_FORMAT", "json"),
+        ],
+        log,
+    )
+    .await;
+    let patch = |body: &'static str| {
+        gw.client
+            .patch(gw.url("/admin/settings"))
+            .bearer_auth("admin-token")
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
+    };
+    let set = r#"{"queues": {"requests": {"max_queue_depth": 7}}}"#;
+    assert_eq!(patch(set).await.unwrap().status(), 200);
+    assert_eq!(
+        patch(set).await.unwrap().status(),
+        200,
+        "the same value: no change"
+    );
+    let clear = r#"{"queues": {"requests": {"max_queue_depth": null}}}"#;
+    assert_eq!(patch(clear).await.unwrap().status(), 200);
+
+    let started = std::time::Instant::now();
+    let lines = loop {
+        let text = std::fs::read_to_string(&log_path).unwrap();
+        let lines: Vec<Value> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|l| l["event"] == "settings_changed")
+            .collect();
+        if lines.len() >= 2 || started.elapsed() > Duration::from_secs(5) {
+            assert!(!text.contains("admin-token"), "a token in the log");
+            break lines;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        lines.len(),
+        2,
+        "one line per change, none for the no-op: {lines:?}"
+    );
+    let field = |l: &Value, f: &str| {
+        l[f].as_str()
+            .map(str::to_owned)
+            .unwrap_or_else(|| l[f].to_string())
+    };
+    let first = &lines[0];
+    assert_eq!(field(first, "setting"), "queues.requests.max_queue_depth");
+    assert_eq!(field(first, "variable"), "SERVICEBUS_SEND_MAX_QUEUE_DEPTH");
+    assert_eq!(
+        (field(first, "old"), field(first, "new")),
+        ("2000".into(), "7".into())
+    );
+    assert_eq!(field(first, "by"), "deployer");
+    assert_eq!(field(first, "overridden"), "true");
+    let second = &lines[1];
+    assert_eq!(
+        (field(second, "old"), field(second, "new")),
+        ("7".into(), "2000".into())
+    );
+    assert_eq!(field(second, "overridden"), "false");
+}
