@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use fault_proxy::{Fault, FaultProxy};
 use gateway::GatewayProcess;
+use sendgate::coordination::ledger::MEMBER_FOR;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -388,9 +389,12 @@ async fn a_replica_killed_holding_headroom_gives_it_back_when_its_lease_ends() {
     // One send takes a block of headroom (a share of the 100); the rest of it is unused.
     assert_eq!(doomed.send(&queue, "{}").await.unwrap(), 201);
     drop(doomed); // SIGKILL, then reaped: no drain, no goodbye to Redis
-                  // A block's lease: its use (0.5 s) + the send deadline (1 s) + the Redis
-                  // deadline (0.5 s) + 1 s.
-    tokio::time::sleep(Duration::from_millis(3200)).await;
+                  // Its block's lease (its use 0.5 s + the send deadline 1 s + the Redis deadline 0.5 s
+                  // + 1 s) gives back what it held; and a replica not heard from may be running alone with
+                  // its share of the room, withheld from the others until it has not been heard from for
+                  // MEMBER_FOR (10 s): a killed replica looks the same.
+    tokio::time::sleep(MEMBER_FOR.max(Duration::from_millis(3200)) + Duration::from_millis(500))
+        .await;
     // Fill up to the ceiling. Near it the count errs on the safe side for a moment (a
     // send stored before a read but settled after it is counted twice until the next
     // read), so a refusal is retried after a TTL; three in a row end it.
@@ -408,7 +412,7 @@ async fn a_replica_killed_holding_headroom_gives_it_back_when_its_lease_ends() {
     }
     assert_eq!(
         queued, 100,
-        "the dead replica's headroom came back within its lease"
+        "the dead replica's headroom and share came back within its lease and MEMBER_FOR"
     );
     assert_eq!(rabbit::ready(&queue).await, 100);
     rabbit::delete(&queue).await;

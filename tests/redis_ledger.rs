@@ -20,7 +20,7 @@ use redis_support::{cli, ensure_redis, keys_and_ttls, settings, unique_prefix, C
 use sendgate::config::BackendKind;
 use sendgate::coordination::entra::REDIS_SCOPE;
 use sendgate::coordination::ledger::{
-    Ledger, LedgerError, QueueKeys, ReadOutcome, Reservation, SharedRead, SharedState, IDLE,
+    Ledger, LedgerError, QueueKeys, ReadOutcome, Reservation, Settle, SharedRead, SharedState, IDLE,
 };
 use sendgate::domain::QueueName;
 use sendgate::entra::{CredentialChain, EntraCredential};
@@ -178,6 +178,137 @@ async fn grants_shrink_as_the_room_shrinks_down_to_one() {
     assert!(
         grants.iter().filter(|&&g| g == 1).count() >= 8,
         "the last eight units go one by one: {grants:?}"
+    );
+}
+
+#[tokio::test]
+async fn one_batch_settles_every_block_it_names_at_once() {
+    let f = fixture().await;
+    publish_ok(&f, 0).await;
+    for id in ["a", "b", "c"] {
+        granted(
+            f.ledger
+                .reserve(&f.keys, id, 4, 100, 1, LONG)
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(f.ledger.shared_read(&f.keys).await.unwrap().reserved, 12);
+    f.ledger
+        .settle_batch(
+            &f.keys,
+            &[
+                Settle::new("a", 4, 0),    // used up, all stored: the block leaves
+                Settle::new("b", 1, 2),    // one stored, two not: one unit left
+                Settle::new("gone", 5, 0), // an id Redis no longer holds: stored counts, takes nothing
+            ],
+        )
+        .await
+        .unwrap();
+    let read = f.ledger.shared_read(&f.keys).await.unwrap();
+    assert_eq!(
+        (read.reserved, read.since_read),
+        (12 - 4 - 3, 4 + 1 + 5),
+        "reserved = b's last unit + c's four; since_read = every stored send"
+    );
+    let blocks = cli(&["ZCARD", f.keys.all()[3]]);
+    assert_eq!(blocks.trim(), "2", "block a, used up, left the blocks");
+    // An empty batch is no call (and no error).
+    f.ledger.settle_batch(&f.keys, &[]).await.unwrap();
+}
+
+#[tokio::test]
+async fn the_fleets_size_counts_each_replica_that_reserved_once() {
+    let f = fixture().await;
+    publish_ok(&f, 0).await;
+    assert_eq!(f.ledger.shared_read(&f.keys).await.unwrap().replicas, 0);
+    // Block ids are `{replica}:{n}`: two blocks of r1 (one with a ':' in its name) and one of r2.
+    for id in ["r:1:1", "r:1:2", "r2:1"] {
+        granted(
+            f.ledger
+                .reserve(&f.keys, id, 1, 100, 1, LONG)
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(f.ledger.shared_read(&f.keys).await.unwrap().replicas, 2);
+    // A refusal counts too: the replica is admitting (or trying to).
+    assert!(matches!(
+        f.ledger
+            .reserve(&f.keys, "r3:1", 1, 3, 1, LONG)
+            .await
+            .unwrap(),
+        Reservation::Full { .. }
+    ));
+    assert_eq!(f.ledger.shared_read(&f.keys).await.unwrap().replicas, 3);
+    let ttl: i64 = cli(&["PTTL", f.keys.all()[5]]).parse().unwrap();
+    assert!(ttl > 0, "the members key expires like the others ({ttl})");
+}
+
+#[tokio::test]
+async fn the_share_of_a_replica_not_heard_from_is_withheld_from_the_others() {
+    let f = fixture().await;
+    publish_ok(&f, 0).await;
+    // Two replicas reserve one unit each, then a is heard from (a heartbeat): each answer
+    // records the replica's share of the room as it then stands (2 left of 100: 49 each).
+    granted(
+        f.ledger
+            .reserve(&f.keys, "a:1", 1, 100, 1, LONG)
+            .await
+            .unwrap(),
+    );
+    granted(
+        f.ledger
+            .reserve(&f.keys, "b:1", 1, 100, 1, LONG)
+            .await
+            .unwrap(),
+    );
+    f.ledger.shared_read_as(&f.keys, "a", 100).await.unwrap();
+    let shares = f.keys.all()[6];
+    assert_eq!(cli(&["HGET", shares, "a"]), "49");
+    // Heard from, a's share is not withheld: b may take the whole room.
+    assert_eq!(
+        granted(
+            f.ledger
+                .reserve(&f.keys, "b:2", 10, 100, 1, LONG)
+                .await
+                .unwrap()
+        ),
+        10
+    );
+    // a goes quiet past the absence horizon: it may be running alone on its 49, so b may
+    // reserve only what is left beside them.
+    tokio::time::sleep(f.ledger.absent_after() + Duration::from_millis(100)).await;
+    assert_eq!(
+        granted(
+            f.ledger
+                .reserve(&f.keys, "b:3", 1000, 100, 1, LONG)
+                .await
+                .unwrap()
+        ),
+        100 - 12 - 49,
+        "a's share of the room went to b"
+    );
+    match f
+        .ledger
+        .reserve(&f.keys, "b:4", 1, 100, 1, LONG)
+        .await
+        .unwrap()
+    {
+        Reservation::Full { estimate, .. } => assert_eq!(estimate, 51 + 49),
+        other => panic!("a's share was not withheld: {other:?}"),
+    }
+    // Heard from again: nothing is withheld for it, and its share is what is left now.
+    f.ledger.shared_read_as(&f.keys, "a", 100).await.unwrap();
+    assert_eq!(cli(&["HGET", shares, "a"]), "25");
+    assert_eq!(
+        granted(
+            f.ledger
+                .reserve(&f.keys, "b:5", 1000, 100, 1, LONG)
+                .await
+                .unwrap()
+        ),
+        49
     );
 }
 
@@ -956,11 +1087,12 @@ mod seat {
     use std::sync::Arc;
 
     use sendgate::admission::capacity::{BacklogEffect, CapacityGate, CapacityPolicy, Refusal};
-    use sendgate::admission::shared::{FleetSeat, Held};
+    use sendgate::admission::shared::{FleetSeat, Held, USE_BLOCK_FOR};
     use sendgate::backend::{
         Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt,
     };
     use sendgate::coordination::fleet::Fleet;
+    use sendgate::coordination::ledger::MEMBER_FOR;
 
     /// An admin plane whose depth the test sets.
     pub struct Depth(pub AtomicU64);
@@ -1247,6 +1379,56 @@ mod seat {
         let took = started.elapsed();
         assert!(took < Duration::from_secs(2), "60 sends took {took:?}");
         assert!(s.fleet.joined());
+    }
+
+    #[tokio::test]
+    async fn grants_that_arrive_together_are_all_handed_out_before_another_is_asked_for() {
+        let s = setup(Fault::Pass).await;
+        joined(&s.fleet, true).await;
+        let backend: Arc<dyn Backend> = Arc::new(Depth(AtomicU64::new(0)));
+        let seat = FleetSeat::new(
+            s.fleet.clone(),
+            s.keys.clone(),
+            QueueName::parse("q").unwrap(),
+            policy(100_000, Duration::from_secs(60)),
+            Duration::from_secs(5),
+        );
+        block(seat.admit(&backend).await.unwrap()); // the first read, and a first block
+        let blocks = || cli(&["ZCARD", s.keys.all()[3]]).parse::<u64>().unwrap();
+        let first = blocks();
+        // Use the first block up, then 8 sends at once find none: each reserves one (a
+        // slow Redis keeps them all in flight together).
+        for _ in 1..32 {
+            block(seat.admit(&backend).await.unwrap());
+        }
+        assert_eq!(blocks(), first, "31 more sends came from the first block");
+        s.proxy.set(Fault::Delay(Duration::from_millis(25)));
+        let together: Vec<_> = (0..8)
+            .map(|_| {
+                let (seat, backend) = (seat.clone(), backend.clone());
+                tokio::spawn(async move { seat.admit(&backend).await })
+            })
+            .collect();
+        for send in together {
+            block(send.await.unwrap().unwrap());
+        }
+        s.proxy.set(Fault::Pass);
+        let granted = blocks() - first;
+        assert!(
+            granted > 1,
+            "the test needs grants that overlap ({granted})"
+        );
+        // Every grant's rest (31 each) is handed out before the next reservation.
+        for _ in 0..granted * 31 {
+            block(seat.admit(&backend).await.unwrap());
+        }
+        assert_eq!(
+            blocks() - first,
+            granted,
+            "a grant that arrived beside another was given back instead of used"
+        );
+        block(seat.admit(&backend).await.unwrap());
+        assert_eq!(blocks() - first, granted + 1, "then the next block");
     }
 
     #[tokio::test]
@@ -1566,6 +1748,74 @@ mod seat {
         // One read deadline (300 ms), not ten in a row (3 s).
         let took = started.elapsed();
         assert!(took < Duration::from_millis(1500), "10 sends took {took:?}");
+    }
+
+    #[tokio::test]
+    async fn a_replica_turned_local_keeps_its_share_of_the_fleets_headroom_over_a_lagging_read() {
+        let s = setup(Fault::Pass).await;
+        joined(&s.fleet, true).await;
+        // The admin plane lags: it says 0 whatever the queue holds.
+        let backend: Arc<dyn Backend> = Arc::new(Depth(AtomicU64::new(0)));
+        let queue = QueueName::parse("q").unwrap();
+        let p = policy(200, Duration::from_secs(1));
+        let gate = CapacityGate::new(queue.clone(), p.clone(), backend);
+        gate.join_fleet(FleetSeat::new(
+            s.fleet.clone(),
+            s.keys.clone(),
+            queue,
+            p,
+            Duration::from_millis(1),
+        ));
+        gate.admit().await.unwrap().finish(BacklogEffect::Stored);
+        // Another replica stored 100 that the admin plane does not show yet.
+        granted(
+            s.direct
+                .reserve(&s.keys, "other:1", 100, 200, 1, LONG)
+                .await
+                .unwrap(),
+        );
+        s.direct.settle(&s.keys, "other:1", 100, 0).await.unwrap();
+        // This replica's block is past its use: the next send asks Redis, and sees that.
+        tokio::time::sleep(USE_BLOCK_FOR + Duration::from_millis(100)).await;
+        gate.admit().await.unwrap().finish(BacklogEffect::Stored);
+        let seen = s.direct.shared_read(&s.keys).await.unwrap();
+        assert_eq!(seen.replicas, 2);
+        let fleet_estimate = seen.since_read + seen.reserved;
+        assert!(fleet_estimate >= 101, "{seen:?}");
+        // Redis stops answering: the next send that asks turns the replica local.
+        s.proxy.set(Fault::Reset);
+        tokio::time::sleep(USE_BLOCK_FOR + Duration::from_millis(100)).await;
+        let admitted_alone = || async {
+            let mut n = 0u64;
+            while let Ok(r) = gate.admit().await {
+                r.finish(BacklogEffect::Stored);
+                n += 1;
+                assert!(n <= 400, "never refused");
+            }
+            n
+        };
+        let n = admitted_alone().await;
+        assert!(!s.fleet.joined());
+        // Its read says 0 queued: without the fleet's estimate under it and its share of the
+        // rest (1 of 2 replicas), it would have admitted ~200 alone.
+        let share = (200 - fleet_estimate) / 2 + 1;
+        assert!(
+            (1..=share).contains(&n),
+            "admitted {n} alone; its share of the {} left is {share}",
+            200 - fleet_estimate
+        );
+        // Its share is what the fleet withholds for it while it is not heard from: spent,
+        // even once the floor's horizon (lag, sends in flight, a read's deadline) is past.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert_eq!(admitted_alone().await, 0, "admitted past its share");
+        // Once the fleet has forgotten it (MEMBER_FOR), its own reads decide, each replica of
+        // the fleet it knew counted as admitting as much as it does (1 of 2: 100 of 200).
+        tokio::time::sleep(MEMBER_FOR).await;
+        let more = admitted_alone().await;
+        assert!(
+            more > share && more <= 100,
+            "after the fleet forgot it: {more} (share of 200 for 2: 100)"
+        );
     }
 
     #[tokio::test]

@@ -238,6 +238,9 @@ struct GateState {
     anchor: Option<(Instant, u64)>,
     /// Refused at the ceiling and not yet back at or below the resume level.
     refusing: bool,
+    /// Local after a spell in the fleet: since when (the fleet's `local_since`), and how
+    /// many sends this gate admitted alone since then (against its share, see `Departure`).
+    spell: (Option<Instant>, u64),
 }
 
 /// Why a read is made: for a send (counts in the streak) or at start-up (does not).
@@ -300,6 +303,7 @@ impl CapacityGate {
                 drain: DrainEstimator::new(policy.base().lag),
                 anchor: None,
                 refusing: false,
+                spell: (None, 0),
             }),
             read_turn: tokio::sync::Mutex::new(()),
             seat: std::sync::OnceLock::new(),
@@ -594,9 +598,30 @@ impl CapacityGate {
                 ..
             } => return Err(Refusal::QueueDisabled),
             LastRead::Ok { backlog, at, .. } => {
-                let estimate = backlog
-                    .saturating_add(state.since_read)
-                    .saturating_add(state.in_flight);
+                let own = state.since_read.saturating_add(state.in_flight);
+                // Local after a spell in the fleet: this replica's share of the room, and
+                // the fleet's last estimate under a read that may not show it yet.
+                let departure = self
+                    .seat
+                    .get()
+                    .and_then(|seat| seat.departure().map(|d| (d, seat.local_since())));
+                let (backlog, share) = match departure {
+                    Some((d, _)) if at < d.floor_until => (backlog.max(d.floor), d.replicas),
+                    Some((d, _)) => (backlog, d.replicas),
+                    None => (backlog, 1),
+                };
+                let mut estimate = backlog.saturating_add(own.saturating_mul(share));
+                if let Some((d, since)) = departure {
+                    if state.spell.0 != Some(since) {
+                        state.spell = (Some(since), 0);
+                    }
+                    let spent = d
+                        .allowance
+                        .is_some_and(|a| state.spell.1 >= a && Instant::now() < d.allowance_until);
+                    if spent {
+                        estimate = estimate.max(policy.limit);
+                    }
+                }
                 // Hysteresis: at the ceiling the queue starts refusing, and goes on until the
                 // estimate is back at or below the resume level.
                 state.refusing = if state.refusing {
@@ -619,6 +644,9 @@ impl CapacityGate {
             }
         }
         state.in_flight += 1;
+        if state.spell.0.is_some() && self.seat.get().is_some_and(|seat| !seat.joined()) {
+            state.spell.1 += 1;
+        }
         Ok(Reservation {
             gate: self.clone(),
             held: None,

@@ -23,7 +23,7 @@
 //! Every call here may fail with a [`LedgerError`]: the caller then falls back to the local
 //! gate for that send, and the fleet status to local mode.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -36,8 +36,9 @@ use crate::backend::{Backend, DepthError};
 use crate::config::Fraction;
 use crate::coordination::fleet::{Fleet, REJOIN_EVERY};
 use crate::coordination::ledger::{
-    LedgerError, QueueKeys, ReadOutcome, Reservation, SharedRead, SharedState,
+    LedgerError, QueueKeys, ReadOutcome, Reservation, Settle, SharedRead, SharedState,
 };
+use crate::coordination::ledger::{HEARTBEAT, MEMBER_FOR};
 use crate::domain::QueueName;
 
 /// Most headroom one reservation asks for.
@@ -72,15 +73,27 @@ pub enum Held {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct BlockTurn(u64);
 
-struct SeatState {
-    /// Headroom of the block not yet handed out, and until when it may be.
+/// A block granted to this replica, being handed out.
+struct Block {
+    turn: u64,
+    /// Headroom not yet handed out, and until when it may be.
     left: u64,
     use_until: Instant,
-    /// The block `left` comes from, and the last turn given to a reservation.
-    turn: u64,
+}
+
+struct SeatState {
+    /// Blocks being handed out, oldest first. Sends that found none at the same moment each
+    /// reserve one, and every grant is kept (handing out the oldest first), so concurrent
+    /// reservations cost no extra round trips. Bounded: a block leaves once used up or past
+    /// its use, and a new one is asked for only when none is usable.
+    blocks: VecDeque<Block>,
+    /// The last turn given to a reservation.
     turns: u64,
     /// The fleet's read as last seen, and when (local clock).
     last: Option<(SharedRead, Instant)>,
+    /// What the fleet last said with a good read, kept across a fall back (see
+    /// [`FleetSeat::departure`]).
+    view: Option<FleetView>,
     /// Outcomes to settle, by block: (stored, not stored).
     pending_blocks: BTreeMap<BlockTurn, (u64, u64)>,
     pending_open_stored: u64,
@@ -112,6 +125,39 @@ struct SeatState {
     refusing: bool,
 }
 
+/// The fleet as this replica last saw it.
+#[derive(Debug, Clone, Copy)]
+struct FleetView {
+    /// Replicas in the fleet (at least this one).
+    replicas: u64,
+    /// With the last good read: backlog + sends stored since the read + headroom every
+    /// replica holds, and when it was seen.
+    estimate: Option<(u64, Instant)>,
+    /// When the fleet last heard from this replica.
+    heard: Instant,
+}
+
+/// What a replica that turned local keeps of the fleet, so that its own gate keeps the
+/// fleet's ceiling without Redis:
+/// - **its share** (`allowance`): at most `⌈(limit − estimate) / replicas⌉` admitted alone
+///   (of the fleet's last good read as this replica saw it) until `allowance_until`. Redis
+///   recorded the same share for it and withholds it from the others while this replica is
+///   not heard from (`reserve.lua`), so the fleet stays under the ceiling while part of it
+///   runs alone. After that (the fleet has forgotten it: a long outage) it admits as if each
+///   of the `replicas` admitted as much as it does (its own count × `replicas` on top of the
+///   backlog), so a fleet all alone still stays under the ceiling as its reads see it;
+/// - **a floor** under the backlog its reads see until `floor_until`: the fleet's estimate
+///   includes sends the others stored that a lagging admin plane (RabbitMQ's management
+///   statistics) does not show yet, and sends the others had in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Departure {
+    pub replicas: u64,
+    pub allowance: Option<u64>,
+    pub allowance_until: Instant,
+    pub floor: u64,
+    pub floor_until: Instant,
+}
+
 pub struct FleetSeat {
     fleet: Arc<Fleet>,
     keys: QueueKeys,
@@ -137,11 +183,11 @@ impl FleetSeat {
         send_timeout: Duration,
     ) -> Arc<Self> {
         let policy = policy.into();
-        fleet.register(keys.clone());
+        fleet.register(keys.clone(), policy.load().limit);
         let replica = fleet.replica().to_owned();
         let block_lease =
             USE_BLOCK_FOR + send_timeout + fleet.ledger().timeout() + Duration::from_secs(1);
-        Arc::new(Self {
+        let seat = Arc::new(Self {
             open_id: format!("{replica}-open"),
             replica,
             fleet,
@@ -149,11 +195,10 @@ impl FleetSeat {
             queue,
             block_lease,
             state: Mutex::new(SeatState {
-                left: 0,
-                use_until: Instant::now(),
-                turn: 0,
+                blocks: VecDeque::new(),
                 turns: 0,
                 last: None,
+                view: None,
                 pending_blocks: BTreeMap::new(),
                 pending_open_stored: 0,
                 flush_scheduled: false,
@@ -171,7 +216,40 @@ impl FleetSeat {
             }),
             read_turn: tokio::sync::Mutex::new(()),
             policy,
-        })
+        });
+        tokio::spawn(Self::heartbeat(Arc::downgrade(&seat)));
+        seat
+    }
+
+    /// While in the fleet, be heard from at least every [`HEARTBEAT`]: a replica not heard
+    /// from may have turned local, and the others withhold its share of the room
+    /// (`reserve.lua`). A seat busy with sends makes no extra call; an idle one asks for the
+    /// shared read, which also keeps its view of the fleet (size, estimate) fresh for a fall
+    /// back. Ends with the seat.
+    async fn heartbeat(seat: std::sync::Weak<Self>) {
+        loop {
+            tokio::time::sleep(HEARTBEAT).await;
+            let Some(seat) = seat.upgrade() else { return };
+            if !seat.fleet.joined() {
+                continue;
+            }
+            let quiet = seat
+                .state
+                .lock()
+                .last
+                .is_none_or(|(_, seen)| seen.elapsed() >= HEARTBEAT);
+            if !quiet {
+                continue;
+            }
+            let ledger = seat.fleet.ledger();
+            match ledger
+                .shared_read_as(&seat.keys, seat.fleet.replica(), seat.policy.load().limit)
+                .await
+            {
+                Ok(read) => Self::see(&mut seat.state.lock(), read, Instant::now()),
+                Err(error) => seat.fall_back(&error),
+            }
+        }
     }
 
     /// Record the fleet's read as seen now, and measure the drain between two good reads:
@@ -182,9 +260,23 @@ impl FleetSeat {
     /// ceiling, where the fleet admits next to nothing, the two agree.
     fn see(state: &mut SeatState, read: SharedRead, now: Instant) {
         state.last = Some((read, now));
+        let before = state.view.and_then(|v| v.estimate);
         let SharedState::Ok { backlog, .. } = read.state else {
+            state.view = Some(FleetView {
+                replicas: read.replicas.max(1),
+                estimate: before,
+                heard: now,
+            });
             return;
         };
+        let fleet_estimate = backlog
+            .saturating_add(read.since_read)
+            .saturating_add(read.reserved);
+        state.view = Some(FleetView {
+            replicas: read.replicas.max(1),
+            estimate: Some((fleet_estimate, now)),
+            heard: now,
+        });
         let estimate = backlog.saturating_add(read.since_read);
         let read_at = now.checked_sub(read.age).unwrap_or(now);
         match state.measured {
@@ -243,11 +335,46 @@ impl FleetSeat {
         self.fleet.local_since()
     }
 
+    /// While the replica is local after a spell in the fleet: what its own gate keeps of
+    /// the fleet (see [`Departure`]). `None` in the fleet, or when it never heard from
+    /// the fleet (it started without Redis: it knows of no one to share with).
+    pub fn departure(&self) -> Option<Departure> {
+        if self.fleet.joined() {
+            return None;
+        }
+        let view = self.state.lock().view?;
+        // The same share Redis recorded for this replica from the same reply (`record_share`).
+        let allowance = view.estimate.map(|(estimate, _)| {
+            self.policy
+                .load()
+                .limit
+                .saturating_sub(estimate)
+                .div_ceil(view.replicas)
+        });
+        let (floor, seen) = view.estimate.unwrap_or((0, view.heard));
+        Some(Departure {
+            replicas: view.replicas,
+            allowance,
+            // The fleet forgets a replica not heard from for MEMBER_FOR, and with it the
+            // share it withheld for it. A little before that, by this replica's clock.
+            allowance_until: view.heard
+                + MEMBER_FOR.saturating_sub(self.fleet.ledger().absent_after()),
+            floor,
+            // Sends the others stored by then are in the admin plane's count once its lag
+            // has passed; those they had in flight end within a block's lease; a read
+            // finishing by then may have started before (its own deadline).
+            floor_until: seen
+                + self.policy.base().lag
+                + self.block_lease
+                + self.policy.base().read_timeout,
+        })
+    }
+
     /// Turn the replica to local mode after a failed call.
     pub fn fall_back(&self, error: &LedgerError) {
         self.fleet.fall_back(error);
         let mut state = self.state.lock();
-        state.left = 0;
+        state.blocks.clear();
         state.last = None;
     }
 
@@ -268,9 +395,13 @@ impl FleetSeat {
             // lease ends, whatever the age of the read it was granted on: use it first (a
             // stale read is refreshed in the background). Asking Redis instead would count
             // this replica's own unused block against it and refuse a send the fleet has room for.
-            if state.left > 0 && now < state.use_until {
-                state.left -= 1;
-                let turn = BlockTurn(state.turn);
+            if let Some(block) = state
+                .blocks
+                .iter_mut()
+                .find(|b| b.left > 0 && now < b.use_until)
+            {
+                block.left -= 1;
+                let turn = BlockTurn(block.turn);
                 // Within the lead of the TTL, or past it: one read in the background
                 // (throttled, so a flood of sends spawns no flood of reads).
                 let ahead = self.ahead_due(&mut state, age, now);
@@ -296,11 +427,13 @@ impl FleetSeat {
             let ahead = fresh && self.ahead_due(&mut state, age, now);
             // The block's use is over: what it did not hand out goes back now (else with
             // its lease).
-            let leftover = if now >= state.use_until && state.left > 0 {
-                Some((state.turn, std::mem::take(&mut state.left)))
-            } else {
-                None
-            };
+            let mut leftover = Vec::new();
+            state.blocks.retain(|b| {
+                if b.left > 0 && now >= b.use_until {
+                    leftover.push((b.turn, b.left));
+                }
+                b.left > 0 && now < b.use_until
+            });
             (fresh, ahead, leftover)
         };
         if !fresh {
@@ -308,24 +441,14 @@ impl FleetSeat {
         }
         self.spawn_ahead(ahead, backend);
         let refused = self.still_refusing(&mut self.state.lock(), Instant::now());
+        self.release_leftover(&leftover).await?;
         if let Some(refusal) = refused {
-            if let Some((turn, left)) = leftover {
-                self.fleet
-                    .ledger()
-                    .release(&self.keys, &self.block_id(turn), left)
-                    .await?;
-            }
             return Ok(Err(refusal));
         }
         let ledger = self.fleet.ledger();
         // The block is handed out for its use from when it was asked for, which is before
         // its lease began in Redis, however late the answer.
         let asked = Instant::now();
-        if let Some((turn, left)) = leftover {
-            ledger
-                .release(&self.keys, &self.block_id(turn), left)
-                .await?;
-        }
         let turn = {
             let mut state = self.state.lock();
             state.turns += 1;
@@ -350,20 +473,12 @@ impl FleetSeat {
                 // ends it (`still_refusing`, before this send asked). A grant that was on its
                 // way while another send's "full" arrived must not end it (review finding).
                 let rest = granted.saturating_sub(1);
-                if state.left > 0 && now < state.use_until {
-                    // Another send's grant arrived first and is being handed out: this one's
-                    // rest goes back at once (its lease would return it too, later).
-                    drop(state);
-                    if rest > 0 {
-                        let (seat, id) = (Arc::clone(self), self.block_id(turn));
-                        tokio::spawn(async move {
-                            let _ = seat.fleet.ledger().release(&seat.keys, &id, rest).await;
-                        });
-                    }
-                } else {
-                    state.turn = turn;
-                    state.left = rest;
-                    state.use_until = asked + USE_BLOCK_FOR;
+                if rest > 0 {
+                    state.blocks.push_back(Block {
+                        turn,
+                        left: rest,
+                        use_until: asked + USE_BLOCK_FOR,
+                    });
                 }
                 Ok(Held::Block(BlockTurn(turn)))
             }
@@ -395,6 +510,19 @@ impl FleetSeat {
                 }
             }
         })
+    }
+
+    /// Give back what blocks past their use did not hand out, in one call.
+    async fn release_leftover(&self, leftover: &[(u64, u64)]) -> Result<(), LedgerError> {
+        let ids: Vec<(String, u64)> = leftover
+            .iter()
+            .map(|&(turn, left)| (self.block_id(turn), left))
+            .collect();
+        let batch: Vec<Settle<'_>> = ids
+            .iter()
+            .map(|(id, left)| Settle::new(id, 0, *left))
+            .collect();
+        self.fleet.ledger().settle_batch(&self.keys, &batch).await
     }
 
     fn block_id(&self, turn: u64) -> String {
@@ -448,7 +576,9 @@ impl FleetSeat {
             return Ok(());
         }
         let ledger = self.fleet.ledger();
-        let seen = ledger.shared_read(&self.keys).await?;
+        let seen = ledger
+            .shared_read_as(&self.keys, self.fleet.replica(), self.policy.load().limit)
+            .await?;
         Self::see(&mut self.state.lock(), seen, Instant::now());
         if seen.state != SharedState::Never && seen.age < self.policy.load().ttl && wait {
             return Ok(()); // another replica published while this one queued
@@ -503,7 +633,9 @@ impl FleetSeat {
                         break;
                     }
                     tokio::time::sleep(WAIT_POLL).await;
-                    let now = ledger.shared_read(&self.keys).await?;
+                    let now = ledger
+                        .shared_read_as(&self.keys, self.fleet.replica(), self.policy.load().limit)
+                        .await?;
                     Self::see(&mut self.state.lock(), now, Instant::now());
                     if now.generation != seen.generation {
                         break;
@@ -574,22 +706,25 @@ impl FleetSeat {
                 std::mem::take(&mut state.pending_open_stored),
             )
         };
-        let ledger = self.fleet.ledger();
-        let mut unsettled_stored: u64 = blocks.values().map(|(stored, _)| stored).sum();
-        for (turn, (stored, not_stored)) in blocks {
-            ledger
-                .settle(&self.keys, &self.block_id(turn.0), stored, not_stored)
-                .await
-                .map_err(|e| (e, unsettled_stored + open))?;
-            unsettled_stored -= stored;
-        }
+        let ids: Vec<(String, u64, u64)> = blocks
+            .into_iter()
+            .map(|(turn, (stored, not_stored))| (self.block_id(turn.0), stored, not_stored))
+            .collect();
+        let mut batch: Vec<Settle<'_>> = ids
+            .iter()
+            .map(|(id, stored, not_stored)| Settle::new(id, *stored, *not_stored))
+            .collect();
         if open > 0 {
-            ledger
-                .settle(&self.keys, &self.open_id, open, 0)
-                .await
-                .map_err(|e| (e, open))?;
+            batch.push(Settle::new(&self.open_id, open, 0));
         }
-        Ok(())
+        // One atomic call: on failure none of it happened (or all of it did, with the reply
+        // lost), so every stored send of the batch is kept to be settled again.
+        let unsettled: u64 = batch.iter().map(|s| s.stored).sum();
+        self.fleet
+            .ledger()
+            .settle_batch(&self.keys, &batch)
+            .await
+            .map_err(|e| (e, unsettled))
     }
 
     /// A fail-closed refusal is logged once per fleet read, with the count since the last
@@ -609,7 +744,9 @@ impl FleetSeat {
     pub async fn prime(&self, backend: &Arc<dyn Backend>) -> Result<(), LedgerError> {
         let _turn = self.read_turn.lock().await;
         let ledger = self.fleet.ledger();
-        let seen = ledger.shared_read(&self.keys).await?;
+        let seen = ledger
+            .shared_read_as(&self.keys, self.fleet.replica(), self.policy.load().limit)
+            .await?;
         Self::see(&mut self.state.lock(), seen, Instant::now());
         if seen.state != SharedState::Never && seen.age < self.policy.load().ttl {
             return Ok(());
@@ -697,11 +834,10 @@ mod tests {
 
     fn seat_state() -> SeatState {
         SeatState {
-            left: 0,
-            use_until: Instant::now(),
-            turn: 0,
+            blocks: VecDeque::new(),
             turns: 0,
             last: None,
+            view: None,
             pending_blocks: BTreeMap::new(),
             pending_open_stored: 0,
             flush_scheduled: false,
@@ -732,6 +868,7 @@ mod tests {
             reserved: 7, // held, not yet in the queue: never part of the drain
             reads_ok: generation,
             reads_failed: 0,
+            replicas: 1,
         }
     }
 

@@ -46,7 +46,7 @@ pub struct Fleet {
     ledger: Ledger,
     /// The queues whose scripts must answer before the replica rejoins (see
     /// [`Fleet::register`]).
-    queues: Mutex<Vec<QueueKeys>>,
+    queues: Mutex<Vec<(QueueKeys, u64)>>,
     /// Names this replica's blocks and read leases.
     replica: String,
     status: Mutex<Status>,
@@ -76,10 +76,11 @@ impl Fleet {
     /// can answer while every script fails (a key of the wrong type under the prefix, writes
     /// paused during a failover): rejoining on it would turn the replica local again on the
     /// next send, every second, and each turn costs a fresh admin-plane read.
-    pub fn register(&self, keys: QueueKeys) {
+    /// `limit` is the queue's ceiling: rejoining records this replica's share of its room.
+    pub fn register(&self, keys: QueueKeys, limit: u64) {
         let mut queues = self.queues.lock();
-        if !queues.contains(&keys) {
-            queues.push(keys);
+        if !queues.iter().any(|(k, _)| *k == keys) {
+            queues.push((keys, limit));
         }
     }
 
@@ -88,8 +89,10 @@ impl Fleet {
     async fn answers(&self) -> Result<(), LedgerError> {
         self.ledger.ping().await?;
         let queues = self.queues.lock().clone();
-        for keys in &queues {
-            self.ledger.shared_read(keys).await?;
+        for (keys, limit) in &queues {
+            self.ledger
+                .shared_read_as(keys, &self.replica, *limit)
+                .await?;
         }
         Ok(())
     }

@@ -38,6 +38,17 @@ use crate::entra::{CredentialChain, EntraCredential};
 /// How long a queue's keys outlive their last write.
 pub const IDLE: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// A replica counts in the fleet's size this long after it was last heard from. One not
+/// heard from may be running alone (cut off from Redis), so the others withhold its share of
+/// the room until then; a replica killed without a goodbye is indistinguishable, so its
+/// share comes back only then: short, so a crash does not shrink the ceiling for long; long
+/// beside a blip (a replica that merely missed a deadline rejoins within a second).
+pub const MEMBER_FOR: Duration = Duration::from_secs(10);
+
+/// A replica in the fleet is heard from at least this often: each queue's seat asks for the
+/// shared read when it made no other call for this long (see `FleetSeat`).
+pub const HEARTBEAT: Duration = Duration::from_millis(250);
+
 /// The longest the first connection (TCP, TLS, AUTH, PING) may take. Longer than one
 /// call's deadline: it happens once, off the request path.
 pub const CONNECT_DEADLINE: Duration = Duration::from_secs(1);
@@ -69,6 +80,8 @@ pub struct QueueKeys {
     count: String,
     blocks: String,
     block_sizes: String,
+    members: String,
+    shares: String,
     /// How far the admin plane's counts trail the data plane (see [`QueueKeys::with_lag`]).
     lag_ms: u64,
 }
@@ -84,6 +97,8 @@ impl QueueKeys {
             count: format!("{base}:count"),
             blocks: format!("{base}:blocks"),
             block_sizes: format!("{base}:block_sizes"),
+            members: format!("{base}:members"),
+            shares: format!("{base}:shares"),
             lag_ms: 0,
         }
     }
@@ -97,14 +112,16 @@ impl QueueKeys {
         self
     }
 
-    /// Every key, in the order the scripts take them (`KEYS[1..5]`).
-    pub fn all(&self) -> [&str; 5] {
+    /// Every key, in the order the scripts take them (`KEYS[1..7]`).
+    pub fn all(&self) -> [&str; 7] {
         [
             &self.read,
             &self.lease,
             &self.count,
             &self.blocks,
             &self.block_sizes,
+            &self.members,
+            &self.shares,
         ]
     }
 }
@@ -154,6 +171,9 @@ pub struct SharedRead {
     pub reserved: u64,
     pub reads_ok: u64,
     pub reads_failed: u64,
+    /// Replicas that reserved headroom within [`MEMBER_FOR`]: the fleet's size as its
+    /// admissions show it (a replica that turns local keeps its share of the headroom by it).
+    pub replicas: u64,
 }
 
 /// What `reserve` decided.
@@ -168,6 +188,26 @@ pub enum Reservation {
     /// No good read (never read, or the last read failed): the caller applies fail-open or
     /// fail-closed with `read.streak`.
     Unknown { read: SharedRead },
+}
+
+/// One block's outcomes in a [`Ledger::settle_batch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settle<'a> {
+    pub block_id: &'a str,
+    /// Stored (or unknown outcome): counted on top of the read.
+    pub stored: u64,
+    /// Definitely not stored, or never used (a release): only leave the block.
+    pub not_stored: u64,
+}
+
+impl<'a> Settle<'a> {
+    pub fn new(block_id: &'a str, stored: u64, not_stored: u64) -> Self {
+        Self {
+            block_id,
+            stored,
+            not_stored,
+        }
+    }
 }
 
 /// The compiled scripts; each carries its SHA-1 so calls go as EVALSHA (EVAL once after a
@@ -329,7 +369,10 @@ impl Ledger {
         let client = redis::Client::open(url.as_str()).map_err(fail)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECT_DEADLINE.max(settings.timeout)))
-            .set_response_timeout(Some(settings.timeout))
+            // A backstop only: every call's deadline is `Ledger::within`'s, which looks at a
+            // reply that arrived by then once more before calling it late (the client's own
+            // timer would race it and drop that reply).
+            .set_response_timeout(Some(settings.timeout.saturating_mul(2)))
             // One quick retry per connection attempt, so a call meets the real error (refused,
             // WRONGPASS) rather than its deadline; the next call tries again, and the fleet is
             // rejoined as soon as Redis answers.
@@ -354,6 +397,12 @@ impl Ledger {
             redact,
             entra,
         })
+    }
+
+    /// A replica not heard from for this long may have turned local (see `reserve.lua`):
+    /// it missed a few heartbeats ([`HEARTBEAT`]) and the calls' deadlines.
+    pub fn absent_after(&self) -> Duration {
+        (HEARTBEAT * 2 + self.timeout * 2).max(Duration::from_secs(1))
     }
 
     /// The deadline of one call: an answer may arrive this long after its script ran.
@@ -431,10 +480,30 @@ impl Ledger {
         decode_read(&ints(reply)?)
     }
 
-    /// The fleet's shared read as it stands (expired blocks pruned first).
+    /// The fleet's shared read as it stands (expired blocks pruned first), for an onlooker:
+    /// the caller is not counted among the fleet's replicas.
     pub async fn shared_read(&self, q: &QueueKeys) -> Result<SharedRead, LedgerError> {
         let mut call = self.scripts.shared_read.prepare_invoke();
         call.key(&q.all()[..]);
+        let reply = self.run(&call).await?;
+        decode_read(&ints(reply)?)
+    }
+
+    /// [`Ledger::shared_read`] by replica `replica` of the fleet, whose ceiling is `limit`:
+    /// it is counted among the [`SharedRead::replicas`] for [`MEMBER_FOR`] (as a
+    /// reservation counts it), and its share of the room is recorded (see `reserve`).
+    pub async fn shared_read_as(
+        &self,
+        q: &QueueKeys,
+        replica: &str,
+        limit: u64,
+    ) -> Result<SharedRead, LedgerError> {
+        let mut call = self.scripts.shared_read.prepare_invoke();
+        call.key(&q.all()[..])
+            .arg(replica)
+            .arg(millis(MEMBER_FOR))
+            .arg(millis(IDLE))
+            .arg(exact(limit));
         let reply = self.run(&call).await?;
         decode_read(&ints(reply)?)
     }
@@ -443,7 +512,15 @@ impl Ledger {
     /// does not disable sends: `estimate = backlog + since_read + reserved`; at or past
     /// `limit` → `Full`; else grant `min(want, max(1, (limit − estimate) / share_divisor))`
     /// into block `block_id`, which then expires one `lease` from now (a block asked again
-    /// grows and is extended). `want` and `share_divisor` count as at least 1.
+    /// grows and is extended). `want` and `share_divisor` count as at least 1. Block ids
+    /// are `{replica}:{n}`: the part before the last `:` (the whole id when there is none)
+    /// is counted among the fleet's [`SharedRead::replicas`] for [`MEMBER_FOR`].
+    ///
+    /// Every answer records the replica's **share**: what it may admit alone should it turn
+    /// local before it is heard from again, `⌈(limit − estimate) / replicas⌉` of the read it
+    /// is answered with (its seat computes the same, see `Departure`). While a replica has
+    /// not been heard from for [`Ledger::absent_after`], its share counts in the others'
+    /// estimate, so the fleet stays under the ceiling even while some of it runs alone.
     pub async fn reserve(
         &self,
         q: &QueueKeys,
@@ -460,7 +537,9 @@ impl Ledger {
             .arg(exact(limit))
             .arg(millis(lease).max(1))
             .arg(exact(share_divisor).max(1))
-            .arg(millis(IDLE));
+            .arg(millis(IDLE))
+            .arg(millis(MEMBER_FOR))
+            .arg(millis(self.absent_after()));
         let reply = self.run(&call).await?;
         decode_reservation(&ints(reply)?)
     }
@@ -476,13 +555,28 @@ impl Ledger {
         stored: u64,
         not_stored: u64,
     ) -> Result<(), LedgerError> {
+        self.settle_batch(q, &[Settle::new(block_id, stored, not_stored)])
+            .await
+    }
+
+    /// [`Ledger::settle`] for several blocks in one atomic call (one round trip): a
+    /// replica's outcomes of one settle period, whatever number of blocks they came from.
+    /// An empty batch makes no call.
+    pub async fn settle_batch(
+        &self,
+        q: &QueueKeys,
+        batch: &[Settle<'_>],
+    ) -> Result<(), LedgerError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
         let mut call = self.scripts.settle.prepare_invoke();
-        call.key(&q.all()[..])
-            .arg(block_id)
-            .arg(exact(stored))
-            .arg(exact(not_stored))
-            .arg(millis(IDLE))
-            .arg(q.lag_ms);
+        call.key(&q.all()[..]).arg(millis(IDLE)).arg(q.lag_ms);
+        for s in batch {
+            call.arg(s.block_id)
+                .arg(exact(s.stored))
+                .arg(exact(s.not_stored));
+        }
         let reply = self.run(&call).await?;
         expect_one(&reply)
     }
@@ -510,7 +604,7 @@ impl Ledger {
         deadline: Duration,
         call: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, LedgerError> {
-        match tokio::time::timeout(deadline, call).await {
+        match answer_by(deadline, call).await {
             Ok(Ok(value)) => {
                 self.conn.record(false);
                 Ok(value)
@@ -544,6 +638,26 @@ impl Ledger {
         let mut conn = self.conn.get();
         self.within(self.timeout, pipe.query_async::<T>(&mut conn))
             .await
+    }
+}
+
+/// `call`'s answer, or `Elapsed` once `deadline` has passed. When it passes, this process may
+/// not have been running (a busy machine descheduled it): the reply can be in the socket,
+/// waiting for the connection's own task to read it. The tasks that are ready run once
+/// (that task among them) and the call is looked at again without waiting: a reply that
+/// came in time is not a miss, and nothing waits longer than one turn of the scheduler
+/// past the deadline.
+async fn answer_by<T>(
+    deadline: Duration,
+    call: impl std::future::Future<Output = T>,
+) -> Result<T, tokio::time::error::Elapsed> {
+    let mut call = std::pin::pin!(call);
+    match tokio::time::timeout(deadline, &mut call).await {
+        Ok(answer) => Ok(answer),
+        Err(_) => {
+            tokio::task::yield_now().await;
+            tokio::time::timeout(Duration::ZERO, &mut call).await
+        }
     }
 }
 
@@ -611,10 +725,10 @@ fn flag(n: i64, what: &str) -> Result<bool, LedgerError> {
     }
 }
 
-const READ_LEN: usize = 10;
+const READ_LEN: usize = 11;
 
 fn decode_read(v: &[i64]) -> Result<SharedRead, LedgerError> {
-    let [state, backlog, send_disabled, age_ms, streak, generation, since_read, reserved, reads_ok, reads_failed] =
+    let [state, backlog, send_disabled, age_ms, streak, generation, since_read, reserved, reads_ok, reads_failed, replicas] =
         <[i64; READ_LEN]>::try_from(v).map_err(|_| {
             LedgerError::Unexpected(format!(
                 "a shared read has {READ_LEN} fields, got {}",
@@ -641,6 +755,7 @@ fn decode_read(v: &[i64]) -> Result<SharedRead, LedgerError> {
         reserved: count(reserved, "reserved")?,
         reads_ok: count(reads_ok, "reads_ok")?,
         reads_failed: count(reads_failed, "reads_failed")?,
+        replicas: count(replicas, "replicas")?,
     })
 }
 
@@ -693,7 +808,30 @@ mod tests {
     use super::*;
 
     fn read_fields() -> Vec<i64> {
-        vec![1, 40, 0, 1500, 0, 3, 2, 5, 3, 0]
+        vec![1, 40, 0, 1500, 0, 3, 2, 5, 3, 0, 2]
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reply_ready_when_the_deadline_fires_is_taken_not_called_late() {
+        let deadline = Duration::from_millis(50);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        // The connection's task: its reply is there at the deadline, but the task has not
+        // run yet when the caller's timer fires (the caller's timer was armed first).
+        let caller = tokio::spawn(answer_by(deadline, rx));
+        tokio::task::yield_now().await; // the caller arms its timer
+        tokio::spawn(async move {
+            tokio::time::sleep(deadline).await;
+            let _ = tx.send(7);
+        });
+        assert_eq!(caller.await.unwrap().map(Result::ok), Ok(Some(7)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reply_not_there_by_the_deadline_is_late() {
+        let (_tx, rx) = tokio::sync::oneshot::channel::<u8>();
+        let started = tokio::time::Instant::now();
+        assert!(answer_by(Duration::from_millis(50), rx).await.is_err());
+        assert_eq!(started.elapsed(), Duration::from_millis(50));
     }
 
     #[test]
@@ -708,6 +846,8 @@ mod tests {
                 "prod:sg:{rabbitmq/orders.eu-1}:count",
                 "prod:sg:{rabbitmq/orders.eu-1}:blocks",
                 "prod:sg:{rabbitmq/orders.eu-1}:block_sizes",
+                "prod:sg:{rabbitmq/orders.eu-1}:members",
+                "prod:sg:{rabbitmq/orders.eu-1}:shares",
             ]
         );
         assert_ne!(keys, QueueKeys::new("prod:sg", BackendKind::ServiceBus, &q));
@@ -730,6 +870,7 @@ mod tests {
                 reserved: 5,
                 reads_ok: 3,
                 reads_failed: 0,
+                replicas: 2,
             }
         );
     }
@@ -759,7 +900,7 @@ mod tests {
         let mut long = read_fields();
         long.push(0);
         assert!(decode_read(&long).is_err());
-        for (index, value) in [(0, 3), (0, -1), (1, -5), (2, 2), (3, -1), (7, -1)] {
+        for (index, value) in [(0, 3), (0, -1), (1, -5), (2, 2), (3, -1), (7, -1), (10, -1)] {
             let mut fields = read_fields();
             fields[index] = value;
             assert!(

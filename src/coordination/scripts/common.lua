@@ -6,8 +6,11 @@
 --   3 count        HASH   completed_total, since_read, reserved
 --   4 blocks       ZSET   block id -> expiry (ms, Redis TIME)
 --   5 block_sizes  HASH   block id -> headroom the block still holds
+--   6 members      ZSET   replica -> until when it counts in the fleet's size (ms)
+--   7 shares       HASH   replica -> what it may admit alone should it turn local now
 -- All time is this Redis's TIME: replicas' clocks are never compared.
-local READ, LEASE, COUNT, BLOCKS, SIZES = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local READ, LEASE, COUNT, BLOCKS, SIZES, MEMBERS, SHARES =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -33,7 +36,7 @@ end
 -- Every key but the lease (which has its own PX) lives `idle_ms` after its last write, so
 -- a deleted queue or deployment leaves nothing behind for ever.
 local function touch(idle_ms)
-  for _, k in ipairs({READ, COUNT, BLOCKS, SIZES}) do
+  for _, k in ipairs({READ, COUNT, BLOCKS, SIZES, MEMBERS, SHARES}) do
     redis.call('PEXPIRE', k, idle_ms)
   end
 end
@@ -53,9 +56,21 @@ local function prune(now)
   redis.call('HSET', COUNT, 'reserved', int(reserved))
 end
 
--- The shared read as the client decodes it, ten integers:
+-- Replica `member` counts in the fleet's size for `member_ms` from now. Members past their
+-- time leave, with the share recorded for them.
+local function join(now, member, member_ms, idle_ms)
+  local gone = redis.call('ZRANGEBYSCORE', MEMBERS, '-inf', now)
+  for _, m in ipairs(gone) do
+    redis.call('HDEL', SHARES, m)
+  end
+  redis.call('ZREMRANGEBYSCORE', MEMBERS, '-inf', now)
+  redis.call('ZADD', MEMBERS, int(now + member_ms), member)
+  redis.call('PEXPIRE', MEMBERS, idle_ms)
+end
+
+-- The shared read as the client decodes it, eleven integers:
 -- state (0 never, 1 ok, 2 failed), backlog, send_disabled, age_ms, streak, generation,
--- since_read, reserved, reads_ok, reads_failed.
+-- since_read, reserved, reads_ok, reads_failed, replicas (members still counted).
 local function read_reply(now)
   local r = redis.call('HMGET', READ, 'state', 'backlog', 'send_disabled', 'at_ms',
     'streak', 'generation', 'reads_ok', 'reads_failed')
@@ -64,7 +79,39 @@ local function read_reply(now)
   if r[1] == 'ok' then state = 1 elseif r[1] == 'failed' then state = 2 end
   local age = 0
   if r[4] then age = at_least_zero(now - num(r[4])) end
+  local replicas = redis.call('ZCOUNT', MEMBERS, '(' .. now, '+inf')
   return {state, num(r[2]), num(r[3]), age, num(r[5]), num(r[6]), num(c[1]), num(c[2]),
-    num(r[7]), num(r[8])}
+    num(r[7]), num(r[8]), replicas}
 end
 
+-- What replica `member`, answered with `read`, may admit alone should it turn local before
+-- it is heard from again: 1/replicas of the room that read leaves (`Departure` in
+-- shared.rs computes the same from the same reply). Nothing without a good read (alone,
+-- it fails open or closed as its own gate says).
+local function record_share(member, read, limit, idle_ms)
+  if read[1] ~= 1 or read[3] == 1 then
+    redis.call('HDEL', SHARES, member)
+    return
+  end
+  local estimate = read[2] + read[7] + read[8]
+  local share = 0
+  if estimate < limit then
+    share = math.ceil((limit - estimate) / math.max(1, read[11]))
+  end
+  redis.call('HSET', SHARES, member, int(share))
+  redis.call('PEXPIRE', SHARES, idle_ms)
+end
+
+-- The shares of the replicas, but `member`, not heard from for `absent_ms` (and not yet
+-- forgotten): each may be running alone on it, so the others must leave it.
+local function withheld(now, member, member_ms, absent_ms)
+  local quiet = redis.call('ZRANGEBYSCORE', MEMBERS, '(' .. int(now),
+    int(now + member_ms - absent_ms))
+  local sum = 0
+  for _, m in ipairs(quiet) do
+    if m ~= member then
+      sum = sum + num(redis.call('HGET', SHARES, m))
+    end
+  end
+  return sum
+end

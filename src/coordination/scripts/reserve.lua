@@ -1,20 +1,31 @@
 -- Atomic check-and-reserve of headroom under the ceiling.
--- ARGV: block_id, want (>= 1), limit, lease_ms, share_divisor (>= 1), idle_ms
--- Reply: {kind, n, <shared read>}: kind 0 granted (n = granted), 1 full (n = estimate),
---        2 disabled, 3 unknown (no good read: the caller fails open or closed).
+-- ARGV: block_id, want (>= 1), limit, lease_ms, share_divisor (>= 1), idle_ms, member_ms,
+--       absent_ms
+-- Reply: {kind, n, <shared read>}: kind 0 granted (n = granted), 1 full (n = estimate, with
+--        the shares withheld for replicas not heard from), 2 disabled, 3 unknown (no good
+--        read: the caller fails open or closed).
 local now = now_ms()
 prune(now)
+local limit = num(ARGV[3])
+local idle_ms, member_ms, absent_ms = num(ARGV[6]), num(ARGV[7]), num(ARGV[8])
+-- The replica asking counts in the fleet's size (block ids are `{replica}:{n}`), whatever
+-- the answer.
+local member = string.match(ARGV[1], '^(.*):[^:]*$') or ARGV[1]
+join(now, member, member_ms, idle_ms)
 local read = read_reply(now)
 if read[1] ~= 1 then
+  record_share(member, read, limit, idle_ms)
   return {3, 0, unpack(read)}
 end
 if read[3] == 1 then
+  record_share(member, read, limit, idle_ms)
   return {2, 0, unpack(read)}
 end
--- backlog + completions since the read + headroom every replica holds.
-local estimate = read[2] + read[7] + read[8]
-local limit = num(ARGV[3])
+-- backlog + completions since the read + headroom every replica holds, + the shares of
+-- replicas that may be running alone.
+local estimate = read[2] + read[7] + read[8] + withheld(now, member, member_ms, absent_ms)
 if estimate >= limit then
+  record_share(member, read, limit, idle_ms)
   return {1, estimate, unpack(read)}
 end
 -- A fraction of what remains, never less than one: far from the ceiling a block spares
@@ -26,5 +37,6 @@ redis.call('HINCRBY', SIZES, ARGV[1], int(grant))
 redis.call('ZADD', BLOCKS, int(now + num(ARGV[4])), ARGV[1])
 read[8] = read[8] + grant
 redis.call('HSET', COUNT, 'reserved', int(read[8]))
-touch(ARGV[6])
+record_share(member, read, limit, idle_ms)
+touch(idle_ms)
 return {0, grant, unpack(read)}
