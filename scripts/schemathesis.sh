@@ -14,6 +14,10 @@
 # first 202 drains the gateway and the process exits (nothing is in flight), so every
 # later request would fail to connect. That 202 is tested in tests/api/admin.rs.
 #
+# POST /admin/breakers/{backend} runs in a third pass, last: its `open` holds the primary's
+# breaker open, after which every send is a 503 backend_unavailable (a server-error finding
+# for the send route). Its effect on sends is tested in tests/api/settings.rs.
+#
 # schemathesis lives in a project-local virtualenv (.venv-schemathesis/, git- and
 # docker-ignored), installed from PyPI on first use, pinned.
 set -euo pipefail
@@ -82,13 +86,17 @@ SCHEMATHESIS=("$VENV/bin/schemathesis" --config-file scripts/schemathesis.toml r
     --no-color --warnings off ${SCHEMATHESIS_EXTRA:-})
 
 failed=0
-echo "-- schemathesis: every route but POST /admin/drain, as an admin"
+echo "-- schemathesis: every route but POST /admin/drain and the breakers, as an admin"
 "${SCHEMATHESIS[@]}" -H "Authorization: Bearer $ADMIN_TOKEN" \
-    --exclude-path /admin/drain || failed=1
+    --exclude-path /admin/drain --exclude-path '/admin/breakers/{backend}' || failed=1
 
 echo "-- schemathesis: POST /admin/drain, /health/detailed, /metrics as a sender (403)"
 "${SCHEMATHESIS[@]}" -H "Authorization: Bearer $SENDER_TOKEN" \
     --include-path /admin/drain --include-path /health/detailed --include-path /metrics || failed=1
+
+echo "-- schemathesis: POST /admin/breakers/{backend}, as an admin (last: it may hold the breaker open)"
+"${SCHEMATHESIS[@]}" -H "Authorization: Bearer $ADMIN_TOKEN" \
+    --include-path '/admin/breakers/{backend}' || failed=1
 
 if ! kill -0 "$PID" 2>/dev/null; then
     echo "schemathesis: the gateway exited during the run"

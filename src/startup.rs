@@ -22,6 +22,7 @@ use crate::http::auth::{Authenticator, KeysFileError};
 use crate::http::guard::HostCheck;
 use crate::http::{routes, AppState};
 use crate::lifecycle::Lifecycle;
+use crate::settings::RuntimeSettings;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
@@ -34,6 +35,9 @@ pub enum StartupError {
     /// The backend could not be set up although its settings are well-formed (exit 1).
     #[error("backend: {0}")]
     BackendInit(String),
+    /// The runtime settings kept in the data directory cannot be used.
+    #[error("runtime settings: {0}")]
+    Settings(#[from] crate::settings::store::SettingsStoreError),
     #[error("SENDGATE_LISTEN: cannot listen on {addr}: {source}")]
     Bind {
         addr: String,
@@ -46,7 +50,10 @@ impl StartupError {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Config(_) | Self::Keys(_) => 2,
-            Self::Embedded(_) | Self::Bind { .. } | Self::BackendInit(_) => 1,
+            // A file that is not a settings file is a setting that is wrong; one that cannot
+            // be read, an environment that failed us.
+            Self::Settings(crate::settings::store::SettingsStoreError::Corrupt { .. }) => 2,
+            Self::Embedded(_) | Self::Bind { .. } | Self::BackendInit(_) | Self::Settings(_) => 1,
         }
     }
 }
@@ -64,6 +71,13 @@ async fn warm_up(state: web::Data<AppState>, budget: Duration) {
         tracing::warn!(event = "backend_unreachable_at_start", error = %e, "the backend is not reachable yet");
     }
     let _ = tokio::time::timeout_at(deadline, state.dispatcher.prime_capacity()).await;
+    // A replica of a fleet starts with the fleet's runtime settings when Redis answers
+    // within a second; otherwise with the variables', until its next read succeeds.
+    let settings_by = tokio::time::Instant::now() + Duration::from_secs(1);
+    while !state.settings.sync(&state.dispatcher).await && tokio::time::Instant::now() < settings_by
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     state.lifecycle.set_running();
     tracing::info!(event = "started", "sendgate is running");
 }
@@ -206,6 +220,8 @@ impl Application {
             InFlight::new(settings.max_in_flight),
             settings.send_timeout,
         );
+        let runtime = Arc::new(RuntimeSettings::open(&settings, &coordination)?);
+        runtime.apply(&dispatcher);
         let lifecycle = Lifecycle::with_linger(settings.drain_linger);
         let state = web::Data::new(AppState {
             dispatcher,
@@ -222,6 +238,7 @@ impl Application {
             body_timeout: settings.body_timeout,
             body_budget: crate::http::body_budget::BodyBudget::new(settings.max_buffered_bytes),
             coordination,
+            settings: runtime.clone(),
         });
 
         let bind_error = |source| StartupError::Bind {
@@ -272,6 +289,7 @@ impl Application {
                 settings.capacity.admin_timeout,
             ));
         }
+        tokio::spawn(RuntimeSettings::poll_forever(state.clone(), runtime));
         tokio::spawn(warm_up(state, budget));
         Ok(Self {
             server,

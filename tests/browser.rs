@@ -2,8 +2,8 @@
 //! Needs both (`scripts/ensure-chromium.sh` installs them; without them these tests fail,
 //! they never skip).
 //!
-//! `SENDGATE_SCREENSHOT=1` also writes `docs/console.png` (the README's picture); the normal
-//! run leaves the committed file alone.
+//! `SENDGATE_SCREENSHOT=1` also writes `docs/console.png` and `docs/settings.png` (the
+//! README's pictures); the normal run leaves the committed files alone.
 
 #[path = "support/browser.rs"]
 mod browser;
@@ -315,6 +315,233 @@ async fn with_keys_on_a_wrong_token_shows_an_error_and_no_data_and_the_right_one
             "a token in {u}"
         );
         assert!(!u.contains('?'), "no query at all: {u}");
+    }
+    browser.close().await;
+    app.stop().await;
+}
+
+/// Wait until the element `css` is displayed (the settings form is the script's).
+async fn wait_displayed(browser: &Browser, css: &str) {
+    let started = std::time::Instant::now();
+    loop {
+        if let Ok(e) = browser.client.find(fantoccini::Locator::Css(css)).await {
+            if e.is_displayed().await.unwrap_or(false) {
+                return;
+            }
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "{css} never shown"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+async fn type_into(browser: &Browser, css: &str, text: &str) {
+    let input = browser
+        .client
+        .find(fantoccini::Locator::Css(css))
+        .await
+        .unwrap();
+    input.clear().await.unwrap();
+    input.send_keys(text).await.unwrap();
+}
+
+async fn apply_settings(browser: &Browser) {
+    browser
+        .client
+        .find(fantoccini::Locator::Css(
+            "#settings-form button[type=submit]",
+        ))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_ceiling_lowered_in_the_settings_form_refuses_the_next_send_over_it() {
+    let (app, _dir) = gateway(&[]).await;
+    send(&app, 3).await;
+    let browser = Browser::start().await;
+    browser.client.goto(&app.url("/")).await.unwrap();
+    wait_displayed(&browser, "#settings-form").await;
+    assert_eq!(
+        browser
+            .text("label[for=set-max_queue_depth]")
+            .await
+            .unwrap(),
+        "Ceiling (max_queue_depth)"
+    );
+    browser
+        .wait_text("#set-max_queue_depth-now", "the value in force", |t| {
+            t.contains("In force: 2000")
+        })
+        .await;
+
+    // A value out of the variable's bounds: the 400's errors are shown, nothing changes.
+    type_into(&browser, "#set-max_queue_depth", "0").await;
+    apply_settings(&browser).await;
+    let errors = browser
+        .wait_text("#settings-errors", "the 400's errors", |t| !t.is_empty())
+        .await;
+    assert!(
+        errors.contains("queues.requests.max_queue_depth") && errors.contains("at least 1"),
+        "{errors}"
+    );
+    assert_eq!(app.detailed().await["queues"]["requests"]["limit"], 2000);
+
+    // Lowered to the backlog: the next send over it is refused (through the HTTP API).
+    type_into(&browser, "#set-max_queue_depth", "3").await;
+    apply_settings(&browser).await;
+    let result = browser
+        .wait_text("#settings-result", "the change", |t| !t.is_empty())
+        .await;
+    assert!(
+        result.contains("queues.requests.max_queue_depth"),
+        "{result}"
+    );
+    assert_eq!(
+        browser.text("#settings-errors").await.unwrap_or_default(),
+        ""
+    );
+    let refused = app.send("requests", "{}").await;
+    assert_eq!(refused.status(), 429);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(
+        (body["code"].as_str(), body["limit"].as_u64()),
+        (Some("queue_full"), Some(3))
+    );
+    browser
+        .wait_text(&field("requests", "limit"), "the new ceiling", |t| t == "3")
+        .await;
+    browser
+        .wait_text(&field("requests", "limit_overridden"), "marked", |t| {
+            t == "(runtime setting by anonymous)"
+        })
+        .await;
+    let now = browser.text("#set-max_queue_depth-now").await.unwrap();
+    assert!(
+        now.contains("In force: 3") && now.contains("overridden by anonymous"),
+        "{now}"
+    );
+
+    if std::env::var_os("SENDGATE_SCREENSHOT").is_some_and(|v| v == "1") {
+        browser
+            .eval("document.getElementById('settings').scrollIntoView(); return null")
+            .await;
+        let png = browser.client.screenshot().await.expect("a screenshot");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/settings.png");
+        std::fs::write(path, png).expect("docs/settings.png is written");
+    }
+
+    // Back to the default from the form.
+    browser
+        .client
+        .find(fantoccini::Locator::Css("#set-max_queue_depth-default"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    apply_settings(&browser).await;
+    browser
+        .wait_text("#set-max_queue_depth-now", "the default again", |t| {
+            t.contains("In force: 2000") && !t.contains("overridden")
+        })
+        .await;
+    assert_eq!(app.send("requests", "{}").await.status(), 201);
+    browser.close().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn with_keys_on_the_settings_form_needs_an_admin_token_kept_out_of_urls() {
+    let admin = format!("adm-{}", uuid::Uuid::new_v4().simple());
+    let observer = format!("obs-{}", uuid::Uuid::new_v4().simple());
+    let keys_dir = tempfile::tempdir().unwrap();
+    let keys = keys_dir.path().join("keys.toml");
+    std::fs::write(
+        &keys,
+        [
+            key("root", &admin, "admin"),
+            key("ops", &observer, "observer"),
+        ]
+        .concat(),
+    )
+    .unwrap();
+    let (app, _dir) = gateway(&[("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap())]).await;
+    let browser = Browser::start().await;
+    browser.client.goto(&app.url("/")).await.unwrap();
+    wait_displayed(&browser, "#settings-form").await;
+    assert_eq!(
+        browser.text("label[for=admin-token]").await.unwrap(),
+        "Admin token"
+    );
+    let stored = "return window.sessionStorage.getItem('sendgate.adminToken')";
+
+    // The observer's token may not use the form: the 403 is said, nothing is kept.
+    type_into(&browser, "#admin-token", &observer).await;
+    type_into(&browser, "#set-fail_closed_streak", "5").await; // leaving the token field
+    browser
+        .wait_text("#settings-errors", "the 403", |t| t.contains("403"))
+        .await;
+    assert_eq!(browser.eval(stored).await, serde_json::Value::Null);
+    assert_eq!(browser.count("#settings-queue option").await, 0, "no data");
+
+    // The admin's token: the queues and values come, the change applies, the token is kept
+    // for this tab.
+    type_into(&browser, "#admin-token", &admin).await;
+    type_into(&browser, "#set-fail_closed_streak", "5").await;
+    browser.wait_count("#settings-queue option", 1).await;
+    browser
+        .wait_text("#set-fail_closed_streak-now", "the value in force", |t| {
+            t.contains("In force: 3")
+        })
+        .await;
+    assert_eq!(browser.eval(stored).await, admin.as_str());
+    apply_settings(&browser).await;
+    browser
+        .wait_text("#settings-result", "the change", |t| {
+            t.contains("queues.requests.fail_closed_streak")
+        })
+        .await;
+    assert_eq!(browser.eval(stored).await, admin.as_str());
+    let health: serde_json::Value = app
+        .client
+        .get(app.url("/health/detailed"))
+        .bearer_auth(&observer)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["queues"]["requests"]["streak_threshold"], 5);
+    assert_eq!(
+        health["settings"]["overridden"]["queues.requests.fail_closed_streak"]["by"],
+        "root"
+    );
+
+    // No token in any URL the page used.
+    let requested = browser
+        .eval(
+            "return performance.getEntriesByType('navigation')
+                .concat(performance.getEntriesByType('resource'))
+                .map(function (e) { return e.name; })",
+        )
+        .await;
+    let requested: Vec<String> = serde_json::from_value(requested).unwrap();
+    assert!(
+        requested.iter().any(|u| u.ends_with("/admin/settings")),
+        "{requested:?}"
+    );
+    for u in &requested {
+        assert!(
+            !u.contains(&admin) && !u.contains(&observer),
+            "a token in {u}"
+        );
     }
     browser.close().await;
     app.stop().await;

@@ -418,3 +418,98 @@ async fn a_replica_killed_holding_headroom_gives_it_back_when_its_lease_ends() {
     rabbit::delete(&queue).await;
     forget_prefix(&prefix);
 }
+
+/// PATCH `body` on one replica's `/admin/settings` (open mode); its status.
+async fn patch_settings(gw: &GatewayProcess, body: &str) -> u16 {
+    gw.client
+        .patch(gw.url("/admin/settings"))
+        .header("Content-Type", "application/json")
+        .body(body.to_owned())
+        .send()
+        .await
+        .expect("an answer")
+        .status()
+        .as_u16()
+}
+
+/// How long until `gw` says its queue's ceiling is `limit` (at most `within`).
+async fn limit_within(gw: &GatewayProcess, queue: &str, limit: u64, within: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let d = gw.detailed().await;
+        if d["queues"][queue]["limit"] == limit {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "the ceiling is still {} after {within:?}",
+            d["queues"][queue]["limit"]
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Issue 16: a change made on one replica applies on every replica within 2 s (the Redis
+/// hash under the prefix), a replica started later starts with it, and a replica cut off
+/// from Redis keeps the overrides it last saw.
+#[tokio::test]
+async fn a_setting_changed_on_one_replica_applies_on_every_replica_within_2_s() {
+    rabbit::ensure_broker();
+    redis_support::ensure_redis();
+    let queue = rabbit::unique("sg-fleet-settings");
+    rabbit::declare(&queue, &[]).await;
+    let prefix = redis_support::unique_prefix();
+    let _cleanup = redis_support::Cleanup(prefix.clone());
+    let proxy = FaultProxy::start(redis_support::ADDR.parse().unwrap()).await;
+    let cut_off_url = format!("redis://{}", proxy.addr());
+    let a = replica(&queue, REDIS, &prefix, "1000").await;
+    let b = replica(&queue, &cut_off_url, &prefix, "1000").await;
+    wait_for_mode(&a, "redis").await;
+    wait_for_mode(&b, "redis").await;
+
+    let body = format!(r#"{{"queues": {{"{queue}": {{"max_queue_depth": 1}}}}}}"#);
+    assert_eq!(patch_settings(&a, &body).await, 200);
+    assert_eq!(
+        a.detailed().await["queues"][&queue]["limit"],
+        1,
+        "in force at once where it was made"
+    );
+    let took = limit_within(&b, &queue, 1, Duration::from_secs(2)).await;
+    println!("the other replica applied the change after {took:?}");
+    let stored = redis_support::cli(&[
+        "HGET",
+        &format!("{prefix}:settings"),
+        &format!("queues.{queue}.max_queue_depth"),
+    ]);
+    assert!(stored.contains("\"value\":1"), "{stored}");
+    let d = b.detailed().await;
+    assert_eq!(d["settings"]["store"], "redis");
+    assert_eq!(
+        d["settings"]["overridden"][format!("queues.{queue}.max_queue_depth")]["by"],
+        "anonymous"
+    );
+    // The fleet's ceiling is 1: one send fits, the next is refused on either replica.
+    assert_eq!(b.send(&queue, "{}").await.unwrap(), 201);
+    assert_eq!(a.send(&queue, "{}").await.unwrap(), 429);
+
+    // A replica started after the change starts with it.
+    let c = replica(&queue, REDIS, &prefix, "1000").await;
+    assert_eq!(c.detailed().await["queues"][&queue]["limit"], 1);
+
+    // Cut off from Redis, b keeps what it last saw while a moves on.
+    proxy.set(Fault::Blackhole);
+    let raise = format!(r#"{{"queues": {{"{queue}": {{"max_queue_depth": 7}}}}}}"#);
+    assert_eq!(patch_settings(&a, &raise).await, 200);
+    limit_within(&c, &queue, 7, Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let d = b.detailed().await;
+    assert_eq!(d["queues"][&queue]["limit"], 1, "the last overrides seen");
+    assert_eq!(d["settings"]["ok"], false);
+    assert!(d["settings"]["last_error"].is_string());
+    // A change on the cut-off replica is refused: it could not be stored for the fleet.
+    assert_eq!(patch_settings(&b, &raise).await, 503);
+
+    proxy.set(Fault::Pass);
+    limit_within(&b, &queue, 7, Duration::from_secs(5)).await;
+    assert_eq!(b.detailed().await["settings"]["ok"], true);
+}

@@ -50,6 +50,9 @@ fn problem_for(code: ErrorCode) -> Problem {
             detail: "broken".into(),
             unknown_message_id: Some("m-2".into()),
         },
+        ErrorCode::SettingsUnavailable => Problem::SettingsUnavailable {
+            detail: "Redis: timed out".into(),
+        },
     }
 }
 
@@ -76,7 +79,10 @@ fn is_covered(p: &Problem) -> bool {
         | Problem::BackendAuthFailed
         | Problem::BackendBusy { .. }
         | Problem::QueueDisabled
-        | Problem::SendFailed { .. } => true,
+        | Problem::SendFailed { .. }
+        | Problem::SettingsUnavailable { .. } => true,
+        // A 404 of the breaker route, answered with the router's code `not_found`.
+        Problem::UnknownBackend { .. } => true,
     }
 }
 

@@ -71,8 +71,26 @@ pub enum Outcome {
 #[derive(Debug)]
 enum State {
     Closed,
-    Open { until: Instant },
-    HalfOpen { trial_in_flight: bool },
+    Open {
+        until: Instant,
+    },
+    HalfOpen {
+        trial_in_flight: bool,
+    },
+    /// Opened by an operator (`POST /admin/breakers/{backend}`): no trial until an
+    /// operator closes or resets it.
+    Held,
+}
+
+/// What an operator asks of a breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// Open and hold open: no send goes through, no trial is made, until `Close` or `Reset`.
+    Open,
+    /// Closed at once; the outcomes in the window are kept (the usual rule may reopen it).
+    Close,
+    /// Closed at once with the window forgotten, as at start-up.
+    Reset,
 }
 
 /// One second's outcomes.
@@ -135,8 +153,54 @@ impl Breaker {
     pub fn state(&self) -> BreakerState {
         match self.inner.lock().state {
             State::Closed => BreakerState::Closed,
-            State::Open { .. } => BreakerState::Open,
+            State::Open { .. } | State::Held => BreakerState::Open,
             State::HalfOpen { .. } => BreakerState::HalfOpen,
+        }
+    }
+
+    /// Held open by an operator (no trial until one closes or resets it).
+    pub fn held(&self) -> bool {
+        matches!(self.inner.lock().state, State::Held)
+    }
+
+    /// An operator's command; `by` is the API key's name, for the log.
+    pub fn command(&self, command: Command, by: &str) {
+        let mut inner = self.inner.lock();
+        match command {
+            Command::Open => {
+                if !matches!(inner.state, State::Held) {
+                    self.opened
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                inner.state = State::Held;
+                inner.buckets.clear();
+                drop(inner);
+                tracing::warn!(
+                    event = "breaker_open",
+                    backend = self.name,
+                    by,
+                    why = "operator",
+                    "circuit held open by an operator: sends fail fast or go to the fallback"
+                );
+            }
+            Command::Close | Command::Reset => {
+                inner.state = State::Closed;
+                if command == Command::Reset {
+                    inner.buckets.clear();
+                }
+                drop(inner);
+                tracing::info!(
+                    event = "breaker_closed",
+                    backend = self.name,
+                    by,
+                    why = if command == Command::Reset {
+                        "operator reset"
+                    } else {
+                        "operator"
+                    },
+                    "circuit closed by an operator"
+                );
+            }
         }
     }
 
@@ -146,6 +210,7 @@ impl Breaker {
             State::Closed => true,
             State::Open { until } => Instant::now() >= until,
             State::HalfOpen { trial_in_flight } => !trial_in_flight,
+            State::Held => false,
         }
     }
 
@@ -153,6 +218,7 @@ impl Breaker {
     pub fn retry_after(&self) -> Duration {
         match self.inner.lock().state {
             State::Open { until } => until.saturating_duration_since(Instant::now()),
+            State::Held => self.policy.open_for,
             _ => Duration::from_secs(1),
         }
     }
@@ -164,6 +230,7 @@ impl Breaker {
         let trial = match inner.state {
             State::Closed => false,
             State::Open { until } if now < until => return Err(until - now),
+            State::Held => return Err(self.policy.open_for),
             State::Open { .. } => {
                 inner.state = State::HalfOpen {
                     trial_in_flight: true,
@@ -197,6 +264,10 @@ impl Breaker {
     fn record(&self, trial: bool, outcome: Outcome) {
         let mut inner = self.inner.lock();
         let now = Instant::now();
+        // An operator's command while the trial ran decides, not the trial.
+        if trial && !matches!(inner.state, State::HalfOpen { .. }) {
+            return;
+        }
         if trial {
             match outcome {
                 Outcome::Success => {
@@ -424,5 +495,49 @@ mod tests {
         }
         late.record(Outcome::Success);
         assert_eq!(b.state(), BreakerState::Open, "only a trial closes it");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_operators_open_holds_with_no_trial_until_closed() {
+        let b = breaker();
+        b.command(Command::Open, "ops");
+        assert_eq!(b.state(), BreakerState::Open);
+        assert!(b.held());
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        assert!(!b.would_allow(), "no trial while held");
+        assert!(b.try_acquire().is_err());
+        b.command(Command::Close, "ops");
+        assert_eq!(b.state(), BreakerState::Closed);
+        assert!(!b.held());
+        assert!(b.try_acquire().is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn close_keeps_the_window_and_reset_forgets_it() {
+        let b = breaker();
+        for _ in 0..9 {
+            outcome(&b, Outcome::Failure);
+        }
+        b.command(Command::Close, "ops");
+        outcome(&b, Outcome::Failure);
+        assert_eq!(b.state(), BreakerState::Open, "the nine kept + one");
+        b.command(Command::Reset, "ops");
+        for _ in 0..9 {
+            outcome(&b, Outcome::Failure);
+        }
+        assert_eq!(b.state(), BreakerState::Closed, "the window started afresh");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_trial_that_ends_after_an_operators_open_does_not_close_it() {
+        let b = breaker();
+        for _ in 0..10 {
+            outcome(&b, Outcome::Failure);
+        }
+        tokio::time::advance(BreakerPolicy::default().open_for).await;
+        let trial = b.try_acquire().expect("the trial");
+        b.command(Command::Open, "ops");
+        trial.record(Outcome::Success);
+        assert!(b.held(), "the operator's hold stands");
     }
 }

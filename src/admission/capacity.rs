@@ -33,6 +33,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
@@ -61,6 +62,59 @@ pub struct CapacityPolicy {
     pub retry_after_max: Duration,
     /// Refusing at the ceiling, resume at or below this share of it (1 = at once under it).
     pub resume_below: Fraction,
+}
+
+/// The runtime overrides of one queue's policy (`PATCH /admin/settings`): each `Some`
+/// replaces its variable's value; `None` keeps the variable's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PolicyOverride {
+    pub limit: Option<u64>,
+    pub fail_closed: Option<bool>,
+    pub streak_threshold: Option<u32>,
+    pub ttl: Option<Duration>,
+}
+
+/// A gate's policy, swappable at runtime: the variables' policy (`base`) and the one in
+/// force (`base` with the overrides on top). Sends read the policy in force without a
+/// lock (one atomic load); a change takes effect for the next decision.
+#[derive(Debug)]
+pub struct PolicyCell {
+    base: CapacityPolicy,
+    current: ArcSwap<CapacityPolicy>,
+}
+
+impl PolicyCell {
+    pub fn new(base: CapacityPolicy) -> Arc<Self> {
+        Arc::new(Self {
+            current: ArcSwap::from_pointee(base.clone()),
+            base,
+        })
+    }
+
+    /// The policy in force.
+    pub fn load(&self) -> arc_swap::Guard<Arc<CapacityPolicy>> {
+        self.current.load()
+    }
+
+    /// The policy the variables give.
+    pub fn base(&self) -> &CapacityPolicy {
+        &self.base
+    }
+
+    /// Put `overrides` in force on top of the variables' policy (an empty one restores it).
+    pub fn apply(&self, overrides: &PolicyOverride) {
+        let base = &self.base;
+        self.current.store(Arc::new(CapacityPolicy {
+            limit: overrides.limit.unwrap_or(base.limit).max(1),
+            fail_closed: overrides.fail_closed.unwrap_or(base.fail_closed),
+            streak_threshold: overrides
+                .streak_threshold
+                .unwrap_or(base.streak_threshold)
+                .max(1),
+            ttl: overrides.ttl.unwrap_or(base.ttl),
+            ..base.clone()
+        }));
+    }
 }
 
 impl CapacityPolicy {
@@ -102,6 +156,13 @@ impl CapacityPolicy {
             ),
             drain_rate: rate,
         }
+    }
+}
+
+/// A fixed policy, for a gate or seat that is never changed at runtime (tests, benches).
+impl From<CapacityPolicy> for Arc<PolicyCell> {
+    fn from(policy: CapacityPolicy) -> Self {
+        PolicyCell::new(policy)
     }
 }
 
@@ -206,7 +267,8 @@ pub struct GateSnapshot {
 
 pub struct CapacityGate {
     queue: QueueName,
-    policy: CapacityPolicy,
+    /// Swapped by `PATCH /admin/settings`; read once or a few times per decision, no lock.
+    policy: Arc<PolicyCell>,
     /// Whose admin plane is read: the lane's backend.
     backend: Arc<dyn Backend>,
     state: Mutex<GateState>,
@@ -219,6 +281,7 @@ pub struct CapacityGate {
 
 impl CapacityGate {
     pub fn new(queue: QueueName, policy: CapacityPolicy, backend: Arc<dyn Backend>) -> Arc<Self> {
+        let policy = PolicyCell::new(policy);
         Arc::new(Self {
             queue,
             backend,
@@ -237,7 +300,7 @@ impl CapacityGate {
                 failclosed_unlogged: 0,
                 last_read_took: Duration::ZERO,
                 refreshing_ahead: false,
-                drain: DrainEstimator::new(policy.lag),
+                drain: DrainEstimator::new(policy.base().lag),
                 anchor: None,
                 refusing: false,
                 spell: (None, 0),
@@ -296,7 +359,13 @@ impl CapacityGate {
         &self.queue
     }
 
-    pub fn policy(&self) -> &CapacityPolicy {
+    /// The policy in force now (the variables with any runtime overrides on top).
+    pub fn policy(&self) -> Arc<CapacityPolicy> {
+        self.policy.current.load_full()
+    }
+
+    /// The swappable policy, shared with the queue's [`FleetSeat`].
+    pub fn policy_cell(&self) -> &Arc<PolicyCell> {
         &self.policy
     }
 
@@ -397,7 +466,7 @@ impl CapacityGate {
             LastRead::Ok { at, .. } | LastRead::Failed { at } => {
                 // A read made before the replica last turned local is from before a spell in
                 // the fleet, whose admissions it does not count: never reused.
-                now < at + self.policy.ttl
+                now < at + self.policy.load().ttl
                     && self.seat.get().is_none_or(|seat| at >= seat.local_since())
             }
         }
@@ -415,7 +484,7 @@ impl CapacityGate {
             return false;
         };
         state.refreshing_ahead
-            && now < at + self.policy.ttl + self.policy.read_timeout
+            && now < at + self.policy.load().ttl + self.policy.base().read_timeout
             && self.seat.get().is_none_or(|seat| at >= seat.local_since())
     }
 
@@ -425,8 +494,8 @@ impl CapacityGate {
         let (LastRead::Ok { at, .. } | LastRead::Failed { at }) = state.last_read else {
             return None;
         };
-        let lead = (state.last_read_took * 2).min(self.policy.ttl / 2);
-        if state.refreshing_ahead || now < (at + self.policy.ttl).checked_sub(lead)? {
+        let lead = (state.last_read_took * 2).min(self.policy.load().ttl / 2);
+        if state.refreshing_ahead || now < (at + self.policy.load().ttl).checked_sub(lead)? {
             return None;
         }
         state.refreshing_ahead = true;
@@ -445,7 +514,7 @@ impl CapacityGate {
             let lagged = self.lagged_completions(&mut state, started);
             (started, state.completed_total, lagged)
         };
-        let deadline = started + self.policy.read_timeout;
+        let deadline = started + self.policy.base().read_timeout;
         let read = self.backend.backlog(&self.queue, deadline);
         let result = match tokio::time::timeout_at(deadline, read).await {
             Ok(result) => result,
@@ -508,10 +577,10 @@ impl CapacityGate {
 
     /// Completions within `lag` before `started`, pruning slots no future read can need.
     fn lagged_completions(&self, state: &mut GateState, started: Instant) -> u64 {
-        if self.policy.lag.is_zero() {
+        if self.policy.base().lag.is_zero() {
             return 0;
         }
-        let cutoff = started.checked_sub(self.policy.lag);
+        let cutoff = started.checked_sub(self.policy.base().lag);
         if let Some(cutoff) = cutoff {
             while state.recent.front().is_some_and(|(end, _)| *end < cutoff) {
                 state.recent.pop_front();
@@ -521,6 +590,8 @@ impl CapacityGate {
     }
 
     fn decide(self: &Arc<Self>, state: &mut GateState) -> Result<Reservation, Refusal> {
+        // One snapshot per decision: a concurrent settings change applies to the next one.
+        let policy = self.policy.load();
         match state.last_read {
             LastRead::Ok {
                 send_disabled: true,
@@ -545,29 +616,25 @@ impl CapacityGate {
                             state.spell = (Some(seq), 0);
                         }
                         if state.spell.1 >= share && Instant::now() < d.allowance_until {
-                            estimate = estimate.max(self.policy.limit);
+                            estimate = estimate.max(policy.limit);
                         }
                     }
                 }
                 // Hysteresis: at the ceiling the queue starts refusing, and goes on until the
                 // estimate is back at or below the resume level.
                 state.refusing = if state.refusing {
-                    estimate > self.policy.resume_at()
+                    estimate > policy.resume_at()
                 } else {
-                    estimate >= self.policy.limit
+                    estimate >= policy.limit
                 };
                 if state.refusing {
                     let until_next_read =
-                        (at + self.policy.ttl).saturating_duration_since(Instant::now());
-                    return Err(self.policy.queue_full(
-                        estimate,
-                        state.drain.rate(),
-                        until_next_read,
-                    ));
+                        (at + policy.ttl).saturating_duration_since(Instant::now());
+                    return Err(policy.queue_full(estimate, state.drain.rate(), until_next_read));
                 }
             }
             LastRead::Failed { .. } | LastRead::Never => {
-                if self.policy.fail_closed && state.streak >= self.policy.streak_threshold {
+                if policy.fail_closed && state.streak >= policy.streak_threshold {
                     return Err(Refusal::CapacityUnknown {
                         consecutive_failures: state.streak,
                     });
@@ -594,7 +661,7 @@ impl CapacityGate {
         }
         state.completed_total += 1;
         state.since_read += 1;
-        if !self.policy.lag.is_zero() {
+        if !self.policy.base().lag.is_zero() {
             let now = Instant::now();
             match state.recent.back_mut() {
                 Some((end, n)) if *end >= now => *n += 1,
@@ -602,7 +669,8 @@ impl CapacityGate {
             }
             // Bound memory when reads are rare: nothing older than lag plus the longest
             // read can matter to a read that is running or yet to start.
-            if let Some(cutoff) = now.checked_sub(self.policy.lag + self.policy.read_timeout + SLOT)
+            if let Some(cutoff) =
+                now.checked_sub(self.policy.base().lag + self.policy.base().read_timeout + SLOT)
             {
                 while state.recent.front().is_some_and(|(end, _)| *end < cutoff) {
                     state.recent.pop_front();
@@ -635,21 +703,20 @@ impl CapacityGate {
             ),
             _ => None,
         };
+        let policy = self.policy.load();
         let unknown = !matches!(state.last_read, LastRead::Ok { .. });
-        let resume = self.policy.resume_at();
+        let resume = policy.resume_at();
         GateSnapshot {
             backlog,
-            limit: self.policy.limit,
+            limit: policy.limit,
             consecutive_failures: state.streak,
-            fail_closed: unknown
-                && self.policy.fail_closed
-                && state.streak >= self.policy.streak_threshold,
+            fail_closed: unknown && policy.fail_closed && state.streak >= policy.streak_threshold,
             last_read_ok_at: state.last_read_ok_at,
             reads_ok,
             reads_failed,
             drain_rate: state.drain.rate(),
             refusing_until_backlog: backlog
-                .filter(|b| (state.refusing && *b > resume) || *b >= self.policy.limit)
+                .filter(|b| (state.refusing && *b > resume) || *b >= policy.limit)
                 .map(|_| resume),
         }
     }
@@ -810,6 +877,56 @@ mod tests {
 
     fn down() -> Result<u64, DepthError> {
         Err(DepthError::Failed("admin plane down".into()))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_changed_policy_applies_to_the_next_decision_and_an_empty_one_restores_it() {
+        let backend = Arc::new(ScriptedDepth::new(vec![Ok(5)], Duration::ZERO));
+        let g = gate(policy(1000, 60_000, false, 3), &backend);
+        g.admit()
+            .await
+            .expect("under 1000")
+            .finish(BacklogEffect::NotStored);
+        g.policy_cell().apply(&PolicyOverride {
+            limit: Some(5),
+            ..PolicyOverride::default()
+        });
+        match g.admit().await {
+            Err(Refusal::QueueFull { backlog, limit, .. }) => assert_eq!((backlog, limit), (5, 5)),
+            other => panic!(
+                "expected queue_full at the new ceiling, got {:?}",
+                other.err()
+            ),
+        }
+        assert_eq!(g.snapshot().limit, 5);
+        assert_eq!(
+            backend.reads(),
+            1,
+            "the cached read is reused: only the policy changed"
+        );
+        g.policy_cell().apply(&PolicyOverride::default());
+        assert!(g.admit().await.is_ok(), "back at the variable's 1000");
+        assert_eq!(g.policy().limit, 1000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shorter_ttl_override_makes_the_next_send_read_again() {
+        let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
+        let g = gate(policy(1000, 60_000, false, 3), &backend);
+        g.admit().await.unwrap().finish(BacklogEffect::NotStored);
+        tokio::time::advance(Duration::from_millis(20)).await;
+        g.admit().await.unwrap().finish(BacklogEffect::NotStored);
+        assert_eq!(backend.reads(), 1);
+        g.policy_cell().apply(&PolicyOverride {
+            ttl: Some(Duration::from_millis(10)),
+            ..PolicyOverride::default()
+        });
+        g.admit().await.unwrap().finish(BacklogEffect::NotStored);
+        assert_eq!(
+            backend.reads(),
+            2,
+            "the 20 ms old read is stale under a 10 ms TTL"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -88,7 +88,7 @@ impl Lane {
                 Arc::clone(fleet),
                 fleet.ledger().keys(kind, queue).with_lag(gate.policy().lag),
                 queue.clone(),
-                gate.policy().clone(),
+                Arc::clone(gate.policy_cell()),
                 send_timeout,
             ));
         }

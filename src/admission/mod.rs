@@ -11,6 +11,7 @@ pub mod inflight;
 mod lane;
 pub mod shared;
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -48,7 +49,11 @@ pub struct Dispatched {
 pub struct Dispatcher {
     primary: Lane,
     fallback: Option<Lane>,
-    force: Option<ForceBackend>,
+    /// `SENDGATE_FORCE_BACKEND`, or its runtime override: 0 none, 1 primary, 2 fallback
+    /// (an atomic, so routing reads it without a lock).
+    force: AtomicU8,
+    /// The variable's value, restored when the override is removed.
+    force_default: Option<ForceBackend>,
     in_flight: InFlight,
     send_timeout: Duration,
 }
@@ -64,7 +69,8 @@ impl Dispatcher {
         Self {
             primary,
             fallback,
-            force,
+            force: AtomicU8::new(force_code(force)),
+            force_default: force,
             in_flight,
             send_timeout,
         }
@@ -76,6 +82,38 @@ impl Dispatcher {
 
     pub fn primary(&self) -> &Lane {
         &self.primary
+    }
+
+    pub fn fallback(&self) -> Option<&Lane> {
+        self.fallback.as_ref()
+    }
+
+    /// The pinned backend in force (the variable's, or a runtime override).
+    pub fn force(&self) -> Option<ForceBackend> {
+        match self.force.load(Ordering::Relaxed) {
+            1 => Some(ForceBackend::Primary),
+            2 => Some(ForceBackend::Fallback),
+            _ => None,
+        }
+    }
+
+    /// `SENDGATE_FORCE_BACKEND` as the variable set it.
+    pub fn force_default(&self) -> Option<ForceBackend> {
+        self.force_default
+    }
+
+    /// Pin routing from the next send on (`None`: the primary while its circuit allows).
+    /// A fallback pin without a fallback changes nothing (the settings refuse it first).
+    pub fn set_force(&self, force: Option<ForceBackend>) {
+        if force == Some(ForceBackend::Fallback) && self.fallback.is_none() {
+            return;
+        }
+        self.force.store(force_code(force), Ordering::Relaxed);
+    }
+
+    /// The lane named `primary` or `fallback` (`None`: no such backend here).
+    pub fn lane(&self, role: &str) -> Option<&Lane> {
+        self.lanes().find(|lane| lane.role.as_str() == role)
     }
 
     pub fn in_flight(&self) -> &InFlight {
@@ -99,7 +137,7 @@ impl Dispatcher {
     /// (primary = never fail over). With both circuits open it is the primary, so capacity
     /// still answers first (429 before 503, the contract's order).
     fn choose(&self) -> &Lane {
-        match (self.force, &self.fallback) {
+        match (self.force(), &self.fallback) {
             (Some(ForceBackend::Primary), _)
             | (None, None)
             | (Some(ForceBackend::Fallback), None) => &self.primary,
@@ -133,7 +171,7 @@ impl Dispatcher {
         // The primary's trial went to another send (or it opened meanwhile): with a fallback
         // that takes sends, use it rather than answer 503.
         if let (Err(DispatchError::BackendUnavailable { .. }), None, Some(fallback)) =
-            (&admitted, self.force, &self.fallback)
+            (&admitted, self.force(), &self.fallback)
         {
             if lane.role == BackendRole::Primary && fallback.breaker.would_allow() {
                 lane = fallback;
@@ -226,6 +264,14 @@ impl Dispatcher {
             Err(_) => BacklogEffect::NotStored,
         });
         result.map_err(DispatchError::Send)
+    }
+}
+
+fn force_code(force: Option<ForceBackend>) -> u8 {
+    match force {
+        None => 0,
+        Some(ForceBackend::Primary) => 1,
+        Some(ForceBackend::Fallback) => 2,
     }
 }
 
@@ -475,5 +521,68 @@ mod tests {
             ],
             "one send is the primary's trial (it hangs to its deadline); the other is not refused"
         );
+    }
+
+    #[tokio::test]
+    async fn a_forced_backend_set_at_runtime_routes_the_next_send_and_none_restores_the_default() {
+        let queue = QueueName::parse("q").unwrap();
+        let capacity = CapacitySettings {
+            max_queue_depth: 1000,
+            fail_closed: false,
+            fail_closed_streak: 3,
+            depth_ttl: Duration::from_secs(60),
+            admin_timeout: Duration::from_secs(1),
+            retry_after_max: Duration::from_secs(300),
+            resume_below: crate::config::Fraction::ONE,
+        };
+        let queues = std::slice::from_ref(&queue);
+        let lane = |role| {
+            Lane::new(
+                role,
+                Arc::new(Healthy),
+                queues,
+                &capacity,
+                BreakerPolicy::default(),
+            )
+        };
+        let d = Dispatcher::new(
+            lane(BackendRole::Primary),
+            Some(lane(BackendRole::Fallback)),
+            None,
+            InFlight::new(8),
+            Duration::from_secs(5),
+        );
+        assert_eq!(
+            d.send(message(&queue)).await.via,
+            Some(BackendRole::Primary)
+        );
+        d.set_force(Some(ForceBackend::Fallback));
+        assert_eq!(d.force(), Some(ForceBackend::Fallback));
+        assert_eq!(
+            d.send(message(&queue)).await.via,
+            Some(BackendRole::Fallback)
+        );
+        d.set_force(d.force_default());
+        assert_eq!(
+            d.send(message(&queue)).await.via,
+            Some(BackendRole::Primary)
+        );
+
+        let alone = Dispatcher::new(
+            lane(BackendRole::Primary),
+            None,
+            Some(ForceBackend::Primary),
+            InFlight::new(8),
+            Duration::from_secs(5),
+        );
+        alone.set_force(Some(ForceBackend::Fallback));
+        assert_eq!(
+            alone.force(),
+            Some(ForceBackend::Primary),
+            "no fallback to pin: nothing changes (the settings refuse it first)"
+        );
+        assert_eq!(alone.force_default(), Some(ForceBackend::Primary));
+        assert!(alone.lane("fallback").is_none());
+        assert!(alone.lane("primary").is_some());
     }
 }

@@ -30,7 +30,7 @@ use std::time::{Duration, SystemTime};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use super::capacity::{BacklogEffect, CapacityPolicy, GateSnapshot, Refusal};
+use super::capacity::{BacklogEffect, GateSnapshot, PolicyCell, Refusal};
 use super::drain::DrainEstimator;
 use crate::backend::{Backend, DepthError};
 use crate::config::Fraction;
@@ -164,7 +164,7 @@ pub struct FleetSeat {
     fleet: Arc<Fleet>,
     keys: QueueKeys,
     queue: QueueName,
-    policy: CapacityPolicy,
+    policy: Arc<PolicyCell>,
     /// How long a block stays counted: its use, plus a send's deadline, plus the longest
     /// its grant may take to arrive (the lease starts when the script runs), plus a margin.
     block_lease: Duration,
@@ -181,9 +181,10 @@ impl FleetSeat {
         fleet: Arc<Fleet>,
         keys: QueueKeys,
         queue: QueueName,
-        policy: CapacityPolicy,
+        policy: impl Into<Arc<PolicyCell>>,
         send_timeout: Duration,
     ) -> Arc<Self> {
+        let policy = policy.into();
         fleet.register(keys.clone());
         let replica = fleet.replica().to_owned();
         let block_lease =
@@ -211,7 +212,7 @@ impl FleetSeat {
                 failclosed_logged: None,
                 failclosed_unlogged: 0,
                 full: None,
-                drain: DrainEstimator::new(policy.lag),
+                drain: DrainEstimator::new(policy.base().lag),
                 measured: None,
                 refusing: false,
             }),
@@ -248,7 +249,7 @@ impl FleetSeat {
             }
             let ledger = seat.fleet.ledger();
             match ledger
-                .shared_read_as(&seat.keys, seat.fleet.replica(), seat.policy.limit)
+                .shared_read_as(&seat.keys, seat.fleet.replica(), seat.policy.load().limit)
                 .await
             {
                 Ok(read) => Self::see(&mut seat.state.lock(), read, Instant::now()),
@@ -318,7 +319,7 @@ impl FleetSeat {
     /// the read last seen not yet back at or below the resume level. Refused here, cached
     /// like a "full" answer, without asking Redis.
     fn still_refusing(&self, state: &mut SeatState, now: Instant) -> Option<Refusal> {
-        if !state.refusing || self.policy.resume_below >= Fraction::ONE {
+        if !state.refusing || self.policy.load().resume_below >= Fraction::ONE {
             return None;
         }
         let (read, seen) = state.last?;
@@ -328,13 +329,13 @@ impl FleetSeat {
         let estimate = backlog
             .saturating_add(read.since_read)
             .saturating_add(read.reserved);
-        if estimate <= self.policy.resume_at() {
+        if estimate <= self.policy.load().resume_at() {
             state.refusing = false;
             return None;
         }
-        let until = seen + self.policy.ttl.saturating_sub(read.age);
+        let until = seen + self.policy.load().ttl.saturating_sub(read.age);
         state.full = Some((until, estimate, read.generation));
-        Some(self.policy.queue_full(
+        Some(self.policy.load().queue_full(
             estimate,
             state.drain.rate(),
             until.saturating_duration_since(now),
@@ -373,7 +374,10 @@ impl FleetSeat {
             // Sends the others stored by then are in the admin plane's count once its lag
             // has passed; those they had in flight end within a block's lease; a read
             // finishing by then may have started before (its own deadline).
-            floor_until: seen + self.policy.lag + self.block_lease + self.policy.read_timeout,
+            floor_until: seen
+                + self.policy.base().lag
+                + self.block_lease
+                + self.policy.base().read_timeout,
         })
     }
 
@@ -397,7 +401,7 @@ impl FleetSeat {
             let fresh = state
                 .last
                 .is_some_and(|(read, _)| read.state != SharedState::Never)
-                && age.is_some_and(|a| a < self.policy.ttl);
+                && age.is_some_and(|a| a < self.policy.load().ttl);
             // Headroom already reserved for this replica is counted fleet-wide until its
             // lease ends, whatever the age of the read it was granted on: use it first (a
             // stale read is refreshed in the background). Asking Redis instead would count
@@ -425,7 +429,11 @@ impl FleetSeat {
                 let rate = state.drain.rate();
                 drop(state);
                 self.spawn_ahead(ahead, backend);
-                return Ok(Err(self.policy.queue_full(estimate, rate, until - now)));
+                return Ok(Err(self.policy.load().queue_full(
+                    estimate,
+                    rate,
+                    until - now,
+                )));
             }
             let ahead = fresh && self.ahead_due(&mut state, age, now);
             // The block's use is over: what it did not hand out goes back now (else with
@@ -463,7 +471,7 @@ impl FleetSeat {
                 &self.keys,
                 &self.block_id(turn),
                 BLOCK_WANT,
-                self.policy.limit,
+                self.policy.load().limit,
                 SHARE_DIVISOR,
                 self.block_lease,
             )
@@ -490,13 +498,13 @@ impl FleetSeat {
                 Self::see(&mut state, read, now);
                 // Cached at most a block's use: headroom other replicas hold unused comes
                 // back within that, and one Redis call per replica per period is cheap.
-                let until = now + self.policy.ttl.saturating_sub(read.age).min(USE_BLOCK_FOR);
+                let until = now + self.policy.load().ttl.saturating_sub(read.age).min(USE_BLOCK_FOR);
                 state.full = Some((until, estimate, read.generation));
                 state.refusing = true;
-                Err(self.policy.queue_full(
+                Err(self.policy.load().queue_full(
                     estimate,
                     state.drain.rate(),
-                    self.policy.ttl.saturating_sub(read.age),
+                    self.policy.load().ttl.saturating_sub(read.age),
                 ))
             }
             Reservation::Disabled { read } => {
@@ -505,7 +513,9 @@ impl FleetSeat {
             }
             Reservation::Unknown { read } => {
                 Self::see(&mut state, read, now);
-                if self.policy.fail_closed && read.streak >= self.policy.streak_threshold {
+                if self.policy.load().fail_closed
+                    && read.streak >= self.policy.load().streak_threshold
+                {
                     Err(Refusal::CapacityUnknown {
                         consecutive_failures: read.streak,
                     })
@@ -558,8 +568,8 @@ impl FleetSeat {
         let Some(age) = age else { return false };
         let lead = (state.last_read_took * 2)
             .max(AHEAD_RETRY)
-            .min(self.policy.ttl / 2);
-        if age + lead < self.policy.ttl {
+            .min(self.policy.load().ttl / 2);
+        if age + lead < self.policy.load().ttl {
             return false;
         }
         if state.ahead_running
@@ -600,20 +610,20 @@ impl FleetSeat {
         }
         let ledger = self.fleet.ledger();
         let seen = ledger
-            .shared_read_as(&self.keys, self.fleet.replica(), self.policy.limit)
+            .shared_read_as(&self.keys, self.fleet.replica(), self.policy.load().limit)
             .await?;
         Self::see(&mut self.state.lock(), seen, Instant::now());
-        if seen.state != SharedState::Never && seen.age < self.policy.ttl && wait {
+        if seen.state != SharedState::Never && seen.age < self.policy.load().ttl && wait {
             return Ok(()); // another replica published while this one queued
         }
-        let lease = self.policy.ttl.max(Duration::from_millis(1));
+        let lease = self.policy.load().ttl.max(Duration::from_millis(1));
         match ledger
             .lease_read(&self.keys, self.fleet.replica(), lease)
             .await?
         {
             Some(ticket) => {
                 let started = Instant::now();
-                let deadline = started + self.policy.read_timeout;
+                let deadline = started + self.policy.base().read_timeout;
                 let read = backend.backlog(&self.queue, deadline);
                 let (outcome, error) = match tokio::time::timeout_at(deadline, read).await {
                     Ok(Ok(backlog)) => (
@@ -649,7 +659,7 @@ impl FleetSeat {
             // that died holds the lease until it ends (a TTL, maybe far longer): once one send
             // waited that read out, those queued behind it do not each wait it out again.
             None if wait && self.state.lock().waited_out != Some(seen.generation) => {
-                let deadline = Instant::now() + self.policy.read_timeout;
+                let deadline = Instant::now() + self.policy.base().read_timeout;
                 loop {
                     if Instant::now() >= deadline {
                         self.state.lock().waited_out = Some(seen.generation);
@@ -657,7 +667,7 @@ impl FleetSeat {
                     }
                     tokio::time::sleep(WAIT_POLL).await;
                     let now = ledger
-                        .shared_read_as(&self.keys, self.fleet.replica(), self.policy.limit)
+                        .shared_read_as(&self.keys, self.fleet.replica(), self.policy.load().limit)
                         .await?;
                     Self::see(&mut self.state.lock(), now, Instant::now());
                     if now.generation != seen.generation {
@@ -673,7 +683,7 @@ impl FleetSeat {
     /// The fleet's read as last seen is younger than the TTL.
     fn fresh(&self, now: Instant) -> bool {
         self.state.lock().last.is_some_and(|(read, seen)| {
-            read.state != SharedState::Never && read.age + (now - seen) < self.policy.ttl
+            read.state != SharedState::Never && read.age + (now - seen) < self.policy.load().ttl
         })
     }
 
@@ -768,18 +778,18 @@ impl FleetSeat {
         let _turn = self.read_turn.lock().await;
         let ledger = self.fleet.ledger();
         let seen = ledger
-            .shared_read_as(&self.keys, self.fleet.replica(), self.policy.limit)
+            .shared_read_as(&self.keys, self.fleet.replica(), self.policy.load().limit)
             .await?;
         Self::see(&mut self.state.lock(), seen, Instant::now());
-        if seen.state != SharedState::Never && seen.age < self.policy.ttl {
+        if seen.state != SharedState::Never && seen.age < self.policy.load().ttl {
             return Ok(());
         }
-        let lease = self.policy.ttl.max(Duration::from_millis(1));
+        let lease = self.policy.load().ttl.max(Duration::from_millis(1));
         if let Some(ticket) = ledger
             .lease_read(&self.keys, self.fleet.replica(), lease)
             .await?
         {
-            let deadline = Instant::now() + self.policy.read_timeout;
+            let deadline = Instant::now() + self.policy.base().read_timeout;
             let outcome =
                 match tokio::time::timeout_at(deadline, backend.backlog(&self.queue, deadline))
                     .await
@@ -826,19 +836,19 @@ impl FleetSeat {
             ),
             _ => None,
         };
-        let resume = self.policy.resume_at();
-        let refusing = state.refusing && self.policy.resume_below < Fraction::ONE;
+        let resume = self.policy.load().resume_at();
+        let refusing = state.refusing && self.policy.load().resume_below < Fraction::ONE;
         Some(GateSnapshot {
             backlog,
             drain_rate: state.drain.rate(),
             refusing_until_backlog: backlog
-                .filter(|b| (refusing && *b > resume) || *b >= self.policy.limit)
+                .filter(|b| (refusing && *b > resume) || *b >= self.policy.load().limit)
                 .map(|_| resume),
-            limit: self.policy.limit,
+            limit: self.policy.load().limit,
             consecutive_failures: read.streak,
             fail_closed: unknown
-                && self.policy.fail_closed
-                && read.streak >= self.policy.streak_threshold,
+                && self.policy.load().fail_closed
+                && read.streak >= self.policy.load().streak_threshold,
             // The shared read is the fleet's last one; when it is good, it was made `age`
             // before it was seen.
             last_read_ok_at: matches!(read.state, SharedState::Ok { .. })

@@ -33,7 +33,7 @@ pub use backend::{BackendKind, BackendSettings, DepthSource, RabbitMqSettings, S
 pub use coordination::{CoordinationSettings, KeyPrefix, RedisAuth, RedisSettings};
 pub use error::ConfigError;
 pub use forgiving::{forgiving_flag, forgiving_max_depth, forgiving_streak};
-pub use layers::servicebus_near_misses;
+pub use layers::{one_of, servicebus_near_misses};
 pub use secret::Secret;
 pub use servicebus::{CredentialPlan, ServiceBusSettings};
 pub use vars::{Var, VARIABLES};
@@ -111,6 +111,9 @@ pub struct DispatchSettings {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
     pub listen: SocketAddr,
+    /// `SENDGATE_DATA_DIR`: the embedded backend's files and, in local mode, the runtime
+    /// settings (`settings.json`), whatever the backend.
+    pub data_dir: std::path::PathBuf,
     pub queues: Vec<QueueName>,
     /// The backend sends go to.
     pub primary: BackendSettings,
@@ -188,6 +191,7 @@ impl Settings {
         let drain_timeout = layers.duration(&v::DRAIN_TIMEOUT_S)?;
         Ok(Settings {
             listen,
+            data_dir: layers.path(&v::DATA_DIR).unwrap_or_default(),
             queues,
             primary,
             fallback,

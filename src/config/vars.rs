@@ -196,7 +196,7 @@ pub const DATA_DIR: Var = Var::server(
     "SENDGATE_DATA_DIR",
     G::General,
     K::Path,
-    "Where the embedded backend keeps its SQLite database.",
+    "Where the embedded backend keeps its SQLite database, and (local mode) the runtime settings.",
 )
 .default("./sendgate-data");
 

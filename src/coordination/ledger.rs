@@ -626,6 +626,25 @@ impl Ledger {
     }
 }
 
+/// Plain commands for the runtime settings (`src/settings/store.rs`), on the ledger's
+/// connection, deadline and redaction.
+impl Ledger {
+    /// A deployment-wide key under this deployment's prefix.
+    pub fn deployment_key(&self, name: &str) -> String {
+        format!("{}:{name}", self.prefix)
+    }
+
+    /// One command or pipeline, bounded by the call deadline.
+    pub async fn query<T: redis::FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+    ) -> Result<T, LedgerError> {
+        let mut conn = self.conn.get();
+        self.within(self.timeout, pipe.query_async::<T>(&mut conn))
+            .await
+    }
+}
+
 /// `call`'s answer, or `Elapsed` once `deadline` has passed. When it passes, this process may
 /// not have been running (a busy machine descheduled it): the reply can be in the socket,
 /// waiting for the connection's own task to read it. The tasks that are ready run once

@@ -83,6 +83,10 @@ pub enum Problem {
     BackendBusy { retry_after: Duration },
     #[error("The queue is disabled at the broker.")]
     QueueDisabled,
+    #[error("No backend {backend:?} here: primary, or fallback when one is configured.")]
+    UnknownBackend { backend: String },
+    #[error("The change could not be stored, so it is not in force: {detail}")]
+    SettingsUnavailable { detail: String },
     #[error("The send did not complete: {detail}")]
     SendFailed {
         detail: String,
@@ -116,12 +120,16 @@ impl Problem {
             Self::BackendBusy { .. } => ErrorCode::BackendBusy,
             Self::QueueDisabled => ErrorCode::QueueDisabled,
             Self::SendFailed { .. } => ErrorCode::SendFailed,
+            Self::UnknownBackend { .. } => ErrorCode::NotFound,
+            Self::SettingsUnavailable { .. } => ErrorCode::SettingsUnavailable,
         }
     }
 
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::NotFound | Self::UnknownQueue { .. } => StatusCode::NOT_FOUND,
+            Self::NotFound | Self::UnknownQueue { .. } | Self::UnknownBackend { .. } => {
+                StatusCode::NOT_FOUND
+            }
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::Unauthenticated { .. } => StatusCode::UNAUTHORIZED,
             Self::Forbidden { .. } | Self::ForbiddenHost => StatusCode::FORBIDDEN,
@@ -134,7 +142,8 @@ impl Problem {
             | Self::CapacityUnknown { .. }
             | Self::Saturated
             | Self::BackendUnavailable { .. }
-            | Self::BackendBusy { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            | Self::BackendBusy { .. }
+            | Self::SettingsUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::SendTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::BackendAuthFailed | Self::SendFailed { .. } => StatusCode::BAD_GATEWAY,
             Self::QueueDisabled => StatusCode::CONFLICT,
@@ -144,7 +153,9 @@ impl Problem {
     /// `Retry-After`, for the answers that carry one.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::Starting | Self::Saturated => Some(Duration::from_secs(1)),
+            Self::Starting | Self::Saturated | Self::SettingsUnavailable { .. } => {
+                Some(Duration::from_secs(1))
+            }
             Self::Draining { retry_after }
             | Self::QueueFull { retry_after, .. }
             | Self::BackendBusy { retry_after }
@@ -413,6 +424,9 @@ mod tests {
                 consecutive_failures: 3,
             },
             Problem::Saturated,
+            Problem::SettingsUnavailable {
+                detail: "disk full".into(),
+            },
             Problem::BackendUnavailable {
                 retry_after: Duration::ZERO,
             },

@@ -16,3 +16,9 @@ pub async fn only_post(context: RequestContext) -> Result<HttpResponse, ApiError
 pub async fn only_get(context: RequestContext) -> Result<HttpResponse, ApiError> {
     Err(context.error(Problem::MethodNotAllowed { allow: "GET" }))
 }
+
+pub async fn get_or_patch(context: RequestContext) -> Result<HttpResponse, ApiError> {
+    Err(context.error(Problem::MethodNotAllowed {
+        allow: "GET, PATCH",
+    }))
+}

@@ -112,6 +112,22 @@ pub struct Detailed {
     backends: BTreeMap<&'static str, BackendHealth>,
     /// Whether this replica shares the ceiling with the fleet right now.
     coordination: CoordinationState,
+    /// The runtime settings (`/admin/settings`): where they are kept and what is overridden.
+    settings: SettingsState,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct SettingsState {
+    /// `file` (local mode: `SENDGATE_DATA_DIR/settings.json`) or `redis` (fleet mode).
+    #[schema(schema_with = schema::settings_store)]
+    store: &'static str,
+    /// `false` while the fleet's hash cannot be read: this replica keeps the overrides it
+    /// last saw.
+    ok: bool,
+    last_error: Option<String>,
+    /// Every value overridden at runtime, by setting (`queues.{queue}.{field}`,
+    /// `force_backend`): its value, the variable it overrides, the key that set it and when.
+    overridden: BTreeMap<String, super::settings::OverriddenValue>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -162,6 +178,8 @@ pub struct BackendHealth {
     breaker: &'static str,
     sends_in_flight: usize,
     max_in_flight: usize,
+    /// Held open by an operator (`POST /admin/breakers/{backend}`): no trial until closed.
+    held: bool,
     /// The last health probe of the admin plane; it never moves the breaker.
     probe: Option<Probe>,
     /// Seconds until the open breaker lets a trial send through (0: the next send is one);
@@ -226,6 +244,13 @@ pub(super) fn snapshot(state: &AppState) -> Detailed {
     }
     let coordination = coordination_of(state);
     degraded |= !coordination.ok;
+    let store = state.settings.health();
+    let settings = SettingsState {
+        store: state.settings.store_kind(),
+        ok: store.ok,
+        last_error: store.last_error,
+        overridden: super::settings::overridden(&state.settings),
+    };
     let drain = state.lifecycle.drain_status().map(|d| Drain {
         remaining_s: (d.remaining.as_secs_f64() * 10.0).round() / 10.0,
         in_flight: d.in_flight,
@@ -240,6 +265,7 @@ pub(super) fn snapshot(state: &AppState) -> Detailed {
         queues,
         backends,
         coordination,
+        settings,
     }
 }
 
@@ -282,6 +308,7 @@ fn backend_health(route: &Lane, state: &AppState) -> BackendHealth {
     BackendHealth {
         kind: route.kind(),
         breaker: breaker.as_str(),
+        held: route.breaker.held(),
         sends_in_flight: in_flight.current(),
         max_in_flight: in_flight.max(),
         probe: route.last_probe().map(|p| Probe {
@@ -289,7 +316,7 @@ fn backend_health(route: &Lane, state: &AppState) -> BackendHealth {
             at: rfc3339(p.at),
             error: p.error,
         }),
-        next_trial_in_s: (breaker == BreakerState::Open)
+        next_trial_in_s: (breaker == BreakerState::Open && !route.breaker.held())
             .then(|| (route.breaker.retry_after().as_secs_f64() * 10.0).round() / 10.0),
         queues: (route.role == BackendRole::Fallback).then(|| queues_of(route)),
     }

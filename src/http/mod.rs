@@ -12,6 +12,7 @@ pub mod headers;
 mod health;
 mod metrics;
 pub mod openapi;
+mod settings;
 // Visible to the crate for `crate::fuzzing`, which parses send input as the handler does.
 pub(crate) mod send;
 
@@ -41,6 +42,8 @@ pub struct AppState {
     pub body_budget: body_budget::BodyBudget,
     /// Alone, or sharing the ceiling with the fleet.
     pub coordination: crate::coordination::Coordination,
+    /// The runtime overrides (`/admin/settings`) and where they are kept.
+    pub settings: std::sync::Arc<crate::settings::RuntimeSettings>,
 }
 
 /// The routing table. Anything not listed is `404 not_found`, answered here without
@@ -74,6 +77,17 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     .service(
         web::resource("/admin/drain")
             .route(web::post().to(admin::drain))
+            .default_service(web::to(fallback::only_post)),
+    )
+    .service(
+        web::resource("/admin/settings")
+            .route(web::get().to(settings::get_settings))
+            .route(web::patch().to(settings::patch_settings))
+            .default_service(web::to(fallback::get_or_patch)),
+    )
+    .service(
+        web::resource("/admin/breakers/{backend}")
+            .route(web::post().to(settings::breaker))
             .default_service(web::to(fallback::only_post)),
     )
     .service(

@@ -30,6 +30,9 @@ use super::headers::spelling;
         super::health::detailed,
         super::metrics::metrics,
         super::admin::drain,
+        super::settings::get_settings,
+        super::settings::patch_settings,
+        super::settings::breaker,
         openapi_json,
         super::console::page,
     ),
@@ -190,6 +193,29 @@ pub mod schema {
 
     pub fn coordination_mode() -> Object {
         words(["local", "redis"])
+    }
+
+    pub fn settings_store() -> Object {
+        words(["file", "redis"])
+    }
+
+    pub fn breaker_action() -> Object {
+        words(["open", "close", "reset"])
+    }
+
+    /// `primary`, `fallback` or `null`.
+    pub fn force_backend() -> Object {
+        ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::SchemaType::from_iter([
+                Type::String,
+                Type::Null,
+            ]))
+            .enum_values(Some([
+                serde_json::Value::from("primary"),
+                serde_json::Value::from("fallback"),
+                serde_json::Value::Null,
+            ]))
+            .build()
     }
 
     pub fn breaker_state() -> Object {

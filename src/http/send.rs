@@ -369,7 +369,7 @@ pub(crate) fn is_json(req: &HttpRequest) -> bool {
 }
 
 /// The `Content-Length` the client announced, when it is a number.
-fn announced_length(req: &HttpRequest) -> Option<usize> {
+pub(crate) fn announced_length(req: &HttpRequest) -> Option<usize> {
     req.headers()
         .get(actix_web::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -378,7 +378,7 @@ fn announced_length(req: &HttpRequest) -> Option<usize> {
 
 /// The body, refusing it as soon as it is known to be too large (from `Content-Length`
 /// before reading, or while streaming when the length was not announced).
-async fn read_body(
+pub(crate) async fn read_body(
     mut payload: web::Payload,
     announced: Option<usize>,
     limit: usize,

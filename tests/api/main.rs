@@ -19,3 +19,4 @@ mod openapi;
 mod request_id;
 mod routing;
 mod send;
+mod settings;

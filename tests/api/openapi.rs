@@ -72,7 +72,11 @@ async fn every_documented_operation_is_a_route_and_its_security_is_what_it_does(
     let mut operations = 0;
     for (path, item) in doc["paths"].as_object().unwrap() {
         for (method, operation) in item.as_object().unwrap() {
-            let url = app.url(&path.replace("{queue}", "requests"));
+            let url = app.url(
+                &path
+                    .replace("{queue}", "requests")
+                    .replace("{backend}", "primary"),
+            );
             let method = method.to_uppercase().parse().unwrap();
             let response = app
                 .client
@@ -93,5 +97,5 @@ async fn every_documented_operation_is_a_route_and_its_security_is_what_it_does(
             operations += 1;
         }
     }
-    assert_eq!(operations, 8);
+    assert_eq!(operations, 11);
 }

@@ -314,14 +314,29 @@ pub fn run_binary(args: &[&str], env: &[(&str, &str)]) -> Output {
 }
 
 pub fn wait_with_timeout(mut child: Child, limit: Duration) -> Output {
+    // Read both pipes while waiting: output larger than a pipe's buffer (64 KiB; the
+    // OpenAPI document is more) would otherwise block the child for ever.
+    fn drain(
+        pipe: Option<impl std::io::Read + Send + 'static>,
+    ) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    }
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
     let start = Instant::now();
     loop {
-        if child
-            .try_wait()
-            .expect("the child can be waited on")
-            .is_some()
-        {
-            return child.wait_with_output().expect("its output");
+        if let Some(status) = child.try_wait().expect("the child can be waited on") {
+            return Output {
+                status,
+                stdout: stdout.join().unwrap_or_default(),
+                stderr: stderr.join().unwrap_or_default(),
+            };
         }
         if start.elapsed() > limit {
             let _ = child.kill();

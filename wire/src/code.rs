@@ -36,6 +36,9 @@ pub enum ErrorCode {
     BackendBusy,
     QueueDisabled,
     SendFailed,
+    /// `PATCH /admin/settings`: the change could not be stored (data directory, or the
+    /// fleet's Redis), so it is not in force.
+    SettingsUnavailable,
 }
 
 /// A code this version does not know.
@@ -45,7 +48,7 @@ pub struct UnknownCode(pub String);
 
 impl ErrorCode {
     /// Every code, in the contract's order.
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 21] = [
         Self::NotFound,
         Self::MethodNotAllowed,
         Self::UnknownQueue,
@@ -66,6 +69,7 @@ impl ErrorCode {
         Self::BackendBusy,
         Self::QueueDisabled,
         Self::SendFailed,
+        Self::SettingsUnavailable,
     ];
 
     /// The code as it appears in a body (and as a metric label): static, so the server's
@@ -92,6 +96,7 @@ impl ErrorCode {
             Self::BackendBusy => "backend_busy",
             Self::QueueDisabled => "queue_disabled",
             Self::SendFailed => "send_failed",
+            Self::SettingsUnavailable => "settings_unavailable",
         }
     }
 

@@ -160,6 +160,7 @@
           if (keysOn) tokenAccepted();
           record(body);
           render(body);
+          if (!lastSettings) offerQueues(Object.keys(body.queues || {}).sort());
           schedule(mine);
         });
       })
@@ -329,7 +330,7 @@
       .sort()
       .forEach(function (role) {
         var queues = role === "primary" ? d.queues : backends[role].queues;
-        nodes.push(backendSection(role, backends[role], queues || {}));
+        nodes.push(backendSection(role, backends[role], queues || {}, (d.settings || {}).overridden || {}));
       });
     statusRegion.replaceChildren.apply(statusRegion, nodes);
   }
@@ -340,7 +341,7 @@
     return "failed at " + when(p.at, "—") + ": " + orText(p.error, "none");
   }
 
-  function backendSection(role, b, queues) {
+  function backendSection(role, b, queues, overridden) {
     var breaker = word(b.breaker);
     return el(
       "section",
@@ -367,13 +368,14 @@
         Object.keys(queues)
           .sort()
           .map(function (name) {
-            return queueCard(role, name, queues[name]);
+            return queueCard(role, name, queues[name], overridden);
           })
       )
     );
   }
 
-  function queueCard(role, name, q) {
+  function queueCard(role, name, q, overridden) {
+    var ceilingSet = overridden["queues." + name + ".max_queue_depth"];
     var refusing = q.fail_closed === true;
     var hasBacklog = typeof q.backlog === "number";
     var streak =
@@ -419,7 +421,10 @@
         "Backlog ",
         el("span", { class: "big", "data-field": "backlog" }, hasBacklog ? String(q.backlog) : "unknown"),
         " of ceiling ",
-        el("span", { class: "big", "data-field": "limit" }, number(q.limit))
+        el("span", { class: "big", "data-field": "limit" }, number(q.limit)),
+        ceilingSet
+          ? [" ", el("span", { class: "override", "data-field": "limit_overridden" }, "(runtime setting by " + word(ceilingSet.by) + ")")]
+          : null
       ),
       hasBacklog && limit !== null
         ? el(
@@ -520,6 +525,263 @@
     Object.keys(attrs).forEach(function (name) {
       node.setAttribute(name, String(attrs[name]));
     });
+  }
+
+  // ---- runtime settings (PATCH /admin/settings) ------------------------------------------
+  //
+  // The admin token is asked for only with keys on, kept in sessionStorage like the
+  // observer token and sent only as `Authorization: Bearer`. A field left empty is left as
+  // it is; "back to the default" sends null (the variable's value applies again).
+
+  var ADMIN_KEY = "sendgate.adminToken";
+  var QUEUE_FIELDS = ["max_queue_depth", "fail_closed", "fail_closed_streak", "depth_ttl_ms"];
+  var settingsForm = document.getElementById("settings-form");
+  var adminInput = document.getElementById("admin-token");
+  var queueSelect = document.getElementById("settings-queue");
+  var settingsResult = document.getElementById("settings-result");
+  var settingsErrors = document.getElementById("settings-errors");
+  var lastSettings = null;
+
+  function adminToken() {
+    var typed = adminInput ? adminInput.value.trim() : "";
+    if (typed) return typed;
+    try {
+      return window.sessionStorage.getItem(ADMIN_KEY);
+    } catch (e) {
+      return null;
+    }
+  }
+
+  function storeAdminToken(value) {
+    try {
+      if (value === null) {
+        window.sessionStorage.removeItem(ADMIN_KEY);
+      } else {
+        window.sessionStorage.setItem(ADMIN_KEY, value);
+      }
+    } catch (e) {
+      /* storage off: typed again next time */
+    }
+  }
+
+  function adminHeaders() {
+    var headers = { Accept: "application/json", "Content-Type": "application/json" };
+    var t = keysOn ? adminToken() : null;
+    if (t) headers.Authorization = "Bearer " + t;
+    return headers;
+  }
+
+  // The queues to choose from: the settings' own, else the health snapshot's.
+  function offerQueues(names) {
+    if (!queueSelect || !names.length) return;
+    var have = Array.prototype.map.call(queueSelect.options, function (o) {
+      return o.value;
+    });
+    if (have.join("\n") === names.join("\n")) return;
+    var chosen = queueSelect.value;
+    queueSelect.replaceChildren.apply(
+      queueSelect,
+      names.map(function (n) {
+        return el("option", { value: n }, n);
+      })
+    );
+    if (names.indexOf(chosen) >= 0) queueSelect.value = chosen;
+  }
+
+  function describe(setting) {
+    if (!setting) return "";
+    var v = setting.value === null ? "none" : String(setting.value);
+    var d = setting.default === null ? "none" : String(setting.default);
+    var text = "In force: " + v + " (" + setting.variable + ": " + d + ")";
+    if (setting.overridden) {
+      text += "; overridden by " + setting.overridden.by + " at " + when(setting.overridden.at, "?");
+    }
+    return text;
+  }
+
+  function showSettings(body) {
+    lastSettings = body;
+    offerQueues(Object.keys(body.queues || {}).sort());
+    var q = (body.queues || {})[queueSelect ? queueSelect.value : ""] || {};
+    QUEUE_FIELDS.forEach(function (f) {
+      var now = document.getElementById("set-" + f + "-now");
+      if (now) now.textContent = describe(q[f]);
+    });
+    var force = document.getElementById("set-force_backend-now");
+    if (force) force.textContent = describe(body.force_backend);
+  }
+
+  // A 401/403 on the admin routes: the token is forgotten and the form says why.
+  function adminRefused(status, what) {
+    storeAdminToken(null);
+    if (adminInput) adminInput.value = "";
+    showErrors([
+      "The gateway refused this token (" +
+        status +
+        (status === 401 ? " unauthenticated" : " forbidden: it needs the admin role") +
+        "). " +
+        what,
+    ]);
+  }
+
+  // The current values (and the queues) from GET /admin/settings; with keys on, once an
+  // admin token is there. A token that works is kept for this tab.
+  function loadSettings() {
+    if (keysOn && !adminToken()) return;
+    var typed = adminInput ? adminInput.value.trim() : "";
+    window
+      .fetch("/admin/settings", { headers: adminHeaders(), cache: "no-store", credentials: "omit", redirect: "error" })
+      .then(function (response) {
+        if (response.status === 401 || response.status === 403) {
+          adminRefused(response.status, "The current values are not shown.");
+          return null;
+        }
+        if (!response.ok) return null;
+        return response.json();
+      })
+      .then(function (body) {
+        if (!body) return;
+        if (keysOn && typed) {
+          storeAdminToken(typed);
+          adminInput.value = "";
+        }
+        showErrors([]);
+        showSettings(body);
+      })
+      .catch(function () {
+        /* shown on the next Apply */
+      });
+  }
+
+  function readPatch(problems) {
+    var queue = queueSelect ? queueSelect.value : "";
+    var changes = {};
+    [["max_queue_depth"], ["fail_closed_streak"], ["depth_ttl_ms"]].forEach(function (pair) {
+      var f = pair[0];
+      var input = document.getElementById("set-" + f);
+      var back = document.getElementById("set-" + f + "-default");
+      if (back && back.checked) {
+        changes[f] = null;
+      } else if (input && input.value.trim() !== "") {
+        var text = input.value.trim();
+        // Sent as typed when it is not a whole number: the gateway's 400 says what is wrong.
+        changes[f] = /^-?\d+$/.test(text) ? Number(text) : text;
+      }
+    });
+    var gate = document.getElementById("set-fail_closed");
+    if (gate && gate.value !== "") changes.fail_closed = gate.value === "null" ? null : gate.value === "true";
+    var patch = {};
+    if (Object.keys(changes).length) {
+      if (!queue) {
+        problems.push("Choose a queue.");
+      } else {
+        patch.queues = {};
+        patch.queues[queue] = changes;
+      }
+    }
+    var force = document.getElementById("set-force_backend");
+    if (force && force.value !== "") patch.force_backend = force.value === "null" ? null : force.value;
+    return patch;
+  }
+
+  function showErrors(lines) {
+    settingsErrors.replaceChildren.apply(
+      settingsErrors,
+      lines.map(function (line) {
+        return el("li", {}, line);
+      })
+    );
+  }
+
+  function clearInputs() {
+    ["max_queue_depth", "fail_closed_streak", "depth_ttl_ms"].forEach(function (f) {
+      var input = document.getElementById("set-" + f);
+      var back = document.getElementById("set-" + f + "-default");
+      if (input) input.value = "";
+      if (back) back.checked = false;
+    });
+    ["set-fail_closed", "set-force_backend"].forEach(function (id) {
+      var select = document.getElementById(id);
+      if (select) select.value = "";
+    });
+  }
+
+  if (settingsForm) {
+    settingsForm.hidden = false;
+    if (queueSelect) {
+      queueSelect.addEventListener("change", function () {
+        if (lastSettings) showSettings(lastSettings);
+      });
+    }
+    if (adminInput) {
+      adminInput.addEventListener("change", function () {
+        if (adminInput.value.trim()) loadSettings();
+      });
+    }
+    settingsForm.addEventListener("submit", function (event) {
+      event.preventDefault();
+      settingsResult.textContent = "";
+      showErrors([]);
+      if (keysOn && !adminToken()) {
+        showErrors(["Enter an admin token."]);
+        if (adminInput) adminInput.focus();
+        return;
+      }
+      var problems = [];
+      var patch = readPatch(problems);
+      if (problems.length) {
+        showErrors(problems);
+        return;
+      }
+      if (!Object.keys(patch).length) {
+        showErrors(["Nothing to change: fill in a field, or choose \u201cback to the default\u201d."]);
+        return;
+      }
+      var typed = adminInput ? adminInput.value.trim() : "";
+      window
+        .fetch("/admin/settings", {
+          method: "PATCH",
+          headers: adminHeaders(),
+          body: JSON.stringify(patch),
+          cache: "no-store",
+          credentials: "omit",
+          redirect: "error",
+        })
+        .then(function (response) {
+          return response
+            .json()
+            .catch(function () {
+              return {};
+            })
+            .then(function (body) {
+              if (response.status === 401 || response.status === 403) {
+                adminRefused(response.status, "Nothing changed.");
+                return;
+              }
+              if (!response.ok) {
+                var lines = (body.errors || []).map(function (e) {
+                  return (e.loc || []).slice(1).join(".") + ": " + e.msg;
+                });
+                showErrors(lines.length ? lines : [(body.message || "The gateway answered " + response.status) + " Nothing changed."]);
+                return;
+              }
+              if (keysOn && typed) {
+                storeAdminToken(typed);
+                adminInput.value = "";
+              }
+              var changed = body.changed || [];
+              settingsResult.textContent = changed.length
+                ? "Changed: " + changed.join(", ") + ". In force from the next send."
+                : "Nothing changed: the values were already in force.";
+              clearInputs();
+              showSettings(body);
+            });
+        })
+        .catch(function (error) {
+          showErrors(["Could not reach the gateway (" + error.message + "). Nothing changed."]);
+        });
+    });
+    loadSettings();
   }
 
   // ---- start ----------------------------------------------------------------------------

@@ -82,7 +82,80 @@ pub fn page(mode: Mode, snapshot: Option<&Value>, now: &str) -> Markup {
                             None => p.empty { "No data yet: enter an observer token." },
                         }
                     }
+                    (settings_form(keys))
                 }
+            }
+        }
+    }
+}
+
+/// The runtime settings form (`PATCH /admin/settings`). Outside the refreshed region, so a
+/// poll never wipes what is being typed; shown by the script (it sends the JSON and the
+/// admin token as a bearer header: the page's CSP lets no form submit by itself).
+fn settings_form(keys: bool) -> Markup {
+    let number = |id: &str, label: &str, min: u64, max: Option<u64>| {
+        html! {
+            div.setting {
+                label for=(id) { (label) }
+                input id=(id) type="number" min=(min) max=[max] step="1" inputmode="numeric"
+                    aria-describedby={ (id) "-now" };
+                label.inline { input id={ (id) "-default" } type="checkbox"; " back to the default" }
+                p.help id={ (id) "-now" } {}
+            }
+        }
+    };
+    html! {
+        section #settings aria-labelledby="settings-title" {
+            h2 #settings-title { "Runtime settings" }
+            noscript {
+                p.notice { "Changing settings needs JavaScript (it sends them as JSON with an admin token)." }
+            }
+            form #settings-form hidden method="post" autocomplete="off" novalidate {
+                p.help {
+                    "Overrides of the variables, in force from the next send (role admin). "
+                    "An empty field is left as it is."
+                }
+                @if keys {
+                    div.setting {
+                        label for="admin-token" { "Admin token" }
+                        input #admin-token type="password" autocomplete="off" spellcheck="false"
+                            aria-describedby="admin-token-help";
+                        p #admin-token-help.help {
+                            "A token with the admin role, kept in this tab only (sessionStorage) "
+                            "and sent as a bearer token."
+                        }
+                    }
+                }
+                div.setting {
+                    label for="settings-queue" { "Queue" }
+                    select #settings-queue {}
+                }
+                (number("set-max_queue_depth", "Ceiling (max_queue_depth)", 1, None))
+                div.setting {
+                    label for="set-fail_closed" { "Fail-closed gate" }
+                    select #set-fail_closed aria-describedby="set-fail_closed-now" {
+                        option value="" { "leave as it is" }
+                        option value="true" { "on" }
+                        option value="false" { "off" }
+                        option value="null" { "back to the default" }
+                    }
+                    p.help #set-fail_closed-now {}
+                }
+                (number("set-fail_closed_streak", "Fail-closed streak", 1, Some(u64::from(u32::MAX))))
+                (number("set-depth_ttl_ms", "Depth TTL (ms)", 0, Some(3_600_000)))
+                div.setting {
+                    label for="set-force_backend" { "Forced backend (all queues)" }
+                    select #set-force_backend aria-describedby="set-force_backend-now" {
+                        option value="" { "leave as it is" }
+                        option value="primary" { "primary" }
+                        option value="fallback" { "fallback" }
+                        option value="null" { "back to the default" }
+                    }
+                    p.help #set-force_backend-now {}
+                }
+                button type="submit" { "Apply" }
+                p #settings-result role="status" {}
+                ul #settings-errors.error role="alert" {}
             }
         }
     }
@@ -115,7 +188,7 @@ fn body(d: &Value, now: &str) -> Markup {
         }
         @if let Some(backends) = d["backends"].as_object() {
             @for (role, backend) in backends {
-                (backend_section(role, backend, queues_of(d, role, backend)))
+                (backend_section(role, backend, queues_of(d, role, backend), &d["settings"]["overridden"]))
             }
         }
     }
@@ -145,7 +218,7 @@ fn coordination(c: &Value) -> Markup {
     }
 }
 
-fn backend_section(role: &str, b: &Value, queues: &Value) -> Markup {
+fn backend_section(role: &str, b: &Value, queues: &Value, overridden: &Value) -> Markup {
     let breaker = word(&b["breaker"]);
     html! {
         section.backend data-backend=(role) aria-label={ "Backend " (role) } {
@@ -167,7 +240,7 @@ fn backend_section(role: &str, b: &Value, queues: &Value) -> Markup {
             div.queues {
                 @if let Some(queues) = queues.as_object() {
                     @for (name, q) in queues {
-                        (queue_card(role, name, q))
+                        (queue_card(role, name, q, overridden))
                     }
                 }
             }
@@ -175,7 +248,8 @@ fn backend_section(role: &str, b: &Value, queues: &Value) -> Markup {
     }
 }
 
-fn queue_card(role: &str, name: &str, q: &Value) -> Markup {
+fn queue_card(role: &str, name: &str, q: &Value, overridden: &Value) -> Markup {
+    let ceiling_set = &overridden[format!("queues.{name}.max_queue_depth")];
     let refusing = q["fail_closed"].as_bool().unwrap_or(false);
     let streak = match q["streak_threshold"].as_u64() {
         Some(t) => format!("{} of {t}", number(&q["consecutive_failures"])),
@@ -189,6 +263,12 @@ fn queue_card(role: &str, name: &str, q: &Value) -> Markup {
                 span.big data-field="backlog" { (or_unknown(&q["backlog"])) }
                 " of ceiling "
                 span.big data-field="limit" { (number(&q["limit"])) }
+                @if ceiling_set.is_object() {
+                    " "
+                    span.override data-field="limit_overridden" {
+                        "(runtime setting by " (word(&ceiling_set["by"])) ")"
+                    }
+                }
             }
             @if let (Some(backlog), Some(limit)) = (q["backlog"].as_u64(), q["limit"].as_u64()) {
                 meter min="0" max=(limit) value=(backlog.min(limit)) high=(limit.saturating_mul(8) / 10)
@@ -327,6 +407,8 @@ mod tests {
         assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
         assert!(!html.contains("drain_rate"), "absent fields are not shown");
         assert!(!html.contains("token-form"), "no token form in open mode");
+        assert!(html.contains(r#"<label for="set-max_queue_depth">"#));
+        assert!(!html.contains("admin-token"), "no admin token in open mode");
     }
 
     #[test]
@@ -340,6 +422,22 @@ mod tests {
             "{html}"
         );
         assert!(html.contains(r#"data-field="refusing_until_backlog">30<"#));
+    }
+
+    #[test]
+    fn a_ceiling_set_at_runtime_is_marked_with_who_set_it() {
+        let mut d = sample();
+        assert!(!page(Mode::Open, Some(&d), "now")
+            .into_string()
+            .contains("limit_overridden"));
+        d["settings"] = serde_json::json!({"store": "file", "ok": true, "last_error": null,
+            "overridden": {"queues.requests.max_queue_depth": {"value": 40,
+                "variable": "SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "by": "ops", "at": "t"}}});
+        let html = page(Mode::Open, Some(&d), "now").into_string();
+        assert!(
+            html.contains(r#"data-field="limit_overridden">(runtime setting by ops)<"#),
+            "{html}"
+        );
     }
 
     #[test]
@@ -361,6 +459,7 @@ mod tests {
     fn with_keys_the_page_is_the_frame_and_the_form_only() {
         let html = page(Mode::Keys, None, "now").into_string();
         assert!(html.contains(r#"<label for="token">Observer token</label>"#));
+        assert!(html.contains(r#"<label for="admin-token">Admin token</label>"#));
         assert!(html.contains(r#"type="password""#));
         assert!(!html.contains("data-queue"));
         assert!(html.contains(r#"aria-live="polite""#));

@@ -1,0 +1,309 @@
+//! Runtime settings (issue 16): overrides of each queue's ceiling, fail-closed gate and
+//! streak, depth TTL, and the forced backend, changed over `PATCH /admin/settings` and put
+//! in force for the next send. The variables stay the defaults: removing an override
+//! (`null`) restores the variable's value.
+//!
+//! Local mode keeps them in `SENDGATE_DATA_DIR/settings.json`; fleet mode in a Redis hash
+//! under `SENDGATE_REDIS_PREFIX`, read by every replica every [`POLL_EVERY`], so a change
+//! made on one replica is in force on all within 2 s. A replica that cannot read the hash
+//! keeps the overrides it last saw.
+
+pub mod overrides;
+pub mod store;
+
+use std::time::{Duration, SystemTime};
+
+use parking_lot::Mutex;
+use serde_json::Value;
+
+use crate::admission::Dispatcher;
+use crate::config::Settings;
+use crate::coordination::Coordination;
+use overrides::{Changed, Overrides, Patch, PatchError, Scope, Stamp};
+use store::{SettingsStoreError, Store, Write};
+
+/// How often a replica of a fleet reads the shared overrides (well inside the 2 s promise,
+/// with room for one failed read).
+pub const POLL_EVERY: Duration = Duration::from_millis(500);
+
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    #[error(transparent)]
+    Patch(#[from] PatchError),
+    #[error("the settings could not be stored: {0}")]
+    Store(#[from] SettingsStoreError),
+}
+
+/// How the store answered last, for `/health/detailed`.
+#[derive(Debug, Clone)]
+pub struct StoreHealth {
+    pub ok: bool,
+    pub last_error: Option<String>,
+}
+
+pub struct RuntimeSettings {
+    scope: Scope,
+    store: Store,
+    /// The overrides in force. Read by the admin and health routes only: sends read the
+    /// gates' policies, which are swapped when this changes.
+    current: Mutex<Overrides>,
+    /// One change (or fleet read) at a time, so a read cannot undo a change it overlapped.
+    writing: tokio::sync::Mutex<()>,
+    health: Mutex<StoreHealth>,
+}
+
+impl RuntimeSettings {
+    /// Local mode: the file is read now; a file that cannot be read or holds a value out of
+    /// bounds stops start-up (starting with the variables' values instead could admit over
+    /// a ceiling an operator lowered). Fleet mode: nothing yet; [`RuntimeSettings::sync`]
+    /// reads the hash.
+    pub fn open(
+        settings: &Settings,
+        coordination: &Coordination,
+    ) -> Result<Self, SettingsStoreError> {
+        let scope = Scope {
+            queues: settings.queues.clone(),
+            has_fallback: settings.fallback.is_some(),
+        };
+        let store = match coordination {
+            Coordination::Fleet(fleet) => Store::redis(fleet.ledger().clone()),
+            Coordination::Local { .. } | Coordination::Unusable { .. } => {
+                Store::file(&settings.data_dir)
+            }
+        };
+        let current = match &store {
+            Store::File(path) => {
+                let flat = store::read_file(path)?;
+                let (overrides, skipped) = Overrides::from_flat(&flat, &scope).map_err(|why| {
+                    SettingsStoreError::Corrupt {
+                        path: path.display().to_string(),
+                        why,
+                    }
+                })?;
+                if !skipped.is_empty() {
+                    tracing::warn!(
+                        event = "settings_ignored",
+                        file = %path.display(),
+                        ignored = ?skipped,
+                        "runtime settings for queues not served (or unknown names) are ignored; the next change drops them"
+                    );
+                }
+                overrides
+            }
+            Store::Redis { .. } => Overrides::default(),
+        };
+        Ok(Self {
+            scope,
+            store,
+            current: Mutex::new(current),
+            writing: tokio::sync::Mutex::new(()),
+            health: Mutex::new(StoreHealth {
+                ok: true,
+                last_error: None,
+            }),
+        })
+    }
+
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    /// `file` or `redis`.
+    pub fn store_kind(&self) -> &'static str {
+        self.store.kind()
+    }
+
+    pub fn is_fleet(&self) -> bool {
+        matches!(self.store, Store::Redis { .. })
+    }
+
+    pub fn overrides(&self) -> Overrides {
+        self.current.lock().clone()
+    }
+
+    pub fn health(&self) -> StoreHealth {
+        self.health.lock().clone()
+    }
+
+    /// Put the overrides in force on every lane's gates and on routing.
+    pub fn apply(&self, dispatcher: &Dispatcher) {
+        let current = self.current.lock().clone();
+        apply(&current, dispatcher);
+    }
+
+    /// Apply `patch` as the key `by`'s change: stored first, then in force for the next
+    /// send. Returns what changed (each also logged as `settings_changed`).
+    pub async fn patch(
+        &self,
+        dispatcher: &Dispatcher,
+        patch: &Patch,
+        by: &str,
+    ) -> Result<Vec<Changed>, SettingsError> {
+        let _turn = self.writing.lock().await;
+        // In a fleet, change the latest shared values (another replica may have changed
+        // some within the last poll), so the old values logged are the real ones.
+        let mut next = match &self.store {
+            Store::Redis { .. } => self.read_shared().await?,
+            Store::File(_) => self.current.lock().clone(),
+        };
+        let stamp = Stamp {
+            by: by.to_owned(),
+            at: now_rfc3339(),
+        };
+        let changed = next.apply(patch, &stamp);
+        if !changed.is_empty() {
+            let all = next.to_flat();
+            let mut write = Write::default();
+            for c in &changed {
+                let name = c.key.flat();
+                match all.get(&name) {
+                    Some(value) => {
+                        write.set.insert(name, value.clone());
+                    }
+                    None => write.removed.push(name),
+                }
+            }
+            if let Err(e) = self.store.write(&all, &write).await {
+                self.mark(Err(&e));
+                return Err(e.into());
+            }
+            self.mark(Ok(()));
+        }
+        apply(&next, dispatcher);
+        *self.current.lock() = next;
+        for c in &changed {
+            let default = || default_value(&c.key, dispatcher);
+            tracing::info!(
+                event = "settings_changed",
+                setting = %c.key.flat(),
+                variable = c.key.variable().name,
+                old = %c.old.clone().unwrap_or_else(default),
+                new = %c.new.clone().unwrap_or_else(default),
+                overridden = c.new.is_some(),
+                by,
+                store = self.store.kind(),
+                "runtime setting changed"
+            );
+        }
+        Ok(changed)
+    }
+
+    /// Fleet mode: read the shared overrides and put them in force when they changed.
+    /// On failure the replica keeps the overrides it last saw. Returns whether the read
+    /// succeeded (local mode: always).
+    pub async fn sync(&self, dispatcher: &Dispatcher) -> bool {
+        if !self.is_fleet() {
+            return true;
+        }
+        let Ok(_turn) = self.writing.try_lock() else {
+            return true; // a change is being made here; it puts its result in force
+        };
+        match self.read_shared().await {
+            Ok(shared) => {
+                let changed = *self.current.lock() != shared;
+                if changed {
+                    apply(&shared, dispatcher);
+                    *self.current.lock() = shared;
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    async fn read_shared(&self) -> Result<Overrides, SettingsStoreError> {
+        let read = match self.store.load().await {
+            Ok(flat) => Overrides::from_flat(&flat, &self.scope)
+                .map(|(o, _)| o)
+                .map_err(|why| SettingsStoreError::Corrupt {
+                    path: self.store.location(),
+                    why,
+                }),
+            Err(e) => Err(e),
+        };
+        self.mark(read.as_ref().map(|_| ()));
+        read
+    }
+
+    fn mark(&self, result: Result<(), &SettingsStoreError>) {
+        let mut health = self.health.lock();
+        match result {
+            Ok(()) => {
+                health.ok = true;
+                health.last_error = None;
+            }
+            Err(e) => {
+                health.ok = false;
+                health.last_error = Some(e.to_string());
+            }
+        }
+    }
+
+    /// Fleet mode: [`RuntimeSettings::sync`] every [`POLL_EVERY`], for ever.
+    pub async fn poll_forever(
+        state: actix_web::web::Data<crate::http::AppState>,
+        settings: std::sync::Arc<RuntimeSettings>,
+    ) {
+        if !settings.is_fleet() {
+            return;
+        }
+        let mut tick = tokio::time::interval(POLL_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            settings.sync(&state.dispatcher).await;
+        }
+    }
+}
+
+fn apply(overrides: &Overrides, dispatcher: &Dispatcher) {
+    for lane in dispatcher.lanes() {
+        for gate in lane.gates() {
+            let policy = overrides
+                .queues
+                .get(gate.queue())
+                .map(overrides::QueueOverrides::policy)
+                .unwrap_or_default();
+            gate.policy_cell().apply(&policy);
+        }
+    }
+    dispatcher.set_force(
+        overrides
+            .force_backend
+            .as_ref()
+            .map(|s| s.value)
+            .or(dispatcher.force_default()),
+    );
+}
+
+/// The variable's value of `key` (what removing its override restores), as JSON.
+pub fn default_value(key: &overrides::Key, dispatcher: &Dispatcher) -> Value {
+    use overrides::{Key, QueueField};
+    match key {
+        Key::ForceBackend => dispatcher
+            .force_default()
+            .map_or(Value::Null, |f| overrides::force_word(f).into()),
+        Key::Queue(queue, field) => dispatcher.primary().gate(queue).map_or(Value::Null, |g| {
+            let base = g.policy_cell().base();
+            match field {
+                QueueField::MaxQueueDepth => base.limit.into(),
+                QueueField::FailClosed => base.fail_closed.into(),
+                QueueField::FailClosedStreak => base.streak_threshold.into(),
+                QueueField::DepthTtlMs => u64::try_from(base.ttl.as_millis())
+                    .unwrap_or(u64::MAX)
+                    .into(),
+            }
+        }),
+    }
+}
+
+pub fn now_rfc3339() -> String {
+    rfc3339(SystemTime::now())
+}
+
+pub fn rfc3339(t: SystemTime) -> String {
+    use time::format_description::well_known::Rfc3339;
+    time::OffsetDateTime::from(t)
+        .format(&Rfc3339)
+        .unwrap_or_default()
+}

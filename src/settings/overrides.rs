@@ -1,0 +1,761 @@
+//! The runtime overrides (`PATCH /admin/settings`) as typed values, and the one parser
+//! that reads them: from a PATCH body, from the data directory's file and from the
+//! fleet's Redis hash alike. Each value is parsed with the bounds of the variable it
+//! overrides (`config/vars.rs`); a value that variable would silently correct (a ceiling of
+//! 0) is refused here instead: an operator's explicit change is never rewritten.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::admission::capacity::PolicyOverride;
+use crate::config::vars::{self, Kind, Var};
+use crate::config::ForceBackend;
+use crate::domain::QueueName;
+use crate::http::errors::{FieldError, MAX_FIELD_ERRORS};
+
+/// One overridable value of a queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum QueueField {
+    MaxQueueDepth,
+    FailClosed,
+    FailClosedStreak,
+    DepthTtlMs,
+}
+
+impl QueueField {
+    pub const ALL: [QueueField; 4] = [
+        Self::MaxQueueDepth,
+        Self::FailClosed,
+        Self::FailClosedStreak,
+        Self::DepthTtlMs,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::MaxQueueDepth => "max_queue_depth",
+            Self::FailClosed => "fail_closed",
+            Self::FailClosedStreak => "fail_closed_streak",
+            Self::DepthTtlMs => "depth_ttl_ms",
+        }
+    }
+
+    /// The variable whose value this overrides (its default is the override's default).
+    pub fn variable(self) -> &'static Var {
+        match self {
+            Self::MaxQueueDepth => &vars::SERVICEBUS_SEND_MAX_QUEUE_DEPTH,
+            Self::FailClosed => &vars::SERVICEBUS_SEND_FAILCLOSED,
+            Self::FailClosedStreak => &vars::SERVICEBUS_SEND_FAILCLOSED_STREAK,
+            Self::DepthTtlMs => &vars::DEPTH_TTL_MS,
+        }
+    }
+
+    fn named(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|f| f.name() == name)
+    }
+}
+
+pub const FORCE_BACKEND: &str = "force_backend";
+
+/// Who set a value (the API key's name, `open` without keys) and when (RFC 3339).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stamp {
+    pub by: String,
+    pub at: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stamped<T> {
+    pub value: T,
+    pub stamp: Stamp,
+}
+
+/// One queue's overrides; `None` = the variable's value.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueOverrides {
+    pub max_queue_depth: Option<Stamped<u64>>,
+    pub fail_closed: Option<Stamped<bool>>,
+    pub fail_closed_streak: Option<Stamped<u32>>,
+    pub depth_ttl_ms: Option<Stamped<u64>>,
+}
+
+impl QueueOverrides {
+    pub fn is_empty(&self) -> bool {
+        self.max_queue_depth.is_none()
+            && self.fail_closed.is_none()
+            && self.fail_closed_streak.is_none()
+            && self.depth_ttl_ms.is_none()
+    }
+
+    /// What the queue's gates put on top of the variables' policy.
+    pub fn policy(&self) -> PolicyOverride {
+        PolicyOverride {
+            limit: self.max_queue_depth.as_ref().map(|s| s.value),
+            fail_closed: self.fail_closed.as_ref().map(|s| s.value),
+            streak_threshold: self.fail_closed_streak.as_ref().map(|s| s.value),
+            ttl: self
+                .depth_ttl_ms
+                .as_ref()
+                .map(|s| Duration::from_millis(s.value)),
+        }
+    }
+
+    /// The override of `field` as JSON, with its stamp.
+    pub fn get(&self, field: QueueField) -> Option<(Value, &Stamp)> {
+        match field {
+            QueueField::MaxQueueDepth => self
+                .max_queue_depth
+                .as_ref()
+                .map(|s| (Value::from(s.value), &s.stamp)),
+            QueueField::FailClosed => self
+                .fail_closed
+                .as_ref()
+                .map(|s| (Value::from(s.value), &s.stamp)),
+            QueueField::FailClosedStreak => self
+                .fail_closed_streak
+                .as_ref()
+                .map(|s| (Value::from(s.value), &s.stamp)),
+            QueueField::DepthTtlMs => self
+                .depth_ttl_ms
+                .as_ref()
+                .map(|s| (Value::from(s.value), &s.stamp)),
+        }
+    }
+
+    fn set(&mut self, value: Parsed, stamp: Stamp) {
+        match value {
+            Parsed::Depth(value) => self.max_queue_depth = Some(Stamped { value, stamp }),
+            Parsed::Flag(value) => self.fail_closed = Some(Stamped { value, stamp }),
+            Parsed::Streak(value) => self.fail_closed_streak = Some(Stamped { value, stamp }),
+            Parsed::TtlMs(value) => self.depth_ttl_ms = Some(Stamped { value, stamp }),
+            Parsed::Force(_) => {}
+        }
+    }
+
+    fn clear(&mut self, field: QueueField) {
+        match field {
+            QueueField::MaxQueueDepth => self.max_queue_depth = None,
+            QueueField::FailClosed => self.fail_closed = None,
+            QueueField::FailClosedStreak => self.fail_closed_streak = None,
+            QueueField::DepthTtlMs => self.depth_ttl_ms = None,
+        }
+    }
+}
+
+/// Every override in force.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overrides {
+    pub queues: BTreeMap<QueueName, QueueOverrides>,
+    pub force_backend: Option<Stamped<ForceBackend>>,
+}
+
+/// What the parser needs to know of this gateway.
+#[derive(Debug, Clone)]
+pub struct Scope {
+    pub queues: Vec<QueueName>,
+    pub has_fallback: bool,
+}
+
+/// One change of a PATCH: absent (keep), `null` (remove the override), or a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change<T> {
+    Clear,
+    Set(T),
+}
+
+/// A parsed value, of the field it was parsed for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parsed {
+    Depth(u64),
+    Flag(bool),
+    Streak(u32),
+    TtlMs(u64),
+    Force(ForceBackend),
+}
+
+/// Where a change applies.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Key {
+    Queue(QueueName, QueueField),
+    ForceBackend,
+}
+
+impl Key {
+    /// The flat name: `queues.{queue}.{field}` or `force_backend` (the file's and the Redis
+    /// hash's field names, and what `/health/detailed` calls the setting).
+    pub fn flat(&self) -> String {
+        match self {
+            Self::Queue(queue, field) => format!("queues.{queue}.{}", field.name()),
+            Self::ForceBackend => FORCE_BACKEND.to_owned(),
+        }
+    }
+
+    pub fn variable(&self) -> &'static Var {
+        match self {
+            Self::Queue(_, field) => field.variable(),
+            Self::ForceBackend => &vars::FORCE_BACKEND,
+        }
+    }
+
+    /// The flat name read back; `None` for a name that is no setting. A queue this gateway
+    /// does not serve is still a key (a fleet's other replicas may serve it).
+    pub fn parse_flat(name: &str) -> Option<Self> {
+        if name == FORCE_BACKEND {
+            return Some(Self::ForceBackend);
+        }
+        let (queue, field) = name.strip_prefix("queues.")?.rsplit_once('.')?;
+        Some(Self::Queue(
+            QueueName::parse(queue).ok()?,
+            QueueField::named(field)?,
+        ))
+    }
+}
+
+/// A PATCH body, parsed: every change, in key order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Patch {
+    pub changes: BTreeMap<Key, Change<Parsed>>,
+}
+
+/// Why a PATCH body is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PatchError {
+    #[error("the request names a queue this gateway does not serve: {0}")]
+    UnknownQueue(String),
+    #[error("the request is not valid")]
+    Invalid(Vec<FieldError>),
+}
+
+const QUEUE_FIELDS: &str = "max_queue_depth, fail_closed, fail_closed_streak or depth_ttl_ms";
+
+impl Patch {
+    /// `{"queues": {"<queue>": {"<field>": value | null, ...}}, "force_backend": value | null}`.
+    /// Every bad field is named (up to [`MAX_FIELD_ERRORS`]); a queue that is not served is
+    /// [`PatchError::UnknownQueue`] (the send route's 404).
+    pub fn parse(body: &Value, scope: &Scope) -> Result<Self, PatchError> {
+        let mut errors = Vec::new();
+        let mut patch = Patch::default();
+        let Some(top) = body.as_object() else {
+            return Err(PatchError::Invalid(vec![FieldError::new(
+                &["body"],
+                "expected a JSON object",
+            )]));
+        };
+        for (name, value) in top {
+            match name.as_str() {
+                "queues" => {
+                    let Some(queues) = value.as_object() else {
+                        errors.push(FieldError::new(
+                            &["body", "queues"],
+                            "expected an object of queue names",
+                        ));
+                        continue;
+                    };
+                    for (queue_name, fields) in queues {
+                        let Some(queue) = scope.queues.iter().find(|q| q.as_str() == queue_name)
+                        else {
+                            return Err(PatchError::UnknownQueue(queue_name.clone()));
+                        };
+                        let Some(fields) = fields.as_object() else {
+                            errors.push(FieldError::new(
+                                &["body", "queues", queue_name],
+                                format!("expected an object of {QUEUE_FIELDS}"),
+                            ));
+                            continue;
+                        };
+                        for (field_name, value) in fields {
+                            let loc = ["body", "queues", queue_name.as_str(), field_name.as_str()];
+                            let Some(field) = QueueField::named(field_name) else {
+                                errors.push(FieldError::new(
+                                    &loc,
+                                    format!("unknown field; expected {QUEUE_FIELDS}"),
+                                ));
+                                continue;
+                            };
+                            let key = Key::Queue(queue.clone(), field);
+                            match change(&key, value, scope) {
+                                Ok(c) => {
+                                    patch.changes.insert(key, c);
+                                }
+                                Err(msg) => errors.push(FieldError::new(&loc, msg)),
+                            }
+                        }
+                    }
+                }
+                FORCE_BACKEND => match change(&Key::ForceBackend, value, scope) {
+                    Ok(c) => {
+                        patch.changes.insert(Key::ForceBackend, c);
+                    }
+                    Err(msg) => errors.push(FieldError::new(&["body", FORCE_BACKEND], msg)),
+                },
+                other => errors.push(FieldError::new(
+                    &["body", other],
+                    "unknown field; expected queues or force_backend",
+                )),
+            }
+        }
+        if errors.is_empty() {
+            Ok(patch)
+        } else {
+            errors.truncate(MAX_FIELD_ERRORS);
+            Err(PatchError::Invalid(errors))
+        }
+    }
+}
+
+fn change(key: &Key, value: &Value, scope: &Scope) -> Result<Change<Parsed>, String> {
+    if value.is_null() {
+        return Ok(Change::Clear);
+    }
+    parse_value(key, value, scope).map(Change::Set)
+}
+
+/// One value for `key`, within its variable's bounds.
+pub fn parse_value(key: &Key, value: &Value, scope: &Scope) -> Result<Parsed, String> {
+    let var = key.variable();
+    let whole = |min: u64, max: u64, unit: &str| -> Result<u64, String> {
+        let n = value
+            .as_u64()
+            .ok_or_else(|| format!("expected a whole number (as {})", var.name))?;
+        if n < min {
+            return Err(format!("must be at least {min}{unit} (as {})", var.name));
+        }
+        if n > max {
+            return Err(format!("must be at most {max}{unit} (as {})", var.name));
+        }
+        Ok(n)
+    };
+    match key {
+        Key::Queue(_, QueueField::MaxQueueDepth) => whole(1, u64::MAX, "").map(Parsed::Depth),
+        Key::Queue(_, QueueField::FailClosedStreak) => {
+            whole(1, u64::from(u32::MAX), "").map(|n| Parsed::Streak(n as u32))
+        }
+        Key::Queue(_, QueueField::DepthTtlMs) => {
+            let Kind::Duration { min, max } = var.kind else {
+                return Err(format!("{} is not declared as a duration", var.name));
+            };
+            whole(min, max, " ms").map(Parsed::TtlMs)
+        }
+        Key::Queue(_, QueueField::FailClosed) => value
+            .as_bool()
+            .map(Parsed::Flag)
+            .ok_or_else(|| format!("expected true or false (as {})", var.name)),
+        Key::ForceBackend => {
+            let Kind::Choice(options) = var.kind else {
+                return Err(format!("{} is not declared as a choice", var.name));
+            };
+            let expected = || {
+                format!(
+                    "expected {} (as {})",
+                    crate::config::one_of(options),
+                    var.name
+                )
+            };
+            let word = value.as_str().ok_or_else(expected)?;
+            match options.iter().find(|o| o.eq_ignore_ascii_case(word)) {
+                Some(&"fallback") if !scope.has_fallback => {
+                    Err("fallback needs SENDGATE_FALLBACK_BACKEND".to_owned())
+                }
+                Some(&"fallback") => Ok(Parsed::Force(ForceBackend::Fallback)),
+                Some(_) => Ok(Parsed::Force(ForceBackend::Primary)),
+                None => Err(expected()),
+            }
+        }
+    }
+}
+
+pub fn force_word(f: ForceBackend) -> &'static str {
+    match f {
+        ForceBackend::Primary => "primary",
+        ForceBackend::Fallback => "fallback",
+    }
+}
+
+/// One change made, for the `settings_changed` log line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Changed {
+    pub key: Key,
+    pub old: Option<Value>,
+    pub new: Option<Value>,
+}
+
+impl Overrides {
+    /// The override of `key`, as JSON with its stamp.
+    pub fn get(&self, key: &Key) -> Option<(Value, &Stamp)> {
+        match key {
+            Key::Queue(queue, field) => self.queues.get(queue)?.get(*field),
+            Key::ForceBackend => self
+                .force_backend
+                .as_ref()
+                .map(|s| (Value::from(force_word(s.value)), &s.stamp)),
+        }
+    }
+
+    /// Apply `patch` as `stamp`'s change; returns what actually changed (a value set to
+    /// what it already was is no change, and keeps its first stamp).
+    pub fn apply(&mut self, patch: &Patch, stamp: &Stamp) -> Vec<Changed> {
+        let mut changed = Vec::new();
+        for (key, change) in &patch.changes {
+            let old = self.get(key).map(|(v, _)| v);
+            match change {
+                Change::Clear => self.remove(key),
+                Change::Set(value) => {
+                    if old.as_ref() == Some(&parsed_json(*value)) {
+                        continue;
+                    }
+                    self.insert(key, *value, stamp.clone());
+                }
+            }
+            let new = self.get(key).map(|(v, _)| v);
+            if old != new {
+                changed.push(Changed {
+                    key: key.clone(),
+                    old,
+                    new,
+                });
+            }
+        }
+        changed
+    }
+
+    fn insert(&mut self, key: &Key, value: Parsed, stamp: Stamp) {
+        match (key, value) {
+            (Key::ForceBackend, Parsed::Force(value)) => {
+                self.force_backend = Some(Stamped { value, stamp })
+            }
+            (Key::Queue(queue, _), value) => {
+                self.queues
+                    .entry(queue.clone())
+                    .or_default()
+                    .set(value, stamp);
+            }
+            (Key::ForceBackend, _) => {}
+        }
+    }
+
+    fn remove(&mut self, key: &Key) {
+        match key {
+            Key::ForceBackend => self.force_backend = None,
+            Key::Queue(queue, field) => {
+                if let Some(q) = self.queues.get_mut(queue) {
+                    q.clear(*field);
+                    if q.is_empty() {
+                        self.queues.remove(queue);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every override, by its flat name: the file's body and the Redis hash's fields.
+    pub fn to_flat(&self) -> BTreeMap<String, StoredValue> {
+        let mut flat = BTreeMap::new();
+        let keys = self
+            .queues
+            .keys()
+            .flat_map(|q| QueueField::ALL.map(|f| Key::Queue(q.clone(), f)))
+            .chain(std::iter::once(Key::ForceBackend));
+        for key in keys {
+            if let Some((value, stamp)) = self.get(&key) {
+                flat.insert(
+                    key.flat(),
+                    StoredValue {
+                        value,
+                        by: stamp.by.clone(),
+                        at: stamp.at.clone(),
+                    },
+                );
+            }
+        }
+        flat
+    }
+
+    /// Overrides read back from their flat form, each value through the PATCH parser.
+    /// Entries for a queue this gateway does not serve are skipped (`skipped`), so are
+    /// names that are no setting; a value out of bounds is an error naming it.
+    pub fn from_flat(
+        flat: &BTreeMap<String, StoredValue>,
+        scope: &Scope,
+    ) -> Result<(Self, Vec<String>), String> {
+        let mut overrides = Overrides::default();
+        let mut skipped = Vec::new();
+        for (name, stored) in flat {
+            let Some(key) = Key::parse_flat(name) else {
+                skipped.push(name.clone());
+                continue;
+            };
+            if let Key::Queue(queue, _) = &key {
+                if !scope.queues.contains(queue) {
+                    skipped.push(name.clone());
+                    continue;
+                }
+            }
+            let value =
+                parse_value(&key, &stored.value, scope).map_err(|e| format!("{name}: {e}"))?;
+            overrides.insert(
+                &key,
+                value,
+                Stamp {
+                    by: stored.by.clone(),
+                    at: stored.at.clone(),
+                },
+            );
+        }
+        Ok((overrides, skipped))
+    }
+}
+
+fn parsed_json(value: Parsed) -> Value {
+    match value {
+        Parsed::Depth(n) | Parsed::TtlMs(n) => Value::from(n),
+        Parsed::Streak(n) => Value::from(n),
+        Parsed::Flag(b) => Value::from(b),
+        Parsed::Force(f) => Value::from(force_word(f)),
+    }
+}
+
+/// One override as stored: the value, who set it, when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoredValue {
+    pub value: Value,
+    pub by: String,
+    pub at: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn scope(has_fallback: bool) -> Scope {
+        Scope {
+            queues: vec![
+                QueueName::parse("requests").unwrap(),
+                QueueName::parse("audit.v1").unwrap(),
+            ],
+            has_fallback,
+        }
+    }
+
+    fn q(name: &str) -> QueueName {
+        QueueName::parse(name).unwrap()
+    }
+
+    fn invalid(body: Value) -> Vec<FieldError> {
+        match Patch::parse(&body, &scope(false)) {
+            Err(PatchError::Invalid(errors)) => errors,
+            other => panic!("expected 400, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_patch_sets_clears_and_keeps() {
+        let p = Patch::parse(
+            &json!({"queues": {"requests": {"max_queue_depth": 10, "fail_closed": null}},
+                    "force_backend": "PRIMARY"}),
+            &scope(false),
+        )
+        .unwrap();
+        assert_eq!(
+            p.changes,
+            BTreeMap::from([
+                (
+                    Key::Queue(q("requests"), QueueField::MaxQueueDepth),
+                    Change::Set(Parsed::Depth(10))
+                ),
+                (
+                    Key::Queue(q("requests"), QueueField::FailClosed),
+                    Change::Clear
+                ),
+                (
+                    Key::ForceBackend,
+                    Change::Set(Parsed::Force(ForceBackend::Primary))
+                ),
+            ])
+        );
+        assert_eq!(
+            Patch::parse(&json!({}), &scope(false)).unwrap(),
+            Patch::default()
+        );
+    }
+
+    #[test]
+    fn every_bad_field_is_named_with_its_variables_bound() {
+        let errors = invalid(json!({
+            "queues": {"requests": {
+                "max_queue_depth": 0,
+                "fail_closed": "yes",
+                "fail_closed_streak": 2.5,
+                "depth_ttl_ms": 3_600_001,
+                "ceiling": 5
+            }},
+            "force_backend": "fallback",
+            "colour": "red"
+        }));
+        let at = |field: &str| {
+            errors
+                .iter()
+                .find(|e| e.loc.last().map(String::as_str) == Some(field))
+                .unwrap_or_else(|| panic!("no error for {field}: {errors:?}"))
+                .msg
+                .clone()
+        };
+        assert_eq!(errors.len(), 7, "{errors:?}");
+        assert!(at("max_queue_depth").contains("at least 1"));
+        assert!(at("max_queue_depth").contains("SERVICEBUS_SEND_MAX_QUEUE_DEPTH"));
+        assert!(at("fail_closed").contains("true or false"));
+        assert!(at("fail_closed_streak").contains("whole number"));
+        assert!(at("depth_ttl_ms").contains("at most 3600000 ms"));
+        assert!(at("ceiling").contains("unknown field"));
+        assert!(at("force_backend").contains("SENDGATE_FALLBACK_BACKEND"));
+        assert!(at("colour").contains("unknown field"));
+        assert_eq!(
+            errors[0].loc.first().map(String::as_str),
+            Some("body"),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn the_bounds_themselves_are_accepted() {
+        let p = Patch::parse(
+            &json!({"queues": {"audit.v1": {"max_queue_depth": 1, "fail_closed_streak": 4_294_967_295_u64,
+                                             "depth_ttl_ms": 0}}}),
+            &scope(true),
+        )
+        .unwrap();
+        assert_eq!(p.changes.len(), 3);
+        assert!(invalid(
+            json!({"queues": {"requests": {"fail_closed_streak": 4_294_967_296_u64}}})
+        )[0]
+        .msg
+        .contains("at most"));
+        assert!(
+            invalid(json!({"queues": {"requests": {"max_queue_depth": -1}}}))[0]
+                .msg
+                .contains("whole number")
+        );
+    }
+
+    #[test]
+    fn an_unknown_queue_is_its_own_error_and_shapes_are_checked() {
+        assert_eq!(
+            Patch::parse(&json!({"queues": {"nope": {}}}), &scope(false)),
+            Err(PatchError::UnknownQueue("nope".into()))
+        );
+        assert_eq!(invalid(json!([1]))[0].loc, ["body"]);
+        assert_eq!(invalid(json!({"queues": 3}))[0].loc, ["body", "queues"]);
+        assert_eq!(
+            invalid(json!({"queues": {"requests": true}}))[0].loc,
+            ["body", "queues", "requests"]
+        );
+    }
+
+    fn stamp(by: &str) -> Stamp {
+        Stamp {
+            by: by.into(),
+            at: "2026-12-01T08:00:00Z".into(),
+        }
+    }
+
+    #[test]
+    fn applying_reports_old_and_new_and_null_restores_the_default() {
+        let mut o = Overrides::default();
+        let set = Patch::parse(
+            &json!({"queues": {"requests": {"max_queue_depth": 10}}}),
+            &scope(false),
+        )
+        .unwrap();
+        let changed = o.apply(&set, &stamp("ops"));
+        assert_eq!(
+            changed,
+            [Changed {
+                key: Key::Queue(q("requests"), QueueField::MaxQueueDepth),
+                old: None,
+                new: Some(json!(10)),
+            }]
+        );
+        assert_eq!(o.queues[&q("requests")].policy().limit, Some(10));
+        assert!(
+            o.apply(&set, &stamp("other")).is_empty(),
+            "the same value again is no change"
+        );
+        assert_eq!(
+            o.queues[&q("requests")]
+                .max_queue_depth
+                .as_ref()
+                .unwrap()
+                .stamp
+                .by,
+            "ops",
+            "and keeps its first stamp"
+        );
+        let clear = Patch::parse(
+            &json!({"queues": {"requests": {"max_queue_depth": null}}}),
+            &scope(false),
+        )
+        .unwrap();
+        let changed = o.apply(&clear, &stamp("ops"));
+        assert_eq!(changed[0].old, Some(json!(10)));
+        assert_eq!(changed[0].new, None);
+        assert_eq!(o, Overrides::default());
+    }
+
+    #[test]
+    fn the_flat_form_round_trips_and_is_checked_on_the_way_back() {
+        let mut o = Overrides::default();
+        let p = Patch::parse(
+            &json!({"queues": {"audit.v1": {"depth_ttl_ms": 250, "fail_closed": true}},
+                    "force_backend": "fallback"}),
+            &scope(true),
+        )
+        .unwrap();
+        o.apply(&p, &stamp("ops"));
+        let flat = o.to_flat();
+        assert_eq!(
+            flat.keys().collect::<Vec<_>>(),
+            [
+                "force_backend",
+                "queues.audit.v1.fail_closed",
+                "queues.audit.v1.depth_ttl_ms"
+            ]
+            .iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect::<Vec<_>>()
+        );
+        let (back, skipped) = Overrides::from_flat(&flat, &scope(true)).unwrap();
+        assert_eq!(back, o);
+        assert!(skipped.is_empty());
+
+        let mut other = flat.clone();
+        other.insert(
+            "queues.gone.max_queue_depth".into(),
+            StoredValue {
+                value: json!(5),
+                by: "x".into(),
+                at: "y".into(),
+            },
+        );
+        let (_, skipped) = Overrides::from_flat(&other, &scope(true)).unwrap();
+        assert_eq!(skipped, ["queues.gone.max_queue_depth"]);
+
+        let mut bad = flat;
+        bad.insert(
+            "queues.requests.max_queue_depth".into(),
+            StoredValue {
+                value: json!(0),
+                by: "x".into(),
+                at: "y".into(),
+            },
+        );
+        let error = Overrides::from_flat(&bad, &scope(true)).unwrap_err();
+        assert!(
+            error.starts_with("queues.requests.max_queue_depth: must be at least 1"),
+            "{error}"
+        );
+    }
+}
