@@ -498,7 +498,13 @@ impl FleetSeat {
                 Self::see(&mut state, read, now);
                 // Cached at most a block's use: headroom other replicas hold unused comes
                 // back within that, and one Redis call per replica per period is cheap.
-                let until = now + self.policy.load().ttl.saturating_sub(read.age).min(USE_BLOCK_FOR);
+                let until = now
+                    + self
+                        .policy
+                        .load()
+                        .ttl
+                        .saturating_sub(read.age)
+                        .min(USE_BLOCK_FOR);
                 state.full = Some((until, estimate, read.generation));
                 state.refusing = true;
                 Err(self.policy.load().queue_full(
