@@ -246,7 +246,15 @@ async fn amplify(args: &Args) -> Value {
         .iter()
         .map(|c| c[0].load(Ordering::Relaxed))
         .collect();
-    let failed: u64 = counts.iter().map(|c| c[1].load(Ordering::Relaxed)).sum();
+    let per_producer_failed: Vec<u64> = counts
+        .iter()
+        .map(|c| c[1].load(Ordering::Relaxed))
+        .collect();
+    let per_producer_requests: Vec<u64> = clients
+        .iter()
+        .map(|c| c.stats().requests + c.stats().probes)
+        .collect();
+    let failed: u64 = per_producer_failed.iter().sum();
     let other: u64 = counts.iter().map(|c| c[2].load(Ordering::Relaxed)).sum();
     let (mut requests, mut probes, mut retries, mut budget_refusals, mut deferrals) =
         (0u64, 0u64, 0u64, 0u64, 0u64);
@@ -279,6 +287,8 @@ async fn amplify(args: &Args) -> Value {
         "accepted": accepted,
         "accepted_per_s": accepted as f64 / secs,
         "per_producer": per_producer,
+        "per_producer_failed": per_producer_failed,
+        "per_producer_requests": per_producer_requests,
         "jain": jain(&per_producer),
         "failed_messages": failed,
         "other_outcomes": other,
