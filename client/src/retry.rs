@@ -36,7 +36,9 @@ pub struct Backoff {
     pub base: Duration,
     /// The largest wait jitter may pick (a `Retry-After` may still ask for more).
     pub cap: Duration,
-    /// Attempts per message, the first included (at least 1).
+    /// Attempts per message, the first included (at least 1). The send loop does not count
+    /// a `429 queue_full` with a `Retry-After` (the gateway pacing its producers at a full
+    /// queue): the deadline and the retry budget bound those.
     pub max_attempts: u32,
 }
 
