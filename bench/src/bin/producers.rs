@@ -217,7 +217,10 @@ async fn amplify(args: &Args) -> Value {
     let mut clients = Vec::with_capacity(producers);
     let mut counts = Vec::with_capacity(producers);
     let mut tasks = Vec::with_capacity(producers);
+    // Why messages failed: the last answer's code and why the client gave up.
+    let failed_reasons: Arc<std::sync::Mutex<HashMap<String, u64>>> = Arc::default();
     for p in 0..producers {
+        let reasons = failed_reasons.clone();
         let mut config = ClientConfig::new(format!("http://{addr}"));
         config.token = token.clone();
         let client = Client::new(config).unwrap_or_else(|e| die(&format!("client: {e}")));
@@ -231,7 +234,18 @@ async fn amplify(args: &Args) -> Value {
                 let slot = match client.send(&queue, body, None).await {
                     SendOutcome::Queued { .. } if Instant::now() <= end => 0,
                     SendOutcome::Queued { .. } => continue,
-                    SendOutcome::Failed { .. } => 1,
+                    SendOutcome::Failed {
+                        last_error,
+                        gave_up,
+                        ..
+                    } => {
+                        *reasons
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .entry(format!("{} ({gave_up})", last_error.code()))
+                            .or_default() += 1;
+                        1
+                    }
                     _ => 2,
                 };
                 count[slot].fetch_add(1, Ordering::Relaxed);
@@ -288,6 +302,7 @@ async fn amplify(args: &Args) -> Value {
         "accepted_per_s": accepted as f64 / secs,
         "per_producer": per_producer,
         "per_producer_failed": per_producer_failed,
+        "failed_reasons": *failed_reasons.lock().unwrap_or_else(|e| e.into_inner()),
         "per_producer_requests": per_producer_requests,
         "jain": jain(&per_producer),
         "failed_messages": failed,
