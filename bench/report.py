@@ -554,10 +554,62 @@ if rej256 and (fleet_rows or cap_rows):
         )
     )
 
+# ---------------------------------------------------------- backpressure targets (issue 15)
+amp_default = [r for r in sel("amplify", "default") if not r.get("failed")]
+if amp_default:
+    rpa = med(amp_default, "requests_per_accepted")
+    targets.append(
+        (
+            "retry amplification: HTTP requests per accepted message ≤ 1.5 with the drain-rate "
+            "Retry-After (16 producers over the ceiling, consumer at 200 msg/s; issue 15)",
+            f"{f(rpa, 2)} (median of {len(amp_default)} rounds)",
+            None if rpa is None else rpa <= 1.5,
+            None if rpa is None else f"{1.5 - rpa:+.2f}",
+        )
+    )
+    jains = [r["jain"] for r in amp_default if r.get("jain") is not None]
+    worst = min(jains) if jains else None
+    targets.append(
+        (
+            "retry amplification: fairness across producers, Jain's index ≥ 0.9 (every round; issue 15)",
+            ", ".join(f"{j:.3f}" for j in jains) + " (rounds)",
+            None if worst is None else worst >= 0.9,
+            None if worst is None else f"{worst - 0.9:+.3f} in the worst round",
+        )
+    )
+    over = sum(r.get("depth_over_ceiling") or 0 for r in amp_default)
+    dmax = max((r["depth_max"] for r in amp_default if r.get("depth_max") is not None), default=None)
+    ceil_ = amp_default[0].get("ceiling")
+    targets.append(
+        (
+            "retry amplification: the backlog never over the ceiling (issue 15)",
+            f"max {dmax} of {ceil_}; {over} samples over it",
+            None if dmax is None or ceil_ is None else (over == 0 and dmax <= ceil_),
+            None if dmax is None or ceil_ is None else f"{ceil_ - dmax:+d} messages",
+        )
+    )
+rs_ok = [r for r in sel("restart") if not r.get("failed")]
+if rs_ok:
+    failed_ = sum(r.get("failed_messages") or 0 for r in rs_ok)
+    twice = sum(r.get("stored_twice") or 0 for r in rs_ok)
+    missing_ = sum(r.get("missing") or 0 for r in rs_ok)
+    longest = max((r["longest_wait_ms"] for r in rs_ok if r.get("longest_wait_ms") is not None), default=None)
+    sent_total = sum(r.get("sent") or 0 for r in rs_ok)
+    targets.append(
+        (
+            "restart under load: zero messages failed, zero stored twice (issue 15)",
+            f"{failed_} failed, {twice} stored twice, {missing_} missing of {sent_total:,} sent "
+            f"({len(rs_ok)} rounds); longest wait {f(longest, 0)} ms",
+            failed_ == 0 and twice == 0 and missing_ == 0,
+            f"{failed_} failed",
+        )
+    )
+
 p("## Results against the targets")
 p("")
 p(
-    "Targets from issue 9 and, for the fleet (comparison 6), issue 14 (2-core machine, ratios "
+    "Targets from issue 9, for the fleet (comparison 6) issue 14, for backpressure (comparisons "
+    "7 and 8) issue 15 (2-core machine, ratios "
     "from one run). Medians of the rounds of this run; a row whose value names a run was "
     "carried over from that earlier run (see the top of the page)."
 )
@@ -569,8 +621,14 @@ for name, value, ok, margin in targets:
 if previous and carried:
     fresh = {t[0] for t in targets}
     for name, value, ok_text, margin in previous["targets"]:
-        # Rows of the comparisons this run repeated are replaced by its own rows.
-        if name in fresh or "issue 14" in name or name.startswith("rejection path"):
+        # Rows of the comparisons this run repeated are replaced by its own rows (whatever
+        # their names were then); the other comparisons' rows are carried over.
+        repeated = (
+            ("issue 14" in name and 6 in measured)
+            or (name.startswith("rejection path") and 2 in measured)
+            or ("issue 15" in name and (7 in measured or 8 in measured))
+        )
+        if name in fresh or repeated:
             continue
         if "(run `" not in value:
             value = f"{value} (run `{previous['stamp']}`)"
@@ -1009,6 +1067,21 @@ if amp_rows:
 carry(8)
 
 restart_rows = sel("restart")
+
+
+def ceiling_text(r):
+    # Runs before the ceiling was raised (and recorded) ran at the default of 2,000.
+    c = r.get("ceiling")
+    if c is None:
+        return (
+            "defaults, the ceiling too: 2,000, which this run's 3,000 sends pass, and nothing "
+            "consumes the queue: every send past it was answered `429 queue_full`"
+        )
+    return (
+        f"defaults but the ceiling, raised to {c:,}: nothing consumes the queue here, and a queue "
+        "at its ceiling answers `429 queue_full`, which is comparison 7's subject, not a restart's"
+    )
+
 if restart_rows:
     p("## 8. Restart under load: `sendgate send` across a drain")
     p("")
@@ -1018,7 +1091,7 @@ if restart_rows:
         f"otherwise: deadline 120 s, 5 attempts) are fed {f(first.get('rate_per_producer'), 0)} "
         f"JSON lines a second each for {f(first.get('duration_s'), 0)} s; every message gets its "
         "own `Idempotency-Key` from the CLI, kept across its attempts. The gateway (embedded "
-        f"backend, defaults) gets SIGTERM at {f(first.get('restart_at_s'), 0)} s, drains and exits; "
+        f"backend, {ceiling_text(first)}) gets SIGTERM at {f(first.get('restart_at_s'), 0)} s, drains and exits; "
         "a new process is started on the same port and data directory as soon as the old one "
         "has exited. Afterwards every stored message is taken off the queue (`sendgate queue "
         "receive`) and counted by (producer, line). Failed: not queued by the CLI (or no outcome "

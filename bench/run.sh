@@ -614,7 +614,10 @@ compare_amplify() {
 # 8. Restart under load (issue 15): 4 `sendgate send` processes, 25 messages/s each (one
 #    Idempotency-Key per message, from the CLI), against a gateway on the embedded backend
 #    that is drained by SIGTERM a third into the window and started again on the same port
-#    and data; failed, stored twice, missing, longest wait.
+#    and data; failed, stored twice, missing, longest wait. Nothing consumes the queue, so
+#    its ceiling is raised far above the window's 3,000 sends (`producers --ceiling`, default
+#    10⁶): at the default 2,000 the last third would meet `429 queue_full` (comparison 7's
+#    subject), not the restart.
 compare_restart() {
   log "8. restart under load: sendgate send x4 across a SIGTERM drain and a restart, ${D8} s"
   local round

@@ -528,9 +528,11 @@ impl Client {
         deadline: Instant,
     ) -> Result<Instant, GaveUp> {
         let i = &self.inner;
+        // A full queue that said when to ask again is pacing, not a failed attempt: the
+        // attempt cap counts the others (the deadline and the budget bound the rest).
         let delay = i
             .backoff
-            .delay(tries.attempts, retry_after, rand::random())
+            .delay(tries.attempts - tries.paced, retry_after, rand::random())
             .ok_or(GaveUp::Attempts)?;
         let now = Instant::now();
         // The jitter on top of a Retry-After is the client's own: trimmed by the deadline
@@ -582,6 +584,9 @@ impl Deadline {
 #[derive(Default)]
 struct Tries {
     attempts: u32,
+    /// Of those, the `429 queue_full` answers with a `Retry-After`: the gateway pacing its
+    /// producers at a full queue, which the attempt cap does not count.
+    paced: u32,
     deposited: bool,
     last_error: Option<AttemptError>,
 }
@@ -623,6 +628,12 @@ impl Tries {
             code: a.code.clone(),
         };
         if is_retryable_status(a.status) {
+            if a.status == 429
+                && a.retry_after.is_some()
+                && a.code.as_ref().and_then(AnyCode::known) == Some(ErrorCode::QueueFull)
+            {
+                self.paced += 1;
+            }
             self.last_error = Some(error);
             return Judged::Retry {
                 retry_after: a.retry_after,

@@ -36,7 +36,9 @@ pub struct Backoff {
     pub base: Duration,
     /// The largest wait jitter may pick (a `Retry-After` may still ask for more).
     pub cap: Duration,
-    /// Attempts per message, the first included (at least 1).
+    /// Attempts per message, the first included (at least 1). The send loop does not count
+    /// a `429 queue_full` with a `Retry-After` (the gateway pacing its producers at a full
+    /// queue): the deadline and the retry budget bound those.
     pub max_attempts: u32,
 }
 
@@ -56,11 +58,16 @@ impl Backoff {
     ///
     /// Full jitter (a uniform pick in `[0, min(cap, base·2^(n-1))]`) spreads the retries of
     /// many producers that failed together, instead of sending them back in waves. With a
-    /// `Retry-After`, the pick is added on top of it: the gateway knows when its answer
-    /// can change (a depth read expiring, the backlog draining), so its wait is honoured
-    /// as is, never shortened; and producers refused together, all told the same
-    /// `Retry-After`, do not all come back in the same instant (which a wait of
-    /// `max(Retry-After, pick)` did whenever the pick was the shorter).
+    /// `Retry-After`, the gateway knows when its answer can change (a depth read expiring,
+    /// the backlog draining), so its wait is honoured as is, never shortened, and the
+    /// client's [`jitter`](Self::jitter) is added on top: the first retry's pick
+    /// (`[0, min(cap, base)]`) on every attempt, so producers refused together, all told
+    /// the same `Retry-After`, do not all come back in the same instant (which a wait of
+    /// `max(Retry-After, pick)` did whenever the pick was the shorter). It does not grow
+    /// with the attempts: the gateway's wait already says when to come back, and a growing
+    /// pick on top sends the messages refused most often back last, past the moment the
+    /// queue takes sends again, while a producer on a fresh message takes the room
+    /// (bench comparison 7: Jain's index 0.74–0.87 over 16 producers).
     pub fn delay(
         &self,
         attempts_made: u32,
@@ -77,18 +84,17 @@ impl Backoff {
         } else {
             0.0
         };
-        let jittered = ceiling.mul_f64(unit);
         Some(match retry_after {
-            Some(floor) => floor.min(MAX_RETRY_AFTER) + jittered,
-            None => jittered,
+            Some(floor) => floor.min(MAX_RETRY_AFTER) + self.jitter(unit),
+            None => ceiling.mul_f64(unit),
         })
     }
 }
 
 impl Backoff {
-    /// The client's small jitter on a wait it did not choose (an unreachable gateway):
-    /// a uniform pick in `[0, min(cap, base)]`, the first retry's, so the sends that met
-    /// the same closed port do not all come back in the same instant.
+    /// The client's small jitter on a wait it did not choose (a `Retry-After`, an
+    /// unreachable gateway): a uniform pick in `[0, min(cap, base)]`, the first retry's,
+    /// so the sends told the same wait do not all come back in the same instant.
     pub fn jitter(&self, unit: f64) -> Duration {
         let unit = if unit.is_finite() {
             unit.clamp(0.0, 1.0)
@@ -271,9 +277,14 @@ mod tests {
             b.delay(1, Some(Duration::from_secs(1)), 0.0),
             Some(Duration::from_secs(1))
         );
+        // The jitter is the first retry's on every attempt: it does not grow.
         assert_eq!(
             b.delay(3, Some(Duration::from_secs(1)), 0.5),
-            Some(Duration::from_millis(1400))
+            Some(Duration::from_millis(1100))
+        );
+        assert_eq!(
+            b.delay(4, Some(Duration::from_secs(1)), 0.99),
+            Some(Duration::from_millis(1198))
         );
         // An absurd one is bounded.
         let d = b

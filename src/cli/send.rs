@@ -50,7 +50,8 @@ pub struct SendArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 600,
           value_parser = clap::value_parser!(u64).range(0..=604_800))]
     deadline_cap: u64,
-    /// Attempts per message, the first included.
+    /// Attempts per message, the first included; a 429 queue_full with a Retry-After (the
+    /// gateway pacing producers at a full queue) is not counted: the deadline bounds those.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
     max_attempts: u32,
     /// JSON lines to send, one message each; `-` or nothing reads stdin.

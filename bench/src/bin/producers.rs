@@ -6,6 +6,7 @@
 //!                   [--amqp-url amqp://guest:guest@127.0.0.1:5672/%2f]
 //! producers restart --sendgate BIN --port P --data-dir D --queue Q [--producers 4]
 //!                   [--rate 25] [--duration 20] [--restart-at 6] [--concurrency 4]
+//!                   [--ceiling 1000000] [--log-dir DIR]
 //! ```
 //!
 //! - `amplify` (retry amplification): `producers` tasks, each with its own
@@ -21,7 +22,10 @@
 //!   JSON line per message at `rate` per second on its stdin (each message gets its own
 //!   `Idempotency-Key` from the CLI), against a gateway on the embedded backend that this
 //!   tool starts, stops with SIGTERM at `restart-at` (a drain) and starts again on the
-//!   same port and data directory. Then every stored message is taken off the queue
+//!   same port and data directory. The gateway's ceiling (`--ceiling`) is set far above
+//!   what the window sends: nothing consumes the queue here, and a queue at its ceiling
+//!   (the default 2,000) answers `429 queue_full`, which is comparison 7's subject, not a
+//!   restart's. Then every stored message is taken off the queue
 //!   (`sendgate queue receive`) and counted: failed (not queued by the CLI), stored twice,
 //!   missing (queued but not stored), and the longest wait from a line written to its
 //!   outcome printed.
@@ -213,7 +217,10 @@ async fn amplify(args: &Args) -> Value {
     let mut clients = Vec::with_capacity(producers);
     let mut counts = Vec::with_capacity(producers);
     let mut tasks = Vec::with_capacity(producers);
+    // Why messages failed: the last answer's code and why the client gave up.
+    let failed_reasons: Arc<std::sync::Mutex<HashMap<String, u64>>> = Arc::default();
     for p in 0..producers {
+        let reasons = failed_reasons.clone();
         let mut config = ClientConfig::new(format!("http://{addr}"));
         config.token = token.clone();
         let client = Client::new(config).unwrap_or_else(|e| die(&format!("client: {e}")));
@@ -227,7 +234,18 @@ async fn amplify(args: &Args) -> Value {
                 let slot = match client.send(&queue, body, None).await {
                     SendOutcome::Queued { .. } if Instant::now() <= end => 0,
                     SendOutcome::Queued { .. } => continue,
-                    SendOutcome::Failed { .. } => 1,
+                    SendOutcome::Failed {
+                        last_error,
+                        gave_up,
+                        ..
+                    } => {
+                        *reasons
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .entry(format!("{} ({gave_up})", last_error.code()))
+                            .or_default() += 1;
+                        1
+                    }
                     _ => 2,
                 };
                 count[slot].fetch_add(1, Ordering::Relaxed);
@@ -242,7 +260,15 @@ async fn amplify(args: &Args) -> Value {
         .iter()
         .map(|c| c[0].load(Ordering::Relaxed))
         .collect();
-    let failed: u64 = counts.iter().map(|c| c[1].load(Ordering::Relaxed)).sum();
+    let per_producer_failed: Vec<u64> = counts
+        .iter()
+        .map(|c| c[1].load(Ordering::Relaxed))
+        .collect();
+    let per_producer_requests: Vec<u64> = clients
+        .iter()
+        .map(|c| c.stats().requests + c.stats().probes)
+        .collect();
+    let failed: u64 = per_producer_failed.iter().sum();
     let other: u64 = counts.iter().map(|c| c[2].load(Ordering::Relaxed)).sum();
     let (mut requests, mut probes, mut retries, mut budget_refusals, mut deferrals) =
         (0u64, 0u64, 0u64, 0u64, 0u64);
@@ -275,6 +301,9 @@ async fn amplify(args: &Args) -> Value {
         "accepted": accepted,
         "accepted_per_s": accepted as f64 / secs,
         "per_producer": per_producer,
+        "per_producer_failed": per_producer_failed,
+        "failed_reasons": *failed_reasons.lock().unwrap_or_else(|e| e.into_inner()),
+        "per_producer_requests": per_producer_requests,
         "jain": jain(&per_producer),
         "failed_messages": failed,
         "other_outcomes": other,
@@ -313,6 +342,7 @@ async fn restart(args: &Args) -> Value {
     let restart_at = Duration::from_secs_f64(get(args, "restart-at", Some(6.0)));
     let concurrency: u16 = get(args, "concurrency", Some(4));
     let log_dir = args.get("log-dir").cloned();
+    let ceiling: u64 = get(args, "ceiling", Some(1_000_000));
 
     let gateway = |n: u32| {
         let mut cmd = Command::new(&bin);
@@ -320,6 +350,7 @@ async fn restart(args: &Args) -> Value {
             .env("SENDGATE_BACKEND", "embedded")
             .env("SENDGATE_DATA_DIR", &data_dir)
             .env("SENDGATE_QUEUES", &queue)
+            .env("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", ceiling.to_string())
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null());
@@ -380,11 +411,19 @@ async fn restart(args: &Args) -> Value {
             drop(stdin);
             written
         });
-        // `line N: queued as …` or `line N: failed …`, one per message, as they end.
+        // `line N: queued as …` or `line N: failed …`, one per message, as they end; the
+        // whole of it also kept in `restart-cli-P.log` for reading afterwards.
+        let mut cli_log = log_dir
+            .as_ref()
+            .and_then(|d| std::fs::File::create(format!("{d}/restart-cli-{p}.log")).ok());
         let reader = tokio::spawn(async move {
             let mut outcomes: HashMap<u64, (Instant, bool)> = HashMap::new();
             let mut lines = BufReader::new(stderr).lines();
             while let Ok(Some(l)) = lines.next_line().await {
+                if let Some(f) = cli_log.as_mut() {
+                    let at = (Instant::now() - start).as_secs_f64();
+                    let _ = std::io::Write::write_all(f, format!("{at:8.3} {l}\n").as_bytes());
+                }
                 let Some(rest) = l.strip_prefix("line ") else {
                     continue;
                 };
@@ -482,6 +521,7 @@ async fn restart(args: &Args) -> Value {
         "rate_per_producer": rate,
         "duration_s": duration.as_secs_f64(),
         "restart_at_s": restart_at.as_secs_f64(),
+        "ceiling": ceiling,
         "sent": sent,
         "queued": queued,
         "failed_messages": not_queued + no_outcome,
