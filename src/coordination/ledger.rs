@@ -175,7 +175,8 @@ pub struct SharedRead {
     pub replicas: u64,
     /// What the asking replica may admit alone should it turn local before it is heard from
     /// again (see [`Ledger::reserve`]), and that share's sequence number (newer is larger);
-    /// `0, 0` when the call recorded none (an onlooker's read, a published read).
+    /// `0, 0` from a call that does not speak for a replica (an onlooker's read, a published
+    /// read); without a good read, the share last recorded.
     pub share: u64,
     pub share_seq: u64,
 }
@@ -185,7 +186,8 @@ pub struct SharedRead {
 pub enum Reservation {
     /// `granted` sends (1 ≤ granted ≤ want) may go; they are held in the block.
     Granted { granted: u64, read: SharedRead },
-    /// No room: `estimate` = backlog + since_read + reserved ≥ limit.
+    /// No room: `estimate` = backlog + since_read + reserved + the other replicas' shares ≥
+    /// limit.
     Full { estimate: u64, read: SharedRead },
     /// The last read says the queue does not accept sends.
     Disabled { read: SharedRead },
@@ -522,7 +524,7 @@ impl Ledger {
     ///
     /// Every answer records the replica's **share** and returns it
     /// ([`SharedRead::share`]): what it may admit alone should it turn local before it is
-    /// heard from again, `⌊(limit − estimate − the others' shares) / replicas⌋`. Every other
+    /// heard from again, `⌊(limit − estimate − the others' shares) / (4 × replicas)⌋`. Every other
     /// replica's share counts in the estimate a reservation is checked against, so the
     /// blocks and the shares together never pass the ceiling, and the fleet stays under it
     /// however much of it is cut off from Redis (for [`Ledger::member_for`]).
