@@ -419,11 +419,11 @@ impl Client {
                 self.inner.lifecycle.observe_unreachable();
                 continue;
             }
-            let retry_after = match tries.judge(answer, key) {
+            let (retry_after, paced) = match tries.judge(answer, key) {
                 Judged::Final(outcome) => return outcome,
-                Judged::Retry { retry_after } => retry_after,
+                Judged::Retry { retry_after, paced } => (retry_after, paced),
             };
-            match self.retry_at(&tries, retry_after, deadline.at) {
+            match self.retry_at(&tries, retry_after, paced, deadline.at) {
                 Ok(at) => tokio::time::sleep_until(at).await,
                 Err(gave_up) => return tries.give_up(gave_up),
             }
@@ -525,11 +525,12 @@ impl Client {
         &self,
         tries: &Tries,
         retry_after: Option<Duration>,
+        paced: bool,
         deadline: Instant,
     ) -> Result<Instant, GaveUp> {
         let i = &self.inner;
         // A full queue that said when to ask again is pacing, not a failed attempt: the
-        // attempt cap counts the others (the deadline and the budget bound the rest).
+        // attempt cap counts the others (the deadline bounds the rest).
         let delay = i
             .backoff
             .delay(tries.attempts - tries.paced, retry_after, rand::random())
@@ -544,7 +545,10 @@ impl Client {
             // No attempt could happen in time: say so now rather than sleep first.
             _ => return Err(GaveUp::Deadline),
         };
-        if !i.budget.try_withdraw(now) {
+        // A retry the gateway paced goes at the rate it asked for: no retry storm for the
+        // budget to damp, and a token per paced retry would end every message but one of a
+        // client with several in flight within a second or two at a full queue.
+        if !paced && !i.budget.try_withdraw(now) {
             i.budget_refusals.fetch_add(1, Ordering::Relaxed);
             return Err(GaveUp::Budget);
         }
@@ -584,8 +588,9 @@ impl Deadline {
 #[derive(Default)]
 struct Tries {
     attempts: u32,
-    /// Of those, the `429 queue_full` answers with a `Retry-After`: the gateway pacing its
-    /// producers at a full queue, which the attempt cap does not count.
+    /// Of those, the `429 queue_full` answers with a `Retry-After` of a second or more: the
+    /// gateway pacing its producers at a full queue, which neither the attempt cap nor the
+    /// retry budget counts.
     paced: u32,
     deposited: bool,
     last_error: Option<AttemptError>,
@@ -594,7 +599,11 @@ struct Tries {
 /// What one answer means for the message.
 enum Judged {
     Final(SendOutcome),
-    Retry { retry_after: Option<Duration> },
+    /// `paced`: the gateway's full queue said when to ask again (see [`Tries::paced`]).
+    Retry {
+        retry_after: Option<Duration>,
+        paced: bool,
+    },
 }
 
 impl Tries {
@@ -608,7 +617,10 @@ impl Tries {
             Err(e) => {
                 self.attempts += 1;
                 self.last_error = Some(AttemptError::Transport(e.to_string()));
-                return Judged::Retry { retry_after: None };
+                return Judged::Retry {
+                    retry_after: None,
+                    paced: false,
+                };
             }
         };
         if (200..300).contains(&a.status) {
@@ -628,15 +640,18 @@ impl Tries {
             code: a.code.clone(),
         };
         if is_retryable_status(a.status) {
-            if a.status == 429
-                && a.retry_after.is_some()
-                && a.code.as_ref().and_then(AnyCode::known) == Some(ErrorCode::QueueFull)
-            {
+            // The gateway's full queue saying when to ask again (it never says less than a
+            // second: a smaller value is no pacing).
+            let paced = a.status == 429
+                && a.retry_after.is_some_and(|r| r >= Duration::from_secs(1))
+                && a.code.as_ref().and_then(AnyCode::known) == Some(ErrorCode::QueueFull);
+            if paced {
                 self.paced += 1;
             }
             self.last_error = Some(error);
             return Judged::Retry {
                 retry_after: a.retry_after,
+                paced,
             };
         }
         Judged::Final(if a.status >= 500 {

@@ -792,6 +792,46 @@ async fn the_jitter_on_a_retry_after_does_not_grow_with_the_attempts() {
     }
 }
 
+/// Review 15 (a review of the change below): with the attempt cap no longer ending a paced
+/// message, the shared retry budget did, within a second or two, for any client with more
+/// than one message in flight (`sendgate send` keeps 8): each paced retry took a token, and
+/// the budget refills at about one a second. A retry the gateway paced (`429 queue_full`
+/// with a `Retry-After` of at least a second) is at the rate the gateway asked for: it
+/// takes no token. Eight messages refused for 20 s are all queued once room comes.
+#[tokio::test(start_paused = true)]
+async fn paced_retries_of_many_messages_in_flight_do_not_spend_the_retry_budget() {
+    let mut replies: Vec<Reply> = (0..8 * 20)
+        .map(|_| answer(429, ErrorCode::QueueFull, Some(1)))
+        .collect();
+    replies.push(created("ok"));
+    let t = Scripted::new(replies);
+    let c = client(&t, config());
+    let sends: Vec<_> = (0..8)
+        .map(|i| {
+            let c = c.clone();
+            tokio::spawn(async move { c.send("requests", "{}", Some(&format!("m-{i}"))).await })
+        })
+        .collect();
+    for s in sends {
+        let outcome = s.await.unwrap();
+        assert!(matches!(outcome, SendOutcome::Queued { .. }), "{outcome:?}");
+    }
+    assert_eq!(c.stats().budget_refusals, 0);
+    // A Retry-After of 0 is no pacing (the gateway never says less than 1 s): it counts.
+    let t = Scripted::new(vec![answer(429, ErrorCode::QueueFull, Some(0))]);
+    let outcome = client(&t, config()).send("requests", "{}", None).await;
+    assert!(
+        matches!(
+            outcome,
+            SendOutcome::Failed {
+                gave_up: GaveUp::Attempts,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+}
+
 /// Review 15 (bench comparison 7: 42–75 messages failed per 60 s side, at a queue its
 /// consumer drained at 200 msg/s the whole time): a `429 queue_full` with a `Retry-After`
 /// is the gateway pacing its producers (the queue is at its ceiling and says when to ask
