@@ -543,6 +543,39 @@ async fn with_keys_on_the_settings_form_needs_an_admin_token_kept_out_of_urls() 
             "a token in {u}"
         );
     }
+
+    // "Forget token" forgets both (found in review: the admin's stayed in the tab).
+    type_into(&browser, "#token", &observer).await;
+    browser
+        .client
+        .find(fantoccini::Locator::Css("#token-form button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_displayed(&browser, "#forget-token").await;
+    browser
+        .client
+        .find(fantoccini::Locator::Css("#forget-token"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let observer_stored = "return window.sessionStorage.getItem('sendgate.observerToken')";
+    assert_eq!(browser.eval(observer_stored).await, serde_json::Value::Null);
+    assert_eq!(
+        browser.eval(stored).await,
+        serde_json::Value::Null,
+        "the admin token stayed"
+    );
+    assert_eq!(
+        browser
+            .eval("return document.getElementById('admin-token').value")
+            .await,
+        ""
+    );
     browser.close().await;
     app.stop().await;
 }

@@ -82,6 +82,12 @@ impl Principal {
         })
     }
 
+    /// Whether this key's scope is every queue (`queues = ["*"]`): settings and breakers
+    /// that serve every queue are changed only by such a key.
+    pub fn may_use_every_queue(&self) -> bool {
+        self.queues == QueueScope::All
+    }
+
     pub fn may_use_queue(&self, queue: &QueueName) -> bool {
         match &self.queues {
             QueueScope::All => true,

@@ -229,7 +229,7 @@ pub async fn get_settings(
         (status = 400, description = "`invalid_request`: not JSON, or `errors` names each bad field.", body = ErrorBody),
         (status = 401, description = "`unauthenticated`: no or an unknown bearer token.", body = ErrorBody,
             headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
-        (status = 403, description = "`forbidden` (the key lacks the admin role), or `forbidden_host` (open mode).", body = ErrorBody),
+        (status = 403, description = "`forbidden` (the key lacks the admin role, or the patch names a queue outside its scope, or `force_backend` and its scope is not every queue), or `forbidden_host` (open mode).", body = ErrorBody),
         (status = 404, description = "`unknown_queue`: the body names a queue this gateway does not serve.", body = ErrorBody),
         (status = 413, description = "`payload_too_large`: over 64 KiB.", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`: not `application/json` (checked after authentication).", body = ErrorBody),
@@ -250,7 +250,7 @@ pub async fn patch_settings(
         Permission::Administer,
         "change the runtime settings",
     )?;
-    let body = json_body(&req, payload)
+    let body = json_body(&req, &state, payload)
         .await
         .map_err(|p| context.error(p))?;
     let patch = Patch::parse(&body, state.settings.scope()).map_err(|e| {
@@ -259,6 +259,24 @@ pub async fn patch_settings(
             PatchError::Invalid(errors) => Problem::InvalidRequest { errors },
         })
     })?;
+    // An admin key scoped to some queues changes only theirs; the forced backend serves
+    // every queue. Checked for the whole patch before any of it applies.
+    for key in patch.changes.keys() {
+        let allowed = match key {
+            Key::Queue(queue, _) => principal.may_use_queue(queue),
+            Key::ForceBackend => principal.may_use_every_queue(),
+        };
+        if !allowed {
+            return Err(context.error(Problem::Forbidden {
+                action: match key {
+                    Key::Queue(..) => "change the settings of a queue outside this key's scope",
+                    Key::ForceBackend => {
+                        "pin the backend of every queue (this key's scope is not every queue)"
+                    }
+                },
+            }));
+        }
+    }
     let changed = state
         .settings
         .patch(&state.dispatcher, &patch, &principal.name)
@@ -315,7 +333,7 @@ pub struct BreakerView {
         (status = 400, description = "`invalid_request`: not JSON, or no known `action`.", body = ErrorBody),
         (status = 401, description = "`unauthenticated`: no or an unknown bearer token.", body = ErrorBody,
             headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
-        (status = 403, description = "`forbidden` (the key lacks the admin role), or `forbidden_host` (open mode).", body = ErrorBody),
+        (status = 403, description = "`forbidden` (the key lacks the admin role, or its scope is not every queue: a breaker serves them all), or `forbidden_host` (open mode).", body = ErrorBody),
         (status = 404, description = "`not_found`: no such backend here.", body = ErrorBody),
         (status = 413, description = "`payload_too_large`: over 64 KiB.", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`: not `application/json` (checked after authentication).", body = ErrorBody),
@@ -335,6 +353,11 @@ pub async fn breaker(
         Permission::Administer,
         "operate a circuit breaker",
     )?;
+    if !principal.may_use_every_queue() {
+        return Err(context.error(Problem::Forbidden {
+            action: "operate a circuit breaker (it serves every queue; this key's scope is not every queue)",
+        }));
+    }
     if !super::send::is_json(&req) {
         return Err(context.error(Problem::UnsupportedMediaType));
     }
@@ -342,7 +365,7 @@ pub async fn breaker(
     let Some(lane) = state.dispatcher.lane(&backend) else {
         return Err(context.error(Problem::UnknownBackend { backend }));
     };
-    let body = json_body(&req, payload)
+    let body = json_body(&req, &state, payload)
         .await
         .map_err(|p| context.error(p))?;
     let invalid = |msg: &str| {
@@ -367,13 +390,28 @@ pub async fn breaker(
     }))
 }
 
-/// The body as JSON, after the content-type check (415), within [`MAX_ADMIN_BODY`].
-async fn json_body(req: &HttpRequest, payload: web::Payload) -> Result<Value, Problem> {
+/// The body as JSON, after the content-type check (415), within [`MAX_ADMIN_BODY`] and the
+/// body's deadline (`SENDGATE_BODY_TIMEOUT_MS`, as for a send: a client that stops mid-body
+/// must not hold its request open).
+async fn json_body(
+    req: &HttpRequest,
+    state: &AppState,
+    payload: web::Payload,
+) -> Result<Value, Problem> {
     if !super::send::is_json(req) {
         return Err(Problem::UnsupportedMediaType);
     }
-    let bytes =
-        super::send::read_body(payload, super::send::announced_length(req), MAX_ADMIN_BODY).await?;
+    let read = super::send::read_body(payload, super::send::announced_length(req), MAX_ADMIN_BODY);
+    let bytes = tokio::time::timeout(state.body_timeout, read)
+        .await
+        .unwrap_or_else(|_| {
+            Err(Problem::InvalidRequest {
+                errors: vec![FieldError::new(
+                    &["body"],
+                    "the body did not arrive in time",
+                )],
+            })
+        })?;
     serde_json::from_slice(&bytes).map_err(|e| Problem::InvalidRequest {
         errors: vec![FieldError::new(&["body"], format!("not valid JSON: {e}"))],
     })

@@ -183,8 +183,14 @@ fn write_file(path: &Path, body: &FileBody) -> Result<(), SettingsStoreError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(io)?;
     let text = serde_json::to_vec_pretty(body).map_err(|e| io(std::io::Error::other(e)))?;
-    // Writes are serialised by the caller (one PATCH at a time per process).
-    let temp = dir.join(format!(".{FILE_NAME}.{}.tmp", std::process::id()));
+    // Writes are serialised by the caller (one PATCH at a time per process); the random
+    // part keeps two processes sharing a data volume (both PID 1 in their containers) off
+    // each other's temporary file, so neither renames a file the other is writing.
+    let temp = dir.join(format!(
+        ".{FILE_NAME}.{}.{}.tmp",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
     let written = (|| {
         let mut file = std::fs::File::create(&temp)?;
         file.write_all(&text)?;

@@ -339,13 +339,18 @@ async fn error_answers_echo_the_correlation_id_too() {
 
 /// Announce 100 bytes, send 10, then nothing: the answer, and how long it took.
 async fn stalled_upload(app: &TestApp) -> (String, Duration) {
+    stalled_upload_to(app, "POST /v1/queues/requests/messages").await
+}
+
+/// The same to another route: `request` is the request line's method and path.
+pub async fn stalled_upload_to(app: &TestApp, request: &str) -> (String, Duration) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let addr = app.address.trim_start_matches("http://").to_owned();
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream
-        .write_all(b"POST /v1/queues/requests/messages HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n[1,2,3,4,")
-        .await
-        .unwrap();
+    let head = format!(
+        "{request} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n[1,2,3,4,"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
     let started = std::time::Instant::now();
     let mut answer = vec![0u8; 4096];
     let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut answer))

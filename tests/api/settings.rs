@@ -117,6 +117,80 @@ async fn only_an_admin_key_reads_or_changes_settings_or_breakers() {
 }
 
 #[tokio::test]
+async fn an_admin_key_scoped_to_some_queues_changes_only_those() {
+    // Found in review: a key with role admin and `queues = ["audit"]` could lower another
+    // queue's ceiling, pin every queue's backend and hold a breaker open.
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.toml");
+    std::fs::write(
+        &keys,
+        format!(
+            "[[keys]]\nname = \"audit-ops\"\nsha256 = \"{}\"\nroles = [\"admin\"]\nqueues = [\"audit\"]\n",
+            hex::encode(Sha256::digest(b"audit-admin"))
+        ),
+    )
+    .unwrap();
+    let app = spawn_app_with(&[
+        ("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap()),
+        ("SENDGATE_QUEUES", "requests,audit"),
+    ])
+    .await;
+    let token = Some("audit-admin");
+    let other = json!({"queues": {"requests": {"max_queue_depth": 1}}});
+    assert_eq!(patch(&app, token, other).await.status(), 403);
+    let both =
+        json!({"queues": {"audit": {"max_queue_depth": 5}, "requests": {"max_queue_depth": 1}}});
+    assert_eq!(
+        patch(&app, token, both).await.status(),
+        403,
+        "nothing of it applies"
+    );
+    let pin = json!({"force_backend": "primary"});
+    assert_eq!(
+        patch(&app, token, pin).await.status(),
+        403,
+        "the pin is every queue's"
+    );
+    assert_eq!(
+        breaker(&app, "primary", token, r#"{"action":"open"}"#)
+            .await
+            .status(),
+        403,
+        "a breaker serves every queue"
+    );
+    let own = json!({"queues": {"audit": {"max_queue_depth": 5}}});
+    assert_eq!(patch(&app, token, own).await.status(), 200);
+    let settings = body_json(
+        app.client
+            .get(app.url("/admin/settings"))
+            .bearer_auth("audit-admin")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        settings["queues"]["requests"]["max_queue_depth"]["value"],
+        2000
+    );
+    assert_eq!(settings["queues"]["audit"]["max_queue_depth"]["value"], 5);
+    assert_eq!(settings["force_backend"]["value"], Value::Null);
+}
+
+#[tokio::test]
+async fn an_admin_body_that_stops_arriving_is_given_up_at_the_body_deadline() {
+    // Found in review: the admin routes read their body without the deadline a send has,
+    // so any local process (open mode) could hold connections open with a stalled PATCH.
+    let app = spawn_app_with(&[("SENDGATE_BODY_TIMEOUT_MS", "300")]).await;
+    for request in ["PATCH /admin/settings", "POST /admin/breakers/primary"] {
+        let (text, took) = crate::send::stalled_upload_to(&app, request).await;
+        assert!(text.starts_with("HTTP/1.1 400"), "{request}: {text}");
+        assert!(text.contains("did not arrive in time"), "{request}: {text}");
+        assert!(took < Duration::from_secs(3), "{request}: {took:?}");
+    }
+}
+
+#[tokio::test]
 async fn a_lowered_ceiling_refuses_the_next_send_and_null_restores_the_default() {
     let app = spawn_app_with(&[]).await;
     for n in 0..3 {

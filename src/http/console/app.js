@@ -78,6 +78,14 @@
   function forget(message) {
     memoryToken = null;
     storeToken(null);
+    // The admin token too (the settings form's): "forget" leaves no token in this tab.
+    try {
+      window.sessionStorage.removeItem("sendgate.adminToken");
+    } catch (e) {
+      /* storage off: nothing kept */
+    }
+    var typedAdmin = document.getElementById("admin-token");
+    if (typedAdmin) typedAdmin.value = "";
     stop();
     samples.clear();
     showNoData("No data: enter an observer token.");
