@@ -213,12 +213,7 @@ impl RuntimeSettings {
 
     async fn read_shared(&self) -> Result<Overrides, SettingsStoreError> {
         let read = match self.store.load().await {
-            Ok(flat) => Overrides::from_flat(&flat, &self.scope)
-                .map(|(o, _)| o)
-                .map_err(|why| SettingsStoreError::Corrupt {
-                    path: self.store.location(),
-                    why,
-                }),
+            Ok(flat) => Ok(Overrides::from_flat_lenient(&flat, &self.scope).0),
             Err(e) => Err(e),
         };
         self.mark(read.as_ref().map(|_| ()));

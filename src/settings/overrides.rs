@@ -479,6 +479,27 @@ impl Overrides {
         flat: &BTreeMap<String, StoredValue>,
         scope: &Scope,
     ) -> Result<(Self, Vec<String>), String> {
+        Self::from_flat_with(flat, scope, Strictness::Strict)
+    }
+
+    /// [`Overrides::from_flat`] for the fleet's shared hash: a value this replica cannot take
+    /// (written by a newer build, or `force_backend = fallback` from a replica that has one)
+    /// is skipped like a queue it does not serve, instead of failing the whole read — which
+    /// would freeze this replica's settings, and refuse the PATCH that could repair them.
+    pub fn from_flat_lenient(
+        flat: &BTreeMap<String, StoredValue>,
+        scope: &Scope,
+    ) -> (Self, Vec<String>) {
+        // A lenient read has nothing to fail on: every value it cannot take is skipped.
+        Self::from_flat_with(flat, scope, Strictness::Lenient)
+            .unwrap_or_else(|_| (Overrides::default(), Vec::new()))
+    }
+
+    fn from_flat_with(
+        flat: &BTreeMap<String, StoredValue>,
+        scope: &Scope,
+        strictness: Strictness,
+    ) -> Result<(Self, Vec<String>), String> {
         let mut overrides = Overrides::default();
         let mut skipped = Vec::new();
         for (name, stored) in flat {
@@ -492,8 +513,14 @@ impl Overrides {
                     continue;
                 }
             }
-            let value =
-                parse_value(&key, &stored.value, scope).map_err(|e| format!("{name}: {e}"))?;
+            let value = match parse_value(&key, &stored.value, scope) {
+                Ok(value) => value,
+                Err(_) if strictness == Strictness::Lenient => {
+                    skipped.push(name.clone());
+                    continue;
+                }
+                Err(e) => return Err(format!("{name}: {e}")),
+            };
             overrides.insert(
                 &key,
                 value,
@@ -514,6 +541,14 @@ fn parsed_json(value: Parsed) -> Value {
         Parsed::Flag(b) => Value::from(b),
         Parsed::Force(f) => Value::from(force_word(f)),
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Strictness {
+    /// A value that does not parse fails the read (the data directory's file).
+    Strict,
+    /// It is skipped (the fleet's shared hash).
+    Lenient,
 }
 
 /// One override as stored: the value, who set it, when.
@@ -757,5 +792,26 @@ mod tests {
             error.starts_with("queues.requests.max_queue_depth: must be at least 1"),
             "{error}"
         );
+        // The fleet's hash: the bad value is skipped, the good ones still apply (review:
+        // one unreadable field froze every replica's settings and refused the repair).
+        let (lenient, skipped) = Overrides::from_flat_lenient(&bad, &scope(true));
+        assert_eq!(skipped, ["queues.requests.max_queue_depth"]);
+        assert_ne!(
+            lenient,
+            Overrides::default(),
+            "the other values still apply"
+        );
+        // force_backend = fallback, written by a replica that has one, read by one without.
+        let pinned = BTreeMap::from([(
+            "force_backend".to_owned(),
+            StoredValue {
+                value: json!("fallback"),
+                by: "x".into(),
+                at: "y".into(),
+            },
+        )]);
+        assert!(Overrides::from_flat(&pinned, &scope(false)).is_err());
+        let (_, skipped) = Overrides::from_flat_lenient(&pinned, &scope(false));
+        assert_eq!(skipped, ["force_backend"]);
     }
 }
