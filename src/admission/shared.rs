@@ -249,7 +249,12 @@ impl FleetSeat {
             }
             let ledger = seat.fleet.ledger();
             match ledger
-                .shared_read_as(&seat.keys, seat.fleet.replica(), seat.policy.load().limit)
+                .shared_read_as(
+                    &seat.keys,
+                    seat.fleet.replica(),
+                    seat.policy.load().limit,
+                    seat.next_call(),
+                )
                 .await
             {
                 Ok(read) => Self::see(&mut seat.state.lock(), read, Instant::now()),
@@ -564,6 +569,14 @@ impl FleetSeat {
         self.fleet.ledger().settle_batch(&self.keys, &batch).await
     }
 
+    /// The next number of this seat's share-recording calls (shared with its block ids'
+    /// turns, so every call's number is higher than the last: see `record_share`).
+    fn next_call(&self) -> u64 {
+        let mut state = self.state.lock();
+        state.turns += 1;
+        state.turns
+    }
+
     fn block_id(&self, turn: u64) -> String {
         format!("{}:{turn}", self.replica)
     }
@@ -616,7 +629,12 @@ impl FleetSeat {
         }
         let ledger = self.fleet.ledger();
         let seen = ledger
-            .shared_read_as(&self.keys, self.fleet.replica(), self.policy.load().limit)
+            .shared_read_as(
+                &self.keys,
+                self.fleet.replica(),
+                self.policy.load().limit,
+                self.next_call(),
+            )
             .await?;
         Self::see(&mut self.state.lock(), seen, Instant::now());
         if seen.state != SharedState::Never && seen.age < self.policy.load().ttl && wait {
@@ -673,7 +691,12 @@ impl FleetSeat {
                     }
                     tokio::time::sleep(WAIT_POLL).await;
                     let now = ledger
-                        .shared_read_as(&self.keys, self.fleet.replica(), self.policy.load().limit)
+                        .shared_read_as(
+                            &self.keys,
+                            self.fleet.replica(),
+                            self.policy.load().limit,
+                            self.next_call(),
+                        )
                         .await?;
                     Self::see(&mut self.state.lock(), now, Instant::now());
                     if now.generation != seen.generation {
@@ -784,7 +807,12 @@ impl FleetSeat {
         let _turn = self.read_turn.lock().await;
         let ledger = self.fleet.ledger();
         let seen = ledger
-            .shared_read_as(&self.keys, self.fleet.replica(), self.policy.load().limit)
+            .shared_read_as(
+                &self.keys,
+                self.fleet.replica(),
+                self.policy.load().limit,
+                self.next_call(),
+            )
             .await?;
         Self::see(&mut self.state.lock(), seen, Instant::now());
         if seen.state != SharedState::Never && seen.age < self.policy.load().ttl {

@@ -497,19 +497,22 @@ impl Ledger {
 
     /// [`Ledger::shared_read`] by replica `replica` of the fleet, whose ceiling is `limit`:
     /// it is counted among the [`SharedRead::replicas`] (as a reservation counts it), and
-    /// its share of the room is recorded and returned (see [`Ledger::reserve`]).
+    /// its share of the room is recorded and returned (see [`Ledger::reserve`]) under `seq`,
+    /// the replica's own number for this call (rising, like its block ids' `{n}`).
     pub async fn shared_read_as(
         &self,
         q: &QueueKeys,
         replica: &str,
         limit: u64,
+        seq: u64,
     ) -> Result<SharedRead, LedgerError> {
         let mut call = self.scripts.shared_read.prepare_invoke();
         call.key(&q.all()[..])
             .arg(replica)
             .arg(millis(self.member_for()))
             .arg(millis(IDLE))
-            .arg(exact(limit));
+            .arg(exact(limit))
+            .arg(exact(seq));
         let reply = self.run(&call).await?;
         decode_read(&ints(reply)?)
     }
@@ -520,7 +523,8 @@ impl Ledger {
     /// into block `block_id`, which then expires one `lease` from now (a block asked again
     /// grows and is extended). `want` and `share_divisor` count as at least 1. Block ids
     /// are `{replica}:{n}`: the part before the last `:` is counted among the fleet's
-    /// [`SharedRead::replicas`] (an id without a `:` belongs to one anonymous replica).
+    /// [`SharedRead::replicas`] (an id without a `:` belongs to one anonymous replica), and
+    /// `n`, rising with each of the replica's calls, numbers its share.
     ///
     /// Every answer records the replica's **share** and returns it
     /// ([`SharedRead::share`]): what it may admit alone should it turn local before it is

@@ -106,7 +106,9 @@ end
 -- a quarter of the room from a replica that asks (one that just joined among them too). The
 -- reply carries it with a sequence number (its seat keeps the newest). Without a good read
 -- there is nothing new to divide: the share stays as it was.
-local function record_share(member, read, limit, others, idle_ms)
+-- `seq` is the replica's own (its calls' numbers: they go on rising whatever Redis forgets,
+-- a member or everything at a restart); nil for a block id without one.
+local function record_share(member, read, limit, others, idle_ms, seq)
   if read[1] ~= 1 or read[3] == 1 then
     read[12] = num(redis.call('HGET', SHARES, member))
     read[13] = num(redis.call('HGET', SHARES, member .. '#'))
@@ -119,6 +121,11 @@ local function record_share(member, read, limit, others, idle_ms)
   end
   redis.call('HSET', SHARES, member, int(share))
   read[12] = share
-  read[13] = redis.call('HINCRBY', SHARES, member .. '#', 1)
+  if seq then
+    redis.call('HSET', SHARES, member .. '#', int(seq))
+    read[13] = seq
+  else
+    read[13] = redis.call('HINCRBY', SHARES, member .. '#', 1)
+  end
   redis.call('PEXPIRE', SHARES, idle_ms)
 end

@@ -10,14 +10,16 @@ local idle_ms, member_ms = num(ARGV[6]), num(ARGV[7])
 -- The replica asking counts in the fleet's size, whatever the answer. Block ids are
 -- `{replica}:{n}`; one without a `:` belongs to the anonymous replica ''.
 local member = string.match(ARGV[1], '^(.*):[^:]*$') or ''
+-- The `{n}` of the id numbers this replica's calls: its share's sequence number.
+local seq = tonumber(string.match(ARGV[1], ':(%d+)$'))
 join(now, member, member_ms, idle_ms)
 local read = read_reply(now)
 if read[1] ~= 1 then
-  record_share(member, read, limit, 0, idle_ms)
+  record_share(member, read, limit, 0, idle_ms, seq)
   return {3, 0, unpack(read)}
 end
 if read[3] == 1 then
-  record_share(member, read, limit, 0, idle_ms)
+  record_share(member, read, limit, 0, idle_ms, seq)
   return {2, 0, unpack(read)}
 end
 -- backlog + completions since the read + headroom every replica holds + what each other
@@ -25,7 +27,7 @@ end
 local others = others_shares(now, member)
 local estimate = read[2] + read[7] + read[8] + others
 if estimate >= limit then
-  record_share(member, read, limit, others, idle_ms)
+  record_share(member, read, limit, others, idle_ms, seq)
   return {1, estimate, unpack(read)}
 end
 -- A fraction of what remains, never less than one: far from the ceiling a block spares
@@ -38,6 +40,6 @@ redis.call('ZADD', BLOCKS, int(now + num(ARGV[4])), ARGV[1])
 read[8] = read[8] + grant
 redis.call('HSET', COUNT, 'reserved', int(read[8]))
 -- Its own share comes out of what is left after the grant.
-record_share(member, read, limit, others, idle_ms)
+record_share(member, read, limit, others, idle_ms, seq)
 touch(idle_ms)
 return {0, grant, unpack(read)}
