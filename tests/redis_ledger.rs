@@ -1852,6 +1852,60 @@ mod seat {
     }
 
     #[tokio::test]
+    async fn sends_admitted_alone_and_still_in_flight_count_against_the_next_share_too() {
+        // Review of the first share design: the count of sends admitted alone started again
+        // with every newer share, but a share recorded while some were still in flight (or
+        // handled late) was computed without them: the share was spent twice.
+        let s = setup(Fault::Pass).await;
+        joined(&s.fleet, true).await;
+        let backend: Arc<dyn Backend> = Arc::new(Depth(AtomicU64::new(0)));
+        let queue = QueueName::parse("q").unwrap();
+        let p = policy(1000, Duration::from_secs(1));
+        let gate = CapacityGate::new(queue.clone(), p.clone(), backend);
+        gate.join_fleet(FleetSeat::new(
+            s.fleet.clone(),
+            s.keys.clone(),
+            queue,
+            p,
+            Duration::from_millis(1),
+        ));
+        gate.admit().await.unwrap().finish(BacklogEffect::Stored);
+        // Cut off: 5 sends admitted alone, still running.
+        s.proxy.set(Fault::Reset);
+        tokio::time::sleep(USE_BLOCK_FOR + Duration::from_millis(100)).await;
+        let mut running = Vec::new();
+        for _ in 0..5 {
+            running.push(gate.admit().await.expect("its share admits a few alone"));
+        }
+        assert!(!s.fleet.joined());
+        // Back in the fleet: its next call records a share that cannot know of those 5.
+        s.proxy.set(Fault::Pass);
+        joined(&s.fleet, true).await;
+        tokio::time::sleep(USE_BLOCK_FOR + Duration::from_millis(100)).await;
+        gate.admit().await.unwrap().finish(BacklogEffect::NotStored);
+        let share: u64 = cli(&["HGET", s.keys.all()[6], s.fleet.replica()])
+            .parse()
+            .unwrap();
+        // Cut off again: alone it may admit what the share leaves beside the 5 in flight.
+        s.proxy.set(Fault::Reset);
+        tokio::time::sleep(USE_BLOCK_FOR + Duration::from_millis(100)).await;
+        let mut more = 0u64;
+        while let Ok(r) = gate.admit().await {
+            r.finish(BacklogEffect::Stored);
+            more += 1;
+            assert!(more <= 2000, "never refused");
+        }
+        assert_eq!(
+            5 + more,
+            share,
+            "alone: {more} more beside the 5 still in flight, against a share of {share}"
+        );
+        for r in running {
+            r.finish(BacklogEffect::Stored);
+        }
+    }
+
+    #[tokio::test]
     async fn sends_stored_while_local_are_counted_by_the_fleet_it_rejoins() {
         let s = setup(Fault::Reset).await;
         let backend: Arc<dyn Backend> = Arc::new(Depth(AtomicU64::new(0)));

@@ -238,9 +238,6 @@ struct GateState {
     anchor: Option<(Instant, u64)>,
     /// Refused at the ceiling and not yet back at or below the resume level.
     refusing: bool,
-    /// Local after a spell in the fleet: the sequence number of the share being spent, and
-    /// how many sends this gate admitted alone against it (see `Departure`).
-    spell: (Option<u64>, u64),
 }
 
 /// Why a read is made: for a send (counts in the streak) or at start-up (does not).
@@ -303,7 +300,6 @@ impl CapacityGate {
                 drain: DrainEstimator::new(policy.base().lag),
                 anchor: None,
                 refusing: false,
-                spell: (None, 0),
             }),
             read_turn: tokio::sync::Mutex::new(()),
             seat: std::sync::OnceLock::new(),
@@ -608,14 +604,11 @@ impl CapacityGate {
                     None => (backlog, 1),
                 };
                 let mut estimate = backlog.saturating_add(own.saturating_mul(replicas));
-                if let Some(d) = departure {
-                    // Counted against the share it came with: a newer share (heard from
-                    // again) was recomputed by Redis with what this replica stored alone.
-                    if let Some((share, seq)) = d.allowance {
-                        if state.spell.0 != Some(seq) {
-                            state.spell = (Some(seq), 0);
-                        }
-                        if state.spell.1 >= share && Instant::now() < d.allowance_until {
+                // Its share must cover every send it admitted alone that Redis does not
+                // count yet.
+                if let (Some(d), Some(seat)) = (departure, self.seat.get()) {
+                    if let Some((share, _)) = d.allowance {
+                        if seat.alone_unsettled() >= share && Instant::now() < d.allowance_until {
                             estimate = estimate.max(policy.limit);
                         }
                     }
@@ -642,9 +635,9 @@ impl CapacityGate {
             }
         }
         state.in_flight += 1;
-        if self.seat.get().is_some_and(|seat| !seat.joined()) {
+        if let Some(seat) = self.seat.get() {
             // Every send admitted alone counts against the share, fail-open ones too.
-            state.spell.1 += 1;
+            seat.admitted_alone();
         }
         Ok(Reservation {
             gate: self.clone(),
@@ -748,8 +741,9 @@ impl Reservation {
                 self.gate.finish(outcome);
                 // Admitted by this replica alone while Redis did not answer: the message
                 // may be in the queue, and the fleet's count (which it rejoins) must say so
-                // until its next read. Settled as open when Redis answers again.
-                seat.finish(Held::Open, outcome);
+                // until its next read. Settled as open when Redis answers again, and
+                // counted against its share until then.
+                seat.finish_alone(outcome);
             }
             (_, None) => self.gate.finish(outcome),
         }

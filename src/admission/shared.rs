@@ -97,6 +97,11 @@ struct SeatState {
     /// Outcomes to settle, by block: (stored, not stored).
     pending_blocks: BTreeMap<BlockTurn, (u64, u64)>,
     pending_open_stored: u64,
+    /// Of the sends this replica admitted alone (its own gate, Redis out of reach), those
+    /// stored and waiting to be settled (as open), and all of them not yet in Redis's count
+    /// (in flight, or stored and unsettled): what its share must still cover.
+    pending_alone_stored: u64,
+    alone_unsettled: u64,
     flush_scheduled: bool,
     ahead_tried_at: Option<Instant>,
     /// A read ahead runs in the background: no second one is queued behind it.
@@ -203,6 +208,8 @@ impl FleetSeat {
                 view: None,
                 pending_blocks: BTreeMap::new(),
                 pending_open_stored: 0,
+                pending_alone_stored: 0,
+                alone_unsettled: 0,
                 flush_scheduled: false,
                 ahead_tried_at: None,
                 ahead_running: false,
@@ -541,19 +548,61 @@ impl FleetSeat {
     /// records its new share (a reservation, a heartbeat): that share is then computed with
     /// those sends counted, and the gate's count against the old one may start again.
     async fn settle_alone_first(&self) -> Result<(), LedgerError> {
-        let open = std::mem::take(&mut self.state.lock().pending_open_stored);
-        if open == 0 {
+        let (open, alone) = {
+            let mut state = self.state.lock();
+            (
+                std::mem::take(&mut state.pending_open_stored),
+                std::mem::take(&mut state.pending_alone_stored),
+            )
+        };
+        if open + alone == 0 {
             return Ok(());
         }
         let settled = self
             .fleet
             .ledger()
-            .settle(&self.keys, &self.open_id, open, 0)
+            .settle(&self.keys, &self.open_id, open + alone, 0)
             .await;
-        if settled.is_err() {
-            self.state.lock().pending_open_stored += open;
+        let mut state = self.state.lock();
+        match settled {
+            Ok(()) => state.alone_unsettled = state.alone_unsettled.saturating_sub(alone),
+            Err(_) => {
+                state.pending_open_stored += open;
+                state.pending_alone_stored += alone;
+            }
         }
         settled
+    }
+
+    /// A send was admitted by this replica alone (its own gate decided): counted against
+    /// its share until Redis has it (see [`FleetSeat::alone_unsettled`]).
+    pub fn admitted_alone(&self) {
+        self.state.lock().alone_unsettled += 1;
+    }
+
+    /// Sends admitted alone that Redis does not count yet: in flight, or stored and not yet
+    /// settled. The share Redis holds for this replica must cover them. A count, never reset
+    /// by a newer share: a reply handled late, or computed before they were settled, would
+    /// otherwise let the share be spent twice (review finding).
+    pub fn alone_unsettled(&self) -> u64 {
+        self.state.lock().alone_unsettled
+    }
+
+    /// A send admitted alone ended: stored (or unknown), it is settled as open with the next
+    /// batch; definitely not stored, it no longer counts against the share.
+    pub fn finish_alone(self: &Arc<Self>, effect: BacklogEffect) {
+        let schedule = {
+            let mut state = self.state.lock();
+            if effect == BacklogEffect::NotStored {
+                state.alone_unsettled = state.alone_unsettled.saturating_sub(1);
+                return;
+            }
+            state.pending_alone_stored += 1;
+            !std::mem::replace(&mut state.flush_scheduled, true)
+        };
+        if schedule {
+            tokio::spawn(Arc::clone(self).settle_until_counted());
+        }
     }
 
     /// Give back what blocks past their use did not hand out, in one call.
@@ -742,12 +791,13 @@ impl FleetSeat {
         let mut wait = SETTLE_EVERY;
         loop {
             tokio::time::sleep(wait).await;
-            let Err((error, unsettled)) = self.settle_pending().await else {
+            let Err((error, unsettled, alone)) = self.settle_pending().await else {
                 return;
             };
             self.fall_back(&error);
             let mut state = self.state.lock();
             state.pending_open_stored += unsettled;
+            state.pending_alone_stored += alone;
             if std::mem::replace(&mut state.flush_scheduled, true) {
                 return; // a send finished meanwhile and scheduled the next batch
             }
@@ -759,13 +809,14 @@ impl FleetSeat {
     /// (counted on top of the read, taking nothing from a block: whether the failed call
     /// took their units is unknown). Units not taken stay in their block until its lease
     /// ends (counted twice meanwhile: the safe side), as do the not-stored ones.
-    async fn settle_pending(&self) -> Result<(), (LedgerError, u64)> {
-        let (blocks, open) = {
+    async fn settle_pending(&self) -> Result<(), (LedgerError, u64, u64)> {
+        let (blocks, open, alone) = {
             let mut state = self.state.lock();
             state.flush_scheduled = false;
             (
                 std::mem::take(&mut state.pending_blocks),
                 std::mem::take(&mut state.pending_open_stored),
+                std::mem::take(&mut state.pending_alone_stored),
             )
         };
         let ids: Vec<(String, u64, u64)> = blocks
@@ -776,17 +827,20 @@ impl FleetSeat {
             .iter()
             .map(|(id, stored, not_stored)| Settle::new(id, *stored, *not_stored))
             .collect();
-        if open > 0 {
-            batch.push(Settle::new(&self.open_id, open, 0));
+        if open + alone > 0 {
+            batch.push(Settle::new(&self.open_id, open + alone, 0));
         }
         // One atomic call: on failure none of it happened (or all of it did, with the reply
         // lost), so every stored send of the batch is kept to be settled again.
-        let unsettled: u64 = batch.iter().map(|s| s.stored).sum();
+        let unsettled: u64 = batch.iter().map(|s| s.stored).sum::<u64>() - alone;
         self.fleet
             .ledger()
             .settle_batch(&self.keys, &batch)
             .await
-            .map_err(|e| (e, unsettled))
+            .map_err(|e| (e, unsettled, alone))?;
+        let mut state = self.state.lock();
+        state.alone_unsettled = state.alone_unsettled.saturating_sub(alone);
+        Ok(())
     }
 
     /// A fail-closed refusal is logged once per fleet read, with the count since the last
@@ -907,6 +961,8 @@ mod tests {
             view: None,
             pending_blocks: BTreeMap::new(),
             pending_open_stored: 0,
+            pending_alone_stored: 0,
+            alone_unsettled: 0,
             flush_scheduled: false,
             ahead_tried_at: None,
             ahead_running: false,
