@@ -245,7 +245,7 @@ async fn the_fleets_size_counts_each_replica_heard_from() {
         Reservation::Full { .. }
     ));
     f.ledger
-        .shared_read_as(&f.keys, "r3", 100, 1)
+        .shared_read_as(&f.keys, "r3", 100, 1, 0)
         .await
         .unwrap();
     assert_eq!(f.ledger.shared_read(&f.keys).await.unwrap().replicas, 3);
@@ -296,11 +296,28 @@ async fn no_replica_is_granted_what_another_may_admit_alone() {
         Reservation::Full { estimate, .. } => assert_eq!(estimate, 100),
         other => panic!("b was granted a's share: {other:?}"),
     }
-    // a heard from again (a heartbeat): its share is recomputed from what is left now.
+    // a heard from again (a heartbeat): its share is recomputed from what is left now; its
+    // 24 are still held until it says it heard of the new one (its next call).
     assert_eq!(
-        share(f.ledger.shared_read_as(&f.keys, "a", 100, 2).await.unwrap()),
+        share(
+            f.ledger
+                .shared_read_as(&f.keys, "a", 100, 2, 1)
+                .await
+                .unwrap()
+        ),
         (3, 2)
     );
+    assert!(matches!(
+        f.ledger
+            .reserve(&f.keys, "b:3b", 1, 100, 1, LONG)
+            .await
+            .unwrap(),
+        Reservation::Full { .. }
+    ));
+    f.ledger
+        .shared_read_as(&f.keys, "a", 100, 3, 2)
+        .await
+        .unwrap();
     let b4 = f
         .ledger
         .reserve(&f.keys, "b:4", 1000, 100, 1, LONG)
@@ -341,10 +358,66 @@ async fn a_shares_number_is_the_replicas_own_and_goes_on_rising_when_redis_forge
     );
     let read = f
         .ledger
-        .shared_read_as(&f.keys, "a", 100, 43)
+        .shared_read_as(&f.keys, "a", 100, 43, 42)
         .await
         .unwrap();
     assert_eq!(read.share_seq, 43);
+}
+
+#[tokio::test]
+async fn a_share_whose_answer_may_be_lost_is_withheld_until_the_replica_hears_of_a_newer() {
+    // Review of 4a6fc57: a call that ran in Redis but whose answer was lost (the usual way a
+    // replica turns local) recorded a smaller share, released the difference to the others,
+    // while the replica went on holding its older, larger share: alone it could admit more
+    // than Redis withheld.
+    let f = fixture().await;
+    publish_ok(&f, 0).await;
+    let grant = |r: Reservation| match r {
+        Reservation::Granted { granted, read } => (granted, read.share, read.share_seq),
+        other => panic!("expected a grant, got {other:?}"),
+    };
+    // a's first share: 24 (a quarter of the 99 left), number 1, as a's seat heard it.
+    let a1 = f
+        .ledger
+        .reserve_acked(&f.keys, "a:1", 1, 100, 1, LONG, 0)
+        .await
+        .unwrap();
+    assert_eq!(grant(a1), (1, 24, 1));
+    let b1 = f
+        .ledger
+        .reserve_acked(&f.keys, "b:1", 1, 100, 1, LONG, 0)
+        .await
+        .unwrap();
+    assert_eq!(grant(b1).0, 1);
+    // a's heartbeat, number 2, records a smaller share; its answer is lost: a holds 24.
+    let lost = f
+        .ledger
+        .shared_read_as(&f.keys, "a", 100, 2, 1)
+        .await
+        .unwrap();
+    assert!(lost.share < 24, "{lost:?}");
+    // b may take only what a's 24 leave: 100 - 2 - 24 = 74 (not 100 - 2 - the new share).
+    let b2 = f
+        .ledger
+        .reserve_acked(&f.keys, "b:2", 1000, 100, 1, LONG, 0)
+        .await
+        .unwrap();
+    assert_eq!(grant(b2).0, 74);
+    // a heard of its number 2 at last (its next call says so): 24 is no longer held, the
+    // larger of number 2's and number 3's is; then number 3 heard of, number 4's alone.
+    let a3 = f
+        .ledger
+        .shared_read_as(&f.keys, "a", 100, 3, 2)
+        .await
+        .unwrap();
+    let held = || cli(&["HGET", f.keys.all()[6], "a"]);
+    assert_eq!(held(), lost.share.max(a3.share).to_string());
+    let a4 = f
+        .ledger
+        .shared_read_as(&f.keys, "a", 100, 4, 3)
+        .await
+        .unwrap();
+    assert_eq!(held(), a3.share.max(a4.share).to_string());
 }
 
 #[tokio::test]
@@ -1862,13 +1935,14 @@ mod seat {
         let queue = QueueName::parse("q").unwrap();
         let p = policy(1000, Duration::from_secs(1));
         let gate = CapacityGate::new(queue.clone(), p.clone(), backend);
-        gate.join_fleet(FleetSeat::new(
+        let seat = FleetSeat::new(
             s.fleet.clone(),
             s.keys.clone(),
             queue,
             p,
             Duration::from_millis(1),
-        ));
+        );
+        gate.join_fleet(seat.clone());
         gate.admit().await.unwrap().finish(BacklogEffect::Stored);
         // Cut off: 5 sends admitted alone, still running.
         s.proxy.set(Fault::Reset);
@@ -1883,14 +1957,15 @@ mod seat {
         joined(&s.fleet, true).await;
         tokio::time::sleep(USE_BLOCK_FOR + Duration::from_millis(100)).await;
         gate.admit().await.unwrap().finish(BacklogEffect::NotStored);
-        let share: u64 = cli(&["HGET", s.keys.all()[6], s.fleet.replica()])
-            .parse()
-            .unwrap();
         // Cut off again: alone it may admit what the share leaves beside the 5 in flight.
         s.proxy.set(Fault::Reset);
         tokio::time::sleep(USE_BLOCK_FOR + Duration::from_millis(100)).await;
         let mut more = 0u64;
+        let mut share = 0;
         while let Ok(r) = gate.admit().await {
+            if more == 0 {
+                share = seat.departure().and_then(|d| d.allowance).unwrap().0;
+            }
             r.finish(BacklogEffect::Stored);
             more += 1;
             assert!(more <= 2000, "never refused");

@@ -261,6 +261,7 @@ impl FleetSeat {
                     seat.fleet.replica(),
                     seat.policy.load().limit,
                     seat.next_call(),
+                    seat.acked(),
                 )
                 .await
             {
@@ -479,13 +480,14 @@ impl FleetSeat {
             state.turns
         };
         let reservation = ledger
-            .reserve(
+            .reserve_acked(
                 &self.keys,
                 &self.block_id(turn),
                 BLOCK_WANT,
                 self.policy.load().limit,
                 SHARE_DIVISOR,
                 self.block_lease,
+                self.acked(),
             )
             .await?;
         let now = Instant::now();
@@ -626,6 +628,16 @@ impl FleetSeat {
         state.turns
     }
 
+    /// The number of the newest share this seat heard of (0: none): Redis withholds from
+    /// the others the largest share of this replica's calls since, whose answers may be lost.
+    fn acked(&self) -> u64 {
+        self.state
+            .lock()
+            .view
+            .and_then(|v| v.share)
+            .map_or(0, |(_, seq, _)| seq)
+    }
+
     fn block_id(&self, turn: u64) -> String {
         format!("{}:{turn}", self.replica)
     }
@@ -683,6 +695,7 @@ impl FleetSeat {
                 self.fleet.replica(),
                 self.policy.load().limit,
                 self.next_call(),
+                self.acked(),
             )
             .await?;
         Self::see(&mut self.state.lock(), seen, Instant::now());
@@ -745,6 +758,7 @@ impl FleetSeat {
                             self.fleet.replica(),
                             self.policy.load().limit,
                             self.next_call(),
+                            self.acked(),
                         )
                         .await?;
                     Self::see(&mut self.state.lock(), now, Instant::now());
@@ -866,6 +880,7 @@ impl FleetSeat {
                 self.fleet.replica(),
                 self.policy.load().limit,
                 self.next_call(),
+                self.acked(),
             )
             .await?;
         Self::see(&mut self.state.lock(), seen, Instant::now());

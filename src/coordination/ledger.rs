@@ -505,6 +505,7 @@ impl Ledger {
         replica: &str,
         limit: u64,
         seq: u64,
+        acked: u64,
     ) -> Result<SharedRead, LedgerError> {
         let mut call = self.scripts.shared_read.prepare_invoke();
         call.key(&q.all()[..])
@@ -512,7 +513,8 @@ impl Ledger {
             .arg(millis(self.member_for()))
             .arg(millis(IDLE))
             .arg(exact(limit))
-            .arg(exact(seq));
+            .arg(exact(seq))
+            .arg(exact(acked));
         let reply = self.run(&call).await?;
         decode_read(&ints(reply)?)
     }
@@ -541,6 +543,25 @@ impl Ledger {
         share_divisor: u64,
         lease: Duration,
     ) -> Result<Reservation, LedgerError> {
+        self.reserve_acked(q, block_id, want, limit, share_divisor, lease, 0)
+            .await
+    }
+
+    /// [`Ledger::reserve`] by a replica that last heard of its share numbered `acked` (0:
+    /// none yet): the shares of its calls since, whose answers it may not have seen, are
+    /// withheld from the others with the new one (the largest of them).
+    // One parameter per script argument; a struct would only rename them.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn reserve_acked(
+        &self,
+        q: &QueueKeys,
+        block_id: &str,
+        want: u64,
+        limit: u64,
+        share_divisor: u64,
+        lease: Duration,
+        acked: u64,
+    ) -> Result<Reservation, LedgerError> {
         let mut call = self.scripts.reserve.prepare_invoke();
         call.key(&q.all()[..])
             .arg(block_id)
@@ -549,7 +570,8 @@ impl Ledger {
             .arg(millis(lease).max(1))
             .arg(exact(share_divisor).max(1))
             .arg(millis(IDLE))
-            .arg(millis(self.member_for()));
+            .arg(millis(self.member_for()))
+            .arg(exact(acked));
         let reply = self.run(&call).await?;
         decode_reservation(&ints(reply)?)
     }

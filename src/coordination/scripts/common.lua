@@ -7,8 +7,9 @@
 --   4 blocks       ZSET   block id -> expiry (ms, Redis TIME)
 --   5 block_sizes  HASH   block id -> headroom the block still holds
 --   6 members      ZSET   replica -> until when it counts in the fleet's size (ms)
---   7 shares       HASH   replica -> what it may admit alone should it turn local now;
---                         replica# -> the sequence number of that share
+--   7 shares       HASH   replica -> the largest share it may hold (withheld from the
+--                         others); replica# -> its last share's number; replica^ -> the
+--                         shares (number:share) of its calls since the one it acknowledged
 -- All time is this Redis's TIME: replicas' clocks are never compared.
 local READ, LEASE, COUNT, BLOCKS, SIZES, MEMBERS, SHARES =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
@@ -62,7 +63,7 @@ end
 local function join(now, member, member_ms, idle_ms)
   local gone = redis.call('ZRANGEBYSCORE', MEMBERS, '-inf', now)
   for _, m in ipairs(gone) do
-    redis.call('HDEL', SHARES, m, m .. '#')
+    redis.call('HDEL', SHARES, m, m .. '#', m .. '^')
   end
   redis.call('ZREMRANGEBYSCORE', MEMBERS, '-inf', now)
   redis.call('ZADD', MEMBERS, int(now + member_ms), member)
@@ -107,8 +108,9 @@ end
 -- reply carries it with a sequence number (its seat keeps the newest). Without a good read
 -- there is nothing new to divide: the share stays as it was.
 -- `seq` is the replica's own (its calls' numbers: they go on rising whatever Redis forgets,
--- a member or everything at a restart); nil for a block id without one.
-local function record_share(member, read, limit, others, idle_ms, seq)
+-- a member or everything at a restart); nil for a block id without one. `acked` is the
+-- number of the share the replica last heard of (0: none yet, or not said).
+local function record_share(member, read, limit, others, idle_ms, seq, acked)
   if read[1] ~= 1 or read[3] == 1 then
     read[12] = num(redis.call('HGET', SHARES, member))
     read[13] = num(redis.call('HGET', SHARES, member .. '#'))
@@ -119,13 +121,32 @@ local function record_share(member, read, limit, others, idle_ms, seq)
   if room > 0 then
     share = math.floor(room / (4 * math.max(1, read[11])))
   end
-  redis.call('HSET', SHARES, member, int(share))
-  read[12] = share
-  if seq then
-    redis.call('HSET', SHARES, member .. '#', int(seq))
-    read[13] = seq
+  local n = seq
+  if n then
+    redis.call('HSET', SHARES, member .. '#', int(n))
   else
-    read[13] = redis.call('HINCRBY', SHARES, member .. '#', 1)
+    n = redis.call('HINCRBY', SHARES, member .. '#', 1)
   end
+  -- The replica may hold this share, or that of any call since the one it acknowledged
+  -- (their answers may be lost or on their way): the largest of them is withheld from the
+  -- others (the `member` field, which `others_shares` reads). Bounded by its calls between
+  -- two answers it saw.
+  local hold = share
+  local kept = {}
+  if acked and acked > 0 then
+    local list = redis.call('HGET', SHARES, member .. '^')
+    if list then
+      for q, sh in string.gmatch(list, '(%d+):(%d+)') do
+        if tonumber(q) >= acked then
+          kept[#kept + 1] = q .. ':' .. sh
+          if tonumber(sh) > hold then hold = tonumber(sh) end
+        end
+      end
+    end
+  end
+  kept[#kept + 1] = int(n) .. ':' .. int(share)
+  redis.call('HSET', SHARES, member, int(hold), member .. '^', table.concat(kept, ' '))
+  read[12] = share
+  read[13] = n
   redis.call('PEXPIRE', SHARES, idle_ms)
 end

@@ -1,5 +1,6 @@
 -- Atomic check-and-reserve of headroom under the ceiling.
--- ARGV: block_id, want (>= 1), limit, lease_ms, share_divisor (>= 1), idle_ms, member_ms
+-- ARGV: block_id, want (>= 1), limit, lease_ms, share_divisor (>= 1), idle_ms, member_ms,
+--       acked (the number of the share the replica last heard of; 0 or absent: none)
 -- Reply: {kind, n, <shared read>}: kind 0 granted (n = granted), 1 full (n = estimate, the
 --        other replicas' shares included), 2 disabled, 3 unknown (no good read: the caller
 --        fails open or closed). The read carries the asking replica's new share.
@@ -12,14 +13,15 @@ local idle_ms, member_ms = num(ARGV[6]), num(ARGV[7])
 local member = string.match(ARGV[1], '^(.*):[^:]*$') or ''
 -- The `{n}` of the id numbers this replica's calls: its share's sequence number.
 local seq = tonumber(string.match(ARGV[1], ':(%d+)$'))
+local acked = tonumber(ARGV[8])
 join(now, member, member_ms, idle_ms)
 local read = read_reply(now)
 if read[1] ~= 1 then
-  record_share(member, read, limit, 0, idle_ms, seq)
+  record_share(member, read, limit, 0, idle_ms, seq, acked)
   return {3, 0, unpack(read)}
 end
 if read[3] == 1 then
-  record_share(member, read, limit, 0, idle_ms, seq)
+  record_share(member, read, limit, 0, idle_ms, seq, acked)
   return {2, 0, unpack(read)}
 end
 -- backlog + completions since the read + headroom every replica holds + what each other
@@ -27,7 +29,7 @@ end
 local others = others_shares(now, member)
 local estimate = read[2] + read[7] + read[8] + others
 if estimate >= limit then
-  record_share(member, read, limit, others, idle_ms, seq)
+  record_share(member, read, limit, others, idle_ms, seq, acked)
   return {1, estimate, unpack(read)}
 end
 -- A fraction of what remains, never less than one: far from the ceiling a block spares
@@ -40,6 +42,6 @@ redis.call('ZADD', BLOCKS, int(now + num(ARGV[4])), ARGV[1])
 read[8] = read[8] + grant
 redis.call('HSET', COUNT, 'reserved', int(read[8]))
 -- Its own share comes out of what is left after the grant.
-record_share(member, read, limit, others, idle_ms, seq)
+record_share(member, read, limit, others, idle_ms, seq, acked)
 touch(idle_ms)
 return {0, grant, unpack(read)}

@@ -1,7 +1,7 @@
 -- The fleet's shared read as it stands, with expired blocks pruned first so `reserved`
 -- holds only live headroom.
 -- ARGV: none for an onlooker (pruning only rewrites a field of an existing key, which keeps
---       its expiry); replica, member_ms, idle_ms, limit, seq for a replica of the fleet (its
+--       its expiry); replica, member_ms, idle_ms, limit, seq, acked for a replica of the fleet (its
 --       heartbeat, its reads), which is then counted among its replicas with its share
 --       recorded (see reserve.lua).
 -- Reply: the shared read (see read_reply).
@@ -11,7 +11,8 @@ if ARGV[1] then
   local limit, idle_ms = num(ARGV[4]), num(ARGV[3])
   join(now, ARGV[1], num(ARGV[2]), idle_ms)
   local read = read_reply(now)
-  record_share(ARGV[1], read, limit, others_shares(now, ARGV[1]), idle_ms, tonumber(ARGV[5]))
+  record_share(ARGV[1], read, limit, others_shares(now, ARGV[1]), idle_ms, tonumber(ARGV[5]),
+    tonumber(ARGV[6]))
   return read
 end
 return read_reply(now)
