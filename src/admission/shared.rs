@@ -165,6 +165,34 @@ pub struct Departure {
     pub floor_until: Instant,
 }
 
+impl SeatState {
+    /// Nothing seen, held or pending yet; `lag` is the admin plane's (for the drain rate).
+    fn new(lag: Duration) -> Self {
+        Self {
+            blocks: VecDeque::new(),
+            turns: 0,
+            last: None,
+            view: None,
+            pending_blocks: BTreeMap::new(),
+            pending_open_stored: 0,
+            pending_alone_stored: 0,
+            alone_unsettled: 0,
+            flush_scheduled: false,
+            ahead_tried_at: None,
+            ahead_running: false,
+            waited_out: None,
+            last_read_took: Duration::ZERO,
+            own_reads: (0, 0),
+            failclosed_logged: None,
+            failclosed_unlogged: 0,
+            full: None,
+            drain: DrainEstimator::new(lag),
+            measured: None,
+            refusing: false,
+        }
+    }
+}
+
 pub struct FleetSeat {
     fleet: Arc<Fleet>,
     keys: QueueKeys,
@@ -201,28 +229,7 @@ impl FleetSeat {
             keys,
             queue,
             block_lease,
-            state: Mutex::new(SeatState {
-                blocks: VecDeque::new(),
-                turns: 0,
-                last: None,
-                view: None,
-                pending_blocks: BTreeMap::new(),
-                pending_open_stored: 0,
-                pending_alone_stored: 0,
-                alone_unsettled: 0,
-                flush_scheduled: false,
-                ahead_tried_at: None,
-                ahead_running: false,
-                waited_out: None,
-                last_read_took: Duration::ZERO,
-                own_reads: (0, 0),
-                failclosed_logged: None,
-                failclosed_unlogged: 0,
-                full: None,
-                drain: DrainEstimator::new(policy.base().lag),
-                measured: None,
-                refusing: false,
-            }),
+            state: Mutex::new(SeatState::new(policy.base().lag)),
             read_turn: tokio::sync::Mutex::new(()),
             policy,
         });
@@ -969,28 +976,7 @@ mod tests {
     use crate::admission::drain::DrainRate;
 
     fn seat_state() -> SeatState {
-        SeatState {
-            blocks: VecDeque::new(),
-            turns: 0,
-            last: None,
-            view: None,
-            pending_blocks: BTreeMap::new(),
-            pending_open_stored: 0,
-            pending_alone_stored: 0,
-            alone_unsettled: 0,
-            flush_scheduled: false,
-            ahead_tried_at: None,
-            ahead_running: false,
-            waited_out: None,
-            last_read_took: Duration::ZERO,
-            own_reads: (0, 0),
-            failclosed_logged: None,
-            failclosed_unlogged: 0,
-            full: None,
-            drain: DrainEstimator::new(Duration::ZERO),
-            measured: None,
-            refusing: false,
-        }
+        SeatState::new(Duration::ZERO)
     }
 
     fn read(generation: u64, backlog: u64, since_read: u64, age_ms: u64) -> SharedRead {
