@@ -2,9 +2,9 @@
 //! `depth_read_failed`, `drain_started`, ...), human-readable by default, JSON lines with
 //! `SENDGATE_LOG_FORMAT=json`. `RUST_LOG` sets the level (default `info`).
 //!
-//! An event logged while serving a request runs inside the request's span (see
-//! `http/context.rs`), so it carries `request_id` (and `queue`, `key` once known): in the
-//! text format as the span's prefix, in JSON as top-level fields next to the event's own
+//! An event logged while serving a request carries `request_id` (and `queue`, `key` once
+//! known), taken from the task's current request (see `http/context.rs`): in the text
+//! format after the event's own fields, in JSON as top-level fields next to them
 //! (`{"event":"send_failclosed","request_id":"...","queue":"requests",...}`), so a log
 //! query filters on `request_id` directly. Work a request hands to a shared task (the
 //! embedded writer thread, a token refresh) logs without one: it serves many requests.
@@ -15,7 +15,7 @@ use serde_json::{Map, Value};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_subscriber::field::RecordFields;
-use tracing_subscriber::fmt::format::{DefaultVisitor, Writer};
+use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
@@ -36,98 +36,61 @@ pub fn init(format: LogFormat) {
             .fmt_fields(JsonMembers)
             .event_format(FlatJson)
             .try_init(),
-        LogFormat::Text => builder.fmt_fields(TextFields).try_init(),
+        LogFormat::Text => builder
+            .event_format(TextLine::<SystemTime>::default())
+            .try_init(),
     };
 }
 
-/// The text format's fields, exactly as `tracing_subscriber`'s `DefaultFields` writes them,
-/// with one shortcut: a plain string field (printable ASCII without `"` or `\`, no colours)
-/// is written as `name="value"` in one go instead of through `Debug`, which escapes it one
-/// character at a time. Every request's span records three such fields (`request_id`,
-/// `key`, `queue`): through `Debug` they were ~5 % of a refused send's instructions.
-struct TextFields;
+/// The text format: `tracing_subscriber`'s default line, with the current request's
+/// fields written after the event's own (`... send_failed event="send_failed"
+/// request_id="r-1" queue="requests" key="batch"`).
+struct TextLine<T = SystemTime> {
+    line: tracing_subscriber::fmt::format::Format<tracing_subscriber::fmt::format::Full, T>,
+}
 
-impl<'a> tracing_subscriber::field::MakeVisitor<Writer<'a>> for TextFields {
-    type Visitor = TextVisitor<'a>;
-
-    fn make_visitor(&self, writer: Writer<'a>) -> Self::Visitor {
-        TextVisitor {
-            writer,
-            is_empty: true,
-            result: Ok(()),
+impl Default for TextLine {
+    fn default() -> Self {
+        Self {
+            line: tracing_subscriber::fmt::format::Format::default(),
         }
     }
 }
 
-struct TextVisitor<'a> {
-    writer: Writer<'a>,
-    is_empty: bool,
-    result: fmt::Result,
-}
-
-impl TextVisitor<'_> {
-    /// Anything but a plain string: `DefaultFields`' own visitor writes this one field.
-    fn delegate(&mut self, field: &Field, record: impl FnOnce(&mut DefaultVisitor<'_>)) {
-        // `DefaultVisitor` skips the `log` crate's metadata fields without padding.
-        if self.result.is_err() || field.name().starts_with("log.") {
-            return;
+#[cfg(test)]
+impl TextLine {
+    fn without_time(self) -> TextLine<()> {
+        TextLine {
+            line: self.line.without_time(),
         }
-        let mut visitor = DefaultVisitor::new(self.writer.by_ref(), self.is_empty);
-        record(&mut visitor);
-        self.is_empty = false;
-        self.result = tracing_subscriber::field::VisitOutput::finish(visitor);
     }
 }
 
-/// Written by `Debug` exactly as it is, between quotes.
-fn is_plain(value: &str) -> bool {
-    value
-        .bytes()
-        .all(|b| (0x20..=0x7e).contains(&b) && b != b'"' && b != b'\\')
-}
-
-impl Visit for TextVisitor<'_> {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        let name = field.name();
-        let special = name == "message" || name.starts_with("r#") || name.starts_with("log.");
-        if special || self.writer.has_ansi_escapes() || !is_plain(value) {
-            return self.delegate(field, |v| v.record_str(field, value));
-        }
-        if self.result.is_err() {
-            return;
-        }
-        let pad = if std::mem::take(&mut self.is_empty) {
-            ""
-        } else {
-            " "
-        };
-        let w = &mut self.writer;
-        self.result = w
-            .write_str(pad)
-            .and_then(|()| w.write_str(name))
-            .and_then(|()| w.write_str("=\""))
-            .and_then(|()| w.write_str(value))
-            .and_then(|()| w.write_char('"'));
-    }
-
-    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        self.delegate(field, |v| v.record_error(field, value));
-    }
-
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.delegate(field, |v| v.record_debug(field, value));
-    }
-}
-
-impl tracing_subscriber::field::VisitOutput<fmt::Result> for TextVisitor<'_> {
-    fn finish(self) -> fmt::Result {
-        self.result
-    }
-}
-
-impl tracing_subscriber::field::VisitFmt for TextVisitor<'_> {
-    fn writer(&mut self) -> &mut dyn fmt::Write {
-        &mut self.writer
+impl<S, N, T> FormatEvent<S, N> for TextLine<T>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+    T: FormatTime + Clone,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        // The default line goes into a buffer so the request's fields can go before its
+        // newline (a `Writer` cannot be written back); colours as the writer asks.
+        let mut line = String::new();
+        let format = self.line.clone().with_ansi(writer.has_ansi_escapes());
+        format.format_event(ctx, Writer::new(&mut line), event)?;
+        let line = line.strip_suffix('\n').unwrap_or(&line);
+        writer.write_str(line)?;
+        let mut result = Ok(());
+        crate::http::context::current_fields(|name, value| {
+            result = result.and_then(|()| write!(writer, " {name}={value:?}"));
+        });
+        result?;
+        writeln!(writer)
     }
 }
 
@@ -186,9 +149,10 @@ const NO_PAYLOADS: &[&str] = &[
     "lapin::frames=debug",
 ];
 
-/// One JSON object per event: `timestamp`, `level`, `target`, the fields of the spans it
-/// happened in (outermost first) and the event's own fields, all at the top level. On a
-/// name clash the event's field wins, then the innermost span's.
+/// One JSON object per event: `timestamp`, `level`, `target`, the current request's
+/// fields, the fields of the spans it happened in (outermost first) and the event's own
+/// fields, all at the top level. On a name clash the event's field wins, then the
+/// innermost span's, then the request's.
 struct FlatJson;
 
 impl<S, N> FormatEvent<S, N> for FlatJson
@@ -208,6 +172,10 @@ where
         line.insert("timestamp".into(), Value::String(timestamp));
         let meta = event.metadata();
         line.insert("level".into(), meta.level().as_str().into());
+        // The request is the outermost context of anything logged while serving it.
+        crate::http::context::current_fields(|name, value| {
+            line.insert(name.into(), value.into());
+        });
         if let Some(scope) = ctx.event_scope() {
             for span in scope.from_root() {
                 let extensions = span.extensions();
@@ -226,9 +194,9 @@ where
     }
 }
 
-/// A span's fields as JSON object members (`"request_id":"r-1","queue":"requests"`),
-/// appended to as fields are recorded, never re-parsed: a request's span costs one small
-/// string, and its fields are only merged into an object when an event is written.
+/// A span's fields (a library's) as JSON object members (`"conn":7,"peer":"a"`),
+/// appended to as fields are recorded, never re-parsed: a span costs one small string,
+/// and its fields are only merged into an object when an event is written.
 struct JsonMembers;
 
 impl<'writer> FormatFields<'writer> for JsonMembers {
@@ -421,96 +389,76 @@ mod tests {
         }
     }
 
-    /// Spans and events with every kind of field, as the text format writes them.
-    fn text_logged(fields: impl for<'w> FormatFields<'w> + Send + Sync + 'static) -> String {
-        let out = Captured::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(out.clone())
-            .without_time()
-            .with_ansi(false)
-            .fmt_fields(fields)
-            .finish();
+    /// One warning logged while serving a request (`r-"1"`, queue and key recorded after
+    /// it started), inside a library's span, through the given subscriber.
+    fn log_in_a_request(subscriber: impl Subscriber + Send + Sync + 'static) {
+        let context = crate::http::RequestContext::for_log_test("r-\"1\"");
         tracing::subscriber::with_default(subscriber, || {
-            let span = tracing::error_span!(
-                "request",
-                request_id = "5f0c6a1e-8d1b-4f57-9a43-0d6c1f6e2b7a",
-                queue = tracing::field::Empty,
-                key = tracing::field::Empty,
-            );
-            let _entered = span.enter();
-            span.record("key", "bench-sender");
-            span.record("queue", "with \"quotes\" and \\ and é\n");
-            let error = std::io::Error::other("broken pipe");
-            tracing::warn!(
-                event = "send_failed",
-                plain = "text",
-                odd = "tab\there",
-                empty = "",
-                r#type = "raw",
-                n = 42u64,
-                i = -3i64,
-                yes = true,
-                ratio = 0.5f64,
-                debugged = ?vec!["a"],
-                shown = %"displayed",
-                error = &error as &(dyn std::error::Error + 'static),
-                "a message with \"quotes\""
-            );
-            tracing::info!(only = "one");
-            tracing::info!("just a message");
+            context.as_current(|| {
+                context.record_queue("requests");
+                context.record_key("batch");
+                let span = tracing::info_span!("lib", conn = 7u64);
+                let _in = span.enter();
+                tracing::warn!(
+                    event = "send_failclosed",
+                    consecutive_failures = 3u32,
+                    "refused"
+                );
+            });
+            tracing::info!(event = "outside");
         });
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
-        text
     }
 
     #[test]
-    fn the_text_fields_are_written_exactly_as_tracing_writes_them() {
-        let ours = text_logged(TextFields);
-        assert_eq!(
-            ours,
-            text_logged(tracing_subscriber::fmt::format::DefaultFields::new())
-        );
-        assert!(
-            ours.contains("request_id=\"5f0c6a1e-8d1b-4f57-9a43-0d6c1f6e2b7a\""),
-            "{ours}"
-        );
-        assert!(ours.contains("key=\"bench-sender\""), "{ours}");
-    }
-
-    #[test]
-    fn span_fields_recorded_later_sit_next_to_the_event_fields() {
+    fn json_lines_carry_the_request_and_span_fields_beside_the_event_fields() {
         let out = Captured::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(out.clone())
-            .fmt_fields(JsonMembers)
-            .event_format(FlatJson)
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
-            let span = tracing::error_span!(
-                "request",
-                request_id = "r-\"1\"",
-                queue = tracing::field::Empty,
-                key = tracing::field::Empty,
-            );
-            let _in = span.enter();
-            span.record("queue", "requests");
-            span.record("key", "batch");
-            tracing::warn!(
-                event = "send_failclosed",
-                consecutive_failures = 3u32,
-                "refused"
-            );
-        });
+        log_in_a_request(
+            tracing_subscriber::fmt()
+                .with_writer(out.clone())
+                .fmt_fields(JsonMembers)
+                .event_format(FlatJson)
+                .finish(),
+        );
         let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
-        let line: Value = serde_json::from_str(text.trim()).unwrap();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let line = &lines[0];
         assert_eq!(line["request_id"], "r-\"1\"");
         assert_eq!(line["queue"], "requests");
         assert_eq!(line["key"], "batch");
-        assert_eq!(line["key"], "batch");
+        assert_eq!(line["conn"], 7, "the library span's field");
         assert_eq!(line["event"], "send_failclosed");
         assert_eq!(line["consecutive_failures"], 3);
         assert_eq!(line["message"], "refused");
         assert_eq!(line["level"], "WARN");
         assert!(line["timestamp"].is_string() && line["target"].is_string());
+        assert_eq!(lines[1]["event"], "outside");
+        assert!(lines[1].get("request_id").is_none(), "{}", lines[1]);
+    }
+
+    #[test]
+    fn text_lines_end_with_the_request_fields() {
+        let out = Captured::default();
+        log_in_a_request(
+            tracing_subscriber::fmt()
+                .with_writer(out.clone())
+                .without_time()
+                .with_ansi(false)
+                .event_format(TextLine::default().without_time())
+                .finish(),
+        );
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            " WARN lib{conn=7}: sendgate::telemetry::tests: refused event=\"send_failclosed\" \
+             consecutive_failures=3 request_id=\"r-\\\"1\\\"\" queue=\"requests\" key=\"batch\"",
+        );
+        assert_eq!(
+            lines[1],
+            " INFO sendgate::telemetry::tests: event=\"outside\""
+        );
     }
 }

@@ -243,7 +243,7 @@ impl Dispatcher {
         let result = tokio::time::timeout_at(deadline, lane.backend().send(message, deadline))
             .await
             .unwrap_or(Err(SendError::Timeout));
-        // One event per failed send whatever the backend, inside the request's span (its
+        // One event per failed send whatever the backend, as the current request (its
         // `request_id`, `queue` and `key`), at most one a second per lane (with the count
         // held back): a broker failing every send must not flood the logs.
         if let Err(error) = &result {

@@ -114,7 +114,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
 }
 
 /// Authenticate the caller and check it may do `permission` (`action` names it in the 403).
-/// Every protected route goes through here; the key's name goes on the request's span.
+/// Every protected route goes through here; the key's name goes on the request's log lines.
 pub fn authorize(
     req: &HttpRequest,
     context: &RequestContext,
