@@ -233,12 +233,24 @@ impl Authenticator {
         let mut found: Option<&ApiKey> = None;
         for key in keys {
             // No early exit: every key is compared.
-            if bool::from(key.digest.ct_eq(&digest)) {
+            if bool::from(same_digest(&key.digest, &digest)) {
                 found = Some(key);
             }
         }
         found.map(|k| k.principal.clone()).ok_or(AuthError::Unknown)
     }
+}
+
+/// Constant time, a 64-bit word at a time: `subtle`'s byte slices compare one byte at a
+/// time behind an optimisation barrier each, ~0.5k instructions per key per request.
+fn same_digest(a: &[u8; 32], b: &[u8; 32]) -> subtle::Choice {
+    let (a, _) = a.as_chunks::<8>();
+    let (b, _) = b.as_chunks::<8>();
+    a.iter()
+        .zip(b)
+        .fold(subtle::Choice::from(1), |same, (a, b)| {
+            same & u64::from_ne_bytes(*a).ct_eq(&u64::from_ne_bytes(*b))
+        })
 }
 
 fn bearer_token(header: &str) -> Option<&str> {
@@ -272,6 +284,17 @@ mod tests {
             hex::encode(token_digest("ops-token")),
         );
         Authenticator::from_toml(&text).unwrap()
+    }
+
+    #[test]
+    fn digests_are_the_same_only_when_every_byte_is() {
+        let digest = token_digest("play-token");
+        assert!(bool::from(same_digest(&digest, &digest)));
+        for byte in [0, 7, 8, 15, 16, 24, 31] {
+            let mut other = digest;
+            other[byte] ^= 0x01;
+            assert!(!bool::from(same_digest(&digest, &other)), "byte {byte}");
+        }
     }
 
     #[test]
