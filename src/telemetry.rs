@@ -405,7 +405,7 @@ mod tests {
                     "refused"
                 );
             });
-            tracing::info!(event = "outside");
+            tracing::info!(what = "outside");
         });
     }
 
@@ -434,7 +434,7 @@ mod tests {
         assert_eq!(line["message"], "refused");
         assert_eq!(line["level"], "WARN");
         assert!(line["timestamp"].is_string() && line["target"].is_string());
-        assert_eq!(lines[1]["event"], "outside");
+        assert_eq!(lines[1]["what"], "outside");
         assert!(lines[1].get("request_id").is_none(), "{}", lines[1]);
     }
 
@@ -458,7 +458,7 @@ mod tests {
         );
         assert_eq!(
             lines[1],
-            " INFO sendgate::telemetry::tests: event=\"outside\""
+            " INFO sendgate::telemetry::tests: what=\"outside\""
         );
     }
 }
