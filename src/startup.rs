@@ -208,9 +208,15 @@ impl Application {
             .map(|backend| route(BackendRole::Fallback, backend));
         let coordination = Coordination::start(&settings.coordination);
         if let Coordination::Fleet(fleet) = &coordination {
-            primary_route.join_fleet(fleet, settings.primary.kind(), settings.send_timeout);
-            if let (Some(lane), Some(kind)) = (&fallback_route, &settings.fallback) {
-                lane.join_fleet(fleet, kind.kind(), settings.send_timeout);
+            let (ledger, primary) = (fleet.ledger(), settings.primary.kind());
+            primary_route.join_fleet(fleet, |q| ledger.keys(primary, q), settings.send_timeout);
+            if let (Some(lane), Some(fallback)) = (&fallback_route, &settings.fallback) {
+                let fallback = fallback.kind();
+                lane.join_fleet(
+                    fleet,
+                    |q| ledger.fallback_keys(primary, fallback, q),
+                    settings.send_timeout,
+                );
             }
         }
         let dispatcher = Dispatcher::new(

@@ -419,6 +419,64 @@ async fn a_replica_killed_holding_headroom_gives_it_back_when_its_lease_ends() {
     forget_prefix(&prefix);
 }
 
+#[tokio::test]
+async fn a_fallback_of_the_primarys_kind_keeps_a_ceiling_of_its_own() {
+    // Before: the ledger's keys were named `{kind/queue}`, so a fallback of the primary's
+    // kind (two RabbitMQ brokers, here two embedded stores) counted its sends in the
+    // primary's keys: one count for two different queues.
+    redis_support::ensure_redis();
+    let prefix = redis_support::unique_prefix();
+    let _cleanup = redis_support::Cleanup(prefix.clone());
+    let primary_dir = tempfile::tempdir().unwrap();
+    let fallback_dir = tempfile::tempdir().unwrap();
+    let gw = GatewayProcess::start(&[
+        ("SENDGATE_BACKEND", "embedded"),
+        ("SENDGATE_DATA_DIR", primary_dir.path().to_str().unwrap()),
+        ("SENDGATE_FALLBACK_BACKEND", "embedded"),
+        (
+            "SENDGATE_FALLBACK_DATA_DIR",
+            fallback_dir.path().to_str().unwrap(),
+        ),
+        ("SENDGATE_FORCE_BACKEND", "fallback"),
+        ("SENDGATE_QUEUES", "q"),
+        ("SENDGATE_WORKERS", "1"),
+        ("SENDGATE_COORDINATION", "redis"),
+        ("SENDGATE_REDIS_URL", REDIS),
+        ("SENDGATE_REDIS_PREFIX", prefix.as_str()),
+        ("SENDGATE_REDIS_TIMEOUT_MS", "500"),
+        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "5"),
+        ("SENDGATE_DEPTH_TTL_MS", "60000"),
+    ])
+    .await;
+    wait_for_mode(&gw, "redis").await;
+    for _ in 0..5 {
+        assert_eq!(gw.send("q", "{}").await.unwrap(), 201);
+    }
+    assert_eq!(
+        gw.send("q", "{}").await.unwrap(),
+        429,
+        "the fallback's queue is at its ceiling"
+    );
+    // The primary's queue (another store) is empty: its room is its own.
+    assert_eq!(
+        patch_settings(&gw, r#"{"force_backend": "primary"}"#).await,
+        200
+    );
+    for i in 0..5 {
+        assert_eq!(
+            gw.send("q", "{}").await.unwrap(),
+            201,
+            "send {i} to the empty primary was counted against the fallback's sends"
+        );
+    }
+    let keys = redis_support::cli(&["--scan", "--pattern", &format!("{prefix}:*")]);
+    assert!(
+        keys.contains(&format!("{prefix}:{{embedded/q}}:read"))
+            && keys.contains(&format!("{prefix}:{{fallback/embedded/q}}:read")),
+        "the primary keeps its key names, the fallback has its own: {keys}"
+    );
+}
+
 /// PATCH `body` on one replica's `/admin/settings` (open mode); its status.
 async fn patch_settings(gw: &GatewayProcess, body: &str) -> u16 {
     gw.client

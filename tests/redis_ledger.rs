@@ -218,6 +218,73 @@ async fn one_batch_settles_every_block_it_names_at_once() {
 }
 
 #[tokio::test]
+async fn a_fallback_of_the_primarys_kind_reserves_in_keys_of_its_own() {
+    // Two RabbitMQ brokers, primary and fallback: two queues named alike, two ceilings.
+    let f = fixture().await;
+    let queue = QueueName::parse("orders").unwrap();
+    let fallback = f
+        .ledger
+        .fallback_keys(BackendKind::RabbitMq, BackendKind::RabbitMq, &queue);
+    assert_eq!(
+        f.keys,
+        f.ledger.keys(BackendKind::RabbitMq, &queue),
+        "the primary's names are unchanged"
+    );
+    assert!(f.keys.all().iter().all(|k| !fallback.all().contains(k)));
+    assert_eq!(
+        f.ledger
+            .fallback_keys(BackendKind::RabbitMq, BackendKind::ServiceBus, &queue),
+        f.ledger.keys(BackendKind::ServiceBus, &queue),
+        "a fallback of another kind keeps the names it had"
+    );
+    publish_ok(&f, 0).await;
+    let ticket = f
+        .ledger
+        .lease_read(&fallback, "reader", Duration::from_millis(1))
+        .await
+        .unwrap()
+        .expect("the fallback's lease is its own");
+    let ok = ReadOutcome::Ok {
+        backlog: 0,
+        send_disabled: false,
+    };
+    f.ledger
+        .publish_read(&fallback, ticket, ok, true)
+        .await
+        .unwrap();
+    // The fallback's queue filled to its ceiling of 10...
+    assert_eq!(
+        granted(
+            f.ledger
+                .reserve(&fallback, "a:1", 10, 10, 1, LONG)
+                .await
+                .unwrap()
+        ),
+        10
+    );
+    f.ledger.settle(&fallback, "a:1", 10, 0).await.unwrap();
+    assert!(matches!(
+        f.ledger
+            .reserve(&fallback, "a:2", 1, 10, 1, LONG)
+            .await
+            .unwrap(),
+        Reservation::Full { estimate: 10, .. }
+    ));
+    // ...takes nothing from the primary's.
+    assert_eq!(
+        granted(
+            f.ledger
+                .reserve(&f.keys, "a:3", 10, 10, 1, LONG)
+                .await
+                .unwrap()
+        ),
+        10
+    );
+    let primary = f.ledger.shared_read(&f.keys).await.unwrap();
+    assert_eq!((primary.since_read, primary.reserved), (0, 10));
+}
+
+#[tokio::test]
 async fn the_fleets_size_counts_each_replica_heard_from() {
     let f = fixture().await;
     publish_ok(&f, 0).await;

@@ -76,17 +76,19 @@ impl Lane {
         }
     }
 
-    /// Share each queue's ceiling with the fleet (`SENDGATE_COORDINATION=redis`).
+    /// Share each queue's ceiling with the fleet (`SENDGATE_COORDINATION=redis`), in the
+    /// ledger's keys `keys` gives for it (the primary's and the fallback's differ: see
+    /// [`Ledger::fallback_keys`](crate::coordination::ledger::Ledger::fallback_keys)).
     pub fn join_fleet(
         &self,
         fleet: &Arc<crate::coordination::fleet::Fleet>,
-        kind: crate::config::BackendKind,
+        keys: impl Fn(&QueueName) -> crate::coordination::ledger::QueueKeys,
         send_timeout: Duration,
     ) {
         for (queue, gate) in &self.gates {
             gate.join_fleet(super::shared::FleetSeat::new(
                 Arc::clone(fleet),
-                fleet.ledger().keys(kind, queue).with_lag(gate.policy().lag),
+                keys(queue).with_lag(gate.policy().lag),
                 queue.clone(),
                 Arc::clone(gate.policy_cell()),
                 send_timeout,

@@ -70,8 +70,10 @@ pub enum LedgerError {
     Entra(String),
 }
 
-/// One queue's keys, spelled once. The `{kind/queue}` hash tag puts them in one cluster
-/// slot, which a script touching all of them needs.
+/// One queue's keys, spelled once. The `{kind/queue}` hash tag (`{fallback/kind/queue}` for
+/// the fallback lane's queue when the fallback is of the primary's kind: another broker's
+/// queue of the same name) puts them in one cluster slot, which a script touching all of
+/// them needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueKeys {
     read: String,
@@ -87,9 +89,10 @@ pub struct QueueKeys {
 
 impl QueueKeys {
     /// Neither a queue name nor a prefix can hold `{` or `}` (see [`QueueName`],
-    /// `KeyPrefix`), so the hash tag is exactly `{kind/queue}`.
-    fn new(prefix: &str, backend: BackendKind, queue: &QueueName) -> Self {
-        let base = format!("{prefix}:{{{}/{queue}}}", backend.as_str());
+    /// `KeyPrefix`), nor a scope (a backend kind, maybe after `fallback/`), so the hash tag
+    /// is exactly `{scope/queue}`.
+    fn new(prefix: &str, scope: &str, queue: &QueueName) -> Self {
+        let base = format!("{prefix}:{{{scope}/{queue}}}");
         Self {
             read: format!("{base}:read"),
             lease: format!("{base}:lease"),
@@ -416,9 +419,23 @@ impl Ledger {
         self.timeout
     }
 
-    /// The keys of one queue on one backend kind.
+    /// The keys of one queue on one backend kind: the primary lane's (`{kind/queue}`).
     pub fn keys(&self, backend: BackendKind, queue: &QueueName) -> QueueKeys {
-        QueueKeys::new(&self.prefix, backend, queue)
+        QueueKeys::new(&self.prefix, backend.as_str(), queue)
+    }
+
+    /// The keys of one queue of the fallback lane, whose backend is of kind `fallback`
+    /// beside a primary of kind `primary`. Of another kind, a fallback's queue is named as a
+    /// primary's would be (`{kind/queue}`, as before: a rolling upgrade keeps it
+    /// coordinated); of the same kind it is another broker's queue and has keys of its own,
+    /// `{fallback/kind/queue}`, else both lanes would keep one count for two queues.
+    pub fn fallback_keys(
+        &self,
+        primary: BackendKind,
+        fallback: BackendKind,
+        queue: &QueueName,
+    ) -> QueueKeys {
+        QueueKeys::new(&self.prefix, &fallback_scope(primary, fallback), queue)
     }
 
     pub async fn ping(&self) -> Result<(), LedgerError> {
@@ -713,6 +730,15 @@ fn redis_error(redact: &[String], token: Option<&str>, e: redis::RedisError) -> 
     LedgerError::Redis(text)
 }
 
+/// The hash tag's scope of the fallback lane's keys (see [`Ledger::fallback_keys`]).
+fn fallback_scope(primary: BackendKind, fallback: BackendKind) -> String {
+    if fallback == primary {
+        format!("fallback/{}", fallback.as_str())
+    } else {
+        fallback.as_str().to_owned()
+    }
+}
+
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis())
         .unwrap_or(u64::MAX)
@@ -871,7 +897,7 @@ mod tests {
     #[test]
     fn keys_share_one_hash_tag_per_queue_and_backend() {
         let q = QueueName::parse("orders.eu-1").unwrap();
-        let keys = QueueKeys::new("prod:sg", BackendKind::RabbitMq, &q);
+        let keys = QueueKeys::new("prod:sg", BackendKind::RabbitMq.as_str(), &q);
         assert_eq!(
             keys.all(),
             [
@@ -884,7 +910,35 @@ mod tests {
                 "prod:sg:{rabbitmq/orders.eu-1}:shares",
             ]
         );
-        assert_ne!(keys, QueueKeys::new("prod:sg", BackendKind::ServiceBus, &q));
+        assert_ne!(
+            keys,
+            QueueKeys::new("prod:sg", BackendKind::ServiceBus.as_str(), &q)
+        );
+    }
+
+    #[test]
+    fn a_fallback_of_the_primarys_kind_has_keys_of_its_own_and_the_primary_keeps_its_names() {
+        let q = QueueName::parse("orders").unwrap();
+        let primary = QueueKeys::new("sg", BackendKind::RabbitMq.as_str(), &q);
+        let same = QueueKeys::new(
+            "sg",
+            &fallback_scope(BackendKind::RabbitMq, BackendKind::RabbitMq),
+            &q,
+        );
+        assert_eq!(primary.all()[0], "sg:{rabbitmq/orders}:read");
+        assert_eq!(same.all()[0], "sg:{fallback/rabbitmq/orders}:read");
+        assert!(same
+            .all()
+            .iter()
+            .all(|k| k.starts_with("sg:{fallback/rabbitmq/orders}:")));
+        assert!(primary.all().iter().all(|k| !same.all().contains(k)));
+        // Of another kind, the fallback's queue keeps the names it always had.
+        let other = QueueKeys::new(
+            "sg",
+            &fallback_scope(BackendKind::RabbitMq, BackendKind::ServiceBus),
+            &q,
+        );
+        assert_eq!(other.all()[0], "sg:{servicebus/orders}:read");
     }
 
     #[test]
