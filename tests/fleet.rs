@@ -389,12 +389,18 @@ async fn a_replica_killed_holding_headroom_gives_it_back_when_its_lease_ends() {
     // One send takes a block of headroom (a share of the 100); the rest of it is unused.
     assert_eq!(doomed.send(&queue, "{}").await.unwrap(), 201);
     drop(doomed); // SIGKILL, then reaped: no drain, no goodbye to Redis
-                  // Its block's lease (its use 0.5 s + the send deadline 1 s + the Redis deadline 0.5 s
-                  // + 1 s) gives back what it held; and a replica not heard from may be running alone with
-                  // its share of the room, withheld from the others until it has not been heard from for
-                  // MEMBER_FOR (10 s): a killed replica looks the same.
-    tokio::time::sleep(MEMBER_FOR.max(Duration::from_millis(3200)) + Duration::from_millis(500))
-        .await;
+
+    // Its block's lease (its use 0.5 s + the send deadline 1 s + the Redis deadline 0.5 s
+    // + 1 s) gives back what it held; and a replica not heard from may be running alone with
+    // its share of the room, withheld from the others until it has not been heard from for
+    // MEMBER_FOR (10 s), and then until a read taken a send deadline (1 s; the amqp depth has
+    // no lag) after that is published: a killed replica looks the same.
+    tokio::time::sleep(
+        MEMBER_FOR.max(Duration::from_millis(3200))
+            + Duration::from_millis(1000)
+            + Duration::from_millis(500),
+    )
+    .await;
     // Fill up to the ceiling. Near it the count errs on the safe side for a moment (a
     // send stored before a read but settled after it is counted twice until the next
     // read), so a refusal is retried after a TTL; three in a row end it.
@@ -412,7 +418,7 @@ async fn a_replica_killed_holding_headroom_gives_it_back_when_its_lease_ends() {
     }
     assert_eq!(
         queued, 100,
-        "the dead replica's headroom and share came back within its lease and MEMBER_FOR"
+        "the dead replica's headroom and share came back within its lease, MEMBER_FOR and a send deadline"
     );
     assert_eq!(rabbit::ready(&queue).await, 100);
     rabbit::delete(&queue).await;

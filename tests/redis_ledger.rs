@@ -487,6 +487,157 @@ async fn a_share_whose_answer_may_be_lost_is_withheld_until_the_replica_hears_of
     assert_eq!(held(), a3.share.max(a4.share).to_string());
 }
 
+/// Redis's own clock (TIME) in ms: the only clock the ledger's scripts use.
+fn redis_now_ms() -> u64 {
+    let out = cli(&["TIME"]);
+    let mut parts = out.lines().map(|l| l.trim().parse::<u64>().expect("TIME"));
+    let (s, us) = (parts.next().unwrap(), parts.next().unwrap());
+    s * 1000 + us / 1000
+}
+
+/// Take the read lease (free within a few ms) on `keys`: its ticket.
+async fn take_lease(f: &Fixture, keys: &QueueKeys) -> sendgate::coordination::ledger::ReadTicket {
+    for _ in 0..100 {
+        if let Some(ticket) = f
+            .ledger
+            .lease_read(keys, "reader", Duration::from_millis(1))
+            .await
+            .unwrap()
+        {
+            return ticket;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    panic!("the 1 ms lease never came free");
+}
+
+#[tokio::test]
+async fn a_forgotten_replicas_share_is_held_until_a_read_taken_a_lag_after_its_horizon() {
+    // A replica cut off from Redis may admit its share alone until just before the fleet
+    // forgets it (its member horizon). With an admin plane that lags by `lag`, its last
+    // sends show only in reads taken `lag` after that, and a read taken earlier may still
+    // be the one the others reserve against (for up to a TTL): releasing its share when
+    // the fleet forgot it let them take that room a second time (up to the share over).
+    let f = fixture().await;
+    let lag = Duration::from_millis(600);
+    let keys = f.keys.clone().with_lag(lag);
+    publish_ok(&f, 0).await;
+    let a = f
+        .ledger
+        .reserve(&keys, "a:1", 1, 100, 1, LONG)
+        .await
+        .unwrap();
+    let Reservation::Granted { read, .. } = a else {
+        panic!("{a:?}")
+    };
+    assert_eq!(read.share, 24, "a quarter of the 99 left");
+    // a was last heard a member horizon ago, all but 50 ms: then the fleet forgets it.
+    let horizon = redis_now_ms() + 50;
+    cli(&["ZADD", keys.all()[5], "XX", &horizon.to_string(), "a"]);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Forgotten: the fleet's size is b alone, but a's 24 are still held for it (the read
+    // the grant is checked against was taken before a's last sends could show).
+    match f
+        .ledger
+        .reserve(&keys, "b:1", 1000, 100, 1, LONG)
+        .await
+        .unwrap()
+    {
+        Reservation::Granted { granted, read } => {
+            assert_eq!(read.replicas, 1, "a no longer counts in the fleet's size");
+            assert_eq!(granted, 100 - 1 - 24, "b was granted a's share");
+        }
+        other => panic!("expected a grant, got {other:?}"),
+    }
+    // A read whose lease was taken before horizon + lag, published after it: still too
+    // early to show a's last sends.
+    let early = take_lease(&f, &keys).await;
+    tokio::time::sleep(lag + Duration::from_millis(100)).await;
+    assert!(redis_now_ms() > horizon + 600);
+    let ok = ReadOutcome::Ok {
+        backlog: 0,
+        send_disabled: false,
+    };
+    f.ledger.publish_read(&keys, early, ok, true).await.unwrap();
+    assert!(
+        matches!(
+            f.ledger
+                .reserve(&keys, "b:2", 1000, 100, 1, LONG)
+                .await
+                .unwrap(),
+            Reservation::Full { estimate: 100, .. }
+        ),
+        "released on a read taken before horizon + lag"
+    );
+    // A read taken after horizon + lag shows them: the share comes back, and a leaves.
+    let late = take_lease(&f, &keys).await;
+    f.ledger.publish_read(&keys, late, ok, true).await.unwrap();
+    assert_eq!(
+        granted(
+            f.ledger
+                .reserve(&keys, "b:3", 1000, 100, 1, LONG)
+                .await
+                .unwrap()
+        ),
+        24
+    );
+    assert_eq!(cli(&["ZSCORE", keys.all()[5], "a"]), "");
+    assert_eq!(cli(&["HGET", keys.all()[6], "a"]), "");
+}
+
+#[tokio::test]
+async fn a_forgotten_replicas_share_is_held_a_send_deadline_longer_for_its_sends_in_flight() {
+    // Its last sends alone were admitted before its horizon but may be stored up to their
+    // deadline later: a read taken before that may not show them, even from an exact
+    // admin plane.
+    let f = fixture().await;
+    let deadline = Duration::from_millis(500);
+    let keys = f.keys.clone().with_send_deadline(deadline);
+    publish_ok(&f, 0).await;
+    granted(
+        f.ledger
+            .reserve(&keys, "a:1", 1, 100, 1, LONG)
+            .await
+            .unwrap(),
+    );
+    let horizon = redis_now_ms() + 50;
+    cli(&["ZADD", keys.all()[5], "XX", &horizon.to_string(), "a"]);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let ok = ReadOutcome::Ok {
+        backlog: 0,
+        send_disabled: false,
+    };
+    // A read taken past the horizon, but within a send deadline of it.
+    let within = take_lease(&f, &keys).await;
+    f.ledger
+        .publish_read(&keys, within, ok, true)
+        .await
+        .unwrap();
+    assert!(redis_now_ms() < horizon + 500, "the test ran too slowly");
+    assert_eq!(
+        granted(
+            f.ledger
+                .reserve(&keys, "b:1", 1000, 100, 1, LONG)
+                .await
+                .unwrap()
+        ),
+        100 - 1 - 24,
+        "a's share was released while its last sends could still be stored"
+    );
+    tokio::time::sleep(deadline).await;
+    let after = take_lease(&f, &keys).await;
+    f.ledger.publish_read(&keys, after, ok, true).await.unwrap();
+    assert_eq!(
+        granted(
+            f.ledger
+                .reserve(&keys, "b:2", 1000, 100, 1, LONG)
+                .await
+                .unwrap()
+        ),
+        24
+    );
+}
+
 #[tokio::test]
 async fn settling_not_stored_frees_room_and_stored_keeps_it_used() {
     let f = fixture().await;

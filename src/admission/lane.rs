@@ -88,7 +88,9 @@ impl Lane {
         for (queue, gate) in &self.gates {
             gate.join_fleet(super::shared::FleetSeat::new(
                 Arc::clone(fleet),
-                keys(queue).with_lag(gate.policy().lag),
+                keys(queue)
+                    .with_lag(gate.policy().lag)
+                    .with_send_deadline(send_timeout),
                 queue.clone(),
                 Arc::clone(gate.policy_cell()),
                 send_timeout,

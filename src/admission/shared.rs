@@ -149,7 +149,9 @@ struct FleetView {
 ///   recorded it may admit alone. Every other replica's reservations are checked with that
 ///   share counted (`reserve.lua`), so it is never given to anyone else: admitting it alone
 ///   keeps the fleet under the ceiling. Until `allowance_until`, a little before the fleet
-///   forgets a replica it has not heard from (and stops withholding its share);
+///   forgets a replica it has not heard from (its horizon: it then withholds the share
+///   until a read taken a send deadline and the admin plane's lag after it is published,
+///   so every send admitted with it shows in the read the others reserve against);
 /// - after that (a long outage) it admits as if each of the `replicas` it knew admitted as
 ///   much as it does (its own count × `replicas` on top of the backlog its reads see), so a
 ///   fleet all alone still stays under the ceiling;

@@ -39,9 +39,12 @@ use crate::entra::{CredentialChain, EntraCredential};
 pub const IDLE: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// A replica counts in the fleet's size this long after it was last heard from (at least;
-/// see [`Ledger::member_for`]), and its share of the room stays withheld from the others
-/// for as long: it may be running alone, cut off from Redis. A replica killed without a
-/// drain is indistinguishable, so its share comes back only then.
+/// see [`Ledger::member_for`]: its *horizon*), and its share of the room stays withheld from
+/// the others for as long, and longer: it may be running alone, cut off from Redis, until
+/// just before its horizon, and the sends it stored alone show only in a read taken a send
+/// deadline and the admin plane's lag after it ([`QueueKeys::with_send_deadline`]). Its
+/// share comes back once such a read is published. A replica killed without a drain is
+/// indistinguishable, so its share comes back only then.
 pub const MEMBER_FOR: Duration = Duration::from_secs(10);
 
 /// A replica in the fleet is heard from at least this often: each queue's seat asks for the
@@ -85,6 +88,9 @@ pub struct QueueKeys {
     shares: String,
     /// How far the admin plane's counts trail the data plane (see [`QueueKeys::with_lag`]).
     lag_ms: u64,
+    /// How long after its admission a send may still be stored: its deadline (see
+    /// [`QueueKeys::with_send_deadline`]).
+    send_ms: u64,
 }
 
 impl QueueKeys {
@@ -102,6 +108,7 @@ impl QueueKeys {
             members: format!("{base}:members"),
             shares: format!("{base}:shares"),
             lag_ms: 0,
+            send_ms: 0,
         }
     }
 
@@ -112,6 +119,21 @@ impl QueueKeys {
     pub fn with_lag(mut self, lag: Duration) -> Self {
         self.lag_ms = millis(lag);
         self
+    }
+
+    /// For sends that may be stored up to `deadline` after they were admitted
+    /// (`SENDGATE_SEND_TIMEOUT_MS`). With the lag, how long past a forgotten replica's
+    /// horizon its last sends alone may be missing from a read: its share stays withheld
+    /// from the others until a read taken that long after the horizon is published (see
+    /// [`Ledger::reserve`]).
+    pub fn with_send_deadline(mut self, deadline: Duration) -> Self {
+        self.send_ms = millis(deadline);
+        self
+    }
+
+    /// How long past a forgotten replica's horizon a read may not show its sends yet.
+    fn hold_ms(&self) -> u64 {
+        self.lag_ms.saturating_add(self.send_ms).min(MAX_EXACT)
     }
 
     /// Every key, in the order the scripts take them (`KEYS[1..7]`).
@@ -531,7 +553,8 @@ impl Ledger {
             .arg(millis(IDLE))
             .arg(exact(limit))
             .arg(exact(seq))
-            .arg(exact(acked));
+            .arg(exact(acked))
+            .arg(q.hold_ms());
         let reply = self.run(&call).await?;
         decode_read(&ints(reply)?)
     }
@@ -550,7 +573,11 @@ impl Ledger {
     /// heard from again, `⌊(limit − estimate − the others' shares) / (4 × replicas)⌋`. Every other
     /// replica's share counts in the estimate a reservation is checked against, so the
     /// blocks and the shares together never pass the ceiling, and the fleet stays under it
-    /// however much of it is cut off from Redis (for [`Ledger::member_for`]).
+    /// however much of it is cut off from Redis (for [`Ledger::member_for`]). A replica
+    /// forgotten (not heard from for that long) no longer counts in `replicas`, but its
+    /// share is still counted for the others until the read the fleet reserves against was
+    /// taken at least `q`'s hold (a send deadline and the admin plane's lag) after its
+    /// horizon: only such a read shows every send it may have stored alone.
     pub async fn reserve(
         &self,
         q: &QueueKeys,
@@ -588,7 +615,8 @@ impl Ledger {
             .arg(exact(share_divisor).max(1))
             .arg(millis(IDLE))
             .arg(millis(self.member_for()))
-            .arg(exact(acked));
+            .arg(exact(acked))
+            .arg(q.hold_ms());
         let reply = self.run(&call).await?;
         decode_reservation(&ints(reply)?)
     }

@@ -6,10 +6,13 @@
 --   3 count        HASH   completed_total, since_read, reserved
 --   4 blocks       ZSET   block id -> expiry (ms, Redis TIME)
 --   5 block_sizes  HASH   block id -> headroom the block still holds
---   6 members      ZSET   replica -> until when it counts in the fleet's size (ms)
+--   6 members      ZSET   replica -> its horizon: until when it counts in the fleet's size
+--                         (ms); kept past it while its share is still held (see `held_from`)
 --   7 shares       HASH   replica -> the largest share it may hold (withheld from the
 --                         others); replica# -> its last share's number; replica^ -> the
 --                         shares (number:share) of its calls since the one it acknowledged
+-- READ also keeps t:N -> when ticket N's lease was taken, and taken_ms: that of the good
+-- read published last (the earliest moment the admin plane may have been asked for it).
 -- All time is this Redis's TIME: replicas' clocks are never compared.
 local READ, LEASE, COUNT, BLOCKS, SIZES, MEMBERS, SHARES =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
@@ -58,14 +61,29 @@ local function prune(now)
   redis.call('HSET', COUNT, 'reserved', int(reserved))
 end
 
--- Replica `member` counts in the fleet's size for `member_ms` from now. Members past their
--- time leave, with the share recorded for them.
-local function join(now, member, member_ms, idle_ms)
-  local gone = redis.call('ZRANGEBYSCORE', MEMBERS, '-inf', now)
+-- Members whose horizon is above this still have their share withheld from the others.
+-- A member past its horizon (forgotten: it no longer counts in the fleet's size) may have
+-- admitted its share alone until just before it, and those sends may be stored up to
+-- `hold_ms` later (a send's deadline) and show in the admin plane's counts later still
+-- (its lag, also in `hold_ms`): only a read taken at or after horizon + hold_ms shows them
+-- all, and until such a read is the one published, the share stays held. (A read taken
+-- earlier may be the one reserved against for up to a TTL after it: releasing the share
+-- at the horizon let the others take that room a second time.)
+local function held_from(now, hold_ms)
+  local from = num(redis.call('HGET', READ, 'taken_ms')) - hold_ms
+  if from > now then return now end -- a clock stepped back: live members stay held
+  return from
+end
+
+-- Replica `member` counts in the fleet's size for `member_ms` from now. Members whose share
+-- is no longer held (see `held_from`) leave, with the share recorded for them.
+local function join(now, member, member_ms, idle_ms, hold_ms)
+  local released = int(held_from(now, hold_ms))
+  local gone = redis.call('ZRANGEBYSCORE', MEMBERS, '-inf', released)
   for _, m in ipairs(gone) do
     redis.call('HDEL', SHARES, m, m .. '#', m .. '^')
   end
-  redis.call('ZREMRANGEBYSCORE', MEMBERS, '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', MEMBERS, '-inf', released)
   redis.call('ZADD', MEMBERS, int(now + member_ms), member)
   redis.call('PEXPIRE', MEMBERS, idle_ms)
 end
@@ -87,10 +105,12 @@ local function read_reply(now)
     num(r[7]), num(r[8]), replicas, 0, 0}
 end
 
--- The shares recorded for every replica still counted but `member`: what each may admit
--- alone should it turn local before it is heard from again. Never reserved by anyone else.
-local function others_shares(now, member)
-  local live = redis.call('ZRANGEBYSCORE', MEMBERS, '(' .. int(now), '+inf')
+-- The shares recorded for every replica but `member` whose share is held (each one still
+-- counted in the fleet's size, and those forgotten that a read may not show yet: see
+-- `held_from`): what each may admit, or may have admitted, alone. Never reserved by anyone
+-- else.
+local function others_shares(now, member, hold_ms)
+  local live = redis.call('ZRANGEBYSCORE', MEMBERS, '(' .. int(held_from(now, hold_ms)), '+inf')
   local sum = 0
   for _, m in ipairs(live) do
     if m ~= member then

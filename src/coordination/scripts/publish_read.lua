@@ -12,7 +12,21 @@ if seq <= num(redis.call('HGET', READ, 'published_seq')) then
 end
 redis.call('HSET', READ, 'published_seq', int(seq), 'at_ms', int(now))
 redis.call('HINCRBY', READ, 'generation', 1)
+-- When this read's lease was taken; no ticket up to this one can be published any more.
+local taken = redis.call('HGET', READ, 't:' .. int(seq))
+for _, f in ipairs(redis.call('HKEYS', READ)) do
+  if string.sub(f, 1, 2) == 't:' and num(string.sub(f, 3)) <= seq then
+    redis.call('HDEL', READ, f)
+  end
+end
 if ARGV[3] == '1' then
+  -- The shares of forgotten replicas are held against this read's lease time (see
+  -- `held_from`); unknown (the keys expired meanwhile), every one stays held.
+  if taken then
+    redis.call('HSET', READ, 'taken_ms', taken)
+  else
+    redis.call('HDEL', READ, 'taken_ms')
+  end
   -- Only completions after the ticket are on top of this depth.
   local since = at_least_zero(num(redis.call('HGET', COUNT, 'completed_total')) - num(ARGV[2]))
   redis.call('HSET', READ, 'state', 'ok', 'backlog', ARGV[4], 'send_disabled', ARGV[5],

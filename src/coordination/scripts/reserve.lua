@@ -1,6 +1,8 @@
 -- Atomic check-and-reserve of headroom under the ceiling.
 -- ARGV: block_id, want (>= 1), limit, lease_ms, share_divisor (>= 1), idle_ms, member_ms,
---       acked (the number of the share the replica last heard of; 0 or absent: none)
+--       acked (the number of the share the replica last heard of; 0 or absent: none),
+--       hold_ms (how long past a forgotten member's horizon its sends may be missing from
+--       a read: a send's deadline and the admin plane's lag; see `held_from`)
 -- Reply: {kind, n, <shared read>}: kind 0 granted (n = granted), 1 full (n = estimate, the
 --        other replicas' shares included), 2 disabled, 3 unknown (no good read: the caller
 --        fails open or closed). The read carries the asking replica's new share.
@@ -14,7 +16,8 @@ local member = string.match(ARGV[1], '^(.*):[^:]*$') or ''
 -- The `{n}` of the id numbers this replica's calls: its share's sequence number.
 local seq = tonumber(string.match(ARGV[1], ':(%d+)$'))
 local acked = tonumber(ARGV[8])
-join(now, member, member_ms, idle_ms)
+local hold_ms = num(ARGV[9])
+join(now, member, member_ms, idle_ms, hold_ms)
 local read = read_reply(now)
 if read[1] ~= 1 then
   record_share(member, read, limit, 0, idle_ms, seq, acked)
@@ -26,7 +29,7 @@ if read[3] == 1 then
 end
 -- backlog + completions since the read + headroom every replica holds + what each other
 -- replica may admit alone (its share: it may be cut off from Redis right now).
-local others = others_shares(now, member)
+local others = others_shares(now, member, hold_ms)
 local estimate = read[2] + read[7] + read[8] + others
 if estimate >= limit then
   record_share(member, read, limit, others, idle_ms, seq, acked)
