@@ -159,6 +159,8 @@ pub struct Application {
     server: Server,
     port: u16,
     handle: AppHandle,
+    /// For the goodbye to the fleet once drained.
+    state: web::Data<AppState>,
     drain_timeout: Duration,
     drain_linger: Duration,
 }
@@ -296,11 +298,12 @@ impl Application {
             ));
         }
         tokio::spawn(RuntimeSettings::poll_forever(state.clone(), runtime));
-        tokio::spawn(warm_up(state, budget));
+        tokio::spawn(warm_up(state.clone(), budget));
         Ok(Self {
             server,
             port,
             handle: AppHandle { lifecycle },
+            state,
             drain_timeout: settings.drain_timeout,
             drain_linger: settings.drain_linger,
         })
@@ -318,6 +321,7 @@ impl Application {
     /// in flight and the linger over, or the window closed (see `lifecycle.rs`). Until then
     /// the listener keeps answering, so a balancer still routing here meets `503 draining`.
     /// With `signals`, SIGTERM or SIGINT starts the drain and a second one ends it at once.
+    /// A replica of a fleet then leaves it (see `FleetSeat::leave`) before the server stops.
     pub async fn run_until_stopped(self, signals: bool) -> std::io::Result<()> {
         let server_handle = self.server.handle();
         let mut server = tokio::spawn(self.server);
@@ -368,6 +372,11 @@ impl Application {
         };
         lifecycle.set_stopped();
         tracing::info!(event = "drain_finished", cut_off, "drain finished");
+        // Stopped: nothing is admitted any more. In a fleet, settle what is left and leave
+        // it, so the others get this replica's share of the room now rather than once it
+        // has not been heard from for a member horizon (bounded by two Redis deadlines: a
+        // settle on its way, then the goodbye; a failure is logged, the share expires).
+        self.state.dispatcher.leave_fleet().await;
         server_handle.stop(cut_off == 0).await;
         server
             .await

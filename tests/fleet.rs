@@ -426,6 +426,60 @@ async fn a_replica_killed_holding_headroom_gives_it_back_when_its_lease_ends() {
 }
 
 #[tokio::test]
+async fn a_drained_replica_leaves_the_fleet_and_the_others_get_its_room_at_once() {
+    // Before: a replica that drained (SIGTERM, POST /admin/drain) left its member entry,
+    // its share and its unused headroom in Redis; the rest of the fleet was refused that
+    // room until MEMBER_FOR (10 s) passed, as if it had been killed.
+    rabbit::ensure_broker();
+    redis_support::ensure_redis();
+    let queue = rabbit::unique("sg-fleet-drain");
+    rabbit::declare(&queue, &[]).await;
+    let prefix = redis_support::unique_prefix();
+    let vars = [
+        ("SENDGATE_RABBITMQ_DEPTH_SOURCE", "amqp"),
+        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "100"),
+        ("SENDGATE_DEPTH_TTL_MS", "200"),
+        ("SENDGATE_SEND_TIMEOUT_MS", "1000"),
+        ("SENDGATE_DRAIN_LINGER_S", "0"),
+    ];
+    let mut pair = fleet_of(2, &queue, &prefix, &vars).await;
+    let survivor = pair.pop().unwrap();
+    let mut leaving = pair.pop().unwrap();
+    // One send takes a block of headroom; the replica's share is recorded beside it.
+    assert_eq!(leaving.send(&queue, "{}").await.unwrap(), 201);
+    leaving.signal("TERM");
+    let (code, _) = leaving.exit(Duration::from_secs(10)).await;
+    assert_eq!(code, 0, "a clean drain");
+    let gone = Instant::now();
+    // Fill up to the ceiling (a refusal retried after a TTL, as the killed-replica test).
+    let mut queued = 1;
+    let mut refused_in_a_row = 0;
+    while refused_in_a_row < 3 {
+        if survivor.send(&queue, "{}").await.unwrap() == 201 {
+            queued += 1;
+            refused_in_a_row = 0;
+            assert!(queued <= 100, "past the ceiling");
+        } else {
+            refused_in_a_row += 1;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    let took = gone.elapsed();
+    assert_eq!(
+        queued, 100,
+        "the drained replica's share and headroom were still withheld"
+    );
+    assert!(
+        took < MEMBER_FOR / 2,
+        "the room came back after {took:?}, not at once"
+    );
+    assert_eq!(rabbit::ready(&queue).await, 100);
+    drop(survivor);
+    rabbit::delete(&queue).await;
+    forget_prefix(&prefix);
+}
+
+#[tokio::test]
 async fn a_fallback_of_the_primarys_kind_keeps_a_ceiling_of_its_own() {
     // Before: the ledger's keys were named `{kind/queue}`, so a fallback of the primary's
     // kind (two RabbitMQ brokers, here two embedded stores) counted its sends in the

@@ -639,6 +639,61 @@ async fn a_forgotten_replicas_share_is_held_a_send_deadline_longer_for_its_sends
 }
 
 #[tokio::test]
+async fn a_replica_that_leaves_settles_then_gives_its_share_back_at_once() {
+    let f = fixture().await;
+    publish_ok(&f, 0).await;
+    let a = f
+        .ledger
+        .reserve(&f.keys, "a:1", 4, 100, 1, LONG)
+        .await
+        .unwrap();
+    let Reservation::Granted { granted: 4, read } = a else {
+        panic!("{a:?}")
+    };
+    assert_eq!(read.share, 24, "a quarter of the 96 left");
+    // b may take all but a's block and a's share.
+    assert_eq!(
+        granted(
+            f.ledger
+                .reserve(&f.keys, "b:1", 1000, 100, 1, LONG)
+                .await
+                .unwrap()
+        ),
+        100 - 4 - 24
+    );
+    // a drained: one send stored, three units never handed out.
+    f.ledger
+        .leave(&f.keys, "a", &[Settle::new("a:1", 1, 3)])
+        .await
+        .unwrap();
+    let read = f.ledger.shared_read(&f.keys).await.unwrap();
+    assert_eq!(
+        (read.replicas, read.since_read, read.reserved),
+        (1, 1, 72),
+        "a settled and gone"
+    );
+    // At once, not a member horizon later: a's share and its unused headroom are b's.
+    assert_eq!(
+        granted(
+            f.ledger
+                .reserve(&f.keys, "b:2", 1000, 100, 1, LONG)
+                .await
+                .unwrap()
+        ),
+        100 - 1 - 72
+    );
+    // A heartbeat of a's that was still on its way counts it in the fleet no more.
+    let late = f
+        .ledger
+        .shared_read_as(&f.keys, "a", 100, 2, 1)
+        .await
+        .unwrap();
+    assert_eq!((late.replicas, late.share, late.share_seq), (1, 0, 0));
+    assert_eq!(cli(&["HGET", f.keys.all()[6], "a"]), "");
+    assert_eq!(cli(&["ZSCORE", f.keys.all()[5], "a"]), "");
+}
+
+#[tokio::test]
 async fn settling_not_stored_frees_room_and_stored_keeps_it_used() {
     let f = fixture().await;
     publish_ok(&f, 2).await;
@@ -1413,12 +1468,12 @@ mod seat {
     use std::sync::Arc;
 
     use sendgate::admission::capacity::{BacklogEffect, CapacityGate, CapacityPolicy, Refusal};
-    use sendgate::admission::shared::{FleetSeat, Held, USE_BLOCK_FOR};
+    use sendgate::admission::shared::{FleetSeat, Goodbye, Held, USE_BLOCK_FOR};
     use sendgate::backend::{
         Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt,
     };
     use sendgate::coordination::fleet::Fleet;
-    use sendgate::coordination::ledger::MEMBER_FOR;
+    use sendgate::coordination::ledger::{HEARTBEAT, MEMBER_FOR};
 
     /// An admin plane whose depth the test sets.
     pub struct Depth(pub AtomicU64);
@@ -2196,6 +2251,76 @@ mod seat {
         for r in running {
             r.finish(BacklogEffect::Stored);
         }
+    }
+
+    #[tokio::test]
+    async fn a_seat_that_leaves_gives_its_share_and_unused_headroom_to_the_others_at_once() {
+        let s = setup(Fault::Pass).await;
+        joined(&s.fleet, true).await;
+        let other = Fleet::start(s.direct.clone());
+        joined(&other, true).await;
+        let backend: Arc<dyn Backend> = Arc::new(Depth(AtomicU64::new(0)));
+        let queue = QueueName::parse("q").unwrap();
+        let p = policy(100, Duration::from_secs(60));
+        let mine = FleetSeat::new(
+            s.fleet.clone(),
+            s.keys.clone(),
+            queue.clone(),
+            p.clone(),
+            Duration::from_millis(100),
+        );
+        let theirs = FleetSeat::new(other, s.keys.clone(), queue, p, Duration::from_millis(100));
+        // One send stored from a block of 12; its other 11 units not handed out yet.
+        let held = block(mine.admit(&backend).await.unwrap());
+        mine.finish(held, BacklogEffect::Stored);
+        let before = fill(&theirs, &backend).await;
+        assert!(before < 99, "the test needs room withheld: {before}");
+        assert_eq!(mine.leave().await.unwrap(), Goodbye::Left);
+        // `theirs` answers "full" from its last read for a block's use; then it asks again.
+        tokio::time::sleep(USE_BLOCK_FOR + Duration::from_millis(100)).await;
+        let after = fill(&theirs, &backend).await;
+        assert_eq!(
+            1 + before + after,
+            100,
+            "the seat that left still held room: {before} + {after}"
+        );
+        // No heartbeat of the seat that left counts it again.
+        tokio::time::sleep(HEARTBEAT * 3).await;
+        assert_eq!(s.direct.shared_read(&s.keys).await.unwrap().replicas, 1);
+    }
+
+    #[tokio::test]
+    async fn a_seat_with_sends_admitted_alone_still_running_keeps_its_share_when_it_leaves() {
+        let s = setup(Fault::Pass).await;
+        joined(&s.fleet, true).await;
+        let backend: Arc<dyn Backend> = Arc::new(Depth(AtomicU64::new(0)));
+        let queue = QueueName::parse("q").unwrap();
+        let p = policy(100, Duration::from_secs(1));
+        let gate = CapacityGate::new(queue.clone(), p.clone(), backend);
+        let seat = FleetSeat::new(
+            s.fleet.clone(),
+            s.keys.clone(),
+            queue,
+            p,
+            Duration::from_millis(100),
+        );
+        gate.join_fleet(seat.clone());
+        gate.admit().await.unwrap().finish(BacklogEffect::Stored);
+        // Cut off: one send admitted alone, still running when the drain is cut short.
+        s.proxy.set(Fault::Reset);
+        s.fleet.fall_back(&LedgerError::Timeout);
+        let running = gate.admit().await.expect("alone, within its share");
+        s.proxy.set(Fault::Pass);
+        assert_eq!(
+            seat.leave().await.unwrap(),
+            Goodbye::ShareKept { alone_in_flight: 1 }
+        );
+        let share = cli(&["HGET", s.keys.all()[6], s.fleet.replica()]);
+        assert!(
+            share.parse::<u64>().is_ok_and(|n| n > 0),
+            "the share covering the send still running was given away: {share:?}"
+        );
+        drop(running);
     }
 
     #[tokio::test]

@@ -312,6 +312,13 @@ impl CapacityGate {
         let _ = self.seat.set(seat);
     }
 
+    /// The replica drained: leave the fleet (see [`FleetSeat::leave`]), if in one.
+    pub async fn leave_fleet(&self) {
+        if let Some(seat) = self.seat.get() {
+            seat.say_goodbye().await;
+        }
+    }
+
     /// The fleet's decision while this replica is in the fleet; `None` in local mode, or
     /// when Redis just failed (the replica turns local and this send is decided here).
     async fn admit_in_fleet(self: &Arc<Self>) -> Option<Result<Reservation, Refusal>> {

@@ -98,6 +98,11 @@ impl Lane {
         }
     }
 
+    /// The replica drained: each queue's seat leaves the fleet, all at once.
+    pub async fn leave_fleet(&self) {
+        futures_util::future::join_all(self.gates.values().map(|g| g.leave_fleet())).await;
+    }
+
     pub fn backend(&self) -> &dyn Backend {
         self.backend.as_ref()
     }

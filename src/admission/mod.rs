@@ -127,6 +127,13 @@ impl Dispatcher {
         results.into_iter().collect()
     }
 
+    /// The replica drained: every lane's seats leave the fleet (a no-op in local mode).
+    /// Each seat waits for a settle on its way and makes one call: bounded by two Redis
+    /// deadlines.
+    pub async fn leave_fleet(&self) {
+        futures_util::future::join_all(self.lanes().map(Lane::leave_fleet)).await;
+    }
+
     /// Make every queue's first depth read now, so the first sends find the backlog known.
     pub async fn prime_capacity(&self) {
         futures_util::future::join_all(self.lanes().map(Lane::prime_capacity)).await;

@@ -128,6 +128,9 @@ struct SeatState {
     /// The fleet said "full" to this replica and its estimate has not yet come back to the
     /// resume level (used only with `SENDGATE_RESUME_BELOW` under 1).
     refusing: bool,
+    /// The replica drained and is leaving the fleet (see [`FleetSeat::leave`]): no more
+    /// heartbeats.
+    leaving: bool,
 }
 
 /// The fleet as this replica last saw it.
@@ -191,8 +194,19 @@ impl SeatState {
             drain: DrainEstimator::new(lag),
             measured: None,
             refusing: false,
+            leaving: false,
         }
     }
+}
+
+/// How a drained replica's seat left the fleet (see [`FleetSeat::leave`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Goodbye {
+    /// Settled, and out of the fleet: its share is the others' again.
+    Left,
+    /// Settled, but `alone_in_flight` sends it admitted alone are still running (a drain
+    /// cut short): its share, which covers them, is left to expire as a killed replica's.
+    ShareKept { alone_in_flight: u64 },
 }
 
 pub struct FleetSeat {
@@ -209,6 +223,9 @@ pub struct FleetSeat {
     state: Mutex<SeatState>,
     /// One read attempt at a time in this replica.
     read_turn: tokio::sync::Mutex<()>,
+    /// Held by a settle on its way to Redis, so the goodbye (which settles what is left)
+    /// knows whether the sends admitted alone are all counted.
+    settle_turn: tokio::sync::Mutex<()>,
 }
 
 impl FleetSeat {
@@ -233,6 +250,7 @@ impl FleetSeat {
             block_lease,
             state: Mutex::new(SeatState::new(policy.base().lag)),
             read_turn: tokio::sync::Mutex::new(()),
+            settle_turn: tokio::sync::Mutex::new(()),
             policy,
         });
         tokio::spawn(Self::heartbeat(Arc::downgrade(&seat)));
@@ -248,6 +266,9 @@ impl FleetSeat {
         loop {
             tokio::time::sleep(HEARTBEAT).await;
             let Some(seat) = seat.upgrade() else { return };
+            if seat.state.lock().leaving {
+                return;
+            }
             if !seat.fleet.joined() {
                 continue;
             }
@@ -559,6 +580,10 @@ impl FleetSeat {
     /// records its new share (a reservation, a heartbeat): that share is then computed with
     /// those sends counted, and the gate's count against the old one may start again.
     async fn settle_alone_first(&self) -> Result<(), LedgerError> {
+        if self.nothing_open_or_alone_pending() {
+            return Ok(());
+        }
+        let _turn = self.settle_turn.lock().await;
         let (open, alone) = {
             let mut state = self.state.lock();
             (
@@ -583,6 +608,85 @@ impl FleetSeat {
             }
         }
         settled
+    }
+
+    fn nothing_open_or_alone_pending(&self) -> bool {
+        let state = self.state.lock();
+        state.pending_open_stored + state.pending_alone_stored == 0
+    }
+
+    /// The replica drained (nothing is admitted any more): settle what its sends left —
+    /// their outcomes, the headroom its blocks did not hand out, what it stored alone — and
+    /// leave the fleet, in one atomic call ([`Ledger::leave`]), so the others get its share
+    /// of the room at once instead of a member horizon later. With sends admitted alone
+    /// still running (a drain cut short), their outcomes are unknown and its share must go
+    /// on covering them: what is there is settled and the share is left to expire. Waits
+    /// for a settle on its way (one call), then makes one call. No heartbeat after it.
+    ///
+    /// [`Ledger::leave`]: crate::coordination::ledger::Ledger::leave
+    pub async fn leave(&self) -> Result<Goodbye, LedgerError> {
+        self.state.lock().leaving = true;
+        let _turn = self.settle_turn.lock().await;
+        // Taken for good: whether this call goes through or not, the process is ending.
+        let (blocks, open, alone, alone_in_flight) = {
+            let mut state = self.state.lock();
+            let mut blocks = std::mem::take(&mut state.pending_blocks);
+            for block in std::mem::take(&mut state.blocks) {
+                if block.left > 0 {
+                    blocks.entry(BlockTurn(block.turn)).or_default().1 += block.left;
+                }
+            }
+            let open = std::mem::take(&mut state.pending_open_stored);
+            let alone = std::mem::take(&mut state.pending_alone_stored);
+            (
+                blocks,
+                open,
+                alone,
+                state.alone_unsettled.saturating_sub(alone),
+            )
+        };
+        let ids: Vec<(String, u64, u64)> = blocks
+            .into_iter()
+            .map(|(turn, (stored, not_stored))| (self.block_id(turn.0), stored, not_stored))
+            .collect();
+        let mut batch: Vec<Settle<'_>> = ids
+            .iter()
+            .map(|(id, stored, not_stored)| Settle::new(id, *stored, *not_stored))
+            .collect();
+        if open + alone > 0 {
+            batch.push(Settle::new(&self.open_id, open + alone, 0));
+        }
+        let ledger = self.fleet.ledger();
+        if alone_in_flight > 0 {
+            ledger.settle_batch(&self.keys, &batch).await?;
+            return Ok(Goodbye::ShareKept { alone_in_flight });
+        }
+        ledger.leave(&self.keys, &self.replica, &batch).await?;
+        Ok(Goodbye::Left)
+    }
+
+    /// [`FleetSeat::leave`], and say how it went: a failure is only logged (the share then
+    /// expires as a killed replica's would).
+    pub async fn say_goodbye(&self) {
+        match self.leave().await {
+            Ok(Goodbye::Left) => tracing::info!(
+                event = "coordination_left",
+                queue = %self.queue,
+                "drained: left the fleet, its share of the room is the others' again"
+            ),
+            Ok(Goodbye::ShareKept { alone_in_flight }) => tracing::warn!(
+                event = "coordination_left",
+                queue = %self.queue,
+                alone_in_flight,
+                "drained with sends admitted alone still running: the fleet keeps this replica's share until it expires"
+            ),
+            Err(error) => tracing::warn!(
+                event = "coordination_leave_failed",
+                queue = %self.queue,
+                error = %error,
+                "could not leave the fleet: its share of the room expires in the member horizon"
+            ),
+        }
     }
 
     /// A send was admitted by this replica alone (its own gate decided): counted against
@@ -833,6 +937,7 @@ impl FleetSeat {
     /// took their units is unknown). Units not taken stay in their block until its lease
     /// ends (counted twice meanwhile: the safe side), as do the not-stored ones.
     async fn settle_pending(&self) -> Result<(), (LedgerError, u64, u64)> {
+        let _turn = self.settle_turn.lock().await;
         let (blocks, open, alone) = {
             let mut state = self.state.lock();
             state.flush_scheduled = false;

@@ -249,6 +249,7 @@ struct Scripts {
     shared_read: Script,
     reserve: Script,
     settle: Script,
+    leave: Script,
 }
 
 macro_rules! ledger_script {
@@ -268,6 +269,7 @@ impl Scripts {
             shared_read: ledger_script!("shared_read.lua"),
             reserve: ledger_script!("reserve.lua"),
             settle: ledger_script!("settle.lua"),
+            leave: ledger_script!("leave.lua"),
         }
     }
 }
@@ -666,6 +668,34 @@ impl Ledger {
         unused: u64,
     ) -> Result<(), LedgerError> {
         self.settle(q, block_id, 0, unused).await
+    }
+
+    /// Replica `replica` drained and leaves the fleet, in one atomic call: `batch` (what its
+    /// sends left: outcomes, headroom unused) is settled as [`Ledger::settle_batch`] does,
+    /// then it no longer counts in [`SharedRead::replicas`] and its share is no longer
+    /// withheld from the others. Only for a replica that admits nothing more and has
+    /// nothing admitted alone outside `batch`: its share covered those sends. A call of
+    /// its still on its way when this one ran is ignored for a member horizon (it would
+    /// count it in the fleet again).
+    pub async fn leave(
+        &self,
+        q: &QueueKeys,
+        replica: &str,
+        batch: &[Settle<'_>],
+    ) -> Result<(), LedgerError> {
+        let mut call = self.scripts.leave.prepare_invoke();
+        call.key(&q.all()[..])
+            .arg(replica)
+            .arg(millis(IDLE))
+            .arg(q.lag_ms)
+            .arg(millis(self.member_for()));
+        for s in batch {
+            call.arg(s.block_id)
+                .arg(exact(s.stored))
+                .arg(exact(s.not_stored));
+        }
+        let reply = self.run(&call).await?;
+        expect_one(&reply)
     }
 
     async fn run(&self, call: &redis::ScriptInvocation<'_>) -> Result<Value, LedgerError> {

@@ -75,8 +75,65 @@ local function held_from(now, hold_ms)
   return from
 end
 
+-- Outcomes of blocks, as triples block_id, stored, not_stored in ARGV from `first` on:
+-- only what a block still holds leaves `reserved`; stored (or unknown-outcome) sends count
+-- on top of the read whether or not their block is still live (see settle.lua).
+local function settle_blocks(now, lag, first)
+  local taken, stored_total = 0, 0
+  for i = first, #ARGV - 2, 3 do
+    local id, stored, not_stored = ARGV[i], num(ARGV[i + 1]), num(ARGV[i + 2])
+    local held = num(redis.call('HGET', SIZES, id))
+    local take = math.min(held, stored + not_stored)
+    if take > 0 then
+      if held - take > 0 then
+        redis.call('HSET', SIZES, id, int(held - take))
+      else
+        redis.call('HDEL', SIZES, id)
+        redis.call('ZREM', BLOCKS, id)
+      end
+      taken = taken + take
+    end
+    stored_total = stored_total + stored
+  end
+  if taken > 0 then
+    local reserved = at_least_zero(num(redis.call('HGET', COUNT, 'reserved')) - taken)
+    redis.call('HSET', COUNT, 'reserved', int(reserved))
+  end
+  if stored_total > 0 then
+    redis.call('HINCRBY', COUNT, 'completed_total', int(stored_total))
+    redis.call('HINCRBY', COUNT, 'since_read', int(stored_total))
+  end
+  -- A lagging admin plane: remember recent completions in 100 ms buckets (fields `r:N` of
+  -- COUNT), so the next lease can count those its read will not see yet. Buckets older
+  -- than the lag (plus a second) can no longer matter and are dropped here.
+  if lag > 0 then
+    if stored_total > 0 then
+      redis.call('HINCRBY', COUNT, 'r:' .. int(math.floor(now / 100)), int(stored_total))
+    end
+    local oldest = math.floor((now - lag - 1000) / 100)
+    local fields = redis.call('HKEYS', COUNT)
+    for _, f in ipairs(fields) do
+      if string.sub(f, 1, 2) == 'r:' and num(string.sub(f, 3)) < oldest then
+        redis.call('HDEL', COUNT, f)
+      end
+    end
+  end
+end
+
+-- A replica that left (leave.lua) is not heard from again: SHARES replica! -> until when a
+-- call of its that was still on its way is ignored (it would count it in the fleet again,
+-- its share withheld). Expired, the mark goes.
+local function has_left(now, member)
+  local until_ms = redis.call('HGET', SHARES, member .. '!')
+  if not until_ms then return false end
+  if num(until_ms) > now then return true end
+  redis.call('HDEL', SHARES, member .. '!')
+  return false
+end
+
 -- Replica `member` counts in the fleet's size for `member_ms` from now. Members whose share
 -- is no longer held (see `held_from`) leave, with the share recorded for them.
+-- A replica that left is not joined again (see `has_left`).
 local function join(now, member, member_ms, idle_ms, hold_ms)
   local released = int(held_from(now, hold_ms))
   local gone = redis.call('ZRANGEBYSCORE', MEMBERS, '-inf', released)
@@ -84,6 +141,7 @@ local function join(now, member, member_ms, idle_ms, hold_ms)
     redis.call('HDEL', SHARES, m, m .. '#', m .. '^')
   end
   redis.call('ZREMRANGEBYSCORE', MEMBERS, '-inf', released)
+  if has_left(now, member) then return end
   redis.call('ZADD', MEMBERS, int(now + member_ms), member)
   redis.call('PEXPIRE', MEMBERS, idle_ms)
 end
@@ -131,6 +189,8 @@ end
 -- a member or everything at a restart); nil for a block id without one. `acked` is the
 -- number of the share the replica last heard of (0: none yet, or not said).
 local function record_share(member, read, limit, others, idle_ms, seq, acked)
+  -- A replica that left holds no share (join did not count it either).
+  if redis.call('HEXISTS', SHARES, member .. '!') == 1 then return end
   if read[1] ~= 1 or read[3] == 1 then
     read[12] = num(redis.call('HGET', SHARES, member))
     read[13] = num(redis.call('HGET', SHARES, member .. '#'))
