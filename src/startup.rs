@@ -321,7 +321,7 @@ impl Application {
     /// in flight and the linger over, or the window closed (see `lifecycle.rs`). Until then
     /// the listener keeps answering, so a balancer still routing here meets `503 draining`.
     /// With `signals`, SIGTERM or SIGINT starts the drain and a second one ends it at once.
-    /// A replica of a fleet then leaves it (see `FleetSeat::leave`) before the server stops.
+    /// The server then stops, and a replica of a fleet leaves it (see `FleetSeat::leave`).
     pub async fn run_until_stopped(self, signals: bool) -> std::io::Result<()> {
         let server_handle = self.server.handle();
         let mut server = tokio::spawn(self.server);
@@ -372,15 +372,19 @@ impl Application {
         };
         lifecycle.set_stopped();
         tracing::info!(event = "drain_finished", cut_off, "drain finished");
-        // Stopped: nothing is admitted any more. In a fleet, settle what is left and leave
-        // it, so the others get this replica's share of the room now rather than once it
-        // has not been heard from for a member horizon (bounded by two Redis deadlines: a
-        // settle on its way, then the goodbye; a failure is logged, the share expires).
-        self.state.dispatcher.leave_fleet().await;
+        // Stopped: nothing is admitted any more. The server goes first, so no handler runs
+        // after the goodbye (a send cut off mid-way drops its reservation, settled as
+        // Unknown); a send still in the pipeline meanwhile finds its seat leaving and is
+        // refused. Then, in a fleet, settle what is left and leave it, so the others get
+        // this replica's share of the room now rather than once it has not been heard from
+        // for a member horizon (bounded by two Redis deadlines: a settle on its way, then
+        // the goodbye; a failure is logged, the share expires).
         server_handle.stop(cut_off == 0).await;
-        server
+        let served = server
             .await
-            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        self.state.dispatcher.leave_fleet().await;
+        served
     }
 }
 

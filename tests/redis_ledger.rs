@@ -2324,6 +2324,86 @@ mod seat {
     }
 
     #[tokio::test]
+    async fn a_seat_that_left_admits_nothing_more_not_even_alone_on_the_share_it_gave_back() {
+        // Review of 9d61b8c: once the goodbye went through, Redis gives this replica's share
+        // to the others. A send still in the pipeline (its lifecycle guard taken before the
+        // drain was cut short, its body still being read) that then reached the gate with
+        // the replica local was admitted alone on that share while the others reserved the
+        // same room (a ceiling of 100: 122 stored).
+        let s = setup(Fault::Pass).await;
+        joined(&s.fleet, true).await;
+        let backend: Arc<dyn Backend> = Arc::new(Depth(AtomicU64::new(0)));
+        let queue = QueueName::parse("q").unwrap();
+        let p = policy(100, Duration::from_secs(1));
+        let gate = CapacityGate::new(queue.clone(), p.clone(), backend.clone());
+        let seat = FleetSeat::new(
+            s.fleet.clone(),
+            s.keys.clone(),
+            queue,
+            p,
+            Duration::from_millis(100),
+        );
+        gate.join_fleet(seat.clone());
+        gate.admit().await.unwrap().finish(BacklogEffect::Stored);
+        assert_eq!(seat.leave().await.unwrap(), Goodbye::Left);
+        // Still in the fleet: nothing through it either.
+        let in_fleet = seat.admit(&backend).await.unwrap();
+        assert_eq!(
+            in_fleet,
+            Err(Refusal::Stopped),
+            "admitted after the goodbye"
+        );
+        // Redis out of reach: the share it held is the others' now.
+        s.proxy.set(Fault::Reset);
+        s.fleet.fall_back(&LedgerError::Timeout);
+        let alone = gate.admit().await;
+        assert!(
+            matches!(alone, Err(Refusal::Stopped)),
+            "admitted alone on the share Redis gave away: {:?}",
+            alone.as_ref().map(|_| "a reservation")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_send_that_ends_on_a_runtime_that_stops_is_still_settled() {
+        // An HTTP worker runs on a runtime of its own, dropped when the server stops (before
+        // the goodbye): the settle a send's end schedules must not die with it.
+        let s = setup(Fault::Pass).await;
+        joined(&s.fleet, true).await;
+        let backend: Arc<dyn Backend> = Arc::new(Depth(AtomicU64::new(0)));
+        let seat = FleetSeat::new(
+            s.fleet.clone(),
+            s.keys.clone(),
+            QueueName::parse("q").unwrap(),
+            policy(100, Duration::from_secs(60)),
+            Duration::from_millis(100),
+        );
+        let held = block(seat.admit(&backend).await.unwrap());
+        let worker = seat.clone();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move { worker.finish(held, BacklogEffect::Stored) });
+        })
+        .join()
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let read = s.direct.shared_read(&s.keys).await.unwrap();
+            if read.since_read == 1 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the stored send was never settled: {read:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
     async fn sends_stored_while_local_are_counted_by_the_fleet_it_rejoins() {
         let s = setup(Fault::Reset).await;
         let backend: Arc<dyn Backend> = Arc::new(Depth(AtomicU64::new(0)));

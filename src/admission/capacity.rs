@@ -181,6 +181,10 @@ pub enum Refusal {
     },
     /// The admin plane says the queue does not accept sends.
     QueueDisabled,
+    /// The replica drained and is leaving (or left) the fleet: it admits nothing more, in
+    /// the fleet or alone (see `FleetSeat::leave`). Answered as a send after the drain is
+    /// (`503 draining`).
+    Stopped,
 }
 
 /// How an admitted send ended, as far as the queue's backlog is concerned.
@@ -641,11 +645,14 @@ impl CapacityGate {
                 }
             }
         }
-        state.in_flight += 1;
         if let Some(seat) = self.seat.get() {
-            // Every send admitted alone counts against the share, fail-open ones too.
-            seat.admitted_alone();
+            // Every send admitted alone counts against the share, fail-open ones too. Once
+            // its seat is leaving the fleet, none is: Redis gives that share to the others.
+            if !seat.admitted_alone() {
+                return Err(Refusal::Stopped);
+            }
         }
+        state.in_flight += 1;
         Ok(Reservation {
             gate: self.clone(),
             held: None,

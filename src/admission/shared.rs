@@ -129,7 +129,7 @@ struct SeatState {
     /// resume level (used only with `SENDGATE_RESUME_BELOW` under 1).
     refusing: bool,
     /// The replica drained and is leaving the fleet (see [`FleetSeat::leave`]): no more
-    /// heartbeats.
+    /// heartbeats, and no send admitted, in the fleet or alone.
     leaving: bool,
 }
 
@@ -226,6 +226,10 @@ pub struct FleetSeat {
     /// Held by a settle on its way to Redis, so the goodbye (which settles what is left)
     /// knows whether the sends admitted alone are all counted.
     settle_turn: tokio::sync::Mutex<()>,
+    /// The runtime the seat was made on (the process's), where its own tasks run: a send
+    /// may end on an HTTP worker's runtime, which the server drops when it stops, before
+    /// the goodbye; a settle spawned there would die with it.
+    runtime: tokio::runtime::Handle,
 }
 
 impl FleetSeat {
@@ -251,9 +255,10 @@ impl FleetSeat {
             state: Mutex::new(SeatState::new(policy.base().lag)),
             read_turn: tokio::sync::Mutex::new(()),
             settle_turn: tokio::sync::Mutex::new(()),
+            runtime: tokio::runtime::Handle::current(),
             policy,
         });
-        tokio::spawn(Self::heartbeat(Arc::downgrade(&seat)));
+        seat.runtime.spawn(Self::heartbeat(Arc::downgrade(&seat)));
         seat
     }
 
@@ -432,7 +437,8 @@ impl FleetSeat {
         state.last = None;
     }
 
-    /// Decide one send against the fleet's ceiling.
+    /// Decide one send against the fleet's ceiling. Once the seat is leaving the fleet,
+    /// every send is refused ([`Refusal::Stopped`]).
     pub async fn admit(
         self: &Arc<Self>,
         backend: &Arc<dyn Backend>,
@@ -440,6 +446,9 @@ impl FleetSeat {
         let now = Instant::now();
         let (fresh, ahead, leftover) = {
             let mut state = self.state.lock();
+            if state.leaving {
+                return Ok(Err(Refusal::Stopped));
+            }
             let age = state.last.map(|(read, seen)| read.age + (now - seen));
             let fresh = state
                 .last
@@ -615,13 +624,16 @@ impl FleetSeat {
         state.pending_open_stored + state.pending_alone_stored == 0
     }
 
-    /// The replica drained (nothing is admitted any more): settle what its sends left —
-    /// their outcomes, the headroom its blocks did not hand out, what it stored alone — and
-    /// leave the fleet, in one atomic call ([`Ledger::leave`]), so the others get its share
-    /// of the room at once instead of a member horizon later. With sends admitted alone
-    /// still running (a drain cut short), their outcomes are unknown and its share must go
-    /// on covering them: what is there is settled and the share is left to expire. Waits
-    /// for a settle on its way (one call), then makes one call. No heartbeat after it.
+    /// The replica drained and its HTTP server stopped: settle what its sends left — their
+    /// outcomes, the headroom its blocks did not hand out, what it stored alone — and leave
+    /// the fleet, in one atomic call ([`Ledger::leave`]), so the others get its share of the
+    /// room at once instead of a member horizon later. From the moment this starts the seat
+    /// admits nothing, in the fleet or alone ([`Refusal::Stopped`]): once Redis has given
+    /// its share away, a send admitted alone on it would be counted nowhere. With sends
+    /// admitted alone still running (a drain cut short), their outcomes are unknown and its
+    /// share must go on covering them: what is there is settled and the share is left to
+    /// expire. Waits for a settle on its way (one call), then makes one call. No heartbeat
+    /// after it.
     ///
     /// [`Ledger::leave`]: crate::coordination::ledger::Ledger::leave
     pub async fn leave(&self) -> Result<Goodbye, LedgerError> {
@@ -689,10 +701,17 @@ impl FleetSeat {
         }
     }
 
-    /// A send was admitted by this replica alone (its own gate decided): counted against
-    /// its share until Redis has it (see [`FleetSeat::alone_unsettled`]).
-    pub fn admitted_alone(&self) {
-        self.state.lock().alone_unsettled += 1;
+    /// A send is admitted by this replica alone (its own gate decided): counted against
+    /// its share until Redis has it (see [`FleetSeat::alone_unsettled`]). False once the
+    /// seat is leaving the fleet: the send must be refused, as Redis gives that share to
+    /// the others (decided under the lock the goodbye counts these sends under).
+    pub fn admitted_alone(&self) -> bool {
+        let mut state = self.state.lock();
+        if state.leaving {
+            return false;
+        }
+        state.alone_unsettled += 1;
+        true
     }
 
     /// Sends admitted alone that Redis does not count yet: in flight, or stored and not yet
@@ -716,7 +735,7 @@ impl FleetSeat {
             !std::mem::replace(&mut state.flush_scheduled, true)
         };
         if schedule {
-            tokio::spawn(Arc::clone(self).settle_until_counted());
+            self.runtime.spawn(Arc::clone(self).settle_until_counted());
         }
     }
 
@@ -782,7 +801,7 @@ impl FleetSeat {
             return;
         }
         let (seat, backend) = (Arc::clone(self), Arc::clone(backend));
-        tokio::spawn(async move {
+        self.runtime.spawn(async move {
             let refreshed = seat.refresh(&backend, false).await;
             seat.state.lock().ahead_running = false;
             if let Err(e) = refreshed {
@@ -906,7 +925,7 @@ impl FleetSeat {
             !std::mem::replace(&mut state.flush_scheduled, true)
         };
         if schedule {
-            tokio::spawn(Arc::clone(self).settle_until_counted());
+            self.runtime.spawn(Arc::clone(self).settle_until_counted());
         }
     }
 

@@ -288,6 +288,11 @@ impl Problem {
                 consecutive_failures,
             },
             DispatchError::Refused(Refusal::QueueDisabled) => Problem::QueueDisabled,
+            // A send that reached the gate after the drain (its seat left the fleet): as
+            // one refused by the lifecycle once stopped.
+            DispatchError::Refused(Refusal::Stopped) => Problem::Draining {
+                retry_after: Duration::from_secs(1),
+            },
             DispatchError::Saturated => Problem::Saturated,
             DispatchError::BackendUnavailable { retry_after } => {
                 Problem::BackendUnavailable { retry_after }
