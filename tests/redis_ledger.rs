@@ -2403,6 +2403,122 @@ mod seat {
         }
     }
 
+    /// A log sink that holds the thread logging one event until released, like a stderr
+    /// nobody reads: whatever that thread does next happens late.
+    #[derive(Default)]
+    struct Stall {
+        /// (the event was logged, the thread may go on)
+        state: std::sync::Mutex<(bool, bool)>,
+        changed: std::sync::Condvar,
+    }
+
+    impl Stall {
+        fn hold(&self) {
+            let mut state = self.state.lock().unwrap();
+            state.0 = true;
+            self.changed.notify_all();
+            let wait = Duration::from_secs(10);
+            let _ = self.changed.wait_timeout_while(state, wait, |s| !s.1);
+        }
+
+        fn held(&self) -> bool {
+            self.state.lock().unwrap().0
+        }
+
+        fn release(&self) {
+            self.state.lock().unwrap().1 = true;
+            self.changed.notify_all();
+        }
+    }
+
+    struct StallOn(&'static str, Arc<Stall>);
+
+    struct EventName(Option<String>);
+
+    impl tracing::field::Visit for EventName {
+        fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+            if field.name() == "event" {
+                self.0 = Some(value.to_owned());
+            }
+        }
+        fn record_debug(&mut self, _: &tracing::field::Field, _: &dyn std::fmt::Debug) {}
+    }
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for StallOn {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            let mut name = EventName(None);
+            event.record(&mut name);
+            if name.0.as_deref() == Some(self.0) {
+                self.1.hold();
+            }
+        }
+    }
+
+    /// Two worker threads whose `event` log lines go through `StallOn(event, stall)`.
+    fn runtime_stalling_on(event: &'static str, stall: &Arc<Stall>) -> tokio::runtime::Runtime {
+        let stall = stall.clone();
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .on_thread_start(move || {
+                use tracing_subscriber::layer::SubscriberExt;
+                let logs = tracing_subscriber::registry().with(StallOn(event, stall.clone()));
+                std::mem::forget(tracing::subscriber::set_default(logs));
+            })
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_goodbye_right_after_a_failed_settle_still_counts_its_stored_sends() {
+        // Review of 9d61b8c: settle_pending let go of the settle turn before its caller put
+        // a failed batch's stored sends back to be settled again. A goodbye that took the
+        // turn in between settled without them: sends in the queue the fleet never counted
+        // (and sends admitted alone not seen, so their share given away). Here the thread
+        // of the failed settle is held in its `coordination_local` line meanwhile.
+        let stall = Arc::new(Stall::default());
+        runtime_stalling_on("coordination_local", &stall).block_on(async {
+            let s = setup(Fault::Pass).await;
+            joined(&s.fleet, true).await;
+            let backend: Arc<dyn Backend> = Arc::new(Depth(AtomicU64::new(0)));
+            let seat = FleetSeat::new(
+                s.fleet.clone(),
+                s.keys.clone(),
+                QueueName::parse("q").unwrap(),
+                policy(100, Duration::from_secs(60)),
+                Duration::from_millis(100),
+            );
+            let held = block(seat.admit(&backend).await.unwrap());
+            // Its settle fails: a foreign value under the blocks' key (WRONGTYPE), so the
+            // connection itself stays up.
+            let blocks = s.keys.all()[3];
+            let aside = format!("{blocks}:aside");
+            cli(&["RENAME", blocks, &aside]);
+            cli(&["SET", blocks, "foreign"]);
+            seat.finish(held, BacklogEffect::Stored);
+            // Waited for on this thread (not a worker's): with one of the two workers held,
+            // the runtime's timers may not fire until it is released.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !stall.held() {
+                assert!(Instant::now() < deadline, "the settle never failed");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            cli(&["DEL", blocks]);
+            cli(&["RENAME", &aside, blocks]);
+            assert_eq!(seat.leave().await.unwrap(), Goodbye::Left);
+            let read = s.direct.shared_read(&s.keys).await.unwrap();
+            stall.release();
+            assert_eq!(
+                read.since_read, 1,
+                "the goodbye left out a stored send whose settle had failed: {read:?}"
+            );
+        });
+    }
+
     #[tokio::test]
     async fn sends_stored_while_local_are_counted_by_the_fleet_it_rejoins() {
         let s = setup(Fault::Reset).await;

@@ -937,25 +937,23 @@ impl FleetSeat {
         let mut wait = SETTLE_EVERY;
         loop {
             tokio::time::sleep(wait).await;
-            let Err((error, unsettled, alone)) = self.settle_pending().await else {
+            let Err(error) = self.settle_pending().await else {
                 return;
             };
             self.fall_back(&error);
-            let mut state = self.state.lock();
-            state.pending_open_stored += unsettled;
-            state.pending_alone_stored += alone;
-            if std::mem::replace(&mut state.flush_scheduled, true) {
+            if std::mem::replace(&mut self.state.lock().flush_scheduled, true) {
                 return; // a send finished meanwhile and scheduled the next batch
             }
             wait = REJOIN_EVERY;
         }
     }
 
-    /// On failure, the stored sends not yet counted. They are settled again as *open*
-    /// (counted on top of the read, taking nothing from a block: whether the failed call
-    /// took their units is unknown). Units not taken stay in their block until its lease
-    /// ends (counted twice meanwhile: the safe side), as do the not-stored ones.
-    async fn settle_pending(&self) -> Result<(), (LedgerError, u64, u64)> {
+    /// On failure, the stored sends not yet counted are put back before the settle turn
+    /// is let go (a goodbye that takes it next must find them), to be settled again as
+    /// *open* (counted on top of the read, taking nothing from a block: whether the failed
+    /// call took their units is unknown). Units not taken stay in their block until its
+    /// lease ends (counted twice meanwhile: the safe side), as do the not-stored ones.
+    async fn settle_pending(&self) -> Result<(), LedgerError> {
         let _turn = self.settle_turn.lock().await;
         let (blocks, open, alone) = {
             let mut state = self.state.lock();
@@ -980,14 +978,16 @@ impl FleetSeat {
         // One atomic call: on failure none of it happened (or all of it did, with the reply
         // lost), so every stored send of the batch is kept to be settled again.
         let unsettled: u64 = batch.iter().map(|s| s.stored).sum::<u64>() - alone;
-        self.fleet
-            .ledger()
-            .settle_batch(&self.keys, &batch)
-            .await
-            .map_err(|e| (e, unsettled, alone))?;
+        let settled = self.fleet.ledger().settle_batch(&self.keys, &batch).await;
         let mut state = self.state.lock();
-        state.alone_unsettled = state.alone_unsettled.saturating_sub(alone);
-        Ok(())
+        match settled {
+            Ok(()) => state.alone_unsettled = state.alone_unsettled.saturating_sub(alone),
+            Err(_) => {
+                state.pending_open_stored += unsettled;
+                state.pending_alone_stored += alone;
+            }
+        }
+        settled
     }
 
     /// A fail-closed refusal is logged once per fleet read, with the count since the last
