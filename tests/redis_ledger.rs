@@ -694,6 +694,38 @@ async fn a_replica_that_leaves_settles_then_gives_its_share_back_at_once() {
 }
 
 #[tokio::test]
+async fn a_replica_that_leaves_gives_back_the_read_lease_it_holds() {
+    // Review of 9d61b8c: a replica that left holding the read lease (a read ahead in
+    // flight) kept it until it expired: the others waited a read's deadline for a read
+    // that never came, then used a stale one.
+    let f = fixture().await;
+    assert!(f
+        .ledger
+        .lease_read(&f.keys, "a", LONG)
+        .await
+        .unwrap()
+        .is_some());
+    f.ledger.leave(&f.keys, "a", &[]).await.unwrap();
+    assert!(
+        f.ledger
+            .lease_read(&f.keys, "b", LONG)
+            .await
+            .unwrap()
+            .is_some(),
+        "the lease of the replica that left is still held"
+    );
+    // A lease another replica holds is not the leaving one's to give back.
+    f.ledger.leave(&f.keys, "c", &[]).await.unwrap();
+    assert!(f
+        .ledger
+        .lease_read(&f.keys, "d", LONG)
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(cli(&["GET", f.keys.all()[1]]), "b");
+}
+
+#[tokio::test]
 async fn settling_not_stored_frees_room_and_stored_keeps_it_used() {
     let f = fixture().await;
     publish_ok(&f, 2).await;

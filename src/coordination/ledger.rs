@@ -672,14 +672,15 @@ impl Ledger {
 
     /// Replica `replica` drained and leaves the fleet, in one atomic call: `batch` (what its
     /// sends left: outcomes, headroom unused) is settled as [`Ledger::settle_batch`] does,
-    /// then it no longer counts in [`SharedRead::replicas`] and its share is no longer
-    /// withheld from the others. Only for a replica that has nothing admitted alone outside
-    /// `batch` (its share covered those sends) and admits nothing from the moment it asks
-    /// to leave, neither through the fleet nor alone: once this call ran, its share is the
-    /// others', and a send admitted alone on it would put the fleet over the ceiling
-    /// (`FleetSeat` refuses every send once its goodbye began). A call of its still on its
-    /// way when this one ran is ignored for a member horizon (it would count it in the
-    /// fleet again).
+    /// then it no longer counts in [`SharedRead::replicas`], its share is no longer withheld
+    /// from the others, and the read lease, if it holds it (a read ahead on its way), is
+    /// given back, so the others need not wait it out. Only for a replica that has nothing
+    /// admitted alone outside `batch` (its share covered those sends) and admits nothing
+    /// from the moment it asks to leave, neither through the fleet nor alone: once this call
+    /// ran, its share is the others', and a send admitted alone on it would put the fleet
+    /// over the ceiling (`FleetSeat` refuses every send once its goodbye began). A call of
+    /// its still on its way when this one ran is ignored for a member horizon (it would
+    /// count it in the fleet again).
     pub async fn leave(
         &self,
         q: &QueueKeys,
