@@ -639,6 +639,69 @@ async fn a_forgotten_replicas_share_is_held_a_send_deadline_longer_for_its_sends
 }
 
 #[tokio::test]
+async fn a_forgotten_replicas_share_is_held_for_its_own_send_deadline_not_the_askers() {
+    // Review of 8b39b55: the hold past a forgotten replica's horizon was the asking
+    // replica's (its keys' send deadline and lag), not that of the replica whose sends it
+    // waits for: one with a longer send deadline (a configuration change rolling through
+    // the fleet) had its share released early by one with a shorter.
+    let f = fixture().await;
+    let deadline = Duration::from_secs(2);
+    let longer = f.keys.clone().with_send_deadline(deadline);
+    let shorter = f.keys.clone();
+    publish_ok(&f, 0).await;
+    granted(
+        f.ledger
+            .reserve(&longer, "a:1", 1, 100, 1, LONG)
+            .await
+            .unwrap(),
+    );
+    let horizon = redis_now_ms() + 50;
+    cli(&["ZADD", f.keys.all()[5], "XX", &horizon.to_string(), "a"]);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let ok = ReadOutcome::Ok {
+        backlog: 0,
+        send_disabled: false,
+    };
+    // A read taken past a's horizon, within a's send deadline of it.
+    let within = take_lease(&f, &shorter).await;
+    f.ledger
+        .publish_read(&shorter, within, ok, true)
+        .await
+        .unwrap();
+    assert!(
+        redis_now_ms() < horizon + 2000,
+        "the test ran too slowly to show anything"
+    );
+    assert_eq!(
+        granted(
+            f.ledger
+                .reserve(&shorter, "b:1", 1000, 100, 1, LONG)
+                .await
+                .unwrap()
+        ),
+        100 - 1 - 24,
+        "a's share was released after b's hold, not a's"
+    );
+    // A read taken past a's own hold: its share comes back, to a replica of either hold.
+    tokio::time::sleep(deadline).await;
+    let after = take_lease(&f, &shorter).await;
+    f.ledger
+        .publish_read(&shorter, after, ok, true)
+        .await
+        .unwrap();
+    assert_eq!(
+        granted(
+            f.ledger
+                .reserve(&shorter, "b:2", 1000, 100, 1, LONG)
+                .await
+                .unwrap()
+        ),
+        24
+    );
+    assert_eq!(cli(&["HGET", f.keys.all()[6], "a~"]), "");
+}
+
+#[tokio::test]
 async fn a_replica_that_leaves_settles_then_gives_its_share_back_at_once() {
     let f = fixture().await;
     publish_ok(&f, 0).await;

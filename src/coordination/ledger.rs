@@ -122,10 +122,11 @@ impl QueueKeys {
     }
 
     /// For sends that may be stored up to `deadline` after they were admitted
-    /// (`SENDGATE_SEND_TIMEOUT_MS`). With the lag, how long past a forgotten replica's
-    /// horizon its last sends alone may be missing from a read: its share stays withheld
-    /// from the others until a read taken that long after the horizon is published (see
-    /// [`Ledger::reserve`]).
+    /// (`SENDGATE_SEND_TIMEOUT_MS`). With the lag, how long past this replica's horizon its
+    /// last sends alone may be missing from a read (its *hold*, recorded beside its share):
+    /// once it is forgotten, its share stays withheld from the others until a read taken
+    /// that long after the horizon is published, or as long as the asking replica's own
+    /// hold if that is longer (see [`Ledger::reserve`]).
     pub fn with_send_deadline(mut self, deadline: Duration) -> Self {
         self.send_ms = millis(deadline);
         self
@@ -578,8 +579,9 @@ impl Ledger {
     /// however much of it is cut off from Redis (for [`Ledger::member_for`]). A replica
     /// forgotten (not heard from for that long) no longer counts in `replicas`, but its
     /// share is still counted for the others until the read the fleet reserves against was
-    /// taken at least `q`'s hold (a send deadline and the admin plane's lag) after its
-    /// horizon: only such a read shows every send it may have stored alone.
+    /// taken at least its hold (a send deadline and the admin plane's lag, as its own calls
+    /// recorded it; `q`'s if longer) after its horizon: only such a read shows every send
+    /// it may have stored alone.
     pub async fn reserve(
         &self,
         q: &QueueKeys,

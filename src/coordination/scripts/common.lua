@@ -10,7 +10,8 @@
 --                         (ms); kept past it while its share is still held (see `held_from`)
 --   7 shares       HASH   replica -> the largest share it may hold (withheld from the
 --                         others); replica# -> its last share's number; replica^ -> the
---                         shares (number:share) of its calls since the one it acknowledged
+--                         shares (number:share) of its calls since the one it acknowledged;
+--                         replica~ -> its hold (see `held_from`)
 -- READ also keeps t:N -> when ticket N's lease was taken, and taken_ms: that of the good
 -- read published last (the earliest moment the admin plane may have been asked for it).
 -- All time is this Redis's TIME: replicas' clocks are never compared.
@@ -61,16 +62,18 @@ local function prune(now)
   redis.call('HSET', COUNT, 'reserved', int(reserved))
 end
 
--- Members whose horizon is above this still have their share withheld from the others.
+-- Member `m` still has its share withheld from the others while its horizon is above this.
 -- A member past its horizon (forgotten: it no longer counts in the fleet's size) may have
--- admitted its share alone until just before it, and those sends may be stored up to
--- `hold_ms` later (a send's deadline) and show in the admin plane's counts later still
--- (its lag, also in `hold_ms`): only a read taken at or after horizon + hold_ms shows them
--- all, and until such a read is the one published, the share stays held. (A read taken
--- earlier may be the one reserved against for up to a TTL after it: releasing the share
--- at the horizon let the others take that room a second time.)
-local function held_from(now, hold_ms)
-  local from = num(redis.call('HGET', READ, 'taken_ms')) - hold_ms
+-- admitted its share alone until just before it, and those sends may be stored up to its
+-- hold later (a send's deadline) and show in the admin plane's counts later still (its
+-- lag, also in the hold): only a read taken at or after horizon + hold shows them all,
+-- and until such a read is the one published, the share stays held. (A read taken earlier
+-- may be the one reserved against for up to a TTL after it: releasing the share at the
+-- horizon let the others take that room a second time.) The hold is the member's own, as
+-- `join` recorded it (m~), or the caller's `hold_ms` if longer (or none was recorded).
+local function held_from(now, m, hold_ms)
+  local hold = math.max(hold_ms, num(redis.call('HGET', SHARES, m .. '~')))
+  local from = num(redis.call('HGET', READ, 'taken_ms')) - hold
   if from > now then return now end -- a clock stepped back: live members stay held
   return from
 end
@@ -131,19 +134,24 @@ local function has_left(now, member)
   return false
 end
 
--- Replica `member` counts in the fleet's size for `member_ms` from now. Members whose share
--- is no longer held (see `held_from`) leave, with the share recorded for them.
--- A replica that left is not joined again (see `has_left`).
+-- Replica `member` counts in the fleet's size for `member_ms` from now, its hold
+-- (`hold_ms`: its send deadline and lag) recorded beside its share. Members whose share is
+-- no longer held (see `held_from`; only one past its horizon can be) leave, with what is
+-- recorded for them. A replica that left is not joined again (see `has_left`).
 local function join(now, member, member_ms, idle_ms, hold_ms)
-  local released = int(held_from(now, hold_ms))
-  local gone = redis.call('ZRANGEBYSCORE', MEMBERS, '-inf', released)
-  for _, m in ipairs(gone) do
-    redis.call('HDEL', SHARES, m, m .. '#', m .. '^')
+  local past = redis.call('ZRANGEBYSCORE', MEMBERS, '-inf', int(now), 'WITHSCORES')
+  for i = 1, #past, 2 do
+    local m = past[i]
+    if num(past[i + 1]) <= held_from(now, m, hold_ms) then
+      redis.call('HDEL', SHARES, m, m .. '#', m .. '^', m .. '~')
+      redis.call('ZREM', MEMBERS, m)
+    end
   end
-  redis.call('ZREMRANGEBYSCORE', MEMBERS, '-inf', released)
   if has_left(now, member) then return end
   redis.call('ZADD', MEMBERS, int(now + member_ms), member)
+  redis.call('HSET', SHARES, member .. '~', int(hold_ms))
   redis.call('PEXPIRE', MEMBERS, idle_ms)
+  redis.call('PEXPIRE', SHARES, idle_ms)
 end
 
 -- The shared read as the client decodes it, thirteen integers:
@@ -168,10 +176,11 @@ end
 -- `held_from`): what each may admit, or may have admitted, alone. Never reserved by anyone
 -- else.
 local function others_shares(now, member, hold_ms)
-  local live = redis.call('ZRANGEBYSCORE', MEMBERS, '(' .. int(held_from(now, hold_ms)), '+inf')
+  local all = redis.call('ZRANGE', MEMBERS, 0, -1, 'WITHSCORES')
   local sum = 0
-  for _, m in ipairs(live) do
-    if m ~= member then
+  for i = 1, #all, 2 do
+    local m = all[i]
+    if m ~= member and num(all[i + 1]) > held_from(now, m, hold_ms) then
       sum = sum + num(redis.call('HGET', SHARES, m))
     end
   end

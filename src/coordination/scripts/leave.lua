@@ -11,7 +11,7 @@ prune(now)
 settle_blocks(now, num(ARGV[3]), 5)
 local member = ARGV[1]
 redis.call('ZREM', MEMBERS, member)
-redis.call('HDEL', SHARES, member, member .. '#', member .. '^')
+redis.call('HDEL', SHARES, member, member .. '#', member .. '^', member .. '~')
 redis.call('HSET', SHARES, member .. '!', int(now + num(ARGV[4])))
 -- A read lease it holds (a read ahead still on its way) is given back: the others would
 -- wait a read's deadline for a read that may never be published, then use a stale one.

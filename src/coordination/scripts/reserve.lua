@@ -1,8 +1,9 @@
 -- Atomic check-and-reserve of headroom under the ceiling.
 -- ARGV: block_id, want (>= 1), limit, lease_ms, share_divisor (>= 1), idle_ms, member_ms,
 --       acked (the number of the share the replica last heard of; 0 or absent: none),
---       hold_ms (how long past a forgotten member's horizon its sends may be missing from
---       a read: a send's deadline and the admin plane's lag; see `held_from`)
+--       hold_ms (how long past this replica's horizon its sends may be missing from a
+--       read: a send's deadline and the admin plane's lag; recorded for it, and a
+--       forgotten member is held for the longer of its own and this: see `held_from`)
 -- Reply: {kind, n, <shared read>}: kind 0 granted (n = granted), 1 full (n = estimate, the
 --        other replicas' shares included), 2 disabled, 3 unknown (no good read: the caller
 --        fails open or closed). The read carries the asking replica's new share.

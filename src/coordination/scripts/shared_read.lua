@@ -3,7 +3,7 @@
 -- ARGV: none for an onlooker (pruning only rewrites a field of an existing key, which keeps
 --       its expiry); replica, member_ms, idle_ms, limit, seq, acked, hold_ms for a replica of
 --       the fleet (its heartbeat, its reads), which is then counted among its replicas with
---       its share recorded (see reserve.lua).
+--       its share and hold recorded (see reserve.lua).
 -- Reply: the shared read (see read_reply).
 local now = now_ms()
 prune(now)
