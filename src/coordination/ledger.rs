@@ -451,9 +451,11 @@ impl Ledger {
 
     /// The keys of one queue of the fallback lane, whose backend is of kind `fallback`
     /// beside a primary of kind `primary`. Of another kind, a fallback's queue is named as a
-    /// primary's would be (`{kind/queue}`, as before: a rolling upgrade keeps it
-    /// coordinated); of the same kind it is another broker's queue and has keys of its own,
-    /// `{fallback/kind/queue}`, else both lanes would keep one count for two queues.
+    /// primary's would be (`{kind/queue}`, as before); of the same kind it is another
+    /// broker's queue and has keys of its own, `{fallback/kind/queue}`, else both lanes would
+    /// keep one count for two queues. Those keys are in force only once every replica runs
+    /// this version: during a rolling upgrade an older replica still counts that fallback's
+    /// sends in the primary's keys (and the newer ones do not see them there).
     pub fn fallback_keys(
         &self,
         primary: BackendKind,
