@@ -377,8 +377,9 @@ impl Application {
         // Unknown); a send still in the pipeline meanwhile finds its seat leaving and is
         // refused. Then, in a fleet, settle what is left and leave it, so the others get
         // this replica's share of the room now rather than once it has not been heard from
-        // for a member horizon (bounded by two Redis deadlines: a settle on its way, then
-        // the goodbye; a failure is logged, the share expires).
+        // for a member horizon (bounded by three Redis deadlines: a settle on its way and
+        // the settle batch queued behind it, then the goodbye; a failure is logged, the
+        // share expires).
         server_handle.stop(cut_off == 0).await;
         let served = server
             .await

@@ -2406,10 +2406,13 @@ mod seat {
         s.fleet.fall_back(&LedgerError::Timeout);
         let running = gate.admit().await.expect("alone, within its share");
         s.proxy.set(Fault::Pass);
+        let (logged, _guard) = Logged::on_this_thread();
         assert_eq!(
-            seat.leave().await.unwrap(),
+            seat.say_goodbye().await.unwrap(),
             Goodbye::ShareKept { alone_in_flight: 1 }
         );
+        // Not `coordination_left`: the fleet did not get its share back.
+        assert_eq!(logged.goodbyes(), ["coordination_left_share_kept"]);
         let share = cli(&["HGET", s.keys.all()[6], s.fleet.replica()]);
         assert!(
             share.parse::<u64>().is_ok_and(|n| n > 0),
@@ -2568,6 +2571,45 @@ mod seat {
             .unwrap()
     }
 
+    /// The `event` of every line logged on this thread while the guard lives.
+    #[derive(Clone, Default)]
+    struct Logged(Arc<std::sync::Mutex<Vec<String>>>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Logged {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            let mut name = EventName(None);
+            event.record(&mut name);
+            if let Some(name) = name.0 {
+                self.0.lock().unwrap().push(name);
+            }
+        }
+    }
+
+    impl Logged {
+        fn on_this_thread() -> (Self, tracing::subscriber::DefaultGuard) {
+            use tracing_subscriber::layer::SubscriberExt;
+            let logged = Self::default();
+            let guard = tracing::subscriber::set_default(
+                tracing_subscriber::registry().with(logged.clone()),
+            );
+            (logged, guard)
+        }
+
+        /// The events logged about leaving the fleet, in order.
+        fn goodbyes(&self) -> Vec<String> {
+            let logged = self.0.lock().unwrap();
+            logged
+                .iter()
+                .filter(|e| e.starts_with("coordination_le"))
+                .cloned()
+                .collect()
+        }
+    }
+
     #[test]
     fn a_goodbye_right_after_a_failed_settle_still_counts_its_stored_sends() {
         // Review of 9d61b8c: settle_pending let go of the settle turn before its caller put
@@ -2612,6 +2654,25 @@ mod seat {
                 "the goodbye left out a stored send whose settle had failed: {read:?}"
             );
         });
+    }
+
+    #[tokio::test]
+    async fn a_seat_that_never_reached_redis_makes_no_goodbye_and_logs_no_failure() {
+        // Review of 9d61b8c: a replica local from the start (Redis never answered) tried to
+        // leave at every shutdown and logged coordination_leave_failed: it has nothing in
+        // Redis to take back.
+        let s = setup(Fault::Reset).await;
+        let seat = FleetSeat::new(
+            s.fleet.clone(),
+            s.keys.clone(),
+            QueueName::parse("q").unwrap(),
+            policy(100, Duration::from_secs(1)),
+            Duration::from_millis(100),
+        );
+        let (logged, _guard) = Logged::on_this_thread();
+        assert_eq!(seat.say_goodbye().await.unwrap(), Goodbye::NeverJoined);
+        assert_eq!(logged.goodbyes(), Vec::<String>::new());
+        assert!(!s.fleet.joined());
     }
 
     #[tokio::test]

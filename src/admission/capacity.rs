@@ -319,7 +319,8 @@ impl CapacityGate {
     /// The replica drained: leave the fleet (see [`FleetSeat::leave`]), if in one.
     pub async fn leave_fleet(&self) {
         if let Some(seat) = self.seat.get() {
-            seat.say_goodbye().await;
+            // How it went is logged there.
+            let _ = seat.say_goodbye().await;
         }
     }
 

@@ -127,9 +127,10 @@ impl Dispatcher {
         results.into_iter().collect()
     }
 
-    /// The replica drained: every lane's seats leave the fleet (a no-op in local mode).
-    /// Each seat waits for a settle on its way and makes one call: bounded by two Redis
-    /// deadlines.
+    /// The replica drained: every lane's seats leave the fleet (a no-op for a replica that
+    /// was never in it). The seats leave at once; each waits for the settle turn (at most a
+    /// settle on its way and the settle batch queued behind it, one call each) and makes
+    /// one call: bounded by three Redis deadlines (`FleetSeat::leave`).
     pub async fn leave_fleet(&self) {
         futures_util::future::join_all(self.lanes().map(Lane::leave_fleet)).await;
     }

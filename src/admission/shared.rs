@@ -207,6 +207,9 @@ pub enum Goodbye {
     /// Settled, but `alone_in_flight` sends it admitted alone are still running (a drain
     /// cut short): its share, which covers them, is left to expire as a killed replica's.
     ShareKept { alone_in_flight: u64 },
+    /// Never in the fleet (Redis never answered this replica): nothing of it in Redis to
+    /// settle or take back, and no call made.
+    NeverJoined,
 }
 
 pub struct FleetSeat {
@@ -288,6 +291,9 @@ impl FleetSeat {
             if let Err(error) = seat.settle_alone_first().await {
                 seat.fall_back(&error);
                 continue;
+            }
+            if seat.state.lock().leaving {
+                return;
             }
             let ledger = seat.fleet.ledger();
             match ledger
@@ -500,6 +506,9 @@ impl FleetSeat {
             (fresh, ahead, leftover)
         };
         self.settle_alone_first().await?;
+        if self.state.lock().leaving {
+            return Ok(Err(Refusal::Stopped)); // the goodbye began while this waited
+        }
         if !fresh {
             self.refresh(backend, true).await?;
         }
@@ -595,6 +604,11 @@ impl FleetSeat {
         let _turn = self.settle_turn.lock().await;
         let (open, alone) = {
             let mut state = self.state.lock();
+            // A goodbye began while this waited for the turn: it settles these itself (or
+            // the settle batch does after it), and no call of this one delays it.
+            if state.leaving {
+                return Ok(());
+            }
             (
                 std::mem::take(&mut state.pending_open_stored),
                 std::mem::take(&mut state.pending_alone_stored),
@@ -632,12 +646,19 @@ impl FleetSeat {
     /// its share away, a send admitted alone on it would be counted nowhere. With sends
     /// admitted alone still running (a drain cut short), their outcomes are unknown and its
     /// share must go on covering them: what is there is settled and the share is left to
-    /// expire. Waits for a settle on its way (one call), then makes one call. No heartbeat
-    /// after it.
+    /// expire. Waits for the settle turn, then makes one call: ahead of it may be the call
+    /// of whatever held the turn when this began, and the settle batch if it queued before
+    /// (the turn is first come, first served; a settle of what was stored alone that gets
+    /// the turn after this began makes no call), so at most three Redis deadlines. No
+    /// heartbeat after it. A replica never in the fleet makes no call
+    /// ([`Goodbye::NeverJoined`]).
     ///
     /// [`Ledger::leave`]: crate::coordination::ledger::Ledger::leave
     pub async fn leave(&self) -> Result<Goodbye, LedgerError> {
         self.state.lock().leaving = true;
+        if !self.fleet.ever_joined() {
+            return Ok(Goodbye::NeverJoined);
+        }
         let _turn = self.settle_turn.lock().await;
         // Taken for good: whether this call goes through or not, the process is ending.
         let (blocks, open, alone, alone_in_flight) = {
@@ -678,27 +699,31 @@ impl FleetSeat {
     }
 
     /// [`FleetSeat::leave`], and say how it went: a failure is only logged (the share then
-    /// expires as a killed replica's would).
-    pub async fn say_goodbye(&self) {
-        match self.leave().await {
+    /// expires as a killed replica's would). A seat that was never in the fleet says
+    /// nothing.
+    pub async fn say_goodbye(&self) -> Result<Goodbye, LedgerError> {
+        let goodbye = self.leave().await;
+        match &goodbye {
             Ok(Goodbye::Left) => tracing::info!(
                 event = "coordination_left",
                 queue = %self.queue,
                 "drained: left the fleet, its share of the room is the others' again"
             ),
             Ok(Goodbye::ShareKept { alone_in_flight }) => tracing::warn!(
-                event = "coordination_left",
+                event = "coordination_left_share_kept",
                 queue = %self.queue,
                 alone_in_flight,
                 "drained with sends admitted alone still running: the fleet keeps this replica's share until it expires"
             ),
+            Ok(Goodbye::NeverJoined) => {}
             Err(error) => tracing::warn!(
                 event = "coordination_leave_failed",
                 queue = %self.queue,
                 error = %error,
-                "could not leave the fleet: its share of the room expires in the member horizon"
+                "could not leave the fleet: the others get its share of the room back only once it expires (a member horizon, then a send deadline and the lag, then the next read)"
             ),
         }
+        goodbye
     }
 
     /// A send is admitted by this replica alone (its own gate decided): counted against

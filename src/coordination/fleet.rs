@@ -108,6 +108,11 @@ impl Fleet {
         self.status.lock().joined
     }
 
+    /// Redis answered this replica once at least: it has been in the fleet.
+    pub fn ever_joined(&self) -> bool {
+        self.status.lock().ever_joined
+    }
+
     /// When this replica last turned local (or started). While in the fleet, other
     /// replicas fill the queue through Redis; a local read made before this instant does not
     /// see what they (and this replica) admitted since, so the local gate reads again.
