@@ -469,8 +469,10 @@ async fn a_drained_replica_leaves_the_fleet_and_the_others_get_its_room_at_once(
         queued, 100,
         "the drained replica's share and headroom were still withheld"
     );
+    // Well under MEMBER_FOR (the earliest a share not given back returns), with room for
+    // a loaded machine's slow sends.
     assert!(
-        took < MEMBER_FOR / 2,
+        took < MEMBER_FOR - Duration::from_secs(2),
         "the room came back after {took:?}, not at once"
     );
     assert_eq!(rabbit::ready(&queue).await, 100);
