@@ -9,7 +9,7 @@
 //! query filters on `request_id` directly. Work a request hands to a shared task (the
 //! embedded writer thread, a token refresh) logs without one: it serves many requests.
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 
 use serde_json::{Map, Value};
 use tracing::field::{Field, Visit};
@@ -42,17 +42,25 @@ pub fn init(format: LogFormat) {
     };
 }
 
-/// The text format: `tracing_subscriber`'s default line, with the current request's
-/// fields written after the event's own (`... send_failed event="send_failed"
-/// request_id="r-1" queue="requests" key="batch"`).
+/// The text format: `tracing_subscriber`'s default line, with the current request first
+/// — `TIME LEVEL request{request_id="r-1" queue="requests" key="batch"}: target: message
+/// fields` — and one physical line per event. The request comes before anything the event
+/// carries, so a field whose value holds `request_id="…"` (a client's `Idempotency-Key` in
+/// a message id) cannot pass for the request's, and a line break inside a value (a
+/// broker's error text) is written as `\n` instead of starting a line of its own.
 struct TextLine<T = SystemTime> {
-    line: tracing_subscriber::fmt::format::Format<tracing_subscriber::fmt::format::Full, T>,
+    timer: T,
+    /// The line after the time and the level: spans, target, fields.
+    rest: tracing_subscriber::fmt::format::Format<tracing_subscriber::fmt::format::Full, ()>,
 }
 
 impl Default for TextLine {
     fn default() -> Self {
         Self {
-            line: tracing_subscriber::fmt::format::Format::default(),
+            timer: SystemTime,
+            rest: tracing_subscriber::fmt::format::Format::default()
+                .without_time()
+                .with_level(false),
         }
     }
 }
@@ -61,7 +69,8 @@ impl Default for TextLine {
 impl TextLine {
     fn without_time(self) -> TextLine<()> {
         TextLine {
-            line: self.line.without_time(),
+            timer: (),
+            rest: self.rest,
         }
     }
 }
@@ -70,7 +79,7 @@ impl<S, N, T> FormatEvent<S, N> for TextLine<T>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
-    T: FormatTime + Clone,
+    T: FormatTime,
 {
     fn format_event(
         &self,
@@ -78,18 +87,44 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        // The default line goes into a buffer so the request's fields can go before its
-        // newline (a `Writer` cannot be written back); colours as the writer asks.
-        let mut line = String::new();
-        let format = self.line.clone().with_ansi(writer.has_ansi_escapes());
-        format.format_event(ctx, Writer::new(&mut line), event)?;
-        let line = line.strip_suffix('\n').unwrap_or(&line);
-        writer.write_str(line)?;
-        let mut result = Ok(());
+        let ansi = writer.has_ansi_escapes();
+        let mut time = String::new();
+        self.timer.format_time(&mut Writer::new(&mut time))?;
+        if !time.is_empty() {
+            write!(writer, "{time} ")?;
+        }
+        // The default format's level: padded to five, coloured at a terminal.
+        let (level, colour) = match *event.metadata().level() {
+            tracing::Level::TRACE => ("TRACE", "35"),
+            tracing::Level::DEBUG => ("DEBUG", "34"),
+            tracing::Level::INFO => (" INFO", "32"),
+            tracing::Level::WARN => (" WARN", "33"),
+            tracing::Level::ERROR => ("ERROR", "31"),
+        };
+        if ansi {
+            write!(writer, "\x1b[{colour}m{level}\x1b[0m ")?;
+        } else {
+            write!(writer, "{level} ")?;
+        }
+        let mut request = String::new();
         crate::http::context::current_fields(|name, value| {
-            result = result.and_then(|()| write!(writer, " {name}={value:?}"));
+            let gap = if request.is_empty() { "" } else { " " };
+            let _ = write!(request, "{gap}{name}={value:?}");
         });
-        result?;
+        if !request.is_empty() {
+            write!(writer, "request{{{request}}}: ")?;
+        }
+        // The rest into a buffer, so that a line break inside a value can be escaped.
+        let mut rest = String::new();
+        let format = self.rest.clone().with_ansi(ansi);
+        format.format_event(ctx, Writer::new(&mut rest), event)?;
+        let rest = rest.strip_suffix('\n').unwrap_or(&rest);
+        for (i, part) in rest.split('\n').enumerate() {
+            if i > 0 {
+                writer.write_str("\\n")?;
+            }
+            writer.write_str(&part.replace('\r', "\\r"))?;
+        }
         writeln!(writer)
     }
 }
@@ -438,8 +473,36 @@ mod tests {
         assert!(lines[1].get("request_id").is_none(), "{}", lines[1]);
     }
 
+    /// Review of 19df3eb: written after the event's fields, the request's could be forged
+    /// by a value that holds `request_id="…"` (an `Idempotency-Key` in a message id), and
+    /// a line break in a value (a broker's error text) put them on a line of their own.
     #[test]
-    fn text_lines_end_with_the_request_fields() {
+    fn text_lines_name_their_request_first_and_stay_one_line() {
+        let out = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(out.clone())
+            .with_ansi(false)
+            .event_format(TextLine::default().without_time())
+            .finish();
+        let context = crate::http::RequestContext::for_log_test("r-1");
+        tracing::subscriber::with_default(subscriber, || {
+            context.as_current(|| {
+                tracing::warn!(
+                    message_id = %"k request_id=\"victim\"",
+                    error = %"first\nsecond\rthird",
+                    "forged"
+                );
+            });
+        });
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        let first = text.find("request_id=").unwrap();
+        assert!(text[first..].starts_with("request_id=\"r-1\""), "{text}");
+        assert!(text.contains("first\\nsecond\\rthird"), "{text}");
+    }
+
+    #[test]
+    fn text_lines_start_with_the_request_fields() {
         let out = Captured::default();
         log_in_a_request(
             tracing_subscriber::fmt()
@@ -453,8 +516,9 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[0],
-            " WARN lib{conn=7}: sendgate::telemetry::tests: refused event=\"send_failclosed\" \
-             consecutive_failures=3 request_id=\"r-\\\"1\\\"\" queue=\"requests\" key=\"batch\"",
+            " WARN request{request_id=\"r-\\\"1\\\"\" queue=\"requests\" key=\"batch\"}: \
+             lib{conn=7}: sendgate::telemetry::tests: refused event=\"send_failclosed\" \
+             consecutive_failures=3",
         );
         assert_eq!(
             lines[1],

@@ -137,7 +137,7 @@ impl Backend for ServiceBus {
             tracing::warn!(
                 event = "servicebus_send_failed",
                 queue = %message.queue,
-                message_id = %message.message_id,
+                message_id = message.message_id.as_str(),
                 error = %error,
                 "Service Bus did not take the message"
             );
