@@ -453,4 +453,54 @@ mod tests {
 
     /// What only the fuzz workspace needs: libFuzzer's bindings and their build.
     const FUZZ_ONLY: &[&str] = &["arbitrary", "jobserver", "libfuzzer-sys"];
+
+    /// Each crates.io package's dependencies by name (`"regex 1.13.2"` → `regex`), by
+    /// name and version: a feature switched on in one workspace only adds an edge.
+    fn locked_edges(lock: &Path) -> std::collections::BTreeMap<(String, String), BTreeSet<String>> {
+        let text = std::fs::read_to_string(lock).unwrap();
+        let table: toml::Table = text.parse().unwrap();
+        let mut edges = std::collections::BTreeMap::new();
+        for package in table["package"].as_array().unwrap() {
+            // Workspace members (no source) differ by their dev-dependencies.
+            if package.get("source").is_none() {
+                continue;
+            }
+            let name = package["name"].as_str().unwrap().to_owned();
+            let version = package["version"].as_str().unwrap().to_owned();
+            let deps = package
+                .get("dependencies")
+                .and_then(|d| d.as_array())
+                .into_iter()
+                .flatten()
+                .filter_map(|d| d.as_str()?.split(' ').next())
+                .filter(|d| !FUZZ_ONLY.contains(d))
+                .map(str::to_owned)
+                .collect();
+            edges.insert((name, version), deps);
+        }
+        edges
+    }
+
+    /// Review of cf49b18: the fuzz lock kept actix-router and actix-web without the
+    /// `regex` edge the root's `unicode` feature added, and the version check above could
+    /// not see it (same versions).
+    #[test]
+    fn the_fuzz_lock_file_has_the_dependencies_the_server_is_built_with() {
+        let root = locked_edges(&Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.lock"));
+        let fuzz = locked_edges(&fuzz_dir().join("Cargo.lock"));
+        let differing: Vec<String> = fuzz
+            .iter()
+            // `cc` builds libFuzzer with its jobserver (and so libc) in the fuzz workspace.
+            .filter(|((name, _), _)| name.as_str() != "cc")
+            .filter_map(|(package, deps)| {
+                let shipped = root.get(package)?;
+                (deps != shipped).then(|| format!("{package:?}: fuzz {deps:?}, root {shipped:?}"))
+            })
+            .collect();
+        assert!(
+            differing.is_empty(),
+            "fuzz/Cargo.lock's dependency edges differ from Cargo.lock's (regenerate as above):\n{}",
+            differing.join("\n")
+        );
+    }
 }
