@@ -678,17 +678,8 @@ impl FleetSeat {
                 state.alone_unsettled.saturating_sub(alone),
             )
         };
-        let ids: Vec<(String, u64, u64)> = blocks
-            .into_iter()
-            .map(|(turn, (stored, not_stored))| (self.block_id(turn.0), stored, not_stored))
-            .collect();
-        let mut batch: Vec<Settle<'_>> = ids
-            .iter()
-            .map(|(id, stored, not_stored)| Settle::new(id, *stored, *not_stored))
-            .collect();
-        if open + alone > 0 {
-            batch.push(Settle::new(&self.open_id, open + alone, 0));
-        }
+        let rows = self.settle_rows(blocks, open + alone);
+        let batch = settle_batch(&rows);
         let ledger = self.fleet.ledger();
         if alone_in_flight > 0 {
             ledger.settle_batch(&self.keys, &batch).await?;
@@ -973,6 +964,23 @@ impl FleetSeat {
         }
     }
 
+    /// One settle call's rows, `(id, stored, not stored)`: each block's, then the sends
+    /// no block took (`open`: stored on top of the read, and those stored alone).
+    fn settle_rows(
+        &self,
+        blocks: BTreeMap<BlockTurn, (u64, u64)>,
+        open: u64,
+    ) -> Vec<(String, u64, u64)> {
+        let mut rows: Vec<(String, u64, u64)> = blocks
+            .into_iter()
+            .map(|(turn, (stored, not_stored))| (self.block_id(turn.0), stored, not_stored))
+            .collect();
+        if open > 0 {
+            rows.push((self.open_id.clone(), open, 0));
+        }
+        rows
+    }
+
     /// On failure, the stored sends not yet counted are put back before the settle turn
     /// is let go (a goodbye that takes it next must find them), to be settled again as
     /// *open* (counted on top of the read, taking nothing from a block: whether the failed
@@ -989,17 +997,8 @@ impl FleetSeat {
                 std::mem::take(&mut state.pending_alone_stored),
             )
         };
-        let ids: Vec<(String, u64, u64)> = blocks
-            .into_iter()
-            .map(|(turn, (stored, not_stored))| (self.block_id(turn.0), stored, not_stored))
-            .collect();
-        let mut batch: Vec<Settle<'_>> = ids
-            .iter()
-            .map(|(id, stored, not_stored)| Settle::new(id, *stored, *not_stored))
-            .collect();
-        if open + alone > 0 {
-            batch.push(Settle::new(&self.open_id, open + alone, 0));
-        }
+        let rows = self.settle_rows(blocks, open + alone);
+        let batch = settle_batch(&rows);
         // One atomic call: on failure none of it happened (or all of it did, with the reply
         // lost), so every stored send of the batch is kept to be settled again.
         let unsettled: u64 = batch.iter().map(|s| s.stored).sum::<u64>() - alone;
@@ -1119,6 +1118,13 @@ impl FleetSeat {
             reads_failed: state.own_reads.1,
         })
     }
+}
+
+/// The ledger's view of [`FleetSeat::settle_rows`]: borrowed, for one call.
+fn settle_batch(rows: &[(String, u64, u64)]) -> Vec<Settle<'_>> {
+    rows.iter()
+        .map(|(id, stored, not_stored)| Settle::new(id, *stored, *not_stored))
+        .collect()
 }
 
 #[cfg(test)]
