@@ -5,6 +5,7 @@
 pub mod entra;
 pub mod fleet;
 pub mod ledger;
+pub mod port;
 
 use std::sync::Arc;
 use std::time::SystemTime;
