@@ -32,7 +32,7 @@ use futures_util::FutureExt;
 use tokio::time::Instant;
 
 use sendgate::admission::breaker::BreakerPolicy;
-use sendgate::admission::capacity::{BacklogEffect, CapacityGate, CapacityPolicy};
+use sendgate::admission::ceiling::{BacklogEffect, CapacityGate, CapacityPolicy};
 use sendgate::admission::inflight::InFlight;
 use sendgate::admission::{BackendRole, DispatchError, Dispatcher, Lane};
 use sendgate::backend::{Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt};
@@ -44,12 +44,18 @@ use sendgate::lifecycle::Lifecycle;
 /// A broker that answers at once: a fixed backlog, and every send acknowledged.
 struct Stub {
     backlog: u64,
+    /// How far its depth trails (RabbitMQ's management API: a lag window is kept).
+    lag: Duration,
 }
 
 #[async_trait]
 impl Backend for Stub {
     fn kind(&self) -> &'static str {
         "stub"
+    }
+
+    fn depth_lag(&self) -> Duration {
+        self.lag
     }
 
     async fn send(&self, _: OutgoingMessage, _: Instant) -> Result<SendReceipt, SendError> {
@@ -122,8 +128,8 @@ fn primed_gate(backlog: u64, limit: u64, lag: Duration) -> Arc<CapacityGate> {
         ("SENDGATE_DEPTH_TTL_MS", "3600000"),
         ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", &limit.to_string()),
     ]);
-    let stub = Arc::new(Stub { backlog });
-    let gate = CapacityGate::new(queue(), CapacityPolicy::from_settings(&settings, lag), stub);
+    let stub = Arc::new(Stub { backlog, lag });
+    let gate = CapacityGate::new(queue(), CapacityPolicy::from_settings(&settings), stub);
     // The read runs under a deadline (a tokio timer), so it needs a runtime; the cached
     // admits measured below never reach a timer.
     runtime().block_on(gate.prime());
@@ -227,7 +233,10 @@ fn bench_decision(c: &mut Criterion) {
         ]);
         let route = Lane::new(
             BackendRole::Primary,
-            Arc::new(Stub { backlog }),
+            Arc::new(Stub {
+                backlog,
+                lag: Duration::ZERO,
+            }),
             &[queue()],
             &settings,
             BreakerPolicy::default(),

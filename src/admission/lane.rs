@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use super::breaker::{Breaker, BreakerPolicy};
-use super::capacity::{CapacityGate, CapacityPolicy};
+use super::ceiling::{CapacityGate, CapacityPolicy, FleetSeat};
 use crate::backend::Backend;
 use crate::config::CapacitySettings;
 use crate::domain::QueueName;
@@ -58,7 +58,7 @@ impl Lane {
         capacity: &CapacitySettings,
         breaker: BreakerPolicy,
     ) -> Self {
-        let policy = CapacityPolicy::from_settings(capacity, backend.depth_lag());
+        let policy = CapacityPolicy::from_settings(capacity);
         let gates = queues
             .iter()
             .map(|q| {
@@ -76,23 +76,22 @@ impl Lane {
         }
     }
 
-    /// Share each queue's ceiling with the fleet (`SENDGATE_COORDINATION=redis`), in the
-    /// ledger's keys `keys` gives for it (the primary's and the fallback's differ: see
-    /// [`Ledger::fallback_keys`](crate::coordination::ledger::Ledger::fallback_keys)).
+    /// Share each queue's ceiling with the fleet (`SENDGATE_COORDINATION=redis`), under the
+    /// ledger key `key` gives for it (the primary's and the fallback's differ: see
+    /// [`Ledger::fallback_key`](crate::coordination::ledger::Ledger::fallback_key)).
     pub fn join_fleet(
         &self,
         fleet: &Arc<crate::coordination::fleet::Fleet>,
-        keys: impl Fn(&QueueName) -> crate::coordination::ledger::QueueKeys,
+        key: impl Fn(&QueueName) -> String,
         send_timeout: Duration,
     ) {
         for (queue, gate) in &self.gates {
-            gate.join_fleet(super::shared::FleetSeat::new(
+            gate.join_fleet(FleetSeat::new(
                 Arc::clone(fleet),
-                keys(queue)
-                    .with_lag(gate.policy().lag)
-                    .with_send_deadline(send_timeout),
+                key(queue),
                 queue.clone(),
                 Arc::clone(gate.policy_cell()),
+                Arc::clone(&self.backend),
                 send_timeout,
             ));
         }

@@ -5,11 +5,10 @@
 //! module.
 
 pub mod breaker;
-pub mod capacity;
+pub mod ceiling;
 pub mod drain;
 pub mod inflight;
 mod lane;
-pub mod shared;
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
@@ -20,7 +19,7 @@ use crate::backend::{OutgoingMessage, SendError, SendReceipt};
 use crate::config::ForceBackend;
 use crate::domain::QueueName;
 use breaker::Outcome;
-use capacity::{BacklogEffect, Refusal};
+use ceiling::{BacklogEffect, Refusal};
 use inflight::InFlight;
 pub use lane::{BackendRole, Lane, ProbeStatus};
 
@@ -201,7 +200,7 @@ impl Dispatcher {
             }
         };
         let started = Instant::now();
-        let result = self.deliver(lane, admitted, message(), started).await;
+        let result = self.deliver(lane, admitted, message()).await;
         Dispatched {
             via: Some(lane.role),
             result,
@@ -213,6 +212,7 @@ impl Dispatcher {
     async fn admit(&self, lane: &Lane, queue: &QueueName) -> Result<Admitted, DispatchError> {
         let gate = lane.gate(queue).ok_or(DispatchError::UnknownQueue)?;
         let reservation = gate.admit().await.map_err(DispatchError::Refused)?;
+        let admitted_at = Instant::now();
         let Some(slot) = self.in_flight.try_acquire() else {
             reservation.finish(BacklogEffect::NotStored);
             tracing::debug!(event = "send_saturated", queue = %queue);
@@ -221,6 +221,7 @@ impl Dispatcher {
         match lane.breaker.try_acquire() {
             Ok(ticket) => Ok(Admitted {
                 reservation,
+                admitted_at,
                 _slot: slot,
                 ticket,
             }),
@@ -238,14 +239,20 @@ impl Dispatcher {
         lane: &Lane,
         admitted: Admitted,
         message: OutgoingMessage,
-        started: Instant,
     ) -> Result<SendReceipt, DispatchError> {
         let Admitted {
             reservation,
+            admitted_at,
             _slot,
             ticket,
         } = admitted;
-        let deadline = started + self.send_timeout;
+        let deadline = admitted_at + self.send_timeout;
+        if Instant::now() >= deadline {
+            // Never issued past the deadline counted from its admission (docs/fleet.md, A2).
+            ticket.record(Outcome::Neutral);
+            reservation.finish(BacklogEffect::NotStored);
+            return Err(DispatchError::Send(SendError::Timeout));
+        }
         // The deadline goes into the backend, which cancels its own work; the outer timeout
         // is the backstop for a backend that ignores it.
         let result = tokio::time::timeout_at(deadline, lane.backend().send(message, deadline))
@@ -285,7 +292,9 @@ fn force_code(force: Option<ForceBackend>) -> u8 {
 
 /// What a send holds between admission and its answer; each part is given back on drop.
 struct Admitted {
-    reservation: capacity::Reservation,
+    reservation: ceiling::Reservation,
+    /// The send's deadline counts from here: the ceiling counts it from its admission.
+    admitted_at: Instant,
     _slot: inflight::Slot,
     ticket: breaker::Ticket,
 }

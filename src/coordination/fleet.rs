@@ -1,21 +1,31 @@
 //! This replica's place in the fleet: the ledger it shares, and whether it is in the fleet
 //! right now or running alone.
 //!
-//! Redis is a helper, never a single point of failure: the first ledger call that errs or
-//! misses its deadline turns the replica to local mode at once (its sends go on under its
-//! own gate, fail-closed unchanged), and a probe asks Redis (a PING, then each shared
-//! queue's read script: a PING alone can answer while the scripts fail) every
-//! [`REJOIN_EVERY`] until it answers, when the replica rejoins.
+//! The first ledger call that errs or misses its deadline cuts the replica off at once
+//! (what it may still admit is the seat's rule: docs/fleet.md, step 6), and a probe asks
+//! the ledger (each shared queue's state, through a script) every [`REJOIN_EVERY`] until it
+//! answers, when the replica rejoins.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use parking_lot::Mutex;
 
-use super::ledger::{Ledger, LedgerError, QueueKeys};
+use super::port::{LedgerError, LedgerPort, QueueRef, Terms};
 
-/// How often a replica in local mode asks Redis whether it is back.
+/// How often a replica cut off asks Redis whether it is back.
 pub const REJOIN_EVERY: Duration = Duration::from_secs(1);
+
+/// A queue's state outlives its last write this long, so a deleted queue or deployment
+/// leaves nothing behind for ever.
+pub const IDLE: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// A replica counts in the fleet's size this long after its last call.
+pub const MEMBER_FOR: Duration = Duration::from_secs(10);
+
+/// A replica in the fleet calls each queue's ledger at least this often (its seat's
+/// heartbeat when it made no other call), so a new epoch is learnt within the grace.
+pub const HEARTBEAT: Duration = Duration::from_millis(250);
 
 /// What `/health/detailed` and `/metrics` show.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,10 +53,10 @@ struct Status {
 }
 
 pub struct Fleet {
-    ledger: Ledger,
-    /// The queues whose scripts must answer before the replica rejoins (see
+    ledger: Arc<dyn LedgerPort>,
+    /// The queues whose state must answer before the replica rejoins (see
     /// [`Fleet::register`]).
-    queues: Mutex<Vec<QueueKeys>>,
+    queues: Mutex<Vec<(String, Terms)>>,
     /// Names this replica's blocks and read leases.
     replica: String,
     status: Mutex<Status>,
@@ -55,7 +65,7 @@ pub struct Fleet {
 impl Fleet {
     /// Start in local mode and join the fleet as soon as Redis answers (the first ping
     /// goes out at once): start-up never waits on Redis. Needs a tokio runtime.
-    pub fn start(ledger: Ledger) -> Arc<Self> {
+    pub fn start(ledger: Arc<dyn LedgerPort>) -> Arc<Self> {
         let fleet = Arc::new(Self {
             ledger,
             replica: uuid::Uuid::new_v4().simple().to_string(),
@@ -76,27 +86,30 @@ impl Fleet {
     /// can answer while every script fails (a key of the wrong type under the prefix, writes
     /// paused during a failover): rejoining on it would turn the replica local again on the
     /// next send, every second, and each turn costs a fresh admin-plane read.
-    pub fn register(&self, keys: QueueKeys) {
+    pub fn register(&self, key: String, terms: Terms) {
         let mut queues = self.queues.lock();
-        if !queues.contains(&keys) {
-            queues.push(keys);
+        if !queues.iter().any(|(k, _)| *k == key) {
+            queues.push((key, terms));
         }
     }
 
-    /// Redis answers a PING and every registered queue's shared read (a script, which also
-    /// prunes, so a write).
+    /// Every registered queue's state can be looked at (a script: a PING alone can answer
+    /// while every script fails). As an onlooker: the seats speak for the replica, with its
+    /// carry, in their own next calls.
     async fn answers(&self) -> Result<(), LedgerError> {
-        self.ledger.ping().await?;
+        // The seats register right after the fleet starts: with none yet there is nothing
+        // to ask, and nothing to join for.
+        while self.queues.lock().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let queues = self.queues.lock().clone();
-        // As an onlooker: a replica is heard from again (its share recomputed) by its seats'
-        // own calls, after they settled what it stored alone (see `FleetSeat`).
-        for keys in &queues {
-            self.ledger.shared_read(keys).await?;
+        for (key, terms) in &queues {
+            self.ledger.look(QueueRef { key, terms: *terms }).await?;
         }
         Ok(())
     }
 
-    pub fn ledger(&self) -> &Ledger {
+    pub fn ledger(&self) -> &Arc<dyn LedgerPort> {
         &self.ledger
     }
 
@@ -135,7 +148,7 @@ impl Fleet {
         tracing::warn!(
             event = "coordination_local",
             error = %error,
-            "Redis did not answer: keeping the ceiling locally until it does"
+            "Redis did not answer: cut off from the fleet until it does (docs/fleet.md, step 6)"
         );
         tokio::spawn(Arc::clone(self).rejoin_when_redis_answers());
     }
@@ -152,7 +165,7 @@ impl Fleet {
                         tracing::warn!(
                             event = "coordination_local",
                             error = %e,
-                            "Redis does not answer: keeping the ceiling locally until it does"
+                            "Redis does not answer: cut off from the fleet until it does (docs/fleet.md, step 6)"
                         );
                         said = true;
                     }

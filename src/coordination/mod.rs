@@ -18,8 +18,9 @@ use ledger::Ledger;
 pub enum Coordination {
     /// `SENDGATE_COORDINATION=local`.
     Local { since: SystemTime },
-    /// `redis`: in the fleet while Redis answers, local while it does not.
-    Fleet(Arc<Fleet>),
+    /// `redis`: in the fleet while Redis answers, cut off while it does not. `ledger` is
+    /// the same Redis as a plain client (the runtime settings' store).
+    Fleet { fleet: Arc<Fleet>, ledger: Ledger },
     /// `redis`, but the settings cannot be used here (with `SENDGATE_REDIS_AUTH=entra`, no
     /// Entra ID credential chain could be built): local for good, said on every health read
     /// rather than refusing to start a replica of a fleet.
@@ -33,7 +34,10 @@ impl Coordination {
         match settings {
             CoordinationSettings::Local => Self::Local { since },
             CoordinationSettings::Redis(redis) => match Ledger::lazy(redis) {
-                Ok(ledger) => Self::Fleet(Fleet::start(ledger)),
+                Ok(ledger) => Self::Fleet {
+                    fleet: Fleet::start(Arc::new(ledger.clone())),
+                    ledger,
+                },
                 Err(e) => {
                     tracing::warn!(
                         event = "coordination_local",
@@ -57,7 +61,7 @@ impl Coordination {
                 since: *since,
                 last_error: None,
             },
-            Self::Fleet(fleet) => fleet.health(),
+            Self::Fleet { fleet, .. } => fleet.health(),
             Self::Unusable { since, error } => CoordinationHealth {
                 mode: "local",
                 ok: false,

@@ -13,7 +13,7 @@ use actix_web::{HttpResponse, ResponseError};
 use sendgate_wire::{ErrorBody, ErrorCode};
 
 use super::headers::{CORRELATION_ID, SENDGATE_BACKEND};
-use crate::admission::capacity::Refusal;
+use crate::admission::ceiling::Refusal;
 use crate::admission::drain::DrainRate;
 use crate::admission::{BackendRole, DispatchError};
 use crate::backend::SendError;

@@ -66,7 +66,7 @@ impl RuntimeSettings {
             has_fallback: settings.fallback.is_some(),
         };
         let store = match coordination {
-            Coordination::Fleet(fleet) => Store::redis(fleet.ledger().clone()),
+            Coordination::Fleet { ledger, .. } => Store::redis(ledger.clone()),
             Coordination::Local { .. } | Coordination::Unusable { .. } => {
                 Store::file(&settings.data_dir)
             }

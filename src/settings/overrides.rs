@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::admission::capacity::PolicyOverride;
+use crate::admission::ceiling::PolicyOverride;
 use crate::config::vars::{self, Kind, Var};
 use crate::config::ForceBackend;
 use crate::domain::QueueName;

@@ -178,6 +178,11 @@ impl Backend for RabbitMq {
                 retry_after: Some(BLOCKED_RETRY_AFTER),
             });
         }
+        // A publish is never issued past its deadline (docs/fleet.md, A2): the fleet stops
+        // counting an admission a hold after it, which assumes it was stored by then or never.
+        if Instant::now() >= deadline {
+            return Err(SendError::Timeout);
+        }
         let properties = properties_of(&message);
         let publisher = session.publisher();
         let publish = async {

@@ -124,6 +124,10 @@ impl Backend for ServiceBus {
                 TokenError::Timeout => SendError::Unavailable("no Entra ID token in time".into()),
                 TokenError::Unavailable(why) => SendError::AuthFailed(why),
             })?;
+        // Never issued past its deadline (docs/fleet.md, A2).
+        if Instant::now() >= deadline {
+            return Err(SendError::Timeout);
+        }
         let result = self
             .rest
             .send(

@@ -1,0 +1,486 @@
+//! The ceiling as one process keeps it (contract section 2): the last depth read from the
+//! admin plane, reused for the TTL, with this process's own sends counted on top.
+//!
+//! One read is in flight at a time per queue: sends that find the cache stale while a read
+//! runs wait for that read instead of starting their own. On top of the last read the
+//! gate counts the sends it admitted since, so one process never overshoots the ceiling
+//! between reads:
+//!
+//! ```text
+//! estimate = backlog from the read
+//!          + sends that completed after the read started (or within `lag` before it,
+//!            for an admin plane whose counts trail the data plane)
+//!          + sends admitted and still in flight
+//! ```
+//!
+//! Reads are made ahead of expiry: the first send that finds the cached read within its
+//! refresh lead of the TTL (twice the last read's duration, at most half the TTL) starts a
+//! read in the background and is decided on the cached value, so under steady traffic no
+//! send waits for the admin plane; only a queue's first read, or one after the value
+//! expired with no traffic to refresh it, is waited for.
+//!
+//! A failed read (error, timeout, no permission) adds one to the queue's consecutive-failure
+//! streak; a good read resets it. With the backlog unknown the send proceeds (fails open)
+//! unless the gate is on and the streak has reached its threshold (fails closed).
+//!
+//! Each good read also measures how fast the queue drains (`drain.rs`): a `429` says how
+//! long that drain needs to bring the backlog back to where sends resume. A queue refusing
+//! at its ceiling keeps refusing until the estimate is at or below the resume level
+//! (`SENDGATE_RESUME_BELOW` × ceiling), so admission does not flap at the boundary.
+//!
+//! This gate knows nothing of a fleet: what a replica deciding alone must count on top is
+//! handed to it as [`LocalBounds`].
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use super::policy::{BacklogEffect, GateSnapshot, PolicyCell, Refusal};
+use crate::admission::drain::DrainEstimator;
+use crate::backend::{Backend, DepthError};
+use crate::domain::QueueName;
+
+/// Completions are counted in slots this wide when a lag window is kept. A slot is
+/// stamped with its end, so rounding can only over-count (refuse a little early), never
+/// let a send through over the ceiling.
+const SLOT: Duration = Duration::from_millis(10);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum LastRead {
+    Never,
+    Ok {
+        backlog: u64,
+        send_disabled: bool,
+        at: Instant,
+    },
+    Failed {
+        at: Instant,
+    },
+}
+
+#[derive(Debug)]
+pub(super) struct GateState {
+    last_read: LastRead,
+    /// Bumped by every finished read; waiters compare it to learn that a read happened.
+    pub(super) generation: u64,
+    streak: u32,
+    /// Admitted, not yet finished.
+    in_flight: u64,
+    /// Finished sends counted on top of the last good read.
+    since_read: u64,
+    /// Every finished send that may be in the queue, ever (a monotonic counter).
+    completed_total: u64,
+    /// Recent completions in `SLOT`-wide slots `(slot end, count)`; kept only when `lag > 0`.
+    recent: VecDeque<(Instant, u64)>,
+    last_read_ok_at: Option<SystemTime>,
+    reads_ok: u64,
+    reads_failed: u64,
+    /// The read generation whose fail-closed refusals were last logged, and the refusals
+    /// not logged since: `send_failclosed` is logged once per depth read, not per send.
+    failclosed_logged: Option<u64>,
+    failclosed_unlogged: u64,
+    /// How long the last read took: the refresh starts this long (twice) before expiry.
+    last_read_took: Duration,
+    /// A read started ahead of expiry is running in the background.
+    pub(super) refreshing_ahead: bool,
+    /// The drain rate, measured between good reads.
+    drain: DrainEstimator,
+    /// The last good read's time and backlog: the previous end of the next measured pair.
+    anchor: Option<(Instant, u64)>,
+    /// Refused at the ceiling and not yet back at or below the resume level.
+    refusing: bool,
+    /// Reads made before this are not reused (see [`LocalGate::forget_reads_before`]).
+    fresh_after: Option<Instant>,
+}
+
+/// Why a read is made: for a send (counts in the streak) or at start-up (does not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    ForSend,
+    Priming,
+}
+
+pub struct LocalGate {
+    queue: QueueName,
+    /// Swapped by `PATCH /admin/settings`; read once or a few times per decision, no lock.
+    policy: Arc<PolicyCell>,
+    /// Whose admin plane is read: the lane's backend.
+    backend: Arc<dyn Backend>,
+    pub(super) state: Mutex<GateState>,
+    /// Held by the one read in flight; sends that find the cache stale queue here.
+    read_turn: tokio::sync::Mutex<()>,
+}
+
+/// What the gate counts on top of its read when its sends are not all it must answer for
+/// (a replica of a fleet deciding alone): the backlog is at least `floor`, and `counted`
+/// sends of its own, weighed `replicas` times, go on top instead of its own count since the
+/// read. `None`: the gate is the only writer, and counts itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalBounds {
+    pub floor: u64,
+    pub replicas: u64,
+    pub counted: u64,
+}
+
+impl LocalGate {
+    pub fn new(queue: QueueName, policy: Arc<PolicyCell>, backend: Arc<dyn Backend>) -> Arc<Self> {
+        let lag = backend.depth_lag();
+        Arc::new(Self {
+            queue,
+            backend,
+            state: Mutex::new(GateState {
+                last_read: LastRead::Never,
+                generation: 0,
+                streak: 0,
+                in_flight: 0,
+                since_read: 0,
+                completed_total: 0,
+                recent: VecDeque::new(),
+                last_read_ok_at: None,
+                reads_ok: 0,
+                reads_failed: 0,
+                failclosed_logged: None,
+                failclosed_unlogged: 0,
+                last_read_took: Duration::ZERO,
+                refreshing_ahead: false,
+                drain: DrainEstimator::new(lag),
+                anchor: None,
+                refusing: false,
+                fresh_after: None,
+            }),
+            read_turn: tokio::sync::Mutex::new(()),
+            policy,
+        })
+    }
+
+    pub fn queue(&self) -> &QueueName {
+        &self.queue
+    }
+
+    /// Reads made before `at` are not reused, nor measured against (the gate was not the
+    /// one deciding since: a spell in a fleet, whose admissions it did not count).
+    pub fn forget_reads_before(&self, at: Instant) {
+        let mut state = self.state.lock();
+        if state.fresh_after.is_none_or(|after| after < at) {
+            state.fresh_after = Some(at);
+        }
+    }
+
+    /// Decide whether one more send may go to the queue, reading the depth first when the
+    /// cached read is stale. An admitted send is counted in flight until [`Self::finish`].
+    pub async fn admit(self: &Arc<Self>, bounds: Option<LocalBounds>) -> Result<(), Refusal> {
+        let cached = {
+            let mut state = self.state.lock();
+            let now = Instant::now();
+            if self.is_fresh(&state, now) || self.is_being_refreshed(&state, now) {
+                let ahead = self.should_refresh_ahead(&mut state, now);
+                let decision = self.decide(&mut state, bounds);
+                Ok((
+                    Self::failclosed_to_log(&mut state, &decision),
+                    decision,
+                    ahead,
+                ))
+            } else {
+                Err(state.generation)
+            }
+        };
+        let (log, decision) = match cached {
+            Ok((log, decision, ahead)) => {
+                if let Some(generation) = ahead {
+                    let gate = Arc::clone(self);
+                    tokio::spawn(async move {
+                        gate.refresh(generation, Read::ForSend).await;
+                        gate.state.lock().refreshing_ahead = false;
+                    });
+                }
+                (log, decision)
+            }
+            Err(seen_generation) => {
+                self.refresh(seen_generation, Read::ForSend).await;
+                let mut state = self.state.lock();
+                let decision = self.decide(&mut state, bounds);
+                (Self::failclosed_to_log(&mut state, &decision), decision)
+            }
+        };
+        // Logged after the lock is released: stderr must not serialise a queue's sends.
+        if let (
+            Some(refused_since_last_log),
+            Err(Refusal::CapacityUnknown {
+                consecutive_failures,
+            }),
+        ) = (log, &decision)
+        {
+            tracing::warn!(
+                event = "send_failclosed",
+                queue = %self.queue,
+                consecutive_failures,
+                refused_since_last_log,
+                "queue depth unknown: refusing sends (fail-closed)"
+            );
+        }
+        decision
+    }
+
+    /// A fail-closed refusal is logged once per depth read: the first after each read
+    /// says how many were refused since the last line (this one included).
+    pub(super) fn failclosed_to_log(
+        state: &mut GateState,
+        decision: &Result<(), Refusal>,
+    ) -> Option<u64> {
+        if !matches!(decision, Err(Refusal::CapacityUnknown { .. })) {
+            return None;
+        }
+        state.failclosed_unlogged += 1;
+        if state.failclosed_logged == Some(state.generation) {
+            return None;
+        }
+        state.failclosed_logged = Some(state.generation);
+        Some(std::mem::take(&mut state.failclosed_unlogged))
+    }
+
+    /// Read the depth now, whatever the cache holds (start-up). A failure here is recorded
+    /// but does not start the streak: the streak counts the reads sends depend on, so with
+    /// the admin plane down from the start, sends 1 and 2 still fail open and send 3 is the
+    /// one refused (contract section 2).
+    pub async fn prime(&self) {
+        let generation = self.state.lock().generation;
+        self.refresh(generation, Read::Priming).await;
+    }
+
+    fn is_fresh(&self, state: &GateState, now: Instant) -> bool {
+        match state.last_read {
+            LastRead::Never => false,
+            LastRead::Ok { at, .. } | LastRead::Failed { at } => {
+                // A read made before the replica last turned local is from before a spell in
+                // the fleet, whose admissions it does not count: never reused.
+                now < at + self.policy.load().ttl && Self::comparable(state, at)
+            }
+        }
+    }
+
+    /// The cached value expired while its read ahead is still running (the read outlasted
+    /// its lead: a saturated worker, a slow admin plane): sends keep deciding on it until
+    /// the read lands, instead of all queueing behind that read and being released one by
+    /// one (the tail spikes once per TTL under load). Only a queue's first read is waited
+    /// for (contract section 2). Bounded by the read's own deadline, after which the read
+    /// has ended one way or the other; a read made before a spell in the fleet is never
+    /// reused.
+    fn is_being_refreshed(&self, state: &GateState, now: Instant) -> bool {
+        let (LastRead::Ok { at, .. } | LastRead::Failed { at }) = state.last_read else {
+            return false;
+        };
+        state.refreshing_ahead
+            && now < at + self.policy.load().ttl + self.policy.base().read_timeout
+            && Self::comparable(state, at)
+    }
+
+    /// A read made at `at` counts everything admitted since: none was admitted elsewhere.
+    fn comparable(state: &GateState, at: Instant) -> bool {
+        state.fresh_after.is_none_or(|after| at >= after)
+    }
+
+    /// Whether this send starts the read ahead of expiry (and of which generation): the
+    /// cached value is within its refresh lead of the TTL and no read runs yet.
+    fn should_refresh_ahead(&self, state: &mut GateState, now: Instant) -> Option<u64> {
+        let (LastRead::Ok { at, .. } | LastRead::Failed { at }) = state.last_read else {
+            return None;
+        };
+        let lead = (state.last_read_took * 2).min(self.policy.load().ttl / 2);
+        if state.refreshing_ahead || now < (at + self.policy.load().ttl).checked_sub(lead)? {
+            return None;
+        }
+        state.refreshing_ahead = true;
+        Some(state.generation)
+    }
+
+    /// Read the depth unless another caller finished a read while this one waited its turn.
+    async fn refresh(&self, seen_generation: u64, kind: Read) {
+        let _turn = self.read_turn.lock().await;
+        let (started, completed_at_start, lagged) = {
+            let mut state = self.state.lock();
+            if state.generation != seen_generation {
+                return;
+            }
+            let started = Instant::now();
+            let lagged = self.lagged_completions(&mut state, started);
+            (started, state.completed_total, lagged)
+        };
+        let deadline = started + self.policy.base().read_timeout;
+        let read = self.backend.backlog(&self.queue, deadline);
+        let result = match tokio::time::timeout_at(deadline, read).await {
+            Ok(result) => result,
+            Err(_) => Err(DepthError::Timeout),
+        };
+        let now = Instant::now();
+        let mut state = self.state.lock();
+        state.generation += 1;
+        state.last_read_took = now - started;
+        match result {
+            Ok(backlog) => {
+                // Completions before the read started are in its count (for an exact admin
+                // plane); those after it, and those inside the lag window, are added on top.
+                let since_read = lagged + (state.completed_total - completed_at_start);
+                Self::measure_drain(&mut state, now, backlog.messages, since_read);
+                state.since_read = since_read;
+                state.last_read = LastRead::Ok {
+                    backlog: backlog.messages,
+                    send_disabled: backlog.send_disabled,
+                    at: now,
+                };
+                state.streak = 0;
+                state.last_read_ok_at = Some(SystemTime::now());
+                state.reads_ok += 1;
+            }
+            Err(error) => {
+                state.last_read = LastRead::Failed { at: now };
+                if kind == Read::ForSend {
+                    state.streak = state.streak.saturating_add(1);
+                }
+                state.reads_failed += 1;
+                let streak = state.streak;
+                drop(state);
+                tracing::warn!(
+                    event = "depth_read_failed",
+                    queue = %self.queue,
+                    consecutive_failures = streak,
+                    error = %error,
+                    "could not read the queue depth"
+                );
+            }
+        }
+    }
+
+    /// One pair of good reads for the drain rate: the previous read's estimate (its backlog
+    /// and every send stored since) against this one's, as of now. A pair that spans a
+    /// spell in the fleet is not measured: this gate did not count the fleet's sends.
+    fn measure_drain(state: &mut GateState, now: Instant, backlog: u64, since_read: u64) {
+        match state.anchor {
+            Some((at, previous)) if Self::comparable(state, at) => state.drain.record(
+                previous.saturating_add(state.since_read),
+                backlog.saturating_add(since_read),
+                now - at,
+            ),
+            _ => state.drain.break_chain(),
+        }
+        state.anchor = Some((now, backlog));
+    }
+
+    /// Completions within `lag` before `started`, pruning slots no future read can need.
+    fn lagged_completions(&self, state: &mut GateState, started: Instant) -> u64 {
+        if self.backend.depth_lag().is_zero() {
+            return 0;
+        }
+        let cutoff = started.checked_sub(self.backend.depth_lag());
+        if let Some(cutoff) = cutoff {
+            while state.recent.front().is_some_and(|(end, _)| *end < cutoff) {
+                state.recent.pop_front();
+            }
+        }
+        state.recent.iter().map(|(_, n)| n).sum()
+    }
+
+    fn decide(&self, state: &mut GateState, bounds: Option<LocalBounds>) -> Result<(), Refusal> {
+        // One snapshot per decision: a concurrent settings change applies to the next one.
+        let policy = self.policy.load();
+        match state.last_read {
+            LastRead::Ok {
+                send_disabled: true,
+                ..
+            } => return Err(Refusal::QueueDisabled),
+            LastRead::Ok { backlog, at, .. } => {
+                let estimate = match bounds {
+                    None => backlog
+                        .saturating_add(state.since_read)
+                        .saturating_add(state.in_flight),
+                    Some(b) => backlog
+                        .max(b.floor)
+                        .saturating_add(b.counted.saturating_mul(b.replicas)),
+                };
+                // Hysteresis: at the ceiling the queue starts refusing, and goes on until the
+                // estimate is back at or below the resume level.
+                state.refusing = if state.refusing {
+                    estimate > policy.resume_at()
+                } else {
+                    estimate >= policy.limit
+                };
+                if state.refusing {
+                    let until_next_read =
+                        (at + policy.ttl).saturating_duration_since(Instant::now());
+                    return Err(policy.queue_full(estimate, state.drain.rate(), until_next_read));
+                }
+            }
+            LastRead::Failed { .. } | LastRead::Never => {
+                if policy.fail_closed && state.streak >= policy.streak_threshold {
+                    return Err(Refusal::CapacityUnknown {
+                        consecutive_failures: state.streak,
+                    });
+                }
+            }
+        }
+        state.in_flight += 1;
+        Ok(())
+    }
+
+    /// An admitted send ended.
+    pub fn finish(&self, outcome: BacklogEffect) {
+        let mut state = self.state.lock();
+        state.in_flight = state.in_flight.saturating_sub(1);
+        if outcome == BacklogEffect::NotStored {
+            return;
+        }
+        state.completed_total += 1;
+        state.since_read += 1;
+        if !self.backend.depth_lag().is_zero() {
+            let now = Instant::now();
+            match state.recent.back_mut() {
+                Some((end, n)) if *end >= now => *n += 1,
+                _ => state.recent.push_back((now + SLOT, 1)),
+            }
+            // Bound memory when reads are rare: nothing older than lag plus the longest
+            // read can matter to a read that is running or yet to start.
+            if let Some(cutoff) =
+                now.checked_sub(self.backend.depth_lag() + self.policy.base().read_timeout + SLOT)
+            {
+                while state.recent.front().is_some_and(|(end, _)| *end < cutoff) {
+                    state.recent.pop_front();
+                }
+            }
+        }
+    }
+
+    /// The gate as it stands; `reads` are the admin-plane reads this process made for
+    /// the queue in any mode (a counter in /metrics never goes down at a switch of mode).
+    pub fn snapshot(&self, other_reads: (u64, u64)) -> GateSnapshot {
+        let state = self.state.lock();
+        let reads_ok = state.reads_ok + other_reads.0;
+        let reads_failed = state.reads_failed + other_reads.1;
+        let backlog = match state.last_read {
+            LastRead::Ok { backlog, .. } => Some(
+                backlog
+                    .saturating_add(state.since_read)
+                    .saturating_add(state.in_flight),
+            ),
+            _ => None,
+        };
+        let policy = self.policy.load();
+        let unknown = !matches!(state.last_read, LastRead::Ok { .. });
+        let resume = policy.resume_at();
+        GateSnapshot {
+            backlog,
+            limit: policy.limit,
+            consecutive_failures: state.streak,
+            fail_closed: unknown && policy.fail_closed && state.streak >= policy.streak_threshold,
+            last_read_ok_at: state.last_read_ok_at,
+            reads_ok,
+            reads_failed,
+            drain_rate: state.drain.rate(),
+            refusing_until_backlog: backlog
+                .filter(|b| (state.refusing && *b > resume) || *b >= policy.limit)
+                .map(|_| resume),
+        }
+    }
+}
+

@@ -1,0 +1,207 @@
+//! A queue's backlog ceiling and fail-closed gate (contract section 2): the one place that
+//! picks who decides a send.
+//!
+//! - **In the fleet** (`SENDGATE_COORDINATION=redis`, Redis answering): the [`FleetSeat`]
+//!   decides against the fleet's ledger (docs/fleet.md).
+//! - **Cut off from it**: the seat's blocks still in use, then fail closed, or fail open
+//!   by the local gate with the bounds the seat gives ([`FleetSeat::alone`]).
+//! - **Alone by design** (`local`): the [`LocalGate`] decides with its own count.
+//!
+//! ```text
+//! mod.rs ──▶ local.rs ──▶ policy.rs
+//!    └─────▶ fleet.rs ──▶ policy.rs, window.rs, coordination::port
+//! ```
+//! `local.rs` knows nothing of a fleet or Redis; `fleet.rs` nothing of the local gate but
+//! the bounds it hands it.
+
+mod fleet;
+mod local;
+pub mod policy;
+mod window;
+
+use std::sync::Arc;
+
+use crate::backend::Backend;
+use crate::domain::QueueName;
+
+pub use fleet::{FleetSeat, Goodbye, Held, USE_BLOCK_FOR};
+pub use local::LocalBounds;
+pub use policy::{
+    BacklogEffect, CapacityPolicy, GateSnapshot, PolicyCell, PolicyOverride, Refusal,
+};
+
+use fleet::{AloneAnswer, FleetAnswer};
+use local::LocalGate;
+
+pub struct CapacityGate {
+    local: Arc<LocalGate>,
+    policy: Arc<PolicyCell>,
+    /// With `SENDGATE_COORDINATION=redis`: the fleet's shared ceiling.
+    seat: std::sync::OnceLock<Arc<FleetSeat>>,
+}
+
+impl CapacityGate {
+    pub fn new(queue: QueueName, policy: CapacityPolicy, backend: Arc<dyn Backend>) -> Arc<Self> {
+        let policy = PolicyCell::new(policy);
+        Arc::new(Self {
+            local: LocalGate::new(queue, Arc::clone(&policy), backend),
+            policy,
+            seat: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// Share this queue's ceiling with the fleet (once, at start-up).
+    pub fn join_fleet(&self, seat: Arc<FleetSeat>) {
+        let _ = self.seat.set(seat);
+    }
+
+    /// The replica drained: leave the fleet, if in one (how it went is logged there).
+    pub async fn leave_fleet(&self) {
+        if let Some(seat) = self.seat.get() {
+            let _ = seat.say_goodbye().await;
+        }
+    }
+
+    pub fn queue(&self) -> &QueueName {
+        self.local.queue()
+    }
+
+    /// The policy in force now (the variables with any runtime overrides on top).
+    pub fn policy(&self) -> Arc<CapacityPolicy> {
+        self.policy.load_full()
+    }
+
+    /// The swappable policy, shared with the queue's [`FleetSeat`].
+    pub fn policy_cell(&self) -> &Arc<PolicyCell> {
+        &self.policy
+    }
+
+    /// Decide whether one more send may go to the queue. An admitted send holds a
+    /// [`Reservation`] until it finishes.
+    pub async fn admit(self: &Arc<Self>) -> Result<Reservation, Refusal> {
+        let Some(seat) = self.seat.get() else {
+            self.local.admit(None).await?;
+            return Ok(self.reservation(Decider::Local));
+        };
+        if seat.joined() {
+            match seat.admit().await {
+                FleetAnswer::Admit(held) => return Ok(self.reservation(Decider::Fleet(held))),
+                FleetAnswer::Refuse(refusal) => return Err(self.log_failclosed(seat, refusal)),
+                FleetAnswer::CutOff => {}
+            }
+        }
+        match seat.alone() {
+            AloneAnswer::Admit(held) => Ok(self.reservation(Decider::Fleet(held))),
+            AloneAnswer::Refuse(refusal) => Err(self.log_failclosed(seat, refusal)),
+            AloneAnswer::Decide(bounds) => {
+                // Reads the gate made before the replica last turned local do not show what
+                // the fleet admitted since.
+                self.local.forget_reads_before(seat.local_since());
+                match self.local.admit(Some(bounds)).await {
+                    Ok(()) => Ok(self.reservation(Decider::Alone)),
+                    Err(refusal) => {
+                        seat.take_back_alone();
+                        Err(refusal)
+                    }
+                }
+            }
+        }
+    }
+
+    fn reservation(self: &Arc<Self>, decider: Decider) -> Reservation {
+        Reservation {
+            gate: Arc::clone(self),
+            decider,
+            finished: false,
+        }
+    }
+
+    /// The fleet's fail-closed refusals are logged once per fleet read (the local gate
+    /// logs its own).
+    fn log_failclosed(&self, seat: &FleetSeat, refusal: Refusal) -> Refusal {
+        if let Refusal::CapacityUnknown {
+            consecutive_failures,
+        } = refusal
+        {
+            if let Some(refused_since_last_log) = seat.failclosed_to_log() {
+                tracing::warn!(
+                    event = "send_failclosed",
+                    queue = %self.queue(),
+                    consecutive_failures,
+                    refused_since_last_log,
+                    "queue depth unknown: refusing sends (fail-closed)"
+                );
+            }
+        }
+        refusal
+    }
+
+    /// Read the depth now, whatever the cache holds (start-up).
+    pub async fn prime(&self) {
+        if let Some(seat) = self.seat.get().filter(|s| s.joined()) {
+            match seat.prime().await {
+                Ok(()) => return,
+                Err(error) => seat.fall_back(&error),
+            }
+        }
+        self.local.prime().await;
+    }
+
+    pub fn snapshot(&self) -> GateSnapshot {
+        let seat = self.seat.get();
+        let own = seat.map_or((0, 0), |s| s.own_reads());
+        let local = self.local.snapshot(own);
+        match seat.filter(|s| s.joined()).and_then(|s| s.snapshot()) {
+            Some(shared) => GateSnapshot {
+                reads_ok: local.reads_ok,
+                reads_failed: local.reads_failed,
+                ..shared
+            },
+            None => local,
+        }
+    }
+}
+
+/// Who admitted a send, so its end is told to the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Decider {
+    Local,
+    Fleet(Held),
+    /// The replica's own gate, cut off from the fleet and failing open: the seat counted it
+    /// in its window already.
+    Alone,
+}
+
+/// One admitted send's place under the ceiling. Finish it with the send's outcome; if it
+/// is dropped unfinished (the request was cancelled mid-send) it counts as
+/// [`BacklogEffect::Unknown`], the safe side.
+pub struct Reservation {
+    gate: Arc<CapacityGate>,
+    decider: Decider,
+    finished: bool,
+}
+
+impl Reservation {
+    pub fn finish(mut self, outcome: BacklogEffect) {
+        self.finished = true;
+        self.settle(outcome);
+    }
+
+    fn settle(&self, outcome: BacklogEffect) {
+        match (self.decider, self.gate.seat.get()) {
+            (Decider::Fleet(held), Some(seat)) => seat.finish(held, outcome),
+            _ => self.gate.local.finish(outcome),
+        }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.settle(BacklogEffect::Unknown);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,177 @@
+//! What a queue's ceiling is and what it answers: the policy (with its runtime overrides),
+//! the refusals, how a send ended, and what health shows. A leaf: the local gate, the fleet's
+//! seat, the settings and the HTTP edge all speak these types, and they import nothing of
+//! theirs.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use arc_swap::ArcSwap;
+
+use crate::admission::drain::{self, DrainRate};
+use crate::config::{CapacitySettings, Fraction};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapacityPolicy {
+    pub limit: u64,
+    pub fail_closed: bool,
+    pub streak_threshold: u32,
+    pub ttl: Duration,
+    pub read_timeout: Duration,
+    /// The longest `Retry-After` a `429` asks for.
+    pub retry_after_max: Duration,
+    /// Refusing at the ceiling, resume at or below this share of it (1 = at once under it).
+    pub resume_below: Fraction,
+}
+
+/// The runtime overrides of one queue's policy (`PATCH /admin/settings`): each `Some`
+/// replaces its variable's value; `None` keeps the variable's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PolicyOverride {
+    pub limit: Option<u64>,
+    pub fail_closed: Option<bool>,
+    pub streak_threshold: Option<u32>,
+    pub ttl: Option<Duration>,
+}
+
+/// A gate's policy, swappable at runtime: the variables' policy (`base`) and the one in
+/// force (`base` with the overrides on top). Sends read the policy in force without a
+/// lock (one atomic load); a change takes effect for the next decision.
+#[derive(Debug)]
+pub struct PolicyCell {
+    base: CapacityPolicy,
+    current: ArcSwap<CapacityPolicy>,
+}
+
+impl PolicyCell {
+    pub fn new(base: CapacityPolicy) -> Arc<Self> {
+        Arc::new(Self {
+            current: ArcSwap::from_pointee(base.clone()),
+            base,
+        })
+    }
+
+    /// The policy in force.
+    pub fn load(&self) -> arc_swap::Guard<Arc<CapacityPolicy>> {
+        self.current.load()
+    }
+
+    /// The policy in force, to keep.
+    pub fn load_full(&self) -> Arc<CapacityPolicy> {
+        self.current.load_full()
+    }
+
+    /// The policy the variables give.
+    pub fn base(&self) -> &CapacityPolicy {
+        &self.base
+    }
+
+    /// Put `overrides` in force on top of the variables' policy (an empty one restores it).
+    pub fn apply(&self, overrides: &PolicyOverride) {
+        let base = &self.base;
+        self.current.store(Arc::new(CapacityPolicy {
+            limit: overrides.limit.unwrap_or(base.limit).max(1),
+            fail_closed: overrides.fail_closed.unwrap_or(base.fail_closed),
+            streak_threshold: overrides
+                .streak_threshold
+                .unwrap_or(base.streak_threshold)
+                .max(1),
+            ttl: overrides.ttl.unwrap_or(base.ttl),
+            ..base.clone()
+        }));
+    }
+}
+
+impl CapacityPolicy {
+    pub fn from_settings(s: &CapacitySettings) -> Self {
+        Self {
+            limit: s.max_queue_depth.max(1),
+            fail_closed: s.fail_closed,
+            streak_threshold: s.fail_closed_streak.max(1),
+            ttl: s.depth_ttl,
+            read_timeout: s.admin_timeout,
+            retry_after_max: s.retry_after_max,
+            resume_below: s.resume_below,
+        }
+    }
+
+    /// The backlog at or below which a queue refusing at the ceiling admits again.
+    pub fn resume_at(&self) -> u64 {
+        drain::resume_at(self.limit, self.resume_below)
+    }
+
+    /// A `429`'s answer for an `estimate` at or over the ceiling.
+    pub fn queue_full(
+        &self,
+        estimate: u64,
+        rate: Option<DrainRate>,
+        until_next_read: Duration,
+    ) -> Refusal {
+        Refusal::QueueFull {
+            backlog: estimate,
+            limit: self.limit,
+            retry_after: drain::retry_after(
+                estimate,
+                self.resume_at(),
+                rate,
+                until_next_read,
+                self.retry_after_max,
+                rand::random(),
+            ),
+            drain_rate: rate,
+        }
+    }
+}
+
+/// A fixed policy, for a gate or seat that is never changed at runtime (tests, benches).
+impl From<CapacityPolicy> for Arc<PolicyCell> {
+    fn from(policy: CapacityPolicy) -> Self {
+        PolicyCell::new(policy)
+    }
+}
+
+/// Why a send is refused before it reaches the broker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    QueueFull {
+        backlog: u64,
+        limit: u64,
+        retry_after: Duration,
+        /// The measured drain rate; `None` until drain has been observed.
+        drain_rate: Option<DrainRate>,
+    },
+    CapacityUnknown {
+        consecutive_failures: u32,
+    },
+    /// The admin plane says the queue does not accept sends.
+    QueueDisabled,
+    /// The replica drained and is leaving (or left) the fleet: it admits nothing more, in
+    /// the fleet or alone. Answered as a send after the drain is (`503 draining`).
+    Stopped,
+}
+
+/// How an admitted send ended, as far as the queue's backlog is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BacklogEffect {
+    /// A new message is in the queue.
+    Stored,
+    /// Definitely nothing new in the queue (refused, or a detected duplicate).
+    NotStored,
+    /// It may be in the queue (timeout, cancelled): counted as stored, to stay under the ceiling.
+    Unknown,
+}
+
+/// What `/health/detailed` and `/metrics` show of one queue's gate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateSnapshot {
+    pub backlog: Option<u64>,
+    pub limit: u64,
+    pub consecutive_failures: u32,
+    pub fail_closed: bool,
+    pub last_read_ok_at: Option<SystemTime>,
+    pub reads_ok: u64,
+    pub reads_failed: u64,
+    pub drain_rate: Option<DrainRate>,
+    /// While refusing at the ceiling: the backlog at or below which sends are admitted again.
+    pub refusing_until_backlog: Option<u64>,
+}

@@ -1,0 +1,797 @@
+//! The gate in local mode, on tokio's paused clock.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use super::*;
+use crate::admission::drain::DrainRate;
+use crate::backend::DepthError;
+use crate::config::Fraction;
+use crate::backend::{Backlog, OutgoingMessage, SendError, SendReceipt};
+use async_trait::async_trait;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[test]
+fn fail_closed_refusals_are_logged_once_per_depth_read_with_the_count_since() {
+    let backend = Arc::new(ScriptedDepth::new(vec![], Duration::ZERO));
+    let gate = gate(policy(1, 1000, true, 3), &backend);
+    let refused = || -> Result<(), Refusal> {
+        Err(Refusal::CapacityUnknown {
+            consecutive_failures: 3,
+        })
+    };
+    let mut state = gate.local.state.lock();
+    state.generation = 7;
+    assert_eq!(
+        LocalGate::failclosed_to_log(&mut state, &refused()),
+        Some(1)
+    );
+    for _ in 0..4 {
+        assert_eq!(
+            LocalGate::failclosed_to_log(&mut state, &refused()),
+            None
+        );
+    }
+    let full = Err(Refusal::QueueFull {
+        backlog: 1,
+        limit: 1,
+        retry_after: Duration::from_secs(1),
+        drain_rate: None,
+    });
+    assert_eq!(LocalGate::failclosed_to_log(&mut state, &full), None);
+    state.generation = 8;
+    assert_eq!(
+        LocalGate::failclosed_to_log(&mut state, &refused()),
+        Some(5),
+        "the four silent ones and this one"
+    );
+    assert_eq!(
+        LocalGate::failclosed_to_log(&mut state, &refused()),
+        None
+    );
+}
+
+/// An admin plane that answers from a script (then repeats its last answer), after a delay.
+struct ScriptedDepth {
+    answers: Mutex<VecDeque<Result<u64, DepthError>>>,
+    last: Mutex<Result<u64, DepthError>>,
+    delay: Duration,
+    reads: AtomicU64,
+    lag: Duration,
+}
+
+impl ScriptedDepth {
+    fn new(answers: Vec<Result<u64, DepthError>>, delay: Duration) -> Self {
+        Self {
+            answers: Mutex::new(answers.into()),
+            last: Mutex::new(Ok(0)),
+            delay,
+            reads: AtomicU64::new(0),
+            lag: Duration::ZERO,
+        }
+    }
+    /// Its counts trail the queue by `lag`.
+    fn lagging(mut self, lag: Duration) -> Self {
+        self.lag = lag;
+        self
+    }
+    fn reads(&self) -> u64 {
+        self.reads.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl Backend for ScriptedDepth {
+    fn kind(&self) -> &'static str {
+        "scripted"
+    }
+    fn depth_lag(&self) -> Duration {
+        self.lag
+    }
+    async fn send(&self, _: OutgoingMessage, _: Instant) -> Result<SendReceipt, SendError> {
+        unreachable!("capacity never sends")
+    }
+    async fn backlog(&self, _: &QueueName, _: Instant) -> Result<Backlog, DepthError> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        let answer = {
+            let mut answers = self.answers.lock();
+            match answers.pop_front() {
+                Some(a) => {
+                    *self.last.lock() = a.clone();
+                    a
+                }
+                None => self.last.lock().clone(),
+            }
+        };
+        tokio::time::sleep(self.delay).await;
+        answer.map(Backlog::of)
+    }
+}
+
+fn policy(limit: u64, ttl_ms: u64, fail_closed: bool, threshold: u32) -> CapacityPolicy {
+    CapacityPolicy {
+        limit,
+        fail_closed,
+        streak_threshold: threshold,
+        ttl: Duration::from_millis(ttl_ms),
+        read_timeout: Duration::from_millis(2000),
+        retry_after_max: Duration::from_secs(300),
+        resume_below: Fraction::ONE,
+    }
+}
+
+fn gate(p: CapacityPolicy, backend: &Arc<ScriptedDepth>) -> Arc<CapacityGate> {
+    CapacityGate::new(QueueName::parse("requests").unwrap(), p, backend.clone())
+}
+
+fn down() -> Result<u64, DepthError> {
+    Err(DepthError::Failed("admin plane down".into()))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_changed_policy_applies_to_the_next_decision_and_an_empty_one_restores_it() {
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(5)], Duration::ZERO));
+    let g = gate(policy(1000, 60_000, false, 3), &backend);
+    g.admit()
+        .await
+        .expect("under 1000")
+        .finish(BacklogEffect::NotStored);
+    g.policy_cell().apply(&PolicyOverride {
+        limit: Some(5),
+        ..PolicyOverride::default()
+    });
+    match g.admit().await {
+        Err(Refusal::QueueFull { backlog, limit, .. }) => assert_eq!((backlog, limit), (5, 5)),
+        other => panic!(
+            "expected queue_full at the new ceiling, got {:?}",
+            other.err()
+        ),
+    }
+    assert_eq!(g.snapshot().limit, 5);
+    assert_eq!(
+        backend.reads(),
+        1,
+        "the cached read is reused: only the policy changed"
+    );
+    g.policy_cell().apply(&PolicyOverride::default());
+    assert!(g.admit().await.is_ok(), "back at the variable's 1000");
+    assert_eq!(g.policy().limit, 1000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shorter_ttl_override_makes_the_next_send_read_again() {
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
+    let g = gate(policy(1000, 60_000, false, 3), &backend);
+    g.admit().await.unwrap().finish(BacklogEffect::NotStored);
+    tokio::time::advance(Duration::from_millis(20)).await;
+    g.admit().await.unwrap().finish(BacklogEffect::NotStored);
+    assert_eq!(backend.reads(), 1);
+    g.policy_cell().apply(&PolicyOverride {
+        ttl: Some(Duration::from_millis(10)),
+        ..PolicyOverride::default()
+    });
+    g.admit().await.unwrap().finish(BacklogEffect::NotStored);
+    assert_eq!(
+        backend.reads(),
+        2,
+        "the 20 ms old read is stale under a 10 ms TTL"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_read_is_reused_for_the_ttl() {
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
+    let g = gate(policy(100, 1000, false, 3), &backend);
+    for _ in 0..3 {
+        g.admit().await.unwrap().finish(BacklogEffect::Stored);
+    }
+    assert_eq!(backend.reads(), 1);
+    tokio::time::advance(Duration::from_millis(999)).await;
+    g.admit().await.unwrap().finish(BacklogEffect::Stored);
+    assert_eq!(backend.reads(), 1);
+    tokio::time::advance(Duration::from_millis(1)).await;
+    g.admit().await.unwrap().finish(BacklogEffect::Stored);
+    assert_eq!(backend.reads(), 2);
+}
+
+/// Admit one send and say how long it waited.
+async fn timed_admit(g: &Arc<CapacityGate>) -> Duration {
+    let started = Instant::now();
+    g.admit().await.unwrap().finish(BacklogEffect::NotStored);
+    started.elapsed()
+}
+
+#[tokio::test(start_paused = true)]
+async fn under_steady_traffic_the_read_is_made_ahead_of_expiry_and_no_send_waits() {
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::from_millis(50)));
+    let g = gate(policy(100, 1000, false, 3), &backend);
+    assert_eq!(
+        timed_admit(&g).await,
+        Duration::from_millis(50),
+        "only the first read is waited for"
+    );
+    // The read took 50 ms: the next one starts 100 ms before the value expires.
+    tokio::time::advance(Duration::from_millis(899)).await;
+    assert_eq!(timed_admit(&g).await, Duration::ZERO);
+    tokio::task::yield_now().await;
+    assert_eq!(backend.reads(), 1, "not yet within the lead");
+    tokio::time::advance(Duration::from_millis(1)).await;
+    assert_eq!(
+        timed_admit(&g).await,
+        Duration::ZERO,
+        "decided on the cached value"
+    );
+    for _ in 0..5 {
+        assert_eq!(timed_admit(&g).await, Duration::ZERO);
+    }
+    tokio::task::yield_now().await;
+    assert_eq!(backend.reads(), 2, "one read ahead, however many sends");
+    tokio::time::advance(Duration::from_millis(150)).await;
+    // Past the first value's expiry: the value read ahead is fresh.
+    assert_eq!(timed_admit(&g).await, Duration::ZERO);
+    tokio::task::yield_now().await;
+    assert_eq!(backend.reads(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_admin_plane_is_read_ahead_no_earlier_than_half_the_ttl() {
+    // Reads take 40 ms against a 100 ms TTL: twice the read (80 ms) would start the
+    // next one 20 ms into the value's life; the lead is capped at half the TTL.
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::from_millis(40)));
+    let g = gate(policy(100, 100, false, 3), &backend);
+    timed_admit(&g).await;
+    tokio::time::advance(Duration::from_millis(30)).await;
+    assert_eq!(timed_admit(&g).await, Duration::ZERO);
+    tokio::task::yield_now().await;
+    assert_eq!(backend.reads(), 1, "30 ms into a 100 ms TTL: too early");
+    tokio::time::advance(Duration::from_millis(20)).await;
+    assert_eq!(timed_admit(&g).await, Duration::ZERO);
+    tokio::task::yield_now().await;
+    assert_eq!(backend.reads(), 2, "half the TTL: read ahead");
+}
+
+/// An admin plane whose reads take the given times in turn (then the last one again).
+struct SlowingDepth {
+    delays: Mutex<VecDeque<Duration>>,
+    last: Mutex<Duration>,
+    reads: AtomicU64,
+}
+
+impl SlowingDepth {
+    fn new(delays_ms: &[u64]) -> Self {
+        Self {
+            delays: Mutex::new(
+                delays_ms
+                    .iter()
+                    .map(|&ms| Duration::from_millis(ms))
+                    .collect(),
+            ),
+            last: Mutex::new(Duration::ZERO),
+            reads: AtomicU64::new(0),
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for SlowingDepth {
+    fn kind(&self) -> &'static str {
+        "slowing"
+    }
+    async fn send(&self, _: OutgoingMessage, _: Instant) -> Result<SendReceipt, SendError> {
+        unreachable!("capacity never sends")
+    }
+    async fn backlog(&self, _: &QueueName, _: Instant) -> Result<Backlog, DepthError> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        let delay = match self.delays.lock().pop_front() {
+            Some(d) => {
+                *self.last.lock() = d;
+                d
+            }
+            None => *self.last.lock(),
+        };
+        tokio::time::sleep(delay).await;
+        Ok(Backlog::of(0))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_read_ahead_that_outlasts_its_lead_keeps_sends_on_the_cached_value() {
+    // The first read takes 1 ms, so the next starts 2 ms before the value expires; that
+    // one takes 50 ms (a saturated worker or a busy admin plane). Sends arriving after
+    // the expiry, while it runs, must not queue behind it: at 256 connections they all
+    // would, and be released one by one (the p99 and max spikes once per TTL).
+    let backend = Arc::new(SlowingDepth::new(&[1, 50]));
+    let g = CapacityGate::new(
+        QueueName::parse("requests").unwrap(),
+        policy(100, 1000, false, 3),
+        backend.clone(),
+    );
+    assert_eq!(
+        timed_admit(&g).await,
+        Duration::from_millis(1),
+        "the first read"
+    );
+    tokio::time::advance(Duration::from_millis(998)).await;
+    assert_eq!(timed_admit(&g).await, Duration::ZERO);
+    tokio::task::yield_now().await;
+    assert_eq!(backend.reads.load(Ordering::SeqCst), 2, "read ahead");
+    tokio::time::advance(Duration::from_millis(10)).await;
+    for _ in 0..5 {
+        assert_eq!(
+            timed_admit(&g).await,
+            Duration::ZERO,
+            "past the expiry, the read ahead still running: decided on the last value"
+        );
+    }
+    assert_eq!(
+        backend.reads.load(Ordering::SeqCst),
+        2,
+        "no read of their own"
+    );
+    tokio::time::advance(Duration::from_millis(40)).await;
+    tokio::task::yield_now().await;
+    assert_eq!(g.snapshot().reads_ok, 2, "the read ahead landed");
+    assert_eq!(timed_admit(&g).await, Duration::ZERO);
+    assert_eq!(backend.reads.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_value_is_reused_no_longer_than_a_read_ahead_can_run() {
+    // A read ahead marked as running that never lands (its task gone with its worker):
+    // past the TTL plus the read's deadline, a send reads for itself again.
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
+    let g = gate(policy(100, 1000, false, 3), &backend);
+    timed_admit(&g).await;
+    g.local.state.lock().refreshing_ahead = true;
+    tokio::time::advance(Duration::from_millis(1000 + 2000 - 1)).await;
+    timed_admit(&g).await;
+    assert_eq!(
+        backend.reads(),
+        1,
+        "within the read's deadline: the last value"
+    );
+    tokio::time::advance(Duration::from_millis(1)).await;
+    timed_admit(&g).await;
+    assert_eq!(backend.reads(), 2, "past it: a read of its own");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lagging_read_counts_completions_within_the_lag_and_during_the_read() {
+    let backend = Arc::new(
+        ScriptedDepth::new(vec![Ok(0)], Duration::from_millis(100)).lagging(Duration::from_secs(5)),
+    );
+    let g = gate(policy(100, 1000, false, 3), &backend);
+    let during = g.admit().await.unwrap(); // read 1 (100 ms)
+    g.admit().await.unwrap().finish(BacklogEffect::Stored); // before read 2, in the lag
+    assert_eq!(g.snapshot().reads_ok, 1);
+    tokio::time::advance(Duration::from_millis(1000)).await;
+    let waiting = {
+        let g = g.clone();
+        tokio::spawn(async move { g.admit().await.unwrap() })
+    };
+    tokio::task::yield_now().await; // read 2 starts
+    during.finish(BacklogEffect::Stored); // completes while read 2 runs
+    let third = waiting.await.unwrap();
+    assert_eq!(g.snapshot().reads_ok, 2);
+    assert_eq!(
+        g.snapshot().backlog,
+        Some(3),
+        "0 read + 1 within the lag + 1 during the read + 1 in flight"
+    );
+    drop(third);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_read_ahead_counts_in_the_streak_and_the_next_send_sees_it() {
+    let backend = Arc::new(ScriptedDepth::new(
+        vec![Ok(0), down()],
+        Duration::from_millis(10),
+    ));
+    let g = gate(policy(100, 1000, true, 1), &backend);
+    timed_admit(&g).await;
+    tokio::time::advance(Duration::from_millis(985)).await;
+    assert_eq!(timed_admit(&g).await, Duration::ZERO);
+    tokio::task::yield_now().await; // the read ahead starts
+    tokio::time::advance(Duration::from_millis(10)).await;
+    tokio::task::yield_now().await; // and finishes
+    assert_eq!(g.snapshot().consecutive_failures, 1);
+    assert!(matches!(
+        g.admit().await.err(),
+        Some(Refusal::CapacityUnknown { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_sends_share_one_read_in_flight() {
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::from_millis(100)));
+    let g = gate(policy(100, 0, false, 3), &backend);
+    let admits: Vec<_> = (0..10)
+        .map(|_| {
+            let g = g.clone();
+            tokio::spawn(async move { g.admit().await.is_ok() })
+        })
+        .collect();
+    for a in admits {
+        assert!(a.await.unwrap());
+    }
+    assert!(
+        backend.reads() <= 2,
+        "10 concurrent sends made {} reads",
+        backend.reads()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn sends_since_the_read_count_so_the_ceiling_is_never_overshot() {
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
+    let g = gate(policy(5, 60_000, false, 3), &backend);
+    let mut queued = 0;
+    let mut refused = Vec::new();
+    for _ in 0..8 {
+        match g.admit().await {
+            Ok(r) => {
+                r.finish(BacklogEffect::Stored);
+                queued += 1;
+            }
+            Err(e) => refused.push(e),
+        }
+    }
+    assert_eq!(queued, 5);
+    assert_eq!(refused.len(), 3);
+    assert!(matches!(
+        refused[0],
+        Refusal::QueueFull {
+            backlog: 5,
+            limit: 5,
+            ..
+        }
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn sends_in_flight_count_towards_the_backlog() {
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(3)], Duration::ZERO));
+    let g = gate(policy(5, 60_000, false, 3), &backend);
+    let a = g.admit().await.unwrap();
+    let b = g.admit().await.unwrap();
+    assert!(
+        g.admit().await.is_err(),
+        "3 stored + 2 in flight is the ceiling"
+    );
+    b.finish(BacklogEffect::NotStored);
+    let c = g.admit().await.expect("a refused send frees its place");
+    drop(c); // a cancelled send counts as stored: the safe side
+    assert!(g.admit().await.is_err());
+    a.finish(BacklogEffect::Stored);
+    assert_eq!(g.snapshot().backlog, Some(5));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_read_replaces_the_local_count_without_double_counting() {
+    // The second read already counts the two sends stored before it: they must not be
+    // added again on top of it.
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(0), Ok(2)], Duration::ZERO));
+    let g = gate(policy(3, 1000, false, 3), &backend);
+    g.admit().await.unwrap().finish(BacklogEffect::Stored);
+    g.admit().await.unwrap().finish(BacklogEffect::Stored);
+    tokio::time::advance(Duration::from_millis(1000)).await;
+    g.admit().await.unwrap().finish(BacklogEffect::Stored);
+    assert_eq!(g.snapshot().backlog, Some(3));
+    assert!(matches!(
+        g.admit().await,
+        Err(Refusal::QueueFull { backlog: 3, .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lagging_admin_plane_still_sees_recent_sends_counted() {
+    // The admin plane reports 0 although 4 sends completed just before the read.
+    let backend = Arc::new(
+        ScriptedDepth::new(vec![Ok(0), Ok(0)], Duration::ZERO).lagging(Duration::from_secs(5)),
+    );
+    let g = gate(policy(5, 1000, false, 3), &backend);
+    for _ in 0..4 {
+        g.admit().await.unwrap().finish(BacklogEffect::Stored);
+    }
+    tokio::time::advance(Duration::from_secs(1)).await;
+    g.admit().await.unwrap().finish(BacklogEffect::Stored);
+    assert!(
+        g.admit().await.is_err(),
+        "lagging read of 0 + 5 recent sends is the ceiling"
+    );
+    // Well past the lag window, the admin plane's count is trusted alone.
+    tokio::time::advance(Duration::from_secs(7)).await;
+    assert!(g.admit().await.is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn queue_full_says_when_the_next_read_is_due() {
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(10)], Duration::ZERO));
+    let g = gate(policy(5, 4000, false, 3), &backend);
+    assert!(g.admit().await.is_err());
+    tokio::time::advance(Duration::from_millis(1500)).await;
+    match g.admit().await {
+        Err(Refusal::QueueFull {
+            backlog: 10,
+            limit: 5,
+            retry_after,
+            drain_rate: None,
+        }) => {
+            assert_eq!(retry_after, Duration::from_millis(2500));
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+}
+
+/// One send refused `429`: its `Retry-After` and drain rate.
+async fn refused(g: &Arc<CapacityGate>) -> (Duration, Option<f64>) {
+    match g.admit().await {
+        Err(Refusal::QueueFull {
+            retry_after,
+            drain_rate,
+            ..
+        }) => (retry_after, drain_rate.map(DrainRate::per_second)),
+        other => panic!("not refused full: {:?}", other.map(|_| ())),
+    }
+}
+
+/// A gate reading `depths` one per second (TTL 1 s), each read made by a refused send;
+/// the last refusal's answer.
+async fn read_each_second(g: &Arc<CapacityGate>, reads: usize) -> (Duration, Option<f64>) {
+    let mut last = refused(g).await;
+    for _ in 1..reads {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        last = refused(g).await;
+    }
+    last
+}
+
+fn depths(values: impl IntoIterator<Item = u64>) -> Arc<ScriptedDepth> {
+    Arc::new(ScriptedDepth::new(
+        values.into_iter().map(Ok).collect(),
+        Duration::ZERO,
+    ))
+}
+
+fn within(d: Duration, low_s: f64, high_s: f64) -> bool {
+    (low_s..=high_s).contains(&d.as_secs_f64())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_steady_drain_gives_the_time_to_drain_below_the_ceiling() {
+    // 10 a second taken from 200 against a ceiling of 50.
+    let backend = depths((0..6).map(|i| 200 - 10 * i));
+    let g = gate(policy(50, 1000, false, 3), &backend);
+    let (retry_after, rate) = read_each_second(&g, 6).await;
+    assert_eq!(rate, Some(10.0));
+    // 150 − 49 = 101 messages at 10/s: 10 s, ±10 % in whole seconds.
+    assert!(within(retry_after, 9.0, 11.0), "{retry_after:?}");
+    assert_eq!(
+        g.snapshot().drain_rate.map(DrainRate::per_second),
+        Some(10.0)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_no_drain_observed_retry_after_is_the_time_until_the_next_read() {
+    let backend = depths([100]);
+    let g = gate(policy(50, 1000, false, 3), &backend);
+    read_each_second(&g, 8).await;
+    tokio::time::advance(Duration::from_millis(300)).await;
+    assert_eq!(refused(&g).await, (Duration::from_millis(700), None));
+    assert_eq!(g.snapshot().drain_rate, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn counts_that_lag_and_jump_are_smoothed_to_the_true_rate() {
+    // Consumers take 10/s, but the admin plane's count moves only every 5 s, off the
+    // reads' phase: reads show no change, then a jump of 50.
+    let backend = depths((0..31).map(|i| 1000 - 50 * ((i + 2) / 5)));
+    let g = gate(policy(50, 1000, false, 3), &backend);
+    let mut rates = Vec::new();
+    refused(&g).await;
+    for _ in 0..30 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        rates.push(refused(&g).await.1);
+    }
+    assert!(
+        rates[..4].iter().all(Option::is_none),
+        "one read is no rate"
+    );
+    for rate in rates[4..].iter() {
+        let rate = rate.expect("drain observed");
+        assert!((8.0..=12.0).contains(&rate), "{rates:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_admitted_sends_is_not_mistaken_for_drain() {
+    // Nobody consumes: each read shows the 50 sends admitted since the one before.
+    let backend = depths((0..6).map(|i| 50 * i));
+    let g = gate(policy(250, 1000, false, 3), &backend);
+    for _ in 0..5 {
+        for _ in 0..50 {
+            g.admit().await.unwrap().finish(BacklogEffect::Stored);
+        }
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    assert_eq!(refused(&g).await, (Duration::from_secs(1), None));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_drain_is_clamped_to_the_longest_retry_after() {
+    let backend = depths((0..6).map(|i| 10_000 - i));
+    let p = CapacityPolicy {
+        retry_after_max: Duration::from_secs(120),
+        ..policy(10, 1000, false, 3)
+    };
+    let g = gate(p, &backend);
+    let (retry_after, rate) = read_each_second(&g, 6).await;
+    assert_eq!(rate, Some(1.0));
+    assert!(within(retry_after, 108.0, 120.0), "{retry_after:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_is_spread_by_a_tenth_and_never_below_one_second() {
+    let backend = depths((0..6).map(|i| 200 - 10 * i));
+    let g = gate(policy(50, 1000, false, 3), &backend);
+    read_each_second(&g, 6).await;
+    // The header has whole seconds: 10 s ± 1 s, each of 9, 10 and 11 about a third of
+    // the time, so a fleet refused together comes back spread both ways.
+    let mut seen = std::collections::BTreeMap::new();
+    for _ in 0..300 {
+        let (retry_after, _) = refused(&g).await;
+        assert!(within(retry_after, 9.0, 11.0), "{retry_after:?}");
+        *seen.entry(retry_after.as_secs()).or_insert(0) += 1;
+    }
+    assert_eq!(seen.keys().copied().collect::<Vec<_>>(), [9, 10, 11]);
+    assert!(seen.values().all(|&n| n >= 60), "{seen:?}");
+
+    // 100/s, one message over: a hundredth of a second, raised to the next read (1 s);
+    // the jitter never takes it under 1 s.
+    let backend = depths((0..6).map(|i| 1000 - 100 * i));
+    let g = gate(policy(500, 1000, false, 3), &backend);
+    read_each_second(&g, 6).await;
+    for _ in 0..200 {
+        let (retry_after, _) = refused(&g).await;
+        assert!(within(retry_after, 1.0, 1.1), "{retry_after:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn refusing_at_the_ceiling_goes_on_until_the_backlog_is_at_the_resume_level() {
+    let backend = depths([10, 8, 6, 5]);
+    let p = CapacityPolicy {
+        resume_below: Fraction::new(0.5).unwrap(),
+        ..policy(10, 1000, false, 3)
+    };
+    let g = gate(p, &backend);
+    for backlog in [10, 8, 6] {
+        assert!(
+            matches!(g.admit().await, Err(Refusal::QueueFull { backlog: b, .. }) if b == backlog),
+            "{backlog} is over the resume level"
+        );
+        assert_eq!(g.snapshot().refusing_until_backlog, Some(5));
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    g.admit()
+        .await
+        .expect("5 is the resume level")
+        .finish(BacklogEffect::NotStored);
+    assert_eq!(g.snapshot().refusing_until_backlog, None);
+    for _ in 0..5 {
+        g.admit()
+            .await
+            .expect("under the ceiling again")
+            .finish(BacklogEffect::Stored);
+    }
+    assert!(g.admit().await.is_err(), "5 + 5 stored is the ceiling");
+    assert_eq!(g.snapshot().refusing_until_backlog, Some(5));
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_hysteresis_one_under_the_ceiling_admits() {
+    let backend = depths([10, 9]);
+    let g = gate(policy(10, 1000, false, 3), &backend);
+    assert!(g.admit().await.is_err());
+    assert_eq!(g.snapshot().refusing_until_backlog, Some(9));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(g.admit().await.is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn gate_on_fails_closed_at_the_threshold_and_recovers() {
+    let backend = Arc::new(ScriptedDepth::new(
+        vec![down(), down(), down(), Ok(0)],
+        Duration::ZERO,
+    ));
+    let g = gate(policy(100, 0, true, 3), &backend);
+    assert!(g.admit().await.is_ok());
+    assert!(g.admit().await.is_ok());
+    assert_eq!(
+        g.admit().await.err(),
+        Some(Refusal::CapacityUnknown {
+            consecutive_failures: 3
+        })
+    );
+    assert!(g.snapshot().fail_closed);
+    assert!(g.admit().await.is_ok(), "a good read resets the streak");
+    assert_eq!(g.snapshot().consecutive_failures, 0);
+    assert!(!g.snapshot().fail_closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_start_up_read_does_not_start_the_streak() {
+    let backend = Arc::new(ScriptedDepth::new(vec![down()], Duration::ZERO));
+    let g = gate(policy(100, 0, true, 3), &backend);
+    g.prime().await;
+    assert_eq!(g.snapshot().consecutive_failures, 0);
+    assert_eq!(g.snapshot().reads_failed, 1);
+    assert!(g.admit().await.is_ok());
+    assert!(g.admit().await.is_ok());
+    assert_eq!(
+        g.admit().await.err(),
+        Some(Refusal::CapacityUnknown {
+            consecutive_failures: 3
+        }),
+        "the contract's example: sends 1 and 2 queued, send 3 refused"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn gate_off_always_fails_open() {
+    let backend = Arc::new(ScriptedDepth::new(vec![down()], Duration::ZERO));
+    let g = gate(policy(100, 0, false, 3), &backend);
+    for _ in 0..5 {
+        g.admit().await.unwrap().finish(BacklogEffect::Stored);
+    }
+    assert_eq!(g.snapshot().consecutive_failures, 5);
+    assert!(!g.snapshot().fail_closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_streak_counts_consecutive_failures_only() {
+    let backend = Arc::new(ScriptedDepth::new(
+        vec![down(), Ok(0), down()],
+        Duration::ZERO,
+    ));
+    let g = gate(policy(100, 0, true, 2), &backend);
+    for _ in 0..3 {
+        assert!(g.admit().await.is_ok());
+    }
+    assert_eq!(g.snapshot().consecutive_failures, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_read_that_outlives_its_timeout_is_a_failure_and_ends_on_time() {
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::from_secs(60)));
+    let g = gate(policy(100, 0, true, 1), &backend);
+    let start = Instant::now();
+    assert_eq!(
+        g.admit().await.err(),
+        Some(Refusal::CapacityUnknown {
+            consecutive_failures: 1
+        }),
+        "the timed-out read counts before the send is decided"
+    );
+    assert_eq!(start.elapsed(), Duration::from_millis(2000));
+    assert_eq!(g.snapshot().consecutive_failures, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_reads_are_cached_for_the_ttl_too() {
+    let backend = Arc::new(ScriptedDepth::new(vec![down()], Duration::ZERO));
+    let g = gate(policy(100, 1000, true, 3), &backend);
+    for _ in 0..10 {
+        assert!(g.admit().await.is_ok());
+    }
+    assert_eq!(
+        backend.reads(),
+        1,
+        "a failing admin plane is not hammered by every send"
+    );
+}
+
