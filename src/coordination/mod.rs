@@ -6,6 +6,7 @@ pub mod entra;
 pub mod fleet;
 pub mod ledger;
 pub mod port;
+mod redis_port;
 
 use std::sync::Arc;
 use std::time::SystemTime;

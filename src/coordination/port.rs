@@ -78,7 +78,10 @@ pub struct Caller<'a> {
 pub enum ReadState {
     /// No read published in this epoch.
     Never,
-    Ok { backlog: u64, send_disabled: bool },
+    Ok {
+        backlog: u64,
+        send_disabled: bool,
+    },
     Failed,
 }
 
@@ -204,7 +207,8 @@ pub trait LedgerPort: Send + Sync + 'static {
     ) -> Result<View, LedgerError>;
 
     /// Be counted, report the carry, see the state: a seat's heartbeat.
-    async fn heartbeat(&self, queue: QueueRef<'_>, caller: Caller<'_>) -> Result<View, LedgerError>;
+    async fn heartbeat(&self, queue: QueueRef<'_>, caller: Caller<'_>)
+        -> Result<View, LedgerError>;
 
     /// Take the read lease for `lease` if nobody holds it (step 4).
     async fn lease_read(
