@@ -5,6 +5,7 @@
 pub mod entra;
 pub mod fleet;
 pub mod ledger;
+pub mod memory;
 pub mod port;
 mod redis_port;
 

@@ -228,7 +228,9 @@ pub trait LedgerPort: Send + Sync + 'static {
         counts_in_streak: bool,
     ) -> Result<View, LedgerError>;
 
-    /// Settle `rows`, then forget the caller: its blocks, member, carry and read lease (step 7).
+    /// Settle `rows`, then forget the caller: its blocks, member and read lease (step 7).
+    /// Its carry, recorded by this call like any other, stays until its hold ends: it
+    /// counts sends no read may show yet, and leaving does not make a read show them.
     async fn leave(
         &self,
         queue: QueueRef<'_>,
