@@ -57,7 +57,7 @@ pub const CONNECT_DEADLINE: Duration = Duration::from_secs(1);
 
 /// Counts travel through Lua, whose numbers are doubles: above 2^53 they would lose units.
 /// Every count sent is clamped here; no queue comes near it.
-const MAX_EXACT: u64 = (1 << 53) - 1;
+pub(super) const MAX_EXACT: u64 = (1 << 53) - 1;
 
 /// Why a ledger call failed. None of them names the Redis URL or its password.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -98,7 +98,7 @@ impl QueueKeys {
     /// `KeyPrefix`), nor a scope (a backend kind, maybe after `fallback/`), so the hash tag
     /// is exactly `{scope/queue}`.
     fn new(prefix: &str, scope: &str, queue: &QueueName) -> Self {
-        let base = format!("{prefix}:{{{scope}/{queue}}}");
+        let base = queue_base(prefix, scope, queue);
         Self {
             read: format!("{base}:read"),
             lease: format!("{base}:lease"),
@@ -465,6 +465,23 @@ impl Ledger {
         QueueKeys::new(&self.prefix, &fallback_scope(primary, fallback), queue)
     }
 
+    /// One queue's state in the fleet protocol (docs/fleet.md): the one hash
+    /// `{prefix}:{kind/queue}` of the primary lane, the base the old keys' names extend.
+    pub fn queue_key(&self, backend: BackendKind, queue: &QueueName) -> String {
+        queue_base(&self.prefix, backend.as_str(), queue)
+    }
+
+    /// [`Ledger::queue_key`] of the fallback lane, named as [`Ledger::fallback_keys`] names
+    /// its keys (`{fallback/kind/queue}` beside a primary of the same kind).
+    pub fn fallback_queue_key(
+        &self,
+        primary: BackendKind,
+        fallback: BackendKind,
+        queue: &QueueName,
+    ) -> String {
+        queue_base(&self.prefix, &fallback_scope(primary, fallback), queue)
+    }
+
     pub async fn ping(&self) -> Result<(), LedgerError> {
         self.ping_within(self.timeout).await
     }
@@ -706,7 +723,10 @@ impl Ledger {
         expect_one(&reply)
     }
 
-    async fn run(&self, call: &redis::ScriptInvocation<'_>) -> Result<Value, LedgerError> {
+    pub(super) async fn run(
+        &self,
+        call: &redis::ScriptInvocation<'_>,
+    ) -> Result<Value, LedgerError> {
         let mut conn = self.conn.get();
         self.within(self.timeout, call.invoke_async::<Value>(&mut conn))
             .await
@@ -796,6 +816,11 @@ fn redis_error(redact: &[String], token: Option<&str>, e: redis::RedisError) -> 
     LedgerError::Redis(text)
 }
 
+/// `{prefix}:{scope/queue}`: one hash tag, so one cluster slot for everything of the queue.
+fn queue_base(prefix: &str, scope: &str, queue: &QueueName) -> String {
+    format!("{prefix}:{{{scope}/{queue}}}")
+}
+
 /// The hash tag's scope of the fallback lane's keys (see [`Ledger::fallback_keys`]).
 fn fallback_scope(primary: BackendKind, fallback: BackendKind) -> String {
     if fallback == primary {
@@ -805,13 +830,13 @@ fn fallback_scope(primary: BackendKind, fallback: BackendKind) -> String {
     }
 }
 
-fn millis(d: Duration) -> u64 {
+pub(super) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis())
         .unwrap_or(u64::MAX)
         .min(MAX_EXACT)
 }
 
-fn exact(n: u64) -> u64 {
+pub(super) fn exact(n: u64) -> u64 {
     n.min(MAX_EXACT)
 }
 

@@ -5,7 +5,9 @@
 pub mod entra;
 pub mod fleet;
 pub mod ledger;
+pub mod memory;
 pub mod port;
+mod redis_port;
 
 use std::sync::Arc;
 use std::time::SystemTime;

@@ -78,7 +78,10 @@ pub struct Caller<'a> {
 pub enum ReadState {
     /// No read published in this epoch.
     Never,
-    Ok { backlog: u64, send_disabled: bool },
+    Ok {
+        backlog: u64,
+        send_disabled: bool,
+    },
     Failed,
 }
 
@@ -204,7 +207,8 @@ pub trait LedgerPort: Send + Sync + 'static {
     ) -> Result<View, LedgerError>;
 
     /// Be counted, report the carry, see the state: a seat's heartbeat.
-    async fn heartbeat(&self, queue: QueueRef<'_>, caller: Caller<'_>) -> Result<View, LedgerError>;
+    async fn heartbeat(&self, queue: QueueRef<'_>, caller: Caller<'_>)
+        -> Result<View, LedgerError>;
 
     /// Take the read lease for `lease` if nobody holds it (step 4).
     async fn lease_read(
@@ -224,7 +228,9 @@ pub trait LedgerPort: Send + Sync + 'static {
         counts_in_streak: bool,
     ) -> Result<View, LedgerError>;
 
-    /// Settle `rows`, then forget the caller: its blocks, member, carry and read lease (step 7).
+    /// Settle `rows`, then forget the caller: its blocks, member and read lease (step 7).
+    /// Its carry, recorded by this call like any other, stays until its hold ends: it
+    /// counts sends no read may show yet, and leaving does not make a read show them.
     async fn leave(
         &self,
         queue: QueueRef<'_>,

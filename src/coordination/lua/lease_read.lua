@@ -1,0 +1,24 @@
+-- Take the read lease if nobody holds it (docs/fleet.md, step 4).
+-- ARGV from 11: lease_ms.
+-- Reply: {1, epoch, seq, completed_at_start, view...} with a ticket, {0, 0, 0, 0, view...}.
+local s = preamble()
+local h, now = s.h, s.now
+if num(h.lease_until) > now then return { 0, 0, 0, 0, unpack(view(h, now)) } end
+local seq = num(h.ticket_seq) + 1
+hset(s, 'lease_holder', ARGV[7])
+hset(s, 'lease_until', int(now + num(ARGV[OWN])))
+hset(s, 'ticket_seq', int(seq))
+-- The read shows nothing stored after this moment; published, this is the read's age.
+hset(s, 't:' .. int(seq), int(now))
+-- Completions settled within the lag may be missing from what the admin plane is about to
+-- show: the ticket starts before them, so they stay in since_read after the publish.
+local completed = num(h.completed_total)
+if LAG > 0 then
+  local from = math.floor((now - LAG) / 100)
+  for f, v in pairs(h) do
+    if string.sub(f, 1, 2) == 'r:' and num(string.sub(f, 3)) >= from then
+      completed = completed - num(v)
+    end
+  end
+end
+return { 1, num(h.epoch), seq, math.max(0, completed), unpack(view(h, now)) }

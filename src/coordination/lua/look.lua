@@ -1,0 +1,6 @@
+-- The state as it is, for an onlooker: no preamble, no writes, nothing made or pruned.
+-- Reply: nil if the hash is missing, else the view (live sums filtered by time).
+local now = clock()
+local h = load()
+if h.epoch == nil then return false end
+return view(h, now)

@@ -1,0 +1,213 @@
+-- Prepended to every script of the fleet protocol (docs/fleet.md; redis_port.rs sends them).
+-- A queue's whole state is ONE hash, KEYS[1], so an eviction takes all of it or none, and
+-- `reserved` / `carried` are never stored: they are sums over the live `b:` / `c:` fields,
+-- so no lost or doubled write can leave a running total wrong.
+--
+-- Fields: epoch (TIME µs when made), version (bumped by every write), born (ms);
+-- the published read: state ('ok' | 'failed' | absent = never), backlog, send_disabled,
+-- taken_ms (when its lease was taken), streak, generation, reads_ok, reads_failed,
+-- published_seq; the read lease: lease_holder, lease_until, ticket_seq, t:<seq> = when
+-- ticket <seq>'s lease was taken; completed_total, since_read; r:<n> = stored sends settled
+-- in the 100 ms bucket n; b:<block id> = "units:lease_end_ms"; c:<replica> =
+-- "count:end_ms"; m:<replica> = until when it counts in the fleet's size (ms).
+--
+-- ARGV, the same head for every script:
+--   1 hold_ms  2 lag_ms  3 max_read_age_ms  4 grace_ms  5 member_ms  6 idle_ms
+--   7 replica  8 seen epoch id  9 seen version  10 carry
+-- and each script's own arguments from ARGV[11] on. All time is this Redis's TIME.
+
+local KEY = KEYS[1]
+local HOLD = tonumber(ARGV[1]) or 0
+local LAG = tonumber(ARGV[2]) or 0
+local MAX_READ_AGE = tonumber(ARGV[3]) or 0
+local GRACE = tonumber(ARGV[4]) or 0
+local MEMBER = tonumber(ARGV[5]) or 0
+-- PEXPIRE 0 would delete the hash at once.
+local IDLE = math.max(1, tonumber(ARGV[6]) or 1)
+local OWN = 11
+
+-- Integers go out as plain digits: a double's own formatting (1.7e+15) would not parse
+-- back, neither for HINCRBY nor for the client.
+local function int(n)
+  return string.format('%d', n)
+end
+
+-- A missing field (false) or a non-number counts as 0.
+local function num(v)
+  return tonumber(v) or 0
+end
+
+-- Redis TIME as ms (every term) and µs (a new epoch's id; below 2^53, exact as a double).
+local function clock()
+  local t = redis.call('TIME')
+  local s, us = tonumber(t[1]), tonumber(t[2])
+  return s * 1000 + math.floor(us / 1000), s * 1000000 + us
+end
+
+-- "a:b" (a block's units:lease_end, a carry's count:end); anything else holds nothing and
+-- has already ended, so a malformed field is pruned rather than counted for ever.
+local function pair(v)
+  local a, b = string.match(v or '', '^(%d+):(%d+)$')
+  return tonumber(a) or 0, tonumber(b) or 0
+end
+
+local function load()
+  local flat = redis.call('HGETALL', KEY)
+  local h = {}
+  for i = 1, #flat, 2 do
+    h[flat[i]] = flat[i + 1]
+  end
+  return h
+end
+
+-- Whether field f (value v) no longer counts at `now`. Lag buckets older than the lag (plus
+-- a second, for the rounding) can no longer be subtracted from any ticket.
+local function ended(f, v, now)
+  local p = string.sub(f, 1, 2)
+  if p == 'b:' or p == 'c:' then
+    local _, e = pair(v)
+    return e <= now
+  elseif p == 'm:' then
+    return num(v) <= now
+  elseif p == 'r:' then
+    return num(string.sub(f, 3)) < math.floor((now - LAG - 1000) / 100)
+  end
+  return false
+end
+
+-- The live sums: units in blocks, carries, members. Filtered by time even after a prune, so
+-- `look` (which prunes nothing) answers the same.
+local function sums(h, now)
+  local reserved, carried, replicas = 0, 0, 0
+  for f, v in pairs(h) do
+    local p = string.sub(f, 1, 2)
+    if p == 'b:' or p == 'c:' then
+      local n, e = pair(v)
+      if e > now then
+        if p == 'b:' then reserved = reserved + n else carried = carried + n end
+      end
+    elseif p == 'm:' and num(v) > now then
+      replicas = replicas + 1
+    end
+  end
+  return reserved, carried, replicas
+end
+
+-- Writes go to Redis and to the table, so the reply is built from what was written.
+local function hset(s, f, v)
+  redis.call('HSET', KEY, f, v)
+  s.h[f] = v
+end
+
+local function hdel(s, fields)
+  -- unpack has a stack limit: delete in slices.
+  for i = 1, #fields, 500 do
+    redis.call('HDEL', KEY, unpack(fields, i, math.min(i + 499, #fields)))
+  end
+  for _, f in ipairs(fields) do
+    s.h[f] = nil
+  end
+end
+
+-- A new incarnation: its epoch is above the one the caller names, so the caller sees the
+-- epoch change even when TIME stepped back across a failover.
+local function make(s, seen_id)
+  local epoch = math.max(s.now_us, seen_id + 1)
+  s.h = { epoch = int(epoch), version = '0', born = int(s.now) }
+  redis.call('HSET', KEY, 'epoch', s.h.epoch, 'version', '0', 'born', s.h.born)
+end
+
+-- What every call of a replica runs first (docs/fleet.md, steps 1 and 5). Returns the state
+-- `s` = {now, now_us, h (the hash as a table), matched (the caller named this epoch)}.
+local function preamble()
+  local now, now_us = clock()
+  local s = { now = now, now_us = now_us, h = load() }
+  local replica = ARGV[7]
+  local seen_id, seen_version, carry = num(ARGV[8]), num(ARGV[9]), num(ARGV[10])
+  if s.h.epoch == nil then
+    -- Missing (lost, evicted, expired, never made); fields without an epoch are not ours.
+    if next(s.h) ~= nil then redis.call('DEL', KEY) end
+    make(s, seen_id)
+  else
+    local epoch, version = num(s.h.epoch), num(s.h.version)
+    -- The caller saw a state later than this one: writes were lost (a failover to a replica
+    -- that had not seen them). What is left cannot be trusted to hold every block.
+    if seen_id > epoch or (seen_id == epoch and seen_version > version) then
+      redis.call('DEL', KEY)
+      make(s, seen_id)
+    end
+  end
+  local gone = {}
+  for f, v in pairs(s.h) do
+    if ended(f, v, now) then gone[#gone + 1] = f end
+  end
+  hdel(s, gone)
+  hset(s, 'm:' .. replica, int(now + MEMBER))
+  s.matched = num(s.h.epoch) == seen_id
+  -- A carry is counted against the epoch it was reckoned for: from a caller naming another,
+  -- it would be its admissions relative to the wrong state. That caller adopts the epoch
+  -- from the reply and calls again.
+  if s.matched then
+    if carry > 0 then
+      hset(s, 'c:' .. replica, int(carry) .. ':' .. int(now + HOLD))
+    else
+      hdel(s, { 'c:' .. replica })
+    end
+  end
+  s.h.version = int(redis.call('HINCRBY', KEY, 'version', 1))
+  redis.call('PEXPIRE', KEY, IDLE)
+  return s
+end
+
+-- Stored sends settled now: counted on top of the read, and in the lag bucket of now so a
+-- ticket taken within the lag still counts them (the admin plane may not show them yet).
+local function complete(s, stored)
+  if stored <= 0 then return end
+  hset(s, 'completed_total', int(num(s.h.completed_total) + stored))
+  hset(s, 'since_read', int(num(s.h.since_read) + stored))
+  if LAG > 0 then
+    local bucket = 'r:' .. int(math.floor(s.now / 100))
+    hset(s, bucket, int(num(s.h[bucket]) + stored))
+  end
+end
+
+-- Settle rows, triples (block id, stored, not_stored) from ARGV[first] on. A row takes out
+-- of its block at most what the block still holds: a block that ended (pruned) or never
+-- existed already gave its units back. Stored sends count either way: they may be stored.
+local function settle_rows(s, first)
+  local stored_total = 0
+  for i = first, #ARGV - 2, 3 do
+    local f = 'b:' .. ARGV[i]
+    local stored, not_stored = num(ARGV[i + 1]), num(ARGV[i + 2])
+    if s.h[f] then
+      local units, lease_end = pair(s.h[f])
+      local left = units - math.min(units, stored + not_stored)
+      if left > 0 then
+        hset(s, f, int(left) .. ':' .. int(lease_end))
+      else
+        hdel(s, { f })
+      end
+    end
+    stored_total = stored_total + stored
+  end
+  complete(s, stored_total)
+end
+
+-- The view every reply carries, 15 integers (decoded in redis_port.rs):
+-- epoch, version, grace_left_ms, state (0 never, 1 ok, 2 failed), backlog, send_disabled,
+-- read_age_ms, streak, generation, since_read, reserved, carried, replicas, reads_ok,
+-- reads_failed.
+local function view(h, now)
+  local reserved, carried, replicas = sums(h, now)
+  local state = 0
+  if h.state == 'ok' then state = 1 elseif h.state == 'failed' then state = 2 end
+  local age = 0
+  if state ~= 0 then age = math.max(0, now - num(h.taken_ms)) end
+  local backlog, disabled = 0, 0
+  if state == 1 then backlog, disabled = num(h.backlog), num(h.send_disabled) end
+  return {
+    num(h.epoch), num(h.version), math.max(0, num(h.born) + GRACE - now), state, backlog,
+    disabled, age, num(h.streak), num(h.generation), num(h.since_read), reserved, carried,
+    replicas, num(h.reads_ok), num(h.reads_failed),
+  }
+end

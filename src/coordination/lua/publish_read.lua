@@ -1,0 +1,37 @@
+-- Publish a read taken with a ticket (docs/fleet.md, step 4).
+-- ARGV from 11: ticket epoch, ticket seq, completed_at_start, ok (1|0), backlog,
+-- send_disabled (1|0), counts_in_streak (1|0). Reply: the view.
+local s = preamble()
+local h, now = s.h, s.now
+local seq = num(ARGV[12])
+local taken = h['t:' .. int(seq)]
+-- A ticket of another epoch counted completions of another state; one no newer than the
+-- last published is older news; one with no lease time was never issued here.
+if num(ARGV[11]) ~= num(h.epoch) or seq <= num(h.published_seq) or not taken then
+  return view(h, now)
+end
+hset(s, 'generation', int(num(h.generation) + 1))
+hset(s, 'published_seq', int(seq))
+hset(s, 'taken_ms', taken)
+-- No ticket up to this one can be published any more.
+local spent = {}
+for f in pairs(h) do
+  if string.sub(f, 1, 2) == 't:' and num(string.sub(f, 3)) <= seq then spent[#spent + 1] = f end
+end
+hdel(s, spent)
+if ARGV[14] == '1' then
+  hset(s, 'state', 'ok')
+  hset(s, 'backlog', int(num(ARGV[15])))
+  hset(s, 'send_disabled', ARGV[16] == '1' and '1' or '0')
+  hset(s, 'streak', '0')
+  hset(s, 'reads_ok', int(num(h.reads_ok) + 1))
+  -- Only completions after the ticket are on top of this depth.
+  hset(s, 'since_read', int(math.max(0, num(h.completed_total) - num(ARGV[13]))))
+else
+  -- A failed read leaves no depth behind, only its time.
+  hset(s, 'state', 'failed')
+  hdel(s, { 'backlog', 'send_disabled' })
+  if ARGV[17] == '1' then hset(s, 'streak', int(num(h.streak) + 1)) end
+  hset(s, 'reads_failed', int(num(h.reads_failed) + 1))
+end
+return view(h, now)
