@@ -211,12 +211,16 @@ impl Application {
         let coordination = Coordination::start(&settings.coordination);
         if let Coordination::Fleet { fleet, ledger } = &coordination {
             let primary = settings.primary.kind();
-            primary_route.join_fleet(fleet, |q| ledger.queue_key(primary, q), settings.send_timeout);
+            primary_route.join_fleet(
+                fleet,
+                |q| ledger.queue_key(primary, q),
+                settings.send_timeout,
+            );
             if let (Some(lane), Some(fallback)) = (&fallback_route, &settings.fallback) {
                 let fallback = fallback.kind();
                 lane.join_fleet(
                     fleet,
-                    |q| ledger.fallback_key(primary, fallback, q),
+                    |q| ledger.fallback_queue_key(primary, fallback, q),
                     settings.send_timeout,
                 );
             }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use fault_proxy::{Fault, FaultProxy};
 use gateway::GatewayProcess;
-use sendgate::coordination::ledger::MEMBER_FOR;
+use sendgate::coordination::fleet::MEMBER_FOR;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

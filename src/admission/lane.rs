@@ -78,7 +78,7 @@ impl Lane {
 
     /// Share each queue's ceiling with the fleet (`SENDGATE_COORDINATION=redis`), under the
     /// ledger key `key` gives for it (the primary's and the fallback's differ: see
-    /// [`Ledger::fallback_key`](crate::coordination::ledger::Ledger::fallback_key)).
+    /// [`Ledger::fallback_queue_key`](crate::coordination::ledger::Ledger::fallback_queue_key)).
     pub fn join_fleet(
         &self,
         fleet: &Arc<crate::coordination::fleet::Fleet>,

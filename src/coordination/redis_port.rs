@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::{Script, ScriptInvocation, Value};
 
-use super::ledger::{self, exact, millis, Ledger};
+use super::ledger::{exact, millis, Ledger};
 use super::port::{
     Ask, Caller, Epoch, LedgerError, LedgerPort, QueueRef, ReadOutcome, ReadState, ReadTicket,
     Reservation, Settle, Terms, View,
@@ -47,18 +47,6 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     leave: port_script!("leave.lua"),
     look: port_script!("look.lua"),
 });
-
-/// The old API's error is the same enum, declared twice until the old API goes.
-impl From<ledger::LedgerError> for LedgerError {
-    fn from(e: ledger::LedgerError) -> Self {
-        match e {
-            ledger::LedgerError::Timeout => Self::Timeout,
-            ledger::LedgerError::Redis(text) => Self::Redis(text),
-            ledger::LedgerError::Unexpected(text) => Self::Unexpected(text),
-            ledger::LedgerError::Entra(text) => Self::Entra(text),
-        }
-    }
-}
 
 /// `KEYS[1]` and the head of `ARGV` every script takes (see `lua/prelude.lua`): the terms,
 /// then the caller. Times in ms; every number clamped to what a Lua double holds exactly.
@@ -469,26 +457,5 @@ mod tests {
         let mut fields = view_fields();
         fields[7] = i64::from(u32::MAX) + 10;
         assert_eq!(decode_view(&fields).unwrap().streak, u32::MAX);
-    }
-
-    #[test]
-    fn the_old_error_maps_to_the_ports_variant_for_variant() {
-        for (old, new) in [
-            (ledger::LedgerError::Timeout, LedgerError::Timeout),
-            (
-                ledger::LedgerError::Redis("r".into()),
-                LedgerError::Redis("r".into()),
-            ),
-            (
-                ledger::LedgerError::Unexpected("u".into()),
-                LedgerError::Unexpected("u".into()),
-            ),
-            (
-                ledger::LedgerError::Entra("e".into()),
-                LedgerError::Entra("e".into()),
-            ),
-        ] {
-            assert_eq!(LedgerError::from(old), new);
-        }
     }
 }

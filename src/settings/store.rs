@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::coordination::ledger::{Ledger, LedgerError};
+use crate::coordination::ledger::Ledger;
+use crate::coordination::port::LedgerError;
 
 use super::overrides::StoredValue;
 

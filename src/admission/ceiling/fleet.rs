@@ -28,8 +28,8 @@ use crate::backend::{Backend, DepthError};
 use crate::config::Fraction;
 use crate::coordination::fleet::{Fleet, HEARTBEAT, IDLE, MEMBER_FOR};
 use crate::coordination::port::{
-    Ask, Caller, Epoch, LedgerError, QueueRef, ReadOutcome, ReadState, Reservation, Settle,
-    Terms, View,
+    Ask, Caller, Epoch, LedgerError, QueueRef, ReadOutcome, ReadState, Reservation, Settle, Terms,
+    View,
 };
 use crate::domain::QueueName;
 
@@ -400,8 +400,7 @@ impl FleetSeat {
     /// The view last seen holds a read younger than the TTL.
     fn fresh(&self, state: &SeatState, now: Instant) -> bool {
         state.last.is_some_and(|(view, seen)| {
-            view.read != ReadState::Never
-                && view.read_age + (now - seen) < self.policy.load().ttl
+            view.read != ReadState::Never && view.read_age + (now - seen) < self.policy.load().ttl
         })
     }
 
@@ -592,11 +591,7 @@ impl FleetSeat {
     /// is unknown, and the gate decides as for a failed read, never admitting past a
     /// fail-closed gate.
     fn unread_answer(&self, policy: &CapacityPolicy) -> FleetAnswer {
-        let streak = self
-            .state
-            .lock()
-            .last
-            .map_or(0, |(view, _)| view.streak);
+        let streak = self.state.lock().last.map_or(0, |(view, _)| view.streak);
         if policy.fail_closed {
             return FleetAnswer::Refuse(Refusal::CapacityUnknown {
                 consecutive_failures: streak,
@@ -990,3 +985,6 @@ enum Step {
     Done(FleetAnswer),
     Again(FleetAnswer),
 }
+
+#[cfg(test)]
+mod tests;

@@ -9,8 +9,8 @@ use tokio::time::Instant;
 use super::*;
 use crate::admission::drain::DrainRate;
 use crate::backend::DepthError;
-use crate::config::Fraction;
 use crate::backend::{Backlog, OutgoingMessage, SendError, SendReceipt};
+use crate::config::Fraction;
 use async_trait::async_trait;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -30,10 +30,7 @@ fn fail_closed_refusals_are_logged_once_per_depth_read_with_the_count_since() {
         Some(1)
     );
     for _ in 0..4 {
-        assert_eq!(
-            LocalGate::failclosed_to_log(&mut state, &refused()),
-            None
-        );
+        assert_eq!(LocalGate::failclosed_to_log(&mut state, &refused()), None);
     }
     let full = Err(Refusal::QueueFull {
         backlog: 1,
@@ -48,10 +45,7 @@ fn fail_closed_refusals_are_logged_once_per_depth_read_with_the_count_since() {
         Some(5),
         "the four silent ones and this one"
     );
-    assert_eq!(
-        LocalGate::failclosed_to_log(&mut state, &refused()),
-        None
-    );
+    assert_eq!(LocalGate::failclosed_to_log(&mut state, &refused()), None);
 }
 
 /// An admin plane that answers from a script (then repeats its last answer), after a delay.
@@ -794,4 +788,3 @@ async fn failed_reads_are_cached_for_the_ttl_too() {
         "a failing admin plane is not hammered by every send"
     );
 }
-
