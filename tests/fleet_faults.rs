@@ -12,7 +12,6 @@
 //! The runs share one machine's cores and one broker, so they take turns (one lock), and
 //! each prints its numbers (`cargo test --test fleet_faults -- --nocapture`).
 
-#[allow(dead_code)]
 #[path = "support/fault_proxy.rs"]
 mod fault_proxy;
 #[allow(dead_code)]
