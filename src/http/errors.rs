@@ -28,11 +28,9 @@ pub const CAPACITY_UNKNOWN_RETRY_AFTER: Duration = Duration::from_secs(30);
 /// broker asking for more (or sending garbage like `9999999999`) is passed on as this.
 pub const MAX_BROKER_RETRY_AFTER: Duration = Duration::from_secs(60);
 
-/// One problem with the request's input (part of the error body, so wire vocabulary).
-pub use sendgate_wire::FieldError;
-
-/// Most input problems listed in one 400.
-pub const MAX_FIELD_ERRORS: usize = 20;
+/// One problem with the request's input, and how many one 400 lists (part of the error
+/// body, so wire vocabulary).
+pub use sendgate_wire::{FieldError, MAX_FIELD_ERRORS};
 
 /// Room for an error body's `message` (the longest is ~130 bytes, a `send_failed` detail
 /// more): a refusal formats it without regrowing the buffer.
