@@ -14,6 +14,7 @@
 //! line naming the variable (exit status 2).
 
 mod backend;
+mod connection_string;
 mod coordination;
 mod error;
 mod forgiving;
@@ -30,6 +31,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use backend::{BackendKind, BackendSettings, DepthSource, RabbitMqSettings, Scope};
+pub use connection_string::{ConnectionString, ConnectionStringError, ENDPOINT_NOT_SHOWN};
 pub use coordination::{CoordinationSettings, KeyPrefix, RedisAuth, RedisSettings};
 pub use error::ConfigError;
 pub use forgiving::{forgiving_flag, forgiving_max_depth, forgiving_streak};

@@ -2,9 +2,9 @@
 //! with which credential: every inconsistency is found here, while the settings are
 //! parsed, naming the variable the operator set.
 
+use super::connection_string::ConnectionString;
 use super::error::ConfigError;
 use super::vars::Var;
-use crate::backend::servicebus::auth::ConnectionString;
 use crate::domain::QueueName;
 
 /// The public-cloud suffix added to a bare namespace name (`myns`).
@@ -23,7 +23,7 @@ pub struct ServiceBusSettings {
     pub managed_identity_client_id: Option<String>,
 }
 
-/// A connection string's key never shows: `ConnectionString`'s `Debug` hides it.
+/// A connection string's key never shows: it is a `Secret`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CredentialPlan {
     Sas(ConnectionString),
