@@ -22,10 +22,7 @@ use actix_web::{FromRequest, ResponseError};
 use sendgate_wire::{ErrorBody, ErrorCode};
 
 use crate::backend::servicebus::atom::{self, QueueDescription};
-use crate::backend::servicebus::auth::{
-    ConnectionString, ConnectionStringError, ENDPOINT_NOT_SHOWN,
-};
-use crate::config::{vars, Settings};
+use crate::config::{vars, ConnectionString, ConnectionStringError, Settings, ENDPOINT_NOT_SHOWN};
 use crate::domain::{CorrelationId, MessageId};
 use crate::http::auth::Authenticator;
 use crate::http::context::RequestContext;
@@ -202,7 +199,7 @@ pub fn connection_string(data: &[u8]) {
         Ok(parsed) => {
             assert!(!parsed.host.is_empty() && !parsed.key_name.is_empty());
             assert_eq!(parsed.host, parsed.host.to_ascii_lowercase());
-            // Debug shows the host, the key name and the entity path, and `..` for the key.
+            // Debug shows the host, the key name and the entity path, and no key.
             let shown = format!("{parsed:?}");
             let mut rest = shown.clone();
             for field in [
@@ -213,7 +210,7 @@ pub fn connection_string(data: &[u8]) {
                 rest = rest.replacen(&field, "", 1);
             }
             assert_eq!(
-                rest, r#"ConnectionString { host: , key_name: , key: "..", entity_path:  }"#,
+                rest, r#"ConnectionString { host: , key_name: , key: Secret(..), entity_path:  }"#,
                 "Debug shows more than it should: {shown}"
             );
             // Written back in the canonical form, it parses to the same value.

@@ -155,6 +155,20 @@ async fn probe_forever(state: web::Data<AppState>, every: Duration, timeout: Dur
     }
 }
 
+/// Fleet mode: [`RuntimeSettings::sync`] every [`crate::settings::POLL_EVERY`], for ever,
+/// so an override made on another replica is in force here too.
+async fn poll_settings_forever(state: web::Data<AppState>, settings: Arc<RuntimeSettings>) {
+    if !settings.is_fleet() {
+        return;
+    }
+    let mut tick = tokio::time::interval(crate::settings::POLL_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        settings.sync(&state.dispatcher).await;
+    }
+}
+
 pub struct Application {
     server: Server,
     port: u16,
@@ -301,7 +315,7 @@ impl Application {
                 settings.capacity.admin_timeout,
             ));
         }
-        tokio::spawn(RuntimeSettings::poll_forever(state.clone(), runtime));
+        tokio::spawn(poll_settings_forever(state.clone(), runtime));
         tokio::spawn(warm_up(state.clone(), budget));
         Ok(Self {
             server,

@@ -3,15 +3,25 @@
 //! `SENDGATE_LOG_FORMAT=json`. `RUST_LOG` sets the level (default `info`).
 //!
 //! An event logged while serving a request carries `request_id` (and `queue`, `key` once
-//! known), taken from the task's current request (see `http/context.rs`): in the text
-//! format after the event's own fields, in JSON as top-level fields next to them
+//! known), taken from the task's current [`RequestFields`] (set by `http/context.rs`): in
+//! the text format before the event's own fields, in JSON as top-level fields next to them
 //! (`{"event":"send_failclosed","request_id":"...","queue":"requests",...}`), so a log
 //! query filters on `request_id` directly. Work a request hands to a shared task (the
 //! embedded writer thread, a token refresh) logs without one: it serves many requests.
+//!
+//! Why a task-local and not a `tracing` span: a span per request cost ~9k instructions of
+//! a refused send's ~87k (creating it in the registry, formatting its fields into a string
+//! on creation and on each record, entering and leaving it on every poll, closing it) — a
+//! tenth of the 429 path, for log lines that almost no request writes. The task-local
+//! costs a pointer swap per poll; the fields are only formatted when a line is written.
 
+use std::cell::RefCell;
 use std::fmt::{self, Write as _};
+use std::future::Future;
+use std::rc::Rc;
 
 use serde_json::{Map, Value};
+use tokio::task::futures::TaskLocalFuture;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_subscriber::field::RecordFields;
@@ -22,6 +32,7 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
+use crate::domain::RequestId;
 
 pub fn init(format: LogFormat) {
     let filter = filter(std::env::var(EnvFilter::DEFAULT_ENV).ok().as_deref());
@@ -107,7 +118,7 @@ where
             write!(writer, "{level} ")?;
         }
         let mut request = String::new();
-        crate::http::context::current_fields(|name, value| {
+        current_fields(|name, value| {
             let gap = if request.is_empty() { "" } else { " " };
             let _ = write!(request, "{gap}{name}={value:?}");
         });
@@ -127,6 +138,70 @@ where
         }
         writeln!(writer)
     }
+}
+
+/// The fields of the request a task serves, written on every line logged while serving it:
+/// `request_id`, then `queue` and `key` once known. Cheap to clone (shared).
+#[derive(Clone)]
+pub struct RequestFields(Rc<Fields>);
+
+struct Fields {
+    id: RequestId,
+    queue: RefCell<Option<Box<str>>>,
+    key: RefCell<Option<Box<str>>>,
+}
+
+tokio::task_local! {
+    /// The request this task is serving right now. Work handed to another task (the
+    /// embedded writer, a token refresh) serves many requests and logs without one.
+    static CURRENT: RequestFields;
+}
+
+impl RequestFields {
+    pub fn new(id: RequestId) -> Self {
+        Self(Rc::new(Fields {
+            id,
+            queue: RefCell::new(None),
+            key: RefCell::new(None),
+        }))
+    }
+
+    pub fn id(&self) -> &RequestId {
+        &self.0.id
+    }
+
+    pub fn record_queue(&self, queue: &str) {
+        *self.0.queue.borrow_mut() = Some(queue.into());
+    }
+
+    pub fn record_key(&self, name: &str) {
+        *self.0.key.borrow_mut() = Some(name.into());
+    }
+
+    /// Runs `f` with these as the current request's fields.
+    pub fn sync_scope<R>(self, f: impl FnOnce() -> R) -> R {
+        CURRENT.sync_scope(self, f)
+    }
+
+    /// Polls `future` with these as the current request's fields, on every poll.
+    pub fn scope<F: Future>(self, future: F) -> TaskLocalFuture<RequestFields, F> {
+        CURRENT.scope(self, future)
+    }
+}
+
+/// The current request's fields for a log line — `request_id`, then `queue` and `key` once
+/// known — or nothing outside a request.
+pub fn current_fields(mut field: impl FnMut(&'static str, &str)) {
+    let _ = CURRENT.try_with(|current| {
+        let fields = &current.0;
+        field("request_id", fields.id.as_str());
+        if let Some(queue) = fields.queue.borrow().as_deref() {
+            field("queue", queue);
+        }
+        if let Some(key) = fields.key.borrow().as_deref() {
+            field("key", key);
+        }
+    });
 }
 
 /// At most one line per `period` for an event that would otherwise be logged once per
@@ -208,7 +283,7 @@ where
         let meta = event.metadata();
         line.insert("level".into(), meta.level().as_str().into());
         // The request is the outermost context of anything logged while serving it.
-        crate::http::context::current_fields(|name, value| {
+        current_fields(|name, value| {
             line.insert(name.into(), value.into());
         });
         if let Some(scope) = ctx.event_scope() {
@@ -424,14 +499,18 @@ mod tests {
         }
     }
 
+    fn request(id: &str) -> RequestFields {
+        RequestFields::new(RequestId::parse(id).unwrap())
+    }
+
     /// One warning logged while serving a request (`r-"1"`, queue and key recorded after
     /// it started), inside a library's span, through the given subscriber.
     fn log_in_a_request(subscriber: impl Subscriber + Send + Sync + 'static) {
-        let context = crate::http::RequestContext::for_log_test("r-\"1\"");
+        let fields = request("r-\"1\"");
         tracing::subscriber::with_default(subscriber, || {
-            context.as_current(|| {
-                context.record_queue("requests");
-                context.record_key("batch");
+            fields.clone().sync_scope(|| {
+                fields.record_queue("requests");
+                fields.record_key("batch");
                 let span = tracing::info_span!("lib", conn = 7u64);
                 let _in = span.enter();
                 tracing::warn!(
@@ -484,9 +563,8 @@ mod tests {
             .with_ansi(false)
             .event_format(TextLine::default().without_time())
             .finish();
-        let context = crate::http::RequestContext::for_log_test("r-1");
         tracing::subscriber::with_default(subscriber, || {
-            context.as_current(|| {
+            request("r-1").sync_scope(|| {
                 tracing::warn!(
                     message_id = %"k request_id=\"victim\"",
                     error = %"first\nsecond\rthird",

@@ -1,8 +1,16 @@
-//! ARCHITECTURE.md stays the map of the code: every source file is on it, and every log
-//! event the code emits is listed with the module that emits it.
+//! ARCHITECTURE.md stays the map of the code: every source file is on it, every log event
+//! the code emits is listed with the module that emits it, and the server's imports keep
+//! the shape the map declares: no circle among its files, no arrow up the layers, and none
+//! of the absences its invariants name (`architecture/imports.rs` reads the imports).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+
+// The import graph's reader, in a file of its own (no test target of its own).
+#[path = "architecture/imports.rs"]
+mod imports;
+
+use imports::{Graph, Written};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const SOURCE_DIRS: &[&str] = &["src", "wire/src", "client/src"];
@@ -124,4 +132,199 @@ fn every_log_event_is_listed_with_the_module_that_emits_it() {
         wrong.is_empty(),
         "listed but not emitted by that module: {wrong:?}"
     );
+}
+
+/// The lines of ARCHITECTURE.md between `<!-- {name}:begin -->` and `<!-- {name}:end -->`.
+fn marked(map: &str, name: &str) -> Vec<String> {
+    map.split(&format!("<!-- {name}:begin -->"))
+        .nth(1)
+        .and_then(|rest| rest.split(&format!("<!-- {name}:end -->")).next())
+        .unwrap_or_else(|| panic!("the {name} table between its markers"))
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The server library's files (`src/main.rs` is the binary, another crate).
+fn server_graph() -> Graph {
+    let mut paths = Vec::new();
+    rust_files(&Path::new(ROOT).join("src"), &mut paths);
+    paths.retain(|p| p != "src/main.rs");
+    paths.sort();
+    Graph::of_sources(paths.into_iter().map(|path| {
+        let text = std::fs::read_to_string(Path::new(ROOT).join(&path)).expect("a source file");
+        (path, text)
+    }))
+}
+
+/// `path:line → path` for an edge.
+fn shown(graph: &Graph, edge: &imports::Edge) -> String {
+    format!(
+        "{}:{} → {}",
+        graph.files[edge.from].path, edge.line, graph.files[edge.to].path
+    )
+}
+
+/// A circle is a set of files that each reach the others through their imports; see
+/// `architecture/imports.rs` for what counts as an import. One is reported with every
+/// import that runs between its files.
+#[test]
+fn no_import_circle_among_the_servers_files() {
+    let graph = server_graph();
+    let edges = graph.edges();
+    let mut report = Vec::new();
+    for circle in graph.circles() {
+        let files: Vec<&str> = circle
+            .iter()
+            .map(|&i| graph.files[i].path.as_str())
+            .collect();
+        let inside: Vec<String> = edges
+            .iter()
+            .filter(|e| circle.contains(&e.from) && circle.contains(&e.to))
+            .map(|e| format!("    {}", shown(&graph, e)))
+            .collect();
+        report.push(format!("{}\n{}", files.join(" ↔ "), inside.join("\n")));
+    }
+    assert!(
+        report.is_empty(),
+        "{} import circle(s):\n{}",
+        report.len(),
+        report.join("\n")
+    );
+}
+
+/// The top-level module a file belongs to (`src/http/errors.rs` → `http`); `None` for the
+/// crate root.
+fn top_module(graph: &Graph, file: usize) -> Option<&str> {
+    graph.files[file].module.first().map(String::as_str)
+}
+
+/// ARCHITECTURE.md's layer table: module → layer (0 at the bottom).
+fn layers() -> BTreeMap<String, u32> {
+    let mut layers = BTreeMap::new();
+    for row in marked(&architecture(), "layers") {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let Some(layer) = cells.get(1).and_then(|c| c.parse::<u32>().ok()) else {
+            continue;
+        };
+        for module in cells[2].split(',').map(|m| m.trim().trim_matches('`')) {
+            let earlier = layers.insert(module.to_owned(), layer);
+            assert!(earlier.is_none(), "{module} is in two layers");
+        }
+    }
+    layers
+}
+
+#[test]
+fn the_layer_table_names_every_top_level_module_once() {
+    let graph = server_graph();
+    let actual: BTreeSet<String> = (0..graph.files.len())
+        .filter_map(|f| top_module(&graph, f).map(str::to_owned))
+        .collect();
+    let listed: BTreeSet<String> = layers().into_keys().collect();
+    let missing: Vec<_> = actual.difference(&listed).collect();
+    let stale: Vec<_> = listed.difference(&actual).collect();
+    assert!(
+        missing.is_empty() && stale.is_empty(),
+        "not in the layer table: {missing:?}; in it but gone: {stale:?}"
+    );
+}
+
+/// A file imports from its own top-level module, or from a module of a lower layer: never
+/// from a higher one, nor from another module of its own layer. The crate root (the module
+/// list) imports nothing.
+#[test]
+fn no_import_runs_up_the_layers() {
+    let graph = server_graph();
+    let layers = layers();
+    let layer = |f: usize| top_module(&graph, f).and_then(|m| layers.get(m).copied());
+    let wrong: Vec<String> = graph
+        .edges()
+        .iter()
+        .filter(|e| top_module(&graph, e.from) != top_module(&graph, e.to))
+        .filter(|e| match (layer(e.from), layer(e.to)) {
+            (Some(from), Some(to)) => to >= from,
+            _ => true,
+        })
+        .map(|e| shown(&graph, e))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "imports against the layers of ARCHITECTURE.md:\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// One row of the invariants: a file or folder, and the path prefixes it never writes.
+struct Absence {
+    scope: String,
+    forbidden: Vec<String>,
+}
+
+/// ARCHITECTURE.md's invariants: each row is a line `` - `src/x/` knows nothing of …:
+/// `prefix`, `prefix`. ``, its first code span the file or folder, the others the prefixes.
+fn absences() -> Vec<Absence> {
+    marked(&architecture(), "invariants")
+        .iter()
+        .filter(|row| row.starts_with("- `"))
+        .map(|row| {
+            let mut spans = row.split('`').skip(1).step_by(2).map(str::to_owned);
+            let scope = spans.next().expect("a file or folder");
+            Absence {
+                scope,
+                forbidden: spans.collect(),
+            }
+        })
+        .collect()
+}
+
+/// `crate::a::b` (or another crate's path) is `prefix` or starts with it, a segment at a time.
+fn under(path: &str, prefix: &str) -> bool {
+    path == prefix
+        || path
+            .strip_prefix(prefix)
+            .is_some_and(|rest| rest.starts_with("::"))
+}
+
+/// Every path a file of the row's scope writes (its `use`s, its code, its tests) is checked
+/// against the row's prefixes, as written and, inside the crate, as the file it resolves to
+/// (so a re-export cannot hide what is named). A path into the scope itself is allowed.
+#[test]
+fn every_invariant_of_absence_holds() {
+    let graph = server_graph();
+    let rows = absences();
+    assert!(!rows.is_empty(), "the invariants table has no rows");
+    let mut broken = Vec::new();
+    for row in &rows {
+        assert!(
+            Path::new(ROOT).join(&row.scope).exists(),
+            "an invariant names {}, which does not exist",
+            row.scope
+        );
+        assert!(!row.forbidden.is_empty(), "{} forbids nothing", row.scope);
+        let in_scope = |path: &str| {
+            path == row.scope || (row.scope.ends_with('/') && path.starts_with(&row.scope))
+        };
+        for file in graph.files.iter().filter(|f| in_scope(&f.path)) {
+            for reference in &file.references {
+                let target = graph.target(&reference.path).map(|t| &graph.files[t]);
+                if target.is_some_and(|t| in_scope(&t.path)) {
+                    continue;
+                }
+                let written = reference.path.display();
+                let resolved = target.map(|t| Written::Crate(t.module.clone()).display());
+                for prefix in &row.forbidden {
+                    let hit = under(&written, prefix)
+                        || resolved.as_deref().is_some_and(|r| under(r, prefix));
+                    if hit {
+                        broken.push(format!(
+                            "{}:{} names {written} ({} knows nothing of {prefix})",
+                            file.path, reference.line, row.scope
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
 }

@@ -12,7 +12,6 @@ use std::time::Duration;
 use super::error::{closest, ConfigError};
 use super::secret::Secret;
 use super::vars::{self, Kind, Side, Unit, Var, VARIABLES};
-use super::Fraction;
 
 pub struct Layers {
     values: HashMap<&'static str, String>,
@@ -166,6 +165,26 @@ impl Layers {
         value.parse().ok().and_then(Fraction::new).ok_or_else(|| {
             ConfigError::invalid(var, value, "expected a number above 0 and at most 1")
         })
+    }
+}
+
+/// A number above 0 and at most 1 ([`Kind::Fraction`], read by [`Layers::fraction`]);
+/// never NaN, so equality is an equivalence.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+pub struct Fraction(f64);
+
+impl Eq for Fraction {}
+
+impl Fraction {
+    pub const ONE: Fraction = Fraction(1.0);
+
+    /// `None` unless `0 < value <= 1`.
+    pub fn new(value: f64) -> Option<Self> {
+        (value > 0.0 && value <= 1.0).then_some(Self(value))
+    }
+
+    pub fn get(self) -> f64 {
+        self.0
     }
 }
 

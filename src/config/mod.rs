@@ -14,6 +14,7 @@
 //! line naming the variable (exit status 2).
 
 mod backend;
+mod connection_string;
 mod coordination;
 mod error;
 mod forgiving;
@@ -30,10 +31,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use backend::{BackendKind, BackendSettings, DepthSource, RabbitMqSettings, Scope};
+pub use connection_string::{ConnectionString, ConnectionStringError, ENDPOINT_NOT_SHOWN};
 pub use coordination::{CoordinationSettings, KeyPrefix, RedisAuth, RedisSettings};
 pub use error::ConfigError;
 pub use forgiving::{forgiving_flag, forgiving_max_depth, forgiving_streak};
-pub use layers::{one_of, servicebus_near_misses};
+pub use layers::{one_of, servicebus_near_misses, Fraction};
 pub use secret::Secret;
 pub use servicebus::{CredentialPlan, ServiceBusSettings};
 pub use vars::{Var, VARIABLES};
@@ -46,26 +48,6 @@ use vars as v;
 pub enum LogFormat {
     Text,
     Json,
-}
-
-/// A number above 0 and at most 1 ([`vars::Kind::Fraction`]); never NaN, so equality is
-/// an equivalence.
-#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
-pub struct Fraction(f64);
-
-impl Eq for Fraction {}
-
-impl Fraction {
-    pub const ONE: Fraction = Fraction(1.0);
-
-    /// `None` unless `0 < value <= 1`.
-    pub fn new(value: f64) -> Option<Self> {
-        (value > 0.0 && value <= 1.0).then_some(Self(value))
-    }
-
-    pub fn get(self) -> f64 {
-        self.0
-    }
 }
 
 /// The backlog ceiling and the fail-closed gate (contract section 2).

@@ -718,3 +718,164 @@ fn the_resume_level_is_a_fraction_and_the_longest_retry_after_whole_seconds() {
         );
     }
 }
+
+/// The Service Bus plan as the settings resolve it (`servicebus.rs`), each error naming the
+/// variable read.
+mod servicebus {
+    use super::*;
+
+    const KEY: &str = "c2VjcmV0LWtleS0xMjM0NTY3ODkw";
+
+    fn conn(host: &str, name: &str, entity: Option<&str>) -> String {
+        let mut s =
+            format!("Endpoint=sb://{host}/;SharedAccessKeyName={name};SharedAccessKey={KEY}");
+        if let Some(e) = entity {
+            s.push_str(&format!(";EntityPath={e}"));
+        }
+        s
+    }
+
+    fn plan_of(vars: &[(&str, &str)]) -> Result<ServiceBusSettings, ConfigError> {
+        let mut env: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        env.insert("SENDGATE_BACKEND".into(), "servicebus".into());
+        match Settings::from_vars(&env)?.primary {
+            BackendSettings::ServiceBus(s) => Ok(s),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn key_name(p: &CredentialPlan) -> Option<&str> {
+        match p {
+            CredentialPlan::Sas(c) => Some(c.key_name.as_str()),
+            CredentialPlan::EntraId => None,
+        }
+    }
+
+    #[test]
+    fn nothing_set_is_an_error_naming_servicebus_namespace() {
+        let err = plan_of(&[]).unwrap_err();
+        assert_eq!(err.variable(), Some("SERVICEBUS_NAMESPACE"));
+    }
+
+    #[test]
+    fn the_endpoint_comes_from_the_override_the_namespace_or_the_connection_string() {
+        let cs = conn("fromconn.servicebus.windows.net", "send", None);
+        let p = plan_of(&[("SERVICEBUS_CONNECTION_STRING", &cs)]).unwrap();
+        assert_eq!(p.endpoint, "https://fromconn.servicebus.windows.net");
+
+        let p = plan_of(&[("SERVICEBUS_NAMESPACE", "myns.servicebus.windows.net")]).unwrap();
+        assert_eq!(p.endpoint, "https://myns.servicebus.windows.net");
+        let p = plan_of(&[("SERVICEBUS_NAMESPACE", "MyNs")]).unwrap();
+        assert_eq!(p.endpoint, "https://myns.servicebus.windows.net");
+        let p = plan_of(&[(
+            "SERVICEBUS_NAMESPACE",
+            "https://myns.servicebus.windows.net/",
+        )])
+        .unwrap();
+        assert_eq!(p.endpoint, "https://myns.servicebus.windows.net");
+
+        let p = plan_of(&[
+            ("SERVICEBUS_NAMESPACE", "myns.servicebus.windows.net"),
+            ("SERVICEBUS_ENDPOINT", "http://127.0.0.1:9999/"),
+        ])
+        .unwrap();
+        assert_eq!(p.endpoint, "http://127.0.0.1:9999");
+    }
+
+    #[test]
+    fn bad_endpoints_and_namespaces_are_refused() {
+        for bad in [
+            "ftp://x",
+            "not a url",
+            "https://x/?a=b",
+            "https://user:pw@x",
+        ] {
+            let err = plan_of(&[("SERVICEBUS_ENDPOINT", bad)]).unwrap_err();
+            assert_eq!(err.variable(), Some("SERVICEBUS_ENDPOINT"), "{bad}");
+        }
+        for bad in ["my ns", "ns/queue", "https://"] {
+            let err = plan_of(&[("SERVICEBUS_NAMESPACE", bad)]).unwrap_err();
+            assert_eq!(err.variable(), Some("SERVICEBUS_NAMESPACE"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn credentials_per_plane() {
+        let send = conn("ns.servicebus.windows.net", "send", None);
+        let manage = conn("ns.servicebus.windows.net", "manage", None);
+
+        let p = plan_of(&[("SERVICEBUS_CONNECTION_STRING", &send)]).unwrap();
+        assert_eq!(
+            (key_name(&p.send), key_name(&p.manage)),
+            (Some("send"), Some("send"))
+        );
+
+        let p = plan_of(&[
+            ("SERVICEBUS_CONNECTION_STRING", &send),
+            ("SERVICEBUS_MANAGE_CONNECTION_STRING", &manage),
+        ])
+        .unwrap();
+        assert_eq!(
+            (key_name(&p.send), key_name(&p.manage)),
+            (Some("send"), Some("manage"))
+        );
+
+        let p = plan_of(&[("SERVICEBUS_NAMESPACE", "ns")]).unwrap();
+        assert_eq!(
+            (&p.send, &p.manage),
+            (&CredentialPlan::EntraId, &CredentialPlan::EntraId)
+        );
+
+        let p = plan_of(&[("SERVICEBUS_MANAGE_CONNECTION_STRING", &manage)]).unwrap();
+        assert_eq!(p.send, CredentialPlan::EntraId);
+        assert_eq!(key_name(&p.manage), Some("manage"));
+        assert_eq!(p.endpoint, "https://ns.servicebus.windows.net");
+    }
+
+    #[test]
+    fn a_malformed_connection_string_names_its_variable_and_hides_the_key() {
+        let raw = format!("Endpoint=http://ns/;SharedAccessKeyName=send;SharedAccessKey={KEY}");
+        for var in [
+            "SERVICEBUS_CONNECTION_STRING",
+            "SERVICEBUS_MANAGE_CONNECTION_STRING",
+        ] {
+            let err = plan_of(&[(var, &raw)]).unwrap_err();
+            assert_eq!(err.variable(), Some(var));
+            assert!(!err.to_string().contains(KEY), "{err}");
+        }
+    }
+
+    #[test]
+    fn namespaces_must_agree() {
+        let cs = conn("a.servicebus.windows.net", "send", None);
+        let err = plan_of(&[
+            ("SERVICEBUS_CONNECTION_STRING", &cs),
+            ("SERVICEBUS_NAMESPACE", "b.servicebus.windows.net"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.variable(), Some("SERVICEBUS_NAMESPACE"));
+        let other = conn("b.servicebus.windows.net", "manage", None);
+        let err = plan_of(&[
+            ("SERVICEBUS_CONNECTION_STRING", &cs),
+            ("SERVICEBUS_MANAGE_CONNECTION_STRING", &other),
+        ])
+        .unwrap_err();
+        assert_eq!(err.variable(), Some("SERVICEBUS_MANAGE_CONNECTION_STRING"));
+    }
+
+    #[test]
+    fn a_queue_scoped_key_serves_only_its_queue() {
+        let cs = conn("ns.servicebus.windows.net", "send", Some("requests"));
+        assert!(plan_of(&[("SERVICEBUS_CONNECTION_STRING", &cs)]).is_ok());
+        let err = plan_of(&[
+            ("SERVICEBUS_CONNECTION_STRING", &cs),
+            ("SENDGATE_QUEUES", "requests,other"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.variable(), Some("SERVICEBUS_CONNECTION_STRING"));
+        assert!(err.to_string().contains("\"other\""), "{err}");
+    }
+}

@@ -11,9 +11,10 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::auth::Permission;
+use super::context::RequestContext;
 use super::errors::{ApiError, Problem};
-use super::openapi::schema;
-use super::{authorize, AppState, RequestContext};
+use super::schema;
+use super::state::{authorize, AppState};
 
 /// `202 Accepted`: the drain has begun (or was already under way). Fields in alphabetical
 /// order, as the untyped map this replaced wrote them.

@@ -3,21 +3,12 @@
 //!
 //! [`RequestIdentity`] (wrapped around the whole app) validates or creates `X-Request-Id`
 //! before any handler runs, sets it on every answer (successes, refusals, and the 404/405
-//! of the routing table alike), and serves the request with its context as the task's
-//! current request (a `tokio` task-local), carrying `request_id`, then `key` and `queue`
-//! once the handler knows them: every event logged while serving the request names it
-//! (`telemetry.rs` writes them on the line).
-//!
-//! Why not a `tracing` span: a span per request cost ~9k instructions of a refused send's
-//! ~87k (creating it in the registry, formatting its fields into a string on creation and
-//! on each record, entering and leaving it on every poll, closing it) — a tenth of the 429
-//! path, for log lines that almost no request writes. The task-local costs a pointer swap
-//! per poll; the fields are only formatted when a line is written.
+//! of the routing table alike), and serves the request with its log fields as the task's
+//! current request ([`RequestFields`]: `request_id`, then `key` and `queue` once the handler
+//! knows them), so every event logged while serving it names it (see `telemetry.rs`).
 
-use std::cell::RefCell;
 use std::future::{ready, Future, Ready};
 use std::pin::Pin;
-use std::rc::Rc;
 use std::task::{Context, Poll};
 
 use actix_web::dev::{forward_ready, Service, ServiceRequest, ServiceResponse, Transform};
@@ -28,43 +19,19 @@ use tokio::task::futures::TaskLocalFuture;
 use super::errors::{ApiError, FieldError, Problem};
 use super::headers::{spelling, REQUEST_ID};
 use crate::domain::{IdError, RequestId};
+use crate::telemetry::RequestFields;
 
-/// What every handler knows about its request before it starts. Cheap to clone (shared).
+/// What every handler knows about its request before it starts. Cheap to clone: the
+/// fields are shared, the rest is two small values.
 #[derive(Clone)]
-pub struct RequestContext(Rc<Inner>);
-
-struct Inner {
-    id: RequestId,
+pub struct RequestContext {
+    /// The id, and the queue and key once known: what the request's log lines carry.
+    fields: RequestFields,
     /// The client sent this id itself (a valid `X-Request-Id`).
     given: bool,
     /// The client's `X-Request-Id` was not a valid id: it was replaced, and the send path
     /// reports it with the other input problems.
     header_problem: Option<IdError>,
-    /// The queue the request is for and the key that asked, once known (log lines only).
-    queue: RefCell<Option<Box<str>>>,
-    key: RefCell<Option<Box<str>>>,
-}
-
-tokio::task_local! {
-    /// The request this task is serving right now (set by [`RequestIdentity`] around
-    /// routing and every poll of the handler). Work handed to another task (the embedded
-    /// writer, a token refresh) serves many requests and logs without one.
-    static CURRENT: RequestContext;
-}
-
-/// The current request's fields for a log line — `request_id`, then `queue` and `key` once
-/// known — or nothing outside a request.
-pub fn current_fields(mut field: impl FnMut(&'static str, &str)) {
-    let _ = CURRENT.try_with(|context| {
-        let inner = &context.0;
-        field("request_id", inner.id.as_str());
-        if let Some(queue) = inner.queue.borrow().as_deref() {
-            field("queue", queue);
-        }
-        if let Some(key) = inner.key.borrow().as_deref() {
-            field("key", key);
-        }
-    });
 }
 
 impl RequestContext {
@@ -76,25 +43,11 @@ impl RequestContext {
             Some(Ok(id)) => (id, true, None),
             Some(Err(e)) => (RequestId::generate(), false, Some(e)),
         };
-        Self(Rc::new(Inner {
-            id,
+        Self {
+            fields: RequestFields::new(id),
             given,
             header_problem,
-            queue: RefCell::new(None),
-            key: RefCell::new(None),
-        }))
-    }
-
-    /// A request with this id, for the log format's tests.
-    #[cfg(test)]
-    pub(crate) fn for_log_test(id: &str) -> Self {
-        Self::from_header(Some(&HeaderValue::from_str(id).expect("a header value")))
-    }
-
-    /// Runs `f` as this request (the log format's tests).
-    #[cfg(test)]
-    pub(crate) fn as_current<R>(&self, f: impl FnOnce() -> R) -> R {
-        CURRENT.sync_scope(self.clone(), f)
+        }
     }
 
     /// A context for a request the middleware did not see (a bare test request).
@@ -103,35 +56,34 @@ impl RequestContext {
     }
 
     pub fn id(&self) -> &RequestId {
-        &self.0.id
+        self.fields.id()
     }
 
     /// The client chose this id (so it may stand in for a missing correlation id).
     pub fn id_given(&self) -> bool {
-        self.0.given
+        self.given
     }
 
     /// The invalid `X-Request-Id`, as a field error for the send path's 400.
     pub fn header_problem(&self) -> Option<FieldError> {
-        self.0
-            .header_problem
+        self.header_problem
             .as_ref()
             .map(|e| FieldError::new(&["header", spelling::REQUEST_ID], e.to_string()))
     }
 
     /// A refusal of this request.
     pub fn error(&self, problem: Problem) -> ApiError {
-        ApiError::new(problem, &self.0.id)
+        ApiError::new(problem, self.id())
     }
 
     /// The authenticated key's name, on the request's log lines.
     pub fn record_key(&self, name: &str) {
-        *self.0.key.borrow_mut() = Some(name.into());
+        self.fields.record_key(name);
     }
 
     /// The queue the request is for, once it is known to be served.
     pub fn record_queue(&self, queue: &str) {
-        *self.0.queue.borrow_mut() = Some(queue.into());
+        self.fields.record_queue(queue);
     }
 }
 
@@ -197,11 +149,12 @@ where
             Some(value) if context.id_given() => Some(value),
             _ => HeaderValue::from_str(context.id().as_str()).ok(),
         };
-        req.extensions_mut().insert(context.clone());
+        let fields = context.fields.clone();
+        req.extensions_mut().insert(context);
         // Routing runs inside `call`, the handler in the future: both as this request.
-        let inner = CURRENT.sync_scope(context.clone(), || self.service.call(req));
+        let inner = fields.clone().sync_scope(|| self.service.call(req));
         WithRequestId {
-            inner: CURRENT.scope(context, inner),
+            inner: fields.scope(inner),
             header,
         }
     }
@@ -212,7 +165,7 @@ pin_project_lite::pin_project! {
     /// `X-Request-Id`.
     pub struct WithRequestId<F> {
         #[pin]
-        inner: TaskLocalFuture<RequestContext, F>,
+        inner: TaskLocalFuture<RequestFields, F>,
         header: Option<HeaderValue>,
     }
 }
@@ -238,6 +191,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::telemetry::current_fields;
     use actix_web::test::{call_service, init_service, read_body, TestRequest};
     use actix_web::{web, App};
 

@@ -28,11 +28,9 @@ pub const CAPACITY_UNKNOWN_RETRY_AFTER: Duration = Duration::from_secs(30);
 /// broker asking for more (or sending garbage like `9999999999`) is passed on as this.
 pub const MAX_BROKER_RETRY_AFTER: Duration = Duration::from_secs(60);
 
-/// One problem with the request's input (part of the error body, so wire vocabulary).
-pub use sendgate_wire::FieldError;
-
-/// Most input problems listed in one 400.
-pub const MAX_FIELD_ERRORS: usize = 20;
+/// One problem with the request's input, and how many one 400 lists (part of the error
+/// body, so wire vocabulary).
+pub use sendgate_wire::{FieldError, MAX_FIELD_ERRORS};
 
 /// Room for an error body's `message` (the longest is ~130 bytes, a `send_failed` detail
 /// more): a refusal formats it without regrowing the buffer.
@@ -401,6 +399,38 @@ mod tests {
         assert_eq!(whole_seconds(Duration::from_millis(1000)), 1);
         assert_eq!(whole_seconds(Duration::from_millis(1001)), 2);
         assert_eq!(whole_seconds(Duration::from_secs(30)), 30);
+    }
+
+    /// A 429's wait is jittered by ±10 % and then written in whole seconds rounded up; the
+    /// header must still spread both ways around the estimate (contract section 2): a 10 s
+    /// answer is 9 to 11, and a 1 s answer never doubles to 2.
+    #[test]
+    fn the_header_spreads_both_ways_around_the_estimate() {
+        use crate::admission::drain::{retry_after, DrainRate};
+        let r = Some(DrainRate::measured(1.0));
+        let longest = Duration::from_secs(300);
+        let headers: Vec<u64> = (0..100)
+            .map(|i| {
+                let unit = f64::from(i) / 100.0;
+                whole_seconds(retry_after(110, 100, r, Duration::ZERO, longest, unit))
+            })
+            .collect();
+        let below = headers.iter().filter(|&&h| h < 10).count();
+        let above = headers.iter().filter(|&&h| h > 10).count();
+        assert!(
+            below >= 30 && above >= 30,
+            "{below} answers below 10 s, {above} above: {headers:?}"
+        );
+        let at_one: Vec<u64> = (0..100)
+            .map(|i| {
+                let unit = f64::from(i) / 100.0;
+                whole_seconds(retry_after(100, 99, r, Duration::ZERO, longest, unit))
+            })
+            .collect();
+        assert!(
+            at_one.iter().all(|&h| h == 1),
+            "a 1 s estimate doubled by rounding: {at_one:?}"
+        );
     }
 
     #[test]

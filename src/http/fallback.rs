@@ -2,8 +2,8 @@
 
 use actix_web::HttpResponse;
 
+use super::context::RequestContext;
 use super::errors::{ApiError, Problem};
-use super::RequestContext;
 
 pub async fn not_found(context: RequestContext) -> Result<HttpResponse, ApiError> {
     Err(context.error(Problem::NotFound))

@@ -9,18 +9,22 @@ use std::time::SystemTime;
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
+use serde_json::Value;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 use utoipa::ToSchema;
 
 use super::auth::Permission;
+use super::context::RequestContext;
 use super::errors::ApiError;
-use super::openapi::schema;
-use super::{authorize, AppState, RequestContext};
+use super::schema;
+use super::state::{authorize, AppState};
 use crate::admission::breaker::BreakerState;
 use crate::admission::drain::DrainRate;
 use crate::admission::{BackendRole, Lane};
 use crate::lifecycle::{GatewayState, NotAdmitting};
+use crate::settings::overrides::Key;
+use crate::settings::RuntimeSettings;
 use sendgate_wire::{Drain, ErrorBody};
 
 /// `GET /health/live`'s body.
@@ -127,7 +131,41 @@ pub struct SettingsState {
     last_error: Option<String>,
     /// Every value overridden at runtime, by setting (`queues.{queue}.{field}`,
     /// `force_backend`): its value, the variable it overrides, the key that set it and when.
-    overridden: BTreeMap<String, super::settings::OverriddenValue>,
+    overridden: BTreeMap<String, OverriddenValue>,
+}
+
+/// What `/health/detailed` says of the overrides: `setting → {value, variable, by, at}`.
+fn overridden(settings: &RuntimeSettings) -> BTreeMap<String, OverriddenValue> {
+    settings
+        .overrides()
+        .to_flat()
+        .into_iter()
+        .map(|(name, stored)| {
+            let variable = Key::parse_flat(&name).map_or("", |k| k.variable().name);
+            (
+                name,
+                OverriddenValue {
+                    value: stored.value,
+                    variable,
+                    by: stored.by,
+                    at: stored.at,
+                },
+            )
+        })
+        .collect()
+}
+
+/// One overridden value on `/health/detailed`.
+#[derive(Serialize, ToSchema)]
+pub struct OverriddenValue {
+    value: Value,
+    /// The variable it overrides.
+    variable: &'static str,
+    /// The API key's name that set it (`anonymous` without keys).
+    by: String,
+    /// RFC 3339.
+    #[schema(format = DateTime)]
+    at: String,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -249,7 +287,7 @@ pub(super) fn snapshot(state: &AppState) -> Detailed {
         store: state.settings.store_kind(),
         ok: store.ok,
         last_error: store.last_error,
-        overridden: super::settings::overridden(&state.settings),
+        overridden: overridden(&state.settings),
     };
     let drain = state.lifecycle.drain_status().map(|d| Drain {
         remaining_s: (d.remaining.as_secs_f64() * 10.0).round() / 10.0,

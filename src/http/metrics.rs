@@ -4,8 +4,9 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 
 use super::auth::Permission;
+use super::context::RequestContext;
 use super::errors::ApiError;
-use super::{authorize, AppState, RequestContext};
+use super::state::{authorize, AppState};
 use sendgate_wire::ErrorBody;
 
 /// `GET /metrics`: Prometheus text (role `observer` or `admin` when keys are on).

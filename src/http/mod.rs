@@ -1,4 +1,6 @@
-//! The HTTP API: one file per route group, the shared state, and the routing table.
+//! The HTTP API: one file per route group, and the routing table that names them. What the
+//! handlers share (the state, `authorize`, the request context, the errors) is in files of
+//! its own, which they import without importing this one.
 
 mod admin;
 pub mod auth;
@@ -12,39 +14,16 @@ pub mod headers;
 mod health;
 mod metrics;
 pub mod openapi;
+mod schema;
 mod settings;
 // Visible to the crate for `crate::fuzzing`, which parses send input as the handler does.
 pub(crate) mod send;
+pub mod state;
 
-use std::collections::HashMap;
+use actix_web::web;
 
-use actix_web::{web, HttpRequest};
-
-use crate::admission::Dispatcher;
-use crate::domain::QueueName;
-use crate::lifecycle::Lifecycle;
-use auth::Authenticator;
 pub use context::{RequestContext, RequestIdentity};
-
-/// What every handler can reach.
-pub struct AppState {
-    pub dispatcher: Dispatcher,
-    pub auth: Authenticator,
-    pub lifecycle: Lifecycle,
-    pub queues: HashMap<String, QueueName>,
-    pub max_body_bytes: usize,
-    /// The drain window `POST /admin/drain` opens (`SENDGATE_DRAIN_TIMEOUT_S`).
-    pub drain_window: std::time::Duration,
-    pub metrics: crate::metrics::Metrics,
-    /// Longest a request body may take to arrive.
-    pub body_timeout: std::time::Duration,
-    /// Request bodies held in memory at once.
-    pub body_budget: body_budget::BodyBudget,
-    /// Alone, or sharing the ceiling with the fleet.
-    pub coordination: crate::coordination::Coordination,
-    /// The runtime overrides (`/admin/settings`) and where they are kept.
-    pub settings: std::sync::Arc<crate::settings::RuntimeSettings>,
-}
+pub use state::AppState;
 
 /// The routing table. Anything not listed is `404 not_found`, answered here without
 /// touching the backend.
@@ -111,26 +90,4 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .default_service(web::to(fallback::only_get)),
     )
     .default_service(web::to(fallback::not_found));
-}
-
-/// Authenticate the caller and check it may do `permission` (`action` names it in the 403).
-/// Every protected route goes through here; the key's name goes on the request's log lines.
-pub fn authorize(
-    req: &HttpRequest,
-    context: &RequestContext,
-    state: &AppState,
-    permission: auth::Permission,
-    action: &'static str,
-) -> Result<std::sync::Arc<auth::Principal>, errors::ApiError> {
-    use errors::Problem;
-    let principal = state.auth.authenticate(req).map_err(|e| {
-        context.error(Problem::Unauthenticated {
-            token_given: e == auth::AuthError::Unknown,
-        })
-    })?;
-    context.record_key(&principal.name);
-    if !principal.may(permission) {
-        return Err(context.error(Problem::Forbidden { action }));
-    }
-    Ok(principal)
 }

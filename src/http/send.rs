@@ -11,9 +11,10 @@ use sendgate_wire::{ErrorBody, Queued, Valid};
 
 use super::auth::{Authenticator, Permission, Principal};
 use super::body_budget::BodyReservation;
+use super::context::RequestContext;
 use super::errors::{ApiError, FieldError, Problem, MAX_FIELD_ERRORS};
 use super::headers::{spelling, CORRELATION_ID, IDEMPOTENCY_KEY, SENDGATE_BACKEND};
-use super::{authorize, AppState, RequestContext};
+use super::state::{authorize, AppState};
 use crate::admission::BackendRole;
 use crate::backend::OutgoingMessage;
 use crate::domain::{CorrelationId, IdError, MessageId, QueueName, RequestId};

@@ -14,13 +14,14 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::auth::Permission;
+use super::context::RequestContext;
 use super::errors::{ApiError, FieldError, Problem};
-use super::openapi::schema;
-use super::{authorize, AppState, RequestContext};
+use super::schema;
+use super::state::{authorize, AppState};
 use crate::admission::breaker::Command;
 use crate::admission::Dispatcher;
 use crate::settings::overrides::{Key, Overrides, Patch, PatchError, QueueField};
-use crate::settings::{default_value, RuntimeSettings, SettingsError};
+use crate::settings::{default_value, SettingsError};
 
 /// The largest PATCH or breaker body read.
 const MAX_ADMIN_BODY: usize = 64 * 1024;
@@ -152,40 +153,6 @@ fn setting_view(overrides: &Overrides, dispatcher: &Dispatcher, key: &Key) -> Se
             at: stamp.at.clone(),
         }),
     }
-}
-
-/// What `/health/detailed` says of the overrides: `setting → {value, variable, by, at}`.
-pub(super) fn overridden(settings: &RuntimeSettings) -> BTreeMap<String, OverriddenValue> {
-    settings
-        .overrides()
-        .to_flat()
-        .into_iter()
-        .map(|(name, stored)| {
-            let variable = Key::parse_flat(&name).map_or("", |k| k.variable().name);
-            (
-                name,
-                OverriddenValue {
-                    value: stored.value,
-                    variable,
-                    by: stored.by,
-                    at: stored.at,
-                },
-            )
-        })
-        .collect()
-}
-
-/// One overridden value on `/health/detailed`.
-#[derive(Serialize, ToSchema)]
-pub struct OverriddenValue {
-    value: Value,
-    /// The variable it overrides.
-    variable: &'static str,
-    /// The API key's name that set it (`anonymous` without keys).
-    by: String,
-    /// RFC 3339.
-    #[schema(format = DateTime)]
-    at: String,
 }
 
 #[utoipa::path(

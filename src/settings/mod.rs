@@ -233,22 +233,6 @@ impl RuntimeSettings {
             }
         }
     }
-
-    /// Fleet mode: [`RuntimeSettings::sync`] every [`POLL_EVERY`], for ever.
-    pub async fn poll_forever(
-        state: actix_web::web::Data<crate::http::AppState>,
-        settings: std::sync::Arc<RuntimeSettings>,
-    ) {
-        if !settings.is_fleet() {
-            return;
-        }
-        let mut tick = tokio::time::interval(POLL_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            settings.sync(&state.dispatcher).await;
-        }
-    }
 }
 
 fn apply(overrides: &Overrides, dispatcher: &Dispatcher) {

@@ -14,7 +14,7 @@ use crate::admission::ceiling::PolicyOverride;
 use crate::config::vars::{self, Kind, Var};
 use crate::config::ForceBackend;
 use crate::domain::QueueName;
-use crate::http::errors::{FieldError, MAX_FIELD_ERRORS};
+use sendgate_wire::{FieldError, MAX_FIELD_ERRORS};
 
 /// One overridable value of a queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

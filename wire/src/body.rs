@@ -70,6 +70,9 @@ impl<'a> Valid<'a> {
     }
 }
 
+/// Most input problems listed in one 400 (the `max_items` of [`ErrorBody::errors`]).
+pub const MAX_FIELD_ERRORS: usize = 20;
+
 /// One problem with the request's input: where (`["body"]`, `["header", "Idempotency-Key"]`)
 /// and what.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

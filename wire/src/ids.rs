@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, thiserror::Error, PartialEq, Eq)]
 pub enum IdError {
     #[error("must not be empty")]
     Empty,

@@ -21,7 +21,7 @@ pub mod ids;
 pub mod queue_name;
 pub mod state;
 
-pub use body::{ErrorBody, FieldError, Queued, Valid};
+pub use body::{ErrorBody, FieldError, Queued, Valid, MAX_FIELD_ERRORS};
 pub use code::{AnyCode, ErrorCode, UnknownCode};
 pub use health::{Drain, LifecycleView};
 pub use ids::{CorrelationId, IdError, MessageId, RequestId};

@@ -23,7 +23,7 @@ use actix_web::{web, HttpResponse, HttpResponseBuilder};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-use super::AppState;
+use super::state::AppState;
 use render::Mode;
 pub use render::{SCRIPT_PATH, STYLE_PATH};
 
