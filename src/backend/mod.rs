@@ -53,6 +53,34 @@ impl Backlog {
     }
 }
 
+/// Where the admin plane's lag in force comes from (`/health/detailed`'s `depth_lag_source`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LagSource {
+    /// Derived from what the broker was measured to do (RabbitMQ's statistics refresh).
+    Broker,
+    /// The operator's setting (`SENDGATE_RABBITMQ_STATS_LAG_MS`), longer than the derived one.
+    Configured,
+    /// The documented default: nothing measured (yet), nothing configured longer.
+    Default,
+}
+
+impl LagSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Broker => "broker",
+            Self::Configured => "configured",
+            Self::Default => "default",
+        }
+    }
+}
+
+/// The admin plane's lag in force now, and why it is that.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DepthLag {
+    pub lag: Duration,
+    pub source: LagSource,
+}
+
 /// Why a send did not put the message on the queue (or may not have).
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum SendError {
@@ -112,11 +140,18 @@ pub trait Backend: Send + Sync + 'static {
     /// Read the queue's backlog from the admin plane; give up at `deadline`.
     async fn backlog(&self, queue: &QueueName, deadline: Instant) -> Result<Backlog, DepthError>;
 
-    /// How far the admin plane's counts may trail the data plane. The capacity gate counts
-    /// sends completed within this window before a read on top of it. Zero for an exact
-    /// admin plane.
+    /// How far the admin plane's counts may trail the data plane *now* (it may change once
+    /// the broker has been measured, so read it each time rather than keeping it). The
+    /// capacity gate counts sends completed within this window before a read on top of it.
+    /// Zero for an exact admin plane.
     fn depth_lag(&self) -> Duration {
-        Duration::ZERO
+        self.depth_lag_in_force().map_or(Duration::ZERO, |l| l.lag)
+    }
+
+    /// [`depth_lag`](Self::depth_lag) with where it comes from; `None` for an exact admin
+    /// plane (embedded, RabbitMQ's `amqp` depth source).
+    fn depth_lag_in_force(&self) -> Option<DepthLag> {
+        None
     }
 
     /// Get ready to serve (connect, declare) before the gateway says `running`. A failure

@@ -67,8 +67,10 @@ pub struct RabbitMqSettings {
     /// The admin-plane password: `SENDGATE_RABBITMQ_MANAGEMENT_PASSWORD`, else the AMQP URL's.
     pub management_password: Secret,
     pub depth_source: DepthSource,
-    /// How far the management API's counts trail the data plane.
-    pub stats_lag: Duration,
+    /// How far the management API's counts trail the data plane, when set: the lag in
+    /// force is the longer of this and the one derived from the broker (see
+    /// `backend::rabbitmq::stats`); unset, the derived one alone.
+    pub stats_lag: Option<Duration>,
 }
 
 /// Which variables a backend is read from.
@@ -170,7 +172,7 @@ fn rabbitmq(scoped: &Scoped<'_>) -> Result<RabbitMqSettings, ConfigError> {
         management_user,
         management_password,
         depth_source,
-        stats_lag: layers.duration(scoped.pick(|v| v.rabbitmq_stats_lag_ms))?,
+        stats_lag: layers.optional_duration(scoped.pick(|v| v.rabbitmq_stats_lag_ms))?,
     })
 }
 

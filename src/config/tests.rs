@@ -137,6 +137,35 @@ fn file_layer_sits_between_defaults_and_environment() {
     );
 }
 
+/// Unset, the stats lag is left to the backend to derive from the broker; set, it is kept
+/// as given (the backend takes the longer of the two), and a fallback inherits it.
+#[test]
+fn the_stats_lag_is_only_what_is_set() {
+    let s = Settings::from_vars(&vars(&[
+        ("SENDGATE_BACKEND", "rabbitmq"),
+        ("SENDGATE_RABBITMQ_URL", "amqp://a/%2f"),
+        ("SENDGATE_FALLBACK_BACKEND", "rabbitmq"),
+        ("SENDGATE_FALLBACK_RABBITMQ_URL", "amqp://b/%2f"),
+    ]))
+    .unwrap();
+    assert_eq!(rabbit(&s.primary).stats_lag, None);
+    assert_eq!(rabbit(s.fallback.as_ref().unwrap()).stats_lag, None);
+    let s = Settings::from_vars(&vars(&[
+        ("SENDGATE_BACKEND", "rabbitmq"),
+        ("SENDGATE_RABBITMQ_URL", "amqp://a/%2f"),
+        ("SENDGATE_RABBITMQ_STATS_LAG_MS", "20000"),
+        ("SENDGATE_FALLBACK_BACKEND", "rabbitmq"),
+        ("SENDGATE_FALLBACK_RABBITMQ_URL", "amqp://b/%2f"),
+    ]))
+    .unwrap();
+    assert_eq!(rabbit(&s.primary).stats_lag, Some(Duration::from_secs(20)));
+    assert_eq!(
+        rabbit(s.fallback.as_ref().unwrap()).stats_lag,
+        Some(Duration::from_secs(20)),
+        "inherited"
+    );
+}
+
 #[test]
 fn a_fallback_reads_its_own_variables_then_the_primarys() {
     let s = Settings::from_vars(&vars(&[

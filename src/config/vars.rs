@@ -241,9 +241,9 @@ pub const RABBITMQ_STATS_LAG_MS: Var = Var::server(
     "SENDGATE_RABBITMQ_STATS_LAG_MS",
     G::RabbitMq,
     K::Duration { min: 0, max: HOUR_MS },
-    "How far management counts trail the data plane: sends confirmed this long before a depth read count on top of it, so a lagging read never lets one process overshoot the ceiling. Ignored with the amqp depth source.",
+    "How far management counts trail the data plane: sends confirmed this long before a depth read count on top of it, so a lagging read never lets one process overshoot the ceiling. In force: the longer of this, when set, and 2 × the broker's statistics refresh period + 1 s (the period measured on the management API at start-up and every 5 min, which needs the monitoring tag; 5000 ms until then). Ignored with the amqp depth source.",
 )
-.default("6000")
+.unset("2 × the broker's stats refresh + 1 s (11000 ms at RabbitMQ's default 5 s)")
 .unit(Unit::Millis);
 
 pub const SERVICEBUS_NAMESPACE: Var = Var::server(

@@ -227,6 +227,16 @@ pub struct BackendHealth {
     /// The fallback's own per-queue capacity (the primary's is the top-level `queues`).
     #[serde(skip_serializing_if = "Option::is_none")]
     queues: Option<BTreeMap<String, QueueHealth>>,
+    /// How far this backend's admin plane may trail its data plane, as in force now (ms):
+    /// sends completed this long before a depth read are counted on top of it. Absent when
+    /// the depth is exact (embedded, RabbitMQ's `amqp` depth source).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0)]
+    depth_lag_ms: Option<u64>,
+    /// Where `depth_lag_ms` comes from (described in `schema::depth_lag_source`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = schema::depth_lag_source)]
+    depth_lag_source: Option<&'static str>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -343,6 +353,7 @@ fn queues_of(route: &Lane) -> BTreeMap<String, QueueHealth> {
 fn backend_health(route: &Lane, state: &AppState) -> BackendHealth {
     let in_flight = state.dispatcher.in_flight();
     let breaker = route.breaker.state();
+    let lag = route.backend().depth_lag_in_force();
     BackendHealth {
         kind: route.kind(),
         breaker: breaker.as_str(),
@@ -357,6 +368,8 @@ fn backend_health(route: &Lane, state: &AppState) -> BackendHealth {
         next_trial_in_s: (breaker == BreakerState::Open && !route.breaker.held())
             .then(|| (route.breaker.retry_after().as_secs_f64() * 10.0).round() / 10.0),
         queues: (route.role == BackendRole::Fallback).then(|| queues_of(route)),
+        depth_lag_ms: lag.map(|l| u64::try_from(l.lag.as_millis()).unwrap_or(u64::MAX)),
+        depth_lag_source: lag.map(|l| l.source.as_str()),
     }
 }
 

@@ -5,6 +5,7 @@
 use utoipa::openapi::schema::{Object, ObjectBuilder, Type};
 
 use crate::admission::breaker::BreakerState;
+use crate::backend::LagSource;
 use crate::config::BackendKind;
 
 fn words(list: impl IntoIterator<Item = &'static str>) -> Object {
@@ -96,4 +97,20 @@ pub fn backends() -> Object {
             utoipa::openapi::schema::AdditionalProperties::FreeForm(false),
         ))
         .build()
+}
+
+/// `schema_with` replaces the field's doc comment, so the description is given here.
+pub fn depth_lag_source() -> Object {
+    let mut object = words(
+        [LagSource::Broker, LagSource::Configured, LagSource::Default].map(LagSource::as_str),
+    );
+    object.description = Some(
+        "Where `depth_lag_ms` comes from: `broker` (2 × the statistics refresh measured \
+         on RabbitMQ's management API + 1 s), `configured` \
+         (`SENDGATE_RABBITMQ_STATS_LAG_MS`, longer than that) or `default` (not measured \
+         yet, or not measurable: RabbitMQ's default refresh, Service Bus's documented \
+         1 s). Present with `depth_lag_ms`."
+            .into(),
+    );
+    object
 }

@@ -51,6 +51,10 @@ async fn detailed_reports_state_version_pid_queues_and_backends() {
     );
     assert_eq!(d["backends"]["primary"]["kind"], "embedded");
     assert_eq!(d["backends"]["primary"]["breaker"], "closed");
+    assert!(
+        d["backends"]["primary"].get("depth_lag_ms").is_none(),
+        "the embedded store's depth is exact: no lag to show"
+    );
 }
 
 #[tokio::test]

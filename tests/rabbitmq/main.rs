@@ -11,6 +11,7 @@ mod faulty_backend;
 #[path = "../support/gateway.rs"]
 mod gateway;
 mod helpers;
+mod lag;
 #[path = "../support/rabbit.rs"]
 mod rabbit;
 

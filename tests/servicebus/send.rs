@@ -175,6 +175,9 @@ async fn health_shows_the_servicebus_backend() {
         health["backends"]["primary"]["kind"], "servicebus",
         "{health}"
     );
+    // `CountDetails`' lag is a documented assumption (not measurable here), said as such.
+    assert_eq!(health["backends"]["primary"]["depth_lag_ms"], 1000);
+    assert_eq!(health["backends"]["primary"]["depth_lag_source"], "default");
     for path in ["/health/live", "/health/ready", "/health/detailed"] {
         let response = app.client.get(app.url(path)).send().await.unwrap();
         assert_eq!(response.status(), 200, "{path}");

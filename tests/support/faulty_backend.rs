@@ -96,6 +96,10 @@ impl Backend for FaultyBackend {
         self.inner.depth_lag()
     }
 
+    fn depth_lag_in_force(&self) -> Option<sendgate::backend::DepthLag> {
+        self.inner.depth_lag_in_force()
+    }
+
     async fn warm_up(&self, deadline: Instant) -> Result<(), String> {
         self.inner.warm_up(deadline).await
     }

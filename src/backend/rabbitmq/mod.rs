@@ -8,7 +8,9 @@
 
 mod link;
 mod management;
+pub mod stats;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -16,20 +18,25 @@ use lapin::options::BasicPublishOptions;
 use lapin::{BasicProperties, Confirmation};
 use tokio::time::Instant;
 
-use super::{Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt};
+use super::{Backend, Backlog, DepthError, DepthLag, OutgoingMessage, SendError, SendReceipt};
 use crate::config::{DepthSource, RabbitMqSettings};
 use crate::domain::QueueName;
 use link::{Link, LinkError};
 use management::{Management, QueueCount};
+use stats::StatsLag;
 
 /// How long a client is told to wait while the broker blocks publishers (memory or disk alarm).
 const BLOCKED_RETRY_AFTER: Duration = Duration::from_secs(5);
 
 pub struct RabbitMq {
     link: Link,
-    management: Management,
+    management: Arc<Management>,
     depth_source: DepthSource,
-    stats_lag: Duration,
+    /// The management source's lag in force, kept measured by `measuring`.
+    stats_lag: Arc<StatsLag>,
+    /// The task that measures the broker's statistics refresh (started at warm-up with the
+    /// management source); aborted when the backend is dropped.
+    measuring: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// The settings are parsed and fine, but the HTTP client could not be set up (exit 1).
@@ -49,20 +56,24 @@ impl RabbitMq {
         .map_err(|e| RabbitInitError(e.to_string()))?;
         Ok(Self {
             link: Link::new(uri, queues.to_vec()),
-            management,
+            management: Arc::new(management),
             depth_source: settings.depth_source,
-            stats_lag: settings.stats_lag,
+            stats_lag: Arc::new(StatsLag::new(settings.stats_lag)),
+            measuring: parking_lot::Mutex::new(None),
         })
     }
 
-    /// Connect and declare the queues now, so start-up shows a broken broker at once.
-    /// Failing here is not fatal: sends connect on demand.
-    pub async fn warm_up(&self, deadline: Instant) -> Result<(), String> {
-        self.link
-            .session(deadline)
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+    /// Start measuring the broker's statistics refresh, once: a measurement spans a few
+    /// refresh periods (about 20 s at the defaults), longer than start-up should wait, so it
+    /// runs on a task of its own and the default lag is in force until it is done.
+    fn start_measuring(&self) {
+        let mut measuring = self.measuring.lock();
+        if measuring.is_none() {
+            *measuring = Some(tokio::spawn(stats::keep_measured(
+                Arc::clone(&self.management),
+                Arc::clone(&self.stats_lag),
+            )));
+        }
     }
 
     async fn ready_messages(
@@ -228,8 +239,12 @@ impl Backend for RabbitMq {
         }
     }
 
-    /// Connect and declare the queues before the gateway says `running`.
+    /// Connect and declare the queues before the gateway says `running` (failing here is not
+    /// fatal: sends connect on demand); with the management source, start measuring its lag.
     async fn warm_up(&self, deadline: Instant) -> Result<(), String> {
+        if self.depth_source == DepthSource::Management {
+            self.start_measuring();
+        }
         self.link
             .session(deadline)
             .await
@@ -237,10 +252,20 @@ impl Backend for RabbitMq {
             .map_err(|e| e.to_string())
     }
 
-    fn depth_lag(&self) -> Duration {
+    /// Management: the longer of the configured lag and 2 × the measured (until then the
+    /// default) refresh + 1 s, as it is now; `amqp` reads are exact.
+    fn depth_lag_in_force(&self) -> Option<DepthLag> {
         match self.depth_source {
-            DepthSource::Management => self.stats_lag,
-            DepthSource::Amqp => Duration::ZERO,
+            DepthSource::Management => Some(self.stats_lag.in_force()),
+            DepthSource::Amqp => None,
+        }
+    }
+}
+
+impl Drop for RabbitMq {
+    fn drop(&mut self) {
+        if let Some(task) = self.measuring.get_mut().take() {
+            task.abort();
         }
     }
 }

@@ -20,7 +20,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use super::{Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt};
+use super::{
+    Backend, Backlog, DepthError, DepthLag, LagSource, OutgoingMessage, SendError, SendReceipt,
+};
 use crate::config::{CredentialPlan, ServiceBusSettings};
 use crate::domain::QueueName;
 use atom::EntityStatus;
@@ -30,10 +32,12 @@ use rest::RestClient;
 /// The management API version whose `QueueDescription` carries `CountDetails`.
 pub const API_VERSION: &str = "2021-05";
 
-/// How far the management counts are assumed to trail the data plane. Not measured
-/// (no live namespace here); a hedge on the safe side: sends completed this long before
-/// a read are counted again on top of it, so the ceiling is reached a little early rather
-/// than overshot.
+/// How far the management counts (`CountDetails`) are assumed to trail the data plane: a
+/// documented assumption, not a measurement. Service Bus publishes no refresh period for
+/// them and no live namespace is reachable here to measure one (the tests run against a
+/// stub), so this is a hedge on the safe side: sends completed this long before a read are
+/// counted again on top of it, so the ceiling is reached a little early rather than
+/// overshot. `/health/detailed` shows it with the source `default`.
 const DEPTH_LAG: Duration = Duration::from_secs(1);
 
 /// The settings are resolved and fine, but the client could not be set up (exit 1).
@@ -168,7 +172,10 @@ impl Backend for ServiceBus {
         })
     }
 
-    fn depth_lag(&self) -> Duration {
-        DEPTH_LAG
+    fn depth_lag_in_force(&self) -> Option<DepthLag> {
+        Some(DepthLag {
+            lag: DEPTH_LAG,
+            source: LagSource::Default,
+        })
     }
 }
