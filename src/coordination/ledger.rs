@@ -1033,6 +1033,29 @@ mod tests {
     }
 
     #[test]
+    fn the_one_hash_of_a_queue_is_the_base_the_old_keys_extend() {
+        let q = QueueName::parse("orders").unwrap();
+        for (scope, base) in [
+            (
+                BackendKind::RabbitMq.as_str().to_owned(),
+                "sg:{rabbitmq/orders}",
+            ),
+            (
+                fallback_scope(BackendKind::RabbitMq, BackendKind::RabbitMq),
+                "sg:{fallback/rabbitmq/orders}",
+            ),
+            (
+                fallback_scope(BackendKind::RabbitMq, BackendKind::ServiceBus),
+                "sg:{servicebus/orders}",
+            ),
+        ] {
+            assert_eq!(queue_base("sg", &scope, &q), base);
+            let old = QueueKeys::new("sg", &scope, &q);
+            assert!(old.all().iter().all(|k| k.starts_with(&format!("{base}:"))));
+        }
+    }
+
+    #[test]
     fn a_well_formed_read_decodes() {
         let read = decode_read(&read_fields()).unwrap();
         assert_eq!(
