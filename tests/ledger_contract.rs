@@ -188,6 +188,7 @@ contract!(
     a_failed_read_is_unknown_with_its_streak_and_a_disabled_queue_is_disabled,
     one_replica_at_a_time_holds_the_read_lease_until_it_ends,
     a_ticket_of_an_old_epoch_or_no_newer_than_the_last_published_is_dropped,
+    a_ticket_whose_read_would_be_too_old_is_dropped,
     since_read_after_a_publish_is_the_completions_after_its_ticket,
     completions_within_the_lag_stay_on_top_of_a_read_leased_then,
     an_evicted_state_is_made_anew_with_a_larger_epoch,
@@ -819,6 +820,36 @@ async fn a_ticket_of_an_old_epoch_or_no_newer_than_the_last_published_is_dropped
     assert_eq!(view.read, ReadState::Never);
 }
 
+async fn a_ticket_whose_read_would_be_too_old_is_dropped(rig: &dyn Rig) {
+    let terms = Terms {
+        max_read_age: Duration::from_millis(300),
+        ..TERMS
+    };
+    let f = Fleet::with(rig, terms);
+    let e = f.join("a").await;
+    let on_time = f.lease("reader", e, Duration::ZERO).await.0.unwrap();
+    let view = f.publish_with(e, on_time, ReadOutcome::Failed, true).await;
+    assert_eq!((view.read, view.generation), (ReadState::Failed, 1));
+    let stale = f.lease("reader", e, Duration::ZERO).await.0.unwrap();
+    sleep(400 * MS).await;
+    let view = f
+        .publish_with(
+            e,
+            stale,
+            ReadOutcome::Ok {
+                backlog: 0,
+                send_disabled: false,
+            },
+            true,
+        )
+        .await;
+    assert_eq!(
+        (view.read, view.generation),
+        (ReadState::Failed, 1),
+        "{view:?}"
+    );
+}
+
 async fn since_read_after_a_publish_is_the_completions_after_its_ticket(rig: &dyn Rig) {
     let f = Fleet::new(rig); // no lag
     let e = f.join("a").await;
@@ -1007,4 +1038,123 @@ async fn the_state_expires_when_idle(rig: &dyn Rig) {
     sleep(400 * MS).await;
     assert_eq!(f.look().await, None);
     assert!(f.join("a").await.id > old.id);
+}
+
+// ---- The scripts alone: what only Redis can hold (A5 says nothing else writes there, but a
+// replica must survive it if something does).
+
+mod redis_only {
+    use super::*;
+    use sendgate::coordination::port::LedgerError;
+
+    async fn plant(rig: &Redis, args: &[&str]) {
+        let mut pipe = ::redis::pipe();
+        let mut cmd = ::redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        pipe.add_command(cmd).ignore();
+        rig.ledger.query::<()>(&pipe).await.expect("planted");
+    }
+
+    #[tokio::test]
+    async fn a_foreign_value_under_the_key_is_an_error_not_a_panic() {
+        let rig = Redis::new().await;
+        plant(&rig, &["SET", rig.key(), "not a hash"]).await;
+        let f = Fleet::new(&rig);
+        let caller = Caller {
+            replica: "a",
+            seen: Epoch::NONE,
+            carry: 0,
+        };
+        let answer = rig.ledger().heartbeat(f.q(), caller).await;
+        assert!(matches!(answer, Err(LedgerError::Redis(_))), "{answer:?}");
+        let answer = rig.ledger().look(f.q()).await;
+        assert!(matches!(answer, Err(LedgerError::Redis(_))), "{answer:?}");
+    }
+
+    #[tokio::test]
+    async fn a_hash_without_a_valid_epoch_is_made_anew() {
+        let rig = Redis::new().await;
+        plant(
+            &rig,
+            &[
+                "HSET",
+                rig.key(),
+                "epoch",
+                "garbage",
+                "b:a:1",
+                "5:99999999999999",
+            ],
+        )
+        .await;
+        let f = Fleet::new(&rig);
+        assert_eq!(f.look().await, None, "not a state");
+        let view = f.heartbeat("a", Epoch::NONE, 0).await;
+        assert!(view.epoch.id > 0);
+        assert_eq!(view.reserved, 0, "nothing of what was there is kept");
+    }
+
+    #[tokio::test]
+    async fn malformed_fields_count_as_nothing_and_are_pruned() {
+        let rig = Redis::new().await;
+        let f = Fleet::new(&rig);
+        let e = f.join("a").await;
+        plant(
+            &rig,
+            &[
+                "HSET",
+                rig.key(),
+                "b:x:1",
+                "-5:99999999999999",
+                "c:y",
+                "abc",
+                "m:z",
+                "soon",
+            ],
+        )
+        .await;
+        let view = f.heartbeat("a", seen(e), 0).await;
+        assert_eq!((view.reserved, view.carried, view.replicas), (0, 0, 1));
+        let mut pipe = ::redis::pipe();
+        pipe.cmd("HEXISTS").arg(rig.key()).arg("b:x:1");
+        let (exists,): (bool,) = rig.ledger.query(&pipe).await.unwrap();
+        assert!(!exists);
+    }
+
+    #[tokio::test]
+    async fn a_state_no_script_writes_is_an_unexpected_reply_not_a_panic() {
+        let rig = Redis::new().await;
+        let f = Fleet::new(&rig);
+        let e = f.join("a").await;
+        plant(
+            &rig,
+            &[
+                "HSET",
+                rig.key(),
+                "state",
+                "ok",
+                "backlog",
+                "-3",
+                "taken_ms",
+                "0",
+            ],
+        )
+        .await;
+        let answer = rig.ledger().look(f.q()).await;
+        assert!(
+            matches!(answer, Err(LedgerError::Unexpected(_))),
+            "{answer:?}"
+        );
+        let caller = Caller {
+            replica: "a",
+            seen: seen(e),
+            carry: 0,
+        };
+        let answer = rig.ledger().heartbeat(f.q(), caller).await;
+        assert!(
+            matches!(answer, Err(LedgerError::Unexpected(_))),
+            "{answer:?}"
+        );
+    }
 }
