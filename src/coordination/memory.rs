@@ -140,12 +140,15 @@ impl Queue {
         )
     }
 
-    fn prune(&mut self, now: i64, lag: i64) {
+    fn prune(&mut self, now: i64, t: &Terms) {
+        let (lag, max_read_age) = (ms(t.lag), ms(t.max_read_age));
         self.blocks.retain(|_, (_, end)| *end > now);
         self.carries.retain(|_, (_, end)| *end > now);
         self.members.retain(|_, until| *until > now);
         let oldest = (now - lag - 1000).div_euclid(100);
         self.lag.retain(|bucket, _| *bucket >= oldest);
+        // As the prelude: a ticket whose read would be too old when published is dropped.
+        self.tickets.retain(|_, taken| now - *taken <= max_read_age);
     }
 
     /// As `complete` in the prelude.
@@ -223,7 +226,7 @@ impl World {
                 o.into_mut()
             }
         };
-        q.prune(now, ms(t.lag));
+        q.prune(now, t);
         q.members
             .insert(c.replica.to_owned(), now.saturating_add(ms(t.member_for)));
         let matched = q.epoch == c.seen.id;

@@ -219,6 +219,9 @@ pub trait LedgerPort: Send + Sync + 'static {
     ) -> Result<(Option<ReadTicket>, View), LedgerError>;
 
     /// Publish a read taken with `ticket`; `counts_in_streak` is false for a start-up read.
+    /// Dropped (the view answered, nothing published) for a ticket of another epoch, one no
+    /// newer than the last published, or one taken more than `max_read_age` ago (its read
+    /// would be refused anyway).
     async fn publish_read(
         &self,
         queue: QueueRef<'_>,

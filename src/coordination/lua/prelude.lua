@@ -71,6 +71,10 @@ local function ended(f, v, now)
     return num(v) <= now
   elseif p == 'r:' then
     return num(string.sub(f, 3)) < math.floor((now - LAG - 1000) / 100)
+  elseif p == 't:' then
+    -- Published, its read would be older than reserve accepts: dropped (publish_read.lua
+    -- finds no lease time), so unpublished tickets do not pile up.
+    return now - num(v) > MAX_READ_AGE
   end
   return false
 end
@@ -124,7 +128,7 @@ local function preamble()
   local s = { now = now, now_us = now_us, h = load() }
   local replica = ARGV[7]
   local seen_id, seen_version, carry = num(ARGV[8]), num(ARGV[9]), num(ARGV[10])
-  if s.h.epoch == nil then
+  if num(s.h.epoch) <= 0 then
     -- Missing (lost, evicted, expired, never made); fields without an epoch are not ours.
     if next(s.h) ~= nil then redis.call('DEL', KEY) end
     make(s, seen_id)

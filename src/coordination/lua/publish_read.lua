@@ -6,7 +6,8 @@ local h, now = s.h, s.now
 local seq = num(ARGV[12])
 local taken = h['t:' .. int(seq)]
 -- A ticket of another epoch counted completions of another state; one no newer than the
--- last published is older news; one with no lease time was never issued here.
+-- last published is older news; one with no lease time was never issued here, or was
+-- pruned: its read would already be older than reserve accepts.
 if num(ARGV[11]) ~= num(h.epoch) or seq <= num(h.published_seq) or not taken then
   return view(h, now)
 end
