@@ -4,10 +4,10 @@
 //! more stored than the ceiling); the costs are printed for docs/benchmarks.md: Redis calls
 //! per admitted send and per second, and the p50/p99 of one ledger call.
 
-#[path = "support/redis.rs"]
-mod redis_support;
 #[path = "support/redis_server.rs"]
 mod redis_server;
+#[path = "support/redis.rs"]
+mod redis_support;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -256,7 +256,11 @@ async fn fifty_seats_on_redis_never_store_past_the_ceiling() {
     }
     let o = simulate(ledgers, &key).await;
     report("redis", &o);
-    assert!(o.deepest <= CEILING, "stored past the ceiling: {}", o.deepest);
+    assert!(
+        o.deepest <= CEILING,
+        "stored past the ceiling: {}",
+        o.deepest
+    );
     assert!(o.admitted > CEILING, "the drain made room that was used");
 }
 
@@ -268,6 +272,10 @@ async fn fifty_seats_on_the_memory_ledger_never_store_past_the_ceiling() {
         .collect();
     let o = simulate(ledgers, "sim:{embedded/sim}").await;
     report("memory", &o);
-    assert!(o.deepest <= CEILING, "stored past the ceiling: {}", o.deepest);
+    assert!(
+        o.deepest <= CEILING,
+        "stored past the ceiling: {}",
+        o.deepest
+    );
     assert!(o.admitted > CEILING, "the drain made room that was used");
 }

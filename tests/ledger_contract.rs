@@ -193,6 +193,8 @@ contract!(
     completions_within_the_lag_stay_on_top_of_a_read_leased_then,
     an_evicted_state_is_made_anew_with_a_larger_epoch,
     a_caller_that_saw_a_later_state_than_the_ledger_holds_makes_it_anew_above_its_epoch,
+    a_lost_write_is_noticed_by_its_replica_after_the_others_raised_the_version_again,
+    a_caller_with_a_shorter_lag_keeps_what_a_longer_lag_needs,
     a_new_epoch_is_above_the_callers_even_when_the_clock_is_behind_it,
     leave_drops_the_replicas_blocks_member_and_lease_and_settles_its_rows,
     leave_keeps_the_carry_until_its_hold_ends,
@@ -938,6 +940,48 @@ async fn a_caller_that_saw_a_later_state_than_the_ledger_holds_makes_it_anew_abo
     // The others hear of the new epoch on their next call.
     let (answer, _) = f.reserve(seen(old), "b:1", 1, 100).await;
     assert_eq!(answer, Reservation::NewEpoch);
+}
+
+async fn a_lost_write_is_noticed_by_its_replica_after_the_others_raised_the_version_again(
+    rig: &dyn Rig,
+) {
+    let f = Fleet::new(rig);
+    let e = f.join("a").await;
+    f.read_ok(e, 10).await;
+    rig.save().await;
+    // a's grant and what it saw of it are lost in a failover ...
+    let (granted, saw) = f.reserve(e, "a:1", 5, 100).await;
+    assert_eq!(granted, Reservation::Granted { granted: 5 });
+    rig.roll_back().await;
+    // ... and the others' calls raise the version past what a saw before a calls again.
+    for _ in 0..5 {
+        f.heartbeat("b", seen(e), 0).await;
+    }
+    assert!(f.look().await.unwrap().epoch.version > saw.epoch.version);
+    let view = f.heartbeat("a", saw.epoch, 0).await;
+    assert!(
+        view.epoch.id > e.id,
+        "the state that lost a's block is made anew: {view:?}"
+    );
+}
+
+async fn a_caller_with_a_shorter_lag_keeps_what_a_longer_lag_needs(rig: &dyn Rig) {
+    let long = Terms {
+        lag: Duration::from_millis(2000),
+        ..TERMS
+    };
+    let f = Fleet::with(rig, long);
+    let short = Fleet::new(rig); // lag 0
+    let e = f.join("a").await;
+    f.read_ok(e, 0).await;
+    f.reserve(e, "a:1", 10, 100).await;
+    f.settle("a", e, &[row("a:1", 3, 0)]).await;
+    // A replica with no lag settles and prunes past its own terms ...
+    sleep(1200 * MS).await;
+    short.settle("b", e, &[row("b:1", 2, 0)]).await;
+    // ... and the lagging reader's ticket still starts before all five.
+    let ticket = f.lease("reader", e, Duration::ZERO).await.0.unwrap();
+    assert_eq!(ticket.completed_at_start, 0, "{ticket:?}");
 }
 
 async fn a_new_epoch_is_above_the_callers_even_when_the_clock_is_behind_it(rig: &dyn Rig) {

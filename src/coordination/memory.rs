@@ -27,6 +27,10 @@ use super::port::{
     Reservation, Settle, Terms, View,
 };
 
+/// As the prelude's `VERSION_KEPT_MS`: a replica's last version outlives its silence this
+/// long.
+const VERSION_KEPT_MS: i64 = 600_000;
+
 /// A ledger in this process; clones share it.
 #[derive(Clone)]
 pub struct MemoryLedger {
@@ -90,6 +94,11 @@ struct Queue {
     carries: HashMap<String, (u64, i64)>,
     /// Replica → until when it counts.
     members: HashMap<String, i64>,
+    /// Replica → (the version of its last call, until when it is kept).
+    versions: HashMap<String, (u64, i64)>,
+    /// The longest lag and read age any caller named: what the state is pruned by.
+    lag_max: i64,
+    read_age_max: i64,
 }
 
 impl Queue {
@@ -116,6 +125,9 @@ impl Queue {
             blocks: HashMap::new(),
             carries: HashMap::new(),
             members: HashMap::new(),
+            versions: HashMap::new(),
+            lag_max: 0,
+            read_age_max: 0,
         }
     }
 
@@ -141,10 +153,14 @@ impl Queue {
     }
 
     fn prune(&mut self, now: i64, t: &Terms) {
-        let (lag, max_read_age) = (ms(t.lag), ms(t.max_read_age));
+        // As the prelude: by the longest terms any caller named.
+        self.lag_max = self.lag_max.max(ms(t.lag));
+        self.read_age_max = self.read_age_max.max(ms(t.max_read_age));
+        let (lag, max_read_age) = (self.lag_max, self.read_age_max);
         self.blocks.retain(|_, (_, end)| *end > now);
         self.carries.retain(|_, (_, end)| *end > now);
         self.members.retain(|_, until| *until > now);
+        self.versions.retain(|_, (_, until)| *until > now);
         let oldest = (now - lag - 1000).div_euclid(100);
         self.lag.retain(|bucket, _| *bucket >= oldest);
         // As the prelude: a ticket whose read would be too old when published is dropped.
@@ -219,8 +235,12 @@ impl World {
         let q = match self.queues.entry(key.to_owned()) {
             Entry::Vacant(v) => v.insert(make()),
             Entry::Occupied(mut o) => {
-                // Expired (idle), or the caller saw a later state than this one.
-                if now > o.get().expires_at || c.seen > o.get().seen() {
+                // Expired (idle), or the caller saw a later state than this one: later than
+                // the whole state, or than its own last call (others' calls since a lost
+                // write may have raised the version past what it saw).
+                let own = o.get().versions.get(c.replica).map_or(0, |(v, _)| *v);
+                let lost = c.seen.id == o.get().epoch && c.seen.version > own;
+                if now > o.get().expires_at || c.seen > o.get().seen() || lost {
                     o.insert(make());
                 }
                 o.into_mut()
@@ -241,6 +261,10 @@ impl World {
             }
         }
         q.version += 1;
+        q.versions.insert(
+            c.replica.to_owned(),
+            (q.version, now.saturating_add(VERSION_KEPT_MS)),
+        );
         q.expires_at = now.saturating_add(ms(t.idle).max(1));
         (q, matched)
     }
@@ -310,7 +334,7 @@ impl World {
         q.lease_holder = Some(c.replica.to_owned());
         q.lease_until = now.saturating_add(ms(lease));
         q.tickets.insert(q.ticket_seq, now);
-        let lag = ms(t.lag);
+        let lag = q.lag_max;
         let mut completed = q.completed_total;
         if lag > 0 {
             let from = (now - lag).div_euclid(100);
@@ -376,7 +400,7 @@ impl World {
     fn leave(&mut self, key: &str, t: &Terms, c: &Caller<'_>, rows: &[Settle<'_>], now: i64) {
         let (q, matched) = self.preamble(key, t, c, now);
         if matched {
-            q.settle_rows(now, ms(t.lag), rows);
+            q.settle_rows(now, q.lag_max, rows);
         }
         let mine = format!("{}:", c.replica);
         q.blocks.retain(|id, _| !id.starts_with(&mine));
@@ -523,7 +547,7 @@ impl LedgerPort for MemoryLedger {
             let t = &queue.terms;
             let (q, matched) = w.preamble(queue.key, t, &caller, now);
             if matched {
-                q.settle_rows(now, ms(t.lag), rows);
+                q.settle_rows(now, q.lag_max, rows);
             }
             q.view(now, t)
         })

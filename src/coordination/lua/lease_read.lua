@@ -13,8 +13,8 @@ hset(s, 't:' .. int(seq), int(now))
 -- Completions settled within the lag may be missing from what the admin plane is about to
 -- show: the ticket starts before them, so they stay in since_read after the publish.
 local completed = num(h.completed_total)
-if LAG > 0 then
-  local from = math.floor((now - LAG) / 100)
+if KEEP_LAG > 0 then
+  local from = math.floor((now - KEEP_LAG) / 100)
   for f, v in pairs(h) do
     if string.sub(f, 1, 2) == 'r:' and num(string.sub(f, 3)) >= from then
       completed = completed - num(v)

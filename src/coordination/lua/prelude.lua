@@ -25,6 +25,14 @@ local MEMBER = tonumber(ARGV[5]) or 0
 -- PEXPIRE 0 would delete the hash at once.
 local IDLE = math.max(1, tonumber(ARGV[6]) or 1)
 local OWN = 11
+-- The lag and read age the hash is pruned by: the longest any caller named (`lag_max`,
+-- `read_age_max`), so a replica with shorter terms never prunes what another's ticket still
+-- needs. Set by the preamble.
+local KEEP_LAG, KEEP_READ_AGE = LAG, MAX_READ_AGE
+-- A replica's `v:` field (the version of its last call) outlives its silence this long, so
+-- a failover that lost writes it saw is noticed when it calls again; one away longer finds
+-- none and the hash is made anew (the safe side).
+local VERSION_KEPT_MS = 600000
 
 -- Integers go out as plain digits: a double's own formatting (1.7e+15) would not parse
 -- back, neither for HINCRBY nor for the client.
@@ -69,12 +77,15 @@ local function ended(f, v, now)
     return e <= now
   elseif p == 'm:' then
     return num(v) <= now
+  elseif p == 'v:' then
+    local _, e = pair(v)
+    return e <= now
   elseif p == 'r:' then
-    return num(string.sub(f, 3)) < math.floor((now - LAG - 1000) / 100)
+    return num(string.sub(f, 3)) < math.floor((now - KEEP_LAG - 1000) / 100)
   elseif p == 't:' then
     -- Published, its read would be older than reserve accepts: dropped (publish_read.lua
     -- finds no lease time), so unpublished tickets do not pile up.
-    return now - num(v) > MAX_READ_AGE
+    return now - num(v) > KEEP_READ_AGE
   end
   return false
 end
@@ -135,12 +146,18 @@ local function preamble()
   else
     local epoch, version = num(s.h.epoch), num(s.h.version)
     -- The caller saw a state later than this one: writes were lost (a failover to a replica
-    -- that had not seen them). What is left cannot be trusted to hold every block.
-    if seen_id > epoch or (seen_id == epoch and seen_version > version) then
+    -- that had not seen them). What is left cannot be trusted to hold every block. The
+    -- others' calls since may have raised `version` past what the caller saw, so its own
+    -- last call's version (`v:`) is checked too: the hash has lost it if it is below.
+    local own = pair(s.h['v:' .. replica])
+    if seen_id > epoch or (seen_id == epoch and (seen_version > version or seen_version > own)) then
       redis.call('DEL', KEY)
       make(s, seen_id)
     end
   end
+  if LAG > num(s.h.lag_max) then hset(s, 'lag_max', int(LAG)) end
+  if MAX_READ_AGE > num(s.h.read_age_max) then hset(s, 'read_age_max', int(MAX_READ_AGE)) end
+  KEEP_LAG, KEEP_READ_AGE = num(s.h.lag_max), num(s.h.read_age_max)
   local gone = {}
   for f, v in pairs(s.h) do
     if ended(f, v, now) then gone[#gone + 1] = f end
@@ -159,6 +176,7 @@ local function preamble()
     end
   end
   s.h.version = int(redis.call('HINCRBY', KEY, 'version', 1))
+  hset(s, 'v:' .. replica, s.h.version .. ':' .. int(now + VERSION_KEPT_MS))
   redis.call('PEXPIRE', KEY, IDLE)
   return s
 end
@@ -169,7 +187,7 @@ local function complete(s, stored)
   if stored <= 0 then return end
   hset(s, 'completed_total', int(num(s.h.completed_total) + stored))
   hset(s, 'since_read', int(num(s.h.since_read) + stored))
-  if LAG > 0 then
+  if KEEP_LAG > 0 then
     local bucket = 'r:' .. int(math.floor(s.now / 100))
     hset(s, bucket, int(num(s.h[bucket]) + stored))
   end
