@@ -15,10 +15,23 @@ use reqwest::{StatusCode, Url};
 use serde::Deserialize;
 use tokio::time::Instant;
 
-use super::stats::StatsError;
 use crate::backend::DepthError;
 use crate::config::Secret;
 use crate::domain::QueueName;
+
+/// Why the refresh could not be measured now.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum StatsError {
+    #[error("the node list did not answer before its deadline")]
+    Timeout,
+    /// `/api/nodes` needs the `monitoring` (or `administrator`) tag.
+    #[error("the management user may not list nodes (it needs the monitoring tag): {0}")]
+    Unauthorized(String),
+    #[error("the node list could not be read: {0}")]
+    Failed(String),
+    #[error("unexpected node list: {0}")]
+    Malformed(String),
+}
 
 /// What one read said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

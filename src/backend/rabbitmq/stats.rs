@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::management::{Management, NodeUptime};
+use super::management::{Management, NodeUptime, StatsError};
 use crate::backend::{DepthLag, LagSource};
 
 /// RabbitMQ's documented default `collect_statistics_interval` (and the management agent's
@@ -59,20 +59,6 @@ const SPACINGS: usize = 3;
 /// The lag that two refresh periods of `refresh` and the margin make.
 pub fn lag_for(refresh: Duration) -> Duration {
     refresh.saturating_mul(2).saturating_add(MARGIN)
-}
-
-/// Why the refresh could not be measured now.
-#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-pub enum StatsError {
-    #[error("the node list did not answer before its deadline")]
-    Timeout,
-    /// `/api/nodes` needs the `monitoring` (or `administrator`) tag.
-    #[error("the management user may not list nodes (it needs the monitoring tag): {0}")]
-    Unauthorized(String),
-    #[error("the node list could not be read: {0}")]
-    Failed(String),
-    #[error("unexpected node list: {0}")]
-    Malformed(String),
 }
 
 /// The lag in force for the management depth source: read lock-free by every depth read's
