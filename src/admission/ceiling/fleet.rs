@@ -833,8 +833,16 @@ impl FleetSeat {
             return Ok(());
         }
         let ledger = self.fleet.ledger();
-        let seen = ledger.heartbeat(self.queue_ref(), self.caller()).await?;
+        let mut seen = ledger.heartbeat(self.queue_ref(), self.caller()).await?;
         self.see(seen);
+        if wait && seen.grace_left > Duration::ZERO {
+            // A new epoch grants nothing within its grace: the read is made after it, so
+            // the reservation that follows finds it fresh rather than read again (a failed
+            // read counts in the streak).
+            tokio::time::sleep(seen.grace_left.min(self.terms().grace)).await;
+            seen = ledger.heartbeat(self.queue_ref(), self.caller()).await?;
+            self.see(seen);
+        }
         if wait && self.fresh(&self.state.lock(), Instant::now()) {
             return Ok(()); // another replica published while this one queued
         }

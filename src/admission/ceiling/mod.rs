@@ -22,6 +22,7 @@ mod window;
 use std::sync::Arc;
 
 use crate::backend::Backend;
+use crate::coordination::ledger::CONNECT_DEADLINE;
 use crate::domain::QueueName;
 
 pub use fleet::{FleetSeat, Goodbye, Held, USE_BLOCK_FOR};
@@ -136,8 +137,16 @@ impl CapacityGate {
         refusal
     }
 
-    /// Read the depth now, whatever the cache holds (start-up).
+    /// Read the depth now, whatever the cache holds (start-up). A replica of a fleet first
+    /// waits a moment for Redis to answer (a connection's deadline): a send before that
+    /// would find it cut off, which fails closed with the gate on.
     pub async fn prime(&self) {
+        if let Some(seat) = self.seat.get() {
+            let deadline = tokio::time::Instant::now() + CONNECT_DEADLINE;
+            while !seat.joined() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
         if let Some(seat) = self.seat.get().filter(|s| s.joined()) {
             match seat.prime().await {
                 Ok(()) => return,

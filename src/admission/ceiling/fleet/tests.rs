@@ -293,3 +293,26 @@ async fn a_drained_replica_gives_back_what_its_blocks_did_not_use() {
     assert_eq!(admitted, 19);
     assert_eq!(broker.stored(), 20);
 }
+
+#[tokio::test(start_paused = true)]
+async fn two_waves_of_concurrent_sends_fill_the_ceiling_and_no_further() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let p = CapacityPolicy {
+        ttl: Duration::from_millis(200),
+        ..policy(50, false)
+    };
+    let all = Arc::new(replicas(3, &ledger, &broker, p).await);
+    for wave in 0..2 {
+        let sends: Vec<_> = (0..64)
+            .map(|i| {
+                let (all, broker) = (Arc::clone(&all), Arc::clone(&broker));
+                tokio::spawn(async move { send(&all[(i + wave) % 3], &broker).await })
+            })
+            .collect();
+        for s in sends {
+            let _ = s.await.unwrap();
+        }
+    }
+    assert_eq!(broker.stored(), 50);
+}
