@@ -505,9 +505,11 @@ impl FleetSeat {
                 return Step::Done(FleetAnswer::CutOff);
             }
         };
-        if now > asked + ledger.timeout() {
-            // Late (a paused process, a starved runtime): its lease may be over in Redis
-            // and its room given again. Given back, never used.
+        if now >= asked + USE_BLOCK_FOR {
+            // Late (a paused process, a starved runtime): past its use, its first unit would
+            // go to a send whose deadline starts now, which the block's lease (counted from
+            // before the ask) may not outlive. Given back, never used. Earlier, the send is
+            // stored by `asked + USE_BLOCK_FOR + D`, within the lease.
             if let Reservation::Granted { granted } = reservation {
                 let mut state = self.state.lock();
                 let epoch = view.epoch.id;

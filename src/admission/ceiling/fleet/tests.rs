@@ -262,12 +262,13 @@ async fn cut_off_and_failing_open_the_fleet_stores_at_most_a_part_of_the_ceiling
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_grant_that_arrives_after_the_deadline_is_given_back_not_used() {
+async fn a_grant_that_arrives_after_its_use_ended_is_given_back_not_used() {
     let ledger = MemoryLedger::new(T);
     let broker = Broker::new(Duration::ZERO);
     let all = replicas(2, &ledger, &broker, policy(4, true)).await;
-    // The first replica's replies arrive late (a paused process): each grant is given back.
-    ledger.delay(all[0].fleet.replica(), T * 4);
+    // The first replica's replies arrive late (a paused process), after the block's use
+    // would have ended: each grant is given back.
+    ledger.delay(all[0].fleet.replica(), super::USE_BLOCK_FOR + T);
     let late = send(&all[0], &broker).await;
     assert!(late.is_err(), "a late grant admits nothing ({late:?})");
     ledger.delay(all[0].fleet.replica(), Duration::ZERO);
