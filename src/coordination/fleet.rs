@@ -13,6 +13,12 @@ use parking_lot::Mutex;
 
 use super::port::{LedgerError, LedgerPort, QueueRef, Terms};
 
+/// Calls that fail in a row before the replica is cut off: one slow answer on a loaded
+/// host is not a partition (the call is made again; what the failed one may have reserved
+/// comes back when its lease ends), while a cut-off replica fails open or closed by its
+/// own rule (docs/fleet.md, step 6).
+pub const FAILURES_TO_CUT_OFF: u32 = 2;
+
 /// How often a replica cut off asks Redis whether it is back.
 pub const REJOIN_EVERY: Duration = Duration::from_secs(1);
 
@@ -50,6 +56,8 @@ struct Status {
     last_error: Option<String>,
     /// Joined once already: a later join is a return.
     ever_joined: bool,
+    /// Calls failed since the last that answered.
+    failed_in_a_row: u32,
 }
 
 pub struct Fleet {
@@ -75,6 +83,7 @@ impl Fleet {
                 local_since: tokio::time::Instant::now(),
                 last_error: None,
                 ever_joined: false,
+                failed_in_a_row: 0,
             }),
             queues: Mutex::new(Vec::new()),
         });
@@ -133,7 +142,26 @@ impl Fleet {
         self.status.lock().local_since
     }
 
-    /// A ledger call failed: run alone until Redis answers again. Logged once per turn.
+    /// A ledger call answered: the failures in a row start again.
+    pub fn answered(&self) {
+        self.status.lock().failed_in_a_row = 0;
+    }
+
+    /// A ledger call failed: after [`FAILURES_TO_CUT_OFF`] in a row, the replica is cut
+    /// off until Redis answers again (logged once per turn). Whether it is cut off now.
+    pub fn failed(self: &Arc<Self>, error: &LedgerError) -> bool {
+        {
+            let mut status = self.status.lock();
+            status.failed_in_a_row = status.failed_in_a_row.saturating_add(1);
+            if status.joined && status.failed_in_a_row < FAILURES_TO_CUT_OFF {
+                return false;
+            }
+        }
+        self.fall_back(error);
+        true
+    }
+
+    /// Cut off from the fleet now, until Redis answers again. Logged once per turn.
     pub fn fall_back(self: &Arc<Self>, error: &LedgerError) {
         {
             let mut status = self.status.lock();
@@ -177,6 +205,7 @@ impl Fleet {
         let returned = {
             let mut status = self.status.lock();
             status.joined = true;
+            status.failed_in_a_row = 0;
             status.since = SystemTime::now();
             // It said why the replica was local; in the fleet again, there is nothing to
             // say (the `coordination_local` event keeps the history).

@@ -268,11 +268,15 @@ impl FleetSeat {
         self.fleet.local_since()
     }
 
-    /// A call failed: the replica is cut off until Redis answers again. Its blocks stay:
-    /// their units may be handed out until their use ends.
-    pub fn fall_back(&self, error: &LedgerError) {
-        self.fleet.fall_back(error);
-        self.state.lock().last = None;
+    /// A call failed: the second in a row cuts the replica off until Redis answers again
+    /// (see [`Fleet::failed`]). Its blocks stay: their units may be handed out until their
+    /// use ends. Whether it is cut off now.
+    pub fn fall_back(&self, error: &LedgerError) -> bool {
+        let cut_off = self.fleet.failed(error);
+        if cut_off {
+            self.state.lock().last = None;
+        }
+        cut_off
     }
 
     /// While in the fleet, be heard from at least every [`HEARTBEAT`], so a new epoch is
@@ -306,7 +310,9 @@ impl FleetSeat {
             .await;
         match reply {
             Ok(view) => self.see(view),
-            Err(error) => self.fall_back(&error),
+            Err(error) => {
+                self.fall_back(&error);
+            }
         }
     }
 
@@ -314,6 +320,7 @@ impl FleetSeat {
     /// (their sends are in the carry now), and the carry is reported at once: the grace
     /// counts on every live replica's within it.
     fn see(self: &Arc<Self>, view: View) {
+        self.fleet.answered();
         let adopted = {
             let mut state = self.state.lock();
             let adopted = view.epoch.id != state.seen.id;
@@ -455,8 +462,9 @@ impl FleetSeat {
         self.schedule_settle();
         if !fresh {
             if let Err(error) = self.refresh(true).await {
-                self.fall_back(&error);
-                return FleetAnswer::CutOff;
+                if self.fall_back(&error) {
+                    return FleetAnswer::CutOff;
+                }
             }
         }
         self.spawn_ahead(ahead);
@@ -500,10 +508,14 @@ impl FleetSeat {
         let now = Instant::now();
         let (reservation, view) = match reply {
             Ok(reply) => reply,
-            Err(error) => {
-                self.fall_back(&error);
-                return Step::Done(FleetAnswer::CutOff);
+            // Asked again once: a slow answer is not a partition (what the call may have
+            // reserved comes back when its lease ends).
+            Err(error) if !self.fall_back(&error) => {
+                return Step::Again(FleetAnswer::Refuse(Refusal::CapacityUnknown {
+                    consecutive_failures: 0,
+                }))
             }
+            Err(_) => return Step::Done(FleetAnswer::CutOff),
         };
         if now >= asked + USE_BLOCK_FOR {
             // Late (a paused process, a starved runtime): past its use, its first unit would
@@ -516,7 +528,8 @@ impl FleetSeat {
                 state.pending.entry((epoch, turn)).or_default().1 += granted;
             }
             self.schedule_settle();
-            self.fall_back(&LedgerError::Timeout);
+            self.fleet.fall_back(&LedgerError::Timeout);
+            self.state.lock().last = None;
             return Step::Done(FleetAnswer::CutOff);
         }
         self.see(view);
@@ -528,8 +541,9 @@ impl FleetSeat {
         match reservation {
             Reservation::Unread => {
                 if let Err(error) = self.refresh(true).await {
-                    self.fall_back(&error);
-                    return Step::Done(FleetAnswer::CutOff);
+                    if self.fall_back(&error) {
+                        return Step::Done(FleetAnswer::CutOff);
+                    }
                 }
                 return Step::Again(self.unread_answer(&policy));
             }

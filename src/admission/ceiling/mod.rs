@@ -150,7 +150,9 @@ impl CapacityGate {
         if let Some(seat) = self.seat.get().filter(|s| s.joined()) {
             match seat.prime().await {
                 Ok(()) => return,
-                Err(error) => seat.fall_back(&error),
+                Err(error) => {
+                    seat.fall_back(&error);
+                }
             }
         }
         self.local.prime().await;

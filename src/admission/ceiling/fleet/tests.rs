@@ -317,3 +317,23 @@ async fn two_waves_of_concurrent_sends_fill_the_ceiling_and_no_further() {
     }
     assert_eq!(broker.stored(), 50);
 }
+
+#[tokio::test(start_paused = true)]
+async fn one_slow_answer_is_not_a_partition() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let all = Arc::new(replicas(1, &ledger, &broker, policy(50, true)).await);
+    send(&all[0], &broker).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await; // its block's use is over
+                                                      // The next call runs but its answer misses the deadline (a loaded host); the one after
+                                                      // answers in time.
+    ledger.lose_replies(all[0].fleet.replica(), true);
+    let sending = {
+        let (all, broker) = (Arc::clone(&all), Arc::clone(&broker));
+        tokio::spawn(async move { send(&all[0], &broker).await })
+    };
+    tokio::time::sleep(T / 2).await;
+    ledger.lose_replies(all[0].fleet.replica(), false);
+    assert_eq!(sending.await.unwrap(), Ok(()), "asked again, not cut off");
+    assert!(all[0].fleet.joined());
+}
