@@ -50,6 +50,8 @@ struct World {
     /// The last epoch id handed out: the next is above it, whatever was lost.
     last_epoch: u64,
     faults: HashMap<String, Faults>,
+    /// Redis down for everyone: every call fails after the timeout, `look` too.
+    down: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -483,6 +485,13 @@ impl MemoryLedger {
         self.faults(replica, |f| f.late_by = late_by);
     }
 
+    /// While `on`, Redis answers nobody: every call (an onlooker's `look` too) fails with
+    /// [`LedgerError::Timeout`] after the timeout, without running. Unlike
+    /// [`MemoryLedger::cut_off`], which names a replica, this also stops the rejoin probe.
+    pub fn set_down(&self, on: bool) {
+        self.inner.world.lock().down = on;
+    }
+
     /// While `on`, every call of `replica` runs, but it hears [`LedgerError::Timeout`] after
     /// the timeout (Redis slower than the deadline: the step happened all the same).
     pub fn lose_replies(&self, replica: &str, on: bool) {
@@ -504,15 +513,12 @@ impl MemoryLedger {
         replica: &str,
         step: impl FnOnce(&mut World, i64) -> T,
     ) -> Result<T, LedgerError> {
-        let faults = self
-            .inner
-            .world
-            .lock()
-            .faults
-            .get(replica)
-            .copied()
-            .unwrap_or_default();
-        if faults.cut_off {
+        let (faults, down) = {
+            let world = self.inner.world.lock();
+            let faults = world.faults.get(replica).copied().unwrap_or_default();
+            (faults, world.down)
+        };
+        if faults.cut_off || down {
             tokio::time::sleep(self.inner.timeout).await;
             return Err(LedgerError::Timeout);
         }
@@ -629,6 +635,10 @@ impl LedgerPort for MemoryLedger {
     }
 
     async fn look(&self, queue: QueueRef<'_>) -> Result<Option<View>, LedgerError> {
+        if self.inner.world.lock().down {
+            tokio::time::sleep(self.inner.timeout).await;
+            return Err(LedgerError::Timeout);
+        }
         let now = self.now_ms();
         Ok(self.inner.world.lock().look(queue.key, &queue.terms, now))
     }

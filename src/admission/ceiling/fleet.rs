@@ -48,6 +48,8 @@ const AHEAD_RETRY: Duration = Duration::from_millis(10);
 const WAIT_POLL: Duration = Duration::from_millis(10);
 /// The margin in the hold for what the other terms do not name (scheduling, rounding).
 const HOLD_MARGIN: Duration = Duration::from_secs(1);
+/// How often a cut-off seat looks whether its replica rejoined (an atomic read, no call).
+const REJOINED_POLL: Duration = Duration::from_millis(10);
 /// A reservation is asked again at most this many times for one send (a new epoch, a read
 /// to make, a grace to wait out).
 const ASKS: usize = 4;
@@ -275,25 +277,31 @@ impl FleetSeat {
         self.state.lock().last = None;
     }
 
-    /// While in the fleet, be heard from at least every [`HEARTBEAT`], so a new epoch is
-    /// learnt, and the carry reported, within the grace. Ends with the seat.
+    /// While in the fleet, be heard from within [`HEARTBEAT`] of the last reply, whatever
+    /// call it answered, so a new epoch is learnt, and the carry reported, within the
+    /// grace. The beat is due a heartbeat after that reply: on a fixed tick, a call made
+    /// just after a tick would leave almost two heartbeats to the next. Cut off, it looks
+    /// every [`REJOINED_POLL`] for the rejoin, after which it calls at once (it reports its
+    /// carry to an epoch made while it was away). Ends with the seat.
     async fn heartbeat(seat: std::sync::Weak<Self>) {
+        let mut wait = HEARTBEAT;
         loop {
-            tokio::time::sleep(HEARTBEAT).await;
+            tokio::time::sleep(wait).await;
             let Some(seat) = seat.upgrade() else { return };
             if seat.state.lock().leaving {
                 return;
             }
             if !seat.fleet.joined() {
+                wait = REJOINED_POLL;
                 continue;
             }
-            let quiet = seat
-                .state
-                .lock()
-                .last
-                .is_none_or(|(_, seen)| seen.elapsed() >= HEARTBEAT);
-            if quiet {
-                seat.beat().await;
+            let since = seat.state.lock().last.map(|(_, seen)| seen.elapsed());
+            match since {
+                Some(since) if since < HEARTBEAT => wait = HEARTBEAT - since,
+                _ => {
+                    seat.beat().await;
+                    wait = HEARTBEAT;
+                }
             }
         }
     }

@@ -9,22 +9,29 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use crate::admission::ceiling::{
-    BacklogEffect, CapacityGate, CapacityPolicy, FleetSeat, Refusal, Reservation,
+    BacklogEffect, CapacityGate, CapacityPolicy, FleetSeat, Refusal, Reservation, USE_BLOCK_FOR,
 };
 use crate::backend::{Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt};
 use crate::config::Fraction;
-use crate::coordination::fleet::Fleet;
+use crate::coordination::fleet::{Fleet, HEARTBEAT};
 use crate::coordination::memory::MemoryLedger;
+use crate::coordination::port::{
+    Ask, Caller, LedgerError, LedgerPort, QueueRef, ReadOutcome, ReadTicket,
+    Reservation as PortReservation, Settle, View,
+};
 use crate::domain::QueueName;
 
 const T: Duration = Duration::from_millis(50);
 const SEND: Duration = Duration::from_secs(2);
 const KEY: &str = "test:{rabbitmq/requests}";
 
-/// A queue whose admin plane shows what was stored `lag` ago (nothing drains).
+/// A queue whose admin plane shows what was stored `lag` ago (nothing drains); it can be
+/// made to fail, or to take a while to answer.
 struct Broker {
     stored: Mutex<Vec<Instant>>,
     lag: Duration,
+    down: std::sync::atomic::AtomicBool,
+    read_takes: Mutex<Duration>,
 }
 
 impl Broker {
@@ -32,7 +39,13 @@ impl Broker {
         Arc::new(Self {
             stored: Mutex::new(Vec::new()),
             lag,
+            down: std::sync::atomic::AtomicBool::new(false),
+            read_takes: Mutex::new(Duration::ZERO),
         })
+    }
+
+    fn set_down(&self, down: bool) {
+        self.down.store(down, std::sync::atomic::Ordering::SeqCst);
     }
 
     fn stored(&self) -> u64 {
@@ -52,6 +65,13 @@ impl Backend for Broker {
         unreachable!("the tests store through `store`")
     }
     async fn backlog(&self, _: &QueueName, _: Instant) -> Result<Backlog, DepthError> {
+        let takes = *self.read_takes.lock();
+        if !takes.is_zero() {
+            tokio::time::sleep(takes).await;
+        }
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(DepthError::Timeout);
+        }
         let now = Instant::now();
         let seen = self
             .stored
@@ -292,4 +312,128 @@ async fn a_drained_replica_gives_back_what_its_blocks_did_not_use() {
     let (admitted, _) = fill(&all[1..], &broker, 30).await;
     assert_eq!(admitted, 19);
     assert_eq!(broker.stored(), 20);
+}
+
+// ---- Review of the seat (each test failed before its fix).
+
+/// Every call a replica makes, with when it was made: the ledger underneath is `inner`.
+struct Recording {
+    inner: MemoryLedger,
+    calls: Mutex<Vec<Instant>>,
+}
+
+impl Recording {
+    fn note(&self) {
+        self.calls.lock().push(Instant::now());
+    }
+}
+
+#[async_trait]
+impl LedgerPort for Recording {
+    async fn reserve(
+        &self,
+        queue: QueueRef<'_>,
+        caller: Caller<'_>,
+        ask: Ask<'_>,
+    ) -> Result<(PortReservation, View), LedgerError> {
+        self.note();
+        self.inner.reserve(queue, caller, ask).await
+    }
+    async fn settle(
+        &self,
+        queue: QueueRef<'_>,
+        caller: Caller<'_>,
+        rows: &[Settle<'_>],
+    ) -> Result<View, LedgerError> {
+        self.note();
+        self.inner.settle(queue, caller, rows).await
+    }
+    async fn heartbeat(
+        &self,
+        queue: QueueRef<'_>,
+        caller: Caller<'_>,
+    ) -> Result<View, LedgerError> {
+        self.note();
+        self.inner.heartbeat(queue, caller).await
+    }
+    async fn lease_read(
+        &self,
+        queue: QueueRef<'_>,
+        caller: Caller<'_>,
+        lease: Duration,
+    ) -> Result<(Option<ReadTicket>, View), LedgerError> {
+        self.note();
+        self.inner.lease_read(queue, caller, lease).await
+    }
+    async fn publish_read(
+        &self,
+        queue: QueueRef<'_>,
+        caller: Caller<'_>,
+        ticket: ReadTicket,
+        outcome: ReadOutcome,
+        counts_in_streak: bool,
+    ) -> Result<View, LedgerError> {
+        self.note();
+        self.inner
+            .publish_read(queue, caller, ticket, outcome, counts_in_streak)
+            .await
+    }
+    async fn leave(
+        &self,
+        queue: QueueRef<'_>,
+        caller: Caller<'_>,
+        rows: &[Settle<'_>],
+    ) -> Result<(), LedgerError> {
+        self.note();
+        self.inner.leave(queue, caller, rows).await
+    }
+    async fn look(&self, queue: QueueRef<'_>) -> Result<Option<View>, LedgerError> {
+        self.inner.look(queue).await
+    }
+    fn timeout(&self) -> Duration {
+        self.inner.timeout()
+    }
+}
+
+/// The grace counts on every replica in the fleet calling within a heartbeat (and a
+/// deadline): a seat whose last call was a send's, just after its heartbeat woke, must not
+/// wait two heartbeats for the next one.
+#[tokio::test(start_paused = true)]
+async fn a_seat_is_heard_from_within_a_heartbeat_of_its_last_call_whatever_made_it() {
+    let created = Instant::now();
+    let recording = Arc::new(Recording {
+        inner: MemoryLedger::new(T),
+        calls: Mutex::new(Vec::new()),
+    });
+    let fleet = Fleet::start(Arc::clone(&recording) as Arc<dyn LedgerPort>);
+    let queue = QueueName::parse("requests").unwrap();
+    let broker = Broker::new(Duration::ZERO);
+    let backend: Arc<dyn Backend> = broker.clone();
+    let gate = CapacityGate::new(queue.clone(), policy(50, false), Arc::clone(&backend));
+    gate.join_fleet(FleetSeat::new(
+        Arc::clone(&fleet),
+        KEY.to_owned(),
+        queue,
+        Arc::clone(gate.policy_cell()),
+        backend,
+        SEND,
+    ));
+    while !fleet.joined() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Just after the heartbeat's fourth wake: a send, and its settle 50 ms later.
+    tokio::time::sleep_until(created + HEARTBEAT * 4 + Duration::from_millis(1)).await;
+    let r = Replica {
+        fleet: Arc::clone(&fleet),
+        gate,
+    };
+    send(&r, &broker).await.unwrap();
+    let from = recording.calls.lock().len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let calls = recording.calls.lock()[from - 1..].to_vec();
+    let longest = calls.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+    assert!(
+        longest <= HEARTBEAT + T,
+        "{longest:?} between two calls (heartbeat {HEARTBEAT:?}, deadline {T:?})"
+    );
 }
