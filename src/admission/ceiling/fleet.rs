@@ -313,7 +313,9 @@ impl FleetSeat {
             .heartbeat(self.queue_ref(), self.caller())
             .await;
         match reply {
-            Ok(view) => self.see(view),
+            Ok(view) => {
+                self.see(view);
+            }
             Err(error) => self.fall_back(&error),
         }
     }
@@ -321,15 +323,27 @@ impl FleetSeat {
     /// Process a reply's view. A new epoch drops the blocks and the outcomes of the old one
     /// (their sends are in the carry now), and the carry is reported at once: the grace
     /// counts on every live replica's within it.
-    fn see(self: &Arc<Self>, view: View) {
+    ///
+    /// A view of an older epoch than the one adopted is ignored (false): replies are
+    /// processed by the tasks that made the calls, so one the ledger answered before it lost
+    /// its state can be processed after one of the new epoch. A ledger never answers a
+    /// replica with an epoch below the one it named (it makes a new one above it), so
+    /// older is always stale: adopting it would drop the current epoch's blocks and
+    /// outcomes, and hand out units of a block the ledger no longer holds.
+    fn see(self: &Arc<Self>, view: View) -> bool {
         let adopted = {
             let mut state = self.state.lock();
+            if view.epoch.id < state.seen.id {
+                return false;
+            }
             let adopted = view.epoch.id != state.seen.id;
             if adopted {
                 state.seen = view.epoch;
                 state.blocks.clear();
                 let current = view.epoch.id;
                 state.pending.retain(|(epoch, _), _| *epoch == current);
+                // Open sends of the old epoch are in the window under it: in the carry now.
+                state.open.retain(|epoch, _| *epoch == current);
                 state.full = None;
                 state.refusing = false;
                 state.measured = None;
@@ -344,6 +358,7 @@ impl FleetSeat {
             let seat = Arc::clone(self);
             self.runtime.spawn(async move { seat.beat().await });
         }
+        true
     }
 
     /// Record the view as seen now, and measure the drain between two good reads: the
@@ -525,12 +540,18 @@ impl FleetSeat {
             self.fall_back(&LedgerError::Timeout);
             return Step::Done(FleetAnswer::CutOff);
         }
-        self.see(view);
+        let current = self.see(view);
         let ask_again = |streak| {
             Step::Again(FleetAnswer::Refuse(Refusal::CapacityUnknown {
                 consecutive_failures: streak,
             }))
         };
+        if !current {
+            // Answered by a ledger of an epoch this seat already saw replaced: a grant's
+            // block is not in the current one, so it is not used (nothing to give back: the
+            // state that held it is gone).
+            return ask_again(view.streak);
+        }
         match reservation {
             Reservation::Unread => {
                 if let Err(error) = self.refresh(true).await {

@@ -492,3 +492,28 @@ async fn redis_restarted_empty_keeps_the_ceiling_though_the_replicas_rejoin_a_pr
     fill(&all, &broker, 20).await;
     assert_eq!(broker.stored(), 50);
 }
+
+
+/// Replies of one connection are processed by different tasks: one of the epoch before a
+/// rebirth may be processed after one of the new epoch. It is older news, not a new epoch.
+#[tokio::test(start_paused = true)]
+async fn a_reply_of_an_older_epoch_processed_after_a_newer_one_changes_nothing() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let all = replicas(1, &ledger, &broker, policy(50, false)).await;
+    send(&all[0], &broker).await.unwrap();
+    let seat = Arc::clone(all[0].gate.seat.get().unwrap());
+    let (old, _) = seat.state.lock().last.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await; // the block's use is over
+    ledger.lose_everything();
+    send(&all[0], &broker).await.unwrap(); // meets the new epoch, waits its grace out
+    let (new, blocks) = {
+        let state = seat.state.lock();
+        (state.seen, state.blocks.len())
+    };
+    assert!(new.id > old.epoch.id && blocks > 0, "{new:?}, {blocks} blocks");
+    seat.see(old);
+    let state = seat.state.lock();
+    assert_eq!(state.seen.id, new.id, "went back to the lost epoch");
+    assert_eq!(state.blocks.len(), blocks, "dropped the new epoch's blocks");
+}
