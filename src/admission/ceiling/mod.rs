@@ -157,7 +157,14 @@ impl CapacityGate {
                 reads_failed: local.reads_failed,
                 ..shared
             },
-            None => local,
+            None => GateSnapshot {
+                // Cut off with the gate on, the replica answers every send `503
+                // capacity_unknown` (docs/fleet.md, step 6) whatever its own gate, which it
+                // does not consult then, last read.
+                fail_closed: local.fail_closed
+                    || (seat.is_some_and(|s| !s.joined()) && self.policy.load().fail_closed),
+                ..local
+            },
         }
     }
 }

@@ -517,3 +517,28 @@ async fn a_reply_of_an_older_epoch_processed_after_a_newer_one_changes_nothing()
     assert_eq!(state.seen.id, new.id, "went back to the lost epoch");
     assert_eq!(state.blocks.len(), blocks, "dropped the new epoch's blocks");
 }
+
+/// Cut off with the gate on, the replica answers every send `503 capacity_unknown`:
+/// `/health/detailed` says so (`fail_closed`), not the state of a local gate it does not use.
+#[tokio::test(start_paused = true)]
+async fn cut_off_and_failing_closed_the_gates_health_says_it_refuses() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let all = replicas(1, &ledger, &broker, policy(50, true)).await;
+    send(&all[0], &broker).await.unwrap();
+    assert!(!all[0].gate.snapshot().fail_closed);
+    ledger.set_down(true);
+    tokio::time::sleep(Duration::from_secs(1)).await; // cut off; the block's use is over
+    assert!(matches!(
+        send(&all[0], &broker).await,
+        Err(Refusal::CapacityUnknown { .. })
+    ));
+    assert!(
+        all[0].gate.snapshot().fail_closed,
+        "refusing every send, health says it does not"
+    );
+    ledger.set_down(false);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    send(&all[0], &broker).await.unwrap();
+    assert!(!all[0].gate.snapshot().fail_closed, "back in the fleet");
+}
