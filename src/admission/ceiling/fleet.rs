@@ -80,8 +80,22 @@ pub enum AloneAnswer {
     Admit(Held),
     Refuse(Refusal),
     /// Failing open: its own gate decides with these bounds. The send is already counted in
-    /// them; [`FleetSeat::take_back_alone`] if the gate refuses it.
-    Decide(LocalBounds),
+    /// them, in the window at `counted` (when its deadline starts, see
+    /// [`FleetSeat::alone`]); [`FleetSeat::take_back_alone`] with it if the gate refuses.
+    Decide {
+        bounds: LocalBounds,
+        counted: Counted,
+    },
+}
+
+/// Where and when [`FleetSeat::alone`] counted a send it left to the replica's own gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counted {
+    /// The instant it was counted from: the send's deadline counts from here, as the hold
+    /// that keeps it counted does.
+    pub at: Instant,
+    /// The end of the window's bucket it is in, to take it back from.
+    bucket: Instant,
 }
 
 /// How a drained replica's seat left the fleet.
@@ -648,21 +662,24 @@ impl FleetSeat {
                 consecutive_failures: state.last.map_or(0, |(view, _)| view.streak),
             });
         }
-        state.window.record(now, ALONE);
+        let bucket = state.window.record(now, ALONE);
         let floor = state
             .estimate
             .filter(|(_, seen)| now < *seen + hold)
             .map_or(0, |(estimate, _)| estimate);
-        AloneAnswer::Decide(LocalBounds {
-            floor,
-            replicas: state.fleet_size.max(1),
-            counted: state.window.alone(now, hold),
-        })
+        AloneAnswer::Decide {
+            bounds: LocalBounds {
+                floor,
+                replicas: state.fleet_size.max(1),
+                counted: state.window.alone(now, hold),
+            },
+            counted: Counted { at: now, bucket },
+        }
     }
 
     /// The replica's own gate refused a send [`FleetSeat::alone`] counted.
-    pub fn take_back_alone(&self) {
-        self.state.lock().window.unrecord(ALONE);
+    pub fn take_back_alone(&self, counted: Counted) {
+        self.state.lock().window.unrecord(ALONE, counted.bucket);
     }
 
     /// A send admitted through the fleet ended: its outcome is settled with the next batch.

@@ -542,3 +542,22 @@ async fn cut_off_and_failing_closed_the_gates_health_says_it_refuses() {
     send(&all[0], &broker).await.unwrap();
     assert!(!all[0].gate.snapshot().fail_closed, "back in the fleet");
 }
+
+/// Cut off and failing open, the seat counts a send in its window before the replica's own
+/// gate decides it, which may first read the admin plane: the send's deadline (from which
+/// the hold is reckoned) counts from the window's count, not from after that read.
+#[tokio::test(start_paused = true)]
+async fn a_send_admitted_alone_counts_its_deadline_from_when_the_seat_counted_it() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let all = replicas(1, &ledger, &broker, policy(50, false)).await;
+    ledger.set_down(true);
+    tokio::time::sleep(Duration::from_secs(1)).await; // cut off by its heartbeat
+    assert!(!all[0].fleet.joined());
+    *broker.read_takes.lock() = Duration::from_millis(400);
+    let asked = Instant::now();
+    let reservation = all[0].gate.admit().await.unwrap();
+    assert!(asked.elapsed() >= Duration::from_millis(400), "read first");
+    assert_eq!(reservation.counted_at(), asked);
+    reservation.finish(BacklogEffect::NotStored);
+}
