@@ -128,6 +128,11 @@ struct SeatState {
     estimate: Option<(u64, Instant)>,
     /// Outcomes to settle, by `(epoch, block turn)` (turn 0: open sends): (stored, not).
     pending: BTreeMap<(u64, u64), (u64, u64)>,
+    /// By epoch: sends admitted open (no block holds them) in flight, plus their stored
+    /// outcomes not yet settled, i.e. `pending[(epoch, 0)].0` (docs/fleet.md, step 1: every
+    /// admitted send is counted somewhere at every instant). Reported in the carry until a
+    /// settle that took them succeeded; then `since_read` counts them.
+    open: BTreeMap<u64, u64>,
     flush_scheduled: bool,
     window: Window,
     ahead_tried_at: Option<Instant>,
@@ -161,6 +166,7 @@ impl SeatState {
             fleet_size: 1,
             estimate: None,
             pending: BTreeMap::new(),
+            open: BTreeMap::new(),
             flush_scheduled: false,
             window: Window::default(),
             ahead_tried_at: None,
@@ -264,10 +270,14 @@ impl FleetSeat {
         let hold = self.terms().hold;
         let mut state = self.state.lock();
         let seen = state.seen;
+        let open = state.open.get(&seen.id).copied().unwrap_or(0);
         Caller {
             replica: self.fleet.replica(),
             seen,
-            carry: state.window.carry(Instant::now(), hold, seen.id),
+            carry: state
+                .window
+                .carry(Instant::now(), hold, seen.id)
+                .saturating_add(open),
         }
     }
 
@@ -622,6 +632,8 @@ impl FleetSeat {
             }
             Reservation::Unknown => {
                 state.window.record(now, epoch);
+                // In no block: counted in the carry until settled.
+                *state.open.entry(epoch).or_default() += 1;
                 FleetAnswer::Admit(Held::Open { epoch })
             }
             Reservation::Unread | Reservation::Recovering | Reservation::NewEpoch => {
@@ -695,7 +707,12 @@ impl FleetSeat {
             match (held, stored) {
                 (_, true) => entry.0 += 1,
                 (Held::Block { .. }, false) => entry.1 += 1,
-                (Held::Open { .. }, false) => {}
+                (Held::Open { epoch }, false) => {
+                    // Never stored: it need not be counted any more.
+                    if let Some(open) = state.open.get_mut(&epoch) {
+                        *open = open.saturating_sub(1);
+                    }
+                }
             }
         }
         self.schedule_settle();
@@ -733,16 +750,18 @@ impl FleetSeat {
     /// took their units is unknown: counted twice meanwhile, the safe side); units not
     /// taken stay in their block until its lease ends.
     async fn settle_pending(self: &Arc<Self>) -> Result<(), LedgerError> {
-        let (rows, epoch) = {
+        let (rows, epoch, open) = {
             let mut state = self.state.lock();
             state.flush_scheduled = false;
             let epoch = state.seen.id;
-            let rows: Vec<(String, u64, u64)> = std::mem::take(&mut state.pending)
+            let pending = std::mem::take(&mut state.pending);
+            let open = pending.get(&(epoch, 0)).map_or(0, |(stored, _)| *stored);
+            let rows: Vec<(String, u64, u64)> = pending
                 .into_iter()
                 .filter(|((e, _), _)| *e == epoch)
                 .map(|((_, turn), (stored, not))| (self.block_id(turn), stored, not))
                 .collect();
-            (rows, epoch)
+            (rows, epoch, open)
         };
         if rows.is_empty() {
             return Ok(());
@@ -762,13 +781,21 @@ impl FleetSeat {
             .await;
         match settled {
             Ok(view) => {
+                // Open sends stay in the carry until now (this call's carry counted them
+                // too: twice for a moment, the safe side), never in neither.
+                if let Some(left) = self.state.lock().open.get_mut(&epoch) {
+                    *left = left.saturating_sub(open);
+                }
                 self.see(view);
                 Ok(())
             }
             Err(error) => {
                 let unsettled: u64 = batch.iter().map(|s| s.stored).sum();
                 if unsettled > 0 {
-                    self.state.lock().pending.entry((epoch, 0)).or_default().0 += unsettled;
+                    let mut state = self.state.lock();
+                    state.pending.entry((epoch, 0)).or_default().0 += unsettled;
+                    // Row (epoch, 0) is counted in the carry: the block sends now in it too.
+                    *state.open.entry(epoch).or_default() += unsettled - open;
                 }
                 Err(error)
             }
@@ -788,6 +815,13 @@ impl FleetSeat {
             let mut state = self.state.lock();
             let epoch = state.seen.id;
             let mut pending = std::mem::take(&mut state.pending);
+            // The leave script settles these rows with the carry it records, in one step:
+            // the open sends among them leave the carry as they enter `since_read` (the
+            // carry outlives the goodbye by a hold, and would count them twice that long).
+            let settled_open = pending.get(&(epoch, 0)).map_or(0, |(stored, _)| *stored);
+            if let Some(open) = state.open.get_mut(&epoch) {
+                *open = open.saturating_sub(settled_open);
+            }
             for block in std::mem::take(&mut state.blocks) {
                 if block.left > 0 {
                     pending.entry((block.epoch, block.turn)).or_default().1 += block.left;

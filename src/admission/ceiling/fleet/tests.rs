@@ -561,3 +561,30 @@ async fn a_send_admitted_alone_counts_its_deadline_from_when_the_seat_counted_it
     assert_eq!(reservation.counted_at(), asked);
     reservation.finish(BacklogEffect::NotStored);
 }
+
+/// Admitted open (the fleet's read failed, the gate off), a send is in no block: while in
+/// flight it must still count somewhere, or a read published meanwhile lets the fleet
+/// grant its room again.
+#[tokio::test(start_paused = true)]
+async fn sends_admitted_open_stay_counted_while_in_flight_when_the_read_comes_back() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let all = replicas(2, &ledger, &broker, policy(10, false)).await;
+    broker.set_down(true);
+    let mut in_flight = Vec::new();
+    for _ in 0..5 {
+        in_flight.push(all[0].gate.admit().await.unwrap());
+    }
+    broker.set_down(false);
+    tokio::time::sleep(Duration::from_millis(1500)).await; // past the TTL: read again
+    let (admitted, _) = fill(&all[1..], &broker, 30).await;
+    for reservation in in_flight {
+        broker.stored.lock().push(Instant::now());
+        reservation.finish(BacklogEffect::Stored);
+    }
+    assert_eq!(broker.stored(), 10, "{admitted} admitted on top of 5 in flight");
+    // Settled, they are counted once: nothing more is admitted, nothing less.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let (more, _) = fill(&all, &broker, 10).await;
+    assert_eq!((more, broker.stored()), (0, 10));
+}
