@@ -171,8 +171,18 @@ impl Queue {
             ),
         );
         self.terms.retain(|_, (_, _, until)| *until > now);
-        self.lag_max = self.terms.values().map(|(lag, _, _)| *lag).max().unwrap_or(0);
-        self.read_age_max = self.terms.values().map(|(_, age, _)| *age).max().unwrap_or(0);
+        self.lag_max = self
+            .terms
+            .values()
+            .map(|(lag, _, _)| *lag)
+            .max()
+            .unwrap_or(0);
+        self.read_age_max = self
+            .terms
+            .values()
+            .map(|(_, age, _)| *age)
+            .max()
+            .unwrap_or(0);
         let (lag, max_read_age) = (self.lag_max, self.read_age_max);
         self.blocks.retain(|_, (_, end)| *end > now);
         self.carries.retain(|_, (_, end)| *end > now);

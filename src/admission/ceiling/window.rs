@@ -133,7 +133,11 @@ mod tests {
         let later = t0 + Duration::from_millis(1500);
         w.record(later, ALONE);
         w.unrecord(ALONE, refused);
-        assert_eq!(w.alone(later + HOLD, HOLD), 1, "the later one's hold ended early");
+        assert_eq!(
+            w.alone(later + HOLD, HOLD),
+            1,
+            "the later one's hold ended early"
+        );
         assert_eq!(w.alone(later + BUCKET + HOLD, HOLD), 0);
     }
 

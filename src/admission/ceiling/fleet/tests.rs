@@ -493,7 +493,6 @@ async fn redis_restarted_empty_keeps_the_ceiling_though_the_replicas_rejoin_a_pr
     assert_eq!(broker.stored(), 50);
 }
 
-
 /// Replies of one connection are processed by different tasks: one of the epoch before a
 /// rebirth may be processed after one of the new epoch. It is older news, not a new epoch.
 #[tokio::test(start_paused = true)]
@@ -511,7 +510,10 @@ async fn a_reply_of_an_older_epoch_processed_after_a_newer_one_changes_nothing()
         let state = seat.state.lock();
         (state.seen, state.blocks.len())
     };
-    assert!(new.id > old.epoch.id && blocks > 0, "{new:?}, {blocks} blocks");
+    assert!(
+        new.id > old.epoch.id && blocks > 0,
+        "{new:?}, {blocks} blocks"
+    );
     seat.see(old);
     let state = seat.state.lock();
     assert_eq!(state.seen.id, new.id, "went back to the lost epoch");
@@ -582,7 +584,11 @@ async fn sends_admitted_open_stay_counted_while_in_flight_when_the_read_comes_ba
         broker.stored.lock().push(Instant::now());
         reservation.finish(BacklogEffect::Stored);
     }
-    assert_eq!(broker.stored(), 10, "{admitted} admitted on top of 5 in flight");
+    assert_eq!(
+        broker.stored(),
+        10,
+        "{admitted} admitted on top of 5 in flight"
+    );
     // Settled, they are counted once: nothing more is admitted, nothing less.
     tokio::time::sleep(Duration::from_secs(30)).await;
     let (more, _) = fill(&all, &broker, 10).await;
