@@ -795,7 +795,7 @@ impl FleetSeat {
                     let mut state = self.state.lock();
                     state.pending.entry((epoch, 0)).or_default().0 += unsettled;
                     // Row (epoch, 0) is counted in the carry: the block sends now in it too.
-                    *state.open.entry(epoch).or_default() += unsettled - open;
+                    *state.open.entry(epoch).or_default() += unsettled.saturating_sub(open);
                 }
                 Err(error)
             }
