@@ -26,7 +26,7 @@ use super::window::{Window, ALONE};
 use crate::admission::drain::DrainEstimator;
 use crate::backend::{Backend, DepthError};
 use crate::config::Fraction;
-use crate::coordination::fleet::{Fleet, HEARTBEAT, IDLE, MEMBER_FOR, REJOIN_EVERY};
+use crate::coordination::fleet::{Fleet, HEARTBEAT, IDLE, MEMBER_FOR};
 use crate::coordination::port::{
     Ask, Caller, Epoch, LedgerError, QueueRef, ReadOutcome, ReadState, Reservation, Settle, Terms,
     View,
@@ -1061,15 +1061,14 @@ impl FleetSeat {
 }
 
 /// `G` (docs/fleet.md, step 5): long enough for every replica that Redis answers to report
-/// its carry to an epoch made at `b`. A replica in the fleet at `b` calls again within a
-/// heartbeat and a deadline. But a restart cuts every replica off at once, and each
-/// rejoins at its own probe: up to a probe period and a deadline after the first one back
-/// made the epoch, then calls within [`REJOINED_POLL`]. Each then learns the epoch (a
-/// deadline) and reports its carry (another). `2 × HEARTBEAT + 4T` covered the first case
-/// only: after a restart, the replicas the probe found later than the first reported too
-/// late. The heartbeat on top is the margin (it is more than the rejoin poll).
-pub(crate) fn grace(t: Duration) -> Duration {
-    REJOIN_EVERY + HEARTBEAT + t * 4
+/// its carry to an epoch made at `b`. A replica in the fleet at `b` had its last reply at
+/// most `T` after `b` and calls a heartbeat after it. A restart cuts every replica off at
+/// once, and each rejoins at its own probe: within a probe period and a deadline of the
+/// first one back, which made the epoch, then calls within [`REJOINED_POLL`]. Each then
+/// learns the epoch (a deadline) and reports its carry (another): at most
+/// `max(HEARTBEAT, REJOIN_EVERY + REJOINED_POLL) + 3T` after `b`.
+fn grace(t: Duration) -> Duration {
+    HEARTBEAT * 2 + t * 4
 }
 
 /// One reservation's result: decided, or ask again (with the answer should no ask remain).

@@ -594,3 +594,19 @@ async fn sends_admitted_open_stay_counted_while_in_flight_when_the_read_comes_ba
     let (more, _) = fill(&all, &broker, 10).await;
     assert_eq!((more, broker.stored()), (0, 10));
 }
+
+/// The grace covers both ways a replica Redis answers reaches a new epoch (see `grace`),
+/// whatever the Redis deadline.
+#[test]
+fn the_grace_outlasts_a_heartbeat_and_a_rejoin_probe_with_their_deadlines() {
+    use crate::admission::ceiling::fleet::{grace, REJOINED_POLL};
+    use crate::coordination::fleet::REJOIN_EVERY;
+    for t in [1, 50, 500, 5_000, 60_000].map(Duration::from_millis) {
+        let reached = HEARTBEAT.max(REJOIN_EVERY + REJOINED_POLL) + t * 3;
+        assert!(
+            reached < grace(t),
+            "T = {t:?}: {reached:?} ≥ {:?}",
+            grace(t)
+        );
+    }
+}
