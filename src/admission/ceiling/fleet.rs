@@ -500,10 +500,16 @@ impl FleetSeat {
             (fresh, ahead)
         };
         self.schedule_settle();
+        // Whether this send made a read that counted in the fleet's streak: one send adds at
+        // most one failed read to it (contract section 2), however many asks it takes.
+        let mut counted = false;
         if !fresh {
-            if let Err(error) = self.refresh(true).await {
-                self.fall_back(&error);
-                return FleetAnswer::CutOff;
+            match self.refresh(true, true).await {
+                Ok(read) => counted = read,
+                Err(error) => {
+                    self.fall_back(&error);
+                    return FleetAnswer::CutOff;
+                }
             }
         }
         self.spawn_ahead(ahead);
@@ -514,7 +520,7 @@ impl FleetSeat {
             consecutive_failures: 0,
         });
         for _ in 0..ASKS {
-            match self.reserve_once().await {
+            match self.reserve_once(&mut counted).await {
                 Step::Done(decided) => return decided,
                 Step::Again(unanswered) => answer = unanswered,
             }
@@ -522,8 +528,8 @@ impl FleetSeat {
         answer
     }
 
-    /// One reservation, and what it means for this send.
-    async fn reserve_once(self: &Arc<Self>) -> Step {
+    /// One reservation, and what it means for this send (`counted`: see [`FleetSeat::admit`]).
+    async fn reserve_once(self: &Arc<Self>, counted: &mut bool) -> Step {
         let ledger = self.fleet.ledger();
         // The block is handed out for its use from when it was asked for, which is before
         // its lease began in Redis.
@@ -578,9 +584,14 @@ impl FleetSeat {
         }
         match reservation {
             Reservation::Unread => {
-                if let Err(error) = self.refresh(true).await {
-                    self.fall_back(&error);
-                    return Step::Done(FleetAnswer::CutOff);
+                // A send that waited out a grace finds the read it made too old: the one it
+                // makes again is still its one read (not counted twice in the streak).
+                match self.refresh(true, !*counted).await {
+                    Ok(read) => *counted |= read,
+                    Err(error) => {
+                        self.fall_back(&error);
+                        return Step::Done(FleetAnswer::CutOff);
+                    }
                 }
                 return Step::Again(self.unread_answer(&policy));
             }
@@ -896,7 +907,7 @@ impl FleetSeat {
         }
         let seat = Arc::clone(self);
         self.runtime.spawn(async move {
-            let refreshed = seat.refresh(false).await;
+            let refreshed = seat.refresh(false, true).await;
             seat.state.lock().ahead_running = false;
             if let Err(e) = refreshed {
                 seat.fall_back(&e);
@@ -905,18 +916,19 @@ impl FleetSeat {
     }
 
     /// Make the fleet's read fresh: read the admin plane if this replica gets the lease,
-    /// otherwise (when `wait`) wait for the replica that holds it to publish.
-    async fn refresh(self: &Arc<Self>, wait: bool) -> Result<(), LedgerError> {
+    /// otherwise (when `wait`) wait for the replica that holds it to publish. A read made
+    /// here counts in the streak when `counts`; true if one that counts was published.
+    async fn refresh(self: &Arc<Self>, wait: bool, counts: bool) -> Result<bool, LedgerError> {
         let _turn = self.read_turn.lock().await;
         // The send before this one in line made the read fresh: no Redis call.
         if wait && self.fresh(&self.state.lock(), Instant::now()) {
-            return Ok(());
+            return Ok(false);
         }
         let ledger = self.fleet.ledger();
         let seen = ledger.heartbeat(self.queue_ref(), self.caller()).await?;
         self.see(seen);
         if wait && self.fresh(&self.state.lock(), Instant::now()) {
-            return Ok(()); // another replica published while this one queued
+            return Ok(false); // another replica published while this one queued
         }
         let lease = self.policy.load().ttl.max(Duration::from_millis(1));
         let (ticket, view) = ledger
@@ -928,7 +940,7 @@ impl FleetSeat {
                 let started = Instant::now();
                 let (outcome, error) = self.read_admin_plane().await;
                 let published = ledger
-                    .publish_read(self.queue_ref(), self.caller(), ticket, outcome, true)
+                    .publish_read(self.queue_ref(), self.caller(), ticket, outcome, counts)
                     .await?;
                 Self::count_read(&mut self.state.lock(), &outcome);
                 if let Some(error) = error {
@@ -942,6 +954,7 @@ impl FleetSeat {
                 }
                 self.state.lock().last_read_took = started.elapsed();
                 self.see(published);
+                return Ok(counts);
             }
             // Another replica reads: wait for its read, at most a read's deadline. A reader
             // that died holds the lease until it ends: once one send waited that read out,
@@ -963,7 +976,7 @@ impl FleetSeat {
             }
             None => {}
         }
-        Ok(())
+        Ok(false)
     }
 
     async fn read_admin_plane(&self) -> (ReadOutcome, Option<DepthError>) {

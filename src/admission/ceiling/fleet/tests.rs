@@ -610,3 +610,38 @@ fn the_grace_outlasts_a_heartbeat_and_a_rejoin_probe_with_their_deadlines() {
         );
     }
 }
+
+/// Contract section 2: with the gate on at a streak of 3 and the admin plane down, sends 1
+/// and 2 fail open and send 3 is refused, one failed read each. A send that meets a new
+/// epoch reads, waits out the grace, and finds its read too old to reserve against: the
+/// read it makes again is for the same send, and must not count in the streak twice (on
+/// the real binary, tests/fleet.rs's denied admin plane then answered 201, 503, 503).
+#[tokio::test(start_paused = true)]
+async fn a_send_that_waits_out_a_grace_counts_one_failed_read_in_the_streak() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    broker.set_down(true);
+    let p = CapacityPolicy {
+        ttl: Duration::ZERO,
+        streak_threshold: 3,
+        ..policy(50, true)
+    };
+    let all = replicas(3, &ledger, &broker, p).await;
+    let terms = all[0].gate.seat.get().unwrap().terms();
+    let streak = || async {
+        let view = ledger.look(QueueRef { key: KEY, terms }).await.unwrap();
+        view.map_or(0, |v| v.streak)
+    };
+    assert!(send(&all[0], &broker).await.is_ok(), "fails open");
+    assert_eq!(streak().await, 1, "one send, one failed read");
+    // The read lease (the TTL, at least 1 ms) of the last read is over.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert!(send(&all[1], &broker).await.is_ok(), "fails open");
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert!(matches!(
+        send(&all[2], &broker).await,
+        Err(Refusal::CapacityUnknown {
+            consecutive_failures: 3
+        })
+    ));
+}
