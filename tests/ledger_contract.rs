@@ -195,6 +195,7 @@ contract!(
     a_caller_that_saw_a_later_state_than_the_ledger_holds_makes_it_anew_above_its_epoch,
     a_lost_write_is_noticed_by_its_replica_after_the_others_raised_the_version_again,
     a_caller_with_a_shorter_lag_keeps_what_a_longer_lag_needs,
+    a_longer_lag_stops_counting_once_the_replica_that_named_it_left,
     a_new_epoch_is_above_the_callers_even_when_the_clock_is_behind_it,
     leave_drops_the_replicas_blocks_member_and_lease_and_settles_its_rows,
     leave_keeps_the_carry_until_its_hold_ends,
@@ -982,6 +983,30 @@ async fn a_caller_with_a_shorter_lag_keeps_what_a_longer_lag_needs(rig: &dyn Rig
     // ... and the lagging reader's ticket still starts before all five.
     let ticket = f.lease("reader", e, Duration::ZERO).await.0.unwrap();
     assert_eq!(ticket.completed_at_start, 0, "{ticket:?}");
+}
+
+/// The longest lag is kept for the replicas that name it, not for the life of the hash:
+/// once the one replica with a longer lag (a lag measured long once, a setting since
+/// changed) left, the others' completions stop being counted on top of reads that show
+/// them (every read of the fleet would over-count them, for as long as the hash lives).
+async fn a_longer_lag_stops_counting_once_the_replica_that_named_it_left(rig: &dyn Rig) {
+    let long = Terms {
+        lag: Duration::from_millis(2000),
+        ..TERMS
+    };
+    let f = Fleet::with(rig, long);
+    let short = Fleet::new(rig); // lag 0
+    let e = f.join("a").await;
+    short.read_ok(e, 0).await;
+    f.leave("a", e, &[]).await;
+    short.reserve(e, "b:1", 10, 100).await;
+    short.settle("b", e, &[row("b:1", 3, 0)]).await;
+    sleep(1200 * MS).await;
+    let ticket = short.lease("reader", e, Duration::ZERO).await.0.unwrap();
+    assert_eq!(
+        ticket.completed_at_start, 3,
+        "a's lag outlived a: {ticket:?}"
+    );
 }
 
 async fn a_new_epoch_is_above_the_callers_even_when_the_clock_is_behind_it(rig: &dyn Rig) {

@@ -212,7 +212,9 @@ impl Dispatcher {
     async fn admit(&self, lane: &Lane, queue: &QueueName) -> Result<Admitted, DispatchError> {
         let gate = lane.gate(queue).ok_or(DispatchError::UnknownQueue)?;
         let reservation = gate.admit().await.map_err(DispatchError::Refused)?;
-        let admitted_at = Instant::now();
+        // Not `now`: a send counted alone was counted before its replica's own gate read the
+        // admin plane, and the hold that keeps it counted runs from then.
+        let admitted_at = reservation.counted_at();
         let Some(slot) = self.in_flight.try_acquire() else {
             reservation.finish(BacklogEffect::NotStored);
             tracing::debug!(event = "send_saturated", queue = %queue);

@@ -19,8 +19,11 @@ use super::port::{LedgerError, LedgerPort, QueueRef, Terms};
 /// own rule (docs/fleet.md, step 6).
 pub const FAILURES_TO_CUT_OFF: u32 = 2;
 
-/// How often a replica cut off asks Redis whether it is back.
-pub const REJOIN_EVERY: Duration = Duration::from_secs(1);
+/// How often a replica cut off asks Redis whether it is back. A heartbeat, not more: a
+/// Redis restart cuts every replica off at once, and the new epoch's grace counts on each
+/// replica Redis answers again rejoining (and reporting its carry) within it. At 1 s, the
+/// replicas probing out of step with the first one back rejoined too late for the grace.
+pub const REJOIN_EVERY: Duration = HEARTBEAT;
 
 /// A queue's state outlives its last write this long, so a deleted queue or deployment
 /// leaves nothing behind for ever.

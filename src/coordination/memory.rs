@@ -50,6 +50,8 @@ struct World {
     /// The last epoch id handed out: the next is above it, whatever was lost.
     last_epoch: u64,
     faults: HashMap<String, Faults>,
+    /// Redis down for everyone: every call fails after the timeout, `look` too.
+    down: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -96,7 +98,11 @@ struct Queue {
     members: HashMap<String, i64>,
     /// Replica → (the version of its last call, until when it is kept).
     versions: HashMap<String, (u64, i64)>,
-    /// The longest lag and read age any caller named: what the state is pruned by.
+    /// Replica → (the lag and read age it named last, until when they are kept): as the
+    /// prelude's `l:` / `a:`, kept as long as its version.
+    terms: HashMap<String, (i64, i64, i64)>,
+    /// The longest lag and read age a replica still around named: what the state is
+    /// pruned by (derived from `terms` by every call's preamble).
     lag_max: i64,
     read_age_max: i64,
 }
@@ -126,6 +132,7 @@ impl Queue {
             carries: HashMap::new(),
             members: HashMap::new(),
             versions: HashMap::new(),
+            terms: HashMap::new(),
             lag_max: 0,
             read_age_max: 0,
         }
@@ -152,10 +159,30 @@ impl Queue {
         )
     }
 
-    fn prune(&mut self, now: i64, t: &Terms) {
-        // As the prelude: by the longest terms any caller named.
-        self.lag_max = self.lag_max.max(ms(t.lag));
-        self.read_age_max = self.read_age_max.max(ms(t.max_read_age));
+    fn prune(&mut self, now: i64, t: &Terms, replica: &str) {
+        // As the prelude: by the longest terms a replica still around named, this caller's
+        // as of now.
+        self.terms.insert(
+            replica.to_owned(),
+            (
+                ms(t.lag),
+                ms(t.max_read_age),
+                now.saturating_add(VERSION_KEPT_MS),
+            ),
+        );
+        self.terms.retain(|_, (_, _, until)| *until > now);
+        self.lag_max = self
+            .terms
+            .values()
+            .map(|(lag, _, _)| *lag)
+            .max()
+            .unwrap_or(0);
+        self.read_age_max = self
+            .terms
+            .values()
+            .map(|(_, age, _)| *age)
+            .max()
+            .unwrap_or(0);
         let (lag, max_read_age) = (self.lag_max, self.read_age_max);
         self.blocks.retain(|_, (_, end)| *end > now);
         self.carries.retain(|_, (_, end)| *end > now);
@@ -246,7 +273,7 @@ impl World {
                 o.into_mut()
             }
         };
-        q.prune(now, t);
+        q.prune(now, t, c.replica);
         q.members
             .insert(c.replica.to_owned(), now.saturating_add(ms(t.member_for)));
         let matched = q.epoch == c.seen.id;
@@ -405,6 +432,7 @@ impl World {
         let mine = format!("{}:", c.replica);
         q.blocks.retain(|id, _| !id.starts_with(&mine));
         q.members.remove(c.replica);
+        q.terms.remove(c.replica);
         // As leave.lua: the carry stays until its hold ends (no read shows it yet).
         if q.lease_holder.as_deref() == Some(c.replica) {
             q.lease_holder = None;
@@ -467,6 +495,13 @@ impl MemoryLedger {
         self.faults(replica, |f| f.late_by = late_by);
     }
 
+    /// While `on`, Redis answers nobody: every call (an onlooker's `look` too) fails with
+    /// [`LedgerError::Timeout`] after the timeout, without running. Unlike
+    /// [`MemoryLedger::cut_off`], which names a replica, this also stops the rejoin probe.
+    pub fn set_down(&self, on: bool) {
+        self.inner.world.lock().down = on;
+    }
+
     /// While `on`, every call of `replica` runs, but it hears [`LedgerError::Timeout`] after
     /// the timeout (Redis slower than the deadline: the step happened all the same).
     pub fn lose_replies(&self, replica: &str, on: bool) {
@@ -488,15 +523,12 @@ impl MemoryLedger {
         replica: &str,
         step: impl FnOnce(&mut World, i64) -> T,
     ) -> Result<T, LedgerError> {
-        let faults = self
-            .inner
-            .world
-            .lock()
-            .faults
-            .get(replica)
-            .copied()
-            .unwrap_or_default();
-        if faults.cut_off {
+        let (faults, down) = {
+            let world = self.inner.world.lock();
+            let faults = world.faults.get(replica).copied().unwrap_or_default();
+            (faults, world.down)
+        };
+        if faults.cut_off || down {
             tokio::time::sleep(self.inner.timeout).await;
             return Err(LedgerError::Timeout);
         }
@@ -613,6 +645,10 @@ impl LedgerPort for MemoryLedger {
     }
 
     async fn look(&self, queue: QueueRef<'_>) -> Result<Option<View>, LedgerError> {
+        if self.inner.world.lock().down {
+            tokio::time::sleep(self.inner.timeout).await;
+            return Err(LedgerError::Timeout);
+        }
         let now = self.now_ms();
         Ok(self.inner.world.lock().look(queue.key, &queue.terms, now))
     }

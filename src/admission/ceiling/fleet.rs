@@ -48,6 +48,8 @@ const AHEAD_RETRY: Duration = Duration::from_millis(10);
 const WAIT_POLL: Duration = Duration::from_millis(10);
 /// The margin in the hold for what the other terms do not name (scheduling, rounding).
 const HOLD_MARGIN: Duration = Duration::from_secs(1);
+/// How often a cut-off seat looks whether its replica rejoined (an atomic read, no call).
+const REJOINED_POLL: Duration = Duration::from_millis(10);
 /// A reservation is asked again at most this many times for one send (a new epoch, a read
 /// to make, a grace to wait out).
 const ASKS: usize = 4;
@@ -78,8 +80,22 @@ pub enum AloneAnswer {
     Admit(Held),
     Refuse(Refusal),
     /// Failing open: its own gate decides with these bounds. The send is already counted in
-    /// them; [`FleetSeat::take_back_alone`] if the gate refuses it.
-    Decide(LocalBounds),
+    /// them, in the window at `counted` (when its deadline starts, see
+    /// [`FleetSeat::alone`]); [`FleetSeat::take_back_alone`] with it if the gate refuses.
+    Decide {
+        bounds: LocalBounds,
+        counted: Counted,
+    },
+}
+
+/// Where and when [`FleetSeat::alone`] counted a send it left to the replica's own gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counted {
+    /// The instant it was counted from: the send's deadline counts from here, as the hold
+    /// that keeps it counted does.
+    pub at: Instant,
+    /// The end of the window's bucket it is in, to take it back from.
+    bucket: Instant,
 }
 
 /// How a drained replica's seat left the fleet.
@@ -112,6 +128,11 @@ struct SeatState {
     estimate: Option<(u64, Instant)>,
     /// Outcomes to settle, by `(epoch, block turn)` (turn 0: open sends): (stored, not).
     pending: BTreeMap<(u64, u64), (u64, u64)>,
+    /// By epoch: sends admitted open (no block holds them) in flight, plus their stored
+    /// outcomes not yet settled, i.e. `pending[(epoch, 0)].0` (docs/fleet.md, step 1: every
+    /// admitted send is counted somewhere at every instant). Reported in the carry until a
+    /// settle that took them succeeded; then `since_read` counts them.
+    open: BTreeMap<u64, u64>,
     flush_scheduled: bool,
     window: Window,
     ahead_tried_at: Option<Instant>,
@@ -145,6 +166,7 @@ impl SeatState {
             fleet_size: 1,
             estimate: None,
             pending: BTreeMap::new(),
+            open: BTreeMap::new(),
             flush_scheduled: false,
             window: Window::default(),
             ahead_tried_at: None,
@@ -230,7 +252,7 @@ impl FleetSeat {
             hold: self.send_timeout + lag + max_read_age + t * 2 + HOLD_MARGIN,
             lag,
             max_read_age,
-            grace: HEARTBEAT * 2 + t * 4,
+            grace: grace(t),
             member_for: MEMBER_FOR,
             idle: IDLE,
         }
@@ -248,10 +270,14 @@ impl FleetSeat {
         let hold = self.terms().hold;
         let mut state = self.state.lock();
         let seen = state.seen;
+        let open = state.open.get(&seen.id).copied().unwrap_or(0);
         Caller {
             replica: self.fleet.replica(),
             seen,
-            carry: state.window.carry(Instant::now(), hold, seen.id),
+            carry: state
+                .window
+                .carry(Instant::now(), hold, seen.id)
+                .saturating_add(open),
         }
     }
 
@@ -279,25 +305,31 @@ impl FleetSeat {
         cut_off
     }
 
-    /// While in the fleet, be heard from at least every [`HEARTBEAT`], so a new epoch is
-    /// learnt, and the carry reported, within the grace. Ends with the seat.
+    /// While in the fleet, be heard from within [`HEARTBEAT`] of the last reply, whatever
+    /// call it answered, so a new epoch is learnt, and the carry reported, within the
+    /// grace. The beat is due a heartbeat after that reply: on a fixed tick, a call made
+    /// just after a tick would leave almost two heartbeats to the next. Cut off, it looks
+    /// every [`REJOINED_POLL`] for the rejoin, after which it calls at once (it reports its
+    /// carry to an epoch made while it was away). Ends with the seat.
     async fn heartbeat(seat: std::sync::Weak<Self>) {
+        let mut wait = HEARTBEAT;
         loop {
-            tokio::time::sleep(HEARTBEAT).await;
+            tokio::time::sleep(wait).await;
             let Some(seat) = seat.upgrade() else { return };
             if seat.state.lock().leaving {
                 return;
             }
             if !seat.fleet.joined() {
+                wait = REJOINED_POLL;
                 continue;
             }
-            let quiet = seat
-                .state
-                .lock()
-                .last
-                .is_none_or(|(_, seen)| seen.elapsed() >= HEARTBEAT);
-            if quiet {
-                seat.beat().await;
+            let since = seat.state.lock().last.map(|(_, seen)| seen.elapsed());
+            match since {
+                Some(since) if since < HEARTBEAT => wait = HEARTBEAT - since,
+                _ => {
+                    seat.beat().await;
+                    wait = HEARTBEAT;
+                }
             }
         }
     }
@@ -309,7 +341,9 @@ impl FleetSeat {
             .heartbeat(self.queue_ref(), self.caller())
             .await;
         match reply {
-            Ok(view) => self.see(view),
+            Ok(view) => {
+                self.see(view);
+            }
             Err(error) => {
                 self.fall_back(&error);
             }
@@ -319,16 +353,28 @@ impl FleetSeat {
     /// Process a reply's view. A new epoch drops the blocks and the outcomes of the old one
     /// (their sends are in the carry now), and the carry is reported at once: the grace
     /// counts on every live replica's within it.
-    fn see(self: &Arc<Self>, view: View) {
+    ///
+    /// A view of an older epoch than the one adopted is ignored (false): replies are
+    /// processed by the tasks that made the calls, so one the ledger answered before it lost
+    /// its state can be processed after one of the new epoch. A ledger never answers a
+    /// replica with an epoch below the one it named (it makes a new one above it), so
+    /// older is always stale: adopting it would drop the current epoch's blocks and
+    /// outcomes, and hand out units of a block the ledger no longer holds.
+    fn see(self: &Arc<Self>, view: View) -> bool {
         self.fleet.answered();
         let adopted = {
             let mut state = self.state.lock();
+            if view.epoch.id < state.seen.id {
+                return false;
+            }
             let adopted = view.epoch.id != state.seen.id;
             if adopted {
                 state.seen = view.epoch;
                 state.blocks.clear();
                 let current = view.epoch.id;
                 state.pending.retain(|(epoch, _), _| *epoch == current);
+                // Open sends of the old epoch are in the window under it: in the carry now.
+                state.open.retain(|epoch, _| *epoch == current);
                 state.full = None;
                 state.refusing = false;
                 state.measured = None;
@@ -343,6 +389,7 @@ impl FleetSeat {
             let seat = Arc::clone(self);
             self.runtime.spawn(async move { seat.beat().await });
         }
+        true
     }
 
     /// Record the view as seen now, and measure the drain between two good reads: the
@@ -460,10 +507,16 @@ impl FleetSeat {
             (fresh, ahead)
         };
         self.schedule_settle();
+        // Whether this send made a read that counted in the fleet's streak: one send adds at
+        // most one failed read to it (contract section 2), however many asks it takes.
+        let mut counted = false;
         if !fresh {
-            if let Err(error) = self.refresh(true).await {
-                if self.fall_back(&error) {
-                    return FleetAnswer::CutOff;
+            match self.refresh(true, true).await {
+                Ok(read) => counted = read,
+                Err(error) => {
+                    if self.fall_back(&error) {
+                        return FleetAnswer::CutOff;
+                    }
                 }
             }
         }
@@ -475,7 +528,7 @@ impl FleetSeat {
             consecutive_failures: 0,
         });
         for _ in 0..ASKS {
-            match self.reserve_once().await {
+            match self.reserve_once(&mut counted).await {
                 Step::Done(decided) => return decided,
                 Step::Again(unanswered) => answer = unanswered,
             }
@@ -483,8 +536,8 @@ impl FleetSeat {
         answer
     }
 
-    /// One reservation, and what it means for this send.
-    async fn reserve_once(self: &Arc<Self>) -> Step {
+    /// One reservation, and what it means for this send (`counted`: see [`FleetSeat::admit`]).
+    async fn reserve_once(self: &Arc<Self>, counted: &mut bool) -> Step {
         let ledger = self.fleet.ledger();
         // The block is handed out for its use from when it was asked for, which is before
         // its lease began in Redis.
@@ -532,17 +585,28 @@ impl FleetSeat {
             self.state.lock().last = None;
             return Step::Done(FleetAnswer::CutOff);
         }
-        self.see(view);
+        let current = self.see(view);
         let ask_again = |streak| {
             Step::Again(FleetAnswer::Refuse(Refusal::CapacityUnknown {
                 consecutive_failures: streak,
             }))
         };
+        if !current {
+            // Answered by a ledger of an epoch this seat already saw replaced: a grant's
+            // block is not in the current one, so it is not used (nothing to give back: the
+            // state that held it is gone).
+            return ask_again(view.streak);
+        }
         match reservation {
             Reservation::Unread => {
-                if let Err(error) = self.refresh(true).await {
-                    if self.fall_back(&error) {
-                        return Step::Done(FleetAnswer::CutOff);
+                // A send that waited out a grace finds the read it made too old: the one it
+                // makes again is still its one read (not counted twice in the streak).
+                match self.refresh(true, !*counted).await {
+                    Ok(read) => *counted |= read,
+                    Err(error) => {
+                        if self.fall_back(&error) {
+                            return Step::Done(FleetAnswer::CutOff);
+                        }
                     }
                 }
                 return Step::Again(self.unread_answer(&policy));
@@ -595,6 +659,8 @@ impl FleetSeat {
             }
             Reservation::Unknown => {
                 state.window.record(now, epoch);
+                // In no block: counted in the carry until settled.
+                *state.open.entry(epoch).or_default() += 1;
                 FleetAnswer::Admit(Held::Open { epoch })
             }
             Reservation::Unread | Reservation::Recovering | Reservation::NewEpoch => {
@@ -635,21 +701,24 @@ impl FleetSeat {
                 consecutive_failures: state.last.map_or(0, |(view, _)| view.streak),
             });
         }
-        state.window.record(now, ALONE);
+        let bucket = state.window.record(now, ALONE);
         let floor = state
             .estimate
             .filter(|(_, seen)| now < *seen + hold)
             .map_or(0, |(estimate, _)| estimate);
-        AloneAnswer::Decide(LocalBounds {
-            floor,
-            replicas: state.fleet_size.max(1),
-            counted: state.window.alone(now, hold),
-        })
+        AloneAnswer::Decide {
+            bounds: LocalBounds {
+                floor,
+                replicas: state.fleet_size.max(1),
+                counted: state.window.alone(now, hold),
+            },
+            counted: Counted { at: now, bucket },
+        }
     }
 
     /// The replica's own gate refused a send [`FleetSeat::alone`] counted.
-    pub fn take_back_alone(&self) {
-        self.state.lock().window.unrecord(ALONE);
+    pub fn take_back_alone(&self, counted: Counted) {
+        self.state.lock().window.unrecord(ALONE, counted.bucket);
     }
 
     /// A send admitted through the fleet ended: its outcome is settled with the next batch.
@@ -665,7 +734,12 @@ impl FleetSeat {
             match (held, stored) {
                 (_, true) => entry.0 += 1,
                 (Held::Block { .. }, false) => entry.1 += 1,
-                (Held::Open { .. }, false) => {}
+                (Held::Open { epoch }, false) => {
+                    // Never stored: it need not be counted any more.
+                    if let Some(open) = state.open.get_mut(&epoch) {
+                        *open = open.saturating_sub(1);
+                    }
+                }
             }
         }
         self.schedule_settle();
@@ -703,16 +777,18 @@ impl FleetSeat {
     /// took their units is unknown: counted twice meanwhile, the safe side); units not
     /// taken stay in their block until its lease ends.
     async fn settle_pending(self: &Arc<Self>) -> Result<(), LedgerError> {
-        let (rows, epoch) = {
+        let (rows, epoch, open) = {
             let mut state = self.state.lock();
             state.flush_scheduled = false;
             let epoch = state.seen.id;
-            let rows: Vec<(String, u64, u64)> = std::mem::take(&mut state.pending)
+            let pending = std::mem::take(&mut state.pending);
+            let open = pending.get(&(epoch, 0)).map_or(0, |(stored, _)| *stored);
+            let rows: Vec<(String, u64, u64)> = pending
                 .into_iter()
                 .filter(|((e, _), _)| *e == epoch)
                 .map(|((_, turn), (stored, not))| (self.block_id(turn), stored, not))
                 .collect();
-            (rows, epoch)
+            (rows, epoch, open)
         };
         if rows.is_empty() {
             return Ok(());
@@ -732,13 +808,21 @@ impl FleetSeat {
             .await;
         match settled {
             Ok(view) => {
+                // Open sends stay in the carry until now (this call's carry counted them
+                // too: twice for a moment, the safe side), never in neither.
+                if let Some(left) = self.state.lock().open.get_mut(&epoch) {
+                    *left = left.saturating_sub(open);
+                }
                 self.see(view);
                 Ok(())
             }
             Err(error) => {
                 let unsettled: u64 = batch.iter().map(|s| s.stored).sum();
                 if unsettled > 0 {
-                    self.state.lock().pending.entry((epoch, 0)).or_default().0 += unsettled;
+                    let mut state = self.state.lock();
+                    state.pending.entry((epoch, 0)).or_default().0 += unsettled;
+                    // Row (epoch, 0) is counted in the carry: the block sends now in it too.
+                    *state.open.entry(epoch).or_default() += unsettled.saturating_sub(open);
                 }
                 Err(error)
             }
@@ -758,6 +842,13 @@ impl FleetSeat {
             let mut state = self.state.lock();
             let epoch = state.seen.id;
             let mut pending = std::mem::take(&mut state.pending);
+            // The leave script settles these rows with the carry it records, in one step:
+            // the open sends among them leave the carry as they enter `since_read` (the
+            // carry outlives the goodbye by a hold, and would count them twice that long).
+            let settled_open = pending.get(&(epoch, 0)).map_or(0, |(stored, _)| *stored);
+            if let Some(open) = state.open.get_mut(&epoch) {
+                *open = open.saturating_sub(settled_open);
+            }
             for block in std::mem::take(&mut state.blocks) {
                 if block.left > 0 {
                     pending.entry((block.epoch, block.turn)).or_default().1 += block.left;
@@ -832,7 +923,7 @@ impl FleetSeat {
         }
         let seat = Arc::clone(self);
         self.runtime.spawn(async move {
-            let refreshed = seat.refresh(false).await;
+            let refreshed = seat.refresh(false, true).await;
             seat.state.lock().ahead_running = false;
             if let Err(e) = refreshed {
                 seat.fall_back(&e);
@@ -841,12 +932,13 @@ impl FleetSeat {
     }
 
     /// Make the fleet's read fresh: read the admin plane if this replica gets the lease,
-    /// otherwise (when `wait`) wait for the replica that holds it to publish.
-    async fn refresh(self: &Arc<Self>, wait: bool) -> Result<(), LedgerError> {
+    /// otherwise (when `wait`) wait for the replica that holds it to publish. A read made
+    /// here counts in the streak when `counts`; true if one that counts was published.
+    async fn refresh(self: &Arc<Self>, wait: bool, counts: bool) -> Result<bool, LedgerError> {
         let _turn = self.read_turn.lock().await;
         // The send before this one in line made the read fresh: no Redis call.
         if wait && self.fresh(&self.state.lock(), Instant::now()) {
-            return Ok(());
+            return Ok(false);
         }
         let ledger = self.fleet.ledger();
         let mut seen = ledger.heartbeat(self.queue_ref(), self.caller()).await?;
@@ -860,7 +952,7 @@ impl FleetSeat {
             self.see(seen);
         }
         if wait && self.fresh(&self.state.lock(), Instant::now()) {
-            return Ok(()); // another replica published while this one queued
+            return Ok(false); // another replica published while this one queued
         }
         let lease = self.policy.load().ttl.max(Duration::from_millis(1));
         let (ticket, view) = ledger
@@ -872,7 +964,7 @@ impl FleetSeat {
                 let started = Instant::now();
                 let (outcome, error) = self.read_admin_plane().await;
                 let published = ledger
-                    .publish_read(self.queue_ref(), self.caller(), ticket, outcome, true)
+                    .publish_read(self.queue_ref(), self.caller(), ticket, outcome, counts)
                     .await?;
                 Self::count_read(&mut self.state.lock(), &outcome);
                 if let Some(error) = error {
@@ -886,6 +978,7 @@ impl FleetSeat {
                 }
                 self.state.lock().last_read_took = started.elapsed();
                 self.see(published);
+                return Ok(counts);
             }
             // Another replica reads: wait for its read, at most a read's deadline. A reader
             // that died holds the lease until it ends: once one send waited that read out,
@@ -907,7 +1000,7 @@ impl FleetSeat {
             }
             None => {}
         }
-        Ok(())
+        Ok(false)
     }
 
     async fn read_admin_plane(&self) -> (ReadOutcome, Option<DepthError>) {
@@ -1002,6 +1095,17 @@ impl FleetSeat {
             reads_failed: state.own_reads.1,
         })
     }
+}
+
+/// `G` (docs/fleet.md, step 5): long enough for every replica that Redis answers to report
+/// its carry to an epoch made at `b`. A replica in the fleet at `b` had its last reply at
+/// most `T` after `b` and calls a heartbeat after it. A restart cuts every replica off at
+/// once, and each rejoins at its own probe: within a probe period and a deadline of the
+/// first one back, which made the epoch, then calls within [`REJOINED_POLL`]. Each then
+/// learns the epoch (a deadline) and reports its carry (another): at most
+/// `max(HEARTBEAT, REJOIN_EVERY + REJOINED_POLL) + 3T` after `b`.
+fn grace(t: Duration) -> Duration {
+    HEARTBEAT * 2 + t * 4
 }
 
 /// One reservation's result: decided, or ask again (with the answer should no ask remain).

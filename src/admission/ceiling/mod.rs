@@ -94,14 +94,17 @@ impl CapacityGate {
         match seat.alone() {
             AloneAnswer::Admit(held) => Ok(self.reservation(Decider::Fleet(held))),
             AloneAnswer::Refuse(refusal) => Err(self.log_failclosed(seat, refusal)),
-            AloneAnswer::Decide(bounds) => {
+            AloneAnswer::Decide { bounds, counted } => {
                 // Reads the gate made before the replica last turned local do not show what
                 // the fleet admitted since.
                 self.local.forget_reads_before(seat.local_since());
                 match self.local.admit(Some(bounds)).await {
-                    Ok(()) => Ok(self.reservation(Decider::Alone)),
+                    // Counted since before the gate's read (which may take up to its
+                    // deadline): the send's deadline counts from then, or it could be
+                    // published after the hold that keeps it counted has ended.
+                    Ok(()) => Ok(self.reservation_counted_at(Decider::Alone, counted.at)),
                     Err(refusal) => {
-                        seat.take_back_alone();
+                        seat.take_back_alone(counted);
                         Err(refusal)
                     }
                 }
@@ -110,9 +113,18 @@ impl CapacityGate {
     }
 
     fn reservation(self: &Arc<Self>, decider: Decider) -> Reservation {
+        self.reservation_counted_at(decider, tokio::time::Instant::now())
+    }
+
+    fn reservation_counted_at(
+        self: &Arc<Self>,
+        decider: Decider,
+        counted_at: tokio::time::Instant,
+    ) -> Reservation {
         Reservation {
             gate: Arc::clone(self),
             decider,
+            counted_at,
             finished: false,
         }
     }
@@ -168,7 +180,14 @@ impl CapacityGate {
                 reads_failed: local.reads_failed,
                 ..shared
             },
-            None => local,
+            None => GateSnapshot {
+                // Cut off with the gate on, the replica answers every send `503
+                // capacity_unknown` (docs/fleet.md, step 6) whatever its own gate, which it
+                // does not consult then, last read.
+                fail_closed: local.fail_closed
+                    || (seat.is_some_and(|s| !s.joined()) && self.policy.load().fail_closed),
+                ..local
+            },
         }
     }
 }
@@ -189,10 +208,17 @@ enum Decider {
 pub struct Reservation {
     gate: Arc<CapacityGate>,
     decider: Decider,
+    counted_at: tokio::time::Instant,
     finished: bool,
 }
 
 impl Reservation {
+    /// When the ceiling began counting this send: its deadline counts from here
+    /// (docs/fleet.md, A2: a send counted at `a` is stored by `a + D` or never).
+    pub fn counted_at(&self) -> tokio::time::Instant {
+        self.counted_at
+    }
+
     pub fn finish(mut self, outcome: BacklogEffect) {
         self.finished = true;
         self.settle(outcome);

@@ -24,16 +24,29 @@ pub struct Window {
 
 impl Window {
     /// One admission at `now`, counted by the ledger of `epoch` ([`ALONE`]: by none).
-    pub fn record(&mut self, now: Instant, epoch: u64) {
+    /// Returns the end of its bucket, to take it back by.
+    pub fn record(&mut self, now: Instant, epoch: u64) -> Instant {
         match self.buckets.back_mut() {
-            Some((end, e, n)) if *e == epoch && *end > now => *n += 1,
-            _ => self.buckets.push_back((now + BUCKET, epoch, 1)),
+            Some((end, e, n)) if *e == epoch && *end > now => {
+                *n += 1;
+                *end
+            }
+            _ => {
+                self.buckets.push_back((now + BUCKET, epoch, 1));
+                now + BUCKET
+            }
         }
     }
 
-    /// Take back the admission [`Window::record`] just made (the send was refused after all).
-    pub fn unrecord(&mut self, epoch: u64) {
-        if let Some(pos) = self.buckets.iter().rposition(|(_, e, _)| *e == epoch) {
+    /// Take back an admission [`Window::record`] made (the send was refused after all), from
+    /// the bucket it was counted in (`bucket`, the end `record` returned): others may have
+    /// been counted since, and taking one of theirs would end its hold early.
+    pub fn unrecord(&mut self, epoch: u64, bucket: Instant) {
+        if let Some(pos) = self
+            .buckets
+            .iter()
+            .rposition(|(end, e, _)| *e == epoch && *end == bucket)
+        {
             let bucket = &mut self.buckets[pos];
             bucket.2 -= 1;
             if bucket.2 == 0 {
@@ -109,16 +122,35 @@ mod tests {
         assert_eq!(w.carry(t0 + BUCKET + HOLD, HOLD, 0), 2);
     }
 
+    /// Sends counted alone are decided by the replica's own gate, which may read first: a
+    /// later one may be counted meanwhile. Taking back the earlier, refused one must leave
+    /// the later counted for its whole hold, not in the earlier one's bucket.
+    #[tokio::test(start_paused = true)]
+    async fn taking_back_a_refused_admission_leaves_a_later_one_in_its_own_bucket() {
+        let mut w = Window::default();
+        let t0 = Instant::now();
+        let refused = w.record(t0, ALONE);
+        let later = t0 + Duration::from_millis(1500);
+        w.record(later, ALONE);
+        w.unrecord(ALONE, refused);
+        assert_eq!(
+            w.alone(later + HOLD, HOLD),
+            1,
+            "the later one's hold ended early"
+        );
+        assert_eq!(w.alone(later + BUCKET + HOLD, HOLD), 0);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_refused_admission_is_taken_back() {
         let mut w = Window::default();
         let t0 = Instant::now();
-        w.record(t0, ALONE);
+        let alone = w.record(t0, ALONE);
         w.record(t0, 3);
-        w.unrecord(ALONE);
+        w.unrecord(ALONE, alone);
         assert_eq!(w.alone(t0, HOLD), 0);
         assert_eq!(w.carry(t0, HOLD, 5), 1);
-        w.unrecord(ALONE);
+        w.unrecord(ALONE, alone);
         assert_eq!(w.carry(t0, HOLD, 5), 1);
     }
 }

@@ -9,7 +9,9 @@
 -- published_seq; the read lease: lease_holder, lease_until, ticket_seq, t:<seq> = when
 -- ticket <seq>'s lease was taken; completed_total, since_read; r:<n> = stored sends settled
 -- in the 100 ms bucket n; b:<block id> = "units:lease_end_ms"; c:<replica> =
--- "count:end_ms"; m:<replica> = until when it counts in the fleet's size (ms).
+-- "count:end_ms"; m:<replica> = until when it counts in the fleet's size (ms); l:<replica> /
+-- a:<replica> = "lag_ms:until" / "max_read_age_ms:until", the terms it named last, kept as
+-- long as its v:.
 --
 -- ARGV, the same head for every script:
 --   1 hold_ms  2 lag_ms  3 max_read_age_ms  4 grace_ms  5 member_ms  6 idle_ms
@@ -25,8 +27,8 @@ local MEMBER = tonumber(ARGV[5]) or 0
 -- PEXPIRE 0 would delete the hash at once.
 local IDLE = math.max(1, tonumber(ARGV[6]) or 1)
 local OWN = 11
--- The lag and read age the hash is pruned by: the longest any caller named (`lag_max`,
--- `read_age_max`), so a replica with shorter terms never prunes what another's ticket still
+-- The lag and read age the hash is pruned by: the longest any replica still around named
+-- (its `l:` / `a:`), so a replica with shorter terms never prunes what another's ticket still
 -- needs. Set by the preamble.
 local KEEP_LAG, KEEP_READ_AGE = LAG, MAX_READ_AGE
 -- A replica's `v:` field (the version of its last call) outlives its silence this long, so
@@ -77,7 +79,7 @@ local function ended(f, v, now)
     return e <= now
   elseif p == 'm:' then
     return num(v) <= now
-  elseif p == 'v:' then
+  elseif p == 'v:' or p == 'l:' or p == 'a:' then
     local _, e = pair(v)
     return e <= now
   elseif p == 'r:' then
@@ -155,9 +157,25 @@ local function preamble()
       make(s, seen_id)
     end
   end
-  if LAG > num(s.h.lag_max) then hset(s, 'lag_max', int(LAG)) end
-  if MAX_READ_AGE > num(s.h.read_age_max) then hset(s, 'read_age_max', int(MAX_READ_AGE)) end
-  KEEP_LAG, KEEP_READ_AGE = num(s.h.lag_max), num(s.h.read_age_max)
+  -- This caller's terms now (they may have changed: a lag measured anew), kept as long as its
+  -- version: a replica away longer finds the hash made anew anyway. Once a longer lag's
+  -- replica is gone, the others' completions stop being counted on top of reads that show
+  -- them; a maximum kept for the hash's life did that for as long as the fleet ran.
+  local kept = int(now + VERSION_KEPT_MS)
+  hset(s, 'l:' .. replica, int(LAG) .. ':' .. kept)
+  hset(s, 'a:' .. replica, int(MAX_READ_AGE) .. ':' .. kept)
+  -- The running maxima of an earlier layout, never lowered: no longer read.
+  if s.h.lag_max or s.h.read_age_max then hdel(s, { 'lag_max', 'read_age_max' }) end
+  KEEP_LAG, KEEP_READ_AGE = LAG, MAX_READ_AGE
+  for f, v in pairs(s.h) do
+    local p = string.sub(f, 1, 2)
+    if p == 'l:' or p == 'a:' then
+      local n, e = pair(v)
+      if e > now then
+        if p == 'l:' then KEEP_LAG = math.max(KEEP_LAG, n) else KEEP_READ_AGE = math.max(KEEP_READ_AGE, n) end
+      end
+    end
+  end
   local gone = {}
   for f, v in pairs(s.h) do
     if ended(f, v, now) then gone[#gone + 1] = f end

@@ -9,22 +9,29 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use crate::admission::ceiling::{
-    BacklogEffect, CapacityGate, CapacityPolicy, FleetSeat, Refusal, Reservation,
+    BacklogEffect, CapacityGate, CapacityPolicy, FleetSeat, Refusal, Reservation, USE_BLOCK_FOR,
 };
 use crate::backend::{Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt};
 use crate::config::Fraction;
-use crate::coordination::fleet::Fleet;
+use crate::coordination::fleet::{Fleet, HEARTBEAT};
 use crate::coordination::memory::MemoryLedger;
+use crate::coordination::port::{
+    Ask, Caller, LedgerError, LedgerPort, QueueRef, ReadOutcome, ReadTicket,
+    Reservation as PortReservation, Settle, View,
+};
 use crate::domain::QueueName;
 
 const T: Duration = Duration::from_millis(50);
 const SEND: Duration = Duration::from_secs(2);
 const KEY: &str = "test:{rabbitmq/requests}";
 
-/// A queue whose admin plane shows what was stored `lag` ago (nothing drains).
+/// A queue whose admin plane shows what was stored `lag` ago (nothing drains); it can be
+/// made to fail, or to take a while to answer.
 struct Broker {
     stored: Mutex<Vec<Instant>>,
     lag: Duration,
+    down: std::sync::atomic::AtomicBool,
+    read_takes: Mutex<Duration>,
 }
 
 impl Broker {
@@ -32,7 +39,13 @@ impl Broker {
         Arc::new(Self {
             stored: Mutex::new(Vec::new()),
             lag,
+            down: std::sync::atomic::AtomicBool::new(false),
+            read_takes: Mutex::new(Duration::ZERO),
         })
+    }
+
+    fn set_down(&self, down: bool) {
+        self.down.store(down, std::sync::atomic::Ordering::SeqCst);
     }
 
     fn stored(&self) -> u64 {
@@ -52,6 +65,13 @@ impl Backend for Broker {
         unreachable!("the tests store through `store`")
     }
     async fn backlog(&self, _: &QueueName, _: Instant) -> Result<Backlog, DepthError> {
+        let takes = *self.read_takes.lock();
+        if !takes.is_zero() {
+            tokio::time::sleep(takes).await;
+        }
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(DepthError::Timeout);
+        }
         let now = Instant::now();
         let seen = self
             .stored
@@ -143,7 +163,13 @@ async fn three_replicas_store_exactly_the_ceiling() {
     let ledger = MemoryLedger::new(T);
     let broker = Broker::new(Duration::ZERO);
     let all = replicas(3, &ledger, &broker, policy(50, false)).await;
-    let (admitted, refused) = fill(&all, &broker, 40).await;
+    let (first, mut refused) = fill(&all, &broker, 40).await;
+    // A read taken between a send's store and its settle counts it twice (the safe side)
+    // until the next read: once that is in, the fleet holds exactly the ceiling.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (then, more) = fill(&all, &broker, 20).await;
+    refused.extend(more);
+    let admitted = first + then;
     assert_eq!(broker.stored(), 50);
     assert_eq!(admitted, 50);
     assert!(refused
@@ -272,10 +298,13 @@ async fn a_grant_that_arrives_after_its_use_ended_is_given_back_not_used() {
     let late = send(&all[0], &broker).await;
     assert!(late.is_err(), "a late grant admits nothing ({late:?})");
     ledger.delay(all[0].fleet.replica(), Duration::ZERO);
-    // What it was granted comes back with its settle, not at its lease's end.
+    // What it was granted comes back with its settle, not at its lease's end (and a read
+    // taken between a store and its settle counts it twice only until the next read).
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let (admitted, _) = fill(&all[1..], &broker, 10).await;
-    assert_eq!(admitted, 4);
+    let (first, _) = fill(&all[1..], &broker, 10).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (then, _) = fill(&all[1..], &broker, 10).await;
+    assert_eq!(first + then, 4);
     assert_eq!(broker.stored(), 4);
 }
 
@@ -324,9 +353,9 @@ async fn one_slow_answer_is_not_a_partition() {
     let broker = Broker::new(Duration::ZERO);
     let all = Arc::new(replicas(1, &ledger, &broker, policy(50, true)).await);
     send(&all[0], &broker).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await; // its block's use is over
-                                                      // The next call runs but its answer misses the deadline (a loaded host); the one after
-                                                      // answers in time.
+    // Its block's use is over; the next call runs but its answer misses the deadline (a
+    // loaded host), and the one after answers in time.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     ledger.lose_replies(all[0].fleet.replica(), true);
     let sending = {
         let (all, broker) = (Arc::clone(&all), Arc::clone(&broker));
@@ -336,4 +365,327 @@ async fn one_slow_answer_is_not_a_partition() {
     ledger.lose_replies(all[0].fleet.replica(), false);
     assert_eq!(sending.await.unwrap(), Ok(()), "asked again, not cut off");
     assert!(all[0].fleet.joined());
+}
+
+// ---- Review of the seat (each test failed before its fix).
+
+/// Every call a replica makes, with when it was made: the ledger underneath is `inner`.
+struct Recording {
+    inner: MemoryLedger,
+    calls: Mutex<Vec<Instant>>,
+}
+
+impl Recording {
+    fn note(&self) {
+        self.calls.lock().push(Instant::now());
+    }
+}
+
+#[async_trait]
+impl LedgerPort for Recording {
+    async fn reserve(
+        &self,
+        queue: QueueRef<'_>,
+        caller: Caller<'_>,
+        ask: Ask<'_>,
+    ) -> Result<(PortReservation, View), LedgerError> {
+        self.note();
+        self.inner.reserve(queue, caller, ask).await
+    }
+    async fn settle(
+        &self,
+        queue: QueueRef<'_>,
+        caller: Caller<'_>,
+        rows: &[Settle<'_>],
+    ) -> Result<View, LedgerError> {
+        self.note();
+        self.inner.settle(queue, caller, rows).await
+    }
+    async fn heartbeat(
+        &self,
+        queue: QueueRef<'_>,
+        caller: Caller<'_>,
+    ) -> Result<View, LedgerError> {
+        self.note();
+        self.inner.heartbeat(queue, caller).await
+    }
+    async fn lease_read(
+        &self,
+        queue: QueueRef<'_>,
+        caller: Caller<'_>,
+        lease: Duration,
+    ) -> Result<(Option<ReadTicket>, View), LedgerError> {
+        self.note();
+        self.inner.lease_read(queue, caller, lease).await
+    }
+    async fn publish_read(
+        &self,
+        queue: QueueRef<'_>,
+        caller: Caller<'_>,
+        ticket: ReadTicket,
+        outcome: ReadOutcome,
+        counts_in_streak: bool,
+    ) -> Result<View, LedgerError> {
+        self.note();
+        self.inner
+            .publish_read(queue, caller, ticket, outcome, counts_in_streak)
+            .await
+    }
+    async fn leave(
+        &self,
+        queue: QueueRef<'_>,
+        caller: Caller<'_>,
+        rows: &[Settle<'_>],
+    ) -> Result<(), LedgerError> {
+        self.note();
+        self.inner.leave(queue, caller, rows).await
+    }
+    async fn look(&self, queue: QueueRef<'_>) -> Result<Option<View>, LedgerError> {
+        self.inner.look(queue).await
+    }
+    fn timeout(&self) -> Duration {
+        self.inner.timeout()
+    }
+}
+
+/// The grace counts on every replica in the fleet calling within a heartbeat (and a
+/// deadline): a seat whose last call was a send's, just after its heartbeat woke, must not
+/// wait two heartbeats for the next one.
+#[tokio::test(start_paused = true)]
+async fn a_seat_is_heard_from_within_a_heartbeat_of_its_last_call_whatever_made_it() {
+    let created = Instant::now();
+    let recording = Arc::new(Recording {
+        inner: MemoryLedger::new(T),
+        calls: Mutex::new(Vec::new()),
+    });
+    let fleet = Fleet::start(Arc::clone(&recording) as Arc<dyn LedgerPort>);
+    let queue = QueueName::parse("requests").unwrap();
+    let broker = Broker::new(Duration::ZERO);
+    let backend: Arc<dyn Backend> = broker.clone();
+    let gate = CapacityGate::new(queue.clone(), policy(50, false), Arc::clone(&backend));
+    gate.join_fleet(FleetSeat::new(
+        Arc::clone(&fleet),
+        KEY.to_owned(),
+        queue,
+        Arc::clone(gate.policy_cell()),
+        backend,
+        SEND,
+    ));
+    while !fleet.joined() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Just after the heartbeat's fourth wake: a send, and its settle 50 ms later.
+    tokio::time::sleep_until(created + HEARTBEAT * 4 + Duration::from_millis(1)).await;
+    let r = Replica {
+        fleet: Arc::clone(&fleet),
+        gate,
+    };
+    send(&r, &broker).await.unwrap();
+    let from = recording.calls.lock().len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let calls = recording.calls.lock()[from - 1..].to_vec();
+    let longest = calls.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+    assert!(
+        longest <= HEARTBEAT + T,
+        "{longest:?} between two calls (heartbeat {HEARTBEAT:?}, deadline {T:?})"
+    );
+}
+
+/// A Redis restart cuts every replica off at once, and each rejoins at its own probe, once
+/// a second: the first back makes the new epoch, the others report their carries only once
+/// their probe finds Redis again, up to a probe period later. The grace must cover that,
+/// or the first replica is granted the room the others' recent sends (not yet in any read
+/// of a lagging admin plane) fill.
+#[tokio::test(start_paused = true)]
+async fn redis_restarted_empty_keeps_the_ceiling_though_the_replicas_rejoin_a_probe_apart() {
+    use crate::coordination::fleet::REJOIN_EVERY;
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::from_secs(5));
+    let all = replicas(3, &ledger, &broker, policy(50, true)).await;
+    while broker.stored() < 25 {
+        fill(&all, &broker, 1).await;
+    }
+    tokio::time::sleep(USE_BLOCK_FOR).await; // the blocks' use is over
+    ledger.set_down(true);
+    ledger.lose_everything();
+    // Replicas 1 and 2 have a send at that moment and are cut off at once; replica 0 at its
+    // next heartbeat. Their probes run from then.
+    let (one, two) = tokio::join!(send(&all[1], &broker), send(&all[2], &broker));
+    assert!(one.is_err() && two.is_err());
+    let mut fell = [None; 3];
+    while fell.iter().any(Option::is_none) {
+        for (i, r) in all.iter().enumerate() {
+            if fell[i].is_none() && !r.fleet.joined() {
+                fell[i] = Some(Instant::now());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let fell = fell.map(Option::unwrap);
+    let probe = |i: usize, k: u32| fell[i] + (REJOIN_EVERY + T) * k;
+    // Redis is back just after replicas 1 and 2 probed it: replica 0's probe finds it first.
+    let back = probe(1, 2).max(probe(2, 2)) + Duration::from_millis(1);
+    assert!(probe(0, 2) > back, "replica 0 fell back first: {fell:?}");
+    tokio::time::sleep_until(back).await;
+    ledger.set_down(false);
+    let until = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < until {
+        fill(&all, &broker, 1).await;
+    }
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    fill(&all, &broker, 20).await;
+    assert_eq!(broker.stored(), 50);
+}
+
+/// Replies of one connection are processed by different tasks: one of the epoch before a
+/// rebirth may be processed after one of the new epoch. It is older news, not a new epoch.
+#[tokio::test(start_paused = true)]
+async fn a_reply_of_an_older_epoch_processed_after_a_newer_one_changes_nothing() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let all = replicas(1, &ledger, &broker, policy(50, false)).await;
+    send(&all[0], &broker).await.unwrap();
+    let seat = Arc::clone(all[0].gate.seat.get().unwrap());
+    let (old, _) = seat.state.lock().last.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await; // the block's use is over
+    ledger.lose_everything();
+    send(&all[0], &broker).await.unwrap(); // meets the new epoch, waits its grace out
+    let (new, blocks) = {
+        let state = seat.state.lock();
+        (state.seen, state.blocks.len())
+    };
+    assert!(
+        new.id > old.epoch.id && blocks > 0,
+        "{new:?}, {blocks} blocks"
+    );
+    seat.see(old);
+    let state = seat.state.lock();
+    assert_eq!(state.seen.id, new.id, "went back to the lost epoch");
+    assert_eq!(state.blocks.len(), blocks, "dropped the new epoch's blocks");
+}
+
+/// Cut off with the gate on, the replica answers every send `503 capacity_unknown`:
+/// `/health/detailed` says so (`fail_closed`), not the state of a local gate it does not use.
+#[tokio::test(start_paused = true)]
+async fn cut_off_and_failing_closed_the_gates_health_says_it_refuses() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let all = replicas(1, &ledger, &broker, policy(50, true)).await;
+    send(&all[0], &broker).await.unwrap();
+    assert!(!all[0].gate.snapshot().fail_closed);
+    ledger.set_down(true);
+    tokio::time::sleep(Duration::from_secs(1)).await; // cut off; the block's use is over
+    assert!(matches!(
+        send(&all[0], &broker).await,
+        Err(Refusal::CapacityUnknown { .. })
+    ));
+    assert!(
+        all[0].gate.snapshot().fail_closed,
+        "refusing every send, health says it does not"
+    );
+    ledger.set_down(false);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    send(&all[0], &broker).await.unwrap();
+    assert!(!all[0].gate.snapshot().fail_closed, "back in the fleet");
+}
+
+/// Cut off and failing open, the seat counts a send in its window before the replica's own
+/// gate decides it, which may first read the admin plane: the send's deadline (from which
+/// the hold is reckoned) counts from the window's count, not from after that read.
+#[tokio::test(start_paused = true)]
+async fn a_send_admitted_alone_counts_its_deadline_from_when_the_seat_counted_it() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let all = replicas(1, &ledger, &broker, policy(50, false)).await;
+    ledger.set_down(true);
+    tokio::time::sleep(Duration::from_secs(1)).await; // cut off by its heartbeat
+    assert!(!all[0].fleet.joined());
+    *broker.read_takes.lock() = Duration::from_millis(400);
+    let asked = Instant::now();
+    let reservation = all[0].gate.admit().await.unwrap();
+    assert!(asked.elapsed() >= Duration::from_millis(400), "read first");
+    assert_eq!(reservation.counted_at(), asked);
+    reservation.finish(BacklogEffect::NotStored);
+}
+
+/// Admitted open (the fleet's read failed, the gate off), a send is in no block: while in
+/// flight it must still count somewhere, or a read published meanwhile lets the fleet
+/// grant its room again.
+#[tokio::test(start_paused = true)]
+async fn sends_admitted_open_stay_counted_while_in_flight_when_the_read_comes_back() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let all = replicas(2, &ledger, &broker, policy(10, false)).await;
+    broker.set_down(true);
+    let mut in_flight = Vec::new();
+    for _ in 0..5 {
+        in_flight.push(all[0].gate.admit().await.unwrap());
+    }
+    broker.set_down(false);
+    tokio::time::sleep(Duration::from_millis(1500)).await; // past the TTL: read again
+    let (admitted, _) = fill(&all[1..], &broker, 30).await;
+    for reservation in in_flight {
+        broker.stored.lock().push(Instant::now());
+        reservation.finish(BacklogEffect::Stored);
+    }
+    assert_eq!(
+        broker.stored(),
+        10,
+        "{admitted} admitted on top of 5 in flight"
+    );
+    // Settled, they are counted once: nothing more is admitted, nothing less.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let (more, _) = fill(&all, &broker, 10).await;
+    assert_eq!((more, broker.stored()), (0, 10));
+}
+
+/// The grace covers both ways a replica Redis answers reaches a new epoch (see `grace`),
+/// whatever the Redis deadline.
+#[test]
+fn the_grace_outlasts_a_heartbeat_and_a_rejoin_probe_with_their_deadlines() {
+    use crate::admission::ceiling::fleet::{grace, REJOINED_POLL};
+    use crate::coordination::fleet::REJOIN_EVERY;
+    for t in [1, 50, 500, 5_000, 60_000].map(Duration::from_millis) {
+        let reached = HEARTBEAT.max(REJOIN_EVERY + REJOINED_POLL) + t * 3;
+        assert!(
+            reached < grace(t),
+            "T = {t:?}: {reached:?} ≥ {:?}",
+            grace(t)
+        );
+    }
+}
+
+/// Contract section 2: with the gate on at a streak of 3 and the admin plane down, sends 1
+/// and 2 fail open and send 3 is refused, one failed read each. A send that meets a new
+/// epoch reads, waits out the grace, and finds its read too old to reserve against: the
+/// read it makes again is for the same send, and must not count in the streak twice (on
+/// the real binary, tests/fleet.rs's denied admin plane then answered 201, 503, 503).
+#[tokio::test(start_paused = true)]
+async fn a_send_that_waits_out_a_grace_counts_one_failed_read_in_the_streak() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    broker.set_down(true);
+    let p = CapacityPolicy {
+        ttl: Duration::ZERO,
+        streak_threshold: 3,
+        ..policy(50, true)
+    };
+    let all = replicas(3, &ledger, &broker, p).await;
+    let terms = all[0].gate.seat.get().unwrap().terms();
+    let streak = || async {
+        let view = ledger.look(QueueRef { key: KEY, terms }).await.unwrap();
+        view.map_or(0, |v| v.streak)
+    };
+    assert!(send(&all[0], &broker).await.is_ok(), "fails open");
+    assert_eq!(streak().await, 1, "one send, one failed read");
+    // The read lease (the TTL, at least 1 ms) of the last read is over.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert!(send(&all[1], &broker).await.is_ok(), "fails open");
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert!(matches!(
+        send(&all[2], &broker).await,
+        Err(Refusal::CapacityUnknown {
+            consecutive_failures: 3
+        })
+    ));
 }
