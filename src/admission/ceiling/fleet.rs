@@ -461,7 +461,7 @@ impl FleetSeat {
     /// Decide one send against the fleet's ceiling (docs/fleet.md, steps 1 and 2).
     pub async fn admit(self: &Arc<Self>) -> FleetAnswer {
         let now = Instant::now();
-        let (fresh, ahead) = {
+        let (fresh, ahead, released) = {
             let mut state = self.state.lock();
             if state.leaving {
                 return FleetAnswer::Refuse(Refusal::Stopped);
@@ -492,8 +492,9 @@ impl FleetSeat {
                 ));
             }
             let ahead = fresh && self.ahead_due(&mut state, age, now);
-            // Blocks past their use give back what they did not hand out with the next
-            // settle batch (else with their lease).
+            // Blocks past their use give back what they did not hand out, before this send
+            // reserves: counted still, those units would make it (and the sends beside it)
+            // find the fleet full while they go unused.
             let mut leftover = Vec::new();
             state.blocks.retain(|b| {
                 if b.left > 0 && now >= b.use_until {
@@ -501,11 +502,17 @@ impl FleetSeat {
                 }
                 b.left > 0 && now < b.use_until
             });
+            let released = !leftover.is_empty();
             for (epoch, turn, left) in leftover {
                 state.pending.entry((epoch, turn)).or_default().1 += left;
             }
-            (fresh, ahead)
+            (fresh, ahead, released)
         };
+        if released {
+            if let Err(error) = self.settle_pending().await {
+                self.fall_back(&error);
+            }
+        }
         self.schedule_settle();
         // Whether this send made a read that counted in the fleet's streak: one send adds at
         // most one failed read to it (contract section 2), however many asks it takes.

@@ -689,3 +689,29 @@ async fn a_send_that_waits_out_a_grace_counts_one_failed_read_in_the_streak() {
         })
     ));
 }
+
+#[tokio::test(start_paused = true)]
+async fn what_a_block_did_not_hand_out_is_given_back_before_the_next_reservation() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let p = CapacityPolicy {
+        ttl: Duration::from_millis(200),
+        ..policy(50, false)
+    };
+    let all = Arc::new(replicas(3, &ledger, &broker, p).await);
+    for wave in 0..2 {
+        // Every send of a wave asks at once, so each uses its own grant's first unit and
+        // the rest of its block is left unused until the next wave, past the block's use.
+        let sends: Vec<_> = (0..64)
+            .map(|i| {
+                let (all, broker) = (Arc::clone(&all), Arc::clone(&broker));
+                tokio::spawn(async move { send(&all[(i + wave) % 3], &broker).await })
+            })
+            .collect();
+        for s in sends {
+            let _ = s.await.unwrap();
+        }
+        tokio::time::sleep(super::USE_BLOCK_FOR + Duration::from_millis(10)).await;
+    }
+    assert_eq!(broker.stored(), 50);
+}
