@@ -43,3 +43,34 @@ fn a_failover_to_a_copy_that_missed_writes_holds_the_ceiling_when_the_incarnatio
         ],
     );
 }
+
+#[test]
+fn a_drained_message_and_its_replacement_hold_the_ceiling_with_a_crash_or_a_pause() {
+    common::holds(
+        "drain",
+        configs::drain(),
+        &[
+            reached::DRAINED,
+            reached::CRASHED_IN_FLIGHT,
+            reached::LATE_REPLY,
+        ],
+    );
+}
+
+#[test]
+fn the_whole_fleet_cut_off_holds_the_ceiling_when_each_part_is_rounded_down() {
+    common::holds("whole_fleet", configs::whole_fleet(), &[reached::ALONE]);
+}
+
+#[test]
+fn three_replicas_hold_the_ceiling_with_a_drain_a_crash_and_a_pause() {
+    common::holds(
+        "three",
+        configs::three(),
+        &[
+            reached::DRAINED,
+            reached::CRASHED_IN_FLIGHT,
+            reached::LATE_REPLY,
+        ],
+    );
+}

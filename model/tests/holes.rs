@@ -83,6 +83,7 @@ fn flaw_with_the_fleet_size_it_last_saw_a_cut_off_replica_admits_the_whole_room(
     hole("alone_n_last_seen");
 }
 
+/// With the text's rule (the window of `H`, the part rounded up).
 #[test]
 fn flaw_with_a_window_of_h_a_cut_off_replica_admits_again_before_the_grants_it_cannot_see_show() {
     hole("alone_window_h");
@@ -91,4 +92,14 @@ fn flaw_with_a_window_of_h_a_cut_off_replica_admits_again_before_the_grants_it_c
 #[test]
 fn flaw_a_leave_that_drops_its_carry_after_a_restart_admits_past_the_ceiling() {
     hole("leave_drops_carry");
+}
+
+#[test]
+fn an_old_epoch_ticket_is_too_old_to_use_once_the_grace_outlasts_ttl_plus_r() {
+    no_hole("no_old_ticket_drop_long_grace");
+}
+
+#[test]
+fn flaw_the_whole_fleet_cut_off_passes_the_ceiling_when_each_part_is_rounded_up() {
+    hole("alone_part_ceil");
 }

@@ -1,21 +1,31 @@
-//! `cargo run -p sendgate-model --release --bin check -- <config>`: check one configuration,
-//! print its state count, its time and, for a counterexample, the trace in words.
+//! `cargo run -p sendgate-model --bin check -- <config> [depth]`: check one configuration
+//! (a name of `configs::by_name`), breadth first, stopping at the first counterexample;
+//! print its state count, its time and the counterexample in words.
 use std::time::Instant;
 
 use sendgate_model::{configs, Fleet, CEILING};
 use stateright::{Checker, HasDiscoveries, Model};
 
 fn main() {
-    let name = std::env::args().nth(1).unwrap_or_else(|| "fail_closed".into());
+    let name = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "fail_closed".into());
     let Some(cfg) = configs::by_name(&name) else {
-        eprintln!("unknown configuration {name}; one of: {}", configs::NAMES.join(", "));
+        eprintln!(
+            "unknown configuration {name}; one of: {}",
+            configs::NAMES.join(", ")
+        );
         std::process::exit(2);
     };
     let started = Instant::now();
     let checker = Fleet::new(cfg)
         .checker()
         .finish_when(HasDiscoveries::AnyFailures)
-        .target_max_depth(std::env::args().nth(2).map_or(usize::MAX, |d| d.parse().unwrap()))
+        .target_max_depth(
+            std::env::args()
+                .nth(2)
+                .map_or(usize::MAX, |d| d.parse().unwrap()),
+        )
         .spawn_bfs()
         .join();
     println!(
