@@ -26,6 +26,9 @@ pub use crate::entra::{CredentialChain, EntraCredential, TokenError};
 /// How long a SAS token is valid, and when it is replaced.
 pub const SAS_LIFETIME: Duration = Duration::from_secs(60 * 60);
 pub const SAS_RENEW_AFTER: Duration = Duration::from_secs(45 * 60);
+/// How far behind a cached token's issue time a caller's clock reading may be and still
+/// be a race between two calls rather than a clock set back.
+const SAS_RACE_SLACK: Duration = Duration::from_secs(5);
 
 /// The Entra ID scope of every Service Bus data- and management-plane call.
 pub const ENTRA_SCOPE: &str = "https://servicebus.azure.net/.default";
@@ -104,9 +107,15 @@ impl SasCredential {
     pub fn authorization_at(&self, queue: &QueueName, now: SystemTime) -> String {
         let mut tokens = self.tokens.lock();
         if let Some(cached) = tokens.get(queue) {
-            // A clock that went backwards also renews: the expiry is from the old clock.
-            let age = now.duration_since(cached.issued_at).ok();
-            if age.is_some_and(|age| age < SAS_RENEW_AFTER) {
+            // Callers read the clock before they wait for this lock, so a `now` a little
+            // before the token was issued is a race between two calls, not a clock that
+            // went backwards; a clock that jumped back further renews (the expiry is from
+            // the old clock).
+            let young = match now.duration_since(cached.issued_at) {
+                Ok(age) => age < SAS_RENEW_AFTER,
+                Err(behind) => behind.duration() < SAS_RACE_SLACK,
+            };
+            if young {
                 return cached.header.clone();
             }
         }
@@ -221,6 +230,15 @@ mod tests {
         let renewed = sas.authorization_at(&q, t0 + Duration::from_secs(45 * 60));
         assert_ne!(renewed, first);
         assert!(renewed.contains(&format!("&se={}&", 1_800_000_000 + 45 * 60 + 3600)));
+        // A caller that read the clock just before another one issued the token reuses it.
+        assert_eq!(
+            sas.authorization_at(
+                &q,
+                t0 + Duration::from_secs(45 * 60) - Duration::from_millis(3)
+            ),
+            renewed,
+            "a racing caller's slightly older clock reading"
+        );
         // A clock that went backwards gets a fresh token too.
         assert_ne!(
             sas.authorization_at(&q, t0 - Duration::from_secs(60)),
