@@ -19,7 +19,8 @@ echo "== deployment lint: checkov (infra/, Dockerfile), hadolint, bicep parse"
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
-# --workspace: the server, the client crate (client/) and the wire crate (wire/).
+# --workspace: the server, the client crate (client/), the wire crate (wire/) and the
+# fleet protocol's model (model/, ~40 s of exhaustive checks).
 echo "== cargo clippy --workspace --all-targets -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
