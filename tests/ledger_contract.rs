@@ -48,8 +48,11 @@ trait Rig {
     async fn lose(&self);
     /// Remember the queue's state as it is now ...
     async fn save(&self);
-    /// ... and go back to it, as a failover to a replica that missed the writes since.
+    /// ... and go back to it on the same server: the writes since are lost.
     async fn roll_back(&self);
+    /// ... or fail over to another server holding it (a replica that missed the writes
+    /// since, promoted).
+    async fn fail_over(&self);
 }
 
 struct Memory {
@@ -83,6 +86,10 @@ impl Rig for Memory {
     async fn roll_back(&self) {
         let saved = self.saved.lock().clone().expect("saved first");
         self.ledger.restore(&saved);
+    }
+    async fn fail_over(&self) {
+        let saved = self.saved.lock().clone().expect("saved first");
+        self.ledger.fail_over(&saved);
     }
 }
 
@@ -146,6 +153,18 @@ impl Rig for Redis {
             .ignore();
         self.ledger.query::<()>(&pipe).await.expect("RESTORE");
     }
+    /// The promoted replica's copy names the process that wrote it, not itself (a real
+    /// failover between two servers is `redis_ledger.rs`'s).
+    async fn fail_over(&self) {
+        self.roll_back().await;
+        let mut pipe = ::redis::pipe();
+        pipe.cmd("HSET")
+            .arg(&self.key)
+            .arg("run")
+            .arg("0123456789abcdef0123456789abcdef01234567")
+            .ignore();
+        self.ledger.query::<()>(&pipe).await.expect("HSET");
+    }
 }
 
 /// Each case once per ledger: `memory::<case>` on the paused clock, `redis::<case>` for real.
@@ -194,6 +213,7 @@ contract!(
     an_evicted_state_is_made_anew_with_a_larger_epoch,
     a_caller_that_saw_a_later_state_than_the_ledger_holds_makes_it_anew_above_its_epoch,
     a_lost_write_is_noticed_by_its_replica_after_the_others_raised_the_version_again,
+    a_state_another_server_holds_after_a_failover_is_made_anew_for_every_caller,
     a_caller_with_a_shorter_lag_keeps_what_a_longer_lag_needs,
     a_longer_lag_stops_counting_once_the_replica_that_named_it_left,
     a_new_epoch_is_above_the_callers_even_when_the_clock_is_behind_it,
@@ -964,6 +984,26 @@ async fn a_lost_write_is_noticed_by_its_replica_after_the_others_raised_the_vers
         view.epoch.id > e.id,
         "the state that lost a's block is made anew: {view:?}"
     );
+}
+
+async fn a_state_another_server_holds_after_a_failover_is_made_anew_for_every_caller(
+    rig: &dyn Rig,
+) {
+    let f = Fleet::new(rig);
+    let e = f.join("a").await;
+    let b_saw = f.heartbeat("b", seen(e), 0).await.epoch;
+    f.read_ok(e, 10).await;
+    rig.save().await;
+    // a's grant is lost in the failover; b saw nothing of it.
+    let (granted, _) = f.reserve(e, "a:1", 5, 100).await;
+    assert_eq!(granted, Reservation::Granted { granted: 5 });
+    rig.fail_over().await;
+    let view = f.heartbeat("b", b_saw, 0).await;
+    assert!(view.epoch.id > e.id, "made anew: {view:?} after {e:?}");
+    assert_eq!((view.read, view.reserved), (ReadState::Never, 0));
+    // The next caller of the new server's state is in its epoch: nothing is made again.
+    let again = f.heartbeat("b", view.epoch, 0).await;
+    assert_eq!(again.epoch.id, view.epoch.id);
 }
 
 async fn a_caller_with_a_shorter_lag_keeps_what_a_longer_lag_needs(rig: &dyn Rig) {

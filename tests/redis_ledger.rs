@@ -8,6 +8,8 @@
 mod entra_support;
 #[path = "support/fault_proxy.rs"]
 mod fault_proxy;
+#[path = "support/redis_server.rs"]
+mod redis_server;
 #[path = "support/redis.rs"]
 mod redis_support;
 
@@ -17,13 +19,14 @@ use std::time::{Duration, Instant};
 
 use entra_support::FakeToken;
 use fault_proxy::{Fault, FaultProxy};
+use redis_server::RedisServer;
 use redis_support::{cli, ensure_redis, settings, unique_prefix, Cleanup};
 use sendgate::config::BackendKind;
 use sendgate::coordination::entra::REDIS_SCOPE;
 use sendgate::coordination::fleet::{IDLE, MEMBER_FOR};
 use sendgate::coordination::ledger::Ledger;
 use sendgate::coordination::port::{
-    Ask, Caller, Epoch, LedgerError, LedgerPort, QueueRef, Terms, View,
+    Ask, Caller, Epoch, LedgerError, LedgerPort, QueueRef, ReadOutcome, Reservation, Terms, View,
 };
 use sendgate::domain::QueueName;
 use sendgate::entra::{CredentialChain, EntraCredential};
@@ -421,3 +424,98 @@ async fn without_an_entra_token_the_ledger_errs_then_joins_when_one_comes() {
 
 // ---- A replica's seat in the fleet (src/admission/shared.rs) and its local gate
 // (src/admission/capacity.rs), on the real Redis through the fault proxy.
+
+/// Retries `call` until Redis answers (a reconnect after a failover), within 5 s.
+async fn answered<T, F, Fut>(mut call: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, LedgerError>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match call().await {
+            Ok(value) => return value,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("Redis never answered: {e}"),
+        }
+    }
+}
+
+/// A real failover: a replica of the primary is promoted before the primary's last write
+/// reached it, and the address the fleet uses moves to it. The replica that calls next saw
+/// nothing of the lost write (its epoch and version are all in the copy), so only the
+/// hash's record of which Redis process wrote it shows the copy may be missing writes:
+/// the state is made anew, with a new epoch, for that caller too (docs/fleet.md, step 5).
+#[tokio::test]
+async fn a_failover_to_a_replica_that_missed_a_write_is_a_new_epoch_even_for_a_caller_that_saw_none_of_it(
+) {
+    let primary = RedisServer::start().await;
+    let replica = RedisServer::start().await;
+    let port = primary.addr().port().to_string();
+    // The first sync at once, not after the default 5 s wait for more replicas.
+    primary
+        .cli(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"])
+        .await;
+    replica.cli(&["REPLICAOF", "127.0.0.1", &port]).await;
+    let proxy = FaultProxy::start(primary.addr()).await;
+    let url = format!("redis://127.0.0.1:{}", proxy.port());
+    let ledger = Ledger::connect(&settings(&url, "sg", TIMEOUT))
+        .await
+        .unwrap();
+    let key = queue_key(&ledger, "q");
+    let q = QueueRef {
+        key: &key,
+        terms: TERMS,
+    };
+    let b = |seen| Caller {
+        replica: "b",
+        seen,
+        carry: 0,
+    };
+    let joined = ledger.heartbeat(q, b(Epoch::NONE)).await.unwrap().epoch;
+    let a = |seen| Caller {
+        replica: "a",
+        seen,
+        carry: 0,
+    };
+    let a_saw = ledger.heartbeat(q, a(joined)).await.unwrap().epoch;
+    let (ticket, _) = ledger.lease_read(q, b(joined), LONG).await.unwrap();
+    let ok = ReadOutcome::Ok {
+        backlog: 0,
+        send_disabled: false,
+    };
+    let b_saw = ledger
+        .publish_read(q, b(joined), ticket.expect("the lease is free"), ok, true)
+        .await
+        .unwrap()
+        .epoch;
+    // The replica has everything b saw, and is promoted: its copy stops there.
+    assert_eq!(primary.cli(&["WAIT", "1", "5000"]).await, "1", "replicated");
+    assert_eq!(replica.cli(&["REPLICAOF", "NO", "ONE"]).await, "OK");
+    // a's grant reaches only the old primary.
+    let ask = Ask {
+        block_id: "a:1",
+        want: 5,
+        limit: 10,
+        divisor: 1,
+        lease: LONG,
+    };
+    let (granted, _) = ledger.reserve(q, a(a_saw), ask).await.unwrap();
+    assert_eq!(granted, Reservation::Granted { granted: 5 });
+
+    proxy.retarget(replica.addr()).await;
+    let view = answered(|| ledger.heartbeat(q, b(b_saw))).await;
+    assert!(
+        view.epoch.id > b_saw.id,
+        "the promoted copy, missing a's block, is made anew: {view:?} after {b_saw:?}"
+    );
+    let (answer, _) = ledger.reserve(q, a(a_saw), ask).await.unwrap();
+    assert_eq!(
+        answer,
+        Reservation::NewEpoch,
+        "a hears of it on its next call"
+    );
+}

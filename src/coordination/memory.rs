@@ -52,6 +52,9 @@ struct World {
     faults: HashMap<String, Faults>,
     /// Redis down for everyone: every call fails after the timeout, `look` too.
     down: bool,
+    /// Which server process holds the states (Redis's `run_id`): a restart or a failover
+    /// is another one.
+    incarnation: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -71,6 +74,9 @@ pub struct Snapshot(HashMap<String, Queue>);
 struct Queue {
     /// When the state expires (idle after its last write), as `PEXPIRE` does.
     expires_at: i64,
+    /// The incarnation that last wrote this state: a state another one holds may have
+    /// lost writes (a failover) and is made anew.
+    incarnation: u64,
     epoch: u64,
     version: u64,
     born: i64,
@@ -108,9 +114,10 @@ struct Queue {
 }
 
 impl Queue {
-    fn new(epoch: u64, now: i64) -> Self {
+    fn new(epoch: u64, now: i64, incarnation: u64) -> Self {
         Self {
             expires_at: now,
+            incarnation,
             epoch,
             version: 0,
             born: now,
@@ -252,22 +259,25 @@ impl World {
     /// its carry recorded if it names this epoch. Returns the state and whether it did.
     fn preamble(&mut self, key: &str, t: &Terms, c: &Caller<'_>, now: i64) -> (&mut Queue, bool) {
         let last_epoch = &mut self.last_epoch;
+        let incarnation = self.incarnation;
         let mut make = || {
             let id = last_epoch
                 .saturating_add(1)
                 .max(c.seen.id.saturating_add(1));
             *last_epoch = id;
-            Queue::new(id, now)
+            Queue::new(id, now, incarnation)
         };
         let q = match self.queues.entry(key.to_owned()) {
             Entry::Vacant(v) => v.insert(make()),
             Entry::Occupied(mut o) => {
-                // Expired (idle), or the caller saw a later state than this one: later than
-                // the whole state, or than its own last call (others' calls since a lost
-                // write may have raised the version past what it saw).
+                // Expired (idle), written by another incarnation (a failover: it may have
+                // missed writes nobody still around saw), or the caller saw a later state
+                // than this one: later than the whole state, or than its own last call
+                // (others' calls since a lost write may have raised the version past it).
                 let own = o.get().versions.get(c.replica).map_or(0, |(v, _)| *v);
                 let lost = c.seen.id == o.get().epoch && c.seen.version > own;
-                if now > o.get().expires_at || c.seen > o.get().seen() || lost {
+                let moved = o.get().incarnation != incarnation;
+                if now > o.get().expires_at || moved || c.seen > o.get().seen() || lost {
                     o.insert(make());
                 }
                 o.into_mut()
@@ -463,7 +473,9 @@ impl MemoryLedger {
 
     /// FLUSHALL, or a restart without persistence: every queue's state is gone.
     pub fn lose_everything(&self) {
-        self.inner.world.lock().queues.clear();
+        let mut world = self.inner.world.lock();
+        world.queues.clear();
+        world.incarnation += 1;
     }
 
     /// One queue's state evicted (all of it: it is one hash).
@@ -476,10 +488,19 @@ impl MemoryLedger {
         Snapshot(self.inner.world.lock().queues.clone())
     }
 
-    /// Back to `snapshot`, as a failover to a replica that had seen nothing since: the
-    /// writes since are lost. Epoch ids already handed out are not handed out again.
+    /// Back to `snapshot` on the same server (a `RESTORE`): the writes since are lost, and
+    /// only a caller that saw one of them can tell. Epoch ids already handed out are not
+    /// handed out again.
     pub fn restore(&self, snapshot: &Snapshot) {
         self.inner.world.lock().queues = snapshot.0.clone();
+    }
+
+    /// A failover to a replica that had seen nothing since `snapshot`: the writes since are
+    /// lost, and the server is another one (another `run_id`).
+    pub fn fail_over(&self, snapshot: &Snapshot) {
+        let mut world = self.inner.world.lock();
+        world.queues = snapshot.0.clone();
+        world.incarnation += 1;
     }
 
     /// While `on`, every call of `replica` fails with [`LedgerError::Timeout`] after the

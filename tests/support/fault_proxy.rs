@@ -27,6 +27,8 @@ pub enum Fault {
 pub struct FaultProxy {
     addr: SocketAddr,
     mode: watch::Sender<Fault>,
+    /// Where new connections go: [`FaultProxy::retarget`] moves them (a failover).
+    target: watch::Sender<SocketAddr>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -36,14 +38,29 @@ impl FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("proxy binds");
         let addr = listener.local_addr().unwrap();
         let (mode, _) = watch::channel(Fault::Pass);
+        let (target, targets) = watch::channel(target);
         let modes = mode.clone();
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let modes = modes.subscribe();
-                tokio::spawn(relay(client, target, modes));
+                tokio::spawn(relay(client, *targets.borrow(), modes));
             }
         });
-        Self { addr, mode, task }
+        Self {
+            addr,
+            mode,
+            target,
+            task,
+        }
+    }
+
+    /// Send new connections to `target` and reset the live ones, as a failover behind one
+    /// address does (a DNS name or a virtual IP moved to the promoted server).
+    pub async fn retarget(&self, target: SocketAddr) {
+        self.target.send_replace(target);
+        let was = self.mode.send_replace(Fault::Reset);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        self.mode.send_replace(was);
     }
 
     pub fn addr(&self) -> SocketAddr {

@@ -3,7 +3,8 @@
 -- `reserved` / `carried` are never stored: they are sums over the live `b:` / `c:` fields,
 -- so no lost or doubled write can leave a running total wrong.
 --
--- Fields: epoch (TIME µs when made), version (bumped by every write), born (ms);
+-- Fields: epoch (TIME µs when made), version (bumped by every write), born (ms), run (the
+-- run_id of the Redis process that made it);
 -- the published read: state ('ok' | 'failed' | absent = never), backlog, send_disabled,
 -- taken_ms (when its lease was taken), streak, generation, reads_ok, reads_failed,
 -- published_seq; the read lease: lease_holder, lease_until, ticket_seq, t:<seq> = when
@@ -130,15 +131,21 @@ end
 -- epoch change even when TIME stepped back across a failover.
 local function make(s, seen_id)
   local epoch = math.max(s.now_us, seen_id + 1)
-  s.h = { epoch = int(epoch), version = '0', born = int(s.now) }
-  redis.call('HSET', KEY, 'epoch', s.h.epoch, 'version', '0', 'born', s.h.born)
+  s.h = { epoch = int(epoch), version = '0', born = int(s.now), run = s.run }
+  redis.call('HSET', KEY, 'epoch', s.h.epoch, 'version', '0', 'born', s.h.born, 'run', s.run)
+end
+
+-- This Redis process's run_id: a restart or a replica promoted by a failover is another
+-- process, with another id, whatever data it kept.
+local function run_id()
+  return string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
 end
 
 -- What every call of a replica runs first (docs/fleet.md, steps 1 and 5). Returns the state
 -- `s` = {now, now_us, h (the hash as a table), matched (the caller named this epoch)}.
 local function preamble()
   local now, now_us = clock()
-  local s = { now = now, now_us = now_us, h = load() }
+  local s = { now = now, now_us = now_us, h = load(), run = run_id() }
   local replica = ARGV[7]
   local seen_id, seen_version, carry = num(ARGV[8]), num(ARGV[9]), num(ARGV[10])
   if num(s.h.epoch) <= 0 then
@@ -151,8 +158,11 @@ local function preamble()
     -- that had not seen them). What is left cannot be trusted to hold every block. The
     -- others' calls since may have raised `version` past what the caller saw, so its own
     -- last call's version (`v:`) is checked too: the hash has lost it if it is below.
+    -- A hash another Redis process wrote (a failover's promoted replica, a restart from a
+    -- snapshot) may have lost writes that no replica still calling saw: made anew too.
     local own = pair(s.h['v:' .. replica])
-    if seen_id > epoch or (seen_id == epoch and (seen_version > version or seen_version > own)) then
+    if s.h.run ~= s.run or seen_id > epoch
+      or (seen_id == epoch and (seen_version > version or seen_version > own)) then
       redis.call('DEL', KEY)
       make(s, seen_id)
     end

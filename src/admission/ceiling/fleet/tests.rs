@@ -215,7 +215,7 @@ async fn a_failover_to_a_replica_that_lost_the_last_writes_keeps_the_ceiling() {
     while broker.stored() < 30 {
         fill(&all, &broker, 1).await;
     }
-    ledger.restore(&before);
+    ledger.fail_over(&before);
     fill(&all, &broker, 60).await;
     assert_eq!(broker.stored(), 50);
 }
