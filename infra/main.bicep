@@ -513,6 +513,12 @@ var coordinationEnv = useRedis ? [
     name: 'SENDGATE_REDIS_TIMEOUT_MS'
     value: string(redisTimeoutMs)
   }
+  {
+    // A rollout runs the old revision's replicas beside the new one's: twice the scale
+    // rule's maximum can run at once, and a replica cut off from Redis divides the room by it.
+    name: 'SENDGATE_FLEET_MAX_REPLICAS'
+    value: string(maxReplicas * 2)
+  }
 ] : [
   {
     name: 'SENDGATE_COORDINATION'

@@ -155,12 +155,13 @@ async fn simulate(ledgers: Vec<Arc<dyn LedgerPort>>, key: &str) -> Outcome {
         resume_below: Fraction::ONE,
     };
     let mut gates = Vec::new();
+    let size = ledgers.len() as u64;
     for ledger in ledgers {
         let timed: Arc<dyn LedgerPort> = Arc::new(Timed {
             inner: ledger,
             took: Arc::clone(&took),
         });
-        let fleet = Fleet::start(timed);
+        let fleet = Fleet::start(timed, size);
         let backend: Arc<dyn Backend> = queue.clone();
         let gate = CapacityGate::new(name.clone(), policy.clone(), Arc::clone(&backend));
         gate.join_fleet(FleetSeat::new(

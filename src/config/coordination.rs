@@ -28,6 +28,8 @@ pub struct RedisSettings {
     pub prefix: KeyPrefix,
     /// Deadline of one Redis call.
     pub timeout: Duration,
+    /// The most replicas running at once: what a replica cut off divides the room by.
+    pub max_replicas: u64,
 }
 
 /// How the replica authenticates to Redis.
@@ -98,6 +100,7 @@ pub(super) fn parse(layers: &Layers) -> Result<CoordinationSettings, ConfigError
         auth,
         prefix,
         timeout: layers.duration(&v::REDIS_TIMEOUT_MS)?,
+        max_replicas: layers.count(&v::FLEET_MAX_REPLICAS)?,
     }))
 }
 

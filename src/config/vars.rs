@@ -594,6 +594,13 @@ pub const REDIS_TIMEOUT_MS: Var = Var::server(
 )
 .default("50")
 .unit(Unit::Millis);
+pub const FLEET_MAX_REPLICAS: Var = Var::server(
+    "SENDGATE_FLEET_MAX_REPLICAS",
+    G::Coordination,
+    K::Whole { min: 1, max: 10_000 },
+    "The most replicas the fleet runs at once (count both revisions of a rollout). A replica cut off from Redis with SERVICEBUS_SEND_FAILCLOSED off admits alone at most its part of the room, the room over the larger of this and the fleet's size it last saw, so the parts cannot add up past the ceiling.",
+)
+.default("10");
 
 pub const TOKEN: Var = Var {
     side: Side::Client,
@@ -667,6 +674,7 @@ pub const VARIABLES: &[&Var] = &[
     &REDIS_AUTH,
     &REDIS_PREFIX,
     &REDIS_TIMEOUT_MS,
+    &FLEET_MAX_REPLICAS,
     &TOKEN,
 ];
 

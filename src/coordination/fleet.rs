@@ -70,16 +70,19 @@ pub struct Fleet {
     queues: Mutex<Vec<(String, Terms)>>,
     /// Names this replica's blocks and read leases.
     replica: String,
+    /// The most replicas the fleet runs at once (`SENDGATE_FLEET_MAX_REPLICAS`).
+    max_replicas: u64,
     status: Mutex<Status>,
 }
 
 impl Fleet {
     /// Start in local mode and join the fleet as soon as Redis answers (the first ping
     /// goes out at once): start-up never waits on Redis. Needs a tokio runtime.
-    pub fn start(ledger: Arc<dyn LedgerPort>) -> Arc<Self> {
+    pub fn start(ledger: Arc<dyn LedgerPort>, max_replicas: u64) -> Arc<Self> {
         let fleet = Arc::new(Self {
             ledger,
             replica: uuid::Uuid::new_v4().simple().to_string(),
+            max_replicas: max_replicas.max(1),
             status: Mutex::new(Status {
                 joined: false,
                 since: SystemTime::now(),
@@ -127,6 +130,12 @@ impl Fleet {
 
     pub fn replica(&self) -> &str {
         &self.replica
+    }
+
+    /// What a replica deciding alone divides the room by, at least: the fleet it may be
+    /// one of, whether or not it ever saw the others (docs/fleet.md, step 6).
+    pub fn max_replicas(&self) -> u64 {
+        self.max_replicas
     }
 
     pub fn joined(&self) -> bool {

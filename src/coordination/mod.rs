@@ -37,7 +37,7 @@ impl Coordination {
             CoordinationSettings::Local => Self::Local { since },
             CoordinationSettings::Redis(redis) => match Ledger::lazy(redis) {
                 Ok(ledger) => Self::Fleet {
-                    fleet: Fleet::start(Arc::new(ledger.clone())),
+                    fleet: Fleet::start(Arc::new(ledger.clone()), redis.max_replicas),
                     ledger,
                 },
                 Err(e) => {

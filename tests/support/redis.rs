@@ -46,6 +46,7 @@ pub fn settings(url: &str, prefix: &str, timeout: Duration) -> RedisSettings {
         auth: RedisAuth::Url,
         prefix: KeyPrefix::parse(prefix).expect("test prefix"),
         timeout,
+        max_replicas: 10,
     }
 }
 

@@ -185,7 +185,7 @@ impl SeatState {
     }
 
     /// A unit of a block still in use, if any: counted in the window under its epoch.
-    fn take_unit(&mut self, now: Instant) -> Option<Held> {
+    fn take_unit(&mut self, now: Instant, keep: Duration) -> Option<Held> {
         let block = self
             .blocks
             .iter_mut()
@@ -196,7 +196,7 @@ impl SeatState {
             turn: block.turn,
         };
         let epoch = block.epoch;
-        self.window.record(now, epoch);
+        self.window.record(now, epoch, keep);
         Some(held)
     }
 }
@@ -268,7 +268,7 @@ impl FleetSeat {
     /// Who this replica is to the ledger now, carrying what the ledger it knows misses.
     fn caller(&self) -> Caller<'_> {
         let hold = self.terms().hold;
-        let mut state = self.state.lock();
+        let state = self.state.lock();
         let seen = state.seen;
         let open = state.open.get(&seen.id).copied().unwrap_or(0);
         Caller {
@@ -470,7 +470,7 @@ impl FleetSeat {
             let fresh = self.fresh(&state, now);
             // A live block's units are counted fleet-wide until its lease ends, whatever
             // the age of the read it was granted on: use them first.
-            if let Some(held) = state.take_unit(now) {
+            if let Some(held) = state.take_unit(now, self.alone_span()) {
                 let ahead = self.ahead_due(&mut state, age, now);
                 drop(state);
                 self.spawn_ahead(ahead);
@@ -635,7 +635,7 @@ impl FleetSeat {
         }
         Step::Done(match reservation {
             Reservation::Granted { granted } => {
-                state.window.record(now, epoch);
+                state.window.record(now, epoch, self.alone_span());
                 let rest = granted.saturating_sub(1);
                 if rest > 0 {
                     state.blocks.push_back(Block {
@@ -665,7 +665,7 @@ impl FleetSeat {
                 })
             }
             Reservation::Unknown => {
-                state.window.record(now, epoch);
+                state.window.record(now, epoch, self.alone_span());
                 // In no block: counted in the carry until settled.
                 *state.open.entry(epoch).or_default() += 1;
                 FleetAnswer::Admit(Held::Open { epoch })
@@ -689,18 +689,29 @@ impl FleetSeat {
         FleetAnswer::CutOff
     }
 
+    /// How long an admission counts in the fail-open rule (docs/fleet.md, step 6): a hold
+    /// until every read a reservation uses shows it, and a block's use and a hold more until
+    /// what the reservations made meanwhile granted (which this replica's own read, all it
+    /// has when cut off, cannot see) shows in that read. The longest span the window keeps.
+    fn alone_span(&self) -> Duration {
+        self.terms().hold * 2 + USE_BLOCK_FOR
+    }
+
     /// Cut off from Redis (docs/fleet.md, step 6): a unit of a block still in use, else
     /// with the gate on `503 capacity_unknown`, else the fail-open rule's bounds for the
-    /// replica's own gate, with this send already counted in them.
+    /// replica's own gate, with this send already counted in them: every admission of the
+    /// replica's own in the alone span, weighed by the larger of the fleet's size it last
+    /// saw and the most replicas it may run beside.
     pub fn alone(&self) -> AloneAnswer {
         let now = Instant::now();
         let hold = self.terms().hold;
+        let span = self.alone_span();
         let policy = self.policy.load();
         let mut state = self.state.lock();
         if state.leaving {
             return AloneAnswer::Refuse(Refusal::Stopped);
         }
-        if let Some(held) = state.take_unit(now) {
+        if let Some(held) = state.take_unit(now, span) {
             return AloneAnswer::Admit(held);
         }
         if policy.fail_closed {
@@ -708,7 +719,7 @@ impl FleetSeat {
                 consecutive_failures: state.last.map_or(0, |(view, _)| view.streak),
             });
         }
-        let bucket = state.window.record(now, ALONE);
+        let bucket = state.window.record(now, ALONE, span);
         let floor = state
             .estimate
             .filter(|(_, seen)| now < *seen + hold)
@@ -716,8 +727,8 @@ impl FleetSeat {
         AloneAnswer::Decide {
             bounds: LocalBounds {
                 floor,
-                replicas: state.fleet_size.max(1),
-                counted: state.window.alone(now, hold),
+                replicas: state.fleet_size.max(self.fleet.max_replicas()),
+                counted: state.window.recent(now, span),
             },
             counted: Counted { at: now, bucket },
         }

@@ -107,10 +107,24 @@ async fn replicas(
     broker: &Arc<Broker>,
     p: CapacityPolicy,
 ) -> Vec<Replica> {
+    let all = start(n, ledger, broker, p);
+    // Joined once the rejoin probe saw the queue's state.
+    for _ in 0..100 {
+        if all.iter().all(|r| r.fleet.joined()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(all.iter().all(|r| r.fleet.joined()), "every replica joined");
+    all
+}
+
+/// `n` replicas, `SENDGATE_FLEET_MAX_REPLICAS` = `n`, not waiting for them to join.
+fn start(n: usize, ledger: &MemoryLedger, broker: &Arc<Broker>, p: CapacityPolicy) -> Vec<Replica> {
     let queue = QueueName::parse("requests").unwrap();
     let mut all = Vec::new();
     for _ in 0..n {
-        let fleet = Fleet::start(Arc::new(ledger.clone()));
+        let fleet = Fleet::start(Arc::new(ledger.clone()), n as u64);
         let backend: Arc<dyn Backend> = broker.clone();
         let gate = CapacityGate::new(queue.clone(), p.clone(), Arc::clone(&backend));
         gate.join_fleet(FleetSeat::new(
@@ -123,14 +137,6 @@ async fn replicas(
         ));
         all.push(Replica { fleet, gate });
     }
-    // Joined once the rejoin probe saw the queue's state.
-    for _ in 0..100 {
-        if all.iter().all(|r| r.fleet.joined()) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(all.iter().all(|r| r.fleet.joined()), "every replica joined");
     all
 }
 
@@ -285,6 +291,59 @@ async fn cut_off_and_failing_open_the_fleet_stores_at_most_a_part_of_the_ceiling
     tokio::time::sleep(Duration::from_secs(2)).await;
     fill(&all, &broker, 20).await;
     assert_eq!(broker.stored(), stored);
+}
+
+/// A fleet that never reached Redis knows no size but the configured one: each replica
+/// failing open admits its part of the room, not the whole room (docs/fleet.md, step 6).
+#[tokio::test(start_paused = true)]
+async fn a_fleet_that_never_reached_redis_shares_the_room_by_its_configured_size() {
+    let ledger = MemoryLedger::new(T);
+    ledger.set_down(true);
+    let broker = Broker::new(Duration::from_secs(5));
+    let all = start(3, &ledger, &broker, policy(30, false));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(all.iter().all(|r| !r.fleet.joined()));
+    let (admitted, _) = fill(&all, &broker, 40).await;
+    assert!(admitted > 0, "failing open, it admits alone");
+    assert!(
+        broker.stored() <= 30,
+        "the parts add up to the room: {}",
+        broker.stored()
+    );
+}
+
+/// The model's counterexample to a window of one hold (model/): A, cut off, admits alone;
+/// B reserves on a read taken before A's sends show in any, just before they turn a hold
+/// old, and stores late; once A's sends are a hold old its own read shows them but not B's,
+/// and with a window of a hold A would admit its part a second time. A counts what it
+/// admitted for two holds and a block's use.
+#[tokio::test(start_paused = true)]
+async fn cut_off_a_replica_counts_what_it_admitted_until_the_grants_made_without_it_show() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::from_secs(5));
+    let all = replicas(2, &ledger, &broker, policy(10, false)).await;
+    let (a, b) = (&all[0], &all[1]);
+    ledger.cut_off(a.fleet.replica(), true);
+    let started = Instant::now();
+    let mut alone = 0;
+    for _ in 0..10 {
+        if send(a, &broker).await.is_ok() {
+            alone += 1;
+        }
+    }
+    assert!(!a.fleet.joined());
+    assert_eq!(alone, 4, "its part of the room: 0 + 2 × 5 ≥ 10");
+    // B's read, taken before A's sends show (a lag of 5 s), lets it fill the room.
+    tokio::time::sleep_until(started + Duration::from_millis(4900)).await;
+    let (by_b, _) = fill(std::slice::from_ref(b), &broker, 12).await;
+    assert_eq!(by_b, 10, "B's read did not show A's sends");
+    // A hold (9.6 s) after A's sends, its own read shows them, not B's.
+    tokio::time::sleep_until(started + Duration::from_millis(9700)).await;
+    for _ in 0..10 {
+        let _ = send(a, &broker).await;
+    }
+    let stored = broker.stored();
+    assert!(stored <= 10 + 5, "L + one part: {stored}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -458,7 +517,7 @@ async fn a_seat_is_heard_from_within_a_heartbeat_of_its_last_call_whatever_made_
         inner: MemoryLedger::new(T),
         calls: Mutex::new(Vec::new()),
     });
-    let fleet = Fleet::start(Arc::clone(&recording) as Arc<dyn LedgerPort>);
+    let fleet = Fleet::start(Arc::clone(&recording) as Arc<dyn LedgerPort>, 1);
     let queue = QueueName::parse("requests").unwrap();
     let broker = Broker::new(Duration::ZERO);
     let backend: Arc<dyn Backend> = broker.clone();
