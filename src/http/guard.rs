@@ -49,20 +49,18 @@ pub async fn refuse_foreign_hosts(
         .map(ServiceResponse::map_into_boxed_body)
 }
 
-/// The request's `Host` (or, without one, its URI's authority) is a loopback name. A
-/// request naming no host at all (HTTP/1.0) is not a browser's, and passes.
+/// The host the request names is a loopback name: its target's (an absolute-form target
+/// names the host, and `Host` is then ignored: RFC 9112 §3.2.2), else its `Host`. A request
+/// naming no host at all (HTTP/1.0) is not a browser's, and passes.
 fn names_loopback(req: &ServiceRequest) -> bool {
-    let host = match req.headers().get(HOST) {
-        Some(value) => match value.to_str() {
-            Ok(text) => text,
-            Err(_) => return false,
-        },
-        None => match req.uri().authority() {
-            Some(authority) => authority.as_str(),
-            None => return true,
-        },
-    };
-    is_loopback_host(host)
+    if let Some(authority) = req.uri().authority() {
+        // The host alone: a userinfo (`127.0.0.1@evil.example`) names nothing.
+        return is_loopback_host(authority.host());
+    }
+    match req.headers().get(HOST) {
+        Some(value) => value.to_str().is_ok_and(is_loopback_host),
+        None => true,
+    }
 }
 
 /// `localhost`, `*.localhost`, `127.x.y.z` or `[::1]`, with or without a port.

@@ -13,6 +13,7 @@ mod faulty_backend;
 mod gateway;
 mod health;
 mod helpers;
+mod hostile;
 mod leaks;
 mod metrics;
 mod openapi;
