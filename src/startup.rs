@@ -259,6 +259,7 @@ impl Application {
                 .map(|q| (q.to_string(), q.clone()))
                 .collect::<HashMap<_, _>>(),
             max_body_bytes: settings.max_body_bytes,
+            max_json_depth: settings.max_json_depth,
             drain_window: settings.drain_timeout,
             metrics: crate::metrics::Metrics::new(),
             body_timeout: settings.body_timeout,

@@ -105,6 +105,8 @@ pub struct Settings {
     pub send_timeout: Duration,
     pub max_in_flight: usize,
     pub max_body_bytes: usize,
+    /// Deepest nesting of arrays and objects a body may have.
+    pub max_json_depth: usize,
     /// Longest a request body may take to arrive; never longer than `send_timeout`.
     pub body_timeout: Duration,
     /// Request bodies held in memory at once, in bytes; at least `max_body_bytes`.
@@ -193,6 +195,7 @@ impl Settings {
             send_timeout,
             max_in_flight: layers.count(&v::MAX_IN_FLIGHT)? as usize,
             max_body_bytes,
+            max_json_depth: layers.count(&v::MAX_JSON_DEPTH)? as usize,
             body_timeout: body_timeout(layers, send_timeout)?,
             max_buffered_bytes: max_buffered_bytes(layers, max_body_bytes)?,
             max_connections: layers.count(&v::MAX_CONNECTIONS)? as usize,

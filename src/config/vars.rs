@@ -376,6 +376,13 @@ pub const MAX_BODY_BYTES: Var = Var::server(
 )
 .default("262144")
 .unit(Unit::Bytes);
+pub const MAX_JSON_DEPTH: Var = Var::server(
+    "SENDGATE_MAX_JSON_DEPTH",
+    G::Limits,
+    K::Whole { min: 1, max: 128 },
+    "Deepest nesting of arrays and objects accepted in a body (400 past it): what serde_json and most workers' parsers accept, so nothing a worker cannot parse is queued.",
+)
+.default("128");
 pub const BODY_TIMEOUT_MS: Var = Var::server(
     "SENDGATE_BODY_TIMEOUT_MS",
     G::Limits,
@@ -641,6 +648,7 @@ pub const VARIABLES: &[&Var] = &[
     &SEND_TIMEOUT_MS,
     &MAX_IN_FLIGHT,
     &MAX_BODY_BYTES,
+    &MAX_JSON_DEPTH,
     &BODY_TIMEOUT_MS,
     &MAX_BUFFERED_BYTES,
     &MAX_CONNECTIONS,

@@ -262,7 +262,7 @@ async fn read_input(
     })?;
     // A body sent without a length was reserved at the largest size: keep only its own.
     reservation.shrink_to(body.len());
-    let input = Input::parse(req, &body, context.header_problem())?;
+    let input = Input::parse(req, &body, state.max_json_depth, context.header_problem())?;
     Ok((input, body, reservation))
 }
 
@@ -403,6 +403,35 @@ pub(crate) async fn read_body(
     Ok(body.freeze())
 }
 
+/// Whether `text` opens more than `limit` arrays and objects inside each other. Brackets in
+/// strings do not count; the text need not be valid JSON (serde_json judges that after).
+fn nests_deeper_than(text: &str, limit: usize) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for b in text.bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
 /// The parts of the request that are input, all checked before any is rejected so one 400
 /// lists every problem.
 pub(crate) struct Input {
@@ -415,6 +444,7 @@ impl Input {
     pub(crate) fn parse(
         req: &HttpRequest,
         body: &[u8],
+        max_depth: usize,
         request_id_problem: Option<FieldError>,
     ) -> Result<Self, Problem> {
         let mut errors: Vec<FieldError> = request_id_problem.into_iter().collect();
@@ -423,6 +453,13 @@ impl Input {
         // inside strings, so check the encoding first.
         match std::str::from_utf8(body) {
             Err(e) => errors.push(FieldError::new(&["body"], format!("not valid UTF-8: {e}"))),
+            Ok(text) if nests_deeper_than(text, max_depth) => errors.push(FieldError::new(
+                &["body"],
+                format!(
+                    "nested deeper than {max_depth} levels of arrays and objects \
+                     (SENDGATE_MAX_JSON_DEPTH)"
+                ),
+            )),
             Ok(text) => {
                 if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(text) {
                     errors.push(FieldError::new(&["body"], format!("not valid JSON: {e}")));
@@ -500,6 +537,24 @@ fn query_value(req: &HttpRequest, key: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nesting_counts_arrays_and_objects_but_not_brackets_in_strings() {
+        let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(!nests_deeper_than(&nested(128), 128));
+        assert!(nests_deeper_than(&nested(129), 128));
+        assert!(!nests_deeper_than(r#"{"a":[{"b":1}],"c":{}}"#, 3));
+        assert!(nests_deeper_than(r#"{"a":[{"b":1}]}"#, 2));
+        assert!(!nests_deeper_than(r#"["[[[[", "\"[[[[", "{{{{\\"]"#, 1));
+        assert!(
+            nests_deeper_than(r#"["\\", [[]]]"#, 2),
+            "an escaped backslash ends"
+        );
+        assert!(
+            !nests_deeper_than("]]]]][", 1),
+            "unbalanced: never below zero"
+        );
+    }
     use actix_web::test::TestRequest;
 
     fn with_type(value: &str) -> bool {

@@ -20,6 +20,8 @@ pub struct AppState {
     pub lifecycle: Lifecycle,
     pub queues: HashMap<String, QueueName>,
     pub max_body_bytes: usize,
+    /// Deepest nesting a send body may have.
+    pub max_json_depth: usize,
     /// The drain window `POST /admin/drain` opens (`SENDGATE_DRAIN_TIMEOUT_S`).
     pub drain_window: std::time::Duration,
     pub metrics: crate::metrics::Metrics,

@@ -58,3 +58,26 @@ async fn in_open_mode_the_host_of_an_absolute_form_target_is_the_one_checked() {
         "the target names loopback, Host is ignored: {answer}"
     );
 }
+
+/// A body nested deeper than `SENDGATE_MAX_JSON_DEPTH` (128 by default, serde_json's own
+/// limit) is a 400 naming the limit; at the limit it is queued.
+#[tokio::test]
+async fn a_body_nested_deeper_than_the_limit_is_refused_and_names_it() {
+    let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+    let app = spawn_app_with(&[]).await;
+    assert_eq!(app.send("requests", &nested(128)).await.status(), 201);
+    let response = app.send("requests", &nested(129)).await;
+    assert_eq!(response.status(), 400);
+    let body: serde_json::Value = response.json().await.unwrap();
+    let reason = body["errors"][0]["msg"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(reason.contains("deeper than 128"), "{body}");
+    assert_eq!(app.stored("requests"), 1);
+
+    let app = spawn_app_with(&[("SENDGATE_MAX_JSON_DEPTH", "3")]).await;
+    assert_eq!(app.send("requests", r#"{"a":[{}]}"#).await.status(), 201);
+    let response = app.send("requests", r#"{"a":[{"b":[]}]}"#).await;
+    assert_eq!(response.status(), 400);
+}
