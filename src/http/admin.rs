@@ -47,7 +47,7 @@ pub struct DrainStarted<'a> {
         (status = 202, description = "Draining.", body = DrainStarted),
         (status = 401, description = "`unauthenticated`: no or an unknown bearer token.", body = ErrorBody,
             headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
-        (status = 403, description = "`forbidden` (the key lacks the admin role), or `forbidden_host` (open mode).", body = ErrorBody),
+        (status = 403, description = "`forbidden` (the key lacks the admin role, or its scope is not every queue: a drain stops them all), or `forbidden_host` (open mode).", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`: not `application/json` (checked after authentication).", body = ErrorBody),
     )
 )]
@@ -63,6 +63,11 @@ pub async fn drain(
         Permission::Administer,
         "drain the gateway",
     )?;
+    if !principal.may_use_every_queue() {
+        return Err(context.error(Problem::Forbidden {
+            action: "drain the gateway (it stops every queue; this key's scope is not every queue)",
+        }));
+    }
     if !super::send::is_json(&req) {
         return Err(context.error(Problem::UnsupportedMediaType));
     }

@@ -226,23 +226,21 @@ pub async fn patch_settings(
             PatchError::Invalid(errors) => Problem::InvalidRequest { errors },
         })
     })?;
-    // An admin key scoped to some queues changes only theirs; the forced backend serves
-    // every queue. Checked for the whole patch before any of it applies.
-    for key in patch.changes.keys() {
-        let allowed = match key {
-            Key::Queue(queue, _) => principal.may_use_queue(queue),
-            Key::ForceBackend => principal.may_use_every_queue(),
-        };
-        if !allowed {
-            return Err(context.error(Problem::Forbidden {
-                action: match key {
-                    Key::Queue(..) => "change the settings of a queue outside this key's scope",
-                    Key::ForceBackend => {
-                        "pin the backend of every queue (this key's scope is not every queue)"
-                    }
-                },
-            }));
-        }
+    // An admin key scoped to some queues names only theirs (an empty object too); the
+    // forced backend serves every queue. Checked for the whole patch before any of it applies.
+    if !patch
+        .queues
+        .iter()
+        .all(|queue| principal.may_use_queue(queue))
+    {
+        return Err(context.error(Problem::Forbidden {
+            action: "change the settings of a queue outside this key's scope",
+        }));
+    }
+    if patch.changes.contains_key(&Key::ForceBackend) && !principal.may_use_every_queue() {
+        return Err(context.error(Problem::Forbidden {
+            action: "pin the backend of every queue (this key's scope is not every queue)",
+        }));
     }
     let changed = state
         .settings

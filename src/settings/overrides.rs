@@ -4,7 +4,7 @@
 //! overrides (`config/vars.rs`); a value that variable would silently correct (a ceiling of
 //! 0) is refused here instead: an operator's explicit change is never rewritten.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -217,6 +217,8 @@ impl Key {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Patch {
     pub changes: BTreeMap<Key, Change<Parsed>>,
+    /// Every queue the body names, with or without fields: a key's scope must cover each.
+    pub queues: BTreeSet<QueueName>,
 }
 
 /// Why a PATCH body is refused.
@@ -258,6 +260,7 @@ impl Patch {
                         else {
                             return Err(PatchError::UnknownQueue(queue_name.clone()));
                         };
+                        patch.queues.insert(queue.clone());
                         let Some(fields) = fields.as_object() else {
                             errors.push(FieldError::new(
                                 &["body", "queues", queue_name],

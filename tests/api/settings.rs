@@ -158,6 +158,23 @@ async fn an_admin_key_scoped_to_some_queues_changes_only_those() {
         403,
         "a breaker serves every queue"
     );
+    let empty = json!({"queues": {"requests": {}}});
+    assert_eq!(
+        patch(&app, token, empty).await.status(),
+        403,
+        "naming a queue outside the scope, even with nothing in it"
+    );
+    let drain = app
+        .client
+        .post(app.url("/admin/drain"))
+        .header("Content-Type", "application/json")
+        .bearer_auth("audit-admin")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(drain.status(), 403, "a drain stops every queue");
+    assert_eq!(body_json(drain).await["code"], "forbidden");
+    assert_eq!(app.handle.lifecycle.state().as_str(), "running");
     let own = json!({"queues": {"audit": {"max_queue_depth": 5}}});
     assert_eq!(patch(&app, token, own).await.status(), 200);
     let settings = body_json(
