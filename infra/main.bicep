@@ -691,6 +691,12 @@ resource app 'Microsoft.App/containerApps@2024-03-01' = {
               value: 'json'
             }
             {
+              // Every connection comes from the Container Apps ingress (Envoy): a per-peer cap
+              // would cap the ingress, not a client. The ingress limits clients itself.
+              name: 'SENDGATE_MAX_CONNECTIONS_PER_PEER'
+              value: '0'
+            }
+            {
               name: 'SENDGATE_API_KEYS_FILE'
               value: '${apiKeysMountPath}/${apiKeysFileName}'
             }

@@ -19,3 +19,4 @@ pub mod settings;
 pub mod startup;
 pub mod telemetry;
 pub mod tls;
+pub mod transport;

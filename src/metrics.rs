@@ -21,6 +21,7 @@ use actix_web::http::StatusCode;
 use crate::admission::breaker::BreakerState;
 use crate::admission::{BackendRole, Dispatcher};
 use crate::lifecycle::{GatewayState, Lifecycle};
+use crate::transport::Connections;
 
 /// How one send request was answered, as the handler decided it: what
 /// `sendgate_requests_total` counts it under.
@@ -114,10 +115,12 @@ impl Metrics {
         dispatcher: &Dispatcher,
         lifecycle: &Lifecycle,
         coordination: &Coordination,
+        connections: &Connections,
     ) -> String {
         let mut families = self.registry.gather();
         families.extend(state_families(dispatcher, lifecycle));
         families.extend(coordination_families(coordination));
+        families.extend(connection_families(connections));
         // A family with no series (no probe has run: SENDGATE_PROBE_INTERVAL_S=0) makes the
         // encoder stop with an error half way through the text: leave such families out.
         families.retain(|f| !f.get_metric().is_empty());
@@ -126,6 +129,39 @@ impl Metrics {
         let _ = TextEncoder::new().encode(&families, &mut out);
         String::from_utf8(out).unwrap_or_default()
     }
+}
+
+/// `sendgate_connections{phase}` (open now), `sendgate_connections_closed_total{reason}`
+/// (each connection once, when it ended) and `sendgate_connection_head_bytes`.
+fn connection_families(connections: &Connections) -> Vec<prometheus::proto::MetricFamily> {
+    let counts = connections.counts();
+    let open = gauge_vec(
+        "sendgate_connections",
+        "Open client connections by phase: idle (between requests), head (a request head arriving), busy (a request in progress).",
+        &["phase"],
+    );
+    for (phase, n) in counts.open {
+        open.with_label_values(&[phase.as_str()])
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+    let closed = counter_vec(
+        "sendgate_connections_closed_total",
+        "Client connections ended, by reason: done (by the client, or idle), header_timeout, head_too_large, head_budget, evicted (to make room), peer_limit, full (refused: every connection busy).",
+        &["reason"],
+    );
+    for (reason, n) in counts.closed {
+        closed.with_label_values(&[reason.as_str()]).inc_by(n);
+    }
+    let head = IntGauge::new(
+        "sendgate_connection_head_bytes",
+        "Bytes of unfinished request heads held now (SENDGATE_MAX_BUFFERED_HEAD_BYTES caps it).",
+    )
+    .expect("valid");
+    head.set(i64::try_from(counts.head_bytes).unwrap_or(i64::MAX));
+    let mut families = open.collect();
+    families.extend(closed.collect());
+    families.extend(head.collect());
+    families
 }
 
 /// `sendgate_coordination_mode{mode}` (one-hot: `local` or `redis`) and

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::dev::Server;
-use actix_web::{web, App, HttpServer};
+use actix_web::{web, App};
 
 use crate::admission::breaker::BreakerPolicy;
 use crate::admission::inflight::InFlight;
@@ -23,6 +23,80 @@ use crate::http::guard::HostCheck;
 use crate::http::{routes, AppState};
 use crate::lifecycle::Lifecycle;
 use crate::settings::RuntimeSettings;
+
+/// The HTTP/1.1 server over `listener`: actix-web's `HttpServer` as it builds itself, with
+/// every accepted connection admitted by `connections` and served through its guarded
+/// stream (`src/transport`: head deadlines, head bytes, room kept for new clients).
+fn serve<F, A>(
+    listener: TcpListener,
+    app: F,
+    workers: usize,
+    connections: Arc<crate::transport::Connections>,
+) -> std::io::Result<Server>
+where
+    F: Fn() -> App<A> + Send + Clone + 'static,
+    A: actix_web::dev::ServiceFactory<
+            actix_web::dev::ServiceRequest,
+            Config = (),
+            Response = actix_web::dev::ServiceResponse,
+            Error = actix_web::Error,
+            InitError = (),
+        > + 'static,
+{
+    use actix_service::{fn_service, map_config, IntoServiceFactory as _, ServiceFactoryExt as _};
+
+    let local = listener.local_addr()?;
+    let limits = connections.limits();
+    let builder = actix_server::Server::build();
+    let shutdown = builder.graceful_shutdown_signal();
+    // The transport decides how many connections are open; actix-server only stops
+    // accepting (leaving new ones in the backlog, unseen) past this, per worker.
+    let per_worker = limits.max_connections.saturating_mul(2).max(1);
+    let builder = builder
+        .workers(workers)
+        .max_concurrent_connections(per_worker)
+        // The lifecycle owns SIGTERM/SIGINT: the listener must keep accepting while draining.
+        .disable_signals()
+        .shutdown_timeout(1)
+        .listen("sendgate", listener, move || {
+            let connections = Arc::clone(&connections);
+            let shutdown = shutdown.clone();
+            let http = actix_http::HttpService::build()
+                .graceful_shutdown_signal(move || {
+                    let signal = shutdown.clone();
+                    async move { signal.notified().await }
+                })
+                // Longer than the usual 60 s idle timeout of load balancers in front, so the
+                // balancer, not sendgate, closes idle connections (no reset-on-reuse races).
+                .keep_alive(Duration::from_secs(75))
+                // The transport's deadline is every head's; this one, actix-http's, is only
+                // the first's: the same, so neither cuts what the other allows.
+                .client_request_timeout(limits.header_timeout)
+                .client_disconnect_timeout(Duration::from_secs(1))
+                .local_addr(local)
+                .h1(map_config(
+                    app().into_factory().map_err(|err| err.error_response()),
+                    |_| actix_web::dev::AppConfig::default(),
+                ));
+            fn_service(move |io: tokio::net::TcpStream| {
+                let peer = io.peer_addr().ok();
+                let admitted = connections.admit(peer.map(|p| p.ip()));
+                async move {
+                    let _ = io.set_nodelay(true);
+                    match admitted {
+                        Ok(seat) => Ok((crate::transport::Guarded::new(io, seat), peer)),
+                        // Dropped: closed at once, before a byte is read.
+                        Err(why) => Err(actix_http::error::DispatchError::Io(std::io::Error::new(
+                            std::io::ErrorKind::ConnectionRefused,
+                            why.as_str(),
+                        ))),
+                    }
+                }
+            })
+            .and_then(http)
+        })?;
+    Ok(builder.run())
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
@@ -264,6 +338,7 @@ impl Application {
             metrics: crate::metrics::Metrics::new(),
             body_timeout: settings.body_timeout,
             body_budget: crate::http::body_budget::BodyBudget::new(settings.max_buffered_bytes),
+            connections: crate::transport::Connections::new(settings.connections),
             coordination,
             settings: runtime.clone(),
         });
@@ -276,7 +351,7 @@ impl Application {
         let port = listener.local_addr().map_err(bind_error)?.port();
         let app_state = state.clone();
         let host_check = host_check(&settings);
-        let mut server = HttpServer::new(move || {
+        let app = move || {
             App::new()
                 // Inside the request context, so a refusal carries its X-Request-Id.
                 .wrap(actix_web::middleware::from_fn(move |req, next| {
@@ -285,21 +360,12 @@ impl Application {
                 .wrap(crate::http::RequestIdentity)
                 .app_data(app_state.clone())
                 .configure(routes)
-        })
-        // The lifecycle owns SIGTERM/SIGINT: the listener must keep accepting while draining.
-        .disable_signals()
-        // Longer than the usual 60 s idle timeout of load balancers in front, so the
-        // balancer, not sendgate, closes idle connections (no reset-on-reuse races).
-        .keep_alive(Duration::from_secs(75))
-        .shutdown_timeout(1);
-        // SENDGATE_MAX_CONNECTIONS is for the process; actix counts per worker.
+        };
         let workers = settings.workers.unwrap_or_else(|| {
             std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
         });
-        server = server
-            .workers(workers)
-            .max_connections(settings.max_connections.div_ceil(workers));
-        let server = server.listen(listener).map_err(bind_error)?.run();
+        let server =
+            serve(listener, app, workers, Arc::clone(&state.connections)).map_err(bind_error)?;
         tracing::info!(
             event = "listening",
             listen = %settings.listen,

@@ -113,6 +113,8 @@ pub struct Settings {
     pub max_buffered_bytes: usize,
     /// Open client connections, all workers together.
     pub max_connections: usize,
+    /// The connection limits (src/transport): heads' deadline and bytes, per-peer cap.
+    pub connections: ConnectionLimits,
     pub drain_timeout: Duration,
     /// Shortest drain, even with nothing in flight; never longer than `drain_timeout`.
     pub drain_linger: Duration,
@@ -199,6 +201,13 @@ impl Settings {
             body_timeout: body_timeout(layers, send_timeout)?,
             max_buffered_bytes: max_buffered_bytes(layers, max_body_bytes)?,
             max_connections: layers.count(&v::MAX_CONNECTIONS)? as usize,
+            connections: ConnectionLimits {
+                header_timeout: layers.duration(&v::HEADER_TIMEOUT_MS)?,
+                max_head_bytes: layers.count(&v::MAX_HEAD_BYTES)? as usize,
+                head_budget: layers.count(&v::MAX_BUFFERED_HEAD_BYTES)? as usize,
+                max_connections: layers.count(&v::MAX_CONNECTIONS)? as usize,
+                per_peer: layers.count(&v::MAX_CONNECTIONS_PER_PEER)? as usize,
+            },
             drain_timeout,
             drain_linger: drain_linger(layers, drain_timeout)?,
             auth,
@@ -259,6 +268,19 @@ fn drain_linger(layers: &Layers, drain_timeout: Duration) -> Result<Duration, Co
 const DEFAULT_DRAIN_LINGER: Duration = Duration::from_secs(5);
 
 /// Room for at least one body of the largest size, or no full-size send could ever pass.
+/// What a connection may take (`SENDGATE_HEADER_TIMEOUT_MS`, `SENDGATE_MAX_HEAD_BYTES`,
+/// `SENDGATE_MAX_BUFFERED_HEAD_BYTES`, `SENDGATE_MAX_CONNECTIONS`,
+/// `SENDGATE_MAX_CONNECTIONS_PER_PEER`), enforced by `crate::transport`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    pub header_timeout: Duration,
+    pub max_head_bytes: usize,
+    pub head_budget: usize,
+    pub max_connections: usize,
+    /// 0: no cap.
+    pub per_peer: usize,
+}
+
 fn max_buffered_bytes(layers: &Layers, max_body_bytes: usize) -> Result<usize, ConfigError> {
     let n = layers.count(&v::MAX_BUFFERED_BYTES)?;
     let n = usize::try_from(n).unwrap_or(usize::MAX);

@@ -412,9 +412,52 @@ pub const MAX_CONNECTIONS: Var = Var::server(
         min: 1,
         max: 1_000_000,
     },
-    "Open client connections, all workers together; more wait in the listen backlog.",
+    "Open client connections, all workers together. Past it a new connection closes the one idle longest (between requests, or its head still arriving); one with a request in progress is never closed to make room, and when all have one the new connection is closed.",
 )
 .default("10000");
+pub const MAX_CONNECTIONS_PER_PEER: Var = Var::server(
+    "SENDGATE_MAX_CONNECTIONS_PER_PEER",
+    G::Limits,
+    K::Whole {
+        min: 0,
+        max: 1_000_000,
+    },
+    "Open connections from one peer address; past it a new one is closed at once (0: no cap). Behind a proxy or ingress the peer is the proxy (X-Forwarded-For is not read: any client can write it).",
+)
+.default("1000");
+pub const HEADER_TIMEOUT_MS: Var = Var::server(
+    "SENDGATE_HEADER_TIMEOUT_MS",
+    G::Limits,
+    K::Duration {
+        min: 100,
+        max: 300_000,
+    },
+    "Longest a request head may take to arrive, from its first byte (from the accept for a connection's first): past it 408 and the connection closes, however slowly bytes trickle in. Idle keep-alive connections close after 75 s.",
+)
+.default("5000")
+.unit(Unit::Millis);
+pub const MAX_HEAD_BYTES: Var = Var::server(
+    "SENDGATE_MAX_HEAD_BYTES",
+    G::Limits,
+    K::Whole {
+        min: 1024,
+        max: 131_072,
+    },
+    "Largest request head (request line and headers); past it 431 and the connection closes.",
+)
+.default("32768")
+.unit(Unit::Bytes);
+pub const MAX_BUFFERED_HEAD_BYTES: Var = Var::server(
+    "SENDGATE_MAX_BUFFERED_HEAD_BYTES",
+    G::Limits,
+    K::Whole {
+        min: 131_072,
+        max: BILLION,
+    },
+    "Bytes of unfinished request heads held at once, all connections together; a read past it answers 431 and closes that connection at once.",
+)
+.default("8388608")
+.unit(Unit::Bytes);
 pub const DRAIN_TIMEOUT_S: Var = Var::server(
     "SENDGATE_DRAIN_TIMEOUT_S",
     G::Limits,
@@ -652,6 +695,10 @@ pub const VARIABLES: &[&Var] = &[
     &BODY_TIMEOUT_MS,
     &MAX_BUFFERED_BYTES,
     &MAX_CONNECTIONS,
+    &MAX_CONNECTIONS_PER_PEER,
+    &HEADER_TIMEOUT_MS,
+    &MAX_HEAD_BYTES,
+    &MAX_BUFFERED_HEAD_BYTES,
     &DRAIN_TIMEOUT_S,
     &DRAIN_LINGER_S,
     &API_KEYS_FILE,

@@ -32,9 +32,10 @@ pub async fn metrics(
     authorize(&req, &context, &state, Permission::Observe, "read metrics")?;
     Ok(HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
-        .body(
-            state
-                .metrics
-                .render(&state.dispatcher, &state.lifecycle, &state.coordination),
-        ))
+        .body(state.metrics.render(
+            &state.dispatcher,
+            &state.lifecycle,
+            &state.coordination,
+            &state.connections,
+        )))
 }

@@ -29,6 +29,8 @@ pub struct AppState {
     pub body_timeout: std::time::Duration,
     /// Request bodies held in memory at once.
     pub body_budget: BodyBudget,
+    /// The open connections and what closed the others (`src/transport`).
+    pub connections: std::sync::Arc<crate::transport::Connections>,
     /// Alone, or sharing the ceiling with the fleet.
     pub coordination: crate::coordination::Coordination,
     /// The runtime overrides (`/admin/settings`) and where they are kept.

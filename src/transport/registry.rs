@@ -1,0 +1,307 @@
+//! Every open connection, its phase and its seat: what [`super::Connections`] admits,
+//! counts and asks to close (the rules are the module's, `transport/mod.rs`).
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::Waker;
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use crate::config::ConnectionLimits as Limits;
+
+/// Why the server closed a connection (or, `Done`, the connection ended otherwise).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Closed {
+    Done = 1,
+    HeaderTimeout,
+    HeadTooLarge,
+    HeadBudget,
+    /// Closed to make room for a new connection.
+    Evicted,
+    /// Refused at once: the peer has its cap.
+    PeerLimit,
+    /// Refused at once: full, and every connection has a request in progress.
+    Full,
+}
+
+impl Closed {
+    pub const ALL: [Closed; 7] = [
+        Closed::Done,
+        Closed::HeaderTimeout,
+        Closed::HeadTooLarge,
+        Closed::HeadBudget,
+        Closed::Evicted,
+        Closed::PeerLimit,
+        Closed::Full,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Closed::Done => "done",
+            Closed::HeaderTimeout => "header_timeout",
+            Closed::HeadTooLarge => "head_too_large",
+            Closed::HeadBudget => "head_budget",
+            Closed::Evicted => "evicted",
+            Closed::PeerLimit => "peer_limit",
+            Closed::Full => "full",
+        }
+    }
+
+    fn from_u8(n: u8) -> Option<Closed> {
+        Closed::ALL.into_iter().find(|c| *c as u8 == n)
+    }
+}
+
+/// Where a connection is, for the gauge and for choosing whom to close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Phase {
+    /// Between requests: nothing to answer, no head arriving.
+    Idle = 0,
+    /// A head arriving (a fresh connection's first, before any byte, too).
+    Head = 1,
+    /// A request in progress: its body arriving, or its answer not yet written.
+    Busy = 2,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 3] = [Phase::Idle, Phase::Head, Phase::Busy];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Idle => "idle",
+            Phase::Head => "head",
+            Phase::Busy => "busy",
+        }
+    }
+}
+
+/// One connection as the registry sees it; the stream updates it, the registry may ask it
+/// to close.
+#[derive(Debug)]
+struct Slot {
+    phase: AtomicU8,
+    /// When it entered its phase, in ms after the registry's origin.
+    since_ms: AtomicU64,
+    /// A [`Closed`] the registry asked for (0: none).
+    close: AtomicU8,
+    /// The task to wake when asked to close.
+    waker: Mutex<Option<Waker>>,
+}
+
+/// Every open connection of the process (all workers), and what closed the others.
+pub struct Connections {
+    pub(super) limits: Limits,
+    origin: Instant,
+    registry: Mutex<Registry>,
+    head_bytes: AtomicUsize,
+    closed: [AtomicU64; Closed::ALL.len()],
+}
+
+#[derive(Default)]
+struct Registry {
+    next: u64,
+    open: HashMap<u64, Arc<Slot>>,
+    peers: HashMap<IpAddr, usize>,
+}
+
+/// What `/metrics` shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionCounts {
+    pub open: Vec<(Phase, u64)>,
+    pub closed: Vec<(Closed, u64)>,
+    pub head_bytes: u64,
+}
+
+impl Connections {
+    pub fn new(limits: Limits) -> Arc<Self> {
+        Arc::new(Self {
+            limits,
+            origin: Instant::now(),
+            registry: Mutex::new(Registry::default()),
+            head_bytes: AtomicUsize::new(0),
+            closed: std::array::from_fn(|_| AtomicU64::new(0)),
+        })
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// A connection just accepted from `peer`: its seat, or why it is refused. Past the
+    /// limit, the connection waiting longest without a request in progress is asked to close.
+    pub fn admit(self: &Arc<Self>, peer: Option<IpAddr>) -> Result<Seat, Closed> {
+        let now = self.now_ms();
+        let mut registry = self.registry.lock();
+        if let Some(ip) = peer {
+            let mine = registry.peers.get(&ip).copied().unwrap_or(0);
+            if self.limits.per_peer > 0 && mine >= self.limits.per_peer {
+                drop(registry);
+                self.count(Closed::PeerLimit);
+                return Err(Closed::PeerLimit);
+            }
+        }
+        if registry.open.len() >= self.limits.max_connections {
+            let victim = registry
+                .open
+                .values()
+                .filter(|s| {
+                    s.phase.load(Ordering::Acquire) != Phase::Busy as u8
+                        && s.close.load(Ordering::Acquire) == 0
+                })
+                .min_by_key(|s| s.since_ms.load(Ordering::Acquire))
+                .cloned();
+            match victim {
+                Some(slot) => {
+                    slot.close.store(Closed::Evicted as u8, Ordering::Release);
+                    if let Some(waker) = slot.waker.lock().take() {
+                        waker.wake();
+                    }
+                }
+                None => {
+                    drop(registry);
+                    self.count(Closed::Full);
+                    return Err(Closed::Full);
+                }
+            }
+        }
+        let id = registry.next;
+        registry.next += 1;
+        let slot = Arc::new(Slot {
+            phase: AtomicU8::new(Phase::Head as u8),
+            since_ms: AtomicU64::new(now),
+            close: AtomicU8::new(0),
+            waker: Mutex::new(None),
+        });
+        registry.open.insert(id, Arc::clone(&slot));
+        if let Some(ip) = peer {
+            *registry.peers.entry(ip).or_default() += 1;
+        }
+        Ok(Seat {
+            connections: Arc::clone(self),
+            id,
+            peer,
+            slot,
+            head_bytes: 0,
+            closed: Closed::Done,
+        })
+    }
+
+    pub fn counts(&self) -> ConnectionCounts {
+        let mut by_phase = [0u64; 3];
+        for slot in self.registry.lock().open.values() {
+            let phase = slot.phase.load(Ordering::Acquire) as usize;
+            if let Some(n) = by_phase.get_mut(phase) {
+                *n += 1;
+            }
+        }
+        ConnectionCounts {
+            open: Phase::ALL.into_iter().zip(by_phase).collect(),
+            closed: Closed::ALL
+                .into_iter()
+                .zip(self.closed.iter().map(|c| c.load(Ordering::Relaxed)))
+                .collect(),
+            head_bytes: self.head_bytes.load(Ordering::Relaxed) as u64,
+        }
+    }
+
+    fn count(&self, why: Closed) {
+        self.closed[why as usize - 1].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+/// A connection's place in [`Connections`]: given back, with its head bytes, when dropped.
+pub struct Seat {
+    pub(super) connections: Arc<Connections>,
+    id: u64,
+    peer: Option<IpAddr>,
+    slot: Arc<Slot>,
+    /// The bytes of its unfinished head counted in the budget.
+    head_bytes: usize,
+    /// Why it ends: counted when dropped.
+    closed: Closed,
+}
+
+impl Seat {
+    pub(super) fn set_phase(&self, phase: Phase) {
+        if self.slot.phase.swap(phase as u8, Ordering::AcqRel) != phase as u8 {
+            self.slot
+                .since_ms
+                .store(self.connections.now_ms(), Ordering::Release);
+        }
+    }
+
+    /// What the registry asked of it, if anything.
+    pub(super) fn asked_to_close(&self) -> Option<Closed> {
+        Closed::from_u8(self.slot.close.load(Ordering::Acquire))
+    }
+
+    pub(super) fn wake_me(&self, waker: &Waker) {
+        let mut slot = self.slot.waker.lock();
+        if !slot.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            *slot = Some(waker.clone());
+        }
+    }
+
+    /// Count `len` bytes of its unfinished head (0 once complete): refused past the
+    /// per-head cap or the budget of all heads.
+    pub(super) fn hold_head(&mut self, len: usize) -> Result<(), Closed> {
+        let limits = self.connections.limits;
+        if len > limits.max_head_bytes {
+            self.release_head();
+            return Err(Closed::HeadTooLarge);
+        }
+        let budget = &self.connections.head_bytes;
+        if len > self.head_bytes {
+            let more = len - self.head_bytes;
+            let before = budget.fetch_add(more, Ordering::AcqRel);
+            self.head_bytes = len;
+            if before + more > limits.head_budget {
+                self.release_head();
+                return Err(Closed::HeadBudget);
+            }
+        } else {
+            budget.fetch_sub(self.head_bytes - len, Ordering::AcqRel);
+            self.head_bytes = len;
+        }
+        Ok(())
+    }
+
+    pub(super) fn release_head(&mut self) {
+        self.connections
+            .head_bytes
+            .fetch_sub(self.head_bytes, Ordering::AcqRel);
+        self.head_bytes = 0;
+    }
+
+    pub(super) fn ending(&mut self, why: Closed) {
+        if self.closed == Closed::Done {
+            self.closed = why;
+        }
+    }
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        self.release_head();
+        let mut registry = self.connections.registry.lock();
+        registry.open.remove(&self.id);
+        if let Some(ip) = self.peer {
+            if let Some(n) = registry.peers.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    registry.peers.remove(&ip);
+                }
+            }
+        }
+        drop(registry);
+        self.connections.count(self.closed);
+    }
+}

@@ -1,0 +1,231 @@
+//! The limits on tokio's paused clock, over in-memory streams: the server's side is a
+//! [`Guarded`] stream read and written as actix-http would.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use tokio::time::Instant;
+
+use super::*;
+
+const TIMEOUT: Duration = Duration::from_secs(2);
+const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+const GET: &[u8] = b"GET /health/live HTTP/1.1\r\nHost: localhost\r\n\r\n";
+
+fn limits() -> Limits {
+    Limits {
+        header_timeout: TIMEOUT,
+        max_head_bytes: 1024,
+        head_budget: 4096,
+        max_connections: 3,
+        per_peer: 0,
+    }
+}
+
+fn peer(n: u8) -> Option<IpAddr> {
+    Some(IpAddr::V4(Ipv4Addr::new(10, 0, 0, n)))
+}
+
+/// A connection: the client's end, and the server's guarded end.
+fn connect(
+    connections: &Arc<Connections>,
+    from: Option<IpAddr>,
+) -> (DuplexStream, Guarded<DuplexStream>) {
+    let (client, server) = tokio::io::duplex(64 * 1024);
+    let seat = connections.admit(from).expect("admitted");
+    (client, Guarded::new(server, seat))
+}
+
+/// The server reads one request head (and answers it), as actix-http would.
+async fn serve_one(server: &mut Guarded<DuplexStream>) -> std::io::Result<()> {
+    let mut buf = [0u8; 4096];
+    let mut seen = Vec::new();
+    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = server.read(&mut buf).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        seen.extend_from_slice(&buf[..n]);
+    }
+    server.write_all(OK).await?;
+    server.flush().await
+}
+
+async fn answer(client: &mut DuplexStream) -> String {
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(1), client.read(&mut buf))
+        .await
+        .map_or(0, |r| r.unwrap_or(0));
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_head_trickled_on_a_reused_connection_is_cut_at_the_deadline_with_408() {
+    let connections = Connections::new(limits());
+    let (mut client, mut server) = connect(&connections, peer(1));
+    client.write_all(GET).await.unwrap();
+    serve_one(&mut server).await.unwrap();
+    assert!(answer(&mut client).await.starts_with("HTTP/1.1 200"));
+    // Idle for longer than the deadline: idle is not a head.
+    tokio::time::sleep(TIMEOUT * 3).await;
+    let served = tokio::spawn(async move { serve_one(&mut server).await });
+    let started = Instant::now();
+    // One byte a second: each would re-arm a keep-alive timer, never this deadline.
+    for b in b"GET /health/live HTTP/1.1\r\nX: " {
+        if client.write_all(&[*b]).await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if started.elapsed() > TIMEOUT * 2 {
+            break;
+        }
+    }
+    let error = served.await.unwrap().unwrap_err();
+    assert_eq!(error.kind(), std::io::ErrorKind::TimedOut);
+    assert!(answer(&mut client).await.starts_with("HTTP/1.1 408"));
+    assert!(started.elapsed() <= TIMEOUT + Duration::from_secs(1));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let counts = connections.counts();
+    assert!(
+        counts.closed.contains(&(Closed::HeaderTimeout, 1)),
+        "{counts:?}"
+    );
+    assert_eq!(counts.head_bytes, 0, "its bytes given back");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fresh_connection_that_sends_nothing_is_cut_at_the_deadline_from_the_accept() {
+    let connections = Connections::new(limits());
+    let (mut client, mut server) = connect(&connections, peer(1));
+    let served = tokio::spawn(async move { serve_one(&mut server).await });
+    let started = Instant::now();
+    assert_eq!(
+        served.await.unwrap().unwrap_err().kind(),
+        std::io::ErrorKind::TimedOut
+    );
+    assert_eq!(started.elapsed(), TIMEOUT);
+    assert!(answer(&mut client).await.starts_with("HTTP/1.1 408"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_arriving_slowly_is_not_a_head_and_has_no_head_deadline() {
+    let connections = Connections::new(limits());
+    let (mut client, mut server) = connect(&connections, peer(1));
+    client
+        .write_all(b"POST /v1 HTTP/1.1\r\nContent-Length: 10\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 256];
+    assert!(server.read(&mut buf).await.unwrap() > 0);
+    for _ in 0..5 {
+        tokio::time::sleep(TIMEOUT).await;
+        client.write_all(b"12").await.unwrap();
+        assert_eq!(server.read(&mut buf).await.unwrap(), 2, "still served");
+    }
+    assert_eq!(connections.counts().open[2], (Phase::Busy, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_head_past_its_own_cap_or_past_the_budget_of_all_heads_is_refused_with_431() {
+    let connections = Connections::new(limits());
+    let (mut client, mut server) = connect(&connections, peer(1));
+    let served = tokio::spawn(async move { serve_one(&mut server).await });
+    let long = format!("GET / HTTP/1.1\r\nX: {}", "a".repeat(1100));
+    client.write_all(long.as_bytes()).await.unwrap();
+    let error = served.await.unwrap().unwrap_err();
+    assert_eq!(error.to_string(), "head_too_large");
+    assert!(answer(&mut client).await.starts_with("HTTP/1.1 431"));
+
+    // Five unfinished heads of 900 bytes: the fifth passes the 4096 of all heads.
+    let connections = Connections::new(Limits {
+        max_connections: 10,
+        ..limits()
+    });
+    let mut held = Vec::new();
+    let head = format!("GET / HTTP/1.1\r\nX: {}", "a".repeat(880));
+    let mut refused = 0;
+    for _ in 0..5 {
+        let (mut client, mut server) = connect(&connections, peer(1));
+        client.write_all(head.as_bytes()).await.unwrap();
+        let mut buf = [0u8; 2048];
+        match server.read(&mut buf).await {
+            Ok(_) => held.push((client, server)),
+            Err(e) => {
+                assert_eq!(e.to_string(), "head_budget");
+                assert!(answer(&mut client).await.starts_with("HTTP/1.1 431"));
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!((held.len(), refused), (4, 1));
+    assert_eq!(connections.counts().head_bytes, 4 * head.len() as u64);
+    drop(held);
+    assert_eq!(connections.counts().head_bytes, 0, "given back on close");
+}
+
+#[tokio::test(start_paused = true)]
+async fn past_the_limit_the_connection_idle_longest_makes_room_and_a_busy_one_never() {
+    let connections = Connections::new(limits());
+    // A: a request in progress (its body arriving). B: idle since t+1. C: idle since t+2.
+    let (mut a_client, mut a) = connect(&connections, peer(1));
+    a_client
+        .write_all(b"POST /v1 HTTP/1.1\r\nContent-Length: 10\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 256];
+    assert!(a.read(&mut buf).await.unwrap() > 0);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (mut b_client, mut b) = connect(&connections, peer(2));
+    b_client.write_all(GET).await.unwrap();
+    serve_one(&mut b).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (mut c_client, mut c) = connect(&connections, peer(3));
+    c_client.write_all(GET).await.unwrap();
+    serve_one(&mut c).await.unwrap();
+
+    // D arrives: B, idle longest, is asked to close; A, oldest but busy, stays.
+    let (_d_client, _d) = connect(&connections, peer(4));
+    assert_eq!(b.read(&mut buf).await.unwrap_err().to_string(), "evicted");
+    a_client.write_all(b"0123456789").await.unwrap();
+    assert_eq!(a.read(&mut buf).await.unwrap(), 10, "A is served");
+    drop(b);
+    let _ = (b_client, c_client);
+    assert!(connections.counts().closed.contains(&(Closed::Evicted, 1)));
+
+    // All busy: a new one is refused.
+    let busy = Connections::new(Limits {
+        max_connections: 1,
+        ..limits()
+    });
+    let (mut client, mut server) = connect(&busy, peer(1));
+    client
+        .write_all(b"POST /v1 HTTP/1.1\r\nContent-Length: 10\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(server.read(&mut buf).await.unwrap() > 0);
+    assert_eq!(busy.admit(peer(2)).err(), Some(Closed::Full));
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_peer_gets_at_most_its_cap_and_its_room_back_when_one_closes() {
+    let connections = Connections::new(Limits {
+        max_connections: 100,
+        per_peer: 2,
+        ..limits()
+    });
+    let first = connections.admit(peer(1)).unwrap();
+    let _second = connections.admit(peer(1)).unwrap();
+    assert_eq!(connections.admit(peer(1)).err(), Some(Closed::PeerLimit));
+    assert!(
+        connections.admit(peer(2)).is_ok(),
+        "another peer is not held back"
+    );
+    drop(first);
+    assert!(connections.admit(peer(1)).is_ok());
+    assert!(connections
+        .counts()
+        .closed
+        .contains(&(Closed::PeerLimit, 1)));
+}
