@@ -124,7 +124,7 @@ impl LedgerPort for Timed {
         q: QueueRef<'_>,
         c: Caller<'_>,
         r: &[Settle<'_>],
-    ) -> Result<(), LedgerError> {
+    ) -> Result<View, LedgerError> {
         self.time(self.inner.leave(q, c, r)).await
     }
     async fn look(&self, q: QueueRef<'_>) -> Result<Option<View>, LedgerError> {

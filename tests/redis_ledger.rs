@@ -519,3 +519,45 @@ async fn a_failover_to_a_replica_that_missed_a_write_is_a_new_epoch_even_for_a_c
         "a hears of it on its next call"
     );
 }
+
+/// Found in review: a Redis user whose ACL leaves out `@dangerous` (as Redis Enterprise,
+/// so Azure Managed Redis, leaves INFO out of scripts) made every script but `look` fail,
+/// so each replica joined, was cut off, and joined again, while its health said ok.
+#[tokio::test]
+async fn a_redis_user_that_may_not_run_info_still_runs_every_script() {
+    let server = RedisServer::start().await;
+    server
+        .cli(&[
+            "ACL",
+            "SETUSER",
+            "gate",
+            "on",
+            ">pw",
+            "~*",
+            "+@all",
+            "-@dangerous",
+        ])
+        .await;
+    let url = format!("redis://gate:pw@{}", server.addr());
+    let ledger = Ledger::connect(&settings(&url, "sg", TIMEOUT))
+        .await
+        .unwrap();
+    let key = queue_key(&ledger, "q");
+    let q = QueueRef {
+        key: &key,
+        terms: TERMS,
+    };
+    let view = ledger
+        .heartbeat(q, caller())
+        .await
+        .expect("the preamble runs");
+    let again = Caller {
+        seen: view.epoch,
+        ..caller()
+    };
+    let next = ledger.heartbeat(q, again).await.unwrap();
+    assert_eq!(
+        next.epoch.id, view.epoch.id,
+        "one epoch: no run_id is not a new one"
+    );
+}

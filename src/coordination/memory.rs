@@ -434,7 +434,14 @@ impl World {
         q.view(now, t)
     }
 
-    fn leave(&mut self, key: &str, t: &Terms, c: &Caller<'_>, rows: &[Settle<'_>], now: i64) {
+    fn leave(
+        &mut self,
+        key: &str,
+        t: &Terms,
+        c: &Caller<'_>,
+        rows: &[Settle<'_>],
+        now: i64,
+    ) -> View {
         let (q, matched) = self.preamble(key, t, c, now);
         if matched {
             q.settle_rows(now, q.lag_max, rows);
@@ -448,6 +455,7 @@ impl World {
             q.lease_holder = None;
             q.lease_until = 0;
         }
+        q.view(now, t)
     }
 
     fn look(&self, key: &str, t: &Terms, now: i64) -> Option<View> {
@@ -658,7 +666,7 @@ impl LedgerPort for MemoryLedger {
         queue: QueueRef<'_>,
         caller: Caller<'_>,
         rows: &[Settle<'_>],
-    ) -> Result<(), LedgerError> {
+    ) -> Result<View, LedgerError> {
         self.call(caller.replica, |w, now| {
             w.leave(queue.key, &queue.terms, &caller, rows, now)
         })

@@ -239,7 +239,7 @@ pub trait LedgerPort: Send + Sync + 'static {
         queue: QueueRef<'_>,
         caller: Caller<'_>,
         rows: &[Settle<'_>],
-    ) -> Result<(), LedgerError>;
+    ) -> Result<View, LedgerError>;
 
     /// The state as it is, changing nothing (not even a missing state is made).
     async fn look(&self, queue: QueueRef<'_>) -> Result<Option<View>, LedgerError>;

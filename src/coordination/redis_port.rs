@@ -157,12 +157,10 @@ impl LedgerPort for Ledger {
         queue: QueueRef<'_>,
         caller: Caller<'_>,
         settled: &[Settle<'_>],
-    ) -> Result<(), LedgerError> {
+    ) -> Result<View, LedgerError> {
         let mut call = invoke(&SCRIPTS.leave, queue, caller);
         rows(&mut call, settled);
-        // Decoded though unused: a reply that is not a view means the script did not run
-        // as this build knows it, and the caller should not believe it left.
-        decode_view(&ints(self.run(&call).await?)?).map(|_| ())
+        decode_view(&ints(self.run(&call).await?)?)
     }
 
     async fn look(&self, queue: QueueRef<'_>) -> Result<Option<View>, LedgerError> {

@@ -627,6 +627,11 @@ impl FleetSeat {
         }
         let mut state = self.state.lock();
         let epoch = view.epoch.id;
+        if state.seen.id != epoch {
+            // Another call's reply adopted a newer epoch since this one was seen (the lock
+            // was let go in between): this grant's block is not in the current state.
+            return ask_again(view.streak);
+        }
         if state.leaving {
             if let Reservation::Granted { granted } = reservation {
                 state.pending.entry((epoch, turn)).or_default().1 += granted;
@@ -886,10 +891,24 @@ impl FleetSeat {
                 not_stored: *not_stored,
             })
             .collect();
-        self.fleet
+        let caller = self.caller();
+        let named = caller.seen.id;
+        let view = self
+            .fleet
             .ledger()
-            .leave(self.queue_ref(), self.caller(), &batch)
+            .leave(self.queue_ref(), caller, &batch)
             .await?;
+        if view.epoch.id != named {
+            // The state was made anew (and named another epoch): the goodbye recorded no
+            // carry and settled nothing. Adopted, every admission of the hold is carry now
+            // (its rows are dropped with the old epoch): said again, the carry is kept until
+            // its hold ends, as step 7 promises.
+            self.see(view);
+            self.fleet
+                .ledger()
+                .leave(self.queue_ref(), self.caller(), &[])
+                .await?;
+        }
         Ok(Goodbye::Left)
     }
 

@@ -136,9 +136,13 @@ local function make(s, seen_id)
 end
 
 -- This Redis process's run_id: a restart or a replica promoted by a failover is another
--- process, with another id, whatever data it kept.
+-- process, with another id, whatever data it kept. Where scripts may not call INFO (an ACL
+-- without @dangerous; Redis Enterprise, so Azure Managed Redis) it is '' on every process,
+-- and a failover is noticed by epoch and version alone (docs/fleet.md, A4).
 local function run_id()
-  return string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
+  local ok, info = pcall(redis.call, 'INFO', 'server')
+  if not ok or type(info) ~= 'string' then return '' end
+  return string.match(info, 'run_id:(%x+)') or ''
 end
 
 -- What every call of a replica runs first (docs/fleet.md, steps 1 and 5). Returns the state
