@@ -145,15 +145,17 @@ impl Connections {
             }
         }
         if registry.open.len() >= self.limits.max_connections {
+            // The longest in its phase; of two as old (the same millisecond), the one
+            // accepted first.
             let victim = registry
                 .open
-                .values()
-                .filter(|s| {
+                .iter()
+                .filter(|(_, s)| {
                     s.phase.load(Ordering::Acquire) != Phase::Busy as u8
                         && s.close.load(Ordering::Acquire) == 0
                 })
-                .min_by_key(|s| s.since_ms.load(Ordering::Acquire))
-                .cloned();
+                .min_by_key(|(id, s)| (s.since_ms.load(Ordering::Acquire), **id))
+                .map(|(_, s)| Arc::clone(s));
             match victim {
                 Some(slot) => {
                     slot.close.store(Closed::Evicted as u8, Ordering::Release);
