@@ -9,26 +9,9 @@ use crate::helpers::{spawn_app_with, TestApp};
 /// Write `request` as is on a fresh connection and read the answer until the server closes
 /// or 5 s pass.
 pub async fn exchange(app: &TestApp, request: &str) -> String {
-    let addr = app.address.trim_start_matches("http://").to_owned();
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut stream = connect(app).await;
     stream.write_all(request.as_bytes()).await.unwrap();
-    let mut answer = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), async {
-        let mut buf = [0u8; 4096];
-        loop {
-            match stream.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    answer.extend_from_slice(&buf[..n]);
-                    if answer.windows(4).any(|w| w == b"\r\n\r\n") {
-                        break;
-                    }
-                }
-            }
-        }
-    })
-    .await;
-    String::from_utf8_lossy(&answer).into_owned()
+    read_answer(&mut stream, Duration::from_secs(5)).await
 }
 
 /// RFC 9112 §3.2.2: with an absolute-form target the server uses the target's host and
