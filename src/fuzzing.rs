@@ -88,7 +88,7 @@ pub fn send_input(data: &[u8]) {
     };
     std::hint::black_box(send::is_json(&req));
 
-    match Input::parse(&req, body, 128, context.header_problem()) {
+    match Input::parse(&req, body, 127, context.header_problem()) {
         Ok(input) => {
             assert!(
                 std::str::from_utf8(body).is_ok(),

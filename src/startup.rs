@@ -24,6 +24,10 @@ use crate::http::{routes, AppState};
 use crate::lifecycle::Lifecycle;
 use crate::settings::RuntimeSettings;
 
+/// The answer to a connection refused at accept (full of busy connections, or its peer at
+/// its cap), written before any byte is read.
+const REFUSED: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
+
 /// The HTTP/1.1 server over `listener`: actix-web's `HttpServer` as it builds itself, with
 /// every accepted connection admitted by `connections` and served through its guarded
 /// stream (`src/transport`: head deadlines, head bytes, room kept for new clients).
@@ -69,9 +73,10 @@ where
                 // Longer than the usual 60 s idle timeout of load balancers in front, so the
                 // balancer, not sendgate, closes idle connections (no reset-on-reuse races).
                 .keep_alive(Duration::from_secs(75))
-                // The transport's deadline is every head's; this one, actix-http's, is only
-                // the first's: the same, so neither cuts what the other allows.
-                .client_request_timeout(limits.header_timeout)
+                // The transport's deadline is every head's (and answers 408 itself); this one,
+                // actix-http's, only the first's, on a clock up to 0.5 s stale: a second later,
+                // so the transport's is the one that cuts and counts.
+                .client_request_timeout(limits.header_timeout + Duration::from_secs(1))
                 .client_disconnect_timeout(Duration::from_secs(1))
                 .local_addr(local)
                 .h1(map_config(
@@ -85,11 +90,21 @@ where
                     let _ = io.set_nodelay(true);
                     match admitted {
                         Ok(seat) => Ok((crate::transport::Guarded::new(io, seat), peer)),
-                        // Dropped: closed at once, before a byte is read.
-                        Err(why) => Err(actix_http::error::DispatchError::Io(std::io::Error::new(
-                            std::io::ErrorKind::ConnectionRefused,
-                            why.as_str(),
-                        ))),
+                        Err(why) => {
+                            // Told why before it is dropped, if the socket takes it at once:
+                            // a client can tell "busy, try again" from a crash.
+                            use tokio::io::AsyncWriteExt as _;
+                            let mut io = io;
+                            let told = async {
+                                io.write_all(REFUSED).await?;
+                                io.shutdown().await
+                            };
+                            let _ = tokio::time::timeout(Duration::from_millis(20), told).await;
+                            Err(actix_http::error::DispatchError::Io(std::io::Error::new(
+                                std::io::ErrorKind::ConnectionRefused,
+                                why.as_str(),
+                            )))
+                        }
                     }
                 }
             })

@@ -379,10 +379,10 @@ pub const MAX_BODY_BYTES: Var = Var::server(
 pub const MAX_JSON_DEPTH: Var = Var::server(
     "SENDGATE_MAX_JSON_DEPTH",
     G::Limits,
-    K::Whole { min: 1, max: 128 },
-    "Deepest nesting of arrays and objects accepted in a body (400 past it): what serde_json and most workers' parsers accept, so nothing a worker cannot parse is queued.",
+    K::Whole { min: 1, max: 127 },
+    "Deepest nesting of arrays and objects accepted in a body (400 past it): at most 127, the deepest serde_json parses (it refuses 128), so nothing a worker cannot parse is queued.",
 )
-.default("128");
+.default("127");
 pub const BODY_TIMEOUT_MS: Var = Var::server(
     "SENDGATE_BODY_TIMEOUT_MS",
     G::Limits,

@@ -5,16 +5,22 @@
 //! arriving (the deadline and the head budget apply) and when a request is in progress
 //! (the connection is not closed to make room).
 //!
-//! What it cannot follow (a head httparse refuses, an upgrade, a malformed chunk) turns it
-//! **opaque** for the rest of the connection: the server answers such a request with an
-//! error and closes, so nothing more is measured there.
+//! The same framing, on the server's side ([`Framing::responses`]), tells when an answer
+//! has been written whole: interim `1xx` answers do not count, and an answer to `HEAD`,
+//! a `204` or a `304` has no body whatever its head says.
+//!
+//! What it cannot follow (a head httparse refuses, two lengths, a coding other than
+//! chunked, `CONNECT` or a WebSocket upgrade, a chunk size past 2^64) turns it **opaque** for
+//! the rest of the connection: the server answers such a request with an error and closes,
+//! or streams it to the end; the guard gives such a connection only a deadline.
 
 /// As many headers as actix-http accepts: a head with more is refused there too.
 const MAX_HEADERS: usize = 96;
 
-/// A chunk-size line longer than this is not one a client sends (the size and short
-/// extensions): opaque.
-const MAX_CHUNK_LINE: usize = 1024;
+/// Request methods remembered for the answers still to come (pipelined requests); past it
+/// the oldest are taken for not `HEAD` (the server reads requests only as fast as it
+/// answers them, so a client cannot make this grow by much).
+const MAX_PENDING_METHODS: usize = 64;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum State {
@@ -28,9 +34,13 @@ enum State {
     Body {
         left: u64,
     },
-    /// A chunk-size line being read.
+    /// A chunk-size line being read: the size so far, how many hex digits it had, and
+    /// whether they ended (an extension or spaces follow, skipped to the line's end however
+    /// long: the server takes extensions of any length).
     ChunkSize {
-        line: Vec<u8>,
+        size: u64,
+        digits: usize,
+        ended: bool,
     },
     /// Chunk data still to come, then its line end.
     ChunkData {
@@ -50,29 +60,78 @@ enum State {
 pub struct Fed {
     /// A head's first byte arrived.
     pub heads_started: u32,
-    /// A head was complete.
+    /// A head was complete (requests: every one; answers: final ones, not `1xx`).
     pub heads_completed: u32,
-    /// A request's body (or its absence) ended: the next byte starts a head.
+    /// A message's body (or its absence) ended: the next byte starts a head.
     pub requests_read: u32,
+}
+
+/// Which way the bytes go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Side {
+    /// Requests, with whether each complete head since [`Framing::read_heads`] was `HEAD`.
+    Requests {
+        read: std::collections::VecDeque<bool>,
+    },
+    /// Answers, with the methods of the requests still to answer (`true`: `HEAD`).
+    Answers {
+        heads: std::collections::VecDeque<bool>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Framing {
     state: State,
+    side: Side,
 }
 
+const START: State = State::Head {
+    bytes: Vec::new(),
+    line: 0,
+};
+
 impl Default for Framing {
+    /// The client's side: requests.
     fn default() -> Self {
         Self {
-            state: State::Head {
-                bytes: Vec::new(),
-                line: 0,
+            state: START,
+            side: Side::Requests {
+                read: std::collections::VecDeque::new(),
             },
         }
     }
 }
 
 impl Framing {
+    /// The server's side: answers, each to a request [`Framing::expect`] was told of.
+    pub fn responses() -> Self {
+        Self {
+            state: START,
+            side: Side::Answers {
+                heads: std::collections::VecDeque::new(),
+            },
+        }
+    }
+
+    /// A request was read whose answer is to come (`head`: its method is `HEAD`).
+    pub fn expect(&mut self, head: bool) {
+        if let Side::Answers { heads } = &mut self.side {
+            if heads.len() == MAX_PENDING_METHODS {
+                heads.pop_front();
+            }
+            heads.push_back(head);
+        }
+    }
+
+    /// The requests read whole since the last call, in order: `true` for a `HEAD`.
+    pub fn read_heads(&mut self) -> impl Iterator<Item = bool> + '_ {
+        let read = match &mut self.side {
+            Side::Requests { read } => Some(read),
+            Side::Answers { .. } => None,
+        };
+        read.into_iter().flat_map(|r| r.drain(..))
+    }
+
     /// The bytes of the head being read (0 between requests, in a body, or opaque).
     pub fn head_len(&self) -> usize {
         match &self.state {
@@ -90,7 +149,7 @@ impl Framing {
         self.state == State::Opaque
     }
 
-    /// Follow `bytes`, the next the client sent.
+    /// Follow `bytes`, the next sent this way.
     pub fn feed(&mut self, mut bytes: &[u8]) -> Fed {
         let mut fed = Fed::default();
         while !bytes.is_empty() {
@@ -119,24 +178,7 @@ impl Framing {
                     head.extend_from_slice(&bytes[..used]);
                     if done {
                         let head = std::mem::take(head);
-                        match next_after_head(&head) {
-                            Some(next) => {
-                                fed.heads_completed += 1;
-                                self.state = next;
-                                if self.state == (State::Body { left: 0 }) {
-                                    fed.requests_read += 1;
-                                    *self = Framing::default();
-                                }
-                            }
-                            // Only empty lines so far: still before the request line.
-                            None if head.iter().all(|b| matches!(b, b'\r' | b'\n')) => {
-                                self.state = State::Head {
-                                    bytes: head,
-                                    line: 0,
-                                };
-                            }
-                            None => self.state = State::Opaque,
-                        }
+                        self.head_done(head, &mut fed);
                     }
                     used
                 }
@@ -147,26 +189,40 @@ impl Framing {
                     *left -= used as u64;
                     if *left == 0 {
                         fed.requests_read += 1;
-                        *self = Framing::default();
+                        self.state = START;
                     }
                     used
                 }
-                State::ChunkSize { line } => {
-                    let end = bytes.iter().position(|&b| b == b'\n');
-                    let used = end.map_or(bytes.len(), |i| i + 1);
-                    line.extend_from_slice(&bytes[..used]);
-                    if line.len() > MAX_CHUNK_LINE {
-                        self.state = State::Opaque;
-                    } else if end.is_some() {
-                        self.state = match httparse::parse_chunk_size(line) {
-                            Ok(httparse::Status::Complete((_, 0))) => State::Trailers { line: 0 },
-                            Ok(httparse::Status::Complete((_, size))) => {
-                                State::ChunkData { left: size }
+                State::ChunkSize {
+                    size,
+                    digits,
+                    ended,
+                } => {
+                    let b = bytes[0];
+                    match (b, (b as char).to_digit(16)) {
+                        (b'\n', _) if *digits > 0 => {
+                            self.state = match *size {
+                                0 => State::Trailers { line: 0 },
+                                size => State::ChunkData { left: size },
+                            };
+                        }
+                        (_, Some(d)) if !*ended => {
+                            match size
+                                .checked_mul(16)
+                                .and_then(|n| n.checked_add(u64::from(d)))
+                            {
+                                Some(next) => {
+                                    *size = next;
+                                    *digits += 1;
+                                }
+                                None => self.state = State::Opaque,
                             }
-                            _ => State::Opaque,
-                        };
+                        }
+                        // A line end or an extension before any digit: not a chunk size.
+                        _ if *digits == 0 => self.state = State::Opaque,
+                        _ => *ended = true,
                     }
-                    used
+                    1
                 }
                 State::ChunkData { left } => {
                     let used = usize::try_from(*left)
@@ -178,23 +234,19 @@ impl Framing {
                     }
                     used
                 }
-                State::ChunkEnd => match bytes[0] {
-                    b'\r' => 1,
-                    b'\n' => {
-                        self.state = State::ChunkSize { line: Vec::new() };
-                        1
+                State::ChunkEnd => {
+                    match bytes[0] {
+                        b'\r' => {}
+                        b'\n' => self.state = CHUNK_SIZE,
+                        _ => self.state = State::Opaque,
                     }
-                    _ => {
-                        self.state = State::Opaque;
-                        1
-                    }
-                },
+                    1
+                }
                 State::Trailers { line } => {
-                    let b = bytes[0];
-                    match b {
+                    match bytes[0] {
                         b'\n' if *line == 0 => {
                             fed.requests_read += 1;
-                            *self = Framing::default();
+                            self.state = START;
                         }
                         b'\n' => *line = 0,
                         b'\r' => {}
@@ -207,27 +259,103 @@ impl Framing {
         }
         fed
     }
+
+    /// A complete head: what follows it.
+    fn head_done(&mut self, head: Vec<u8>, fed: &mut Fed) {
+        let next = match &mut self.side {
+            Side::Requests { read } => {
+                let next = next_after_head(&head);
+                if next.is_some() {
+                    if read.len() == MAX_PENDING_METHODS {
+                        read.pop_front();
+                    }
+                    read.push_back(head.trim_ascii_start().starts_with(b"HEAD "));
+                }
+                next
+            }
+            Side::Answers { heads } => next_after_answer(&head, heads),
+        };
+        match next {
+            Some((next, final_head)) => {
+                fed.heads_completed += u32::from(final_head);
+                self.state = next;
+                if self.state == (State::Body { left: 0 }) {
+                    fed.requests_read += u32::from(final_head);
+                    self.state = START;
+                }
+            }
+            // Only empty lines so far: still before the request line.
+            None if head.iter().all(|b| matches!(b, b'\r' | b'\n')) => {
+                self.state = State::Head {
+                    bytes: head,
+                    line: 0,
+                };
+            }
+            None => self.state = State::Opaque,
+        }
+    }
 }
 
-/// What follows a complete head: its body, or nothing (`Body { left: 0 }`); `None` while
-/// httparse finds it partial (only empty lines), opaque for what this cannot follow.
-fn next_after_head(head: &[u8]) -> Option<State> {
+const CHUNK_SIZE: State = State::ChunkSize {
+    size: 0,
+    digits: 0,
+    ended: false,
+};
+
+/// What follows a complete request head: its body, or nothing (`Body { left: 0 }`), and
+/// `true` (every request is final); `None` while httparse finds it partial (only empty
+/// lines), opaque for what this cannot follow.
+fn next_after_head(head: &[u8]) -> Option<(State, bool)> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(head) {
         Ok(httparse::Status::Complete(_)) => {}
         Ok(httparse::Status::Partial) => return None,
-        Err(_) => return Some(State::Opaque),
+        Err(_) => return Some((State::Opaque, true)),
     }
-    if req.method == Some("CONNECT") {
-        return Some(State::Opaque);
+    // The server streams these to the end of the connection: no next head to follow.
+    let websocket = req.headers.iter().any(|h| {
+        h.name.eq_ignore_ascii_case("upgrade") && h.value.eq_ignore_ascii_case(b"websocket")
+    });
+    if req.method == Some("CONNECT") || websocket {
+        return Some((State::Opaque, true));
     }
+    body_of(req.headers).map(|state| (state, true))
+}
+
+/// What follows a complete answer head: its body (none for `HEAD`, `204`, `304`, `1xx`),
+/// and whether it is a final answer (`1xx` are interim: the answer is still to come).
+fn next_after_answer(
+    head: &[u8],
+    heads: &mut std::collections::VecDeque<bool>,
+) -> Option<(State, bool)> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut headers);
+    match res.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) => return None,
+        Err(_) => return Some((State::Opaque, true)),
+    }
+    let code = res.code.unwrap_or(0);
+    if code == 101 {
+        return Some((State::Opaque, true));
+    }
+    if (100..200).contains(&code) {
+        return Some((State::Body { left: 0 }, false));
+    }
+    let to_head = heads.pop_front().unwrap_or(false);
+    if to_head || code == 204 || code == 304 {
+        return Some((State::Body { left: 0 }, true));
+    }
+    let body = body_of(res.headers)?;
+    Some((body, true))
+}
+
+/// The body a message's headers announce; opaque for what the server refuses.
+fn body_of(headers: &[httparse::Header<'_>]) -> Option<State> {
     let mut length: Option<u64> = None;
     let mut chunked = None;
-    for h in req.headers.iter() {
-        if h.name.eq_ignore_ascii_case("upgrade") {
-            return Some(State::Opaque);
-        }
+    for h in headers.iter() {
         if h.name.eq_ignore_ascii_case("transfer-encoding") {
             // Chunked only as the last coding; anything else the server refuses.
             let last = h.value.rsplit(|&b| b == b',').next().unwrap_or_default();
@@ -248,7 +376,7 @@ fn next_after_head(head: &[u8]) -> Option<State> {
         }
     }
     Some(match (chunked, length) {
-        (Some(()), None) => State::ChunkSize { line: Vec::new() },
+        (Some(()), None) => CHUNK_SIZE,
         (Some(()), Some(_)) => State::Opaque,
         (None, n) => State::Body {
             left: n.unwrap_or(0),
@@ -347,7 +475,7 @@ mod tests {
             b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n",
             b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
             b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
-            b"GET / HTTP/1.1\r\nUpgrade: websocket\r\n\r\n",
+            b"GET / HTTP/1.1\r\nUpgrade: WebSocket\r\n\r\n",
             b"CONNECT x:443 HTTP/1.1\r\n\r\n",
             b"NOT A REQUEST\r\n\r\n",
         ] {
@@ -361,7 +489,47 @@ mod tests {
         assert!(f.is_opaque(), "a chunk size that is not hex");
         let mut f = Framing::default();
         f.feed(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n");
-        f.feed(&[b'1'; MAX_CHUNK_LINE + 1]);
-        assert!(f.is_opaque(), "a chunk line without end");
+        f.feed(&[b'1'; 17]);
+        assert!(f.is_opaque(), "a chunk size past 2^64");
+    }
+
+    #[test]
+    fn a_chunk_extension_of_any_length_is_followed() {
+        let mut f = Framing::default();
+        f.feed(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2;");
+        f.feed(&[b'x'; 100_000]);
+        let fed = f.feed(b"\r\nab\r\n0\r\n\r\nGET / HTTP/1.1\r\n\r\n");
+        assert!(!f.is_opaque());
+        assert_eq!(fed.requests_read, 2);
+    }
+
+    #[test]
+    fn answers_end_after_their_body_interim_ones_do_not_count_and_head_has_none() {
+        let mut a = Framing::responses();
+        a.expect(false);
+        let fed = a.feed(b"HTTP/1.1 100 Continue\r\n\r\n");
+        assert_eq!((fed.heads_completed, fed.requests_read), (0, 0), "interim");
+        let fed = a.feed(b"HTTP/1.1 201 Created\r\ncontent-length: 4\r\n\r\n{}");
+        assert_eq!(fed.requests_read, 0, "its body is still to come");
+        assert_eq!(a.feed(b"{}").requests_read, 1);
+        // An answer to HEAD announces a length it does not send.
+        a.expect(true);
+        a.expect(false);
+        let fed = a.feed(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 99\r\n\r\n\
+              HTTP/1.1 204 No Content\r\ncontent-length: 5\r\n\r\n",
+        );
+        assert_eq!(fed.requests_read, 2);
+        let fed =
+            a.feed(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n");
+        assert_eq!(fed.requests_read, 1);
+    }
+
+    #[test]
+    fn requests_read_say_which_were_head() {
+        let mut f = Framing::default();
+        f.feed(b"HEAD / HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n");
+        assert_eq!(f.read_heads().collect::<Vec<_>>(), [true, false]);
+        assert_eq!(f.read_heads().count(), 0);
     }
 }

@@ -6,17 +6,21 @@
 //!   whatever trickles in meanwhile: past it the connection answers `408` (when no answer
 //!   is being written) and closes. actix-http cuts only a connection's first head; a reused
 //!   connection's head would otherwise have no deadline at all.
-//! - **Heads are a memory budget.** One head holds at most `max_head_bytes`, and the
-//!   bytes of every unfinished head together at most `head_budget`: a read past either
-//!   answers `431` and closes at once, giving its bytes back.
+//! - **What a client owes has a deadline too**: once its request is answered, the rest of
+//!   the body (actix-http drains what a handler did not read, with no deadline of its own),
+//!   or going away when the framing can no longer be followed. A request being answered
+//!   owes nothing.
+//! - **Heads are a memory budget.** One head holds at most `max_head_bytes` (`431`, close);
+//!   the bytes of every unfinished head together at most `head_budget`: past it the head
+//!   arriving longest is closed (`431`) to make room, the new one only if it is that head.
 //! - **Room is kept for well-behaved clients.** At most `max_connections` are open. A new
-//!   connection past that closes the one that has waited longest without a request in
-//!   progress (idle between requests, or its head still arriving); when every one has a
-//!   request in progress, the new one is closed. A request in progress is never closed to
-//!   make room.
-//! - **One peer cannot take it all.** At most `per_peer` connections from one address (0:
-//!   no cap). Behind a proxy or ingress the peer is the proxy: `X-Forwarded-For` is not
-//!   read, as any client can write it.
+//!   connection past that closes one with no request in progress — one that owes something
+//!   before an idle one (a flood's fresh connections owe heads; a client's pooled one is
+//!   idle), the longest in its phase first. A request in progress is never closed to make
+//!   room: when every connection has one, the new one is answered `503` and closed.
+//! - **One peer cannot take it all.** At most `per_peer` connections from one IPv4 address
+//!   or IPv6 /64 (0: no cap), `503` past it. Behind a proxy or ingress the peer is the
+//!   proxy: `X-Forwarded-For` is not read, as any client can write it.
 //!
 //! This module knows nothing of routes, handlers or actix-web: it sees bytes
 //! ([`framing`] tells a head from a body) and the server's writes and flushes.

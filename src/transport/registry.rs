@@ -25,10 +25,12 @@ pub enum Closed {
     PeerLimit,
     /// Refused at once: full, and every connection has a request in progress.
     Full,
+    /// Answered, it did not finish sending a body or go away within the deadline.
+    Stalled,
 }
 
 impl Closed {
-    pub const ALL: [Closed; 7] = [
+    pub const ALL: [Closed; 8] = [
         Closed::Done,
         Closed::HeaderTimeout,
         Closed::HeadTooLarge,
@@ -36,6 +38,7 @@ impl Closed {
         Closed::Evicted,
         Closed::PeerLimit,
         Closed::Full,
+        Closed::Stalled,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -47,6 +50,7 @@ impl Closed {
             Closed::Evicted => "evicted",
             Closed::PeerLimit => "peer_limit",
             Closed::Full => "full",
+            Closed::Stalled => "stalled",
         }
     }
 
@@ -88,6 +92,8 @@ struct Slot {
     since_ms: AtomicU64,
     /// A [`Closed`] the registry asked for (0: none).
     close: AtomicU8,
+    /// Bytes of its unfinished head counted in the budget.
+    head_bytes: AtomicUsize,
     /// The task to wake when asked to close.
     waker: Mutex<Option<Waker>>,
 }
@@ -116,6 +122,15 @@ pub struct ConnectionCounts {
     pub head_bytes: u64,
 }
 
+impl Slot {
+    fn ask_to_close(&self, why: Closed) {
+        self.close.store(why as u8, Ordering::Release);
+        if let Some(waker) = self.waker.lock().take() {
+            waker.wake();
+        }
+    }
+}
+
 impl Connections {
     pub fn new(limits: Limits) -> Arc<Self> {
         Arc::new(Self {
@@ -134,6 +149,7 @@ impl Connections {
     /// A connection just accepted from `peer`: its seat, or why it is refused. Past the
     /// limit, the connection waiting longest without a request in progress is asked to close.
     pub fn admit(self: &Arc<Self>, peer: Option<IpAddr>) -> Result<Seat, Closed> {
+        let peer = peer.map(peer_key);
         let now = self.now_ms();
         let mut registry = self.registry.lock();
         if let Some(ip) = peer {
@@ -145,8 +161,9 @@ impl Connections {
             }
         }
         if registry.open.len() >= self.limits.max_connections {
-            // The longest in its phase; of two as old (the same millisecond), the one
-            // accepted first.
+            // One that owes something (a head, the rest of a body) before one that is idle,
+            // then the longest in its phase; of two as old, the one accepted first. A
+            // client's pooled connection is idle; a flood's fresh ones owe their heads.
             let victim = registry
                 .open
                 .iter()
@@ -154,15 +171,13 @@ impl Connections {
                     s.phase.load(Ordering::Acquire) != Phase::Busy as u8
                         && s.close.load(Ordering::Acquire) == 0
                 })
-                .min_by_key(|(id, s)| (s.since_ms.load(Ordering::Acquire), **id))
+                .min_by_key(|(id, s)| {
+                    let idle = s.phase.load(Ordering::Acquire) == Phase::Idle as u8;
+                    (idle, s.since_ms.load(Ordering::Acquire), **id)
+                })
                 .map(|(_, s)| Arc::clone(s));
             match victim {
-                Some(slot) => {
-                    slot.close.store(Closed::Evicted as u8, Ordering::Release);
-                    if let Some(waker) = slot.waker.lock().take() {
-                        waker.wake();
-                    }
-                }
+                Some(slot) => slot.ask_to_close(Closed::Evicted),
                 None => {
                     drop(registry);
                     self.count(Closed::Full);
@@ -176,6 +191,7 @@ impl Connections {
             phase: AtomicU8::new(Phase::Head as u8),
             since_ms: AtomicU64::new(now),
             close: AtomicU8::new(0),
+            head_bytes: AtomicUsize::new(0),
             waker: Mutex::new(None),
         });
         registry.open.insert(id, Arc::clone(&slot));
@@ -210,12 +226,48 @@ impl Connections {
         }
     }
 
+    /// The heads' budget is past: the head that has been arriving longest makes room, if
+    /// it is not `seat`'s own (a normal head arrives in milliseconds; one held for seconds
+    /// is the flood's). Its bytes count until it closes, so the budget may be passed by a
+    /// head or so meanwhile. Whether `seat` may keep its bytes.
+    fn make_head_room(&self, seat: &Seat) -> bool {
+        let registry = self.registry.lock();
+        let oldest = registry
+            .open
+            .iter()
+            .filter(|(_, s)| {
+                s.head_bytes.load(Ordering::Acquire) > 0 && s.close.load(Ordering::Acquire) == 0
+            })
+            .min_by_key(|(id, s)| (s.since_ms.load(Ordering::Acquire), **id));
+        match oldest {
+            Some((id, slot)) if *id != seat.id => {
+                slot.ask_to_close(Closed::HeadBudget);
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn count(&self, why: Closed) {
         self.closed[why as usize - 1].fetch_add(1, Ordering::Relaxed);
     }
 
     fn now_ms(&self) -> u64 {
         u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+/// Whom the per-peer cap counts: an IPv4 address, or an IPv6 address's /64 (one host's
+/// usual allocation: any address in it is the same client's to pick).
+fn peer_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(std::net::Ipv6Addr::from(
+                u128::from(v6) & !((1u128 << 64) - 1),
+            )),
+        },
     }
 }
 
@@ -264,23 +316,28 @@ impl Seat {
         if len > self.head_bytes {
             let more = len - self.head_bytes;
             let before = budget.fetch_add(more, Ordering::AcqRel);
-            self.head_bytes = len;
-            if before + more > limits.head_budget {
+            self.set_head_bytes(len);
+            if before + more > limits.head_budget && !self.connections.make_head_room(self) {
                 self.release_head();
                 return Err(Closed::HeadBudget);
             }
         } else {
             budget.fetch_sub(self.head_bytes - len, Ordering::AcqRel);
-            self.head_bytes = len;
+            self.set_head_bytes(len);
         }
         Ok(())
+    }
+
+    fn set_head_bytes(&mut self, len: usize) {
+        self.head_bytes = len;
+        self.slot.head_bytes.store(len, Ordering::Release);
     }
 
     pub(super) fn release_head(&mut self) {
         self.connections
             .head_bytes
             .fetch_sub(self.head_bytes, Ordering::AcqRel);
-        self.head_bytes = 0;
+        self.set_head_bytes(0);
     }
 
     pub(super) fn ending(&mut self, why: Closed) {

@@ -1,8 +1,18 @@
 //! A connection's byte stream under the limits of [`super::Connections`]: it follows the
-//! client's requests ([`super::framing`]), times each head, counts its bytes, and closes the
-//! connection (an I/O error to the server, which drops it) when a limit is passed or the
-//! registry asks. A refusal's answer (`408`, `431`) is written by the stream itself, and
-//! only when the server is not writing one of its own.
+//! client's requests and the server's answers ([`super::framing`], both ways), times what a
+//! client owes, counts its head bytes, and closes the connection (an I/O error to the
+//! server, which drops it) when a limit is passed or the registry asks. A refusal's answer
+//! (`408`, `431`) is written by the stream itself, and only when every request read so far
+//! has been answered whole, so it never lands inside an answer of the server's.
+//!
+//! What a client owes, and by when (`header_timeout` each, from when it began to owe it):
+//! - a head: from its first byte (a connection's first head: from the accept);
+//! - the rest of a body once its request was answered (the server drains what its handler
+//!   did not read, and no deadline of its own covers that);
+//! - going away, once answered, on a connection whose framing is opaque.
+//!
+//! While a request is answered (read, and its answer not yet written whole) nothing is
+//! owed and the connection is busy: never closed to make room.
 
 use std::future::Future;
 use std::io;
@@ -19,16 +29,25 @@ const TIMED_OUT: &[u8] =
     b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
 const TOO_LARGE: &[u8] = b"HTTP/1.1 431 Request Header Fields Too Large\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
 
+/// What the client owes while a deadline runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owed {
+    Head,
+    /// The rest of an answered request's body, or going away (opaque).
+    Leftover,
+}
+
 pub struct Guarded<S> {
     io: S,
     seat: Seat,
-    framing: Framing,
-    /// The head's deadline, while one is arriving.
-    deadline: Option<Pin<Box<Sleep>>>,
-    /// A request's answer is not yet written and flushed.
-    answering: bool,
-    /// The server wrote since the last request's head was complete.
-    wrote: bool,
+    requests: Framing,
+    answers: Framing,
+    /// Requests read whole, and answers written whole (final ones).
+    read: u64,
+    answered: u64,
+    /// No byte read yet: the first head is owed from the accept.
+    fresh: bool,
+    deadline: Option<(Owed, Pin<Box<Sleep>>)>,
     /// Closed: every later call fails at once.
     closed: Option<Closed>,
 }
@@ -37,39 +56,65 @@ impl<S> Guarded<S> {
     /// The stream of a connection just given `seat`: its first head is due within the
     /// deadline from now.
     pub fn new(io: S, seat: Seat) -> Self {
-        let timeout = seat.connections.limits.header_timeout;
-        Self {
+        let mut guarded = Self {
             io,
             seat,
-            framing: Framing::default(),
-            deadline: Some(Box::pin(tokio::time::sleep_until(Instant::now() + timeout))),
-            answering: false,
-            wrote: false,
+            requests: Framing::default(),
+            answers: Framing::responses(),
+            read: 0,
+            answered: 0,
+            fresh: true,
+            deadline: None,
             closed: None,
-        }
+        };
+        guarded.settle();
+        guarded
     }
 
     pub fn get_ref(&self) -> &S {
         &self.io
     }
 
-    fn phase(&self) -> Phase {
-        if self.answering || self.framing.in_body() {
-            Phase::Busy
-        } else if self.deadline.is_some() {
-            Phase::Head
+    fn busy(&self) -> bool {
+        self.read > self.answered
+    }
+
+    /// What the client owes now, if anything.
+    fn owed(&self) -> Option<Owed> {
+        if self.busy() {
+            None
+        } else if self.requests.is_opaque() || self.requests.in_body() {
+            Some(Owed::Leftover)
+        } else if self.fresh || self.requests.head_len() > 0 {
+            Some(Owed::Head)
         } else {
-            Phase::Idle
+            None
         }
     }
 
-    fn refresh_phase(&self) {
-        self.seat.set_phase(self.phase());
+    /// The deadline and the phase for what is owed now: a deadline runs from when its
+    /// debt began (a new head, after one was read, starts a new one).
+    fn settle(&mut self) {
+        let owed = self.owed();
+        if owed != self.deadline.as_ref().map(|(o, _)| *o) {
+            self.deadline = owed.map(|o| {
+                let timeout = self.seat.connections.limits.header_timeout;
+                (
+                    o,
+                    Box::pin(tokio::time::sleep_until(Instant::now() + timeout)),
+                )
+            });
+        }
+        self.seat.set_phase(match owed {
+            None if self.busy() => Phase::Busy,
+            None => Phase::Idle,
+            Some(_) => Phase::Head,
+        });
     }
 
     fn failure(why: Closed) -> io::Error {
         let kind = match why {
-            Closed::HeaderTimeout => io::ErrorKind::TimedOut,
+            Closed::HeaderTimeout | Closed::Stalled => io::ErrorKind::TimedOut,
             _ => io::ErrorKind::ConnectionAborted,
         };
         io::Error::new(kind, why.as_str())
@@ -77,7 +122,7 @@ impl<S> Guarded<S> {
 }
 
 impl<S: AsyncWrite + Unpin> Guarded<S> {
-    /// Close for `why`: the answer it calls for, if the server is not writing one (best
+    /// Close for `why`: the answer it calls for, if every request read is answered (best
     /// effort: a client that reads nothing gets nothing), then an error for the server.
     fn close(&mut self, cx: &mut Context<'_>, why: Closed) -> io::Error {
         if self.closed.is_none() {
@@ -89,7 +134,7 @@ impl<S: AsyncWrite + Unpin> Guarded<S> {
                 Closed::HeadTooLarge | Closed::HeadBudget => Some(TOO_LARGE),
                 _ => None,
             };
-            if let Some(answer) = answer.filter(|_| !self.answering) {
+            if let Some(answer) = answer.filter(|_| !self.busy()) {
                 let _ = Pin::new(&mut self.io).poll_write(cx, answer);
                 let _ = Pin::new(&mut self.io).poll_flush(cx);
             }
@@ -97,18 +142,25 @@ impl<S: AsyncWrite + Unpin> Guarded<S> {
         Self::failure(why)
     }
 
-    /// Closed already, asked to close, or past the head's deadline.
+    /// Closed already, asked to close (honoured only while no request is being answered),
+    /// or past a deadline.
     fn check(&mut self, cx: &mut Context<'_>) -> Result<(), io::Error> {
         if let Some(why) = self.closed {
             return Err(Self::failure(why));
         }
         self.seat.wake_me(cx.waker());
-        if let Some(why) = self.seat.asked_to_close() {
-            return Err(self.close(cx, why));
+        if !self.busy() {
+            if let Some(why) = self.seat.asked_to_close() {
+                return Err(self.close(cx, why));
+            }
         }
-        if let Some(deadline) = self.deadline.as_mut() {
+        if let Some((owed, deadline)) = self.deadline.as_mut() {
             if deadline.as_mut().poll(cx).is_ready() {
-                return Err(self.close(cx, Closed::HeaderTimeout));
+                let why = match owed {
+                    Owed::Head => Closed::HeaderTimeout,
+                    Owed::Leftover => Closed::Stalled,
+                };
+                return Err(self.close(cx, why));
             }
         }
         Ok(())
@@ -125,25 +177,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<S> {
         this.check(cx)?;
         let before = buf.filled().len();
         ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
-        let fed = this.framing.feed(&buf.filled()[before..]);
-        if fed.heads_completed > 0 {
-            this.answering = true;
-            this.wrote = false;
+        let bytes = &buf.filled()[before..];
+        if bytes.is_empty() {
+            return Poll::Ready(Ok(()));
         }
-        if fed.heads_completed > 0 || this.framing.is_opaque() {
+        this.fresh = false;
+        let fed = this.requests.feed(bytes);
+        for head in this.requests.read_heads() {
+            this.answers.expect(head);
+        }
+        this.read += u64::from(fed.heads_completed);
+        if fed.heads_completed > 0 {
+            // A head read: the next one owes its own deadline, from its own first byte.
             this.deadline = None;
         }
-        let arriving = this.framing.head_len();
-        if arriving > 0 && this.deadline.is_none() {
-            // A head began with these bytes: its deadline runs from now (a connection's
-            // first head's, from the accept, is still running).
-            let timeout = this.seat.connections.limits.header_timeout;
-            this.deadline = Some(Box::pin(tokio::time::sleep_until(Instant::now() + timeout)));
-        }
-        if let Err(why) = this.seat.hold_head(arriving) {
+        if let Err(why) = this.seat.hold_head(this.requests.head_len()) {
             return Poll::Ready(Err(this.close(cx, why)));
         }
-        this.refresh_phase();
+        this.settle();
         Poll::Ready(Ok(()))
     }
 }
@@ -155,23 +206,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
         bytes: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
-        if let Some(why) = this.closed.or_else(|| this.seat.asked_to_close()) {
-            return Poll::Ready(Err(this.close(cx, why)));
+        if let Some(why) = this.closed {
+            return Poll::Ready(Err(Self::failure(why)));
         }
         let n = ready!(Pin::new(&mut this.io).poll_write(cx, bytes))?;
-        this.wrote |= n > 0;
+        let fed = this.answers.feed(&bytes[..n]);
+        if fed.requests_read > 0 {
+            this.answered += u64::from(fed.requests_read);
+            this.settle();
+        }
         Poll::Ready(Ok(n))
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        ready!(Pin::new(&mut this.io).poll_flush(cx))?;
-        // Written and flushed after the whole request arrived: answered.
-        if this.wrote && this.answering && !this.framing.in_body() {
-            this.answering = false;
-            this.refresh_phase();
-        }
-        Poll::Ready(Ok(()))
+        Pin::new(&mut self.io).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -42,21 +42,25 @@ async fn in_open_mode_the_host_of_an_absolute_form_target_is_the_one_checked() {
     );
 }
 
-/// A body nested deeper than `SENDGATE_MAX_JSON_DEPTH` (128 by default, serde_json's own
-/// limit) is a 400 naming the limit; at the limit it is queued.
+/// A body nested deeper than `SENDGATE_MAX_JSON_DEPTH` (127 by default: serde_json parses
+/// 127 levels and refuses 128) is a 400 naming the limit; at the limit it is queued.
 #[tokio::test]
 async fn a_body_nested_deeper_than_the_limit_is_refused_and_names_it() {
     let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
     let app = spawn_app_with(&[]).await;
-    assert_eq!(app.send("requests", &nested(128)).await.status(), 201);
-    let response = app.send("requests", &nested(129)).await;
+    assert_eq!(app.send("requests", &nested(127)).await.status(), 201);
+    assert!(
+        serde_json::from_str::<serde_json::Value>(&nested(128)).is_err(),
+        "serde_json refuses 128 levels: a worker using it could not parse one"
+    );
+    let response = app.send("requests", &nested(128)).await;
     assert_eq!(response.status(), 400);
     let body: serde_json::Value = response.json().await.unwrap();
     let reason = body["errors"][0]["msg"]
         .as_str()
         .unwrap_or_default()
         .to_owned();
-    assert!(reason.contains("deeper than 128"), "{body}");
+    assert!(reason.contains("deeper than 127"), "{body}");
     assert_eq!(app.stored("requests"), 1);
 
     let app = spawn_app_with(&[("SENDGATE_MAX_JSON_DEPTH", "3")]).await;
@@ -210,12 +214,13 @@ async fn one_peer_is_held_to_its_cap() {
         held.push(stream);
     }
     let mut fourth = connect(&app).await;
-    let _ = fourth.write_all(LIVE).await;
-    assert_eq!(
-        read_answer(&mut fourth, Duration::from_secs(2)).await,
-        "",
-        "closed without an answer"
+    let answer = read_answer(&mut fourth, Duration::from_secs(2)).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 503") && answer.contains("retry-after: 1"),
+        "refused at once, told to come back: {answer}"
     );
+    let mut rest = [0u8; 16];
+    assert_eq!(fourth.read(&mut rest).await.unwrap_or(0), 0, "and closed");
     drop(held.pop());
     tokio::time::sleep(Duration::from_millis(100)).await;
     let mut again = connect(&app).await;
@@ -223,4 +228,219 @@ async fn one_peer_is_held_to_its_cap() {
     assert!(read_answer(&mut again, Duration::from_secs(2))
         .await
         .starts_with("HTTP/1.1 200"));
+}
+
+// ---- review of issue 23 (tests that fail on 65a1fa3) ----
+
+/// Reads what the server sends until it closes or `within` passes; `None` if still open.
+async fn read_until_closed(stream: &mut tokio::net::TcpStream, within: Duration) -> Option<String> {
+    let mut answer = Vec::new();
+    let closed = tokio::time::timeout(within, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .is_ok();
+    closed.then(|| String::from_utf8_lossy(&answer).into_owned())
+}
+
+/// A chunked body the handler never reads is drained by actix-http and the connection kept:
+/// the framing sees a body arriving, so the connection is Busy — never evicted, and no
+/// deadline applies. Every seat held so (6 bytes every 200 ms, no token) and no one else
+/// gets in: `full`, a reset without an answer, for as long as the trickle lasts.
+#[tokio::test]
+async fn a_chunked_body_nobody_reads_cannot_hold_a_seat_from_a_new_client() {
+    let app = spawn_app_with(&[
+        ("SENDGATE_MAX_CONNECTIONS", "4"),
+        ("SENDGATE_HEADER_TIMEOUT_MS", "600"),
+    ])
+    .await;
+    let mut trickles = Vec::new();
+    for _ in 0..4 {
+        let mut stream = connect(&app).await;
+        stream
+            .write_all(b"GET /health/live HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(read_answer(&mut stream, Duration::from_secs(2))
+            .await
+            .starts_with("HTTP/1.1 200"));
+        trickles.push(tokio::spawn(async move {
+            for _ in 0..40 {
+                if stream.write_all(b"1\r\nx\r\n").await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let started = std::time::Instant::now();
+    let response = reqwest::Client::new()
+        .post(app.url("/v1/queues/requests/messages"))
+        .header("Content-Type", "application/json")
+        .body("{}")
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await;
+    let status = response.as_ref().map(|r| r.status().as_u16());
+    assert!(
+        matches!(status, Ok(201)) && started.elapsed() < Duration::from_secs(1),
+        "a normal send beside 4 trickled chunked bodies: {response:?} after {:?}",
+        started.elapsed()
+    );
+    for t in trickles {
+        t.abort();
+    }
+}
+
+/// What the framing cannot follow turns the connection opaque for good, while actix-http
+/// serves it on: a request with `Upgrade: foo` (not websocket) or a chunk extension over
+/// 1 KiB is answered and kept alive, and the next head then has no deadline (and counts
+/// against no head budget) — the slowloris of issue 23, item 1, again.
+#[tokio::test]
+async fn a_request_the_framing_cannot_follow_does_not_lift_the_next_heads_deadline() {
+    let app = spawn_app_with(&[("SENDGATE_HEADER_TIMEOUT_MS", "600")]).await;
+    let extension = "x".repeat(1100);
+    for first in [
+        "GET /health/live HTTP/1.1\r\nHost: localhost\r\nUpgrade: foo\r\n\r\n".to_owned(),
+        format!(
+            "GET /health/live HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n\
+             1;{extension}\r\nx\r\n0\r\n\r\n"
+        ),
+    ] {
+        let mut stream = connect(&app).await;
+        stream.write_all(first.as_bytes()).await.unwrap();
+        assert!(read_answer(&mut stream, Duration::from_secs(2))
+            .await
+            .starts_with("HTTP/1.1 200"));
+        let started = std::time::Instant::now();
+        let mut cut = false;
+        for b in b"GET /health/live HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" {
+            if stream.write_all(&[*b]).await.is_err() {
+                cut = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let mut probe = [0u8; 1];
+            if let Ok(Ok(_)) =
+                tokio::time::timeout(Duration::from_millis(1), stream.peek(&mut probe)).await
+            {
+                cut = true;
+                break;
+            }
+        }
+        let first_line = first.lines().nth(2).unwrap_or_default().to_owned();
+        assert!(
+            cut,
+            "after `{first_line}`: the next head still open after {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+/// The head budget is shared: a few connections holding it whole (8 × 16 KB here; 290 ×
+/// 29 KB fill the default 8 MiB) make every other head that arrives in more than one read
+/// a `431` — a 4xx the producer client does not retry. A legitimate head split by the
+/// network (a 1.5 KB Entra token over two segments) is the victim.
+#[tokio::test]
+async fn unfinished_heads_of_others_do_not_refuse_a_normal_clients_head() {
+    let app = spawn_app_with(&[("SENDGATE_MAX_BUFFERED_HEAD_BYTES", "131072")]).await;
+    let mut hostile = Vec::new();
+    for _ in 0..8 {
+        let mut stream = connect(&app).await;
+        let head = format!("GET /health/live HTTP/1.1\r\nX-Pad: {}", "a".repeat(16_200));
+        stream.write_all(head.as_bytes()).await.unwrap();
+        hostile.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let body = "{}";
+    let head = format!(
+        "POST /v1/queues/requests/messages HTTP/1.1\r\nHost: localhost\r\n\
+         Content-Type: application/json\r\nAuthorization: Bearer {}\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        "e".repeat(1500),
+        body.len()
+    );
+    let mut stream = connect(&app).await;
+    stream.write_all(&head.as_bytes()[..1500]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    stream.write_all(&head.as_bytes()[1500..]).await.unwrap();
+    let answer = read_answer(&mut stream, Duration::from_secs(3)).await;
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    drop(hostile);
+}
+
+/// `Expect: 100-continue` (curl sends it for large bodies): the `100 Continue` is a write,
+/// and actix-http flushes on every poll, so once the body is read the stream takes the
+/// request for answered while the handler still runs: the connection turns `idle`, is the
+/// first closed to make room, and the send in progress never gets its answer.
+#[tokio::test]
+async fn a_send_in_progress_after_100_continue_is_never_closed_to_make_room() {
+    let app = spawn_app_with(&[("SENDGATE_MAX_CONNECTIONS", "3")]).await;
+    app.faults().hold_sends(true);
+    let mut sending = connect(&app).await;
+    sending
+        .write_all(
+            b"POST /v1/queues/requests/messages HTTP/1.1\r\nHost: localhost\r\n\
+              Content-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    assert!(read_answer(&mut sending, Duration::from_secs(2))
+        .await
+        .starts_with("HTTP/1.1 100"));
+    sending.write_all(b"{}").await.unwrap();
+    app.wait_in_flight(1).await;
+    let mut others = Vec::new();
+    for _ in 0..3 {
+        let mut stream = connect(&app).await;
+        stream.write_all(LIVE).await.unwrap();
+        assert!(read_answer(&mut stream, Duration::from_secs(2))
+            .await
+            .starts_with("HTTP/1.1 200"));
+        others.push(stream);
+    }
+    app.faults().hold_sends(false);
+    let answer = read_answer(&mut sending, Duration::from_secs(3)).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 201"),
+        "the send in progress got: {answer:?}"
+    );
+}
+
+/// A fresh connection that sends nothing is cut by actix-http's own first-head timer (it
+/// fires in the same tick, and is polled before the stream is read): its `408` is
+/// actix-http's and the connection is counted `done`, so `header_timeout` stays 0 under
+/// the commonest slowloris.
+#[tokio::test]
+async fn a_first_head_cut_at_its_deadline_is_counted_as_a_header_timeout() {
+    let app = spawn_app_with(&[("SENDGATE_HEADER_TIMEOUT_MS", "600")]).await;
+    let mut stream = connect(&app).await;
+    let answer = read_until_closed(&mut stream, Duration::from_secs(3)).await;
+    assert!(answer.is_some_and(|a| a.starts_with("HTTP/1.1 408")));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let metrics = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("sendgate_connections_closed_total{reason=\"header_timeout\"} 1"),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("sendgate_connections_closed_total"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }
