@@ -207,6 +207,10 @@ impl Settings {
                 head_budget: layers.count(&v::MAX_BUFFERED_HEAD_BYTES)? as usize,
                 max_connections: layers.count(&v::MAX_CONNECTIONS)? as usize,
                 per_peer: layers.count(&v::MAX_CONNECTIONS_PER_PEER)? as usize,
+                // Longer than any request can take under its own deadlines (the body's, then
+                // the send's, with the admission reads between): only a connection whose
+                // framing the transport lost, or whose client reads no answer, reaches it.
+                answer_timeout: send_timeout * 3 + Duration::from_secs(5),
             },
             drain_timeout,
             drain_linger: drain_linger(layers, drain_timeout)?,
@@ -279,6 +283,9 @@ pub struct ConnectionLimits {
     pub max_connections: usize,
     /// 0: no cap.
     pub per_peer: usize,
+    /// Longest a request may wait for its answer to be written whole (see
+    /// `crate::transport`): a safety net, not a deadline a client meets.
+    pub answer_timeout: Duration,
 }
 
 fn max_buffered_bytes(layers: &Layers, max_body_bytes: usize) -> Result<usize, ConfigError> {

@@ -8,8 +8,10 @@
 //!   connection's head would otherwise have no deadline at all.
 //! - **What a client owes has a deadline too**: once its request is answered, the rest of
 //!   the body (actix-http drains what a handler did not read, with no deadline of its own),
-//!   or going away when the framing can no longer be followed. A request being answered
-//!   owes nothing.
+//!   or going away when the framing can no longer be followed; and reading its answers (a
+//!   write the socket takes none of for `header_timeout` closes it). A request being
+//!   answered owes nothing, up to `answer_timeout` (3 send deadlines and 5 s: longer than any
+//!   request takes under its own deadlines, so only a lost framing reaches it).
 //! - **Heads are a memory budget.** One head holds at most `max_head_bytes` (`431`, close);
 //!   the bytes of every unfinished head together at most `head_budget`: past it the head
 //!   arriving longest is closed (`431`) to make room, the new one only if it is that head.

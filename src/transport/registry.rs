@@ -236,7 +236,9 @@ impl Connections {
             .open
             .iter()
             .filter(|(_, s)| {
-                s.head_bytes.load(Ordering::Acquire) > 0 && s.close.load(Ordering::Acquire) == 0
+                s.head_bytes.load(Ordering::Acquire) > 0
+                    && s.close.load(Ordering::Acquire) == 0
+                    && s.phase.load(Ordering::Acquire) != Phase::Busy as u8
             })
             .min_by_key(|(id, s)| (s.since_ms.load(Ordering::Acquire), **id));
         match oldest {

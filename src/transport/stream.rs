@@ -12,7 +12,10 @@
 //! - going away, once answered, on a connection whose framing is opaque.
 //!
 //! While a request is answered (read, and its answer not yet written whole) nothing is
-//! owed and the connection is busy: never closed to make room.
+//! owed and the connection is busy: never closed to make room. Busy has a limit of its own,
+//! `answer_timeout` without an answer written whole, longer than any request takes under
+//! its own deadlines: only a client that reads no answer, or a connection whose framing
+//! the transport lost, reaches it, and such a connection closes.
 
 use std::future::Future;
 use std::io;
@@ -35,6 +38,8 @@ enum Owed {
     Head,
     /// The rest of an answered request's body, or going away (opaque).
     Leftover,
+    /// Nothing: the server owes an answer (busy), within `answer_timeout`.
+    Answer,
 }
 
 pub struct Guarded<S> {
@@ -48,6 +53,9 @@ pub struct Guarded<S> {
     /// No byte read yet: the first head is owed from the accept.
     fresh: bool,
     deadline: Option<(Owed, Pin<Box<Sleep>>)>,
+    /// While the socket takes none of an answer: the client owes reading it, within
+    /// `header_timeout` (the server may not read again until it can write).
+    write_stalled: Option<Pin<Box<Sleep>>>,
     /// Closed: every later call fails at once.
     closed: Option<Closed>,
 }
@@ -65,6 +73,7 @@ impl<S> Guarded<S> {
             answered: 0,
             fresh: true,
             deadline: None,
+            write_stalled: None,
             closed: None,
         };
         guarded.settle();
@@ -82,7 +91,7 @@ impl<S> Guarded<S> {
     /// What the client owes now, if anything.
     fn owed(&self) -> Option<Owed> {
         if self.busy() {
-            None
+            Some(Owed::Answer)
         } else if self.requests.is_opaque() || self.requests.in_body() {
             Some(Owed::Leftover)
         } else if self.fresh || self.requests.head_len() > 0 {
@@ -98,7 +107,11 @@ impl<S> Guarded<S> {
         let owed = self.owed();
         if owed != self.deadline.as_ref().map(|(o, _)| *o) {
             self.deadline = owed.map(|o| {
-                let timeout = self.seat.connections.limits.header_timeout;
+                let limits = self.seat.connections.limits;
+                let timeout = match o {
+                    Owed::Answer => limits.answer_timeout,
+                    Owed::Head | Owed::Leftover => limits.header_timeout,
+                };
                 (
                     o,
                     Box::pin(tokio::time::sleep_until(Instant::now() + timeout)),
@@ -106,8 +119,8 @@ impl<S> Guarded<S> {
             });
         }
         self.seat.set_phase(match owed {
-            None if self.busy() => Phase::Busy,
             None => Phase::Idle,
+            Some(Owed::Answer) => Phase::Busy,
             Some(_) => Phase::Head,
         });
     }
@@ -154,11 +167,15 @@ impl<S: AsyncWrite + Unpin> Guarded<S> {
                 return Err(self.close(cx, why));
             }
         }
+        self.check_deadline(cx)
+    }
+
+    fn check_deadline(&mut self, cx: &mut Context<'_>) -> Result<(), io::Error> {
         if let Some((owed, deadline)) = self.deadline.as_mut() {
             if deadline.as_mut().poll(cx).is_ready() {
                 let why = match owed {
                     Owed::Head => Closed::HeaderTimeout,
-                    Owed::Leftover => Closed::Stalled,
+                    Owed::Leftover | Owed::Answer => Closed::Stalled,
                 };
                 return Err(self.close(cx, why));
             }
@@ -209,10 +226,30 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
         if let Some(why) = this.closed {
             return Poll::Ready(Err(Self::failure(why)));
         }
-        let n = ready!(Pin::new(&mut this.io).poll_write(cx, bytes))?;
+        // A client that reads no answer blocks the write: the server may never read again,
+        // so the answer's limit is checked here too.
+        this.check_deadline(cx)?;
+        let n = match Pin::new(&mut this.io).poll_write(cx, bytes) {
+            Poll::Ready(result) => {
+                this.write_stalled = None;
+                result?
+            }
+            Poll::Pending => {
+                let timeout = this.seat.connections.limits.header_timeout;
+                let stalled = this.write_stalled.get_or_insert_with(|| {
+                    Box::pin(tokio::time::sleep_until(Instant::now() + timeout))
+                });
+                if stalled.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Err(this.close(cx, Closed::Stalled)));
+                }
+                return Poll::Pending;
+            }
+        };
         let fed = this.answers.feed(&bytes[..n]);
         if fed.requests_read > 0 {
             this.answered += u64::from(fed.requests_read);
+            // An answer written whole is progress: the next one has its own limit.
+            this.deadline = None;
             this.settle();
         }
         Poll::Ready(Ok(n))

@@ -21,6 +21,7 @@ fn limits() -> Limits {
         head_budget: 4096,
         max_connections: 3,
         per_peer: 0,
+        answer_timeout: Duration::from_secs(20),
     }
 }
 
@@ -235,7 +236,7 @@ async fn one_peer_gets_at_most_its_cap_and_its_room_back_when_one_closes() {
         .contains(&(Closed::PeerLimit, 1)));
 }
 
-// ---- review of issue 23 (fail on 65a1fa3) ----
+// ---- found in review (each failed first) ----
 
 /// The phase the registry sees for its only connection.
 fn only_phase(connections: &Connections) -> Phase {
@@ -301,4 +302,76 @@ async fn a_non_websocket_upgrade_header_does_not_end_the_framing() {
     f.feed(b"GET / HTTP/1.1\r\nX: ");
     assert!(!f.is_opaque());
     assert_eq!(f.head_len(), 19, "the next head is a head");
+}
+
+/// Found in review: a client that sends a request and never reads the answer keeps the request
+/// "busy" for ever (its answer is never written whole): no deadline runs (the stream polls
+/// one only in `poll_read`, and none while busy), it is never evicted, and actix-http has
+/// no write timeout. Every seat so held, a new client is refused `503` — no token needed.
+#[tokio::test(start_paused = true)]
+async fn clients_that_never_read_their_answers_do_not_hold_every_seat() {
+    let connections = Connections::new(limits());
+    let mut clients = Vec::new();
+    for n in 1..=3 {
+        // A socket whose buffers fill: the answer is larger than the pipe holds.
+        let (mut client, server) = tokio::io::duplex(256);
+        let mut server = Guarded::new(server, connections.admit(peer(n)).unwrap());
+        client.write_all(GET).await.unwrap();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 4096];
+            let mut seen = Vec::new();
+            while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                match server.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => seen.extend_from_slice(&buf[..n]),
+                }
+            }
+            let mut big = b"HTTP/1.1 200 OK\r\ncontent-length: 8192\r\n\r\n".to_vec();
+            big.resize(big.len() + 8192, b'x');
+            let _ = server.write_all(&big).await;
+        });
+        clients.push(client); // never read
+    }
+    tokio::time::sleep(TIMEOUT * 5).await;
+    assert!(
+        connections.admit(peer(9)).is_ok(),
+        "three clients that read nothing hold every seat past the deadline: {:?}",
+        connections.counts().open
+    );
+}
+
+/// Found in review: the same desync as framing's, through the guard: 100 pipelined `HEAD`s read at
+/// once and answered leave the connection busy (never evicted) although every answer was
+/// written.
+#[tokio::test(start_paused = true)]
+async fn pipelined_heads_answered_leave_the_connection_evictable() {
+    let connections = Connections::new(limits());
+    let (mut client, mut server) = connect(&connections, peer(1));
+    client
+        .write_all(&b"HEAD /health/live HTTP/1.1\r\nHost: x\r\n\r\n".repeat(100))
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut got = 0;
+    while got < 100 * 39 {
+        got += server.read(&mut buf).await.unwrap();
+    }
+    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 15\r\n\r\n";
+    let reader = tokio::spawn(async move {
+        let mut sink = vec![0u8; 64 * 1024];
+        while client.read(&mut sink).await.is_ok_and(|n| n > 0) {}
+    });
+    for _ in 0..100 {
+        server.write_all(answer).await.unwrap();
+    }
+    server.flush().await.unwrap();
+    tokio::time::sleep(TIMEOUT).await;
+    let busy = connections
+        .counts()
+        .open
+        .iter()
+        .find(|(p, _)| *p == Phase::Busy)
+        .map(|(_, n)| *n);
+    assert_eq!(busy, Some(0), "every request was answered");
+    drop(reader);
 }

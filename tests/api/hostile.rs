@@ -230,7 +230,7 @@ async fn one_peer_is_held_to_its_cap() {
         .starts_with("HTTP/1.1 200"));
 }
 
-// ---- review of issue 23 (tests that fail on 65a1fa3) ----
+// ---- found in review (each failed first) ----
 
 /// Reads what the server sends until it closes or `within` passes; `None` if still open.
 async fn read_until_closed(stream: &mut tokio::net::TcpStream, within: Duration) -> Option<String> {
@@ -443,4 +443,87 @@ async fn a_first_head_cut_at_its_deadline_is_counted_as_a_header_timeout() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+}
+
+/// Read whatever comes for `within`, and drop it.
+async fn drain_for(stream: &mut tokio::net::TcpStream, within: Duration) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let _ = tokio::time::timeout(within, async {
+        while stream.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+    })
+    .await;
+}
+
+/// Found in review: after two connections sent `bytes` and read every answer, a new client is
+/// served (SENDGATE_MAX_CONNECTIONS=2): neither may stay `busy` (never evicted, no deadline).
+async fn after_two_connections_sent(bytes: &[u8]) -> String {
+    let app = spawn_app_with(&[
+        ("SENDGATE_MAX_CONNECTIONS", "2"),
+        ("SENDGATE_HEADER_TIMEOUT_MS", "600"),
+    ])
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut stream = connect(&app).await;
+        stream.write_all(bytes).await.unwrap();
+        held.push(stream);
+    }
+    for stream in &mut held {
+        drain_for(stream, Duration::from_millis(500)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    exchange(
+        &app,
+        "GET /health/live HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+    )
+    .await
+}
+
+/// Found in review: 100 pipelined `HEAD`s, read by actix-http at once: the answers' method queue
+/// keeps 64, the 65th answer is taken to carry its content-length body and swallows the
+/// rest; the connection is busy for ever though every request was answered.
+#[tokio::test]
+async fn a_hundred_pipelined_heads_answered_do_not_leave_the_connection_busy() {
+    const HEADS: &[u8] = b"HEAD /health/live HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    let answer = after_two_connections_sent(&HEADS.repeat(100)).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+}
+
+/// Found in review: actix-http ends trailer lines at `\r` only (h1/chunked.rs), so after `X\n\n`
+/// in the trailers the "head" the framing counts is trailer bytes to actix-http, never
+/// answered: `read > answered` for ever.
+#[tokio::test]
+async fn a_bare_newline_in_trailers_does_not_leave_the_connection_busy() {
+    const TRAILER: &[u8] = b"POST /health/live HTTP/1.1\r\nHost: localhost\r\n\
+        Transfer-Encoding: chunked\r\n\r\n0\r\nX\n\nGET /health/live HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    let answer = after_two_connections_sent(TRAILER).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+}
+
+/// Found in review: a client that sends requests and never reads an answer holds its seat for
+/// ever (the answer is never written whole: busy; actix-http has no write timeout).
+#[tokio::test]
+async fn a_client_that_never_reads_does_not_hold_a_seat_past_the_deadline() {
+    let app = spawn_app_with(&[
+        ("SENDGATE_MAX_CONNECTIONS", "2"),
+        ("SENDGATE_HEADER_TIMEOUT_MS", "600"),
+    ])
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(1024).unwrap();
+        let addr = app.address.trim_start_matches("http://").parse().unwrap();
+        let mut stream = socket.connect(addr).await.unwrap();
+        let many = LIVE.repeat(40_000);
+        let _ = tokio::time::timeout(Duration::from_secs(2), stream.write_all(&many)).await;
+        held.push(stream); // never read
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let answer = exchange(
+        &app,
+        "GET /health/live HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
 }
