@@ -24,6 +24,18 @@ use crate::http::{routes, AppState};
 use crate::lifecycle::Lifecycle;
 use crate::settings::RuntimeSettings;
 
+/// A listener on `addr` with a backlog of 2048, as actix-server binds its own (std's
+/// `TcpListener::bind` gives 128, which a reconnect storm overflows: new clients' SYNs
+/// were dropped for a second at a time, measured).
+fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(2048)?;
+    Ok(socket.into())
+}
+
 /// The answer to a connection refused at accept (full of busy connections, or its peer at
 /// its cap), written before any byte is read.
 const REFUSED: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
@@ -362,7 +374,7 @@ impl Application {
             addr: settings.listen.to_string(),
             source,
         };
-        let listener = TcpListener::bind(settings.listen).map_err(bind_error)?;
+        let listener = listen(settings.listen).map_err(bind_error)?;
         let port = listener.local_addr().map_err(bind_error)?.port();
         let app_state = state.clone();
         let host_check = host_check(&settings);

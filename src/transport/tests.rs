@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::time::Instant;
 
+use super::registry::SAMPLE;
 use super::*;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -374,4 +375,35 @@ async fn pipelined_heads_answered_leave_the_connection_evictable() {
         .map(|(_, n)| *n);
     assert_eq!(busy, Some(0), "every request was answered");
     drop(reader);
+}
+
+/// Past [`SAMPLE`] connections the choice looks at a random sample: it still closes one
+/// that is not busy, and finds the only one that is not even when the sample misses it.
+#[tokio::test(start_paused = true)]
+async fn past_the_sample_a_connection_not_busy_is_still_found_to_make_room() {
+    let n = SAMPLE * 5;
+    let connections = Connections::new(Limits {
+        max_connections: n,
+        ..limits()
+    });
+    let mut held = Vec::new();
+    let mut buf = [0u8; 256];
+    for _ in 1..n {
+        let (mut client, mut server) = connect(&connections, None);
+        client
+            .write_all(b"POST /v1 HTTP/1.1\r\nContent-Length: 10\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(server.read(&mut buf).await.unwrap() > 0);
+        held.push((client, server));
+    }
+    let (mut idle_client, mut idle) = connect(&connections, None);
+    idle_client.write_all(GET).await.unwrap();
+    serve_one(&mut idle).await.unwrap();
+    let (_new_client, _new) = connect(&connections, None);
+    assert_eq!(
+        idle.read(&mut buf).await.unwrap_err().to_string(),
+        "evicted",
+        "the one idle connection among {n} made room"
+    );
 }
