@@ -210,10 +210,11 @@ p("")
 p("## How to run")
 p("")
 p("```sh")
-p("./bench/run.sh            # everything, ~19 min after the release builds (which take a few minutes the first time)")
+p("./bench/run.sh            # everything, ~35 min after the release builds (which take a few minutes the first time)")
 p("./bench/run.sh --quick    # the same comparisons with short windows, ~5 min")
 p("./bench/run.sh --only 2,4 # some comparisons only (6 = the fleet on Redis, ~3 min; 7 = retry amplification, ~4 min; 8 = restart under load, ~2 min)")
 p("./bench/run.sh --only 7 --amplify-s 20  # comparison 7 with 20 s per side instead of 60")
+p("./bench/run.sh --only 9 --soak-s 30     # comparison 9 (hostile clients, ~15 min) with 30 s soaks instead of 60")
 p("./bench/run.sh --only 2,6 --update-docs  # a partial run that rewrites this page, the rest carried over")
 p("```")
 p("")
@@ -228,7 +229,10 @@ p(
     "Comparison 6 also needs Redis (`./scripts/ensure-redis.sh`). Comparison 7's sides come "
     "from `AMPLIFY_SIDES` (`name:VAR=value,...` each; default: the forced 1 s `Retry-After` of "
     "`SENDGATE_RETRY_AFTER_MAX_S=1` vs the defaults); a side whose gateway refuses its settings "
-    "is reported as not run."
+    "is reported as not run. Comparison 9 opens 10,000 client sockets: run.sh raises the soft "
+    "`ulimit -n` to the hard limit (the load generator raises its own too); its head sizes, "
+    "soak levels and hostile kinds come from `HOSTILE_HEAD_SIZES` (default `130000 30000`), "
+    "`SOAK_LEVELS` (`5000 10000`) and `SOAK_KIND` (`trickle,idle`)."
 )
 p("")
 p("## Method")
@@ -296,6 +300,19 @@ p(
     "- **6. Fleet.** Three release processes on Redis vs one process and vs three uncoordinated "
     "processes, then overshoot at a ceiling of 500: see [section 6](#6-fleet-mode-on-redis-3-replicas-vs-one-process). "
     "The 429 path with refresh-ahead (a fleet target) is comparison 2's 256-connection rows."
+)
+p(
+    "- **9. Hostile clients** (`loadgen hostile`, issue 23). Everything comes from 127.0.0.1, "
+    "so `SENDGATE_MAX_CONNECTIONS_PER_PEER=0`; every other transport limit is the default "
+    "(head deadline 5 s, 32 KiB per head, 8 MiB of unfinished heads, 10,000 connections). "
+    "Hostile clients reconnect at once whenever the server closes them. **a)** a fresh gateway "
+    "per side and round (as comparison 4; sides alternating): `VmRSS` 2 s after it is ready, "
+    "sampled every 250 ms while the clients are at it and 5 s after they have gone; `VmHWM`; "
+    "`sendgate_connection_head_bytes` once a second and the close reasons from `/metrics`. "
+    "**b)** one gateway (ceiling 10⁹): the `http` producer (8 connections, closed loop of the "
+    "1 KB sends) alone, then beside each level of hostile clients, alternating; the producer "
+    "starts once every hostile client has connected and ends before they stop. Beside it a "
+    "newcomer probe (a fresh connection and `GET /health/live` every 200 ms, on both sides)."
 )
 p(
     "- **Load average.** Every load generator notes the 1-minute load average when it starts and "
@@ -635,11 +652,120 @@ if rs_ok:
         )
     )
 
+# ------------------------------------------------------------- hostile clients (issue 23)
+HEAD_BUDGET_MIB = 8.0  # SENDGATE_MAX_BUFFERED_HEAD_BYTES's default, 8 MiB
+
+
+def mib(kib):
+    return None if kib is None else kib / 1024
+
+
+def hostile_sides():
+    """Comparison 9a's sides in the order run: keepalive, then heads<bytes>."""
+    sides = []
+    for r in sel("hostile_rss"):
+        if r.get("side") not in sides:
+            sides.append(r.get("side"))
+    return sides
+
+
+def per_conn_kib():
+    """One keep-alive connection's RSS (KiB), from 9a's keep-alive side: (during max - idle)
+    / connections, median over the rounds."""
+    vals = [
+        (r["rss_during_max_kib"] - r["rss_before_kib"]) / r["connections"]
+        for r in sel("hostile_rss", "keepalive")
+        if r.get("rss_during_max_kib") is not None and r.get("rss_before_kib") is not None and r.get("connections")
+    ]
+    return statistics.median(vals) if vals else None
+
+
+hrss_heads = [s for s in hostile_sides() if s.startswith("heads")]
+if hrss_heads:
+    pc = per_conn_kib()
+    worst = None  # (during - bound, text)
+    parts = []
+    for side in hrss_heads:
+        rs = [r for r in sel("hostile_rss", side) if not r.get("failed")]
+        idle, during = med(rs, "rss_before_kib"), med(rs, "rss_during_max_kib")
+        clients = med(rs, "connections")
+        if None in (idle, during, pc, clients):
+            continue
+        bound = mib(idle) + HEAD_BUDGET_MIB + clients * pc / 1024
+        parts.append(
+            f"{int(side[5:]):,} B heads: {mib(during):.1f} MiB (bound {mib(idle):.1f} + 8 + "
+            f"{clients:,.0f} × {pc:.1f} KiB = {bound:.1f})"
+        )
+        if worst is None or mib(during) - bound > worst:
+            worst = mib(during) - bound
+    if parts:
+        targets.append(
+            (
+                f"RSS while {med(sel('hostile_rss', hrss_heads[0]), 'connections'):,.0f} hostile clients send unfinished heads "
+                "≤ idle + the head budget (8 MiB) + that many keep-alive connections' cost "
+                "(this run's keep-alive side; issue 23)",
+                "; ".join(parts),
+                worst <= 0,
+                f"{-worst:+.1f} MiB of headroom",
+            )
+        )
+    after_parts, worst_after = [], None
+    for side in hrss_heads:
+        rs = [r for r in sel("hostile_rss", side) if not r.get("failed")]
+        idle, after = med(rs, "rss_before_kib"), med(rs, "rss_after_kib")
+        heads_after = [((r.get("metrics_after") or {}).get("head_bytes")) for r in rs]
+        if idle is None or after is None:
+            continue
+        over = mib(after) - mib(idle) - 1.0
+        worst_after = over if worst_after is None else max(worst_after, over)
+        after_parts.append(
+            f"{int(side[5:]):,} B heads: {mib(after):.1f} MiB 5 s after vs {mib(idle):.1f} idle "
+            f"(head bytes after: {', '.join('–' if h is None else f'{h:,.0f}' for h in heads_after)})"
+        )
+    if after_parts:
+        targets.append(
+            (
+                "the heads' memory given back when they close: RSS 5 s after ≤ idle + 1 MiB (issue 23)",
+                "; ".join(after_parts),
+                worst_after <= 0,
+                f"{-worst_after:+.1f} MiB",
+            )
+        )
+
+soak_alone = [r for r in sel("hostile_soak", "alone") if not r.get("failed")]
+soak_levels = sorted({int(r["level"]) for r in sel("hostile_soak", "attack")})
+if soak_alone and soak_levels:
+    top = soak_levels[-1]
+    under = [r for r in sel("hostile_soak", "attack", top) if not r.get("failed")]
+    a_p99, u_p99 = med(soak_alone, "p99_ms"), med(under, "p99_ms")
+    a_rps, u_rps = med(soak_alone, "rps"), med(under, "rps")
+    bad = sum(unknown_outcomes(r) + answered(r, 429) for r in under)
+    targets.append(
+        (
+            f"a normal producer beside {top:,} hostile clients: every send answered 201, no "
+            "transport errors (issue 23)",
+            f"{bad} sends not 201 of {sum(r.get('requests') or 0 for r in under):,} in {len(under)} round(s)",
+            bad == 0,
+            f"{bad} refused or failed",
+        )
+    )
+    if a_p99 and u_p99:
+        targets.append(
+            (
+                f"the same producer's p99 beside {top:,} hostile clients ≤ 2 × its p99 alone "
+                "(a bound proposed here; issue 23 names no number)",
+                f"{u_p99:.2f} vs {a_p99:.2f} ms ({u_p99 / a_p99:.2f}×); msg/s {f(u_rps, 0)} vs "
+                f"{f(a_rps, 0)} ({pct(u_rps / a_rps) if a_rps else '–'})",
+                u_p99 <= 2 * a_p99,
+                f"{2 * a_p99 - u_p99:+.2f} ms of headroom",
+            )
+        )
+
 p("## Results against the targets")
 p("")
 p(
     "Targets from issue 9, for the fleet (comparison 6) issue 14, for backpressure (comparisons "
-    "7 and 8) issue 15 (2-core machine, ratios "
+    "7 and 8) issue 15, for hostile clients (comparison 9) issue 23 (2-core machine, ratios "
     "from one run). Medians of the rounds of this run; a row whose value names a run was "
     "carried over from that earlier run (see the top of the page)."
 )
@@ -663,6 +789,7 @@ if previous and carried:
             or (name.startswith("429 path") and 2 in measured)
             or (name.startswith("rejection path") and 2 in measured)
             or ("issue 15" in name and (7 in measured or 8 in measured))
+            or ("issue 23" in name and 9 in measured)
         )
         if name in fresh or repeated:
             continue
@@ -1152,6 +1279,249 @@ if restart_rows:
             f"{f(r.get('drain_ms'), 0)} | {f(r.get('downtime_ms'), 0)} | "
             f"{', '.join(str(c) for c in r.get('cli_exit_codes') or [])} | {load_text(r)} |"
         )
+    p("")
+
+# --------------------------------------------------------------------------- 9
+carry(9)
+
+
+def reasons_text(d, skip=()):
+    """`{reason: n}` as 'a 12, b 3' (largest first, zeros and `skip` left out)."""
+    items = [(k, v) for k, v in (d or {}).items() if v and k not in skip]
+    return ", ".join(f"{k} {v:,.0f}" for k, v in sorted(items, key=lambda kv: -kv[1])) or "–"
+
+
+def seen_text(r):
+    """The closes a hostile client saw, by kind and by what the server said."""
+    by = r.get("closed_by") or {}
+    out = []
+    for kind, d in sorted(by.items()):
+        out.append(f"{kind}: {reasons_text(d)}")
+    return "; ".join(out) or "–"
+
+
+def server_closed(r, key="metrics_end"):
+    return ((r.get(key) or {}).get("closed")) or {}
+
+
+def spread_text(d, digits=1):
+    d = d or {}
+    if not d.get("n"):
+        return "–"
+    return f"{d['p50_ms']:,.{digits}f} / {d['p99_ms']:,.{digits}f}"
+
+
+def side_label(side):
+    if side.startswith("heads"):
+        return f"heads of {int(side[5:]):,} B"
+    return "keep-alive"
+
+
+def probe_text(pr, count=False):
+    """The newcomer probe: p50 / p99 / max ms, how many failed (no answer in 10 s) and, with
+    `count`, how many of the probes due in the window were made (each waits for the last)."""
+    if not pr or not pr.get("requests") and not pr.get("errors"):
+        return "–"
+    notes = []
+    if count and pr.get("every_ms") and pr.get("secs"):
+        due = round(pr["secs"] * 1000 / pr["every_ms"])
+        notes.append(f"{pr.get('requests', 0)} of {due}")
+    if pr.get("errors"):
+        notes.append(f"{pr['errors']} failed")
+    extra = f" ({', '.join(notes)})" if notes else ""
+    return f"{f(pr.get('p50_ms'), 2)} / {f(pr.get('p99_ms'), 2)} / {f(pr.get('max_ms'), 1)}{extra}"
+
+
+def mib_text(kib):
+    return "–" if kib is None else f"{kib / 1024:.1f}"
+
+
+hrss = sel("hostile_rss")
+soak = sel("hostile_soak")
+if hrss or soak:
+    p("## 9. Hostile clients: memory, and a normal producer under attack")
+    p("")
+    p(
+        "Issue 23's bounds on clients that never make a useful request (contract §1, "
+        "\"Connections\"), measured from outside: `loadgen hostile` opens N connections and keeps "
+        "each at it, reconnecting at once whenever the server closes it. **heads**: an unfinished "
+        "request head of K bytes written as fast as the server reads, then held; **trickle**: one "
+        "`GET /health/live`, then the next head one byte every 2 s (the slowloris); **idle**: one "
+        "request, then nothing. The gateway: the release build on the RabbitMQ backend with keys "
+        "on, every transport limit at its default but the per-peer cap (off: every client is "
+        "127.0.0.1). Close reasons are the gateway's (`sendgate_connections_closed_total`, the "
+        "increase over the window); the client's column is what it read before the close (`408`, "
+        "`431`, or `eof`: closed without a word, as an eviction is)."
+    )
+    p("")
+if hrss:
+    p("### Memory while 5,000 clients send unfinished heads")
+    p("")
+    p(
+        "A fresh gateway per side and round, sides alternating: **keep-alive** = 1,000 plain "
+        "keep-alive connections (one `GET /health/live` each, then held: comparison 4's load), "
+        "**heads K** = 5,000 clients sending K-byte heads. 130,000 bytes pass the 32 KiB cap of "
+        "one head, so each is cut (`431`, `head_too_large`) as soon as 32 KiB of it is read; "
+        "30,000 bytes stay under it, so the 8 MiB budget of all unfinished heads is what cuts "
+        "(`head_budget`), and the heads it lets in are held until their 5 s deadline. Idle: 2 s "
+        "after ready; during: `VmRSS` every 250 ms while the clients are at it "
+        f"({f(med(hrss, 'duration_s'), 0)} s); after: 5 s after they have gone."
+    )
+    p("")
+    p(
+        "| side | clients | idle MiB | during: median / max MiB | peak (VmHWM) MiB | 5 s after MiB | "
+        "during max − idle MiB | head bytes held, max (`/metrics`) | gateway's closes (median round) | "
+        "newcomer p50 / p99 / max ms |"
+    )
+    p("|---|---|---|---|---|---|---|---|---|---|")
+    for side in hostile_sides():
+        rs = [r for r in sel("hostile_rss", side) if not r.get("failed")]
+        if not rs:
+            continue
+        idle, dmax = med(rs, "rss_before_kib"), med(rs, "rss_during_max_kib")
+        mid = sorted(rs, key=lambda r: sum(server_closed(r).values()))[len(rs) // 2]
+        probes = [r["probe"] for r in rs if r.get("probe")]
+        pmed = {k: med(probes, k) for k in ("p50_ms", "p99_ms", "max_ms", "requests")}
+        pmed["errors"] = sum(pr.get("errors") or 0 for pr in probes)
+        p(
+            f"| {side_label(side)} | {med(rs, 'connections'):,.0f} | **{mib_text(idle)}** | "
+            f"{mib_text(med(rs, 'rss_during_median_kib'))} / **{mib_text(dmax)}** | "
+            f"{mib_text(med(rs, 'hwm_end_kib'))} | {mib_text(med(rs, 'rss_after_kib'))} | "
+            f"{'–' if None in (idle, dmax) else f'{(dmax - idle) / 1024:+.1f}'} | "
+            f"{f(med(rs, 'head_bytes_max'), 0)} | {reasons_text(server_closed(mid))} | {probe_text(pmed)} |"
+        )
+    p("")
+    pc = per_conn_kib()
+    if pc is not None:
+        p(
+            f"One keep-alive connection costs {pc:.1f} KiB here (the keep-alive side's during − idle, "
+            "per connection); that many connections' worth is what the bound in the targets table "
+            "allows on top of the idle gateway and the 8 MiB head budget."
+        )
+        p("")
+    p(
+        "Every round (client: connections the clients had open, sampled every 250 ms, lowest – "
+        "highest; what they saw; their reconnects per second and the time from a close seen to "
+        "connected again, p50 / p99; newcomer: a fresh connection and `GET /health/live` every "
+        "200 ms beside them, timed from the connect to the answer; in brackets how many of the "
+        "probes due were made, as each waits for the one before):"
+    )
+    p("")
+    p(
+        "| side | round | idle MiB | during median / max MiB | VmHWM MiB | after MiB | head bytes max | "
+        "gateway's closes | client: open | client saw | reconnects/s | reconnect p50 / p99 ms | "
+        "newcomer p50 / p99 / max ms | load |"
+    )
+    p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for rnd in sorted({r["round"] for r in hrss}, key=int):
+        for side in hostile_sides():
+            for r in [x for x in sel("hostile_rss", side) if x["round"] == rnd]:
+                if r.get("failed"):
+                    p(f"| {side_label(side)} | {rnd} | failed | | | | | | | | | | | |")
+                    continue
+                p(
+                    f"| {side_label(side)} | {rnd} | {mib_text(r.get('rss_before_kib'))} | "
+                    f"{mib_text(r.get('rss_during_median_kib'))} / {mib_text(r.get('rss_during_max_kib'))} | "
+                    f"{mib_text(r.get('hwm_end_kib'))} | {mib_text(r.get('rss_after_kib'))} | "
+                    f"{f(r.get('head_bytes_max'), 0)} | {reasons_text(server_closed(r))} | "
+                    f"{r.get('open_min', '–')} – {r.get('open_max', '–')} | {seen_text(r)} | "
+                    f"{f(r.get('reconnects_per_s'), 0)} | {spread_text(r.get('reconnect'))} | "
+                    f"{probe_text(r.get('probe'), count=True)} | {load_text(r)} |"
+                )
+    p("")
+
+if soak:
+    p("### A normal producer beside hostile clients")
+    p("")
+    first = next((r for r in soak if r.get("hostile")), {})
+    h0 = first.get("hostile") or {}
+    p(
+        f"One gateway (ceiling 10⁹), the queue purged before each window. The producer: "
+        f"{first.get('concurrency', 8)} keep-alive connections, each a closed loop of the 1 KB "
+        f"sends, {f(first.get('secs'), 0)} s measured; **alone**, then beside N hostile clients "
+        f"({', '.join(h0.get('kinds') or ['trickle', 'idle'])}, dealt out in turn), which hold for "
+        f"{f(h0.get('duration_s'), 0)} s once all have connected; the producer starts then and ends "
+        "before they stop. At 10,000 the hostile clients fill `SENDGATE_MAX_CONNECTIONS` "
+        "(10,000) by themselves: the producer's connections (and each probe, and each `/metrics` "
+        "read) make room by evicting the one idle longest, whose client reconnects and evicts "
+        "another. Newcomer: a fresh connection and `GET /health/live` every 200 ms, timed from "
+        "the connect to the answer (the same on the alone side). Gateway RSS: sampled every "
+        "250 ms in the window."
+    )
+    p("")
+    p(
+        "| hostile clients | msg/s | ÷ alone | p50 / p99 / max ms | p99 ÷ alone | sends not 201 | "
+        "newcomer p50 / p99 / max ms (failed) | gateway RSS median / max MiB | reconnects/s | "
+        "evicted/s (gateway) |"
+    )
+    p("|---|---|---|---|---|---|---|---|---|---|")
+    alone_rps, alone_p99 = med(soak_alone, "rps"), med(soak_alone, "p99_ms")
+    for lvl in [0] + soak_levels:
+        rs = [r for r in sel("hostile_soak", level=lvl) if not r.get("failed")]
+        if not rs:
+            continue
+        hs = [r["hostile"] for r in rs if r.get("hostile")]
+        probes = [h["probe"] for h in hs if h.get("probe")]
+        rps_, p99_ = med(rs, "rps"), med(rs, "p99_ms")
+        ev = [
+            server_closed(h).get("evicted", 0) / h["window_s"] for h in hs if h.get("window_s")
+        ]
+        p(
+            f"| {'alone' if lvl == 0 else f'{lvl:,}'} | {f(rps_, 0)} | "
+            f"{pct(rps_ / alone_rps) if rps_ and alone_rps else '–'} | "
+            f"{f(med(rs, 'p50_ms'), 3)} / {f(p99_, 2)} / {f(med(rs, 'max_ms'), 1)} | "
+            f"{f(p99_ / alone_p99, 2) + '×' if p99_ and alone_p99 else '–'} | "
+            f"{sum(unknown_outcomes(r) + answered(r, 429) for r in rs)} | "
+            f"{f(med(probes, 'p50_ms'), 2)} / {f(med(probes, 'p99_ms'), 2)} / {f(med(probes, 'max_ms'), 1)} "
+            f"({sum(pr.get('errors') or 0 for pr in probes)}) | "
+            f"{mib_text(med(hs, 'rss_during_median_kib'))} / {mib_text(med(hs, 'rss_during_max_kib'))} | "
+            f"{f(med(hs, 'reconnects_per_s'), 0)} | {f(statistics.median(ev), 0) if ev else '–'} |"
+        )
+    p("")
+    # The gateway's RSS window by window, in the order run (one process for the whole soak).
+    order = sorted(soak, key=lambda r: (int(r["round"]), int(r["level"])))
+    peaks = [mib_text((r.get("hostile") or {}).get("rss_during_max_kib")) for r in order]
+    if len(peaks) > 1:
+        p(
+            "The soak's gateway is one process, so its RSS carries from window to window; its "
+            "highest sample per window, in the order run ("
+            + ", ".join(["alone"] + [f"{lvl:,}" for lvl in soak_levels])
+            + " in each round): "
+            + " → ".join(peaks)
+            + " MiB. What an attack's connections took is not returned to the system when they "
+            "close (see [Analysis](#analysis)): the alone windows after the first attack run on "
+            "that memory, which is why their RSS column is high."
+        )
+        p("")
+    p(
+        "Every round (RSS: before the window → its highest sample; client: the hostile clients' "
+        "open connections, lowest – highest, and the closes they saw; the gateway's closes over "
+        "the window, from `/metrics`):"
+    )
+    p("")
+    p(
+        "| hostile clients | round | msg/s | p50 ms | p99 ms | max ms | answers | newcomer p50 / p99 / max ms | "
+        "RSS MiB | client: open | client saw | reconnects/s | gateway's closes | load |"
+    )
+    p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for rnd in sorted({r["round"] for r in soak}, key=int):
+        for lvl in [0] + soak_levels:
+            for r in [x for x in sel("hostile_soak", level=lvl) if x["round"] == rnd]:
+                h = r.get("hostile") or {}
+                pr = h.get("probe") or {}
+                if r.get("failed"):
+                    p(f"| {lvl:,} | {rnd} | failed | | | | | | | | | | | |")
+                    continue
+                name = "alone" if lvl == 0 else f"{lvl:,}"
+                open_ = "–" if lvl == 0 else f"{h.get('open_min')} – {h.get('open_max')}"
+                p(
+                    f"| {name} | {rnd} | {f(r.get('rps'), 0)} | "
+                    f"{f(r.get('p50_ms'), 3)} | {f(r.get('p99_ms'), 3)} | {f(r.get('max_ms'), 1)} | "
+                    f"{status_text(r)} | {probe_text(pr, count=True)} | "
+                    f"{mib_text(h.get('rss_before_kib'))} → {mib_text(h.get('rss_during_max_kib'))} | "
+                    f"{open_} | {seen_text(h)} | {f(h.get('reconnects_per_s'), 0)} | "
+                    f"{reasons_text(server_closed(h))} | {load_text(r)} |"
+                )
     p("")
 
 # ------------------------------------------------------------------ dependency diet

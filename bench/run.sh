@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # sendgate's benchmark suite (issue 9). One command:
 #
-#   ./bench/run.sh            # full run, ~19 minutes after the builds
+#   ./bench/run.sh            # full run, ~35 minutes after the builds
 #   ./bench/run.sh --quick    # same comparisons, shorter windows (~5 minutes)
 #   ./bench/run.sh --only 2,4 # some comparisons only (1 accept, 2 reject, 3 admin plane,
 #                             # 4 RSS, 5 criterion, 6 fleet on Redis, 7 retry amplification,
-#                             # 8 restart under load); the report shows what was measured
+#                             # 8 restart under load, 9 hostile clients); the report shows
+#                             # what was measured
 #   ./bench/run.sh --only 7 --amplify-s 20
 #                             # comparison 7 with a shorter window per side (default 60 s,
+#                             # 15 with --quick)
+#   ./bench/run.sh --only 9 --soak-s 30
+#                             # comparison 9 with a shorter soak per side (default 60 s,
 #                             # 15 with --quick)
 #   ./bench/run.sh --only 2,6 --update-docs
 #                             # a partial run that also rewrites docs/benchmarks.md: the
@@ -33,16 +37,18 @@ ROOT=$PWD
 
 QUICK=0
 UPDATE_DOCS=0
-ALL="1,2,3,4,5,6,7,8"
+ALL="1,2,3,4,5,6,7,8,9"
 ONLY=$ALL
 AMPLIFY_S=""
+SOAK_S=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
     --only) ONLY="$2"; shift ;;
     --amplify-s) AMPLIFY_S="$2"; shift ;;
     --update-docs) UPDATE_DOCS=1 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    --soak-s) SOAK_S="$2"; shift ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -56,12 +62,25 @@ if [ "$QUICK" = 1 ]; then
   D=3; WARM=0.5; D3=5; ROUNDS=3; ROUNDS_REJECT=3; HOLD=4
   CRITERION_ARGS=(--warm-up-time 0.2 --measurement-time 0.5 --sample-size 20)
   D7=15; ROUNDS7=1; D8=12; ROUNDS8=1
+  ROUNDS9=1; HEADS_S=5; SOAK=15
 else
   D=10; WARM=1; D3=10; ROUNDS=3; ROUNDS_REJECT=5; HOLD=6
   CRITERION_ARGS=()
   D7=60; ROUNDS7=2; D8=30; ROUNDS8=2
+  ROUNDS9=3; HEADS_S=15; SOAK=60
 fi
 D7=${AMPLIFY_S:-$D7}
+SOAK=${SOAK_S:-$SOAK}
+# Comparison 9 (issue 23): the unfinished heads' sizes (130,000 passes the 32 KiB cap of one
+# head, so each is cut at once; 30,000 stays under it, so the 8 MiB budget of all heads is
+# what cuts), how many clients send them, the attack levels of the soak and its clients'
+# kinds, and the normal producer beside them (connections, 1 KB sends, closed loop).
+HOSTILE_HEAD_SIZES=${HOSTILE_HEAD_SIZES:-"130000 30000"}
+HOSTILE_HEADS=${HOSTILE_HEADS:-5000}
+HOSTILE_KEEPALIVE=1000
+SOAK_LEVELS=${SOAK_LEVELS:-"5000 10000"}
+SOAK_KIND=${SOAK_KIND:-trickle,idle}
+SOAK_PRODUCERS=8
 # Comparison 7's two sides, `name:VAR=value,...` each (an empty list: the defaults). The
 # first forces the 1 s Retry-After of before (SENDGATE_RETRY_AFTER_MAX_S, issue 15; a build
 # that does not know the variable refuses to start, and that side is recorded as failed).
@@ -84,7 +103,7 @@ MGMT=http://127.0.0.1:15672
 AMQP_URL='amqp://guest:guest@127.0.0.1:5672/%2f'
 # Ports: sendgate instances 187xx, bare handlers 18729/18730, counting proxies 157xx.
 P_ACCEPT=18701; P_TTL0=18702; P_FULL=18703; P_RSS=18704; P_BARE=18729; P_FWD=18730
-P_AMP=18761; P_RESTART=18762
+P_AMP=18761; P_RESTART=18762; P_HRSS=18763; P_HSOAK=18764
 PX_A=15701; PX_A_CTL=15702; PX_B=15703; PX_B_CTL=15704
 # Comparison 6: the Redis fleet 18741-3, one process 18744, a local (uncoordinated) fleet
 # 18745-7, the ceiling fleets 18751-3; each group's admin plane behind its own proxy.
@@ -210,8 +229,10 @@ setup() {
     export DEBIAN_FRONTEND=noninteractive
     apt-get install -y -qq wrk >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
   fi
-  # 1,000 held connections plus the rest.
-  ulimit -n 65536 2>/dev/null || ulimit -n 8192 || true
+  # 10,000 held connections (comparison 9) plus the rest: the soft limit up to the hard
+  # one (a failed `ulimit -n 65536` must not fall back to one that also lowers the hard
+  # limit: the gateway and the load generator inherit it).
+  ulimit -Sn 65536 2>/dev/null || ulimit -Sn "$(ulimit -Hn)" 2>/dev/null || true
 
   log "building sendgate (release) and the bench/ tools into $CARGO_TARGET_DIR"
   cargo build --release --quiet --bin sendgate
@@ -241,6 +262,7 @@ setup() {
   jq -n \
     --arg stamp "$STAMP" --arg quick "$QUICK" --arg only "$ONLY" \
     --arg d "$D" --arg d3 "$D3" --arg warm "$WARM" --arg rounds "$ROUNDS" --arg rounds_reject "$ROUNDS_REJECT" \
+    --arg nofile "$(ulimit -n)" --arg port_range "$(tr '\t' ' ' < /proc/sys/net/ipv4/ip_local_port_range)" \
     --arg nproc "$(nproc)" \
     --arg mem_kib "$(awk '/MemTotal/ {print $2}' /proc/meminfo)" \
     --arg cpu "$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)" \
@@ -633,6 +655,75 @@ compare_restart() {
 }
 
 # ---------------------------------------------------------------------------------------
+# 9. Hostile clients (issue 23): a) RSS while 5,000 clients send unfinished heads (a fresh
+#    gateway per side and round, alternating with 1,000 plain keep-alive connections), before,
+#    during and 5 s after they have gone, with the gateway's head bytes and close reasons;
+#    b) a normal producer (8 connections, closed loop of 1 KB sends) alone, then beside
+#    5,000 and 10,000 hostile clients (trickle and idle, reconnecting whenever closed), on
+#    one gateway, alternating. Everything comes from 127.0.0.1: the per-peer cap is off.
+hostile() { # timeout-s, loadgen hostile arguments...
+  local t=$1; shift
+  timeout "$t" "$BIN/loadgen" hostile --metrics-token "$OBSERVER_TOKEN" "$@"
+}
+compare_hostile() {
+  log "9. hostile clients: RSS under $HOSTILE_HEADS unfinished heads ($HOSTILE_HEAD_SIZES bytes) vs $HOSTILE_KEEPALIVE keep-alive; a producer beside $SOAK_LEVELS hostile clients ($SOAK_KIND), ${SOAK} s each"
+  local round side sg pid out
+  for round in $(seq 1 "$ROUNDS9"); do
+    for side in keepalive $(for b in $HOSTILE_HEAD_SIZES; do echo "heads$b"; done); do
+      # As comparison 4: the gateway's defaults (ceiling, TTL, workers, every transport
+      # limit but the per-peer cap) on the RabbitMQ backend with keys on.
+      start_sendgate hostile-rss-$side-$round $P_HRSS SERVICEBUS_SEND_MAX_QUEUE_DEPTH=2000 \
+        SENDGATE_MAX_CONNECTIONS_PER_PEER=0
+      sg=$PID
+      pid=$(child_of "$sg")
+      sleep 2
+      if [ "$side" = keepalive ]; then
+        out=$(hostile $(( HEADS_S + 200 )) --addr 127.0.0.1:$P_HRSS --connections $HOSTILE_KEEPALIVE \
+          --kind idle --duration "$HEADS_S" --after 5 --watch-pid "$pid" --probe-ms 200)
+      else
+        out=$(hostile $(( HEADS_S + 200 )) --addr 127.0.0.1:$P_HRSS --connections "$HOSTILE_HEADS" \
+          --kind heads --head-bytes "${side#heads}" --duration "$HEADS_S" --after 5 --watch-pid "$pid" \
+          --probe-ms 200)
+      fi
+      record "$(echo "$out" | jq -c 'del(.series)' 2>/dev/null || echo "$out")" \
+        comparison=hostile_rss side="$side" round="$round" level="$(echo "$out" | jq -r '.connections // 0' 2>/dev/null)"
+      echo "$out" > "$OUT/hostile-rss-$side-$round.json"
+      stop "$sg"
+    done
+  done
+
+  # b) one gateway for the soak: ceiling 10⁹, so every send is a 201.
+  start_sendgate hostile-soak $P_HSOAK SENDGATE_MAX_CONNECTIONS_PER_PEER=0
+  sg=$PID
+  pid=$(child_of "$sg")
+  local warm=$(( SOAK >= 30 ? 5 : 2 )) level ready="$OUT/hostile-ready" hp
+  local pdur=$(( SOAK - warm - 3 ))
+  for round in $(seq 1 "$ROUNDS9"); do
+    for level in 0 $SOAK_LEVELS; do
+      purge bench
+      rm -f "$ready"
+      # The alone side runs the same tool with no hostile clients: the same newcomer probe
+      # (a fresh connection and GET /health/live every 200 ms) and RSS samples.
+      hostile $(( SOAK + 200 )) --addr 127.0.0.1:$P_HSOAK --connections "$level" --kind "$SOAK_KIND" \
+        --duration "$SOAK" --watch-pid "$pid" --probe-ms 200 --ready-file "$ready" \
+        > "$OUT/hostile-soak-$level-$round.json" &
+      hp=$!
+      for _ in $(seq 1 1800); do [ -f "$ready" ] && break; kill -0 "$hp" 2>/dev/null || break; sleep 0.1; done
+      out=$(timeout $(( SOAK + 60 )) "$BIN/loadgen" http --addr 127.0.0.1:$P_HSOAK --token "$SENDER_TOKEN" \
+        --concurrency $SOAK_PRODUCERS --duration "$pdur" --warmup "$warm" || true)
+      wait "$hp" || true
+      local h
+      h=$(jq -c 'del(.series)' "$OUT/hostile-soak-$level-$round.json" 2>/dev/null || echo null)
+      record "$(echo "$out" | jq -c --argjson h "${h:-null}" '. + {hostile: $h}' 2>/dev/null || echo "$out")" \
+        comparison=hostile_soak side="$([ "$level" = 0 ] && echo alone || echo attack)" round="$round" level="$level"
+      sleep 2
+    done
+  done
+  purge bench
+  stop "$sg"
+}
+
+# ---------------------------------------------------------------------------------------
 started=$(date +%s)
 setup
 want 1 && compare_accept
@@ -643,6 +734,7 @@ want 4 && compare_rss
 want 6 && compare_fleet
 want 7 && compare_amplify
 want 8 && compare_restart
+want 9 && compare_hostile
 want 5 && compare_micro
 jq -cn --arg s "$(( $(date +%s) - started ))" '{comparison: "run", seconds: ($s|tonumber)}' >> "$RESULTS"
 

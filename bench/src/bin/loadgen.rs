@@ -7,6 +7,9 @@
 //! loadgen amqp  --url amqp://guest:guest@127.0.0.1:5672/%2f --queue bench --concurrency 64
 //!               --duration 10 [--warmup 1] [--channels 4] [--size 1024]
 //! loadgen hold  --addr 127.0.0.1:P --connections 1000 --hold 10 --ready-file F
+//! loadgen hostile --addr 127.0.0.1:P --connections 5000 --kind heads|trickle|idle[,kind...]
+//!               --duration 15 [--head-bytes 130000] [--trickle-ms 2000] [--ready-file F]
+//!               [--watch-pid PID] [--metrics-token T] [--after 5] [--connect-gate 256]
 //! loadgen proxy --listen 127.0.0.1:P --upstream 127.0.0.1:15672 --control 127.0.0.1:Q
 //!               [--max-secs 3600]
 //! ```
@@ -28,6 +31,20 @@
 //!   gateway's link), `concurrency` publishes in flight, each awaited on its confirm.
 //! - `hold`: opens `connections` keep-alive connections, makes one request on each (so the
 //!   server set the connection up fully), writes `ready-file`, holds them, then exits.
+//! - `hostile`: `connections` clients that never make a useful request (issue 23), each
+//!   kept at it for `duration` seconds once all have connected, reconnecting at once
+//!   whenever the server closes it. `trickle`: one `GET /health/live`, then the next head
+//!   one byte every `trickle-ms` (the slowloris); `heads`: an unfinished head of
+//!   `head-bytes` written as fast as the server takes it, then held; `idle`: one request,
+//!   then nothing. Several kinds (`trickle,idle`) are dealt out round robin. Reports the
+//!   connections open over time (sampled every 250 ms: max, min, a series per second), the
+//!   closes it saw by what the server said (`408`, `431`, `eof`: closed without a word,
+//!   `reset`), how fast it got back (from a close seen to connected again, and to its first
+//!   answer or head written again) and how long a connection lived. With `--watch-pid` it
+//!   samples that process's `VmRSS`/`VmHWM` before, during and `--after` seconds after the
+//!   clients have gone; with `--metrics-token` the gateway's `sendgate_connection*` series
+//!   at the same moments (and `sendgate_connection_head_bytes` once a second). Raises its
+//!   own `RLIMIT_NOFILE` to the hard limit (10,000 sockets need it).
 //! - `proxy`: a TCP proxy in front of RabbitMQ's management port that counts the
 //!   `GET /api/queues/...` requests going through it; the count is served as plain text on
 //!   the control address. Exits by itself after `max-secs`.
@@ -83,7 +100,7 @@ fn get<T: std::str::FromStr>(args: &Args, key: &str, default: Option<T>) -> T {
 fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let Some((mode, rest)) = argv.split_first() else {
-        die("usage: loadgen http|amqp|hold|proxy --key value ...");
+        die("usage: loadgen http|amqp|hold|hostile|proxy --key value ...");
     };
     let args = parse_args(rest);
     let threads: usize = get(&args, "threads", Some(2));
@@ -97,6 +114,7 @@ fn main() {
             "http" => http(&args).await,
             "amqp" => amqp(&args).await,
             "hold" => hold(&args).await,
+            "hostile" => hostile(&args).await,
             "proxy" => proxy(&args).await,
             other => die(&format!("unknown mode {other:?}")),
         }
@@ -707,6 +725,639 @@ async fn hold(args: &Args) -> Value {
         }
     }
     json!({"mode": "hold", "held": held.len(), "failed": failed, "still_open": still_open})
+}
+
+// ---------------------------------------------------------------------------------------
+// Hostile clients (issue 23): connections that take the server's room and memory and never
+// make a useful request, reconnecting at once whenever the server closes them.
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// One `GET /health/live`, then the next head one byte every `trickle` (slowloris).
+    Trickle,
+    /// An unfinished head of `head_bytes`, written as fast as the server reads, then held.
+    Heads,
+    /// One `GET /health/live`, then nothing.
+    Idle,
+}
+
+impl Kind {
+    fn parse(s: &str) -> Kind {
+        match s {
+            "trickle" => Kind::Trickle,
+            "heads" => Kind::Heads,
+            "idle" => Kind::Idle,
+            other => die(&format!(
+                "--kind: unknown kind {other:?} (trickle, heads, idle)"
+            )),
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Trickle => "trickle",
+            Kind::Heads => "heads",
+            Kind::Idle => "idle",
+        }
+    }
+}
+
+/// Raise `RLIMIT_NOFILE`'s soft limit to the hard one; the soft limit in force after.
+fn raise_nofile() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed by reference.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 0;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let want = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+                lim = want;
+            }
+        }
+    }
+    lim.rlim_cur
+}
+
+/// `VmRSS` and `VmHWM` of `pid`, in KiB.
+fn rss_hwm(pid: u32) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// The gateway's `sendgate_connection*` series from `/metrics`, by series (name and labels).
+async fn connection_metrics(addr: &str, token: &str) -> Option<BTreeMap<String, f64>> {
+    let text = get_once(addr, "/metrics", Some(token)).await?;
+    let mut series = BTreeMap::new();
+    for line in text.lines() {
+        if line.starts_with("sendgate_connection") {
+            let (name, value) = line.rsplit_once(' ')?;
+            series.insert(name.to_owned(), value.parse().ok()?);
+        }
+    }
+    Some(series)
+}
+
+/// `{label value: n}` of the series `name{label="..."}` in a metrics snapshot; with
+/// `since`, the increase from that earlier snapshot.
+fn by_label(
+    now: &BTreeMap<String, f64>,
+    since: Option<&BTreeMap<String, f64>>,
+    name: &str,
+) -> BTreeMap<String, f64> {
+    let prefix = format!("{name}{{");
+    let mut out = BTreeMap::new();
+    for (series, v) in now {
+        let Some(labels) = series.strip_prefix(&prefix) else {
+            continue;
+        };
+        let label = labels
+            .split_once('"')
+            .and_then(|(_, rest)| rest.split_once('"'))
+            .map_or(labels, |(value, _)| value);
+        let before = since.and_then(|s| s.get(series)).copied().unwrap_or(0.0);
+        out.insert(label.to_owned(), v - before);
+    }
+    out
+}
+
+fn metrics_summary(
+    now: Option<&BTreeMap<String, f64>>,
+    since: Option<&BTreeMap<String, f64>>,
+) -> Value {
+    let Some(now) = now else {
+        return Value::Null;
+    };
+    json!({
+        "connections": by_label(now, None, "sendgate_connections"),
+        "closed": by_label(now, since, "sendgate_connections_closed_total"),
+        "head_bytes": now.get("sendgate_connection_head_bytes"),
+    })
+}
+
+/// Nearest-rank percentiles of `values` (in µs) as ms.
+fn spread_ms(mut values: Vec<u64>) -> Value {
+    values.sort_unstable();
+    let n = values.len();
+    if n == 0 {
+        return json!({"n": 0});
+    }
+    let at = |q: f64| values[((q * n as f64).ceil() as usize).clamp(1, n) - 1] as f64 / 1000.0;
+    json!({"n": n, "p50_ms": at(0.5), "p90_ms": at(0.9), "p99_ms": at(0.99), "max_ms": at(1.0)})
+}
+
+/// (seconds since the start, the clients' open connections, the gateway's `VmRSS` KiB).
+type Sample = (f64, u64, Option<u64>);
+
+struct HostileCfg {
+    addr: String,
+    /// The unfinished head heads clients write (one copy for all of them).
+    head: Vec<u8>,
+    trickle: Duration,
+}
+
+#[derive(Default)]
+struct HostileStats {
+    /// Connected and not yet seen closed.
+    open: AtomicU64,
+    /// Clients whose first connection got as far as its first request (or its end).
+    ramped: AtomicUsize,
+    connects: AtomicU64,
+    connect_errors: AtomicU64,
+    closes: AtomicU64,
+    bytes_sent: AtomicU64,
+    /// Closes seen, by kind and by what the server said.
+    closed_by: std::sync::Mutex<BTreeMap<String, BTreeMap<String, u64>>>,
+    /// Statuses of the one `GET /health/live` of trickle and idle clients.
+    first_answers: std::sync::Mutex<BTreeMap<u16, u64>>,
+    /// From a close seen to connected again (µs).
+    reconnect_us: std::sync::Mutex<Vec<u64>>,
+    /// From a close seen to working again: the GET answered, or the head's first bytes sent.
+    ready_again_us: std::sync::Mutex<Vec<u64>>,
+    /// From connected to closed by the server (µs).
+    lifetime_us: std::sync::Mutex<Vec<u64>>,
+}
+
+fn micros(d: Duration) -> u64 {
+    d.as_micros().min(u128::from(u64::MAX)) as u64
+}
+
+/// What the server said before it closed: its status code, or `eof` (closed without a
+/// word), `reset`, `error`.
+fn close_reason(seen: &[u8], err: Option<&io::Error>) -> String {
+    if let Some(status) = seen
+        .strip_prefix(b"HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| std::str::from_utf8(code).ok())
+    {
+        return status.to_owned();
+    }
+    match err.map(io::Error::kind) {
+        None | Some(io::ErrorKind::UnexpectedEof) => "eof".into(),
+        Some(io::ErrorKind::ConnectionReset) => "reset".into(),
+        Some(io::ErrorKind::BrokenPipe) => "broken_pipe".into(),
+        Some(_) => "error".into(),
+    }
+}
+
+/// Read until the server closes: what it said (the first bytes) and how it ended.
+async fn watch_close(
+    r: &mut tokio::net::tcp::ReadHalf<'_>,
+    seen: &mut Vec<u8>,
+) -> Option<io::Error> {
+    let mut chunk = [0u8; 1024];
+    loop {
+        match r.read(&mut chunk).await {
+            Ok(0) => return None,
+            Ok(n) => {
+                if seen.len() < 64 {
+                    seen.extend_from_slice(&chunk[..n.min(64 - seen.len())]);
+                }
+            }
+            Err(e) => return Some(e),
+        }
+    }
+}
+
+/// Write `bytes` (or, with `trickle`, one byte per period, then `a` for ever), then hold;
+/// returns only on a write error.
+async fn hostile_writes(
+    w: &mut tokio::net::tcp::WriteHalf<'_>,
+    bytes: &[u8],
+    trickle: Option<Duration>,
+    stats: &HostileStats,
+) -> io::Error {
+    match trickle {
+        Some(every) => {
+            let mut i = 0;
+            loop {
+                let byte = bytes.get(i).copied().unwrap_or(b'a');
+                if let Err(e) = w.write_all(&[byte]).await {
+                    return e;
+                }
+                stats.bytes_sent.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+                tokio::time::sleep(every).await;
+            }
+        }
+        None => {
+            for chunk in bytes.chunks(16384) {
+                if let Err(e) = w.write_all(chunk).await {
+                    return e;
+                }
+                stats
+                    .bytes_sent
+                    .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            }
+            std::future::pending().await
+        }
+    }
+}
+
+/// One hostile client: connect, misbehave until the server closes, reconnect, for ever
+/// (the caller drops it at the end of the window).
+async fn hostile_client(
+    kind: Kind,
+    cfg: Arc<HostileCfg>,
+    stats: Arc<HostileStats>,
+    gate: Arc<tokio::sync::Semaphore>,
+) {
+    const GET: &[u8] = b"GET /health/live HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    const NEXT: &[u8] = b"GET /health/live HTTP/1.1\r\nHost: localhost\r\nX-Trickle: ";
+    let mut ramped = false;
+    let mut closed_at: Option<Instant> = None;
+    loop {
+        let connected = {
+            let _permit = gate.acquire().await.expect("gate");
+            TcpStream::connect(&cfg.addr).await
+        };
+        let stream = match connected {
+            Ok(s) => s,
+            Err(_) => {
+                stats.connect_errors.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let t_conn = Instant::now();
+        stats.connects.fetch_add(1, Ordering::Relaxed);
+        stats.open.fetch_add(1, Ordering::Relaxed);
+        if let Some(at) = closed_at {
+            stats
+                .reconnect_us
+                .lock()
+                .expect("lock")
+                .push(micros(at.elapsed()));
+        }
+        let _ = stream.set_nodelay(true);
+        let mut seen = Vec::new();
+        let ready = |stats: &HostileStats, ramped: &mut bool| {
+            if let Some(at) = closed_at {
+                stats
+                    .ready_again_us
+                    .lock()
+                    .expect("lock")
+                    .push(micros(at.elapsed()));
+            }
+            if !*ramped {
+                *ramped = true;
+                stats.ramped.fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        let ended: Option<io::Error> = 'conn: {
+            let mut stream = stream;
+            if kind != Kind::Heads {
+                let mut c = HttpConn {
+                    stream,
+                    buf: Vec::new(),
+                };
+                match c.round_trip(GET).await {
+                    Ok((status, keep, _)) => {
+                        *stats
+                            .first_answers
+                            .lock()
+                            .expect("lock")
+                            .entry(status)
+                            .or_default() += 1;
+                        if !keep {
+                            seen = format!("HTTP/1.1 {status}").into_bytes();
+                            break 'conn None;
+                        }
+                    }
+                    Err(e) => break 'conn Some(e),
+                }
+                ready(&stats, &mut ramped);
+                stream = c.stream;
+            } else {
+                ready(&stats, &mut ramped);
+            }
+            let (mut r, mut w) = stream.split();
+            let writes = async {
+                match kind {
+                    Kind::Trickle => hostile_writes(&mut w, NEXT, Some(cfg.trickle), &stats).await,
+                    Kind::Heads => hostile_writes(&mut w, &cfg.head, None, &stats).await,
+                    Kind::Idle => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                e = watch_close(&mut r, &mut seen) => e,
+                e = writes => {
+                    // The server closed under a write: what it said is likely in flight.
+                    match tokio::time::timeout(Duration::from_millis(200), watch_close(&mut r, &mut seen)).await {
+                        Ok(read_end) => read_end.or(Some(e)),
+                        Err(_) => Some(e),
+                    }
+                }
+            }
+        };
+        if !ramped {
+            ramped = true;
+            stats.ramped.fetch_add(1, Ordering::Relaxed);
+        }
+        let now = Instant::now();
+        stats.open.fetch_sub(1, Ordering::Relaxed);
+        stats.closes.fetch_add(1, Ordering::Relaxed);
+        stats
+            .lifetime_us
+            .lock()
+            .expect("lock")
+            .push(micros(now - t_conn));
+        let reason = close_reason(&seen, ended.as_ref());
+        *stats
+            .closed_by
+            .lock()
+            .expect("lock")
+            .entry(kind.as_str().to_owned())
+            .or_default()
+            .entry(reason)
+            .or_default() += 1;
+        closed_at = Some(now);
+    }
+}
+
+async fn hostile(args: &Args) -> Value {
+    let loadavg_before = loadavg_1m();
+    let nofile = raise_nofile();
+    let addr: String = get(args, "addr", None);
+    let connections: usize = get(args, "connections", None);
+    let kinds: Vec<Kind> = get::<String>(args, "kind", None)
+        .split(',')
+        .map(Kind::parse)
+        .collect();
+    let duration: f64 = get(args, "duration", None);
+    let head_bytes: usize = get(args, "head-bytes", Some(130_000));
+    let trickle_ms: u64 = get(args, "trickle-ms", Some(2000));
+    let after: f64 = get(args, "after", Some(0.0));
+    let ramp_max: f64 = get(args, "ramp-max", Some(120.0));
+    let gate_n: usize = get(args, "connect-gate", Some(256));
+    let ready_file = args.get("ready-file").cloned();
+    let probe_ms: u64 = get(args, "probe-ms", Some(0));
+    let watch_pid: Option<u32> = args.get("watch-pid").map(|_| get(args, "watch-pid", None));
+    let metrics_token = args.get("metrics-token").cloned();
+    if nofile > 0 && (nofile as usize) < connections + 64 {
+        eprintln!(
+            "loadgen: RLIMIT_NOFILE is {nofile}: fewer sockets than --connections {connections}"
+        );
+    }
+
+    let metrics = |token: &Option<String>| {
+        let (addr, token) = (addr.clone(), token.clone());
+        async move {
+            match token {
+                Some(t) => connection_metrics(&addr, &t).await,
+                None => None,
+            }
+        }
+    };
+    let rss = || watch_pid.and_then(rss_hwm);
+    let before_rss = rss();
+    let before_metrics = metrics(&metrics_token).await;
+
+    const PAD: &[u8] = b"GET /health/live HTTP/1.1\r\nHost: localhost\r\nX-Pad: ";
+    let cfg = Arc::new(HostileCfg {
+        addr: addr.clone(),
+        head: PAD
+            .iter()
+            .copied()
+            .chain(std::iter::repeat(b'a'))
+            .take(head_bytes.max(PAD.len()))
+            .collect(),
+        trickle: Duration::from_millis(trickle_ms),
+    });
+    let stats = Arc::new(HostileStats::default());
+    let gate = Arc::new(tokio::sync::Semaphore::new(gate_n.max(1)));
+    let t0 = Instant::now();
+    let clients: Vec<_> = (0..connections)
+        .map(|i| {
+            tokio::spawn(hostile_client(
+                kinds[i % kinds.len()],
+                cfg.clone(),
+                stats.clone(),
+                gate.clone(),
+            ))
+        })
+        .collect();
+
+    // Sampled every 250 ms: the clients' open connections and the gateway's RSS; every
+    // second, the gateway's head bytes (a `/metrics` read is a request of its own).
+    let samples: Arc<std::sync::Mutex<Vec<Sample>>> = Arc::default();
+    let sampler = {
+        let (stats, samples) = (stats.clone(), samples.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            loop {
+                tick.tick().await;
+                let rss = watch_pid.and_then(rss_hwm).map(|(r, _)| r);
+                let open = stats.open.load(Ordering::Relaxed);
+                samples
+                    .lock()
+                    .expect("lock")
+                    .push((t0.elapsed().as_secs_f64(), open, rss));
+            }
+        })
+    };
+    let head_samples: Arc<std::sync::Mutex<Vec<(f64, f64)>>> = Arc::default();
+    let head_sampler = metrics_token.clone().map(|token| {
+        let (addr, head_samples) = (addr.clone(), head_samples.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                if let Some(m) = connection_metrics(&addr, &token).await {
+                    if let Some(v) = m.get("sendgate_connection_head_bytes") {
+                        head_samples
+                            .lock()
+                            .expect("lock")
+                            .push((t0.elapsed().as_secs_f64(), *v));
+                    }
+                }
+            }
+        })
+    });
+
+    // A newcomer's view: every `probe-ms`, a fresh connection and one `GET /health/live`
+    // (`Connection: close`), timed from the connect to the answer read in full.
+    let probe_window: Arc<std::sync::Mutex<Option<(Instant, Instant)>>> = Arc::default();
+    let probe_rec: Arc<std::sync::Mutex<Recorder>> = Arc::default();
+    let prober = (probe_ms > 0).then(|| {
+        let (addr, window, rec) = (addr.clone(), probe_window.clone(), probe_rec.clone());
+        tokio::spawn(async move {
+            const GET_CLOSE: &[u8] =
+                b"GET /health/live HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+            let mut tick = tokio::time::interval(Duration::from_millis(probe_ms));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let t = Instant::now();
+                let outcome = tokio::time::timeout(Duration::from_secs(10), async {
+                    let mut c = HttpConn::connect(&addr).await?;
+                    c.round_trip(GET_CLOSE).await
+                })
+                .await;
+                let counted =
+                    matches!(*window.lock().expect("lock"), Some((a, b)) if t >= a && t < b);
+                if !counted {
+                    continue;
+                }
+                let mut rec = rec.lock().expect("lock");
+                match outcome {
+                    Ok(Ok((status, _, _))) => rec.record(status, t.elapsed()),
+                    _ => rec.errors += 1,
+                }
+            }
+        })
+    });
+
+    // The ramp: until every client got its first connection as far as its first request.
+    let ramp_deadline = t0 + Duration::from_secs_f64(ramp_max);
+    while stats.ramped.load(Ordering::Relaxed) < connections && Instant::now() < ramp_deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ramp_s = t0.elapsed().as_secs_f64();
+    let ramped = stats.ramped.load(Ordering::Relaxed);
+    if let Some(f) = &ready_file {
+        std::fs::write(f, format!("{}\n", stats.open.load(Ordering::Relaxed))).expect("ready file");
+    }
+    let (connects0, closes0) = (
+        stats.connects.load(Ordering::Relaxed),
+        stats.closes.load(Ordering::Relaxed),
+    );
+    let window_start = t0.elapsed().as_secs_f64();
+    *probe_window.lock().expect("lock") = Some((
+        Instant::now(),
+        Instant::now() + Duration::from_secs_f64(duration),
+    ));
+    tokio::time::sleep(Duration::from_secs_f64(duration)).await;
+    let window_end = t0.elapsed().as_secs_f64();
+    let (connects1, closes1) = (
+        stats.connects.load(Ordering::Relaxed),
+        stats.closes.load(Ordering::Relaxed),
+    );
+    let open_at_end = stats.open.load(Ordering::Relaxed);
+    let end_rss = rss();
+    let end_metrics = metrics(&metrics_token).await;
+    let loadavg_end = loadavg_1m();
+
+    // Gone: every client dropped with its socket.
+    for c in &clients {
+        c.abort();
+    }
+    for c in clients {
+        let _ = c.await;
+    }
+    sampler.abort();
+    if let Some(p) = prober {
+        p.abort();
+    }
+    if let Some(h) = head_sampler {
+        h.abort();
+    }
+    let (after_rss, after_metrics) = if after > 0.0 {
+        tokio::time::sleep(Duration::from_secs_f64(after)).await;
+        (rss(), metrics(&metrics_token).await)
+    } else {
+        (None, None)
+    };
+
+    let samples = samples.lock().expect("lock").clone();
+    let in_window: Vec<_> = samples
+        .iter()
+        .filter(|(t, _, _)| *t >= window_start && *t <= window_end)
+        .collect();
+    let open_max = in_window.iter().map(|s| s.1).max();
+    let open_min = in_window.iter().map(|s| s.1).min();
+    let mut rss_window: Vec<u64> = in_window.iter().filter_map(|s| s.2).collect();
+    rss_window.sort_unstable();
+    let rss_max = rss_window.last().copied();
+    let rss_median = rss_window.get(rss_window.len() / 2).copied();
+    // One sample a second for the record.
+    let series: Vec<Value> = samples
+        .iter()
+        .step_by(4)
+        .map(|(t, open, rss)| json!([(t * 10.0).round() / 10.0, open, rss]))
+        .collect();
+    let heads = head_samples.lock().expect("lock").clone();
+    let head_in_window: Vec<f64> = heads
+        .iter()
+        .filter(|(t, _)| *t >= window_start && *t <= window_end)
+        .map(|(_, v)| *v)
+        .collect();
+    let head_max = heads.iter().map(|(_, v)| *v).reduce(f64::max);
+    let window = window_end - window_start;
+    let take = |m: &std::sync::Mutex<Vec<u64>>| std::mem::take(&mut *m.lock().expect("lock"));
+
+    let probe = (probe_ms > 0).then(|| {
+        let mut p = std::mem::take(&mut *probe_rec.lock().expect("lock"))
+            .summary(window_end - window_start);
+        p["every_ms"] = json!(probe_ms);
+        p
+    });
+    let mut out = json!({
+        "mode": "hostile",
+        "probe": probe,
+        "kinds": kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>(),
+        "connections": connections,
+        "duration_s": duration,
+        "head_bytes": head_bytes,
+        "trickle_ms": trickle_ms,
+        "nofile_limit": nofile,
+        "ramp_s": ramp_s,
+        "ramped": ramped,
+        "window_s": window,
+        "open_max": open_max,
+        "open_min": open_min,
+        "open_at_end": open_at_end,
+        "connects": stats.connects.load(Ordering::Relaxed),
+        "connect_errors": stats.connect_errors.load(Ordering::Relaxed),
+        "closes": stats.closes.load(Ordering::Relaxed),
+        "closes_in_window": closes1 - closes0,
+        "reconnects_per_s": (connects1 - connects0) as f64 / window,
+        "closed_by": *stats.closed_by.lock().expect("lock"),
+        "first_answers": stats.first_answers.lock().expect("lock").iter().map(|(k, v)| (k.to_string(), *v)).collect::<BTreeMap<_, _>>(),
+        "bytes_sent": stats.bytes_sent.load(Ordering::Relaxed),
+    });
+    let more = json!({
+        "reconnect": spread_ms(take(&stats.reconnect_us)),
+        "ready_again": spread_ms(take(&stats.ready_again_us)),
+        "lifetime": spread_ms(take(&stats.lifetime_us)),
+        "rss_before_kib": before_rss.map(|r| r.0),
+        "hwm_before_kib": before_rss.map(|r| r.1),
+        "rss_during_max_kib": rss_max,
+        "rss_during_median_kib": rss_median,
+        "rss_end_kib": end_rss.map(|r| r.0),
+        "hwm_end_kib": end_rss.map(|r| r.1),
+        "rss_after_kib": after_rss.map(|r| r.0),
+        "hwm_after_kib": after_rss.map(|r| r.1),
+        "after_s": after,
+        "head_bytes_max": head_max,
+        "head_bytes_window_max": head_in_window.iter().copied().reduce(f64::max),
+        "head_bytes_samples": head_in_window.len(),
+        "metrics_before": metrics_summary(before_metrics.as_ref(), None),
+        "metrics_end": metrics_summary(end_metrics.as_ref(), before_metrics.as_ref()),
+        "metrics_after": metrics_summary(after_metrics.as_ref(), before_metrics.as_ref()),
+        "series": series,
+        "loadavg_before": loadavg_before,
+        "loadavg_after": loadavg_end,
+    });
+    if let (Value::Object(out), Value::Object(more)) = (&mut out, more) {
+        out.extend(more);
+    }
+    out
 }
 
 // ---------------------------------------------------------------------------------------
