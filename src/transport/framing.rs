@@ -499,6 +499,26 @@ mod tests {
         assert!(f.is_opaque(), "a chunk size past 2^64");
     }
 
+    /// A chunk's data is data whatever it holds: a blank line or a request head inside it
+    /// neither ends the body nor counts as a request.
+    #[test]
+    fn a_chunk_holding_a_blank_line_and_a_head_is_data() {
+        let inside = b"\r\n\r\nGET /x HTTP/1.1\r\n\r\n";
+        let mut text = format!(
+            "POST /v1 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n",
+            inside.len()
+        )
+        .into_bytes();
+        text.extend_from_slice(inside);
+        text.extend_from_slice(b"\r\n0\r\n\r\n");
+        for step in [1, 5, text.len()] {
+            let mut f = Framing::default();
+            let fed = fed_in_bytes_of(&mut f, &text, step);
+            assert_eq!((fed.heads_completed, fed.requests_read), (1, 1), "{step}");
+            assert!(!f.in_body() && !f.is_opaque(), "{step}");
+        }
+    }
+
     #[test]
     fn a_chunk_extension_of_any_length_is_followed() {
         let mut f = Framing::default();
