@@ -30,6 +30,7 @@
 pub mod framing;
 mod registry;
 mod stream;
+mod trim;
 
 pub use crate::config::ConnectionLimits as Limits;
 pub use registry::{Closed, ConnectionCounts, Connections, Phase, Seat};
