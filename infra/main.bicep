@@ -179,7 +179,7 @@ param redisPrivateDnsZoneId string = ''
 @description('SENDGATE_REDIS_TIMEOUT_MS: deadline of one Redis call; past it the replica falls back to its own ceiling until Redis answers again.')
 @minValue(1)
 @maxValue(10000)
-param redisTimeoutMs int = 50
+param redisTimeoutMs int = 250
 
 @description('Log Analytics retention in days.')
 @minValue(30)

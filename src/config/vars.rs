@@ -640,9 +640,9 @@ pub const REDIS_TIMEOUT_MS: Var = Var::server(
         min: 1,
         max: 60_000,
     },
-    "Deadline of one Redis call; past it the replica falls back to local mode until Redis answers again.",
+    "Deadline of one Redis call; past it the replica falls back to local mode until Redis answers again. Long enough that a busy replica's own scheduling delay is not taken for a partition.",
 )
-.default("50")
+.default("250")
 .unit(Unit::Millis);
 pub const FLEET_MAX_REPLICAS: Var = Var::server(
     "SENDGATE_FLEET_MAX_REPLICAS",
