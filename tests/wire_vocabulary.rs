@@ -29,6 +29,7 @@ fn problem_for(code: ErrorCode) -> Problem {
         ErrorCode::InvalidRequest => Problem::InvalidRequest {
             errors: vec![FieldError::new(&["body"], "not JSON")],
         },
+        ErrorCode::RequestTimeout => Problem::RequestTimeout,
         ErrorCode::QueueFull => Problem::QueueFull {
             backlog: 10,
             limit: 10,
@@ -71,6 +72,7 @@ fn is_covered(p: &Problem) -> bool {
         | Problem::UnsupportedMediaType
         | Problem::PayloadTooLarge { .. }
         | Problem::InvalidRequest { .. }
+        | Problem::RequestTimeout
         | Problem::QueueFull { .. }
         | Problem::CapacityUnknown { .. }
         | Problem::Saturated

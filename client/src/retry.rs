@@ -19,14 +19,15 @@ pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Is an HTTP answer with this status worth another attempt with the same key?
 ///
-/// Only `429` (queue full), `503` (capacity unknown, saturated, broker busy; a draining or
-/// starting gateway is a wait, decided before this) and `504` (outcome unknown: the same
-/// `Idempotency-Key` makes the retry safe). Everything else is final: `400`, `401`,
+/// Only `408` (the body did not arrive in time: nothing was sent), `429` (queue full), `503`
+/// (capacity unknown, saturated, broker busy; a draining or starting gateway is a wait,
+/// decided before this) and `504` (outcome unknown: the same `Idempotency-Key` makes the
+/// retry safe). Everything else is final: `400`, `401`,
 /// `403`, `404`, `409`, `413`, `415` would be refused again, and `502`
 /// (`backend_auth_failed`, `send_failed`) is outside what the contract promises is
 /// transient, so it is reported rather than repeated.
 pub fn is_retryable_status(status: u16) -> bool {
-    matches!(status, 429 | 503 | 504)
+    matches!(status, 408 | 429 | 503 | 504)
 }
 
 /// Capped exponential backoff with full jitter, and a per-message attempt cap.
@@ -233,8 +234,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_429_503_and_504_are_retried() {
-        for s in [429, 503, 504] {
+    fn only_408_429_503_and_504_are_retried() {
+        for s in [408, 429, 503, 504] {
             assert!(is_retryable_status(s), "{s}");
         }
         for s in [200, 201, 400, 401, 403, 404, 405, 409, 413, 415, 500, 502] {

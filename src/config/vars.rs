@@ -390,7 +390,7 @@ pub const BODY_TIMEOUT_MS: Var = Var::server(
         min: 1,
         max: HOUR_MS,
     },
-    "Longest a request body may take to arrive (a slow or stalled client); at most the send deadline.",
+    "Longest a request body may take to arrive (a slow or stalled client; past it 408 request_timeout); at most the send deadline.",
 )
 .unset("5000 or SENDGATE_SEND_TIMEOUT_MS, the shorter")
 .unit(Unit::Millis);

@@ -60,6 +60,8 @@ pub enum Problem {
     PayloadTooLarge { limit: usize },
     #[error("The request is not valid.")]
     InvalidRequest { errors: Vec<FieldError> },
+    #[error("The body did not arrive in time; nothing was sent. Send the request again.")]
+    RequestTimeout,
     #[error("The queue holds {backlog} messages against its ceiling of {limit}; sends resume once consumers take it down.")]
     QueueFull {
         backlog: u64,
@@ -109,6 +111,7 @@ impl Problem {
             Self::UnsupportedMediaType => ErrorCode::UnsupportedMediaType,
             Self::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
             Self::InvalidRequest { .. } => ErrorCode::InvalidRequest,
+            Self::RequestTimeout => ErrorCode::RequestTimeout,
             Self::QueueFull { .. } => ErrorCode::QueueFull,
             Self::CapacityUnknown { .. } => ErrorCode::CapacityUnknown,
             Self::Saturated => ErrorCode::Saturated,
@@ -134,6 +137,7 @@ impl Problem {
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Starting
             | Self::Draining { .. }

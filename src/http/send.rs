@@ -68,6 +68,7 @@ enum Taken {
             headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
         (status = 403, description = "`forbidden` (the key lacks the role or the queue), or `forbidden_host` (open mode).", body = ErrorBody),
         (status = 404, description = "`unknown_queue`: the gateway does not serve this queue.", body = ErrorBody),
+        (status = 408, description = "`request_timeout`: the body did not arrive within `SENDGATE_BODY_TIMEOUT_MS`; nothing was sent, the same request may be sent again.", body = ErrorBody),
         (status = 409, description = "`queue_disabled` at the broker.", body = ErrorBody),
         (status = 413, description = "`payload_too_large`, with `limit_bytes`.", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`: not `application/json`.", body = ErrorBody),
@@ -252,14 +253,7 @@ async fn read_input(
         read_body(payload, announced, state.max_body_bytes),
     )
     .await
-    .unwrap_or_else(|_| {
-        Err(Problem::InvalidRequest {
-            errors: vec![FieldError::new(
-                &["body"],
-                "the body did not arrive in time",
-            )],
-        })
-    })?;
+    .unwrap_or(Err(Problem::RequestTimeout))?;
     // A body sent without a length was reserved at the largest size: keep only its own.
     reservation.shrink_to(body.len());
     let input = Input::parse(req, &body, state.max_json_depth, context.header_problem())?;

@@ -198,6 +198,7 @@ pub async fn get_settings(
             headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
         (status = 403, description = "`forbidden` (the key lacks the admin role, or the patch names a queue outside its scope, or `force_backend` and its scope is not every queue), or `forbidden_host` (open mode).", body = ErrorBody),
         (status = 404, description = "`unknown_queue`: the body names a queue this gateway does not serve.", body = ErrorBody),
+        (status = 408, description = "`request_timeout`: the body did not arrive within `SENDGATE_BODY_TIMEOUT_MS`; nothing was changed.", body = ErrorBody),
         (status = 413, description = "`payload_too_large`: over 64 KiB.", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`: not `application/json` (checked after authentication).", body = ErrorBody),
         (status = 503, description = "`settings_unavailable`: the change could not be stored; nothing changed.", body = ErrorBody,
@@ -300,6 +301,7 @@ pub struct BreakerView {
             headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
         (status = 403, description = "`forbidden` (the key lacks the admin role, or its scope is not every queue: a breaker serves them all), or `forbidden_host` (open mode).", body = ErrorBody),
         (status = 404, description = "`not_found`: no such backend here.", body = ErrorBody),
+        (status = 408, description = "`request_timeout`: the body did not arrive within `SENDGATE_BODY_TIMEOUT_MS`; nothing was changed.", body = ErrorBody),
         (status = 413, description = "`payload_too_large`: over 64 KiB.", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`: not `application/json` (checked after authentication).", body = ErrorBody),
     )
@@ -369,14 +371,7 @@ async fn json_body(
     let read = super::send::read_body(payload, super::send::announced_length(req), MAX_ADMIN_BODY);
     let bytes = tokio::time::timeout(state.body_timeout, read)
         .await
-        .unwrap_or_else(|_| {
-            Err(Problem::InvalidRequest {
-                errors: vec![FieldError::new(
-                    &["body"],
-                    "the body did not arrive in time",
-                )],
-            })
-        })?;
+        .unwrap_or(Err(Problem::RequestTimeout))?;
     serde_json::from_slice(&bytes).map_err(|e| Problem::InvalidRequest {
         errors: vec![FieldError::new(&["body"], format!("not valid JSON: {e}"))],
     })

@@ -367,7 +367,7 @@ pub async fn stalled_upload_to(app: &TestApp, request: &str) -> (String, Duratio
 async fn a_body_that_stops_arriving_is_given_up_at_the_send_deadline() {
     let app = spawn_app_with(&[("SENDGATE_SEND_TIMEOUT_MS", "500")]).await;
     let (text, took) = stalled_upload(&app).await;
-    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(took < Duration::from_secs(3));
     assert_eq!(
         app.handle.lifecycle.sends_in_flight(),
@@ -381,7 +381,9 @@ async fn a_body_has_a_deadline_of_its_own_shorter_than_the_sends() {
     // The send deadline (10 s) would let a stalled upload hold its request for 10 s.
     let app = spawn_app_with(&[("SENDGATE_BODY_TIMEOUT_MS", "300")]).await;
     let (text, took) = stalled_upload(&app).await;
-    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    // 408, retryable: a 400 would tell the client its well-formed request is malformed.
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains(r#""code":"request_timeout""#), "{text}");
     assert!(text.contains("did not arrive in time"), "{text}");
     assert!(took < Duration::from_secs(3), "{took:?}");
 }

@@ -27,6 +27,9 @@ pub enum ErrorCode {
     UnsupportedMediaType,
     PayloadTooLarge,
     InvalidRequest,
+    /// The request's body did not arrive within the gateway's deadline: nothing was sent,
+    /// so the same request may be repeated.
+    RequestTimeout,
     QueueFull,
     CapacityUnknown,
     Saturated,
@@ -48,7 +51,7 @@ pub struct UnknownCode(pub String);
 
 impl ErrorCode {
     /// Every code, in the contract's order.
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 22] = [
         Self::NotFound,
         Self::MethodNotAllowed,
         Self::UnknownQueue,
@@ -60,6 +63,7 @@ impl ErrorCode {
         Self::UnsupportedMediaType,
         Self::PayloadTooLarge,
         Self::InvalidRequest,
+        Self::RequestTimeout,
         Self::QueueFull,
         Self::CapacityUnknown,
         Self::Saturated,
@@ -87,6 +91,7 @@ impl ErrorCode {
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::PayloadTooLarge => "payload_too_large",
             Self::InvalidRequest => "invalid_request",
+            Self::RequestTimeout => "request_timeout",
             Self::QueueFull => "queue_full",
             Self::CapacityUnknown => "capacity_unknown",
             Self::Saturated => "saturated",
