@@ -202,7 +202,10 @@ async fn an_admin_body_that_stops_arriving_is_given_up_at_the_body_deadline() {
     for request in ["PATCH /admin/settings", "POST /admin/breakers/primary"] {
         let (text, took) = crate::send::stalled_upload_to(&app, request).await;
         assert!(text.starts_with("HTTP/1.1 408"), "{request}: {text}");
-        assert!(text.contains(r#""code":"request_timeout""#), "{request}: {text}");
+        assert!(
+            text.contains(r#""code":"request_timeout""#),
+            "{request}: {text}"
+        );
         assert!(took < Duration::from_secs(3), "{request}: {took:?}");
     }
 }
