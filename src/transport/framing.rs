@@ -586,6 +586,26 @@ mod tests {
         assert_eq!(fed.requests_read, 100, "every answer to HEAD is bodiless");
     }
 
+    /// Empty lines before a request line are no request: they add no method for the
+    /// answers to wait for (an extra one would keep the connection busy for ever).
+    #[test]
+    fn empty_lines_before_a_request_add_no_method_to_answer() {
+        let mut f = Framing::default();
+        f.feed(b"\r\n\r\n");
+        f.feed(b"HEAD / HTTP/1.1\r\n\r\n");
+        assert_eq!(f.read_heads().collect::<Vec<_>>(), [true]);
+    }
+
+    /// The methods kept for the answers are capped: past the cap none is kept (the answers'
+    /// side then follows no more and gives up, as `expect` says).
+    #[test]
+    fn at_most_the_cap_of_methods_is_kept_for_the_answers() {
+        let mut f = Framing::default();
+        let head = b"GET / HTTP/1.1\r\n\r\n";
+        f.feed(&head.repeat(MAX_PENDING_METHODS + 3));
+        assert_eq!(f.read_heads().count(), MAX_PENDING_METHODS);
+    }
+
     #[test]
     fn requests_read_say_which_were_head() {
         let mut f = Framing::default();
