@@ -137,4 +137,40 @@ mod tests {
         std::thread::sleep(quiet * 5);
         assert_eq!(TRIMS.load(Ordering::SeqCst), 1, "and trims no more");
     }
+
+    static LATE: std::sync::OnceLock<Arc<Trimmer>> = std::sync::OnceLock::new();
+    static LATE_TRIMS: AtomicUsize = AtomicUsize::new(0);
+
+    /// A trim during which a flood's closes arrive (one takes milliseconds on a large heap).
+    fn trim_while_a_flood_closes() {
+        if LATE_TRIMS.fetch_add(1, Ordering::SeqCst) == 0 {
+            let trimmer = LATE.get().expect("set");
+            for _ in 0..AFTER_CLOSED {
+                trimmer.closed();
+            }
+        }
+    }
+
+    /// Found in review: closes counted while the last trim ran (the thread still `running`)
+    /// started no thread, and the one running ended: what they freed stayed resident until
+    /// some later close, however long that took.
+    #[test]
+    fn a_flood_that_closes_during_the_last_trim_is_trimmed_too() {
+        let quiet = Duration::from_millis(20);
+        let trimmer = Arc::new(Trimmer::with(
+            quiet,
+            Duration::from_secs(60),
+            trim_while_a_flood_closes,
+        ));
+        assert!(LATE.set(Arc::clone(&trimmer)).is_ok());
+        for _ in 0..AFTER_CLOSED {
+            trimmer.closed();
+        }
+        assert!(
+            wait_until(|| LATE_TRIMS.load(Ordering::SeqCst) >= 2),
+            "the flood that closed during the trim is trimmed once quiet (trims: {})",
+            LATE_TRIMS.load(Ordering::SeqCst)
+        );
+        assert!(wait_until(|| !trimmer.running.load(Ordering::SeqCst)));
+    }
 }
