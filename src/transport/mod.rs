@@ -15,10 +15,13 @@
 //! - **Heads are a memory budget.** One head holds at most `max_head_bytes` (`431`, close);
 //!   the bytes of every unfinished head together at most `head_budget`: past it the head
 //!   arriving longest is closed (`431`) to make room, the new one only if it is that head.
+//!   Of more than `SAMPLE` (64) that owe, "longest" is the longest of a random sample and
+//!   the new one: choosing costs the same at 10,000 as at 64.
 //! - **Room is kept for well-behaved clients.** At most `max_connections` are open. A new
 //!   connection past that closes one with no request in progress — one that owes something
 //!   before an idle one (a flood's fresh connections owe heads; a client's pooled one is
-//!   idle), the longest in its phase first. A request in progress is never closed to make
+//!   idle), the longest in its phase first — of more than `SAMPLE` (64) in the phase, the
+//!   longest of a random sample of them. A request in progress is never closed to make
 //!   room: when every connection has one, the new one is answered `503` and closed.
 //! - **One peer cannot take it all.** At most `per_peer` connections from one IPv4 address
 //!   or IPv6 /64 (0: no cap), `503` past it. Behind a proxy or ingress the peer is the

@@ -112,51 +112,95 @@ pub struct Connections {
 /// How many connections a choice of whom to close looks at: all of them up to this many,
 /// else this many picked at random (as Redis picks what to evict), so choosing costs the
 /// same at 10,000 connections as at 64 — a flood at the limit makes a choice per accept
-/// (measured: a scan of all 10,000 per accept took 60 % of the gateway's CPU).
+/// (measured: a scan of all 10,000 per accept took 60 % of the gateway's CPU). Of the
+/// connections that owe something first ([`Registry::owing`]), then of all: a sample of
+/// all would miss the few that owe among many idle ones (1 in 512: 88 % of the time).
 pub(super) const SAMPLE: usize = 64;
+
+/// A place not in [`Registry::owing`].
+const NOT_OWING: usize = usize::MAX;
+
+/// Where a choice of whom to close looks.
+#[derive(Debug, Clone, Copy)]
+enum Among {
+    /// The connections that owe something (phase `Head`), not yet asked to close.
+    Owing,
+    All,
+}
 
 #[derive(Default)]
 struct Registry {
     next: u64,
-    /// Open connections by slot: `(id, slot)`; a closed one's place is reused.
+    /// Open connections by place: `(id, slot)`; a closed one's place is reused. It never
+    /// shrinks (a place in `free` or held by a seat stays valid): at most the most seats
+    /// ever held at once, which actix-server keeps under twice `max_connections` per worker.
     slots: Vec<Option<(u64, Arc<Slot>)>>,
     free: Vec<usize>,
+    /// The places of connections in phase `Head` (what they owe has a deadline), in no
+    /// order; a seat moves itself in and out as its phase changes, and out when asked to
+    /// close. A phase swapped and not yet moved (microseconds) is checked by its phase.
+    owing: Vec<usize>,
+    /// Per place, its index in `owing` ([`NOT_OWING`]: not there).
+    owing_at: Vec<usize>,
     open: usize,
     peers: HashMap<IpAddr, usize>,
 }
 
 impl Registry {
-    /// The connection with the least `key` among those `keep` accepts: of all, or of a
-    /// random sample of [`SAMPLE`] places when there are more.
+    fn owes(&mut self, place: usize) {
+        if self.owing_at[place] == NOT_OWING {
+            self.owing_at[place] = self.owing.len();
+            self.owing.push(place);
+        }
+    }
+
+    fn owes_nothing(&mut self, place: usize) {
+        let at = std::mem::replace(&mut self.owing_at[place], NOT_OWING);
+        if at != NOT_OWING {
+            self.owing.swap_remove(at);
+            if let Some(&moved) = self.owing.get(at) {
+                self.owing_at[moved] = at;
+            }
+        }
+    }
+
+    /// The connection with the least `key` among those `keep` accepts, its key and its
+    /// place: of all those `among` names, or of a random sample of [`SAMPLE`] of them when
+    /// there are more (the least of the sample: close to the least of all, not always it).
     fn least<K: Ord>(
         &self,
-        keep: impl Fn(&Slot) -> bool,
+        among: Among,
+        keep: impl Fn(u64, &Slot) -> bool,
         key: impl Fn(u64, &Slot) -> K,
-    ) -> Option<(u64, Arc<Slot>)> {
+    ) -> Option<(K, usize, Arc<Slot>)> {
+        let len = match among {
+            Among::Owing => self.owing.len(),
+            Among::All => self.slots.len(),
+        };
         let consider = |i: usize| {
-            let (id, slot) = self.slots[i].as_ref()?;
-            keep(slot).then(|| (key(*id, slot), i))
+            let place = match among {
+                Among::Owing => self.owing[i],
+                Among::All => i,
+            };
+            let (id, slot) = self.slots[place].as_ref()?;
+            keep(*id, slot).then(|| (key(*id, slot), place))
         };
-        let all = || {
-            (0..self.slots.len())
-                .filter_map(consider)
-                .min_by(|a, b| a.0.cmp(&b.0))
-        };
-        let best = if self.slots.len() <= SAMPLE {
+        let all = || (0..len).filter_map(consider).min_by(|a, b| a.0.cmp(&b.0));
+        let best = if len <= SAMPLE {
             all()
         } else {
-            // A sample that finds none (nearly every connection busy: real work, which no
-            // client can make up) looks at all of them.
+            // A sample that finds none (of all: nearly every connection busy, real work,
+            // which no client can make up) looks at all of them.
             (0..SAMPLE)
-                .map(|_| rand::random_range(0..self.slots.len()))
+                .map(|_| rand::random_range(0..len))
                 .filter_map(consider)
                 .min_by(|a, b| a.0.cmp(&b.0))
                 .or_else(all)
         };
-        let (_, i) = best?;
-        self.slots[i]
+        let (k, place) = best?;
+        self.slots[place]
             .as_ref()
-            .map(|(id, slot)| (*id, Arc::clone(slot)))
+            .map(|(_, slot)| (k, place, Arc::clone(slot)))
     }
 }
 
@@ -211,18 +255,22 @@ impl Connections {
             // One that owes something (a head, the rest of a body) before one that is idle,
             // then the longest in its phase; of two as old, the one accepted first. A
             // client's pooled connection is idle; a flood's fresh ones owe their heads.
-            let victim = registry.least(
-                |s| {
-                    s.phase.load(Ordering::Acquire) != Phase::Busy as u8
-                        && s.close.load(Ordering::Acquire) == 0
-                },
-                |id, s| {
-                    let idle = s.phase.load(Ordering::Acquire) == Phase::Idle as u8;
-                    (idle, s.since_ms.load(Ordering::Acquire), id)
-                },
-            );
+            let evictable = |_: u64, s: &Slot| {
+                s.phase.load(Ordering::Acquire) != Phase::Busy as u8
+                    && s.close.load(Ordering::Acquire) == 0
+            };
+            let key = |id: u64, s: &Slot| {
+                let idle = s.phase.load(Ordering::Acquire) == Phase::Idle as u8;
+                (idle, s.since_ms.load(Ordering::Acquire), id)
+            };
+            let victim = registry
+                .least(Among::Owing, evictable, key)
+                .or_else(|| registry.least(Among::All, evictable, key));
             match victim {
-                Some((_, slot)) => slot.ask_to_close(Closed::Evicted),
+                Some((_, place, slot)) => {
+                    slot.ask_to_close(Closed::Evicted);
+                    registry.owes_nothing(place);
+                }
                 None => {
                     drop(registry);
                     self.count(Closed::Full);
@@ -246,9 +294,12 @@ impl Connections {
             }
             None => {
                 registry.slots.push(Some((id, Arc::clone(&slot))));
+                registry.owing_at.push(NOT_OWING);
                 registry.slots.len() - 1
             }
         };
+        // A fresh connection owes its first head.
+        registry.owes(place);
         registry.open += 1;
         if let Some(ip) = peer {
             *registry.peers.entry(ip).or_default() += 1;
@@ -287,18 +338,30 @@ impl Connections {
     /// is the flood's). Its bytes count until it closes, so the budget may be passed by a
     /// head or so meanwhile. Whether `seat` may keep its bytes.
     fn make_head_room(&self, seat: &Seat) -> bool {
-        let registry = self.registry.lock();
+        let mut registry = self.registry.lock();
+        // Its own head arrives since its phase became `Head`; a reused connection's is only
+        // settled after this (still idle: its idle time is no head's), so it begins now.
+        let mine = if seat.slot.phase.load(Ordering::Acquire) == Phase::Head as u8 {
+            seat.slot.since_ms.load(Ordering::Acquire)
+        } else {
+            self.now_ms()
+        };
+        // The others only: a sample that holds it and none older is no reason to refuse
+        // it (with more than SAMPLE that owe, the oldest of a sample and it).
         let oldest = registry.least(
-            |s| {
-                s.head_bytes.load(Ordering::Acquire) > 0
+            Among::Owing,
+            |id, s| {
+                id != seat.id
+                    && s.head_bytes.load(Ordering::Acquire) > 0
                     && s.close.load(Ordering::Acquire) == 0
                     && s.phase.load(Ordering::Acquire) != Phase::Busy as u8
             },
             |id, s| (s.since_ms.load(Ordering::Acquire), id),
         );
         match oldest {
-            Some((id, slot)) if id != seat.id => {
+            Some((key, place, slot)) if key < (mine, seat.id) => {
                 slot.ask_to_close(Closed::HeadBudget);
+                registry.owes_nothing(place);
                 true
             }
             _ => false,
@@ -345,10 +408,22 @@ pub struct Seat {
 
 impl Seat {
     pub(super) fn set_phase(&self, phase: Phase) {
-        if self.slot.phase.swap(phase as u8, Ordering::AcqRel) != phase as u8 {
+        let was = self.slot.phase.swap(phase as u8, Ordering::AcqRel);
+        if was != phase as u8 {
             self.slot
                 .since_ms
                 .store(self.connections.now_ms(), Ordering::Release);
+            let owes = phase == Phase::Head;
+            // In or out of what owes (a normal request goes from idle to busy in one read,
+            // not through here; a fresh connection once, at its first request).
+            if (was == Phase::Head as u8) != owes {
+                let mut registry = self.connections.registry.lock();
+                if owes {
+                    registry.owes(self.place);
+                } else {
+                    registry.owes_nothing(self.place);
+                }
+            }
         }
     }
 
@@ -411,7 +486,9 @@ impl Drop for Seat {
     fn drop(&mut self) {
         self.release_head();
         let mut registry = self.connections.registry.lock();
+        registry.owes_nothing(self.place);
         if let Some(place) = registry.slots.get_mut(self.place) {
+            debug_assert!(matches!(place, Some((id, _)) if *id == self.id));
             *place = None;
             registry.free.push(self.place);
             registry.open -= 1;

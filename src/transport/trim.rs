@@ -67,11 +67,17 @@ impl Trimmer {
                 (self.trim)();
                 since_trim = Duration::ZERO;
                 if closed == 0 {
-                    break;
+                    self.running.store(false, Ordering::Release);
+                    // Closes counted while it trimmed started no thread (this one was
+                    // running): a flood's, this one goes on, unless a close started another.
+                    if self.closed.load(Ordering::Acquire) < AFTER_CLOSED
+                        || self.running.swap(true, Ordering::AcqRel)
+                    {
+                        return;
+                    }
                 }
             }
         }
-        self.running.store(false, Ordering::Release);
     }
 }
 
