@@ -380,7 +380,7 @@ impl Connections {
 
 /// Whom the per-peer cap counts: an IPv4 address, or an IPv6 address's /64 (one host's
 /// usual allocation: any address in it is the same client's to pick).
-fn peer_key(ip: IpAddr) -> IpAddr {
+pub(super) fn peer_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => ip,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {

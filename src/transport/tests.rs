@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::time::Instant;
 
-use super::registry::SAMPLE;
+use super::registry::{peer_key, SAMPLE};
 use super::*;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -514,5 +514,72 @@ async fn a_reused_connection_head_counts_from_its_first_byte_not_from_going_idle
     assert_eq!(
         slow.read(&mut buf).await.unwrap_err().to_string(),
         "head_budget"
+    );
+}
+
+// ---- pinned after cargo mutants ----
+
+/// `/metrics`'s labels are the contract's words (§1, "Connections").
+#[test]
+fn the_phases_and_close_reasons_are_labelled_as_the_contract_names_them() {
+    let phases: Vec<_> = Phase::ALL.iter().map(|p| p.as_str()).collect();
+    assert_eq!(phases, ["idle", "head", "busy"]);
+    let reasons: Vec<_> = Closed::ALL.iter().map(|c| c.as_str()).collect();
+    assert_eq!(
+        reasons,
+        [
+            "done",
+            "header_timeout",
+            "head_too_large",
+            "head_budget",
+            "evicted",
+            "peer_limit",
+            "full",
+            "stalled"
+        ]
+    );
+}
+
+/// The per-peer cap counts an IPv6 /64 as one peer, an IPv4-mapped address as its IPv4.
+#[test]
+fn a_peer_is_an_ipv4_address_or_an_ipv6_slash_64() {
+    let v6 = |s: &str| s.parse::<IpAddr>().unwrap();
+    assert_eq!(peer_key(v6("2001:db8:1:2::1")), v6("2001:db8:1:2::"));
+    assert_eq!(
+        peer_key(v6("2001:db8:1:2:ffff:ffff:ffff:ffff")),
+        v6("2001:db8:1:2::")
+    );
+    assert_ne!(peer_key(v6("2001:db8:1:3::1")), v6("2001:db8:1:2::"));
+    assert_eq!(peer_key(v6("::ffff:10.0.0.1")), v6("10.0.0.1"));
+    assert_eq!(peer_key(v6("10.0.0.1")), v6("10.0.0.1"));
+}
+
+/// Past the heads' budget the head arriving longest is closed: when that is the new
+/// bytes' own connection, it is the one refused and the younger heads stay.
+#[tokio::test(start_paused = true)]
+async fn past_the_budget_the_oldest_head_is_refused_even_when_it_is_the_one_growing() {
+    let connections = Connections::new(Limits {
+        max_connections: 10,
+        head_budget: 1000,
+        ..limits()
+    });
+    let mut buf = [0u8; 2048];
+    let (mut old_client, mut old) = connect(&connections, None);
+    old_client.write_all(&partial_head(500)).await.unwrap();
+    assert!(old.read(&mut buf).await.unwrap() > 0);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (mut young_client, mut young) = connect(&connections, None);
+    young_client.write_all(&partial_head(400)).await.unwrap();
+    assert!(young.read(&mut buf).await.unwrap() > 0);
+    old_client.write_all(&[b'a'; 300]).await.unwrap();
+    assert_eq!(
+        old.read(&mut buf).await.unwrap_err().to_string(),
+        "head_budget",
+        "the oldest head, growing past the budget, is refused"
+    );
+    young_client.write_all(b"\r\n\r\n").await.unwrap();
+    assert!(
+        young.read(&mut buf).await.unwrap() > 0,
+        "the younger head was kept"
     );
 }
