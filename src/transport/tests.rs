@@ -583,3 +583,45 @@ async fn past_the_budget_the_oldest_head_is_refused_even_when_it_is_the_one_grow
         "the younger head was kept"
     );
 }
+
+/// The limits are inclusive: a head of exactly `max_head_bytes` is taken, and heads that
+/// fill the budget exactly are all kept; one byte more over the budget closes the oldest.
+#[tokio::test(start_paused = true)]
+async fn a_head_at_its_cap_and_heads_filling_the_budget_exactly_are_kept() {
+    let connections = Connections::new(Limits {
+        max_connections: 10,
+        max_head_bytes: 1000,
+        head_budget: 1000,
+        ..limits()
+    });
+    let mut buf = [0u8; 2048];
+    let (mut client, mut one) = connect(&connections, None);
+    client.write_all(&partial_head(1000)).await.unwrap();
+    assert!(
+        one.read(&mut buf).await.is_ok(),
+        "a head of exactly the cap"
+    );
+    drop((client, one));
+
+    let (mut first_client, mut first) = connect(&connections, None);
+    first_client.write_all(b"G").await.unwrap();
+    assert!(first.read(&mut buf).await.is_ok());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let (mut second_client, mut second) = connect(&connections, None);
+    second_client.write_all(&partial_head(999)).await.unwrap();
+    assert!(
+        second.read(&mut buf).await.is_ok(),
+        "1 + 999: the budget exactly"
+    );
+    assert_eq!(connections.counts().head_bytes, 1000);
+    second_client.write_all(b"a").await.unwrap();
+    assert!(
+        second.read(&mut buf).await.is_ok(),
+        "the newer head is kept"
+    );
+    assert_eq!(
+        first.read(&mut buf).await.unwrap_err().to_string(),
+        "head_budget",
+        "1 + 1000: one byte over, the oldest makes room"
+    );
+}
