@@ -97,6 +97,29 @@ async fn read_answer(stream: &mut tokio::net::TcpStream, within: Duration) -> St
 
 const LIVE: &[u8] = b"GET /health/live HTTP/1.1\r\nHost: localhost\r\n\r\n";
 
+/// Write `head` a byte every 100 ms until the server answers or closes: whether it did
+/// before the last byte.
+async fn trickle_until_cut(stream: &mut tokio::net::TcpStream, head: &[u8]) -> bool {
+    for b in head {
+        if stream.write_all(&[*b]).await.is_err() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut probe = [0u8; 1];
+        if let Ok(Ok(_)) =
+            tokio::time::timeout(Duration::from_millis(1), stream.peek(&mut probe)).await
+        {
+            return true;
+        }
+    }
+    false
+}
+
+async fn metrics(app: &TestApp) -> String {
+    let response = app.client.get(app.url("/metrics")).send().await.unwrap();
+    response.text().await.unwrap()
+}
+
 /// A connection that served one request, then trickles the next head a byte every 100 ms:
 /// each byte re-armed actix-http's keep-alive timer and no deadline applied; now the head
 /// has `SENDGATE_HEADER_TIMEOUT_MS` from its first byte.
@@ -109,35 +132,17 @@ async fn a_head_trickled_on_a_reused_connection_is_cut_with_408_at_the_header_de
         .await
         .starts_with("HTTP/1.1 200"));
     let started = std::time::Instant::now();
-    let mut cut = false;
-    for b in b"GET /health/live HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" {
-        if stream.write_all(&[*b]).await.is_err() {
-            cut = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let mut probe = [0u8; 1];
-        if let Ok(Ok(_)) =
-            tokio::time::timeout(Duration::from_millis(1), stream.peek(&mut probe)).await
-        {
-            cut = true;
-            break;
-        }
-    }
+    let cut = trickle_until_cut(
+        &mut stream,
+        b"GET /health/live HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    )
+    .await;
     assert!(cut, "still open after {:?}", started.elapsed());
     let answer = read_answer(&mut stream, Duration::from_secs(1)).await;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     let took = started.elapsed();
     assert!(took < Duration::from_secs(3), "cut after {took:?}");
-    let metrics = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics(&app).await;
     assert!(
         metrics.contains("sendgate_connections_closed_total{reason=\"header_timeout\"} 1"),
         "{metrics}"
@@ -320,21 +325,11 @@ async fn a_request_the_framing_cannot_follow_does_not_lift_the_next_heads_deadli
             .await
             .starts_with("HTTP/1.1 200"));
         let started = std::time::Instant::now();
-        let mut cut = false;
-        for b in b"GET /health/live HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" {
-            if stream.write_all(&[*b]).await.is_err() {
-                cut = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            let mut probe = [0u8; 1];
-            if let Ok(Ok(_)) =
-                tokio::time::timeout(Duration::from_millis(1), stream.peek(&mut probe)).await
-            {
-                cut = true;
-                break;
-            }
-        }
+        let cut = trickle_until_cut(
+            &mut stream,
+            b"GET /health/live HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        )
+        .await;
         let first_line = first.lines().nth(2).unwrap_or_default().to_owned();
         assert!(
             cut,
@@ -425,15 +420,7 @@ async fn a_first_head_cut_at_its_deadline_is_counted_as_a_header_timeout() {
     let answer = read_until_closed(&mut stream, Duration::from_secs(3)).await;
     assert!(answer.is_some_and(|a| a.starts_with("HTTP/1.1 408")));
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let metrics = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics(&app).await;
     assert!(
         metrics.contains("sendgate_connections_closed_total{reason=\"header_timeout\"} 1"),
         "{}",
