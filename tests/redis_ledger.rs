@@ -26,7 +26,8 @@ use sendgate::coordination::entra::REDIS_SCOPE;
 use sendgate::coordination::fleet::{IDLE, MEMBER_FOR};
 use sendgate::coordination::ledger::Ledger;
 use sendgate::coordination::port::{
-    Ask, Caller, Epoch, LedgerError, LedgerPort, QueueRef, ReadOutcome, Reservation, Terms, View,
+    Ask, Caller, Epoch, LedgerError, LedgerPort, QueueRef, ReadOutcome, Reservation, Settle, Terms,
+    View,
 };
 use sendgate::domain::QueueName;
 use sendgate::entra::{CredentialChain, EntraCredential};
@@ -560,4 +561,105 @@ async fn a_redis_user_that_may_not_run_info_still_runs_every_script() {
         next.epoch.id, view.epoch.id,
         "one epoch: no run_id is not a new one"
     );
+}
+
+/// The lag's 100 ms buckets are one field, bounded by the lag, not a field each (every call
+/// loads and walks the whole hash); a bucket an older build's replica wrote as a field of
+/// its own (`r:<n>`, during a rollout) still counts in a ticket within the lag, and is
+/// pruned once older.
+#[tokio::test]
+async fn the_lag_buckets_are_one_bounded_field_and_an_older_builds_bucket_fields_still_count() {
+    ensure_redis();
+    let prefix = unique_prefix();
+    let _cleanup = Cleanup(prefix.clone());
+    let ledger = Ledger::connect(&settings("redis://127.0.0.1:6379", &prefix, TIMEOUT))
+        .await
+        .unwrap();
+    let key = queue_key(&ledger, "q");
+    let q = QueueRef {
+        key: &key,
+        terms: Terms {
+            lag: Duration::from_millis(300),
+            ..TERMS
+        },
+    };
+    let me = |seen| Caller { seen, ..caller() };
+    let mut seen = ledger.heartbeat(q, caller()).await.unwrap().epoch;
+    let (ticket, view) = ledger
+        .lease_read(q, me(seen), Duration::from_millis(100))
+        .await
+        .unwrap();
+    seen = view.epoch;
+    let ok = ReadOutcome::Ok {
+        backlog: 0,
+        send_disabled: false,
+    };
+    let view = ledger
+        .publish_read(q, me(seen), ticket.unwrap(), ok, true)
+        .await
+        .unwrap();
+    seen = view.epoch;
+    let ask = Ask {
+        block_id: "me:1",
+        want: 100,
+        limit: 1000,
+        divisor: 1,
+        lease: LONG,
+    };
+    let (granted, view) = ledger.reserve(q, me(seen), ask).await.unwrap();
+    assert_eq!(granted, Reservation::Granted { granted: 100 });
+    seen = view.epoch;
+    // One stored send in each of 25 buckets, 2.5 s: a lag of 0.3 s keeps the last ~13.
+    for _ in 0..25 {
+        let row = Settle {
+            block_id: "me:1",
+            stored: 1,
+            not_stored: 0,
+        };
+        seen = ledger.settle(q, me(seen), &[row]).await.unwrap().epoch;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut pipe = ::redis::pipe();
+    pipe.cmd("HGET")
+        .arg(&key)
+        .arg("lag_buckets")
+        .cmd("HLEN")
+        .arg(&key);
+    let (buckets, fields): (String, u64) = ledger.query(&pipe).await.unwrap();
+    let kept = buckets.split(' ').count();
+    assert!((3..=15).contains(&kept), "{kept} buckets kept: {buckets}");
+    assert!(fields < 25, "{fields} fields in the hash");
+
+    // Past the lag: none of those is left out of a ticket. An older build's bucket of now,
+    // and one of 10 s ago.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut pipe = ::redis::pipe();
+    pipe.cmd("TIME");
+    let ((s, us),): ((u64, u64),) = ledger.query(&pipe).await.unwrap();
+    let bucket = (s * 1000 + us / 1000) / 100;
+    let mut pipe = ::redis::pipe();
+    pipe.cmd("HSET")
+        .arg(&key)
+        .arg(format!("r:{bucket}"))
+        .arg(4)
+        .arg(format!("r:{}", bucket - 100))
+        .arg(7)
+        .ignore();
+    ledger.query::<()>(&pipe).await.unwrap();
+    let (ticket, _) = ledger
+        .lease_read(q, me(seen), Duration::from_millis(100))
+        .await
+        .unwrap();
+    let ticket = ticket.expect("the first lease has ended");
+    assert_eq!(
+        ticket.completed_at_start,
+        25 - 4,
+        "the older build's bucket within the lag may not show in the read"
+    );
+    let mut pipe = ::redis::pipe();
+    pipe.cmd("HEXISTS")
+        .arg(&key)
+        .arg(format!("r:{}", bucket - 100));
+    let (old,): (bool,) = ledger.query(&pipe).await.unwrap();
+    assert!(!old, "a bucket older than the lag is pruned");
 }

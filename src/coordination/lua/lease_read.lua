@@ -14,11 +14,6 @@ hset(s, 't:' .. int(seq), int(now))
 -- show: the ticket starts before them, so they stay in since_read after the publish.
 local completed = num(h.completed_total)
 if KEEP_LAG > 0 then
-  local from = math.floor((now - KEEP_LAG) / 100)
-  for f, v in pairs(h) do
-    if string.sub(f, 1, 2) == 'r:' and num(string.sub(f, 3)) >= from then
-      completed = completed - num(v)
-    end
-  end
+  completed = completed - settled_since(h, math.floor((now - KEEP_LAG) / 100))
 end
 return { 1, num(h.epoch), seq, math.max(0, completed), unpack(view(h, now)) }

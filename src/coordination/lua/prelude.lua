@@ -8,8 +8,11 @@
 -- the published read: state ('ok' | 'failed' | absent = never), backlog, send_disabled,
 -- taken_ms (when its lease was taken), streak, generation, reads_ok, reads_failed,
 -- published_seq; the read lease: lease_holder, lease_until, ticket_seq, t:<seq> = when
--- ticket <seq>'s lease was taken; completed_total, since_read; r:<n> = stored sends settled
--- in the 100 ms bucket n; b:<block id> = "units:lease_end_ms"; c:<replica> =
+-- ticket <seq>'s lease was taken; completed_total, since_read; lag_buckets = "n:count ..."
+-- (newest first), the stored sends settled in each 100 ms bucket n within the lag, in one
+-- field rather than one per bucket: a lag holds ~120 buckets and every call loads and walks
+-- the whole hash (r:<n> = one bucket, an older build's layout, is still read and pruned:
+-- its replicas may run beside these during a rollout); b:<block id> = "units:lease_end_ms"; c:<replica> =
 -- "count:end_ms"; m:<replica> = until when it counts in the fleet's size (ms); l:<replica> /
 -- a:<replica> = "lag_ms:until" / "max_read_age_ms:until", the terms it named last, kept as
 -- long as its v:.
@@ -171,13 +174,21 @@ local function preamble()
       make(s, seen_id)
     end
   end
+  -- The caller's own fields are written in one HSET at the end, after the HDEL of those that
+  -- ended (a field may be both: ended, and written anew).
+  local puts = {}
+  local function put(f, v)
+    s.h[f] = v
+    puts[#puts + 1] = f
+    puts[#puts + 1] = v
+  end
   -- This caller's terms now (they may have changed: a lag measured anew), kept as long as its
   -- version: a replica away longer finds the hash made anew anyway. Once a longer lag's
   -- replica is gone, the others' completions stop being counted on top of reads that show
   -- them; a maximum kept for the hash's life did that for as long as the fleet ran.
   local kept = int(now + VERSION_KEPT_MS)
-  hset(s, 'l:' .. replica, int(LAG) .. ':' .. kept)
-  hset(s, 'a:' .. replica, int(MAX_READ_AGE) .. ':' .. kept)
+  put('l:' .. replica, int(LAG) .. ':' .. kept)
+  put('a:' .. replica, int(MAX_READ_AGE) .. ':' .. kept)
   -- The running maxima of an earlier layout, never lowered: no longer read.
   if s.h.lag_max or s.h.read_age_max then hdel(s, { 'lag_max', 'read_age_max' }) end
   KEEP_LAG, KEEP_READ_AGE = LAG, MAX_READ_AGE
@@ -190,25 +201,24 @@ local function preamble()
       end
     end
   end
+  s.matched = num(s.h.epoch) == seen_id
   local gone = {}
   for f, v in pairs(s.h) do
     if ended(f, v, now) then gone[#gone + 1] = f end
   end
-  hdel(s, gone)
-  hset(s, 'm:' .. replica, int(now + MEMBER))
-  s.matched = num(s.h.epoch) == seen_id
   -- A carry is counted against the epoch it was reckoned for: from a caller naming another,
   -- it would be its admissions relative to the wrong state. That caller adopts the epoch
   -- from the reply and calls again.
-  if s.matched then
-    if carry > 0 then
-      hset(s, 'c:' .. replica, int(carry) .. ':' .. int(now + HOLD))
-    else
-      hdel(s, { 'c:' .. replica })
-    end
+  local carry_field = 'c:' .. replica
+  if s.matched and carry <= 0 and s.h[carry_field] then gone[#gone + 1] = carry_field end
+  hdel(s, gone)
+  put('m:' .. replica, int(now + MEMBER))
+  if s.matched and carry > 0 then
+    put(carry_field, int(carry) .. ':' .. int(now + HOLD))
   end
-  s.h.version = int(redis.call('HINCRBY', KEY, 'version', 1))
-  hset(s, 'v:' .. replica, s.h.version .. ':' .. int(now + VERSION_KEPT_MS))
+  put('version', int(num(s.h.version) + 1))
+  put('v:' .. replica, s.h.version .. ':' .. kept)
+  redis.call('HSET', KEY, unpack(puts))
   redis.call('PEXPIRE', KEY, IDLE)
   return s
 end
@@ -220,9 +230,41 @@ local function complete(s, stored)
   hset(s, 'completed_total', int(num(s.h.completed_total) + stored))
   hset(s, 'since_read', int(num(s.h.since_read) + stored))
   if KEEP_LAG > 0 then
-    local bucket = 'r:' .. int(math.floor(s.now / 100))
-    hset(s, bucket, int(num(s.h[bucket]) + stored))
+    local current = math.floor(s.now / 100)
+    local packed = s.h.lag_buckets or ''
+    local n, c, rest = string.match(packed, '^(%d+):(%d+)(.*)$')
+    if n and tonumber(n) >= current then
+      -- In the bucket in front (one TIME stepped back from, too: counted later, longer).
+      packed = n .. ':' .. int(tonumber(c) + stored) .. rest
+    else
+      -- The first settle of this bucket: in front (newest first), and the buckets older
+      -- than the lag (plus a second, for the rounding), which no ticket can subtract any
+      -- more, are dropped from the end.
+      local oldest = math.floor((s.now - KEEP_LAG - 1000) / 100)
+      local kept = { int(current) .. ':' .. int(stored) }
+      for bn, bc in string.gmatch(packed, '(%d+):(%d+)') do
+        if tonumber(bn) < oldest then break end
+        kept[#kept + 1] = bn .. ':' .. bc
+      end
+      packed = table.concat(kept, ' ')
+    end
+    hset(s, 'lag_buckets', packed)
   end
+end
+
+-- The stored sends settled in buckets from `from` on (a ticket leaves them in since_read).
+local function settled_since(h, from)
+  local total = 0
+  for n, c in string.gmatch(h.lag_buckets or '', '(%d+):(%d+)') do
+    if tonumber(n) < from then break end
+    total = total + tonumber(c)
+  end
+  for f, v in pairs(h) do
+    if string.sub(f, 1, 2) == 'r:' and num(string.sub(f, 3)) >= from then
+      total = total + num(v)
+    end
+  end
+  return total
 end
 
 -- Settle rows, triples (block id, stored, not_stored) from ARGV[first] on. A row takes out
