@@ -33,15 +33,21 @@ use crate::coordination::port::{
 };
 use crate::domain::QueueName;
 
-/// Most headroom one reservation asks for.
-const BLOCK_WANT: u64 = 32;
+/// Most headroom one reservation asks for: far from the ceiling (room ≥ 8 × this), one
+/// Redis call per this many sends.
+const BLOCK_WANT: u64 = 128;
 /// A block is at most this share of the room left (1/8), so replicas split the headroom
 /// and blocks shrink to one send near the ceiling.
 const SHARE_DIVISOR: u64 = 8;
+/// Far from the ceiling (the last grant was a whole [`BLOCK_WANT`]), the next block is
+/// asked for once fewer units than this are left, so sends neither wait for Redis nor
+/// each ask at once when the block runs out. Near it, grants are smaller and nothing is
+/// asked for ahead.
+const NEXT_BLOCK_BELOW: u64 = BLOCK_WANT / 2;
 /// How long a block's headroom is handed out, from when it was asked for.
 pub const USE_BLOCK_FOR: Duration = Duration::from_millis(500);
 /// Outcomes are settled in one call per this period (per queue, per replica).
-const SETTLE_EVERY: Duration = Duration::from_millis(50);
+const SETTLE_EVERY: Duration = Duration::from_millis(100);
 /// A replica tries a read ahead at most this often while another replica holds the lease.
 const AHEAD_RETRY: Duration = Duration::from_millis(10);
 /// How often a replica waiting for another's read asks whether it was published.
@@ -112,14 +118,21 @@ struct Block {
     turn: u64,
     left: u64,
     use_until: Instant,
+    /// The ceiling it was granted under: once a lower one is in force it is not used.
+    limit: u64,
 }
 
 struct SeatState {
     /// The ledger's `(epoch, version)` in the newest reply processed.
     seen: Epoch,
     /// Blocks being handed out, oldest first; bounded (a block leaves once used up or past
-    /// its use, and a new one is asked for only when none is usable).
+    /// its use, and a new one is asked for when none is usable, or ahead: see
+    /// [`NEXT_BLOCK_BELOW`]).
     blocks: VecDeque<Block>,
+    /// The last grant was a whole [`BLOCK_WANT`]: far from the ceiling.
+    whole: bool,
+    /// A reservation for the next block is in flight (one at a time).
+    next_block_asked: bool,
     turns: u64,
     /// The fleet's state as last seen, and when (local clock).
     last: Option<(View, Instant)>,
@@ -161,6 +174,8 @@ impl SeatState {
         Self {
             seen: Epoch::NONE,
             blocks: VecDeque::new(),
+            whole: false,
+            next_block_asked: false,
             turns: 0,
             last: None,
             fleet_size: 1,
@@ -184,12 +199,13 @@ impl SeatState {
         }
     }
 
-    /// A unit of a block still in use, if any: counted in the window under its epoch.
-    fn take_unit(&mut self, now: Instant, keep: Duration) -> Option<Held> {
+    /// A unit of a block still in use, granted under a ceiling no higher than `limit` (the
+    /// one in force), if any: counted in the window under its epoch.
+    fn take_unit(&mut self, now: Instant, keep: Duration, limit: u64) -> Option<Held> {
         let block = self
             .blocks
             .iter_mut()
-            .find(|b| b.left > 0 && now < b.use_until)?;
+            .find(|b| b.left > 0 && now < b.use_until && b.limit <= limit)?;
         block.left -= 1;
         let held = Held::Block {
             epoch: block.epoch,
@@ -198,6 +214,42 @@ impl SeatState {
         let epoch = block.epoch;
         self.window.record(now, epoch, keep);
         Some(held)
+    }
+
+    /// Blocks past their use, or granted under a higher ceiling than `limit`, give back what
+    /// they did not hand out (to settle): counted still, those units would make this
+    /// replica's sends, and the others', find the fleet full while they go unused. Whether
+    /// any did.
+    /// Whether the next block should be asked for now (see [`NEXT_BLOCK_BELOW`]); if so, it
+    /// is marked asked.
+    fn next_block_due(&mut self, now: Instant, limit: u64) -> bool {
+        if !self.whole || self.next_block_asked || self.leaving {
+            return false;
+        }
+        let left: u64 = self
+            .blocks
+            .iter()
+            .filter(|b| now < b.use_until && b.limit <= limit)
+            .map(|b| b.left)
+            .sum();
+        self.next_block_asked = left < NEXT_BLOCK_BELOW;
+        self.next_block_asked
+    }
+
+    fn give_back_spent(&mut self, now: Instant, limit: u64) -> bool {
+        let mut leftover = Vec::new();
+        self.blocks.retain(|b| {
+            let spent = now >= b.use_until || b.limit > limit;
+            if b.left > 0 && spent {
+                leftover.push((b.epoch, b.turn, b.left));
+            }
+            b.left > 0 && !spent
+        });
+        let any = !leftover.is_empty();
+        for (epoch, turn, left) in leftover {
+            self.pending.entry((epoch, turn)).or_default().1 += left;
+        }
+        any
     }
 }
 
@@ -322,6 +374,14 @@ impl FleetSeat {
             if !seat.fleet.joined() {
                 wait = REJOINED_POLL;
                 continue;
+            }
+            // Blocks whose use ended while this replica sent nothing more give back what they
+            // did not hand out within a heartbeat, not a hold later when their leases end.
+            let limit = seat.policy.load().limit;
+            if seat.state.lock().give_back_spent(Instant::now(), limit) {
+                if let Err(error) = seat.settle_pending().await {
+                    seat.fall_back(&error);
+                }
             }
             let since = seat.state.lock().last.map(|(_, seen)| seen.elapsed());
             match since {
@@ -470,10 +530,13 @@ impl FleetSeat {
             let fresh = self.fresh(&state, now);
             // A live block's units are counted fleet-wide until its lease ends, whatever
             // the age of the read it was granted on: use them first.
-            if let Some(held) = state.take_unit(now, self.alone_span()) {
+            let limit = self.policy.load().limit;
+            if let Some(held) = state.take_unit(now, self.alone_span(), limit) {
                 let ahead = self.ahead_due(&mut state, age, now);
+                let next_block = state.next_block_due(now, limit);
                 drop(state);
                 self.spawn_ahead(ahead);
+                self.spawn_next_block(next_block);
                 return FleetAnswer::Admit(held);
             }
             let generation = state.last.map(|(view, _)| view.generation);
@@ -492,20 +555,8 @@ impl FleetSeat {
                 ));
             }
             let ahead = fresh && self.ahead_due(&mut state, age, now);
-            // Blocks past their use give back what they did not hand out, before this send
-            // reserves: counted still, those units would make it (and the sends beside it)
-            // find the fleet full while they go unused.
-            let mut leftover = Vec::new();
-            state.blocks.retain(|b| {
-                if b.left > 0 && now >= b.use_until {
-                    leftover.push((b.epoch, b.turn, b.left));
-                }
-                b.left > 0 && now < b.use_until
-            });
-            let released = !leftover.is_empty();
-            for (epoch, turn, left) in leftover {
-                state.pending.entry((epoch, turn)).or_default().1 += left;
-            }
+            // Before this send reserves.
+            let released = state.give_back_spent(now, self.policy.load().limit);
             (fresh, ahead, released)
         };
         if released {
@@ -641,6 +692,7 @@ impl FleetSeat {
         Step::Done(match reservation {
             Reservation::Granted { granted } => {
                 state.window.record(now, epoch, self.alone_span());
+                state.whole = granted >= BLOCK_WANT;
                 let rest = granted.saturating_sub(1);
                 if rest > 0 {
                     state.blocks.push_back(Block {
@@ -648,6 +700,7 @@ impl FleetSeat {
                         turn,
                         left: rest,
                         use_until: asked + USE_BLOCK_FOR,
+                        limit: policy.limit,
                     });
                 }
                 FleetAnswer::Admit(Held::Block { epoch, turn })
@@ -659,6 +712,7 @@ impl FleetSeat {
                 let until = now + ttl_left.min(USE_BLOCK_FOR);
                 state.full = Some((until, estimate, view.generation));
                 state.refusing = true;
+                state.whole = false;
                 FleetAnswer::Refuse(policy.queue_full(estimate, state.drain.rate(), ttl_left))
             }
             Reservation::Disabled => FleetAnswer::Refuse(Refusal::QueueDisabled),
@@ -679,6 +733,90 @@ impl FleetSeat {
                 unreachable!("answered above")
             }
         })
+    }
+
+    fn spawn_next_block(self: &Arc<Self>, due: bool) {
+        if !due {
+            return;
+        }
+        let seat = Arc::clone(self);
+        self.runtime.spawn(async move {
+            seat.reserve_next_block().await;
+            seat.state.lock().next_block_asked = false;
+        });
+    }
+
+    /// Step 1's reservation, made for no send: a grant becomes a block whose every unit is
+    /// left to hand out, under the rules of a send's (used only before `asked +`
+    /// [`USE_BLOCK_FOR`] and under the ceiling it was granted at; given back if processed
+    /// later or while leaving; dropped if of an epoch already replaced). Any other answer
+    /// is left to the next send that finds no unit: it asks itself, and acts on it.
+    async fn reserve_next_block(self: &Arc<Self>) {
+        let asked = Instant::now();
+        let turn = {
+            let mut state = self.state.lock();
+            state.turns += 1;
+            state.turns
+        };
+        let block_id = self.block_id(turn);
+        let limit = self.policy.load().limit;
+        let ask = Ask {
+            block_id: &block_id,
+            want: BLOCK_WANT,
+            limit,
+            divisor: SHARE_DIVISOR,
+            lease: USE_BLOCK_FOR + self.terms().hold,
+        };
+        let reply = self
+            .fleet
+            .ledger()
+            .reserve(self.queue_ref(), self.caller(), ask)
+            .await;
+        let (reservation, view) = match reply {
+            Ok(reply) => reply,
+            Err(error) => {
+                self.fall_back(&error);
+                return;
+            }
+        };
+        let granted = match reservation {
+            Reservation::Granted { granted } => granted,
+            _ => 0,
+        };
+        let epoch = view.epoch.id;
+        if Instant::now() >= asked + USE_BLOCK_FOR {
+            if granted > 0 {
+                self.state
+                    .lock()
+                    .pending
+                    .entry((epoch, turn))
+                    .or_default()
+                    .1 += granted;
+                self.schedule_settle();
+            }
+            return;
+        }
+        if !self.see(view) {
+            return;
+        }
+        let mut state = self.state.lock();
+        if state.seen.id != epoch {
+            return;
+        }
+        if state.leaving {
+            state.pending.entry((epoch, turn)).or_default().1 += granted;
+            return;
+        }
+        state.whole = granted >= BLOCK_WANT;
+        if granted > 0 {
+            state.blocks.push_back(Block {
+                epoch,
+                turn,
+                left: granted,
+                use_until: asked + USE_BLOCK_FOR,
+                limit,
+            });
+        }
     }
 
     /// No read could be made for the fleet (no replica published one in time): the depth
@@ -716,7 +854,7 @@ impl FleetSeat {
         if state.leaving {
             return AloneAnswer::Refuse(Refusal::Stopped);
         }
-        if let Some(held) = state.take_unit(now, span) {
+        if let Some(held) = state.take_unit(now, span, policy.limit) {
             return AloneAnswer::Admit(held);
         }
         if policy.fail_closed {

@@ -9,7 +9,8 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use crate::admission::ceiling::{
-    BacklogEffect, CapacityGate, CapacityPolicy, FleetSeat, Refusal, Reservation, USE_BLOCK_FOR,
+    BacklogEffect, CapacityGate, CapacityPolicy, FleetSeat, PolicyOverride, Refusal, Reservation,
+    USE_BLOCK_FOR,
 };
 use crate::backend::{Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt};
 use crate::config::Fraction;
@@ -432,6 +433,7 @@ async fn one_slow_answer_is_not_a_partition() {
 struct Recording {
     inner: MemoryLedger,
     calls: Mutex<Vec<Instant>>,
+    reserves: Mutex<usize>,
 }
 
 impl Recording {
@@ -449,6 +451,7 @@ impl LedgerPort for Recording {
         ask: Ask<'_>,
     ) -> Result<(PortReservation, View), LedgerError> {
         self.note();
+        *self.reserves.lock() += 1;
         self.inner.reserve(queue, caller, ask).await
     }
     async fn settle(
@@ -516,6 +519,7 @@ async fn a_seat_is_heard_from_within_a_heartbeat_of_its_last_call_whatever_made_
     let recording = Arc::new(Recording {
         inner: MemoryLedger::new(T),
         calls: Mutex::new(Vec::new()),
+        reserves: Mutex::new(0),
     });
     let fleet = Fleet::start(Arc::clone(&recording) as Arc<dyn LedgerPort>, 1);
     let queue = QueueName::parse("requests").unwrap();
@@ -799,4 +803,107 @@ async fn a_goodbye_to_a_state_made_anew_keeps_the_leavers_carry() {
         "stored {} against a ceiling of 20",
         broker.stored()
     );
+}
+
+/// A replica that stops sending gives back what its block did not hand out within a
+/// heartbeat of the block's use, not a hold later when the lease ends: counted still,
+/// those units would keep the rest of the fleet below the ceiling.
+#[tokio::test(start_paused = true)]
+async fn an_idle_replicas_unused_units_come_back_within_a_heartbeat_of_the_blocks_use() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let all = replicas(2, &ledger, &broker, policy(10_000, false)).await;
+    send(&all[0], &broker).await.unwrap();
+    let queue = QueueRef {
+        key: KEY,
+        terms: all[0].gate.seat.get().unwrap().terms(),
+    };
+    let held = ledger.look(queue).await.unwrap().unwrap().reserved;
+    assert!(held > 1, "a block of {held}");
+    tokio::time::sleep(USE_BLOCK_FOR + HEARTBEAT + T * 2).await;
+    assert_eq!(ledger.look(queue).await.unwrap().unwrap().reserved, 0);
+}
+
+/// A block granted under a higher ceiling is not used once a lower one is in force (a
+/// runtime override): its units were room only under the old one.
+#[tokio::test(start_paused = true)]
+async fn a_block_granted_under_a_higher_ceiling_is_not_used_once_a_lower_one_is_in_force() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let all = replicas(1, &ledger, &broker, policy(10_000, false)).await;
+    send(&all[0], &broker).await.unwrap();
+    send(&all[0], &broker).await.unwrap();
+    all[0].gate.policy_cell().apply(&PolicyOverride {
+        limit: Some(2),
+        ..PolicyOverride::default()
+    });
+    assert!(matches!(
+        send(&all[0], &broker).await,
+        Err(Refusal::QueueFull { .. })
+    ));
+    assert_eq!(broker.stored(), 2);
+}
+
+/// Far from the ceiling the next block is asked for before the one in use runs out: a
+/// replica whose every Redis reply takes 5 ms waits for Redis on its first send only, where
+/// it waited once per block (and every send that came meanwhile asked too).
+#[tokio::test(start_paused = true)]
+async fn far_from_the_ceiling_no_send_waits_for_the_next_block() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let all = replicas(1, &ledger, &broker, policy(1_000_000, false)).await;
+    ledger.delay(all[0].fleet.replica(), Duration::from_millis(5));
+    let mut waited = 0;
+    for _ in 0..600 {
+        let before = Instant::now();
+        send(&all[0], &broker).await.unwrap();
+        if Instant::now() > before {
+            waited += 1;
+        }
+        tokio::time::sleep(Duration::from_micros(500)).await;
+    }
+    assert_eq!(broker.stored(), 600);
+    assert_eq!(waited, 1, "only the first send waited for a reservation");
+}
+
+/// Near the ceiling grants shrink and nothing is asked for ahead: every reservation is made
+/// by a send that found no unit (one asked ahead would hold room another replica could
+/// use).
+#[tokio::test(start_paused = true)]
+async fn near_the_ceiling_every_reservation_is_made_by_a_send_that_found_no_unit() {
+    let recording = Arc::new(Recording {
+        inner: MemoryLedger::new(T),
+        calls: Mutex::new(Vec::new()),
+        reserves: Mutex::new(0),
+    });
+    let broker = Broker::new(Duration::ZERO);
+    let fleet = Fleet::start(Arc::clone(&recording) as Arc<dyn LedgerPort>, 1);
+    let queue = QueueName::parse("requests").unwrap();
+    let backend: Arc<dyn Backend> = broker.clone();
+    let gate = CapacityGate::new(queue.clone(), policy(200, false), Arc::clone(&backend));
+    gate.join_fleet(FleetSeat::new(
+        Arc::clone(&fleet),
+        KEY.to_owned(),
+        queue,
+        Arc::clone(gate.policy_cell()),
+        backend,
+        SEND,
+    ));
+    let r = Replica { fleet, gate };
+    while !r.fleet.joined() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Calls take no time on the paused clock: a reservation made between sends, not by
+    // one, was asked for ahead (at a ceiling of 200 the first grant is 25, far below a
+    // whole block, and they shrink from there).
+    let mut by_sends = 0;
+    for _ in 0..250 {
+        let before = *recording.reserves.lock();
+        let _ = send(&r, &broker).await;
+        by_sends += *recording.reserves.lock() - before;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(broker.stored(), 200);
+    assert!(by_sends > 0);
+    assert_eq!(*recording.reserves.lock(), by_sends, "none asked for ahead");
 }
