@@ -7,6 +7,8 @@
 #   ./bench/callgrind.sh reject-bare BINARY [N]   # bench's bare429
 #   ./bench/callgrind.sh accept BINARY [N]        # sendgate's 201 path (local RabbitMQ)
 #   ./bench/callgrind.sh accept-bare BINARY [N]   # bench's bareforward
+#   ./bench/callgrind.sh accept-fleet BINARY [N]  # the 201 path as one replica of a fleet
+#                                                 # on the local Redis (a prefix of its own)
 #
 # BINARY is a release build (e.g. target/bench/release/sendgate, or one of another commit
 # from its own worktree). 200 requests of warm-up, then the counters are zeroed and N
@@ -69,12 +71,15 @@ case $mode in
   reject-bare)
     queue=bench_full
     "${cg[@]}" "$bin" 127.0.0.1:$port 1700 > "$work/server.log" 2>&1 & ;;
-  accept|accept-bare)
+  accept|accept-bare|accept-fleet)
     queue=bench
     rmq -X PUT -H 'content-type: application/json' -d '{"durable":true}' "$MGMT/api/queues/%2F/$queue" >/dev/null
     rmq -X DELETE "$MGMT/api/queues/%2F/$queue/contents" >/dev/null || true
-    if [ "$mode" = accept ]; then
-      env RUST_LOG=warn SENDGATE_LISTEN=127.0.0.1:$port SENDGATE_BACKEND=rabbitmq \
+    fleet=()
+    [ "$mode" = accept-fleet ] && fleet=(SENDGATE_COORDINATION=redis
+      SENDGATE_REDIS_URL=redis://127.0.0.1:6379 SENDGATE_REDIS_PREFIX="callgrind-$label")
+    if [ "$mode" != accept-bare ]; then
+      env RUST_LOG=warn "${fleet[@]}" SENDGATE_LISTEN=127.0.0.1:$port SENDGATE_BACKEND=rabbitmq \
         SENDGATE_QUEUES=$queue SENDGATE_API_KEYS_FILE="$work/keys.toml" \
         SERVICEBUS_SEND_MAX_QUEUE_DEPTH=1000000000 SENDGATE_DEPTH_TTL_MS=3600000 \
         SENDGATE_PROBE_INTERVAL_S=3600 "${cg[@]}" "$bin" > "$work/server.log" 2>&1 &

@@ -528,6 +528,17 @@ if fleet_rows:
             None if ratio is None else f"{100 * (ratio - 0.90):+.1f} points",
         )
     )
+    loc = fleet.get("local")
+    if loc:
+        ratio = fl["rps"] / loc["rps"] if fl["rps"] and loc["rps"] else None
+        targets.append(
+            (
+                "fleet of 3 on Redis ≥ 90 % of the same 3 processes uncoordinated (issue 22)",
+                f"{pct(ratio)} ({f(fl['rps'], 0)} vs {f(loc['rps'], 0)} msg/s)",
+                None if ratio is None else ratio >= 0.90,
+                None if ratio is None else f"{100 * (ratio - 0.90):+.1f} points",
+            )
+        )
 cap_rows = sel("fleet_ceiling", "fleet")
 if cap_rows:
     worst_over = None
