@@ -129,8 +129,9 @@ struct SeatState {
     /// its use, and a new one is asked for when none is usable, or ahead: see
     /// [`NEXT_BLOCK_BELOW`]).
     blocks: VecDeque<Block>,
-    /// The last grant was a whole [`BLOCK_WANT`]: far from the ceiling.
-    whole: bool,
+    /// The ceiling the last grant was made under, if it was a whole [`BLOCK_WANT`] (far
+    /// from that ceiling).
+    whole_under: Option<u64>,
     /// A reservation for the next block is in flight (one at a time).
     next_block_asked: bool,
     turns: u64,
@@ -174,7 +175,7 @@ impl SeatState {
         Self {
             seen: Epoch::NONE,
             blocks: VecDeque::new(),
-            whole: false,
+            whole_under: None,
             next_block_asked: false,
             turns: 0,
             last: None,
@@ -216,14 +217,11 @@ impl SeatState {
         Some(held)
     }
 
-    /// Blocks past their use, or granted under a higher ceiling than `limit`, give back what
-    /// they did not hand out (to settle): counted still, those units would make this
-    /// replica's sends, and the others', find the fleet full while they go unused. Whether
-    /// any did.
     /// Whether the next block should be asked for now (see [`NEXT_BLOCK_BELOW`]); if so, it
-    /// is marked asked.
+    /// is marked asked. Not once a lower ceiling is in force than the whole grant's.
     fn next_block_due(&mut self, now: Instant, limit: u64) -> bool {
-        if !self.whole || self.next_block_asked || self.leaving {
+        let far = self.whole_under.is_some_and(|under| under <= limit);
+        if !far || self.next_block_asked || self.leaving {
             return false;
         }
         let left: u64 = self
@@ -236,6 +234,10 @@ impl SeatState {
         self.next_block_asked
     }
 
+    /// Blocks past their use, or granted under a higher ceiling than `limit`, give back what
+    /// they did not hand out (to settle): counted still, those units would make this
+    /// replica's sends, and the others', find the fleet full while they go unused. Whether
+    /// any did.
     fn give_back_spent(&mut self, now: Instant, limit: u64) -> bool {
         let mut leftover = Vec::new();
         self.blocks.retain(|b| {
@@ -264,6 +266,8 @@ pub struct FleetSeat {
     state: Mutex<SeatState>,
     /// One read attempt at a time in this replica.
     read_turn: tokio::sync::Mutex<()>,
+    /// Held by a reservation asked for ahead while it is out, so that a leave waits for it.
+    next_block_turn: tokio::sync::Mutex<()>,
     /// The process's runtime, where the seat's own tasks run: a send may end on an HTTP
     /// worker's runtime, which the server drops when it stops.
     runtime: tokio::runtime::Handle,
@@ -287,6 +291,7 @@ impl FleetSeat {
             backend,
             send_timeout,
             read_turn: tokio::sync::Mutex::new(()),
+            next_block_turn: tokio::sync::Mutex::new(()),
             runtime: tokio::runtime::Handle::current(),
         });
         seat.fleet.register(seat.key.clone(), seat.terms());
@@ -689,10 +694,19 @@ impl FleetSeat {
             }
             return Step::Done(FleetAnswer::Refuse(Refusal::Stopped));
         }
+        if let Reservation::Granted { granted } = reservation {
+            if self.policy.load().limit < policy.limit {
+                // Lowered while the call was out: not room under the ceiling in force.
+                state.pending.entry((epoch, turn)).or_default().1 += granted;
+                drop(state);
+                self.schedule_settle();
+                return ask_again(view.streak);
+            }
+        }
         Step::Done(match reservation {
             Reservation::Granted { granted } => {
                 state.window.record(now, epoch, self.alone_span());
-                state.whole = granted >= BLOCK_WANT;
+                state.whole_under = (granted >= BLOCK_WANT).then_some(policy.limit);
                 let rest = granted.saturating_sub(1);
                 if rest > 0 {
                     state.blocks.push_back(Block {
@@ -712,7 +726,7 @@ impl FleetSeat {
                 let until = now + ttl_left.min(USE_BLOCK_FOR);
                 state.full = Some((until, estimate, view.generation));
                 state.refusing = true;
-                state.whole = false;
+                state.whole_under = None;
                 FleetAnswer::Refuse(policy.queue_full(estimate, state.drain.rate(), ttl_left))
             }
             Reservation::Disabled => FleetAnswer::Refuse(Refusal::QueueDisabled),
@@ -752,6 +766,10 @@ impl FleetSeat {
     /// later or while leaving; dropped if of an epoch already replaced). Any other answer
     /// is left to the next send that finds no unit: it asks itself, and acts on it.
     async fn reserve_next_block(self: &Arc<Self>) {
+        let _turn = self.next_block_turn.lock().await;
+        if self.state.lock().leaving {
+            return;
+        }
         let asked = Instant::now();
         let turn = {
             let mut state = self.state.lock();
@@ -807,7 +825,7 @@ impl FleetSeat {
             state.pending.entry((epoch, turn)).or_default().1 += granted;
             return;
         }
-        state.whole = granted >= BLOCK_WANT;
+        state.whole_under = (granted >= BLOCK_WANT).then_some(limit);
         if granted > 0 {
             state.blocks.push_back(Block {
                 epoch,
@@ -996,6 +1014,10 @@ impl FleetSeat {
     /// counted: sends in flight in their blocks' leases, its carry until its hold.
     pub async fn leave(self: &Arc<Self>) -> Result<Goodbye, LedgerError> {
         self.state.lock().leaving = true;
+        // A reservation asked for ahead and still out would put this replica back in the
+        // fleet after its goodbye (every call names it a member): its grant is given back
+        // below instead.
+        drop(self.next_block_turn.lock().await);
         if !self.fleet.ever_joined() {
             return Ok(Goodbye::NeverJoined);
         }

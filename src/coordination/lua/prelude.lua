@@ -11,8 +11,8 @@
 -- ticket <seq>'s lease was taken; completed_total, since_read; lag_buckets = "n:count ..."
 -- (newest first), the stored sends settled in each 100 ms bucket n within the lag, in one
 -- field rather than one per bucket: a lag holds ~120 buckets and every call loads and walks
--- the whole hash (r:<n> = one bucket, an older build's layout, is still read and pruned:
--- its replicas may run beside these during a rollout); b:<block id> = "units:lease_end_ms"; c:<replica> =
+-- the whole hash (r:<n> = one bucket, an older build's layout, is still read and pruned;
+-- that build does not read lag_buckets: docs/fleet.md, "Bounds"); b:<block id> = "units:lease_end_ms"; c:<replica> =
 -- "count:end_ms"; m:<replica> = until when it counts in the fleet's size (ms); l:<replica> /
 -- a:<replica> = "lag_ms:until" / "max_read_age_ms:until", the terms it named last, kept as
 -- long as its v:.

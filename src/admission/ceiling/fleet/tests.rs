@@ -22,6 +22,8 @@ use crate::coordination::port::{
 };
 use crate::domain::QueueName;
 
+use super::{Block, SeatState};
+
 const T: Duration = Duration::from_millis(50);
 const SEND: Duration = Duration::from_secs(2);
 const KEY: &str = "test:{rabbitmq/requests}";
@@ -434,6 +436,19 @@ struct Recording {
     inner: MemoryLedger,
     calls: Mutex<Vec<Instant>>,
     reserves: Mutex<usize>,
+    /// A reservation reaches the ledger this long after it was made (zero: at once).
+    reserve_runs_after: Mutex<Duration>,
+}
+
+impl Recording {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            inner: MemoryLedger::new(T),
+            calls: Mutex::new(Vec::new()),
+            reserves: Mutex::new(0),
+            reserve_runs_after: Mutex::new(Duration::ZERO),
+        })
+    }
 }
 
 impl Recording {
@@ -452,6 +467,10 @@ impl LedgerPort for Recording {
     ) -> Result<(PortReservation, View), LedgerError> {
         self.note();
         *self.reserves.lock() += 1;
+        let after = *self.reserve_runs_after.lock();
+        if !after.is_zero() {
+            tokio::time::sleep(after).await;
+        }
         self.inner.reserve(queue, caller, ask).await
     }
     async fn settle(
@@ -516,11 +535,7 @@ impl LedgerPort for Recording {
 #[tokio::test(start_paused = true)]
 async fn a_seat_is_heard_from_within_a_heartbeat_of_its_last_call_whatever_made_it() {
     let created = Instant::now();
-    let recording = Arc::new(Recording {
-        inner: MemoryLedger::new(T),
-        calls: Mutex::new(Vec::new()),
-        reserves: Mutex::new(0),
-    });
+    let recording = Recording::new();
     let fleet = Fleet::start(Arc::clone(&recording) as Arc<dyn LedgerPort>, 1);
     let queue = QueueName::parse("requests").unwrap();
     let broker = Broker::new(Duration::ZERO);
@@ -871,28 +886,9 @@ async fn far_from_the_ceiling_no_send_waits_for_the_next_block() {
 /// use).
 #[tokio::test(start_paused = true)]
 async fn near_the_ceiling_every_reservation_is_made_by_a_send_that_found_no_unit() {
-    let recording = Arc::new(Recording {
-        inner: MemoryLedger::new(T),
-        calls: Mutex::new(Vec::new()),
-        reserves: Mutex::new(0),
-    });
+    let recording = Recording::new();
     let broker = Broker::new(Duration::ZERO);
-    let fleet = Fleet::start(Arc::clone(&recording) as Arc<dyn LedgerPort>, 1);
-    let queue = QueueName::parse("requests").unwrap();
-    let backend: Arc<dyn Backend> = broker.clone();
-    let gate = CapacityGate::new(queue.clone(), policy(200, false), Arc::clone(&backend));
-    gate.join_fleet(FleetSeat::new(
-        Arc::clone(&fleet),
-        KEY.to_owned(),
-        queue,
-        Arc::clone(gate.policy_cell()),
-        backend,
-        SEND,
-    ));
-    let r = Replica { fleet, gate };
-    while !r.fleet.joined() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let r = recorded_replica(&recording, &broker, policy(200, false)).await;
     // Calls take no time on the paused clock: a reservation made between sends, not by
     // one, was asked for ahead (at a ceiling of 200 the first grant is 25, far below a
     // whole block, and they shrink from there).
@@ -906,4 +902,207 @@ async fn near_the_ceiling_every_reservation_is_made_by_a_send_that_found_no_unit
     assert_eq!(broker.stored(), 200);
     assert!(by_sends > 0);
     assert_eq!(*recording.reserves.lock(), by_sends, "none asked for ahead");
+}
+
+/// A lower ceiling in force gives back what the blocks granted under the higher one did not
+/// hand out within a heartbeat, before their use ends.
+#[tokio::test(start_paused = true)]
+async fn a_lower_ceiling_gives_back_the_unused_units_of_blocks_granted_under_a_higher_one() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let all = replicas(1, &ledger, &broker, policy(10_000, false)).await;
+    send(&all[0], &broker).await.unwrap();
+    let queue = QueueRef {
+        key: KEY,
+        terms: all[0].gate.seat.get().unwrap().terms(),
+    };
+    assert!(ledger.look(queue).await.unwrap().unwrap().reserved > 1);
+    all[0].gate.policy_cell().apply(&PolicyOverride {
+        limit: Some(100),
+        ..PolicyOverride::default()
+    });
+    tokio::time::sleep(HEARTBEAT + T * 2).await;
+    assert!(
+        HEARTBEAT + T * 2 < USE_BLOCK_FOR,
+        "before the block's use ends"
+    );
+    assert_eq!(ledger.look(queue).await.unwrap().unwrap().reserved, 0);
+}
+
+/// A grant that comes back after a lower ceiling came in force is not used, not even its
+/// first unit (contract section 9): the send asks again under the ceiling in force.
+#[tokio::test(start_paused = true)]
+async fn a_grant_answered_after_the_ceiling_was_lowered_is_not_used() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let all = Arc::new(replicas(1, &ledger, &broker, policy(10_000, false)).await);
+    for _ in 0..3 {
+        send(&all[0], &broker).await.unwrap();
+    }
+    tokio::time::sleep(USE_BLOCK_FOR + Duration::from_millis(10)).await;
+    ledger.delay(all[0].fleet.replica(), Duration::from_millis(5));
+    let sending = {
+        let (all, broker) = (Arc::clone(&all), Arc::clone(&broker));
+        tokio::spawn(async move { send(&all[0], &broker).await })
+    };
+    // Its block's leftover is settled first (answered at 5 ms), then it reserves (10 ms).
+    tokio::time::sleep(Duration::from_millis(7)).await;
+    all[0].gate.policy_cell().apply(&PolicyOverride {
+        limit: Some(3),
+        ..PolicyOverride::default()
+    });
+    assert!(matches!(
+        sending.await.unwrap(),
+        Err(Refusal::QueueFull { .. })
+    ));
+    assert_eq!(broker.stored(), 3);
+}
+
+/// A reservation asked for ahead and still out when the replica leaves does not put it
+/// back in the fleet: its goodbye waits for it and gives its grant back.
+#[tokio::test(start_paused = true)]
+async fn a_block_asked_for_ahead_does_not_outlive_the_goodbye() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let all = replicas(1, &ledger, &broker, policy(1_000_000, false)).await;
+    let queue = QueueRef {
+        key: KEY,
+        terms: all[0].gate.seat.get().unwrap().terms(),
+    };
+    ledger.delay(all[0].fleet.replica(), Duration::from_millis(5));
+    // The first send's block is 128; the 65th leaves 63, under half: the next is asked for.
+    for _ in 0..65 {
+        send(&all[0], &broker).await.unwrap();
+    }
+    all[0].gate.leave_fleet().await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let view = ledger.look(queue).await.unwrap().unwrap();
+    assert_eq!((view.reserved, view.replicas), (0, 0));
+}
+
+/// One replica over `recording`, joined.
+async fn recorded_replica(
+    recording: &Arc<Recording>,
+    broker: &Arc<Broker>,
+    p: CapacityPolicy,
+) -> Replica {
+    let fleet = Fleet::start(Arc::clone(recording) as Arc<dyn LedgerPort>, 1);
+    let queue = QueueName::parse("requests").unwrap();
+    let backend: Arc<dyn Backend> = broker.clone();
+    let gate = CapacityGate::new(queue.clone(), p, Arc::clone(&backend));
+    gate.join_fleet(FleetSeat::new(
+        Arc::clone(&fleet),
+        KEY.to_owned(),
+        queue,
+        Arc::clone(gate.policy_cell()),
+        backend,
+        SEND,
+    ));
+    let r = Replica { fleet, gate };
+    while !r.fleet.joined() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    r
+}
+
+/// A reservation asked for ahead that reaches Redis after the goodbye would make the
+/// replica a member again (every call names it) and hold its grant until the lease ends:
+/// the goodbye waits for one that is out.
+#[tokio::test(start_paused = true)]
+async fn a_goodbye_waits_for_a_block_asked_for_ahead_that_is_still_out() {
+    let recording = Recording::new();
+    let broker = Broker::new(Duration::ZERO);
+    let r = recorded_replica(&recording, &broker, policy(1_000_000, false)).await;
+    for _ in 0..64 {
+        send(&r, &broker).await.unwrap();
+    }
+    *recording.reserve_runs_after.lock() = Duration::from_millis(5);
+    // The 65th leaves 63 of the first block's 128, under half: the next is asked for, and
+    // is on its way when the replica leaves.
+    send(&r, &broker).await.unwrap();
+    tokio::task::yield_now().await;
+    r.gate.leave_fleet().await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let queue = QueueRef {
+        key: KEY,
+        terms: r.gate.seat.get().unwrap().terms(),
+    };
+    let view = recording.inner.look(queue).await.unwrap().unwrap();
+    assert_eq!((view.reserved, view.replicas), (0, 0));
+}
+
+/// The units left that decide whether the next block is due are those a send may still
+/// take: a block past its use, or granted under a higher ceiling, holds none.
+#[tokio::test(start_paused = true)]
+async fn the_next_block_is_due_by_the_units_a_send_may_still_take() {
+    let now = Instant::now();
+    let block = |left, use_until, limit| Block {
+        epoch: 1,
+        turn: 1,
+        left,
+        use_until,
+        limit,
+    };
+    let live = now + USE_BLOCK_FOR;
+    for (other, due) in [
+        (block(100, now, 1000), true),
+        (block(100, live, 2000), true),
+        (block(100, live, 1000), false),
+    ] {
+        let mut state = SeatState::new(Duration::ZERO);
+        state.whole_under = Some(1000);
+        state.blocks.push_back(other);
+        state.blocks.push_back(block(10, live, 1000));
+        assert_eq!(state.next_block_due(now, 1000), due);
+    }
+    let mut state = SeatState::new(Duration::ZERO);
+    state.whole_under = Some(2000);
+    state.blocks.push_back(block(10, live, 1000));
+    assert!(
+        !state.next_block_due(now, 1000),
+        "not under a lower ceiling"
+    );
+}
+
+/// A unit is taken only before its block's use ends; the next block is due once fewer than
+/// half a whole block's units are left; a spent block gives back what it holds once, and
+/// leaves (an empty one leaves with nothing to give back).
+#[tokio::test(start_paused = true)]
+async fn a_seats_blocks_at_their_boundaries() {
+    let now = Instant::now();
+    let block = |left, use_until| Block {
+        epoch: 1,
+        turn: 1,
+        left,
+        use_until,
+        limit: 1000,
+    };
+    let mut state = SeatState::new(Duration::ZERO);
+    state.blocks.push_back(block(5, now));
+    assert_eq!(
+        state.take_unit(now, SEND, 1000),
+        None,
+        "its use ends at use_until"
+    );
+
+    for (left, due) in [
+        (super::NEXT_BLOCK_BELOW, false),
+        (super::NEXT_BLOCK_BELOW - 1, true),
+    ] {
+        let mut state = SeatState::new(Duration::ZERO);
+        state.whole_under = Some(1000);
+        state.blocks.push_back(block(left, now + USE_BLOCK_FOR));
+        assert_eq!(state.next_block_due(now, 1000), due, "{left} left");
+    }
+
+    let mut state = SeatState::new(Duration::ZERO);
+    state.blocks.push_back(block(5, now));
+    state.blocks.push_back(block(0, now));
+    assert!(state.give_back_spent(now, 1000));
+    assert!(state.blocks.is_empty());
+    assert_eq!(state.pending.get(&(1, 1)), Some(&(0, 5)));
+    assert!(!state.give_back_spent(now, 1000), "given back once");
+    state.blocks.push_back(block(0, now + USE_BLOCK_FOR));
+    assert!(!state.give_back_spent(now, 1000), "nothing to give back");
+    assert!(state.blocks.is_empty(), "an empty block leaves");
 }
