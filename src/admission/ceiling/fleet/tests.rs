@@ -1105,4 +1105,10 @@ async fn a_seats_blocks_at_their_boundaries() {
     state.blocks.push_back(block(0, now + USE_BLOCK_FOR));
     assert!(!state.give_back_spent(now, 1000), "nothing to give back");
     assert!(state.blocks.is_empty(), "an empty block leaves");
+    state.blocks.push_back(block(5, now + USE_BLOCK_FOR));
+    assert!(
+        !state.give_back_spent(now, 1000),
+        "in use, under the ceiling in force"
+    );
+    assert_eq!(state.blocks.len(), 1);
 }
