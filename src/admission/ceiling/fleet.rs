@@ -338,6 +338,16 @@ impl FleetSeat {
         }
     }
 
+    /// A new reservation's turn and its block's id (new for every ask).
+    fn next_turn(&self) -> (u64, String) {
+        let turn = {
+            let mut state = self.state.lock();
+            state.turns += 1;
+            state.turns
+        };
+        (turn, self.block_id(turn))
+    }
+
     fn block_id(&self, turn: u64) -> String {
         format!("{}:{turn}", self.fleet.replica())
     }
@@ -605,12 +615,7 @@ impl FleetSeat {
         // The block is handed out for its use from when it was asked for, which is before
         // its lease began in Redis.
         let asked = Instant::now();
-        let turn = {
-            let mut state = self.state.lock();
-            state.turns += 1;
-            state.turns
-        };
-        let block_id = self.block_id(turn);
+        let (turn, block_id) = self.next_turn();
         let policy = self.policy.load_full();
         let terms = self.terms();
         let ask = Ask {
@@ -771,12 +776,7 @@ impl FleetSeat {
             return;
         }
         let asked = Instant::now();
-        let turn = {
-            let mut state = self.state.lock();
-            state.turns += 1;
-            state.turns
-        };
-        let block_id = self.block_id(turn);
+        let (turn, block_id) = self.next_turn();
         let limit = self.policy.load().limit;
         let ask = Ask {
             block_id: &block_id,

@@ -848,10 +848,7 @@ async fn a_block_granted_under_a_higher_ceiling_is_not_used_once_a_lower_one_is_
     let all = replicas(1, &ledger, &broker, policy(10_000, false)).await;
     send(&all[0], &broker).await.unwrap();
     send(&all[0], &broker).await.unwrap();
-    all[0].gate.policy_cell().apply(&PolicyOverride {
-        limit: Some(2),
-        ..PolicyOverride::default()
-    });
+    lower_ceiling(&all[0], 2);
     assert!(matches!(
         send(&all[0], &broker).await,
         Err(Refusal::QueueFull { .. })
@@ -917,10 +914,7 @@ async fn a_lower_ceiling_gives_back_the_unused_units_of_blocks_granted_under_a_h
         terms: all[0].gate.seat.get().unwrap().terms(),
     };
     assert!(ledger.look(queue).await.unwrap().unwrap().reserved > 1);
-    all[0].gate.policy_cell().apply(&PolicyOverride {
-        limit: Some(100),
-        ..PolicyOverride::default()
-    });
+    lower_ceiling(&all[0], 100);
     tokio::time::sleep(HEARTBEAT + T * 2).await;
     assert!(
         HEARTBEAT + T * 2 < USE_BLOCK_FOR,
@@ -947,10 +941,7 @@ async fn a_grant_answered_after_the_ceiling_was_lowered_is_not_used() {
     };
     // Its block's leftover is settled first (answered at 5 ms), then it reserves (10 ms).
     tokio::time::sleep(Duration::from_millis(7)).await;
-    all[0].gate.policy_cell().apply(&PolicyOverride {
-        limit: Some(3),
-        ..PolicyOverride::default()
-    });
+    lower_ceiling(&all[0], 3);
     assert!(matches!(
         sending.await.unwrap(),
         Err(Refusal::QueueFull { .. })
@@ -1111,4 +1102,12 @@ async fn a_seats_blocks_at_their_boundaries() {
         "in use, under the ceiling in force"
     );
     assert_eq!(state.blocks.len(), 1);
+}
+
+/// A runtime override of the queue's ceiling on this replica.
+fn lower_ceiling(r: &Replica, limit: u64) {
+    r.gate.policy_cell().apply(&PolicyOverride {
+        limit: Some(limit),
+        ..PolicyOverride::default()
+    });
 }
