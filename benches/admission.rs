@@ -204,12 +204,7 @@ async fn decide(
     assert!(principal.may_use_queue(&queue));
     let _guard = life.admit_send().expect("running");
     serde_json::from_slice::<serde::de::IgnoredAny>(body).expect("valid JSON");
-    let message = OutgoingMessage {
-        queue,
-        message_id: MessageId::generate(),
-        correlation_id: None,
-        body: body.clone(),
-    };
+    let message = OutgoingMessage::new(queue, MessageId::generate(), None, body.clone());
     dispatcher.send(message).await.result.map(|_| ())
 }
 

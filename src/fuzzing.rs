@@ -126,7 +126,7 @@ pub fn send_input(data: &[u8]) {
             };
             assert!((1..=MAX_FIELD_ERRORS).contains(&errors.len()), "{errors:?}");
             for e in errors {
-                let place = e.loc.first().map(String::as_str);
+                let place = e.loc.first().and_then(|l| l.as_str());
                 assert!(
                     matches!(place, Some("body" | "header" | "query")),
                     "{:?}",

@@ -35,6 +35,7 @@ fn problem_for(code: ErrorCode) -> Problem {
             limit: 10,
             retry_after: wait,
             drain_rate: None,
+            room: Some(4),
         },
         ErrorCode::CapacityUnknown => Problem::CapacityUnknown {
             consecutive_failures: 3,
@@ -53,6 +54,10 @@ fn problem_for(code: ErrorCode) -> Problem {
         },
         ErrorCode::SettingsUnavailable => Problem::SettingsUnavailable {
             detail: "Redis: timed out".into(),
+        },
+        ErrorCode::UnsupportedAttribute => Problem::UnsupportedAttribute {
+            attribute: "scheduled_enqueue_time",
+            backend: "rabbitmq",
         },
     }
 }
@@ -82,7 +87,8 @@ fn is_covered(p: &Problem) -> bool {
         | Problem::BackendBusy { .. }
         | Problem::QueueDisabled
         | Problem::SendFailed { .. }
-        | Problem::SettingsUnavailable { .. } => true,
+        | Problem::SettingsUnavailable { .. }
+        | Problem::UnsupportedAttribute { .. } => true,
         // A 404 of the breaker route, answered with the router's code `not_found`.
         Problem::UnknownBackend { .. } => true,
     }

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use crate::backend::{OutgoingMessage, SendError, SendReceipt};
 use crate::config::ForceBackend;
-use crate::domain::QueueName;
+use crate::domain::{Attributes, Field, QueueName};
 use breaker::Outcome;
 use ceiling::{BacklogEffect, Refusal};
 use inflight::InFlight;
@@ -35,6 +35,11 @@ pub enum DispatchError {
     BackendUnavailable { retry_after: Duration },
     /// The broker did not take the message (or may not have, for a timeout).
     Send(SendError),
+    /// The backend the send would go to cannot carry this attribute (`kind()` names it).
+    Unsupported {
+        attribute: Field,
+        backend: &'static str,
+    },
 }
 
 /// The result of one dispatch, and which backend it went to (if it got that far).
@@ -163,18 +168,30 @@ impl Dispatcher {
     /// in-flight slot, its place under the ceiling and its breaker ticket.
     pub async fn send(&self, message: OutgoingMessage) -> Dispatched {
         let queue = message.queue.clone();
-        self.send_with(&queue, || message).await
+        let attributes = std::sync::Arc::clone(&message.attributes);
+        self.send_with(&queue, &attributes, || message).await
+    }
+
+    /// The attribute the backend a send would go to now cannot carry, and its kind: what a
+    /// dry run answers (the same check a send makes, no broker call).
+    pub fn unsupported(&self, attributes: &Attributes) -> Option<(Field, &'static str)> {
+        let lane = self.choose();
+        lane.backend()
+            .unsupported(attributes)
+            .map(|field| (field, lane.backend().kind()))
     }
 
     /// [`Dispatcher::send`], with the message made only once the send is admitted: a
     /// refused send (a 429 from the cached backlog) never builds it (no message id).
+    /// `attributes` are the message's: a backend that cannot carry one refuses it first.
     pub async fn send_with(
         &self,
         queue: &QueueName,
+        attributes: &Attributes,
         message: impl FnOnce() -> OutgoingMessage,
     ) -> Dispatched {
         let mut lane = self.choose();
-        let mut admitted = self.admit(lane, queue).await;
+        let mut admitted = self.admit(lane, queue, attributes).await;
         // The primary's trial went to another send (or it opened meanwhile): with a fallback
         // that takes sends, use it rather than answer 503.
         if let (Err(DispatchError::BackendUnavailable { .. }), None, Some(fallback)) =
@@ -182,7 +199,7 @@ impl Dispatcher {
         {
             if lane.role == BackendRole::Primary && fallback.breaker.would_allow() {
                 lane = fallback;
-                admitted = self.admit(lane, queue).await;
+                admitted = self.admit(lane, queue, attributes).await;
             }
         }
         if lane.role == BackendRole::Fallback {
@@ -208,9 +225,21 @@ impl Dispatcher {
         }
     }
 
-    /// Steps 5 to 7 for one backend: capacity, an in-flight slot, a breaker ticket.
-    async fn admit(&self, lane: &Lane, queue: &QueueName) -> Result<Admitted, DispatchError> {
+    /// Steps 5 to 7 for one backend: what it can carry, capacity, an in-flight slot, a
+    /// breaker ticket.
+    async fn admit(
+        &self,
+        lane: &Lane,
+        queue: &QueueName,
+        attributes: &Attributes,
+    ) -> Result<Admitted, DispatchError> {
         let gate = lane.gate(queue).ok_or(DispatchError::UnknownQueue)?;
+        if let Some(attribute) = lane.backend().unsupported(attributes) {
+            return Err(DispatchError::Unsupported {
+                attribute,
+                backend: lane.backend().kind(),
+            });
+        }
         let reservation = gate.admit().await.map_err(DispatchError::Refused)?;
         // Not `now`: a send counted alone was counted before its replica's own gate read the
         // admin plane, and the hold that keeps it counted runs from then.
@@ -358,12 +387,12 @@ mod tests {
     }
 
     fn message(queue: &QueueName) -> OutgoingMessage {
-        OutgoingMessage {
-            queue: queue.clone(),
-            message_id: MessageId::generate(),
-            correlation_id: None,
-            body: bytes::Bytes::from_static(b"{}"),
-        }
+        OutgoingMessage::new(
+            queue.clone(),
+            MessageId::generate(),
+            None,
+            bytes::Bytes::from_static(b"{}"),
+        )
     }
 
     #[tokio::test]

@@ -10,13 +10,21 @@ pub mod embedded;
 pub mod rabbitmq;
 pub mod servicebus;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use crate::domain::{CorrelationId, MessageId, QueueName};
+use crate::domain::{Attributes, CorrelationId, Field, MessageId, QueueName, TraceContext};
+
+/// The application properties the gateway writes on every message (contract section 1.3),
+/// beside the caller's: the message's own trace context, and `Diagnostic-Id` (equal to
+/// `traceparent`) as the Azure SDKs write it.
+pub const TRACEPARENT: &str = "traceparent";
+pub const TRACESTATE: &str = "tracestate";
+pub const DIAGNOSTIC_ID: &str = "Diagnostic-Id";
 
 /// One message on its way to a queue; `body` is delivered byte for byte.
 #[derive(Debug, Clone)]
@@ -25,6 +33,43 @@ pub struct OutgoingMessage {
     pub message_id: MessageId,
     pub correlation_id: Option<CorrelationId>,
     pub body: Bytes,
+    /// Subject, session, TTL, schedule, addresses and the caller's properties (shared:
+    /// a retry or a fallback clones the message, not them).
+    pub attributes: Arc<Attributes>,
+    /// This message's own trace context (a parent id no other message has).
+    pub trace: TraceContext,
+}
+
+impl OutgoingMessage {
+    /// A message without attributes, in a trace of its own.
+    pub fn new(
+        queue: QueueName,
+        message_id: MessageId,
+        correlation_id: Option<CorrelationId>,
+        body: Bytes,
+    ) -> Self {
+        Self {
+            queue,
+            message_id,
+            correlation_id,
+            body,
+            attributes: Arc::default(),
+            trace: TraceContext::from_request(None, None),
+        }
+    }
+
+    /// The properties the gateway adds to the caller's: `traceparent`, `tracestate`
+    /// (when the request had a valid one) and `Diagnostic-Id`.
+    pub fn trace_properties(&self) -> Vec<(&'static str, String)> {
+        let traceparent = self.trace.parent.to_string();
+        let mut out = Vec::with_capacity(3);
+        out.push((TRACEPARENT, traceparent.clone()));
+        if let Some(state) = &self.trace.state {
+            out.push((TRACESTATE, state.as_str().to_owned()));
+        }
+        out.push((DIAGNOSTIC_ID, traceparent));
+        out
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,6 +181,24 @@ pub trait Backend: Send + Sync + 'static {
         message: OutgoingMessage,
         deadline: Instant,
     ) -> Result<SendReceipt, SendError>;
+
+    /// Put `messages` (all for one queue) on it in as few broker operations as the broker
+    /// allows; one result per message, in their order. By default each is a `send`, all at
+    /// once.
+    async fn send_batch(
+        &self,
+        messages: Vec<OutgoingMessage>,
+        deadline: Instant,
+    ) -> Vec<Result<SendReceipt, SendError>> {
+        futures_util::future::join_all(messages.into_iter().map(|m| self.send(m, deadline))).await
+    }
+
+    /// The first of `attributes` this backend cannot carry faithfully: such a send is
+    /// refused (`422 unsupported_attribute`) before capacity is asked, never sent without
+    /// it. A pure check: no broker call.
+    fn unsupported(&self, _attributes: &Attributes) -> Option<Field> {
+        None
+    }
 
     /// Read the queue's backlog from the admin plane; give up at `deadline`.
     async fn backlog(&self, queue: &QueueName, deadline: Instant) -> Result<Backlog, DepthError>;

@@ -68,6 +68,13 @@ pub enum Problem {
         limit: u64,
         retry_after: Duration,
         drain_rate: Option<DrainRate>,
+        /// A batch's: how many of its entries would be admitted now.
+        room: Option<u64>,
+    },
+    #[error("The {backend} backend cannot carry the attribute {attribute} faithfully, so the message was not sent.")]
+    UnsupportedAttribute {
+        attribute: &'static str,
+        backend: &'static str,
     },
     #[error("The queue's depth could not be read {consecutive_failures} times in a row; sends are refused until it can.")]
     CapacityUnknown { consecutive_failures: u32 },
@@ -123,6 +130,7 @@ impl Problem {
             Self::SendFailed { .. } => ErrorCode::SendFailed,
             Self::UnknownBackend { .. } => ErrorCode::NotFound,
             Self::SettingsUnavailable { .. } => ErrorCode::SettingsUnavailable,
+            Self::UnsupportedAttribute { .. } => ErrorCode::UnsupportedAttribute,
         }
     }
 
@@ -149,6 +157,7 @@ impl Problem {
             Self::SendTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::BackendAuthFailed | Self::SendFailed { .. } => StatusCode::BAD_GATEWAY,
             Self::QueueDisabled => StatusCode::CONFLICT,
+            Self::UnsupportedAttribute { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         }
     }
 
@@ -278,11 +287,18 @@ impl Problem {
                 limit,
                 retry_after,
                 drain_rate,
+                room: _,
             }) => Problem::QueueFull {
                 backlog,
                 limit,
                 retry_after,
                 drain_rate,
+                // Named by a batch's answer only (a single send has none when refused).
+                room: None,
+            },
+            DispatchError::Unsupported { attribute, backend } => Problem::UnsupportedAttribute {
+                attribute: attribute.json_name(),
+                backend,
             },
             DispatchError::Refused(Refusal::CapacityUnknown {
                 consecutive_failures,
@@ -347,12 +363,18 @@ impl ApiError {
             }
             Problem::PayloadTooLarge { limit } => b.limit_bytes = Some(*limit),
             Problem::InvalidRequest { errors } => b.errors = Some(errors.into()),
+            Problem::UnsupportedAttribute { attribute, backend } => {
+                b.attribute = Some((*attribute).into());
+                b.backend = Some((*backend).into());
+            }
             Problem::QueueFull {
                 backlog,
                 limit,
                 retry_after,
                 drain_rate,
+                room,
             } => {
+                b.room = *room;
                 b.backlog = Some(*backlog);
                 b.limit = Some(*limit);
                 // The header's value, to the second: a client may read either.
@@ -391,6 +413,7 @@ mod tests {
             limit: 100,
             retry_after: Duration::from_secs(21),
             drain_rate: None,
+            room: None,
         };
         let text = p.to_string();
         assert!(!text.contains("at or over"), "{text}");
@@ -458,6 +481,7 @@ mod tests {
                 limit: 1,
                 retry_after: Duration::ZERO,
                 drain_rate: None,
+                room: None,
             },
             Problem::CapacityUnknown {
                 consecutive_failures: 3,

@@ -17,7 +17,9 @@ use super::headers::{spelling, CORRELATION_ID, IDEMPOTENCY_KEY, SENDGATE_BACKEND
 use super::state::{authorize, AppState};
 use crate::admission::BackendRole;
 use crate::backend::OutgoingMessage;
-use crate::domain::{CorrelationId, IdError, MessageId, QueueName, RequestId};
+use crate::domain::{
+    Attributes, CorrelationId, IdError, MessageId, QueueName, Raw, RequestId, TraceContext,
+};
 use crate::metrics::RequestOutcome;
 
 /// A send the gateway took, or validated on a dry run: what its 201 or 200 says.
@@ -25,6 +27,8 @@ struct Accepted {
     queue: QueueName,
     message_id: MessageId,
     correlation: Option<CorrelationId>,
+    /// The message's `traceparent`.
+    traceparent: String,
     taken: Taken,
 }
 
@@ -146,11 +150,21 @@ async fn admit_and_send(
     let (input, body, _buffered) = read_input(req, context, payload, state)
         .await
         .map_err(|problem| context.error(problem))?;
+    let trace = input.trace.for_message();
     if input.dry_run {
+        // What a send would be refused for before capacity: an attribute the backend
+        // cannot carry (no broker call either way).
+        if let Some((attribute, backend)) = state.dispatcher.unsupported(&input.attributes) {
+            return Err(context.error(Problem::UnsupportedAttribute {
+                attribute: attribute.json_name(),
+                backend,
+            }));
+        }
         return Ok(Accepted {
             queue,
             message_id: input.message_id.unwrap_or_else(MessageId::generate),
             correlation: input.correlation_header,
+            traceparent: trace.parent.to_string(),
             taken: Taken::Validated,
         });
     }
@@ -159,7 +173,21 @@ async fn admit_and_send(
         given: input.message_id,
         caller,
     };
-    dispatch(context, state, queue, key, input.correlation_header, body).await
+    let message = Message {
+        correlation: input.correlation_header,
+        attributes: std::sync::Arc::new(input.attributes),
+        trace,
+        body,
+    };
+    dispatch(context, state, queue, key, message).await
+}
+
+/// What a single send's message is made of, besides its id.
+struct Message {
+    correlation: Option<CorrelationId>,
+    attributes: std::sync::Arc<Attributes>,
+    trace: TraceContext,
+    body: Bytes,
 }
 
 /// What the message's id is made from: the client's Idempotency-Key (if any) and, with
@@ -267,13 +295,19 @@ async fn dispatch(
     state: &AppState,
     queue: QueueName,
     key: Key,
-    correlation: Option<CorrelationId>,
-    body: Bytes,
+    message: Message,
 ) -> Result<Accepted, ApiError> {
+    let Message {
+        correlation,
+        attributes,
+        trace,
+        body,
+    } = message;
+    let traceparent = trace.parent.to_string();
     let mut answered: Option<MessageId> = None;
     let dispatched = state
         .dispatcher
-        .send_with(&queue, || {
+        .send_with(&queue, &attributes, || {
             let (id, at_broker) = key.ids();
             answered = Some(id);
             // Without a correlation id of its own, the message carries the client's request id.
@@ -288,6 +322,8 @@ async fn dispatch(
                 message_id: at_broker,
                 correlation_id,
                 body,
+                attributes: std::sync::Arc::clone(&attributes),
+                trace,
             }
         })
         .await;
@@ -300,6 +336,7 @@ async fn dispatch(
             // A send that reached the backend was built, so its id is there.
             message_id: answered.unwrap_or_else(MessageId::generate),
             correlation,
+            traceparent,
             taken: Taken::Queued {
                 via: dispatched.via,
                 duplicate: receipt.duplicate,
@@ -326,22 +363,29 @@ impl Accepted {
         if let Some(c) = &self.correlation {
             answer.insert_header((CORRELATION_ID, c.as_str()));
         }
+        let traceparent = Some(self.traceparent.as_str().into());
         match self.taken {
-            Taken::Validated => answer.json(Valid::new(
-                self.queue.as_str(),
-                self.message_id.as_str(),
-                request_id.as_str(),
-            )),
+            Taken::Validated => answer.json(Valid {
+                traceparent,
+                ..Valid::new(
+                    self.queue.as_str(),
+                    self.message_id.as_str(),
+                    request_id.as_str(),
+                )
+            }),
             Taken::Queued { via, duplicate } => {
                 if let Some(via) = via {
                     answer.insert_header((SENDGATE_BACKEND, via.as_str()));
                 }
-                answer.json(Queued::new(
-                    self.queue.as_str(),
-                    self.message_id.as_str(),
-                    request_id.as_str(),
-                    duplicate,
-                ))
+                answer.json(Queued {
+                    traceparent,
+                    ..Queued::new(
+                        self.queue.as_str(),
+                        self.message_id.as_str(),
+                        request_id.as_str(),
+                        duplicate,
+                    )
+                })
             }
         }
     }
@@ -432,6 +476,9 @@ pub(crate) struct Input {
     pub(crate) message_id: Option<MessageId>,
     pub(crate) correlation_header: Option<CorrelationId>,
     pub(crate) dry_run: bool,
+    pub(crate) attributes: Attributes,
+    /// The request's trace context (a new trace without a valid `traceparent`).
+    pub(crate) trace: TraceContext,
 }
 
 impl Input {
@@ -472,18 +519,8 @@ impl Input {
             CorrelationId::parse,
             &mut errors,
         );
-        let dry_run = match query_value(req, "dry_run") {
-            None => false,
-            Some(v) if v.eq_ignore_ascii_case("true") || v == "1" => true,
-            Some(v) if v.eq_ignore_ascii_case("false") || v == "0" => false,
-            Some(_) => {
-                errors.push(FieldError::new(
-                    &["query", "dry_run"],
-                    "must be true or false",
-                ));
-                false
-            }
-        };
+        let dry_run = dry_run(req, &mut errors);
+        let attributes = header_attributes(req, &mut errors);
         if !errors.is_empty() {
             errors.truncate(MAX_FIELD_ERRORS);
             return Err(Problem::InvalidRequest { errors });
@@ -492,8 +529,73 @@ impl Input {
             message_id,
             correlation_header,
             dry_run,
+            attributes,
+            trace: request_trace(req),
         })
     }
+}
+
+/// `?dry_run=true|false|1|0`, or its problem.
+pub(crate) fn dry_run(req: &HttpRequest, errors: &mut Vec<FieldError>) -> bool {
+    match query_value(req, "dry_run") {
+        None => false,
+        Some(v) if v.eq_ignore_ascii_case("true") || v == "1" => true,
+        Some(v) if v.eq_ignore_ascii_case("false") || v == "0" => false,
+        Some(_) => {
+            errors.push(FieldError::new(
+                &["query", "dry_run"],
+                "must be true or false",
+            ));
+            false
+        }
+    }
+}
+
+/// The `Message-*` headers as attributes; each bad one (or one given twice) named.
+fn header_attributes(req: &HttpRequest, errors: &mut Vec<FieldError>) -> Attributes {
+    let headers = req.headers();
+    let mut twice = Vec::new();
+    let parsed = Attributes::parse(|field| {
+        let mut values = headers.get_all(field.header_name());
+        let first = values.next()?;
+        if values.next().is_some() {
+            twice.push(field);
+        }
+        Some(Raw::Header(first.as_bytes()))
+    });
+    for field in twice {
+        errors.push(FieldError::new(
+            &["header", field.header_name()],
+            "must be given once",
+        ));
+    }
+    match parsed {
+        Ok(attributes) => attributes,
+        Err(bad) => {
+            errors.extend(
+                bad.into_iter()
+                    .map(|e| FieldError::new(&["header", e.field.header_name()], e.message)),
+            );
+            Attributes::default()
+        }
+    }
+}
+
+/// The request's W3C trace context: one `traceparent` (two make it invalid, as the spec
+/// says), the `tracestate` headers joined; an invalid one is ignored, never a 400.
+pub(crate) fn request_trace(req: &HttpRequest) -> TraceContext {
+    let headers = req.headers();
+    let mut parents = headers.get_all("traceparent");
+    let parent = match (parents.next(), parents.next()) {
+        (Some(one), None) => one.to_str().ok(),
+        _ => None,
+    };
+    let states: Vec<&str> = headers
+        .get_all("tracestate")
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    let state = (!states.is_empty()).then(|| states.join(","));
+    TraceContext::from_request(parent, state.as_deref())
 }
 
 /// The header `name` parsed, or its problem (named with the contract's `spelled` name).

@@ -636,7 +636,7 @@ mod tests {
         let at = |field: &str| {
             errors
                 .iter()
-                .find(|e| e.loc.last().map(String::as_str) == Some(field))
+                .find(|e| e.loc.last().and_then(|l| l.as_str()) == Some(field))
                 .unwrap_or_else(|| panic!("no error for {field}: {errors:?}"))
                 .msg
                 .clone()
@@ -651,7 +651,7 @@ mod tests {
         assert!(at("force_backend").contains("SENDGATE_FALLBACK_BACKEND"));
         assert!(at("colour").contains("unknown field"));
         assert_eq!(
-            errors[0].loc.first().map(String::as_str),
+            errors[0].loc.first().and_then(|l| l.as_str()),
             Some("body"),
             "{errors:?}"
         );

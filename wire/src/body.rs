@@ -25,6 +25,16 @@ pub struct Queued<'a> {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     #[cfg_attr(feature = "openapi", schema(schema_with = schema::always_true))]
     pub duplicate: bool,
+    /// The message's own W3C `traceparent` (the request's trace, a parent id of its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            nullable = false,
+            pattern = "^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
+        )
+    )]
+    pub traceparent: Option<Cow<'a, str>>,
 }
 
 impl<'a> Queued<'a> {
@@ -37,6 +47,7 @@ impl<'a> Queued<'a> {
             message_id: Cow::Borrowed(message_id),
             request_id: Cow::Borrowed(request_id),
             duplicate,
+            traceparent: None,
         }
     }
 }
@@ -54,6 +65,16 @@ pub struct Valid<'a> {
     pub queue: Cow<'a, str>,
     pub message_id: Cow<'a, str>,
     pub request_id: Cow<'a, str>,
+    /// The `traceparent` the message would carry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            nullable = false,
+            pattern = "^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
+        )
+    )]
+    pub traceparent: Option<Cow<'a, str>>,
 }
 
 impl<'a> Valid<'a> {
@@ -66,6 +87,7 @@ impl<'a> Valid<'a> {
             queue: Cow::Borrowed(queue),
             message_id: Cow::Borrowed(message_id),
             request_id: Cow::Borrowed(request_id),
+            traceparent: None,
         }
     }
 }
@@ -73,19 +95,65 @@ impl<'a> Valid<'a> {
 /// Most input problems listed in one 400 (the `max_items` of [`ErrorBody::errors`]).
 pub const MAX_FIELD_ERRORS: usize = 20;
 
-/// One problem with the request's input: where (`["body"]`, `["header", "Idempotency-Key"]`)
-/// and what.
+/// One step of a [`FieldError`]'s place: a name, or an index into an array (a batch's
+/// entry: `["body", "messages", 3, "properties"]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(untagged)]
+pub enum Loc {
+    Index(u64),
+    Name(String),
+}
+
+impl Loc {
+    /// The name, when this step is one.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Loc::Name(name) => Some(name),
+            Loc::Index(_) => None,
+        }
+    }
+}
+
+impl From<&str> for Loc {
+    fn from(name: &str) -> Self {
+        Loc::Name(name.to_owned())
+    }
+}
+
+impl From<usize> for Loc {
+    fn from(index: usize) -> Self {
+        Loc::Index(index as u64)
+    }
+}
+
+impl PartialEq<&str> for Loc {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == Some(*other)
+    }
+}
+
+/// One problem with the request's input: where (`["body"]`, `["header", "Idempotency-Key"]`,
+/// `["body", "messages", 3, "properties"]`) and what.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FieldError {
-    pub loc: Vec<String>,
+    pub loc: Vec<Loc>,
     pub msg: String,
 }
 
 impl FieldError {
     pub fn new(loc: &[&str], msg: impl Into<String>) -> Self {
         Self {
-            loc: loc.iter().map(|s| s.to_string()).collect(),
+            loc: loc.iter().map(|s| Loc::from(*s)).collect(),
+            msg: msg.into(),
+        }
+    }
+
+    /// At a place with indices in it.
+    pub fn at(loc: Vec<Loc>, msg: impl Into<String>) -> Self {
+        Self {
+            loc,
             msg: msg.into(),
         }
     }
@@ -97,6 +165,14 @@ impl FieldError {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody<'a> {
+    /// `unsupported_attribute`: the attribute (its batch field's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
+    pub attribute: Option<Cow<'a, str>>,
+    /// `unsupported_attribute`: the kind of backend that cannot carry it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
+    pub backend: Option<Cow<'a, str>>,
     /// `queue_full`: the backlog read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(nullable = false))]
@@ -149,6 +225,10 @@ pub struct ErrorBody<'a> {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(nullable = false, minimum = 1))]
     pub retry_after_s: Option<u64>,
+    /// A batch's `queue_full`: how many of its entries would be admitted now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false, minimum = 0))]
+    pub room: Option<u64>,
 }
 
 impl<'a> ErrorBody<'a> {
@@ -157,6 +237,8 @@ impl<'a> ErrorBody<'a> {
     /// A body with only the three fields every error carries.
     pub fn new(code: impl Into<AnyCode>, message: Cow<'a, str>, request_id: &'a str) -> Self {
         Self {
+            attribute: None,
+            backend: None,
             backlog: None,
             code: code.into(),
             consecutive_failures: None,
@@ -170,6 +252,7 @@ impl<'a> ErrorBody<'a> {
             queue: None,
             request_id: Cow::Borrowed(request_id),
             retry_after_s: None,
+            room: None,
         }
     }
 

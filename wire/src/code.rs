@@ -42,6 +42,9 @@ pub enum ErrorCode {
     /// `PATCH /admin/settings`: the change could not be stored (data directory, or the
     /// fleet's Redis), so it is not in force.
     SettingsUnavailable,
+    /// The backend the send would go to cannot carry one of its attributes faithfully (a
+    /// scheduled enqueue on RabbitMQ): refused rather than sent without it.
+    UnsupportedAttribute,
 }
 
 /// A code this version does not know.
@@ -51,7 +54,7 @@ pub struct UnknownCode(pub String);
 
 impl ErrorCode {
     /// Every code, in the contract's order.
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 23] = [
         Self::NotFound,
         Self::MethodNotAllowed,
         Self::UnknownQueue,
@@ -74,6 +77,7 @@ impl ErrorCode {
         Self::QueueDisabled,
         Self::SendFailed,
         Self::SettingsUnavailable,
+        Self::UnsupportedAttribute,
     ];
 
     /// The code as it appears in a body (and as a metric label): static, so the server's
@@ -102,6 +106,7 @@ impl ErrorCode {
             Self::QueueDisabled => "queue_disabled",
             Self::SendFailed => "send_failed",
             Self::SettingsUnavailable => "settings_unavailable",
+            Self::UnsupportedAttribute => "unsupported_attribute",
         }
     }
 

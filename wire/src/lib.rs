@@ -7,12 +7,15 @@
 //!   gateway may have added.
 //! - `state.rs`: the lifecycle states ([`GatewayState`]).
 //! - `body.rs`: the answer bodies of a send ([`Queued`], [`Valid`], [`ErrorBody`]).
+//! - `batch.rs`: a batch send's entries and its answers ([`BatchQueued`], [`BatchPartial`]).
 //! - `health.rs`: the part of `/health/detailed` a producer reads ([`LifecycleView`]).
 //! - `headers.rs`: header names both sides use.
 //! - `ids.rs`, `queue_name.rs`: identifiers and queue names that parse instead of validate.
 //!
-//! Only serde, thiserror and uuid (to generate ids): a producer pays for nothing else.
+//! Only serde (with serde_json, for a batch entry's body), thiserror and uuid (to generate
+//! ids): a producer pays for nothing else.
 
+pub mod batch;
 pub mod body;
 pub mod code;
 pub mod headers;
@@ -21,7 +24,11 @@ pub mod ids;
 pub mod queue_name;
 pub mod state;
 
-pub use body::{ErrorBody, FieldError, Queued, Valid, MAX_FIELD_ERRORS};
+pub use batch::{
+    BatchEntry, BatchMessage, BatchPartial, BatchQueued, BatchRequest, EntryResult,
+    MessageAttributes,
+};
+pub use body::{ErrorBody, FieldError, Loc, Queued, Valid, MAX_FIELD_ERRORS};
 pub use code::{AnyCode, ErrorCode, UnknownCode};
 pub use health::{Drain, LifecycleView};
 pub use ids::{CorrelationId, IdError, MessageId, RequestId};

@@ -119,6 +119,7 @@ impl CapacityPolicy {
                 rand::random(),
             ),
             drain_rate: rate,
+            room: 0,
         }
     }
 }
@@ -139,6 +140,9 @@ pub enum Refusal {
         retry_after: Duration,
         /// The measured drain rate; `None` until drain has been observed.
         drain_rate: Option<DrainRate>,
+        /// How many sends would be admitted now (a batch larger than this is refused
+        /// whole); 0 when the queue is at or over its ceiling.
+        room: u64,
     },
     CapacityUnknown {
         consecutive_failures: u32,

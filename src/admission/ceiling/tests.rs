@@ -37,6 +37,7 @@ fn fail_closed_refusals_are_logged_once_per_depth_read_with_the_count_since() {
         limit: 1,
         retry_after: Duration::from_secs(1),
         drain_rate: None,
+        room: 0,
     });
     assert_eq!(LocalGate::failclosed_to_log(&mut state, &full), None);
     state.generation = 8;
@@ -513,6 +514,7 @@ async fn queue_full_says_when_the_next_read_is_due() {
             limit: 5,
             retry_after,
             drain_rate: None,
+            room: 0,
         }) => {
             assert_eq!(retry_after, Duration::from_millis(2500));
         }
