@@ -360,6 +360,8 @@ impl Application {
                 .map(|q| (q.to_string(), q.clone()))
                 .collect::<HashMap<_, _>>(),
             max_body_bytes: settings.max_body_bytes,
+            max_batch_messages: settings.max_batch_messages,
+            max_batch_bytes: settings.max_batch_bytes,
             max_json_depth: settings.max_json_depth,
             drain_window: settings.drain_timeout,
             metrics: crate::metrics::Metrics::new(),

@@ -42,6 +42,14 @@ pub enum DispatchError {
     },
 }
 
+/// The result of one batch's dispatch: refused whole (`Err`), or one result per message.
+pub struct DispatchedBatch {
+    pub via: Option<BackendRole>,
+    pub result: Result<Vec<Result<SendReceipt, SendError>>, DispatchError>,
+    /// How long the backend's batch send took, when one was made.
+    pub send_time: Option<Duration>,
+}
+
 /// The result of one dispatch, and which backend it went to (if it got that far).
 pub struct Dispatched {
     pub via: Option<BackendRole>,
@@ -181,6 +189,35 @@ impl Dispatcher {
             .map(|field| (field, lane.backend().kind()))
     }
 
+    /// Admit and send a batch (all for `queue`): refused whole, or admitted whole under the
+    /// ceiling (one reservation of all its entries), one in-flight slot and one breaker
+    /// ticket for the lot, then the backend's `send_batch`. `attributes` are the entries',
+    /// in order; `messages` is called once admitted.
+    pub async fn send_batch(
+        &self,
+        queue: &QueueName,
+        attributes: &[&Attributes],
+        messages: impl FnOnce() -> Vec<OutgoingMessage>,
+    ) -> DispatchedBatch {
+        let (lane, admitted) = match self.admit_routed(queue, attributes).await {
+            Ok(routed) => routed,
+            Err((via, e)) => {
+                return DispatchedBatch {
+                    via,
+                    result: Err(e),
+                    send_time: None,
+                }
+            }
+        };
+        let started = Instant::now();
+        let result = self.deliver_batch(lane, admitted, messages()).await;
+        DispatchedBatch {
+            via: Some(lane.role),
+            result: Ok(result),
+            send_time: Some(started.elapsed()),
+        }
+    }
+
     /// [`Dispatcher::send`], with the message made only once the send is admitted: a
     /// refused send (a 429 from the cached backlog) never builds it (no message id).
     /// `attributes` are the message's: a backend that cannot carry one refuses it first.
@@ -190,6 +227,32 @@ impl Dispatcher {
         attributes: &Attributes,
         message: impl FnOnce() -> OutgoingMessage,
     ) -> Dispatched {
+        let (lane, admitted) = match self.admit_routed(queue, &[attributes]).await {
+            Ok(routed) => routed,
+            Err((via, e)) => {
+                return Dispatched {
+                    via,
+                    result: Err(e),
+                    send_time: None,
+                }
+            }
+        };
+        let started = Instant::now();
+        let result = self.deliver(lane, admitted, message()).await;
+        Dispatched {
+            via: Some(lane.role),
+            result,
+            send_time: Some(started.elapsed()),
+        }
+    }
+
+    /// Step 5 and on up to the send: the lane, then what [`Self::admit`] asks of it. With
+    /// the refusal, the backend it names (none for an unknown queue).
+    async fn admit_routed(
+        &self,
+        queue: &QueueName,
+        attributes: &[&Attributes],
+    ) -> Result<(&Lane, Admitted), (Option<BackendRole>, DispatchError)> {
         let mut lane = self.choose();
         let mut admitted = self.admit(lane, queue, attributes).await;
         // The primary's trial went to another send (or it opened meanwhile): with a fallback
@@ -205,42 +268,38 @@ impl Dispatcher {
         if lane.role == BackendRole::Fallback {
             tracing::debug!(event = "fallback_selected", queue = %queue, "primary circuit open: using the fallback");
         }
-        let admitted = match admitted {
-            Ok(admitted) => admitted,
+        match admitted {
+            Ok(admitted) => Ok((lane, admitted)),
             Err(e) => {
                 let via = (!matches!(e, DispatchError::UnknownQueue)).then_some(lane.role);
-                return Dispatched {
-                    via,
-                    result: Err(e),
-                    send_time: None,
-                };
+                Err((via, e))
             }
-        };
-        let started = Instant::now();
-        let result = self.deliver(lane, admitted, message()).await;
-        Dispatched {
-            via: Some(lane.role),
-            result,
-            send_time: Some(started.elapsed()),
         }
     }
 
-    /// Steps 5 to 7 for one backend: what it can carry, capacity, an in-flight slot, a
-    /// breaker ticket.
+    /// Steps 5 to 7 for one backend: what it can carry, capacity (one unit per message),
+    /// an in-flight slot, a breaker ticket.
     async fn admit(
         &self,
         lane: &Lane,
         queue: &QueueName,
-        attributes: &Attributes,
+        attributes: &[&Attributes],
     ) -> Result<Admitted, DispatchError> {
         let gate = lane.gate(queue).ok_or(DispatchError::UnknownQueue)?;
-        if let Some(attribute) = lane.backend().unsupported(attributes) {
+        if let Some(attribute) = attributes
+            .iter()
+            .find_map(|a| lane.backend().unsupported(a))
+        {
             return Err(DispatchError::Unsupported {
                 attribute,
                 backend: lane.backend().kind(),
             });
         }
-        let reservation = gate.admit().await.map_err(DispatchError::Refused)?;
+        let units = attributes.len().max(1) as u64;
+        let reservation = gate
+            .admit_units(units)
+            .await
+            .map_err(DispatchError::Refused)?;
         // Not `now`: a send counted alone was counted before its replica's own gate read the
         // admin plane, and the hold that keeps it counted runs from then.
         let admitted_at = reservation.counted_at();
@@ -297,19 +356,81 @@ impl Dispatcher {
                 tracing::warn!(event = "send_failed", backend = lane.role.as_str(), %error, held_back_since_last_log = held_back, "the backend did not take the message");
             }
         }
-        ticket.record(match &result {
-            Ok(_) => Outcome::Success,
-            // The request's own fault, or the queue's configuration: not the backend's health.
-            Err(SendError::TooLarge | SendError::QueueDisabled) => Outcome::Neutral,
-            Err(_) => Outcome::Failure,
-        });
-        reservation.finish(match &result {
-            Ok(receipt) if receipt.duplicate => BacklogEffect::NotStored,
-            Ok(_) => BacklogEffect::Stored,
-            Err(SendError::Timeout | SendError::Uncertain(_)) => BacklogEffect::Unknown,
-            Err(_) => BacklogEffect::NotStored,
-        });
+        ticket.record(breaker_outcome(&result));
+        reservation.finish(backlog_effect(&result));
         result.map_err(DispatchError::Send)
+    }
+
+    /// Step 8 for a batch: the backend's `send_batch` under the deadline counted from the
+    /// admission; the breaker hears one outcome for the lot (a success if any message was
+    /// taken), the ceiling one per message.
+    async fn deliver_batch(
+        &self,
+        lane: &Lane,
+        admitted: Admitted,
+        messages: Vec<OutgoingMessage>,
+    ) -> Vec<Result<SendReceipt, SendError>> {
+        let Admitted {
+            reservation,
+            admitted_at,
+            _slot,
+            ticket,
+        } = admitted;
+        let count = messages.len();
+        let deadline = admitted_at + self.send_timeout;
+        if Instant::now() >= deadline {
+            ticket.record(Outcome::Neutral);
+            reservation.finish(BacklogEffect::NotStored);
+            return vec![Err(SendError::Timeout); count];
+        }
+        let mut results =
+            tokio::time::timeout_at(deadline, lane.backend().send_batch(messages, deadline))
+                .await
+                .unwrap_or_else(|_| vec![Err(SendError::Timeout); count]);
+        // A backend answers one result per message; one that did not is a bug whose
+        // missing outcomes are unknown (counted as stored: the safe side).
+        results.resize(
+            count,
+            Err(SendError::Uncertain("no result for this message".into())),
+        );
+        if let Some(error) = results.iter().find_map(|r| r.as_ref().err()) {
+            if let Some(held_back) = lane.send_failed_log.admit() {
+                let failed = results.iter().filter(|r| r.is_err()).count();
+                tracing::warn!(event = "send_failed", backend = lane.role.as_str(), %error, failed, of = count, held_back_since_last_log = held_back, "the backend did not take every message of a batch");
+            }
+        }
+        let outcome = if results.iter().any(Result::is_ok) {
+            Outcome::Success
+        } else {
+            results
+                .iter()
+                .map(breaker_outcome)
+                .find(|o| *o == Outcome::Failure)
+                .unwrap_or(Outcome::Neutral)
+        };
+        ticket.record(outcome);
+        reservation.finish_each(results.iter().map(backlog_effect));
+        results
+    }
+}
+
+/// What a send's result tells the breaker: the request's own fault, or the queue's
+/// configuration, is not the backend's health.
+fn breaker_outcome(result: &Result<SendReceipt, SendError>) -> Outcome {
+    match result {
+        Ok(_) => Outcome::Success,
+        Err(SendError::TooLarge | SendError::QueueDisabled) => Outcome::Neutral,
+        Err(_) => Outcome::Failure,
+    }
+}
+
+/// What a send's result means for the backlog (an unknown outcome counts as stored).
+fn backlog_effect(result: &Result<SendReceipt, SendError>) -> BacklogEffect {
+    match result {
+        Ok(receipt) if receipt.duplicate => BacklogEffect::NotStored,
+        Ok(_) => BacklogEffect::Stored,
+        Err(SendError::Timeout | SendError::Uncertain(_)) => BacklogEffect::Unknown,
+        Err(_) => BacklogEffect::NotStored,
     }
 }
 

@@ -105,6 +105,10 @@ pub struct Settings {
     pub send_timeout: Duration,
     pub max_in_flight: usize,
     pub max_body_bytes: usize,
+    /// Most entries in one batch send.
+    pub max_batch_messages: usize,
+    /// Largest batch request body; between `max_body_bytes` and `max_buffered_bytes`.
+    pub max_batch_bytes: usize,
     /// Deepest nesting of arrays and objects a body may have.
     pub max_json_depth: usize,
     /// Longest a request body may take to arrive; never longer than `send_timeout`.
@@ -174,6 +178,7 @@ impl Settings {
         let auth = parse_auth(layers, listen)?;
         let send_timeout = layers.duration(&v::SEND_TIMEOUT_MS)?;
         let max_body_bytes = layers.count(&v::MAX_BODY_BYTES)? as usize;
+        let max_buffered_bytes = max_buffered_bytes(layers, max_body_bytes)?;
         let drain_timeout = layers.duration(&v::DRAIN_TIMEOUT_S)?;
         Ok(Settings {
             listen,
@@ -197,9 +202,11 @@ impl Settings {
             send_timeout,
             max_in_flight: layers.count(&v::MAX_IN_FLIGHT)? as usize,
             max_body_bytes,
+            max_batch_messages: layers.count(&v::MAX_BATCH_MESSAGES)? as usize,
+            max_batch_bytes: max_batch_bytes(layers, max_body_bytes, max_buffered_bytes)?,
             max_json_depth: layers.count(&v::MAX_JSON_DEPTH)? as usize,
             body_timeout: body_timeout(layers, send_timeout)?,
-            max_buffered_bytes: max_buffered_bytes(layers, max_body_bytes)?,
+            max_buffered_bytes,
             max_connections: layers.count(&v::MAX_CONNECTIONS)? as usize,
             connections: ConnectionLimits {
                 header_timeout: layers.duration(&v::HEADER_TIMEOUT_MS)?,
@@ -295,6 +302,32 @@ fn max_buffered_bytes(layers: &Layers, max_body_bytes: usize) -> Result<usize, C
         return Err(ConfigError::other(
             &v::MAX_BUFFERED_BYTES,
             format!("must be at least SENDGATE_MAX_BODY_BYTES ({max_body_bytes})"),
+        ));
+    }
+    Ok(n)
+}
+
+/// A batch holds at least one largest body, and fits the memory budget for bodies (the
+/// default shrinks to a smaller budget; a value set past it is refused).
+fn max_batch_bytes(
+    layers: &Layers,
+    max_body_bytes: usize,
+    max_buffered_bytes: usize,
+) -> Result<usize, ConfigError> {
+    let mut n = usize::try_from(layers.count(&v::MAX_BATCH_BYTES)?).unwrap_or(usize::MAX);
+    if !layers.is_set(&v::MAX_BATCH_BYTES) {
+        n = n.min(max_buffered_bytes).max(max_body_bytes);
+    }
+    if n < max_body_bytes {
+        return Err(ConfigError::other(
+            &v::MAX_BATCH_BYTES,
+            format!("must be at least SENDGATE_MAX_BODY_BYTES ({max_body_bytes})"),
+        ));
+    }
+    if n > max_buffered_bytes {
+        return Err(ConfigError::other(
+            &v::MAX_BATCH_BYTES,
+            format!("must be at most SENDGATE_MAX_BUFFERED_BYTES ({max_buffered_bytes})"),
         ));
     }
     Ok(n)

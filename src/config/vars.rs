@@ -376,6 +376,24 @@ pub const MAX_BODY_BYTES: Var = Var::server(
 )
 .default("262144")
 .unit(Unit::Bytes);
+pub const MAX_BATCH_MESSAGES: Var = Var::server(
+    "SENDGATE_MAX_BATCH_MESSAGES",
+    G::Limits,
+    K::Whole { min: 1, max: 1000 },
+    "Most entries in one batch send (POST .../messages/batch; 400 past it).",
+)
+.default("100");
+pub const MAX_BATCH_BYTES: Var = Var::server(
+    "SENDGATE_MAX_BATCH_BYTES",
+    G::Limits,
+    K::Whole {
+        min: 1,
+        max: BILLION,
+    },
+    "Largest batch send request body, all entries together (413 past it); at least SENDGATE_MAX_BODY_BYTES, at most SENDGATE_MAX_BUFFERED_BYTES.",
+)
+.default("1048576")
+.unit(Unit::Bytes);
 pub const MAX_JSON_DEPTH: Var = Var::server(
     "SENDGATE_MAX_JSON_DEPTH",
     G::Limits,
@@ -691,6 +709,8 @@ pub const VARIABLES: &[&Var] = &[
     &SEND_TIMEOUT_MS,
     &MAX_IN_FLIGHT,
     &MAX_BODY_BYTES,
+    &MAX_BATCH_MESSAGES,
+    &MAX_BATCH_BYTES,
     &MAX_JSON_DEPTH,
     &BODY_TIMEOUT_MS,
     &MAX_BUFFERED_BYTES,

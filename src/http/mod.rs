@@ -4,6 +4,7 @@
 
 mod admin;
 pub mod auth;
+mod batch;
 pub mod body_budget;
 pub mod console;
 pub mod context;
@@ -31,6 +32,11 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.service(
         web::resource("/v1/queues/{queue}/messages")
             .route(web::post().to(send::send_message))
+            .default_service(web::to(fallback::only_post)),
+    )
+    .service(
+        web::resource("/v1/queues/{queue}/messages/batch")
+            .route(web::post().to(batch::send_batch))
             .default_service(web::to(fallback::only_post)),
     )
     .service(

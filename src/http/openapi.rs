@@ -25,6 +25,7 @@ use super::headers::spelling;
     servers((url = "http://127.0.0.1:8080", description = "the default SENDGATE_LISTEN")),
     paths(
         super::send::send_message,
+        super::batch::send_batch,
         super::health::live,
         super::health::ready,
         super::health::detailed,

@@ -53,6 +53,16 @@ enum Taken {
         ("Idempotency-Key" = Option<String>, Header, nullable = false, description = "Becomes the broker message id (scoped to the caller's key name when keys are on): 1–128 printable ASCII characters. Without it the gateway makes one (a UUID).", min_length = 1, max_length = 128, pattern = r"^[ -~]{1,128}$"),
         ("X-Correlation-Id" = Option<String>, Header, nullable = false, description = "The message's correlation id; echoed. 1–128 printable ASCII characters.", min_length = 1, max_length = 128, pattern = r"^[ -~]{1,128}$"),
         ("X-Request-Id" = Option<String>, Header, nullable = false, description = "This request's id, echoed on the answer; the message's correlation id when no X-Correlation-Id is given. 1–128 printable ASCII characters; on this route an invalid one is a 400.", min_length = 1, max_length = 128, pattern = r"^[ -~]{1,128}$"),
+        ("Message-Subject" = Option<String>, Header, nullable = false, description = "The message's subject (Service Bus `Label`): 1–1024 characters, no control characters.", min_length = 1, max_length = 1024),
+        ("Message-Session-Id" = Option<String>, Header, nullable = false, description = "The message's session id: 1–128 characters; equal to Message-Partition-Key when both are given.", min_length = 1, max_length = 128),
+        ("Message-Partition-Key" = Option<String>, Header, nullable = false, description = "The message's partition key: 1–128 characters.", min_length = 1, max_length = 128),
+        ("Message-Time-To-Live" = Option<u64>, Header, nullable = false, description = "Whole seconds the message lives in the queue before it expires: 1 to 4294967.", minimum = 1, maximum = 4294967),
+        ("Message-Scheduled-Enqueue-Time" = Option<String>, Header, nullable = false, description = "RFC 3339: the message is not delivered before this time (converted to UTC). A backend without scheduling answers 422 unsupported_attribute.", format = DateTime),
+        ("Message-Reply-To" = Option<String>, Header, nullable = false, description = "Where replies go: 1–1024 characters.", min_length = 1, max_length = 1024),
+        ("Message-To" = Option<String>, Header, nullable = false, description = "The message's destination address: 1–1024 characters.", min_length = 1, max_length = 1024),
+        ("Message-Properties" = Option<String>, Header, nullable = false, description = "Application properties as a JSON object: string, number or boolean values (each at most 32 KiB, all at most 64 KiB); traceparent, tracestate, Diagnostic-Id and sendgate.* are the gateway's.", max_length = 65536),
+        ("traceparent" = Option<String>, Header, nullable = false, description = "W3C trace context: the message gets this trace with a parent id of its own (answered as `traceparent`). An invalid one is ignored (a new trace).", max_length = 512),
+        ("tracestate" = Option<String>, Header, nullable = false, description = "W3C trace state, carried to the message with a valid traceparent.", max_length = 512),
     ),
     request_body(
         description = "The message itself, delivered byte for byte: any JSON value, at most `SENDGATE_MAX_BODY_BYTES` bytes.",
@@ -67,7 +77,7 @@ enum Taken {
             )),
         (status = 200, description = "`valid`: a dry run that would have been attempted.", body = Valid,
             headers(("X-Correlation-Id" = String, description = "The request's X-Correlation-Id, when it had one."))),
-        (status = 400, description = "`invalid_request`: malformed JSON, a bad header or `dry_run`; `errors` lists each problem (at most 20).", body = ErrorBody),
+        (status = 400, description = "`invalid_request`: malformed JSON, a bad header (an id or a `Message-*` attribute) or `dry_run`; `errors` lists each problem (at most 20).", body = ErrorBody),
         (status = 401, description = "`unauthenticated`: no or an unknown bearer token.", body = ErrorBody,
             headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
         (status = 403, description = "`forbidden` (the key lacks the role or the queue), or `forbidden_host` (open mode).", body = ErrorBody),
@@ -76,6 +86,7 @@ enum Taken {
         (status = 409, description = "`queue_disabled` at the broker.", body = ErrorBody),
         (status = 413, description = "`payload_too_large`, with `limit_bytes`.", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`: not `application/json`.", body = ErrorBody),
+        (status = 422, description = "`unsupported_attribute`: the backend the send would go to cannot carry one of its attributes (`attribute`, `backend`); nothing was sent.", body = ErrorBody),
         (status = 429, description = "`queue_full`: the backlog is at or over its ceiling, or, with `SENDGATE_RESUME_BELOW`, not yet back at the resume level (`backlog`, `limit`, `retry_after_s`: the header's value, `drain_rate_per_s`: the measured drain rate or null).", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Whole seconds to wait, at least 1."))),
         (status = 502, description = "`backend_auth_failed`, or `send_failed` (with `outcome: unknown` and `message_id` when the broker may hold the message).", body = ErrorBody,
@@ -192,16 +203,16 @@ struct Message {
 
 /// What the message's id is made from: the client's Idempotency-Key (if any) and, with
 /// keys on, the caller it is scoped to.
-struct Key {
-    given: Option<MessageId>,
-    caller: Option<Arc<Principal>>,
+pub(crate) struct Key {
+    pub(crate) given: Option<MessageId>,
+    pub(crate) caller: Option<Arc<Principal>>,
 }
 
 impl Key {
     /// The id as the client knows it (echoed in every answer), and as the broker stores it.
     /// A client's key is scoped to the caller at the broker: another key holder on the
     /// same queue cannot suppress this message by reusing its Idempotency-Key.
-    fn ids(self) -> (MessageId, MessageId) {
+    pub(crate) fn ids(self) -> (MessageId, MessageId) {
         match (self.given, self.caller) {
             (Some(key), Some(caller)) => {
                 let at_broker = scoped_message_id(&caller.name, &key);
@@ -235,7 +246,7 @@ pub(crate) fn scoped_message_id(caller: &str, key: &MessageId) -> MessageId {
 
 /// Step 2: the key may send, the queue is served, and the key's scope includes it. With
 /// keys on, also the caller's name (what its Idempotency-Keys are scoped to).
-fn authorize_send(
+pub(crate) fn authorize_send(
     req: &HttpRequest,
     context: &RequestContext,
     queue: &str,
@@ -443,7 +454,7 @@ pub(crate) async fn read_body(
 
 /// Whether `text` opens more than `limit` arrays and objects inside each other. Brackets in
 /// strings do not count; the text need not be valid JSON (serde_json judges that after).
-fn nests_deeper_than(text: &str, limit: usize) -> bool {
+pub(crate) fn nests_deeper_than(text: &str, limit: usize) -> bool {
     let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
     for b in text.bytes() {
         if in_string {

@@ -20,6 +20,9 @@ pub struct AppState {
     pub lifecycle: Lifecycle,
     pub queues: HashMap<String, QueueName>,
     pub max_body_bytes: usize,
+    /// A batch send's limits: entries, and the request body's bytes.
+    pub max_batch_messages: usize,
+    pub max_batch_bytes: usize,
     /// Deepest nesting a send body may have.
     pub max_json_depth: usize,
     /// The drain window `POST /admin/drain` opens (`SENDGATE_DRAIN_TIMEOUT_S`).

@@ -2,6 +2,7 @@
 
 mod admin;
 mod auth;
+mod batch;
 mod binary;
 mod capacity;
 mod competing;

@@ -481,3 +481,86 @@ async fn a_body_sent_without_a_length_holds_only_its_own_bytes_once_read() {
     assert_eq!(status, 201, "{text}");
     assert_eq!(held.await.unwrap(), 201);
 }
+
+/// Contract section 1.2: a single send's attributes come as `Message-*` headers, and a bad
+/// one is a 400 naming the header; nothing is sent.
+#[tokio::test]
+async fn bad_message_headers_are_each_named_and_nothing_is_sent() {
+    let app = spawn_app().await;
+    let response = app
+        .send_with(
+            "requests",
+            "{}",
+            &[
+                ("Message-Time-To-Live", "0"),
+                ("Message-Scheduled-Enqueue-Time", "next tuesday"),
+                ("Message-Properties", r#"{"Diagnostic-Id": "mine"}"#),
+                ("Message-Session-Id", "a"),
+                ("Message-Partition-Key", "b"),
+            ],
+        )
+        .await;
+    assert_eq!(response.status(), 400);
+    let body = body_json(response).await;
+    let locs: Vec<serde_json::Value> = body["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["loc"].clone())
+        .collect();
+    assert_eq!(
+        locs,
+        [
+            serde_json::json!(["header", "Message-Time-To-Live"]),
+            serde_json::json!(["header", "Message-Scheduled-Enqueue-Time"]),
+            serde_json::json!(["header", "Message-Properties"]),
+            serde_json::json!(["header", "Message-Partition-Key"]),
+        ]
+    );
+    assert_eq!(app.stored("requests"), 0);
+}
+
+/// Contract section 1.3: the answer carries the message's traceparent: the request's trace
+/// with a parent id of its own; an invalid traceparent is ignored (a new trace), not a 400.
+#[tokio::test]
+async fn the_answer_carries_the_messages_own_traceparent() {
+    let app = spawn_app().await;
+    let given = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let traceparent = |body: &serde_json::Value| body["traceparent"].as_str().unwrap().to_owned();
+    let first = body_json(
+        app.send_with("requests", "1", &[("traceparent", given)])
+            .await,
+    )
+    .await;
+    let second = body_json(
+        app.send_with("requests", "2", &[("traceparent", given)])
+            .await,
+    )
+    .await;
+    for t in [traceparent(&first), traceparent(&second)] {
+        assert!(t.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"), "{t}");
+        assert!(!t.contains("00f067aa0ba902b7") && t.ends_with("-01"), "{t}");
+    }
+    assert_ne!(traceparent(&first), traceparent(&second));
+    let invalid = app
+        .send_with("requests", "3", &[("traceparent", "00-not-a-trace-01")])
+        .await;
+    assert_eq!(invalid.status(), 201);
+    let fresh = traceparent(&body_json(invalid).await);
+    assert_eq!(fresh.len(), 55);
+    assert!(
+        !fresh.contains("4bf92f3577b34da6a3ce929d0e0e4736"),
+        "{fresh}"
+    );
+    let dry = app
+        .client
+        .post(app.url("/v1/queues/requests/messages?dry_run=true"))
+        .header("Content-Type", "application/json")
+        .header("traceparent", given)
+        .body("1")
+        .send()
+        .await
+        .unwrap();
+    let dry = body_json(dry).await;
+    assert!(traceparent(&dry).starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"));
+}

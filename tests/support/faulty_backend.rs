@@ -15,13 +15,16 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use sendgate::backend::{Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt};
-use sendgate::domain::QueueName;
+use sendgate::domain::{Attributes, Field, QueueName};
 
 pub struct FaultyBackend {
     inner: Arc<dyn Backend>,
     fail_depth_reads: AtomicBool,
     hold_sends: watch::Sender<bool>,
+    /// Messages whose broker id contains this fail as the broker refusing them would.
+    fail_ids_containing: parking_lot::Mutex<Option<String>>,
     sends: AtomicU64,
+    batch_sends: AtomicU64,
     backlog_reads: AtomicU64,
 }
 
@@ -31,9 +34,38 @@ impl FaultyBackend {
             inner,
             fail_depth_reads: AtomicBool::new(false),
             hold_sends: watch::Sender::new(false),
+            fail_ids_containing: parking_lot::Mutex::new(None),
             sends: AtomicU64::new(0),
+            batch_sends: AtomicU64::new(0),
             backlog_reads: AtomicU64::new(0),
         })
+    }
+
+    /// Make every message whose broker id contains `marker` fail at the broker (`None`:
+    /// none do), single or in a batch; the others go on to the backend.
+    pub fn fail_ids_containing(&self, marker: Option<&str>) {
+        *self.fail_ids_containing.lock() = marker.map(str::to_owned);
+    }
+
+    /// Batch sends (calls of `send_batch`) that reached the decorator.
+    pub fn batch_sends(&self) -> u64 {
+        self.batch_sends.load(Ordering::SeqCst)
+    }
+
+    fn fails(&self, message: &OutgoingMessage) -> bool {
+        self.fail_ids_containing
+            .lock()
+            .as_deref()
+            .is_some_and(|m| message.message_id.as_str().contains(m))
+    }
+
+    async fn wait_unheld(&self, deadline: Instant) -> Result<(), SendError> {
+        let mut held = self.hold_sends.subscribe();
+        tokio::time::timeout_at(deadline, held.wait_for(|hold| !*hold))
+            .await
+            .map_err(|_| SendError::Timeout)?
+            .map_err(|_| SendError::Unavailable("the fault switch is gone".into()))?;
+        Ok(())
     }
 
     /// Make every depth read fail (`true`) or reach the backend again (`false`).
@@ -74,12 +106,52 @@ impl Backend for FaultyBackend {
         deadline: Instant,
     ) -> Result<SendReceipt, SendError> {
         self.sends.fetch_add(1, Ordering::SeqCst);
-        let mut held = self.hold_sends.subscribe();
-        tokio::time::timeout_at(deadline, held.wait_for(|hold| !*hold))
-            .await
-            .map_err(|_| SendError::Timeout)?
-            .map_err(|_| SendError::Unavailable("the fault switch is gone".into()))?;
+        self.wait_unheld(deadline).await?;
+        if self.fails(&message) {
+            return Err(SendError::Failed(
+                "injected fault: this message fails".into(),
+            ));
+        }
         self.inner.send(message, deadline).await
+    }
+
+    async fn send_batch(
+        &self,
+        messages: Vec<OutgoingMessage>,
+        deadline: Instant,
+    ) -> Vec<Result<SendReceipt, SendError>> {
+        self.sends
+            .fetch_add(messages.len() as u64, Ordering::SeqCst);
+        self.batch_sends.fetch_add(1, Ordering::SeqCst);
+        if let Err(e) = self.wait_unheld(deadline).await {
+            return vec![Err(e); messages.len()];
+        }
+        let failing: Vec<bool> = messages.iter().map(|m| self.fails(m)).collect();
+        let passing: Vec<OutgoingMessage> = messages
+            .into_iter()
+            .zip(&failing)
+            .filter(|(_, fails)| !**fails)
+            .map(|(m, _)| m)
+            .collect();
+        let mut passed = self.inner.send_batch(passing, deadline).await.into_iter();
+        failing
+            .into_iter()
+            .map(|fails| {
+                if fails {
+                    Err(SendError::Failed(
+                        "injected fault: this message fails".into(),
+                    ))
+                } else {
+                    passed
+                        .next()
+                        .unwrap_or(Err(SendError::Uncertain("no result".into())))
+                }
+            })
+            .collect()
+    }
+
+    fn unsupported(&self, attributes: &Attributes) -> Option<Field> {
+        self.inner.unsupported(attributes)
     }
 
     async fn backlog(&self, queue: &QueueName, deadline: Instant) -> Result<Backlog, DepthError> {

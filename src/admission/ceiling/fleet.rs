@@ -102,6 +102,8 @@ pub struct Counted {
     pub at: Instant,
     /// The end of the window's bucket it is in, to take it back from.
     bucket: Instant,
+    /// How many sends (a batch's entries) it counted.
+    units: u64,
 }
 
 /// How a drained replica's seat left the fleet.
@@ -200,20 +202,23 @@ impl SeatState {
         }
     }
 
-    /// A unit of a block still in use, granted under a ceiling no higher than `limit` (the
-    /// one in force), if any: counted in the window under its epoch.
-    fn take_unit(&mut self, now: Instant, keep: Duration, limit: u64) -> Option<Held> {
+    /// `units` units of one block still in use (so they share one [`Held`]), granted
+    /// under a ceiling no higher than `limit` (the one in force), if any: counted in the
+    /// window under its epoch.
+    fn take_units(&mut self, now: Instant, keep: Duration, limit: u64, units: u64) -> Option<Held> {
         let block = self
             .blocks
             .iter_mut()
-            .find(|b| b.left > 0 && now < b.use_until && b.limit <= limit)?;
-        block.left -= 1;
+            .find(|b| b.left >= units && now < b.use_until && b.limit <= limit)?;
+        block.left -= units;
         let held = Held::Block {
             epoch: block.epoch,
             turn: block.turn,
         };
         let epoch = block.epoch;
-        self.window.record(now, epoch, keep);
+        for _ in 0..units {
+            self.window.record(now, epoch, keep);
+        }
         Some(held)
     }
 
@@ -535,6 +540,14 @@ impl FleetSeat {
 
     /// Decide one send against the fleet's ceiling (docs/fleet.md, steps 1 and 2).
     pub async fn admit(self: &Arc<Self>) -> FleetAnswer {
+        self.admit_units(1).await
+    }
+
+    /// [`Self::admit`] for `units` sends at once (a batch): all admitted under one
+    /// [`Held`] (a block's units, or one reservation of exactly `units`: docs/fleet.md, a
+    /// batch), or none, the refusal saying how many would be (`room`).
+    pub async fn admit_units(self: &Arc<Self>, units: u64) -> FleetAnswer {
+        let units = units.max(1);
         let now = Instant::now();
         let (fresh, ahead, released) = {
             let mut state = self.state.lock();
@@ -546,7 +559,7 @@ impl FleetSeat {
             // A live block's units are counted fleet-wide until its lease ends, whatever
             // the age of the read it was granted on: use them first.
             let limit = self.policy.load().limit;
-            if let Some(held) = state.take_unit(now, self.alone_span(), limit) {
+            if let Some(held) = state.take_units(now, self.alone_span(), limit, units) {
                 let ahead = self.ahead_due(&mut state, age, now);
                 let next_block = state.next_block_due(now, limit);
                 drop(state);
@@ -601,7 +614,7 @@ impl FleetSeat {
             consecutive_failures: 0,
         });
         for _ in 0..ASKS {
-            match self.reserve_once(&mut counted).await {
+            match self.reserve_once(&mut counted, units).await {
                 Step::Done(decided) => return decided,
                 Step::Again(unanswered) => answer = unanswered,
             }
@@ -609,8 +622,10 @@ impl FleetSeat {
         answer
     }
 
-    /// One reservation, and what it means for this send (`counted`: see [`FleetSeat::admit`]).
-    async fn reserve_once(self: &Arc<Self>, counted: &mut bool) -> Step {
+    /// One reservation, and what it means for this send (`counted`: see [`FleetSeat::admit`]),
+    /// or these `units` sends: a single send asks for a block it takes one unit of, a batch
+    /// for exactly its size (divisor 1: all of the room if need be, never more).
+    async fn reserve_once(self: &Arc<Self>, counted: &mut bool, units: u64) -> Step {
         let ledger = self.fleet.ledger();
         // The block is handed out for its use from when it was asked for, which is before
         // its lease began in Redis.
@@ -618,11 +633,16 @@ impl FleetSeat {
         let (turn, block_id) = self.next_turn();
         let policy = self.policy.load_full();
         let terms = self.terms();
+        let (want, divisor) = if units == 1 {
+            (BLOCK_WANT, SHARE_DIVISOR)
+        } else {
+            (units, 1)
+        };
         let ask = Ask {
             block_id: &block_id,
-            want: BLOCK_WANT,
+            want,
             limit: policy.limit,
-            divisor: SHARE_DIVISOR,
+            divisor,
             lease: USE_BLOCK_FOR + terms.hold,
         };
         let reply = ledger.reserve(self.queue_ref(), self.caller(), ask).await;
@@ -708,11 +728,29 @@ impl FleetSeat {
                 return ask_again(view.streak);
             }
         }
+        if let Reservation::Granted { granted } = reservation {
+            if granted < units {
+                // Less room than the batch: none of it is used (given back), and the
+                // refusal says how much there was.
+                state.pending.entry((epoch, turn)).or_default().1 += granted;
+                let ttl_left = policy.ttl.saturating_sub(view.read_age);
+                let rate = state.drain.rate();
+                drop(state);
+                self.schedule_settle();
+                let refusal =
+                    policy.queue_full(policy.limit.saturating_sub(granted), rate, ttl_left);
+                return Step::Done(FleetAnswer::Refuse(refusal.with_room(granted)));
+            }
+        }
         Step::Done(match reservation {
             Reservation::Granted { granted } => {
-                state.window.record(now, epoch, self.alone_span());
-                state.whole_under = (granted >= BLOCK_WANT).then_some(policy.limit);
-                let rest = granted.saturating_sub(1);
+                for _ in 0..units {
+                    state.window.record(now, epoch, self.alone_span());
+                }
+                if units == 1 {
+                    state.whole_under = (granted >= BLOCK_WANT).then_some(policy.limit);
+                }
+                let rest = granted.saturating_sub(units);
                 if rest > 0 {
                     state.blocks.push_back(Block {
                         epoch,
@@ -743,9 +781,11 @@ impl FleetSeat {
                 })
             }
             Reservation::Unknown => {
-                state.window.record(now, epoch, self.alone_span());
+                for _ in 0..units {
+                    state.window.record(now, epoch, self.alone_span());
+                }
                 // In no block: counted in the carry until settled.
-                *state.open.entry(epoch).or_default() += 1;
+                *state.open.entry(epoch).or_default() += units;
                 FleetAnswer::Admit(Held::Open { epoch })
             }
             Reservation::Unread | Reservation::Recovering | Reservation::NewEpoch => {
@@ -864,6 +904,13 @@ impl FleetSeat {
     /// replica's own in the alone span, weighed by the larger of the fleet's size it last
     /// saw and the most replicas it may run beside.
     pub fn alone(&self) -> AloneAnswer {
+        self.alone_units(1)
+    }
+
+    /// [`Self::alone`] for `units` sends at once (a batch): one block's units, or all of
+    /// them counted in the bounds.
+    pub fn alone_units(&self, units: u64) -> AloneAnswer {
+        let units = units.max(1);
         let now = Instant::now();
         let hold = self.terms().hold;
         let span = self.alone_span();
@@ -872,7 +919,7 @@ impl FleetSeat {
         if state.leaving {
             return AloneAnswer::Refuse(Refusal::Stopped);
         }
-        if let Some(held) = state.take_unit(now, span, policy.limit) {
+        if let Some(held) = state.take_units(now, span, policy.limit, units) {
             return AloneAnswer::Admit(held);
         }
         if policy.fail_closed {
@@ -880,7 +927,10 @@ impl FleetSeat {
                 consecutive_failures: state.last.map_or(0, |(view, _)| view.streak),
             });
         }
-        let bucket = state.window.record(now, ALONE, span);
+        let mut bucket = state.window.record(now, ALONE, span);
+        for _ in 1..units {
+            bucket = state.window.record(now, ALONE, span);
+        }
         let floor = state
             .estimate
             .filter(|(_, seen)| now < *seen + hold)
@@ -891,13 +941,20 @@ impl FleetSeat {
                 replicas: state.fleet_size.max(self.fleet.max_replicas()),
                 counted: state.window.recent(now, span),
             },
-            counted: Counted { at: now, bucket },
+            counted: Counted {
+                at: now,
+                bucket,
+                units,
+            },
         }
     }
 
     /// The replica's own gate refused a send [`FleetSeat::alone`] counted.
     pub fn take_back_alone(&self, counted: Counted) {
-        self.state.lock().window.unrecord(ALONE, counted.bucket);
+        let mut state = self.state.lock();
+        for _ in 0..counted.units {
+            state.window.unrecord(ALONE, counted.bucket);
+        }
     }
 
     /// A send admitted through the fleet ended: its outcome is settled with the next batch.

@@ -169,15 +169,22 @@ impl LocalGate {
         }
     }
 
-    /// Decide whether one more send may go to the queue, reading the depth first when the
-    /// cached read is stale. An admitted send is counted in flight until [`Self::finish`].
-    pub async fn admit(self: &Arc<Self>, bounds: Option<LocalBounds>) -> Result<(), Refusal> {
+    /// Decide whether `units` more sends (one, or a batch's entries) may go to the queue,
+    /// reading the depth first when the cached read is stale: all of them fit under the
+    /// ceiling, or none is admitted and the refusal says how many would (`room`). `bounds`
+    /// (a replica deciding alone) already count all of them. Each admitted send is counted
+    /// in flight until [`Self::finish`].
+    pub async fn admit_units(
+        self: &Arc<Self>,
+        bounds: Option<LocalBounds>,
+        units: u64,
+    ) -> Result<(), Refusal> {
         let cached = {
             let mut state = self.state.lock();
             let now = Instant::now();
             if self.is_fresh(&state, now) || self.is_being_refreshed(&state, now) {
                 let ahead = self.should_refresh_ahead(&mut state, now);
-                let decision = self.decide(&mut state, bounds);
+                let decision = self.decide(&mut state, bounds, units);
                 Ok((
                     Self::failclosed_to_log(&mut state, &decision),
                     decision,
@@ -201,7 +208,7 @@ impl LocalGate {
             Err(seen_generation) => {
                 self.refresh(seen_generation, Read::ForSend).await;
                 let mut state = self.state.lock();
-                let decision = self.decide(&mut state, bounds);
+                let decision = self.decide(&mut state, bounds, units);
                 (Self::failclosed_to_log(&mut state, &decision), decision)
             }
         };
@@ -382,7 +389,12 @@ impl LocalGate {
         state.recent.iter().map(|(_, n)| n).sum()
     }
 
-    fn decide(&self, state: &mut GateState, bounds: Option<LocalBounds>) -> Result<(), Refusal> {
+    fn decide(
+        &self,
+        state: &mut GateState,
+        bounds: Option<LocalBounds>,
+        units: u64,
+    ) -> Result<(), Refusal> {
         // One snapshot per decision: a concurrent settings change applies to the next one.
         let policy = self.policy.load();
         match state.last_read {
@@ -391,13 +403,17 @@ impl LocalGate {
                 ..
             } => return Err(Refusal::QueueDisabled),
             LastRead::Ok { backlog, at, .. } => {
+                // What the queue holds before these sends: a batch's own units do not move
+                // the hysteresis a single send would not.
                 let estimate = match bounds {
                     None => backlog
                         .saturating_add(state.since_read)
                         .saturating_add(state.in_flight),
-                    Some(b) => backlog
-                        .max(b.floor)
-                        .saturating_add(b.counted.saturating_mul(b.replicas)),
+                    Some(b) => backlog.max(b.floor).saturating_add(
+                        b.counted
+                            .saturating_sub(units.saturating_sub(1))
+                            .saturating_mul(b.replicas),
+                    ),
                 };
                 // Hysteresis: at the ceiling the queue starts refusing, and goes on until the
                 // estimate is back at or below the resume level.
@@ -406,10 +422,20 @@ impl LocalGate {
                 } else {
                     estimate >= policy.limit
                 };
+                let until_next_read =
+                    || (at + policy.ttl).saturating_duration_since(Instant::now());
                 if state.refusing {
-                    let until_next_read =
-                        (at + policy.ttl).saturating_duration_since(Instant::now());
-                    return Err(policy.queue_full(estimate, state.drain.rate(), until_next_read));
+                    return Err(policy.queue_full(estimate, state.drain.rate(), until_next_read()));
+                }
+                // The rest of a batch on top (weighed as the bounds weigh a send): all of it
+                // fits, or it is refused whole with the room there is.
+                let weight = bounds.map_or(1, |b| b.replicas.max(1));
+                let rest = units.saturating_sub(1).saturating_mul(weight);
+                if estimate.saturating_add(rest) >= policy.limit {
+                    let room = policy.limit.saturating_sub(estimate).div_ceil(weight);
+                    return Err(policy
+                        .queue_full(estimate, state.drain.rate(), until_next_read())
+                        .with_room(room));
                 }
             }
             LastRead::Failed { .. } | LastRead::Never => {
@@ -420,7 +446,7 @@ impl LocalGate {
                 }
             }
         }
-        state.in_flight += 1;
+        state.in_flight += units;
         Ok(())
     }
 

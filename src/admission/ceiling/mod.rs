@@ -80,29 +80,39 @@ impl CapacityGate {
     /// Decide whether one more send may go to the queue. An admitted send holds a
     /// [`Reservation`] until it finishes.
     pub async fn admit(self: &Arc<Self>) -> Result<Reservation, Refusal> {
+        self.admit_units(1).await
+    }
+
+    /// Decide whether `units` more sends (a batch's entries) may go to the queue, all of
+    /// them or none: a refusal's `room` says how many would have been admitted. The one
+    /// [`Reservation`] holds all of them.
+    pub async fn admit_units(self: &Arc<Self>, units: u64) -> Result<Reservation, Refusal> {
+        let units = units.max(1);
         let Some(seat) = self.seat.get() else {
-            self.local.admit(None).await?;
-            return Ok(self.reservation(Decider::Local));
+            self.local.admit_units(None, units).await?;
+            return Ok(self.reservation(Decider::Local, units));
         };
         if seat.joined() {
-            match seat.admit().await {
-                FleetAnswer::Admit(held) => return Ok(self.reservation(Decider::Fleet(held))),
+            match seat.admit_units(units).await {
+                FleetAnswer::Admit(held) => {
+                    return Ok(self.reservation(Decider::Fleet(held), units))
+                }
                 FleetAnswer::Refuse(refusal) => return Err(self.log_failclosed(seat, refusal)),
                 FleetAnswer::CutOff => {}
             }
         }
-        match seat.alone() {
-            AloneAnswer::Admit(held) => Ok(self.reservation(Decider::Fleet(held))),
+        match seat.alone_units(units) {
+            AloneAnswer::Admit(held) => Ok(self.reservation(Decider::Fleet(held), units)),
             AloneAnswer::Refuse(refusal) => Err(self.log_failclosed(seat, refusal)),
             AloneAnswer::Decide { bounds, counted } => {
                 // Reads the gate made before the replica last turned local do not show what
                 // the fleet admitted since.
                 self.local.forget_reads_before(seat.local_since());
-                match self.local.admit(Some(bounds)).await {
+                match self.local.admit_units(Some(bounds), units).await {
                     // Counted since before the gate's read (which may take up to its
                     // deadline): the send's deadline counts from then, or it could be
                     // published after the hold that keeps it counted has ended.
-                    Ok(()) => Ok(self.reservation_counted_at(Decider::Alone, counted.at)),
+                    Ok(()) => Ok(self.reservation_counted_at(Decider::Alone, units, counted.at)),
                     Err(refusal) => {
                         seat.take_back_alone(counted);
                         Err(refusal)
@@ -112,18 +122,20 @@ impl CapacityGate {
         }
     }
 
-    fn reservation(self: &Arc<Self>, decider: Decider) -> Reservation {
-        self.reservation_counted_at(decider, tokio::time::Instant::now())
+    fn reservation(self: &Arc<Self>, decider: Decider, units: u64) -> Reservation {
+        self.reservation_counted_at(decider, units, tokio::time::Instant::now())
     }
 
     fn reservation_counted_at(
         self: &Arc<Self>,
         decider: Decider,
+        units: u64,
         counted_at: tokio::time::Instant,
     ) -> Reservation {
         Reservation {
             gate: Arc::clone(self),
             decider,
+            units,
             counted_at,
             finished: false,
         }
@@ -202,12 +214,13 @@ enum Decider {
     Alone,
 }
 
-/// One admitted send's place under the ceiling. Finish it with the send's outcome; if it
-/// is dropped unfinished (the request was cancelled mid-send) it counts as
-/// [`BacklogEffect::Unknown`], the safe side.
+/// One admitted send's place under the ceiling (or a batch's, one unit per entry). Finish
+/// it with the send's outcome; if it is dropped unfinished (the request was cancelled
+/// mid-send) every unit counts as [`BacklogEffect::Unknown`], the safe side.
 pub struct Reservation {
     gate: Arc<CapacityGate>,
     decider: Decider,
+    units: u64,
     counted_at: tokio::time::Instant,
     finished: bool,
 }
@@ -219,9 +232,31 @@ impl Reservation {
         self.counted_at
     }
 
+    /// How many sends it holds.
+    pub fn units(&self) -> u64 {
+        self.units
+    }
+
+    /// Every unit ended with `outcome`.
     pub fn finish(mut self, outcome: BacklogEffect) {
         self.finished = true;
-        self.settle(outcome);
+        for _ in 0..self.units {
+            self.settle(outcome);
+        }
+    }
+
+    /// A batch ended: one outcome per unit. Units without one (fewer outcomes than units)
+    /// count as [`BacklogEffect::Unknown`].
+    pub fn finish_each(mut self, outcomes: impl IntoIterator<Item = BacklogEffect>) {
+        self.finished = true;
+        let mut left = self.units;
+        for outcome in outcomes.into_iter().take(self.units as usize) {
+            self.settle(outcome);
+            left -= 1;
+        }
+        for _ in 0..left {
+            self.settle(BacklogEffect::Unknown);
+        }
     }
 
     fn settle(&self, outcome: BacklogEffect) {
@@ -235,7 +270,9 @@ impl Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         if !self.finished {
-            self.settle(BacklogEffect::Unknown);
+            for _ in 0..self.units {
+                self.settle(BacklogEffect::Unknown);
+            }
         }
     }
 }

@@ -154,6 +154,29 @@ pub enum Refusal {
     Stopped,
 }
 
+impl Refusal {
+    /// A `queue_full` that names the `room` there was (a batch refused whole); any other
+    /// refusal as it is.
+    pub fn with_room(self, room: u64) -> Self {
+        match self {
+            Refusal::QueueFull {
+                backlog,
+                limit,
+                retry_after,
+                drain_rate,
+                ..
+            } => Refusal::QueueFull {
+                backlog,
+                limit,
+                retry_after,
+                drain_rate,
+                room,
+            },
+            other => other,
+        }
+    }
+}
+
 /// How an admitted send ended, as far as the queue's backlog is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BacklogEffect {

@@ -1071,7 +1071,7 @@ async fn a_seats_blocks_at_their_boundaries() {
     let mut state = SeatState::new(Duration::ZERO);
     state.blocks.push_back(block(5, now));
     assert_eq!(
-        state.take_unit(now, SEND, 1000),
+        state.take_units(now, SEND, 1000, 1),
         None,
         "its use ends at use_until"
     );

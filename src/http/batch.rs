@@ -1,0 +1,660 @@
+//! `POST /v1/queues/{queue}/messages/batch`: up to `SENDGATE_MAX_BATCH_MESSAGES` messages in
+//! one request (contract section 1.4). Every entry is checked before anything is sent (one
+//! bad entry: `400`, nothing sent); capacity is all or nothing (one reservation of all the
+//! entries); the backend sends them in as few broker operations as it allows, and the answer
+//! is `201` when every entry is queued, else `207` with each entry's result.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use bytes::Bytes;
+use sendgate_wire::{BatchMessage, BatchPartial, BatchQueued, EntryResult, Loc, Queued, Valid};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use super::body_budget::BodyReservation;
+use super::context::RequestContext;
+use super::errors::{whole_seconds, ApiError, FieldError, Problem, MAX_FIELD_ERRORS};
+use super::send::{
+    announced_length, authorize_send, dry_run, is_json, nests_deeper_than, read_body,
+    request_trace, Key,
+};
+use super::state::AppState;
+use crate::admission::ceiling::Refusal;
+use crate::admission::{BackendRole, DispatchError};
+use crate::backend::{OutgoingMessage, SendReceipt};
+use crate::domain::{Attributes, CorrelationId, Field, MessageId, QueueName, Raw, TraceContext};
+use crate::metrics::RequestOutcome;
+
+/// A `207`'s status, and the outcome's code in the metrics.
+const PARTIAL: &str = BatchPartial::STATUS;
+
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/messages/batch",
+    tag = "send",
+    operation_id = "send_batch",
+    summary = "Put up to SENDGATE_MAX_BATCH_MESSAGES messages on a queue at once, or refuse them all (role sender or admin)",
+    description = "The admission order of docs/contract.md section 1, for the batch as a whole: every entry is checked first (one bad entry is a 400 naming it, nothing is sent); the batch is admitted under the ceiling whole or refused whole (429 with `room`); then the backend sends it in as few broker operations as it allows. 201 when every entry is queued, 207 with one result per entry when some are not (retry exactly those, with the same idempotency keys). Every 429 and 503 carries an integer `Retry-After` of at least 1.",
+    params(
+        ("queue" = String, Path, description = "One of the queues this gateway serves (`SENDGATE_QUEUES`); any other is 404 `unknown_queue`.", example = "requests"),
+        ("dry_run" = Option<bool>, Query, description = "Validate and answer 200 `valid` without any backend call (`true`/`false`, or `1`/`0`)."),
+        ("traceparent" = Option<String>, Header, nullable = false, description = "W3C trace context: each message gets this trace with a parent id of its own. An invalid one is ignored (a new trace).", max_length = 512),
+        ("tracestate" = Option<String>, Header, nullable = false, description = "W3C trace state, carried to every message with a valid traceparent.", max_length = 512),
+        ("X-Request-Id" = Option<String>, Header, nullable = false, description = "This request's id, echoed; each entry's correlation id when it has none of its own. 1–128 printable ASCII characters.", min_length = 1, max_length = 128, pattern = r"^[ -~]{1,128}$"),
+    ),
+    request_body(
+        description = "`{\"messages\": [...]}`: 1 to `SENDGATE_MAX_BATCH_MESSAGES` entries, at most `SENDGATE_MAX_BATCH_BYTES` in all. Each entry: `body` (any JSON value, at most `SENDGATE_MAX_BODY_BYTES`), optional `idempotency_key` and `correlation_id` (1–128 printable ASCII), and the attributes of contract section 1.2.",
+        content = BatchBodySchema,
+        content_type = "application/json",
+    ),
+    responses(
+        (status = 201, description = "`queued`: every entry is in the queue, in the request's order.", body = BatchQueued,
+            headers(("X-Sendgate-Backend" = String, description = "`primary` or `fallback`: the backend that took them."))),
+        (status = 200, description = "`valid`: a dry run that would have been attempted.", body = BatchQueued),
+        (status = 207, description = "`partial`: some entries are queued and some are not (`failed`, with the code a single send would have, `outcome: unknown` where the broker may hold it). Retry the failed ones with the same idempotency keys.", body = BatchPartial,
+            headers(("X-Sendgate-Backend" = String, description = "The backend the batch went to."))),
+        (status = 400, description = "`invalid_request`: malformed JSON, a bad entry (located as `[\"body\", \"messages\", 3, \"properties\"]`), too few or too many entries, or a bad `dry_run`; nothing was sent.", body = sendgate_wire::ErrorBody),
+        (status = 401, description = "`unauthenticated`: no or an unknown bearer token.", body = sendgate_wire::ErrorBody,
+            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+        (status = 403, description = "`forbidden` (the key lacks the role or the queue), or `forbidden_host` (open mode).", body = sendgate_wire::ErrorBody),
+        (status = 404, description = "`unknown_queue`: the gateway does not serve this queue.", body = sendgate_wire::ErrorBody),
+        (status = 408, description = "`request_timeout`: the body did not arrive within `SENDGATE_BODY_TIMEOUT_MS`; nothing was sent.", body = sendgate_wire::ErrorBody),
+        (status = 409, description = "`queue_disabled` at the broker.", body = sendgate_wire::ErrorBody),
+        (status = 413, description = "`payload_too_large`: the request is over `SENDGATE_MAX_BATCH_BYTES` (`limit_bytes`).", body = sendgate_wire::ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: not `application/json`.", body = sendgate_wire::ErrorBody),
+        (status = 422, description = "`unsupported_attribute`: an entry has an attribute the backend it would go to cannot carry (`attribute`, `backend`); nothing was sent.", body = sendgate_wire::ErrorBody),
+        (status = 429, description = "`queue_full`: the whole batch does not fit under the ceiling; `room` says how many entries would be admitted now (as a single send's 429 otherwise).", body = sendgate_wire::ErrorBody,
+            headers(("Retry-After" = u64, description = "Whole seconds to wait, at least 1."))),
+        (status = 503, description = "`draining`, `starting`, `saturated`, `capacity_unknown`, `backend_unavailable`: as for a single send, for the whole batch.", body = sendgate_wire::ErrorBody,
+            headers(("Retry-After" = u64, description = "Whole seconds to wait, at least 1."))),
+    )
+)]
+pub async fn send_batch(
+    req: HttpRequest,
+    context: RequestContext,
+    path: web::Path<String>,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let queue_label = state
+        .queues
+        .get_key_value(path.as_str())
+        .map_or("unknown", |(name, _)| name.as_str());
+    let answer = admit_and_send(&req, &context, &path, payload, &state).await;
+    state.metrics.request(queue_label, &outcome(&answer));
+    answer.map(|answer| answer.into_response(context.id().as_str()))
+}
+
+/// The schema of the request body, for the OpenAPI document.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+pub struct BatchBodySchema {
+    /// 1 to `SENDGATE_MAX_BATCH_MESSAGES` entries.
+    #[schema(min_items = 1)]
+    messages: Vec<BatchEntrySchema>,
+}
+
+/// One entry of a batch (the attributes as contract section 1.2 defines them).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+pub struct BatchEntrySchema {
+    /// The message itself: any JSON value, delivered as its text.
+    body: serde_json::Value,
+    #[schema(min_length = 1, max_length = 128, pattern = r"^[ -~]{1,128}$")]
+    idempotency_key: Option<String>,
+    #[schema(min_length = 1, max_length = 128, pattern = r"^[ -~]{1,128}$")]
+    correlation_id: Option<String>,
+    #[schema(min_length = 1, max_length = 1024)]
+    subject: Option<String>,
+    #[schema(min_length = 1, max_length = 128)]
+    session_id: Option<String>,
+    #[schema(min_length = 1, max_length = 128)]
+    partition_key: Option<String>,
+    #[schema(minimum = 1, maximum = 4294967)]
+    time_to_live_s: Option<u64>,
+    #[schema(format = DateTime)]
+    scheduled_enqueue_time: Option<String>,
+    #[schema(min_length = 1, max_length = 1024)]
+    reply_to: Option<String>,
+    #[schema(min_length = 1, max_length = 1024)]
+    to: Option<String>,
+    /// Application properties: string, number or boolean values.
+    properties: Option<HashMap<String, serde_json::Value>>,
+}
+
+/// What the batch's answer is.
+enum Answer {
+    /// Every entry queued (or, on a dry run, valid).
+    Whole {
+        queue: QueueName,
+        via: Option<BackendRole>,
+        dry_run: bool,
+        entries: Vec<Sent>,
+    },
+    /// Some entries are not queued.
+    Partial {
+        queue: QueueName,
+        via: Option<BackendRole>,
+        entries: Vec<Sent>,
+        /// The longest wait a failed entry's broker asked for.
+        retry_after: Option<std::time::Duration>,
+    },
+}
+
+/// One entry's id, trace and result.
+struct Sent {
+    message_id: MessageId,
+    traceparent: String,
+    result: Result<SendReceipt, Problem>,
+}
+
+fn outcome(answer: &Result<Answer, ApiError>) -> RequestOutcome {
+    match answer {
+        Ok(Answer::Whole { dry_run: true, .. }) => RequestOutcome {
+            status: StatusCode::OK,
+            code: Valid::STATUS,
+            backend: None,
+        },
+        Ok(Answer::Whole { via, .. }) => RequestOutcome {
+            status: StatusCode::CREATED,
+            code: Queued::STATUS,
+            backend: *via,
+        },
+        Ok(Answer::Partial { via, .. }) => RequestOutcome {
+            status: StatusCode::MULTI_STATUS,
+            code: PARTIAL,
+            backend: *via,
+        },
+        Err(e) => RequestOutcome {
+            status: e.problem.status(),
+            code: e.problem.code().as_str(),
+            backend: e.via,
+        },
+    }
+}
+
+async fn admit_and_send(
+    req: &HttpRequest,
+    context: &RequestContext,
+    queue: &str,
+    payload: web::Payload,
+    state: &AppState,
+) -> Result<Answer, ApiError> {
+    let (queue, caller) = authorize_send(req, context, queue, state)?;
+    let _in_flight = state
+        .lifecycle
+        .admit_send()
+        .map_err(|n| context.error(n.into()))?;
+    let (body, _buffered) = read_request(req, payload, state)
+        .await
+        .map_err(|problem| context.error(problem))?;
+    let mut errors: Vec<FieldError> = context.header_problem().into_iter().collect();
+    let dry_run = dry_run(req, &mut errors);
+    let entries = parse_entries(&body, state, &mut errors);
+    if !errors.is_empty() {
+        errors.truncate(MAX_FIELD_ERRORS);
+        return Err(context.error(Problem::InvalidRequest { errors }));
+    }
+    let trace = request_trace(req);
+    if dry_run {
+        for entry in &entries {
+            if let Some((attribute, backend)) = state.dispatcher.unsupported(&entry.attributes) {
+                return Err(context.error(Problem::UnsupportedAttribute {
+                    attribute: attribute.json_name(),
+                    backend,
+                }));
+            }
+        }
+        let entries = entries
+            .into_iter()
+            .map(|entry| Sent {
+                message_id: entry.key.unwrap_or_else(MessageId::generate),
+                traceparent: trace.for_message().parent.to_string(),
+                result: Ok(SendReceipt { duplicate: false }),
+            })
+            .collect();
+        return Ok(Answer::Whole {
+            queue,
+            via: None,
+            dry_run: true,
+            entries,
+        });
+    }
+    dispatch(context, state, queue, caller, entries, &trace).await
+}
+
+/// The content type, room in the body budget, and the body within its deadline and limit.
+async fn read_request(
+    req: &HttpRequest,
+    payload: web::Payload,
+    state: &AppState,
+) -> Result<(Bytes, BodyReservation), Problem> {
+    if !is_json(req) {
+        return Err(Problem::UnsupportedMediaType);
+    }
+    let limit = state.max_batch_bytes;
+    let announced = announced_length(req);
+    let mut reservation = state
+        .body_budget
+        .try_reserve(announced.map_or(limit, |n| n.min(limit)))
+        .ok_or(Problem::Saturated)?;
+    let body = tokio::time::timeout(state.body_timeout, read_body(payload, announced, limit))
+        .await
+        .unwrap_or(Err(Problem::RequestTimeout))?;
+    reservation.shrink_to(body.len());
+    Ok((body, reservation))
+}
+
+/// The request body's envelope: the entries, each parsed on its own so a bad one is named.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Envelope<'a> {
+    #[serde(borrow)]
+    messages: Vec<&'a RawValue>,
+}
+
+/// One entry's fields as JSON, before each is parsed; an unknown field is refused.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEntry<'a> {
+    #[serde(borrow)]
+    body: &'a RawValue,
+    idempotency_key: Option<Value>,
+    correlation_id: Option<Value>,
+    subject: Option<Value>,
+    session_id: Option<Value>,
+    partition_key: Option<Value>,
+    time_to_live_s: Option<Value>,
+    scheduled_enqueue_time: Option<Value>,
+    reply_to: Option<Value>,
+    to: Option<Value>,
+    properties: Option<Value>,
+}
+
+impl RawEntry<'_> {
+    fn attribute(&self, field: Field) -> Option<&Value> {
+        match field {
+            Field::Subject => self.subject.as_ref(),
+            Field::SessionId => self.session_id.as_ref(),
+            Field::PartitionKey => self.partition_key.as_ref(),
+            Field::TimeToLive => self.time_to_live_s.as_ref(),
+            Field::ScheduledEnqueueTime => self.scheduled_enqueue_time.as_ref(),
+            Field::ReplyTo => self.reply_to.as_ref(),
+            Field::To => self.to.as_ref(),
+            Field::Properties => self.properties.as_ref(),
+        }
+    }
+}
+
+/// One entry, parsed.
+struct Entry {
+    key: Option<MessageId>,
+    correlation: Option<CorrelationId>,
+    attributes: Arc<Attributes>,
+    /// A slice of the request's body: no copy.
+    body: Bytes,
+}
+
+/// Where an entry's problem is: `["body", "messages", index, ...]`.
+fn at(index: usize, field: Option<&str>) -> Vec<Loc> {
+    let mut loc = vec![Loc::from("body"), Loc::from("messages"), Loc::from(index)];
+    loc.extend(field.map(Loc::from));
+    loc
+}
+
+/// Every entry, or every problem with them (in `errors`); nothing is sent unless all parse.
+fn parse_entries(body: &Bytes, state: &AppState, errors: &mut Vec<FieldError>) -> Vec<Entry> {
+    let text = match std::str::from_utf8(body) {
+        Ok(text) => text,
+        Err(e) => {
+            errors.push(FieldError::new(&["body"], format!("not valid UTF-8: {e}")));
+            return Vec::new();
+        }
+    };
+    // The envelope, the array and the entry hold each body three levels down.
+    let depth = state.max_json_depth + 3;
+    if nests_deeper_than(text, depth) {
+        errors.push(FieldError::new(
+            &["body"],
+            format!(
+                "an entry's body is nested deeper than {} levels of arrays and objects \
+                 (SENDGATE_MAX_JSON_DEPTH)",
+                state.max_json_depth
+            ),
+        ));
+        return Vec::new();
+    }
+    let envelope: Envelope = match serde_json::from_str(text) {
+        Ok(envelope) => envelope,
+        Err(e) => {
+            errors.push(FieldError::new(
+                &["body"],
+                format!("must be {{\"messages\": [...]}}: {e}"),
+            ));
+            return Vec::new();
+        }
+    };
+    let count = envelope.messages.len();
+    if count == 0 || count > state.max_batch_messages {
+        errors.push(FieldError::new(
+            &["body", "messages"],
+            format!(
+                "must hold 1 to {} entries (SENDGATE_MAX_BATCH_MESSAGES), not {count}",
+                state.max_batch_messages
+            ),
+        ));
+        return Vec::new();
+    }
+    let mut seen: HashMap<MessageId, usize> = HashMap::new();
+    let mut entries = Vec::with_capacity(count);
+    for (index, raw) in envelope.messages.into_iter().enumerate() {
+        if let Some(entry) = parse_entry(index, raw, body, state, &mut seen, errors) {
+            entries.push(entry);
+        }
+    }
+    entries
+}
+
+fn parse_entry(
+    index: usize,
+    raw: &RawValue,
+    body: &Bytes,
+    state: &AppState,
+    seen: &mut HashMap<MessageId, usize>,
+    errors: &mut Vec<FieldError>,
+) -> Option<Entry> {
+    let entry: RawEntry = match serde_json::from_str(raw.get()) {
+        Ok(entry) => entry,
+        Err(e) => {
+            errors.push(FieldError::at(
+                at(index, None),
+                format!("must be an object with a body: {e}"),
+            ));
+            return None;
+        }
+    };
+    let before = errors.len();
+    let message = entry.body.get();
+    if message.len() > state.max_body_bytes {
+        errors.push(FieldError::at(
+            at(index, Some("body")),
+            format!(
+                "must be at most {} bytes (SENDGATE_MAX_BODY_BYTES)",
+                state.max_body_bytes
+            ),
+        ));
+    }
+    let key = id_field(
+        index,
+        "idempotency_key",
+        entry.idempotency_key.as_ref(),
+        MessageId::parse,
+        errors,
+    );
+    if let Some(key) = &key {
+        if let Some(first) = seen.insert(key.clone(), index) {
+            errors.push(FieldError::at(
+                at(index, Some("idempotency_key")),
+                format!("repeats entry {first}'s: one batch cannot hold one message twice"),
+            ));
+        }
+    }
+    let correlation = id_field(
+        index,
+        "correlation_id",
+        entry.correlation_id.as_ref(),
+        CorrelationId::parse,
+        errors,
+    );
+    let attributes = match Attributes::parse(|field| entry.attribute(field).map(Raw::Json)) {
+        Ok(attributes) => attributes,
+        Err(bad) => {
+            errors.extend(
+                bad.into_iter()
+                    .map(|e| FieldError::at(at(index, Some(e.field.json_name())), e.message)),
+            );
+            Attributes::default()
+        }
+    };
+    (errors.len() == before).then(|| Entry {
+        key,
+        correlation,
+        attributes: Arc::new(attributes),
+        body: body.slice_ref(message.as_bytes()),
+    })
+}
+
+/// An id field of an entry (a JSON string, parsed), or its problem.
+fn id_field<T>(
+    index: usize,
+    name: &str,
+    value: Option<&Value>,
+    parse: fn(&str) -> Result<T, crate::domain::IdError>,
+    errors: &mut Vec<FieldError>,
+) -> Option<T> {
+    let value = value?;
+    let parsed = match value {
+        Value::String(s) => parse(s).map_err(|e| e.to_string()),
+        _ => Err("must be a string".to_owned()),
+    };
+    match parsed {
+        Ok(id) => Some(id),
+        Err(msg) => {
+            errors.push(FieldError::at(at(index, Some(name)), msg));
+            None
+        }
+    }
+}
+
+/// Steps 5 to 8 for the batch; the messages (and their ids) are made once it is admitted.
+async fn dispatch(
+    context: &RequestContext,
+    state: &AppState,
+    queue: QueueName,
+    caller: Option<Arc<crate::http::auth::Principal>>,
+    entries: Vec<Entry>,
+    trace: &TraceContext,
+) -> Result<Answer, ApiError> {
+    let attributes: Vec<Arc<Attributes>> =
+        entries.iter().map(|e| Arc::clone(&e.attributes)).collect();
+    let refs: Vec<&Attributes> = attributes.iter().map(Arc::as_ref).collect();
+    // Without a correlation id of its own, an entry carries the client's request id.
+    let request_correlation = context
+        .id_given()
+        .then(|| CorrelationId::parse(context.id().as_str()).ok())
+        .flatten();
+    let mut answered: Vec<(MessageId, String)> = Vec::new();
+    let dispatched = state
+        .dispatcher
+        .send_batch(&queue, &refs, || {
+            entries
+                .into_iter()
+                .map(|entry| {
+                    let (id, at_broker) = Key {
+                        given: entry.key,
+                        caller: caller.clone(),
+                    }
+                    .ids();
+                    let trace = trace.for_message();
+                    answered.push((id, trace.parent.to_string()));
+                    OutgoingMessage {
+                        queue: queue.clone(),
+                        message_id: at_broker,
+                        correlation_id: entry.correlation.or_else(|| request_correlation.clone()),
+                        body: entry.body,
+                        attributes: entry.attributes,
+                        trace,
+                    }
+                })
+                .collect()
+        })
+        .await;
+    if let (Some(via), Some(took)) = (dispatched.via, dispatched.send_time) {
+        state.metrics.send_latency(via.as_str(), took);
+    }
+    let results = match dispatched.result {
+        Ok(results) => results,
+        Err(e) => return Err(refused(context, state, e).via(dispatched.via)),
+    };
+    let mut retry_after = None;
+    let entries: Vec<Sent> = answered
+        .into_iter()
+        .zip(results)
+        .map(|((message_id, traceparent), result)| {
+            let result = result.map_err(|e| {
+                let problem = Problem::from_dispatch(
+                    DispatchError::Send(e),
+                    Some(&message_id),
+                    state.max_body_bytes,
+                );
+                retry_after = retry_after.max(problem.retry_after());
+                problem
+            });
+            Sent {
+                message_id,
+                traceparent,
+                result,
+            }
+        })
+        .collect();
+    Ok(if entries.iter().all(|e| e.result.is_ok()) {
+        Answer::Whole {
+            queue,
+            via: dispatched.via,
+            dry_run: false,
+            entries,
+        }
+    } else {
+        Answer::Partial {
+            queue,
+            via: dispatched.via,
+            entries,
+            retry_after,
+        }
+    })
+}
+
+/// The whole batch refused: as a single send's refusal, a `429` naming the room there is.
+fn refused(context: &RequestContext, state: &AppState, e: DispatchError) -> ApiError {
+    let room = match &e {
+        DispatchError::Refused(Refusal::QueueFull { room, .. }) => Some(*room),
+        _ => None,
+    };
+    let mut problem = Problem::from_dispatch(e, None, state.max_body_bytes);
+    if let Problem::QueueFull { room: r, .. } = &mut problem {
+        *r = room;
+    }
+    context.error(problem)
+}
+
+impl Answer {
+    fn into_response(self, request_id: &str) -> HttpResponse {
+        match self {
+            Answer::Whole {
+                queue,
+                via,
+                dry_run,
+                entries,
+            } => {
+                let mut answer = if dry_run {
+                    HttpResponse::Ok()
+                } else {
+                    HttpResponse::Created()
+                };
+                if let Some(via) = via {
+                    answer.insert_header((super::headers::SENDGATE_BACKEND, via.as_str()));
+                }
+                let messages = entries
+                    .iter()
+                    .map(|e| BatchMessage {
+                        message_id: e.message_id.as_str().into(),
+                        traceparent: e.traceparent.as_str().into(),
+                        duplicate: e.result.as_ref().is_ok_and(|r| r.duplicate),
+                    })
+                    .collect();
+                answer.json(BatchQueued {
+                    status: if dry_run {
+                        Valid::STATUS
+                    } else {
+                        Queued::STATUS
+                    }
+                    .into(),
+                    dry_run,
+                    queue: queue.as_str().into(),
+                    request_id: request_id.into(),
+                    count: entries.len(),
+                    messages,
+                })
+            }
+            Answer::Partial {
+                queue,
+                via,
+                entries,
+                retry_after,
+            } => {
+                let mut answer = HttpResponse::build(StatusCode::MULTI_STATUS);
+                if let Some(via) = via {
+                    answer.insert_header((super::headers::SENDGATE_BACKEND, via.as_str()));
+                }
+                if let Some(after) = retry_after {
+                    answer.insert_header((
+                        actix_web::http::header::RETRY_AFTER,
+                        whole_seconds(after),
+                    ));
+                }
+                let results: Vec<EntryResult> = entries
+                    .iter()
+                    .enumerate()
+                    .map(|(index, e)| entry_result(index, e))
+                    .collect();
+                let failed = results.iter().filter(|r| r.failed()).count();
+                answer.json(BatchPartial {
+                    status: PARTIAL.into(),
+                    queue: queue.as_str().into(),
+                    request_id: request_id.into(),
+                    queued: results.len() - failed,
+                    failed,
+                    results,
+                })
+            }
+        }
+    }
+}
+
+fn entry_result(index: usize, e: &Sent) -> EntryResult<'_> {
+    let base = EntryResult {
+        index,
+        status: EntryResult::QUEUED.into(),
+        message_id: e.message_id.as_str().into(),
+        traceparent: Some(e.traceparent.as_str().into()),
+        code: None,
+        message: None,
+        outcome: None,
+        duplicate: false,
+    };
+    match &e.result {
+        Ok(receipt) => EntryResult {
+            duplicate: receipt.duplicate,
+            ..base
+        },
+        Err(problem) => EntryResult {
+            status: EntryResult::FAILED.into(),
+            code: Some(problem.code().into()),
+            message: Some(problem.to_string().into()),
+            outcome: matches!(
+                problem,
+                Problem::SendTimeout { .. }
+                    | Problem::SendFailed {
+                        unknown_message_id: Some(_),
+                        ..
+                    }
+            )
+            .then(|| sendgate_wire::ErrorBody::OUTCOME_UNKNOWN.into()),
+            ..base
+        },
+    }
+}
