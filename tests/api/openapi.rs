@@ -97,5 +97,5 @@ async fn every_documented_operation_is_a_route_and_its_security_is_what_it_does(
             operations += 1;
         }
     }
-    assert_eq!(operations, 11);
+    assert_eq!(operations, 12);
 }
