@@ -1111,3 +1111,89 @@ fn lower_ceiling(r: &Replica, limit: u64) {
         ..PolicyOverride::default()
     });
 }
+
+// ---- Batches: all of a batch's units under one Held, or none.
+
+/// A batch of `n` admitted at once (stored at once), or refused.
+async fn send_units(r: &Replica, broker: &Broker, n: u64) -> Result<(), Refusal> {
+    let reservation = r.gate.admit_units(n).await?;
+    assert_eq!(reservation.units(), n);
+    {
+        let mut stored = broker.stored.lock();
+        for _ in 0..n {
+            stored.push(Instant::now());
+        }
+    }
+    reservation.finish(BacklogEffect::Stored);
+    Ok(())
+}
+
+/// Far from the ceiling a batch is one reservation of exactly its size (not a block it
+/// takes one unit of), and a batch that fits the block in use asks Redis nothing.
+#[tokio::test(start_paused = true)]
+async fn a_batch_is_one_reservation_of_its_size_or_units_of_the_block_in_use() {
+    let recording = Recording::new();
+    let broker = Broker::new(Duration::ZERO);
+    let r = recorded_replica(&recording, &broker, policy(1_000_000, false)).await;
+    send(&r, &broker).await.unwrap(); // a block of 128, one unit used
+    let before = *recording.reserves.lock();
+    send_units(&r, &broker, 100).await.unwrap();
+    assert_eq!(*recording.reserves.lock(), before, "taken from the block");
+    send_units(&r, &broker, 100).await.unwrap();
+    assert_eq!(
+        *recording.reserves.lock(),
+        before + 1,
+        "27 left: one reservation for the 100"
+    );
+    assert_eq!(broker.stored(), 201);
+}
+
+/// Near the ceiling a batch gets all of the room or nothing: the units a short grant held
+/// are given back (the next batch that fits gets them), and nothing passes the ceiling.
+#[tokio::test(start_paused = true)]
+async fn a_batch_larger_than_the_room_is_refused_whole_with_the_room_and_holds_nothing() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let all = replicas(1, &ledger, &broker, policy(50, false)).await;
+    let r = &all[0];
+    send_units(r, &broker, 45).await.unwrap();
+    // Past the block's use, so nothing is left in a block of this replica's.
+    tokio::time::sleep(USE_BLOCK_FOR + Duration::from_millis(100)).await;
+    match send_units(r, &broker, 8).await {
+        Err(Refusal::QueueFull { room, .. }) => assert_eq!(room, 5),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(broker.stored(), 45);
+    // The five units the short grant held come back with the settle: a batch of 5 fits.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    send_units(r, &broker, 5).await.unwrap();
+    assert_eq!(broker.stored(), 50);
+    assert!(matches!(
+        send_units(r, &broker, 1).await,
+        Err(Refusal::QueueFull { .. })
+    ));
+}
+
+/// Three replicas sending batches at the ceiling never store past it.
+#[tokio::test(start_paused = true)]
+async fn batches_from_three_replicas_never_pass_the_ceiling() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let all = replicas(3, &ledger, &broker, policy(100, false)).await;
+    for round in 0..40u64 {
+        for r in &all {
+            let _ = send_units(r, &broker, 1 + round % 7).await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for r in &all {
+        let _ = send_units(r, &broker, 1).await;
+    }
+    assert!(broker.stored() <= 100, "{}", broker.stored());
+    assert!(
+        broker.stored() >= 90,
+        "the room was used ({})",
+        broker.stored()
+    );
+}
