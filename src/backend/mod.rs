@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use crate::domain::{Attributes, CorrelationId, Field, MessageId, QueueName, TraceContext};
 
-/// The application properties the gateway writes on every message (contract section 1.3),
+/// The application properties the gateway writes on every message (contract section 1, "Trace context"),
 /// beside the caller's: the message's own trace context, and `Diagnostic-Id` (equal to
 /// `traceparent`) as the Azure SDKs write it.
 pub const TRACEPARENT: &str = "traceparent";

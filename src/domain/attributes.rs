@@ -1,4 +1,4 @@
-//! A message's attributes besides its body and ids (contract section 1.2): parsed once, from
+//! A message's attributes besides its body and ids (contract section 1, "Message attributes"): parsed once, from
 //! a single send's `Message-*` headers or from a batch entry's fields, into [`Attributes`],
 //! whose every value is known to be within the limits every backend shares.
 //!

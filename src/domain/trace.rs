@@ -1,6 +1,6 @@
 //! W3C Trace Context (https://www.w3.org/TR/trace-context/): a request's `traceparent` and
 //! `tracestate` parsed by the spec's rules, and a message's own context made from them
-//! (contract section 1.3): the same trace, a new parent id per message.
+//! (contract section 1, "Trace context"): the same trace, a new parent id per message.
 
 use std::fmt;
 

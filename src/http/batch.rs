@@ -1,5 +1,5 @@
 //! `POST /v1/queues/{queue}/messages/batch`: up to `SENDGATE_MAX_BATCH_MESSAGES` messages in
-//! one request (contract section 1.4). Every entry is checked before anything is sent (one
+//! one request (contract section 1, "Batches"). Every entry is checked before anything is sent (one
 //! bad entry: `400`, nothing sent); capacity is all or nothing (one reservation of all the
 //! entries); the backend sends them in as few broker operations as it allows, and the answer
 //! is `201` when every entry is queued, else `207` with each entry's result.
@@ -47,7 +47,7 @@ const PARTIAL: &str = BatchPartial::STATUS;
         ("X-Request-Id" = Option<String>, Header, nullable = false, description = "This request's id, echoed; each entry's correlation id when it has none of its own. 1–128 printable ASCII characters.", min_length = 1, max_length = 128, pattern = r"^[ -~]{1,128}$"),
     ),
     request_body(
-        description = "`{\"messages\": [...]}`: 1 to `SENDGATE_MAX_BATCH_MESSAGES` entries, at most `SENDGATE_MAX_BATCH_BYTES` in all. Each entry: `body` (any JSON value, at most `SENDGATE_MAX_BODY_BYTES`), optional `idempotency_key` and `correlation_id` (1–128 printable ASCII), and the attributes of contract section 1.2.",
+        description = "`{\"messages\": [...]}`: 1 to `SENDGATE_MAX_BATCH_MESSAGES` entries, at most `SENDGATE_MAX_BATCH_BYTES` in all. Each entry: `body` (any JSON value, at most `SENDGATE_MAX_BODY_BYTES`), optional `idempotency_key` and `correlation_id` (1–128 printable ASCII), and the attributes of docs/contract.md section 1 (Message attributes).",
         content = BatchBodySchema,
         content_type = "application/json",
     ),
@@ -98,7 +98,7 @@ pub struct BatchBodySchema {
     messages: Vec<BatchEntrySchema>,
 }
 
-/// One entry of a batch (the attributes as contract section 1.2 defines them).
+/// One entry of a batch (the attributes as contract section 1, "Message attributes" defines them).
 #[derive(utoipa::ToSchema)]
 #[allow(dead_code)]
 pub struct BatchEntrySchema {

@@ -1,4 +1,4 @@
-//! `POST /v1/queues/{queue}/messages/batch` on the embedded backend (contract section 1.4):
+//! `POST /v1/queues/{queue}/messages/batch` on the embedded backend (contract section 1, "Batches"):
 //! validation first, capacity all or nothing, per-entry results.
 
 use serde_json::{json, Value};

@@ -482,7 +482,7 @@ async fn a_body_sent_without_a_length_holds_only_its_own_bytes_once_read() {
     assert_eq!(held.await.unwrap(), 201);
 }
 
-/// Contract section 1.2: a single send's attributes come as `Message-*` headers, and a bad
+/// Contract section 1, "Message attributes": a single send's attributes come as `Message-*` headers, and a bad
 /// one is a 400 naming the header; nothing is sent.
 #[tokio::test]
 async fn bad_message_headers_are_each_named_and_nothing_is_sent() {
@@ -520,7 +520,7 @@ async fn bad_message_headers_are_each_named_and_nothing_is_sent() {
     assert_eq!(app.stored("requests"), 0);
 }
 
-/// Contract section 1.3: the answer carries the message's traceparent: the request's trace
+/// Contract section 1, "Trace context": the answer carries the message's traceparent: the request's trace
 /// with a parent id of its own; an invalid traceparent is ignored (a new trace), not a 400.
 #[tokio::test]
 async fn the_answer_carries_the_messages_own_traceparent() {

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::code::AnyCode;
 
 /// A message's attributes as JSON: a batch entry's fields, and what `sendgate queue
-/// receive` prints. The gateway checks them (docs/contract.md section 1.2); this type only
+/// receive` prints. The gateway checks them (docs/contract.md section 1, "Message attributes"); this type only
 /// carries them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct MessageAttributes {
