@@ -291,3 +291,17 @@ async fn the_batch_route_refuses_what_the_single_one_refuses() {
         .unwrap();
     assert_eq!(response.status(), 405);
 }
+
+/// A megabyte of `[1,1,1,…]` is refused once past the most entries any batch may hold,
+/// without holding a reference per entry.
+#[tokio::test]
+async fn far_more_entries_than_a_batch_may_hold_are_refused_without_reading_them_all() {
+    let app = spawn_app_with(&[]).await;
+    let flood = json!({ "messages": vec![1; 400_000] });
+    let response = batch(&app, &flood, &[]).await;
+    assert_eq!(response.status(), 400);
+    let answer = body_json(response).await;
+    assert_eq!(locs(&answer), [json!(["body"])]);
+    let msg = answer["errors"][0]["msg"].as_str().unwrap();
+    assert!(msg.contains("more than 1000 entries"), "{msg}");
+}
