@@ -196,6 +196,55 @@ async fn three_replicas_keep_one_ceiling_under_64_concurrent_senders() {
     forget_prefix(&prefix);
 }
 
+/// Batches are admitted whole or refused whole across the fleet: the broker holds exactly
+/// the entries of the 201s, never past the ceiling (docs/fleet.md, step 2: a batch).
+#[tokio::test]
+async fn three_replicas_keep_one_ceiling_under_concurrent_batches() {
+    rabbit::ensure_broker();
+    redis_support::ensure_redis();
+    let queue = rabbit::unique("sg-fleet-batch");
+    rabbit::declare(&queue, &[]).await;
+    let prefix = redis_support::unique_prefix();
+    let mut fleet = Vec::new();
+    for _ in 0..3 {
+        fleet.push(replica(&queue, REDIS, &prefix, "100").await);
+    }
+    for gw in &fleet {
+        wait_for_mode(gw, "redis").await;
+    }
+    let batch = format!(
+        r#"{{"messages":[{}]}}"#,
+        vec![r#"{"body":{}}"#; 7].join(",")
+    );
+    let mut statuses = Vec::new();
+    for wave in 0..3 {
+        let sends: Vec<_> = (0..32)
+            .map(|i| {
+                let send = fleet[(i + wave) % 3].send_batch(&queue, &batch);
+                tokio::spawn(async move { send.await.expect("an answer") })
+            })
+            .collect();
+        for s in sends {
+            statuses.push(s.await.unwrap());
+        }
+    }
+    assert!(
+        statuses.iter().all(|s| *s == 201 || *s == 429),
+        "only 201 or 429 queue_full: {statuses:?}"
+    );
+    let queued = 7 * statuses.iter().filter(|s| **s == 201).count() as u64;
+    let held = u64::from(rabbit::ready(&queue).await);
+    assert_eq!(
+        held, queued,
+        "every 201's entries are in the queue, no other"
+    );
+    assert!(held <= 100, "the fleet overshot the ceiling: {held} > 100");
+    assert!(held >= 100 - 7 * 3, "headroom lost: {held}");
+    drop(fleet);
+    rabbit::delete(&queue).await;
+    forget_prefix(&prefix);
+}
+
 #[tokio::test]
 async fn a_black_holed_redis_turns_each_replica_local_within_its_deadline_and_it_rejoins() {
     rabbit::ensure_broker();

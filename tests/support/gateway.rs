@@ -247,6 +247,21 @@ impl GatewayProcess {
         async move { request.await.map(|r| r.status().as_u16()) }
     }
 
+    /// POST a batch body (`{"messages": [...]}`) to a queue: the status.
+    pub fn send_batch(
+        &self,
+        queue: &str,
+        body: &str,
+    ) -> impl std::future::Future<Output = Result<u16, reqwest::Error>> + 'static {
+        let request = self
+            .client
+            .post(self.url(&format!("/v1/queues/{queue}/messages/batch")))
+            .header("Content-Type", "application/json")
+            .body(body.to_owned())
+            .send();
+        async move { request.await.map(|r| r.status().as_u16()) }
+    }
+
     pub async fn detailed(&self) -> serde_json::Value {
         detailed(&self.client, &self.address).await
     }
