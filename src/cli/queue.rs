@@ -16,7 +16,7 @@ use serde_json::value::RawValue;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-use crate::backend::embedded::{unix_ms, LeasedMessage, Store, StoreError, StoredMessage};
+use crate::backend::embedded::{LeasedMessage, Store, StoreError, StoredMessage};
 use crate::config::Settings;
 use crate::domain::QueueName;
 
@@ -136,8 +136,7 @@ fn peek_lock(
     seconds: u64,
     out: &mut impl Write,
 ) -> Result<(), StoreError> {
-    let now = unix_ms(std::time::SystemTime::now());
-    let leased = store.lease(queue.as_str(), max, Duration::from_secs(seconds), now)?;
+    let leased = store.lease(queue.as_str(), max, Duration::from_secs(seconds))?;
     for l in &leased {
         writeln!(out, "{}", render(&l.message, Some(l))?)?;
     }
@@ -147,10 +146,9 @@ fn peek_lock(
 
 /// Exit 1 when any token's lock was lost: its message may be handed out again.
 fn complete(store: &mut Store, queue: &QueueName, tokens: &[String]) -> Result<(), (u8, String)> {
-    let now = unix_ms(std::time::SystemTime::now());
     let tokens: Vec<&str> = tokens.iter().map(String::as_str).collect();
     let done = store
-        .complete(queue.as_str(), &tokens, now)
+        .complete(queue.as_str(), &tokens)
         .map_err(|e| (1, e.to_string()))?;
     let lost: Vec<&str> = tokens
         .iter()
