@@ -4,6 +4,14 @@
 //! Two ways to receive, as Service Bus and SQS offer: receive-and-delete (the default),
 //! and peek-lock (`--lock-s N`), which leases messages and prints a lock token per
 //! message; `complete` deletes them. An unfinished lease makes them deliverable again.
+//!
+//! Each line carries the message's attributes under a batch entry's field names
+//! (`subject`, `session_id`, `partition_key`, `time_to_live_s`, `scheduled_enqueue_time`,
+//! `reply_to`, `to`, `properties`), only those it has. The properties the gateway added
+//! (`traceparent`, `tracestate`, `Diagnostic-Id`) are printed inside `properties`, beside
+//! the caller's, as a Service Bus or RabbitMQ consumer finds them among the application
+//! properties (a caller cannot use those names). `expires_at` shows when a message with a
+//! time to live expires.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -15,6 +23,8 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
+
+use sendgate_wire::MessageAttributes;
 
 use crate::backend::embedded::{LeasedMessage, Store, StoreError, StoredMessage};
 use crate::config::Settings;
@@ -62,11 +72,15 @@ struct ReceivedLine<'a> {
     message_id: &'a str,
     correlation_id: Option<&'a str>,
     enqueued_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expires_at: Option<String>,
     delivery_count: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     lock_token: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     locked_until: Option<String>,
+    #[serde(flatten)]
+    attributes: MessageAttributes,
     body: &'a RawValue,
 }
 
@@ -179,14 +193,23 @@ fn render(m: &StoredMessage, lease: Option<&LeasedMessage>) -> std::io::Result<S
         .replace(['\r', '\n'], " ");
     let body = RawValue::from_string(text).map_err(std::io::Error::other)?;
     let enqueued_at = rfc3339(m.enqueued_at_ms);
+    // The gateway's names are reserved, so none of them can hide one of the caller's.
+    let mut attributes = m.attributes.clone();
+    attributes.properties.extend(
+        m.trace_properties
+            .iter()
+            .map(|(name, value)| (name.clone(), serde_json::Value::String(value.clone()))),
+    );
     serde_json::to_string(&ReceivedLine {
         queue: &m.queue,
         message_id: &m.message_id,
         correlation_id: m.correlation_id.as_deref(),
         enqueued_at,
+        expires_at: m.expires_at_ms.map(rfc3339),
         delivery_count: m.delivery_count,
         lock_token: lease.map(|l| l.lock_token.as_str()),
         locked_until: lease.map(|l| rfc3339(l.locked_until_ms)),
+        attributes,
         body: &body,
     })
     .map_err(std::io::Error::other)
