@@ -4,6 +4,14 @@
 //! Two ways to receive, as Service Bus and SQS offer: receive-and-delete (the default),
 //! and peek-lock (`--lock-s N`), which leases messages and prints a lock token per
 //! message; `complete` deletes them. An unfinished lease makes them deliverable again.
+//!
+//! Each line carries the message's attributes under a batch entry's field names
+//! (`subject`, `session_id`, `partition_key`, `time_to_live_s`, `scheduled_enqueue_time`,
+//! `reply_to`, `to`, `properties`), only those it has. The properties the gateway added
+//! (`traceparent`, `tracestate`, `Diagnostic-Id`) are printed inside `properties`, beside
+//! the caller's, as a Service Bus or RabbitMQ consumer finds them among the application
+//! properties (a caller cannot use those names). `expires_at` shows when a message with a
+//! time to live expires.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -16,7 +24,9 @@ use serde_json::value::RawValue;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-use crate::backend::embedded::{unix_ms, LeasedMessage, Store, StoreError, StoredMessage};
+use sendgate_wire::MessageAttributes;
+
+use crate::backend::embedded::{LeasedMessage, Store, StoreError, StoredMessage};
 use crate::config::Settings;
 use crate::domain::QueueName;
 
@@ -62,11 +72,15 @@ struct ReceivedLine<'a> {
     message_id: &'a str,
     correlation_id: Option<&'a str>,
     enqueued_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expires_at: Option<String>,
     delivery_count: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     lock_token: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     locked_until: Option<String>,
+    #[serde(flatten)]
+    attributes: MessageAttributes,
     body: &'a RawValue,
 }
 
@@ -136,8 +150,7 @@ fn peek_lock(
     seconds: u64,
     out: &mut impl Write,
 ) -> Result<(), StoreError> {
-    let now = unix_ms(std::time::SystemTime::now());
-    let leased = store.lease(queue.as_str(), max, Duration::from_secs(seconds), now)?;
+    let leased = store.lease(queue.as_str(), max, Duration::from_secs(seconds))?;
     for l in &leased {
         writeln!(out, "{}", render(&l.message, Some(l))?)?;
     }
@@ -147,10 +160,9 @@ fn peek_lock(
 
 /// Exit 1 when any token's lock was lost: its message may be handed out again.
 fn complete(store: &mut Store, queue: &QueueName, tokens: &[String]) -> Result<(), (u8, String)> {
-    let now = unix_ms(std::time::SystemTime::now());
     let tokens: Vec<&str> = tokens.iter().map(String::as_str).collect();
     let done = store
-        .complete(queue.as_str(), &tokens, now)
+        .complete(queue.as_str(), &tokens)
         .map_err(|e| (1, e.to_string()))?;
     let lost: Vec<&str> = tokens
         .iter()
@@ -181,14 +193,23 @@ fn render(m: &StoredMessage, lease: Option<&LeasedMessage>) -> std::io::Result<S
         .replace(['\r', '\n'], " ");
     let body = RawValue::from_string(text).map_err(std::io::Error::other)?;
     let enqueued_at = rfc3339(m.enqueued_at_ms);
+    // The gateway's names are reserved, so none of them can hide one of the caller's.
+    let mut attributes = m.attributes.clone();
+    attributes.properties.extend(
+        m.trace_properties
+            .iter()
+            .map(|(name, value)| (name.clone(), serde_json::Value::String(value.clone()))),
+    );
     serde_json::to_string(&ReceivedLine {
         queue: &m.queue,
         message_id: &m.message_id,
         correlation_id: m.correlation_id.as_deref(),
         enqueued_at,
+        expires_at: m.expires_at_ms.map(rfc3339),
         delivery_count: m.delivery_count,
         lock_token: lease.map(|l| l.lock_token.as_str()),
         locked_until: lease.map(|l| rfc3339(l.locked_until_ms)),
+        attributes,
         body: &body,
     })
     .map_err(std::io::Error::other)

@@ -8,6 +8,7 @@ mod capacity;
 mod competing;
 mod console;
 mod drain;
+mod embedded_attributes;
 #[path = "../support/faulty_backend.rs"]
 mod faulty_backend;
 #[path = "../support/gateway.rs"]

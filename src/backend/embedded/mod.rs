@@ -1,40 +1,115 @@
 //! The embedded backend: a durable queue on local disk, so the gateway runs on a laptop
 //! with no broker.
 //!
-//! Sends go to one writer thread over a bounded channel. The writer takes whatever is
-//! waiting (up to [`MAX_BATCH`]) and commits it in one transaction, so one fsync covers
-//! many sends. A send whose caller has already given up (deadline passed, client gone)
-//! is dropped by the writer before it is written: that is how the deadline cancels the
-//! operation rather than leaving it to run on in the background.
+//! Sends go to one writer thread over a bounded channel, each as a job: one message, or
+//! a whole batch. The writer takes whatever jobs are waiting while their messages fit in
+//! [`MAX_BATCH`] and commits them in one transaction, so one fsync covers many sends; a
+//! job is never split, so a batch is stored whole or not at all. A job whose caller has
+//! already given up (deadline passed, client gone) is dropped by the writer before it is
+//! written, all its messages: that is how the deadline cancels the operation rather than
+//! leaving it to run on in the background.
+//!
+//! Every attribute is stored with its message and honoured there (store.rs: scheduling,
+//! expiry); the trace properties the gateway adds are stored beside them.
 
 mod store;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
+use sendgate_wire::MessageAttributes;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 pub use store::{
-    database_path, unix_ms, LeasedMessage, Store, StoreError, StoredMessage, DUPLICATE_WINDOW,
-    MAX_LEASE,
+    database_path, system_clock, unix_ms, Clock, LeasedMessage, Store, StoreError, StoredMessage,
+    DUPLICATE_WINDOW, MAX_LEASE,
 };
 
 use super::{Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt};
-use crate::domain::QueueName;
+use crate::domain::{Attributes, QueueName};
 
-/// Most sends committed in one transaction.
+/// Most messages committed in one transaction. A job larger than this (a big batch) is
+/// committed alone, whole.
 const MAX_BATCH: usize = 512;
-/// Sends waiting for the writer before new ones wait for room.
+/// Jobs waiting for the writer before new ones wait for room.
 const QUEUE_ROOM: usize = 4096;
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
-struct WriteJob {
+/// One message as the writer stores it, encoded on the sender's task beforehand: the one
+/// writer thread is what every send waits on, so it does as little as it can.
+struct Prepared {
     message: OutgoingMessage,
-    reply: oneshot::Sender<Result<SendReceipt, SendError>>,
+    attributes: Option<String>,
+    trace_properties: Option<String>,
+    scheduled_at_ms: Option<i64>,
+    time_to_live_ms: Option<i64>,
+}
+
+impl Prepared {
+    fn new(message: OutgoingMessage) -> Self {
+        let attributes = store::encode_attributes(&wire_attributes(&message.attributes));
+        let trace = message.trace_properties();
+        let trace_properties =
+            store::encode_trace_properties(trace.iter().map(|(k, v)| (*k, v.as_str())));
+        let scheduled_at_ms = message.attributes.scheduled_enqueue_time.map(|at| {
+            // Every time an RFC 3339 date can hold fits 64-bit milliseconds.
+            i64::try_from(at.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
+        });
+        let time_to_live_ms = message
+            .attributes
+            .time_to_live
+            .map(|ttl| i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX));
+        Self {
+            message,
+            attributes,
+            trace_properties,
+            scheduled_at_ms,
+            time_to_live_ms,
+        }
+    }
+
+    fn row(&self) -> store::NewMessage<'_> {
+        store::NewMessage {
+            queue: self.message.queue.as_str(),
+            message_id: self.message.message_id.as_str(),
+            correlation_id: self.message.correlation_id.as_ref().map(|c| c.as_str()),
+            body: &self.message.body,
+            attributes: self.attributes.as_deref(),
+            trace_properties: self.trace_properties.as_deref(),
+            scheduled_at_ms: self.scheduled_at_ms,
+            time_to_live_ms: self.time_to_live_ms,
+        }
+    }
+}
+
+/// The attributes in the form of a batch entry, as the store keeps and `queue receive`
+/// prints them.
+fn wire_attributes(a: &Attributes) -> MessageAttributes {
+    MessageAttributes {
+        subject: a.subject.as_ref().map(ToString::to_string),
+        session_id: a.session_id.as_ref().map(ToString::to_string),
+        partition_key: a.partition_key.as_ref().map(ToString::to_string),
+        time_to_live_s: a.time_to_live.map(|ttl| ttl.as_secs()),
+        scheduled_enqueue_time: a.scheduled_rfc3339(),
+        reply_to: a.reply_to.as_ref().map(ToString::to_string),
+        to: a.to.as_ref().map(ToString::to_string),
+        properties: a
+            .properties
+            .iter()
+            .map(|(name, value)| (name.to_owned(), value.to_json()))
+            .collect(),
+    }
+}
+
+/// Messages stored in one transaction, and where to say how it went.
+struct WriteJob {
+    messages: Vec<Prepared>,
+    /// Per message, whether it was a duplicate; or why none of them was stored.
+    reply: oneshot::Sender<Result<Vec<bool>, SendError>>,
 }
 
 pub struct EmbeddedQueue {
@@ -57,53 +132,107 @@ impl EmbeddedQueue {
             reader: Arc::new(Mutex::new(reader)),
         })
     }
+
+    /// Hand `messages` to the writer as one job and wait for it, until `deadline`.
+    async fn write(
+        &self,
+        messages: Vec<Prepared>,
+        deadline: Instant,
+    ) -> Result<Vec<bool>, SendError> {
+        let count = messages.len();
+        let write = async {
+            let (reply, answer) = oneshot::channel();
+            self.jobs
+                .send(WriteJob { messages, reply })
+                .await
+                .map_err(|_| SendError::Unavailable("the embedded writer has stopped".into()))?;
+            answer
+                .await
+                .map_err(|_| SendError::Unavailable("the embedded writer has stopped".into()))?
+        };
+        // Dropping `write` at the deadline drops the reply receiver, which tells the
+        // writer to skip the job if it has not committed it yet.
+        let duplicates = tokio::time::timeout_at(deadline, write)
+            .await
+            .map_err(|_| SendError::Timeout)??;
+        if duplicates.len() != count {
+            return Err(SendError::Failed(format!(
+                "the embedded writer answered for {} of {count} messages",
+                duplicates.len()
+            )));
+        }
+        Ok(duplicates)
+    }
 }
 
 fn write_loop(mut store: Store, mut inbox: mpsc::Receiver<WriteJob>) {
-    let mut batch: Vec<WriteJob> = Vec::with_capacity(MAX_BATCH);
+    let mut carried: Option<WriteJob> = None;
     let mut last_prune = std::time::Instant::now();
-    while let Some(first) = inbox.blocking_recv() {
-        batch.push(first);
-        while batch.len() < MAX_BATCH {
-            match inbox.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
-        // The caller gave up (deadline or disconnect): never store what nobody waits for.
-        batch.retain(|job| !job.reply.is_closed());
-        if batch.is_empty() {
-            continue;
-        }
-        let now_ms = unix_ms(SystemTime::now());
-        let rows: Vec<store::NewMessage<'_>> = batch
-            .iter()
-            .map(|job| store::NewMessage {
-                queue: job.message.queue.as_str(),
-                message_id: job.message.message_id.as_str(),
-                correlation_id: job.message.correlation_id.as_ref().map(|c| c.as_str()),
-                body: &job.message.body,
-            })
-            .collect();
-        let outcome = store.insert_batch(&rows, now_ms);
-        drop(rows);
-        match outcome {
-            Ok(duplicates) => {
-                for (job, duplicate) in batch.drain(..).zip(duplicates) {
-                    let _ = job.reply.send(Ok(SendReceipt { duplicate }));
-                }
-            }
-            Err(e) => {
-                tracing::error!(event = "embedded_write_failed", error = %e, "embedded queue write failed");
-                for job in batch.drain(..) {
-                    let _ = job.reply.send(Err(SendError::Failed(e.to_string())));
-                }
-            }
-        }
+    loop {
+        let Some(first) = carried.take().or_else(|| inbox.blocking_recv()) else {
+            return;
+        };
+        let (jobs, next) = gather(first, &mut inbox);
+        carried = next;
+        commit(&mut store, jobs);
         if last_prune.elapsed() >= PRUNE_EVERY {
             last_prune = std::time::Instant::now();
-            if let Err(e) = store.prune_seen_ids(now_ms) {
+            if let Err(e) = store.prune_seen_ids() {
                 tracing::warn!(error = %e, "could not prune the duplicate-detection history");
+            }
+        }
+    }
+}
+
+/// The jobs of one transaction: `first` (whole, whatever its size), then those waiting
+/// while their messages fit in [`MAX_BATCH`]. The first that does not fit is handed back
+/// to open the next transaction: a job is never split.
+fn gather(
+    first: WriteJob,
+    inbox: &mut mpsc::Receiver<WriteJob>,
+) -> (Vec<WriteJob>, Option<WriteJob>) {
+    let mut count = first.messages.len();
+    let mut jobs = vec![first];
+    while count < MAX_BATCH {
+        match inbox.try_recv() {
+            // Nobody waits for it: it takes no room.
+            Ok(job) if job.reply.is_closed() => {}
+            Ok(job) if count + job.messages.len() <= MAX_BATCH => {
+                count += job.messages.len();
+                jobs.push(job);
+            }
+            Ok(job) => return (jobs, Some(job)),
+            Err(_) => break,
+        }
+    }
+    (jobs, None)
+}
+
+/// Store `jobs` in one transaction and answer each.
+fn commit(store: &mut Store, mut jobs: Vec<WriteJob>) {
+    // The caller gave up (deadline or disconnect): never store what nobody waits for.
+    jobs.retain(|job| !job.reply.is_closed());
+    if jobs.is_empty() {
+        return;
+    }
+    let rows: Vec<store::NewMessage<'_>> = jobs
+        .iter()
+        .flat_map(|job| job.messages.iter().map(Prepared::row))
+        .collect();
+    let outcome = store.insert_batch(&rows);
+    drop(rows);
+    match outcome {
+        Ok(duplicates) => {
+            let mut duplicates = duplicates.into_iter();
+            for job in jobs {
+                let mine = duplicates.by_ref().take(job.messages.len()).collect();
+                let _ = job.reply.send(Ok(mine));
+            }
+        }
+        Err(e) => {
+            tracing::error!(event = "embedded_write_failed", error = %e, "embedded queue write failed");
+            for job in jobs {
+                let _ = job.reply.send(Err(SendError::Failed(e.to_string())));
             }
         }
     }
@@ -120,21 +249,31 @@ impl Backend for EmbeddedQueue {
         message: OutgoingMessage,
         deadline: Instant,
     ) -> Result<SendReceipt, SendError> {
-        let write = async {
-            let (reply, answer) = oneshot::channel();
-            self.jobs
-                .send(WriteJob { message, reply })
-                .await
-                .map_err(|_| SendError::Unavailable("the embedded writer has stopped".into()))?;
-            answer
-                .await
-                .map_err(|_| SendError::Unavailable("the embedded writer has stopped".into()))?
-        };
-        // Dropping `write` at the deadline drops the reply receiver, which tells the
-        // writer to skip the message if it has not committed it yet.
-        tokio::time::timeout_at(deadline, write)
-            .await
-            .map_err(|_| SendError::Timeout)?
+        let duplicates = self.write(vec![Prepared::new(message)], deadline).await?;
+        Ok(SendReceipt {
+            duplicate: duplicates[0],
+        })
+    }
+
+    /// One job, so one transaction: every message is stored, or none is (each then fails
+    /// with the same error).
+    async fn send_batch(
+        &self,
+        messages: Vec<OutgoingMessage>,
+        deadline: Instant,
+    ) -> Vec<Result<SendReceipt, SendError>> {
+        let count = messages.len();
+        if count == 0 {
+            return Vec::new();
+        }
+        let prepared = messages.into_iter().map(Prepared::new).collect();
+        match self.write(prepared, deadline).await {
+            Ok(duplicates) => duplicates
+                .into_iter()
+                .map(|duplicate| Ok(SendReceipt { duplicate }))
+                .collect(),
+            Err(e) => vec![Err(e); count],
+        }
     }
 
     async fn backlog(&self, queue: &QueueName, deadline: Instant) -> Result<Backlog, DepthError> {
@@ -147,5 +286,252 @@ impl Backend for EmbeddedQueue {
             Ok(Ok(Err(e))) => Err(DepthError::Failed(e.to_string())),
             Ok(Ok(Ok(messages))) => Ok(Backlog::of(messages)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use rusqlite::Connection;
+    use serde_json::json;
+    use time::OffsetDateTime;
+
+    use super::*;
+    use crate::domain::{MessageId, Raw, TraceContext};
+
+    const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+    fn message(id: &str) -> OutgoingMessage {
+        OutgoingMessage::new(
+            QueueName::parse("q").unwrap(),
+            MessageId::parse(id).unwrap(),
+            None,
+            Bytes::from_static(b"{}"),
+        )
+    }
+
+    fn with_attributes(id: &str, attributes: serde_json::Value) -> OutgoingMessage {
+        let map = attributes.as_object().unwrap().clone();
+        let parsed = Attributes::parse(|f| map.get(f.json_name()).map(Raw::Json)).unwrap();
+        OutgoingMessage {
+            attributes: Arc::new(parsed),
+            trace: TraceContext::from_request(Some(TRACEPARENT), Some("vendor=1")).for_message(),
+            ..message(id)
+        }
+    }
+
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_secs(10)
+    }
+
+    fn everything(dir: &Path) -> Vec<StoredMessage> {
+        Store::open(dir)
+            .unwrap()
+            .lease("q", 10_000, Duration::from_secs(1))
+            .unwrap()
+            .into_iter()
+            .map(|l| l.message)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_send_stores_every_attribute_and_its_trace_properties() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = EmbeddedQueue::open(dir.path()).unwrap();
+        let sent = with_attributes(
+            "m",
+            json!({
+                "subject": "order.created",
+                "session_id": "customer-7",
+                "partition_key": "customer-7",
+                "time_to_live_s": 90,
+                "scheduled_enqueue_time": "2000-01-01T01:00:00+01:00",
+                "reply_to": "replies",
+                "to": "billing",
+                "properties": {"priority": "high", "attempt": 3, "ratio": 0.5, "urgent": true},
+            }),
+        );
+        let traceparent = sent.trace.parent.to_string();
+        assert!(!queue.send(sent, soon()).await.unwrap().duplicate);
+        let stored = everything(dir.path()).remove(0);
+        assert_eq!(
+            serde_json::to_value(&stored.attributes).unwrap(),
+            json!({
+                "subject": "order.created",
+                "session_id": "customer-7",
+                "partition_key": "customer-7",
+                "time_to_live_s": 90,
+                "scheduled_enqueue_time": "2000-01-01T00:00:00Z",
+                "reply_to": "replies",
+                "to": "billing",
+                "properties": {"priority": "high", "attempt": 3, "ratio": 0.5, "urgent": true},
+            })
+        );
+        let trace: Vec<(&str, &str)> = stored
+            .trace_properties
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            trace,
+            [
+                ("Diagnostic-Id", traceparent.as_str()),
+                ("traceparent", traceparent.as_str()),
+                ("tracestate", "vendor=1"),
+            ]
+        );
+        // Scheduled in the past: receivable at once, expiring 90 s after it was stored.
+        assert_eq!(stored.visible_at_ms, stored.enqueued_at_ms);
+        assert_eq!(stored.expires_at_ms, Some(stored.enqueued_at_ms + 90_000));
+    }
+
+    #[tokio::test]
+    async fn a_scheduled_send_is_stored_for_its_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = EmbeddedQueue::open(dir.path()).unwrap();
+        let at = "2999-01-01T00:00:00Z";
+        let sent = with_attributes("m", json!({"scheduled_enqueue_time": at}));
+        queue.send(sent, soon()).await.unwrap();
+        assert!(everything(dir.path()).is_empty(), "not receivable yet");
+        let at_ms = OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339)
+            .unwrap()
+            .unix_timestamp()
+            * 1_000;
+        let store = Store::open_with_clock(dir.path(), Arc::new(move || at_ms)).unwrap();
+        assert_eq!(store.depth("q").unwrap(), 1);
+        drop(store);
+        let mut later = Store::open_with_clock(dir.path(), Arc::new(move || at_ms)).unwrap();
+        let due = later.lease("q", 10, Duration::from_secs(1)).unwrap();
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].message.visible_at_ms, at_ms);
+        assert_eq!(due[0].message.expires_at_ms, None);
+    }
+
+    #[tokio::test]
+    async fn a_message_without_attributes_stores_none_but_its_trace() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = EmbeddedQueue::open(dir.path()).unwrap();
+        queue.send(message("m"), soon()).await.unwrap();
+        let stored = everything(dir.path()).remove(0);
+        assert!(stored.attributes.is_empty());
+        assert_eq!(
+            stored.trace_properties.keys().collect::<Vec<_>>(),
+            ["Diagnostic-Id", "traceparent"],
+            "no tracestate without one in the request"
+        );
+        assert_eq!(stored.expires_at_ms, None);
+    }
+
+    #[tokio::test]
+    async fn a_batch_reports_each_duplicate_as_single_sends_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = EmbeddedQueue::open(dir.path()).unwrap();
+        queue.send(message("before"), soon()).await.unwrap();
+        let results = queue
+            .send_batch(
+                vec![message("a"), message("before"), message("a"), message("b")],
+                soon(),
+            )
+            .await;
+        let duplicates: Vec<bool> = results.into_iter().map(|r| r.unwrap().duplicate).collect();
+        assert_eq!(duplicates, [false, true, true, false]);
+        assert_eq!(queue.reader.lock().depth("q").unwrap(), 3);
+        assert!(queue.send_batch(Vec::new(), soon()).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_batch_larger_than_a_transaction_is_stored_whole_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = EmbeddedQueue::open(dir.path()).unwrap();
+        // The database refuses the batch's last message: had the writer split the batch
+        // at MAX_BATCH, the first part would be stored.
+        let refuse = Connection::open(database_path(dir.path())).unwrap();
+        refuse
+            .execute_batch(
+                "CREATE TRIGGER refuse BEFORE INSERT ON messages WHEN NEW.message_id = 'last'
+                 BEGIN SELECT RAISE(ABORT, 'refused'); END;",
+            )
+            .unwrap();
+        let size = MAX_BATCH + 88;
+        let batch = |last: &str| {
+            let mut batch: Vec<_> = (1..size).map(|i| message(&format!("m-{i}"))).collect();
+            batch.push(message(last));
+            batch
+        };
+        let results = queue.send_batch(batch("last"), soon()).await;
+        assert_eq!(results.len(), size);
+        assert!(
+            results
+                .iter()
+                .all(|r| matches!(r, Err(SendError::Failed(e)) if e.contains("refused"))),
+            "every message fails with the transaction"
+        );
+        assert_eq!(queue.reader.lock().depth("q").unwrap(), 0);
+        let results = queue.send_batch(batch("fine"), soon()).await;
+        assert!(results
+            .iter()
+            .all(|r| r == &Ok(SendReceipt { duplicate: false })));
+        assert_eq!(queue.reader.lock().depth("q").unwrap(), size as u64);
+    }
+
+    fn job(size: usize) -> (WriteJob, oneshot::Receiver<Result<Vec<bool>, SendError>>) {
+        let (reply, answer) = oneshot::channel();
+        let messages = (0..size)
+            .map(|i| Prepared::new(message(&format!("m-{size}-{i}"))))
+            .collect();
+        (WriteJob { messages, reply }, answer)
+    }
+
+    fn sizes(jobs: &[WriteJob]) -> Vec<usize> {
+        jobs.iter().map(|j| j.messages.len()).collect()
+    }
+
+    #[test]
+    fn a_transaction_counts_messages_and_never_splits_a_job() {
+        let (tx, mut inbox) = mpsc::channel(16);
+        let mut answers = Vec::new();
+        for size in [1, 300, 211, 2, 600, 5] {
+            let (job, answer) = job(size);
+            answers.push(answer);
+            tx.try_send(job).ok().unwrap();
+        }
+        let next = inbox.try_recv().unwrap();
+        // 1 + 300 + 211 = 512 fill a transaction; the 2 waits for the next.
+        let (jobs, carried) = gather(next, &mut inbox);
+        assert_eq!(sizes(&jobs), [1, 300, 211]);
+        assert!(carried.is_none(), "full: nothing more was taken");
+        let next = inbox.try_recv().unwrap();
+        // 2, then 600 does not fit: handed back whole to open the next one.
+        let (jobs, carried) = gather(next, &mut inbox);
+        assert_eq!(sizes(&jobs), [2]);
+        let carried = carried.unwrap();
+        assert_eq!(carried.messages.len(), 600);
+        // Larger than a transaction, it goes alone and whole.
+        let (jobs, carried) = gather(carried, &mut inbox);
+        assert_eq!(sizes(&jobs), [600]);
+        assert!(carried.is_none());
+        let (jobs, carried) = gather(inbox.try_recv().unwrap(), &mut inbox);
+        assert_eq!((sizes(&jobs), carried.is_none()), (vec![5], true));
+    }
+
+    #[test]
+    fn a_job_nobody_waits_for_takes_no_room_and_is_not_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path()).unwrap();
+        let (tx, mut inbox) = mpsc::channel(16);
+        let (abandoned, answer) = job(500);
+        drop(answer);
+        tx.try_send(abandoned).ok().unwrap();
+        let (kept, mut kept_answer) = job(100);
+        tx.try_send(kept).ok().unwrap();
+        let (first, first_answer) = job(3);
+        let (jobs, carried) = gather(first, &mut inbox);
+        assert_eq!(sizes(&jobs), [3, 100], "the abandoned 500 took no room");
+        assert!(carried.is_none());
+        // The caller of a gathered job gives up before the commit: skipped whole.
+        drop(first_answer);
+        commit(&mut store, jobs);
+        assert_eq!(store.depth("q").unwrap(), 100);
+        assert_eq!(kept_answer.try_recv().unwrap().unwrap().len(), 100);
     }
 }
