@@ -1,6 +1,7 @@
 //! sendgate against the real local RabbitMQ, with real faults: a TCP proxy that black-holes
 //! or resets live connections, and real permission changes with rabbitmqctl.
 
+mod attributes;
 mod breaker;
 mod drain;
 #[path = "../support/fault_proxy.rs"]
