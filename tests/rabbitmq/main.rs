@@ -2,6 +2,7 @@
 //! or resets live connections, and real permission changes with rabbitmqctl.
 
 mod attributes;
+mod batch;
 mod breaker;
 mod drain;
 #[path = "../support/fault_proxy.rs"]
