@@ -1,6 +1,8 @@
 //! sendgate against the real local RabbitMQ, with real faults: a TCP proxy that black-holes
 //! or resets live connections, and real permission changes with rabbitmqctl.
 
+mod attributes;
+mod batch;
 mod breaker;
 mod drain;
 #[path = "../support/fault_proxy.rs"]

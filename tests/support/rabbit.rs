@@ -228,3 +228,31 @@ impl Drop for TempUser {
             .output();
     }
 }
+
+/// Each channel of `user`'s connections as the management API counts it, busiest first:
+/// (messages published on it, publishes it confirmed). The statistics trail by about a
+/// refresh (`collect_statistics_interval`); a channel that published nothing counts 0.
+pub async fn channel_publishes(user: &str) -> Vec<(u64, u64)> {
+    sendgate::tls::install_ring();
+    let channels: serde_json::Value = reqwest::Client::new()
+        .get(format!(
+            "http://{MANAGEMENT}/api/channels?columns=user,number,message_stats"
+        ))
+        .basic_auth("guest", Some("guest"))
+        .send()
+        .await
+        .expect("the management API answers")
+        .json()
+        .await
+        .expect("a JSON list of channels");
+    let count = |c: &serde_json::Value, what: &str| c["message_stats"][what].as_u64().unwrap_or(0);
+    let mut out: Vec<(u64, u64)> = channels
+        .as_array()
+        .expect("a JSON list of channels")
+        .iter()
+        .filter(|c| c["user"] == user)
+        .map(|c| (count(c, "publish"), count(c, "confirm")))
+        .collect();
+    out.sort_unstable_by(|a, b| b.cmp(a));
+    out
+}

@@ -211,6 +211,12 @@ impl Link {
         }
     }
 
+    /// The frame size asked for (the broker may lower it; the session's connection has
+    /// the one negotiated).
+    pub fn frame_max(&self) -> u32 {
+        self.uri.query.frame_max.unwrap_or(DEFAULT_FRAME_MAX)
+    }
+
     /// The current session, connecting first if there is none (or it died).
     pub async fn session(&self, deadline: Instant) -> Result<Arc<Session>, LinkError> {
         if let Some(s) = self.live_session() {

@@ -4,25 +4,32 @@
 //! Sends are persistent messages published to the default exchange with the queue as
 //! routing key, `mandatory` (an unroutable publish comes back as an error instead of being
 //! dropped), and waited on with publisher confirms: a 2xx means the broker took
-//! responsibility for the message.
+//! responsibility for the message. A batch is published back to back on one channel and
+//! its confirms awaited together; each message's confirm is mapped as a single send's.
+//! The attributes' mapping is `properties.rs`'s.
 
 mod link;
 mod management;
+mod properties;
 pub mod stats;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lapin::options::BasicPublishOptions;
-use lapin::{BasicProperties, Confirmation};
+use lapin::{Channel, Confirmation};
 use tokio::time::Instant;
 
 use super::{Backend, Backlog, DepthError, DepthLag, OutgoingMessage, SendError, SendReceipt};
 use crate::config::{DepthSource, RabbitMqSettings};
-use crate::domain::QueueName;
-use link::{Link, LinkError};
+use crate::domain::{Attributes, Field, QueueName};
+use link::{Link, LinkError, Session};
 use management::{Management, QueueCount};
+use properties::Unfit;
 use stats::StatsLag;
 
 /// How long a client is told to wait while the broker blocks publishers (memory or disk alarm).
@@ -103,24 +110,84 @@ impl RabbitMq {
     }
 }
 
-/// The message properties of every send: persistent JSON, with the ids the producer gave.
-fn properties_of(message: &OutgoingMessage) -> BasicProperties {
-    let properties = BasicProperties::default()
-        .with_delivery_mode(2)
-        .with_content_type("application/json".into())
-        .with_message_id(message.message_id.as_str().into());
-    match &message.correlation_id {
-        Some(c) => properties.with_correlation_id(c.as_str().into()),
-        None => properties,
-    }
+/// A batch's publish, polled once (its frames queued) and either finished or waiting.
+enum Started<'a> {
+    /// The deadline had passed before its turn: never published.
+    NotIssued,
+    Done(Result<SendReceipt, SendError>),
+    Waiting(Pin<Box<dyn Future<Output = Result<SendReceipt, SendError>> + Send + 'a>>),
 }
 
 impl RabbitMq {
+    /// The session to publish on, or why nothing may be published now (every message of a
+    /// send or a batch then fails the same way).
+    async fn publishing_session(&self, deadline: Instant) -> Result<Arc<Session>, SendError> {
+        let session = self.link.session(deadline).await.map_err(|e| match e {
+            LinkError::AccessRefused(why) => SendError::AuthFailed(why),
+            other => SendError::Unavailable(other.to_string()),
+        })?;
+        if session.connection.status().blocked() {
+            // A blocked connection accepts publishes and never confirms them: answer now.
+            return Err(SendError::Busy {
+                reason: "the broker is blocking publishers (memory or disk alarm)".into(),
+                retry_after: Some(BLOCKED_RETRY_AFTER),
+            });
+        }
+        // A publish is never issued past its deadline (docs/fleet.md, A2): the fleet stops
+        // counting an admission a hold after it, which assumes it was stored by then or never.
+        if Instant::now() >= deadline {
+            return Err(SendError::Timeout);
+        }
+        Ok(session)
+    }
+
+    /// Publish `message` on `channel` and wait for its confirm until `deadline`; the
+    /// result as a send's. `Timeout` here always means published and not confirmed in
+    /// time: what that costs the channel is the caller's to note, once per send or batch.
+    /// Its frames are queued on the channel when the future is first polled (lapin queues
+    /// them before it waits for anything), which `send_batch` relies on for its order.
+    async fn publish(
+        &self,
+        session: &Session,
+        channel: &Channel,
+        message: &OutgoingMessage,
+        deadline: Instant,
+    ) -> Result<SendReceipt, SendError> {
+        // The broker may have lowered the frame size asked for: what `unsupported` let
+        // through can still not fit, and is then refused here, before anything is sent.
+        let frame_max = session.connection.configuration().frame_max() as usize;
+        let properties = properties::check_frame(message, frame_max)
+            .and_then(|()| properties::properties_of(message))
+            .map_err(|unfit| match unfit {
+                Unfit::Header { .. } => SendError::TooLarge,
+                Unfit::ShortString(_) => SendError::Failed(unfit.to_string()),
+            })?;
+        let confirmed = async {
+            channel
+                .basic_publish(
+                    "".into(),
+                    message.queue.as_str().into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    &message.body,
+                    properties,
+                )
+                .await?
+                .await
+        };
+        match tokio::time::timeout_at(deadline, confirmed).await {
+            Ok(confirmed) => self.settle(session, confirmed),
+            Err(_) => Err(SendError::Timeout),
+        }
+    }
+
     /// What the broker's confirm (or the error instead of one) means for the send, and for
     /// the connection's health.
     fn settle(
         &self,
-        session: &link::Session,
+        session: &Session,
         confirmed: Result<Confirmation, lapin::Error>,
     ) -> Result<SendReceipt, SendError> {
         match confirmed {
@@ -178,50 +245,78 @@ impl Backend for RabbitMq {
         deadline: Instant,
     ) -> Result<SendReceipt, SendError> {
         let budget = deadline.saturating_duration_since(Instant::now());
-        let session = self.link.session(deadline).await.map_err(|e| match e {
-            LinkError::AccessRefused(why) => SendError::AuthFailed(why),
-            other => SendError::Unavailable(other.to_string()),
-        })?;
-        if session.connection.status().blocked() {
-            // A blocked connection accepts publishes and never confirms them: answer now.
-            return Err(SendError::Busy {
-                reason: "the broker is blocking publishers (memory or disk alarm)".into(),
-                retry_after: Some(BLOCKED_RETRY_AFTER),
+        let session = self.publishing_session(deadline).await?;
+        let publisher = session.publisher();
+        let result = self
+            .publish(&session, &publisher.channel, &message, deadline)
+            .await;
+        if result == Err(SendError::Timeout) {
+            // Dropping the publish future abandons the confirm, but the channel keeps
+            // its state until it closes: the channel is recycled. Sends that began on
+            // it after this one end within about one budget; twice that is the grace.
+            self.link.note_timeout(&session, &publisher, budget * 2);
+        }
+        result
+    }
+
+    /// All on one publisher channel, back to back, then every confirm awaited together: one
+    /// round trip's wait for the batch, not one per message; each result as `send` maps it.
+    async fn send_batch(
+        &self,
+        messages: Vec<OutgoingMessage>,
+        deadline: Instant,
+    ) -> Vec<Result<SendReceipt, SendError>> {
+        let budget = deadline.saturating_duration_since(Instant::now());
+        let session = match self.publishing_session(deadline).await {
+            Ok(session) => session,
+            Err(e) => return vec![Err(e); messages.len()],
+        };
+        let publisher = session.publisher();
+        let mut started = Vec::with_capacity(messages.len());
+        for message in &messages {
+            if Instant::now() >= deadline {
+                started.push(Started::NotIssued);
+                continue;
+            }
+            let mut publish =
+                Box::pin(self.publish(&session, &publisher.channel, message, deadline));
+            // Polled once here, in the batch's order: that queues its frames, so the
+            // channel carries the messages in this order (and the broker stores them so)
+            // without waiting for one to be written before the next is queued.
+            let first = std::future::poll_fn(|cx| Poll::Ready(publish.as_mut().poll(cx))).await;
+            started.push(match first {
+                Poll::Ready(result) => Started::Done(result),
+                Poll::Pending => Started::Waiting(publish),
             });
         }
-        // A publish is never issued past its deadline (docs/fleet.md, A2): the fleet stops
-        // counting an admission a hold after it, which assumes it was stored by then or never.
-        if Instant::now() >= deadline {
-            return Err(SendError::Timeout);
-        }
-        let properties = properties_of(&message);
-        let publisher = session.publisher();
-        let publish = async {
-            let confirm = publisher
-                .channel
-                .basic_publish(
-                    "".into(),
-                    message.queue.as_str().into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..BasicPublishOptions::default()
-                    },
-                    &message.body,
-                    properties,
-                )
-                .await?;
-            confirm.await
-        };
-        match tokio::time::timeout_at(deadline, publish).await {
-            Err(_) => {
-                // Dropping the publish future abandons the confirm, but the channel keeps
-                // its state until it closes: the channel is recycled. Sends that began on
-                // it after this one end within about one budget; twice that is the grace.
-                self.link.note_timeout(&session, &publisher, budget * 2);
-                Err(SendError::Timeout)
+        let mut timed_out = false;
+        let results = futures_util::future::join_all(started.into_iter().map(|s| async move {
+            match s {
+                // As a single send past its deadline before it is issued.
+                Started::NotIssued => (Err(SendError::Timeout), false),
+                Started::Done(result) => (result, true),
+                Started::Waiting(publish) => (publish.await, true),
             }
-            Ok(confirmed) => self.settle(&session, confirmed),
+        }))
+        .await
+        .into_iter()
+        .map(|(result, published)| {
+            timed_out |= published && result == Err(SendError::Timeout);
+            result
+        })
+        .collect();
+        if timed_out {
+            // As for one send: the abandoned confirms stay on the channel, which is
+            // recycled; the batch counts as one send that ended at its deadline.
+            self.link.note_timeout(&session, &publisher, budget * 2);
         }
+        results
+    }
+
+    /// A scheduled enqueue (no delayed delivery without a plugin), and what AMQP's
+    /// encoding cannot hold (`properties.rs`): refused, never sent without them.
+    fn unsupported(&self, attributes: &Attributes) -> Option<Field> {
+        properties::unsupported(attributes, self.link.frame_max() as usize)
     }
 
     async fn backlog(&self, queue: &QueueName, deadline: Instant) -> Result<Backlog, DepthError> {
