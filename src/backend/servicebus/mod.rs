@@ -12,6 +12,7 @@
 
 pub mod atom;
 pub mod auth;
+pub mod batch;
 pub mod rest;
 
 use std::sync::Arc;
