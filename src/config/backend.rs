@@ -140,6 +140,7 @@ pub fn parse(
                 managed_identity_client_id: scoped
                     .sourced(|v| v.servicebus_managed_identity_client_id)
                     .map(|s| s.value),
+                max_batch_bytes: layers.count(scoped.pick(|v| v.servicebus_max_batch_bytes))?,
                 namespace_var: scoped.pick(|v| v.servicebus_namespace),
             };
             BackendSettings::ServiceBus(servicebus::resolve(&input, queues)?)

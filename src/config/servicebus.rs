@@ -21,6 +21,9 @@ pub struct ServiceBusSettings {
     pub manage: CredentialPlan,
     /// A user-assigned managed identity, when Entra ID is used.
     pub managed_identity_client_id: Option<String>,
+    /// The largest JSON body of one batch send (`SENDGATE_SERVICEBUS_MAX_BATCH_BYTES`): the
+    /// tier's batch limit, which the namespace does not tell a sender over REST.
+    pub max_batch_bytes: usize,
 }
 
 /// A connection string's key never shows: it is a `Secret`.
@@ -44,6 +47,8 @@ pub struct ServiceBusInput<'a> {
     pub endpoint: Option<Sourced<'a>>,
     pub manage_connection_string: Option<Sourced<'a>>,
     pub managed_identity_client_id: Option<&'a str>,
+    /// Already within its variable's bounds (the layers check them).
+    pub max_batch_bytes: u64,
     /// Named in the "needs a namespace" error.
     pub namespace_var: &'static Var,
 }
@@ -119,6 +124,8 @@ pub fn resolve(
         send,
         manage,
         managed_identity_client_id: input.managed_identity_client_id.map(str::to_owned),
+        // At most 1 MiB (its bounds): it fits a usize on every target.
+        max_batch_bytes: usize::try_from(input.max_batch_bytes).unwrap_or(usize::MAX),
     })
 }
 

@@ -907,4 +907,65 @@ mod servicebus {
         assert_eq!(err.variable(), Some("SERVICEBUS_CONNECTION_STRING"));
         assert!(err.to_string().contains("\"other\""), "{err}");
     }
+
+    #[test]
+    fn the_batch_limit_is_the_standard_tier_s_unless_set_and_stays_in_its_bounds() {
+        let ns = ("SERVICEBUS_NAMESPACE", "ns");
+        assert_eq!(plan_of(&[ns]).unwrap().max_batch_bytes, 262_144);
+        let premium = plan_of(&[ns, ("SENDGATE_SERVICEBUS_MAX_BATCH_BYTES", "1048576")]);
+        assert_eq!(premium.unwrap().max_batch_bytes, 1_048_576);
+        assert_eq!(
+            plan_of(&[ns, ("SENDGATE_SERVICEBUS_MAX_BATCH_BYTES", "1024")])
+                .unwrap()
+                .max_batch_bytes,
+            1024
+        );
+        for bad in ["1023", "1048577", "256KB", "-1"] {
+            let err = plan_of(&[ns, ("SENDGATE_SERVICEBUS_MAX_BATCH_BYTES", bad)]).unwrap_err();
+            assert_eq!(
+                err.variable(),
+                Some("SENDGATE_SERVICEBUS_MAX_BATCH_BYTES"),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_fallback_namespace_has_its_own_batch_limit_or_the_primary_s() {
+        let fallback_limit = |pairs: &[(&'static Var, &str)]| {
+            let mut all = vec![
+                (&v::FALLBACK_BACKEND, "servicebus"),
+                (&v::FALLBACK_SERVICEBUS_NAMESPACE, "other"),
+            ];
+            all.extend_from_slice(pairs);
+            match Settings::from_overrides(&all).unwrap().fallback {
+                Some(BackendSettings::ServiceBus(s)) => s.max_batch_bytes,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(fallback_limit(&[]), 262_144);
+        assert_eq!(
+            fallback_limit(&[(&v::SERVICEBUS_MAX_BATCH_BYTES, "500000")]),
+            500_000,
+            "unset, the primary's"
+        );
+        assert_eq!(
+            fallback_limit(&[
+                (&v::SERVICEBUS_MAX_BATCH_BYTES, "1048576"),
+                (&v::FALLBACK_SERVICEBUS_MAX_BATCH_BYTES, "262144"),
+            ]),
+            262_144,
+            "a Standard fallback under a Premium primary"
+        );
+        let err = Settings::from_overrides(&[
+            (&v::FALLBACK_BACKEND, "servicebus"),
+            (&v::FALLBACK_SERVICEBUS_NAMESPACE, "other"),
+            (&v::FALLBACK_SERVICEBUS_MAX_BATCH_BYTES, "10"),
+        ])
+        .unwrap_err();
+        assert_eq!(
+            err.variable(),
+            Some("SENDGATE_FALLBACK_SERVICEBUS_MAX_BATCH_BYTES")
+        );
+    }
 }

@@ -282,6 +282,18 @@ pub const SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID: Var = Var::server(
     "Client id of a user-assigned managed identity (Entra ID only); unset = system-assigned.",
 );
 
+pub const SERVICEBUS_MAX_BATCH_BYTES: Var = Var::server(
+    "SENDGATE_SERVICEBUS_MAX_BATCH_BYTES",
+    G::ServiceBus,
+    K::Whole {
+        min: 1024,
+        max: 1_048_576,
+    },
+    "Largest JSON body of one Service Bus batch send (the tier's batch limit: 262144 Standard, 1048576 Premium over HTTP); a batch is split into calls under it, and a message too large alone is refused.",
+)
+.default("262144")
+.unit(Unit::Bytes);
+
 pub const SERVICEBUS_SEND_MAX_QUEUE_DEPTH: Var = Var::server(
     "SERVICEBUS_SEND_MAX_QUEUE_DEPTH",
     G::Capacity,
@@ -621,6 +633,10 @@ pub const FALLBACK_SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID: Var = Var::fallback(
     "SENDGATE_FALLBACK_SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID",
     &SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID,
 );
+pub const FALLBACK_SERVICEBUS_MAX_BATCH_BYTES: Var = Var::fallback(
+    "SENDGATE_FALLBACK_SERVICEBUS_MAX_BATCH_BYTES",
+    &SERVICEBUS_MAX_BATCH_BYTES,
+);
 
 pub const COORDINATION: Var = Var::server(
     "SENDGATE_COORDINATION",
@@ -699,6 +715,7 @@ pub const VARIABLES: &[&Var] = &[
     &SERVICEBUS_ENDPOINT,
     &SERVICEBUS_MANAGE_CONNECTION_STRING,
     &SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID,
+    &SERVICEBUS_MAX_BATCH_BYTES,
     &SERVICEBUS_SEND_MAX_QUEUE_DEPTH,
     &SERVICEBUS_SEND_FAILCLOSED,
     &SERVICEBUS_SEND_FAILCLOSED_STREAK,
@@ -744,6 +761,7 @@ pub const VARIABLES: &[&Var] = &[
     &FALLBACK_SERVICEBUS_ENDPOINT,
     &FALLBACK_SERVICEBUS_MANAGE_CONNECTION_STRING,
     &FALLBACK_SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID,
+    &FALLBACK_SERVICEBUS_MAX_BATCH_BYTES,
     &COORDINATION,
     &REDIS_URL,
     &REDIS_AUTH,
@@ -769,6 +787,7 @@ pub struct BackendVars {
     pub servicebus_endpoint: &'static Var,
     pub servicebus_manage_connection_string: &'static Var,
     pub servicebus_managed_identity_client_id: &'static Var,
+    pub servicebus_max_batch_bytes: &'static Var,
 }
 
 pub const PRIMARY_VARS: BackendVars = BackendVars {
@@ -785,6 +804,7 @@ pub const PRIMARY_VARS: BackendVars = BackendVars {
     servicebus_endpoint: &SERVICEBUS_ENDPOINT,
     servicebus_manage_connection_string: &SERVICEBUS_MANAGE_CONNECTION_STRING,
     servicebus_managed_identity_client_id: &SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID,
+    servicebus_max_batch_bytes: &SERVICEBUS_MAX_BATCH_BYTES,
 };
 
 pub const FALLBACK_VARS: BackendVars = BackendVars {
@@ -801,6 +821,7 @@ pub const FALLBACK_VARS: BackendVars = BackendVars {
     servicebus_endpoint: &FALLBACK_SERVICEBUS_ENDPOINT,
     servicebus_manage_connection_string: &FALLBACK_SERVICEBUS_MANAGE_CONNECTION_STRING,
     servicebus_managed_identity_client_id: &FALLBACK_SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID,
+    servicebus_max_batch_bytes: &FALLBACK_SERVICEBUS_MAX_BATCH_BYTES,
 };
 
 /// The declared variable of this name, if any.
@@ -834,6 +855,7 @@ mod tests {
                 set.servicebus_endpoint,
                 set.servicebus_manage_connection_string,
                 set.servicebus_managed_identity_client_id,
+                set.servicebus_max_batch_bytes,
             ] {
                 assert!(seen.contains(v.name), "{} is not in VARIABLES", v.name);
             }

@@ -9,7 +9,7 @@ use sha2::Sha256;
 pub use crate::gateway::{body_json, build_only, retry_after};
 use crate::gateway::{settings_of, Gateway};
 
-use crate::stub::{Recorded, ServiceBusStub};
+use crate::stub::{Recorded, ServiceBusStub, StubMessage};
 
 /// The send key. It looks like base64 but is used as its UTF-8 bytes.
 pub const SEND_KEY: &str = "c2VuZGdhdGUtc2VuZC1rZXk9PQ==";
@@ -75,6 +75,30 @@ pub async fn launch(stub: ServiceBusStub, vars: &[(&str, &str)]) -> TestApp {
         stub,
         queues,
         start_up_requests: 0,
+    }
+}
+
+/// The Service Bus backend itself (no gateway) on `stub`, built from the same settings the
+/// app is: for what the HTTP routes do not reach yet (`send_batch`).
+pub fn backend_on(
+    stub: &ServiceBusStub,
+    vars: &[(&str, &str)],
+) -> sendgate::backend::servicebus::ServiceBus {
+    let endpoint = stub.endpoint();
+    let send = connection_string("send", SEND_KEY);
+    let settings = settings_of(&[
+        &[
+            ("SENDGATE_BACKEND", "servicebus"),
+            ("SERVICEBUS_ENDPOINT", &endpoint),
+            ("SERVICEBUS_CONNECTION_STRING", &send),
+        ],
+        vars,
+    ]);
+    match settings.primary {
+        sendgate::config::BackendSettings::ServiceBus(plan) => {
+            sendgate::backend::servicebus::ServiceBus::new(&plan).expect("the backend builds")
+        }
+        other => panic!("not servicebus: {other:?}"),
     }
 }
 
@@ -200,4 +224,18 @@ pub fn assert_sas_verifies(authorization: &str, key: &str) -> SasFields {
         "the signature does not verify with this key: {authorization}"
     );
     f
+}
+
+/// The one message of a send, read by the documented batch form (a single send is a batch
+/// of one).
+pub fn only_message(send: &Recorded) -> StubMessage {
+    let mut messages = send
+        .batch()
+        .unwrap_or_else(|why| panic!("not the documented batch form: {why}"));
+    assert_eq!(
+        messages.len(),
+        1,
+        "a single send is a batch of one: {messages:?}"
+    );
+    messages.remove(0)
 }

@@ -2,6 +2,8 @@
 //! port, its backend pointed at a local stub of the Service Bus REST endpoints that
 //! serves the recorded bodies (tests/data/servicebus) and records every request.
 
+mod attributes;
+mod batch;
 mod depth;
 #[allow(dead_code)]
 #[path = "../support/faulty_backend.rs"]

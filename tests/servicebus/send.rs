@@ -3,15 +3,18 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::helpers::{
-    assert_sas_verifies, body_json, connection_string, percent_decode, spawn_with, MANAGE_KEY,
-    NAMESPACE, SEND_KEY,
+    assert_sas_verifies, body_json, connection_string, only_message, percent_decode, spawn_with,
+    MANAGE_KEY, NAMESPACE, SEND_KEY,
 };
+use crate::stub::BATCH_CONTENT_TYPE;
 
 #[tokio::test]
-async fn a_send_is_one_post_with_the_body_byte_for_byte_and_its_broker_properties() {
+async fn a_send_is_one_post_of_a_batch_of_one_with_the_body_byte_for_byte_and_its_broker_properties(
+) {
     let app = spawn_with(&[]).await;
     // Whitespace, key order and escapes that a re-serialisation would change.
-    let body = "{ \"prompt\" : \"h\\u00e9llo\",\n  \"n\": [1, 2.50, 1e3] }";
+    let body =
+        "{ \"prompt\" : \"h\\u00e9llo\",\n  \"n\": [1, 2.50, 1e3], \"q\": \"caf\u{e9} \\\"\" }";
     let response = app
         .send_with(
             body,
@@ -29,13 +32,21 @@ async fn a_send_is_one_post_with_the_body_byte_for_byte_and_its_broker_propertie
     assert_eq!(sends.len(), 1, "{sends:?}");
     let send = &sends[0];
     assert_eq!(send.request_line(), "POST /requests/messages HTTP/1.1");
-    assert_eq!(send.body, body.as_bytes(), "the body arrives byte for byte");
-    assert_eq!(send.header("Content-Type"), Some("application/json"));
-    assert_eq!(send.header_count("BrokerProperties"), 1);
-    let properties: serde_json::Value =
-        serde_json::from_str(send.header("BrokerProperties").unwrap()).unwrap();
+    // Send Message Batch: the content type without parameters, no BrokerProperties header.
+    assert_eq!(send.header("Content-Type"), Some(BATCH_CONTENT_TYPE));
+    assert_eq!(send.header_count("BrokerProperties"), 0);
+    let message = only_message(send);
     assert_eq!(
-        properties,
+        message.body,
+        body.as_bytes(),
+        "the body arrives byte for byte"
+    );
+    assert!(
+        message.is_body_base64,
+        "bytes travel as base64, the documented flag set"
+    );
+    assert_eq!(
+        serde_json::Value::Object(message.broker),
         serde_json::json!({"MessageId": "order-1", "CorrelationId": "corr-9"})
     );
     let authorization = send.header("Authorization").unwrap();
@@ -43,6 +54,7 @@ async fn a_send_is_one_post_with_the_body_byte_for_byte_and_its_broker_propertie
         authorization.starts_with("SharedAccessSignature sr="),
         "{authorization}"
     );
+    assert!(app.stub.violations().is_empty());
 }
 
 #[tokio::test]
@@ -56,10 +68,11 @@ async fn without_a_correlation_id_broker_properties_carry_only_the_generated_mes
         .to_owned();
     assert_eq!(message_id.len(), 36, "a UUID: {message_id}");
 
-    let send = &app.stub.sends()[0];
-    let properties: serde_json::Value =
-        serde_json::from_str(send.header("BrokerProperties").unwrap()).unwrap();
-    assert_eq!(properties, serde_json::json!({ "MessageId": message_id }));
+    let message = only_message(&app.stub.sends()[0]);
+    assert_eq!(
+        serde_json::Value::Object(message.broker),
+        serde_json::json!({ "MessageId": message_id })
+    );
 }
 
 #[tokio::test]

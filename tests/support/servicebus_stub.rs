@@ -8,6 +8,13 @@
 //!
 //! Routes: `POST …/messages` is a send; any `GET` is a depth read; anything else is 404.
 //!
+//! A send must be Microsoft's documented Send Message Batch form (the only form the
+//! gateway uses): `Content-Type: application/vnd.microsoft.servicebus.json` exactly, a
+//! JSON array of `{"Body", "IsBodyBase64"?, "BrokerProperties"?, "UserProperties"?}`, the
+//! broker properties by their documented names and types ([`Recorded::batch`] checks it).
+//! Anything else is answered `400` as Service Bus would, and its reason kept
+//! ([`ServiceBusStub::violations`]), so a test fails on it either way.
+//!
 //! Script the stub before the application starts when the start-up depth read (one per
 //! served queue, made while the gateway is `starting`) must get the scripted answer.
 
@@ -18,7 +25,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use base64::Engine as _;
 use parking_lot::Mutex;
+use serde_json::{Map, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -60,6 +69,10 @@ pub struct Recorded {
     pub version: String,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// When the stub had read it whole.
+    pub received_at: std::time::Instant,
+    /// When the stub had written its answer (`None`: not answered, or not yet).
+    pub answered_at: Option<std::time::Instant>,
 }
 
 impl Recorded {
@@ -100,6 +113,42 @@ impl Recorded {
             .count()
     }
 
+    /// The messages of a send, read strictly by the documented batch form; why not, if
+    /// the request is not of that form.
+    pub fn batch(&self) -> Result<Vec<StubMessage>, String> {
+        let content_type = self.header("Content-Type");
+        if content_type != Some(BATCH_CONTENT_TYPE) {
+            return Err(format!(
+                "Content-Type must be exactly {BATCH_CONTENT_TYPE} (no parameters): {content_type:?}"
+            ));
+        }
+        if self.header_count("BrokerProperties") > 0 {
+            return Err("a batch's broker properties go in its body, not a header".into());
+        }
+        let entries: Vec<Value> = match serde_json::from_slice(&self.body) {
+            Ok(Value::Array(entries)) => entries,
+            Ok(other) => return Err(format!("the body is not a JSON array: {other}")),
+            Err(e) => return Err(format!("the body is not JSON: {e}")),
+        };
+        if entries.is_empty() {
+            return Err("an empty batch".into());
+        }
+        entries
+            .iter()
+            .enumerate()
+            .map(|(i, entry)| StubMessage::read(entry).map_err(|e| format!("message {i}: {e}")))
+            .collect()
+    }
+
+    /// The `MessageId`s of a send's messages, in their order (empty if not a batch).
+    pub fn message_ids(&self) -> Vec<String> {
+        self.batch()
+            .unwrap_or_default()
+            .iter()
+            .map(|m| m.message_id().to_owned())
+            .collect()
+    }
+
     fn route(&self) -> Route {
         if self.method == "POST" && self.target.ends_with("/messages") {
             Route::Send
@@ -109,6 +158,175 @@ impl Recorded {
             Route::Other
         }
     }
+}
+
+/// The batch form's content type (Send Message Batch: "Set to
+/// application/vnd.microsoft.servicebus.json, without parameters such as charset=utf-8").
+pub const BATCH_CONTENT_TYPE: &str = "application/vnd.microsoft.servicebus.json";
+
+/// The broker properties a sender may set, as Message Headers and Properties lists them,
+/// and the JSON type of each.
+const BROKER_PROPERTIES: [(&str, JsonType); 12] = [
+    ("CorrelationId", JsonType::String),
+    ("ForcePersistence", JsonType::Bool),
+    ("Label", JsonType::String),
+    ("MessageId", JsonType::String),
+    ("PartitionKey", JsonType::String),
+    ("ReplyTo", JsonType::String),
+    ("ReplyToSessionId", JsonType::String),
+    // "DateTime headers are formatted as defined by RFC2616 ... Sun, 06 Nov 1994 08:49:37 GMT"
+    ("ScheduledEnqueueTimeUtc", JsonType::HttpDate),
+    ("SessionId", JsonType::String),
+    // "BrokerProperties {TimeToLive} is the number of seconds of the TimeSpan (double)"
+    ("TimeToLive", JsonType::Number),
+    ("To", JsonType::String),
+    ("ViaPartitionKey", JsonType::String),
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum JsonType {
+    String,
+    Bool,
+    Number,
+    HttpDate,
+}
+
+/// One message of a batch send, as Service Bus would take it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StubMessage {
+    /// The message's bytes: `Body` decoded from base64 when `IsBodyBase64` is true.
+    pub body: Vec<u8>,
+    pub is_body_base64: bool,
+    pub broker: Map<String, Value>,
+    pub user: Map<String, Value>,
+}
+
+impl StubMessage {
+    fn read(entry: &Value) -> Result<Self, String> {
+        let Value::Object(fields) = entry else {
+            return Err(format!("not a JSON object: {entry}"));
+        };
+        for name in fields.keys() {
+            if !["Body", "IsBodyBase64", "BrokerProperties", "UserProperties"]
+                .contains(&name.as_str())
+            {
+                return Err(format!("unknown field {name:?}"));
+            }
+        }
+        let Some(Value::String(body)) = fields.get("Body") else {
+            return Err("Body must be a string".into());
+        };
+        let is_body_base64 = match fields.get("IsBodyBase64") {
+            None => false,
+            Some(Value::Bool(b)) => *b,
+            Some(other) => return Err(format!("IsBodyBase64 must be a boolean: {other}")),
+        };
+        let body = if is_body_base64 {
+            base64::engine::general_purpose::STANDARD
+                .decode(body)
+                .map_err(|e| format!("Body is not base64: {e}"))?
+        } else {
+            body.as_bytes().to_vec()
+        };
+        let object = |name: &str| match fields.get(name) {
+            None => Ok(Map::new()),
+            Some(Value::Object(map)) => Ok(map.clone()),
+            Some(other) => Err(format!("{name} must be an object: {other}")),
+        };
+        let broker = object("BrokerProperties")?;
+        let user = object("UserProperties")?;
+        for (name, value) in &broker {
+            let Some((_, kind)) = BROKER_PROPERTIES.iter().find(|(n, _)| n == name) else {
+                return Err(format!("{name:?} is not a broker property a sender sets"));
+            };
+            let fits = match kind {
+                JsonType::String => value.is_string(),
+                JsonType::Bool => value.is_boolean(),
+                JsonType::Number => value.is_number(),
+                JsonType::HttpDate => value.as_str().is_some_and(is_http_date),
+            };
+            if !fits {
+                return Err(format!(
+                    "BrokerProperties.{name} is not a {kind:?}: {value}"
+                ));
+            }
+        }
+        if let (Some(session), Some(partition)) =
+            (broker.get("SessionId"), broker.get("PartitionKey"))
+        {
+            if session != partition {
+                return Err("SessionId and PartitionKey must be the same value".into());
+            }
+        }
+        for (name, value) in &user {
+            if !(value.is_string() || value.is_number() || value.is_boolean()) {
+                return Err(format!(
+                    "UserProperties.{name} must be a string, number or boolean: {value}"
+                ));
+            }
+        }
+        Ok(Self {
+            body,
+            is_body_base64,
+            broker,
+            user,
+        })
+    }
+
+    pub fn message_id(&self) -> &str {
+        self.broker
+            .get("MessageId")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    }
+}
+
+/// `Sun, 06 Nov 1994 08:49:37 GMT` (RFC 1123, the form RFC 2616 prefers), its weekday
+/// the date's: checked by hand so the stub does not share the code under test's library.
+fn is_http_date(text: &str) -> bool {
+    const DAYS: [&str; 7] = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let b = text.as_bytes();
+    let digits = |r: std::ops::Range<usize>| -> Option<u32> {
+        let part = text.get(r)?;
+        part.bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| part.parse().ok())?
+    };
+    if b.len() != 29 || &text[3..5] != ", " || !text.ends_with(" GMT") {
+        return false;
+    }
+    let (Some(day), Some(year), Some(h), Some(m), Some(s)) = (
+        digits(5..7),
+        digits(12..16),
+        digits(17..19),
+        digits(20..22),
+        digits(23..25),
+    ) else {
+        return false;
+    };
+    let Some(month) = MONTHS.iter().position(|mo| text.get(8..11) == Some(*mo)) else {
+        return false;
+    };
+    if b[7] != b' ' || b[11] != b' ' || b[16] != b' ' || b[19] != b':' || b[22] != b':' {
+        return false;
+    }
+    if !(1..=31).contains(&day) || h > 23 || m > 59 || s > 59 {
+        return false;
+    }
+    // Zeller's congruence, 0 = Saturday.
+    let (mut y, mut mo) = (year as i64, month as i64 + 1);
+    if mo < 3 {
+        mo += 12;
+        y -= 1;
+    }
+    let zeller =
+        (day as i64 + 13 * (mo + 1) / 5 + y % 100 + (y % 100) / 4 + (y / 100) / 4 + 5 * (y / 100))
+            % 7;
+    let weekday = DAYS[((zeller + 5) % 7) as usize];
+    &text[0..3] == weekday
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -189,8 +407,16 @@ struct State {
     depth: Script,
     /// Standing depth answers for one queue, ahead of `depth`.
     depth_for: HashMap<String, Reply>,
+    /// Standing send answers for a send that holds a message with this `MessageId`,
+    /// ahead of `sends`.
+    send_holding: Vec<(String, Reply)>,
+    /// Why a send was not of the documented form (answered 400).
+    violations: Vec<String>,
     requests: Vec<Recorded>,
     connections: usize,
+    /// Sends read and not yet answered, now and at most.
+    sends_in_flight: usize,
+    max_sends_in_flight: usize,
 }
 
 pub struct ServiceBusStub {
@@ -223,8 +449,12 @@ impl ServiceBusStub {
                 ),
             },
             depth_for: HashMap::new(),
+            send_holding: Vec::new(),
+            violations: Vec::new(),
             requests: Vec::new(),
             connections: 0,
+            sends_in_flight: 0,
+            max_sends_in_flight: 0,
         }));
         let shared = state.clone();
         let accept = tokio::spawn(async move {
@@ -260,6 +490,20 @@ impl ServiceBusStub {
         self.state.lock().depth_for.insert(queue.to_owned(), reply);
     }
 
+    /// Every send holding a message with this `MessageId` gets `reply` (another send's
+    /// answer is unchanged): how a test fails exactly one call of a batch.
+    pub fn on_send_holding(&self, message_id: &str, reply: Reply) {
+        self.state
+            .lock()
+            .send_holding
+            .push((message_id.to_owned(), reply));
+    }
+
+    /// Why sends were refused as not of the documented form, in order.
+    pub fn violations(&self) -> Vec<String> {
+        self.state.lock().violations.clone()
+    }
+
     /// The next send gets `reply`, then the standing answer again.
     pub fn push_send(&self, reply: Reply) {
         self.state.lock().sends.once.push_back(reply);
@@ -275,6 +519,11 @@ impl ServiceBusStub {
 
     pub fn depth_reads(&self) -> Vec<Recorded> {
         self.of(Route::Depth)
+    }
+
+    /// The most sends the stub held unanswered at once.
+    pub fn max_sends_in_flight(&self) -> usize {
+        self.state.lock().max_sends_in_flight
     }
 
     /// TCP connections accepted so far.
@@ -302,15 +551,42 @@ async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) {
         let reply = {
             let mut state = state.lock();
             let reply = match request.route() {
-                Route::Send => state.sends.next(),
+                Route::Send => match request.batch() {
+                    Err(why) => {
+                        state.violations.push(why.clone());
+                        Reply::status(400).body(why.as_bytes())
+                    }
+                    Ok(messages) => {
+                        let holding = state
+                            .send_holding
+                            .iter()
+                            .find(|(id, _)| messages.iter().any(|m| m.message_id() == id.as_str()));
+                        match holding {
+                            Some((_, reply)) => reply.clone(),
+                            None => state.sends.next(),
+                        }
+                    }
+                },
                 Route::Depth => match state.depth_for.get(request.queue()) {
                     Some(reply) => reply.clone(),
                     None => state.depth.next(),
                 },
                 Route::Other => Reply::status(404),
             };
+            let is_send = request.is_send();
+            if is_send {
+                state.sends_in_flight += 1;
+                state.max_sends_in_flight = state.max_sends_in_flight.max(state.sends_in_flight);
+            }
             state.requests.push(request);
-            reply
+            (reply, state.requests.len() - 1, is_send)
+        };
+        let (reply, index, is_send) = reply;
+        // Whatever happens to this answer (written, or the connection gone), the request
+        // is no longer held.
+        let _done = Answered {
+            state: state.clone(),
+            is_send,
         };
         match reply {
             Reply::Hang => {
@@ -338,7 +614,23 @@ async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) {
                 if stream.write_all(&bytes).await.is_err() {
                     return;
                 }
+                state.lock().requests[index].answered_at = Some(std::time::Instant::now());
             }
+        }
+    }
+}
+
+/// Counts a send out of flight when its answer is done with (written, refused, or the
+/// task dropped with the stub).
+struct Answered {
+    state: Arc<Mutex<State>>,
+    is_send: bool,
+}
+
+impl Drop for Answered {
+    fn drop(&mut self) {
+        if self.is_send {
+            self.state.lock().sends_in_flight -= 1;
         }
     }
 }
@@ -396,6 +688,8 @@ async fn read_request(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<Re
         version,
         headers,
         body,
+        received_at: std::time::Instant::now(),
+        answered_at: None,
     })
 }
 

@@ -4,27 +4,31 @@
 //! - the endpoint and one credential per plane come resolved from `config::servicebus`;
 //! - `auth`: SAS tokens (HMAC-SHA256) and Entra ID tokens, cached;
 //! - `rest`: the pooled HTTP client, the two calls, status → error mapping;
+//! - `batch`: the Send Message Batch form every send takes, and how a batch is split;
 //! - `atom`: the management endpoint's XML, parsed defensively.
 //!
-//! Sends are `POST {endpoint}/{queue}/messages`; the backlog is read from
+//! Sends are `POST {endpoint}/{queue}/messages` in the batch form (a single send is a
+//! batch of one); the backlog is read from
 //! `GET {endpoint}/{queue}?api-version=2021-05` (`CountDetails`), with the management
 //! credential when one is set apart from the send credential.
 
 pub mod atom;
 pub mod auth;
+pub mod batch;
 pub mod rest;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use super::{
     Backend, Backlog, DepthError, DepthLag, LagSource, OutgoingMessage, SendError, SendReceipt,
 };
 use crate::config::{CredentialPlan, ServiceBusSettings};
-use crate::domain::QueueName;
+use crate::domain::{Attributes, Field, QueueName};
 use atom::EntityStatus;
 use auth::{Credential, CredentialChain, EntraCredential, SasCredential, TokenError};
 use rest::RestClient;
@@ -40,6 +44,11 @@ pub const API_VERSION: &str = "2021-05";
 /// overshot. `/health/detailed` shows it with the source `default`.
 const DEPTH_LAG: Duration = Duration::from_secs(1);
 
+/// The most REST calls of one batch in flight at once: enough that a batch of many
+/// sessions does not wait on each call in turn, few enough that one batch does not take
+/// the connection pool (and the namespace's throttling credits) from the sends beside it.
+pub const MAX_CALLS_AT_ONCE: usize = 4;
+
 /// The settings are resolved and fine, but the client could not be set up (exit 1).
 #[derive(Debug, thiserror::Error)]
 #[error("servicebus: {0}")]
@@ -50,6 +59,8 @@ pub struct ServiceBus {
     rest: RestClient,
     send_credential: Credential,
     manage_credential: Credential,
+    /// One call's JSON body at most (the tier's batch limit).
+    max_batch_bytes: usize,
 }
 
 impl ServiceBus {
@@ -81,6 +92,7 @@ impl ServiceBus {
             send_credential: credential(&plan.send)?,
             manage_credential: credential(&plan.manage)?,
             endpoint: plan.endpoint.clone(),
+            max_batch_bytes: plan.max_batch_bytes,
             rest,
         };
         tracing::info!(
@@ -88,6 +100,7 @@ impl ServiceBus {
             endpoint = %bus.endpoint,
             send_credential = %bus.send_credential.describe(),
             manage_credential = %bus.manage_credential.describe(),
+            max_batch_bytes = bus.max_batch_bytes,
             "Service Bus backend ready"
         );
         Ok(bus)
@@ -98,6 +111,56 @@ impl ServiceBus {
         format!("{}/{}/messages", self.endpoint, queue.as_str())
     }
 
+    /// One Send Message Batch call: `call`'s entries (indices into `calls.candidates`),
+    /// with a slot among [`MAX_CALLS_AT_ONCE`], never issued past the deadline.
+    async fn call(&self, calls: &Calls<'_>, call: &[usize]) -> Result<SendReceipt, SendError> {
+        let Some(first) = call
+            .first()
+            .map(|&at| &calls.messages[calls.candidates[at]])
+        else {
+            return Err(SendError::Failed("an empty call".into()));
+        };
+        let authorization = self
+            .send_credential
+            .authorization(&first.queue, calls.deadline)
+            .await
+            .map_err(|e| match e {
+                // No token in time: the messages never left, so this is not an unknown
+                // outcome (504) but a broker that cannot be used now.
+                TokenError::Timeout => SendError::Unavailable("no Entra ID token in time".into()),
+                TokenError::Unavailable(why) => SendError::AuthFailed(why),
+            })?;
+        let Ok(Ok(_slot)) = tokio::time::timeout_at(calls.deadline, calls.permits.acquire()).await
+        else {
+            return Err(SendError::Timeout);
+        };
+        // Never issued past its deadline (docs/fleet.md, A2).
+        if Instant::now() >= calls.deadline {
+            return Err(SendError::Timeout);
+        }
+        let body = batch::body(call.iter().map(|&at| calls.entries[at].as_slice()));
+        let result = self
+            .rest
+            .send_batch(
+                &self.messages_url(&first.queue),
+                &authorization,
+                body,
+                calls.deadline,
+            )
+            .await;
+        if let Err(error) = &result {
+            tracing::warn!(
+                event = "servicebus_send_failed",
+                queue = %first.queue,
+                messages = call.len(),
+                message_id = first.message_id.as_str(),
+                error = %error,
+                "Service Bus did not take the call's messages"
+            );
+        }
+        result
+    }
+
     fn description_url(&self, queue: &QueueName) -> String {
         format!(
             "{}/{}?api-version={API_VERSION}",
@@ -105,6 +168,16 @@ impl ServiceBus {
             queue.as_str()
         )
     }
+}
+
+/// What every call of one `send_batch` shares.
+struct Calls<'a> {
+    messages: &'a [OutgoingMessage],
+    /// The index in `messages` of each entry.
+    candidates: &'a [usize],
+    entries: &'a [Vec<u8>],
+    permits: Semaphore,
+    deadline: Instant,
 }
 
 #[async_trait]
@@ -118,39 +191,82 @@ impl Backend for ServiceBus {
         message: OutgoingMessage,
         deadline: Instant,
     ) -> Result<SendReceipt, SendError> {
-        let authorization = self
-            .send_credential
-            .authorization(&message.queue, deadline)
+        // A single send is a batch of one: the one form that keeps property names' case
+        // and values' types (see `batch`).
+        self.send_batch(vec![message], deadline)
             .await
-            .map_err(|e| match e {
-                // No token in time: the message never left, so this is not an unknown
-                // outcome (504) but a broker that cannot be used now.
-                TokenError::Timeout => SendError::Unavailable("no Entra ID token in time".into()),
-                TokenError::Unavailable(why) => SendError::AuthFailed(why),
-            })?;
-        // Never issued past its deadline (docs/fleet.md, A2).
-        if Instant::now() >= deadline {
-            return Err(SendError::Timeout);
+            .pop()
+            .unwrap_or_else(|| Err(SendError::Failed("no result for the message".into())))
+    }
+
+    /// As few Send Message Batch calls as Service Bus allows: one per queue and ordering
+    /// key (session id, else partition key), each within `max_batch_bytes`; the calls of
+    /// one key one after another (their messages enqueued in the caller's order), those of
+    /// different keys up to [`MAX_CALLS_AT_ONCE`] at once, all under the one deadline. A
+    /// call is atomic, so its answer is each of its messages' result.
+    async fn send_batch(
+        &self,
+        messages: Vec<OutgoingMessage>,
+        deadline: Instant,
+    ) -> Vec<Result<SendReceipt, SendError>> {
+        let mut results: Vec<Option<Result<SendReceipt, SendError>>> = vec![None; messages.len()];
+        // The messages that could be written as entries (all of them: serializing these
+        // types cannot fail, but a failure would be that message's alone).
+        let mut candidates = Vec::with_capacity(messages.len());
+        let mut entries = Vec::with_capacity(messages.len());
+        for (index, message) in messages.iter().enumerate() {
+            match batch::entry(message) {
+                Ok(entry) => {
+                    candidates.push(index);
+                    entries.push(entry);
+                }
+                Err(e) => results[index] = Some(Err(SendError::Failed(format!("entry: {e}")))),
+            }
         }
-        let result = self
-            .rest
-            .send(
-                &self.messages_url(&message.queue),
-                &authorization,
-                &message,
-                deadline,
-            )
-            .await;
-        if let Err(error) = &result {
-            tracing::warn!(
-                event = "servicebus_send_failed",
-                queue = %message.queue,
-                message_id = message.message_id.as_str(),
-                error = %error,
-                "Service Bus did not take the message"
-            );
+        let keys: Vec<(&str, Option<&str>)> = candidates
+            .iter()
+            .map(|&i| {
+                let m = &messages[i];
+                (m.queue.as_str(), m.attributes.ordering_key())
+            })
+            .collect();
+        let lens: Vec<usize> = entries.iter().map(Vec::len).collect();
+        let plan = batch::plan(&keys, &lens, self.max_batch_bytes);
+        for &at in &plan.too_large {
+            results[candidates[at]] = Some(Err(SendError::TooLarge));
         }
-        result
+        let calls = Calls {
+            messages: &messages,
+            candidates: &candidates,
+            entries: &entries,
+            permits: Semaphore::new(MAX_CALLS_AT_ONCE),
+            deadline,
+        };
+        let calls = &calls;
+        let answered = futures_util::future::join_all(plan.groups.iter().map(|group| async move {
+            let mut out = Vec::with_capacity(group.len());
+            for call in group {
+                out.push((call, self.call(calls, call).await));
+            }
+            out
+        }))
+        .await;
+        for (call, result) in answered.into_iter().flatten() {
+            for &at in call {
+                results[candidates[at]] = Some(result.clone());
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| Err(SendError::Failed("the message was not planned".into())))
+            })
+            .collect()
+    }
+
+    /// Service Bus carries every attribute (contract section 1.2), through the batch form.
+    fn unsupported(&self, _attributes: &Attributes) -> Option<Field> {
+        None
     }
 
     async fn backlog(&self, queue: &QueueName, deadline: Instant) -> Result<Backlog, DepthError> {

@@ -1,5 +1,5 @@
 //! The HTTP side of the Service Bus backend: one pooled client, the two calls sendgate
-//! makes (send a message; read a queue's description), and how each answer maps onto
+//! makes (send a batch of messages; read a queue's description), and how each answer maps onto
 //! [`SendError`] / [`DepthError`].
 //!
 //! Every call is bounded by the caller's deadline twice: reqwest's per-request timeout
@@ -13,11 +13,11 @@ use bytes::Bytes;
 use parking_lot::RwLock;
 use reqwest::header::{HeaderMap, ACCEPT, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::StatusCode;
-use serde::Serialize;
 use tokio::time::Instant;
 
 use super::atom::{self, QueueDescription, QueueRuntime, MAX_DOCUMENT_BYTES};
-use crate::backend::{DepthError, OutgoingMessage, SendError, SendReceipt};
+use super::batch;
+use crate::backend::{DepthError, SendError, SendReceipt};
 
 /// Idle pooled connections are closed after this, before the Azure front end (or a NAT
 /// on the way) silently drops them.
@@ -72,26 +72,22 @@ impl RestClient {
         self.client.read().clone()
     }
 
-    /// `POST {url}` with the message body, byte for byte, and its `BrokerProperties`.
-    pub async fn send(
+    /// `POST {url}` with one Send Message Batch body (see `batch`): its JSON array of
+    /// messages, which Service Bus takes or refuses whole. The one answer is every one of
+    /// its messages' result.
+    pub async fn send_batch(
         &self,
         url: &str,
         authorization: &str,
-        message: &OutgoingMessage,
+        body: Bytes,
         deadline: Instant,
     ) -> Result<SendReceipt, SendError> {
-        let properties = serde_json::to_string(&BrokerProperties {
-            message_id: message.message_id.as_str(),
-            correlation_id: message.correlation_id.as_ref().map(|c| c.as_str()),
-        })
-        .map_err(|e| SendError::Failed(format!("BrokerProperties: {e}")))?;
         let request = self
             .client()
             .post(url)
             .header(AUTHORIZATION, authorization)
-            .header(CONTENT_TYPE, "application/json")
-            .header("BrokerProperties", properties)
-            .body(message.body.clone());
+            .header(CONTENT_TYPE, batch::CONTENT_TYPE)
+            .body(body);
         match self.call(request, deadline, MAX_ERROR_BODY).await {
             Ok(answer) => {
                 let detail = answer.body.as_deref().map(detail).unwrap_or_default();
@@ -213,14 +209,6 @@ impl FailureStreak {
         }
         false
     }
-}
-
-#[derive(Serialize)]
-struct BrokerProperties<'a> {
-    #[serde(rename = "MessageId")]
-    message_id: &'a str,
-    #[serde(rename = "CorrelationId", skip_serializing_if = "Option::is_none")]
-    correlation_id: Option<&'a str>,
 }
 
 /// The body, or why it is not there: larger than `cap` (announced or while reading).
@@ -532,22 +520,6 @@ mod tests {
             MAX_DETAIL_CHARS + 1
         );
         assert_eq!(detail(b"\xff\xfe"), "\u{fffd}\u{fffd}");
-    }
-
-    #[test]
-    fn broker_properties_carry_message_and_correlation_ids() {
-        let json = |correlation_id| {
-            serde_json::to_string(&BrokerProperties {
-                message_id: "order-1",
-                correlation_id,
-            })
-            .unwrap()
-        };
-        assert_eq!(json(None), r#"{"MessageId":"order-1"}"#);
-        assert_eq!(
-            json(Some("c \"q\"")),
-            r#"{"MessageId":"order-1","CorrelationId":"c \"q\""}"#
-        );
     }
 
     #[test]
