@@ -33,8 +33,19 @@
 //! # Abstractions (each stated where it is made, collected here)
 //!
 //! - **Units, not messages.** A send is one unit; the queue is a count. With `L ≤ 15` the
-//!   grant formula `max(1, min(32, ⌊(L − E)/8⌋))` always grants 1, so every block holds one
-//!   unit (not an abstraction at these ceilings).
+//!   grant formula `max(1, min(128, ⌊(L − E)/8⌋))` always grants 1, so every send's block
+//!   holds one unit (not an abstraction at these ceilings).
+//! - **A batch is [`BATCH`] = 2 entries** ([`Kind::Batch`], at most [`Config::batches`]):
+//!   its ask is `want 2`, divisor 1, so the grant is `min(2, L − E)`; a block of `n` units is
+//!   `n` one-unit blocks granted in one step (the same owner, age and lease: the ledger only
+//!   sums a block's units, a settle row takes one, a repeated row finds it gone, as for a
+//!   send's). Every send's block holds one unit, so a batch never finds one with two left
+//!   and always reserves. A whole grant is used at once at the reply, each entry with its
+//!   own outcome; a short one (1 unit) is not used, and given back as not stored with the
+//!   next settle ([`Short`]). A batch's ask paused on holds its entries of the budget until
+//!   its reply is processed or dropped. Not modelled: a batch admitted alone (cut off,
+//!   fail-open): at `L = 2`, `N = 2` a replica's part of the room is one unit, so a batch of
+//!   two is never admitted alone; the rule counts its entries as that many sends.
 //! - **A call is its script and its reply in one step**, unless the reply is lost
 //!   ([`How::Lost`]: the script ran, the replica counts the call as failed) or the replica
 //!   pauses on it ([`How::Paused`]: the reply waits, and is processed late, [`Action::Reply`]).
@@ -57,7 +68,8 @@
 //!   with its pending publishes issued, which the broker may store after the crash.
 //! - **Admin reads succeed.** A failed read only makes `reserve` refuse (`Unknown`).
 //! - **A late grant is dropped, not released with a call**; its block leaks until its lease
-//!   ends (releasing it would only free room sooner). Unused units are not settled either.
+//!   ends (releasing it would only free room sooner). Unused units are not settled either,
+//!   but a batch's short grant is: that give-back is the rule checked.
 //! - **Settle rows of a block the ledger no longer holds add nothing** (the less cautious of
 //!   the two readings of step 3: the read must then show those sends).
 //! - **Redis `TIME` never steps back**, so the `+ 1 s` of `H` (which covers a step back
@@ -76,7 +88,8 @@
 //!   not reported when the grace ends in the slack `C`, as the bounds table does.
 //! - **Fail-open, `E₀` is the replica's own read's backlog**: the fleet's estimate it last
 //!   saw can only make `E₀` larger, so the model checks a rule that admits at least as much.
-//! - **Faults are bounded** (a budget each: [`Faults`]) and so are sends ([`Config::sends`]).
+//! - **Faults are bounded** (a budget each: [`Faults`]) and so are sends ([`Config::sends`])
+//!   and batches ([`Config::batches`]).
 //!
 //! # Reductions (exact: they change how many states there are, not what can happen)
 //!
@@ -104,6 +117,10 @@ use stateright::{Model, Property};
 
 /// The most replicas a configuration may have.
 pub const MAX_REPLICAS: usize = 3;
+
+/// The entries of a batch (`POST .../messages/batch`): 2 is enough at the model's ceilings
+/// (`L = 2` or `3`), where a batch's grant can fall short by one.
+pub const BATCH: u8 = 2;
 
 /// A list of at most `N` items kept inline (the state is copied and hashed for every step:
 /// no heap). Unused slots hold `T::default()`, so equal lists are equal arrays.
@@ -248,6 +265,10 @@ pub mod reached {
     pub const FAILED_OVER: &str = "a failed-over hash is in use";
     /// A consumer took a message off the queue.
     pub const DRAINED: &str = "a message was drained";
+    /// A batch's entries were admitted at once.
+    pub const BATCH: &str = "a batch is admitted";
+    /// A batch's short grant is held to give back.
+    pub const SHORT_GRANT: &str = "a short grant is to be given back";
 }
 
 /// How a ledger notices it was rolled back (step 1 and 5).
@@ -306,6 +327,25 @@ pub struct Rules {
     /// room is `⌊(L − E₀)/N⌋`, so the parts add up to the room. Off: `N × window < L − E₀`,
     /// a part of `⌈(L − E₀)/N⌉` (docs/fleet.md, step 6), which the parts can pass.
     pub alone_part_floor: bool,
+    /// What a batch does with a grant of fewer units than its entries (step 2, a batch).
+    pub short_batch: Short,
+}
+
+/// What a batch does with a short grant: fewer units than its entries (the room was less).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Short {
+    /// The rule (all or nothing): none of it is used; the grant is given back, as not
+    /// stored, with the next settle, and the batch is refused whole.
+    GiveBack,
+    /// Off, naive: the whole batch is admitted on any grant ("granted" read as "admitted").
+    Whole,
+    /// Off, a split: as many entries are admitted as units were granted, the rest refused,
+    /// and the grant given back all the same (the refusal's give-back kept: its used units
+    /// leave the ledger as not stored).
+    SplitAndGiveBack,
+    /// Off, a split done right: as many entries as units granted, nothing given back (each
+    /// unit used or given back, never both, no entry without one).
+    Split,
 }
 
 impl Rules {
@@ -324,6 +364,7 @@ impl Rules {
         leave_keeps_carry: true,
         alone_window_covers_grants: true,
         alone_part_floor: true,
+        short_batch: Short::GiveBack,
     };
     /// Every rule as docs/fleet.md states it today.
     pub const DOCUMENTED: Rules = Rules {
@@ -415,8 +456,10 @@ pub struct Config {
     pub replicas: u8,
     /// `L`.
     pub limit: u8,
-    /// Sends admitted in all (the bound on the run).
+    /// Sends admitted in all (the bound on the run), a batch's entries included.
     pub sends: u8,
+    /// Batches of [`BATCH`] entries admitted in all (each also takes its entries of `sends`).
+    pub batches: u8,
     /// `SERVICEBUS_SEND_FAILCLOSED` off: a cut-off replica admits alone by step 6's rule.
     pub fail_open: bool,
     /// Start with no hash and nobody joined; otherwise from a settled fleet (epoch 1 past
@@ -441,6 +484,7 @@ impl Config {
             replicas: 2,
             limit: 2,
             sends: 3,
+            batches: 0,
             fail_open: false,
             cold_start: false,
             timing: Timing::default(),
@@ -524,7 +568,8 @@ pub struct Read {
 /// A block: one unit held for `owner` (block size 1: see the abstractions). Its id is
 /// `(owner, age, nth)`: ids are only compared for equality, and a block is told from the
 /// others of its owner by when it was granted and, within that tick, by `nth`, the
-/// smallest number no block or settle row of that owner and tick uses.
+/// smallest number no block or settle row of that owner and tick uses. A batch's block of
+/// `n` units is `n` of these, granted in one step (same owner and age, `n` numbers).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Block {
     pub owner: u8,
@@ -639,6 +684,15 @@ pub enum Up {
     Gone,
 }
 
+/// A unit of a batch's short grant, never used: given back with the next settle.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Returned {
+    pub epoch: u8,
+    /// Since the ask: its block's age in the ledger.
+    pub asked: u8,
+    pub nth: u8,
+}
+
 /// A unit of a block, not yet handed out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Unit {
@@ -716,6 +770,10 @@ pub enum Kind {
     /// Ask for a block. Paused, its reply waits ([`Action::Reply`]): processed late, it is
     /// released (or used, with `late_release` off).
     Reserve,
+    /// A batch of [`BATCH`] sends asks for a block of its size (want `BATCH`, divisor 1),
+    /// used at once if whole; a short grant is given back (step 2, a batch). Paused, as
+    /// [`Kind::Reserve`].
+    Batch,
     Settle,
     Heartbeat,
     /// The read: `lease_read`, the admin-plane read (at once: a later read only shows more
@@ -738,9 +796,10 @@ pub enum How {
 /// What `reserve` decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Grant {
+    /// The units granted, one block entry each (one for a send; for a batch, `min(n, L − E)`).
     Granted {
         epoch: u8,
-        nth: u8,
+        nths: Slots<u8, 2>,
     },
     /// `Full`, `Unread`, `Recovering`.
     Refused,
@@ -761,6 +820,9 @@ pub struct Pending {
     pub age: u8,
     /// None: the request never ran (cut off).
     pub answer: Option<(Grant, View)>,
+    /// A batch's ask (want [`BATCH`], divisor 1): it holds a batch and its entries of the
+    /// budget until its reply is processed or dropped.
+    pub batch: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -780,6 +842,8 @@ pub struct Replica {
     pub own_read: Option<Timed>,
     pub unit: Option<Unit>,
     pub adms: Slots<Adm, 6>,
+    /// Units of a batch's short grant, to give back (as not stored) with the next settle.
+    pub returns: Slots<Returned, 2>,
     /// Its `reserve` in flight (one at a time).
     pub call: Option<Pending>,
     /// Its read lease's ticket, with the backlog it read.
@@ -802,6 +866,7 @@ impl Replica {
             own_read: None,
             unit: None,
             adms: Slots::default(),
+            returns: Slots::default(),
             call: None,
             ticket: None,
         }
@@ -819,8 +884,8 @@ impl Replica {
             .count() as u8
     }
 
-    /// Its settle rows: (block age, nth, stored).
-    fn rows(&self) -> Slots<(u8, u8, bool), 6> {
+    /// Its settle rows: (block age, nth, stored), a short grant's units as not stored.
+    fn rows(&self) -> Slots<(u8, u8, bool), 8> {
         let mut rows = Slots::default();
         for a in self.adms.iter() {
             if a.unsettled() && a.epoch == self.seen.epoch {
@@ -828,13 +893,28 @@ impl Replica {
                 rows.push((a.age + delay, nth, a.outcome != Outcome::NotStored));
             }
         }
+        for u in self.returns.iter() {
+            if u.epoch == self.seen.epoch {
+                rows.push((u.asked, u.nth, false));
+            }
+        }
         rows
+    }
+
+    /// The sends of the budget its `reserve` in flight holds (a batch's entries).
+    fn held(&self) -> u8 {
+        if self.call.is_some_and(|c| c.batch) {
+            BATCH
+        } else {
+            0
+        }
     }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Budget {
     pub sends: u8,
+    pub batches: u8,
     pub drains: u8,
     pub losses: u8,
     pub failovers: u8,
@@ -983,6 +1063,7 @@ impl Fleet {
             depth: Slots::filled(c.timing.lag as usize, 0),
             budget: Budget {
                 sends: c.sends,
+                batches: c.batches,
                 drains: c.faults.drains,
                 losses: c.faults.losses,
                 failovers: c.faults.failovers,
@@ -1104,10 +1185,11 @@ impl Fleet {
         }
     }
 
-    /// The `reserve` script.
-    fn reserve(&self, s: &mut State, r: usize) -> Grant {
+    /// The `reserve` script, for a send (`want` 1: at `L ≤ 15` the share formula grants 1)
+    /// or a batch (`want` its entries, divisor 1: `min(want, L − E)`).
+    fn reserve(&self, s: &mut State, r: usize, want: u8) -> Grant {
         let c = &self.cfg;
-        let nth = fresh_nth(s, r);
+        let free = fresh_nths(s, r);
         let knows = self.begin(s, r);
         let l = s.live.as_mut().unwrap();
         if !knows {
@@ -1121,15 +1203,21 @@ impl Fleet {
             .is_some_and(|rd| !c.rules.refuse_old_read || rd.age <= c.timing.read_age);
         match l.estimate() {
             Some(e) if fresh && e < c.limit => {
-                l.blocks.push(Block {
-                    owner: r as u8,
-                    age: 0,
-                    nth,
-                });
+                let nths: Slots<u8, 2> = free[..want.min(c.limit - e) as usize]
+                    .iter()
+                    .copied()
+                    .collect();
+                for &nth in &nths {
+                    l.blocks.push(Block {
+                        owner: r as u8,
+                        age: 0,
+                        nth,
+                    });
+                }
                 l.blocks.sort();
                 Grant::Granted {
                     epoch: l.epoch,
-                    nth,
+                    nths,
                 }
             }
             _ => Grant::Refused,
@@ -1152,6 +1240,8 @@ impl Fleet {
                     a.settled = true;
                 }
             }
+            // Rows of another epoch are dropped (their blocks are not in this state).
+            rep.returns.retain(|u| u.epoch == view.seen.epoch);
             rep.seen = view.seen;
         } else {
             // The same epoch: the later of the two versions.
@@ -1166,28 +1256,68 @@ impl Fleet {
         true
     }
 
-    /// The replica processes a `reserve` reply `age` ticks after it asked.
-    fn take_grant(&self, rep: &mut Replica, grant: Grant, view: View, age: u8) {
+    /// The replica processes a `reserve` reply `age` ticks after it asked: a send's grant is
+    /// a unit to hand out; a batch's is used at once, all or nothing. Returns the batch's
+    /// entries admitted.
+    fn take_grant(&self, rep: &mut Replica, grant: Grant, view: View, age: u8, batch: bool) -> u8 {
         let c = &self.cfg;
         if age > c.timing.t && c.rules.late_release {
             // Released, never used: the call failed.
             rep.cut_off = c.alone_possible();
-            return;
+            return 0;
         }
         if !self.learn(rep, view) {
-            return;
+            return 0;
         }
-        if let Grant::Granted { epoch, nth } = grant {
-            let use_age = if c.rules.use_until_from_ask { age } else { 0 };
-            if use_age < c.timing.use_for && epoch == rep.seen.epoch {
-                rep.unit = Some(Unit {
+        let Grant::Granted { epoch, nths } = grant else {
+            return 0;
+        };
+        let use_age = if c.rules.use_until_from_ask { age } else { 0 };
+        if use_age >= c.timing.use_for || epoch != rep.seen.epoch {
+            return 0;
+        }
+        if !batch {
+            rep.unit = Some(Unit {
+                epoch,
+                age: use_age,
+                asked: age,
+                nth: nths[0],
+            });
+            return 0;
+        }
+        let whole = nths.len() as u8 >= BATCH;
+        let short = c.rules.short_batch;
+        if !whole && matches!(short, Short::GiveBack | Short::SplitAndGiveBack) {
+            // Less room than the batch: all of the grant is given back.
+            for &nth in &nths {
+                rep.returns.push(Returned {
                     epoch,
-                    age: use_age,
                     asked: age,
                     nth,
                 });
             }
+            rep.returns.sort();
         }
+        let admitted = match short {
+            _ if whole => BATCH,
+            // None of a short grant is used: the batch is refused whole.
+            Short::GiveBack => 0,
+            Short::Whole => BATCH,
+            Short::SplitAndGiveBack | Short::Split => nths.len() as u8,
+        };
+        // Every entry admitted at once, each with its own outcome (a short grant used whole,
+        // the rule off, names its last unit for the entries past it).
+        for i in 0..admitted as usize {
+            rep.adms.push(Adm {
+                age: 0,
+                epoch,
+                block: Some((age, nths[i.min(nths.len() - 1)])),
+                phase: Phase::Pending,
+                outcome: Outcome::Waiting,
+                settled: false,
+            });
+        }
+        admitted
     }
 
     /// The `lease_read` script: a ticket, with the admin plane read at once.
@@ -1235,19 +1365,32 @@ impl Fleet {
             How::Done => {}
         }
         match kind {
-            Kind::Reserve => {
-                let grant = self.reserve(s, r);
+            Kind::Reserve | Kind::Batch => {
+                let batch = kind == Kind::Batch;
+                let grant = self.reserve(s, r, if batch { BATCH } else { 1 });
                 let view = self.view(s);
                 let rep = &mut s.replicas[r];
                 match how {
-                    How::Done => self.take_grant(rep, grant, view, 0),
+                    How::Done => {
+                        let admitted = self.take_grant(rep, grant, view, 0, batch);
+                        if admitted > 0 {
+                            s.budget.sends -= admitted;
+                            s.budget.batches -= 1;
+                        }
+                    }
                     How::Lost => rep.cut_off = alone,
                     How::Paused => {
                         rep.call = Some(Pending {
                             age: 0,
                             answer: Some((grant, view)),
+                            batch,
                         });
                         rep.paused = true;
+                        if batch {
+                            // Held until the reply is processed or dropped.
+                            s.budget.sends -= BATCH;
+                            s.budget.batches -= 1;
+                        }
                     }
                 }
             }
@@ -1258,6 +1401,10 @@ impl Fleet {
                 }
                 let view = self.view(s);
                 let rep = &mut s.replicas[r];
+                // Units given back are not sent again, whatever the reply (the seat drops
+                // not-stored rows of a failed settle: their units stay until the lease ends).
+                let epoch = rep.seen.epoch;
+                rep.returns.retain(|u| u.epoch != epoch);
                 if how == How::Lost {
                     rep.cut_off = alone;
                 } else if self.learn(rep, view) {
@@ -1397,6 +1544,12 @@ impl Fleet {
             if let Some(call) = &mut rep.call {
                 call.age = (call.age + 1).min(c.timing.t + 1);
             }
+            // A unit to give back whose lease ended is in no ledger: its row would find nothing.
+            for u in &mut rep.returns {
+                u.asked += 1;
+            }
+            let lease = c.lease();
+            rep.returns.retain(|u| u.asked < lease);
             if let Some(o) = &mut rep.own_read {
                 o.age += 1;
                 if o.age > c.timing.read_age {
@@ -1524,6 +1677,15 @@ impl Fleet {
         }
     }
 
+    /// A batch's `reserve` in flight is dropped: what it held goes back to the budget.
+    fn unhold(&self, s: &mut State, r: usize) {
+        let held = s.replicas[r].held();
+        if held > 0 {
+            s.budget.sends += held;
+            s.budget.batches += 1;
+        }
+    }
+
     fn sync_versions(&self, s: &mut State) {
         s.behind = 0;
         for rep in &mut s.replicas {
@@ -1539,8 +1701,9 @@ impl Fleet {
     }
 }
 
-/// The `nth` of a block granted to `r` now: the smallest no block or row of this tick uses.
-fn fresh_nth(s: &State, r: usize) -> u8 {
+/// The `nth`s of blocks granted to `r` now: the two smallest no block or row of this tick
+/// uses (a send takes the first; a batch's units the first two).
+fn fresh_nths(s: &State, r: usize) -> [u8; 2] {
     let rep = &s.replicas[r];
     let mut used: Slots<u8, 16> = Slots::default();
     for a in rep.adms.iter() {
@@ -1551,12 +1714,18 @@ fn fresh_nth(s: &State, r: usize) -> u8 {
     if let Some(u) = rep.unit.filter(|u| u.asked == 0) {
         used.push(u.nth);
     }
+    for u in rep.returns.iter().filter(|u| u.asked == 0) {
+        used.push(u.nth);
+    }
     if let Some(Pending {
         age: 0,
-        answer: Some((Grant::Granted { nth, .. }, _)),
+        answer: Some((Grant::Granted { nths, .. }, _)),
+        ..
     }) = &rep.call
     {
-        used.push(*nth);
+        for &nth in nths {
+            used.push(nth);
+        }
     }
     for l in [&s.live, &s.target].into_iter().flatten() {
         for b in l.blocks.iter() {
@@ -1565,7 +1734,9 @@ fn fresh_nth(s: &State, r: usize) -> u8 {
             }
         }
     }
-    (0..).find(|i| !used.contains(i)).unwrap()
+    let first = (0..).find(|i| !used.contains(i)).unwrap();
+    let second = (first + 1..).find(|i| !used.contains(i)).unwrap();
+    [first, second]
 }
 
 impl Model for Fleet {
@@ -1648,9 +1819,15 @@ impl Model for Fleet {
                 }
                 continue;
             }
-            let mut kinds = Vec::with_capacity(4);
+            let mut kinds = Vec::with_capacity(5);
             if rep.unit.is_none() && s.budget.sends > 0 {
                 kinds.push(Kind::Reserve);
+            }
+            // A batch finds no block of its replica with `BATCH` units left (at these
+            // ceilings every send's block holds one), so it reserves, a unit held or not.
+            if s.budget.batches > 0 && s.budget.sends >= BATCH && (rep.returns.len() as u8) < BATCH
+            {
+                kinds.push(Kind::Batch);
             }
             if !rep.rows().is_empty() {
                 kinds.push(Kind::Settle);
@@ -1673,7 +1850,9 @@ impl Model for Fleet {
                         let may = match how {
                             How::Done => true,
                             How::Lost => flaky,
-                            How::Paused => pauses && matches!(k, Kind::Reserve | Kind::Read),
+                            How::Paused => {
+                                pauses && matches!(k, Kind::Reserve | Kind::Batch | Kind::Read)
+                            }
                         };
                         if may && reaches(rep, k, how) {
                             out.push(Action::Call(ri, k, how));
@@ -1725,7 +1904,14 @@ impl Model for Fleet {
                 let rep = &mut s.replicas[r as usize];
                 let call = rep.call.take().unwrap();
                 let (grant, view) = call.answer.unwrap();
-                self.take_grant(rep, grant, view, call.age);
+                let admitted = self.take_grant(rep, grant, view, call.age, call.batch);
+                if call.batch {
+                    // What the batch held and did not admit goes back to the budget.
+                    s.budget.sends += BATCH - admitted;
+                    if admitted == 0 {
+                        s.budget.batches += 1;
+                    }
+                }
             }
             Action::GiveUp(r) => {
                 if s.replicas[r as usize]
@@ -1735,6 +1921,7 @@ impl Model for Fleet {
                     // Dropped on time: the reply is lost.
                     s.budget.lost -= 1;
                 }
+                self.unhold(&mut s, r as usize);
                 let rep = &mut s.replicas[r as usize];
                 rep.call = None;
                 rep.cut_off = c.alone_possible();
@@ -1806,6 +1993,7 @@ impl Model for Fleet {
                 let rep = &mut s.replicas[r];
                 rep.up = Up::Gone;
                 rep.unit = None;
+                rep.returns = Slots::default();
                 rep.call = None;
                 rep.ticket = None;
             }
@@ -1821,6 +2009,7 @@ impl Model for Fleet {
             Action::Resume(r) => s.replicas[r as usize].paused = false,
             Action::Crash(r, issued) => {
                 s.budget.crashes -= 1;
+                self.unhold(&mut s, r as usize);
                 let rep = &mut s.replicas[r as usize];
                 if issued {
                     // It issued its pending publishes just before it died: the broker may
@@ -1835,6 +2024,7 @@ impl Model for Fleet {
                 }
                 rep.up = Up::Crashed;
                 rep.unit = None;
+                rep.returns = Slots::default();
                 rep.call = None;
                 rep.ticket = None;
                 rep.own_read = None;
@@ -1904,7 +2094,9 @@ impl Model for Fleet {
         let open: u8 = s
             .replicas
             .iter()
-            .map(|rep| rep.adms.iter().filter(|a| a.phase != Phase::Done).count() as u8)
+            .map(|rep| {
+                rep.adms.iter().filter(|a| a.phase != Phase::Done).count() as u8 + rep.held()
+            })
             .sum();
         s.queue + open + s.budget.sends > s.bound(&self.cfg)
     }
@@ -1912,7 +2104,10 @@ impl Model for Fleet {
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
             Property::<Self>::always(CEILING, |m, s| s.queue <= s.bound(&m.cfg)),
-            Property::<Self>::sometimes(ADMITTED, |m, s| s.budget.sends < m.cfg.sends),
+            Property::<Self>::sometimes(ADMITTED, |m, s| {
+                let held: u8 = s.replicas.iter().map(|r| r.held()).sum();
+                s.budget.sends + held < m.cfg.sends
+            }),
             Property::<Self>::sometimes(FULL, |m, s| s.queue >= m.cfg.limit),
             Property::<Self>::sometimes(reached::NEW_EPOCH_GRANTS, |_, s| {
                 // Epoch 1 is the first hash (made at the start, or by the first call).
@@ -1945,6 +2140,14 @@ impl Model for Fleet {
             }),
             Property::<Self>::sometimes(reached::DRAINED, |m, s| {
                 s.budget.drains < m.cfg.faults.drains
+            }),
+            Property::<Self>::sometimes(reached::BATCH, |m, s| {
+                // A batch held by a call in flight goes back to the budget unless admitted.
+                let held = s.replicas.iter().filter(|r| r.held() > 0).count() as u8;
+                s.budget.batches + held < m.cfg.batches
+            }),
+            Property::<Self>::sometimes(reached::SHORT_GRANT, |_, s| {
+                s.replicas.iter().any(|r| !r.returns.is_empty())
             }),
         ]
     }
@@ -2052,6 +2255,9 @@ impl fmt::Display for Summary<'_> {
             if rep.unit.is_some() {
                 write!(f, " unit")?;
             }
+            if !rep.returns.is_empty() {
+                write!(f, " to give back {}", rep.returns.len())?;
+            }
             let flying = rep.adms.iter().filter(|a| a.phase != Phase::Done).count();
             if flying > 0 {
                 write!(f, " sending {flying}")?;
@@ -2069,7 +2275,7 @@ impl fmt::Display for Summary<'_> {
 
 /// The configurations the suite checks, by name.
 pub mod configs {
-    use super::{Config, Detect, Faults, Rules, Timing};
+    use super::{Config, Detect, Faults, Rules, Short, Timing};
 
     /// The exhaustive checks with every rule on ([`all`]).
     pub const NAMES: &[&str] = &[
@@ -2079,12 +2285,14 @@ pub mod configs {
         "drain",
         "whole_fleet",
         "three",
+        "batch",
     ];
 
     /// A configuration by name: one of [`all`] or [`holes`], or `base-change,change,...`
     /// with changes `lost`, `leave`, `pause`, `crash`, `part`, `loss` (that fault left out),
     /// `warm` (no cold start), `asym` (no symmetry), `three` (3 replicas), `l3`, `l4` (the
-    /// ceiling), `drain` (a drain), each with the sends it needs.
+    /// ceiling), `drain` (a drain), `batch` (a batch of [`super::BATCH`] more), each with
+    /// the sends it needs.
     pub fn by_name(name: &str) -> Option<Config> {
         if let Some((base, drop)) = name.split_once('-') {
             let mut c = by_name(base)?;
@@ -2114,6 +2322,10 @@ pub mod configs {
                         c.faults.drains = 1;
                         c.sends += 1;
                     }
+                    "batch" => {
+                        c.batches += 1;
+                        c.sends += super::BATCH;
+                    }
                     _ => return None,
                 }
             }
@@ -2133,7 +2345,26 @@ pub mod configs {
             ("drain", drain()),
             ("whole_fleet", whole_fleet()),
             ("three", three()),
+            ("batch", batch()),
         ]
+    }
+
+    /// A batch of two beside a send (`L = 2`: the batch's grant is the whole room, or one
+    /// unit short once the send holds one), fail-closed, with the faults a batch's units
+    /// meet: Redis loses the hash once (their admissions in the carry, a unit to give back of
+    /// the old epoch), a replica pauses once (a batch's grant processed late), crashes once
+    /// (its entries in flight), leaves once (settling a unit to give back); one reply is lost
+    /// (a settle that gave back). A partition is left out: cut off, a replica cannot reserve,
+    /// and a unit it could not give back only stays counted until its lease ends.
+    pub fn batch() -> Config {
+        Config {
+            batches: 1,
+            faults: Faults {
+                partitions: 0,
+                ..fail_closed().faults
+            },
+            ..fail_closed()
+        }
     }
 
     /// A consumer drains one message while a replica may crash or pause; one send more, so
@@ -2427,6 +2658,49 @@ pub mod configs {
                     },
                     symmetric: false,
                     ..whole_fleet()
+                },
+            ),
+            (
+                "batch_whole",
+                Config {
+                    batches: 1,
+                    ..with(
+                        Rules {
+                            short_batch: Short::Whole,
+                            ..all
+                        },
+                        Faults::default(),
+                    )
+                },
+            ),
+            (
+                "batch_split_give_back",
+                Config {
+                    batches: 1,
+                    ..with(
+                        Rules {
+                            short_batch: Short::SplitAndGiveBack,
+                            ..all
+                        },
+                        Faults::default(),
+                    )
+                },
+            ),
+            (
+                "batch_split",
+                Config {
+                    batches: 1,
+                    ..with(
+                        Rules {
+                            short_batch: Short::Split,
+                            ..all
+                        },
+                        Faults {
+                            losses: 1,
+                            pauses: 1,
+                            ..Faults::default()
+                        },
+                    )
                 },
             ),
             (

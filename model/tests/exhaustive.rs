@@ -74,3 +74,20 @@ fn three_replicas_hold_the_ceiling_with_a_drain_a_crash_and_a_pause() {
         ],
     );
 }
+
+#[test]
+fn a_batch_beside_a_send_holds_the_ceiling_all_or_nothing_through_a_restart_a_pause_and_a_crash() {
+    common::holds(
+        "batch",
+        configs::batch(),
+        &[
+            reached::BATCH,
+            reached::SHORT_GRANT,
+            reached::NEW_EPOCH_GRANTS,
+            reached::CARRY,
+            reached::CRASHED_IN_FLIGHT,
+            reached::LATE_REPLY,
+            reached::LEFT,
+        ],
+    );
+}

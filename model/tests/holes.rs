@@ -103,3 +103,21 @@ fn an_old_epoch_ticket_is_too_old_to_use_once_the_grace_outlasts_ttl_plus_r() {
 fn flaw_the_whole_fleet_cut_off_passes_the_ceiling_when_each_part_is_rounded_up() {
     hole("alone_part_ceil");
 }
+
+#[test]
+fn a_batch_admitted_whole_on_a_short_grant_passes_the_ceiling() {
+    hole("batch_whole");
+}
+
+#[test]
+fn a_batch_split_on_a_short_grant_that_gives_the_grant_back_too_passes_the_ceiling() {
+    hole("batch_split_give_back");
+}
+
+/// All or nothing is the batch's contract to its client, not what holds the ceiling: a
+/// short grant's units used by as many entries (and not given back) are sends like any
+/// other.
+#[test]
+fn a_batch_split_on_a_short_grant_holds_the_ceiling_when_nothing_is_given_back() {
+    no_hole("batch_split");
+}
