@@ -212,10 +212,7 @@ async fn three_replicas_keep_one_ceiling_under_concurrent_batches() {
     for gw in &fleet {
         wait_for_mode(gw, "redis").await;
     }
-    let batch = format!(
-        r#"{{"messages":[{}]}}"#,
-        vec![r#"{"body":{}}"#; 7].join(",")
-    );
+    let batch = format!(r#"{{"messages":[{}]}}"#, [r#"{"body":{}}"#; 7].join(","));
     let mut statuses = Vec::new();
     for wave in 0..3 {
         let sends: Vec<_> = (0..32)
