@@ -1680,3 +1680,49 @@ async fn a_single_send_carries_its_attributes_ids_and_trace_as_headers() {
     ));
     assert_eq!(t.seen.lock().len(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_request_of_exactly_the_byte_limit_goes_whole_and_one_byte_less_splits_it() {
+    // The size of three entries in one request, as sent.
+    let t = ScriptedBatch::new(vec![all_queued()]);
+    Client::with_transport(config(), t.clone())
+        .send_batch("requests", messages(3, "e"))
+        .await;
+    let exact = t.seen()[0].bytes;
+    for (limit, sizes) in [(exact, vec![3]), (exact - 1, vec![2, 1])] {
+        let t = ScriptedBatch::new(vec![all_queued()]);
+        let c = Client::with_transport(config().batch_limits(100, limit), t.clone());
+        let outcomes = c.send_batch("requests", messages(3, "e")).await;
+        assert!(outcomes
+            .iter()
+            .all(|o| matches!(o, SendOutcome::Queued { .. })));
+        assert_eq!(
+            t.keys().iter().map(Vec::len).collect::<Vec<_>>(),
+            sizes,
+            "limit {limit} of {exact}"
+        );
+        assert!(t.seen().iter().all(|s| s.bytes <= limit));
+    }
+    // One entry whose request is exactly the limit goes; over it, it is Invalid.
+    let one = request_size(messages(1, "e")).await;
+    for (limit, goes) in [(one, true), (one - 1, false)] {
+        let t = ScriptedBatch::new(vec![all_queued()]);
+        let c = Client::with_transport(config().batch_limits(100, limit), t.clone());
+        let outcomes = c.send_batch("requests", messages(1, "e")).await;
+        assert_eq!(
+            matches!(outcomes[0], SendOutcome::Queued { .. }),
+            goes,
+            "{outcomes:?}"
+        );
+        assert_eq!(t.seen().len(), usize::from(goes));
+    }
+}
+
+/// The body size of one request holding these messages.
+async fn request_size(batch: Vec<super::Message>) -> usize {
+    let t = ScriptedBatch::new(vec![all_queued()]);
+    Client::with_transport(config(), t.clone())
+        .send_batch("requests", batch)
+        .await;
+    t.seen()[0].bytes
+}
