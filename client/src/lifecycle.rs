@@ -235,9 +235,8 @@ impl LifecycleProbe {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::{Answer, TransportError};
+    use crate::transport::{Answer, BatchAnswer, Outgoing, OutgoingBatch, TransportError};
     use async_trait::async_trait;
-    use bytes::Bytes;
     use sendgate_wire::ErrorCode;
 
     /// Answers every probe with the next scripted answer (the last one repeats), after a
@@ -260,7 +259,15 @@ mod tests {
 
     #[async_trait]
     impl Transport for Scripted {
-        async fn post(&self, _: &str, _: Bytes, _: &str) -> Result<Answer, TransportError> {
+        async fn post(&self, _: &str, _: &Outgoing) -> Result<Answer, TransportError> {
+            Err(TransportError::Unknown("not in this test".into()))
+        }
+
+        async fn post_batch(
+            &self,
+            _: &str,
+            _: &OutgoingBatch,
+        ) -> Result<BatchAnswer, TransportError> {
             Err(TransportError::Unknown("not in this test".into()))
         }
 

@@ -10,10 +10,13 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use super::retry::{Backoff, BudgetConfig};
-use super::transport::{Answer, ProbeAnswer, Transport, TransportError};
+use super::transport::{
+    Answer, BatchAnswer, Outgoing, OutgoingBatch, ProbeAnswer, Transport, TransportError,
+};
 use super::{AttemptError, Client, ClientConfig, ErrorCode, GatewayState, GaveUp, SendOutcome};
 
 type Reply = Result<Answer, TransportError>;
+type BatchReply = Result<BatchAnswer, TransportError>;
 
 /// Answers sends from a script (the last entry repeats) and probes with one answer,
 /// recording when each send came and with which key.
@@ -43,14 +46,20 @@ impl Scripted {
 
 #[async_trait]
 impl Transport for Scripted {
-    async fn post(&self, _queue: &str, _body: Bytes, key: &str) -> Reply {
-        self.posts.lock().push((Instant::now(), key.to_owned()));
+    async fn post(&self, _queue: &str, message: &Outgoing) -> Reply {
+        self.posts
+            .lock()
+            .push((Instant::now(), message.key.to_string()));
         let mut r = self.replies.lock();
         if r.len() > 1 {
             r.remove(0)
         } else {
             r[0].clone()
         }
+    }
+
+    async fn post_batch(&self, _: &str, _: &OutgoingBatch) -> BatchReply {
+        Err(TransportError::Unknown("not in this test".into()))
     }
 
     async fn probe(&self) -> ProbeAnswer {
@@ -604,12 +613,16 @@ struct DrainsUntil {
 
 #[async_trait]
 impl Transport for DrainsUntil {
-    async fn post(&self, _queue: &str, _body: Bytes, key: &str) -> Reply {
+    async fn post(&self, _queue: &str, message: &Outgoing) -> Reply {
         if Instant::now() < self.ends {
             answer(503, ErrorCode::Draining, Some(self.window_left.as_secs()))
         } else {
-            created(key)
+            created(message.key.as_str())
         }
+    }
+
+    async fn post_batch(&self, _: &str, _: &OutgoingBatch) -> BatchReply {
+        Err(TransportError::Unknown("not in this test".into()))
     }
 
     async fn probe(&self) -> ProbeAnswer {
@@ -664,12 +677,15 @@ async fn a_short_restart_gap_does_not_fail_a_message_whose_deadline_is_far() {
     }
     #[async_trait]
     impl Transport for Gap {
-        async fn post(&self, _queue: &str, _body: Bytes, key: &str) -> Reply {
+        async fn post(&self, _queue: &str, message: &Outgoing) -> Reply {
             if Instant::now() < self.back_at {
                 Err(TransportError::Connect("connection refused".into()))
             } else {
-                created(key)
+                created(message.key.as_str())
             }
+        }
+        async fn post_batch(&self, _: &str, _: &OutgoingBatch) -> BatchReply {
+            Err(TransportError::Unknown("not in this test".into()))
         }
         async fn probe(&self) -> ProbeAnswer {
             if Instant::now() < self.back_at {
@@ -899,4 +915,814 @@ async fn a_full_queue_that_says_when_to_ask_again_is_waited_on_past_the_attempt_
             "{outcome:?}"
         );
     }
+}
+
+// ---- Batches ----------------------------------------------------------------------
+
+/// One scripted answer to a batch request, made from the keys the request carried.
+type Rule = Box<dyn Fn(&[String]) -> BatchReply + Send + Sync>;
+
+/// A batch request as the gateway would read it: its entries' keys, bodies and
+/// attributes, parsed from the body sent.
+#[derive(Debug, Clone)]
+struct SeenBatch {
+    at: Instant,
+    keys: Vec<String>,
+    entries: Vec<sendgate_wire::BatchEntry>,
+    bytes: usize,
+    traceparent: Option<String>,
+}
+
+/// Answers batch requests from a script of rules (the last one repeats).
+struct ScriptedBatch {
+    rules: Mutex<Vec<Arc<Rule>>>,
+    probe: ProbeAnswer,
+    seen: Mutex<Vec<SeenBatch>>,
+}
+
+impl ScriptedBatch {
+    fn new(rules: Vec<Rule>) -> Arc<Self> {
+        Arc::new(Self {
+            rules: Mutex::new(rules.into_iter().map(Arc::new).collect()),
+            probe: running(),
+            seen: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn seen(&self) -> Vec<SeenBatch> {
+        self.seen.lock().clone()
+    }
+
+    fn keys(&self) -> Vec<Vec<String>> {
+        self.seen().into_iter().map(|s| s.keys).collect()
+    }
+}
+
+#[async_trait]
+impl Transport for ScriptedBatch {
+    async fn post(&self, _: &str, _: &Outgoing) -> Reply {
+        Err(TransportError::Unknown("not in this test".into()))
+    }
+
+    async fn post_batch(&self, _: &str, batch: &OutgoingBatch) -> BatchReply {
+        let request: sendgate_wire::BatchRequest =
+            serde_json::from_slice(&batch.body).expect("the body is a batch request");
+        let keys: Vec<String> = request
+            .messages
+            .iter()
+            .map(|e| e.idempotency_key.clone().expect("every entry has a key"))
+            .collect();
+        self.seen.lock().push(SeenBatch {
+            at: Instant::now(),
+            keys: keys.clone(),
+            entries: request.messages,
+            bytes: batch.body.len(),
+            traceparent: batch
+                .traceparent
+                .as_ref()
+                .map(|t| t.to_str().unwrap().to_owned()),
+        });
+        let rule = {
+            let mut rules = self.rules.lock();
+            if rules.len() > 1 {
+                rules.remove(0)
+            } else {
+                rules[0].clone()
+            }
+        };
+        rule(&keys)
+    }
+
+    async fn probe(&self) -> ProbeAnswer {
+        self.probe.clone()
+    }
+}
+
+/// `201`: every entry queued under its key.
+fn all_queued() -> Rule {
+    Box::new(|keys| {
+        Ok(BatchAnswer {
+            status: 201,
+            queued: keys
+                .iter()
+                .map(|k| sendgate_wire::BatchMessage {
+                    message_id: k.clone().into(),
+                    traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+                    duplicate: false,
+                })
+                .collect(),
+            ..BatchAnswer::default()
+        })
+    })
+}
+
+/// `207`: the entry at each position named fails with its code (and `outcome: unknown`
+/// when asked); the others are queued.
+fn partial(failing: Vec<(usize, ErrorCode, bool)>, retry_after_s: Option<u64>) -> Rule {
+    Box::new(move |keys| {
+        let results = keys
+            .iter()
+            .enumerate()
+            .map(|(index, key)| {
+                let failure = failing.iter().find(|(at, _, _)| *at == index);
+                sendgate_wire::EntryResult {
+                    index,
+                    status: if failure.is_some() {
+                        "failed"
+                    } else {
+                        "queued"
+                    }
+                    .into(),
+                    message_id: key.clone().into(),
+                    traceparent: None,
+                    code: failure.map(|(_, code, _)| (*code).into()),
+                    message: None,
+                    outcome: failure
+                        .filter(|(_, _, unknown)| *unknown)
+                        .map(|_| "unknown".into()),
+                    duplicate: false,
+                }
+            })
+            .collect();
+        Ok(BatchAnswer {
+            status: 207,
+            retry_after: retry_after_s.map(Duration::from_secs),
+            results,
+            ..BatchAnswer::default()
+        })
+    })
+}
+
+/// An error answer for the whole request.
+fn refused_whole(status: u16, code: ErrorCode, retry_after_s: Option<u64>) -> Rule {
+    Box::new(move |_| {
+        Ok(BatchAnswer {
+            status,
+            code: Some(code.into()),
+            retry_after: retry_after_s.map(Duration::from_secs),
+            ..BatchAnswer::default()
+        })
+    })
+}
+
+fn messages(n: usize, prefix: &str) -> Vec<super::Message> {
+    (0..n)
+        .map(|i| {
+            super::Message::new(format!("{{\"n\":{i}}}")).idempotency_key(format!("{prefix}-{i}"))
+        })
+        .collect()
+}
+
+fn keys(n: usize, prefix: &str) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}-{i}")).collect()
+}
+
+fn queued(id: &str) -> SendOutcome {
+    SendOutcome::Queued {
+        message_id: id.into(),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_is_split_by_count_in_order_one_outcome_per_entry() {
+    let t = ScriptedBatch::new(vec![all_queued()]);
+    let c = Client::with_transport(config(), t.clone());
+    let outcomes = c.send_batch("requests", messages(250, "m")).await;
+    assert_eq!(
+        outcomes,
+        keys(250, "m").iter().map(|k| queued(k)).collect::<Vec<_>>()
+    );
+    let sizes: Vec<usize> = t.keys().iter().map(Vec::len).collect();
+    assert_eq!(
+        sizes,
+        [100, 100, 50],
+        "the gateway's default of 100 entries"
+    );
+    assert_eq!(t.keys().concat(), keys(250, "m"), "in order");
+    assert_eq!(c.stats().requests, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_is_split_by_bytes_and_trace_and_an_entry_too_large_alone_goes_nowhere() {
+    let t = ScriptedBatch::new(vec![all_queued()]);
+    let limit = 400;
+    let c = Client::with_transport(config().batch_limits(100, limit), t.clone());
+    // Entries of about 60 bytes: six fit in 400, not seven.
+    let mut batch: Vec<super::Message> = (0..20)
+        .map(|i| super::Message::new(format!("\"{:020}\"", i)).idempotency_key(format!("b-{i:02}")))
+        .collect();
+    batch[7].body = Bytes::from(format!("\"{}\"", "x".repeat(500)));
+    let trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    for m in &mut batch[15..] {
+        m.traceparent = Some(trace.into());
+    }
+    let outcomes = c.send_batch("requests", batch).await;
+    assert!(
+        matches!(&outcomes[7], SendOutcome::Invalid { reason } if reason.contains("max_batch_bytes")),
+        "{:?}",
+        outcomes[7]
+    );
+    for (i, outcome) in outcomes.iter().enumerate().filter(|(i, _)| *i != 7) {
+        assert_eq!(outcome, &queued(&format!("b-{i:02}")), "{i}");
+    }
+    let seen = t.seen();
+    assert!(seen.iter().all(|s| s.bytes <= limit), "{seen:?}");
+    assert!(seen.iter().all(|s| !s.keys.contains(&"b-07".to_owned())));
+    // Each request is as full as the limit allows: the next entry would not have fitted,
+    // unless the trace changes there.
+    let one = seen[0].bytes / seen[0].keys.len();
+    for pair in seen.windows(2) {
+        if pair[1].traceparent == pair[0].traceparent {
+            assert!(pair[0].bytes + one > limit, "{pair:?}");
+        }
+    }
+    let traced: Vec<&SeenBatch> = seen.iter().filter(|s| s.traceparent.is_some()).collect();
+    assert_eq!(
+        traced
+            .iter()
+            .flat_map(|s| s.keys.clone())
+            .collect::<Vec<_>>(),
+        (15..20).map(|i| format!("b-{i:02}")).collect::<Vec<_>>(),
+        "the traced entries, and only they, go with the trace"
+    );
+    assert!(seen
+        .iter()
+        .all(|s| s.keys.iter().all(|k| k.as_str() >= "b-15") == s.traceparent.is_some()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_failed_and_unknown_entries_are_retried_with_their_same_ids_a_207_then_a_201() {
+    let t = ScriptedBatch::new(vec![
+        partial(
+            vec![
+                (1, ErrorCode::SendTimeout, true),
+                (2, ErrorCode::SendFailed, false),
+                (3, ErrorCode::BackendBusy, false),
+                (4, ErrorCode::QueueDisabled, false),
+                (5, ErrorCode::SendFailed, true),
+            ],
+            Some(2),
+        ),
+        all_queued(),
+    ]);
+    let c = Client::with_transport(config(), t.clone());
+    // No keys given: the client makes them before the first attempt.
+    let batch: Vec<super::Message> = (0..7)
+        .map(|i| super::Message::new(format!("{i}")))
+        .collect();
+    let start = Instant::now();
+    let outcomes = c.send_batch("requests", batch).await;
+    let seen = t.seen();
+    assert_eq!(seen.len(), 2);
+    let first = &seen[0].keys;
+    assert!(
+        first.iter().all(|k| uuid::Uuid::parse_str(k).is_ok()),
+        "{first:?}"
+    );
+    // The timed-out (unknown), the busy (503) and the uncertain 502: the same ids.
+    assert_eq!(
+        seen[1].keys,
+        [first[1].clone(), first[3].clone(), first[5].clone()]
+    );
+    assert_eq!(
+        seen[1].entries[0].body.get(),
+        "1",
+        "the same entry, body and all"
+    );
+    let waited = seen[1].at - start;
+    assert!(
+        waited >= Duration::from_secs(2) && waited <= Duration::from_millis(2200),
+        "after the 207's Retry-After: {waited:?}"
+    );
+    assert_eq!(outcomes[0], queued(&first[0]));
+    assert_eq!(outcomes[1], queued(&first[1]));
+    assert_eq!(
+        outcomes[2],
+        SendOutcome::Failed {
+            last_error: AttemptError::Status {
+                status: 502,
+                code: Some(ErrorCode::SendFailed.into())
+            },
+            attempts: 1,
+            gave_up: GaveUp::NotRetryable,
+        }
+    );
+    assert_eq!(outcomes[3], queued(&first[3]));
+    assert_eq!(
+        outcomes[4],
+        SendOutcome::Refused {
+            status: 409,
+            code: Some(ErrorCode::QueueDisabled.into())
+        }
+    );
+    assert_eq!(outcomes[5], queued(&first[5]));
+    assert_eq!(outcomes[6], queued(&first[6]));
+    let stats = c.stats();
+    assert_eq!((stats.requests, stats.retries), (2, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_entry_that_keeps_failing_ends_at_the_attempt_cap_with_its_own_error() {
+    let t = ScriptedBatch::new(vec![partial(vec![(0, ErrorCode::SendTimeout, true)], None)]);
+    let c = Client::with_transport(
+        config().backoff(Backoff {
+            max_attempts: 3,
+            ..Backoff::default()
+        }),
+        t.clone(),
+    );
+    let outcomes = c.send_batch("requests", messages(3, "cap")).await;
+    assert_eq!(
+        outcomes,
+        [
+            SendOutcome::Failed {
+                last_error: AttemptError::Status {
+                    status: 504,
+                    code: Some(ErrorCode::SendTimeout.into())
+                },
+                attempts: 3,
+                gave_up: GaveUp::Attempts,
+            },
+            queued("cap-1"),
+            queued("cap-2"),
+        ]
+    );
+    assert_eq!(
+        t.keys(),
+        [
+            keys(3, "cap"),
+            vec!["cap-0".to_owned()],
+            vec!["cap-0".to_owned()]
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_transport_error_after_sending_retries_every_entry_with_the_same_ids() {
+    let t = ScriptedBatch::new(vec![
+        Box::new(|_| Err(TransportError::Unknown("connection reset".into()))),
+        all_queued(),
+    ]);
+    let c = Client::with_transport(config(), t.clone());
+    let outcomes = c.send_batch("requests", messages(4, "t")).await;
+    assert_eq!(
+        outcomes,
+        keys(4, "t").iter().map(|k| queued(k)).collect::<Vec<_>>()
+    );
+    assert_eq!(t.keys(), [keys(4, "t"), keys(4, "t")]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_shared_budget_counts_batch_requests_not_their_entries() {
+    let t = ScriptedBatch::new(vec![refused_whole(503, ErrorCode::Saturated, Some(1))]);
+    let c = Client::with_transport(
+        config().budget(BudgetConfig {
+            ratio: 0.2,
+            min_per_second: 0.0,
+            window: Duration::from_secs(10),
+        }),
+        t.clone(),
+    );
+    let sends: Vec<_> = (0..10)
+        .map(|b| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                c.send_batch("requests", messages(5, &format!("g{b}")))
+                    .await
+            })
+        })
+        .collect();
+    let mut by_budget = 0;
+    for s in sends {
+        for outcome in s.await.unwrap() {
+            match outcome {
+                SendOutcome::Failed {
+                    gave_up: GaveUp::Budget,
+                    last_error,
+                    ..
+                } => {
+                    assert_eq!(
+                        last_error,
+                        AttemptError::Status {
+                            status: 503,
+                            code: Some(ErrorCode::Saturated.into())
+                        }
+                    );
+                    by_budget += 1
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    let stats = c.stats();
+    // Ten first requests of five entries deposit 10 × 0.2 = 2 tokens, not 50 × 0.2.
+    assert_eq!(stats.retries, 2);
+    assert_eq!(stats.requests, 12);
+    assert_eq!(by_budget, 50, "every entry ended on the spent budget");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_that_meets_a_drain_waits_it_out_without_spending_an_attempt() {
+    let t = ScriptedBatch::new(vec![
+        refused_whole(503, ErrorCode::Draining, Some(3)),
+        all_queued(),
+    ]);
+    let c = Client::with_transport(
+        config().backoff(Backoff {
+            max_attempts: 1,
+            ..Backoff::default()
+        }),
+        t.clone(),
+    );
+    let outcomes = c.send_batch("requests", messages(3, "d")).await;
+    assert_eq!(
+        outcomes,
+        keys(3, "d").iter().map(|k| queued(k)).collect::<Vec<_>>()
+    );
+    let seen = t.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].keys, keys(3, "d"));
+    assert_eq!(
+        seen[1].at - seen[0].at,
+        Duration::from_secs(1),
+        "asked again after 1 s"
+    );
+    let stats = c.stats();
+    assert_eq!(stats.retries, 0, "a wait is not a retry");
+    assert!(stats.deferrals >= 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_with_room_takes_the_first_room_entries_at_once_and_the_rest_after_retry_after(
+) {
+    let full = |room: u64| -> Rule {
+        Box::new(move |_| {
+            Ok(BatchAnswer {
+                status: 429,
+                code: Some(ErrorCode::QueueFull.into()),
+                retry_after: Some(Duration::from_secs(2)),
+                room: Some(room),
+                ..BatchAnswer::default()
+            })
+        })
+    };
+    let t = ScriptedBatch::new(vec![full(4), all_queued(), all_queued()]);
+    let c = Client::with_transport(config(), t.clone());
+    let start = Instant::now();
+    let outcomes = c.send_batch("requests", messages(10, "r")).await;
+    assert_eq!(
+        outcomes,
+        keys(10, "r").iter().map(|k| queued(k)).collect::<Vec<_>>()
+    );
+    let seen = t.seen();
+    assert_eq!(
+        seen.iter().map(|s| s.keys.clone()).collect::<Vec<_>>(),
+        [keys(10, "r"), keys(4, "r"), keys(10, "r")[4..].to_vec()]
+    );
+    assert_eq!(seen[1].at, start, "the room at once");
+    let rest = seen[2].at - start;
+    assert!(
+        rest >= Duration::from_secs(2) && rest <= Duration::from_millis(2200),
+        "the rest after the Retry-After: {rest:?}"
+    );
+    assert_eq!(c.stats().budget_refusals, 0);
+
+    // The room's own request refused again: no second request at once; all of it waits.
+    let t = ScriptedBatch::new(vec![full(4), full(1), all_queued()]);
+    let c = Client::with_transport(config(), t.clone());
+    let start = Instant::now();
+    let outcomes = c.send_batch("requests", messages(10, "s")).await;
+    assert!(outcomes
+        .iter()
+        .all(|o| matches!(o, SendOutcome::Queued { .. })));
+    let seen = t.seen();
+    assert_eq!(seen.len(), 3);
+    assert_eq!(seen[1].keys.len(), 4, "never more than the room");
+    assert_eq!(seen[2].keys, keys(10, "s"));
+    assert!(seen[2].at - start >= Duration::from_secs(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_400_naming_entries_refuses_them_and_sends_the_others_at_once() {
+    let t = ScriptedBatch::new(vec![
+        Box::new(|_| {
+            Ok(BatchAnswer {
+                status: 400,
+                code: Some(ErrorCode::InvalidRequest.into()),
+                errors: vec![
+                    sendgate_wire::FieldError::at(
+                        vec![
+                            "body".into(),
+                            "messages".into(),
+                            1usize.into(),
+                            "subject".into(),
+                        ],
+                        "must not be empty",
+                    ),
+                    sendgate_wire::FieldError::at(
+                        vec!["body".into(), "messages".into(), 3usize.into()],
+                        "unknown field",
+                    ),
+                ],
+                ..BatchAnswer::default()
+            })
+        }),
+        all_queued(),
+    ]);
+    let c = Client::with_transport(config(), t.clone());
+    let start = Instant::now();
+    let outcomes = c.send_batch("requests", messages(5, "v")).await;
+    let bad = SendOutcome::Refused {
+        status: 400,
+        code: Some(ErrorCode::InvalidRequest.into()),
+    };
+    assert_eq!(
+        outcomes,
+        [
+            queued("v-0"),
+            bad.clone(),
+            queued("v-2"),
+            bad,
+            queued("v-4")
+        ]
+    );
+    let seen = t.seen();
+    assert_eq!(seen[1].keys, ["v-0", "v-2", "v-4"]);
+    assert_eq!(seen[1].at, start, "at once: they were never the problem");
+    assert_eq!(c.stats().retries, 0);
+
+    // A 400 that names no entry refuses the whole request, and nothing is sent again.
+    let t = ScriptedBatch::new(vec![refused_whole(400, ErrorCode::InvalidRequest, None)]);
+    let c = Client::with_transport(config(), t.clone());
+    let outcomes = c.send_batch("requests", messages(3, "w")).await;
+    assert!(outcomes
+        .iter()
+        .all(|o| matches!(o, SendOutcome::Refused { status: 400, .. })));
+    assert_eq!(t.seen().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unsupported_attribute_refuses_the_entries_that_carry_it() {
+    let t = ScriptedBatch::new(vec![
+        Box::new(|_| {
+            Ok(BatchAnswer {
+                status: 422,
+                code: Some(ErrorCode::UnsupportedAttribute.into()),
+                attribute: Some("scheduled_enqueue_time".into()),
+                ..BatchAnswer::default()
+            })
+        }),
+        all_queued(),
+    ]);
+    let c = Client::with_transport(config(), t.clone());
+    let mut batch = messages(3, "u");
+    batch[1].attributes.scheduled_enqueue_time = Some("2030-01-01T00:00:00Z".into());
+    let outcomes = c.send_batch("requests", batch).await;
+    assert_eq!(
+        outcomes,
+        [
+            queued("u-0"),
+            SendOutcome::Refused {
+                status: 422,
+                code: Some(ErrorCode::UnsupportedAttribute.into())
+            },
+            queued("u-2")
+        ]
+    );
+    assert_eq!(t.keys()[1], ["u-0", "u-2"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_gateway_with_smaller_limits_splits_the_request_and_the_smaller_limit_is_kept() {
+    // Holds at most 4 entries: more is a 400 on `["body", "messages"]`.
+    let at_most_four: Rule = Box::new(|keys| {
+        if keys.len() > 4 {
+            return Ok(BatchAnswer {
+                status: 400,
+                code: Some(ErrorCode::InvalidRequest.into()),
+                errors: vec![sendgate_wire::FieldError::new(
+                    &["body", "messages"],
+                    "must hold 1 to 4 entries",
+                )],
+                ..BatchAnswer::default()
+            });
+        }
+        all_queued()(keys)
+    });
+    let t = ScriptedBatch::new(vec![at_most_four]);
+    let c = Client::with_transport(config(), t.clone());
+    let outcomes = c.send_batch("requests", messages(8, "h")).await;
+    assert_eq!(
+        outcomes,
+        keys(8, "h").iter().map(|k| queued(k)).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        t.keys(),
+        [keys(8, "h"), keys(4, "h"), keys(8, "h")[4..].to_vec()]
+    );
+    // The next batch is planned under the limit learnt.
+    c.send_batch("requests", messages(8, "i")).await;
+    let sizes: Vec<usize> = t.keys()[3..].iter().map(Vec::len).collect();
+    assert_eq!(sizes, [4, 4]);
+
+    // A 413 naming its limit: the request is split and the limit kept; an entry alone
+    // over it is refused without a request.
+    let t = ScriptedBatch::new(vec![Box::new(|keys: &[String]| {
+        if keys.len() > 2 {
+            Ok(BatchAnswer {
+                status: 413,
+                code: Some(ErrorCode::PayloadTooLarge.into()),
+                limit_bytes: Some(80),
+                ..BatchAnswer::default()
+            })
+        } else {
+            all_queued()(keys)
+        }
+    })]);
+    let c = Client::with_transport(config(), t.clone());
+    let outcomes = c.send_batch("requests", messages(3, "p")).await;
+    assert_eq!(
+        outcomes,
+        keys(3, "p").iter().map(|k| queued(k)).collect::<Vec<_>>()
+    );
+    assert!(
+        t.seen()[1..].iter().all(|s| s.bytes <= 80),
+        "{:?}",
+        t.seen()
+    );
+    let mut big = messages(2, "q");
+    big[1].body = Bytes::from(format!("\"{}\"", "x".repeat(100)));
+    let before = t.seen().len();
+    let outcomes = c.send_batch("requests", big).await;
+    assert_eq!(outcomes[0], queued("q-0"));
+    assert!(
+        matches!(outcomes[1], SendOutcome::Invalid { .. }),
+        "{:?}",
+        outcomes[1]
+    );
+    assert_eq!(t.seen().len(), before + 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_credential_fails_every_entry_after_one_request() {
+    let t = ScriptedBatch::new(vec![refused_whole(401, ErrorCode::Unauthenticated, None)]);
+    let c = Client::with_transport(config(), t.clone());
+    let outcomes = c.send_batch("requests", messages(3, "a")).await;
+    assert!(
+        outcomes.iter().all(|o| *o
+            == SendOutcome::AuthFailed {
+                status: 401,
+                code: Some(ErrorCode::Unauthenticated.into())
+            }),
+        "{outcomes:?}"
+    );
+    assert_eq!(t.seen().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn entries_that_cannot_be_sent_are_invalid_and_the_others_go() {
+    let t = ScriptedBatch::new(vec![all_queued()]);
+    let c = Client::with_transport(config(), t.clone());
+    let mut batch = messages(4, "x");
+    batch[1].body = Bytes::from_static(b"{not json");
+    batch[2].idempotency_key = Some("tab\there".into());
+    let outcomes = c.send_batch("requests", batch).await;
+    assert!(matches!(&outcomes[1], SendOutcome::Invalid { reason } if reason.contains("JSON")));
+    assert!(
+        matches!(&outcomes[2], SendOutcome::Invalid { reason } if reason.contains("Idempotency-Key"))
+    );
+    assert_eq!(
+        (&outcomes[0], &outcomes[3]),
+        (&queued("x-0"), &queued("x-3"))
+    );
+    assert_eq!(t.keys(), [["x-0", "x-3"]]);
+    // A bad queue name: nothing goes.
+    let outcomes = c.send_batch("no/such", messages(2, "y")).await;
+    assert!(outcomes
+        .iter()
+        .all(|o| matches!(o, SendOutcome::Invalid { .. })));
+    assert_eq!(t.seen().len(), 1);
+}
+
+/// Records the single sends' messages as they went on the wire.
+struct Recording {
+    seen: Mutex<Vec<Outgoing>>,
+}
+
+#[async_trait]
+impl Transport for Recording {
+    async fn post(&self, _: &str, message: &Outgoing) -> Reply {
+        self.seen.lock().push(message.clone());
+        created(message.key.as_str())
+    }
+
+    async fn post_batch(&self, _: &str, _: &OutgoingBatch) -> BatchReply {
+        Err(TransportError::Unknown("not in this test".into()))
+    }
+
+    async fn probe(&self) -> ProbeAnswer {
+        running()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_single_send_carries_its_attributes_ids_and_trace_as_headers() {
+    let t = Arc::new(Recording {
+        seen: Mutex::new(Vec::new()),
+    });
+    let c = Client::with_transport(config(), t.clone());
+    let mut attributes = super::MessageAttributes {
+        subject: Some("café".into()),
+        time_to_live_s: Some(60),
+        scheduled_enqueue_time: Some("2030-01-01T00:00:00Z".into()),
+        ..Default::default()
+    };
+    attributes
+        .properties
+        .insert("tier".into(), serde_json::json!("gold"));
+    attributes
+        .properties
+        .insert("n".into(), serde_json::json!(3));
+    let trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let message = super::Message::new("{}")
+        .idempotency_key("h-1")
+        .correlation_id("c-1")
+        .traceparent(trace)
+        .attributes(attributes);
+    assert_eq!(c.send_with("requests", message).await, queued("h-1"));
+    let seen = t.seen.lock().clone();
+    assert_eq!(seen.len(), 1);
+    let headers: Vec<(&str, &[u8])> = seen[0]
+        .attributes
+        .iter()
+        .map(|(n, v)| (*n, v.as_bytes()))
+        .collect();
+    assert_eq!(
+        headers,
+        [
+            ("Message-Subject", "café".as_bytes()),
+            ("Message-Scheduled-Enqueue-Time", b"2030-01-01T00:00:00Z"),
+            ("Message-Time-To-Live", b"60"),
+            ("Message-Properties", br#"{"n":3,"tier":"gold"}"#),
+        ]
+    );
+    assert_eq!(seen[0].correlation_id.as_ref().unwrap().as_str(), "c-1");
+    assert_eq!(seen[0].traceparent.as_ref().unwrap(), trace);
+
+    // What no header can hold is refused before any request.
+    let bad = super::Message::new("{}").attributes(super::MessageAttributes {
+        subject: Some("two\nlines".into()),
+        ..Default::default()
+    });
+    assert!(matches!(
+        c.send_with("requests", bad).await,
+        SendOutcome::Invalid { reason } if reason.contains("Message-Subject")
+    ));
+    assert_eq!(t.seen.lock().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_of_exactly_the_byte_limit_goes_whole_and_one_byte_less_splits_it() {
+    // The size of three entries in one request, as sent.
+    let t = ScriptedBatch::new(vec![all_queued()]);
+    Client::with_transport(config(), t.clone())
+        .send_batch("requests", messages(3, "e"))
+        .await;
+    let exact = t.seen()[0].bytes;
+    for (limit, sizes) in [(exact, vec![3]), (exact - 1, vec![2, 1])] {
+        let t = ScriptedBatch::new(vec![all_queued()]);
+        let c = Client::with_transport(config().batch_limits(100, limit), t.clone());
+        let outcomes = c.send_batch("requests", messages(3, "e")).await;
+        assert!(outcomes
+            .iter()
+            .all(|o| matches!(o, SendOutcome::Queued { .. })));
+        assert_eq!(
+            t.keys().iter().map(Vec::len).collect::<Vec<_>>(),
+            sizes,
+            "limit {limit} of {exact}"
+        );
+        assert!(t.seen().iter().all(|s| s.bytes <= limit));
+    }
+    // One entry whose request is exactly the limit goes; over it, it is Invalid.
+    let one = request_size(messages(1, "e")).await;
+    for (limit, goes) in [(one, true), (one - 1, false)] {
+        let t = ScriptedBatch::new(vec![all_queued()]);
+        let c = Client::with_transport(config().batch_limits(100, limit), t.clone());
+        let outcomes = c.send_batch("requests", messages(1, "e")).await;
+        assert_eq!(
+            matches!(outcomes[0], SendOutcome::Queued { .. }),
+            goes,
+            "{outcomes:?}"
+        );
+        assert_eq!(t.seen().len(), usize::from(goes));
+    }
+}
+
+/// The body size of one request holding these messages.
+async fn request_size(batch: Vec<super::Message>) -> usize {
+    let t = ScriptedBatch::new(vec![all_queued()]);
+    Client::with_transport(config(), t.clone())
+        .send_batch("requests", batch)
+        .await;
+    t.seen()[0].bytes
 }

@@ -1,6 +1,7 @@
-//! The wire: one send (`POST /v1/queues/{queue}/messages`) and one lifecycle probe
-//! (`GET /health/detailed`), each turned into a small typed answer. Nothing here decides
-//! whether to retry or wait; that is `retry.rs` and `lifecycle.rs`.
+//! The wire: one send (`POST /v1/queues/{queue}/messages`, its attributes as `Message-*`
+//! headers), one batch send (`POST /v1/queues/{queue}/messages/batch`) and one lifecycle
+//! probe (`GET /health/detailed`), each turned into a small typed answer. Nothing here
+//! decides whether to retry or wait; that is `retry.rs`, `lifecycle.rs` and the send loop.
 //!
 //! [`Transport`] is a trait so the send loop can be tested with a scripted fake under a
 //! paused clock; [`HttpTransport`] is the real one (reqwest with rustls, one pooled client).
@@ -11,7 +12,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
-use sendgate_wire::{headers, AnyCode, ErrorBody, ErrorCode, GatewayState, LifecycleView, Queued};
+use sendgate_wire::{
+    headers, AnyCode, BatchMessage, BatchPartial, BatchQueued, CorrelationId, EntryResult,
+    ErrorBody, ErrorCode, FieldError, GatewayState, LifecycleView, MessageAttributes, MessageId,
+    Queued,
+};
 
 use super::retry::MAX_RETRY_AFTER;
 
@@ -30,16 +35,146 @@ impl Answer {
     /// A `503 draining` or `503 starting`: the gateway's state and its `Retry-After`. Such
     /// an answer is a wait, not a failed attempt.
     pub fn deferral(&self) -> Option<(GatewayState, Option<Duration>)> {
-        if self.status != 503 {
-            return None;
-        }
-        let state = match self.code.as_ref()?.known()? {
-            ErrorCode::Draining => GatewayState::Draining,
-            ErrorCode::Starting => GatewayState::Starting,
-            _ => return None,
-        };
-        Some((state, self.retry_after))
+        deferral(self.status, self.code.as_ref(), self.retry_after)
     }
+}
+
+/// The gateway's answer to one batch request, as far as the client needs it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct BatchAnswer {
+    pub status: u16,
+    /// An error body's `code`; `None` on a 201 or a 207, or when the body is not the
+    /// gateway's JSON.
+    pub code: Option<AnyCode>,
+    pub retry_after: Option<Duration>,
+    /// `201`: each entry's id and trace, in the request's order.
+    pub queued: Vec<BatchMessage<'static>>,
+    /// `207`: each entry's result.
+    pub results: Vec<EntryResult<'static>>,
+    /// `429 queue_full`: how many of the entries would be admitted now.
+    pub room: Option<u64>,
+    /// `400 invalid_request`: what is wrong, where (`["body", "messages", 3, "subject"]`).
+    pub errors: Vec<FieldError>,
+    /// `422 unsupported_attribute`: the attribute, by its batch field's name.
+    pub attribute: Option<String>,
+    /// `413 payload_too_large`: the largest request the gateway takes.
+    pub limit_bytes: Option<usize>,
+}
+
+impl BatchAnswer {
+    /// As [`Answer::deferral`]: a whole batch met a drain or a start-up.
+    pub fn deferral(&self) -> Option<(GatewayState, Option<Duration>)> {
+        deferral(self.status, self.code.as_ref(), self.retry_after)
+    }
+}
+
+fn deferral(
+    status: u16,
+    code: Option<&AnyCode>,
+    retry_after: Option<Duration>,
+) -> Option<(GatewayState, Option<Duration>)> {
+    if status != 503 {
+        return None;
+    }
+    let state = match code?.known()? {
+        ErrorCode::Draining => GatewayState::Draining,
+        ErrorCode::Starting => GatewayState::Starting,
+        _ => return None,
+    };
+    Some((state, retry_after))
+}
+
+/// The `Message-*` headers of a single send, as the contract spells them. The server's
+/// names live in its `domain::attributes::Field`; the wire crate has no constants for them.
+pub const MESSAGE_SUBJECT: &str = "Message-Subject";
+pub const MESSAGE_SESSION_ID: &str = "Message-Session-Id";
+pub const MESSAGE_PARTITION_KEY: &str = "Message-Partition-Key";
+pub const MESSAGE_TIME_TO_LIVE: &str = "Message-Time-To-Live";
+pub const MESSAGE_SCHEDULED_ENQUEUE_TIME: &str = "Message-Scheduled-Enqueue-Time";
+pub const MESSAGE_REPLY_TO: &str = "Message-Reply-To";
+pub const MESSAGE_TO: &str = "Message-To";
+pub const MESSAGE_PROPERTIES: &str = "Message-Properties";
+/// W3C trace context: the message joins this trace (with a parent id of its own).
+pub const TRACEPARENT: &str = "traceparent";
+
+/// An attribute (or an id, or the trace) that cannot be sent as a header: nothing is sent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}: holds a character that cannot go in an HTTP header (a control character)")]
+pub struct HeaderError(pub &'static str);
+
+/// A header value of `text`, which may be UTF-8 (the gateway reads the `Message-*` headers
+/// as UTF-8) but not a control character.
+pub fn header_value(name: &'static str, text: &str) -> Result<HeaderValue, HeaderError> {
+    HeaderValue::from_bytes(text.as_bytes()).map_err(|_| HeaderError(name))
+}
+
+/// The `Message-*` headers that carry `attributes` on a single send: each attribute that
+/// is set, the properties as one JSON object. The gateway checks the values (a `400`
+/// names the header); only what no header can hold is refused here.
+pub fn attribute_headers(
+    attributes: &MessageAttributes,
+) -> Result<Vec<(&'static str, HeaderValue)>, HeaderError> {
+    let mut out = Vec::new();
+    let texts = [
+        (MESSAGE_SUBJECT, attributes.subject.as_deref()),
+        (MESSAGE_SESSION_ID, attributes.session_id.as_deref()),
+        (MESSAGE_PARTITION_KEY, attributes.partition_key.as_deref()),
+        (
+            MESSAGE_SCHEDULED_ENQUEUE_TIME,
+            attributes.scheduled_enqueue_time.as_deref(),
+        ),
+        (MESSAGE_REPLY_TO, attributes.reply_to.as_deref()),
+        (MESSAGE_TO, attributes.to.as_deref()),
+    ];
+    for (name, text) in texts {
+        if let Some(text) = text {
+            out.push((name, header_value(name, text)?));
+        }
+    }
+    if let Some(ttl) = attributes.time_to_live_s {
+        out.push((MESSAGE_TIME_TO_LIVE, HeaderValue::from(ttl)));
+    }
+    if !attributes.properties.is_empty() {
+        // serde_json escapes every control character inside strings: the object's text is
+        // always a valid header value (UTF-8 passes as is, which the gateway reads).
+        let json = serde_json::to_string(&attributes.properties).unwrap_or_default();
+        out.push((MESSAGE_PROPERTIES, header_value(MESSAGE_PROPERTIES, &json)?));
+    }
+    Ok(out)
+}
+
+/// One message on the single-send route, checked and ready for the wire.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    /// Its `Idempotency-Key`, the same on every attempt.
+    pub key: MessageId,
+    pub body: Bytes,
+    pub correlation_id: Option<CorrelationId>,
+    pub traceparent: Option<HeaderValue>,
+    /// The `Message-*` headers of its attributes.
+    pub attributes: Vec<(&'static str, HeaderValue)>,
+}
+
+impl Outgoing {
+    /// A message with a key and nothing else (what `Client::send` always sent).
+    pub fn plain(key: MessageId, body: Bytes) -> Self {
+        Self {
+            key,
+            body,
+            correlation_id: None,
+            traceparent: None,
+            attributes: Vec::new(),
+        }
+    }
+}
+
+/// One batch request, ready for the wire.
+#[derive(Debug, Clone)]
+pub struct OutgoingBatch {
+    /// The request's body: `{"messages":[...]}`, each entry with its idempotency key.
+    pub body: Bytes,
+    /// The `traceparent` every entry of this request shares.
+    pub traceparent: Option<HeaderValue>,
 }
 
 /// No HTTP answer at all.
@@ -87,8 +222,15 @@ pub enum ProbeAnswer {
 
 #[async_trait]
 pub trait Transport: Send + Sync + 'static {
-    /// Send `body` to `queue` with this `Idempotency-Key`.
-    async fn post(&self, queue: &str, body: Bytes, key: &str) -> Result<Answer, TransportError>;
+    /// Send one message to `queue` (its key as `Idempotency-Key`, its attributes as the
+    /// `Message-*` headers).
+    async fn post(&self, queue: &str, message: &Outgoing) -> Result<Answer, TransportError>;
+    /// Send one batch request to `queue`.
+    async fn post_batch(
+        &self,
+        queue: &str,
+        batch: &OutgoingBatch,
+    ) -> Result<BatchAnswer, TransportError>;
     /// Read the gateway's lifecycle.
     async fn probe(&self) -> ProbeAnswer;
 }
@@ -182,30 +324,43 @@ impl HttpTransport {
     }
 }
 
+/// A response's status, its `Retry-After` and its body. A body that cannot be read only
+/// loses what it would have said, never the status.
+async fn read_response(response: reqwest::Response) -> (u16, Option<Duration>, Bytes) {
+    let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get(headers::RETRY_AFTER)
+        .and_then(|v| parse_retry_after(v.to_str().ok()?));
+    let body = response.bytes().await.unwrap_or_default();
+    (status, retry_after, body)
+}
+
 #[async_trait]
 impl Transport for HttpTransport {
-    async fn post(&self, queue: &str, body: Bytes, key: &str) -> Result<Answer, TransportError> {
+    async fn post(&self, queue: &str, message: &Outgoing) -> Result<Answer, TransportError> {
         // `queue` is a parsed QueueName (letters, digits, `.-_`): safe in a path as is.
         let url = format!("{}/v1/queues/{queue}/messages", self.base);
-        let req = self
+        let mut req = self
             .http
             .post(url)
             .header(CONTENT_TYPE, "application/json")
-            .header(headers::IDEMPOTENCY_KEY, key)
-            .body(body);
+            .header(headers::IDEMPOTENCY_KEY, message.key.as_str());
+        if let Some(correlation) = &message.correlation_id {
+            req = req.header(headers::CORRELATION_ID, correlation.as_str());
+        }
+        if let Some(parent) = &message.traceparent {
+            req = req.header(TRACEPARENT, parent.clone());
+        }
+        for (name, value) in &message.attributes {
+            req = req.header(*name, value.clone());
+        }
         let response = self
-            .with_auth(req)
+            .with_auth(req.body(message.body.clone()))
             .send()
             .await
             .map_err(|e| TransportError::of(&e))?;
-        let status = response.status().as_u16();
-        let retry_after = response
-            .headers()
-            .get(headers::RETRY_AFTER)
-            .and_then(|v| parse_retry_after(v.to_str().ok()?));
-        // The body is small (the gateway's JSON); a body that cannot be read or parsed only
-        // loses the code, never the status.
-        let body = response.bytes().await.unwrap_or_default();
+        let (status, retry_after, body) = read_response(response).await;
         let (code, message_id) = read_send_body(status, &body);
         Ok(Answer {
             status,
@@ -213,6 +368,25 @@ impl Transport for HttpTransport {
             message_id,
             retry_after,
         })
+    }
+
+    async fn post_batch(
+        &self,
+        queue: &str,
+        batch: &OutgoingBatch,
+    ) -> Result<BatchAnswer, TransportError> {
+        let url = format!("{}/v1/queues/{queue}/messages/batch", self.base);
+        let mut req = self.http.post(url).header(CONTENT_TYPE, "application/json");
+        if let Some(parent) = &batch.traceparent {
+            req = req.header(TRACEPARENT, parent.clone());
+        }
+        let response = self
+            .with_auth(req.body(batch.body.clone()))
+            .send()
+            .await
+            .map_err(|e| TransportError::of(&e))?;
+        let (status, retry_after, body) = read_response(response).await;
+        Ok(read_batch_body(status, retry_after, &body))
     }
 
     async fn probe(&self) -> ProbeAnswer {
@@ -252,6 +426,60 @@ fn read_send_body(status: u16, body: &[u8]) -> (Option<AnyCode>, Option<String>)
     match serde_json::from_slice::<ErrorBody>(body) {
         Ok(e) => (Some(e.code), e.message_id.map(|m| m.into_owned())),
         Err(_) => (None, None),
+    }
+}
+
+/// A batch request's answer: a [`BatchQueued`] on a 2xx, a [`BatchPartial`] on a 207, an
+/// [`ErrorBody`] otherwise. A body that is not the gateway's JSON keeps only the status
+/// (a 207 without results then reads as every entry's outcome unknown).
+pub fn read_batch_body(status: u16, retry_after: Option<Duration>, body: &[u8]) -> BatchAnswer {
+    let mut answer = BatchAnswer {
+        status,
+        retry_after,
+        ..BatchAnswer::default()
+    };
+    match status {
+        207 => {
+            if let Ok(partial) = serde_json::from_slice::<BatchPartial>(body) {
+                answer.results = partial.results.into_iter().map(owned_result).collect();
+            }
+        }
+        200..=299 => {
+            if let Ok(queued) = serde_json::from_slice::<BatchQueued>(body) {
+                answer.queued = queued
+                    .messages
+                    .into_iter()
+                    .map(|m| BatchMessage {
+                        message_id: m.message_id.into_owned().into(),
+                        traceparent: m.traceparent.into_owned().into(),
+                        duplicate: m.duplicate,
+                    })
+                    .collect();
+            }
+        }
+        _ => {
+            if let Ok(e) = serde_json::from_slice::<ErrorBody>(body) {
+                answer.room = e.room;
+                answer.errors = e.errors.map(|e| e.into_owned()).unwrap_or_default();
+                answer.attribute = e.attribute.map(|a| a.into_owned());
+                answer.limit_bytes = e.limit_bytes;
+                answer.code = Some(e.code);
+            }
+        }
+    }
+    answer
+}
+
+fn owned_result(r: EntryResult<'_>) -> EntryResult<'static> {
+    EntryResult {
+        index: r.index,
+        status: r.status.into_owned().into(),
+        message_id: r.message_id.into_owned().into(),
+        traceparent: r.traceparent.map(|t| t.into_owned().into()),
+        code: r.code,
+        message: r.message.map(|m| m.into_owned().into()),
+        outcome: r.outcome.map(|o| o.into_owned().into()),
+        duplicate: r.duplicate,
     }
 }
 
@@ -417,5 +645,93 @@ mod tests {
                 String::from_utf8_lossy(body)
             );
         }
+    }
+    #[test]
+    fn batch_bodies_are_read_through_the_wire_types() {
+        let created = br#"{"status":"queued","queue":"q","request_id":"r","count":2,"messages":[{"message_id":"a","traceparent":"t-a"},{"message_id":"b","traceparent":"t-b","duplicate":true}]}"#;
+        let a = read_batch_body(201, None, created);
+        assert_eq!(
+            a.queued
+                .iter()
+                .map(|m| m.message_id.as_ref())
+                .collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        assert!(a.queued[1].duplicate);
+
+        let partial = br#"{"status":"partial","queue":"q","request_id":"r","queued":1,"failed":1,"results":[{"index":0,"status":"queued","message_id":"a"},{"index":1,"status":"failed","message_id":"b","code":"send_timeout","message":"late","outcome":"unknown"}]}"#;
+        let a = read_batch_body(207, Some(Duration::from_secs(2)), partial);
+        assert_eq!(a.results.len(), 2);
+        assert!(a.results[1].failed());
+        assert_eq!(a.results[1].code, Some(ErrorCode::SendTimeout.into()));
+        assert_eq!(a.results[1].outcome.as_deref(), Some("unknown"));
+        assert_eq!(a.retry_after, Some(Duration::from_secs(2)));
+
+        let full = br#"{"backlog":3,"code":"queue_full","limit":5,"message":"full","request_id":"r","retry_after_s":1,"room":2}"#;
+        let a = read_batch_body(429, Some(Duration::from_secs(1)), full);
+        assert_eq!(
+            (a.code, a.room),
+            (Some(ErrorCode::QueueFull.into()), Some(2))
+        );
+
+        let invalid = br#"{"code":"invalid_request","errors":[{"loc":["body","messages",3,"properties"],"msg":"bad"}],"message":"m","request_id":"r"}"#;
+        let a = read_batch_body(400, None, invalid);
+        assert_eq!(a.errors.len(), 1);
+        assert_eq!(a.errors[0].loc[2], sendgate_wire::Loc::Index(3));
+
+        let unsupported = br#"{"attribute":"scheduled_enqueue_time","backend":"rabbitmq","code":"unsupported_attribute","message":"m","request_id":"r"}"#;
+        let a = read_batch_body(422, None, unsupported);
+        assert_eq!(a.attribute.as_deref(), Some("scheduled_enqueue_time"));
+
+        let too_large =
+            br#"{"code":"payload_too_large","limit_bytes":1024,"message":"m","request_id":"r"}"#;
+        assert_eq!(
+            read_batch_body(413, None, too_large).limit_bytes,
+            Some(1024)
+        );
+
+        // A proxy's page keeps the status only; a 207 without results reads as none named.
+        let page = read_batch_body(502, None, b"<html>bad gateway</html>");
+        assert_eq!((page.status, page.code), (502, None));
+        assert!(read_batch_body(207, None, b"garbage").results.is_empty());
+    }
+
+    #[test]
+    fn attributes_become_the_message_headers_and_control_characters_are_refused() {
+        let mut attributes = MessageAttributes {
+            session_id: Some("s-1".into()),
+            partition_key: Some("s-1".into()),
+            reply_to: Some("replies".into()),
+            to: Some("there".into()),
+            ..MessageAttributes::default()
+        };
+        attributes
+            .properties
+            .insert("note".into(), serde_json::json!("a\nb \u{e9}"));
+        let headers = attribute_headers(&attributes).unwrap();
+        let names: Vec<&str> = headers.iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            names,
+            [
+                MESSAGE_SESSION_ID,
+                MESSAGE_PARTITION_KEY,
+                MESSAGE_REPLY_TO,
+                MESSAGE_TO,
+                MESSAGE_PROPERTIES
+            ]
+        );
+        // The newline inside a property is escaped by JSON; the é goes as UTF-8.
+        assert_eq!(
+            headers[4].1.as_bytes(),
+            "{\"note\":\"a\\nb \u{e9}\"}".as_bytes()
+        );
+        assert!(attribute_headers(&MessageAttributes::default())
+            .unwrap()
+            .is_empty());
+        let bad = MessageAttributes {
+            to: Some("a\rb".into()),
+            ..MessageAttributes::default()
+        };
+        assert_eq!(attribute_headers(&bad), Err(HeaderError(MESSAGE_TO)));
     }
 }

@@ -1,8 +1,10 @@
 //! `sendgate send`: one message per JSON line, from a file or stdin, through the producer
-//! client (the `sendgate-client` crate): bounded concurrency, a progress bar on a terminal and plain lines
-//! otherwise, a summary on stderr, and the exit status of the contract (section 7):
-//! 0 every message queued, 1 some not, 2 a terminal authentication error (or a usage
-//! error, like every other sendgate command).
+//! client (the `sendgate-client` crate): in batch requests of `--batch-size` lines (each
+//! line alone on the single-send route with `--batch-size 1`), a line a bare body or, with
+//! `--envelope`, a batch entry (`body`, ids, attributes); bounded concurrency, a progress
+//! bar on a terminal and plain lines otherwise, a summary on stderr, and the exit status
+//! of the contract (section 7): 0 every message queued, 1 some not, 2 a terminal
+//! authentication error (or a usage error, like every other sendgate command).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -19,9 +21,10 @@ use tokio::task::JoinSet;
 
 use sendgate_client::retry::Backoff;
 use sendgate_client::{
-    code_label, AttemptError, Client, ClientConfig, ClientStats, QueueName, QueueNameError,
-    SendOutcome,
+    code_label, AttemptError, Client, ClientConfig, ClientStats, Message, QueueName,
+    QueueNameError, SendOutcome,
 };
+use sendgate_wire::BatchEntry;
 
 /// The variable that holds the bearer token when `--token-file` is not given. Not a
 /// server setting: the server never reads it.
@@ -38,9 +41,19 @@ pub struct SendArgs {
     /// A file holding the bearer token (otherwise SENDGATE_TOKEN, if set).
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
-    /// Messages in flight at once.
+    /// Requests in flight at once: batches, or single messages with --batch-size 1.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=1024))]
     concurrency: u16,
+    /// Messages per batch request (at most the gateway's SENDGATE_MAX_BATCH_MESSAGES,
+    /// 100 by default); 1 sends each message alone, on the single-send route.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..=10_000))]
+    batch_size: u16,
+    /// Each line is a batch entry, not a bare body: an object with `body` and any of
+    /// `idempotency_key`, `correlation_id` and the attributes (`subject`, `session_id`,
+    /// `partition_key`, `time_to_live_s`, `scheduled_enqueue_time`, `reply_to`, `to`,
+    /// `properties`).
+    #[arg(long)]
+    envelope: bool,
     /// Longest time one message may wait (a drain, Retry-After, backoff), in seconds.
     /// A drain the gateway announces moves it: it then counts from the drain's end.
     #[arg(long, value_name = "SECONDS", default_value_t = 120,
@@ -95,12 +108,12 @@ pub fn run(args: SendArgs) -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            runtime.block_on(send_all(
-                client,
-                queue,
-                input,
-                usize::from(args.concurrency),
-            ))
+            let options = Options {
+                concurrency: usize::from(args.concurrency),
+                batch_size: usize::from(args.batch_size),
+                envelope: args.envelope,
+            };
+            runtime.block_on(send_all(client, queue, input, options))
         }
         Err(e) => {
             eprintln!("sendgate: {e}");
@@ -138,6 +151,7 @@ fn prepare(args: &SendArgs) -> Result<(Client, QueueName, Box<dyn Read + Send>),
         });
     config.token = token;
     config.max_concurrent_requests = usize::from(args.concurrency);
+    config.max_batch_messages = usize::from(args.batch_size);
     let client = Client::new(config)?;
     let input: Box<dyn Read + Send> = match &args.input {
         None => Box::new(std::io::stdin()),
@@ -150,8 +164,9 @@ fn prepare(args: &SendArgs) -> Result<(Client, QueueName, Box<dyn Read + Send>),
     Ok((client, queue, input))
 }
 
-/// One line of input: its number (from 1) and its bytes without the line break.
-type Line = std::io::Result<(u64, Vec<u8>)>;
+/// One line of input: its number (from 1), its bytes without the line break, and whether
+/// the next line is already read in full (so a batch waits for it rather than lingering).
+type Line = std::io::Result<(u64, Vec<u8>, bool)>;
 
 /// Read lines on a thread of its own (stdin has no async reader without more of tokio),
 /// handing them over as they come, so a large file or an endless pipe is streamed.
@@ -166,7 +181,10 @@ fn read_lines(input: Box<dyn Read + Send>, room: usize) -> mpsc::Receiver<Line> 
                 Ok(0) => return,
                 Ok(_) => {
                     number += 1;
-                    if tx.blocking_send(Ok((number, buf))).is_err() {
+                    // The next line is in memory when the buffer holds its end: reading it
+                    // cannot wait on the producer.
+                    let next_ready = reader.buffer().contains(&b'\n');
+                    if tx.blocking_send(Ok((number, buf, next_ready))).is_err() {
                         return; // the sender stopped (authentication failure)
                     }
                 }
@@ -180,74 +198,241 @@ fn read_lines(input: Box<dyn Read + Send>, room: usize) -> mpsc::Receiver<Line> 
     rx
 }
 
+/// How `send_all` sends.
+struct Options {
+    concurrency: usize,
+    batch_size: usize,
+    envelope: bool,
+}
+
+/// A batch that is not full goes when the input has paused this long (the next line not
+/// read yet)...
+const LINGER: Duration = Duration::from_millis(50);
+/// ...or once its first line has waited this long for the rest, so a producer trickling
+/// lines sees each one's fate within about a second.
+const MOST_FILL: Duration = Duration::from_secs(1);
+
+/// The fields of an `--envelope` line: a batch entry's. Any other is refused locally, as
+/// the gateway would refuse it (reading it as a `BatchEntry` would drop it silently).
+const ENVELOPE_FIELDS: [&str; 11] = [
+    "body",
+    "idempotency_key",
+    "correlation_id",
+    "subject",
+    "session_id",
+    "partition_key",
+    "time_to_live_s",
+    "scheduled_enqueue_time",
+    "reply_to",
+    "to",
+    "properties",
+];
+
+/// An `--envelope` line as its message, or why it cannot be one.
+fn envelope(line: &[u8]) -> Result<Message, String> {
+    let object: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(line)
+        .map_err(|e| format!("must be a JSON object with a body: {e}"))?;
+    if let Some(unknown) = object
+        .keys()
+        .find(|k| !ENVELOPE_FIELDS.contains(&k.as_str()))
+    {
+        return Err(format!(
+            "unknown field {unknown:?} (a line holds {})",
+            ENVELOPE_FIELDS.join(", ")
+        ));
+    }
+    // Read again from the text: the body is kept as its JSON text, not as a value.
+    let entry: BatchEntry = serde_json::from_slice(line).map_err(|e| e.to_string())?;
+    Ok(Message::from(entry))
+}
+
+/// A line as its message; a blank one is none, a bad one is counted and shown here.
+fn parse_line(report: &mut Report, number: u64, raw: &[u8], enveloped: bool) -> Option<Message> {
+    let text = raw.trim_ascii();
+    if text.is_empty() {
+        return None;
+    }
+    report.read += 1;
+    if enveloped {
+        return match envelope(text) {
+            Ok(message) => Some(message),
+            Err(why) => {
+                report.refused_locally(number, "invalid_envelope", &why);
+                None
+            }
+        };
+    }
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(text) {
+        report.refused_locally(number, "invalid_json", &e.to_string());
+        return None;
+    }
+    Some(Message::new(Bytes::copy_from_slice(text)))
+}
+
+/// What one request (a batch, or one message) came to: each line's outcome.
+type Sent = Vec<(u64, SendOutcome)>;
+
+/// What the loop waits for next.
+enum Event {
+    Line(u64, Vec<u8>, bool),
+    /// The input paused (or the batch waited long enough): what is there goes now.
+    Paused,
+    End,
+    ReadError(std::io::Error),
+    Finished(Result<Sent, tokio::task::JoinError>),
+}
+
+impl Event {
+    fn of(line: Option<Line>) -> Self {
+        match line {
+            Some(Ok((number, raw, next_ready))) => Self::Line(number, raw, next_ready),
+            Some(Err(e)) => Self::ReadError(e),
+            None => Self::End,
+        }
+    }
+}
+
+/// Hands the batches to the client: the first alone (the pilot), then up to
+/// `concurrency` at once.
+struct Dispatcher {
+    client: Client,
+    queue: QueueName,
+    single: bool,
+    concurrency: usize,
+    in_flight: JoinSet<Sent>,
+    pilot_done: bool,
+}
+
+impl Dispatcher {
+    /// Send `batch`; `true` when the run must stop (authentication failure).
+    async fn dispatch(&mut self, batch: Vec<(u64, Message)>, report: &mut Report) -> bool {
+        let send = send_lines(self.client.clone(), self.queue.clone(), batch, self.single);
+        if !self.pilot_done {
+            let sent = send.await;
+            self.pilot_done = !sent
+                .iter()
+                .all(|(_, o)| matches!(o, SendOutcome::Invalid { .. }));
+            return report.record_all(sent);
+        }
+        while self.in_flight.len() >= self.concurrency {
+            if let Some(done) = self.in_flight.join_next().await {
+                if report.finished(done) {
+                    return true;
+                }
+            }
+        }
+        self.in_flight.spawn(send);
+        false
+    }
+}
+
+async fn send_lines(
+    client: Client,
+    queue: QueueName,
+    batch: Vec<(u64, Message)>,
+    single: bool,
+) -> Sent {
+    let (numbers, messages): (Vec<u64>, Vec<Message>) = batch.into_iter().unzip();
+    if single {
+        let mut sent = Vec::with_capacity(messages.len());
+        for (number, message) in numbers.into_iter().zip(messages) {
+            sent.push((number, client.send_with(queue.as_str(), message).await));
+        }
+        return sent;
+    }
+    let outcomes = client.send_batch(queue.as_str(), messages).await;
+    numbers.into_iter().zip(outcomes).collect()
+}
+
 async fn send_all(
     client: Client,
     queue: QueueName,
     input: Box<dyn Read + Send>,
-    concurrency: usize,
+    options: Options,
 ) -> ExitCode {
-    let mut lines = read_lines(input, concurrency * 2);
+    let batch_size = options.batch_size.max(1);
+    let mut lines = read_lines(input, options.concurrency.max(batch_size) * 2);
     let mut report = Report::new(std::io::stderr().is_terminal());
-    let mut in_flight: JoinSet<(u64, SendOutcome)> = JoinSet::new();
-    // The first message that reaches the gateway goes alone: if the token is refused, that
-    // one request is all the run costs (the contract: stop at once on an auth error).
-    let mut pilot_done = false;
+    let mut dispatcher = Dispatcher {
+        client: client.clone(),
+        queue,
+        single: batch_size == 1,
+        concurrency: options.concurrency.max(1),
+        in_flight: JoinSet::new(),
+        pilot_done: false,
+    };
     let mut read_error = None;
+    let mut stopped = false;
+    let mut batch: Vec<(u64, Message)> = Vec::new();
+    // While a batch fills: is the next line in memory, and how long may it wait?
+    let mut next_ready = false;
+    let mut fill_until = tokio::time::Instant::now();
 
-    'input: loop {
-        // Outcomes are reported as they come, not only when a slot is needed: a producer
-        // piping lines at its own pace sees each message's fate at once.
-        let line = tokio::select! {
-            Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
+    loop {
+        let event = if batch.is_empty() {
+            // Outcomes are reported as they come, not only when a slot is needed: a
+            // producer piping lines at its own pace sees each message's fate at once.
+            tokio::select! {
+                Some(done) = dispatcher.in_flight.join_next(), if !dispatcher.in_flight.is_empty() => {
+                    Event::Finished(done)
+                }
+                line = lines.recv() => Event::of(line),
+            }
+        } else if next_ready {
+            Event::of(lines.recv().await)
+        } else {
+            let wait = fill_until
+                .saturating_duration_since(tokio::time::Instant::now())
+                .min(LINGER);
+            match tokio::time::timeout(wait, lines.recv()).await {
+                Ok(line) => Event::of(line),
+                Err(_) => Event::Paused,
+            }
+        };
+        match event {
+            Event::Finished(done) => {
                 if report.finished(done) {
-                    break 'input;
+                    stopped = true;
+                    break;
                 }
                 continue;
             }
-            line = lines.recv() => match line {
-                Some(line) => line,
-                None => break,
-            },
-        };
-        let (number, raw) = match line {
-            Ok(l) => l,
-            Err(e) => {
+            Event::Line(number, raw, ready) => {
+                next_ready = ready;
+                if let Some(message) = parse_line(&mut report, number, &raw, options.envelope) {
+                    if batch.is_empty() {
+                        fill_until = tokio::time::Instant::now() + MOST_FILL;
+                    }
+                    batch.push((number, message));
+                }
+                if batch.len() < batch_size {
+                    continue;
+                }
+            }
+            Event::Paused => {}
+            Event::End => break,
+            Event::ReadError(e) => {
                 read_error = Some(e);
                 break;
             }
-        };
-        let body = raw.trim_ascii();
-        if body.is_empty() {
-            continue;
         }
-        report.read += 1;
-        if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(body) {
-            report.refused_locally(number, &e.to_string());
-            continue;
+        if dispatcher
+            .dispatch(std::mem::take(&mut batch), &mut report)
+            .await
+        {
+            stopped = true;
+            break;
         }
-        let body = Bytes::copy_from_slice(body);
-        if !pilot_done {
-            let outcome = client.send(queue.as_str(), body, None).await;
-            pilot_done = !matches!(outcome, SendOutcome::Invalid { .. });
-            if report.record(number, outcome) {
-                break 'input;
-            }
-            continue;
-        }
-        while in_flight.len() >= concurrency {
-            if let Some(done) = in_flight.join_next().await {
-                if report.finished(done) {
-                    break 'input;
-                }
-            }
-        }
-        let (client, queue) = (client.clone(), queue.clone());
-        in_flight.spawn(async move { (number, client.send(queue.as_str(), body, None).await) });
+    }
+    // What was read before the end (or a read error) goes too; after an authentication
+    // failure nothing more does.
+    if !stopped && !batch.is_empty() {
+        dispatcher.dispatch(batch, &mut report).await;
     }
     // Sends already on their way are waited for, also after an auth failure: each one's
     // outcome is then known and reported rather than guessed.
     drop(lines);
-    while let Some(done) = in_flight.join_next().await {
+    while let Some(done) = dispatcher.in_flight.join_next().await {
         report.finished(done);
     }
     report.summary(client.stats(), read_error)
@@ -287,15 +472,25 @@ impl Report {
     }
 
     /// A task ended (or panicked, which the client does not do on any input).
-    fn finished(&mut self, done: Result<(u64, SendOutcome), tokio::task::JoinError>) -> bool {
+    fn finished(&mut self, done: Result<Sent, tokio::task::JoinError>) -> bool {
         match done {
-            Ok((number, outcome)) => self.record(number, outcome),
+            Ok(sent) => self.record_all(sent),
             Err(e) => {
                 *self.failed.entry("internal error".into()).or_default() += 1;
                 self.line(&format!("a send task ended abnormally: {e}"), true);
                 false
             }
         }
+    }
+
+    /// Count a request's outcomes; `true` when the run must stop (one was an
+    /// authentication failure).
+    fn record_all(&mut self, sent: Sent) -> bool {
+        let mut stop = false;
+        for (number, outcome) in sent {
+            stop |= self.record(number, outcome);
+        }
+        stop
     }
 
     /// Count one outcome; `true` when the run must stop (authentication failure).
@@ -336,13 +531,10 @@ impl Report {
         false
     }
 
-    fn refused_locally(&mut self, number: u64, why: &str) {
-        *self
-            .refused
-            .entry("invalid_json (local)".into())
-            .or_default() += 1;
+    fn refused_locally(&mut self, number: u64, code: &str, why: &str) {
+        *self.refused.entry(format!("{code} (local)")).or_default() += 1;
         self.line(
-            &format!("line {number}: refused locally, not sent: invalid_json: {why}"),
+            &format!("line {number}: refused locally, not sent: {code}: {why}"),
             true,
         );
     }
@@ -408,5 +600,68 @@ impl Report {
         } else {
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sendgate_client::MessageAttributes;
+
+    #[test]
+    fn the_envelope_fields_are_a_batch_entrys() {
+        // Every field a batch entry can carry, set: its JSON names are the list's.
+        let mut attributes = MessageAttributes {
+            subject: Some("s".into()),
+            session_id: Some("s".into()),
+            partition_key: Some("s".into()),
+            time_to_live_s: Some(1),
+            scheduled_enqueue_time: Some("2030-01-01T00:00:00Z".into()),
+            reply_to: Some("r".into()),
+            to: Some("t".into()),
+            ..MessageAttributes::default()
+        };
+        attributes.properties.insert("p".into(), 1.into());
+        let entry = BatchEntry {
+            body: serde_json::value::RawValue::from_string("1".into()).unwrap(),
+            idempotency_key: Some("k".into()),
+            correlation_id: Some("c".into()),
+            attributes,
+        };
+        let value = serde_json::to_value(&entry).unwrap();
+        let mut names: Vec<&str> = value
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let mut fields = ENVELOPE_FIELDS.to_vec();
+        names.sort_unstable();
+        fields.sort_unstable();
+        assert_eq!(names, fields);
+    }
+
+    #[test]
+    fn an_envelope_line_is_its_message_and_an_unknown_field_is_refused() {
+        let message = envelope(
+            br#"{"body": {"n": 1}, "idempotency_key": "k-1", "subject": "s", "time_to_live_s": 60, "properties": {"tier": "gold"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            &message.body[..],
+            br#"{"n": 1}"#,
+            "the body's text as written"
+        );
+        assert_eq!(message.idempotency_key.as_deref(), Some("k-1"));
+        assert_eq!(message.attributes.subject.as_deref(), Some("s"));
+        assert_eq!(message.attributes.time_to_live_s, Some(60));
+        assert_eq!(message.attributes.properties["tier"], "gold");
+        let unknown = envelope(br#"{"body": 1, "subjct": "s"}"#).unwrap_err();
+        assert!(unknown.contains("\"subjct\""), "{unknown}");
+        assert!(envelope(br#"{"subject": "s"}"#)
+            .unwrap_err()
+            .contains("body"));
+        assert!(envelope(b"[1]").is_err());
+        assert!(envelope(br#"{"body": 1, "time_to_live_s": "60"}"#).is_err());
     }
 }

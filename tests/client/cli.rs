@@ -1,8 +1,11 @@
 //! `sendgate send`, the real binary, against the real gateway behind the counting proxy.
 
+use std::collections::BTreeSet;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
+use sendgate_client::MessageAttributes;
+use serde_json::json;
 use tokio::io::AsyncWriteExt;
 
 use crate::gateway::binary;
@@ -49,6 +52,7 @@ fn lines(n: usize) -> String {
     (0..n).map(|i| format!("{{\"n\":{i}}}\n")).collect()
 }
 
+/// `--batch-size 1`: each line alone on the single-send route, as before batches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_of_json_lines_is_queued_and_exits_0() {
     let app = spawn_app_with(&[]).await;
@@ -70,6 +74,8 @@ async fn a_file_of_json_lines_is_queued_and_exits_0() {
             "requests",
             "--concurrency",
             "4",
+            "--batch-size",
+            "1",
             file.to_str().unwrap(),
         ],
         &[],
@@ -84,6 +90,7 @@ async fn a_file_of_json_lines_is_queued_and_exits_0() {
     );
     assert_eq!(app.stored("requests"), 25);
     assert_eq!(proxy.posts().len(), 25);
+    assert!(proxy.batches().is_empty(), "the single-send route only");
     assert_eq!(proxy.probes(), 1);
     let bodies: Vec<String> = app
         .receive_all("requests")
@@ -98,30 +105,201 @@ async fn a_file_of_json_lines_is_queued_and_exits_0() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_line_is_refused_locally_and_exits_1() {
+    // Alone, three requests; in a batch, one request of three entries.
+    for (batch_size, requests) in [("1", 3), ("100", 1)] {
+        let app = spawn_app_with(&[]).await;
+        let proxy = Proxy::start(&app.address).await;
+        let input = "{\"a\":1}\n{broken\n2\n\"three\"\n";
+
+        let out = sendgate_send(
+            &[
+                "--url",
+                &proxy.address,
+                "--queue",
+                "requests",
+                "--batch-size",
+                batch_size,
+                "-",
+            ],
+            &[],
+            Some(input),
+        )
+        .await;
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("summary: 4 messages: 3 queued, 1 refused, 0 failed"),
+            "{err}"
+        );
+        assert!(err.contains("refused invalid_json (local): 1"), "{err}");
+        assert!(err.contains("line 2: refused locally"), "{err}");
+        let posts = proxy.posts();
+        assert_eq!(posts.len(), requests, "the invalid line is never sent");
+        if batch_size != "1" {
+            assert_eq!(
+                proxy.batches().iter().map(Vec::len).collect::<Vec<_>>(),
+                [3]
+            );
+        }
+        assert_eq!(app.stored("requests"), 3);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_of_250_lines_goes_in_three_batch_requests_and_each_is_stored_once() {
     let app = spawn_app_with(&[]).await;
     let proxy = Proxy::start(&app.address).await;
-    let input = "{\"a\":1}\n{broken\n2\n\"three\"\n";
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("messages.jsonl");
+    std::fs::write(&file, lines(250)).unwrap();
 
     let out = sendgate_send(
-        &["--url", &proxy.address, "--queue", "requests", "-"],
+        &[
+            "--url",
+            &proxy.address,
+            "--queue",
+            "requests",
+            "--batch-size",
+            "100",
+            file.to_str().unwrap(),
+        ],
         &[],
-        Some(input),
+        None,
     )
     .await;
     let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(
-        err.contains("summary: 4 messages: 3 queued, 1 refused, 0 failed"),
+        err.contains("summary: 250 messages: 250 queued, 0 refused, 0 failed"),
         "{err}"
     );
-    assert!(err.contains("refused invalid_json (local): 1"), "{err}");
-    assert!(err.contains("line 2: refused locally"), "{err}");
-    assert_eq!(proxy.posts().len(), 3, "the invalid line is never sent");
-    assert_eq!(app.stored("requests"), 3);
+    assert!(err.contains("requests 3, retries 0"), "{err}");
+    // Counted on the wire: three POSTs, all to the batch route, of 100, 100 and 50.
+    let posts = proxy.posts();
+    assert_eq!(posts.len(), 3, "{posts:?}");
+    assert!(posts
+        .iter()
+        .all(|p| p.path == "/v1/queues/requests/messages/batch" && p.status == 201));
+    let batches = proxy.batches();
+    assert_eq!(
+        batches.iter().map(Vec::len).collect::<Vec<_>>(),
+        [100, 100, 50]
+    );
+    // Every entry carried a key made by the client, and each key is stored once.
+    let keys: BTreeSet<String> = batches.concat().into_iter().map(Option::unwrap).collect();
+    assert_eq!(keys.len(), 250);
+    let stored = app.receive_all("requests");
+    assert_eq!(stored.len(), 250);
+    let ids: BTreeSet<String> = stored.iter().map(|m| m.message_id.clone()).collect();
+    assert_eq!(ids, keys);
+    // In the file's order, each body once.
+    let bodies: Vec<String> = stored
+        .iter()
+        .map(|m| String::from_utf8(m.body.clone()).unwrap())
+        .collect();
+    assert_eq!(bodies, lines(250).lines().collect::<Vec<_>>());
+    // One line per message, as before batches.
+    assert_eq!(err.matches(": queued as ").count(), 250, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envelope_lines_arrive_with_their_attributes_alone_or_in_a_batch() {
+    for batch_size in ["1", "100"] {
+        let app = spawn_app_with(&[]).await;
+        let proxy = Proxy::start(&app.address).await;
+        let input = [
+            r#"{"body": {"order": 1}, "idempotency_key": "o-1", "correlation_id": "c-1", "subject": "order", "session_id": "s-1", "time_to_live_s": 600, "reply_to": "replies", "to": "billing", "properties": {"tier": "gold", "n": 3, "rush": true}}"#,
+            r#"{"body": [1, 2], "partition_key": "p-7", "properties": {"café": "crème"}}"#,
+            r#"{"body": "plain"}"#,
+            r#"{"body": 4, "subjct": "typo"}"#,
+            r#"{"body": 5, "idempotency_key": "o-5", "subject": ""}"#,
+        ]
+        .join("
+");
+        let out = sendgate_send(
+            &[
+                "--url",
+                &proxy.address,
+                "--queue",
+                "requests",
+                "--envelope",
+                "--batch-size",
+                batch_size,
+                "-",
+            ],
+            &[],
+            Some(&input),
+        )
+        .await;
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{batch_size}: {err}");
+        assert!(
+            err.contains("summary: 5 messages: 3 queued, 2 refused, 0 failed"),
+            "{batch_size}: {err}"
+        );
+        assert!(err.contains("refused invalid_envelope (local): 1"), "{err}");
+        assert!(err.contains("line 4: refused locally"), "{err}");
+        assert!(err.contains("\"subjct\""), "{err}");
+        // The gateway refuses the empty subject: that line only, the others are stored.
+        assert!(
+            err.contains("line 5: refused: 400 invalid_request"),
+            "{err}"
+        );
+
+        let stored = app.receive_all("requests");
+        assert_eq!(stored.len(), 3, "{batch_size}");
+        let first = &stored[0];
+        assert_eq!(first.message_id, "o-1");
+        assert_eq!(first.correlation_id.as_deref(), Some("c-1"));
+        assert_eq!(first.body, br#"{"order": 1}"#, "the body's text as written");
+        let mut expected = MessageAttributes {
+            subject: Some("order".into()),
+            session_id: Some("s-1".into()),
+            time_to_live_s: Some(600),
+            reply_to: Some("replies".into()),
+            to: Some("billing".into()),
+            ..MessageAttributes::default()
+        };
+        expected.properties.insert("tier".into(), json!("gold"));
+        expected.properties.insert("n".into(), json!(3));
+        expected.properties.insert("rush".into(), json!(true));
+        assert_eq!(first.attributes, expected, "{batch_size}");
+        assert!(first.trace_properties.contains_key("traceparent"));
+
+        let second = &stored[1];
+        assert_eq!(second.body, b"[1, 2]");
+        assert_eq!(second.attributes.partition_key.as_deref(), Some("p-7"));
+        assert_eq!(second.attributes.properties["café"], json!("crème"));
+        assert!(
+            uuid::Uuid::parse_str(&second.message_id).is_ok(),
+            "a key made by the client: {}",
+            second.message_id
+        );
+        assert_eq!(stored[2].attributes, MessageAttributes::default());
+
+        let posts = proxy.posts();
+        if batch_size == "1" {
+            assert!(proxy.batches().is_empty());
+            assert_eq!(posts.len(), 4, "lines 1, 2, 3 and 5, each alone");
+        } else {
+            // One batch; the gateway named entry 3 (line 5), the other three went again.
+            let batches = proxy.batches();
+            assert_eq!(batches.len(), 2, "{batches:?}");
+            assert_eq!(batches[0].len(), 4);
+            assert_eq!(batches[1], batches[0][..3].to_vec());
+            assert_eq!(posts[0].status, 400);
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_token_stops_at_once_with_exit_2_after_one_send() {
+    for batch_size in ["1", "100"] {
+        a_refused_token_costs_one_request(batch_size).await;
+    }
+}
+
+async fn a_refused_token_costs_one_request(batch_size: &str) {
     let dir = tempfile::tempdir().unwrap();
     let keys = keys_file(
         dir.path(),
@@ -142,10 +320,13 @@ async fn a_refused_token_stops_at_once_with_exit_2_after_one_send() {
             token.to_str().unwrap(),
             "--concurrency",
             "8",
+            "--batch-size",
+            batch_size,
             "-",
         ],
         &[],
-        Some(&lines(20)),
+        // More than one batch: the first request alone is all the run costs.
+        Some(&lines(250)),
     )
     .await;
     let err = stderr(&out);
@@ -277,6 +458,14 @@ async fn usage_errors_exit_2_before_any_request() {
             "--queue",
             "requests",
             "--concurrency",
+            "0",
+        ],
+        vec![
+            "--url",
+            &proxy.address,
+            "--queue",
+            "requests",
+            "--batch-size",
             "0",
         ],
     ] {

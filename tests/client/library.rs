@@ -5,7 +5,9 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use sendgate_client::retry::Backoff;
-use sendgate_client::{AttemptError, Client, ClientConfig, ErrorCode, GaveUp, SendOutcome};
+use sendgate_client::{
+    AttemptError, Client, ClientConfig, ErrorCode, GaveUp, Message, MessageAttributes, SendOutcome,
+};
 
 use crate::helpers::{spawn_app_with, spawn_in, TestApp};
 use crate::proxy::Proxy;
@@ -370,4 +372,155 @@ async fn a_sender_only_key_cannot_probe_but_still_sends() {
     );
     assert!(client.stats().probe_forbidden);
     assert_eq!(app.stored("requests"), 2);
+}
+
+fn numbered(n: usize, prefix: &str) -> Vec<Message> {
+    (0..n)
+        .map(|i| Message::new(format!("{{\"n\":{i}}}")).idempotency_key(format!("{prefix}-{i}")))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_send_timed_out_is_retried_with_the_same_ids_and_stored_once() {
+    let app = spawn_app_with(&[("SENDGATE_SEND_TIMEOUT_MS", "300")]).await;
+    let proxy = Proxy::start(&app.address).await;
+    let client = Client::new(ClientConfig::new(proxy.address.clone()).backoff(Backoff {
+        max_attempts: 10,
+        ..Backoff::default()
+    }))
+    .unwrap();
+    app.faults().hold_sends(true);
+    let mut batch = numbered(4, "t");
+    // Without a key of its own: the client makes one, kept across the retry.
+    batch.push(Message::new("\"keyless\""));
+    let send = tokio::spawn({
+        let client = client.clone();
+        async move { client.send_batch("requests", batch).await }
+    });
+    // The gateway gives up on the held batch: 207, every entry send_timeout, unknown.
+    wait_until(|| proxy.posts().iter().any(|p| p.status == 207)).await;
+    app.faults().hold_sends(false);
+
+    let outcomes = send.await.unwrap();
+    let batches = proxy.batches();
+    assert!(batches.len() >= 2, "{batches:?}");
+    assert!(
+        batches.iter().all(|b| *b == batches[0]),
+        "the same entries with the same ids every time: {batches:?}"
+    );
+    let keys: Vec<String> = batches[0].iter().cloned().map(Option::unwrap).collect();
+    assert!(uuid::Uuid::parse_str(&keys[4]).is_ok(), "{keys:?}");
+    assert_eq!(outcomes, keys.iter().map(|k| queued(k)).collect::<Vec<_>>());
+    let (count, ids) = stored_ids(&app);
+    assert_eq!(count, 5, "each entry once");
+    assert_eq!(ids, keys.into_iter().collect::<BTreeSet<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_207_leaves_the_queued_entries_alone_and_reports_the_refused_one() {
+    let app = spawn_app_with(&[]).await;
+    app.faults().fail_ids_containing(Some("poison"));
+    let proxy = Proxy::start(&app.address).await;
+    let client = Client::new(ClientConfig::new(proxy.address.clone())).unwrap();
+    let mut batch = numbered(3, "ok");
+    batch[1].idempotency_key = Some("poison-1".into());
+    let outcomes = client.send_batch("requests", batch).await;
+    assert_eq!(outcomes[0], queued("ok-0"));
+    assert_eq!(
+        outcomes[1],
+        SendOutcome::Failed {
+            last_error: AttemptError::Status {
+                status: 502,
+                code: Some(ErrorCode::SendFailed.into())
+            },
+            attempts: 1,
+            gave_up: GaveUp::NotRetryable,
+        },
+        "the broker refused it for sure: a 502 is not retried"
+    );
+    assert_eq!(outcomes[2], queued("ok-2"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(proxy.posts().len(), 1, "nothing sent again");
+    assert_eq!(app.stored("requests"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_a_nearly_full_queue_a_batch_takes_the_room_and_never_more() {
+    let app = spawn_app_with(&[
+        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "5"),
+        ("SENDGATE_DEPTH_TTL_MS", "60000"),
+    ])
+    .await;
+    let proxy = Proxy::start(&app.address).await;
+    let client =
+        Client::new(ClientConfig::new(proxy.address.clone()).deadline(Duration::from_secs(3)))
+            .unwrap();
+    let first = client.send_batch("requests", numbered(3, "a")).await;
+    assert!(first
+        .iter()
+        .all(|o| matches!(o, SendOutcome::Queued { .. })));
+    // Room for 2 of 4: those two go at once; the rest wait for the Retry-After, which a
+    // full queue with no consumer puts past the 3 s deadline.
+    let start = Instant::now();
+    let outcomes = client.send_batch("requests", numbered(4, "b")).await;
+    assert_eq!(&outcomes[..2], [queued("b-0"), queued("b-1")]);
+    for outcome in &outcomes[2..] {
+        assert!(
+            matches!(
+                outcome,
+                SendOutcome::Failed {
+                    last_error: AttemptError::Status { status: 429, .. },
+                    ..
+                }
+            ),
+            "{outcome:?}"
+        );
+    }
+    assert!(
+        start.elapsed() <= Duration::from_secs(4),
+        "{:?}",
+        start.elapsed()
+    );
+    let posts = proxy.posts();
+    let sizes: Vec<usize> = proxy.batches().iter().map(Vec::len).collect();
+    assert_eq!(sizes[..3], [3, 4, 2], "{sizes:?}");
+    assert_eq!(posts[1].status, 429);
+    assert_eq!(posts[2].status, 201);
+    // Whatever else went (a retry in time), no request ever carried more than the room.
+    assert!(sizes[3..].iter().all(|&n| n <= 2), "{sizes:?}");
+    assert_eq!(app.stored("requests"), 5, "exactly the ceiling");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_send_carries_its_attributes_and_trace_to_the_stored_message() {
+    let app = spawn_app_with(&[]).await;
+    let client = Client::new(ClientConfig::new(app.address.clone())).unwrap();
+    let mut attributes = MessageAttributes {
+        subject: Some("crème brûlée".into()),
+        session_id: Some("s-9".into()),
+        time_to_live_s: Some(120),
+        ..MessageAttributes::default()
+    };
+    attributes
+        .properties
+        .insert("tier".into(), serde_json::json!("gold"));
+    let trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let message = Message::new("{}")
+        .idempotency_key("attr-1")
+        .correlation_id("corr-1")
+        .traceparent(trace)
+        .attributes(attributes.clone());
+    assert_eq!(
+        client.send_with("requests", message).await,
+        queued("attr-1")
+    );
+    let stored = app.receive_all("requests");
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].attributes, attributes);
+    assert_eq!(stored[0].correlation_id.as_deref(), Some("corr-1"));
+    let parent = &stored[0].trace_properties["traceparent"];
+    assert!(
+        parent.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"),
+        "the message joined the caller's trace: {parent}"
+    );
 }

@@ -1,6 +1,6 @@
 //! A counting HTTP proxy in front of the real gateway. Every request that reaches it is
-//! logged (method, path, `Idempotency-Key`, the status handed back), so the tests count
-//! requests on the wire instead of trusting the client's own counters.
+//! logged (method, path, `Idempotency-Key`, a batch's entries, the status handed back), so
+//! the tests count requests on the wire instead of trusting the client's own counters.
 //!
 //! It can also lose one answer on purpose: the send reaches the gateway (and is stored),
 //! but the client gets a `504` page, as from a load balancer whose timer ran out first.
@@ -20,6 +20,8 @@ pub struct Seen {
     pub method: String,
     pub path: String,
     pub key: Option<String>,
+    /// A batch request's entries' idempotency keys, in order (`None`: not a batch).
+    pub batch: Option<Vec<Option<String>>>,
     pub authorization: bool,
     /// What the gateway answered the proxy (0: no answer).
     pub upstream: u16,
@@ -70,6 +72,15 @@ async fn forward(req: HttpRequest, body: web::Bytes, state: web::Data<State>) ->
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let authorization = req.headers().contains_key("Authorization");
+    let batch = req.uri().path().ends_with("/messages/batch").then(|| {
+        serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["messages"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .map(|e| e["idempotency_key"].as_str().map(str::to_owned))
+            .collect()
+    });
 
     let mut upstream = 0;
     let mut response = match out.body(body.to_vec()).send().await {
@@ -100,6 +111,7 @@ async fn forward(req: HttpRequest, body: web::Bytes, state: web::Data<State>) ->
         method: method.to_string(),
         path: req.uri().path().to_owned(),
         key,
+        batch,
         authorization,
         upstream,
         status: response.status().as_u16(),
@@ -150,6 +162,11 @@ impl Proxy {
             .into_iter()
             .filter(|s| s.method == "POST")
             .collect()
+    }
+
+    /// Batch requests, each as its entries' keys.
+    pub fn batches(&self) -> Vec<Vec<Option<String>>> {
+        self.seen().into_iter().filter_map(|s| s.batch).collect()
     }
 
     /// `GET /health/detailed` requests: the client's lifecycle probes.
