@@ -161,6 +161,10 @@ async fn a_file_of_250_lines_goes_in_three_batch_requests_and_each_is_stored_onc
             "requests",
             "--batch-size",
             "100",
+            // One request at a time: the file's order is then the queue's (with more in
+            // flight, two batches may reach the gateway in either order).
+            "--concurrency",
+            "1",
             file.to_str().unwrap(),
         ],
         &[],
