@@ -229,6 +229,9 @@ async fn envelope_lines_arrive_with_their_attributes_alone_or_in_a_batch() {
                 "--envelope",
                 "--batch-size",
                 batch_size,
+                // One request at a time: the stored order below is the input's.
+                "--concurrency",
+                "1",
                 "-",
             ],
             &[],
