@@ -15,13 +15,9 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::body_budget::BodyReservation;
 use super::context::RequestContext;
 use super::errors::{whole_seconds, ApiError, FieldError, Problem, MAX_FIELD_ERRORS};
-use super::send::{
-    announced_length, authorize_send, dry_run, is_json, nests_deeper_than, read_body,
-    request_trace, Key,
-};
+use super::send::{authorize_send, dry_run, nests_deeper_than, read_json_body, request_trace, Key};
 use super::state::AppState;
 use crate::admission::ceiling::Refusal;
 use crate::admission::{BackendRole, DispatchError};
@@ -169,11 +165,7 @@ fn outcome(answer: &Result<Answer, ApiError>) -> RequestOutcome {
             code: PARTIAL,
             backend: *via,
         },
-        Err(e) => RequestOutcome {
-            status: e.problem.status(),
-            code: e.problem.code().as_str(),
-            backend: e.via,
-        },
+        Err(e) => e.outcome(),
     }
 }
 
@@ -189,7 +181,7 @@ async fn admit_and_send(
         .lifecycle
         .admit_send()
         .map_err(|n| context.error(n.into()))?;
-    let (body, _buffered) = read_request(req, payload, state)
+    let (body, _buffered) = read_json_body(req, payload, state, state.max_batch_bytes)
         .await
         .map_err(|problem| context.error(problem))?;
     let mut errors: Vec<FieldError> = context.header_problem().into_iter().collect();
@@ -225,28 +217,6 @@ async fn admit_and_send(
         });
     }
     dispatch(context, state, queue, caller, entries, &trace).await
-}
-
-/// The content type, room in the body budget, and the body within its deadline and limit.
-async fn read_request(
-    req: &HttpRequest,
-    payload: web::Payload,
-    state: &AppState,
-) -> Result<(Bytes, BodyReservation), Problem> {
-    if !is_json(req) {
-        return Err(Problem::UnsupportedMediaType);
-    }
-    let limit = state.max_batch_bytes;
-    let announced = announced_length(req);
-    let mut reservation = state
-        .body_budget
-        .try_reserve(announced.map_or(limit, |n| n.min(limit)))
-        .ok_or(Problem::Saturated)?;
-    let body = tokio::time::timeout(state.body_timeout, read_body(payload, announced, limit))
-        .await
-        .unwrap_or(Err(Problem::RequestTimeout))?;
-    reservation.shrink_to(body.len());
-    Ok((body, reservation))
 }
 
 /// The request body's envelope: the entries, each parsed on its own so a bad one is named.

@@ -216,6 +216,17 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// What this refusal is counted as in the metrics (status, code, the backend it named).
+    pub fn outcome(&self) -> crate::metrics::RequestOutcome {
+        crate::metrics::RequestOutcome {
+            status: self.problem.status(),
+            code: self.problem.code().as_str(),
+            backend: self.via,
+        }
+    }
+}
+
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         self.problem.status()

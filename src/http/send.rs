@@ -133,11 +133,7 @@ fn outcome(answer: &Result<Accepted, ApiError>) -> RequestOutcome {
             code: Queued::STATUS,
             backend: *via,
         },
-        Err(e) => RequestOutcome {
-            status: e.problem.status(),
-            code: e.problem.code().as_str(),
-            backend: e.via,
-        },
+        Err(e) => e.outcome(),
     }
 }
 
@@ -275,28 +271,38 @@ async fn read_input(
     payload: web::Payload,
     state: &AppState,
 ) -> Result<(Input, Bytes, BodyReservation), Problem> {
+    let (body, reservation) = read_json_body(req, payload, state, state.max_body_bytes).await?;
+    let input = Input::parse(req, &body, state.max_json_depth, context.header_problem())?;
+    Ok((input, body, reservation))
+}
+
+/// A JSON request's body, at most `limit` bytes: the content type, room in the body budget
+/// (held until the send ends, by the reservation returned), and the body within its
+/// deadline. A single send's and a batch's alike.
+pub(crate) async fn read_json_body(
+    req: &HttpRequest,
+    payload: web::Payload,
+    state: &AppState,
+    limit: usize,
+) -> Result<(Bytes, BodyReservation), Problem> {
     if !is_json(req) {
         return Err(Problem::UnsupportedMediaType);
     }
     // Room for the body in memory first, held until the send ends; none left: refused now.
     let announced = announced_length(req);
-    let expected = announced.map_or(state.max_body_bytes, |n| n.min(state.max_body_bytes));
+    let expected = announced.map_or(limit, |n| n.min(limit));
     let mut reservation = state
         .body_budget
         .try_reserve(expected)
         .ok_or(Problem::Saturated)?;
     // A client that stops mid-body must not hold its request (and the drain) open: the
     // body has its own deadline to arrive (`SENDGATE_BODY_TIMEOUT_MS`).
-    let body = tokio::time::timeout(
-        state.body_timeout,
-        read_body(payload, announced, state.max_body_bytes),
-    )
-    .await
-    .unwrap_or(Err(Problem::RequestTimeout))?;
+    let body = tokio::time::timeout(state.body_timeout, read_body(payload, announced, limit))
+        .await
+        .unwrap_or(Err(Problem::RequestTimeout))?;
     // A body sent without a length was reserved at the largest size: keep only its own.
     reservation.shrink_to(body.len());
-    let input = Input::parse(req, &body, state.max_json_depth, context.header_problem())?;
-    Ok((input, body, reservation))
+    Ok((body, reservation))
 }
 
 /// Steps 5 to 8, in the dispatcher; the answer names the backend the send went to. The
