@@ -38,8 +38,8 @@ const PARTIAL: &str = BatchPartial::STATUS;
     params(
         ("queue" = String, Path, description = "One of the queues this gateway serves (`SENDGATE_QUEUES`); any other is 404 `unknown_queue`.", example = "requests"),
         ("dry_run" = Option<bool>, Query, description = "Validate and answer 200 `valid` without any backend call (`true`/`false`, or `1`/`0`)."),
-        ("traceparent" = Option<String>, Header, nullable = false, description = "W3C trace context: each message gets this trace with a parent id of its own. An invalid one is ignored (a new trace).", max_length = 512),
-        ("tracestate" = Option<String>, Header, nullable = false, description = "W3C trace state, carried to every message with a valid traceparent.", max_length = 512),
+        ("traceparent" = Option<String>, Header, nullable = false, description = "W3C trace context: each message gets this trace with a parent id of its own. An invalid one (by the W3C rules) is ignored, never refused: the message gets a new trace."),
+        ("tracestate" = Option<String>, Header, nullable = false, description = "W3C trace state, carried to every message with a valid traceparent; an invalid one (by the W3C rules: at most 32 members, 512 characters) is ignored, never refused."),
         ("X-Request-Id" = Option<String>, Header, nullable = false, description = "This request's id, echoed; each entry's correlation id when it has none of its own. 1–128 printable ASCII characters.", min_length = 1, max_length = 128, pattern = r"^[ -~]{1,128}$"),
     ),
     request_body(

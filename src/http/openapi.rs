@@ -94,8 +94,8 @@ pub fn json() -> String {
 }
 
 /// What the annotations cannot say: every answer's `X-Request-Id` (set by
-/// `context.rs` on all of them), `required` on the headers that are always there, and
-/// `Retry-After`'s floor of 1.
+/// `context.rs` on all of them), `required` on the headers that are always there,
+/// `Retry-After`'s floor of 1, and the transport's `431` on every operation.
 fn finish(doc: &mut Value) {
     let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
         return;
@@ -139,7 +139,17 @@ fn finish(doc: &mut Value) {
                 }
             }
         }
+        responses.insert("431".into(), head_too_large());
     }
+}
+
+/// The transport's answer to a head past `SENDGATE_MAX_HEAD_BYTES` or past the budget of
+/// all heads (docs/contract.md section 1): written before any route runs, so it has no
+/// body and no `X-Request-Id`, on every operation alike.
+fn head_too_large() -> Value {
+    serde_json::json!({
+        "description": "The request head (request line and headers) is larger than `SENDGATE_MAX_HEAD_BYTES`, or unfinished heads hold `SENDGATE_MAX_BUFFERED_HEAD_BYTES` and this one arrived longest: no body, and the connection closes.",
+    })
 }
 
 static DOCUMENT: LazyLock<String> = LazyLock::new(json);
@@ -167,18 +177,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_answer_of_every_operation_names_its_request_id() {
+    fn every_answer_a_route_writes_names_its_request_id() {
         let doc: Value = serde_json::from_str(&json()).unwrap();
         assert_eq!(doc["openapi"], "3.1.0");
         let mut answers = 0;
         for item in doc["paths"].as_object().unwrap().values() {
             for operation in item.as_object().unwrap().values() {
-                for response in operation["responses"].as_object().unwrap().values() {
+                let responses = operation["responses"].as_object().unwrap();
+                for (status, response) in responses {
+                    if status == "431" {
+                        continue;
+                    }
                     assert_eq!(response["headers"]["X-Request-Id"]["required"], true);
                     answers += 1;
                 }
             }
         }
         assert!(answers > 20, "{answers}");
+    }
+
+    #[test]
+    fn every_operation_names_the_transports_431_without_a_request_id() {
+        let doc: Value = serde_json::from_str(&json()).unwrap();
+        let mut operations = 0;
+        for item in doc["paths"].as_object().unwrap().values() {
+            for operation in item.as_object().unwrap().values() {
+                let answer = &operation["responses"]["431"];
+                assert!(answer["description"].is_string(), "{operation}");
+                assert!(answer.get("headers").is_none(), "{answer}");
+                assert!(answer.get("content").is_none(), "{answer}");
+                operations += 1;
+            }
+        }
+        assert!(operations >= 12, "{operations}");
     }
 }

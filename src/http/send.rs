@@ -60,9 +60,9 @@ enum Taken {
         ("Message-Scheduled-Enqueue-Time" = Option<String>, Header, nullable = false, description = "RFC 3339: the message is not delivered before this time (converted to UTC). A backend without scheduling answers 422 unsupported_attribute.", format = DateTime),
         ("Message-Reply-To" = Option<String>, Header, nullable = false, description = "Where replies go: 1–1024 characters.", min_length = 1, max_length = 1024),
         ("Message-To" = Option<String>, Header, nullable = false, description = "The message's destination address: 1–1024 characters.", min_length = 1, max_length = 1024),
-        ("Message-Properties" = Option<String>, Header, nullable = false, description = "Application properties as a JSON object: string, number or boolean values (each at most 32 KiB, all at most 64 KiB); traceparent, tracestate, Diagnostic-Id and sendgate.* are the gateway's.", max_length = 65536),
-        ("traceparent" = Option<String>, Header, nullable = false, description = "W3C trace context: the message gets this trace with a parent id of its own (answered as `traceparent`). An invalid one is ignored (a new trace).", max_length = 512),
-        ("tracestate" = Option<String>, Header, nullable = false, description = "W3C trace state, carried to the message with a valid traceparent.", max_length = 512),
+        ("Message-Properties" = Option<String>, Header, nullable = false, description = "Application properties as a JSON object: string, number or boolean values (each at most 32 KiB, all at most 64 KiB); traceparent, tracestate, Diagnostic-Id and sendgate.* are the gateway's. The whole request head is at most `SENDGATE_MAX_HEAD_BYTES` (32 KiB by default, else 431); a batch entry's `properties` has no such bound.", max_length = 65536),
+        ("traceparent" = Option<String>, Header, nullable = false, description = "W3C trace context: the message gets this trace with a parent id of its own (answered as `traceparent`). An invalid one (by the W3C rules) is ignored, never refused: the message gets a new trace."),
+        ("tracestate" = Option<String>, Header, nullable = false, description = "W3C trace state, carried to the message with a valid traceparent; an invalid one (by the W3C rules: at most 32 members, 512 characters) is ignored, never refused."),
     ),
     request_body(
         description = "The message itself, delivered byte for byte: any JSON value, at most `SENDGATE_MAX_BODY_BYTES` bytes.",
