@@ -289,7 +289,7 @@ pub const SERVICEBUS_MAX_BATCH_BYTES: Var = Var::server(
         min: 1024,
         max: 1_048_576,
     },
-    "Largest JSON body of one Service Bus batch send (the tier's batch limit: 262144 Standard, 1048576 Premium over HTTP); a batch is split into calls under it, and a message too large alone is refused.",
+    "Largest Service Bus batch send, counted as the broker counts what it stores: the JSON entries with each body at its decoded size, not its base64 (the tier's limit: 262144 Standard, 1048576 Premium over HTTP); a batch is split into calls under it, and a message too large alone is refused.",
 )
 .default("262144")
 .unit(Unit::Bytes);

@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use base64::Engine as _;
 use bytes::Bytes;
 use sendgate::backend::servicebus::ServiceBus;
 use sendgate::backend::{Backend, OutgoingMessage, SendError, SendReceipt};
@@ -128,7 +129,25 @@ async fn entry_len() -> usize {
     let one = sized(1);
     assert_eq!(bus.send_batch(one, deadline()).await, vec![SENT]);
     // `[` entry `]`
-    stub.sends()[0].body.len() - 2
+    counted(&stub.sends()[0]) - 2
+}
+
+/// A call's body as SENDGATE_SERVICEBUS_MAX_BATCH_BYTES counts it: each entry's base64
+/// `Body` at its decoded size (what Service Bus stores).
+fn counted(send: &Recorded) -> usize {
+    let entries: Vec<Value> = serde_json::from_slice(&send.body).expect("a JSON array");
+    let encoded: usize = entries.iter().map(|e| e["Body"].as_str().unwrap().len()).sum();
+    let decoded: usize = entries
+        .iter()
+        .map(|e| {
+            assert_eq!(e["IsBodyBase64"], true);
+            base64::engine::general_purpose::STANDARD
+                .decode(e["Body"].as_str().unwrap())
+                .unwrap()
+                .len()
+        })
+        .sum();
+    send.body.len() - encoded + decoded
 }
 
 #[tokio::test]
@@ -155,7 +174,7 @@ async fn a_batch_is_split_by_size_into_the_fewest_calls_under_the_limit() {
         let sizes: Vec<usize> = sends.iter().map(|s| s.message_ids().len()).collect();
         assert_eq!(sizes, expected, "limit {limit} (an entry is {entry} bytes)");
         for send in &sends {
-            assert!(send.body.len() <= limit, "{} > {limit}", send.body.len());
+            assert!(counted(send) <= limit, "{} > {limit}", counted(send));
         }
         // One group: its calls go one after another, each after the last was answered,
         // so the queue gets the messages in the caller's order.
@@ -169,6 +188,21 @@ async fn a_batch_is_split_by_size_into_the_fewest_calls_under_the_limit() {
             );
         }
     }
+}
+
+#[tokio::test]
+async fn a_single_body_under_the_tiers_limit_goes_though_its_base64_is_over_it() {
+    let stub = ServiceBusStub::start().await;
+    let bus = backend_on(&stub, &[]);
+    let body = "z".repeat(250_000);
+    let results = bus
+        .send_batch(vec![message("big", &body, json!({}))], deadline())
+        .await;
+    assert_eq!(results, vec![SENT]);
+    let sends = stub.sends();
+    assert_eq!(sends.len(), 1);
+    assert!(sends[0].body.len() > 262_144, "the wire carries the base64");
+    assert!(counted(&sends[0]) <= 262_144, "{}", counted(&sends[0]));
 }
 
 #[tokio::test]

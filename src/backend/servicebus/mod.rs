@@ -230,7 +230,11 @@ impl Backend for ServiceBus {
                 (m.queue.as_str(), m.attributes.ordering_key())
             })
             .collect();
-        let lens: Vec<usize> = entries.iter().map(Vec::len).collect();
+        let lens: Vec<usize> = entries
+            .iter()
+            .zip(&candidates)
+            .map(|(entry, &i)| batch::counted_len(entry, messages[i].body.len()))
+            .collect();
         let plan = batch::plan(&keys, &lens, self.max_batch_bytes);
         for &at in &plan.too_large {
             results[candidates[at]] = Some(Err(SendError::TooLarge));
