@@ -136,7 +136,10 @@ async fn entry_len() -> usize {
 /// `Body` at its decoded size (what Service Bus stores).
 fn counted(send: &Recorded) -> usize {
     let entries: Vec<Value> = serde_json::from_slice(&send.body).expect("a JSON array");
-    let encoded: usize = entries.iter().map(|e| e["Body"].as_str().unwrap().len()).sum();
+    let encoded: usize = entries
+        .iter()
+        .map(|e| e["Body"].as_str().unwrap().len())
+        .sum();
     let decoded: usize = entries
         .iter()
         .map(|e| {

@@ -370,7 +370,11 @@ mod tests {
             let body = vec![b'x'; len];
             let written = entry(&message(&body, json!({}))).unwrap();
             let base64 = json_of(&written)["Body"].as_str().unwrap().len();
-            assert_eq!(counted_len(&written, len), written.len() - base64 + len, "{len}");
+            assert_eq!(
+                counted_len(&written, len),
+                written.len() - base64 + len,
+                "{len}"
+            );
         }
     }
 
@@ -384,7 +388,11 @@ mod tests {
         assert_eq!(plan.groups, vec![vec![vec![0]]]);
         assert!(plan.too_large.is_empty());
         let plan = plan_of_one(262_144 - 1, 262_144);
-        assert_eq!(plan.too_large, vec![0], "a body the limit's size cannot fit with its entry");
+        assert_eq!(
+            plan.too_large,
+            vec![0],
+            "a body the limit's size cannot fit with its entry"
+        );
     }
 
     fn plan_of_one(body_len: usize, limit: usize) -> Plan {
