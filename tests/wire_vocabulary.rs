@@ -135,6 +135,7 @@ async fn the_body_the_server_writes_is_the_body_the_client_reads() {
         let answer = Answer {
             status,
             code: Some(body.code.clone()),
+            outcome_unknown: body.outcome_unknown(),
             message_id: body.message_id.map(|m| m.into_owned()),
             retry_after,
         };

@@ -326,7 +326,8 @@ pub enum GaveUp {
     Budget,
     /// The next attempt (or the end of a drain) would come after the deadline.
     Deadline,
-    /// The answer is a server error outside what is retried (a `502`): reported at once.
+    /// The answer is a server error outside what is retried (a `502` that says the broker
+    /// does not hold the message): reported at once.
     NotRetryable,
 }
 
@@ -351,7 +352,7 @@ pub enum SendOutcome {
     /// the gateway's JSON.
     Refused { status: u16, code: Option<AnyCode> },
     /// Not queued, although it might have been with more patience: retries ran out (or a
-    /// `502`). `last_error` is the last attempt's. Never reported as sent: after a `504`
+    /// `502` without `outcome: unknown`). `last_error` is the last attempt's. Never reported as sent: after a `504`
     /// or a transport error the message may still be in the queue; a later send with the
     /// same `Idempotency-Key` is safe.
     Failed {
@@ -916,7 +917,9 @@ impl Tries {
             status: a.status,
             code: a.code.clone(),
         };
-        if is_retryable_status(a.status) {
+        // A `502` whose send may have reached the broker is retried like a `504` (the
+        // same key), as a batch entry with `outcome: unknown` is.
+        if is_retryable_status(a.status) || a.outcome_unknown {
             let paced = is_pacing(a.status, a.code.as_ref(), a.retry_after);
             if paced {
                 self.paced += 1;

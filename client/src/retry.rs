@@ -25,7 +25,8 @@ pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
 /// retry safe). Everything else is final: `400`, `401`,
 /// `403`, `404`, `409`, `413`, `415` would be refused again, and `502`
 /// (`backend_auth_failed`, `send_failed`) is outside what the contract promises is
-/// transient, so it is reported rather than repeated.
+/// transient, so it is reported rather than repeated, unless its body says `outcome:
+/// unknown` (the send loop's decision, from the body: see `Tries::judge`).
 pub fn is_retryable_status(status: u16) -> bool {
     matches!(status, 408 | 429 | 503 | 504)
 }

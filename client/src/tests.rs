@@ -80,6 +80,7 @@ fn answer(status: u16, code: ErrorCode, retry_after_s: Option<u64>) -> Reply {
         code: Some(code.into()),
         message_id: None,
         retry_after: retry_after_s.map(Duration::from_secs),
+        outcome_unknown: false,
     })
 }
 
@@ -89,6 +90,7 @@ fn created(id: &str) -> Reply {
         code: None,
         message_id: Some(id.into()),
         retry_after: None,
+        outcome_unknown: false,
     })
 }
 
@@ -218,12 +220,30 @@ async fn refusals_and_auth_errors_are_final_after_one_attempt() {
             ..
         }
     ));
+    // A 502 whose send may have reached the broker is retried with the same key, as a
+    // 504 is (and as a batch entry with `outcome: unknown` is).
+    let uncertain = Ok(Answer {
+        outcome_unknown: true,
+        ..answer(502, ErrorCode::SendFailed, None).unwrap()
+    });
+    let t = Scripted::new(vec![uncertain, created("x")]);
+    let outcome = client(&t, config()).send("requests", "{}", None).await;
+    assert_eq!(
+        outcome,
+        SendOutcome::Queued {
+            message_id: "x".into()
+        }
+    );
+    let posts = t.posts();
+    assert_eq!(posts.len(), 2);
+    assert_eq!(posts[0].1, posts[1].1, "the same idempotency key");
     // A body that is not the gateway's JSON (a proxy's error page) keeps its status.
     let t = Scripted::new(vec![Ok(Answer {
         status: 413,
         code: None,
         message_id: None,
         retry_after: None,
+        outcome_unknown: false,
     })]);
     let outcome = client(&t, config()).send("requests", "{}", None).await;
     assert_eq!(
@@ -898,6 +918,7 @@ async fn a_full_queue_that_says_when_to_ask_again_is_waited_on_past_the_attempt_
             code: None,
             message_id: None,
             retry_after: Some(Duration::from_secs(1)),
+            outcome_unknown: false,
         }),
         answer(429, ErrorCode::QueueFull, None),
     ] {

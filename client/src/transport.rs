@@ -29,6 +29,9 @@ pub struct Answer {
     /// The body's `message_id` (on a 201, and on a 504).
     pub message_id: Option<String>,
     pub retry_after: Option<Duration>,
+    /// The error body says `outcome: unknown`: the broker may hold the message (a `502
+    /// send_failed` whose send may have reached it, a `504`).
+    pub outcome_unknown: bool,
 }
 
 impl Answer {
@@ -361,12 +364,13 @@ impl Transport for HttpTransport {
             .await
             .map_err(|e| TransportError::of(&e))?;
         let (status, retry_after, body) = read_response(response).await;
-        let (code, message_id) = read_send_body(status, &body);
+        let sent = read_send_body(status, &body);
         Ok(Answer {
             status,
-            code,
-            message_id,
+            code: sent.code,
+            message_id: sent.message_id,
             retry_after,
+            outcome_unknown: sent.outcome_unknown,
         })
     }
 
@@ -400,7 +404,7 @@ impl Transport for HttpTransport {
             401 => {
                 let body = response.bytes().await.unwrap_or_default();
                 let code = read_send_body(401, &body)
-                    .0
+                    .code
                     .unwrap_or(AnyCode::Known(ErrorCode::Unauthenticated));
                 return ProbeAnswer::Unauthenticated { code };
             }
@@ -414,18 +418,32 @@ impl Transport for HttpTransport {
     }
 }
 
-/// The code and the message id of a send's answer body: a [`Queued`] body on a 2xx, an
-/// [`ErrorBody`] otherwise. A body that is not the gateway's JSON gives neither.
-fn read_send_body(status: u16, body: &[u8]) -> (Option<AnyCode>, Option<String>) {
+/// What a send's answer body says: a [`Queued`] body on a 2xx, an [`ErrorBody`]
+/// otherwise. A body that is not the gateway's JSON says nothing.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct SendBody {
+    code: Option<AnyCode>,
+    message_id: Option<String>,
+    outcome_unknown: bool,
+}
+
+fn read_send_body(status: u16, body: &[u8]) -> SendBody {
     if (200..300).contains(&status) {
         return match serde_json::from_slice::<Queued>(body) {
-            Ok(q) => (None, Some(q.message_id.into_owned())),
-            Err(_) => (None, None),
+            Ok(q) => SendBody {
+                message_id: Some(q.message_id.into_owned()),
+                ..SendBody::default()
+            },
+            Err(_) => SendBody::default(),
         };
     }
     match serde_json::from_slice::<ErrorBody>(body) {
-        Ok(e) => (Some(e.code), e.message_id.map(|m| m.into_owned())),
-        Err(_) => (None, None),
+        Ok(e) => SendBody {
+            outcome_unknown: e.outcome_unknown(),
+            code: Some(e.code),
+            message_id: e.message_id.map(|m| m.into_owned()),
+        },
+        Err(_) => SendBody::default(),
     }
 }
 
@@ -565,21 +583,36 @@ mod tests {
 
     #[test]
     fn send_bodies_are_read_through_the_wire_types() {
+        let body = |code: Option<AnyCode>, message_id: Option<&str>, outcome_unknown| SendBody {
+            code,
+            message_id: message_id.map(str::to_owned),
+            outcome_unknown,
+        };
         let created = br#"{"status":"queued","queue":"q","message_id":"m-1","request_id":"r"}"#;
-        assert_eq!(read_send_body(201, created), (None, Some("m-1".into())));
+        assert_eq!(read_send_body(201, created), body(None, Some("m-1"), false));
         let timeout = br#"{"code":"send_timeout","message":"late","message_id":"m-2","outcome":"unknown","request_id":"r"}"#;
         assert_eq!(
             read_send_body(504, timeout),
-            (Some(ErrorCode::SendTimeout.into()), Some("m-2".into()))
+            body(Some(ErrorCode::SendTimeout.into()), Some("m-2"), true)
+        );
+        let uncertain = br#"{"code":"send_failed","message":"reset","message_id":"m-3","outcome":"unknown","request_id":"r"}"#;
+        assert_eq!(
+            read_send_body(502, uncertain),
+            body(Some(ErrorCode::SendFailed.into()), Some("m-3"), true)
+        );
+        let refused = br#"{"code":"send_failed","message":"no","request_id":"r"}"#;
+        assert_eq!(
+            read_send_body(502, refused),
+            body(Some(ErrorCode::SendFailed.into()), None, false)
         );
         let newer = br#"{"code":"rate_limited","message":"slow down","request_id":"r"}"#;
         assert_eq!(
             read_send_body(429, newer),
-            (Some(AnyCode::Unknown("rate_limited".into())), None)
+            body(Some(AnyCode::Unknown("rate_limited".into())), None, false)
         );
         assert_eq!(
             read_send_body(502, b"<html>bad gateway</html>"),
-            (None, None)
+            SendBody::default()
         );
     }
 
@@ -590,6 +623,7 @@ mod tests {
             code: Some(code.into()),
             message_id: None,
             retry_after: Some(Duration::from_secs(7)),
+            outcome_unknown: false,
         };
         assert_eq!(
             answer(503, ErrorCode::Draining).deferral(),
