@@ -84,10 +84,6 @@ impl Field {
             Field::Properties => "Message-Properties",
         }
     }
-
-    pub fn from_json_name(name: &str) -> Option<Field> {
-        Field::ALL.into_iter().find(|f| f.json_name() == name)
-    }
 }
 
 impl fmt::Display for Field {
