@@ -89,6 +89,32 @@ async fn a_batch_of_100_is_stored_in_order_with_its_ids_from_one_channel() {
 }
 
 #[tokio::test]
+async fn a_batch_larger_than_the_publish_window_goes_window_by_window_in_order() {
+    let queue = rabbit::unique("sg-batch-window");
+    let backend = backend(&queue, &[]).await;
+    // 40 bodies of 30 KB: 1.2 MB, several 256 KiB windows; one of 300 KB (more than a
+    // window) goes alone in the middle.
+    let body = |i: usize| {
+        let size = if i == 20 { 300_000 } else { 30_000 };
+        format!("{{\"i\":{i},\"pad\":\"{}\"}}", "p".repeat(size))
+    };
+    let want: Vec<String> = (0..40).map(|i| format!("window-{i:02}")).collect();
+    let batch = want
+        .iter()
+        .enumerate()
+        .map(|(i, id)| message(&queue, id, &body(i), json!({})))
+        .collect();
+    let results = backend.send_batch(batch, deadline_in(20_000)).await;
+    assert_eq!(results, vec![STORED; 40]);
+    let got = rabbit::take(&queue, 100).await;
+    assert_eq!(ids(&got), want, "exactly the 40, in order");
+    for (i, m) in got.iter().enumerate() {
+        assert_eq!(m.delivery.data, body(i).as_bytes());
+    }
+    rabbit::delete(&queue).await;
+}
+
+#[tokio::test]
 async fn a_message_the_broker_refuses_fails_alone_and_the_rest_are_stored() {
     // A queue that refuses a publish that would take it past 1,000 bytes (and nacks it):
     // the large message in the middle does not fit, the small ones after it still do.

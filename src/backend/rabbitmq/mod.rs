@@ -13,6 +13,7 @@ mod management;
 mod properties;
 pub mod stats;
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -110,13 +111,16 @@ impl RabbitMq {
     }
 }
 
-/// A batch's publish, polled once (its frames queued) and either finished or waiting.
-enum Started<'a> {
-    /// The deadline had passed before its turn: never published.
-    NotIssued,
-    Done(Result<SendReceipt, SendError>),
-    Waiting(Pin<Box<dyn Future<Output = Result<SendReceipt, SendError>> + Send + 'a>>),
-}
+/// The most bytes of one batch's bodies queued at the broker client and not yet
+/// confirmed. lapin copies a body into its frames when its publish is queued, so a batch
+/// queued whole would hold its bodies twice (and a future per message) until the last is
+/// written: 64 batches of 1 MiB in flight held ~2× the body budget. With the window a
+/// batch holds at most this much more; a batch of 100 × 1 KB still goes in one window,
+/// with no confirm round trip added.
+const PUBLISH_WINDOW_BYTES: usize = 256 * 1024;
+
+/// A batch's publish that was queued (polled once) and is waiting for its confirm.
+type Waiting<'a> = Pin<Box<dyn Future<Output = Result<SendReceipt, SendError>> + Send + 'a>>;
 
 impl RabbitMq {
     /// The session to publish on, or why nothing may be published now (every message of a
@@ -272,39 +276,54 @@ impl Backend for RabbitMq {
             Err(e) => return vec![Err(e); messages.len()],
         };
         let publisher = session.publisher();
-        let mut started = Vec::with_capacity(messages.len());
-        for message in &messages {
+        // Each message's result, and whether it was published (a timeout then means
+        // "not confirmed in time", which costs the channel).
+        let mut results: Vec<Option<(Result<SendReceipt, SendError>, bool)>> =
+            vec![None; messages.len()];
+        let mut waiting: VecDeque<(usize, usize, Waiting<'_>)> = VecDeque::new();
+        let mut queued_bytes = 0usize;
+        for (index, message) in messages.iter().enumerate() {
+            let bytes = message.body.len();
+            // Confirms in order until this body fits in the window (a body larger than
+            // the window goes alone).
+            while queued_bytes + bytes > PUBLISH_WINDOW_BYTES {
+                let Some((at, held, publish)) = waiting.pop_front() else {
+                    break;
+                };
+                results[at] = Some((publish.await, true));
+                queued_bytes -= held;
+            }
             if Instant::now() >= deadline {
-                started.push(Started::NotIssued);
+                // As a single send past its deadline before it is issued.
+                results[index] = Some((Err(SendError::Timeout), false));
                 continue;
             }
-            let mut publish =
+            let mut publish: Waiting<'_> =
                 Box::pin(self.publish(&session, &publisher.channel, message, deadline));
             // Polled once here, in the batch's order: that queues its frames, so the
             // channel carries the messages in this order (and the broker stores them so)
             // without waiting for one to be written before the next is queued.
-            let first = std::future::poll_fn(|cx| Poll::Ready(publish.as_mut().poll(cx))).await;
-            started.push(match first {
-                Poll::Ready(result) => Started::Done(result),
-                Poll::Pending => Started::Waiting(publish),
-            });
+            match std::future::poll_fn(|cx| Poll::Ready(publish.as_mut().poll(cx))).await {
+                Poll::Ready(result) => results[index] = Some((result, true)),
+                Poll::Pending => {
+                    queued_bytes += bytes;
+                    waiting.push_back((index, bytes, publish));
+                }
+            }
+        }
+        for (at, _, publish) in waiting {
+            results[at] = Some((publish.await, true));
         }
         let mut timed_out = false;
-        let results = futures_util::future::join_all(started.into_iter().map(|s| async move {
-            match s {
-                // As a single send past its deadline before it is issued.
-                Started::NotIssued => (Err(SendError::Timeout), false),
-                Started::Done(result) => (result, true),
-                Started::Waiting(publish) => (publish.await, true),
-            }
-        }))
-        .await
-        .into_iter()
-        .map(|(result, published)| {
-            timed_out |= published && result == Err(SendError::Timeout);
-            result
-        })
-        .collect();
+        let results = results
+            .into_iter()
+            .map(|r| {
+                let (result, published) =
+                    r.unwrap_or((Err(SendError::Failed("not published".into())), false));
+                timed_out |= published && result == Err(SendError::Timeout);
+                result
+            })
+            .collect();
         if timed_out {
             // As for one send: the abandoned confirms stay on the channel, which is
             // recycled; the batch counts as one send that ended at its deadline.
