@@ -351,7 +351,14 @@ impl Attributes {
                 let raw = string(raw)?;
                 let at = OffsetDateTime::parse(raw.as_ref(), &Rfc3339)
                     .map_err(|_| "must be an RFC 3339 date and time (2026-12-02T08:00:00Z)")?;
-                self.scheduled_enqueue_time = Some(at.to_offset(UtcOffset::UTC));
+                // A valid time in its own offset may be out of range in UTC: `to_offset`
+                // panics past the year 9999, and a year before 0000 has no RFC 3339 form
+                // (what `queue receive` prints, what Service Bus is sent).
+                let utc = at
+                    .checked_to_offset(UtcOffset::UTC)
+                    .filter(|utc| (0..=9999).contains(&utc.year()))
+                    .ok_or("must be within the years 0000 to 9999 once converted to UTC")?;
+                self.scheduled_enqueue_time = Some(utc);
             }
             Field::Properties => {
                 let object = match raw {
@@ -592,6 +599,23 @@ mod tests {
         assert!(from_headers(&[("Message-Properties", "{}")])
             .unwrap()
             .is_empty());
+    }
+
+    #[test]
+    fn a_schedule_whose_utc_time_is_past_what_rfc_3339_holds_is_refused_not_a_panic() {
+        // Valid RFC 3339 in its own offset, but a year 10000 (or -1) once in UTC: the time
+        // crate's to_offset panics on it.
+        for bad in ["9999-12-31T23:59:59-01:00", "0000-01-01T00:00:00+00:01"] {
+            let errors = from_json(json!({ "scheduled_enqueue_time": bad })).unwrap_err();
+            assert_eq!(fields(errors), [Field::ScheduledEnqueueTime], "{bad}");
+            let errors = from_headers(&[("Message-Scheduled-Enqueue-Time", bad)]).unwrap_err();
+            assert_eq!(fields(errors), [Field::ScheduledEnqueueTime], "{bad}");
+        }
+        let edge = from_json(json!({"scheduled_enqueue_time": "9999-12-31T23:59:59+01:00"}));
+        assert_eq!(
+            edge.unwrap().scheduled_rfc3339().as_deref(),
+            Some("9999-12-31T22:59:59Z")
+        );
     }
 
     #[test]
