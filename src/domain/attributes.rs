@@ -117,8 +117,11 @@ impl AttributeError {
 pub enum Raw<'a> {
     /// A header's value (its bytes, which must be UTF-8).
     Header(&'a [u8]),
-    /// A batch entry's field.
+    /// A batch entry's field, as a value.
     Json(&'a Value),
+    /// A batch entry's field as its JSON text: the properties come so, since a name given
+    /// twice can only be seen in the text (a parsed object has kept one of its values).
+    JsonText(&'a str),
 }
 
 /// Text of 1 to `max` characters, none of them a control character.
@@ -205,9 +208,23 @@ impl Properties {
         RESERVED_NAMES.contains(&lower.as_str()) || lower.starts_with(RESERVED_PREFIX)
     }
 
-    fn parse(object: &serde_json::Map<String, Value>) -> Result<Self, String> {
+    /// A JSON object's text (a header's, or a batch entry's field), every name once.
+    fn parse_text(text: &[u8]) -> Result<Self, String> {
+        let object: UniqueNames = serde_json::from_slice(text).map_err(|e| {
+            if e.is_data() {
+                e.to_string()
+            } else {
+                format!("must be a JSON object: {e}")
+            }
+        })?;
+        Self::parse(object.0.iter().map(|(name, value)| (name, value)))
+    }
+
+    fn parse<'v>(
+        object: impl IntoIterator<Item = (&'v String, &'v Value)>,
+    ) -> Result<Self, String> {
         let mut total = 0usize;
-        let mut out = Vec::with_capacity(object.len());
+        let mut out = Vec::new();
         for (name, value) in object {
             if name.is_empty() || name.chars().count() > MAX_PROPERTY_NAME_CHARS {
                 return Err(format!(
@@ -256,6 +273,47 @@ impl Properties {
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(Self(out))
+    }
+}
+
+/// A JSON object's members in their order, refused when a name comes twice (serde_json's
+/// map keeps the last value silently) or when there are more than any valid properties can
+/// be (each weighs a byte at least): a megabyte of `{"a":0,…}` stops there.
+struct UniqueNames(Vec<(String, Value)>);
+
+impl<'de> serde::Deserialize<'de> for UniqueNames {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = UniqueNames;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut members: Vec<(String, Value)> = Vec::new();
+                let mut seen = std::collections::HashSet::new();
+                while let Some(name) = map.next_key::<String>()? {
+                    if members.len() == MAX_PROPERTIES_BYTES {
+                        return Err(serde::de::Error::custom(format!(
+                            "the properties must be at most {MAX_PROPERTIES_BYTES} bytes in all \
+                             (names and values)"
+                        )));
+                    }
+                    if !seen.insert(name.clone()) {
+                        return Err(serde::de::Error::custom(format!(
+                            "property {name:?} is given twice"
+                        )));
+                    }
+                    let value = map.next_value::<Value>()?;
+                    members.push((name, value));
+                }
+                Ok(UniqueNames(members))
+            }
+        }
+        d.deserialize_map(Visit)
     }
 }
 
@@ -340,6 +398,11 @@ impl Attributes {
     }
 
     fn set(&mut self, field: Field, raw: Raw<'_>) -> Result<(), String> {
+        if let (Raw::JsonText(text), false) = (raw, field == Field::Properties) {
+            // Any other field reads as its value: only the properties need the text.
+            let value: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+            return self.set(field, Raw::Json(&value));
+        }
         match field {
             Field::Subject => self.subject = Some(text(raw, MAX_TEXT_CHARS)?),
             Field::SessionId => self.session_id = Some(text(raw, MAX_KEY_CHARS)?),
@@ -364,14 +427,8 @@ impl Attributes {
                 let object = match raw {
                     Raw::Json(Value::Object(map)) => Properties::parse(map)?,
                     Raw::Json(_) => return Err("must be a JSON object".into()),
-                    Raw::Header(bytes) => {
-                        match serde_json::from_slice::<Value>(bytes)
-                            .map_err(|e| format!("must be a JSON object: {e}"))?
-                        {
-                            Value::Object(map) => Properties::parse(&map)?,
-                            _ => return Err("must be a JSON object".into()),
-                        }
-                    }
+                    Raw::Header(bytes) => Properties::parse_text(bytes)?,
+                    Raw::JsonText(text) => Properties::parse_text(text.as_bytes())?,
                 };
                 self.properties = object;
             }
@@ -383,7 +440,7 @@ impl Attributes {
 fn string<'a>(raw: Raw<'a>) -> Result<std::borrow::Cow<'a, str>, String> {
     match raw {
         Raw::Json(Value::String(s)) => Ok(std::borrow::Cow::Borrowed(s.as_str())),
-        Raw::Json(_) => Err("must be a string".into()),
+        Raw::Json(_) | Raw::JsonText(_) => Err("must be a string".into()),
         Raw::Header(bytes) => std::str::from_utf8(bytes)
             .map(std::borrow::Cow::Borrowed)
             .map_err(|_| "must be UTF-8".into()),
@@ -398,7 +455,7 @@ fn time_to_live(raw: Raw<'_>) -> Result<Duration, String> {
     let bad = || format!("must be whole seconds from 1 to {MAX_TIME_TO_LIVE_S}");
     let seconds = match raw {
         Raw::Json(Value::Number(n)) => n.as_u64().ok_or_else(bad)?,
-        Raw::Json(_) => return Err(bad()),
+        Raw::Json(_) | Raw::JsonText(_) => return Err(bad()),
         Raw::Header(bytes) => {
             let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
             if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
@@ -599,6 +656,26 @@ mod tests {
         assert!(from_headers(&[("Message-Properties", "{}")])
             .unwrap()
             .is_empty());
+    }
+
+    #[test]
+    fn a_property_name_given_twice_is_refused_in_either_form_not_one_value_dropped() {
+        let twice = r#"{"Priority": "high", "attempt": 1, "Priority": "low"}"#;
+        let header = from_headers(&[("Message-Properties", twice)]).unwrap_err();
+        assert_eq!(fields(header), [Field::Properties]);
+        let entry = Attributes::parse(|f| (f == Field::Properties).then_some(Raw::JsonText(twice)));
+        let errors = entry.unwrap_err();
+        assert_eq!(fields(errors.clone()), [Field::Properties]);
+        assert!(errors[0].message.contains("\"Priority\""), "{errors:?}");
+        // Names differing only in case are two properties (names are case-sensitive).
+        let cased = r#"{"priority": "high", "Priority": "low"}"#;
+        let parsed =
+            Attributes::parse(|f| (f == Field::Properties).then_some(Raw::JsonText(cased)));
+        assert_eq!(parsed.unwrap().properties.len(), 2);
+        // The other fields read from their JSON text as from their value.
+        let subject =
+            Attributes::parse(|f| (f == Field::Subject).then_some(Raw::JsonText(r#""s""#)));
+        assert_eq!(subject.unwrap().subject.unwrap().as_str(), "s");
     }
 
     #[test]

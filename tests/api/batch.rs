@@ -334,3 +334,34 @@ async fn a_schedule_past_the_years_rfc_3339_holds_in_utc_is_a_400_not_a_dropped_
     );
     assert_eq!(app.stored("requests"), 0);
 }
+
+/// Two properties of one name in one object: refused (400 naming the properties), never
+/// one of the values kept silently; in a batch entry and in `Message-Properties` alike.
+#[tokio::test]
+async fn a_property_name_given_twice_is_a_400_in_an_entry_and_in_the_header() {
+    let app = spawn_app_with(&[]).await;
+    let twice = r#"{"Priority": "high", "Priority": "low"}"#;
+    let body = format!(r#"{{"messages": [{{"body": 1}}, {{"body": 2, "properties": {twice}}}]}}"#);
+    let response = app
+        .client
+        .post(app.url("/v1/queues/requests/messages/batch"))
+        .header("Content-Type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    assert_eq!(
+        locs(&body_json(response).await),
+        [json!(["body", "messages", 1, "properties"])]
+    );
+    let response = app
+        .send_with("requests", "{}", &[("Message-Properties", twice)])
+        .await;
+    assert_eq!(response.status(), 400);
+    assert_eq!(
+        locs(&body_json(response).await),
+        [json!(["header", "Message-Properties"])]
+    );
+    assert_eq!(app.stored("requests"), 0);
+}
