@@ -113,8 +113,11 @@ impl AttributeError {
 pub enum Raw<'a> {
     /// A header's value (its bytes, which must be UTF-8).
     Header(&'a [u8]),
-    /// A batch entry's field.
+    /// A batch entry's field, as a value.
     Json(&'a Value),
+    /// A batch entry's field as its JSON text: the properties come so, since a name given
+    /// twice can only be seen in the text (a parsed object has kept one of its values).
+    JsonText(&'a str),
 }
 
 /// Text of 1 to `max` characters, none of them a control character.
@@ -201,9 +204,23 @@ impl Properties {
         RESERVED_NAMES.contains(&lower.as_str()) || lower.starts_with(RESERVED_PREFIX)
     }
 
-    fn parse(object: &serde_json::Map<String, Value>) -> Result<Self, String> {
+    /// A JSON object's text (a header's, or a batch entry's field), every name once.
+    fn parse_text(text: &[u8]) -> Result<Self, String> {
+        let object: UniqueNames = serde_json::from_slice(text).map_err(|e| {
+            if e.is_data() {
+                e.to_string()
+            } else {
+                format!("must be a JSON object: {e}")
+            }
+        })?;
+        Self::parse(object.0.iter().map(|(name, value)| (name, value)))
+    }
+
+    fn parse<'v>(
+        object: impl IntoIterator<Item = (&'v String, &'v Value)>,
+    ) -> Result<Self, String> {
         let mut total = 0usize;
-        let mut out = Vec::with_capacity(object.len());
+        let mut out = Vec::new();
         for (name, value) in object {
             if name.is_empty() || name.chars().count() > MAX_PROPERTY_NAME_CHARS {
                 return Err(format!(
@@ -252,6 +269,47 @@ impl Properties {
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(Self(out))
+    }
+}
+
+/// A JSON object's members in their order, refused when a name comes twice (serde_json's
+/// map keeps the last value silently) or when there are more than any valid properties can
+/// be (each weighs a byte at least): a megabyte of `{"a":0,…}` stops there.
+struct UniqueNames(Vec<(String, Value)>);
+
+impl<'de> serde::Deserialize<'de> for UniqueNames {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = UniqueNames;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut members: Vec<(String, Value)> = Vec::new();
+                let mut seen = std::collections::HashSet::new();
+                while let Some(name) = map.next_key::<String>()? {
+                    if members.len() == MAX_PROPERTIES_BYTES {
+                        return Err(serde::de::Error::custom(format!(
+                            "the properties must be at most {MAX_PROPERTIES_BYTES} bytes in all \
+                             (names and values)"
+                        )));
+                    }
+                    if !seen.insert(name.clone()) {
+                        return Err(serde::de::Error::custom(format!(
+                            "property {name:?} is given twice"
+                        )));
+                    }
+                    let value = map.next_value::<Value>()?;
+                    members.push((name, value));
+                }
+                Ok(UniqueNames(members))
+            }
+        }
+        d.deserialize_map(Visit)
     }
 }
 
@@ -336,6 +394,11 @@ impl Attributes {
     }
 
     fn set(&mut self, field: Field, raw: Raw<'_>) -> Result<(), String> {
+        if let (Raw::JsonText(text), false) = (raw, field == Field::Properties) {
+            // Any other field reads as its value: only the properties need the text.
+            let value: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+            return self.set(field, Raw::Json(&value));
+        }
         match field {
             Field::Subject => self.subject = Some(text(raw, MAX_TEXT_CHARS)?),
             Field::SessionId => self.session_id = Some(text(raw, MAX_KEY_CHARS)?),
@@ -347,20 +410,21 @@ impl Attributes {
                 let raw = string(raw)?;
                 let at = OffsetDateTime::parse(raw.as_ref(), &Rfc3339)
                     .map_err(|_| "must be an RFC 3339 date and time (2026-12-02T08:00:00Z)")?;
-                self.scheduled_enqueue_time = Some(at.to_offset(UtcOffset::UTC));
+                // A valid time in its own offset may be out of range in UTC: `to_offset`
+                // panics past the year 9999, and a year before 0000 has no RFC 3339 form
+                // (what `queue receive` prints, what Service Bus is sent).
+                let utc = at
+                    .checked_to_offset(UtcOffset::UTC)
+                    .filter(|utc| (0..=9999).contains(&utc.year()))
+                    .ok_or("must be within the years 0000 to 9999 once converted to UTC")?;
+                self.scheduled_enqueue_time = Some(utc);
             }
             Field::Properties => {
                 let object = match raw {
                     Raw::Json(Value::Object(map)) => Properties::parse(map)?,
                     Raw::Json(_) => return Err("must be a JSON object".into()),
-                    Raw::Header(bytes) => {
-                        match serde_json::from_slice::<Value>(bytes)
-                            .map_err(|e| format!("must be a JSON object: {e}"))?
-                        {
-                            Value::Object(map) => Properties::parse(&map)?,
-                            _ => return Err("must be a JSON object".into()),
-                        }
-                    }
+                    Raw::Header(bytes) => Properties::parse_text(bytes)?,
+                    Raw::JsonText(text) => Properties::parse_text(text.as_bytes())?,
                 };
                 self.properties = object;
             }
@@ -372,7 +436,7 @@ impl Attributes {
 fn string<'a>(raw: Raw<'a>) -> Result<std::borrow::Cow<'a, str>, String> {
     match raw {
         Raw::Json(Value::String(s)) => Ok(std::borrow::Cow::Borrowed(s.as_str())),
-        Raw::Json(_) => Err("must be a string".into()),
+        Raw::Json(_) | Raw::JsonText(_) => Err("must be a string".into()),
         Raw::Header(bytes) => std::str::from_utf8(bytes)
             .map(std::borrow::Cow::Borrowed)
             .map_err(|_| "must be UTF-8".into()),
@@ -387,7 +451,7 @@ fn time_to_live(raw: Raw<'_>) -> Result<Duration, String> {
     let bad = || format!("must be whole seconds from 1 to {MAX_TIME_TO_LIVE_S}");
     let seconds = match raw {
         Raw::Json(Value::Number(n)) => n.as_u64().ok_or_else(bad)?,
-        Raw::Json(_) => return Err(bad()),
+        Raw::Json(_) | Raw::JsonText(_) => return Err(bad()),
         Raw::Header(bytes) => {
             let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
             if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
@@ -588,6 +652,43 @@ mod tests {
         assert!(from_headers(&[("Message-Properties", "{}")])
             .unwrap()
             .is_empty());
+    }
+
+    #[test]
+    fn a_property_name_given_twice_is_refused_in_either_form_not_one_value_dropped() {
+        let twice = r#"{"Priority": "high", "attempt": 1, "Priority": "low"}"#;
+        let header = from_headers(&[("Message-Properties", twice)]).unwrap_err();
+        assert_eq!(fields(header), [Field::Properties]);
+        let entry = Attributes::parse(|f| (f == Field::Properties).then_some(Raw::JsonText(twice)));
+        let errors = entry.unwrap_err();
+        assert_eq!(fields(errors.clone()), [Field::Properties]);
+        assert!(errors[0].message.contains("\"Priority\""), "{errors:?}");
+        // Names differing only in case are two properties (names are case-sensitive).
+        let cased = r#"{"priority": "high", "Priority": "low"}"#;
+        let parsed =
+            Attributes::parse(|f| (f == Field::Properties).then_some(Raw::JsonText(cased)));
+        assert_eq!(parsed.unwrap().properties.len(), 2);
+        // The other fields read from their JSON text as from their value.
+        let subject =
+            Attributes::parse(|f| (f == Field::Subject).then_some(Raw::JsonText(r#""s""#)));
+        assert_eq!(subject.unwrap().subject.unwrap().as_str(), "s");
+    }
+
+    #[test]
+    fn a_schedule_whose_utc_time_is_past_what_rfc_3339_holds_is_refused_not_a_panic() {
+        // Valid RFC 3339 in its own offset, but a year 10000 (or -1) once in UTC: the time
+        // crate's to_offset panics on it.
+        for bad in ["9999-12-31T23:59:59-01:00", "0000-01-01T00:00:00+00:01"] {
+            let errors = from_json(json!({ "scheduled_enqueue_time": bad })).unwrap_err();
+            assert_eq!(fields(errors), [Field::ScheduledEnqueueTime], "{bad}");
+            let errors = from_headers(&[("Message-Scheduled-Enqueue-Time", bad)]).unwrap_err();
+            assert_eq!(fields(errors), [Field::ScheduledEnqueueTime], "{bad}");
+        }
+        let edge = from_json(json!({"scheduled_enqueue_time": "9999-12-31T23:59:59+01:00"}));
+        assert_eq!(
+            edge.unwrap().scheduled_rfc3339().as_deref(),
+            Some("9999-12-31T22:59:59Z")
+        );
     }
 
     #[test]

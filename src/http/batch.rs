@@ -279,12 +279,14 @@ struct RawEntry<'a> {
     scheduled_enqueue_time: Option<Value>,
     reply_to: Option<Value>,
     to: Option<Value>,
-    properties: Option<Value>,
+    /// As its text: a name given twice is refused, which a parsed object no longer shows.
+    #[serde(borrow)]
+    properties: Option<&'a RawValue>,
 }
 
 impl RawEntry<'_> {
-    fn attribute(&self, field: Field) -> Option<&Value> {
-        match field {
+    fn attribute(&self, field: Field) -> Option<Raw<'_>> {
+        let value = match field {
             Field::Subject => self.subject.as_ref(),
             Field::SessionId => self.session_id.as_ref(),
             Field::PartitionKey => self.partition_key.as_ref(),
@@ -292,8 +294,9 @@ impl RawEntry<'_> {
             Field::ScheduledEnqueueTime => self.scheduled_enqueue_time.as_ref(),
             Field::ReplyTo => self.reply_to.as_ref(),
             Field::To => self.to.as_ref(),
-            Field::Properties => self.properties.as_ref(),
-        }
+            Field::Properties => return self.properties.map(|p| Raw::JsonText(p.get())),
+        };
+        value.map(Raw::Json)
     }
 }
 
@@ -421,7 +424,7 @@ fn parse_entry(
         CorrelationId::parse,
         errors,
     );
-    let attributes = match Attributes::parse(|field| entry.attribute(field).map(Raw::Json)) {
+    let attributes = match Attributes::parse(|field| entry.attribute(field)) {
         Ok(attributes) => attributes,
         Err(bad) => {
             errors.extend(

@@ -305,3 +305,63 @@ async fn far_more_entries_than_a_batch_may_hold_are_refused_without_reading_them
     let msg = answer["errors"][0]["msg"].as_str().unwrap();
     assert!(msg.contains("more than 1000 entries"), "{msg}");
 }
+
+/// A schedule valid in its own offset whose UTC time is past the year 9999 (or before 0000)
+/// is a 400 naming it, in a batch entry and in a single send's header alike: it once
+/// panicked the worker (the connection closed with no answer).
+#[tokio::test]
+async fn a_schedule_past_the_years_rfc_3339_holds_in_utc_is_a_400_not_a_dropped_connection() {
+    let app = spawn_app_with(&[]).await;
+    let late = "9999-12-31T23:59:59-01:00";
+    let body = json!({"messages": [{"body": 1, "scheduled_enqueue_time": late}]});
+    let response = batch(&app, &body, &[]).await;
+    assert_eq!(response.status(), 400);
+    assert_eq!(
+        locs(&body_json(response).await),
+        [json!(["body", "messages", 0, "scheduled_enqueue_time"])]
+    );
+    let response = app
+        .send_with(
+            "requests",
+            "{}",
+            &[("Message-Scheduled-Enqueue-Time", late)],
+        )
+        .await;
+    assert_eq!(response.status(), 400);
+    assert_eq!(
+        locs(&body_json(response).await),
+        [json!(["header", "Message-Scheduled-Enqueue-Time"])]
+    );
+    assert_eq!(app.stored("requests"), 0);
+}
+
+/// Two properties of one name in one object: refused (400 naming the properties), never
+/// one of the values kept silently; in a batch entry and in `Message-Properties` alike.
+#[tokio::test]
+async fn a_property_name_given_twice_is_a_400_in_an_entry_and_in_the_header() {
+    let app = spawn_app_with(&[]).await;
+    let twice = r#"{"Priority": "high", "Priority": "low"}"#;
+    let body = format!(r#"{{"messages": [{{"body": 1}}, {{"body": 2, "properties": {twice}}}]}}"#);
+    let response = app
+        .client
+        .post(app.url("/v1/queues/requests/messages/batch"))
+        .header("Content-Type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    assert_eq!(
+        locs(&body_json(response).await),
+        [json!(["body", "messages", 1, "properties"])]
+    );
+    let response = app
+        .send_with("requests", "{}", &[("Message-Properties", twice)])
+        .await;
+    assert_eq!(response.status(), 400);
+    assert_eq!(
+        locs(&body_json(response).await),
+        [json!(["header", "Message-Properties"])]
+    );
+    assert_eq!(app.stored("requests"), 0);
+}
