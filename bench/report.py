@@ -216,6 +216,7 @@ p("./bench/run.sh --only 2,4 # some comparisons only (6 = the fleet on Redis, ~3
 p("./bench/run.sh --only 7 --amplify-s 20  # comparison 7 with 20 s per side instead of 60")
 p("./bench/run.sh --only 9 --soak-s 30     # comparison 9 (hostile clients, ~15 min) with 30 s soaks instead of 60")
 p("./bench/run.sh --only 2,6 --update-docs  # a partial run that rewrites this page, the rest carried over")
+p("./bench/run.sh --only 10,11             # batches vs direct lapin (~7 min) and RSS with 1 MiB batches in flight (~1.5 min)")
 p("```")
 p("")
 p(
@@ -313,6 +314,33 @@ p(
     "1 KB sends) alone, then beside each level of hostile clients, alternating; the producer "
     "starts once every hostile client has connected and ends before they stop. Beside it a "
     "newcomer probe (a fresh connection and `GET /health/live` every 200 ms, on both sides)."
+)
+p(
+    "- **10. Batches** (issue 24). One gateway (ceiling 10⁹, defaults otherwise: 4 publisher "
+    "channels on one AMQP connection). **sendgate**: 8 keep-alive connections, each a closed "
+    "loop of `POST /v1/queues/bench/messages/batch` with N entries whose bodies are the 1 KB "
+    "JSON (N = 1, 10, 100; `single` = the single-send route `POST .../messages`, the CPU "
+    "target's baseline). **direct**: lapin on one connection with 8 publisher channels in "
+    "confirm mode, 8 tasks, each publishing N messages back to back on one channel (round "
+    "robin; each publish polled once, in order, so its frames are queued before the next, as "
+    "the gateway's batch does) and awaiting their confirms together. **direct_trace**: the "
+    "same with the two AMQP headers the gateway puts on every message (`traceparent`, "
+    "`Diagnostic-Id`, a value of its own per message; contract §1, \"Trace context\"). Levels "
+    "alternate sendgate, direct, direct_trace. msg/s counts messages confirmed (N per `201`), "
+    "latency is per request (per batch). CPU: utime + stime from `/proc/PID/stat` of the gateway "
+    "process and of the broker (`beam.smp`) at the window's edges, divided by the messages "
+    "confirmed in the window."
+)
+p(
+    "- **11. Large batches in flight** (issue 24, `loadgen bigbatch`). A fresh gateway per side "
+    "and round (ceiling 10⁹, every other setting default but the body budget: "
+    "`SENDGATE_MAX_BUFFERED_BYTES` 64 MiB, the default, or 32 MiB), sides alternating. 64 "
+    "clients each send the head and all but 4 KiB of a 100-entry batch whose body is exactly "
+    "1 MiB (`Content-Length: 1048576`, the default `SENDGATE_MAX_BATCH_BYTES`) and hold it 3 s "
+    "(under the 5 s `SENDGATE_BODY_TIMEOUT_MS`); halfway through, 16 more clients send the same "
+    "batch whole; then the 64 send their last 4 KiB and the batches go to the broker. `VmRSS` of "
+    "the gateway every 25 ms throughout, `VmHWM` at the end, and once more 2 s after the last "
+    "answer."
 )
 p(
     "- **Load average.** Every load generator notes the 1-minute load average when it starts and "
@@ -772,11 +800,138 @@ if soak_alone and soak_levels:
             )
         )
 
+# ------------------------------------------------------------------ batches (issue 24)
+BATCH_LEVELS = ["single", "1", "10", "100"]
+BIG_OVERHEAD_MIB = 16.0  # comparison 11's fixed overhead: a bound proposed here (issue 24 names none)
+
+
+def cpu_of(r, name, key="us_per_msg"):
+    return ((r.get("cpu") or {}).get(name) or {}).get(key)
+
+
+def batch_rows(side, lvl):
+    return [r for r in sel("batch", side, lvl) if not r.get("failed")]
+
+
+def batch_med(side, lvl, key):
+    return med(batch_rows(side, lvl), key)
+
+
+def batch_cpu_med(side, lvl, name, key="us_per_msg"):
+    vals = [cpu_of(r, name, key) for r in batch_rows(side, lvl)]
+    vals = [v for v in vals if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+if sel("batch"):
+    s100, d100 = batch_med("sendgate", "100", "msgs_per_s"), batch_med("direct", "100", "msgs_per_s")
+    t100 = batch_med("direct_trace", "100", "msgs_per_s")
+    ratio = s100 / d100 if s100 and d100 else None
+    targets.append(
+        (
+            "batches: sendgate ≥ 90 % of direct lapin at 100 entries per request, 8 connections / "
+            "8 channels, 1 KB persistent messages with confirms (issue 24)",
+            f"{pct(ratio)} ({f(s100, 0)} vs {f(d100, 0)} msg/s)",
+            None if ratio is None else ratio >= 0.90,
+            None if ratio is None else f"{100 * (ratio - 0.90):+.1f} points",
+        )
+    )
+    if t100:
+        rt = s100 / t100 if s100 else None
+        targets.append(
+            (
+                "batches: the same against direct lapin carrying the gateway's two trace headers "
+                "on each message (reference: where the gap is; not a target of issue 24)",
+                f"{pct(rt)} ({f(s100, 0)} vs {f(t100, 0)} msg/s)",
+                None,
+                None,
+            )
+        )
+    c100, c1 = batch_cpu_med("sendgate", "100", "gateway"), batch_cpu_med("sendgate", "single", "gateway")
+    cr = c100 / c1 if c100 and c1 else None
+    targets.append(
+        (
+            "batches: the gateway's CPU per message at 100 entries ≤ 0.25 × its CPU per single "
+            "send (utime + stime ÷ messages; issue 24)",
+            f"{f(c100, 1)} vs {f(c1, 1)} µs per message ({'–' if cr is None else f'{cr:.3f}×'})",
+            None if cr is None else cr <= 0.25,
+            None if cr is None else f"{0.25 - cr:+.3f}",
+        )
+    )
+
+big_sides = []
+for r in sel("batch_rss"):
+    if r.get("side") not in big_sides:
+        big_sides.append(r.get("side"))
+
+
+def big_rows(side):
+    return [r for r in sel("batch_rss", side) if not r.get("failed") and r.get("rss_idle_kib") is not None]
+
+
+def big_peak(r):
+    vals = [r.get("rss_held_max_kib"), r.get("rss_dispatch_max_kib"), r.get("hwm_end_kib")]
+    vals = [v for v in vals if v is not None]
+    return max(vals) if vals else None
+
+
+if big_sides:
+    parts, worst = [], None
+    for side in big_sides:
+        rs = big_rows(side)
+        if not rs:
+            continue
+        budget = mib((rs[0].get("budget_bytes") or 0) / 1024)
+        idle = mib(med(rs, "rss_idle_kib"))
+        held = mib(med(rs, "rss_held_max_kib"))
+        peaks = [big_peak(r) for r in rs if big_peak(r) is not None]
+        peak = mib(statistics.median(peaks)) if peaks else None
+        if None in (idle, held, peak):
+            continue
+        bound = idle + budget + BIG_OVERHEAD_MIB
+        parts.append(
+            f"{budget:.0f} MiB budget: held {held:.1f}, peak (while sent) {peak:.1f} MiB; bound "
+            f"{idle:.1f} + {budget:.0f} + {BIG_OVERHEAD_MIB:.0f} = {bound:.1f}"
+        )
+        over = peak - bound
+        worst = over if worst is None else max(worst, over)
+    if parts:
+        targets.append(
+            (
+                "large batches: RSS with 64 connections each holding a 1 MiB batch ≤ idle + "
+                f"`SENDGATE_MAX_BUFFERED_BYTES` + a fixed overhead of {BIG_OVERHEAD_MIB:.0f} MiB "
+                "(the overhead a bound proposed here; issue 24)",
+                "; ".join(parts),
+                worst <= 0,
+                f"{-worst:+.1f} MiB of headroom",
+            )
+        )
+    ex_total = ex_sat = 0
+    ex_took = []
+    for r in sel("batch_rss"):
+        ex = r.get("extras") or {}
+        ex_total += sum((ex.get("statuses") or {}).values())
+        ex_sat += (ex.get("codes") or {}).get("saturated", 0)
+        if (ex.get("took") or {}).get("n"):
+            ex_took.append(ex["took"]["p99_ms"])
+    if ex_total:
+        targets.append(
+            (
+                "large batches: a batch past the body budget is refused `503 saturated` at once, "
+                "never held (issue 24, contract §1)",
+                f"{ex_sat} of {ex_total} extra batches answered 503 saturated (p99 of the rounds "
+                f"{f(max(ex_took) if ex_took else None, 1)} ms)",
+                ex_sat == ex_total,
+                f"{ex_total - ex_sat} not refused",
+            )
+        )
+
 p("## Results against the targets")
 p("")
 p(
     "Targets from issue 9, for the fleet (comparison 6) issue 14, for backpressure (comparisons "
-    "7 and 8) issue 15, for hostile clients (comparison 9) issue 23 (2-core machine, ratios "
+    "7 and 8) issue 15, for hostile clients (comparison 9) issue 23, for batches (comparisons 10 "
+    "and 11) issue 24 (2-core machine, ratios "
     "from one run). Medians of the rounds of this run; a row whose value names a run was "
     "carried over from that earlier run (see the top of the page)."
 )
@@ -801,6 +956,8 @@ if previous and carried:
             or (name.startswith("rejection path") and 2 in measured)
             or ("issue 15" in name and (7 in measured or 8 in measured))
             or ("issue 23" in name and 9 in measured)
+            or (name.startswith("batches:") and 10 in measured)
+            or (name.startswith("large batches:") and 11 in measured)
         )
         if name in fresh or repeated:
             continue
@@ -1532,6 +1689,164 @@ if soak:
                     f"{mib_text(h.get('rss_before_kib'))} → {mib_text(h.get('rss_during_max_kib'))} | "
                     f"{open_} | {seen_text(h)} | {f(h.get('reconnects_per_s'), 0)} | "
                     f"{reasons_text(server_closed(h))} | {load_text(r)} |"
+                )
+    p("")
+
+# --------------------------------------------------------------------------- 10
+carry(10)
+
+
+def level_label(lvl):
+    return "single send" if lvl == "single" else f"{lvl}"
+
+
+if sel("batch"):
+    p("## 10. Batches: sendgate vs direct lapin, 8 connections")
+    p("")
+    p(
+        "Messages per second through the batch route at 1, 10 and 100 entries per request (and "
+        "the single-send route), against direct lapin publishing the same 1 KB persistent "
+        "messages with confirms, pipelined on 8 channels (a batch's publishes back to back on "
+        "one channel, confirms awaited together), and the same direct lapin carrying the "
+        "gateway's two trace headers on each message (`direct_trace`). The gateway publishes on "
+        "its own 4 channels (one per batch, round robin). Medians of the rounds; the direct "
+        "sides' \"single send\" is their 1-entry row (one publish, one confirm)."
+    )
+    p("")
+    p(
+        "| entries per request | sendgate msg/s | direct msg/s | direct_trace msg/s | "
+        "**sendgate ÷ direct** | sendgate ÷ direct_trace | sendgate p50 / p99 ms (per request) | "
+        "direct p50 / p99 ms | direct_trace p50 / p99 ms |"
+    )
+    p("|---|---|---|---|---|---|---|---|---|")
+    for lvl in BATCH_LEVELS:
+        s = batch_med("sendgate", lvl, "msgs_per_s")
+        if s is None:
+            continue
+        dl = "1" if lvl == "single" else lvl
+        d, t = batch_med("direct", dl, "msgs_per_s"), batch_med("direct_trace", dl, "msgs_per_s")
+        p(
+            f"| {level_label(lvl)} | {f(s, 0)} | {f(d, 0)} | {f(t, 0)} | "
+            f"**{pct(s / d) if d else '–'}** | {pct(s / t) if t else '–'} | "
+            f"{f(batch_med('sendgate', lvl, 'p50_ms'), 2)} / {f(batch_med('sendgate', lvl, 'p99_ms'), 1)} | "
+            f"{f(batch_med('direct', dl, 'p50_ms'), 2)} / {f(batch_med('direct', dl, 'p99_ms'), 1)} | "
+            f"{f(batch_med('direct_trace', dl, 'p50_ms'), 2)} / {f(batch_med('direct_trace', dl, 'p99_ms'), 1)} |"
+        )
+    p("")
+    single_cpu = batch_cpu_med("sendgate", "single", "gateway")
+    p(
+        "CPU per message (µs of utime + stime per message confirmed, medians of the rounds; "
+        "cores = CPU seconds per second of the window, of this machine's 2):"
+    )
+    p("")
+    p(
+        "| entries per request | gateway µs/msg | gateway cores | **gateway ÷ its single send** | "
+        "broker µs/msg: sendgate side | direct | direct_trace | broker cores: sendgate side / direct / direct_trace |"
+    )
+    p("|---|---|---|---|---|---|---|---|")
+    for lvl in BATCH_LEVELS:
+        g = batch_cpu_med("sendgate", lvl, "gateway")
+        if g is None and batch_med("sendgate", lvl, "msgs_per_s") is None:
+            continue
+        dl = "1" if lvl == "single" else lvl
+        p(
+            f"| {level_label(lvl)} | {f(g, 1)} | {f(batch_cpu_med('sendgate', lvl, 'gateway', 'cores'), 2)} | "
+            f"**{'–' if g is None or not single_cpu else f'{g / single_cpu:.3f}'}** | "
+            f"{f(batch_cpu_med('sendgate', lvl, 'broker'), 1)} | {f(batch_cpu_med('direct', dl, 'broker'), 1)} | "
+            f"{f(batch_cpu_med('direct_trace', dl, 'broker'), 1)} | "
+            f"{f(batch_cpu_med('sendgate', lvl, 'broker', 'cores'), 2)} / "
+            f"{f(batch_cpu_med('direct', dl, 'broker', 'cores'), 2)} / "
+            f"{f(batch_cpu_med('direct_trace', dl, 'broker', 'cores'), 2)} |"
+        )
+    p("")
+    p("Every round (req/s: requests, i.e. batches; answers: HTTP statuses, for direct 201 = every confirm an ack):")
+    p("")
+    p(
+        "| entries | side | round | msg/s | req/s | p50 ms | p99 ms | max ms | answers | gateway µs/msg | "
+        "broker µs/msg | load generator µs/msg | load |"
+    )
+    p("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for lvl in BATCH_LEVELS:
+        for rnd in sorted({r["round"] for r in sel("batch", level=lvl)}, key=int):
+            for side in ("sendgate", "direct", "direct_trace"):
+                for r in [x for x in sel("batch", side, lvl) if x["round"] == rnd]:
+                    if r.get("failed"):
+                        p(f"| {level_label(lvl)} | {side} | {rnd} | failed | | | | | | | | | |")
+                        continue
+                    p(
+                        f"| {level_label(lvl)} | {side} | {rnd} | {f(r.get('msgs_per_s'), 0)} | {f(r.get('rps'), 0)} | "
+                        f"{f(r.get('p50_ms'), 2)} | {f(r.get('p99_ms'), 1)} | {f(r.get('max_ms'), 1)} | "
+                        f"{status_text(r)} | {f(cpu_of(r, 'gateway'), 1)} | {f(cpu_of(r, 'broker'), 1)} | "
+                        f"{f(cpu_of(r, 'loadgen'), 1)} | {load_text(r)} |"
+                    )
+    p("")
+
+# --------------------------------------------------------------------------- 11
+carry(11)
+
+
+def big_answers(t):
+    t = t or {}
+    st = ", ".join(f"{k}×{v}" for k, v in sorted((t.get("statuses") or {}).items())) or "–"
+    codes = ", ".join(f"{k}" for k in sorted(t.get("codes") or {}))
+    took = t.get("took") or {}
+    when = f"; p50 / p99 {took['p50_ms']:,.1f} / {took['p99_ms']:,.1f} ms" if took.get("n") else ""
+    return st + (f" ({codes})" if codes else "") + when
+
+
+if big_sides:
+    p("## 11. Resident memory with 64 large batches in flight")
+    p("")
+    first = sel("batch_rss")[0]
+    p(
+        f"{first.get('connections', 64)} clients each hold a {first.get('entries', 100)}-entry batch "
+        f"of {f((first.get('body_bytes') or 0) / 1048576, 2)} MiB (all but "
+        f"{f((first.get('withhold') or 0) / 1024, 0)} KiB of it sent) for {f(first.get('hold_s'), 0)} s; "
+        f"meanwhile {first.get('extra', 16)} more send the same batch whole; then the held ones finish "
+        "and their batches go to the broker. **held**: the highest `VmRSS` sample while every batch "
+        "is in; **while sent**: from the release until the last answer; **after**: 2 s after it. The "
+        f"bound in the targets table: idle + the body budget + {BIG_OVERHEAD_MIB:.0f} MiB."
+    )
+    p("")
+    p(
+        "| body budget | idle MiB | held max MiB | held − idle | while sent max MiB | while sent − idle | "
+        "VmHWM MiB | 2 s after MiB | held clients' answers | extra clients' answers |"
+    )
+    p("|---|---|---|---|---|---|---|---|---|---|")
+    for side in big_sides:
+        rs = big_rows(side)
+        if not rs:
+            continue
+        budget = (rs[0].get("budget_bytes") or 0) / 1048576
+        idle, held, sent = med(rs, "rss_idle_kib"), med(rs, "rss_held_max_kib"), med(rs, "rss_dispatch_max_kib")
+        mid = sorted(rs, key=lambda r: r.get("rss_dispatch_max_kib") or 0)[len(rs) // 2]
+        p(
+            f"| {budget:.0f} MiB | {mib_text(idle)} | **{mib_text(held)}** | "
+            f"{'–' if None in (idle, held) else f'{(held - idle) / 1024:+.1f}'} | **{mib_text(sent)}** | "
+            f"{'–' if None in (idle, sent) else f'{(sent - idle) / 1024:+.1f}'} | {mib_text(med(rs, 'hwm_end_kib'))} | "
+            f"{mib_text(med(rs, 'rss_after_kib'))} | {big_answers(mid.get('held'))} | {big_answers(mid.get('extras'))} |"
+        )
+    p("")
+    p("Every round:")
+    p("")
+    p(
+        "| body budget | round | idle MiB | held max MiB | while sent max MiB | VmHWM MiB | after MiB | "
+        "ramp s | longest held s | sent in s | held clients' answers | extra clients' answers | load |"
+    )
+    p("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for rnd in sorted({r["round"] for r in sel("batch_rss")}, key=int):
+        for side in big_sides:
+            for r in [x for x in sel("batch_rss", side) if x["round"] == rnd]:
+                budget = (r.get("budget_bytes") or 0) / 1048576
+                if r.get("failed") or r.get("rss_idle_kib") is None:
+                    p(f"| {budget:.0f} MiB | {rnd} | failed | | | | | | | | | | |")
+                    continue
+                p(
+                    f"| {budget:.0f} MiB | {rnd} | {mib_text(r.get('rss_idle_kib'))} | {mib_text(r.get('rss_held_max_kib'))} | "
+                    f"{mib_text(r.get('rss_dispatch_max_kib'))} | {mib_text(r.get('hwm_end_kib'))} | "
+                    f"{mib_text(r.get('rss_after_kib'))} | {f(r.get('ramp_s'), 2)} | {f(r.get('held_longest_s'), 2)} | "
+                    f"{f(r.get('dispatch_s'), 2)} | {big_answers(r.get('held'))} | {big_answers(r.get('extras'))} | "
+                    f"{load_text(r)} |"
                 )
     p("")
 

@@ -5,7 +5,8 @@
 #   ./bench/run.sh --quick    # same comparisons, shorter windows (~5 minutes)
 #   ./bench/run.sh --only 2,4 # some comparisons only (1 accept, 2 reject, 3 admin plane,
 #                             # 4 RSS, 5 criterion, 6 fleet on Redis, 7 retry amplification,
-#                             # 8 restart under load, 9 hostile clients); the report shows
+#                             # 8 restart under load, 9 hostile clients, 10 batches vs direct
+#                             # lapin, 11 RSS with large batches in flight); the report shows
 #                             # what was measured
 #   ./bench/run.sh --only 7 --amplify-s 20
 #                             # comparison 7 with a shorter window per side (default 60 s,
@@ -37,7 +38,7 @@ ROOT=$PWD
 
 QUICK=0
 UPDATE_DOCS=0
-ALL="1,2,3,4,5,6,7,8,9"
+ALL="1,2,3,4,5,6,7,8,9,10,11"
 ONLY=$ALL
 AMPLIFY_S=""
 SOAK_S=""
@@ -48,7 +49,7 @@ while [ $# -gt 0 ]; do
     --amplify-s) AMPLIFY_S="$2"; shift ;;
     --update-docs) UPDATE_DOCS=1 ;;
     --soak-s) SOAK_S="$2"; shift ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -86,6 +87,14 @@ SOAK_PRODUCERS=8
 # that does not know the variable refuses to start, and that side is recorded as failed).
 AMPLIFY_SIDES=${AMPLIFY_SIDES:-"retry_after_1s:SENDGATE_RETRY_AFTER_MAX_S=1 default:"}
 AMP_CEILING=200; AMP_RATE=200; AMP_PRODUCERS=16
+# Comparisons 10 and 11 (issue 24): batch sizes (`single` = the single-send route, the CPU
+# target's baseline), connections and channels; the large batches held in flight (clients,
+# extra clients past them, entries, bytes per batch, the budgets of the sides, the hold,
+# under the default 5 s body deadline).
+BATCH_LEVELS=${BATCH_LEVELS:-"single 1 10 100"}
+BATCH_CONNS=8
+BIG_CLIENTS=64; BIG_EXTRA=16; BIG_ENTRIES=100; BIG_BYTES=1048576; BIG_HOLD=3
+BIG_SIDES=${BIG_SIDES:-"budget64:67108864 budget32:33554432"}
 
 # BENCH_TARGET_DIR: a release target dir shared with other checkouts (default target/bench).
 export CARGO_TARGET_DIR="${BENCH_TARGET_DIR:-$ROOT/target/bench}"
@@ -103,7 +112,7 @@ MGMT=http://127.0.0.1:15672
 AMQP_URL='amqp://guest:guest@127.0.0.1:5672/%2f'
 # Ports: sendgate instances 187xx, bare handlers 18729/18730, counting proxies 157xx.
 P_ACCEPT=18701; P_TTL0=18702; P_FULL=18703; P_RSS=18704; P_BARE=18729; P_FWD=18730
-P_AMP=18761; P_RESTART=18762; P_HRSS=18763; P_HSOAK=18764
+P_AMP=18761; P_RESTART=18762; P_HRSS=18763; P_HSOAK=18764; P_BATCH=18765; P_BRSS=18766
 PX_A=15701; PX_A_CTL=15702; PX_B=15703; PX_B_CTL=15704
 # Comparison 6: the Redis fleet 18741-3, one process 18744, a local (uncoordinated) fleet
 # 18745-7, the ceiling fleets 18751-3; each group's admin plane behind its own proxy.
@@ -211,7 +220,7 @@ record() { # json, key=value...
   local labels
   labels=$(jq -cn '$ARGS.named' "${args[@]}")
   echo "$json" | jq -c --argjson l "$labels" '. + $l' >> "$RESULTS"
-  echo "$json" | jq -c --argjson l "$labels" '$l + {rps, p50_ms, p99_ms}' >&2
+  echo "$json" | jq -c --argjson l "$labels" '$l + {rps, msgs_per_s, p50_ms, p99_ms}' >&2
 }
 
 loadgen() { timeout 120 "$BIN/loadgen" "$@"; }
@@ -276,6 +285,7 @@ setup() {
     --arg redis_crate "$(ver redis)" \
     --arg actix "$(ver actix-web)" --arg lapin "$(ver lapin)" --arg tokio "$(ver tokio)" \
     --arg criterion "$(ver criterion)" \
+    --arg batch_levels "$BATCH_LEVELS" --arg batch_conns "$BATCH_CONNS" \
     --arg commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
     --arg dirty "$(git status --porcelain -- src Cargo.toml 2>/dev/null | wc -l)" \
     '$ARGS.named' > "$OUT/meta.json"
@@ -724,6 +734,79 @@ compare_hostile() {
 }
 
 # ---------------------------------------------------------------------------------------
+# 10. Batches (issue 24): msg/s through POST /v1/queues/bench/messages/batch at 1, 10 and
+#     100 entries per request (and the single-send route), 8 connections, against direct
+#     lapin publishing the same batches pipelined on 8 channels (each batch's publishes back
+#     to back on one channel, the confirms awaited together), and the same direct lapin with
+#     the gateway's trace headers on each message, alternating per level; the gateway's and
+#     the broker's utime + stime over each window, per message.
+compare_batch() {
+  log "10. batches: sendgate at $BATCH_LEVELS entries per request vs direct lapin pipelined, $BATCH_CONNS connections / $BATCH_CONNS channels"
+  local sg gw broker round b
+  start_sendgate sendgate-batch $P_BATCH
+  sg=$PID
+  gw=$(child_of "$sg")
+  broker=$(pgrep -o -x beam.smp || true)
+  for round in $(seq 1 "$ROUNDS"); do
+    for b in $BATCH_LEVELS; do
+      purge bench
+      if [ "$b" = single ]; then
+        record "$(loadgen http --addr 127.0.0.1:$P_BATCH --token "$SENDER_TOKEN" \
+          --concurrency $BATCH_CONNS --duration $D --warmup $WARM \
+          --cpu-pids "gateway:$gw${broker:+,broker:$broker}")" \
+          comparison=batch side=sendgate round="$round" level=single
+        continue
+      fi
+      record "$(loadgen http --addr 127.0.0.1:$P_BATCH --token "$SENDER_TOKEN" --batch "$b" \
+        --concurrency $BATCH_CONNS --duration $D --warmup $WARM \
+        --cpu-pids "gateway:$gw${broker:+,broker:$broker}")" \
+        comparison=batch side=sendgate round="$round" level="$b"
+      purge bench
+      record "$(loadgen amqp --url "$AMQP_URL" --queue bench --channels $BATCH_CONNS --batch "$b" \
+        --concurrency $BATCH_CONNS --duration $D --warmup $WARM ${broker:+--cpu-pids broker:$broker})" \
+        comparison=batch side=direct round="$round" level="$b"
+      # The same with the trace context the gateway puts on every message (two AMQP headers):
+      # what the broker's share of the difference is.
+      purge bench
+      record "$(loadgen amqp --url "$AMQP_URL" --queue bench --channels $BATCH_CONNS --batch "$b" \
+        --trace-headers 1 --concurrency $BATCH_CONNS --duration $D --warmup $WARM \
+        ${broker:+--cpu-pids broker:$broker})" \
+        comparison=batch side=direct_trace round="$round" level="$b"
+    done
+  done
+  purge bench
+  stop "$sg"
+}
+
+# ---------------------------------------------------------------------------------------
+# 11. RSS with large batches in flight (issue 24): 64 clients each send the head and all but
+#     4 KiB of a 1 MiB batch (100 entries) and hold it, 16 more send the same batch whole
+#     meanwhile, then the 64 finish and their batches go to the broker; a fresh gateway per
+#     side and round (the default 64 MiB body budget, and 32 MiB), sides alternating.
+compare_batch_rss() {
+  log "11. RSS: $BIG_CLIENTS clients holding a $BIG_BYTES-byte batch each (+$BIG_EXTRA more), budgets: $BIG_SIDES"
+  local round spec side budget sg pid out
+  for round in $(seq 1 "$ROUNDS"); do
+    for spec in $BIG_SIDES; do
+      side=${spec%%:*}; budget=${spec#*:}
+      start_sendgate batch-rss-$side-$round $P_BRSS SENDGATE_MAX_BUFFERED_BYTES="$budget"
+      sg=$PID
+      pid=$(child_of "$sg")
+      sleep 2
+      purge bench
+      out=$(timeout 120 "$BIN/loadgen" bigbatch --addr 127.0.0.1:$P_BRSS --token "$SENDER_TOKEN" \
+        --connections $BIG_CLIENTS --extra $BIG_EXTRA --entries $BIG_ENTRIES \
+        --request-bytes $BIG_BYTES --hold $BIG_HOLD --watch-pid "$pid" || true)
+      echo "$out" > "$OUT/batch-rss-$side-$round.json"
+      record "$(echo "$out" | jq -c --argjson b "$budget" 'del(.series) + {budget_bytes: $b}' 2>/dev/null || echo "$out")" \
+        comparison=batch_rss side="$side" round="$round" level=$BIG_CLIENTS
+      stop "$sg"
+    done
+  done
+  purge bench
+}
+
+# ---------------------------------------------------------------------------------------
 started=$(date +%s)
 setup
 want 1 && compare_accept
@@ -735,6 +818,8 @@ want 6 && compare_fleet
 want 7 && compare_amplify
 want 8 && compare_restart
 want 9 && compare_hostile
+want 10 && compare_batch
+want 11 && compare_batch_rss
 want 5 && compare_micro
 jq -cn --arg s "$(( $(date +%s) - started ))" '{comparison: "run", seconds: ($s|tonumber)}' >> "$RESULTS"
 

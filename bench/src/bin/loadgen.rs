@@ -4,8 +4,13 @@
 //! loadgen http  --addr 127.0.0.1:P[,127.0.0.1:P2,...] --path /v1/queues/bench/messages
 //!               --concurrency 64 --duration 10 [--warmup 1] [--rate R] [--size 1024] [--token T]
 //!               [--count-addr 127.0.0.1:Q] [--metrics-token T] [--redis-addr 127.0.0.1:6379]
+//!               [--batch N] [--cpu-pids gateway:PID,broker:PID]
 //! loadgen amqp  --url amqp://guest:guest@127.0.0.1:5672/%2f --queue bench --concurrency 64
-//!               --duration 10 [--warmup 1] [--channels 4] [--size 1024]
+//!               --duration 10 [--warmup 1] [--channels 4] [--size 1024] [--batch N]
+//!               [--trace-headers 1] [--cpu-pids broker:PID]
+//! loadgen bigbatch --addr 127.0.0.1:P --path /v1/queues/bench/messages/batch --token T
+//!               --connections 64 [--extra 16] [--entries 100] [--request-bytes 1048576]
+//!               [--withhold 4096] [--hold 3] --watch-pid PID [--metrics-token T]
 //! loadgen hold  --addr 127.0.0.1:P --connections 1000 --hold 10 --ready-file F
 //! loadgen hostile --addr 127.0.0.1:P --connections 5000 --kind heads|trickle|idle[,kind...]
 //!               --duration 15 [--head-bytes 130000] [--trickle-ms 2000] [--ready-file F]
@@ -25,10 +30,29 @@
 //!   `--redis-addr` it reads Redis's `INFO stats commandstats` at the window's edges and
 //!   reports the commands Redis processed in between (its own `INFO` taken out), in total
 //!   and per command. Every mode also reports the 1-minute load average when it started
-//!   (`loadavg_before`) and when its window ended (`loadavg_after`).
+//!   (`loadavg_before`) and when its window ended (`loadavg_after`). With `--batch N` each
+//!   request is a batch send (`POST .../messages/batch`, the default path then) of N entries
+//!   whose bodies are the same 1 KB JSON, and `messages` / `msgs_per_s` count the messages
+//!   queued (N per `201`, the `queued` of a `207`), not the requests.
 //! - `amqp`: the direct baseline: the same 1 KB persistent messages published with lapin on
 //!   one connection with `--channels` publisher channels (confirms on, round robin, like the
-//!   gateway's link), `concurrency` publishes in flight, each awaited on its confirm.
+//!   gateway's link), `concurrency` publishes in flight, each awaited on its confirm. With
+//!   `--batch N` each of the `concurrency` tasks publishes N messages back to back on one
+//!   channel (each publish polled once, in order, so its frames are queued before the next:
+//!   what the gateway's batch does) and awaits their confirms together; `messages` counts
+//!   the acked ones. `--trace-headers 1` puts the gateway's trace context on each message
+//!   (`traceparent` and `Diagnostic-Id` AMQP headers, a value of its own per message);
+//!   `--trace-headers 2` the `traceparent` alone.
+//! - `--cpu-pids name:PID,...` (`http`, `amqp`): each process's utime + stime
+//!   (`/proc/PID/stat`) over the measured window, in total and per message counted; the load
+//!   generator's own is always reported (`cpu.loadgen`).
+//! - `bigbatch`: `connections` clients each send the head and all but `withhold` bytes of a
+//!   batch of `entries` entries whose `Content-Length` is exactly `request-bytes`, then hold
+//!   for `hold` seconds (under the gateway's body deadline) while `VmRSS` of `watch-pid` is
+//!   sampled every 25 ms; halfway through, `extra` more clients send the same batch whole
+//!   (their answers are recorded: `503 saturated` when the body budget is spent); then the
+//!   held clients send the rest and read their answers, RSS still sampled, and once more 2 s
+//!   after. With `--metrics-token`, `/health/detailed`'s view of the body budget while held.
 //! - `hold`: opens `connections` keep-alive connections, makes one request on each (so the
 //!   server set the connection up fully), writes `ready-file`, holds them, then exits.
 //! - `hostile`: `connections` clients that never make a useful request (issue 23), each
@@ -60,6 +84,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -100,7 +125,7 @@ fn get<T: std::str::FromStr>(args: &Args, key: &str, default: Option<T>) -> T {
 fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let Some((mode, rest)) = argv.split_first() else {
-        die("usage: loadgen http|amqp|hold|hostile|proxy --key value ...");
+        die("usage: loadgen http|amqp|bigbatch|hold|hostile|proxy --key value ...");
     };
     let args = parse_args(rest);
     let threads: usize = get(&args, "threads", Some(2));
@@ -113,6 +138,7 @@ fn main() {
         match mode.as_str() {
             "http" => http(&args).await,
             "amqp" => amqp(&args).await,
+            "bigbatch" => bigbatch(&args).await,
             "hold" => hold(&args).await,
             "hostile" => hostile(&args).await,
             "proxy" => proxy(&args).await,
@@ -144,6 +170,106 @@ fn body(size: usize) -> Vec<u8> {
     b
 }
 
+/// A batch send's body: `{"messages": [{"body": <body>}, ...]}` with `n` entries.
+fn batch_body(body: &[u8], n: usize) -> Vec<u8> {
+    let mut b = Vec::with_capacity(16 + n * (body.len() + 12));
+    b.extend_from_slice(b"{\"messages\":[");
+    for i in 0..n {
+        if i > 0 {
+            b.push(b',');
+        }
+        b.extend_from_slice(b"{\"body\":");
+        b.extend_from_slice(body);
+        b.push(b'}');
+    }
+    b.extend_from_slice(b"]}");
+    b
+}
+
+/// Messages a send's answer says were queued: one per single `201`, a batch's entries per
+/// `201`, a `207`'s `queued`; none otherwise.
+fn queued_messages(status: u16, batch: usize, body: &[u8]) -> u64 {
+    match status {
+        201 => batch.max(1) as u64,
+        207 => serde_json::from_slice::<Value>(body)
+            .ok()
+            .and_then(|v| v.get("queued")?.as_u64())
+            .unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// utime + stime of `pid` in clock ticks (`/proc/PID/stat`, fields 14 and 15; `self` for
+/// this process).
+fn cpu_ticks(pid: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: the fields start after the last ')'.
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the name, the state is field 3: utime (14) and stime (15) are at 11 and 12.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+fn ticks_per_s() -> f64 {
+    // SAFETY: sysconf only reads a configuration value.
+    let n = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if n > 0 {
+        n as f64
+    } else {
+        100.0
+    }
+}
+
+/// The processes whose CPU a window reports: `name:PID,...` from `--cpu-pids`, and always
+/// the load generator itself.
+fn cpu_targets(args: &Args) -> Vec<(String, String)> {
+    let mut targets = vec![("loadgen".to_owned(), "self".to_owned())];
+    if let Some(list) = args.get("cpu-pids") {
+        for item in list.split(',').filter(|s| !s.is_empty()) {
+            let Some((name, pid)) = item.split_once(':') else {
+                die(&format!("--cpu-pids: {item:?} is not name:PID"));
+            };
+            targets.push((name.to_owned(), pid.to_owned()));
+        }
+    }
+    targets
+}
+
+fn cpu_sample(targets: &[(String, String)]) -> Vec<Option<u64>> {
+    targets.iter().map(|(_, pid)| cpu_ticks(pid)).collect()
+}
+
+/// `{name: {ms, ms_per_msg, util}}` over a window of `secs` in which `messages` were counted.
+fn cpu_report(
+    targets: &[(String, String)],
+    start: &[Option<u64>],
+    end: &[Option<u64>],
+    secs: f64,
+    messages: u64,
+) -> Value {
+    let hz = ticks_per_s();
+    let mut out = serde_json::Map::new();
+    for (((name, _), a), b) in targets.iter().zip(start).zip(end) {
+        let (Some(a), Some(b)) = (a, b) else {
+            out.insert(name.clone(), Value::Null);
+            continue;
+        };
+        let ms = b.saturating_sub(*a) as f64 * 1000.0 / hz;
+        out.insert(
+            name.clone(),
+            json!({
+                "ms": ms,
+                "us_per_msg": if messages > 0 { Some(ms * 1000.0 / messages as f64) } else { None },
+                // Cores' worth of CPU used over the window (2 = both cores of this machine).
+                "cores": ms / 1000.0 / secs,
+            }),
+        );
+    }
+    Value::Object(out)
+}
+
 #[derive(Default)]
 struct Recorder {
     latency_us: Vec<u32>,
@@ -151,6 +277,8 @@ struct Recorder {
     errors: u64,
     /// The first answer that was not a 2xx, for the record (a 429 run keeps its 429 body).
     first_refusal: Option<String>,
+    /// Messages queued by the requests counted (a batch counts its entries).
+    messages: u64,
 }
 
 impl Recorder {
@@ -166,6 +294,7 @@ impl Recorder {
             *self.statuses.entry(k).or_default() += v;
         }
         self.errors += other.errors;
+        self.messages += other.messages;
         if self.first_refusal.is_none() {
             self.first_refusal = other.first_refusal;
         }
@@ -198,6 +327,8 @@ impl Recorder {
             "statuses": self.statuses.iter().map(|(k, v)| (k.to_string(), *v)).collect::<BTreeMap<_, _>>(),
             "errors": self.errors,
             "first_refusal": self.first_refusal,
+            "messages": self.messages,
+            "msgs_per_s": self.messages as f64 / secs,
         })
     }
 }
@@ -396,7 +527,13 @@ async fn http(args: &Args) -> Value {
         .split(',')
         .map(str::to_owned)
         .collect();
-    let path: String = get(args, "path", Some("/v1/queues/bench/messages".into()));
+    let batch: usize = get(args, "batch", Some(0));
+    let default_path = if batch > 0 {
+        "/v1/queues/bench/messages/batch"
+    } else {
+        "/v1/queues/bench/messages"
+    };
+    let path: String = get(args, "path", Some(default_path.into()));
     let concurrency: usize = get(args, "concurrency", None);
     let size: usize = get(args, "size", Some(1024));
     let rate: f64 = get(args, "rate", Some(0.0));
@@ -404,8 +541,13 @@ async fn http(args: &Args) -> Value {
     let count_addr = args.get("count-addr").cloned();
     let metrics_token = args.get("metrics-token").cloned();
     let redis_addr = args.get("redis-addr").cloned();
+    let cpu = cpu_targets(args);
 
-    let body = body(size);
+    let body = if batch > 0 {
+        batch_body(&body(size), batch)
+    } else {
+        body(size)
+    };
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
@@ -425,12 +567,13 @@ async fn http(args: &Args) -> Value {
             // Stagger paced workers evenly over one period.
             let first =
                 Instant::now() + pace.map_or(Duration::ZERO, |p| p * i as u32 / concurrency as u32);
-            tokio::spawn(http_worker(addr, request, pace, first, window))
+            tokio::spawn(http_worker(addr, request, pace, first, window, batch))
         })
         .collect();
 
     // Read the counters at the edges of the measured window.
     tokio::time::sleep_until(window.start).await;
+    let cpu_at_start = cpu_sample(&cpu);
     let reads_at_start = match &count_addr {
         Some(a) => proxy_count(a).await,
         None => None,
@@ -444,6 +587,7 @@ async fn http(args: &Args) -> Value {
         None => None,
     };
     tokio::time::sleep_until(window.end).await;
+    let cpu_at_end = cpu_sample(&cpu);
     let redis_at_end = match &redis_addr {
         Some(a) => redis_counters(a).await,
         None => None,
@@ -462,8 +606,12 @@ async fn http(args: &Args) -> Value {
     for w in workers {
         all.merge(w.await.expect("worker"));
     }
+    let messages = all.messages;
     let mut out = all.summary(window.secs());
     out["mode"] = json!("http");
+    out["batch"] = json!(batch);
+    out["request_bytes"] = json!(request.len());
+    out["cpu"] = cpu_report(&cpu, &cpu_at_start, &cpu_at_end, window.secs(), messages);
     // Tells bench/report.py that `/metrics` counts each process's own reads (older results
     // had the fleet-wide count on every replica).
     out["reads_per_process"] = json!(true);
@@ -522,6 +670,7 @@ async fn http_worker(
     pace: Option<Duration>,
     first: Instant,
     window: Window,
+    batch: usize,
 ) -> Recorder {
     let mut rec = Recorder::default();
     let mut conn: Option<HttpConn> = None;
@@ -553,8 +702,11 @@ async fn http_worker(
             Ok((status, keep, body)) => {
                 if t0 >= window.start && t0 < window.end {
                     rec.record(status, t0.elapsed());
+                    rec.messages += queued_messages(status, batch, &body);
                 }
-                if !(200..300).contains(&status) && rec.first_refusal.is_none() {
+                // A 207 (some entries of a batch not queued) is worth seeing too.
+                let refused = !(200..300).contains(&status) || status == 207;
+                if refused && rec.first_refusal.is_none() {
                     let shown = &body[..body.len().min(300)];
                     rec.first_refusal =
                         Some(format!("{status} {}", String::from_utf8_lossy(shown)));
@@ -586,6 +738,14 @@ async fn amqp(args: &Args) -> Value {
     let concurrency: usize = get(args, "concurrency", None);
     let channels: usize = get(args, "channels", Some(4));
     let size: usize = get(args, "size", Some(1024));
+    // Messages per publish round: 0 or 1 = one publish awaited on its confirm.
+    let batch: usize = get::<usize>(args, "batch", Some(0)).max(1);
+    // `--trace-headers 1`: each message also carries the gateway's trace context, a
+    // `traceparent` and a `Diagnostic-Id` (the same value) of its own in the AMQP headers,
+    // as the gateway puts on every message (contract section 1, "Trace context").
+    // `--trace-headers 2`: the `traceparent` alone (what one header of the two costs).
+    let trace_headers: u8 = get(args, "trace-headers", Some(0));
+    let cpu = cpu_targets(args);
 
     let connection = Connection::connect(&url, ConnectionProperties::default())
         .await
@@ -619,64 +779,432 @@ async fn amqp(args: &Args) -> Value {
                 let mut rec = Recorder::default();
                 let mut seq: u64 = 0;
                 while Instant::now() < window.end {
-                    seq += 1;
-                    // A UUID-shaped id, like the gateway's generated message ids.
-                    let id = format!("{task:08x}-0000-4000-8000-{seq:012x}");
-                    let properties = BasicProperties::default()
-                        .with_delivery_mode(2)
-                        .with_content_type("application/json".into())
-                        .with_message_id(id.as_str().into());
+                    // One channel per round, round robin, as the gateway's batch takes one.
                     let channel =
                         &publishers[next.fetch_add(1, Ordering::Relaxed) % publishers.len()];
-                    let t0 = Instant::now();
-                    let outcome = async {
-                        channel
-                            .basic_publish(
-                                "".into(),
-                                queue.as_str().into(),
-                                BasicPublishOptions {
-                                    mandatory: true,
-                                    ..BasicPublishOptions::default()
-                                },
-                                &body,
-                                properties,
-                            )
-                            .await?
-                            .await
-                    }
-                    .await;
-                    let status = match outcome {
-                        Ok(Confirmation::Ack(None)) => 201,
-                        Ok(Confirmation::Ack(Some(_))) => 502,
-                        Ok(Confirmation::Nack(_)) => 503,
-                        Ok(Confirmation::NotRequested) => 500,
-                        Err(_) => {
-                            rec.errors += 1;
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                            continue;
+                    let publishes = (0..batch).map(|_| {
+                        seq += 1;
+                        // A UUID-shaped id, like the gateway's generated message ids.
+                        let id = format!("{task:08x}-0000-4000-8000-{seq:012x}");
+                        let mut properties = BasicProperties::default()
+                            .with_delivery_mode(2)
+                            .with_content_type("application/json".into())
+                            .with_message_id(id.as_str().into());
+                        if trace_headers > 0 {
+                            let parent = format!(
+                                "00-{task:016x}{seq:016x}-{:016x}-00",
+                                seq.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                            );
+                            let mut headers = std::collections::BTreeMap::new();
+                            let names = ["traceparent", "Diagnostic-Id"];
+                            for name in &names[..if trace_headers == 2 { 1 } else { 2 }] {
+                                headers.insert(
+                                    (*name).into(),
+                                    AMQPValue::LongString(parent.as_str().into()),
+                                );
+                            }
+                            properties = properties.with_headers(FieldTable::from(headers));
                         }
-                    };
+                        let (body, queue) = (body.clone(), queue.clone());
+                        async move {
+                            channel
+                                .basic_publish(
+                                    "".into(),
+                                    queue.as_str().into(),
+                                    BasicPublishOptions {
+                                        mandatory: true,
+                                        ..BasicPublishOptions::default()
+                                    },
+                                    &body,
+                                    properties,
+                                )
+                                .await?
+                                .await
+                        }
+                    });
+                    let t0 = Instant::now();
+                    // join_all polls each publish once, in order, before any waits: the
+                    // frames of all are queued back to back, then every confirm is awaited.
+                    let outcomes = futures_util::future::join_all(publishes).await;
+                    let (mut status, mut acked, mut failed) = (201, 0u64, false);
+                    for outcome in outcomes {
+                        let this = match outcome {
+                            Ok(Confirmation::Ack(None)) => 201,
+                            Ok(Confirmation::Ack(Some(_))) => 502,
+                            Ok(Confirmation::Nack(_)) => 503,
+                            Ok(Confirmation::NotRequested) => 500,
+                            Err(_) => {
+                                failed = true;
+                                continue;
+                            }
+                        };
+                        if this == 201 {
+                            acked += 1;
+                        } else if status == 201 {
+                            status = this;
+                        }
+                    }
+                    if failed {
+                        rec.errors += 1;
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
                     if t0 >= window.start && t0 < window.end {
                         rec.record(status, t0.elapsed());
+                        rec.messages += acked;
                     }
                 }
                 rec
             })
         })
         .collect();
+    tokio::time::sleep_until(window.start).await;
+    let cpu_at_start = cpu_sample(&cpu);
+    tokio::time::sleep_until(window.end).await;
+    let cpu_at_end = cpu_sample(&cpu);
     let mut all = Recorder::default();
     for w in workers {
         all.merge(w.await.expect("worker"));
     }
     let loadavg_after = loadavg_1m();
     let _ = connection.close(200, "done".into()).await;
+    let messages = all.messages;
     let mut out = all.summary(window.secs());
     out["mode"] = json!("amqp");
+    out["batch"] = json!(batch);
+    out["trace_headers"] = json!(trace_headers);
+    out["cpu"] = cpu_report(&cpu, &cpu_at_start, &cpu_at_end, window.secs(), messages);
     out["loadavg_before"] = json!(loadavg_before);
     out["loadavg_after"] = json!(loadavg_after);
     out["concurrency"] = json!(concurrency);
     out["channels"] = json!(channels);
     out
+}
+
+// ---------------------------------------------------------------------------------------
+// Large batches held in flight (comparison 11): memory against the body budget.
+
+/// A batch body of `entries` entries of equal 1 KB-style JSON bodies, exactly `total` bytes.
+fn sized_batch(entries: usize, total: usize) -> Vec<u8> {
+    let entries = entries.max(1);
+    // `{"messages":[` + entries × `{"body":…}` + the commas between them + `]}`.
+    let envelope = 13 + 2 + entries * 9 + (entries - 1);
+    let room = total
+        .checked_sub(envelope)
+        .unwrap_or_else(|| die("--request-bytes is too small for that many entries"));
+    let each = room / entries;
+    let mut b = Vec::with_capacity(total);
+    b.extend_from_slice(b"{\"messages\":[");
+    for i in 0..entries {
+        if i > 0 {
+            b.push(b',');
+        }
+        b.extend_from_slice(b"{\"body\":");
+        // The first entry takes the remainder, so the total is exact.
+        let size = if i == 0 {
+            room - each * (entries - 1)
+        } else {
+            each
+        };
+        b.extend_from_slice(&body(size));
+        b.push(b'}');
+    }
+    b.extend_from_slice(b"]}");
+    assert_eq!(b.len(), total, "the batch body's length");
+    b
+}
+
+/// Read one answer (head and `Content-Length` body) from `r`: (status, body).
+async fn read_answer<R: AsyncReadExt + Unpin>(r: &mut R) -> io::Result<(u16, Vec<u8>)> {
+    let mut buf = Vec::with_capacity(4096);
+    let mut chunk = [0u8; 16384];
+    let head_end = loop {
+        if let Some(pos) = find(&buf, b"\r\n\r\n") {
+            break pos;
+        }
+        let n = r.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status: u16 = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| io::Error::other("bad status line"))?;
+    let length = lines
+        .filter_map(|l| l.split_once(':'))
+        .find(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    while buf.len() < head_end + 4 + length {
+        let n = r.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    Ok((status, buf[head_end + 4..head_end + 4 + length].to_vec()))
+}
+
+/// What one client of `bigbatch` got: its answer's status and code (or the error), the
+/// messages it says were queued, and how long from its last byte written to the answer.
+#[derive(Default)]
+struct BigAnswer {
+    status: Option<u16>,
+    code: Option<String>,
+    queued: u64,
+    error: Option<String>,
+    took_ms: f64,
+}
+
+fn answer_of(outcome: io::Result<(u16, Vec<u8>)>, batch: usize, took: Duration) -> BigAnswer {
+    match outcome {
+        Ok((status, body)) => {
+            let code = serde_json::from_slice::<Value>(&body)
+                .ok()
+                .and_then(|v| Some(v.get("code")?.as_str()?.to_owned()));
+            BigAnswer {
+                status: Some(status),
+                code,
+                queued: queued_messages(status, batch, &body),
+                error: None,
+                took_ms: took.as_secs_f64() * 1000.0,
+            }
+        }
+        Err(e) => BigAnswer {
+            error: Some(e.kind().to_string()),
+            took_ms: took.as_secs_f64() * 1000.0,
+            ..BigAnswer::default()
+        },
+    }
+}
+
+/// Answers by status (or `error:<kind>`), and by error code.
+fn tally(answers: &[BigAnswer]) -> Value {
+    let mut by_status: BTreeMap<String, u64> = BTreeMap::new();
+    let mut by_code: BTreeMap<String, u64> = BTreeMap::new();
+    for a in answers {
+        let key = match (a.status, &a.error) {
+            (Some(s), _) => s.to_string(),
+            (None, Some(e)) => format!("error:{e}"),
+            (None, None) => "none".into(),
+        };
+        *by_status.entry(key).or_default() += 1;
+        if let Some(c) = &a.code {
+            *by_code.entry(c.clone()).or_default() += 1;
+        }
+    }
+    let mut took: Vec<u64> = answers
+        .iter()
+        .map(|a| (a.took_ms * 1000.0) as u64)
+        .collect();
+    took.sort_unstable();
+    json!({
+        "statuses": by_status,
+        "codes": by_code,
+        "queued": answers.iter().map(|a| a.queued).sum::<u64>(),
+        "took": spread_ms(took),
+    })
+}
+
+async fn bigbatch(args: &Args) -> Value {
+    let loadavg_before = loadavg_1m();
+    let nofile = raise_nofile();
+    let addr: String = get(args, "addr", None);
+    let path: String = get(args, "path", Some("/v1/queues/bench/messages/batch".into()));
+    let token = args.get("token").cloned();
+    let connections: usize = get(args, "connections", None);
+    let extra: usize = get(args, "extra", Some(16));
+    let entries: usize = get(args, "entries", Some(100));
+    let request_bytes: usize = get(args, "request-bytes", Some(1_048_576));
+    let withhold: usize = get(args, "withhold", Some(4096));
+    let hold: f64 = get(args, "hold", Some(3.0));
+    let after: f64 = get(args, "after", Some(2.0));
+    let watch_pid: u32 = get(args, "watch-pid", None);
+    if withhold == 0 || withhold >= request_bytes {
+        die("--withhold must be between 1 and --request-bytes - 1");
+    }
+
+    let body = sized_batch(entries, request_bytes);
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let mut request = format!(
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    let head_len = request.len();
+    request.extend_from_slice(&body);
+    let request = Arc::new(request);
+    let split = request.len() - withhold;
+
+    let idle = rss_hwm(watch_pid);
+    // VmRSS every 25 ms until the end, with the time since t0.
+    let t0 = Instant::now();
+    let samples: Arc<std::sync::Mutex<Vec<(f64, u64)>>> = Arc::default();
+    let sampler = {
+        let samples = samples.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(25));
+            loop {
+                tick.tick().await;
+                if let Some((rss, _)) = rss_hwm(watch_pid) {
+                    samples
+                        .lock()
+                        .expect("lock")
+                        .push((t0.elapsed().as_secs_f64(), rss));
+                }
+            }
+        })
+    };
+
+    // The held clients: head and all but `withhold` bytes, then wait to be released.
+    let written = Arc::new(AtomicUsize::new(0));
+    let (release_tx, release_rx) = tokio::sync::watch::channel(false);
+    let holders: Vec<_> = (0..connections)
+        .map(|_| {
+            let (addr, request, written) = (addr.clone(), request.clone(), written.clone());
+            let mut go = release_rx.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let mut stream = match TcpStream::connect(&addr).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        written.fetch_add(1, Ordering::SeqCst);
+                        return (answer_of(Err(e), entries, Duration::ZERO), 0.0);
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let (mut r, mut w) = stream.split();
+                // Written while watching for an early answer (a refusal before the body).
+                let first = tokio::select! {
+                    res = w.write_all(&request[..split]) => res.err(),
+                    res = read_answer(&mut r) => {
+                        written.fetch_add(1, Ordering::SeqCst);
+                        return (answer_of(res, entries, started.elapsed()), 0.0);
+                    }
+                };
+                written.fetch_add(1, Ordering::SeqCst);
+                if let Some(e) = first {
+                    return (answer_of(Err(e), entries, started.elapsed()), 0.0);
+                }
+                let _ = go.wait_for(|v| *v).await;
+                let held_s = started.elapsed().as_secs_f64();
+                let t = Instant::now();
+                let outcome = tokio::time::timeout(Duration::from_secs(30), async {
+                    w.write_all(&request[split..]).await?;
+                    read_answer(&mut r).await
+                })
+                .await
+                .unwrap_or_else(|_| Err(io::ErrorKind::TimedOut.into()));
+                (answer_of(outcome, entries, t.elapsed()), held_s)
+            })
+        })
+        .collect();
+    // Every held client has written its part (or failed): the ramp is over.
+    let ramp_deadline = Instant::now() + Duration::from_secs(30);
+    while written.load(Ordering::SeqCst) < connections && Instant::now() < ramp_deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let t_written = t0.elapsed().as_secs_f64();
+
+    // Halfway through the hold, the extra clients send the same batch whole.
+    tokio::time::sleep(Duration::from_secs_f64(hold / 2.0)).await;
+    let t_extra = t0.elapsed().as_secs_f64();
+    let extras: Vec<_> = (0..extra)
+        .map(|_| {
+            let (addr, request) = (addr.clone(), request.clone());
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let outcome = tokio::time::timeout(Duration::from_secs(30), async {
+                    let mut stream = TcpStream::connect(&addr).await?;
+                    let _ = stream.set_nodelay(true);
+                    let (mut r, mut w) = stream.split();
+                    // A refusal may come before the body is read: read while writing.
+                    let (wrote, answer) = tokio::join!(w.write_all(&request), read_answer(&mut r));
+                    match answer {
+                        Ok(a) => Ok(a),
+                        Err(e) => Err(wrote.err().unwrap_or(e)),
+                    }
+                })
+                .await
+                .unwrap_or_else(|_| Err(io::ErrorKind::TimedOut.into()));
+                answer_of(outcome, entries, t.elapsed())
+            })
+        })
+        .collect();
+    let mut extra_answers = Vec::with_capacity(extra);
+    for e in extras {
+        extra_answers.push(e.await.expect("extra client"));
+    }
+    let t_extra_done = t0.elapsed().as_secs_f64();
+    let remaining = (t_written + hold - t0.elapsed().as_secs_f64()).max(0.0);
+    tokio::time::sleep(Duration::from_secs_f64(remaining)).await;
+    let held_rss = rss_hwm(watch_pid);
+
+    // Release: the held clients send the rest and read their answers.
+    let t_release = t0.elapsed().as_secs_f64();
+    let _ = release_tx.send(true);
+    let mut held_answers = Vec::with_capacity(connections);
+    let mut held_longest = 0.0f64;
+    for h in holders {
+        let (a, held_s) = h.await.expect("held client");
+        held_longest = held_longest.max(held_s);
+        held_answers.push(a);
+    }
+    let t_answered = t0.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs_f64(after)).await;
+    let end = rss_hwm(watch_pid);
+    let t_end = t0.elapsed().as_secs_f64();
+    sampler.abort();
+    let samples = samples.lock().expect("lock").clone();
+    let max_in = |a: f64, b: f64| {
+        samples
+            .iter()
+            .filter(|(t, _)| *t >= a && *t <= b)
+            .map(|s| s.1)
+            .max()
+    };
+    json!({
+        "mode": "bigbatch",
+        "connections": connections,
+        "extra": extra,
+        "entries": entries,
+        "request_bytes": request.len(),
+        "body_bytes": body.len(),
+        "head_bytes": head_len,
+        "withhold": withhold,
+        "hold_s": hold,
+        "nofile_limit": nofile,
+        "ramp_s": t_written,
+        "held_longest_s": held_longest,
+        "rss_idle_kib": idle.map(|r| r.0),
+        "hwm_idle_kib": idle.map(|r| r.1),
+        // While every held client has its batch in (all but `withhold` bytes of it).
+        "rss_held_max_kib": max_in(t_written, t_release),
+        "rss_held_end_kib": held_rss.map(|r| r.0),
+        // From the release until every answer is read (the batches at the broker).
+        "rss_dispatch_max_kib": max_in(t_release, t_answered + 0.1),
+        "rss_max_kib": samples.iter().map(|s| s.1).max(),
+        "rss_after_kib": end.map(|r| r.0),
+        "hwm_end_kib": end.map(|r| r.1),
+        "after_s": after,
+        "samples": samples.len(),
+        "dispatch_s": t_answered - t_release,
+        "extra_s": t_extra_done - t_extra,
+        "held": tally(&held_answers),
+        "extras": tally(&extra_answers),
+        "series": samples.iter().step_by(4).map(|(t, r)| json!([(t * 100.0).round() / 100.0, r])).collect::<Vec<_>>(),
+        "phases_s": {"written": t_written, "extras": t_extra, "extras_done": t_extra_done,
+                     "release": t_release, "answered": t_answered, "end": t_end},
+        "loadavg_before": loadavg_before,
+        "loadavg_after": loadavg_1m(),
+    })
 }
 
 // ---------------------------------------------------------------------------------------
