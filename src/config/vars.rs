@@ -431,7 +431,7 @@ pub const MAX_BUFFERED_BYTES: Var = Var::server(
         min: 1,
         max: BILLION * 4,
     },
-    "Request bodies held in memory at once; a send that would pass it is 503 saturated at once.",
+    "Request bodies held in memory at once (a batch counts twice its length: its bytes and its messages' copies on the way to the broker); a send that would pass it is 503 saturated at once.",
 )
 .default("67108864")
 .unit(Unit::Bytes);

@@ -17,7 +17,9 @@ use serde_json::Value;
 
 use super::context::RequestContext;
 use super::errors::{whole_seconds, ApiError, FieldError, Problem, MAX_FIELD_ERRORS};
-use super::send::{authorize_send, dry_run, nests_deeper_than, read_json_body, request_trace, Key};
+use super::send::{
+    authorize_send, dry_run, nests_deeper_than, read_json_body, request_trace, Held, Key,
+};
 use super::state::AppState;
 use crate::admission::ceiling::Refusal;
 use crate::admission::{BackendRole, DispatchError};
@@ -181,7 +183,7 @@ async fn admit_and_send(
         .lifecycle
         .admit_send()
         .map_err(|n| context.error(n.into()))?;
-    let (body, _buffered) = read_json_body(req, payload, state, state.max_batch_bytes)
+    let (body, _buffered) = read_json_body(req, payload, state, state.max_batch_bytes, Held::Twice)
         .await
         .map_err(|problem| context.error(problem))?;
     let mut errors: Vec<FieldError> = context.header_problem().into_iter().collect();

@@ -14,6 +14,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub struct BodyBudget {
     bytes: Arc<Semaphore>,
+    capacity: usize,
 }
 
 /// Bytes reserved for one body, given back when dropped.
@@ -33,9 +34,16 @@ impl BodyReservation {
 
 impl BodyBudget {
     pub fn new(bytes: usize) -> Self {
+        let capacity = bytes.min(Semaphore::MAX_PERMITS);
         Self {
-            bytes: Arc::new(Semaphore::new(bytes.min(Semaphore::MAX_PERMITS))),
+            bytes: Arc::new(Semaphore::new(capacity)),
+            capacity,
         }
+    }
+
+    /// The whole budget: the most one reservation can hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 
     /// Reserve `n` bytes now, or `None` when they are not free.

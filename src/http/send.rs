@@ -271,7 +271,8 @@ async fn read_input(
     payload: web::Payload,
     state: &AppState,
 ) -> Result<(Input, Bytes, BodyReservation), Problem> {
-    let (body, reservation) = read_json_body(req, payload, state, state.max_body_bytes).await?;
+    let (body, reservation) =
+        read_json_body(req, payload, state, state.max_body_bytes, Held::Once).await?;
     let input = Input::parse(req, &body, state.max_json_depth, context.header_problem())?;
     Ok((input, body, reservation))
 }
@@ -284,6 +285,7 @@ pub(crate) async fn read_json_body(
     payload: web::Payload,
     state: &AppState,
     limit: usize,
+    held: Held,
 ) -> Result<(Bytes, BodyReservation), Problem> {
     if !is_json(req) {
         return Err(Problem::UnsupportedMediaType);
@@ -291,9 +293,10 @@ pub(crate) async fn read_json_body(
     // Room for the body in memory first, held until the send ends; none left: refused now.
     let announced = announced_length(req);
     let expected = announced.map_or(limit, |n| n.min(limit));
+    let weigh = |n: usize| held.weigh(n, state.body_budget.capacity());
     let mut reservation = state
         .body_budget
-        .try_reserve(expected)
+        .try_reserve(weigh(expected))
         .ok_or(Problem::Saturated)?;
     // A client that stops mid-body must not hold its request (and the drain) open: the
     // body has its own deadline to arrive (`SENDGATE_BODY_TIMEOUT_MS`).
@@ -301,8 +304,28 @@ pub(crate) async fn read_json_body(
         .await
         .unwrap_or(Err(Problem::RequestTimeout))?;
     // A body sent without a length was reserved at the largest size: keep only its own.
-    reservation.shrink_to(body.len());
+    reservation.shrink_to(weigh(body.len()));
     Ok((body, reservation))
+}
+
+/// How much of the body budget a request's body holds while it is in the gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Held {
+    /// Its bytes: a single body goes to the broker as it was read.
+    Once,
+    /// Twice its bytes (at most the whole budget): a batch's bytes, and the copies of its
+    /// messages on their way to the broker (the HTTP server's read-ahead while it arrives,
+    /// the broker client's frames while it is published), each measured at most its size.
+    Twice,
+}
+
+impl Held {
+    fn weigh(self, bytes: usize, budget: usize) -> usize {
+        match self {
+            Held::Once => bytes,
+            Held::Twice => bytes.saturating_mul(2).min(budget),
+        }
+    }
 }
 
 /// Steps 5 to 8, in the dispatcher; the answer names the backend the send went to. The
@@ -650,6 +673,15 @@ fn query_value(req: &HttpRequest, key: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_weighs_twice_its_bytes_at_most_the_whole_budget_a_single_body_once() {
+        assert_eq!(Held::Once.weigh(600, 1000), 600);
+        assert_eq!(Held::Twice.weigh(400, 1000), 800);
+        assert_eq!(Held::Twice.weigh(600, 1000), 1000);
+        assert_eq!(Held::Twice.weigh(usize::MAX, 1000), 1000);
+        assert_eq!(Held::Twice.weigh(0, 1000), 0);
+    }
 
     #[test]
     fn nesting_counts_arrays_and_objects_but_not_brackets_in_strings() {

@@ -365,3 +365,60 @@ async fn a_property_name_given_twice_is_a_400_in_an_entry_and_in_the_header() {
     );
     assert_eq!(app.stored("requests"), 0);
 }
+
+#[tokio::test]
+async fn a_batch_holds_twice_its_bytes_of_the_body_budget_while_it_is_in_the_gateway() {
+    // 5000 bytes for bodies. A batch of ~1500 bytes holds 3000 (its bytes, and room for
+    // the copies on the way to the broker: the HTTP server's read-ahead, the broker
+    // client's), a single body only its own.
+    let app = spawn_app_with(&[
+        ("SENDGATE_MAX_BODY_BYTES", "2000"),
+        ("SENDGATE_MAX_BUFFERED_BYTES", "5000"),
+        ("SENDGATE_MAX_BATCH_BYTES", "2000"),
+    ])
+    .await;
+    let big = |tag: &str| json!({"messages": [{"body": "x".repeat(1450), "idempotency_key": tag}]});
+    assert!((1400..1600).contains(&big("a").to_string().len()));
+    app.faults().hold_sends(true);
+    let (client, url, first) = (
+        app.client.clone(),
+        app.url("/v1/queues/requests/messages/batch"),
+        big("held").to_string(),
+    );
+    let held = tokio::spawn(async move {
+        client
+            .post(url)
+            .header("Content-Type", "application/json")
+            .body(first)
+            .send()
+            .await
+            .unwrap()
+            .status()
+    });
+    app.wait_in_flight(1).await;
+    // 3000 held + 3000 > 5000: the second batch is refused before it is read...
+    let response = batch(&app, &big("second"), &[]).await;
+    assert_eq!(response.status(), 503);
+    assert_eq!(body_json(response).await["code"], "saturated");
+    // ...while a single body of the same size fits (3000 + 1500).
+    let (client, url) = (app.client.clone(), app.url("/v1/queues/requests/messages"));
+    let single = tokio::spawn(async move {
+        client
+            .post(url)
+            .header("Content-Type", "application/json")
+            .body(format!("\"{}\"", "y".repeat(1450)))
+            .send()
+            .await
+            .unwrap()
+            .status()
+    });
+    app.wait_in_flight(2).await;
+    app.faults().hold_sends(false);
+    assert_eq!(held.await.unwrap(), 201);
+    assert_eq!(single.await.unwrap(), 201);
+    assert_eq!(
+        batch(&app, &big("again"), &[]).await.status(),
+        201,
+        "given back"
+    );
+}
