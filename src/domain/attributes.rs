@@ -243,7 +243,9 @@ impl Properties {
                 Value::Bool(b) => PropertyValue::Bool(*b),
                 Value::Number(n) => match (n.as_i64(), n.as_f64()) {
                     (Some(i), _) => PropertyValue::Integer(i),
-                    (None, Some(x)) if x.is_finite() => PropertyValue::Float(x),
+                    // serde_json holds no infinite or NaN number: every f64 it gives
+                    // is finite.
+                    (None, Some(x)) => PropertyValue::Float(x),
                     _ => return Err(format!("property {name:?}: the number is out of range")),
                 },
                 _ => {
@@ -593,6 +595,14 @@ mod tests {
         let big = "v".repeat(24 * 1024);
         assert!(from_json(json!({"properties": {"a": big, "b": big}})).is_ok());
         assert!(from_json(json!({"properties": {"a": big, "b": big, "c": big}})).is_err());
+        // Names count with the values: exactly 64 KiB in all is held, a byte more is not.
+        let all = |extra: usize| {
+            let last = MAX_PROPERTIES_BYTES - 2 * (2 + 30 * 1024) - 2 + extra;
+            let (x, y) = ("v".repeat(30 * 1024), "v".repeat(last));
+            from_json(json!({"properties": {"aa": x, "bb": x, "cc": y}}))
+        };
+        assert!(all(0).is_ok());
+        assert!(all(1).is_err());
         let name = |n: usize| {
             let mut map = serde_json::Map::new();
             map.insert("n".repeat(n), json!(1));
