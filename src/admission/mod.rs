@@ -9,6 +9,8 @@ pub mod ceiling;
 pub mod drain;
 pub mod inflight;
 mod lane;
+pub mod share;
+pub mod tenants;
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;

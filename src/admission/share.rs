@@ -1,0 +1,249 @@
+//! Who gets a queue's room when not everyone can (docs/fairness.md): the share rule, as a
+//! pure book of what each tenant asked and was admitted, round by round.
+//!
+//! The book never admits anything the ceiling would not: it is asked only about sends the
+//! ceiling admits, with the room the ceiling sees, and it may only refuse. It knows nothing
+//! of how the room is measured (a local gate or a fleet's seat) nor of HTTP.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::tenants::TenantIndex;
+
+/// How long a round lasts: asks are measured per round, parts are of a round's room.
+pub const ROUND: Duration = Duration::from_secs(1);
+
+/// What the book does with a send it would refuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShareMode {
+    /// Refuse it.
+    Enforce,
+    /// Admit it, and say it would have been refused (counted per tenant).
+    Shadow,
+    /// Admit it; nothing is measured as a refusal.
+    Off,
+}
+
+/// The book's answer for a send the ceiling would admit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Verdict {
+    Admit,
+    /// Over its part: refused. `share` is its part of the room this round offers (0–1).
+    Refuse {
+        share: f64,
+    },
+    /// Over its part, admitted all the same (shadow mode).
+    WouldRefuse {
+        share: f64,
+    },
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Tenant {
+    weight: u32,
+    /// Units asked in the previous round (admitted or refused).
+    asked_before: u64,
+    /// Units asked in this round so far.
+    asked: u64,
+    /// Units admitted in this round.
+    admitted: u64,
+}
+
+impl Tenant {
+    /// What the tenant is taken to want this round.
+    fn wants(&self) -> u64 {
+        self.asked_before.max(self.asked)
+    }
+}
+
+/// One queue's book.
+#[derive(Debug)]
+pub struct ShareBook {
+    epoch: Instant,
+    /// The round `tenants` counts: whole `ROUND`s since `epoch`.
+    round: u64,
+    tenants: Vec<Tenant>,
+    /// A send was refused at the ceiling in this round / in the previous one.
+    refused_now: bool,
+    refused_before: bool,
+}
+
+impl ShareBook {
+    /// A book for tenants of these weights (index = [`TenantIndex`]; each at least 1).
+    pub fn new(weights: &[u32], now: Instant) -> Self {
+        Self {
+            epoch: now,
+            round: 0,
+            tenants: weights
+                .iter()
+                .map(|&weight| Tenant {
+                    weight: weight.max(1),
+                    ..Tenant::default()
+                })
+                .collect(),
+            refused_now: false,
+            refused_before: false,
+        }
+    }
+
+    /// Start the round `now` is in, if it is a later one.
+    fn roll(&mut self, now: Instant) {
+        let round = (now.saturating_duration_since(self.epoch).as_nanos() / ROUND.as_nanos())
+            .try_into()
+            .unwrap_or(u64::MAX);
+        if round <= self.round {
+            return;
+        }
+        let next = round == self.round + 1;
+        for t in &mut self.tenants {
+            t.asked_before = if next { t.asked } else { 0 };
+            t.asked = 0;
+            t.admitted = 0;
+        }
+        self.refused_before = next && self.refused_now;
+        self.refused_now = false;
+        self.round = round;
+    }
+
+    /// The ceiling refused `units` for `tenant`: they count as asked, and the queue as
+    /// contended for this round and the next.
+    pub fn refused_at_ceiling(&mut self, tenant: TenantIndex, units: u64, now: Instant) {
+        self.roll(now);
+        if let Some(t) = self.tenants.get_mut(usize::from(tenant.0)) {
+            t.asked = t.asked.saturating_add(units);
+        }
+        self.refused_now = true;
+    }
+
+    /// Whether the queue counts as contended: refused at the ceiling this round or the
+    /// last, or `near` (the gate's estimate at or over the share threshold).
+    fn contended(&self, near: bool) -> bool {
+        near || self.refused_now || self.refused_before
+    }
+
+    /// Decide `units` for `tenant`, which the ceiling would admit with `room` left (room
+    /// before these units). `near`: the estimate is at or over the share threshold.
+    /// Admitted (or admitted in shadow) units are counted as this round's.
+    pub fn decide(
+        &mut self,
+        tenant: TenantIndex,
+        units: u64,
+        room: u64,
+        near: bool,
+        mode: ShareMode,
+        now: Instant,
+    ) -> Verdict {
+        self.roll(now);
+        let index = usize::from(tenant.0);
+        let Some(asker) = self.tenants.get_mut(index) else {
+            return Verdict::Admit;
+        };
+        asker.asked = asker.asked.saturating_add(units);
+        let verdict = if mode == ShareMode::Off || !self.contended(near) {
+            Verdict::Admit
+        } else {
+            match self.over_part(index, units, room) {
+                None => Verdict::Admit,
+                Some(share) if mode == ShareMode::Shadow => Verdict::WouldRefuse { share },
+                Some(share) => Verdict::Refuse { share },
+            }
+        };
+        if !matches!(verdict, Verdict::Refuse { .. }) {
+            let asker = &mut self.tenants[index];
+            asker.admitted = asker.admitted.saturating_add(units);
+        }
+        verdict
+    }
+
+    /// `None` when `units` fit in the room the others' parts leave (to within a unit);
+    /// else the asker's part of the room this round offers.
+    fn over_part(&self, index: usize, units: u64, room: u64) -> Option<f64> {
+        let offered = self
+            .tenants
+            .iter()
+            .map(|t| t.admitted)
+            .fold(room, u64::saturating_add);
+        let parts = parts(offered, &self.tenants);
+        let owed: Vec<f64> = self
+            .tenants
+            .iter()
+            .zip(&parts)
+            .map(|(t, &part)| (part - t.admitted as f64).max(0.0))
+            .collect();
+        let total: f64 = owed.iter().sum();
+        let room_f = room as f64;
+        let scale = if total > room_f { room_f / total } else { 1.0 };
+        let others: f64 = owed
+            .iter()
+            .enumerate()
+            .filter(|&(j, _)| j != index)
+            .map(|(_, &s)| s * scale)
+            .sum();
+        // "To within a unit": a fraction of room left over is a unit the asker may take.
+        let left = (room_f - others - 1e-9).ceil();
+        if units as f64 <= left {
+            None
+        } else if offered == 0 {
+            Some(0.0)
+        } else {
+            Some(parts[index] / offered as f64)
+        }
+    }
+
+    /// Each tenant's part of the room this round offers, for health (0–1 each; all 0 when
+    /// nothing is offered or nobody asks).
+    pub fn shares_now(&mut self, room: u64, now: Instant) -> Vec<f64> {
+        self.roll(now);
+        let offered = self
+            .tenants
+            .iter()
+            .map(|t| t.admitted)
+            .fold(room, u64::saturating_add);
+        if offered == 0 {
+            return vec![0.0; self.tenants.len()];
+        }
+        parts(offered, &self.tenants)
+            .into_iter()
+            .map(|p| p / offered as f64)
+            .collect()
+    }
+}
+
+/// Weighted max-min fair water-filling of `offered` units over what each tenant wants: a
+/// tenant wanting less than its weighted part gets what it wants, the rest is shared by
+/// the others by weight. When everyone can have what it wants, each gets exactly that.
+fn parts(offered: u64, tenants: &[Tenant]) -> Vec<f64> {
+    let mut order: Vec<usize> = (0..tenants.len())
+        .filter(|&i| tenants[i].wants() > 0)
+        .collect();
+    // Smallest want per weight first: each in turn is either satisfied or sets the level.
+    order.sort_by(|&a, &b| {
+        let (ta, tb) = (&tenants[a], &tenants[b]);
+        (u128::from(ta.wants()) * u128::from(tb.weight))
+            .cmp(&(u128::from(tb.wants()) * u128::from(ta.weight)))
+    });
+    let mut parts = vec![0.0; tenants.len()];
+    let mut left = offered as f64;
+    let mut weights: f64 = order.iter().map(|&i| f64::from(tenants[i].weight)).sum();
+    for (k, &i) in order.iter().enumerate() {
+        let t = &tenants[i];
+        let level = left / weights;
+        let want = t.wants() as f64;
+        let weight = f64::from(t.weight);
+        if want <= weight * level {
+            parts[i] = want;
+            left -= want;
+            weights -= weight;
+        } else {
+            for &j in &order[k..] {
+                parts[j] = f64::from(tenants[j].weight) * level;
+            }
+            break;
+        }
+    }
+    parts
+}
+
+#[cfg(test)]
+mod tests;

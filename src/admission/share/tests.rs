@@ -1,0 +1,338 @@
+//! The share rule on tokio's paused clock: the book alone, and the book beside a queue
+//! whose ceiling, drain and depth reads are simulated (docs/fairness.md's scenarios).
+
+use super::*;
+
+const A: TenantIndex = TenantIndex(0);
+const B: TenantIndex = TenantIndex(1);
+
+fn tenant(weight: u32, wants: u64) -> Tenant {
+    Tenant {
+        weight,
+        asked_before: wants,
+        ..Tenant::default()
+    }
+}
+
+#[test]
+fn water_filling_gives_a_modest_tenant_its_ask_and_the_rest_by_weight() {
+    // Equal weights: 10 wanted of 40 → 10, the other takes the 30 left.
+    assert_eq!(
+        parts(40, &[tenant(1, 500), tenant(1, 10)]),
+        vec![30.0, 10.0]
+    );
+    // Both over their parts: by weight, 3:1.
+    assert_eq!(
+        parts(40, &[tenant(3, 500), tenant(1, 500)]),
+        vec![30.0, 10.0]
+    );
+    // Everyone can have its ask: exactly that, the rest is nobody's.
+    assert_eq!(parts(40, &[tenant(1, 5), tenant(1, 7)]), vec![5.0, 7.0]);
+    // Three tenants, one modest: it is satisfied, the two others share by weight.
+    assert_eq!(
+        parts(100, &[tenant(1, 10), tenant(2, 1000), tenant(1, 1000)]),
+        vec![10.0, 60.0, 30.0]
+    );
+    // A tenant that wants nothing has no part; nothing offered, no parts.
+    assert_eq!(parts(40, &[tenant(1, 0), tenant(1, 100)]), vec![0.0, 40.0]);
+    assert_eq!(parts(0, &[tenant(1, 5), tenant(1, 5)]), vec![0.0, 0.0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_contention_every_send_the_ceiling_admits_is_admitted() {
+    let now = Instant::now();
+    let mut book = ShareBook::new(&[1, 1], now);
+    for _ in 0..100 {
+        let v = book.decide(A, 1, 50, false, ShareMode::Enforce, Instant::now());
+        assert_eq!(v, Verdict::Admit);
+    }
+    // B is owed its part only once the queue is contended.
+    assert_eq!(
+        book.decide(B, 1, 1, false, ShareMode::Enforce, Instant::now()),
+        Verdict::Admit
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn contended_a_tenant_past_its_part_leaves_the_room_the_other_is_owed() {
+    let mut book = ShareBook::new(&[1, 1], Instant::now());
+    // Round 0: both ask (B 10, A 100): the wants of round 1.
+    for _ in 0..10 {
+        book.refused_at_ceiling(B, 1, Instant::now());
+    }
+    for _ in 0..100 {
+        book.refused_at_ceiling(A, 1, Instant::now());
+    }
+    tokio::time::advance(ROUND).await;
+    // Round 1 opens 40 units: B's part is its 10, A's the other 30.
+    let mut room = 40;
+    let mut a = 0;
+    while room > 0 {
+        match book.decide(A, 1, room, true, ShareMode::Enforce, Instant::now()) {
+            Verdict::Admit => {
+                a += 1;
+                room -= 1;
+            }
+            Verdict::Refuse { share } => {
+                assert!((share - 0.75).abs() < 1e-9, "{share}");
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(a, 30, "A stops where B's 10 begin");
+    for _ in 0..10 {
+        assert_eq!(
+            book.decide(B, 1, room, true, ShareMode::Enforce, Instant::now()),
+            Verdict::Admit
+        );
+        room -= 1;
+    }
+    assert_eq!(room, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_unit_of_room_owed_to_both_goes_to_whoever_asks() {
+    let mut book = ShareBook::new(&[1, 1], Instant::now());
+    book.refused_at_ceiling(A, 5, Instant::now());
+    book.refused_at_ceiling(B, 5, Instant::now());
+    tokio::time::advance(ROUND).await;
+    // One unit and each owed half of it: no deadlock, the first asker takes it.
+    assert_eq!(
+        book.decide(B, 1, 1, true, ShareMode::Enforce, Instant::now()),
+        Verdict::Admit
+    );
+    let mut book = ShareBook::new(&[1, 1], Instant::now());
+    book.refused_at_ceiling(A, 5, Instant::now());
+    book.refused_at_ceiling(B, 5, Instant::now());
+    tokio::time::advance(ROUND).await;
+    assert_eq!(
+        book.decide(A, 1, 1, true, ShareMode::Enforce, Instant::now()),
+        Verdict::Admit
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn shadow_mode_admits_and_says_what_it_would_refuse_off_says_nothing() {
+    for (mode, expected) in [
+        (ShareMode::Shadow, Verdict::WouldRefuse { share: 0.5 }),
+        (ShareMode::Off, Verdict::Admit),
+    ] {
+        let mut book = ShareBook::new(&[1, 1], Instant::now());
+        book.refused_at_ceiling(A, 100, Instant::now());
+        book.refused_at_ceiling(B, 100, Instant::now());
+        tokio::time::advance(ROUND).await;
+        // 10 units offered, 5 each: A's sixth would be refused.
+        let mut room = 10;
+        for _ in 0..5 {
+            assert_eq!(
+                book.decide(A, 1, room, true, mode, Instant::now()),
+                Verdict::Admit
+            );
+            room -= 1;
+        }
+        assert_eq!(
+            book.decide(A, 1, room, true, mode, Instant::now()),
+            expected
+        );
+    }
+}
+
+/// A queue behind a local gate, simulated on the paused clock: a ceiling, consumers
+/// draining at a steady rate, a depth read every `ttl` (offset from the rounds), the
+/// gate's count of its own admissions since the read, and the share book beside it.
+struct Queue {
+    book: ShareBook,
+    limit: u64,
+    drain_per_s: f64,
+    ttl: Duration,
+    next_read: Instant,
+    stored: f64,
+    read: f64,
+    since_read: u64,
+    max_seen: f64,
+    drained: f64,
+}
+
+impl Queue {
+    fn new(weights: &[u32], limit: u64, drain_per_s: f64) -> Self {
+        let now = Instant::now();
+        Self {
+            book: ShareBook::new(weights, now),
+            limit,
+            drain_per_s,
+            ttl: Duration::from_secs(1),
+            // Reads are not aligned with the rounds.
+            next_read: now + Duration::from_millis(370),
+            stored: 0.0,
+            read: 0.0,
+            since_read: 0,
+            max_seen: 0.0,
+            drained: 0.0,
+        }
+    }
+
+    /// The clock moved by `step`: consumers drain, a read falls due.
+    fn tick(&mut self, step: Duration) {
+        let gone = (self.drain_per_s * step.as_secs_f64()).min(self.stored);
+        self.stored -= gone;
+        self.drained += gone;
+        if Instant::now() >= self.next_read {
+            self.read = self.stored;
+            self.since_read = 0;
+            self.next_read += self.ttl;
+        }
+    }
+
+    fn room(&self) -> u64 {
+        let estimate = self.read.ceil() as u64 + self.since_read;
+        self.limit.saturating_sub(estimate)
+    }
+
+    /// One send of `tenant`'s: true when admitted.
+    fn send(&mut self, tenant: TenantIndex, mode: ShareMode) -> bool {
+        let room = self.room();
+        let now = Instant::now();
+        if room == 0 {
+            self.book.refused_at_ceiling(tenant, 1, now);
+            return false;
+        }
+        let estimate = self.limit - room;
+        let near = estimate as f64 >= 0.9 * self.limit as f64;
+        match self.book.decide(tenant, 1, room, near, mode, now) {
+            Verdict::Refuse { .. } => false,
+            Verdict::Admit | Verdict::WouldRefuse { .. } => {
+                self.since_read += 1;
+                self.stored += 1.0;
+                self.max_seen = self.max_seen.max(self.stored);
+                true
+            }
+        }
+    }
+}
+
+const STEP: Duration = Duration::from_millis(10);
+
+/// Greedy: `threads` callers each asking every 20 ms, whatever the answer.
+fn greedy_asks(step: u64, threads: u64) -> u64 {
+    if step.is_multiple_of(2) {
+        threads
+    } else {
+        0
+    }
+}
+
+/// The scenario: ceiling 40, consumers at ~50 msg/s, A 12 threads retrying every
+/// 20 ms, B 10 messages a second, honouring `Retry-After` (1 s). Returns (B queued / B
+/// sent, admitted / drained, the highest backlog seen).
+async fn modest_beside_greedy(mode: ShareMode, seconds: u64) -> (f64, f64, f64) {
+    let mut q = Queue::new(&[1, 1], 40, 50.0);
+    let mut b_pending: Vec<Instant> = Vec::new();
+    let (mut b_sent, mut b_queued, mut admitted) = (0u64, 0u64, 0u64);
+    for step in 0..seconds * 100 {
+        for _ in 0..greedy_asks(step, 12) {
+            admitted += u64::from(q.send(A, mode));
+        }
+        if step.is_multiple_of(10) {
+            b_sent += 1;
+            b_pending.push(Instant::now());
+        }
+        let now = Instant::now();
+        let mut waiting = Vec::new();
+        for due in b_pending.drain(..) {
+            if due > now {
+                waiting.push(due);
+            } else if q.send(B, mode) {
+                b_queued += 1;
+                admitted += 1;
+            } else {
+                waiting.push(now + Duration::from_secs(1));
+            }
+        }
+        b_pending = waiting;
+        tokio::time::advance(STEP).await;
+        q.tick(STEP);
+    }
+    (
+        b_queued as f64 / b_sent as f64,
+        admitted as f64 / q.drained.max(1.0),
+        q.max_seen,
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_modest_tenant_beside_a_greedy_one_gets_what_it_sends() {
+    let (modest, used, max) = modest_beside_greedy(ShareMode::Enforce, 60).await;
+    assert!(
+        modest >= 0.9,
+        "the modest tenant got {modest:.3} of its sends"
+    );
+    assert!(used >= 0.95, "admitted {used:.3} of what was consumed");
+    assert!(max <= 40.0, "backlog {max} over the ceiling");
+    // Without the rule (off), the greedy one takes nearly everything: the test can fail.
+    let (modest_off, _, _) = modest_beside_greedy(ShareMode::Off, 60).await;
+    assert!(modest_off < 0.5, "off: {modest_off:.3}");
+}
+
+/// Two greedy tenants with these weights for `seconds`: each one's share of the admitted.
+async fn both_greedy(weights: &[u32], seconds: u64) -> Vec<f64> {
+    let mut q = Queue::new(weights, 40, 50.0);
+    let mut admitted = vec![0u64; weights.len()];
+    for step in 0..seconds * 100 {
+        // Interleaved, B first on odd steps: neither is favoured by asking first.
+        for k in 0..greedy_asks(step, 12) {
+            for i in 0..weights.len() {
+                let i = (i + (k as usize + step as usize / 2)) % weights.len();
+                let t = TenantIndex(i as u16);
+                admitted[i] += u64::from(q.send(t, ShareMode::Enforce));
+            }
+        }
+        tokio::time::advance(STEP).await;
+        q.tick(STEP);
+    }
+    let total: u64 = admitted.iter().sum();
+    admitted.iter().map(|&a| a as f64 / total as f64).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_greedy_tenants_share_by_their_weights() {
+    let shares = both_greedy(&[3, 1], 60).await;
+    assert!((shares[0] - 0.75).abs() <= 0.05, "{shares:?}");
+    assert!((shares[1] - 0.25).abs() <= 0.05, "{shares:?}");
+    let shares = both_greedy(&[1, 1], 60).await;
+    assert!((shares[0] - 0.5).abs() <= 0.05, "{shares:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tenant_that_goes_idle_leaves_its_part_to_the_others_and_a_new_one_gets_its_own() {
+    let mut q = Queue::new(&[1, 1], 40, 50.0);
+    let mut per_second = Vec::new();
+    for second in 0..12u64 {
+        let mut got = [0u64; 2];
+        for step in 0..100 {
+            for _ in 0..greedy_asks(step, 12) {
+                got[0] += u64::from(q.send(A, ShareMode::Enforce));
+                // B is greedy in seconds 0–3, idle in 4–7, back in 8–11.
+                if !(4..8).contains(&second) {
+                    got[1] += u64::from(q.send(B, ShareMode::Enforce));
+                }
+            }
+            tokio::time::advance(STEP).await;
+            q.tick(STEP);
+        }
+        per_second.push(got);
+    }
+    let total = |s: [u64; 2]| (s[0] + s[1]).max(1) as f64;
+    // Idle from second 4's start: its part of that round is held for it (idle room, the
+    // documented limit); from the next round on, A takes all the room.
+    assert!(per_second[4][0] < 30, "{per_second:?}");
+    for &s in &per_second[5..8] {
+        assert_eq!(s[1], 0);
+        assert!(s[0] as f64 >= 0.95 * 40.0, "{per_second:?}");
+    }
+    // Back at second 8: from its first full round on, B has about half.
+    for &s in &per_second[9..12] {
+        let b = s[1] as f64 / total(s);
+        assert!((b - 0.5).abs() <= 0.1, "{per_second:?}");
+    }
+}
