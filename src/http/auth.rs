@@ -13,6 +13,10 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use crate::admission::tenants::{
+    Criticality, Tenant, TenantIndex, Tenants, MAX_TENANTS, MAX_WEIGHT,
+};
+use crate::config::closest;
 use crate::domain::QueueName;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -60,6 +64,10 @@ pub struct Principal {
     pub name: String,
     roles: Vec<Role>,
     queues: QueueScope,
+    /// Whose share of a queue's room its sends take (docs/fairness.md).
+    pub tenant: TenantIndex,
+    /// The highest criticality its sends may be made at.
+    pub criticality: Criticality,
 }
 
 impl Principal {
@@ -68,6 +76,8 @@ impl Principal {
             name: "anonymous".into(),
             roles: vec![Role::Admin],
             queues: QueueScope::All,
+            tenant: TenantIndex(0),
+            criticality: Criticality::Critical,
         }
     }
 
@@ -129,6 +139,13 @@ struct KeyEntry {
     sha256: String,
     roles: Vec<String>,
     queues: Vec<String>,
+    /// Keys of one tenant share its part of a queue's room; default: the key's name.
+    tenant: Option<String>,
+    /// The tenant's weight (1–1000, default 1), the same on every key of a tenant.
+    weight: Option<u32>,
+    /// `critical`, `default` or `sheddable`: the highest the key may send at (default
+    /// `default`).
+    criticality: Option<String>,
 }
 
 /// One configured key: the digest of its token and who it stands for.
@@ -141,14 +158,15 @@ pub struct ApiKey {
 pub enum Authenticator {
     /// No keys configured: every caller may do everything (loopback, or `SENDGATE_AUTH=none`).
     Open,
-    Keys(Vec<ApiKey>),
+    /// The keys, and the tenants they name (index = [`TenantIndex`]).
+    Keys(Vec<ApiKey>, Tenants),
 }
 
 impl std::fmt::Debug for Authenticator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Open => f.write_str("Open"),
-            Self::Keys(keys) => f
+            Self::Keys(keys, _) => f
                 .debug_list()
                 .entries(keys.iter().map(|k| &k.principal.name))
                 .finish(),
@@ -175,6 +193,7 @@ impl Authenticator {
             return Err("the file has no [[keys]] entries".into());
         }
         let mut keys = Vec::with_capacity(file.keys.len());
+        let mut tenants = TenantTable::default();
         for entry in file.keys {
             let name = entry.name;
             let digest: [u8; 32] = hex::decode(entry.sha256.trim())
@@ -201,16 +220,39 @@ impl Authenticator {
                 }
                 QueueScope::Only(entry.queues)
             };
+            let criticality = match entry.criticality.as_deref() {
+                None => Criticality::Default,
+                Some(word) => Criticality::parse(word).ok_or_else(|| {
+                    let words = Criticality::ALL.map(Criticality::as_str);
+                    let hint = closest(word, words.into_iter())
+                        .map(|w| format!(" (did you mean {w:?}?)"))
+                        .unwrap_or_default();
+                    format!(
+                        "key {name:?}: unknown criticality {word:?}{hint}: critical, default or sheddable"
+                    )
+                })?,
+            };
+            let tenant = tenants.place(&name, entry.tenant, entry.weight)?;
             keys.push(ApiKey {
                 digest,
                 principal: Arc::new(Principal {
                     name,
                     roles,
                     queues,
+                    tenant,
+                    criticality,
                 }),
             });
         }
-        Ok(Self::Keys(keys))
+        Ok(Self::Keys(keys, tenants.finish()))
+    }
+
+    /// The tenants sends are shared among: the keys file's, or open mode's one.
+    pub fn tenants(&self) -> Tenants {
+        match self {
+            Self::Open => Tenants::open(),
+            Self::Keys(_, tenants) => tenants.clone(),
+        }
     }
 
     pub fn is_open(&self) -> bool {
@@ -221,7 +263,7 @@ impl Authenticator {
     pub fn authenticate(&self, req: &HttpRequest) -> Result<Arc<Principal>, AuthError> {
         let keys = match self {
             Self::Open => return Ok(ANONYMOUS.clone()),
-            Self::Keys(keys) => keys,
+            Self::Keys(keys, _) => keys,
         };
         let token = req
             .headers()
@@ -257,6 +299,74 @@ fn bearer_token(header: &str) -> Option<&str> {
     let (scheme, token) = header.split_once(' ')?;
     let token = token.trim();
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// The tenants as the keys file names them, in the order first named: a key's tenant is
+/// its `tenant` field or its own name; a tenant's weight is given on any of its keys and
+/// must be the same on each that gives it.
+#[derive(Default)]
+struct TenantTable {
+    /// Name, weight, and the key that gave the weight (for the error naming both).
+    tenants: Vec<(String, Option<(u32, String)>)>,
+}
+
+impl TenantTable {
+    fn place(
+        &mut self,
+        key: &str,
+        tenant: Option<String>,
+        weight: Option<u32>,
+    ) -> Result<TenantIndex, String> {
+        let tenant = tenant.unwrap_or_else(|| key.to_owned());
+        if tenant.is_empty() || tenant.len() > 128 || tenant.chars().any(char::is_control) {
+            return Err(format!(
+                "key {key:?}: a tenant is 1 to 128 bytes without control characters"
+            ));
+        }
+        if let Some(w) = weight {
+            if !(1..=MAX_WEIGHT).contains(&w) {
+                return Err(format!(
+                    "key {key:?}: weight must be 1 to {MAX_WEIGHT}, not {w}"
+                ));
+            }
+        }
+        let at = match self.tenants.iter().position(|(name, _)| *name == tenant) {
+            Some(at) => at,
+            None => {
+                if self.tenants.len() == MAX_TENANTS {
+                    return Err(format!("key {key:?}: at most {MAX_TENANTS} tenants"));
+                }
+                self.tenants.push((tenant.clone(), None));
+                self.tenants.len() - 1
+            }
+        };
+        if let Some(w) = weight {
+            match &self.tenants[at].1 {
+                Some((given, by)) if *given != w => {
+                    return Err(format!(
+                        "key {key:?}: tenant {tenant:?} has weight {given} on key {by:?}, not {w}: \
+                         a tenant has one weight"
+                    ));
+                }
+                Some(_) => {}
+                None => self.tenants[at].1 = Some((w, key.to_owned())),
+            }
+        }
+        Ok(TenantIndex(u16::try_from(at).unwrap_or(u16::MAX)))
+    }
+
+    fn finish(self) -> Tenants {
+        let tenants = self
+            .tenants
+            .into_iter()
+            .map(|(name, weight)| Tenant {
+                name,
+                weight: weight.map_or(1, |(w, _)| w),
+            })
+            .collect();
+        // Bounded and checked as each key was placed.
+        Tenants::new(tenants).unwrap_or_else(Tenants::open)
+    }
 }
 
 pub fn token_digest(token: &str) -> [u8; 32] {
@@ -348,6 +458,107 @@ mod tests {
         assert!(Authenticator::from_toml(&bad_role)
             .unwrap_err()
             .contains("unknown role"));
+    }
+
+    fn key(name: &str, extra: &str) -> String {
+        format!(
+            "[[keys]]\nname = \"{name}\"\nsha256 = \"{}\"\nroles = [\"sender\"]\nqueues = [\"*\"]\n{extra}\n",
+            hex::encode(token_digest(&format!("{name}-token")))
+        )
+    }
+
+    fn principal(auth: &Authenticator, name: &str) -> Arc<Principal> {
+        let req = TestRequest::default()
+            .insert_header(("Authorization", format!("Bearer {name}-token")))
+            .to_http_request();
+        auth.authenticate(&req).unwrap()
+    }
+
+    #[test]
+    fn keys_name_their_tenant_its_weight_and_their_criticality() {
+        let text = [
+            key(
+                "play",
+                "tenant = \"web\"\nweight = 3\ncriticality = \"critical\"",
+            ),
+            key("play-2", "tenant = \"web\""),
+            key("batch", "criticality = \"sheddable\""),
+            key("script", ""),
+        ]
+        .concat();
+        let auth = Authenticator::from_toml(&text).unwrap();
+        let tenants = auth.tenants();
+        let rows: Vec<_> = tenants
+            .iter()
+            .map(|(i, t)| (i.0, t.name.clone(), t.weight))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                (0, "web".to_owned(), 3),
+                (1, "batch".to_owned(), 1),
+                (2, "script".to_owned(), 1)
+            ],
+            "a key's tenant defaults to its name; keys of one tenant share it and its weight"
+        );
+        let (play, play2) = (principal(&auth, "play"), principal(&auth, "play-2"));
+        assert_eq!(
+            (play.tenant, play2.tenant),
+            (TenantIndex(0), TenantIndex(0))
+        );
+        assert_eq!(play.criticality, Criticality::Critical);
+        assert_eq!(play2.criticality, Criticality::Default, "the default");
+        assert_eq!(
+            principal(&auth, "batch").criticality,
+            Criticality::Sheddable
+        );
+        assert_eq!(principal(&auth, "script").tenant, TenantIndex(2));
+        assert_eq!(Authenticator::Open.tenants(), Tenants::open());
+    }
+
+    #[test]
+    fn bad_tenant_fields_are_refused_naming_the_key() {
+        let refused = |text: String| Authenticator::from_toml(&text).unwrap_err();
+        let typo = refused(key("a", "criticality = \"critcal\""));
+        assert!(
+            typo.contains("key \"a\"") && typo.contains("did you mean \"critical\"?"),
+            "{typo}"
+        );
+        let far = refused(key("a", "criticality = \"urgent\""));
+        assert!(
+            !far.contains("did you mean") && far.contains("critical, default or sheddable"),
+            "{far}"
+        );
+        for w in [0, MAX_WEIGHT + 1] {
+            let e = refused(key("a", &format!("weight = {w}")));
+            assert!(e.contains("weight must be 1 to 1000"), "{e}");
+        }
+        let two = refused(
+            [
+                key("a", "tenant = \"t\"\nweight = 2"),
+                key("b", "tenant = \"t\"\nweight = 5"),
+            ]
+            .concat(),
+        );
+        assert!(
+            two.contains("key \"b\"") && two.contains("weight 2 on key \"a\""),
+            "{two}"
+        );
+        let empty = refused(key("a", "tenant = \"\""));
+        assert!(empty.contains("a tenant is 1 to 128 bytes"), "{empty}");
+        // Unknown fields stay refused (a quota this version does not know is not ignored).
+        let unknown = refused(key("a", "max_shares = 0.2"));
+        assert!(unknown.contains("unknown field"), "{unknown}");
+        // The same weight given twice is one weight.
+        let same = [
+            key("a", "tenant = \"t\"\nweight = 2"),
+            key("b", "tenant = \"t\"\nweight = 2"),
+        ]
+        .concat();
+        assert_eq!(
+            Authenticator::from_toml(&same).unwrap().tenants().weights(),
+            vec![2]
+        );
     }
 
     #[test]

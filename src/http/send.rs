@@ -260,7 +260,7 @@ pub(crate) fn authorize_send(
             action: "send to this queue",
         }));
     }
-    let caller = matches!(state.auth, Authenticator::Keys(_)).then_some(principal);
+    let caller = matches!(state.auth, Authenticator::Keys(..)).then_some(principal);
     Ok((queue.clone(), caller))
 }
 
