@@ -79,6 +79,9 @@ fn is_covered(p: &Problem) -> bool {
         | Problem::InvalidRequest { .. }
         | Problem::RequestTimeout
         | Problem::QueueFull { .. }
+        // `queue_full` with a `reason` (docs/fairness.md): the same code and status.
+        | Problem::Shed { .. }
+        | Problem::TenantShare { .. }
         | Problem::CapacityUnknown { .. }
         | Problem::Saturated
         | Problem::BackendUnavailable { .. }

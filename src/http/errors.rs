@@ -15,6 +15,7 @@ use sendgate_wire::{ErrorBody, ErrorCode};
 use super::headers::{CORRELATION_ID, SENDGATE_BACKEND};
 use crate::admission::ceiling::Refusal;
 use crate::admission::drain::DrainRate;
+use crate::admission::tenants::Criticality;
 use crate::admission::{BackendRole, DispatchError};
 use crate::backend::SendError;
 use crate::domain::{MessageId, RequestId};
@@ -71,6 +72,18 @@ pub enum Problem {
         /// A batch's: how many of its entries would be admitted now.
         room: Option<u64>,
     },
+    #[error("The queue is nearly full: sends at criticality {criticality} are refused once the backlog would pass {cut} (it holds {backlog}).")]
+    Shed {
+        criticality: Criticality,
+        backlog: u64,
+        cut: u64,
+        retry_after: Duration,
+    },
+    #[error("The queue is full for now for your tenant: it has taken its part of the room ({share_milli} in 1000); its next part opens after Retry-After.")]
+    TenantShare {
+        share_milli: u16,
+        retry_after: Duration,
+    },
     #[error("The {backend} backend cannot carry the attribute {attribute} faithfully, so the message was not sent.")]
     UnsupportedAttribute {
         attribute: &'static str,
@@ -119,7 +132,9 @@ impl Problem {
             Self::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
             Self::InvalidRequest { .. } => ErrorCode::InvalidRequest,
             Self::RequestTimeout => ErrorCode::RequestTimeout,
-            Self::QueueFull { .. } => ErrorCode::QueueFull,
+            Self::QueueFull { .. } | Self::Shed { .. } | Self::TenantShare { .. } => {
+                ErrorCode::QueueFull
+            }
             Self::CapacityUnknown { .. } => ErrorCode::CapacityUnknown,
             Self::Saturated => ErrorCode::Saturated,
             Self::BackendUnavailable { .. } => ErrorCode::BackendUnavailable,
@@ -146,7 +161,9 @@ impl Problem {
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
-            Self::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::QueueFull { .. } | Self::Shed { .. } | Self::TenantShare { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             Self::Starting
             | Self::Draining { .. }
             | Self::CapacityUnknown { .. }
@@ -169,6 +186,8 @@ impl Problem {
             }
             Self::Draining { retry_after }
             | Self::QueueFull { retry_after, .. }
+            | Self::Shed { retry_after, .. }
+            | Self::TenantShare { retry_after, .. }
             | Self::BackendBusy { retry_after }
             | Self::BackendUnavailable { retry_after } => Some(*retry_after),
             Self::CapacityUnknown { .. } => Some(CAPACITY_UNKNOWN_RETRY_AFTER),
@@ -317,6 +336,24 @@ impl Problem {
                 consecutive_failures,
             },
             DispatchError::Refused(Refusal::QueueDisabled) => Problem::QueueDisabled,
+            DispatchError::Refused(Refusal::Shed {
+                criticality,
+                backlog,
+                cut,
+                retry_after,
+            }) => Problem::Shed {
+                criticality,
+                backlog,
+                cut,
+                retry_after,
+            },
+            DispatchError::Refused(Refusal::TenantShare {
+                share_milli,
+                retry_after,
+            }) => Problem::TenantShare {
+                share_milli,
+                retry_after,
+            },
             // A send that reached the gate after the drain (its seat left the fleet): as
             // one refused by the lifecycle once stopped.
             DispatchError::Refused(Refusal::Stopped) => Problem::Draining {
@@ -391,6 +428,26 @@ impl ApiError {
                 // The header's value, to the second: a client may read either.
                 b.retry_after_s = Some(whole_seconds(*retry_after));
                 b.drain_rate_per_s = Some(drain_rate.map(DrainRate::rounded));
+            }
+            Problem::Shed {
+                criticality,
+                backlog,
+                cut,
+                retry_after,
+            } => {
+                b.reason = Some("criticality".into());
+                b.criticality = Some(criticality.as_str().into());
+                b.backlog = Some(*backlog);
+                b.limit = Some(*cut);
+                b.retry_after_s = Some(whole_seconds(*retry_after));
+            }
+            Problem::TenantShare {
+                share_milli,
+                retry_after,
+            } => {
+                b.reason = Some("tenant_share".into());
+                b.share = Some(f64::from(*share_milli) / 1000.0);
+                b.retry_after_s = Some(whole_seconds(*retry_after));
             }
             Problem::CapacityUnknown {
                 consecutive_failures,

@@ -183,6 +183,11 @@ pub struct ErrorBody<'a> {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub consecutive_failures: Option<u32>,
+    /// `queue_full` with `reason: criticality`: the level the send was made at
+    /// (`critical`, `default`, `sheddable`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
+    pub criticality: Option<Cow<'a, str>>,
     /// `queue_full`: how many messages a second the queue's consumers were measured to
     /// take, `null` while unknown (then `Retry-After` is the time until the next depth
     /// read).
@@ -219,6 +224,12 @@ pub struct ErrorBody<'a> {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub queue: Option<Cow<'a, str>>,
+    /// `queue_full`: why, when not the ceiling itself: `tenant_share` (the caller's
+    /// tenant is past its part of the room) or `criticality` (the send's level is refused
+    /// from its fraction of the ceiling).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
+    pub reason: Option<Cow<'a, str>>,
     pub request_id: Cow<'a, str>,
     /// `draining`: whole seconds left in the drain window; `queue_full`: the expected time
     /// until sends are admitted again. Always the `Retry-After` header's value.
@@ -229,6 +240,14 @@ pub struct ErrorBody<'a> {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(nullable = false, minimum = 0))]
     pub room: Option<u64>,
+    /// `queue_full` with `reason: tenant_share`: the tenant's part of the room this
+    /// round offers (0 to 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(nullable = false, minimum = 0, maximum = 1)
+    )]
+    pub share: Option<f64>,
 }
 
 impl<'a> ErrorBody<'a> {
@@ -242,6 +261,7 @@ impl<'a> ErrorBody<'a> {
             backlog: None,
             code: code.into(),
             consecutive_failures: None,
+            criticality: None,
             drain_rate_per_s: None,
             errors: None,
             limit: None,
@@ -250,9 +270,11 @@ impl<'a> ErrorBody<'a> {
             message_id: None,
             outcome: None,
             queue: None,
+            reason: None,
             request_id: Cow::Borrowed(request_id),
             retry_after_s: None,
             room: None,
+            share: None,
         }
     }
 

@@ -38,7 +38,7 @@ use std::time::{Duration, SystemTime};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use super::policy::{BacklogEffect, GateSnapshot, PolicyCell, Refusal};
+use super::policy::{BacklogEffect, GateSnapshot, Judge, PolicyCell, Refusal, Unjudged};
 use crate::admission::drain::DrainEstimator;
 use crate::backend::{Backend, DepthError};
 use crate::domain::QueueName;
@@ -179,12 +179,23 @@ impl LocalGate {
         bounds: Option<LocalBounds>,
         units: u64,
     ) -> Result<(), Refusal> {
+        self.admit_judged(bounds, units, &mut Unjudged).await
+    }
+
+    /// As [`Self::admit_units`], with `judge` asked (under the gate's lock) about what the
+    /// ceiling would admit, and told what it refuses as full.
+    pub async fn admit_judged(
+        self: &Arc<Self>,
+        bounds: Option<LocalBounds>,
+        units: u64,
+        judge: &mut (dyn Judge + Send),
+    ) -> Result<(), Refusal> {
         let cached = {
             let mut state = self.state.lock();
             let now = Instant::now();
             if self.is_fresh(&state, now) || self.is_being_refreshed(&state, now) {
                 let ahead = self.should_refresh_ahead(&mut state, now);
-                let decision = self.decide(&mut state, bounds, units);
+                let decision = self.decide(&mut state, bounds, units, judge);
                 Ok((
                     Self::failclosed_to_log(&mut state, &decision),
                     decision,
@@ -208,7 +219,7 @@ impl LocalGate {
             Err(seen_generation) => {
                 self.refresh(seen_generation, Read::ForSend).await;
                 let mut state = self.state.lock();
-                let decision = self.decide(&mut state, bounds, units);
+                let decision = self.decide(&mut state, bounds, units, judge);
                 (Self::failclosed_to_log(&mut state, &decision), decision)
             }
         };
@@ -394,6 +405,7 @@ impl LocalGate {
         state: &mut GateState,
         bounds: Option<LocalBounds>,
         units: u64,
+        judge: &mut (dyn Judge + Send),
     ) -> Result<(), Refusal> {
         // One snapshot per decision: a concurrent settings change applies to the next one.
         let policy = self.policy.load();
@@ -425,6 +437,7 @@ impl LocalGate {
                 let until_next_read =
                     || (at + policy.ttl).saturating_duration_since(Instant::now());
                 if state.refusing {
+                    judge.refused_full(units);
                     return Err(policy.queue_full(estimate, state.drain.rate(), until_next_read()));
                 }
                 // The rest of a batch on top (weighed as the bounds weigh a send): all of it
@@ -432,11 +445,14 @@ impl LocalGate {
                 let weight = bounds.map_or(1, |b| b.replicas.max(1));
                 let rest = units.saturating_sub(1).saturating_mul(weight);
                 if estimate.saturating_add(rest) >= policy.limit {
+                    judge.refused_full(units);
                     let room = policy.limit.saturating_sub(estimate).div_ceil(weight);
                     return Err(policy
                         .queue_full(estimate, state.drain.rate(), until_next_read())
                         .with_room(room));
                 }
+                let room = policy.limit.saturating_sub(estimate).div_ceil(weight);
+                judge.admits(units, room, estimate, policy.limit)?;
             }
             LastRead::Failed { .. } | LastRead::Never => {
                 if policy.fail_closed && state.streak >= policy.streak_threshold {

@@ -21,6 +21,8 @@ mod window;
 
 use std::sync::Arc;
 
+use crate::admission::fair::{Asker, FairPolicy, ShareJudge};
+use crate::admission::share::ShareBook;
 use crate::backend::Backend;
 use crate::coordination::ledger::CONNECT_DEADLINE;
 use crate::domain::QueueName;
@@ -39,6 +41,14 @@ pub struct CapacityGate {
     policy: Arc<PolicyCell>,
     /// With `SENDGATE_COORDINATION=redis`: the fleet's shared ceiling.
     seat: std::sync::OnceLock<Arc<FleetSeat>>,
+    /// With tenants: who gets the room the ceiling admits (docs/fairness.md).
+    shares: std::sync::OnceLock<Shares>,
+}
+
+/// A queue's share book and how it applies.
+struct Shares {
+    book: parking_lot::Mutex<ShareBook>,
+    policy: FairPolicy,
 }
 
 impl CapacityGate {
@@ -48,7 +58,17 @@ impl CapacityGate {
             local: LocalGate::new(queue, Arc::clone(&policy), backend),
             policy,
             seat: std::sync::OnceLock::new(),
+            shares: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Share this queue's room among tenants of these weights (once, at start-up); without
+    /// it every send is decided by the ceiling alone.
+    pub fn share_among(&self, weights: &[u32], policy: FairPolicy) {
+        let _ = self.shares.set(Shares {
+            book: parking_lot::Mutex::new(ShareBook::new(weights, tokio::time::Instant::now())),
+            policy,
+        });
     }
 
     /// Share this queue's ceiling with the fleet (once, at start-up).
@@ -87,9 +107,30 @@ impl CapacityGate {
     /// them or none: a refusal's `room` says how many would have been admitted. The one
     /// [`Reservation`] holds all of them.
     pub async fn admit_units(self: &Arc<Self>, units: u64) -> Result<Reservation, Refusal> {
+        self.admit_units_for(Asker::OPEN, units).await
+    }
+
+    /// As [`Self::admit_units`], for `asker`: what the ceiling admits goes through the
+    /// queue's shares and the asker's criticality when the gateway has tenants.
+    pub async fn admit_units_for(
+        self: &Arc<Self>,
+        asker: Asker,
+        units: u64,
+    ) -> Result<Reservation, Refusal> {
         let units = units.max(1);
         let Some(seat) = self.seat.get() else {
-            self.local.admit_units(None, units).await?;
+            match self.shares.get() {
+                Some(shares) => {
+                    let mut judge = ShareJudge {
+                        book: &shares.book,
+                        asker,
+                        policy: shares.policy,
+                        would_refuse: false,
+                    };
+                    self.local.admit_judged(None, units, &mut judge).await?;
+                }
+                None => self.local.admit_units(None, units).await?,
+            }
             return Ok(self.reservation(Decider::Local, units));
         };
         if seat.joined() {

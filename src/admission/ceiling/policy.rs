@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 use arc_swap::ArcSwap;
 
 use crate::admission::drain::{self, DrainRate};
+use crate::admission::tenants::Criticality;
 use crate::config::{CapacitySettings, Fraction};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,6 +153,42 @@ pub enum Refusal {
     /// The replica drained and is leaving (or left) the fleet: it admits nothing more, in
     /// the fleet or alone. Answered as a send after the drain is (`503 draining`).
     Stopped,
+    /// The send's criticality is refused once it would take the queue past `cut`, its
+    /// level's fraction of the ceiling (docs/fairness.md).
+    Shed {
+        criticality: Criticality,
+        backlog: u64,
+        cut: u64,
+        retry_after: Duration,
+    },
+    /// The tenant is past its part of the room this round offers (docs/fairness.md);
+    /// `share_milli`: its part, in thousandths.
+    TenantShare {
+        share_milli: u16,
+        retry_after: Duration,
+    },
+}
+
+/// What else decides a send the ceiling admits (the tenants' shares and criticality,
+/// docs/fairness.md), asked by a gate under its lock with the ceiling's view of the queue.
+/// It may only refuse: what the ceiling refuses never reaches [`Judge::admits`].
+pub trait Judge {
+    /// The ceiling would admit `units` with `room` left before them (`estimate` of
+    /// `limit`): admitted unless this refuses.
+    fn admits(&mut self, units: u64, room: u64, estimate: u64, limit: u64) -> Result<(), Refusal>;
+    /// The ceiling refused `units` as the queue is full.
+    fn refused_full(&mut self, units: u64);
+}
+
+/// No one else decides: what the ceiling admits is admitted.
+pub struct Unjudged;
+
+impl Judge for Unjudged {
+    fn admits(&mut self, _: u64, _: u64, _: u64, _: u64) -> Result<(), Refusal> {
+        Ok(())
+    }
+
+    fn refused_full(&mut self, _: u64) {}
 }
 
 impl Refusal {

@@ -790,3 +790,106 @@ async fn failed_reads_are_cached_for_the_ttl_too() {
         "a failing admin plane is not hammered by every send"
     );
 }
+
+fn fair(mode: crate::admission::share::ShareMode) -> crate::admission::fair::FairPolicy {
+    crate::admission::fair::FairPolicy {
+        mode,
+        share_at: Fraction::new(0.9).unwrap(),
+        shed_at_sheddable: Fraction::new(0.8).unwrap(),
+        shed_at_default: Fraction::ONE,
+    }
+}
+
+fn asker(
+    tenant: u16,
+    criticality: crate::admission::tenants::Criticality,
+) -> crate::admission::fair::Asker {
+    crate::admission::fair::Asker {
+        tenant: crate::admission::tenants::TenantIndex(tenant),
+        criticality,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_gate_refuses_a_tenant_past_its_part_and_admits_the_one_it_owes() {
+    use crate::admission::share::{ShareMode, ROUND};
+    use crate::admission::tenants::Criticality::Default as D;
+    // Empty at every read; ceiling 40; reads every 10 s (the room does not refill).
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
+    let g = gate(policy(40, 10_000, false, 3), &backend);
+    g.share_among(&[1, 1], fair(ShareMode::Enforce));
+    let (a, b) = (asker(0, D), asker(1, D));
+    // Round 0: A fills the queue (not contended until the estimate nears 36), B asks once
+    // at the full queue: both have asked.
+    let mut held = Vec::new();
+    while let Ok(r) = g.admit_units_for(a, 1).await {
+        held.push(r);
+    }
+    assert_eq!(held.len(), 40, "the ceiling alone while uncontended");
+    assert!(matches!(
+        g.admit_units_for(b, 1).await,
+        Err(Refusal::QueueFull { .. })
+    ));
+    // Ten of A's are not stored: room for 10 opens (the gate counts them gone).
+    for r in held.drain(..10) {
+        r.finish(BacklogEffect::NotStored);
+    }
+    tokio::time::advance(ROUND).await;
+    // Round 1: B asked 1 last round, so it is owed 1 of the 10; A takes 9 and is refused.
+    let mut a_got = 0;
+    loop {
+        match g.admit_units_for(a, 1).await {
+            Ok(r) => {
+                held.push(r);
+                a_got += 1;
+            }
+            Err(Refusal::TenantShare { share_milli, .. }) => {
+                assert_eq!(share_milli, 900, "A's part: 9 of the 10 offered");
+                break;
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(a_got, 9);
+    held.push(g.admit_units_for(b, 1).await.expect("the unit B is owed"));
+    assert!(matches!(
+        g.admit_units_for(b, 1).await,
+        Err(Refusal::QueueFull { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sheddable_send_is_refused_from_its_fraction_a_default_one_up_to_the_ceiling() {
+    use crate::admission::share::ShareMode;
+    use crate::admission::tenants::Criticality::{Critical, Default as D, Sheddable};
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
+    let g = gate(policy(10, 10_000, false, 3), &backend);
+    g.share_among(&[1], fair(ShareMode::Off));
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        held.push(g.admit_units_for(asker(0, Sheddable), 1).await.unwrap());
+    }
+    match g.admit_units_for(asker(0, Sheddable), 1).await {
+        Err(Refusal::Shed {
+            criticality,
+            backlog,
+            cut,
+            ..
+        }) => assert_eq!((criticality, backlog, cut), (Sheddable, 8, 8)),
+        other => panic!("{:?}", other.err()),
+    }
+    held.push(
+        g.admit_units_for(asker(0, D), 1)
+            .await
+            .expect("default to the ceiling"),
+    );
+    held.push(
+        g.admit_units_for(asker(0, Critical), 1)
+            .await
+            .expect("critical too"),
+    );
+    assert!(matches!(
+        g.admit_units_for(asker(0, Critical), 1).await,
+        Err(Refusal::QueueFull { .. })
+    ));
+}
