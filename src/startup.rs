@@ -323,6 +323,14 @@ impl Application {
         let fallback_route = backends
             .fallback
             .map(|backend| route(BackendRole::Fallback, backend));
+        // Tenants share each queue's room, and criticality is shed, by the keys file's
+        // tenants (open mode: one tenant, every send at the default level).
+        let fair = fair_policy(&settings.fair);
+        let weights = auth.tenants().weights();
+        primary_route.share_among(&weights, fair);
+        if let Some(lane) = &fallback_route {
+            lane.share_among(&weights, fair);
+        }
         let coordination = Coordination::start(&settings.coordination);
         if let Coordination::Fleet { fleet, ledger } = &coordination {
             let primary = settings.primary.kind();
@@ -539,5 +547,21 @@ impl SignalStream {
 
     async fn next(&mut self) {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// The settings' fair-share policy as admission takes it.
+fn fair_policy(fair: &crate::config::FairSettings) -> crate::admission::fair::FairPolicy {
+    use crate::admission::share::ShareMode;
+    use crate::config::FairMode;
+    crate::admission::fair::FairPolicy {
+        mode: match fair.mode {
+            FairMode::Enforce => ShareMode::Enforce,
+            FairMode::Shadow => ShareMode::Shadow,
+            FairMode::Off => ShareMode::Off,
+        },
+        share_at: fair.share_at,
+        shed_at_sheddable: fair.shed_at_sheddable,
+        shed_at_default: fair.shed_at_default,
     }
 }

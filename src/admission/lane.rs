@@ -79,6 +79,13 @@ impl Lane {
     /// Share each queue's ceiling with the fleet (`SENDGATE_COORDINATION=redis`), under the
     /// ledger key `key` gives for it (the primary's and the fallback's differ: see
     /// [`Ledger::fallback_queue_key`](crate::coordination::ledger::Ledger::fallback_queue_key)).
+    /// Share each queue's room among these tenants, by the fair policy (start-up).
+    pub fn share_among(&self, weights: &[u32], policy: crate::admission::fair::FairPolicy) {
+        for gate in self.gates.values() {
+            gate.share_among(weights, policy);
+        }
+    }
+
     pub fn join_fleet(
         &self,
         fleet: &Arc<crate::coordination::fleet::Fleet>,

@@ -23,6 +23,7 @@ use crate::config::ForceBackend;
 use crate::domain::{Attributes, Field, QueueName};
 use breaker::Outcome;
 use ceiling::{BacklogEffect, Refusal};
+use fair::Asker;
 use inflight::InFlight;
 pub use lane::{BackendRole, Lane, ProbeStatus};
 
@@ -180,7 +181,8 @@ impl Dispatcher {
     pub async fn send(&self, message: OutgoingMessage) -> Dispatched {
         let queue = message.queue.clone();
         let attributes = std::sync::Arc::clone(&message.attributes);
-        self.send_with(&queue, &attributes, || message).await
+        self.send_with(&queue, &attributes, Asker::OPEN, || message)
+            .await
     }
 
     /// The attribute the backend a send would go to now cannot carry, and its kind: what a
@@ -200,9 +202,10 @@ impl Dispatcher {
         &self,
         queue: &QueueName,
         attributes: &[&Attributes],
+        asker: Asker,
         messages: impl FnOnce() -> Vec<OutgoingMessage>,
     ) -> DispatchedBatch {
-        let (lane, admitted) = match self.admit_routed(queue, attributes).await {
+        let (lane, admitted) = match self.admit_routed(queue, attributes, asker).await {
             Ok(routed) => routed,
             Err((via, e)) => {
                 return DispatchedBatch {
@@ -228,9 +231,10 @@ impl Dispatcher {
         &self,
         queue: &QueueName,
         attributes: &Attributes,
+        asker: Asker,
         message: impl FnOnce() -> OutgoingMessage,
     ) -> Dispatched {
-        let (lane, admitted) = match self.admit_routed(queue, &[attributes]).await {
+        let (lane, admitted) = match self.admit_routed(queue, &[attributes], asker).await {
             Ok(routed) => routed,
             Err((via, e)) => {
                 return Dispatched {
@@ -255,9 +259,10 @@ impl Dispatcher {
         &self,
         queue: &QueueName,
         attributes: &[&Attributes],
+        asker: Asker,
     ) -> Result<(&Lane, Admitted), (Option<BackendRole>, DispatchError)> {
         let mut lane = self.choose();
-        let mut admitted = self.admit(lane, queue, attributes).await;
+        let mut admitted = self.admit(lane, queue, attributes, asker).await;
         // The primary's trial went to another send (or it opened meanwhile): with a fallback
         // that takes sends, use it rather than answer 503.
         if let (Err(DispatchError::BackendUnavailable { .. }), None, Some(fallback)) =
@@ -265,7 +270,7 @@ impl Dispatcher {
         {
             if lane.role == BackendRole::Primary && fallback.breaker.would_allow() {
                 lane = fallback;
-                admitted = self.admit(lane, queue, attributes).await;
+                admitted = self.admit(lane, queue, attributes, asker).await;
             }
         }
         if lane.role == BackendRole::Fallback {
@@ -287,6 +292,7 @@ impl Dispatcher {
         lane: &Lane,
         queue: &QueueName,
         attributes: &[&Attributes],
+        asker: Asker,
     ) -> Result<Admitted, DispatchError> {
         let gate = lane.gate(queue).ok_or(DispatchError::UnknownQueue)?;
         if let Some(attribute) = attributes
@@ -300,7 +306,7 @@ impl Dispatcher {
         }
         let units = attributes.len().max(1) as u64;
         let reservation = gate
-            .admit_units(units)
+            .admit_units_for(asker, units)
             .await
             .map_err(DispatchError::Refused)?;
         // Not `now`: a send counted alone was counted before its replica's own gate read the

@@ -65,6 +65,23 @@ pub struct CapacitySettings {
     pub resume_below: Fraction,
 }
 
+/// How tenants share a contended queue and how criticality is shed (docs/fairness.md).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FairSettings {
+    /// `SENDGATE_FAIR_SHARE`: `enforce`, `shadow` or `off`.
+    pub mode: FairMode,
+    pub share_at: Fraction,
+    pub shed_at_sheddable: Fraction,
+    pub shed_at_default: Fraction,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FairMode {
+    Enforce,
+    Shadow,
+    Off,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AuthSettings {
     /// Keys from this file are required on every protected route.
@@ -102,6 +119,7 @@ pub struct Settings {
     /// A second backend, used while the primary's circuit is open.
     pub fallback: Option<BackendSettings>,
     pub capacity: CapacitySettings,
+    pub fair: FairSettings,
     pub send_timeout: Duration,
     pub max_in_flight: usize,
     pub max_body_bytes: usize,
@@ -198,6 +216,16 @@ impl Settings {
                 admin_timeout: layers.duration(&v::ADMIN_TIMEOUT_MS)?,
                 retry_after_max: layers.duration(&v::RETRY_AFTER_MAX_S)?,
                 resume_below: layers.fraction(&v::RESUME_BELOW)?,
+            },
+            fair: FairSettings {
+                mode: match layers.choice(&v::FAIR_SHARE)? {
+                    Some("shadow") => FairMode::Shadow,
+                    Some("off") => FairMode::Off,
+                    _ => FairMode::Enforce,
+                },
+                share_at: layers.fraction(&v::FAIR_SHARE_AT)?,
+                shed_at_sheddable: layers.fraction(&v::SHED_AT_SHEDDABLE)?,
+                shed_at_default: layers.fraction(&v::SHED_AT_DEFAULT)?,
             },
             send_timeout,
             max_in_flight: layers.count(&v::MAX_IN_FLIGHT)? as usize,

@@ -356,6 +356,35 @@ pub const RESUME_BELOW: Var = Var::server(
 )
 .default("1.0");
 
+pub const FAIR_SHARE: Var = Var::server(
+    "SENDGATE_FAIR_SHARE",
+    G::Capacity,
+    K::Choice(&["enforce", "shadow", "off"]),
+    "Tenants' shares of a contended queue's room (docs/fairness.md): enforce, shadow (refuses nothing for shares) or off.",
+)
+.default("enforce");
+pub const FAIR_SHARE_AT: Var = Var::server(
+    "SENDGATE_FAIR_SHARE_AT",
+    G::Capacity,
+    K::Fraction,
+    "A queue is contended, and its room shared by weight, once its backlog is at or over this share of the ceiling (or it refused at the ceiling this second or the last).",
+)
+.default("0.9");
+pub const SHED_AT_SHEDDABLE: Var = Var::server(
+    "SENDGATE_SHED_AT_SHEDDABLE",
+    G::Capacity,
+    K::Fraction,
+    "A sheddable send is refused once it would take the backlog past this share of the ceiling.",
+)
+.default("0.8");
+pub const SHED_AT_DEFAULT: Var = Var::server(
+    "SENDGATE_SHED_AT_DEFAULT",
+    G::Capacity,
+    K::Fraction,
+    "A send at the default criticality is refused once it would take the backlog past this share of the ceiling (critical sends: at the ceiling).",
+)
+.default("1.0");
+
 pub const SEND_TIMEOUT_MS: Var = Var::server(
     "SENDGATE_SEND_TIMEOUT_MS",
     G::Limits,
@@ -723,6 +752,10 @@ pub const VARIABLES: &[&Var] = &[
     &ADMIN_TIMEOUT_MS,
     &RETRY_AFTER_MAX_S,
     &RESUME_BELOW,
+    &FAIR_SHARE,
+    &FAIR_SHARE_AT,
+    &SHED_AT_SHEDDABLE,
+    &SHED_AT_DEFAULT,
     &SEND_TIMEOUT_MS,
     &MAX_IN_FLIGHT,
     &MAX_BODY_BYTES,

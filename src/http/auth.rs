@@ -77,7 +77,7 @@ impl Principal {
             roles: vec![Role::Admin],
             queues: QueueScope::All,
             tenant: TenantIndex(0),
-            criticality: Criticality::Critical,
+            criticality: Criticality::Default,
         }
     }
 

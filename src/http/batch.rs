@@ -42,6 +42,7 @@ const PARTIAL: &str = BatchPartial::STATUS;
         ("dry_run" = Option<bool>, Query, description = "Validate and answer 200 `valid` without any backend call (`true`/`false`, or `1`/`0`)."),
         ("traceparent" = Option<String>, Header, nullable = false, description = "W3C trace context: each message gets this trace with a parent id of its own. An invalid one (by the W3C rules) is ignored, never refused: the message gets a new trace."),
         ("tracestate" = Option<String>, Header, nullable = false, description = "W3C trace state, carried to every message with a valid traceparent; an invalid one (by the W3C rules: at most 32 members, 512 characters) is ignored, never refused."),
+        ("Sendgate-Criticality" = Option<String>, Header, nullable = false, description = "`critical`, `default` or `sheddable`: lowers the level the send is made at (never above the key's `criticality`); a lower level is refused from its share of the ceiling (429 `queue_full`, `reason: criticality`). Anything else is a 400.", pattern = "^(critical|default|sheddable)$"),
         ("X-Request-Id" = Option<String>, Header, nullable = false, description = "This request's id, echoed; each entry's correlation id when it has none of its own. 1–128 printable ASCII characters.", min_length = 1, max_length = 128, pattern = r"^[ -~]{1,128}$"),
     ),
     request_body(
@@ -178,7 +179,7 @@ async fn admit_and_send(
     payload: web::Payload,
     state: &AppState,
 ) -> Result<Answer, ApiError> {
-    let (queue, caller) = authorize_send(req, context, queue, state)?;
+    let (queue, caller, asker) = authorize_send(req, context, queue, state)?;
     let _in_flight = state
         .lifecycle
         .admit_send()
@@ -218,7 +219,7 @@ async fn admit_and_send(
             entries,
         });
     }
-    dispatch(context, state, queue, caller, entries, &trace).await
+    dispatch(context, state, queue, caller, asker, entries, &trace).await
 }
 
 /// The request body's envelope: the entries, each parsed on its own so a bad one is named.
@@ -472,6 +473,7 @@ async fn dispatch(
     state: &AppState,
     queue: QueueName,
     caller: Option<Arc<crate::http::auth::Principal>>,
+    asker: crate::admission::fair::Asker,
     entries: Vec<Entry>,
     trace: &TraceContext,
 ) -> Result<Answer, ApiError> {
@@ -486,7 +488,7 @@ async fn dispatch(
     let mut answered: Vec<(MessageId, String)> = Vec::new();
     let dispatched = state
         .dispatcher
-        .send_batch(&queue, &refs, || {
+        .send_batch(&queue, &refs, asker, || {
             entries
                 .into_iter()
                 .map(|entry| {

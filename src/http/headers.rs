@@ -15,12 +15,14 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 pub const CORRELATION_ID: HeaderName = HeaderName::from_static("x-correlation-id");
 /// The backend a send went to (`primary` or `fallback`).
 pub const SENDGATE_BACKEND: HeaderName = HeaderName::from_static("x-sendgate-backend");
+/// Lowers the criticality a send is made at.
+pub const CRITICALITY: HeaderName = HeaderName::from_static("sendgate-criticality");
 
 /// The contract's spelling of each name above: the wire vocabulary's, which the
 /// producer client uses too.
 pub mod spelling {
     pub use sendgate_wire::headers::{
-        BACKEND as SENDGATE_BACKEND, CORRELATION_ID, IDEMPOTENCY_KEY, REQUEST_ID,
+        BACKEND as SENDGATE_BACKEND, CORRELATION_ID, CRITICALITY, IDEMPOTENCY_KEY, REQUEST_ID,
     };
 }
 
@@ -35,6 +37,7 @@ mod tests {
             (IDEMPOTENCY_KEY, spelling::IDEMPOTENCY_KEY),
             (CORRELATION_ID, spelling::CORRELATION_ID),
             (SENDGATE_BACKEND, spelling::SENDGATE_BACKEND),
+            (CRITICALITY, spelling::CRITICALITY),
         ] {
             assert!(name.as_str().eq_ignore_ascii_case(spelled), "{spelled}");
         }

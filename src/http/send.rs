@@ -13,8 +13,10 @@ use super::auth::{Authenticator, Permission, Principal};
 use super::body_budget::BodyReservation;
 use super::context::RequestContext;
 use super::errors::{ApiError, FieldError, Problem, MAX_FIELD_ERRORS};
-use super::headers::{spelling, CORRELATION_ID, IDEMPOTENCY_KEY, SENDGATE_BACKEND};
+use super::headers::{self, spelling, CORRELATION_ID, IDEMPOTENCY_KEY, SENDGATE_BACKEND};
 use super::state::{authorize, AppState};
+use crate::admission::fair::Asker;
+use crate::admission::tenants::Criticality;
 use crate::admission::BackendRole;
 use crate::backend::OutgoingMessage;
 use crate::domain::{
@@ -63,6 +65,7 @@ enum Taken {
         ("Message-Properties" = Option<String>, Header, nullable = false, description = "Application properties as a JSON object: string, number or boolean values (each at most 32 KiB, all at most 64 KiB); traceparent, tracestate, Diagnostic-Id and sendgate.* are the gateway's. The whole request head is at most `SENDGATE_MAX_HEAD_BYTES` (32 KiB by default, else 431); a batch entry's `properties` has no such bound.", max_length = 65536),
         ("traceparent" = Option<String>, Header, nullable = false, description = "W3C trace context: the message gets this trace with a parent id of its own (answered as `traceparent`). An invalid one (by the W3C rules) is ignored, never refused: the message gets a new trace."),
         ("tracestate" = Option<String>, Header, nullable = false, description = "W3C trace state, carried to the message with a valid traceparent; an invalid one (by the W3C rules: at most 32 members, 512 characters) is ignored, never refused."),
+        ("Sendgate-Criticality" = Option<String>, Header, nullable = false, description = "`critical`, `default` or `sheddable`: lowers the level the send is made at (never above the key's `criticality`); a lower level is refused from its share of the ceiling (429 `queue_full`, `reason: criticality`). Anything else is a 400.", pattern = "^(critical|default|sheddable)$"),
     ),
     request_body(
         description = "The message itself, delivered byte for byte: any JSON value, at most `SENDGATE_MAX_BODY_BYTES` bytes.",
@@ -87,7 +90,7 @@ enum Taken {
         (status = 413, description = "`payload_too_large`, with `limit_bytes`.", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`: not `application/json`.", body = ErrorBody),
         (status = 422, description = "`unsupported_attribute`: the backend the send would go to cannot carry one of its attributes (`attribute`, `backend`); nothing was sent.", body = ErrorBody),
-        (status = 429, description = "`queue_full`: the backlog is at or over its ceiling, or, with `SENDGATE_RESUME_BELOW`, not yet back at the resume level (`backlog`, `limit`, `retry_after_s`: the header's value, `drain_rate_per_s`: the measured drain rate or null).", body = ErrorBody,
+        (status = 429, description = "`queue_full`: the backlog is at or over its ceiling (or, with `reason`, the send's criticality is refused from its level's share of it, `criticality`; or its tenant is past its part of a contended queue's room, `tenant_share` with `share`), or, with `SENDGATE_RESUME_BELOW`, not yet back at the resume level (`backlog`, `limit`, `retry_after_s`: the header's value, `drain_rate_per_s`: the measured drain rate or null).", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Whole seconds to wait, at least 1."))),
         (status = 502, description = "`backend_auth_failed`, or `send_failed` (with `outcome: unknown` and `message_id` when the broker may hold the message).", body = ErrorBody,
             headers(("X-Sendgate-Backend" = String, description = "The backend the send went to."))),
@@ -146,7 +149,7 @@ async fn admit_and_send(
     state: &AppState,
 ) -> Result<Accepted, ApiError> {
     // 2. Who is asking, and may they send to this queue?
-    let (queue, caller) = authorize_send(req, context, queue, state)?;
+    let (queue, caller, asker) = authorize_send(req, context, queue, state)?;
     // 3. Lifecycle: the guard keeps a drain waiting until this send is answered.
     let _in_flight = state
         .lifecycle
@@ -186,7 +189,7 @@ async fn admit_and_send(
         trace,
         body,
     };
-    dispatch(context, state, queue, key, message).await
+    dispatch(context, state, queue, key, asker, message).await
 }
 
 /// What a single send's message is made of, besides its id.
@@ -241,13 +244,15 @@ pub(crate) fn scoped_message_id(caller: &str, key: &MessageId) -> MessageId {
 }
 
 /// Step 2: the key may send, the queue is served, and the key's scope includes it. With
-/// keys on, also the caller's name (what its Idempotency-Keys are scoped to).
+/// keys on, also the caller's name (what its Idempotency-Keys are scoped to); and who asks
+/// for the queue's room: the key's tenant, at its criticality or the lower one
+/// `Sendgate-Criticality` asks for.
 pub(crate) fn authorize_send(
     req: &HttpRequest,
     context: &RequestContext,
     queue: &str,
     state: &AppState,
-) -> Result<(QueueName, Option<Arc<Principal>>), ApiError> {
+) -> Result<(QueueName, Option<Arc<Principal>>, Asker), ApiError> {
     let principal = authorize(req, context, state, Permission::Send, "send messages")?;
     let queue = state.queues.get(queue).ok_or_else(|| {
         context.error(Problem::UnknownQueue {
@@ -260,8 +265,29 @@ pub(crate) fn authorize_send(
             action: "send to this queue",
         }));
     }
+    let criticality = match req.headers().get(headers::CRITICALITY) {
+        None => principal.criticality,
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(Criticality::parse)
+            // Lowered, never raised past the key's.
+            .map(|asked| asked.min(principal.criticality))
+            .ok_or_else(|| {
+                context.error(Problem::InvalidRequest {
+                    errors: vec![FieldError::new(
+                        &["header", headers::spelling::CRITICALITY],
+                        "must be critical, default or sheddable",
+                    )],
+                })
+            })?,
+    };
+    let asker = Asker {
+        tenant: principal.tenant,
+        criticality,
+    };
     let caller = matches!(state.auth, Authenticator::Keys(..)).then_some(principal);
-    Ok((queue.clone(), caller))
+    Ok((queue.clone(), caller, asker))
 }
 
 /// Step 4: content type, size, JSON validity, headers and `dry_run`.
@@ -335,6 +361,7 @@ async fn dispatch(
     state: &AppState,
     queue: QueueName,
     key: Key,
+    asker: Asker,
     message: Message,
 ) -> Result<Accepted, ApiError> {
     let Message {
@@ -347,7 +374,7 @@ async fn dispatch(
     let mut answered: Option<MessageId> = None;
     let dispatched = state
         .dispatcher
-        .send_with(&queue, &attributes, || {
+        .send_with(&queue, &attributes, asker, || {
             let (id, at_broker) = key.ids();
             answered = Some(id);
             // Without a correlation id of its own, the message carries the client's request id.

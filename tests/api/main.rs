@@ -9,6 +9,7 @@ mod competing;
 mod console;
 mod drain;
 mod embedded_attributes;
+mod fairness;
 #[path = "../support/faulty_backend.rs"]
 mod faulty_backend;
 #[path = "../support/gateway.rs"]

@@ -9,5 +9,8 @@ pub const IDEMPOTENCY_KEY: &str = "Idempotency-Key";
 pub const CORRELATION_ID: &str = "X-Correlation-Id";
 /// Which backend took the send (`primary` or `fallback`).
 pub const BACKEND: &str = "X-Sendgate-Backend";
+/// Lowers the criticality a send is made at (`critical`, `default`, `sheddable`): never
+/// above the caller's key's.
+pub const CRITICALITY: &str = "Sendgate-Criticality";
 /// Whole seconds to wait before trying again (on every 429 and 503).
 pub const RETRY_AFTER: &str = "Retry-After";

@@ -119,18 +119,7 @@ impl CapacityGate {
     ) -> Result<Reservation, Refusal> {
         let units = units.max(1);
         let Some(seat) = self.seat.get() else {
-            match self.shares.get() {
-                Some(shares) => {
-                    let mut judge = ShareJudge {
-                        book: &shares.book,
-                        asker,
-                        policy: shares.policy,
-                        would_refuse: false,
-                    };
-                    self.local.admit_judged(None, units, &mut judge).await?;
-                }
-                None => self.local.admit_units(None, units).await?,
-            }
+            self.admit_locally(None, units, asker).await?;
             return Ok(self.reservation(Decider::Local, units));
         };
         if seat.joined() {
@@ -149,7 +138,7 @@ impl CapacityGate {
                 // Reads the gate made before the replica last turned local do not show what
                 // the fleet admitted since.
                 self.local.forget_reads_before(seat.local_since());
-                match self.local.admit_units(Some(bounds), units).await {
+                match self.admit_locally(Some(bounds), units, asker).await {
                     // Counted since before the gate's read (which may take up to its
                     // deadline): the send's deadline counts from then, or it could be
                     // published after the hold that keeps it counted has ended.
@@ -160,6 +149,28 @@ impl CapacityGate {
                     }
                 }
             }
+        }
+    }
+
+    /// The local gate's decision, through the queue's shares and the asker's criticality
+    /// when the gateway has them.
+    async fn admit_locally(
+        self: &Arc<Self>,
+        bounds: Option<LocalBounds>,
+        units: u64,
+        asker: Asker,
+    ) -> Result<(), Refusal> {
+        match self.shares.get() {
+            Some(shares) => {
+                let mut judge = ShareJudge {
+                    book: &shares.book,
+                    asker,
+                    policy: shares.policy,
+                    would_refuse: false,
+                };
+                self.local.admit_judged(bounds, units, &mut judge).await
+            }
+            None => self.local.admit_units(bounds, units).await,
         }
     }
 
