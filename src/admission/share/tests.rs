@@ -92,6 +92,44 @@ async fn contended_a_tenant_past_its_part_leaves_the_room_the_other_is_owed() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn asks_of_an_uncontended_round_make_no_one_owed_the_next_uncontended_one() {
+    let mut book = ShareBook::new(&[1, 1], Instant::now());
+    // Round 0, far from the ceiling: both ask 10, all admitted.
+    for t in [A, B] {
+        let v = book.decide(t, 10, 100, false, ShareMode::Enforce, Instant::now());
+        assert_eq!(v, Verdict::Admit);
+    }
+    tokio::time::advance(ROUND).await;
+    // Round 1, still uncontended: A may take all 10 of the room though B asked 10 before
+    // (contended, B would be owed half of it).
+    assert_eq!(
+        book.decide(A, 10, 10, false, ShareMode::Enforce, Instant::now()),
+        Verdict::Admit
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn room_too_small_for_what_is_owed_is_shared_in_proportion_not_withheld_from_all() {
+    let mut book = ShareBook::new(&[1, 1, 1], Instant::now());
+    for t in [A, B, TenantIndex(2)] {
+        book.refused_at_ceiling(t, 10, Instant::now());
+    }
+    tokio::time::advance(ROUND).await;
+    // The third tenant took 6 this round; 2 units are left, A and B are each owed 8/3.
+    book.tenants[2].admitted = 6;
+    // Owed 16/3 against a room of 2: each owed share is scaled by 2 / (16/3), B's to 1,
+    // so A may take one unit (unscaled, B's 8/3 would leave A nothing, and B nothing).
+    assert_eq!(
+        book.decide(A, 1, 2, true, ShareMode::Enforce, Instant::now()),
+        Verdict::Admit
+    );
+    assert_eq!(
+        book.decide(B, 1, 1, true, ShareMode::Enforce, Instant::now()),
+        Verdict::Admit
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn one_unit_of_room_owed_to_both_goes_to_whoever_asks() {
     let mut book = ShareBook::new(&[1, 1], Instant::now());
     book.refused_at_ceiling(A, 5, Instant::now());
