@@ -27,7 +27,7 @@ impl Asker {
     };
 }
 
-/// How the shares and the levels apply (the variables, with runtime overrides on top).
+/// How the shares and the levels apply (from the variables, at start-up).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FairPolicy {
     pub mode: ShareMode,
@@ -60,19 +60,30 @@ pub struct ShareJudge<'a> {
     pub book: &'a Mutex<ShareBook>,
     pub asker: Asker,
     pub policy: FairPolicy,
-    /// Set when the book would have refused in shadow mode (counted by the caller).
+    /// Set when the book would have refused in shadow mode (not offered by the settings
+    /// until such refusals are counted per tenant).
     pub would_refuse: bool,
 }
 
 impl Judge for ShareJudge<'_> {
-    fn admits(&mut self, units: u64, room: u64, estimate: u64, limit: u64) -> Result<(), Refusal> {
+    fn admits(
+        &mut self,
+        units: u64,
+        room: u64,
+        estimate: u64,
+        after: u64,
+        limit: u64,
+    ) -> Result<(), Refusal> {
         let cut = self.policy.cut(self.asker.criticality, limit);
-        if estimate.saturating_add(units) > cut {
+        if after > cut {
+            // As many as the level has room for, weighed as the ceiling weighs them.
+            let weight = (after - estimate).div_ceil(units.max(1)).max(1);
             return Err(Refusal::Shed {
                 criticality: self.asker.criticality,
                 backlog: estimate,
                 cut,
                 retry_after: SHARE_RETRY_AFTER,
+                room: cut.saturating_sub(estimate) / weight,
             });
         }
         let near = estimate as f64 >= self.policy.share_at.get() * limit as f64;
@@ -90,9 +101,10 @@ impl Judge for ShareJudge<'_> {
                 self.would_refuse = true;
                 Ok(())
             }
-            Verdict::Refuse { share } => Err(Refusal::TenantShare {
+            Verdict::Refuse { share, room } => Err(Refusal::TenantShare {
                 share_milli: (share.clamp(0.0, 1.0) * 1000.0).round() as u16,
                 retry_after: SHARE_RETRY_AFTER,
+                room,
             }),
         }
     }

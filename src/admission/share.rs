@@ -19,7 +19,7 @@ pub const ROUND: Duration = Duration::from_secs(1);
 pub enum ShareMode {
     /// Refuse it.
     Enforce,
-    /// Admit it, and say it would have been refused (counted per tenant).
+    /// Admit it, and say it would have been refused.
     Shadow,
     /// Admit it; nothing is measured as a refusal.
     Off,
@@ -29,9 +29,11 @@ pub enum ShareMode {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Verdict {
     Admit,
-    /// Over its part: refused. `share` is its part of the room this round offers (0–1).
+    /// Over its part: refused. `share` is its part of the room this round offers (0–1);
+    /// `room` how many units it could take now.
     Refuse {
         share: f64,
+        room: u64,
     },
     /// Over its part, admitted all the same (shadow mode).
     WouldRefuse {
@@ -145,8 +147,8 @@ impl ShareBook {
         } else {
             match self.over_part(index, units, room) {
                 None => Verdict::Admit,
-                Some(share) if mode == ShareMode::Shadow => Verdict::WouldRefuse { share },
-                Some(share) => Verdict::Refuse { share },
+                Some((share, _)) if mode == ShareMode::Shadow => Verdict::WouldRefuse { share },
+                Some((share, room)) => Verdict::Refuse { share, room },
             }
         };
         if !matches!(verdict, Verdict::Refuse { .. }) {
@@ -157,8 +159,8 @@ impl ShareBook {
     }
 
     /// `None` when `units` fit in the room the others' parts leave (to within a unit);
-    /// else the asker's part of the room this round offers.
-    fn over_part(&self, index: usize, units: u64, room: u64) -> Option<f64> {
+    /// else the asker's part of the room this round offers, and the units that do fit.
+    fn over_part(&self, index: usize, units: u64, room: u64) -> Option<(f64, u64)> {
         let offered = self
             .tenants
             .iter()
@@ -182,12 +184,13 @@ impl ShareBook {
             .sum();
         // "To within a unit": a fraction of room left over is a unit the asker may take.
         let left = (room_f - others - 1e-9).ceil();
+        let fits = if left > 0.0 { left as u64 } else { 0 };
         if units as f64 <= left {
             None
         } else if offered == 0 {
-            Some(0.0)
+            Some((0.0, fits))
         } else {
-            Some(parts[index] / offered as f64)
+            Some((parts[index] / offered as f64, fits))
         }
     }
 

@@ -68,7 +68,7 @@ pub struct CapacitySettings {
 /// How tenants share a contended queue and how criticality is shed (docs/fairness.md).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FairSettings {
-    /// `SENDGATE_FAIR_SHARE`: `enforce`, `shadow` or `off`.
+    /// `SENDGATE_FAIR_SHARE`: `enforce` or `off`.
     pub mode: FairMode,
     pub share_at: Fraction,
     pub shed_at_sheddable: Fraction,
@@ -78,7 +78,6 @@ pub struct FairSettings {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FairMode {
     Enforce,
-    Shadow,
     Off,
 }
 
@@ -217,16 +216,7 @@ impl Settings {
                 retry_after_max: layers.duration(&v::RETRY_AFTER_MAX_S)?,
                 resume_below: layers.fraction(&v::RESUME_BELOW)?,
             },
-            fair: FairSettings {
-                mode: match layers.choice(&v::FAIR_SHARE)? {
-                    Some("shadow") => FairMode::Shadow,
-                    Some("off") => FairMode::Off,
-                    _ => FairMode::Enforce,
-                },
-                share_at: layers.fraction(&v::FAIR_SHARE_AT)?,
-                shed_at_sheddable: layers.fraction(&v::SHED_AT_SHEDDABLE)?,
-                shed_at_default: layers.fraction(&v::SHED_AT_DEFAULT)?,
-            },
+            fair: fair_settings(layers)?,
             send_timeout,
             max_in_flight: layers.count(&v::MAX_IN_FLIGHT)? as usize,
             max_body_bytes,
@@ -321,6 +311,31 @@ pub struct ConnectionLimits {
     /// Longest a request may wait for its answer to be written whole (see
     /// `crate::transport`): a safety net, not a deadline a client meets.
     pub answer_timeout: Duration,
+}
+
+/// The fair-share settings; a lower criticality never gets more of the ceiling than a
+/// higher one (contract section 2: it is refused first).
+fn fair_settings(layers: &Layers) -> Result<FairSettings, ConfigError> {
+    let shed_at_sheddable = layers.fraction(&v::SHED_AT_SHEDDABLE)?;
+    let shed_at_default = layers.fraction(&v::SHED_AT_DEFAULT)?;
+    if shed_at_sheddable.get() > shed_at_default.get() {
+        return Err(ConfigError::other(
+            &v::SHED_AT_SHEDDABLE,
+            format!(
+                "must be at most SENDGATE_SHED_AT_DEFAULT ({}): a sheddable send is refused before a default one",
+                shed_at_default.get()
+            ),
+        ));
+    }
+    Ok(FairSettings {
+        mode: match layers.choice(&v::FAIR_SHARE)? {
+            Some("off") => FairMode::Off,
+            _ => FairMode::Enforce,
+        },
+        share_at: layers.fraction(&v::FAIR_SHARE_AT)?,
+        shed_at_sheddable,
+        shed_at_default,
+    })
 }
 
 fn max_buffered_bytes(layers: &Layers, max_body_bytes: usize) -> Result<usize, ConfigError> {

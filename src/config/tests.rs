@@ -969,3 +969,31 @@ mod servicebus {
         );
     }
 }
+
+#[test]
+fn the_fair_settings_parse_and_a_lower_criticality_never_gets_more_of_the_ceiling() {
+    let s = Settings::from_vars(&vars(&[])).unwrap();
+    assert_eq!(s.fair.mode, FairMode::Enforce);
+    assert_eq!(s.fair.share_at.get(), 0.9);
+    assert_eq!(s.fair.shed_at_sheddable.get(), 0.8);
+    assert_eq!(s.fair.shed_at_default.get(), 1.0);
+    let s = Settings::from_vars(&vars(&[("SENDGATE_FAIR_SHARE", "off")])).unwrap();
+    assert_eq!(s.fair.mode, FairMode::Off);
+    // Shadow mode is not offered until its would-be refusals are counted somewhere.
+    assert!(Settings::from_vars(&vars(&[("SENDGATE_FAIR_SHARE", "shadow")])).is_err());
+    let err = Settings::from_vars(&vars(&[
+        ("SENDGATE_SHED_AT_SHEDDABLE", "0.95"),
+        ("SENDGATE_SHED_AT_DEFAULT", "0.8"),
+    ]))
+    .unwrap_err();
+    assert!(
+        err.to_string().starts_with("SENDGATE_SHED_AT_SHEDDABLE")
+            && err.to_string().contains("SENDGATE_SHED_AT_DEFAULT"),
+        "{err}"
+    );
+    assert!(Settings::from_vars(&vars(&[
+        ("SENDGATE_SHED_AT_SHEDDABLE", "0.8"),
+        ("SENDGATE_SHED_AT_DEFAULT", "0.8"),
+    ]))
+    .is_ok());
+}

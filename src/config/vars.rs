@@ -359,8 +359,8 @@ pub const RESUME_BELOW: Var = Var::server(
 pub const FAIR_SHARE: Var = Var::server(
     "SENDGATE_FAIR_SHARE",
     G::Capacity,
-    K::Choice(&["enforce", "shadow", "off"]),
-    "Tenants' shares of a contended queue's room (docs/fairness.md): enforce, shadow (refuses nothing for shares) or off.",
+    K::Choice(&["enforce", "off"]),
+    "Tenants' shares of a contended queue's room (docs/fairness.md): enforce or off.",
 )
 .default("enforce");
 pub const FAIR_SHARE_AT: Var = Var::server(
@@ -374,7 +374,7 @@ pub const SHED_AT_SHEDDABLE: Var = Var::server(
     "SENDGATE_SHED_AT_SHEDDABLE",
     G::Capacity,
     K::Fraction,
-    "A sheddable send is refused once it would take the backlog past this share of the ceiling.",
+    "A sheddable send is refused once it would take the backlog past this share of the ceiling (at most SENDGATE_SHED_AT_DEFAULT).",
 )
 .default("0.8");
 pub const SHED_AT_DEFAULT: Var = Var::server(

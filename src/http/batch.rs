@@ -18,7 +18,8 @@ use serde_json::Value;
 use super::context::RequestContext;
 use super::errors::{whole_seconds, ApiError, FieldError, Problem, MAX_FIELD_ERRORS};
 use super::send::{
-    authorize_send, dry_run, nests_deeper_than, read_json_body, request_trace, Held, Key,
+    asked_criticality, authorize_send, dry_run, nests_deeper_than, read_json_body, request_trace,
+    Held, Key,
 };
 use super::state::AppState;
 use crate::admission::ceiling::Refusal;
@@ -188,6 +189,10 @@ async fn admit_and_send(
         .await
         .map_err(|problem| context.error(problem))?;
     let mut errors: Vec<FieldError> = context.header_problem().into_iter().collect();
+    let asker = asked_criticality(req, asker).unwrap_or_else(|e| {
+        errors.push(e);
+        asker
+    });
     let dry_run = dry_run(req, &mut errors);
     let entries = parse_entries(&body, state, &mut errors);
     if !errors.is_empty() {
@@ -559,11 +564,18 @@ async fn dispatch(
 /// The whole batch refused: as a single send's refusal, a `429` naming the room there is.
 fn refused(context: &RequestContext, state: &AppState, e: DispatchError) -> ApiError {
     let room = match &e {
-        DispatchError::Refused(Refusal::QueueFull { room, .. }) => Some(*room),
+        DispatchError::Refused(
+            Refusal::QueueFull { room, .. }
+            | Refusal::Shed { room, .. }
+            | Refusal::TenantShare { room, .. },
+        ) => Some(*room),
         _ => None,
     };
     let mut problem = Problem::from_dispatch(e, None, state.max_body_bytes);
-    if let Problem::QueueFull { room: r, .. } = &mut problem {
+    if let Problem::QueueFull { room: r, .. }
+    | Problem::Shed { room: r, .. }
+    | Problem::TenantShare { room: r, .. } = &mut problem
+    {
         *r = room;
     }
     context.error(problem)

@@ -78,11 +78,15 @@ pub enum Problem {
         backlog: u64,
         cut: u64,
         retry_after: Duration,
+        /// A batch's: how many of its entries would be admitted now.
+        room: Option<u64>,
     },
     #[error("The queue is full for now for your tenant: it has taken its part of the room ({share_milli} in 1000); its next part opens after Retry-After.")]
     TenantShare {
         share_milli: u16,
         retry_after: Duration,
+        /// A batch's: how many of its entries would be admitted now.
+        room: Option<u64>,
     },
     #[error("The {backend} backend cannot carry the attribute {attribute} faithfully, so the message was not sent.")]
     UnsupportedAttribute {
@@ -336,23 +340,28 @@ impl Problem {
                 consecutive_failures,
             },
             DispatchError::Refused(Refusal::QueueDisabled) => Problem::QueueDisabled,
+            // Named by a batch's answer only, as for the ceiling's refusal.
             DispatchError::Refused(Refusal::Shed {
                 criticality,
                 backlog,
                 cut,
                 retry_after,
+                room: _,
             }) => Problem::Shed {
                 criticality,
                 backlog,
                 cut,
                 retry_after,
+                room: None,
             },
             DispatchError::Refused(Refusal::TenantShare {
                 share_milli,
                 retry_after,
+                room: _,
             }) => Problem::TenantShare {
                 share_milli,
                 retry_after,
+                room: None,
             },
             // A send that reached the gate after the drain (its seat left the fleet): as
             // one refused by the lifecycle once stopped.
@@ -434,7 +443,9 @@ impl ApiError {
                 backlog,
                 cut,
                 retry_after,
+                room,
             } => {
+                b.room = *room;
                 b.reason = Some("criticality".into());
                 b.criticality = Some(criticality.as_str().into());
                 b.backlog = Some(*backlog);
@@ -444,7 +455,9 @@ impl ApiError {
             Problem::TenantShare {
                 share_milli,
                 retry_after,
+                room,
             } => {
+                b.room = *room;
                 b.reason = Some("tenant_share".into());
                 b.share = Some(f64::from(*share_milli) / 1000.0);
                 b.retry_after_s = Some(whole_seconds(*retry_after));

@@ -160,6 +160,8 @@ async fn admit_and_send(
     let (input, body, _buffered) = read_input(req, context, payload, state)
         .await
         .map_err(|problem| context.error(problem))?;
+    let asker = asked_criticality(req, asker)
+        .map_err(|e| context.error(Problem::InvalidRequest { errors: vec![e] }))?;
     let trace = input.trace.for_message();
     if input.dry_run {
         // What a send would be refused for before capacity: an attribute the backend
@@ -265,29 +267,35 @@ pub(crate) fn authorize_send(
             action: "send to this queue",
         }));
     }
-    let criticality = match req.headers().get(headers::CRITICALITY) {
-        None => principal.criticality,
-        Some(value) => value
-            .to_str()
-            .ok()
-            .and_then(Criticality::parse)
-            // Lowered, never raised past the key's.
-            .map(|asked| asked.min(principal.criticality))
-            .ok_or_else(|| {
-                context.error(Problem::InvalidRequest {
-                    errors: vec![FieldError::new(
-                        &["header", headers::spelling::CRITICALITY],
-                        "must be critical, default or sheddable",
-                    )],
-                })
-            })?,
-    };
+    // The key's level; step 4 reads the header that may lower it.
     let asker = Asker {
         tenant: principal.tenant,
-        criticality,
+        criticality: principal.criticality,
     };
     let caller = matches!(state.auth, Authenticator::Keys(..)).then_some(principal);
     Ok((queue.clone(), caller, asker))
+}
+
+/// Step 4's `Sendgate-Criticality`: the level the caller's key allows, or the lower one
+/// the header asks for (never a higher one); anything but the three words is a 400.
+pub(crate) fn asked_criticality(req: &HttpRequest, asker: Asker) -> Result<Asker, FieldError> {
+    let Some(value) = req.headers().get(headers::CRITICALITY) else {
+        return Ok(asker);
+    };
+    value
+        .to_str()
+        .ok()
+        .and_then(Criticality::parse)
+        .map(|asked| Asker {
+            criticality: asked.min(asker.criticality),
+            ..asker
+        })
+        .ok_or_else(|| {
+            FieldError::new(
+                &["header", headers::spelling::CRITICALITY],
+                "must be critical, default or sheddable",
+            )
+        })
 }
 
 /// Step 4: content type, size, JSON validity, headers and `dry_run`.

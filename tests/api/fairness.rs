@@ -84,3 +84,45 @@ async fn a_sheddable_send_is_refused_from_80_percent_and_a_default_one_up_to_the
     );
     assert_eq!(app.stored("requests"), 10);
 }
+
+#[tokio::test]
+async fn a_batch_refused_for_its_criticality_says_how_many_entries_would_be_admitted() {
+    let (app, _dir) = app("10").await;
+    for _ in 0..6 {
+        assert_eq!(send(&app, "reports", None).await.status(), 201);
+    }
+    let batch = serde_json::json!({"messages": (0..3).map(|i| serde_json::json!({"body": i})).collect::<Vec<_>>()});
+    let response = app
+        .client
+        .post(app.url("/v1/queues/requests/messages/batch"))
+        .header("Content-Type", "application/json")
+        .header("Authorization", "Bearer reports-secret")
+        .body(batch.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 429);
+    let body = body_json(response).await;
+    assert_eq!(body["reason"], "criticality");
+    assert_eq!(
+        body["room"], 2,
+        "6 held, sheddable up to 8: two of the three would go"
+    );
+    assert_eq!(app.stored("requests"), 6);
+}
+
+#[tokio::test]
+async fn a_bad_criticality_header_is_a_step_4_problem_after_the_content_type() {
+    let (app, _dir) = app("10").await;
+    let response = app
+        .client
+        .post(app.url("/v1/queues/requests/messages"))
+        .header("Content-Type", "text/plain")
+        .header("Authorization", "Bearer script-secret")
+        .header("Sendgate-Criticality", "urgent")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 415, "the content type is checked first");
+}

@@ -452,7 +452,11 @@ impl LocalGate {
                         .with_room(room));
                 }
                 let room = policy.limit.saturating_sub(estimate).div_ceil(weight);
-                judge.admits(units, room, estimate, policy.limit)?;
+                // What the queue holds with these sends as the check above weighs them: the
+                // bounds already count the first, a gate alone does not.
+                let first = u64::from(bounds.is_none());
+                let after = estimate.saturating_add(rest).saturating_add(first);
+                judge.admits(units, room, estimate, after, policy.limit)?;
             }
             LastRead::Failed { .. } | LastRead::Never => {
                 if policy.fail_closed && state.streak >= policy.streak_threshold {

@@ -160,12 +160,16 @@ pub enum Refusal {
         backlog: u64,
         cut: u64,
         retry_after: Duration,
+        /// How many sends would be admitted at this level now (a batch is refused whole).
+        room: u64,
     },
     /// The tenant is past its part of the room this round offers (docs/fairness.md);
     /// `share_milli`: its part, in thousandths.
     TenantShare {
         share_milli: u16,
         retry_after: Duration,
+        /// How many sends the tenant could take now (a batch is refused whole).
+        room: u64,
     },
 }
 
@@ -173,9 +177,17 @@ pub enum Refusal {
 /// docs/fairness.md), asked by a gate under its lock with the ceiling's view of the queue.
 /// It may only refuse: what the ceiling refuses never reaches [`Judge::admits`].
 pub trait Judge {
-    /// The ceiling would admit `units` with `room` left before them (`estimate` of
-    /// `limit`): admitted unless this refuses.
-    fn admits(&mut self, units: u64, room: u64, estimate: u64, limit: u64) -> Result<(), Refusal>;
+    /// The ceiling would admit `units` with `room` left before them: `estimate` of `limit`
+    /// before them, `after` with them as the ceiling weighs them (a replica deciding
+    /// alone weighs its own sends by the fleet's size). Admitted unless this refuses.
+    fn admits(
+        &mut self,
+        units: u64,
+        room: u64,
+        estimate: u64,
+        after: u64,
+        limit: u64,
+    ) -> Result<(), Refusal>;
     /// The ceiling refused `units` as the queue is full.
     fn refused_full(&mut self, units: u64);
 }
@@ -184,7 +196,7 @@ pub trait Judge {
 pub struct Unjudged;
 
 impl Judge for Unjudged {
-    fn admits(&mut self, _: u64, _: u64, _: u64, _: u64) -> Result<(), Refusal> {
+    fn admits(&mut self, _: u64, _: u64, _: u64, _: u64, _: u64) -> Result<(), Refusal> {
         Ok(())
     }
 

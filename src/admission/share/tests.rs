@@ -73,8 +73,9 @@ async fn contended_a_tenant_past_its_part_leaves_the_room_the_other_is_owed() {
                 a += 1;
                 room -= 1;
             }
-            Verdict::Refuse { share } => {
+            Verdict::Refuse { share, room: fits } => {
                 assert!((share - 0.75).abs() < 1e-9, "{share}");
+                assert_eq!(fits, 0, "all that is left is B's");
                 break;
             }
             other => panic!("{other:?}"),
