@@ -326,16 +326,19 @@ impl Application {
         // Tenants share each queue's room, and criticality is shed, by the keys file's
         // tenants (open mode: one tenant, every send at the default level).
         let fair = fair_policy(&settings.fair);
-        let weights = auth.tenants().weights();
-        primary_route.share_among(&weights, fair);
+        let tenants = auth.tenants();
+        primary_route.share_among(&tenants, fair);
         if let Some(lane) = &fallback_route {
-            lane.share_among(&weights, fair);
+            lane.share_among(&tenants, fair);
         }
         let coordination = Coordination::start(&settings.coordination);
         if let Coordination::Fleet { fleet, ledger } = &coordination {
             let primary = settings.primary.kind();
+            let shares: Arc<dyn crate::coordination::shares::ShareExchange> =
+                Arc::new(ledger.clone());
             primary_route.join_fleet(
                 fleet,
+                &shares,
                 |q| ledger.queue_key(primary, q),
                 settings.send_timeout,
             );
@@ -343,6 +346,7 @@ impl Application {
                 let fallback = fallback.kind();
                 lane.join_fleet(
                     fleet,
+                    &shares,
                     |q| ledger.fallback_queue_key(primary, fallback, q),
                     settings.send_timeout,
                 );

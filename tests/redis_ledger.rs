@@ -663,3 +663,63 @@ async fn the_lag_buckets_are_one_bounded_field_and_an_older_builds_bucket_fields
     let (old,): (bool,) = ledger.query(&pipe).await.unwrap();
     assert!(!old, "a bucket older than the lag is pruned");
 }
+
+/// The tenants' exchange (docs/fairness.md, "In a fleet") on the real Redis: each replica
+/// hears the sum of the others' counts of the round, a damaged field is skipped, a flush
+/// loses the counts (and nothing else breaks), and nothing is written to the ceiling's hash.
+#[tokio::test]
+async fn the_tenants_exchange_sums_the_other_replicas_counts_and_survives_a_flush_of_its_key() {
+    use sendgate::coordination::shares::{Counts, RoundCounts, ShareExchange};
+    ensure_redis();
+    let prefix = unique_prefix();
+    let _cleanup = Cleanup(prefix.clone());
+    let ledger = Ledger::connect(&settings("redis://127.0.0.1:6379", &prefix, TIMEOUT))
+        .await
+        .unwrap();
+    let queue = queue_key(&ledger, "requests");
+    let key = format!("{queue}:tenants");
+    let counts = |round, asked, admitted| {
+        let mut c = RoundCounts::empty(round);
+        c.tenants.insert(
+            "greedy".into(),
+            Counts {
+                asked_before: 0,
+                asked,
+                admitted,
+            },
+        );
+        c
+    };
+    // Counts past a Lua double's exact range travel as the string they were sent as.
+    let big = (1u64 << 53) + 1;
+    let heard = ledger
+        .exchange(&key, "r1", &counts(7, big, 3))
+        .await
+        .unwrap();
+    assert!(heard.tenants.is_empty(), "nobody else yet: {heard:?}");
+    cli(&["HSET", &key, "junk", "not|a replica's counts"]);
+    let heard = ledger
+        .exchange(&key, "r2", &counts(7, 10, 1))
+        .await
+        .unwrap();
+    assert_eq!(heard.tenants["greedy"].asked, big);
+    assert_eq!(heard.tenants["greedy"].admitted, 3);
+    // r1's counts of round 7, heard in round 8: its asks move back a round.
+    let heard = ledger.exchange(&key, "r3", &counts(8, 1, 1)).await.unwrap();
+    assert_eq!(heard.round, 8);
+    assert_eq!(heard.tenants["greedy"].asked_before, big + 10);
+    assert_eq!(heard.tenants["greedy"].admitted, 0);
+    assert_eq!(
+        cli(&["EXISTS", &queue]),
+        "0",
+        "the ceiling's hash is not touched"
+    );
+    let ttl: i64 = cli(&["PTTL", &key]).parse().unwrap();
+    assert!(ttl > 0 && ttl <= 3_000, "kept for its counts' time: {ttl}");
+    cli(&["DEL", &key]);
+    let heard = ledger.exchange(&key, "r1", &counts(8, 2, 2)).await.unwrap();
+    assert!(
+        heard.tenants.is_empty(),
+        "a flush loses what was heard: {heard:?}"
+    );
+}

@@ -76,26 +76,38 @@ impl Lane {
         }
     }
 
-    /// Share each queue's ceiling with the fleet (`SENDGATE_COORDINATION=redis`), under the
-    /// ledger key `key` gives for it (the primary's and the fallback's differ: see
-    /// [`Ledger::fallback_queue_key`](crate::coordination::ledger::Ledger::fallback_queue_key)).
     /// Share each queue's room among these tenants, by the fair policy (start-up).
-    pub fn share_among(&self, weights: &[u32], policy: crate::admission::fair::FairPolicy) {
+    pub fn share_among(
+        &self,
+        tenants: &crate::admission::tenants::Tenants,
+        policy: crate::admission::fair::FairPolicy,
+    ) {
         for gate in self.gates.values() {
-            gate.share_among(weights, policy);
+            gate.share_among(tenants, policy);
         }
     }
 
+    /// Share each queue's ceiling with the fleet (`SENDGATE_COORDINATION=redis`), under the
+    /// ledger key `key` gives for it (the primary's and the fallback's differ: see
+    /// [`Ledger::fallback_queue_key`](crate::coordination::ledger::Ledger::fallback_queue_key)),
+    /// and its tenants' counts through `shares`, under that key with `:tenants` added.
     pub fn join_fleet(
         &self,
         fleet: &Arc<crate::coordination::fleet::Fleet>,
+        shares: &Arc<dyn crate::coordination::shares::ShareExchange>,
         key: impl Fn(&QueueName) -> String,
         send_timeout: Duration,
     ) {
         for (queue, gate) in &self.gates {
+            let key = key(queue);
+            gate.exchange_shares(crate::admission::exchange::Place {
+                exchange: Arc::clone(shares),
+                key: format!("{key}:tenants"),
+                replica: fleet.replica().to_owned(),
+            });
             gate.join_fleet(FleetSeat::new(
                 Arc::clone(fleet),
-                key(queue),
+                key,
                 queue.clone(),
                 Arc::clone(gate.policy_cell()),
                 Arc::clone(&self.backend),

@@ -7,6 +7,7 @@
 pub mod breaker;
 pub mod ceiling;
 pub mod drain;
+pub mod exchange;
 pub mod fair;
 pub mod inflight;
 mod lane;

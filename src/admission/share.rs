@@ -41,21 +41,61 @@ pub enum Verdict {
     },
 }
 
+/// A tenant's counts of a round, in units.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Asked in the previous round (admitted or refused).
+    pub asked_before: u64,
+    /// Asked in this round so far.
+    pub asked: u64,
+    /// Admitted in this round so far.
+    pub admitted: u64,
+}
+
+impl Counts {
+    /// As of the round after: its asks become the asks before.
+    fn rolled(self) -> Self {
+        Self {
+            asked_before: self.asked,
+            ..Self::default()
+        }
+    }
+}
+
+/// A round's counts, by tenant index: this book's own, or what the other replicas of a
+/// fleet counted (docs/fairness.md, "In a fleet").
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoundView {
+    pub round: u64,
+    /// Refused at the ceiling in this round / in the one before.
+    pub refused_now: bool,
+    pub refused_before: bool,
+    pub counts: Vec<(TenantIndex, Counts)>,
+}
+
 #[derive(Debug, Clone, Copy, Default)]
 struct Tenant {
     weight: u32,
-    /// Units asked in the previous round (admitted or refused).
-    asked_before: u64,
-    /// Units asked in this round so far.
-    asked: u64,
-    /// Units admitted in this round.
-    admitted: u64,
+    own: Counts,
+    /// The other replicas' counts as last heard, as of this round.
+    heard: Counts,
 }
 
 impl Tenant {
-    /// What the tenant is taken to want this round.
+    /// What the tenant is taken to want this round: its asks of the round before, or of
+    /// this one if more, here and on the other replicas.
     fn wants(&self) -> u64 {
-        self.asked_before.max(self.asked)
+        let before = self
+            .own
+            .asked_before
+            .saturating_add(self.heard.asked_before);
+        let now = self.own.asked.saturating_add(self.heard.asked);
+        before.max(now)
+    }
+
+    /// Admitted this round, here and on the other replicas.
+    fn admitted(&self) -> u64 {
+        self.own.admitted.saturating_add(self.heard.admitted)
     }
 }
 
@@ -63,12 +103,19 @@ impl Tenant {
 #[derive(Debug)]
 pub struct ShareBook {
     epoch: Instant,
-    /// The round `tenants` counts: whole `ROUND`s since `epoch`.
+    /// The number of `epoch`'s round: 0 for a book alone, the wall clock's whole seconds
+    /// for a replica of a fleet (docs/fairness.md, B3: every replica's round `n` is the
+    /// same second).
+    first_round: u64,
+    /// The round `tenants` counts: `first_round` plus whole `ROUND`s since `epoch`.
     round: u64,
     tenants: Vec<Tenant>,
-    /// A send was refused at the ceiling in this round / in the previous one.
+    /// A send was refused at the ceiling in this round / in the previous one, here.
     refused_now: bool,
     refused_before: bool,
+    /// The same, on another replica, as last heard.
+    heard_refused_now: bool,
+    heard_refused_before: bool,
 }
 
 impl ShareBook {
@@ -76,6 +123,7 @@ impl ShareBook {
     pub fn new(weights: &[u32], now: Instant) -> Self {
         Self {
             epoch: now,
+            first_round: 0,
             round: 0,
             tenants: weights
                 .iter()
@@ -86,26 +134,116 @@ impl ShareBook {
                 .collect(),
             refused_now: false,
             refused_before: false,
+            heard_refused_now: false,
+            heard_refused_before: false,
         }
+    }
+
+    /// A replica's book in a fleet: rounds are whole seconds of the wall clock, `wall` the
+    /// time since the Unix epoch at `now`. What it counted so far is forgotten.
+    pub fn on_wall_clock(weights: &[u32], now: Instant, wall: Duration) -> Self {
+        let into_second = Duration::from_nanos(u64::from(wall.subsec_nanos()));
+        let mut book = Self::new(weights, now.checked_sub(into_second).unwrap_or(now));
+        book.first_round = wall.as_secs();
+        book.round = book.first_round;
+        book
+    }
+
+    /// The round `now` is in.
+    fn round_at(&self, now: Instant) -> u64 {
+        let since: u64 = (now.saturating_duration_since(self.epoch).as_nanos() / ROUND.as_nanos())
+            .try_into()
+            .unwrap_or(u64::MAX);
+        self.first_round.saturating_add(since)
     }
 
     /// Start the round `now` is in, if it is a later one.
     fn roll(&mut self, now: Instant) {
-        let round = (now.saturating_duration_since(self.epoch).as_nanos() / ROUND.as_nanos())
-            .try_into()
-            .unwrap_or(u64::MAX);
+        let round = self.round_at(now);
         if round <= self.round {
             return;
         }
         let next = round == self.round + 1;
         for t in &mut self.tenants {
-            t.asked_before = if next { t.asked } else { 0 };
-            t.asked = 0;
-            t.admitted = 0;
+            t.own = if next {
+                t.own.rolled()
+            } else {
+                Counts::default()
+            };
+            t.heard = if next {
+                t.heard.rolled()
+            } else {
+                Counts::default()
+            };
         }
         self.refused_before = next && self.refused_now;
         self.refused_now = false;
+        self.heard_refused_before = next && self.heard_refused_now;
+        self.heard_refused_now = false;
         self.round = round;
+    }
+
+    /// This book's own counts of the round `now` is in (tenants that counted nothing left
+    /// out); `None` when nothing was asked in it or the round before (nothing to tell).
+    pub fn own_round(&mut self, now: Instant) -> Option<RoundView> {
+        self.roll(now);
+        let counts: Vec<(TenantIndex, Counts)> = self
+            .tenants
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.own != Counts::default())
+            .map(|(i, t)| (TenantIndex(u16::try_from(i).unwrap_or(u16::MAX)), t.own))
+            .collect();
+        (!counts.is_empty()).then_some(RoundView {
+            round: self.round,
+            refused_now: self.refused_now,
+            refused_before: self.refused_before,
+            counts,
+        })
+    }
+
+    /// What the other replicas counted, as of `view.round` (as of `now`'s round: counts of
+    /// the round before move back one, older ones are dropped). Replaces what was heard.
+    pub fn hear(&mut self, view: RoundView, now: Instant) {
+        self.roll(now);
+        let next = view.round.checked_add(1) == Some(self.round);
+        if view.round != self.round && !next {
+            return;
+        }
+        for t in &mut self.tenants {
+            t.heard = Counts::default();
+        }
+        for (index, counts) in view.counts {
+            if let Some(t) = self.tenants.get_mut(usize::from(index.0)) {
+                t.heard = if next { counts.rolled() } else { counts };
+            }
+        }
+        self.heard_refused_now = !next && view.refused_now;
+        self.heard_refused_before = if next {
+            view.refused_now
+        } else {
+            view.refused_before
+        };
+    }
+
+    /// Take back `units` admitted to `tenant` this round (the fleet's seat then did not
+    /// admit them): neither asked nor admitted.
+    pub fn withdraw(&mut self, tenant: TenantIndex, units: u64, now: Instant) {
+        self.roll(now);
+        if let Some(t) = self.tenants.get_mut(usize::from(tenant.0)) {
+            t.own.asked = t.own.asked.saturating_sub(units);
+            t.own.admitted = t.own.admitted.saturating_sub(units);
+        }
+    }
+
+    /// Count `units` asked and admitted for `tenant` without deciding (the room is not
+    /// known: the ceiling alone decides).
+    pub fn count_admitted(&mut self, tenant: TenantIndex, units: u64, now: Instant) {
+        self.roll(now);
+        if let Some(t) = self.tenants.get_mut(usize::from(tenant.0)) {
+            t.own.asked = t.own.asked.saturating_add(units);
+            t.own.admitted = t.own.admitted.saturating_add(units);
+        }
     }
 
     /// The ceiling refused `units` for `tenant`: they count as asked, and the queue as
@@ -113,15 +251,19 @@ impl ShareBook {
     pub fn refused_at_ceiling(&mut self, tenant: TenantIndex, units: u64, now: Instant) {
         self.roll(now);
         if let Some(t) = self.tenants.get_mut(usize::from(tenant.0)) {
-            t.asked = t.asked.saturating_add(units);
+            t.own.asked = t.own.asked.saturating_add(units);
         }
         self.refused_now = true;
     }
 
     /// Whether the queue counts as contended: refused at the ceiling this round or the
-    /// last, or `near` (the gate's estimate at or over the share threshold).
+    /// last (here or, as heard, on another replica), or `near` (the gate's estimate at or
+    /// over the share threshold).
     fn contended(&self, near: bool) -> bool {
-        near || self.refused_now || self.refused_before
+        near || self.refused_now
+            || self.refused_before
+            || self.heard_refused_now
+            || self.heard_refused_before
     }
 
     /// Decide `units` for `tenant`, which the ceiling would admit with `room` left (room
@@ -141,7 +283,7 @@ impl ShareBook {
         let Some(asker) = self.tenants.get_mut(index) else {
             return Verdict::Admit;
         };
-        asker.asked = asker.asked.saturating_add(units);
+        asker.own.asked = asker.own.asked.saturating_add(units);
         // One tenant is owed nothing by anyone else: whatever the ceiling admits is its
         // (open mode, a keys file of one tenant), without the parts computed per send.
         let alone = self.tenants.len() == 1;
@@ -155,7 +297,7 @@ impl ShareBook {
             }
         };
         if !matches!(verdict, Verdict::Refuse { .. }) {
-            let asker = &mut self.tenants[index];
+            let asker = &mut self.tenants[index].own;
             asker.admitted = asker.admitted.saturating_add(units);
         }
         verdict
@@ -167,14 +309,14 @@ impl ShareBook {
         let offered = self
             .tenants
             .iter()
-            .map(|t| t.admitted)
+            .map(Tenant::admitted)
             .fold(room, u64::saturating_add);
         let parts = parts(offered, &self.tenants);
         let owed: Vec<f64> = self
             .tenants
             .iter()
             .zip(&parts)
-            .map(|(t, &part)| (part - t.admitted as f64).max(0.0))
+            .map(|(t, &part)| (part - t.admitted() as f64).max(0.0))
             .collect();
         let total: f64 = owed.iter().sum();
         let room_f = room as f64;
@@ -204,7 +346,7 @@ impl ShareBook {
         let offered = self
             .tenants
             .iter()
-            .map(|t| t.admitted)
+            .map(Tenant::admitted)
             .fold(room, u64::saturating_add);
         if offered == 0 {
             return vec![0.0; self.tenants.len()];

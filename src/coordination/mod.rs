@@ -8,6 +8,8 @@ pub mod ledger;
 pub mod memory;
 pub mod port;
 mod redis_port;
+mod redis_shares;
+pub mod shares;
 
 use std::sync::Arc;
 use std::time::SystemTime;

@@ -1318,6 +1318,29 @@ impl FleetSeat {
         }
     }
 
+    /// The fleet's estimate as this replica may judge a send by (docs/fairness.md, "In a
+    /// fleet"), with the ceiling in force and the fleet's size: the last view's estimate,
+    /// less the units its own blocks still hold (counted in it, not yet used). `None`
+    /// without a good read in that view.
+    pub fn judged_estimate(&self) -> Option<(u64, u64, u64)> {
+        let state = self.state.lock();
+        let (view, _) = state.last?;
+        let estimate = view.estimate()?;
+        let now = Instant::now();
+        let limit = self.policy.load().limit;
+        let unused: u64 = state
+            .blocks
+            .iter()
+            .filter(|b| now < b.use_until && b.limit <= limit)
+            .map(|b| b.left)
+            .sum();
+        Some((
+            estimate.saturating_sub(unused),
+            limit,
+            state.fleet_size.max(1),
+        ))
+    }
+
     /// Admin-plane reads this replica made for the fleet: (ok, failed).
     pub fn own_reads(&self) -> (u64, u64) {
         self.state.lock().own_reads

@@ -21,14 +21,17 @@ mod window;
 
 use std::sync::Arc;
 
+use crate::admission::exchange::{self, Names, Place};
 use crate::admission::fair::{Asker, FairPolicy, ShareJudge};
 use crate::admission::share::ShareBook;
+use crate::admission::tenants::Tenants;
 use crate::backend::Backend;
 use crate::coordination::ledger::CONNECT_DEADLINE;
 use crate::domain::QueueName;
 
 pub use fleet::{FleetSeat, Goodbye, Held, USE_BLOCK_FOR};
 pub use local::LocalBounds;
+use policy::Judge;
 pub use policy::{
     BacklogEffect, CapacityPolicy, GateSnapshot, PolicyCell, PolicyOverride, Refusal,
 };
@@ -47,8 +50,9 @@ pub struct CapacityGate {
 
 /// A queue's share book and how it applies.
 struct Shares {
-    book: parking_lot::Mutex<ShareBook>,
+    book: Arc<parking_lot::Mutex<ShareBook>>,
     policy: FairPolicy,
+    tenants: Tenants,
 }
 
 impl CapacityGate {
@@ -62,13 +66,38 @@ impl CapacityGate {
         })
     }
 
-    /// Share this queue's room among tenants of these weights (once, at start-up); without
-    /// it every send is decided by the ceiling alone.
-    pub fn share_among(&self, weights: &[u32], policy: FairPolicy) {
+    /// Share this queue's room among these tenants (once, at start-up); without it every
+    /// send is decided by the ceiling alone.
+    pub fn share_among(&self, tenants: &Tenants, policy: FairPolicy) {
+        let book = ShareBook::new(&tenants.weights(), tokio::time::Instant::now());
         let _ = self.shares.set(Shares {
-            book: parking_lot::Mutex::new(ShareBook::new(weights, tokio::time::Instant::now())),
+            book: Arc::new(parking_lot::Mutex::new(book)),
             policy,
+            tenants: tenants.clone(),
         });
+    }
+
+    /// In a fleet, share the room by the fleet's counts (docs/fairness.md, "In a fleet"):
+    /// the book's rounds move to the wall clock's seconds and its counts are exchanged at
+    /// `place` from now on (once, at start-up, after [`Self::share_among`]). With one
+    /// tenant nobody is owed anything, so nothing is exchanged.
+    pub fn exchange_shares(&self, place: Place) {
+        let Some(shares) = self.shares.get() else {
+            return;
+        };
+        if shares.tenants.len() < 2 {
+            return;
+        }
+        *shares.book.lock() = ShareBook::on_wall_clock(
+            &shares.tenants.weights(),
+            tokio::time::Instant::now(),
+            exchange::wall_clock(),
+        );
+        tokio::spawn(exchange::run(
+            Arc::downgrade(&shares.book),
+            Names::of(&shares.tenants),
+            place,
+        ));
     }
 
     /// Share this queue's ceiling with the fleet (once, at start-up).
@@ -123,12 +152,16 @@ impl CapacityGate {
             return Ok(self.reservation(Decider::Local, units));
         };
         if seat.joined() {
+            self.judge_in_fleet(seat, asker, units)?;
             match seat.admit_units(units).await {
                 FleetAnswer::Admit(held) => {
                     return Ok(self.reservation(Decider::Fleet(held), units))
                 }
-                FleetAnswer::Refuse(refusal) => return Err(self.log_failclosed(seat, refusal)),
-                FleetAnswer::CutOff => {}
+                FleetAnswer::Refuse(refusal) => {
+                    self.unjudge(asker, units, Some(&refusal));
+                    return Err(self.log_failclosed(seat, refusal));
+                }
+                FleetAnswer::CutOff => self.unjudge(asker, units, None),
             }
         }
         match seat.alone_units(units) {
@@ -149,6 +182,48 @@ impl CapacityGate {
                     }
                 }
             }
+        }
+    }
+
+    /// A replica in the fleet asks the judge before its seat (docs/fairness.md, "In a
+    /// fleet"), with the fleet's estimate as the seat last saw it, and room for at least
+    /// `units`: the seat reserves what is really left, and a send the judge admits on room
+    /// that has gone is refused by the seat, as without the judge. The judge only refuses.
+    /// Without a good read to judge by, the send is only counted.
+    fn judge_in_fleet(&self, seat: &FleetSeat, asker: Asker, units: u64) -> Result<(), Refusal> {
+        let Some(shares) = self.shares.get() else {
+            return Ok(());
+        };
+        let Some((estimate, limit, replicas)) = seat.judged_estimate() else {
+            let now = tokio::time::Instant::now();
+            shares.book.lock().count_admitted(asker.tenant, units, now);
+            return Ok(());
+        };
+        let estimate = estimate.min(limit.saturating_sub(units));
+        // Every replica sees the same room until the next reply shows what the others took:
+        // judged as this replica's share of it, a tenant over its part cannot take, on each
+        // replica, the room owed to another.
+        let room = (limit - estimate).div_ceil(replicas).max(units);
+        let mut judge = ShareJudge {
+            book: &shares.book,
+            asker,
+            policy: shares.policy,
+            would_refuse: false,
+        };
+        judge.admits(units, room, estimate, estimate + units, limit)
+    }
+
+    /// The seat did not admit what the judge counted: out of the book again, and counted
+    /// as refused at the ceiling if it was (`refusal`).
+    fn unjudge(&self, asker: Asker, units: u64, refusal: Option<&Refusal>) {
+        let Some(shares) = self.shares.get() else {
+            return;
+        };
+        let now = tokio::time::Instant::now();
+        let mut book = shares.book.lock();
+        book.withdraw(asker.tenant, units, now);
+        if matches!(refusal, Some(Refusal::QueueFull { .. })) {
+            book.refused_at_ceiling(asker.tenant, units, now);
         }
     }
 

@@ -800,6 +800,14 @@ fn fair(mode: crate::admission::share::ShareMode) -> crate::admission::fair::Fai
     }
 }
 
+fn two_tenants() -> Tenants {
+    let t = |name: &str| crate::admission::tenants::Tenant {
+        name: name.into(),
+        weight: 1,
+    };
+    Tenants::new(vec![t("a"), t("b")]).unwrap()
+}
+
 fn asker(
     tenant: u16,
     criticality: crate::admission::tenants::Criticality,
@@ -817,7 +825,7 @@ async fn the_gate_refuses_a_tenant_past_its_part_and_admits_the_one_it_owes() {
     // Empty at every read; ceiling 40; reads every 10 s (the room does not refill).
     let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
     let g = gate(policy(40, 10_000, false, 3), &backend);
-    g.share_among(&[1, 1], fair(ShareMode::Enforce));
+    g.share_among(&two_tenants(), fair(ShareMode::Enforce));
     let (a, b) = (asker(0, D), asker(1, D));
     // Round 0: A fills the queue (not contended until the estimate nears 36), B asks once
     // at the full queue: both have asked.
@@ -864,7 +872,7 @@ async fn a_sheddable_send_is_refused_from_its_fraction_a_default_one_up_to_the_c
     use crate::admission::tenants::Criticality::{Critical, Default as D, Sheddable};
     let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
     let g = gate(policy(10, 10_000, false, 3), &backend);
-    g.share_among(&[1], fair(ShareMode::Off));
+    g.share_among(&Tenants::open(), fair(ShareMode::Off));
     let mut held = Vec::new();
     for _ in 0..8 {
         held.push(g.admit_units_for(asker(0, Sheddable), 1).await.unwrap());

@@ -9,7 +9,10 @@ const B: TenantIndex = TenantIndex(1);
 fn tenant(weight: u32, wants: u64) -> Tenant {
     Tenant {
         weight,
-        asked_before: wants,
+        own: Counts {
+            asked_before: wants,
+            ..Counts::default()
+        },
         ..Tenant::default()
     }
 }
@@ -117,7 +120,7 @@ async fn room_too_small_for_what_is_owed_is_shared_in_proportion_not_withheld_fr
     }
     tokio::time::advance(ROUND).await;
     // The third tenant took 6 this round; 2 units are left, A and B are each owed 8/3.
-    book.tenants[2].admitted = 6;
+    book.tenants[2].own.admitted = 6;
     // Owed 16/3 against a room of 2: each owed share is scaled by 2 / (16/3), B's to 1,
     // so A may take one unit (unscaled, B's 8/3 would leave A nothing, and B nothing).
     assert_eq!(
