@@ -736,11 +736,37 @@ async fn a_greedy_tenant_on_every_replica_leaves_a_modest_tenant_on_one_its_send
     let consumer = {
         let (queue, stop, most) = (queue.clone(), stop.clone(), most.clone());
         tokio::spawn(async move {
+            use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions};
+            let conn = rabbit::connect().await;
+            let ch = conn.create_channel().await.unwrap();
+            let mut consumed = 0u64;
+            let mut tick = tokio::time::interval(Duration::from_millis(50));
             while !stop.load(Ordering::SeqCst) {
-                most.fetch_max(u64::from(rabbit::ready(&queue).await), Ordering::SeqCst);
-                rabbit::take(&queue, 2).await;
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tick.tick().await;
+                let passive = QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                };
+                let q = ch
+                    .queue_declare(queue.as_str().into(), passive, Default::default())
+                    .await
+                    .unwrap();
+                most.fetch_max(u64::from(q.message_count()), Ordering::SeqCst);
+                for _ in 0..2 {
+                    let got = ch
+                        .basic_get(queue.as_str().into(), BasicGetOptions::default())
+                        .await
+                        .unwrap();
+                    let Some(m) = got else { break };
+                    m.delivery
+                        .acker
+                        .ack(BasicAckOptions::default())
+                        .await
+                        .unwrap();
+                    consumed += 1;
+                }
             }
+            consumed
         })
     };
     let until = Instant::now() + Duration::from_secs(10);
@@ -765,6 +791,9 @@ async fn a_greedy_tenant_on_every_replica_leaves_a_modest_tenant_on_one_its_send
             let answer = send(1, "modest").await.unwrap();
             if answer.status() == 201 {
                 admitted += 1;
+            } else if std::env::var_os("SHOW_REFUSALS").is_some() {
+                let body: serde_json::Value = answer.json().await.unwrap();
+                eprintln!("modest refused: {body}");
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -773,15 +802,18 @@ async fn a_greedy_tenant_on_every_replica_leaves_a_modest_tenant_on_one_its_send
     let (g0, g1, g2, g3, (sent, admitted)) =
         tokio::join!(greedy(0), greedy(0), greedy(1), greedy(1), modest);
     stop.store(true, Ordering::SeqCst);
-    consumer.await.unwrap();
+    let consumed = consumer.await.unwrap();
     let fraction = admitted as f64 / sent as f64;
-    eprintln!("fleet of 2 on Redis: the modest tenant got {admitted} of {sent} ({fraction:.2})");
+    eprintln!(
+        "fleet of 2 on Redis: the modest tenant got {admitted} of {sent} ({fraction:.2}); \
+         {consumed} consumed"
+    );
     assert!(g0 + g1 > 0, "replica 0 refused the greedy tenant its share");
     assert!(g2 + g3 > 0);
-    // Measured here: 0.31 (13 of 42), and 0.02 with SENDGATE_FAIR_SHARE=off; the paused-
-    // clock simulation of the same fleet gets 0.89-0.94 (docs/fairness.md, "Limits").
+    // Measured here: 0.84-0.89, and 0.17 with SENDGATE_FAIR_SHARE=off (docs/fairness.md,
+    // "Limits"); asserted with room for a loaded machine, far above the rule off.
     assert!(
-        fraction >= 0.15,
+        fraction >= 0.6,
         "the modest tenant got {fraction:.2} of its sends"
     );
     assert!(most.load(Ordering::SeqCst) <= 30, "the ceiling held");
