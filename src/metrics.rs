@@ -188,6 +188,67 @@ fn coordination_families(coordination: &Coordination) -> Vec<prometheus::proto::
     families
 }
 
+/// Per tenant and queue (a tenant once it has been answered on the queue):
+/// `sendgate_tenant_admitted_total`, `sendgate_tenant_refused_total{reason}`,
+/// `sendgate_tenant_would_refuse_total{reason}` (shadow mode) and `sendgate_tenant_share`.
+/// The `tenant` label takes only the keys file's tenants (at most 1000; open mode: `open`).
+fn tenant_families(dispatcher: &Dispatcher) -> Vec<prometheus::proto::MetricFamily> {
+    use crate::admission::tally::Reason;
+
+    let admitted = counter_vec(
+        "sendgate_tenant_admitted_total",
+        "Units (a batch's entries) admitted per tenant, shadow mode's would-be refusals included.",
+        &["backend", "queue", "tenant"],
+    );
+    let refused = counter_vec(
+        "sendgate_tenant_refused_total",
+        "Units refused per tenant, by reason: queue_full (the ceiling), criticality, tenant_share.",
+        &["backend", "queue", "tenant", "reason"],
+    );
+    let would_refuse = counter_vec(
+        "sendgate_tenant_would_refuse_total",
+        "Units admitted in shadow mode (SENDGATE_FAIR_SHARE=shadow) that enforce would have refused, by reason.",
+        &["backend", "queue", "tenant", "reason"],
+    );
+    let share = prometheus::GaugeVec::new(
+        Opts::new(
+            "sendgate_tenant_share",
+            "The tenant's part of the room the queue's round offers now (0-1).",
+        ),
+        &["backend", "queue", "tenant"],
+    )
+    .expect("valid metric definition");
+    for route in dispatcher.lanes() {
+        let role = route.role.as_str();
+        for gate in route.gates() {
+            let q = gate.queue().as_str();
+            for view in gate.tenants(&gate.snapshot()) {
+                let t = view.tenant.name.as_str();
+                let total = &view.counts.total;
+                admitted
+                    .with_label_values(&[role, q, t])
+                    .inc_by(total.admitted);
+                for reason in Reason::ALL {
+                    refused
+                        .with_label_values(&[role, q, t, reason.as_str()])
+                        .inc_by(total.refused(reason));
+                }
+                for reason in Reason::shadowed() {
+                    would_refuse
+                        .with_label_values(&[role, q, t, reason.as_str()])
+                        .inc_by(total.would_refuse(reason));
+                }
+                share.with_label_values(&[role, q, t]).set(view.share);
+            }
+        }
+    }
+    let mut families = admitted.collect();
+    families.extend(refused.collect());
+    families.extend(would_refuse.collect());
+    families.extend(share.collect());
+    families
+}
+
 /// The status as its three digits, without allocating on the hot path.
 fn status_str(status: u16, buf: &mut [u8; 3]) -> &str {
     let s = status.clamp(100, 999);
@@ -320,6 +381,7 @@ fn state_families(
     max_in_flight.set(dispatcher.in_flight().max() as i64);
 
     let mut families = Vec::new();
+    families.extend(tenant_families(dispatcher));
     for c in [
         &backlog,
         &limit,

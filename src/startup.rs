@@ -561,6 +561,7 @@ fn fair_policy(fair: &crate::config::FairSettings) -> crate::admission::fair::Fa
     crate::admission::fair::FairPolicy {
         mode: match fair.mode {
             FairMode::Enforce => ShareMode::Enforce,
+            FairMode::Shadow => ShareMode::Shadow,
             FairMode::Off => ShareMode::Off,
         },
         share_at: fair.share_at,

@@ -23,6 +23,13 @@ fn field(queue: &str, name: &str) -> String {
     format!(r#"article[data-backend="primary"][data-queue="{queue}"] [data-field="{name}"]"#)
 }
 
+/// The page's cell `name` of `tenant`'s row under `queue` on the primary.
+fn tenant(queue: &str, tenant: &str, name: &str) -> String {
+    format!(
+        r#"article[data-backend="primary"][data-queue="{queue}"] tr[data-tenant="{tenant}"] [data-field="{name}"]"#
+    )
+}
+
 /// A gateway on the embedded backend in a temporary data directory, with `vars` on top.
 async fn gateway(vars: &[(&str, &str)]) -> (Gateway, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a data directory");
@@ -54,6 +61,44 @@ async fn the_page_shows_the_backlog_and_ceiling_health_detailed_reports_and_foll
     let limit = browser.text(&field("requests", "limit")).await.unwrap();
     assert_eq!(limit, q["limit"].to_string());
     assert_eq!(limit, "25");
+
+    // A row per tenant the queue answered (open mode: the one tenant, `open`), as
+    // /health/detailed's `tenants` says.
+    let row = q["tenants"][0].clone();
+    assert_eq!(row["name"], "open", "{q}");
+    let admitted = browser
+        .wait_text(
+            &tenant("requests", "open", "tenant_admitted"),
+            "a rate",
+            |t| t.parse::<f64>().is_ok_and(|r| r > 0.0),
+        )
+        .await;
+    assert!(
+        admitted.parse::<f64>().unwrap() <= 0.4,
+        "4 sends over 10 s: {admitted}"
+    );
+    for (name, text) in [
+        ("tenant_name", "open"),
+        ("tenant_weight", "1"),
+        ("tenant_refused", "0.0"),
+    ] {
+        assert_eq!(
+            browser
+                .text(&tenant("requests", "open", name))
+                .await
+                .unwrap(),
+            text,
+            "{name}"
+        );
+    }
+    let share = browser
+        .text(&tenant("requests", "open", "tenant_share"))
+        .await
+        .unwrap();
+    assert!(
+        share.parse::<f64>().is_ok_and(|s| (0.0..=1.0).contains(&s)),
+        "{share}"
+    );
 
     // The script redraws from /health/detailed: more sends show up without a reload, and
     // the chart (drawn only by the script) has its line.
@@ -113,6 +158,14 @@ async fn without_javascript_the_page_still_shows_the_current_snapshot() {
     );
     let chart = browser.text(&field("requests", "chart")).await.unwrap();
     assert!(chart.contains("drawn by the page's script"), "{chart}");
+    assert_eq!(
+        browser
+            .text(&tenant("requests", "open", "tenant_name"))
+            .await
+            .unwrap(),
+        "open",
+        "the tenants' rows are in the snapshot too"
+    );
     assert_eq!(browser.count("svg.spark").await, 0, "no script ran");
     browser.close().await;
     app.stop().await;

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::ceiling::policy::{Judge, Refusal};
 use super::share::{ShareBook, ShareMode, Verdict};
+use super::tally::Reason;
 use super::tenants::{Criticality, TenantIndex};
 use crate::config::Fraction;
 
@@ -60,9 +61,9 @@ pub struct ShareJudge<'a> {
     pub book: &'a Mutex<ShareBook>,
     pub asker: Asker,
     pub policy: FairPolicy,
-    /// Set when the book would have refused in shadow mode (not offered by the settings
-    /// until such refusals are counted per tenant).
-    pub would_refuse: bool,
+    /// In shadow mode, why the send would have been refused (it is admitted): counted per
+    /// tenant by the queue's tally.
+    pub would_refuse: Option<Reason>,
 }
 
 impl Judge for ShareJudge<'_> {
@@ -78,13 +79,19 @@ impl Judge for ShareJudge<'_> {
         if after > cut {
             // As many as the level has room for, weighed as the ceiling weighs them.
             let weight = (after - estimate).div_ceil(units.max(1)).max(1);
-            return Err(Refusal::Shed {
+            let refusal = Refusal::Shed {
                 criticality: self.asker.criticality,
                 backlog: estimate,
                 cut,
                 retry_after: SHARE_RETRY_AFTER,
                 room: cut.saturating_sub(estimate) / weight,
-            });
+            };
+            // Shadow mode shadows the cut too: an operator sees both rules' effect before
+            // either refuses. The book is still asked, so its parts count this admission.
+            if self.policy.mode != ShareMode::Shadow {
+                return Err(refusal);
+            }
+            self.would_refuse = Some(Reason::Criticality);
         }
         let near = estimate as f64 >= self.policy.share_at.get() * limit as f64;
         let verdict = self.book.lock().decide(
@@ -98,7 +105,8 @@ impl Judge for ShareJudge<'_> {
         match verdict {
             Verdict::Admit => Ok(()),
             Verdict::WouldRefuse { .. } => {
-                self.would_refuse = true;
+                // The first rule that would refuse names it, as it would the 429.
+                self.would_refuse.get_or_insert(Reason::TenantShare);
                 Ok(())
             }
             Verdict::Refuse { share, room } => Err(Refusal::TenantShare {

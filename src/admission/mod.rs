@@ -12,6 +12,7 @@ pub mod fair;
 pub mod inflight;
 mod lane;
 pub mod share;
+pub mod tally;
 pub mod tenants;
 
 use std::sync::atomic::{AtomicU8, Ordering};

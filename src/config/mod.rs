@@ -68,7 +68,7 @@ pub struct CapacitySettings {
 /// How tenants share a contended queue and how criticality is shed (docs/fairness.md).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FairSettings {
-    /// `SENDGATE_FAIR_SHARE`: `enforce` or `off`.
+    /// `SENDGATE_FAIR_SHARE`: `enforce`, `shadow` or `off`.
     pub mode: FairMode,
     pub share_at: Fraction,
     pub shed_at_sheddable: Fraction,
@@ -78,6 +78,8 @@ pub struct FairSettings {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FairMode {
     Enforce,
+    /// Nothing refused by the shares or criticality; what they would refuse is counted.
+    Shadow,
     Off,
 }
 
@@ -330,6 +332,7 @@ fn fair_settings(layers: &Layers) -> Result<FairSettings, ConfigError> {
     Ok(FairSettings {
         mode: match layers.choice(&v::FAIR_SHARE)? {
             Some("off") => FairMode::Off,
+            Some("shadow") => FairMode::Shadow,
             _ => FairMode::Enforce,
         },
         share_at: layers.fraction(&v::FAIR_SHARE_AT)?,

@@ -979,8 +979,9 @@ fn the_fair_settings_parse_and_a_lower_criticality_never_gets_more_of_the_ceilin
     assert_eq!(s.fair.shed_at_default.get(), 1.0);
     let s = Settings::from_vars(&vars(&[("SENDGATE_FAIR_SHARE", "off")])).unwrap();
     assert_eq!(s.fair.mode, FairMode::Off);
-    // Shadow mode is not offered until its would-be refusals are counted somewhere.
-    assert!(Settings::from_vars(&vars(&[("SENDGATE_FAIR_SHARE", "shadow")])).is_err());
+    let s = Settings::from_vars(&vars(&[("SENDGATE_FAIR_SHARE", "shadow")])).unwrap();
+    assert_eq!(s.fair.mode, FairMode::Shadow);
+    assert!(Settings::from_vars(&vars(&[("SENDGATE_FAIR_SHARE", "shade")])).is_err());
     let err = Settings::from_vars(&vars(&[
         ("SENDGATE_SHED_AT_SHEDDABLE", "0.95"),
         ("SENDGATE_SHED_AT_DEFAULT", "0.8"),

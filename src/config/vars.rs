@@ -359,8 +359,8 @@ pub const RESUME_BELOW: Var = Var::server(
 pub const FAIR_SHARE: Var = Var::server(
     "SENDGATE_FAIR_SHARE",
     G::Capacity,
-    K::Choice(&["enforce", "off"]),
-    "Tenants' shares of a contended queue's room (docs/fairness.md): enforce or off.",
+    K::Choice(&["enforce", "shadow", "off"]),
+    "Tenants' shares of a contended queue's room and the criticality cuts (docs/fairness.md): enforce; shadow (nothing refused by them, what they would refuse counted per tenant); off (shares off, criticality still applies).",
 )
 .default("enforce");
 pub const FAIR_SHARE_AT: Var = Var::server(

@@ -20,7 +20,9 @@ use super::errors::ApiError;
 use super::schema;
 use super::state::{authorize, AppState};
 use crate::admission::breaker::BreakerState;
+use crate::admission::ceiling::TenantView;
 use crate::admission::drain::DrainRate;
+use crate::admission::tally::{Reason, WINDOW_S};
 use crate::admission::{BackendRole, Lane};
 use crate::lifecycle::{GatewayState, NotAdmitting};
 use crate::settings::overrides::Key;
@@ -206,7 +208,53 @@ pub struct QueueHealth {
     /// The streak at which the gate, when on, refuses (`SERVICEBUS_SEND_FAILCLOSED_STREAK`).
     #[schema(minimum = 1)]
     streak_threshold: u32,
+    /// Each tenant this queue has answered since start-up (the keys file's tenants; open
+    /// mode: the one tenant `open`), in the keys file's order; empty before any send.
+    tenants: Vec<TenantHealth>,
 }
+
+/// One tenant of a queue: its rates over the last 10 seconds (the current one included),
+/// in units (a batch's entries) a second, to a tenth.
+#[derive(Serialize, ToSchema)]
+pub struct TenantHealth {
+    /// The tenant's name (the keys file's `tenant`, or the key's name).
+    name: String,
+    #[schema(minimum = 1, maximum = 1000)]
+    weight: u32,
+    /// Its part of the room this round offers, as the share rule computes it now (0–1;
+    /// 0 when it has not asked in this round or the last).
+    #[schema(minimum = 0, maximum = 1)]
+    share: f64,
+    #[schema(minimum = 0)]
+    admitted_per_s: f64,
+    /// By reason: `queue_full` (the ceiling), `criticality`, `tenant_share`.
+    refused_per_s: BTreeMap<&'static str, f64>,
+    /// `SENDGATE_FAIR_SHARE=shadow`: what would have been refused, by reason
+    /// (`criticality`, `tenant_share`), and was admitted (it is in `admitted_per_s`).
+    would_refuse_per_s: BTreeMap<&'static str, f64>,
+}
+
+impl TenantHealth {
+    fn of(view: TenantView) -> Self {
+        let rates = &view.counts.per_s;
+        Self {
+            name: view.tenant.name,
+            weight: view.tenant.weight,
+            share: (view.share.clamp(0.0, 1.0) * 1000.0).round() / 1000.0,
+            admitted_per_s: rates.admitted,
+            refused_per_s: Reason::ALL
+                .into_iter()
+                .map(|r| (r.as_str(), rates.refused(r)))
+                .collect(),
+            would_refuse_per_s: Reason::shadowed()
+                .map(|r| (r.as_str(), rates.would_refuse(r)))
+                .collect(),
+        }
+    }
+}
+
+// The schema's words say 10 seconds: keep them true.
+const _: () = assert!(WINDOW_S == 10);
 
 #[derive(Serialize, ToSchema)]
 pub struct BackendHealth {
@@ -344,6 +392,7 @@ fn queues_of(route: &Lane) -> BTreeMap<String, QueueHealth> {
                 refusing_until_backlog: s.refusing_until_backlog,
                 fail_closed_enabled: policy.fail_closed,
                 streak_threshold: policy.streak_threshold,
+                tenants: gate.tenants(&s).into_iter().map(TenantHealth::of).collect(),
             };
             (gate.queue().to_string(), health)
         })

@@ -160,6 +160,12 @@ impl LocalGate {
         &self.queue
     }
 
+    /// How many depth reads have ended: a new number for each read (what `tenant_refused`
+    /// is logged once per).
+    pub fn reads(&self) -> u64 {
+        self.state.lock().generation
+    }
+
     /// Reads made before `at` are not reused, nor measured against (the gate was not the
     /// one deciding since: a spell in a fleet, whose admissions it did not count).
     pub fn forget_reads_before(&self, at: Instant) {

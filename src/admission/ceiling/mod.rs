@@ -24,7 +24,8 @@ use std::sync::Arc;
 use crate::admission::exchange::{self, Names, Place};
 use crate::admission::fair::{Asker, FairPolicy, ShareJudge};
 use crate::admission::share::ShareBook;
-use crate::admission::tenants::Tenants;
+use crate::admission::tally::{Tally, TenantCounts};
+use crate::admission::tenants::{Tenant, Tenants};
 use crate::backend::Backend;
 use crate::coordination::ledger::CONNECT_DEADLINE;
 use crate::domain::QueueName;
@@ -48,11 +49,22 @@ pub struct CapacityGate {
     shares: std::sync::OnceLock<Shares>,
 }
 
-/// A queue's share book and how it applies.
+/// A queue's share book, how it applies, and what each tenant was answered.
 struct Shares {
     book: Arc<parking_lot::Mutex<ShareBook>>,
     policy: FairPolicy,
     tenants: Tenants,
+    /// Counted once per decision, by whoever decided, after its judge.
+    tally: Tally,
+}
+
+/// One tenant of a queue as health and metrics show it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantView {
+    pub tenant: Tenant,
+    /// Its part of the room this round offers (0–1), as the share rule computes it now.
+    pub share: f64,
+    pub counts: TenantCounts,
 }
 
 impl CapacityGate {
@@ -74,6 +86,7 @@ impl CapacityGate {
             book: Arc::new(parking_lot::Mutex::new(book)),
             policy,
             tenants: tenants.clone(),
+            tally: Tally::new(tenants),
         });
     }
 
@@ -98,6 +111,38 @@ impl CapacityGate {
             Names::of(&shares.tenants),
             place,
         ));
+    }
+
+    /// Each tenant answered at least once (nothing without shares): its counts, its rates
+    /// and its part of the room `snapshot` leaves now.
+    pub fn tenants(&self, snapshot: &GateSnapshot) -> Vec<TenantView> {
+        let Some(shares) = self.shares.get() else {
+            return Vec::new();
+        };
+        let counts = shares.tally.counts();
+        if counts.is_empty() {
+            return Vec::new();
+        }
+        // Unknown backlog: the room is taken as the whole ceiling (nothing to judge by).
+        let room = snapshot
+            .limit
+            .saturating_sub(snapshot.backlog.unwrap_or_default());
+        let parts = shares
+            .book
+            .lock()
+            .shares_now(room, tokio::time::Instant::now());
+        counts
+            .into_iter()
+            .filter_map(|counts| {
+                let tenant = shares.tally.tenants().get(counts.tenant)?.clone();
+                let share = parts.get(usize::from(counts.tenant.0)).copied()?;
+                Some(TenantView {
+                    tenant,
+                    share,
+                    counts,
+                })
+            })
+            .collect()
     }
 
     /// Share this queue's ceiling with the fleet (once, at start-up).
@@ -208,7 +253,7 @@ impl CapacityGate {
             book: &shares.book,
             asker,
             policy: shares.policy,
-            would_refuse: false,
+            would_refuse: None,
         };
         judge.admits(units, room, estimate, estimate + units, limit)
     }
@@ -241,9 +286,18 @@ impl CapacityGate {
                     book: &shares.book,
                     asker,
                     policy: shares.policy,
-                    would_refuse: false,
+                    would_refuse: None,
                 };
-                self.local.admit_judged(bounds, units, &mut judge).await
+                let decision = self.local.admit_judged(bounds, units, &mut judge).await;
+                shares.tally.count(
+                    self.queue(),
+                    asker.tenant,
+                    units,
+                    &decision,
+                    judge.would_refuse,
+                    || self.local.reads(),
+                );
+                decision
             }
             None => self.local.admit_units(bounds, units).await,
         }

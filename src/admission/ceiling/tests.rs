@@ -808,6 +808,21 @@ fn two_tenants() -> Tenants {
     Tenants::new(vec![t("a"), t("b")]).unwrap()
 }
 
+/// Tenants `t0`, `t1`, ... of these weights.
+fn tenants(weights: &[u32]) -> crate::admission::tenants::Tenants {
+    crate::admission::tenants::Tenants::new(
+        weights
+            .iter()
+            .enumerate()
+            .map(|(i, &weight)| crate::admission::tenants::Tenant {
+                name: format!("t{i}"),
+                weight,
+            })
+            .collect(),
+    )
+    .expect("one to a thousand tenants")
+}
+
 fn asker(
     tenant: u16,
     criticality: crate::admission::tenants::Criticality,
@@ -900,4 +915,130 @@ async fn a_sheddable_send_is_refused_from_its_fraction_a_default_one_up_to_the_c
         g.admit_units_for(asker(0, Critical), 1).await,
         Err(Refusal::QueueFull { .. })
     ));
+}
+
+/// What the gate's tally shows of `tenant`: (admitted, refused by reason, would-refuse by
+/// reason), in `Reason::ALL`'s order.
+fn tallied(g: &CapacityGate, tenant: &str) -> (u64, [u64; 3], [u64; 3]) {
+    use crate::admission::tally::Reason;
+    let views = g.tenants(&g.snapshot());
+    let view = views
+        .iter()
+        .find(|v| v.tenant.name == tenant)
+        .unwrap_or_else(|| panic!("{tenant} in {views:?}"));
+    let t = &view.counts.total;
+    (
+        t.admitted,
+        Reason::ALL.map(|r| t.refused(r)),
+        Reason::ALL.map(|r| t.would_refuse(r)),
+    )
+}
+
+/// Round 0: A (`t0`) fills a ceiling of 40, B (`t1`) is refused once at it; 10 of A's end
+/// not stored; round 1 opens: B is owed 1 of the 10. A then sends until refused: what A got.
+async fn a_greedy_round(mode: crate::admission::share::ShareMode) -> (Arc<CapacityGate>, u64) {
+    use crate::admission::share::ROUND;
+    use crate::admission::tenants::Criticality::Default as D;
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
+    let g = gate(policy(40, 10_000, false, 3), &backend);
+    g.share_among(&tenants(&[1, 1]), fair(mode));
+    let mut held = Vec::new();
+    while let Ok(r) = g.admit_units_for(asker(0, D), 1).await {
+        held.push(r);
+    }
+    assert!(g.admit_units_for(asker(1, D), 1).await.is_err());
+    for r in held.drain(..10) {
+        r.finish(BacklogEffect::NotStored);
+    }
+    tokio::time::advance(ROUND).await;
+    let mut got = 0;
+    while let Ok(r) = g.admit_units_for(asker(0, D), 1).await {
+        std::mem::forget(r);
+        got += 1;
+    }
+    std::mem::forget(held);
+    (g, got)
+}
+
+#[tokio::test(start_paused = true)]
+async fn enforced_the_tally_counts_each_tenants_refusals_by_reason_and_shows_its_part() {
+    use crate::admission::share::ShareMode;
+    let (g, got) = a_greedy_round(ShareMode::Enforce).await;
+    assert_eq!(got, 9, "B is owed one of the ten");
+    // A: 40 + 9 admitted; its 41st at the ceiling, then the first past its part.
+    assert_eq!(tallied(&g, "t0"), (49, [1, 0, 1], [0, 0, 0]));
+    assert_eq!(
+        tallied(&g, "t1"),
+        (0, [1, 0, 0], [0, 0, 0]),
+        "B at the ceiling"
+    );
+    let views = g.tenants(&g.snapshot());
+    let share = |name: &str| views.iter().find(|v| v.tenant.name == name).unwrap().share;
+    assert!((share("t0") - 0.9).abs() < 1e-9, "{views:?}");
+    assert!((share("t1") - 0.1).abs() < 1e-9, "{views:?}");
+    // The rates are of the last 10 s: 49 admitted over them, 4.9 a second.
+    let a = views.iter().find(|v| v.tenant.name == "t0").unwrap();
+    assert_eq!(a.counts.per_s.admitted, 4.9);
+    assert_eq!(a.tenant.weight, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_shadow_a_send_past_its_part_is_admitted_and_counted_as_a_would_be_refusal() {
+    use crate::admission::share::ShareMode;
+    let (g, got) = a_greedy_round(ShareMode::Shadow).await;
+    assert_eq!(got, 10, "nothing refused but at the ceiling");
+    // A's tenth of round 1 is the unit B was owed: admitted, counted as enforce's refusal;
+    // its last ask of each round met the ceiling.
+    assert_eq!(tallied(&g, "t0"), (50, [2, 0, 0], [0, 0, 1]));
+    assert_eq!(tallied(&g, "t1"), (0, [1, 0, 0], [0, 0, 0]));
+    let (g, _) = a_greedy_round(ShareMode::Off).await;
+    assert_eq!(
+        tallied(&g, "t0"),
+        (50, [2, 0, 0], [0, 0, 0]),
+        "off: none counted"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_shadow_a_send_past_its_criticality_cut_is_admitted_and_counted() {
+    use crate::admission::share::ShareMode;
+    use crate::admission::tenants::Criticality::Sheddable;
+    for (mode, admitted, refused, would) in [
+        (ShareMode::Shadow, 10, [1, 0, 0], [0, 2, 0]),
+        (ShareMode::Enforce, 8, [0, 1, 0], [0, 0, 0]),
+        (ShareMode::Off, 8, [0, 1, 0], [0, 0, 0]),
+    ] {
+        let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
+        let g = gate(policy(10, 10_000, false, 3), &backend);
+        g.share_among(&tenants(&[1]), fair(mode));
+        let mut held = Vec::new();
+        // Sheddable is cut at 8 of 10: shadow admits to the ceiling and counts the two.
+        while let Ok(r) = g.admit_units_for(asker(0, Sheddable), 1).await {
+            held.push(r);
+        }
+        assert_eq!(held.len() as u64, admitted, "{mode:?}");
+        assert_eq!(tallied(&g, "t0"), (admitted, refused, would), "{mode:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_shares_the_gate_shows_no_tenants_and_fail_closed_refusals_count_for_none() {
+    use crate::admission::share::ShareMode;
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
+    let g = gate(policy(10, 10_000, false, 3), &backend);
+    g.admit().await.unwrap().finish(BacklogEffect::Stored);
+    assert!(g.tenants(&g.snapshot()).is_empty(), "no book, no tally");
+    // Depth unknown, gate on at a streak of 1: refused for no tenant's sake.
+    let backend = Arc::new(ScriptedDepth::new(
+        vec![Err(DepthError::Timeout)],
+        Duration::ZERO,
+    ));
+    let g = gate(policy(10, 0, true, 1), &backend);
+    g.share_among(&tenants(&[1]), fair(ShareMode::Enforce));
+    assert!(matches!(
+        g.admit_units_for(asker(0, crate::admission::tenants::Criticality::Default), 1)
+            .await,
+        Err(Refusal::CapacityUnknown { .. })
+    ));
+    assert!(g.tenants(&g.snapshot()).is_empty());
 }

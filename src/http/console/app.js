@@ -449,8 +449,68 @@
           )
         : null,
       el("div", { class: "chart", "data-field": "chart" }, chart(samples.get(role + "/" + name) || [], limit, name)),
-      el("dl", {}, facts)
+      el("dl", {}, facts),
+      tenantTable(name, q.tenants)
     );
+  }
+
+  // A row per tenant the queue has answered (none before any send), as render.rs's.
+  function tenantTable(queue, tenants) {
+    if (!Array.isArray(tenants) || tenants.length === 0) return null;
+    function th(text) {
+      return el("th", { scope: "col" }, text);
+    }
+    return el(
+      "table",
+      { class: "tenants", "data-field": "tenants" },
+      el("caption", {}, "Tenants of " + queue + ", per second over the last 10 s"),
+      el(
+        "thead",
+        {},
+        el("tr", {}, [
+          th("Tenant"),
+          th("Weight"),
+          th("Admitted/s"),
+          th("Refused/s"),
+          th("Would refuse/s (shadow)"),
+          th("Share now"),
+        ])
+      ),
+      el(
+        "tbody",
+        {},
+        tenants.map(function (t) {
+          return el(
+            "tr",
+            { "data-tenant": word(t.name) },
+            el("th", { scope: "row", "data-field": "tenant_name" }, word(t.name)),
+            el("td", { "data-field": "tenant_weight" }, number(t.weight)),
+            el("td", { "data-field": "tenant_admitted" }, rate(t.admitted_per_s)),
+            el("td", { "data-field": "tenant_refused" }, byReason(t.refused_per_s)),
+            el("td", { "data-field": "tenant_would_refuse" }, byReason(t.would_refuse_per_s)),
+            el("td", { "data-field": "tenant_share" }, number(t.share))
+          );
+        })
+      )
+    );
+  }
+
+  function rate(v) {
+    return typeof v === "number" ? v.toFixed(1) : "?";
+  }
+
+  // Their sum, then each reason above zero: "0.5 (queue_full 0.2, tenant_share 0.3)".
+  function byReason(reasons) {
+    if (!reasons || typeof reasons !== "object") return "?";
+    var sum = 0;
+    var some = [];
+    Object.keys(reasons).forEach(function (reason) {
+      var r = reasons[reason];
+      if (typeof r !== "number") return;
+      sum += r;
+      if (r > 0) some.push(reason + " " + r.toFixed(1));
+    });
+    return sum.toFixed(1) + (some.length ? " (" + some.join(", ") + ")" : "");
   }
 
   // The backlog over the window, against the ceiling (dashed). Time runs left to right,

@@ -303,7 +303,68 @@ fn queue_card(role: &str, name: &str, q: &Value, overridden: &Value) -> Markup {
                 }
                 dt { "Last good read" } dd data-field="last_read_ok_at" { (when(&q["last_read_ok_at"]).unwrap_or_else(|| "never".into())) }
             }
+            (tenants(name, &q["tenants"]))
         }
+    }
+}
+
+/// A row per tenant the queue has answered (none before any send).
+fn tenants(queue: &str, tenants: &Value) -> Markup {
+    let Some(rows) = tenants.as_array().filter(|rows| !rows.is_empty()) else {
+        return html! {};
+    };
+    html! {
+        table.tenants data-field="tenants" {
+            caption { "Tenants of " (queue) ", per second over the last 10 s" }
+            thead {
+                tr {
+                    th scope="col" { "Tenant" }
+                    th scope="col" { "Weight" }
+                    th scope="col" { "Admitted/s" }
+                    th scope="col" { "Refused/s" }
+                    th scope="col" { "Would refuse/s (shadow)" }
+                    th scope="col" { "Share now" }
+                }
+            }
+            tbody {
+                @for t in rows {
+                    tr data-tenant=(word(&t["name"])) {
+                        th scope="row" data-field="tenant_name" { (word(&t["name"])) }
+                        td data-field="tenant_weight" { (number(&t["weight"])) }
+                        td data-field="tenant_admitted" { (rate(&t["admitted_per_s"])) }
+                        td data-field="tenant_refused" { (by_reason(&t["refused_per_s"])) }
+                        td data-field="tenant_would_refuse" { (by_reason(&t["would_refuse_per_s"])) }
+                        td data-field="tenant_share" { (number(&t["share"])) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn rate(v: &Value) -> String {
+    v.as_f64().map_or_else(|| "?".into(), |r| format!("{r:.1}"))
+}
+
+/// Rates by reason as `app.js`'s `byReason`: their sum, then each reason above zero
+/// (`0.5 (queue_full 0.2, tenant_share 0.3)`).
+fn by_reason(v: &Value) -> String {
+    let Some(reasons) = v.as_object() else {
+        return "?".into();
+    };
+    let sum: f64 = reasons.values().filter_map(Value::as_f64).sum();
+    let some: Vec<String> = reasons
+        .iter()
+        .filter_map(|(reason, r)| {
+            r.as_f64()
+                .filter(|r| *r > 0.0)
+                .map(|r| format!("{reason} {r:.1}"))
+        })
+        .collect();
+    if some.is_empty() {
+        format!("{sum:.1}")
+    } else {
+        format!("{sum:.1} ({})", some.join(", "))
     }
 }
 
@@ -438,6 +499,31 @@ mod tests {
             html.contains(r#"data-field="limit_overridden">(runtime setting by ops)<"#),
             "{html}"
         );
+    }
+
+    #[test]
+    fn a_queue_shows_a_row_per_tenant_with_its_rates_by_reason() {
+        let mut d = sample();
+        d["queues"]["requests"]["tenants"] = serde_json::json!([
+            {"name": "web<b>", "weight": 3, "share": 0.75, "admitted_per_s": 2.5,
+             "refused_per_s": {"criticality": 0.0, "queue_full": 0.2, "tenant_share": 0.3},
+             "would_refuse_per_s": {"criticality": 0.0, "tenant_share": 0.0}}
+        ]);
+        let html = page(Mode::Open, Some(&d), "now").into_string();
+        assert!(
+            html.contains(r#"<tr data-tenant="web&lt;b&gt;">"#),
+            "{html}"
+        );
+        assert!(html.contains(r#"data-field="tenant_weight">3<"#));
+        assert!(html.contains(r#"data-field="tenant_admitted">2.5<"#));
+        assert!(
+            html.contains(r#"data-field="tenant_refused">0.5 (queue_full 0.2, tenant_share 0.3)<"#)
+        );
+        assert!(html.contains(r#"data-field="tenant_would_refuse">0.0<"#));
+        assert!(html.contains(r#"data-field="tenant_share">0.75<"#));
+        // No tenant answered yet: no table.
+        let html = page(Mode::Open, Some(&sample()), "now").into_string();
+        assert!(!html.contains("data-field=\"tenants\""));
     }
 
     #[test]
