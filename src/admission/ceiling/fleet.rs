@@ -1341,6 +1341,15 @@ impl FleetSeat {
         ))
     }
 
+    /// The fleet's read generation in the view last seen (0 before any): it changes with
+    /// each read the fleet publishes.
+    pub fn read_generation(&self) -> u64 {
+        self.state
+            .lock()
+            .last
+            .map_or(0, |(view, _)| view.generation)
+    }
+
     /// Admin-plane reads this replica made for the fleet: (ok, failed).
     pub fn own_reads(&self) -> (u64, u64) {
         self.state.lock().own_reads

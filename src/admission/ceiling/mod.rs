@@ -24,7 +24,7 @@ use std::sync::Arc;
 use crate::admission::exchange::{self, Names, Place};
 use crate::admission::fair::{Asker, FairPolicy, ShareJudge};
 use crate::admission::share::ShareBook;
-use crate::admission::tally::{Tally, TenantCounts};
+use crate::admission::tally::{Reason, Tally, TenantCounts};
 use crate::admission::tenants::{Tenant, Tenants};
 use crate::backend::Backend;
 use crate::coordination::ledger::CONNECT_DEADLINE;
@@ -197,15 +197,22 @@ impl CapacityGate {
             return Ok(self.reservation(Decider::Local, units));
         };
         if seat.joined() {
-            self.judge_in_fleet(seat, asker, units)?;
+            let (judged, would_refuse) = self.judge_in_fleet(seat, asker, units);
+            if let Err(refusal) = judged {
+                self.tally_in_fleet(seat, asker, units, &Err(refusal.clone()), would_refuse);
+                return Err(refusal);
+            }
             match seat.admit_units(units).await {
                 FleetAnswer::Admit(held) => {
-                    return Ok(self.reservation(Decider::Fleet(held), units))
+                    self.tally_in_fleet(seat, asker, units, &Ok(()), would_refuse);
+                    return Ok(self.reservation(Decider::Fleet(held), units));
                 }
                 FleetAnswer::Refuse(refusal) => {
                     self.unjudge(asker, units, Some(&refusal));
+                    self.tally_in_fleet(seat, asker, units, &Err(refusal.clone()), None);
                     return Err(self.log_failclosed(seat, refusal));
                 }
+                // The replica's own gate decides it now, and counts it.
                 FleetAnswer::CutOff => self.unjudge(asker, units, None),
             }
         }
@@ -235,14 +242,20 @@ impl CapacityGate {
     /// `units`: the seat reserves what is really left, and a send the judge admits on room
     /// that has gone is refused by the seat, as without the judge. The judge only refuses.
     /// Without a good read to judge by, the send is only counted.
-    fn judge_in_fleet(&self, seat: &FleetSeat, asker: Asker, units: u64) -> Result<(), Refusal> {
+    /// Also what the judge would have refused in shadow mode.
+    fn judge_in_fleet(
+        &self,
+        seat: &FleetSeat,
+        asker: Asker,
+        units: u64,
+    ) -> (Result<(), Refusal>, Option<Reason>) {
         let Some(shares) = self.shares.get() else {
-            return Ok(());
+            return (Ok(()), None);
         };
         let Some((estimate, limit, replicas)) = seat.judged_estimate() else {
             let now = tokio::time::Instant::now();
             shares.book.lock().count_admitted(asker.tenant, units, now);
-            return Ok(());
+            return (Ok(()), None);
         };
         let estimate = estimate.min(limit.saturating_sub(units));
         // Every replica sees the same room until the next reply shows what the others took:
@@ -255,7 +268,30 @@ impl CapacityGate {
             policy: shares.policy,
             would_refuse: None,
         };
-        judge.admits(units, room, estimate, estimate + units, limit)
+        let judged = judge.admits(units, room, estimate, estimate + units, limit);
+        (judged, judge.would_refuse)
+    }
+
+    /// A decision made in the fleet, in the queue's tally (its log line once per fleet
+    /// read generation this replica saw).
+    fn tally_in_fleet(
+        &self,
+        seat: &FleetSeat,
+        asker: Asker,
+        units: u64,
+        decision: &Result<(), Refusal>,
+        would_refuse: Option<Reason>,
+    ) {
+        if let Some(shares) = self.shares.get() {
+            shares.tally.count(
+                self.queue(),
+                asker.tenant,
+                units,
+                decision,
+                would_refuse,
+                || seat.read_generation(),
+            );
+        }
     }
 
     /// The seat did not admit what the judge counted: out of the book again, and counted

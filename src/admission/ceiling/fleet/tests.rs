@@ -1256,16 +1256,20 @@ async fn greedy_spread_beside_modest(mode: crate::admission::share::ShareMode) -
         criticality: Criticality::Default,
     };
     let (mut modest_sent, mut modest_admitted, mut greedy_share_refused, mut most) = (0, 0, 0, 0);
+    let mut share_refused_on = [0u64; 2];
     let end = Instant::now() + Duration::from_secs(20);
     let mut step = 0u64;
     while Instant::now() < end {
-        for r in &all {
+        for (i, r) in all.iter().enumerate() {
             match r.gate.admit_units_for(asker(0), 1).await {
                 Ok(reservation) => {
                     broker.stored.lock().push(Instant::now());
                     reservation.finish(BacklogEffect::Stored);
                 }
-                Err(Refusal::TenantShare { .. }) => greedy_share_refused += 1,
+                Err(Refusal::TenantShare { .. }) => {
+                    greedy_share_refused += 1;
+                    share_refused_on[i] += 1;
+                }
                 Err(_) => {}
             }
         }
@@ -1282,6 +1286,16 @@ async fn greedy_spread_beside_modest(mode: crate::admission::share::ShareMode) -
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     consumer.abort();
+    // The fleet's decisions are in each replica's tally: replica 0 saw the greedy tenant
+    // only, and counted each of its sends once, by how it was answered.
+    let tally = all[0].gate.shares.get().unwrap().tally.counts();
+    assert_eq!(tally.len(), 1, "only the greedy tenant asked replica 0");
+    let greedy = tally[0].total;
+    assert_eq!(
+        greedy.refused(crate::admission::tally::Reason::TenantShare),
+        share_refused_on[0]
+    );
+    assert!(greedy.admitted > 0);
     (
         modest_admitted as f64 / modest_sent as f64,
         most,
