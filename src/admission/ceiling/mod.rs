@@ -190,7 +190,12 @@ impl CapacityGate {
     /// `units`: the seat reserves what is really left, and a send the judge admits on room
     /// that has gone is refused by the seat, as without the judge. The judge only refuses.
     /// Without a good read to judge by, the send is only counted.
-    fn judge_in_fleet(&self, seat: &FleetSeat, asker: Asker, units: u64) -> Result<(), Refusal> {
+    fn judge_in_fleet(
+        &self,
+        seat: &Arc<FleetSeat>,
+        asker: Asker,
+        units: u64,
+    ) -> Result<(), Refusal> {
         let Some(shares) = self.shares.get() else {
             return Ok(());
         };
