@@ -245,7 +245,7 @@ impl CapacityGate {
     /// Also what the judge would have refused in shadow mode.
     fn judge_in_fleet(
         &self,
-        seat: &FleetSeat,
+        seat: &Arc<FleetSeat>,
         asker: Asker,
         units: u64,
     ) -> (Result<(), Refusal>, Option<Reason>) {
