@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use crate::admission::exchange::{self, Names, Place};
 use crate::admission::fair::{Asker, FairPolicy, ShareJudge};
-use crate::admission::share::ShareBook;
+use crate::admission::share::{ShareBook, ShareMode};
 use crate::admission::tally::{Reason, Tally, TenantCounts};
 use crate::admission::tenants::{Tenant, Tenants};
 use crate::backend::Backend;
@@ -93,12 +93,13 @@ impl CapacityGate {
     /// In a fleet, share the room by the fleet's counts (docs/fairness.md, "In a fleet"):
     /// the book's rounds move to the wall clock's seconds and its counts are exchanged at
     /// `place` from now on (once, at start-up, after [`Self::share_among`]). With one
-    /// tenant nobody is owed anything, so nothing is exchanged.
+    /// tenant nobody is owed anything, and with shares off nobody's counts change a
+    /// decision (the criticality cut weighs the estimate alone), so nothing is exchanged.
     pub fn exchange_shares(&self, place: Place) {
         let Some(shares) = self.shares.get() else {
             return;
         };
-        if shares.tenants.len() < 2 {
+        if shares.tenants.len() < 2 || shares.policy.mode == ShareMode::Off {
             return;
         }
         *shares.book.lock() = ShareBook::on_wall_clock(

@@ -1042,3 +1042,49 @@ async fn without_shares_the_gate_shows_no_tenants_and_fail_closed_refusals_count
     ));
     assert!(g.tenants(&g.snapshot()).is_empty());
 }
+
+/// Counts the exchanges made through it, answering nothing heard.
+#[derive(Default)]
+struct CountedExchange(AtomicU64);
+
+#[async_trait]
+impl crate::coordination::shares::ShareExchange for CountedExchange {
+    async fn exchange(
+        &self,
+        _: &str,
+        _: &str,
+        mine: &crate::coordination::shares::RoundCounts,
+    ) -> Result<crate::coordination::shares::RoundCounts, crate::coordination::port::LedgerError>
+    {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(crate::coordination::shares::RoundCounts::empty(mine.round))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_shares_off_a_gate_of_two_tenants_makes_no_exchange_calls() {
+    use crate::admission::share::ShareMode;
+    use crate::admission::tenants::Criticality::Default as D;
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
+    let place = |exchange: &Arc<CountedExchange>| crate::admission::exchange::Place {
+        exchange: Arc::clone(exchange) as Arc<dyn crate::coordination::shares::ShareExchange>,
+        key: "q:tenants".into(),
+        replica: "r".into(),
+    };
+    let mut calls = Vec::new();
+    for mode in [ShareMode::Enforce, ShareMode::Off] {
+        let g = gate(policy(40, 10_000, false, 3), &backend);
+        g.share_among(&two_tenants(), fair(mode));
+        let exchange = Arc::new(CountedExchange::default());
+        g.exchange_shares(place(&exchange));
+        for _ in 0..10 {
+            let _ = g.admit_units_for(asker(0, D), 1).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        calls.push(exchange.0.load(Ordering::SeqCst));
+    }
+    // Enforced, the book tells its counts every 100 ms while it has asks; off, nobody's
+    // counts change a decision: no Redis call for them.
+    assert!(calls[0] >= 5, "enforced: {} exchanges", calls[0]);
+    assert_eq!(calls[1], 0, "off: {} exchanges", calls[1]);
+}
