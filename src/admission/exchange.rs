@@ -28,10 +28,11 @@ pub fn wall_clock() -> Duration {
         .unwrap_or_default()
 }
 
-/// Names and indices of the keys file's tenants, for the exchange's wire form (by name:
+/// Names, indices and weights of the keys file's tenants, for the exchange's wire form (by name:
 /// replicas of a rollout may list them in another order, or list others).
 pub struct Names {
     names: Vec<String>,
+    weights: Vec<u32>,
     index: HashMap<String, TenantIndex>,
 }
 
@@ -39,6 +40,7 @@ impl Names {
     pub fn of(tenants: &Tenants) -> Self {
         Self {
             names: tenants.iter().map(|(_, t)| t.name.clone()).collect(),
+            weights: tenants.weights(),
             index: tenants.iter().map(|(i, t)| (t.name.clone(), i)).collect(),
         }
     }
@@ -93,11 +95,14 @@ impl Names {
     }
 }
 
-/// Where one queue's book exchanges: the exchange, the queue's key there, this replica.
+/// Where one queue's book exchanges: the exchange, the queue's key there, this replica,
+/// and the wall clock the fleet's rounds are cut by ([`wall_clock`]; a test's own on the
+/// paused clock).
 pub struct Place {
     pub exchange: Arc<dyn ShareExchange>,
     pub key: String,
     pub replica: String,
+    pub wall: Arc<dyn Fn() -> Duration + Send + Sync>,
 }
 
 /// Exchange `book`'s counts every [`EXCHANGE_EVERY`] until the book is dropped.
@@ -107,7 +112,16 @@ pub async fn run(book: Weak<Mutex<ShareBook>>, names: Names, place: Place) {
     loop {
         tick.tick().await;
         let Some(book) = book.upgrade() else { return };
-        let Some(mine) = book.lock().own_round(Instant::now()) else {
+        let (now, wall) = (Instant::now(), (place.wall)());
+        let mine = {
+            let mut book = book.lock();
+            if book.off_the_wall_clock(now, wall) {
+                // Stepped (NTP) or slept: lined up again, what it counted forgotten.
+                *book = ShareBook::on_wall_clock(&names.weights, now, wall);
+            }
+            book.own_round(now)
+        };
+        let Some(mine) = mine else {
             continue;
         };
         let mine = names.write_wire(mine);
@@ -181,6 +195,7 @@ mod tests {
         let exchange: Arc<dyn ShareExchange> = Arc::new(MemoryShares::default());
         let names = tenants(&["greedy", "modest"]);
         let wall = Duration::from_secs(1_000);
+        let start = Instant::now();
         let books: Vec<Arc<Mutex<ShareBook>>> = (0..2)
             .map(|_| {
                 Arc::new(Mutex::new(ShareBook::on_wall_clock(
@@ -198,6 +213,7 @@ mod tests {
                     exchange: Arc::clone(&exchange),
                     key: "q".into(),
                     replica: format!("r{i}"),
+                    wall: Arc::new(move || wall + start.elapsed()),
                 },
             ));
         }

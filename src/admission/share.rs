@@ -149,6 +149,13 @@ impl ShareBook {
         book
     }
 
+    /// Whether this book's rounds are more than a round off the wall clock's seconds
+    /// (`wall` at `now`): the wall clock was stepped, or the process slept, since it was
+    /// lined up. Within a round, B3 holds; past it, the replica would hear no one.
+    pub fn off_the_wall_clock(&self, now: Instant, wall: Duration) -> bool {
+        self.round_at(now).abs_diff(wall.as_secs()) > 1
+    }
+
     /// The round `now` is in.
     fn round_at(&self, now: Instant) -> u64 {
         let since: u64 = (now.saturating_duration_since(self.epoch).as_nanos() / ROUND.as_nanos())

@@ -105,7 +105,7 @@ impl CapacityGate {
         *shares.book.lock() = ShareBook::on_wall_clock(
             &shares.tenants.weights(),
             tokio::time::Instant::now(),
-            exchange::wall_clock(),
+            (place.wall)(),
         );
         tokio::spawn(exchange::run(
             Arc::downgrade(&shares.book),

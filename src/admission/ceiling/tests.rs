@@ -800,6 +800,12 @@ fn fair(mode: crate::admission::share::ShareMode) -> crate::admission::fair::Fai
     }
 }
 
+/// The wall clock as a fleet's book reads it, moving with tokio's paused clock.
+fn paused_wall_clock() -> Arc<dyn Fn() -> Duration + Send + Sync> {
+    let (wall, start) = (crate::admission::exchange::wall_clock(), Instant::now());
+    Arc::new(move || wall + start.elapsed())
+}
+
 fn two_tenants() -> Tenants {
     let t = |name: &str| crate::admission::tenants::Tenant {
         name: name.into(),
@@ -1070,6 +1076,7 @@ async fn with_shares_off_a_gate_of_two_tenants_makes_no_exchange_calls() {
         exchange: Arc::clone(exchange) as Arc<dyn crate::coordination::shares::ShareExchange>,
         key: "q:tenants".into(),
         replica: "r".into(),
+        wall: paused_wall_clock(),
     };
     let mut calls = Vec::new();
     for mode in [ShareMode::Enforce, ShareMode::Off] {

@@ -378,3 +378,17 @@ async fn a_tenant_that_goes_idle_leaves_its_part_to_the_others_and_a_new_one_get
         assert!((b - 0.5).abs() <= 0.1, "{per_second:?}");
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_book_on_the_wall_clock_knows_when_the_wall_clock_was_stepped() {
+    let wall = Duration::from_millis(1_000_400);
+    let book = ShareBook::on_wall_clock(&[1, 1], Instant::now(), wall);
+    tokio::time::advance(Duration::from_millis(700)).await;
+    // 1001.1 s on the wall clock: round 1001, as the book counts.
+    let later = wall + Duration::from_millis(700);
+    assert!(!book.off_the_wall_clock(Instant::now(), later));
+    // A step within a round is B3's to absorb; past it, the book is off.
+    assert!(!book.off_the_wall_clock(Instant::now(), later + Duration::from_millis(900)));
+    assert!(book.off_the_wall_clock(Instant::now(), later + Duration::from_secs(3)));
+    assert!(book.off_the_wall_clock(Instant::now(), later - Duration::from_secs(3)));
+}
