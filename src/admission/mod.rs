@@ -11,6 +11,7 @@ pub mod exchange;
 pub mod fair;
 pub mod inflight;
 mod lane;
+pub mod quota;
 pub mod share;
 pub mod tally;
 pub mod tenants;

@@ -4,6 +4,8 @@
 
 use std::fmt;
 
+use crate::config::Fraction;
+
 /// A tenant's place among the tenants the keys file names (open mode: one tenant, 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TenantIndex(pub u16);
@@ -50,11 +52,92 @@ impl fmt::Display for Criticality {
     }
 }
 
-/// One tenant: its name (for health, metrics and the 429) and its weight.
+/// One tenant: its name (for health, metrics and the 429), its weight and its quotas.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tenant {
     pub name: String,
     pub weight: u32,
+    pub quota: Quota,
+}
+
+/// A tenant's optional quotas (docs/fairness.md, "Quotas"): each `None` is no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Quota {
+    /// The most of a queue's ceiling the tenant's admissions may hold.
+    pub max_share: Option<Fraction>,
+    /// A rate with a burst (GCRA), over every queue the gateway serves.
+    pub rate: Option<Rate>,
+}
+
+impl Quota {
+    pub fn is_none(&self) -> bool {
+        self.max_share.is_none() && self.rate.is_none()
+    }
+}
+
+/// Which quota refused a send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaKind {
+    Rate,
+    MaxShare,
+}
+
+impl QuotaKind {
+    /// The word the 429's `quota` field says.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QuotaKind::Rate => "rate",
+            QuotaKind::MaxShare => "max_share",
+        }
+    }
+}
+
+/// A rate quota: `per_s` units a second on average, up to `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rate {
+    per_s: f64,
+    burst: u32,
+}
+
+/// Never NaN (checked by [`Rate::new`]): equality is an equivalence.
+impl Eq for Rate {}
+
+impl Rate {
+    /// The slowest rate: one unit in 1,000 s.
+    pub const MIN_PER_S: f64 = 0.001;
+    pub const MAX_PER_S: f64 = 1_000_000.0;
+    pub const MAX_BURST: u32 = 1_000_000;
+
+    /// `per_s` within [`Rate::MIN_PER_S`]–[`Rate::MAX_PER_S`], `burst` within
+    /// 1–[`Rate::MAX_BURST`]; without a burst, one second's worth (at least 1).
+    pub fn new(per_s: f64, burst: Option<u32>) -> Option<Self> {
+        if !(Self::MIN_PER_S..=Self::MAX_PER_S).contains(&per_s) {
+            return None;
+        }
+        let burst = burst.unwrap_or_else(|| (per_s.ceil() as u32).max(1));
+        (1..=Self::MAX_BURST)
+            .contains(&burst)
+            .then_some(Self { per_s, burst })
+    }
+
+    pub fn per_s(&self) -> f64 {
+        self.per_s
+    }
+
+    pub fn burst(&self) -> u32 {
+        self.burst
+    }
+
+    /// The time one unit takes to come back (GCRA's emission interval), in nanoseconds.
+    pub fn interval_ns(&self) -> u64 {
+        ((1e9 / self.per_s).round() as u64).max(1)
+    }
+
+    /// Whole seconds an empty bucket takes to fill again (`RateLimit-Policy`'s `w`), at
+    /// least 1.
+    pub fn window_s(&self) -> u64 {
+        ((f64::from(self.burst) / self.per_s).ceil() as u64).max(1)
+    }
 }
 
 /// Every tenant, in the order of their indices.
@@ -67,6 +150,7 @@ impl Tenants {
         Self(vec![Tenant {
             name: "open".into(),
             weight: 1,
+            quota: Quota::default(),
         }])
     }
 
@@ -94,6 +178,16 @@ impl Tenants {
     /// Each tenant's weight, by index (what a [`super::share::ShareBook`] is made from).
     pub fn weights(&self) -> Vec<u32> {
         self.0.iter().map(|t| t.weight).collect()
+    }
+
+    /// Each tenant's quotas, by index.
+    pub fn quotas(&self) -> Vec<Quota> {
+        self.0.iter().map(|t| t.quota).collect()
+    }
+
+    /// Whether any tenant has a quota (without, the gates keep no quota books).
+    pub fn have_quotas(&self) -> bool {
+        self.0.iter().any(|t| !t.quota.is_none())
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (TenantIndex, &Tenant)> {
@@ -126,6 +220,7 @@ mod tests {
         let t = |name: &str, weight| Tenant {
             name: name.into(),
             weight,
+            quota: Quota::default(),
         };
         assert!(Tenants::new(vec![]).is_none());
         assert!(Tenants::new(vec![t("a", 0)]).is_none());
@@ -141,5 +236,37 @@ mod tests {
         assert!(Tenants::new((0..MAX_TENANTS).map(|i| t(&i.to_string(), 1)).collect()).is_some());
         assert!(Tenants::new((0..=MAX_TENANTS).map(|i| t(&i.to_string(), 1)).collect()).is_none());
         assert_eq!(Tenants::open().weights(), vec![1]);
+        assert!(!Tenants::open().have_quotas());
+    }
+
+    #[test]
+    fn a_rate_is_within_its_bounds_and_its_burst_defaults_to_a_seconds_worth() {
+        for bad in [
+            0.0,
+            -1.0,
+            Rate::MIN_PER_S / 2.0,
+            Rate::MAX_PER_S * 2.0,
+            f64::NAN,
+        ] {
+            assert!(Rate::new(bad, None).is_none(), "{bad}");
+        }
+        assert!(Rate::new(1.0, Some(0)).is_none());
+        assert!(Rate::new(1.0, Some(Rate::MAX_BURST + 1)).is_none());
+        let r = Rate::new(2.5, None).unwrap();
+        assert_eq!((r.per_s(), r.burst()), (2.5, 3));
+        assert_eq!(Rate::new(0.1, None).unwrap().burst(), 1, "at least one");
+        assert_eq!(r.interval_ns(), 400_000_000);
+        assert_eq!(r.window_s(), 2, "3 units at 2.5/s: 1.2 s, rounded up");
+        assert_eq!(
+            Rate::new(100.0, Some(1)).unwrap().window_s(),
+            1,
+            "at least 1 s"
+        );
+        assert_eq!(
+            Rate::new(Rate::MIN_PER_S, None).unwrap().interval_ns(),
+            1_000_000_000_000
+        );
+        assert_eq!(QuotaKind::Rate.as_str(), "rate");
+        assert_eq!(QuotaKind::MaxShare.as_str(), "max_share");
     }
 }

@@ -14,9 +14,9 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::admission::tenants::{
-    Criticality, Tenant, TenantIndex, Tenants, MAX_TENANTS, MAX_WEIGHT,
+    Criticality, Quota, Rate, Tenant, TenantIndex, Tenants, MAX_TENANTS, MAX_WEIGHT,
 };
-use crate::config::closest;
+use crate::config::{closest, Fraction};
 use crate::domain::QueueName;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -146,6 +146,37 @@ struct KeyEntry {
     /// `critical`, `default` or `sheddable`: the highest the key may send at (default
     /// `default`).
     criticality: Option<String>,
+    /// The most of a queue's ceiling the tenant's admissions may hold (0 < x ≤ 1).
+    max_share: Option<f64>,
+    /// The tenant's rate quota, units a second over every queue (GCRA), and its burst.
+    rate_per_s: Option<f64>,
+    burst: Option<u32>,
+}
+
+/// Every field a key may have, for the "did you mean" of an unknown one.
+const KEY_FIELDS: [&str; 10] = [
+    "name",
+    "sha256",
+    "roles",
+    "queues",
+    "tenant",
+    "weight",
+    "criticality",
+    "max_share",
+    "rate_per_s",
+    "burst",
+];
+
+/// The TOML parser's message, with the closest field named when it is an unknown one.
+fn with_field_hint(message: &str) -> String {
+    let unknown = message
+        .split_once("unknown field `")
+        .and_then(|(_, rest)| rest.split_once('`'))
+        .map(|(field, _)| field);
+    match unknown.and_then(|field| closest(field, KEY_FIELDS.into_iter())) {
+        Some(near) => format!("{message} (did you mean {near:?}?)"),
+        None => message.to_owned(),
+    }
 }
 
 /// One configured key: the digest of its token and who it stands for.
@@ -188,7 +219,7 @@ impl Authenticator {
     }
 
     pub fn from_toml(text: &str) -> Result<Self, String> {
-        let file: KeysFile = toml::from_str(text).map_err(|e| e.message().to_owned())?;
+        let file: KeysFile = toml::from_str(text).map_err(|e| with_field_hint(e.message()))?;
         if file.keys.is_empty() {
             return Err("the file has no [[keys]] entries".into());
         }
@@ -232,7 +263,13 @@ impl Authenticator {
                     )
                 })?,
             };
-            let tenant = tenants.place(&name, entry.tenant, entry.weight)?;
+            let asked = Asked {
+                weight: entry.weight,
+                max_share: entry.max_share,
+                rate_per_s: entry.rate_per_s,
+                burst: entry.burst,
+            };
+            let tenant = tenants.place(&name, entry.tenant, asked)?;
             keys.push(ApiKey {
                 digest,
                 principal: Arc::new(Principal {
@@ -244,7 +281,7 @@ impl Authenticator {
                 }),
             });
         }
-        Ok(Self::Keys(keys, tenants.finish()))
+        Ok(Self::Keys(keys, tenants.finish()?))
     }
 
     /// The tenants sends are shared among: the keys file's, or open mode's one.
@@ -301,13 +338,57 @@ fn bearer_token(header: &str) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
+/// What one key says of its tenant: each field, when given, must be the same on every key
+/// of the tenant that gives it.
+struct Asked {
+    weight: Option<u32>,
+    max_share: Option<f64>,
+    rate_per_s: Option<f64>,
+    burst: Option<u32>,
+}
+
+/// A tenant's value of one field and the key that gave it (for the error naming both).
+type Given<T> = Option<(T, String)>;
+
+/// One tenant as the keys file describes it so far.
+struct Described {
+    name: String,
+    weight: Given<u32>,
+    max_share: Given<f64>,
+    rate_per_s: Given<f64>,
+    burst: Given<u32>,
+}
+
 /// The tenants as the keys file names them, in the order first named: a key's tenant is
-/// its `tenant` field or its own name; a tenant's weight is given on any of its keys and
-/// must be the same on each that gives it.
+/// its `tenant` field or its own name; a tenant's weight and quotas are given on any of its
+/// keys and must be the same on each that gives them.
 #[derive(Default)]
 struct TenantTable {
-    /// Name, weight, and the key that gave the weight (for the error naming both).
-    tenants: Vec<(String, Option<(u32, String)>)>,
+    tenants: Vec<Described>,
+}
+
+/// `value` as the tenant's `field`: the first key to give it sets it, any other must agree.
+fn agree<T: PartialEq + std::fmt::Display + Copy>(
+    given: &mut Given<T>,
+    value: Option<T>,
+    field: &str,
+    key: &str,
+    tenant: &str,
+) -> Result<(), String> {
+    let Some(value) = value else {
+        return Ok(());
+    };
+    match given {
+        Some((first, by)) if *first != value => Err(format!(
+            "key {key:?}: tenant {tenant:?} has {field} {first} on key {by:?}, not {value}: \
+             a tenant has one {field}"
+        )),
+        Some(_) => Ok(()),
+        None => {
+            *given = Some((value, key.to_owned()));
+            Ok(())
+        }
+    }
 }
 
 impl TenantTable {
@@ -315,7 +396,7 @@ impl TenantTable {
         &mut self,
         key: &str,
         tenant: Option<String>,
-        weight: Option<u32>,
+        asked: Asked,
     ) -> Result<TenantIndex, String> {
         let tenant = tenant.unwrap_or_else(|| key.to_owned());
         if tenant.is_empty() || tenant.len() > 128 || tenant.chars().any(char::is_control) {
@@ -323,49 +404,100 @@ impl TenantTable {
                 "key {key:?}: a tenant is 1 to 128 bytes without control characters"
             ));
         }
-        if let Some(w) = weight {
+        if let Some(w) = asked.weight {
             if !(1..=MAX_WEIGHT).contains(&w) {
                 return Err(format!(
                     "key {key:?}: weight must be 1 to {MAX_WEIGHT}, not {w}"
                 ));
             }
         }
-        let at = match self.tenants.iter().position(|(name, _)| *name == tenant) {
+        if let Some(share) = asked.max_share {
+            if Fraction::new(share).is_none() {
+                return Err(format!(
+                    "key {key:?}: max_share must be above 0 and at most 1, not {share}"
+                ));
+            }
+        }
+        if let Some(rate) = asked.rate_per_s {
+            if Rate::new(rate, Some(1)).is_none() {
+                return Err(format!(
+                    "key {key:?}: rate_per_s must be {} to {}, not {rate}",
+                    Rate::MIN_PER_S,
+                    Rate::MAX_PER_S
+                ));
+            }
+        }
+        if let Some(burst) = asked.burst {
+            if !(1..=Rate::MAX_BURST).contains(&burst) {
+                return Err(format!(
+                    "key {key:?}: burst must be 1 to {}, not {burst}",
+                    Rate::MAX_BURST
+                ));
+            }
+        }
+        let at = match self.tenants.iter().position(|t| t.name == tenant) {
             Some(at) => at,
             None => {
                 if self.tenants.len() == MAX_TENANTS {
                     return Err(format!("key {key:?}: at most {MAX_TENANTS} tenants"));
                 }
-                self.tenants.push((tenant.clone(), None));
+                self.tenants.push(Described {
+                    name: tenant.clone(),
+                    weight: None,
+                    max_share: None,
+                    rate_per_s: None,
+                    burst: None,
+                });
                 self.tenants.len() - 1
             }
         };
-        if let Some(w) = weight {
-            match &self.tenants[at].1 {
-                Some((given, by)) if *given != w => {
-                    return Err(format!(
-                        "key {key:?}: tenant {tenant:?} has weight {given} on key {by:?}, not {w}: \
-                         a tenant has one weight"
-                    ));
-                }
-                Some(_) => {}
-                None => self.tenants[at].1 = Some((w, key.to_owned())),
-            }
-        }
+        let t = &mut self.tenants[at];
+        agree(&mut t.weight, asked.weight, "weight", key, &tenant)?;
+        agree(&mut t.max_share, asked.max_share, "max_share", key, &tenant)?;
+        agree(
+            &mut t.rate_per_s,
+            asked.rate_per_s,
+            "rate_per_s",
+            key,
+            &tenant,
+        )?;
+        agree(&mut t.burst, asked.burst, "burst", key, &tenant)?;
         Ok(TenantIndex(u16::try_from(at).unwrap_or(u16::MAX)))
     }
 
-    fn finish(self) -> Tenants {
-        let tenants = self
-            .tenants
-            .into_iter()
-            .map(|(name, weight)| Tenant {
-                name,
-                weight: weight.map_or(1, |(w, _)| w),
-            })
-            .collect();
+    fn finish(self) -> Result<Tenants, String> {
+        let mut tenants = Vec::with_capacity(self.tenants.len());
+        for t in self.tenants {
+            let rate = match (t.rate_per_s, t.burst) {
+                (None, None) => None,
+                (None, Some((_, by))) => {
+                    return Err(format!(
+                    "key {by:?}: tenant {:?} has a burst but no rate_per_s: a burst is of a rate",
+                    t.name
+                ))
+                }
+                // Both checked as each key was placed; the default burst may still be too
+                // large for the largest rates.
+                (Some((per_s, by)), burst) => {
+                    Some(Rate::new(per_s, burst.map(|(b, _)| b)).ok_or_else(|| {
+                        format!(
+                            "key {by:?}: rate_per_s {per_s} needs a burst of at most {}",
+                            Rate::MAX_BURST
+                        )
+                    })?)
+                }
+            };
+            tenants.push(Tenant {
+                name: t.name,
+                weight: t.weight.map_or(1, |(w, _)| w),
+                quota: Quota {
+                    max_share: t.max_share.and_then(|(s, _)| Fraction::new(s)),
+                    rate,
+                },
+            });
+        }
         // Bounded and checked as each key was placed.
-        Tenants::new(tenants).unwrap_or_else(Tenants::open)
+        Ok(Tenants::new(tenants).unwrap_or_else(Tenants::open))
     }
 }
 
@@ -558,6 +690,89 @@ mod tests {
         assert_eq!(
             Authenticator::from_toml(&same).unwrap().tenants().weights(),
             vec![2]
+        );
+    }
+
+    #[test]
+    fn a_tenant_carries_its_quotas_from_any_of_its_keys() {
+        let text = [
+            key("a", "tenant = \"t\"\nmax_share = 0.2"),
+            key("b", "tenant = \"t\"\nrate_per_s = 2.5\nburst = 10"),
+            key("c", "rate_per_s = 4"),
+            key("d", ""),
+        ]
+        .concat();
+        let quotas = Authenticator::from_toml(&text).unwrap().tenants().quotas();
+        assert_eq!(quotas[0].max_share, Fraction::new(0.2));
+        assert_eq!(quotas[0].rate, Rate::new(2.5, Some(10)));
+        assert_eq!(quotas[1].max_share, None);
+        assert_eq!(
+            quotas[1].rate.map(|r| r.burst()),
+            Some(4),
+            "a burst defaults to a second's worth"
+        );
+        assert!(quotas[2].is_none());
+    }
+
+    #[test]
+    fn bad_quotas_are_refused_naming_the_key_and_the_bound() {
+        let refused = |text: String| Authenticator::from_toml(&text).unwrap_err();
+        for bad in ["0", "-0.1", "1.5", "nan"] {
+            let e = refused(key("a", &format!("max_share = {bad}")));
+            assert!(
+                e.contains("key \"a\"") && e.contains("max_share must be above 0 and at most 1"),
+                "{bad}: {e}"
+            );
+        }
+        for bad in ["0", "0.0001", "2000000"] {
+            let e = refused(key("a", &format!("rate_per_s = {bad}")));
+            assert!(
+                e.contains("rate_per_s must be 0.001 to 1000000"),
+                "{bad}: {e}"
+            );
+        }
+        for bad in [0, Rate::MAX_BURST + 1] {
+            let e = refused(key("a", &format!("rate_per_s = 1\nburst = {bad}")));
+            assert!(e.contains("burst must be 1 to 1000000"), "{bad}: {e}");
+        }
+        let lone = refused(key("a", "burst = 5"));
+        assert!(lone.contains("no rate_per_s"), "{lone}");
+        // One value per tenant, the error naming both keys.
+        for (field, one, two) in [
+            ("max_share", "0.2", "0.3"),
+            ("rate_per_s", "1", "2"),
+            ("burst", "3", "4"),
+        ] {
+            // A burst is of a rate.
+            let rate = if field == "burst" {
+                "rate_per_s = 1\n"
+            } else {
+                ""
+            };
+            let e = refused(
+                [
+                    key("a", &format!("tenant = \"t\"\n{rate}{field} = {one}")),
+                    key("b", &format!("tenant = \"t\"\n{field} = {two}")),
+                ]
+                .concat(),
+            );
+            assert!(
+                e.contains("key \"b\"")
+                    && e.contains(&format!("{field} {one} on key \"a\""))
+                    && e.contains(&format!("a tenant has one {field}")),
+                "{field}: {e}"
+            );
+        }
+        // A typo of a field is named; a far one is still refused, without a guess.
+        let typo = refused(key("a", "rate_per_sec = 5"));
+        assert!(
+            typo.contains("unknown field") && typo.contains("did you mean \"rate_per_s\"?"),
+            "{typo}"
+        );
+        let far = refused(key("a", "colour = \"red\""));
+        assert!(
+            far.contains("unknown field") && !far.contains("did you mean"),
+            "{far}"
         );
     }
 

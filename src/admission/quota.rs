@@ -1,0 +1,372 @@
+//! The tenants' quotas (docs/fairness.md, "Quotas"), as books the judge (`fair.rs`) asks
+//! about a send the ceiling admits: a rate with a burst (GCRA), kept per tenant for the
+//! whole gateway, and `max_share`, what a tenant's admissions hold of one queue, kept by
+//! each queue's gate. Asking takes nothing: only units the judge admits are taken, so a
+//! refusal (for a quota, a share or criticality) costs the tenant none of its quota.
+//!
+//! GCRA is written here over tokio's `Instant` rather than taken from the `governor`
+//! crate: governor reads its own clocks (quanta's, or std's `Instant`), which tokio's paused
+//! test clock does not move, and its check takes the units when they conform, where the
+//! judge must first hear the share rule out. The rule itself is a few lines of integer
+//! arithmetic.
+
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use super::tenants::{Quota, Rate, TenantIndex};
+
+/// One tenant's GCRA: the theoretical arrival time (`tat`) of its next unit. `units`
+/// conform at `now` when `max(tat, now) + units × interval − now ≤ burst × interval`.
+#[derive(Debug, Clone)]
+pub struct Gcra {
+    /// Nanoseconds one unit takes to come back.
+    interval: u128,
+    /// Nanoseconds of credit a full bucket holds: `burst × interval`.
+    tolerance: u128,
+    tat: Instant,
+}
+
+impl Gcra {
+    /// A full bucket at `now`.
+    pub fn new(rate: Rate, now: Instant) -> Self {
+        let interval = u128::from(rate.interval_ns());
+        Self {
+            interval,
+            tolerance: interval * u128::from(rate.burst()),
+            tat: now,
+        }
+    }
+
+    /// Nanoseconds of credit used at `now`.
+    fn used(&self, now: Instant) -> u128 {
+        self.tat.saturating_duration_since(now).as_nanos()
+    }
+
+    /// How long until `units` conform (zero: now); `None` when they never can (more
+    /// than the burst).
+    pub fn wait(&self, units: u64, now: Instant) -> Option<Duration> {
+        let cost = u128::from(units).saturating_mul(self.interval);
+        if cost > self.tolerance {
+            return None;
+        }
+        let over = (self.used(now) + cost).saturating_sub(self.tolerance);
+        Some(nanos(over))
+    }
+
+    /// Take `units` at `now` (the judge admitted them).
+    pub fn take(&mut self, units: u64, now: Instant) {
+        let cost = u128::from(units).saturating_mul(self.interval);
+        self.tat = self.tat.max(now) + nanos(cost);
+    }
+
+    /// Units that conform at `now` (`RateLimit`'s `r`).
+    pub fn available(&self, now: Instant) -> u64 {
+        let left = self.tolerance.saturating_sub(self.used(now));
+        u64::try_from(left / self.interval).unwrap_or(u64::MAX)
+    }
+
+    /// How long until one more unit is available; `None` with the bucket full.
+    pub fn until_more(&self, now: Instant) -> Option<Duration> {
+        let used = self.used(now);
+        if used == 0 {
+            return None;
+        }
+        let left = self.tolerance.saturating_sub(used);
+        Some(nanos(self.interval - left % self.interval))
+    }
+
+    /// How long until the bucket is full again (zero: it is).
+    pub fn until_full(&self, now: Instant) -> Duration {
+        nanos(self.used(now))
+    }
+}
+
+fn nanos(n: u128) -> Duration {
+    Duration::from_nanos(u64::try_from(n).unwrap_or(u64::MAX))
+}
+
+/// What a tenant's rate quota stands at, for the `RateLimit` headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateState {
+    pub rate: Rate,
+    /// Units that conform now.
+    pub available: u64,
+    /// Until one more unit is available; `None` when none is missing.
+    pub until_more: Option<Duration>,
+}
+
+/// Every tenant's rate bucket (index = [`TenantIndex`]; `None`: no rate quota), shared
+/// by every queue's gate and the HTTP edge's headers.
+#[derive(Debug, Default)]
+pub struct RateBook {
+    buckets: Vec<Option<(Rate, Mutex<Gcra>)>>,
+}
+
+impl RateBook {
+    /// Full buckets at `now` for the tenants with a rate quota.
+    pub fn new(quotas: &[Quota], now: Instant) -> Self {
+        Self {
+            buckets: quotas
+                .iter()
+                .map(|q| q.rate.map(|rate| (rate, Mutex::new(Gcra::new(rate, now)))))
+                .collect(),
+        }
+    }
+
+    /// The tenant's rate and bucket, when it has a rate quota.
+    pub fn bucket(&self, tenant: TenantIndex) -> Option<(Rate, &Mutex<Gcra>)> {
+        self.buckets
+            .get(usize::from(tenant.0))?
+            .as_ref()
+            .map(|(rate, bucket)| (*rate, bucket))
+    }
+
+    /// Where the tenant's rate quota stands at `now`; `None` without one.
+    pub fn state(&self, tenant: TenantIndex, now: Instant) -> Option<RateState> {
+        let (rate, bucket) = self.bucket(tenant)?;
+        let bucket = bucket.lock();
+        Some(RateState {
+            rate,
+            available: bucket.available(now),
+            until_more: bucket.until_more(now),
+        })
+    }
+}
+
+/// One queue's estimate of what each tenant's admissions hold of it, for `max_share`.
+///
+/// `held_i` grows by what tenant `i` is admitted; whenever the gate's estimate of the
+/// queue is below `Σ held`, every `held_i` is scaled down by `estimate / Σ held`: the queue
+/// holds no more than its backlog, and what drained is taken from every tenant in
+/// proportion to what it held. Messages of producers the gate does not count (other
+/// replicas, other clients of the broker) only keep the estimate higher: each tenant is
+/// taken to hold its admissions for longer, the side of refusing.
+#[derive(Debug)]
+pub struct HeldBook {
+    caps: Vec<Option<crate::config::Fraction>>,
+    held: Vec<f64>,
+}
+
+impl HeldBook {
+    pub fn new(quotas: &[Quota]) -> Self {
+        Self {
+            caps: quotas.iter().map(|q| q.max_share).collect(),
+            held: vec![0.0; quotas.len()],
+        }
+    }
+
+    /// Scale what the tenants hold down to what the queue holds.
+    fn settle(&mut self, estimate: u64) {
+        let total: f64 = self.held.iter().sum();
+        let estimate = estimate as f64;
+        if total > estimate {
+            let scale = estimate / total;
+            for h in &mut self.held {
+                *h *= scale;
+            }
+        }
+    }
+
+    /// What `tenant` is taken to hold now (for tests and health).
+    pub fn held(&self, tenant: TenantIndex) -> f64 {
+        self.held.get(usize::from(tenant.0)).copied().unwrap_or(0.0)
+    }
+
+    /// Whether `units` more keep `tenant` within `max_share × limit` (rounded down, at
+    /// least 1) of a queue holding `estimate`; `Err(room)`: how many would.
+    pub fn check(
+        &mut self,
+        tenant: TenantIndex,
+        units: u64,
+        estimate: u64,
+        limit: u64,
+    ) -> Result<(), u64> {
+        self.settle(estimate);
+        let index = usize::from(tenant.0);
+        let Some(Some(share)) = self.caps.get(index) else {
+            return Ok(());
+        };
+        let cap = ((limit as f64 * share.get()).floor() as u64).max(1) as f64;
+        let held = self.held[index];
+        // A sliver of a unit over (the scaling's rounding) is not a unit.
+        if held + units as f64 <= cap + 1e-9 {
+            Ok(())
+        } else {
+            Err((cap - held + 1e-9).floor().max(0.0) as u64)
+        }
+    }
+
+    /// `tenant` was admitted `units`.
+    pub fn take(&mut self, tenant: TenantIndex, units: u64) {
+        if let Some(h) = self.held.get_mut(usize::from(tenant.0)) {
+            *h += units as f64;
+        }
+    }
+}
+
+/// A queue's quotas: the gateway's rate book and the queue's own held book.
+#[derive(Debug)]
+pub struct QueueQuotas {
+    pub rates: std::sync::Arc<RateBook>,
+    pub held: Mutex<HeldBook>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Fraction;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn rate(per_s: f64, burst: u32) -> Rate {
+        Rate::new(per_s, Some(burst)).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_bucket_gives_its_burst_at_once_then_the_steady_rate() {
+        let now = Instant::now();
+        let mut g = Gcra::new(rate(10.0, 5), now);
+        assert_eq!(g.available(now), 5);
+        assert_eq!(g.until_more(now), None, "full");
+        for left in (0..5).rev() {
+            assert_eq!(g.wait(1, now), Some(Duration::ZERO));
+            g.take(1, now);
+            assert_eq!(g.available(now), left);
+        }
+        assert_eq!(
+            g.wait(1, now),
+            Some(100 * MS),
+            "the next unit in one interval"
+        );
+        assert_eq!(g.until_more(now), Some(100 * MS));
+        assert_eq!(g.until_full(now), 500 * MS);
+        // Steady: one unit every 100 ms, none sooner.
+        tokio::time::advance(99 * MS).await;
+        let t = Instant::now();
+        assert_eq!(g.wait(1, t), Some(MS));
+        assert_eq!(g.until_more(t), Some(MS));
+        tokio::time::advance(MS).await;
+        for _ in 0..20 {
+            let t = Instant::now();
+            assert_eq!(g.wait(1, t), Some(Duration::ZERO));
+            g.take(1, t);
+            assert_eq!(g.wait(1, t), Some(100 * MS));
+            tokio::time::advance(100 * MS).await;
+        }
+        // Idle long enough, the bucket is full again, and no fuller.
+        tokio::time::advance(Duration::from_secs(60)).await;
+        let t = Instant::now();
+        assert_eq!(g.available(t), 5);
+        assert_eq!(g.until_full(t), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_conforms_whole_or_waits_and_never_past_the_burst() {
+        let now = Instant::now();
+        let mut g = Gcra::new(rate(10.0, 5), now);
+        g.take(3, now);
+        assert_eq!(g.available(now), 2);
+        assert_eq!(g.wait(2, now), Some(Duration::ZERO));
+        assert_eq!(
+            g.wait(3, now),
+            Some(100 * MS),
+            "3 of a full 5 after one interval"
+        );
+        assert_eq!(g.wait(5, now), Some(300 * MS));
+        assert_eq!(g.wait(6, now), None, "more than the burst never conforms");
+        g.take(2, now);
+        assert_eq!(g.available(now), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn asking_takes_nothing() {
+        let now = Instant::now();
+        let g = Gcra::new(rate(1.0, 2), now);
+        for _ in 0..100 {
+            assert_eq!(g.wait(2, now), Some(Duration::ZERO));
+            let _ = g.wait(3, now);
+        }
+        assert_eq!(g.available(now), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_rate_and_a_fast_one_keep_their_interval() {
+        let now = Instant::now();
+        let mut slow = Gcra::new(rate(0.5, 1), now);
+        slow.take(1, now);
+        assert_eq!(slow.wait(1, now), Some(Duration::from_secs(2)));
+        let mut fast = Gcra::new(rate(Rate::MAX_PER_S, 1000), now);
+        fast.take(1000, now);
+        assert_eq!(fast.wait(1, now), Some(Duration::from_micros(1)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_rate_book_keeps_a_bucket_only_for_tenants_with_a_rate() {
+        let now = Instant::now();
+        let quotas = [
+            Quota::default(),
+            Quota {
+                rate: Some(rate(2.0, 4)),
+                max_share: None,
+            },
+        ];
+        let book = RateBook::new(&quotas, now);
+        assert!(book.bucket(TenantIndex(0)).is_none());
+        assert!(book.state(TenantIndex(0), now).is_none());
+        assert!(book.bucket(TenantIndex(9)).is_none());
+        let (r, bucket) = book.bucket(TenantIndex(1)).unwrap();
+        assert_eq!(r.burst(), 4);
+        bucket.lock().take(1, now);
+        assert_eq!(
+            book.state(TenantIndex(1), now),
+            Some(RateState {
+                rate: r,
+                available: 3,
+                until_more: Some(Duration::from_millis(500)),
+            })
+        );
+    }
+
+    fn capped(share: f64) -> Quota {
+        Quota {
+            max_share: Fraction::new(share),
+            rate: None,
+        }
+    }
+
+    #[test]
+    fn max_share_caps_what_a_tenant_holds_and_drains_in_proportion() {
+        let (a, b) = (TenantIndex(0), TenantIndex(1));
+        let mut book = HeldBook::new(&[capped(0.2), Quota::default()]);
+        // Ceiling 100: A may hold 20.
+        assert_eq!(book.check(a, 20, 0, 100), Ok(()));
+        book.take(a, 20);
+        assert_eq!(book.check(a, 1, 20, 100), Err(0));
+        assert_eq!(book.check(b, 50, 20, 100), Ok(()), "B has no cap");
+        book.take(b, 60);
+        // The queue holds 80, as admitted: nothing drained, A still at its cap.
+        assert_eq!(book.check(a, 1, 80, 100), Err(0));
+        // Half of it drained: A is taken to hold half of its 20.
+        assert_eq!(book.check(a, 11, 40, 100), Err(10));
+        assert!((book.held(a) - 10.0).abs() < 1e-9);
+        assert!((book.held(b) - 30.0).abs() < 1e-9);
+        assert_eq!(book.check(a, 10, 40, 100), Ok(()));
+        // A batch over the cap is refused whole, with the room it has.
+        assert_eq!(book.check(a, 30, 40, 100), Err(10));
+    }
+
+    #[test]
+    fn a_refused_check_takes_nothing_and_a_tiny_cap_is_one_unit() {
+        let a = TenantIndex(0);
+        let mut book = HeldBook::new(&[capped(0.01)]);
+        assert_eq!(book.check(a, 2, 0, 10), Err(1), "0.1 of a unit rounds to 1");
+        assert_eq!(book.held(a), 0.0);
+        assert_eq!(book.check(a, 1, 0, 10), Ok(()));
+        book.take(a, 1);
+        assert_eq!(book.check(a, 1, 1, 10), Err(0));
+        // An unknown tenant has no cap.
+        assert_eq!(book.check(TenantIndex(7), 100, 0, 10), Ok(()));
+    }
+}
