@@ -202,7 +202,7 @@ fn tenant_families(dispatcher: &Dispatcher) -> Vec<prometheus::proto::MetricFami
     );
     let refused = counter_vec(
         "sendgate_tenant_refused_total",
-        "Units refused per tenant, by reason: queue_full (the ceiling), criticality, tenant_share.",
+        "Units refused per tenant, by reason: queue_full (the ceiling), criticality, tenant_share, tenant_quota.",
         &["backend", "queue", "tenant", "reason"],
     );
     let would_refuse = counter_vec(

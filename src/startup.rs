@@ -331,6 +331,19 @@ impl Application {
         if let Some(lane) = &fallback_route {
             lane.share_among(&tenants, fair);
         }
+        // One rate bucket per tenant for the whole gateway (every queue, either backend);
+        // a held book per queue's gate, for max_share.
+        let quotas = tenants.quotas();
+        let rates = Arc::new(crate::admission::quota::RateBook::new(
+            &quotas,
+            tokio::time::Instant::now(),
+        ));
+        if tenants.have_quotas() {
+            primary_route.hold_to(&quotas, &rates);
+            if let Some(lane) = &fallback_route {
+                lane.hold_to(&quotas, &rates);
+            }
+        }
         let coordination = Coordination::start(&settings.coordination);
         if let Coordination::Fleet { fleet, ledger } = &coordination {
             let primary = settings.primary.kind();
@@ -382,6 +395,7 @@ impl Application {
             connections: crate::transport::Connections::new(settings.connections),
             coordination,
             settings: runtime.clone(),
+            rates,
         });
 
         let bind_error = |source| StartupError::Bind {

@@ -82,6 +82,7 @@ fn is_covered(p: &Problem) -> bool {
         // `queue_full` with a `reason` (docs/fairness.md): the same code and status.
         | Problem::Shed { .. }
         | Problem::TenantShare { .. }
+        | Problem::TenantQuota { .. }
         | Problem::CapacityUnknown { .. }
         | Problem::Saturated
         | Problem::BackendUnavailable { .. }

@@ -150,6 +150,7 @@ mod tests {
                 .map(|n| Tenant {
                     name: (*n).into(),
                     weight: 1,
+                    quota: Default::default(),
                 })
                 .collect(),
         )

@@ -1,16 +1,20 @@
 //! The judge a queue's gate asks about each send its ceiling would admit
 //! (docs/fairness.md): first the send's criticality against its level's fraction of the
-//! ceiling, then the tenant's share of the room. It only ever refuses.
+//! ceiling, then the tenant's quotas, then its share of the room. It only ever refuses, and
+//! a quota is taken only from what it admits.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use super::ceiling::policy::{Judge, Refusal};
+use super::quota::QueueQuotas;
 use super::share::{ShareBook, ShareMode, Verdict};
 use super::tally::Reason;
-use super::tenants::{Criticality, TenantIndex};
+use super::tenants::{Criticality, QuotaKind, TenantIndex};
 use crate::config::Fraction;
 
 /// Who asks: the tenant whose share a send takes, and the criticality it is sent at.
@@ -43,6 +47,68 @@ pub struct FairPolicy {
 /// The answer's `Retry-After` for a share refusal: the next round opens the tenant's part.
 pub const SHARE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
+/// The answer's `Retry-After` for a `max_share` refusal: what the tenant holds shrinks as
+/// the queue drains, which the next depth reads show.
+pub const MAX_SHARE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// One queue's runtime overrides of the fair policy (`PATCH /admin/settings`); `None`
+/// keeps the variable's value.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FairOverride {
+    pub share_at: Option<Fraction>,
+    pub shed_at_sheddable: Option<Fraction>,
+    pub shed_at_default: Option<Fraction>,
+}
+
+/// A queue's fair policy, swappable at runtime as [`super::ceiling::PolicyCell`] is: the
+/// variables' policy and the one in force (one lock-free load per decision).
+#[derive(Debug)]
+pub struct FairCell {
+    base: FairPolicy,
+    current: ArcSwap<FairPolicy>,
+}
+
+impl FairCell {
+    pub fn new(base: FairPolicy) -> Self {
+        Self {
+            base,
+            current: ArcSwap::from_pointee(base),
+        }
+    }
+
+    /// The policy in force.
+    pub fn load(&self) -> FairPolicy {
+        **self.current.load()
+    }
+
+    /// The policy the variables give.
+    pub fn base(&self) -> &FairPolicy {
+        &self.base
+    }
+
+    /// Put `overrides` in force on top of the variables' policy (an empty one restores
+    /// it). The settings refuse a sheddable level above the default one; should the two
+    /// still cross (an override kept while a variable changed), sheddable is held to
+    /// default, so a sheddable send is never admitted where a default one is refused.
+    pub fn apply(&self, overrides: &FairOverride) {
+        let base = self.base;
+        let shed_at_default = overrides.shed_at_default.unwrap_or(base.shed_at_default);
+        let shed_at_sheddable = match overrides
+            .shed_at_sheddable
+            .unwrap_or(base.shed_at_sheddable)
+        {
+            above if above > shed_at_default => shed_at_default,
+            level => level,
+        };
+        self.current.store(Arc::new(FairPolicy {
+            share_at: overrides.share_at.unwrap_or(base.share_at),
+            shed_at_sheddable,
+            shed_at_default,
+            ..base
+        }));
+    }
+}
+
 impl FairPolicy {
     /// The most the queue may hold after a send at `level` (the ceiling for critical).
     pub fn cut(&self, level: Criticality, limit: u64) -> u64 {
@@ -56,9 +122,11 @@ impl FairPolicy {
     }
 }
 
-/// One send's judge: its asker, the queue's book, the policy in force.
+/// One send's judge: its asker, the queue's books, the policy in force.
 pub struct ShareJudge<'a> {
     pub book: &'a Mutex<ShareBook>,
+    /// The tenants' quotas, when any tenant has one.
+    pub quotas: Option<&'a QueueQuotas>,
     pub asker: Asker,
     pub policy: FairPolicy,
     /// In shadow mode, why the send would have been refused (it is admitted): counted per
@@ -93,28 +161,63 @@ impl Judge for ShareJudge<'_> {
             }
             self.would_refuse = Some(Reason::Criticality);
         }
+        let now = Instant::now();
+        let tenant = self.asker.tenant;
+        // Quotas: asked now, taken only once the share rule admits too (a unit refused for
+        // its share costs none of the tenant's quota). Locks in one order: the tenant's
+        // bucket, the queue's held book, its share book.
+        let bucket = self
+            .quotas
+            .and_then(|q| q.rates.bucket(tenant))
+            .map(|(_, bucket)| bucket.lock());
+        if let Some(bucket) = &bucket {
+            let wait = bucket.wait(units, now);
+            if wait != Some(Duration::ZERO) {
+                return Err(Refusal::TenantQuota {
+                    quota: QuotaKind::Rate,
+                    // More than the burst never conforms: when the bucket is full again,
+                    // the answer's `room` is what may be sent.
+                    retry_after: wait.unwrap_or_else(|| bucket.until_full(now)),
+                    room: bucket.available(now),
+                });
+            }
+        }
+        let mut held = self.quotas.map(|q| q.held.lock());
+        if let Some(held) = &mut held {
+            if let Err(room) = held.check(tenant, units, estimate, limit) {
+                return Err(Refusal::TenantQuota {
+                    quota: QuotaKind::MaxShare,
+                    retry_after: MAX_SHARE_RETRY_AFTER,
+                    room,
+                });
+            }
+        }
         let near = estimate as f64 >= self.policy.share_at.get() * limit as f64;
-        let verdict = self.book.lock().decide(
-            self.asker.tenant,
-            units,
-            room,
-            near,
-            self.policy.mode,
-            Instant::now(),
-        );
+        let verdict = self
+            .book
+            .lock()
+            .decide(tenant, units, room, near, self.policy.mode, now);
         match verdict {
-            Verdict::Admit => Ok(()),
+            Verdict::Admit => {}
             Verdict::WouldRefuse { .. } => {
                 // The first rule that would refuse names it, as it would the 429.
                 self.would_refuse.get_or_insert(Reason::TenantShare);
-                Ok(())
             }
-            Verdict::Refuse { share, room } => Err(Refusal::TenantShare {
-                share_milli: (share.clamp(0.0, 1.0) * 1000.0).round() as u16,
-                retry_after: SHARE_RETRY_AFTER,
-                room,
-            }),
+            Verdict::Refuse { share, room } => {
+                return Err(Refusal::TenantShare {
+                    share_milli: (share.clamp(0.0, 1.0) * 1000.0).round() as u16,
+                    retry_after: SHARE_RETRY_AFTER,
+                    room,
+                })
+            }
         }
+        if let Some(mut bucket) = bucket {
+            bucket.take(units, now);
+        }
+        if let Some(held) = &mut held {
+            held.take(tenant, units);
+        }
+        Ok(())
     }
 
     fn refused_full(&mut self, units: u64) {

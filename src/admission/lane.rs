@@ -87,10 +87,17 @@ impl Lane {
         }
     }
 
-    /// Share each queue's ceiling with the fleet (`SENDGATE_COORDINATION=redis`), under the
-    /// ledger key `key` gives for it (the primary's and the fallback's differ: see
-    /// [`Ledger::fallback_queue_key`](crate::coordination::ledger::Ledger::fallback_queue_key)),
-    /// and its tenants' counts through `shares`, under that key with `:tenants` added.
+    /// Hold each queue's tenants to their quotas; `rates` is shared by every queue.
+    pub fn hold_to(
+        &self,
+        quotas: &[crate::admission::tenants::Quota],
+        rates: &Arc<crate::admission::quota::RateBook>,
+    ) {
+        for gate in self.gates.values() {
+            gate.hold_to(quotas, Arc::clone(rates));
+        }
+    }
+
     pub fn join_fleet(
         &self,
         fleet: &Arc<crate::coordination::fleet::Fleet>,

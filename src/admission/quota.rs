@@ -61,6 +61,13 @@ impl Gcra {
         self.tat = self.tat.max(now) + nanos(cost);
     }
 
+    /// Give back `units` taken (the send the judge admitted was then refused by the
+    /// fleet's ledger, or decided again by the replica's own gate).
+    pub fn give_back(&mut self, units: u64) {
+        let cost = nanos(u128::from(units).saturating_mul(self.interval));
+        self.tat = self.tat.checked_sub(cost).unwrap_or(self.tat);
+    }
+
     /// Units that conform at `now` (`RateLimit`'s `r`).
     pub fn available(&self, now: Instant) -> u64 {
         let left = self.tolerance.saturating_sub(self.used(now));
@@ -204,6 +211,13 @@ impl HeldBook {
             *h += units as f64;
         }
     }
+
+    /// `units` admitted to `tenant` were not sent after all.
+    pub fn give_back(&mut self, tenant: TenantIndex, units: u64) {
+        if let Some(h) = self.held.get_mut(usize::from(tenant.0)) {
+            *h = (*h - units as f64).max(0.0);
+        }
+    }
 }
 
 /// A queue's quotas: the gateway's rate book and the queue's own held book.
@@ -278,6 +292,20 @@ mod tests {
         assert_eq!(g.wait(6, now), None, "more than the burst never conforms");
         g.take(2, now);
         assert_eq!(g.available(now), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn units_given_back_conform_again() {
+        let now = Instant::now();
+        let mut g = Gcra::new(rate(1.0, 3), now);
+        g.take(3, now);
+        g.give_back(2);
+        assert_eq!(g.available(now), 2);
+        assert_eq!(g.wait(2, now), Some(Duration::ZERO));
+        let mut book = HeldBook::new(&[capped(0.5)]);
+        book.take(TenantIndex(0), 5);
+        book.give_back(TenantIndex(0), 7);
+        assert_eq!(book.held(TenantIndex(0)), 0.0, "never below nothing");
     }
 
     #[tokio::test(start_paused = true)]

@@ -32,13 +32,20 @@ pub enum Reason {
     Criticality,
     /// Past the tenant's part of a contended queue's room.
     TenantShare,
+    /// Past one of the tenant's quotas (never shadowed: quotas refuse in every mode).
+    TenantQuota,
 }
 
 /// How many reasons there are: the counters' width.
 const REASONS: usize = Reason::ALL.len();
 
 impl Reason {
-    pub const ALL: [Reason; 3] = [Reason::QueueFull, Reason::Criticality, Reason::TenantShare];
+    pub const ALL: [Reason; 4] = [
+        Reason::QueueFull,
+        Reason::Criticality,
+        Reason::TenantShare,
+        Reason::TenantQuota,
+    ];
 
     /// The word `/metrics`, `/health/detailed` and the log name it by (the 429's `reason`,
     /// and `queue_full` for the ceiling's own).
@@ -47,13 +54,16 @@ impl Reason {
             Reason::QueueFull => "queue_full",
             Reason::Criticality => "criticality",
             Reason::TenantShare => "tenant_share",
+            Reason::TenantQuota => "tenant_quota",
         }
     }
 
     /// The reasons shadow mode may count as would-be refusals: the judge's (the ceiling
     /// itself is never shadowed).
     pub fn shadowed() -> impl Iterator<Item = Reason> {
-        Self::ALL.into_iter().filter(|r| r.is_tenants_own())
+        Self::ALL
+            .into_iter()
+            .filter(|r| r.is_tenants_own() && *r != Reason::TenantQuota)
     }
 
     /// What a refusal counts under; `None` for refusals about no room at all (the depth
@@ -63,6 +73,7 @@ impl Reason {
             Refusal::QueueFull { .. } => Some(Reason::QueueFull),
             Refusal::Shed { .. } => Some(Reason::Criticality),
             Refusal::TenantShare { .. } => Some(Reason::TenantShare),
+            Refusal::TenantQuota { .. } => Some(Reason::TenantQuota),
             Refusal::CapacityUnknown { .. } | Refusal::QueueDisabled | Refusal::Stopped => None,
         }
     }

@@ -53,7 +53,11 @@ const PARTIAL: &str = BatchPartial::STATUS;
     ),
     responses(
         (status = 201, description = "`queued`: every entry is in the queue, in the request's order.", body = BatchQueued,
-            headers(("X-Sendgate-Backend" = String, description = "`primary` or `fallback`: the backend that took them."))),
+            headers(
+                ("X-Sendgate-Backend" = String, description = "`primary` or `fallback`: the backend that took them."),
+                ("RateLimit-Policy" = String, description = "Only for a tenant with a rate quota: as on a single send's."),
+                ("RateLimit" = String, description = "Only for a tenant with a rate quota: as on a single send's."),
+            )),
         (status = 200, description = "`valid`: a dry run that would have been attempted.", body = BatchQueued),
         (status = 207, description = "`partial`: some entries are queued and some are not (`failed`, with the code a single send would have, `outcome: unknown` where the broker may hold it). Retry the failed ones with the same idempotency keys.", body = BatchPartial,
             headers(("X-Sendgate-Backend" = String, description = "The backend the batch went to."))),
@@ -67,8 +71,12 @@ const PARTIAL: &str = BatchPartial::STATUS;
         (status = 413, description = "`payload_too_large`: the request is over `SENDGATE_MAX_BATCH_BYTES` (`limit_bytes`).", body = sendgate_wire::ErrorBody),
         (status = 415, description = "`unsupported_media_type`: not `application/json`.", body = sendgate_wire::ErrorBody),
         (status = 422, description = "`unsupported_attribute`: an entry has an attribute the backend it would go to cannot carry (`attribute`, `backend`); nothing was sent.", body = sendgate_wire::ErrorBody),
-        (status = 429, description = "`queue_full`: the whole batch does not fit under the ceiling; `room` says how many entries would be admitted now (as a single send's 429 otherwise).", body = sendgate_wire::ErrorBody,
-            headers(("Retry-After" = u64, description = "Whole seconds to wait, at least 1."))),
+        (status = 429, description = "`queue_full`: the whole batch does not fit under the ceiling (or its criticality's cut, its tenant's share or quota: `reason`); `room` says how many entries would be admitted now (as a single send's 429 otherwise).", body = sendgate_wire::ErrorBody,
+            headers(
+                ("Retry-After" = u64, description = "Whole seconds to wait, at least 1."),
+                ("RateLimit-Policy" = String, description = "Only for a tenant with a rate quota: as on a single send's."),
+                ("RateLimit" = String, description = "Only for a tenant with a rate quota: as on a single send's."),
+            )),
         (status = 503, description = "`draining`, `starting`, `saturated`, `capacity_unknown`, `backend_unavailable`: as for a single send, for the whole batch.", body = sendgate_wire::ErrorBody,
             headers(("Retry-After" = u64, description = "Whole seconds to wait, at least 1."))),
     )
@@ -84,9 +92,15 @@ pub async fn send_batch(
         .queues
         .get_key_value(path.as_str())
         .map_or("unknown", |(name, _)| name.as_str());
-    let answer = admit_and_send(&req, &context, &path, payload, &state).await;
+    let mut tenant = None;
+    let answer = admit_and_send(&req, &context, &path, payload, &state, &mut tenant).await;
     state.metrics.request(queue_label, &outcome(&answer));
-    answer.map(|answer| answer.into_response(context.id().as_str()))
+    let rate_limit =
+        tenant.and_then(|t| crate::http::ratelimit::RateLimitFields::for_tenant(&state.rates, t));
+    crate::http::ratelimit::on_answer(
+        answer.map(|answer| answer.into_response(context.id().as_str())),
+        rate_limit,
+    )
 }
 
 /// The schema of the request body, for the OpenAPI document.
@@ -173,14 +187,17 @@ fn outcome(answer: &Result<Answer, ApiError>) -> RequestOutcome {
     }
 }
 
+/// `tenant` is set once the caller is known (its answers carry its rate quota's fields).
 async fn admit_and_send(
     req: &HttpRequest,
     context: &RequestContext,
     queue: &str,
     payload: web::Payload,
     state: &AppState,
+    tenant: &mut Option<crate::admission::tenants::TenantIndex>,
 ) -> Result<Answer, ApiError> {
     let (queue, caller, asker) = authorize_send(req, context, queue, state)?;
+    *tenant = Some(asker.tenant);
     let _in_flight = state
         .lifecycle
         .admit_send()
@@ -567,14 +584,16 @@ fn refused(context: &RequestContext, state: &AppState, e: DispatchError) -> ApiE
         DispatchError::Refused(
             Refusal::QueueFull { room, .. }
             | Refusal::Shed { room, .. }
-            | Refusal::TenantShare { room, .. },
+            | Refusal::TenantShare { room, .. }
+            | Refusal::TenantQuota { room, .. },
         ) => Some(*room),
         _ => None,
     };
     let mut problem = Problem::from_dispatch(e, None, state.max_body_bytes);
     if let Problem::QueueFull { room: r, .. }
     | Problem::Shed { room: r, .. }
-    | Problem::TenantShare { room: r, .. } = &mut problem
+    | Problem::TenantShare { room: r, .. }
+    | Problem::TenantQuota { room: r, .. } = &mut problem
     {
         *r = room;
     }

@@ -15,7 +15,7 @@ use sendgate_wire::{ErrorBody, ErrorCode};
 use super::headers::{CORRELATION_ID, SENDGATE_BACKEND};
 use crate::admission::ceiling::Refusal;
 use crate::admission::drain::DrainRate;
-use crate::admission::tenants::Criticality;
+use crate::admission::tenants::{Criticality, QuotaKind};
 use crate::admission::{BackendRole, DispatchError};
 use crate::backend::SendError;
 use crate::domain::{MessageId, RequestId};
@@ -88,6 +88,13 @@ pub enum Problem {
         /// A batch's: how many of its entries would be admitted now.
         room: Option<u64>,
     },
+    #[error("Your tenant is past its {} quota; sends resume after Retry-After.", .quota.as_str())]
+    TenantQuota {
+        quota: QuotaKind,
+        retry_after: Duration,
+        /// A batch's: how many of its entries would be admitted now.
+        room: Option<u64>,
+    },
     #[error("The {backend} backend cannot carry the attribute {attribute} faithfully, so the message was not sent.")]
     UnsupportedAttribute {
         attribute: &'static str,
@@ -136,9 +143,10 @@ impl Problem {
             Self::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
             Self::InvalidRequest { .. } => ErrorCode::InvalidRequest,
             Self::RequestTimeout => ErrorCode::RequestTimeout,
-            Self::QueueFull { .. } | Self::Shed { .. } | Self::TenantShare { .. } => {
-                ErrorCode::QueueFull
-            }
+            Self::QueueFull { .. }
+            | Self::Shed { .. }
+            | Self::TenantShare { .. }
+            | Self::TenantQuota { .. } => ErrorCode::QueueFull,
             Self::CapacityUnknown { .. } => ErrorCode::CapacityUnknown,
             Self::Saturated => ErrorCode::Saturated,
             Self::BackendUnavailable { .. } => ErrorCode::BackendUnavailable,
@@ -165,9 +173,10 @@ impl Problem {
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
-            Self::QueueFull { .. } | Self::Shed { .. } | Self::TenantShare { .. } => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            Self::QueueFull { .. }
+            | Self::Shed { .. }
+            | Self::TenantShare { .. }
+            | Self::TenantQuota { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Starting
             | Self::Draining { .. }
             | Self::CapacityUnknown { .. }
@@ -192,6 +201,7 @@ impl Problem {
             | Self::QueueFull { retry_after, .. }
             | Self::Shed { retry_after, .. }
             | Self::TenantShare { retry_after, .. }
+            | Self::TenantQuota { retry_after, .. }
             | Self::BackendBusy { retry_after }
             | Self::BackendUnavailable { retry_after } => Some(*retry_after),
             Self::CapacityUnknown { .. } => Some(CAPACITY_UNKNOWN_RETRY_AFTER),
@@ -363,6 +373,15 @@ impl Problem {
                 retry_after,
                 room: None,
             },
+            DispatchError::Refused(Refusal::TenantQuota {
+                quota,
+                retry_after,
+                room: _,
+            }) => Problem::TenantQuota {
+                quota,
+                retry_after,
+                room: None,
+            },
             // A send that reached the gate after the drain (its seat left the fleet): as
             // one refused by the lifecycle once stopped.
             DispatchError::Refused(Refusal::Stopped) => Problem::Draining {
@@ -460,6 +479,16 @@ impl ApiError {
                 b.room = *room;
                 b.reason = Some("tenant_share".into());
                 b.share = Some(f64::from(*share_milli) / 1000.0);
+                b.retry_after_s = Some(whole_seconds(*retry_after));
+            }
+            Problem::TenantQuota {
+                quota,
+                retry_after,
+                room,
+            } => {
+                b.room = *room;
+                b.reason = Some("tenant_quota".into());
+                b.quota = Some(quota.as_str().into());
                 b.retry_after_s = Some(whole_seconds(*retry_after));
             }
             Problem::CapacityUnknown {

@@ -17,12 +17,16 @@ pub const CORRELATION_ID: HeaderName = HeaderName::from_static("x-correlation-id
 pub const SENDGATE_BACKEND: HeaderName = HeaderName::from_static("x-sendgate-backend");
 /// Lowers the criticality a send is made at.
 pub const CRITICALITY: HeaderName = HeaderName::from_static("sendgate-criticality");
+/// A tenant's rate quota, and where it stands (`http/ratelimit.rs`).
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// The contract's spelling of each name above: the wire vocabulary's, which the
 /// producer client uses too.
 pub mod spelling {
     pub use sendgate_wire::headers::{
-        BACKEND as SENDGATE_BACKEND, CORRELATION_ID, CRITICALITY, IDEMPOTENCY_KEY, REQUEST_ID,
+        BACKEND as SENDGATE_BACKEND, CORRELATION_ID, CRITICALITY, IDEMPOTENCY_KEY, RATELIMIT,
+        RATELIMIT_POLICY, REQUEST_ID,
     };
 }
 
@@ -38,6 +42,8 @@ mod tests {
             (CORRELATION_ID, spelling::CORRELATION_ID),
             (SENDGATE_BACKEND, spelling::SENDGATE_BACKEND),
             (CRITICALITY, spelling::CRITICALITY),
+            (RATELIMIT_POLICY, spelling::RATELIMIT_POLICY),
+            (RATELIMIT, spelling::RATELIMIT),
         ] {
             assert!(name.as_str().eq_ignore_ascii_case(spelled), "{spelled}");
         }

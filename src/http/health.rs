@@ -227,7 +227,7 @@ pub struct TenantHealth {
     share: f64,
     #[schema(minimum = 0)]
     admitted_per_s: f64,
-    /// By reason: `queue_full` (the ceiling), `criticality`, `tenant_share`.
+    /// By reason: `queue_full` (the ceiling), `criticality`, `tenant_share`, `tenant_quota`.
     refused_per_s: BTreeMap<&'static str, f64>,
     /// `SENDGATE_FAIR_SHARE=shadow`: what would have been refused, by reason
     /// (`criticality`, `tenant_share`), and was admitted (it is in `admitted_per_s`).

@@ -15,6 +15,7 @@ pub mod headers;
 mod health;
 mod metrics;
 pub mod openapi;
+pub mod ratelimit;
 mod schema;
 mod settings;
 // Visible to the crate for `crate::fuzzing`, which parses send input as the handler does.

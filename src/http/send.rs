@@ -77,6 +77,8 @@ enum Taken {
             headers(
                 ("X-Sendgate-Backend" = String, description = "`primary` or `fallback`: the backend that took it."),
                 ("X-Correlation-Id" = String, description = "The request's X-Correlation-Id, when it had one."),
+                ("RateLimit-Policy" = String, description = "Only for a tenant with a rate quota (draft-ietf-httpapi-ratelimit-headers): `\"rate\";q=<burst>;w=<seconds an empty bucket takes to fill>`."),
+                ("RateLimit" = String, description = "Only for a tenant with a rate quota: `\"rate\";r=<units that conform now>;t=<seconds until one more does>` (`t` absent when none is missing)."),
             )),
         (status = 200, description = "`valid`: a dry run that would have been attempted.", body = Valid,
             headers(("X-Correlation-Id" = String, description = "The request's X-Correlation-Id, when it had one."))),
@@ -90,8 +92,12 @@ enum Taken {
         (status = 413, description = "`payload_too_large`, with `limit_bytes`.", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`: not `application/json`.", body = ErrorBody),
         (status = 422, description = "`unsupported_attribute`: the backend the send would go to cannot carry one of its attributes (`attribute`, `backend`); nothing was sent.", body = ErrorBody),
-        (status = 429, description = "`queue_full`: the backlog is at or over its ceiling (or, with `reason`, the send's criticality is refused from its level's share of it, `criticality`; or its tenant is past its part of a contended queue's room, `tenant_share` with `share`), or, with `SENDGATE_RESUME_BELOW`, not yet back at the resume level (`backlog`, `limit`, `retry_after_s`: the header's value, `drain_rate_per_s`: the measured drain rate or null).", body = ErrorBody,
-            headers(("Retry-After" = u64, description = "Whole seconds to wait, at least 1."))),
+        (status = 429, description = "`queue_full`: the backlog is at or over its ceiling (or, with `reason`, the send's criticality is refused from its level's share of it, `criticality`; or its tenant is past its part of a contended queue's room, `tenant_share` with `share`; or past one of its quotas, `tenant_quota` with `quota`: `rate` or `max_share`), or, with `SENDGATE_RESUME_BELOW`, not yet back at the resume level (`backlog`, `limit`, `retry_after_s`: the header's value, `drain_rate_per_s`: the measured drain rate or null).", body = ErrorBody,
+            headers(
+                ("Retry-After" = u64, description = "Whole seconds to wait, at least 1."),
+                ("RateLimit-Policy" = String, description = "Only for a tenant with a rate quota: as on the 201."),
+                ("RateLimit" = String, description = "Only for a tenant with a rate quota: as on the 201; with `r=0`, `t` is the Retry-After of a single send."),
+            )),
         (status = 502, description = "`backend_auth_failed`, or `send_failed` (with `outcome: unknown` and `message_id` when the broker may hold the message).", body = ErrorBody,
             headers(("X-Sendgate-Backend" = String, description = "The backend the send went to."))),
         (status = 503, description = "`draining` (with `retry_after_s`), `starting`, `saturated`, `capacity_unknown` (with `consecutive_failures`), `backend_unavailable` or `backend_busy`.", body = ErrorBody,
@@ -112,9 +118,15 @@ pub async fn send_message(
         .queues
         .get_key_value(path.as_str())
         .map_or("unknown", |(name, _)| name.as_str());
-    let answer = admit_and_send(&req, &context, &path, payload, &state).await;
+    let mut tenant = None;
+    let answer = admit_and_send(&req, &context, &path, payload, &state, &mut tenant).await;
     state.metrics.request(queue_label, &outcome(&answer));
-    answer.map(|accepted| accepted.into_response(context.id()))
+    let rate_limit =
+        tenant.and_then(|t| crate::http::ratelimit::RateLimitFields::for_tenant(&state.rates, t));
+    crate::http::ratelimit::on_answer(
+        answer.map(|accepted| accepted.into_response(context.id())),
+        rate_limit,
+    )
 }
 
 /// What the answer is counted as, from the typed result (never read back from a response).
@@ -140,16 +152,19 @@ fn outcome(answer: &Result<Accepted, ApiError>) -> RequestOutcome {
     }
 }
 
-/// Steps 2 to 8 of the contract's admission order, each its own function.
+/// Steps 2 to 8 of the contract's admission order, each its own function. `tenant` is set
+/// once the caller is known (its answers carry its rate quota's fields).
 async fn admit_and_send(
     req: &HttpRequest,
     context: &RequestContext,
     queue: &str,
     payload: web::Payload,
     state: &AppState,
+    tenant: &mut Option<crate::admission::tenants::TenantIndex>,
 ) -> Result<Accepted, ApiError> {
     // 2. Who is asking, and may they send to this queue?
     let (queue, caller, asker) = authorize_send(req, context, queue, state)?;
+    *tenant = Some(asker.tenant);
     // 3. Lifecycle: the guard keeps a drain waiting until this send is answered.
     let _in_flight = state
         .lifecycle

@@ -60,6 +60,14 @@ pub struct QueueSettings {
     fail_closed_streak: SettingView,
     /// How long one depth read is reused (`SENDGATE_DEPTH_TTL_MS`), 0–3600000.
     depth_ttl_ms: SettingView,
+    /// The fraction of the ceiling a sheddable send may fill (`SENDGATE_SHED_AT_SHEDDABLE`):
+    /// above 0, at most 1, at most `shed_at_default`.
+    shed_at_sheddable: SettingView,
+    /// The fraction of the ceiling a default send may fill (`SENDGATE_SHED_AT_DEFAULT`).
+    shed_at_default: SettingView,
+    /// The fraction of the ceiling from which the queue counts as contended
+    /// (`SENDGATE_FAIR_SHARE_AT`).
+    fair_share_at: SettingView,
 }
 
 /// `GET /admin/settings`, and a PATCH's answer.
@@ -106,6 +114,14 @@ pub struct QueuePatch {
     fail_closed_streak: Option<u32>,
     #[schema(minimum = 0, maximum = 3600000)]
     depth_ttl_ms: Option<u64>,
+    /// Above 0, at most 1; with it in force, at most the queue's `shed_at_default` (else 400).
+    #[schema(exclusive_minimum = 0, maximum = 1)]
+    shed_at_sheddable: Option<f64>,
+    /// Above 0, at most 1; at least the queue's `shed_at_sheddable` (else 400).
+    #[schema(exclusive_minimum = 0, maximum = 1)]
+    shed_at_default: Option<f64>,
+    #[schema(exclusive_minimum = 0, maximum = 1)]
+    fair_share_at: Option<f64>,
 }
 
 fn view(state: &AppState, changed: Vec<String>, request_id: &str) -> SettingsView {
@@ -126,6 +142,9 @@ fn view(state: &AppState, changed: Vec<String>, request_id: &str) -> SettingsVie
                     fail_closed: f(QueueField::FailClosed),
                     fail_closed_streak: f(QueueField::FailClosedStreak),
                     depth_ttl_ms: f(QueueField::DepthTtlMs),
+                    shed_at_sheddable: f(QueueField::ShedAtSheddable),
+                    shed_at_default: f(QueueField::ShedAtDefault),
+                    fair_share_at: f(QueueField::FairShareAt),
                 },
             )
         })

@@ -38,6 +38,8 @@ pub struct AppState {
     pub coordination: crate::coordination::Coordination,
     /// The runtime overrides (`/admin/settings`) and where they are kept.
     pub settings: std::sync::Arc<crate::settings::RuntimeSettings>,
+    /// The tenants' rate quotas, for the `RateLimit` headers (the gates take from them).
+    pub rates: std::sync::Arc<crate::admission::quota::RateBook>,
 }
 
 /// Authenticate the caller and check it may do `permission` (`action` names it in the 403).

@@ -20,6 +20,7 @@ use crate::admission::Dispatcher;
 use crate::config::Settings;
 use crate::coordination::Coordination;
 use overrides::{Changed, Overrides, Patch, PatchError, Scope, Stamp};
+use sendgate_wire::FieldError;
 use store::{SettingsStoreError, Store, Write};
 
 /// How often a replica of a fleet reads the shared overrides (well inside the 2 s promise,
@@ -151,6 +152,10 @@ impl RuntimeSettings {
             at: now_rfc3339(),
         };
         let changed = next.apply(patch, &stamp);
+        let crossed = crossed_levels(&next, patch, dispatcher);
+        if !crossed.is_empty() {
+            return Err(PatchError::Invalid(crossed).into());
+        }
         if !changed.is_empty() {
             let all = next.to_flat();
             let mut write = Write::default();
@@ -235,15 +240,69 @@ impl RuntimeSettings {
     }
 }
 
+/// The queues `patch` names whose sheddable level would be above their default one with
+/// it in force (the variables' rule, per queue): each a 400's field error.
+fn crossed_levels(next: &Overrides, patch: &Patch, dispatcher: &Dispatcher) -> Vec<FieldError> {
+    use overrides::{Change, Key, QueueField};
+    let mut errors = Vec::new();
+    for queue in &patch.queues {
+        let Some(base) = dispatcher.primary().gate(queue).and_then(|g| g.fair_base()) else {
+            continue;
+        };
+        let fair = next
+            .queues
+            .get(queue)
+            .map(overrides::QueueOverrides::fair)
+            .unwrap_or_default();
+        let sheddable = fair.shed_at_sheddable.unwrap_or(base.shed_at_sheddable);
+        let default = fair.shed_at_default.unwrap_or(base.shed_at_default);
+        if sheddable <= default {
+            continue;
+        }
+        // Named where the patch set a value: the sheddable level if it did, else default.
+        let set = |field| {
+            matches!(
+                patch.changes.get(&Key::Queue(queue.clone(), field)),
+                Some(Change::Set(_))
+            )
+        };
+        let (field, msg) = if set(QueueField::ShedAtSheddable) || !set(QueueField::ShedAtDefault) {
+            (
+                QueueField::ShedAtSheddable,
+                format!(
+                    "must be at most shed_at_default ({} for this queue): a sheddable send is refused before a default one",
+                    default.get()
+                ),
+            )
+        } else {
+            (
+                QueueField::ShedAtDefault,
+                format!(
+                    "must be at least shed_at_sheddable ({} for this queue): a sheddable send is refused before a default one",
+                    sheddable.get()
+                ),
+            )
+        };
+        errors.push(FieldError::new(
+            &["body", "queues", queue.as_str(), field.name()],
+            msg,
+        ));
+    }
+    errors
+}
+
 fn apply(overrides: &Overrides, dispatcher: &Dispatcher) {
     for lane in dispatcher.lanes() {
         for gate in lane.gates() {
-            let policy = overrides
-                .queues
-                .get(gate.queue())
+            let queue = overrides.queues.get(gate.queue());
+            let policy = queue
                 .map(overrides::QueueOverrides::policy)
                 .unwrap_or_default();
             gate.policy_cell().apply(&policy);
+            let fair = queue
+                .map(overrides::QueueOverrides::fair)
+                .unwrap_or_default();
+            gate.apply_fair(&fair);
         }
     }
     dispatcher.set_force(
@@ -264,7 +323,14 @@ pub fn default_value(key: &overrides::Key, dispatcher: &Dispatcher) -> Value {
             .map_or(Value::Null, |f| overrides::force_word(f).into()),
         Key::Queue(queue, field) => dispatcher.primary().gate(queue).map_or(Value::Null, |g| {
             let base = g.policy_cell().base();
+            let level =
+                |pick: fn(&crate::admission::fair::FairPolicy) -> crate::config::Fraction| {
+                    g.fair_base().map_or(Value::Null, |f| pick(&f).get().into())
+                };
             match field {
+                QueueField::ShedAtSheddable => level(|f| f.shed_at_sheddable),
+                QueueField::ShedAtDefault => level(|f| f.shed_at_default),
+                QueueField::FairShareAt => level(|f| f.share_at),
                 QueueField::MaxQueueDepth => base.limit.into(),
                 QueueField::FailClosed => base.fail_closed.into(),
                 QueueField::FailClosedStreak => base.streak_threshold.into(),

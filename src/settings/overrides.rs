@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::admission::ceiling::PolicyOverride;
+use crate::admission::fair::FairOverride;
 use crate::config::vars::{self, Kind, Var};
-use crate::config::ForceBackend;
+use crate::config::{ForceBackend, Fraction};
 use crate::domain::QueueName;
 use sendgate_wire::{FieldError, MAX_FIELD_ERRORS};
 
@@ -23,14 +24,20 @@ pub enum QueueField {
     FailClosed,
     FailClosedStreak,
     DepthTtlMs,
+    ShedAtSheddable,
+    ShedAtDefault,
+    FairShareAt,
 }
 
 impl QueueField {
-    pub const ALL: [QueueField; 4] = [
+    pub const ALL: [QueueField; 7] = [
         Self::MaxQueueDepth,
         Self::FailClosed,
         Self::FailClosedStreak,
         Self::DepthTtlMs,
+        Self::ShedAtSheddable,
+        Self::ShedAtDefault,
+        Self::FairShareAt,
     ];
 
     pub fn name(self) -> &'static str {
@@ -39,6 +46,9 @@ impl QueueField {
             Self::FailClosed => "fail_closed",
             Self::FailClosedStreak => "fail_closed_streak",
             Self::DepthTtlMs => "depth_ttl_ms",
+            Self::ShedAtSheddable => "shed_at_sheddable",
+            Self::ShedAtDefault => "shed_at_default",
+            Self::FairShareAt => "fair_share_at",
         }
     }
 
@@ -49,6 +59,9 @@ impl QueueField {
             Self::FailClosed => &vars::SERVICEBUS_SEND_FAILCLOSED,
             Self::FailClosedStreak => &vars::SERVICEBUS_SEND_FAILCLOSED_STREAK,
             Self::DepthTtlMs => &vars::DEPTH_TTL_MS,
+            Self::ShedAtSheddable => &vars::SHED_AT_SHEDDABLE,
+            Self::ShedAtDefault => &vars::SHED_AT_DEFAULT,
+            Self::FairShareAt => &vars::FAIR_SHARE_AT,
         }
     }
 
@@ -79,6 +92,9 @@ pub struct QueueOverrides {
     pub fail_closed: Option<Stamped<bool>>,
     pub fail_closed_streak: Option<Stamped<u32>>,
     pub depth_ttl_ms: Option<Stamped<u64>>,
+    pub shed_at_sheddable: Option<Stamped<Fraction>>,
+    pub shed_at_default: Option<Stamped<Fraction>>,
+    pub fair_share_at: Option<Stamped<Fraction>>,
 }
 
 impl QueueOverrides {
@@ -87,6 +103,18 @@ impl QueueOverrides {
             && self.fail_closed.is_none()
             && self.fail_closed_streak.is_none()
             && self.depth_ttl_ms.is_none()
+            && self.shed_at_sheddable.is_none()
+            && self.shed_at_default.is_none()
+            && self.fair_share_at.is_none()
+    }
+
+    /// What the queue's gates put on top of the variables' fair policy.
+    pub fn fair(&self) -> FairOverride {
+        FairOverride {
+            share_at: self.fair_share_at.as_ref().map(|s| s.value),
+            shed_at_sheddable: self.shed_at_sheddable.as_ref().map(|s| s.value),
+            shed_at_default: self.shed_at_default.as_ref().map(|s| s.value),
+        }
     }
 
     /// What the queue's gates put on top of the variables' policy.
@@ -121,6 +149,9 @@ impl QueueOverrides {
                 .depth_ttl_ms
                 .as_ref()
                 .map(|s| (Value::from(s.value), &s.stamp)),
+            QueueField::ShedAtSheddable => fraction_json(&self.shed_at_sheddable),
+            QueueField::ShedAtDefault => fraction_json(&self.shed_at_default),
+            QueueField::FairShareAt => fraction_json(&self.fair_share_at),
         }
     }
 
@@ -130,6 +161,14 @@ impl QueueOverrides {
             Parsed::Flag(value) => self.fail_closed = Some(Stamped { value, stamp }),
             Parsed::Streak(value) => self.fail_closed_streak = Some(Stamped { value, stamp }),
             Parsed::TtlMs(value) => self.depth_ttl_ms = Some(Stamped { value, stamp }),
+            Parsed::Level(field, value) => {
+                let slot = match field {
+                    LevelField::ShedAtSheddable => &mut self.shed_at_sheddable,
+                    LevelField::ShedAtDefault => &mut self.shed_at_default,
+                    LevelField::FairShareAt => &mut self.fair_share_at,
+                };
+                *slot = Some(Stamped { value, stamp });
+            }
             Parsed::Force(_) => {}
         }
     }
@@ -140,8 +179,16 @@ impl QueueOverrides {
             QueueField::FailClosed => self.fail_closed = None,
             QueueField::FailClosedStreak => self.fail_closed_streak = None,
             QueueField::DepthTtlMs => self.depth_ttl_ms = None,
+            QueueField::ShedAtSheddable => self.shed_at_sheddable = None,
+            QueueField::ShedAtDefault => self.shed_at_default = None,
+            QueueField::FairShareAt => self.fair_share_at = None,
         }
     }
+}
+
+fn fraction_json(slot: &Option<Stamped<Fraction>>) -> Option<(Value, &Stamp)> {
+    slot.as_ref()
+        .map(|s| (Value::from(s.value.get()), &s.stamp))
 }
 
 /// Every override in force.
@@ -172,7 +219,17 @@ pub enum Parsed {
     Flag(bool),
     Streak(u32),
     TtlMs(u64),
+    /// A fraction of the ceiling, for one of the fair policy's levels.
+    Level(LevelField, Fraction),
     Force(ForceBackend),
+}
+
+/// The fair policy's fields a queue may override (each a [`QueueField`] too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LevelField {
+    ShedAtSheddable,
+    ShedAtDefault,
+    FairShareAt,
 }
 
 /// Where a change applies.
@@ -230,7 +287,8 @@ pub enum PatchError {
     Invalid(Vec<FieldError>),
 }
 
-const QUEUE_FIELDS: &str = "max_queue_depth, fail_closed, fail_closed_streak or depth_ttl_ms";
+const QUEUE_FIELDS: &str = "max_queue_depth, fail_closed, fail_closed_streak, depth_ttl_ms, \
+                            shed_at_sheddable, shed_at_default or fair_share_at";
 
 impl Patch {
     /// `{"queues": {"<queue>": {"<field>": value | null, ...}}, "force_backend": value | null}`.
@@ -345,6 +403,23 @@ pub fn parse_value(key: &Key, value: &Value, scope: &Scope) -> Result<Parsed, St
             .as_bool()
             .map(Parsed::Flag)
             .ok_or_else(|| format!("expected true or false (as {})", var.name)),
+        Key::Queue(
+            _,
+            field @ (QueueField::ShedAtSheddable
+            | QueueField::ShedAtDefault
+            | QueueField::FairShareAt),
+        ) => {
+            let level = match field {
+                QueueField::ShedAtSheddable => LevelField::ShedAtSheddable,
+                QueueField::ShedAtDefault => LevelField::ShedAtDefault,
+                _ => LevelField::FairShareAt,
+            };
+            value
+                .as_f64()
+                .and_then(Fraction::new)
+                .map(|f| Parsed::Level(level, f))
+                .ok_or_else(|| format!("expected a number above 0 and at most 1 (as {})", var.name))
+        }
         Key::ForceBackend => {
             let Kind::Choice(options) = var.kind else {
                 return Err(format!("{} is not declared as a choice", var.name));
@@ -542,6 +617,7 @@ fn parsed_json(value: Parsed) -> Value {
         Parsed::Depth(n) | Parsed::TtlMs(n) => Value::from(n),
         Parsed::Streak(n) => Value::from(n),
         Parsed::Flag(b) => Value::from(b),
+        Parsed::Level(_, f) => Value::from(f.get()),
         Parsed::Force(f) => Value::from(force_word(f)),
     }
 }
@@ -739,6 +815,47 @@ mod tests {
         let changed = o.apply(&clear, &stamp("ops"));
         assert_eq!(changed[0].old, Some(json!(10)));
         assert_eq!(changed[0].new, None);
+        assert_eq!(o, Overrides::default());
+    }
+
+    #[test]
+    fn a_queues_fair_levels_are_fractions_and_reach_its_fair_override() {
+        let p = Patch::parse(
+            &json!({"queues": {"requests": {"shed_at_sheddable": 0.5, "shed_at_default": 1,
+                                             "fair_share_at": 0.75}}}),
+            &scope(false),
+        )
+        .unwrap();
+        let mut o = Overrides::default();
+        let changed = o.apply(&p, &stamp("ops"));
+        assert_eq!(changed.len(), 3);
+        let fair = o.queues[&q("requests")].fair();
+        assert_eq!(fair.shed_at_sheddable, Fraction::new(0.5));
+        assert_eq!(fair.shed_at_default, Fraction::new(1.0));
+        assert_eq!(fair.share_at, Fraction::new(0.75));
+        assert_eq!(
+            o.queues[&q("requests")].policy(),
+            PolicyOverride::default(),
+            "nothing of the ceiling's policy"
+        );
+        let (back, _) = Overrides::from_flat(&o.to_flat(), &scope(false)).unwrap();
+        assert_eq!(back, o, "the flat form round-trips");
+        let errors = invalid(json!({"queues": {"requests": {
+            "shed_at_sheddable": 0, "shed_at_default": 1.01, "fair_share_at": "high"}}}));
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        for e in &errors {
+            assert!(e.msg.contains("above 0 and at most 1"), "{e:?}");
+        }
+        assert!(errors
+            .iter()
+            .any(|e| e.msg.contains("SENDGATE_SHED_AT_SHEDDABLE")));
+        let clear = Patch::parse(
+            &json!({"queues": {"requests": {"shed_at_sheddable": null, "shed_at_default": null,
+                                             "fair_share_at": null}}}),
+            &scope(false),
+        )
+        .unwrap();
+        o.apply(&clear, &stamp("ops"));
         assert_eq!(o, Overrides::default());
     }
 

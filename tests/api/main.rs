@@ -20,6 +20,7 @@ mod hostile;
 mod leaks;
 mod metrics;
 mod openapi;
+mod quota;
 mod request_id;
 mod routing;
 mod send;

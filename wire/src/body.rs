@@ -224,9 +224,14 @@ pub struct ErrorBody<'a> {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub queue: Option<Cow<'a, str>>,
+    /// `queue_full` with `reason: tenant_quota`: the quota the tenant is past, `rate`
+    /// (its `rate_per_s`) or `max_share` (what its admissions may hold of the ceiling).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
+    pub quota: Option<Cow<'a, str>>,
     /// `queue_full`: why, when not the ceiling itself: `tenant_share` (the caller's
-    /// tenant is past its part of the room) or `criticality` (the send's level is refused
-    /// from its fraction of the ceiling).
+    /// tenant is past its part of the room), `tenant_quota` (past one of its quotas) or
+    /// `criticality` (the send's level is refused from its fraction of the ceiling).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub reason: Option<Cow<'a, str>>,
@@ -241,7 +246,7 @@ pub struct ErrorBody<'a> {
     #[cfg_attr(feature = "openapi", schema(nullable = false, minimum = 0))]
     pub room: Option<u64>,
     /// `queue_full` with `reason: tenant_share`: the tenant's part of the room this
-    /// round offers (0 to 1).
+    /// round offers (0 to 1); with `quota: max_share`, the tenant's `max_share`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(
         feature = "openapi",
@@ -270,6 +275,7 @@ impl<'a> ErrorBody<'a> {
             message_id: None,
             outcome: None,
             queue: None,
+            quota: None,
             reason: None,
             request_id: Cow::Borrowed(request_id),
             retry_after_s: None,

@@ -14,3 +14,7 @@ pub const BACKEND: &str = "X-Sendgate-Backend";
 pub const CRITICALITY: &str = "Sendgate-Criticality";
 /// Whole seconds to wait before trying again (on every 429 and 503).
 pub const RETRY_AFTER: &str = "Retry-After";
+/// The tenant's rate quota (draft-ietf-httpapi-ratelimit-headers): `"rate";q=<burst>;w=<s>`.
+pub const RATELIMIT_POLICY: &str = "RateLimit-Policy";
+/// Where the tenant's rate quota stands: `"rate";r=<available>[;t=<s>]`.
+pub const RATELIMIT: &str = "RateLimit";

@@ -22,10 +22,11 @@ mod window;
 use std::sync::Arc;
 
 use crate::admission::exchange::{self, Names, Place};
-use crate::admission::fair::{Asker, FairPolicy, ShareJudge};
+use crate::admission::fair::{Asker, FairCell, FairOverride, FairPolicy, ShareJudge};
+use crate::admission::quota::{HeldBook, QueueQuotas, RateBook};
 use crate::admission::share::{ShareBook, ShareMode};
 use crate::admission::tally::{Reason, Tally, TenantCounts};
-use crate::admission::tenants::{Tenant, Tenants};
+use crate::admission::tenants::{Quota, Tenant, Tenants};
 use crate::backend::Backend;
 use crate::coordination::ledger::CONNECT_DEADLINE;
 use crate::domain::QueueName;
@@ -47,12 +48,15 @@ pub struct CapacityGate {
     seat: std::sync::OnceLock<Arc<FleetSeat>>,
     /// With tenants: who gets the room the ceiling admits (docs/fairness.md).
     shares: std::sync::OnceLock<Shares>,
+    /// With tenants that have quotas: their books (docs/fairness.md, "Quotas").
+    quotas: std::sync::OnceLock<QueueQuotas>,
 }
 
 /// A queue's share book, how it applies, and what each tenant was answered.
 struct Shares {
     book: Arc<parking_lot::Mutex<ShareBook>>,
-    policy: FairPolicy,
+    /// The variables' policy with the queue's runtime overrides on top.
+    policy: FairCell,
     tenants: Tenants,
     /// Counted once per decision, by whoever decided, after its judge.
     tally: Tally,
@@ -75,6 +79,7 @@ impl CapacityGate {
             policy,
             seat: std::sync::OnceLock::new(),
             shares: std::sync::OnceLock::new(),
+            quotas: std::sync::OnceLock::new(),
         })
     }
 
@@ -84,7 +89,7 @@ impl CapacityGate {
         let book = ShareBook::new(&tenants.weights(), tokio::time::Instant::now());
         let _ = self.shares.set(Shares {
             book: Arc::new(parking_lot::Mutex::new(book)),
-            policy,
+            policy: FairCell::new(policy),
             tenants: tenants.clone(),
             tally: Tally::new(tenants),
         });
@@ -99,7 +104,7 @@ impl CapacityGate {
         let Some(shares) = self.shares.get() else {
             return;
         };
-        if shares.tenants.len() < 2 || shares.policy.mode == ShareMode::Off {
+        if shares.tenants.len() < 2 || shares.policy.base().mode == ShareMode::Off {
             return;
         }
         *shares.book.lock() = ShareBook::on_wall_clock(
@@ -144,6 +149,33 @@ impl CapacityGate {
                 })
             })
             .collect()
+    }
+
+    /// Hold this queue's tenants to their quotas (once, at start-up, after
+    /// [`Self::share_among`]): `rates` is the gateway's, shared by every queue.
+    pub fn hold_to(&self, quotas: &[Quota], rates: Arc<RateBook>) {
+        let _ = self.quotas.set(QueueQuotas {
+            rates,
+            held: parking_lot::Mutex::new(HeldBook::new(quotas)),
+        });
+    }
+
+    /// Put the queue's runtime overrides of the fair policy in force (an empty one
+    /// restores the variables'); without shares there is nothing to apply them to.
+    pub fn apply_fair(&self, overrides: &FairOverride) {
+        if let Some(shares) = self.shares.get() {
+            shares.policy.apply(overrides);
+        }
+    }
+
+    /// The fair policy in force (`None` without shares).
+    pub fn fair_policy(&self) -> Option<FairPolicy> {
+        self.shares.get().map(|s| s.policy.load())
+    }
+
+    /// The fair policy the variables give (`None` without shares).
+    pub fn fair_base(&self) -> Option<FairPolicy> {
+        self.shares.get().map(|s| *s.policy.base())
     }
 
     /// Share this queue's ceiling with the fleet (once, at start-up).
@@ -266,7 +298,8 @@ impl CapacityGate {
         let mut judge = ShareJudge {
             book: &shares.book,
             asker,
-            policy: shares.policy,
+            quotas: self.quotas.get(),
+            policy: shares.policy.load(),
             would_refuse: None,
         };
         let judged = judge.admits(units, room, estimate, estimate + units, limit);
@@ -298,6 +331,13 @@ impl CapacityGate {
     /// The seat did not admit what the judge counted: out of the book again, and counted
     /// as refused at the ceiling if it was (`refusal`).
     fn unjudge(&self, asker: Asker, units: u64, refusal: Option<&Refusal>) {
+        // The quotas the judge took are given back: only admitted units count.
+        if let Some(quotas) = self.quotas.get() {
+            if let Some((_, bucket)) = quotas.rates.bucket(asker.tenant) {
+                bucket.lock().give_back(units);
+            }
+            quotas.held.lock().give_back(asker.tenant, units);
+        }
         let Some(shares) = self.shares.get() else {
             return;
         };
@@ -321,8 +361,9 @@ impl CapacityGate {
             Some(shares) => {
                 let mut judge = ShareJudge {
                     book: &shares.book,
+                    quotas: self.quotas.get(),
                     asker,
-                    policy: shares.policy,
+                    policy: shares.policy.load(),
                     would_refuse: None,
                 };
                 let decision = self.local.admit_judged(bounds, units, &mut judge).await;

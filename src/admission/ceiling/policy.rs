@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use arc_swap::ArcSwap;
 
 use crate::admission::drain::{self, DrainRate};
-use crate::admission::tenants::Criticality;
+use crate::admission::tenants::{Criticality, QuotaKind};
 use crate::config::{CapacitySettings, Fraction};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -169,6 +169,14 @@ pub enum Refusal {
         share_milli: u16,
         retry_after: Duration,
         /// How many sends the tenant could take now (a batch is refused whole).
+        room: u64,
+    },
+    /// The tenant is past one of its quotas (docs/fairness.md, "Quotas"): its rate (the
+    /// wait is when its next units conform) or its `max_share` of the ceiling.
+    TenantQuota {
+        quota: QuotaKind,
+        retry_after: Duration,
+        /// How many sends the quota lets through now (a batch is refused whole).
         room: u64,
     },
 }

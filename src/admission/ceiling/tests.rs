@@ -810,6 +810,7 @@ fn two_tenants() -> Tenants {
     let t = |name: &str| crate::admission::tenants::Tenant {
         name: name.into(),
         weight: 1,
+        quota: Default::default(),
     };
     Tenants::new(vec![t("a"), t("b")]).unwrap()
 }
@@ -823,6 +824,7 @@ fn tenants(weights: &[u32]) -> crate::admission::tenants::Tenants {
             .map(|(i, &weight)| crate::admission::tenants::Tenant {
                 name: format!("t{i}"),
                 weight,
+                quota: Default::default(),
             })
             .collect(),
     )
@@ -924,9 +926,11 @@ async fn a_sheddable_send_is_refused_from_its_fraction_a_default_one_up_to_the_c
 }
 
 /// What the gate's tally shows of `tenant`: (admitted, refused by reason, would-refuse by
-/// reason), in `Reason::ALL`'s order.
+/// reason), for the ceiling's, criticality's and share's reasons.
 fn tallied(g: &CapacityGate, tenant: &str) -> (u64, [u64; 3], [u64; 3]) {
     use crate::admission::tally::Reason;
+    // The share rule's reasons (quotas are counted apart: their tests say so).
+    const SHARES: [Reason; 3] = [Reason::QueueFull, Reason::Criticality, Reason::TenantShare];
     let views = g.tenants(&g.snapshot());
     let view = views
         .iter()
@@ -935,8 +939,8 @@ fn tallied(g: &CapacityGate, tenant: &str) -> (u64, [u64; 3], [u64; 3]) {
     let t = &view.counts.total;
     (
         t.admitted,
-        Reason::ALL.map(|r| t.refused(r)),
-        Reason::ALL.map(|r| t.would_refuse(r)),
+        SHARES.map(|r| t.refused(r)),
+        SHARES.map(|r| t.would_refuse(r)),
     )
 }
 
@@ -1094,4 +1098,183 @@ async fn with_shares_off_a_gate_of_two_tenants_makes_no_exchange_calls() {
     // counts change a decision: no Redis call for them.
     assert!(calls[0] >= 5, "enforced: {} exchanges", calls[0]);
     assert_eq!(calls[1], 0, "off: {} exchanges", calls[1]);
+}
+
+fn quotas(
+    g: &Arc<CapacityGate>,
+    quotas: &[crate::admission::tenants::Quota],
+) -> Arc<crate::admission::quota::RateBook> {
+    let rates = Arc::new(crate::admission::quota::RateBook::new(
+        quotas,
+        tokio::time::Instant::now(),
+    ));
+    g.hold_to(quotas, Arc::clone(&rates));
+    rates
+}
+
+fn rated(per_s: f64, burst: u32) -> crate::admission::tenants::Quota {
+    crate::admission::tenants::Quota {
+        rate: crate::admission::tenants::Rate::new(per_s, Some(burst)),
+        max_share: None,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rate_quota_refuses_after_the_burst_and_only_admitted_units_count() {
+    use crate::admission::share::ShareMode;
+    use crate::admission::tenants::{Criticality::Default as D, Criticality::Sheddable, QuotaKind};
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
+    let g = gate(policy(10, 10_000, false, 3), &backend);
+    g.share_among(&tenants(&[1]), fair(ShareMode::Enforce));
+    let rates = quotas(&g, &[rated(1.0, 3)]);
+    let a = crate::admission::tenants::TenantIndex(0);
+    // The burst at once.
+    let mut held: Vec<_> = Vec::new();
+    for _ in 0..3 {
+        held.push(g.admit_units_for(asker(0, D), 1).await.unwrap());
+    }
+    assert_eq!(
+        rates
+            .state(a, tokio::time::Instant::now())
+            .unwrap()
+            .available,
+        0
+    );
+    match g.admit_units_for(asker(0, D), 1).await {
+        Err(Refusal::TenantQuota {
+            quota: QuotaKind::Rate,
+            retry_after,
+            room: 0,
+        }) => assert_eq!(retry_after, Duration::from_secs(1)),
+        other => panic!("{:?}", other.err()),
+    }
+    // Refused again and again: the bucket gives the unit back on time all the same.
+    tokio::time::advance(Duration::from_millis(500)).await;
+    assert!(g.admit_units_for(asker(0, D), 1).await.is_err());
+    tokio::time::advance(Duration::from_millis(500)).await;
+    held.push(g.admit_units_for(asker(0, D), 1).await.unwrap());
+    // A send shed for its criticality takes nothing either: 4 held of 10, sheddable cut 8.
+    tokio::time::advance(Duration::from_secs(3)).await;
+    assert_eq!(
+        rates
+            .state(a, tokio::time::Instant::now())
+            .unwrap()
+            .available,
+        3
+    );
+    match g.admit_units_for(asker(0, Sheddable), 5).await {
+        Err(Refusal::Shed { room: 4, .. }) => {}
+        other => panic!("{:?}", other.err()),
+    }
+    assert_eq!(
+        rates
+            .state(a, tokio::time::Instant::now())
+            .unwrap()
+            .available,
+        3
+    );
+    // A batch of n takes n units or none.
+    assert!(matches!(
+        g.admit_units_for(asker(0, D), 4).await,
+        Err(Refusal::TenantQuota {
+            quota: QuotaKind::Rate,
+            room: 3,
+            ..
+        })
+    ));
+    held.push(g.admit_units_for(asker(0, D), 3).await.unwrap());
+    assert_eq!(
+        rates
+            .state(a, tokio::time::Instant::now())
+            .unwrap()
+            .available,
+        0
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_send_refused_for_its_share_takes_nothing_of_its_quota() {
+    use crate::admission::share::{ShareMode, ROUND};
+    use crate::admission::tenants::Criticality::Default as D;
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
+    let g = gate(policy(40, 10_000, false, 3), &backend);
+    g.share_among(&tenants(&[1, 1]), fair(ShareMode::Enforce));
+    let rates = quotas(&g, &[rated(1000.0, 1000), Default::default()]);
+    let (a, b) = (asker(0, D), asker(1, D));
+    let mut held = Vec::new();
+    while let Ok(r) = g.admit_units_for(a, 1).await {
+        held.push(r);
+    }
+    assert!(g.admit_units_for(b, 1).await.is_err());
+    for r in held.drain(..10) {
+        r.finish(BacklogEffect::NotStored);
+    }
+    tokio::time::advance(ROUND).await;
+    let now = tokio::time::Instant::now();
+    let before = rates
+        .state(crate::admission::tenants::TenantIndex(0), now)
+        .unwrap()
+        .available;
+    let mut admitted = 0;
+    loop {
+        match g.admit_units_for(a, 1).await {
+            Ok(r) => {
+                held.push(r);
+                admitted += 1;
+            }
+            Err(Refusal::TenantShare { .. }) => break,
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    for _ in 0..50 {
+        assert!(matches!(
+            g.admit_units_for(a, 1).await,
+            Err(Refusal::TenantShare { .. })
+        ));
+    }
+    let after = rates
+        .state(crate::admission::tenants::TenantIndex(0), now)
+        .unwrap()
+        .available;
+    assert_eq!(
+        before - after,
+        admitted,
+        "only the admitted units were taken"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queues_shed_level_is_the_override_in_force() {
+    use crate::admission::fair::FairOverride;
+    use crate::admission::share::ShareMode;
+    use crate::admission::tenants::Criticality::Sheddable;
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
+    let g = gate(policy(10, 10_000, false, 3), &backend);
+    g.share_among(&tenants(&[1]), fair(ShareMode::Off));
+    g.apply_fair(&FairOverride {
+        shed_at_sheddable: Fraction::new(0.3),
+        ..FairOverride::default()
+    });
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(g.admit_units_for(asker(0, Sheddable), 1).await.unwrap());
+    }
+    assert!(matches!(
+        g.admit_units_for(asker(0, Sheddable), 1).await,
+        Err(Refusal::Shed { cut: 3, .. })
+    ));
+    // Crossed levels (an override kept while a variable changed): sheddable is held to
+    // default, never above it.
+    g.apply_fair(&FairOverride {
+        shed_at_sheddable: Fraction::new(0.9),
+        shed_at_default: Fraction::new(0.5),
+        ..FairOverride::default()
+    });
+    assert_eq!(
+        g.fair_policy().map(|p| p.shed_at_sheddable),
+        Fraction::new(0.5)
+    );
+    g.apply_fair(&FairOverride::default());
+    assert_eq!(g.fair_policy(), g.fair_base());
+    held.push(g.admit_units_for(asker(0, Sheddable), 1).await.unwrap());
 }

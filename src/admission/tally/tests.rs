@@ -72,10 +72,26 @@ fn each_answer_counts_under_its_reason_and_refusals_about_no_room_count_for_no_o
     ] {
         assert_eq!(Answer::of(&Err(none), None), None);
     }
+    let quota = Refusal::TenantQuota {
+        quota: crate::admission::tenants::QuotaKind::Rate,
+        retry_after: std::time::Duration::from_secs(1),
+        room: 0,
+    };
+    assert_eq!(
+        Answer::of(&Err(quota), None),
+        Some(Answer::Refused(Reason::TenantQuota))
+    );
     let words: Vec<_> = Reason::ALL.iter().map(|r| r.as_str()).collect();
-    assert_eq!(words, ["queue_full", "criticality", "tenant_share"]);
+    assert_eq!(
+        words,
+        ["queue_full", "criticality", "tenant_share", "tenant_quota"]
+    );
     let shadowed: Vec<_> = Reason::shadowed().collect();
-    assert_eq!(shadowed, [Reason::Criticality, Reason::TenantShare]);
+    assert_eq!(
+        shadowed,
+        [Reason::Criticality, Reason::TenantShare],
+        "quotas are never shadowed"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -1217,6 +1217,7 @@ async fn greedy_spread_beside_modest(mode: crate::admission::share::ShareMode) -
             .map(|name| Tenant {
                 name: name.into(),
                 weight: 1,
+                quota: Default::default(),
             })
             .to_vec(),
     )
