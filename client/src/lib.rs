@@ -118,6 +118,36 @@ pub struct ClientConfig {
     /// (default 1 MiB). A gateway that takes less says so with a `413` naming its limit,
     /// which the client then keeps.
     pub max_batch_bytes: usize,
+    /// Sent as `Sendgate-Criticality` on every send and batch when set: lowers the level
+    /// the gateway weighs them at (never above the key's; contract section 2).
+    pub criticality: Option<Criticality>,
+}
+
+/// How much a send matters when the queue is nearly full (the gateway refuses a lower one
+/// first): the values of `Sendgate-Criticality`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Criticality {
+    Critical,
+    Default,
+    Sheddable,
+}
+
+impl Criticality {
+    /// The header's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Criticality::Critical => "critical",
+            Criticality::Default => "default",
+            Criticality::Sheddable => "sheddable",
+        }
+    }
+
+    /// One of the three words, exactly; anything else is `None`.
+    pub fn parse(word: &str) -> Option<Self> {
+        [Self::Critical, Self::Default, Self::Sheddable]
+            .into_iter()
+            .find(|c| c.as_str() == word)
+    }
 }
 
 impl fmt::Debug for ClientConfig {
@@ -136,6 +166,7 @@ impl fmt::Debug for ClientConfig {
             .field("max_concurrent_requests", &self.max_concurrent_requests)
             .field("max_batch_messages", &self.max_batch_messages)
             .field("max_batch_bytes", &self.max_batch_bytes)
+            .field("criticality", &self.criticality)
             .finish()
     }
 }
@@ -159,7 +190,14 @@ impl ClientConfig {
             max_concurrent_requests: 64,
             max_batch_messages: 100,
             max_batch_bytes: 1 << 20,
+            criticality: None,
         }
+    }
+
+    /// Send at `criticality` (`Sendgate-Criticality` on every request).
+    pub fn criticality(mut self, criticality: Criticality) -> Self {
+        self.criticality = Some(criticality);
+        self
     }
 
     pub fn token(mut self, token: impl Into<String>) -> Self {
@@ -450,7 +488,8 @@ impl Client {
             &config.base_url,
             config.token.as_deref(),
             config.request_timeout,
-        )?;
+        )?
+        .criticality(config.criticality);
         Ok(Self::with_transport(config, Arc::new(transport)))
     }
 

@@ -255,6 +255,8 @@ pub struct HttpTransport {
     /// The base URL without a trailing slash.
     base: String,
     authorization: Option<HeaderValue>,
+    /// `Sendgate-Criticality`, on every send and batch when set.
+    criticality: Option<HeaderValue>,
 }
 
 impl fmt::Debug for HttpTransport {
@@ -316,7 +318,22 @@ impl HttpTransport {
             http,
             base: base_url.trim_end_matches('/').to_owned(),
             authorization,
+            criticality: None,
         })
+    }
+
+    /// Send every request at `criticality` (`None`: the key's own level).
+    pub fn criticality(mut self, criticality: Option<crate::Criticality>) -> Self {
+        self.criticality = criticality.map(|c| HeaderValue::from_static(c.as_str()));
+        self
+    }
+
+    /// The `Sendgate-Criticality` header, when set.
+    fn with_criticality(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.criticality {
+            Some(v) => req.header(headers::CRITICALITY, v.clone()),
+            None => req,
+        }
     }
 
     fn with_auth(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
@@ -359,7 +376,7 @@ impl Transport for HttpTransport {
             req = req.header(*name, value.clone());
         }
         let response = self
-            .with_auth(req.body(message.body.clone()))
+            .with_auth(self.with_criticality(req.body(message.body.clone())))
             .send()
             .await
             .map_err(|e| TransportError::of(&e))?;
@@ -385,7 +402,7 @@ impl Transport for HttpTransport {
             req = req.header(TRACEPARENT, parent.clone());
         }
         let response = self
-            .with_auth(req.body(batch.body.clone()))
+            .with_auth(self.with_criticality(req.body(batch.body.clone())))
             .send()
             .await
             .map_err(|e| TransportError::of(&e))?;

@@ -67,9 +67,19 @@ pub struct SendArgs {
     /// gateway pacing producers at a full queue) is not counted: the deadline bounds those.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
     max_attempts: u32,
+    /// The criticality to send at (critical, default or sheddable), as
+    /// Sendgate-Criticality: a lower level is refused first when the queue is nearly full;
+    /// never above the key's own. Without it, the key's level.
+    #[arg(long, value_parser = parse_criticality)]
+    criticality: Option<sendgate_client::Criticality>,
     /// JSON lines to send, one message each; `-` or nothing reads stdin.
     #[arg(value_name = "FILE|-")]
     input: Option<PathBuf>,
+}
+
+fn parse_criticality(word: &str) -> Result<sendgate_client::Criticality, String> {
+    sendgate_client::Criticality::parse(word)
+        .ok_or_else(|| format!("{word:?}: expected critical, default or sheddable"))
 }
 
 /// A usage problem: nothing was sent.
@@ -151,6 +161,7 @@ fn prepare(args: &SendArgs) -> Result<(Client, QueueName, Box<dyn Read + Send>),
         });
     config.token = token;
     config.max_concurrent_requests = usize::from(args.concurrency);
+    config.criticality = args.criticality;
     config.max_batch_messages = usize::from(args.batch_size);
     let client = Client::new(config)?;
     let input: Box<dyn Read + Send> = match &args.input {
