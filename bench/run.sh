@@ -873,9 +873,13 @@ compare_fair() {
   local ta tb keys="$OUT/fair-keys.toml" wkeys="$OUT/fair-keys-weights.toml" lkeys="$OUT/fair-keys-levels.toml"
   ta="sg_$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')"
   tb="sg_$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')"
-  { key_entry tenant-a "$ta" ""; key_entry tenant-b "$tb" ""; } > "$keys"
-  { key_entry tenant-a "$ta" "weight = 3"; key_entry tenant-b "$tb" "weight = 1"; } > "$wkeys"
-  { key_entry tenant-a "$ta" 'criticality = "sheddable"'; key_entry tenant-b "$tb" ""; } > "$lkeys"
+  # The observer key too: wait_redis_mode reads /health/detailed with it.
+  local observer
+  observer=$(printf '[[keys]]\nname = "bench-observer"\nsha256 = "%s"\nroles = ["observer"]\nqueues = ["*"]\n' \
+    "$(printf %s "$OBSERVER_TOKEN" | sha256sum | cut -d' ' -f1)")
+  { key_entry tenant-a "$ta" ""; key_entry tenant-b "$tb" ""; echo "$observer"; } > "$keys"
+  { key_entry tenant-a "$ta" "weight = 3"; key_entry tenant-b "$tb" "weight = 1"; echo "$observer"; } > "$wkeys"
+  { key_entry tenant-a "$ta" 'criticality = "sheddable"'; key_entry tenant-b "$tb" ""; echo "$observer"; } > "$lkeys"
   local a_greedy=(--a-token "$ta" --a-kind greedy --a-threads $FAIR_A_THREADS --a-retry-ms $FAIR_A_RETRY_MS)
   local b_paced=(--b-token "$tb" --b-kind paced --b-rate $FAIR_B_RATE)
   local b_greedy=(--b-token "$tb" --b-kind greedy --b-threads $FAIR_A_THREADS --b-retry-ms $FAIR_A_RETRY_MS)
