@@ -1045,10 +1045,14 @@ if lv1 is not None:
     ceil = lv1.get("ceiling") or 40
     fs, fd, after = level_firsts(lv1)
     want_s, want_d = round(FAIR_SHED_AT * ceil), round(FAIR_DEFAULT_AT * ceil)
+    # Under concurrency a 429's backlog counts sends in flight, so the sheddable cut is read
+    # from the `limit` it names (and a backlog at or past it), the default's from its backlog.
     ok = (
-        fs.get("backlog") == want_s
-        and fs.get("reason") == "criticality"
+        fs.get("reason") == "criticality"
+        and fs.get("limit") == want_s
+        and (fs.get("backlog") or 0) >= want_s
         and fd.get("backlog") == want_d
+        and fd.get("reason") == "ceiling"
         and after == 0
     )
     two = next((r for r in lv if r.get("side") == "levels_two_tenants"), None)
@@ -1057,10 +1061,11 @@ if lv1 is not None:
         (
             "fair shares: sheddable traffic refused from 80 % of the ceiling while default traffic "
             "is admitted up to it (issue 25; the backlog each level's first 429 names)",
-            f"one tenant: sheddable first refused at backlog {fs.get('backlog', '–')} "
-            f"({fs.get('reason', '–')}), default at {fd.get('backlog', '–')} ({fd.get('reason', '–')}) of "
-            f"{ceil}; sheddable admitted after its first refusal: {after}. Two tenants: "
-            f"{t_fs.get('backlog', '–')} ({t_fs.get('reason', '–')}) / {t_fd.get('backlog', '–')} "
+            f"one tenant: sheddable first refused at backlog {fs.get('backlog', '–')} / cut "
+            f"{fs.get('limit', '–')} ({fs.get('reason', '–')}), default at {fd.get('backlog', '–')} / "
+            f"{fd.get('limit', '–')} ({fd.get('reason', '–')}); sheddable admitted after its first "
+            f"refusal: {after}. Two tenants: {t_fs.get('backlog', '–')} / {t_fs.get('limit', '–')} "
+            f"({t_fs.get('reason', '–')}), {t_fd.get('backlog', '–')} / {t_fd.get('limit', '–')} "
             f"({t_fd.get('reason', '–')})",
             ok,
             f"expected {want_s} / {want_d}",
@@ -1079,7 +1084,7 @@ for level, what in (("reject", "the 429 path"), ("accept", "accepted sends")):
             f"(`{fair_base}`), instructions per request under callgrind (issue 25)",
             f"{f(h, 0)} vs {f(b, 0)} Ir per request ({'–' if sl is None else f'{100 * sl:+.2f} %'}); "
             f"wall-clock {f(cost_wall('head', level, key), 0)} vs {f(cost_wall('base', level, key), 0)} "
-            f"{'req/s' if level == 'reject' else 'msg/s'} ({'–' if ws is None else f'{100 * ws:+.1f} %'} slower, noisy)",
+            f"{'req/s' if level == 'reject' else 'msg/s'} ({'–' if ws is None else f'{100 * abs(ws):.1f} % ' + ('slower' if ws > 0 else 'faster')}, noisy)",
             None if sl is None else sl <= FAIR_TARGET_COST,
             None if sl is None else f"{100 * (FAIR_TARGET_COST - sl):+.2f} points",
         )
@@ -2106,7 +2111,10 @@ if sel("fair") or sel("fair_levels") or sel("fair_cost_ir") or sel("fair_cost_wa
             "sheddable`. **Two tenants**: the sheddable sender's key says `criticality = "
             "\"sheddable\"` (and is its own tenant), so the share rule also applies near the ceiling. "
             "Backlog: what the first 429 names; admitted before: every sender's `201`s counted when "
-            "that 429 came back."
+            "that 429 came back. A 429's backlog counts the sends in flight (reserved, not yet "
+            "answered), so the sheddable level's first one names 33 against its cut of 32: the "
+            "cut is the `limit` it names. `ceiling` refusals of the sheddable sender are the ones "
+            "that came once the queue was full (the ceiling is named before the level then)."
         )
         p("")
         p(
