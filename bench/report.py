@@ -217,6 +217,8 @@ p("./bench/run.sh --only 7 --amplify-s 20  # comparison 7 with 20 s per side ins
 p("./bench/run.sh --only 9 --soak-s 30     # comparison 9 (hostile clients, ~15 min) with 30 s soaks instead of 60")
 p("./bench/run.sh --only 2,6 --update-docs  # a partial run that rewrites this page, the rest carried over")
 p("./bench/run.sh --only 10,11             # batches vs direct lapin (~7 min) and RSS with 1 MiB batches in flight (~1.5 min)")
+p("./bench/run.sh --only 12                # fair shares (~20 min: 5 scenarios of 60 s, callgrind of two builds, wall-clock)")
+p("./bench/run.sh --only 12 --fair-s 20    # the same with 20 s tenant scenarios")
 p("```")
 p("")
 p(
@@ -931,12 +933,169 @@ if big_sides:
             )
         )
 
+# --------------------------------------------------------------------------- 12 (targets)
+FAIR_TARGET_MODEST = 0.9  # issue 25: the modest tenant gets >= 0.9 of what it sends
+FAIR_TARGET_CONSUMED = 0.95  # admitted total >= 0.95 of what the worker consumed
+FAIR_TARGET_WEIGHTS = 0.05  # shares within +-0.05 of 0.75 / 0.25
+FAIR_TARGET_COST = 0.03  # <= 3 % slower than before
+FAIR_SHED_AT, FAIR_DEFAULT_AT = 0.8, 1.0  # SENDGATE_SHED_AT_SHEDDABLE / _DEFAULT defaults
+
+
+def fair_row(side):
+    rs = [r for r in sel("fair", side) if not r.get("failed")]
+    return rs[0] if rs else None
+
+
+def tenant(r, name):
+    return ((r or {}).get("tenants") or {}).get(name) or {}
+
+
+def modest_fraction(r):
+    b = tenant(r, "b")
+    return b.get("admitted_fraction")
+
+
+def shares(r):
+    a, b = tenant(r, "a").get("admitted", 0), tenant(r, "b").get("admitted", 0)
+    return (a / (a + b), b / (a + b)) if a + b else (None, None)
+
+
+def cost_ir(side, level):
+    return med([r for r in sel("fair_cost_ir", side, level) if not r.get("failed")], "ir_per_request")
+
+
+def cost_wall(side, level, key="rps"):
+    return med([r for r in sel("fair_cost_wall", side, level) if not r.get("failed")], key)
+
+
+def slower(head, base):
+    return None if head is None or not base else head / base - 1
+
+
+def wall_slower(level, key="rps"):
+    h, b = cost_wall("head", level, key), cost_wall("base", level, key)
+    return None if h is None or not b else b / h - 1
+
+
+fair_base = meta.get("fair_base_commit", "before")
+for side, where in (("equal", "one process (embedded)"), ("fleet", "3 replicas on RabbitMQ + Redis")):
+    r, off = fair_row(side), fair_row(side + "_off")
+    if r is None:
+        continue
+    b, fr = tenant(r, "b"), modest_fraction(r)
+    fo = modest_fraction(off)
+    targets.append(
+        (
+            f"fair shares: {where}, equal weights: the modest tenant (10 sends/s) gets ≥ 0.9 of "
+            "what it sends beside a greedy one (12 threads, retry every 20 ms), ceiling 40, "
+            "drain 50/s (issue 25; 0.07 measured before shares)",
+            f"{b.get('admitted', 0):,} of {b.get('requests', 0):,} ({f(fr, 3)}); with "
+            f"`SENDGATE_FAIR_SHARE=off` {f(fo, 3)}",
+            None if fr is None else fr >= FAIR_TARGET_MODEST,
+            None if fr is None else f"{fr - FAIR_TARGET_MODEST:+.3f}",
+        )
+    )
+    apc = r.get("admitted_per_consumed")
+    cons = (r.get("drain") or {}).get("consumed")
+    targets.append(
+        (
+            f"fair shares: {where}: admitted in total ≥ 0.95 of what the worker consumed (the "
+            "greedy tenant takes the rest; issue 25)",
+            f"{r.get('admitted_total', 0):,} admitted, {cons if cons is not None else '–'} consumed "
+            f"({f(apc, 3)}); the worker found the queue empty {(r.get('drain') or {}).get('starved_ticks', '–')} times",
+            None if apc is None else apc >= FAIR_TARGET_CONSUMED,
+            None if apc is None else f"{apc - FAIR_TARGET_CONSUMED:+.3f}",
+        )
+    )
+    dm, ceil = r.get("depth_max"), r.get("ceiling")
+    targets.append(
+        (
+            f"fair shares: {where}: the backlog never over the ceiling (issue 25)",
+            f"max {dm if dm is not None else '–'} of {ceil} over {(r.get('depth') or {}).get('samples', '–')} "
+            f"samples; shares off: max {(off or {}).get('depth_max', '–')}",
+            None if dm is None else dm <= ceil,
+            None if dm is None else f"{ceil - dm:+d}",
+        )
+    )
+rw = fair_row("weights_3_1")
+if rw is not None:
+    sa, sb = shares(rw)
+    dev = None if sa is None else max(abs(sa - 0.75), abs(sb - 0.25))
+    targets.append(
+        (
+            "fair shares: weights 3:1, both tenants greedy: each one's share of the admissions "
+            "within ±0.05 of 0.75 / 0.25 (issue 25)",
+            f"{f(sa, 3)} / {f(sb, 3)} ({tenant(rw, 'a').get('admitted', 0):,} / {tenant(rw, 'b').get('admitted', 0):,})",
+            None if dev is None else dev <= FAIR_TARGET_WEIGHTS,
+            None if dev is None else f"{FAIR_TARGET_WEIGHTS - dev:+.3f}",
+        )
+    )
+
+
+def level_firsts(r):
+    """(sheddable's first refusal backlog, default's), and sheddable admissions after it."""
+    s, d = tenant(r, "shed"), tenant(r, "default")
+    fs, fd = s.get("first_refusal") or {}, d.get("first_refusal") or {}
+    return fs, fd, s.get("admitted_after_first_refusal")
+
+
+lv = [r for r in sel("fair_levels") if not r.get("failed")]
+lv1 = next((r for r in lv if r.get("side") == "levels_one_tenant"), None)
+if lv1 is not None:
+    ceil = lv1.get("ceiling") or 40
+    fs, fd, after = level_firsts(lv1)
+    want_s, want_d = round(FAIR_SHED_AT * ceil), round(FAIR_DEFAULT_AT * ceil)
+    # Under concurrency a 429's backlog counts sends in flight, so the sheddable cut is read
+    # from the `limit` it names (and a backlog at or past it), the default's from its backlog.
+    ok = (
+        fs.get("reason") == "criticality"
+        and fs.get("limit") == want_s
+        and (fs.get("backlog") or 0) >= want_s
+        and fd.get("backlog") == want_d
+        and fd.get("reason") == "ceiling"
+        and after == 0
+    )
+    two = next((r for r in lv if r.get("side") == "levels_two_tenants"), None)
+    t_fs, t_fd, t_after = level_firsts(two) if two else ({}, {}, None)
+    targets.append(
+        (
+            "fair shares: sheddable traffic refused from 80 % of the ceiling while default traffic "
+            "is admitted up to it (issue 25; the backlog each level's first 429 names)",
+            f"one tenant: sheddable first refused at backlog {fs.get('backlog', '–')} / cut "
+            f"{fs.get('limit', '–')} ({fs.get('reason', '–')}), default at {fd.get('backlog', '–')} / "
+            f"{fd.get('limit', '–')} ({fd.get('reason', '–')}); sheddable admitted after its first "
+            f"refusal: {after}. Two tenants: {t_fs.get('backlog', '–')} / {t_fs.get('limit', '–')} "
+            f"({t_fs.get('reason', '–')}), {t_fd.get('backlog', '–')} / {t_fd.get('limit', '–')} "
+            f"({t_fd.get('reason', '–')})",
+            ok,
+            f"expected {want_s} / {want_d}",
+        )
+    )
+for level, what in (("reject", "the 429 path"), ("accept", "accepted sends")):
+    h, b = cost_ir("head", level), cost_ir("base", level)
+    if h is None and b is None:
+        continue
+    sl = slower(h, b)
+    key = "rps" if level == "reject" else "msgs_per_s"
+    ws = wall_slower(level, key)
+    targets.append(
+        (
+            f"fair shares: the cost with one tenant: {what} ≤ 3 % slower than before shares "
+            f"(`{fair_base}`), instructions per request under callgrind (issue 25)",
+            f"{f(h, 0)} vs {f(b, 0)} Ir per request ({'–' if sl is None else f'{100 * sl:+.2f} %'}); "
+            f"wall-clock {f(cost_wall('head', level, key), 0)} vs {f(cost_wall('base', level, key), 0)} "
+            f"{'req/s' if level == 'reject' else 'msg/s'} ({'–' if ws is None else f'{100 * abs(ws):.1f} % ' + ('slower' if ws > 0 else 'faster')}, noisy)",
+            None if sl is None else sl <= FAIR_TARGET_COST,
+            None if sl is None else f"{100 * (FAIR_TARGET_COST - sl):+.2f} points",
+        )
+    )
+
 p("## Results against the targets")
 p("")
 p(
     "Targets from issue 9, for the fleet (comparison 6) issue 14, for backpressure (comparisons "
     "7 and 8) issue 15, for hostile clients (comparison 9) issue 23, for batches (comparisons 10 "
-    "and 11) issue 24 (2-core machine, ratios "
+    "and 11) issue 24, for fair shares (comparison 12) issue 25 (2-core machine, ratios "
     "from one run). Medians of the rounds of this run; a row whose value names a run was "
     "carried over from that earlier run (see the top of the page)."
 )
@@ -963,6 +1122,7 @@ if previous and carried:
             or ("issue 23" in name and 9 in measured)
             or (name.startswith("batches:") and 10 in measured)
             or (name.startswith("large batches:") and 11 in measured)
+            or (name.startswith("fair shares:") and 12 in measured)
         )
         if name in fresh or repeated:
             continue
@@ -1854,6 +2014,169 @@ if big_sides:
                     f"{load_text(r)} |"
                 )
     p("")
+
+# --------------------------------------------------------------------------- 12
+carry(12)
+
+
+def tenant_cells(t):
+    reasons = ", ".join(f"{k}×{v:,}" for k, v in sorted((t.get("refused_by_reason") or {}).items())) or "–"
+    return (
+        f"{t.get('requests', 0):,} | {t.get('admitted', 0):,} | {f(t.get('admitted_fraction'), 3)} | "
+        f"{f(t.get('admitted_per_s'), 1)} | {reasons} | {t.get('errors', 0)}"
+    )
+
+
+FAIR_SIDES = [
+    ("equal", "one process, equal weights, shares on"),
+    ("equal_off", "one process, equal weights, `SENDGATE_FAIR_SHARE=off`"),
+    ("weights_3_1", "one process, weights 3:1, both greedy"),
+    ("fleet", "3 replicas on Redis, equal weights, shares on"),
+    ("fleet_off", "3 replicas on Redis, `SENDGATE_FAIR_SHARE=off`"),
+]
+if sel("fair") or sel("fair_levels") or sel("fair_cost_ir") or sel("fair_cost_wall"):
+    p("## 12. Fair shares: two tenants at one ceiling, weights, criticality, the cost")
+    p("")
+    d12 = meta.get("d12", "60")
+    p(
+        f"Issue 25's scenario on the real binaries, {d12} s per side, sides one after another in one "
+        "run, each on a fresh gateway (and data dir or fleet): a keys file of two tenants "
+        "(`tenant-a`, `tenant-b`: one key each, default weight and criticality), ceiling 40 "
+        "(`SERVICEBUS_SEND_MAX_QUEUE_DEPTH`), a worker draining 50 msg/s with no credit for the "
+        "moments it finds the queue empty. **Tenant A**: 12 threads, each sending one message after "
+        "another on its own keep-alive connection and, after anything but a `201`, again 20 ms "
+        "later (ignoring `Retry-After`). **Tenant B**: 10 new messages a second, each sent once. "
+        "One process: the embedded backend, default TTL, the worker `sendgate queue receive --max "
+        "K` every 100 ms, the depth read with `sendgate queue depth` just before each receive (a "
+        "backlog's peaks are just before a drain). Fleet: 3 replicas (`SENDGATE_WORKERS=1`, "
+        "`SENDGATE_COORDINATION=redis`, exact AMQP depth source), A's threads spread 4/4/4 over "
+        "them, B on the third only, the worker taking 50/s with `basic.get` on one AMQP channel "
+        "and a second channel reading the exact depth every 100 ms. Weights: the keys file gives "
+        "tenant-a `weight = 3`, and B is greedy like A. The load generator is "
+        "`bench/src/bin/fairshare.rs`."
+    )
+    p("")
+    if sel("fair"):
+        p(
+            "| side | tenant | requests | admitted | admitted ÷ requests | admitted/s | 429 by reason | "
+            "errors | consumed | admitted total ÷ consumed | worker found it empty | depth max / mean | load |"
+        )
+        p("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for side, label in FAIR_SIDES:
+            for r in sel("fair", side):
+                if r.get("failed"):
+                    p(f"| {label} | failed | | | | | | | | | | | |")
+                    continue
+                dr, dp = r.get("drain") or {}, r.get("depth") or {}
+                for i, name in enumerate(("a", "b")):
+                    t = tenant(r, name)
+                    shared = (
+                        f"{dr.get('consumed', '–'):,} | {f(r.get('admitted_per_consumed'), 3)} | "
+                        f"{dr.get('starved_ticks', '–')} | {dp.get('max', '–')} / {f(dp.get('mean'), 1)} | {load_text(r)}"
+                        if i == 0
+                        else " | | | |"
+                    )
+                    p(f"| {label if i == 0 else ''} | {name.upper()} | {tenant_cells(t)} | {shared} |")
+        p("")
+        if rw is not None:
+            sa, sb = shares(rw)
+            p(
+                f"Weights 3:1: A's share of the admissions {f(sa, 3)}, B's {f(sb, 3)} (the greedy "
+                "tenants' requests include their retries, so their admitted ÷ requests is not the "
+                "measure there; the share is)."
+            )
+            p("")
+        for side in ("fleet",):
+            r = fair_row(side)
+            if r is None:
+                continue
+            by = tenant(r, "a").get("admitted_by_addr") or {}
+            if by:
+                p(
+                    "Fleet: A's admissions by replica "
+                    + ", ".join(f"`{k}` {v:,}" for k, v in sorted(by.items()))
+                    + f"; B's all on `{', '.join(tenant(r, 'b').get('on') or [])}`."
+                )
+                p("")
+    if sel("fair_levels"):
+        p(
+            "### Criticality: the backlog at each level's first refusal"
+        )
+        p("")
+        p(
+            "Nothing drains; two greedy senders of 4 threads each fill the embedded queue to its "
+            "ceiling of 40 for 5 s, one at `sheddable`, one at `default` (defaults: "
+            "`SENDGATE_SHED_AT_SHEDDABLE=0.8`, `SENDGATE_SHED_AT_DEFAULT=1.0`). **One tenant**: both "
+            "use the same key, the sheddable sender lowers itself with `Sendgate-Criticality: "
+            "sheddable`. **Two tenants**: the sheddable sender's key says `criticality = "
+            "\"sheddable\"` (and is its own tenant), so the share rule also applies near the ceiling. "
+            "Backlog: what the first 429 names; admitted before: every sender's `201`s counted when "
+            "that 429 came back. A 429's backlog counts the sends in flight (reserved, not yet "
+            "answered), so the sheddable level's first one names 33 against its cut of 32: the "
+            "cut is the `limit` it names. `ceiling` refusals of the sheddable sender are the ones "
+            "that came once the queue was full (the ceiling is named before the level then)."
+        )
+        p("")
+        p(
+            "| side | level | admitted | first refusal: backlog / limit | reason | admitted before it "
+            "(both) | admitted after it | 429 by reason | depth at the end |"
+        )
+        p("|---|---|---|---|---|---|---|---|---|")
+        for r in lv:
+            for i, name in enumerate(("shed", "default")):
+                t = tenant(r, name)
+                fr = t.get("first_refusal") or {}
+                reasons = ", ".join(f"{k}×{v:,}" for k, v in sorted((t.get("refused_by_reason") or {}).items())) or "–"
+                p(
+                    f"| {r.get('side') if i == 0 else ''} | {'sheddable' if name == 'shed' else 'default'} | "
+                    f"{t.get('admitted', 0):,} | {fr.get('backlog', '–')} / {fr.get('limit', '–')} | "
+                    f"{fr.get('reason', '–')} | {fr.get('admitted_total_so_far', '–')} | "
+                    f"{t.get('admitted_after_first_refusal', '–')} | {reasons} | "
+                    f"{(r.get('depth') or {}).get('last', '–') if i == 0 else ''} |"
+                )
+        p("")
+    if sel("fair_cost_ir") or sel("fair_cost_wall"):
+        p(f"### The cost with one tenant: this build vs `{fair_base}` (before shares)")
+        p("")
+        p(
+            f"`{fair_base}` is the last commit before issue 25's code, built in a target dir of its "
+            "own (release, the same Cargo.lock). **Instructions per request** "
+            "(`bench/callgrind.sh`, the primary measure on this shared 2-core machine: "
+            "repeatable whatever the load): 200 requests of warm-up, then "
+            f"{meta.get('fair_callgrind_n', '2,000')} on one keep-alive connection, a keys file of 5 "
+            "keys with one sending (so 5 tenants, one asking); the 429 path on the embedded backend "
+            "over a ceiling of 1 (cached depth), accepted sends on the local RabbitMQ (ceiling 10⁹). "
+            "**Wall-clock** (secondary): the 429 path as comparison 2 (wrk, 64 connections) and "
+            "accepted sends as comparison 1 (64 in flight), both builds up at once, alternating."
+        )
+        p("")
+        p("| path | this build Ir/request | before Ir/request | difference | this build wall-clock | before | before ÷ this − 1 |")
+        p("|---|---|---|---|---|---|---|")
+        for level, what, key, unit in (("reject", "429 path", "rps", "req/s"), ("accept", "accepted sends", "msgs_per_s", "msg/s")):
+            h, b = cost_ir("head", level), cost_ir("base", level)
+            sl, ws = slower(h, b), wall_slower(level, key)
+            p(
+                f"| {what} | {f(h, 0)} | {f(b, 0)} | {'–' if sl is None else f'{100 * sl:+.2f} %'} | "
+                f"{f(cost_wall('head', level, key), 0)} {unit} | {f(cost_wall('base', level, key), 0)} {unit} | "
+                f"{'–' if ws is None else f'{100 * ws:+.1f} %'} |"
+            )
+        p("")
+        p("Every round:")
+        p("")
+        p("| measure | path | build | round | value | load |")
+        p("|---|---|---|---|---|---|")
+        for r in sel("fair_cost_ir"):
+            p(
+                f"| Ir/request | {r.get('level')} | {r.get('side')} | {r.get('round')} | "
+                f"{'failed' if r.get('failed') else f(r.get('ir_per_request'), 0)} | – |"
+            )
+        for r in sel("fair_cost_wall"):
+            key = "rps" if r.get("level") == "reject" else "msgs_per_s"
+            p(
+                f"| wall-clock | {r.get('level')} | {r.get('side')} | {r.get('round')} | "
+                f"{'failed' if r.get('failed') else f(r.get(key), 0)} | {load_text(r)} |"
+            )
+        p("")
 
 # ------------------------------------------------------------------ dependency diet
 # Build-time numbers (binary size, clean build, crates in the tree), measured by hand when

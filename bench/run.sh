@@ -6,13 +6,16 @@
 #   ./bench/run.sh --only 2,4 # some comparisons only (1 accept, 2 reject, 3 admin plane,
 #                             # 4 RSS, 5 criterion, 6 fleet on Redis, 7 retry amplification,
 #                             # 8 restart under load, 9 hostile clients, 10 batches vs direct
-#                             # lapin, 11 RSS with large batches in flight); the report shows
-#                             # what was measured
+#                             # lapin, 11 RSS with large batches in flight, 12 fair shares);
+#                             # the report shows what was measured
 #   ./bench/run.sh --only 7 --amplify-s 20
 #                             # comparison 7 with a shorter window per side (default 60 s,
 #                             # 15 with --quick)
 #   ./bench/run.sh --only 9 --soak-s 30
 #                             # comparison 9 with a shorter soak per side (default 60 s,
+#                             # 15 with --quick)
+#   ./bench/run.sh --only 12 --fair-s 20
+#                             # comparison 12 with shorter tenant scenarios (default 60 s,
 #                             # 15 with --quick)
 #   ./bench/run.sh --only 2,6 --update-docs
 #                             # a partial run that also rewrites docs/benchmarks.md: the
@@ -38,10 +41,11 @@ ROOT=$PWD
 
 QUICK=0
 UPDATE_DOCS=0
-ALL="1,2,3,4,5,6,7,8,9,10,11"
+ALL="1,2,3,4,5,6,7,8,9,10,11,12"
 ONLY=$ALL
 AMPLIFY_S=""
 SOAK_S=""
+FAIR_S=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -49,7 +53,8 @@ while [ $# -gt 0 ]; do
     --amplify-s) AMPLIFY_S="$2"; shift ;;
     --update-docs) UPDATE_DOCS=1 ;;
     --soak-s) SOAK_S="$2"; shift ;;
-    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    --fair-s) FAIR_S="$2"; shift ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -64,14 +69,17 @@ if [ "$QUICK" = 1 ]; then
   CRITERION_ARGS=(--warm-up-time 0.2 --measurement-time 0.5 --sample-size 20)
   D7=15; ROUNDS7=1; D8=12; ROUNDS8=1
   ROUNDS9=1; HEADS_S=5; SOAK=15
+  D12=15
 else
   D=10; WARM=1; D3=10; ROUNDS=3; ROUNDS_REJECT=5; HOLD=6
   CRITERION_ARGS=()
   D7=60; ROUNDS7=2; D8=30; ROUNDS8=2
   ROUNDS9=3; HEADS_S=15; SOAK=60
+  D12=60
 fi
 D7=${AMPLIFY_S:-$D7}
 SOAK=${SOAK_S:-$SOAK}
+D12=${FAIR_S:-$D12}
 # Comparison 9 (issue 23): the unfinished heads' sizes (130,000 passes the 32 KiB cap of one
 # head, so each is cut at once; 30,000 stays under it, so the 8 MiB budget of all heads is
 # what cuts), how many clients send them, the attack levels of the soak and its clients'
@@ -95,6 +103,13 @@ BATCH_LEVELS=${BATCH_LEVELS:-"single 1 10 100"}
 BATCH_CONNS=8
 BIG_CLIENTS=64; BIG_EXTRA=16; BIG_ENTRIES=100; BIG_BYTES=1048576; BIG_HOLD=3
 BIG_SIDES=${BIG_SIDES:-"budget64:67108864 budget32:33554432"}
+# Comparison 12 (issue 25): the issue's scenario (ceiling 40, a worker draining 50 msg/s,
+# tenant A 12 threads retrying every 20 ms, tenant B 10 sends/s); the cost's baseline, the
+# last commit before issue 25's code, built from `git archive` into a target dir of its own
+# (FAIR_BASE_TARGET_DIR); callgrind's requests per measured run.
+FAIR_CEILING=40; FAIR_DRAIN=50; FAIR_A_THREADS=12; FAIR_A_RETRY_MS=20; FAIR_B_RATE=10
+FAIR_BASE_COMMIT=${FAIR_BASE_COMMIT:-8871103}
+FAIR_CALLGRIND_N=${FAIR_CALLGRIND_N:-2000}
 
 # BENCH_TARGET_DIR: a release target dir shared with other checkouts (default target/bench).
 export CARGO_TARGET_DIR="${BENCH_TARGET_DIR:-$ROOT/target/bench}"
@@ -113,6 +128,9 @@ AMQP_URL='amqp://guest:guest@127.0.0.1:5672/%2f'
 # Ports: sendgate instances 187xx, bare handlers 18729/18730, counting proxies 157xx.
 P_ACCEPT=18701; P_TTL0=18702; P_FULL=18703; P_RSS=18704; P_BARE=18729; P_FWD=18730
 P_AMP=18761; P_RESTART=18762; P_HRSS=18763; P_HSOAK=18764; P_BATCH=18765; P_BRSS=18766
+# Comparison 12: the embedded gateway, the fleet 18771-3, the cost's two builds (reject, accept).
+P_FAIR=18767; P_FAIR_FLEET=(18771 18772 18773)
+P_COST_HEAD_R=18774; P_COST_BASE_R=18775; P_COST_HEAD_A=18776; P_COST_BASE_A=18777
 PX_A=15701; PX_A_CTL=15702; PX_B=15703; PX_B_CTL=15704
 # Comparison 6: the Redis fleet 18741-3, one process 18744, a local (uncoordinated) fleet
 # 18745-7, the ceiling fleets 18751-3; each group's admin plane behind its own proxy.
@@ -229,7 +247,7 @@ loadgen() { timeout 120 "$BIN/loadgen" "$@"; }
 setup() {
   log "RabbitMQ"
   ./scripts/ensure-rabbitmq.sh
-  if want 6; then
+  if want 6 || want 12; then
     log "Redis"
     ./scripts/ensure-redis.sh
   fi
@@ -246,6 +264,7 @@ setup() {
   log "building sendgate (release) and the bench/ tools into $CARGO_TARGET_DIR"
   cargo build --release --quiet --bin sendgate
   (cd bench && cargo build --release --quiet)
+  if want 12; then build_fair_base; fi
 
   # Five API keys: a sender, an observer (for /metrics) and three other senders, so each
   # request's token is compared with several keys, as in production.
@@ -286,6 +305,7 @@ setup() {
     --arg actix "$(ver actix-web)" --arg lapin "$(ver lapin)" --arg tokio "$(ver tokio)" \
     --arg criterion "$(ver criterion)" \
     --arg batch_levels "$BATCH_LEVELS" --arg batch_conns "$BATCH_CONNS" \
+    --arg d12 "$D12" --arg fair_base_commit "$FAIR_BASE_COMMIT" --arg fair_callgrind_n "$FAIR_CALLGRIND_N" \
     --arg commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
     --arg dirty "$(git status --porcelain -- src Cargo.toml 2>/dev/null | wc -l)" \
     '$ARGS.named' > "$OUT/meta.json"
@@ -807,6 +827,195 @@ compare_batch_rss() {
 }
 
 # ---------------------------------------------------------------------------------------
+# 12. Fair shares (issue 25). The baseline of the cost: FAIR_BASE_COMMIT (the last commit
+#     before issue 25's code) from `git archive`, built in a target dir of its own (seeded
+#     from this one's release deps when empty, so only sendgate itself is compiled).
+FAIR_BASE_TARGET="${FAIR_BASE_TARGET_DIR:-$CARGO_TARGET_DIR-base}"
+FAIR_BASE_BIN="$FAIR_BASE_TARGET/release/sendgate"
+build_fair_base() {
+  local src="$FAIR_BASE_TARGET/src-$FAIR_BASE_COMMIT"
+  if [ ! -d "$src" ]; then
+    log "extracting sendgate $FAIR_BASE_COMMIT into $src"
+    mkdir -p "$src"
+    git archive "$FAIR_BASE_COMMIT" | tar -x -C "$src"
+  fi
+  if [ ! -d "$FAIR_BASE_TARGET/release" ] && [ -d "$CARGO_TARGET_DIR/release/deps" ]; then
+    mkdir -p "$FAIR_BASE_TARGET/release"
+    cp -a "$CARGO_TARGET_DIR/release/deps" "$CARGO_TARGET_DIR/release/build" \
+      "$CARGO_TARGET_DIR/release/.fingerprint" "$FAIR_BASE_TARGET/release/"
+  fi
+  log "building sendgate $FAIR_BASE_COMMIT (release) into $FAIR_BASE_TARGET"
+  (cd "$src" && CARGO_TARGET_DIR="$FAIR_BASE_TARGET" cargo build --release --quiet --bin sendgate)
+}
+
+key_entry() { # name, token, extra TOML lines
+  printf '[[keys]]\nname = "%s"\nsha256 = "%s"\nroles = ["sender"]\nqueues = ["*"]\n%s\n' \
+    "$1" "$(printf %s "$2" | sha256sum | cut -d' ' -f1)" "$3"
+}
+# sendgate on the embedded backend (its own data dir) with this keys file; sets PID.
+start_fair_embedded() { # name, keys file, data dir, VAR=value...
+  local name=$1 keys=$2 data=$3; shift 3
+  rm -rf "$data"; mkdir -p "$data"
+  start "$name" env RUST_LOG=warn SENDGATE_LISTEN="127.0.0.1:$P_FAIR" SENDGATE_BACKEND=embedded \
+    SENDGATE_DATA_DIR="$data" SENDGATE_QUEUES=fair SENDGATE_API_KEYS_FILE="$keys" \
+    SERVICEBUS_SEND_MAX_QUEUE_DEPTH=$FAIR_CEILING "$@" "$BIN/sendgate"
+  for _ in $(seq 1 300); do
+    curl -sf "http://127.0.0.1:$P_FAIR/health/ready" >/dev/null 2>&1 && return
+    sleep 0.1
+  done
+  log "sendgate $name did not become ready; log:"; tail -20 "$OUT/$name.log" >&2
+  exit 1
+}
+fairshare() { local t=$1; shift; timeout "$t" "$BIN/fairshare" "$@"; }
+
+compare_fair() {
+  log "12. fair shares: the issue's two tenants (${D12} s per side), weights 3:1, 3 replicas on Redis, criticality, the cost against $FAIR_BASE_COMMIT"
+  local ta tb keys="$OUT/fair-keys.toml" wkeys="$OUT/fair-keys-weights.toml" lkeys="$OUT/fair-keys-levels.toml"
+  ta="sg_$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+  tb="sg_$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+  # The observer key too: wait_redis_mode reads /health/detailed with it.
+  local observer
+  observer=$(printf '[[keys]]\nname = "bench-observer"\nsha256 = "%s"\nroles = ["observer"]\nqueues = ["*"]\n' \
+    "$(printf %s "$OBSERVER_TOKEN" | sha256sum | cut -d' ' -f1)")
+  { key_entry tenant-a "$ta" ""; key_entry tenant-b "$tb" ""; echo "$observer"; } > "$keys"
+  { key_entry tenant-a "$ta" "weight = 3"; key_entry tenant-b "$tb" "weight = 1"; echo "$observer"; } > "$wkeys"
+  { key_entry tenant-a "$ta" 'criticality = "sheddable"'; key_entry tenant-b "$tb" ""; echo "$observer"; } > "$lkeys"
+  local a_greedy=(--a-token "$ta" --a-kind greedy --a-threads $FAIR_A_THREADS --a-retry-ms $FAIR_A_RETRY_MS)
+  local b_paced=(--b-token "$tb" --b-kind paced --b-rate $FAIR_B_RATE)
+  local b_greedy=(--b-token "$tb" --b-kind greedy --b-threads $FAIR_A_THREADS --b-retry-ms $FAIR_A_RETRY_MS)
+  local sg side data t12=$(( D12 + 120 ))
+
+  # a) One gateway on the embedded backend, a worker (`sendgate queue receive`) draining
+  #    50/s; the shares on, then off (`SENDGATE_FAIR_SHARE=off`); then weights 3:1 with
+  #    both tenants greedy. A fresh data dir and gateway per side.
+  for spec in "equal|$keys|b_paced|" "equal_off|$keys|b_paced|SENDGATE_FAIR_SHARE=off" \
+              "weights_3_1|$wkeys|b_greedy|"; do
+    IFS='|' read -r side k b vars <<< "$spec"
+    local extra=(); [ -n "$vars" ] && extra=("$vars")
+    data="$OUT/fair-data-$side"
+    start_fair_embedded fair-$side "$k" "$data" "${extra[@]}"
+    sg=$PID
+    local bargs=("${b_paced[@]}"); [ "$b" = b_greedy ] && bargs=("${b_greedy[@]}")
+    record "$(fairshare $t12 --addr 127.0.0.1:$P_FAIR --queue fair --ceiling $FAIR_CEILING \
+      --duration "$D12" --tenants a,b "${a_greedy[@]}" "${bargs[@]}" \
+      --drain embedded --drain-rate $FAIR_DRAIN --sendgate "$BIN/sendgate" --data-dir "$data")" \
+      comparison=fair side="$side" round=1 level=embedded settings="$vars"
+    stop "$sg"
+    rm -rf "$data"
+  done
+
+  # b) The same scenario on 3 replicas on RabbitMQ + Redis (exact AMQP depth, as the fleet
+  #    tests), A's 12 threads spread over all three (4 each), B on one; the consumer takes
+  #    50/s on one AMQP channel. Shares on, then off; a fresh fleet (prefix) per side.
+  local q=bench_fair
+  declare_queue "$q"
+  for spec in "fleet|" "fleet_off|SENDGATE_FAIR_SHARE=off"; do
+    IFS='|' read -r side vars <<< "$spec"
+    local extra=(); [ -n "$vars" ] && extra=("$vars")
+    local prefix="bench-fair-$STAMP-$side" reps=() i
+    purge "$q"
+    for i in 0 1 2; do
+      start_sendgate fair-$side-$i "${P_FAIR_FLEET[$i]}" SENDGATE_WORKERS=1 SENDGATE_QUEUES="$q" \
+        SENDGATE_API_KEYS_FILE="$keys" SERVICEBUS_SEND_MAX_QUEUE_DEPTH=$FAIR_CEILING \
+        SENDGATE_RABBITMQ_DEPTH_SOURCE=amqp SENDGATE_COORDINATION=redis \
+        SENDGATE_REDIS_URL="$REDIS_URL" SENDGATE_REDIS_PREFIX="$prefix" SENDGATE_REDIS_TIMEOUT_MS=500 \
+        "${extra[@]}"
+      reps+=("$PID")
+    done
+    wait_redis_mode "${P_FAIR_FLEET[@]}"
+    record "$(fairshare $t12 --addr "$(addrs "${P_FAIR_FLEET[@]}")" --queue "$q" --ceiling $FAIR_CEILING \
+      --duration "$D12" --tenants a,b "${a_greedy[@]}" --a-on 0,1,2 "${b_paced[@]}" --b-on 2 \
+      --drain amqp --drain-rate $FAIR_DRAIN --amqp-url "$AMQP_URL")" \
+      comparison=fair side="$side" round=1 level=fleet3 settings="$vars"
+    for pid in "${reps[@]}"; do stop "$pid"; done
+    redis_forget "$prefix"
+  done
+  purge "$q"
+
+  # c) Criticality: nothing drains, two greedy senders (4 threads each) fill the queue to
+  #    its ceiling, one sheddable, one default; the backlog each level's first refusal
+  #    names. One tenant (one key; the sheddable half lowers itself with
+  #    Sendgate-Criticality), and two tenants (the sheddable one by its key).
+  for spec in "levels_one_tenant|$keys|$ta|$ta" "levels_two_tenants|$lkeys|$ta|$tb"; do
+    IFS='|' read -r side k tok_s tok_d <<< "$spec"
+    data="$OUT/fair-data-$side"
+    start_fair_embedded fair-$side "$k" "$data"
+    sg=$PID
+    local crit=(); [ "$side" = levels_one_tenant ] && crit=(--shed-criticality sheddable)
+    record "$(fairshare 60 --addr 127.0.0.1:$P_FAIR --queue fair --ceiling $FAIR_CEILING \
+      --duration 5 --tenants shed,default \
+      --shed-token "$tok_s" --shed-kind greedy --shed-threads 4 --shed-retry-ms 20 "${crit[@]}" \
+      --default-token "$tok_d" --default-kind greedy --default-threads 4 --default-retry-ms 20 \
+      --drain none --sendgate "$BIN/sendgate" --data-dir "$data")" \
+      comparison=fair_levels side="$side" round=1 level=$FAIR_CEILING
+    stop "$sg"
+    rm -rf "$data"
+  done
+
+  # d) The cost with one tenant (comparison 2's keys file: 5 keys, one sending), this build
+  #    against FAIR_BASE_COMMIT's: instructions per request under callgrind (the primary
+  #    measure: the machine is shared), then wall-clock, sides alternating.
+  local round mode bin label line
+  for round in 1 2; do
+    for mode in reject accept; do
+      for label in head base; do
+        bin="$BIN/sendgate"; [ "$label" = base ] && bin="$FAIR_BASE_BIN"
+        line=$(timeout 900 ./bench/callgrind.sh "$mode" "$bin" "$FAIR_CALLGRIND_N" 2>>"$OUT/fair-callgrind.log" | tail -1 || true)
+        echo "$line" >> "$OUT/fair-callgrind.log"
+        record "$(echo "$line" | sed -n 's/.*: \([0-9]*\) Ir per request (\([0-9]*\) over \([0-9]*\);.*/{"ir_per_request": \1, "ir_total": \2, "requests": \3}/p')" \
+          comparison=fair_cost_ir side="$label" round="$round" level="$mode"
+      done
+    done
+  done
+  # Wall-clock: the 429 path (comparison 2's setup: a queue over a ceiling of 1, cached) and
+  # accepted sends (64 in flight, ceiling 10⁹), each build on its own port, alternating.
+  declare_queue bench_full; purge bench_full
+  for _ in $(seq 1 10); do
+    rmq -X POST -H 'content-type: application/json' \
+      -d '{"properties":{"delivery_mode":2},"routing_key":"bench_full","payload":"{}","payload_encoding":"string"}' \
+      "$MGMT/api/exchanges/%2F/amq.default/publish" >/dev/null
+  done
+  local pids=() status
+  start_sendgate cost-head-reject $P_COST_HEAD_R SENDGATE_QUEUES=bench_full SERVICEBUS_SEND_MAX_QUEUE_DEPTH=1
+  pids+=("$PID")
+  start_sendgate cost-head-accept $P_COST_HEAD_A
+  pids+=("$PID")
+  local save=$BIN; BIN=$FAIR_BASE_TARGET/release
+  start_sendgate cost-base-reject $P_COST_BASE_R SENDGATE_QUEUES=bench_full SERVICEBUS_SEND_MAX_QUEUE_DEPTH=1
+  pids+=("$PID")
+  start_sendgate cost-base-accept $P_COST_BASE_A
+  pids+=("$PID")
+  BIN=$save
+  for port in $P_COST_HEAD_R $P_COST_BASE_R; do
+    for _ in $(seq 1 100); do
+      status=$(curl -s -o /dev/null -w '%{http_code}' -X POST -H "Authorization: Bearer $SENDER_TOKEN" \
+        -H 'Content-Type: application/json' -d '{}' "http://127.0.0.1:$port/v1/queues/bench_full/messages" || true)
+      [ "$status" = 429 ] && break
+      sleep 0.2
+    done
+    [ "$status" = 429 ] || { log "the gateway on $port never answered 429 (last: $status)"; exit 1; }
+  done
+  for round in $(seq 1 "$ROUNDS_REJECT"); do
+    for spec in head:$P_COST_HEAD_R base:$P_COST_BASE_R; do
+      record "$(BENCH_TOKEN="$SENDER_TOKEN" timeout 120 wrk -t2 -c64 -d"${D}s" --timeout 5s \
+        -s "$ROOT/bench/lua/post.lua" "http://127.0.0.1:${spec#*:}/v1/queues/bench_full/messages" 2>&1 \
+        | sed -n 's/^BENCH_JSON //p')" \
+        comparison=fair_cost_wall side="${spec%%:*}" round="$round" level=reject
+    done
+  done
+  for round in $(seq 1 "$ROUNDS"); do
+    for spec in head:$P_COST_HEAD_A base:$P_COST_BASE_A; do
+      purge bench
+      record "$(loadgen http --addr 127.0.0.1:${spec#*:} --token "$SENDER_TOKEN" \
+        --concurrency 64 --duration $D --warmup $WARM)" \
+        comparison=fair_cost_wall side="${spec%%:*}" round="$round" level=accept
+    done
+  done
+  for pid in "${pids[@]}"; do stop "$pid"; done
+  purge bench; purge bench_full
+}
+
+# ---------------------------------------------------------------------------------------
 started=$(date +%s)
 setup
 want 1 && compare_accept
@@ -820,6 +1029,7 @@ want 8 && compare_restart
 want 9 && compare_hostile
 want 10 && compare_batch
 want 11 && compare_batch_rss
+want 12 && compare_fair
 want 5 && compare_micro
 jq -cn --arg s "$(( $(date +%s) - started ))" '{comparison: "run", seconds: ($s|tonumber)}' >> "$RESULTS"
 
