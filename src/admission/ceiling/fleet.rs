@@ -1321,36 +1321,37 @@ impl FleetSeat {
     /// The fleet's estimate as this replica may judge a send by (docs/fairness.md, "In a
     /// fleet"), with the ceiling in force and the fleet's size: the last view's estimate,
     /// less the units its own blocks still hold (counted in it, not yet used). `None`
-    /// without a good read in that view. A send the judge refuses never reaches the seat,
-    /// so the read is made ahead here when due, as a send's would be: else a replica whose
-    /// sends the judge all refuses would judge by one old read for as long as they come.
-    pub fn judged_estimate(self: &Arc<Self>) -> Option<(u64, u64, u64)> {
+    /// without a good read in that view.
+    pub fn judged_estimate(&self) -> Option<(u64, u64, u64)> {
         let now = Instant::now();
-        let (judged, ahead) = {
+        let state = self.state.lock();
+        let limit = self.policy.load().limit;
+        let estimate = state.last.and_then(|(view, _)| view.estimate())?;
+        let unused: u64 = state
+            .blocks
+            .iter()
+            .filter(|b| now < b.use_until && b.limit <= limit)
+            .map(|b| b.left)
+            .sum();
+        Some((
+            estimate.saturating_sub(unused),
+            limit,
+            state.fleet_size.max(1),
+        ))
+    }
+
+    /// A send the judge refused never reaches the seat, so it starts the read ahead when
+    /// one is due, as a send's would: else a replica whose sends the judge all refuses would
+    /// judge by one old read for as long as they come. A send that reaches the seat makes
+    /// its own read (one failed read per send in the streak, contract section 2).
+    pub fn read_ahead_if_due(self: &Arc<Self>) {
+        let now = Instant::now();
+        let ahead = {
             let mut state = self.state.lock();
             let age = state.last.map(|(view, seen)| view.read_age + (now - seen));
-            let ahead = self.ahead_due(&mut state, age, now);
-            let limit = self.policy.load().limit;
-            let judged = state
-                .last
-                .and_then(|(view, _)| view.estimate())
-                .map(|estimate| {
-                    let unused: u64 = state
-                        .blocks
-                        .iter()
-                        .filter(|b| now < b.use_until && b.limit <= limit)
-                        .map(|b| b.left)
-                        .sum();
-                    (
-                        estimate.saturating_sub(unused),
-                        limit,
-                        state.fleet_size.max(1),
-                    )
-                });
-            (judged, ahead)
+            self.ahead_due(&mut state, age, now)
         };
         self.spawn_ahead(ahead);
-        judged
     }
 
     /// The fleet's read generation in the view last seen (0 before any): it changes with

@@ -232,6 +232,7 @@ impl CapacityGate {
         if seat.joined() {
             let (judged, would_refuse) = self.judge_in_fleet(seat, asker, units);
             if let Err(refusal) = judged {
+                seat.read_ahead_if_due();
                 self.tally_in_fleet(seat, asker, units, &Err(refusal.clone()), would_refuse);
                 return Err(refusal);
             }
