@@ -6,16 +6,13 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 use crate::gateway::GatewayProcess;
 use crate::helpers::{body_json, retry_after, spawn_app_with, TestApp};
 
+/// A sender's key with these extra fields.
 fn entry(name: &str, extra: &str) -> String {
-    format!(
-        "[[keys]]\nname = \"{name}\"\nsha256 = \"{}\"\nroles = [\"sender\"]\nqueues = [\"*\"]\n{extra}\n",
-        hex::encode(Sha256::digest(format!("{name}-secret").as_bytes()))
-    )
+    crate::helpers::keys_entry(name, "\"sender\"", extra)
 }
 
 async fn app(limit: &str) -> (TestApp, tempfile::TempDir) {
@@ -138,10 +135,7 @@ async fn a_bad_criticality_header_is_a_step_4_problem_after_the_content_type() {
 async fn two_tenants(mode: &str) -> (TestApp, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("keys.toml");
-    let observer = format!(
-        "[[keys]]\nname = \"ops\"\nsha256 = \"{}\"\nroles = [\"observer\"]\nqueues = [\"*\"]\n",
-        hex::encode(Sha256::digest(b"ops-secret"))
-    );
+    let observer = crate::helpers::keys_entry("ops", "\"observer\"", "");
     let text = [
         entry("greedy", "tenant = \"a\""),
         entry("modest", "tenant = \"b\""),

@@ -3,16 +3,10 @@
 //! fields; and a queue's shed level changed through the runtime settings.
 
 use serde_json::json;
-use sha2::{Digest, Sha256};
 
 use crate::helpers::{body_json, retry_after, spawn_app_with, TestApp};
 
-fn entry(name: &str, roles: &str, extra: &str) -> String {
-    format!(
-        "[[keys]]\nname = \"{name}\"\nsha256 = \"{}\"\nroles = [{roles}]\nqueues = [\"*\"]\n{extra}\n",
-        hex::encode(Sha256::digest(format!("{name}-secret").as_bytes()))
-    )
-}
+use crate::helpers::keys_entry as entry;
 
 async fn app(limit: &str) -> (TestApp, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
