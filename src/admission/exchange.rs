@@ -1,6 +1,6 @@
 //! A queue's share book in a fleet (docs/fairness.md, "In a fleet"): every
-//! [`EXCHANGE_EVERY`], while the book has counts to tell, its own round's counts go to the
-//! tenants' exchange and the other replicas' sums come back into it.
+//! [`EXCHANGE_EVERY`], while the book is asked and has counts to tell, its own round's
+//! counts go to the tenants' exchange and the other replicas' sums come back into it.
 //!
 //! Off the request path: a send never waits for the exchange. A failed exchange is not
 //! retried; what was heard before ages out with its round (B4), and the book then decides
@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::time::Instant;
@@ -21,18 +21,15 @@ use crate::coordination::shares::{self, RoundCounts, ShareExchange};
 /// this much of each replica's admissions past its part before every book knows.
 pub const EXCHANGE_EVERY: Duration = Duration::from_millis(100);
 
-/// The time since the Unix epoch, which a fleet's rounds are cut by (B3).
-pub fn wall_clock() -> Duration {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-}
+/// How long a book nobody asks goes on telling its counts: its last round's counts matter
+/// to the others for that round and the next (a round is a depth read's interval, a second
+/// by default), after which a queue nobody sends to costs no Redis call.
+pub const TELL_AFTER_LAST_ASK: Duration = Duration::from_secs(2);
 
 /// Names, indices and weights of the keys file's tenants, for the exchange's wire form (by name:
 /// replicas of a rollout may list them in another order, or list others).
 pub struct Names {
     names: Vec<String>,
-    weights: Vec<u32>,
     index: HashMap<String, TenantIndex>,
 }
 
@@ -40,7 +37,6 @@ impl Names {
     pub fn of(tenants: &Tenants) -> Self {
         Self {
             names: tenants.iter().map(|(_, t)| t.name.clone()).collect(),
-            weights: tenants.weights(),
             index: tenants.iter().map(|(i, t)| (t.name.clone(), i)).collect(),
         }
     }
@@ -95,33 +91,32 @@ impl Names {
     }
 }
 
-/// Where one queue's book exchanges: the exchange, the queue's key there, this replica,
-/// and the wall clock the fleet's rounds are cut by ([`wall_clock`]; a test's own on the
-/// paused clock).
+/// Where one queue's book exchanges: the exchange, the queue's key there, this replica.
 pub struct Place {
     pub exchange: Arc<dyn ShareExchange>,
     pub key: String,
     pub replica: String,
-    pub wall: Arc<dyn Fn() -> Duration + Send + Sync>,
 }
 
 /// Exchange `book`'s counts every [`EXCHANGE_EVERY`] until the book is dropped.
 pub async fn run(book: Weak<Mutex<ShareBook>>, names: Names, place: Place) {
     let mut tick = tokio::time::interval(EXCHANGE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Units asked as of the last tick, and when they last moved.
+    let mut asks = (0, Instant::now());
     loop {
         tick.tick().await;
         let Some(book) = book.upgrade() else { return };
-        let (now, wall) = (Instant::now(), (place.wall)());
+        let now = Instant::now();
         let mine = {
-            let mut book = book.lock();
-            if book.off_the_wall_clock(now, wall) {
-                // Stepped (NTP) or slept: lined up again, what it counted forgotten.
-                *book = ShareBook::on_wall_clock(&names.weights, now, wall);
+            let book = book.lock();
+            if book.asks() != asks.0 {
+                asks = (book.asks(), now);
             }
-            book.own_round(now)
+            book.own_round()
         };
-        let Some(mine) = mine else {
+        let asked_lately = now.saturating_duration_since(asks.1) <= TELL_AFTER_LAST_ASK;
+        let Some(mine) = mine.filter(|_| asked_lately) else {
             continue;
         };
         let mine = names.write_wire(mine);
@@ -131,7 +126,7 @@ pub async fn run(book: Weak<Mutex<ShareBook>>, names: Names, place: Place) {
             .exchange(&place.key, &place.replica, &mine)
             .await;
         if let Ok(others) = answer {
-            book.lock().hear(names.read_wire(others), Instant::now());
+            book.lock().hear(names.read_wire(others));
         }
     }
 }
@@ -195,16 +190,8 @@ mod tests {
     async fn two_replicas_books_hear_each_others_tenants_and_a_spread_tenant_gets_one_part() {
         let exchange: Arc<dyn ShareExchange> = Arc::new(MemoryShares::default());
         let names = tenants(&["greedy", "modest"]);
-        let wall = Duration::from_secs(1_000);
-        let start = Instant::now();
         let books: Vec<Arc<Mutex<ShareBook>>> = (0..2)
-            .map(|_| {
-                Arc::new(Mutex::new(ShareBook::on_wall_clock(
-                    &[1, 1],
-                    Instant::now(),
-                    wall,
-                )))
-            })
+            .map(|_| Arc::new(Mutex::new(ShareBook::new(&[1, 1]))))
             .collect();
         for (i, book) in books.iter().enumerate() {
             tokio::spawn(run(
@@ -214,22 +201,19 @@ mod tests {
                     exchange: Arc::clone(&exchange),
                     key: "q".into(),
                     replica: format!("r{i}"),
-                    wall: Arc::new(move || wall + start.elapsed()),
                 },
             ));
         }
         let (greedy, modest) = (TenantIndex(0), TenantIndex(1));
-        // Round 1000: the greedy tenant is refused at the ceiling on both replicas (100
-        // each), the modest one on replica 1 only (20).
+        // By the fleet's read 1000: the greedy tenant is refused at the ceiling on both
+        // replicas (100 each), the modest one on replica 1 only (20).
         for book in &books {
-            book.lock().refused_at_ceiling(greedy, 100, Instant::now());
+            book.lock().refused_at_ceiling(greedy, 100, 1000);
         }
-        books[1]
-            .lock()
-            .refused_at_ceiling(modest, 20, Instant::now());
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        // Round 1001, 40 units of room fleet-wide: the modest tenant is owed its 20. The
-        // greedy one, on replica 0 where the modest one never asked, still stops at 20.
+        books[1].lock().refused_at_ceiling(modest, 20, 1000);
+        tokio::time::sleep(EXCHANGE_EVERY * 2).await;
+        // Read 1001 shows 40 units of room fleet-wide: the modest tenant is owed its 20.
+        // The greedy one, on replica 0 where the modest one never asked, still stops at 20.
         let mut greedy_admitted = 0;
         for _ in 0..40 {
             let v = books[0].lock().decide(
@@ -238,7 +222,7 @@ mod tests {
                 40 - greedy_admitted,
                 true,
                 ShareMode::Enforce,
-                Instant::now(),
+                1001,
             );
             if v != Verdict::Admit {
                 break;
@@ -249,17 +233,67 @@ mod tests {
             greedy_admitted, 20,
             "replica 0 heard the modest tenant's asks"
         );
-        // After an exchange, replica 1 knows the greedy tenant took its part on replica 0.
+        // After an exchange, replica 1 (its seat still at read 1000, say) knows of read 1001
+        // and that the greedy tenant took its part of it on replica 0.
         tokio::time::sleep(EXCHANGE_EVERY * 2).await;
+        assert_eq!(books[1].lock().round(), 1001);
         let v = books[1]
             .lock()
-            .decide(greedy, 1, 20, true, ShareMode::Enforce, Instant::now());
+            .decide(greedy, 1, 20, true, ShareMode::Enforce, 1000);
         assert!(matches!(v, Verdict::Refuse { .. }), "{v:?}");
         for _ in 0..20 {
             let v = books[1]
                 .lock()
-                .decide(modest, 1, 20, true, ShareMode::Enforce, Instant::now());
+                .decide(modest, 1, 20, true, ShareMode::Enforce, 1001);
             assert_eq!(v, Verdict::Admit);
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_book_nobody_asks_stops_telling_its_counts() {
+        #[derive(Default)]
+        struct Counted(std::sync::atomic::AtomicU64);
+        #[async_trait::async_trait]
+        impl ShareExchange for Counted {
+            async fn exchange(
+                &self,
+                _: &str,
+                _: &str,
+                mine: &RoundCounts,
+            ) -> Result<RoundCounts, crate::coordination::port::LedgerError> {
+                self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(RoundCounts::empty(mine.round))
+            }
+        }
+        let exchange = Arc::new(Counted::default());
+        let book = Arc::new(Mutex::new(ShareBook::new(&[1, 1])));
+        tokio::spawn(run(
+            Arc::downgrade(&book),
+            Names::of(&tenants(&["a", "b"])),
+            Place {
+                exchange: Arc::clone(&exchange) as Arc<dyn ShareExchange>,
+                key: "q".into(),
+                replica: "r".into(),
+            },
+        ));
+        let calls = || exchange.0.load(std::sync::atomic::Ordering::SeqCst);
+        // Nothing asked yet: nothing to tell.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(calls(), 0);
+        // Asked once: told every exchange for as long as the last ask matters, then no more.
+        book.lock().refused_at_ceiling(TenantIndex(0), 1, 7);
+        tokio::time::sleep(TELL_AFTER_LAST_ASK + EXCHANGE_EVERY * 3).await;
+        let told = calls();
+        let expected = (TELL_AFTER_LAST_ASK.as_millis() / EXCHANGE_EVERY.as_millis()) as u64;
+        assert!(
+            (expected..=expected + 2).contains(&told),
+            "{told} exchanges, about {expected} expected"
+        );
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(calls(), told, "idle: no call");
+        // Asked again: told again.
+        book.lock().refused_at_ceiling(TenantIndex(0), 1, 7);
+        tokio::time::sleep(EXCHANGE_EVERY * 2).await;
+        assert!(calls() > told);
     }
 }

@@ -44,7 +44,8 @@ pub struct FairPolicy {
     pub shed_at_default: Fraction,
 }
 
-/// The answer's `Retry-After` for a share refusal: the next round opens the tenant's part.
+/// The answer's `Retry-After` for a share refusal: the next round, at the next depth read
+/// (a second apart by default), opens the tenant's part.
 pub const SHARE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The answer's `Retry-After` for a `max_share` refusal: what the tenant holds shrinks as
@@ -132,11 +133,15 @@ pub struct ShareJudge<'a> {
     /// In shadow mode, why the send would have been refused (it is admitted): counted per
     /// tenant by the queue's tally.
     pub would_refuse: Option<Reason>,
+    /// The book's round the send was counted admitted in, once it is (what a fleet's seat
+    /// refusing it takes back).
+    pub counted_in: Option<u64>,
 }
 
 impl Judge for ShareJudge<'_> {
     fn admits(
         &mut self,
+        round: u64,
         units: u64,
         room: u64,
         estimate: u64,
@@ -193,10 +198,12 @@ impl Judge for ShareJudge<'_> {
             }
         }
         let near = estimate as f64 >= self.policy.share_at.get() * limit as f64;
-        let verdict = self
-            .book
-            .lock()
-            .decide(tenant, units, room, near, self.policy.mode, now);
+        let verdict = {
+            let mut book = self.book.lock();
+            let verdict = book.decide(tenant, units, room, near, self.policy.mode, round);
+            self.counted_in = Some(book.round());
+            verdict
+        };
         match verdict {
             Verdict::Admit => {}
             Verdict::WouldRefuse { .. } => {
@@ -220,9 +227,9 @@ impl Judge for ShareJudge<'_> {
         Ok(())
     }
 
-    fn refused_full(&mut self, units: u64) {
+    fn refused_full(&mut self, round: u64, units: u64) {
         self.book
             .lock()
-            .refused_at_ceiling(self.asker.tenant, units, Instant::now());
+            .refused_at_ceiling(self.asker.tenant, units, round);
     }
 }

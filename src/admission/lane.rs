@@ -111,7 +111,6 @@ impl Lane {
                 exchange: Arc::clone(shares),
                 key: format!("{key}:tenants"),
                 replica: fleet.replica().to_owned(),
-                wall: Arc::new(crate::admission::exchange::wall_clock),
             });
             gate.join_fleet(FleetSeat::new(
                 Arc::clone(fleet),

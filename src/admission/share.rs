@@ -5,14 +5,7 @@
 //! ceiling admits, with the room the ceiling sees, and it may only refuse. It knows nothing
 //! of how the room is measured (a local gate or a fleet's seat) nor of HTTP.
 
-use std::time::Duration;
-
-use tokio::time::Instant;
-
 use super::tenants::TenantIndex;
-
-/// How long a round lasts: asks are measured per round, parts are of a round's room.
-pub const ROUND: Duration = Duration::from_secs(1);
 
 /// What the book does with a send it would refuse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,14 +93,11 @@ impl Tenant {
 }
 
 /// One queue's book.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct ShareBook {
-    epoch: Instant,
-    /// The number of `epoch`'s round: 0 for a book alone, the wall clock's whole seconds
-    /// for a replica of a fleet (docs/fairness.md, B3: every replica's round `n` is the
-    /// same second).
-    first_round: u64,
-    /// The round `tenants` counts: `first_round` plus whole `ROUND`s since `epoch`.
+    /// The round `tenants` counts: the share round of the queue's depth reads (the gate's
+    /// own, or the fleet's; `CapacityPolicy::share_round`), since room opens only when a
+    /// read shows the drain.
     round: u64,
     tenants: Vec<Tenant>,
     /// A send was refused at the ceiling in this round / in the previous one, here.
@@ -116,15 +106,14 @@ pub struct ShareBook {
     /// The same, on another replica, as last heard.
     heard_refused_now: bool,
     heard_refused_before: bool,
+    /// Units asked since the book began: the exchange tells nothing once this stops moving.
+    asks: u64,
 }
 
 impl ShareBook {
     /// A book for tenants of these weights (index = [`TenantIndex`]; each at least 1).
-    pub fn new(weights: &[u32], now: Instant) -> Self {
+    pub fn new(weights: &[u32]) -> Self {
         Self {
-            epoch: now,
-            first_round: 0,
-            round: 0,
             tenants: weights
                 .iter()
                 .map(|&weight| Tenant {
@@ -132,45 +121,19 @@ impl ShareBook {
                     ..Tenant::default()
                 })
                 .collect(),
-            refused_now: false,
-            refused_before: false,
-            heard_refused_now: false,
-            heard_refused_before: false,
+            ..Self::default()
         }
     }
 
-    /// A replica's book in a fleet: rounds are whole seconds of the wall clock, `wall` the
-    /// time since the Unix epoch at `now`. What it counted so far is forgotten.
-    pub fn on_wall_clock(weights: &[u32], now: Instant, wall: Duration) -> Self {
-        let into_second = Duration::from_nanos(u64::from(wall.subsec_nanos()));
-        let mut book = Self::new(weights, now.checked_sub(into_second).unwrap_or(now));
-        book.first_round = wall.as_secs();
-        book.round = book.first_round;
-        book
-    }
-
-    /// Whether this book's rounds are more than a round off the wall clock's seconds
-    /// (`wall` at `now`): the wall clock was stepped, or the process slept, since it was
-    /// lined up. Within a round, B3 holds; past it, the replica would hear no one.
-    pub fn off_the_wall_clock(&self, now: Instant, wall: Duration) -> bool {
-        self.round_at(now).abs_diff(wall.as_secs()) > 1
-    }
-
-    /// The round `now` is in.
-    fn round_at(&self, now: Instant) -> u64 {
-        let since: u64 = (now.saturating_duration_since(self.epoch).as_nanos() / ROUND.as_nanos())
-            .try_into()
-            .unwrap_or(u64::MAX);
-        self.first_round.saturating_add(since)
-    }
-
-    /// Start the round `now` is in, if it is a later one.
-    fn roll(&mut self, now: Instant) {
-        let round = self.round_at(now);
-        if round <= self.round {
+    /// Start `round` if it is a new one: the next one rolls this round's asks into the
+    /// asks before; any other (rounds the book missed, a fleet's generations begun again, a TTL changed)
+    /// starts from nothing. A send judged by the read before the book's (a replica whose
+    /// seat has not yet seen the read the others told of) counts in the book's round.
+    fn roll(&mut self, round: u64) {
+        if round == self.round || round.checked_add(1) == Some(self.round) {
             return;
         }
-        let next = round == self.round + 1;
+        let next = self.round.checked_add(1) == Some(round);
         for t in &mut self.tenants {
             t.own = if next {
                 t.own.rolled()
@@ -190,10 +153,29 @@ impl ShareBook {
         self.round = round;
     }
 
-    /// This book's own counts of the round `now` is in (tenants that counted nothing left
-    /// out); `None` when nothing was asked in it or the round before (nothing to tell).
-    pub fn own_round(&mut self, now: Instant) -> Option<RoundView> {
-        self.roll(now);
+    /// The round the book counts now.
+    pub fn round(&self) -> u64 {
+        self.round
+    }
+
+    /// Units asked of this book so far (admitted or not), ever.
+    pub fn asks(&self) -> u64 {
+        self.asks
+    }
+
+    /// Count `units` asked by tenant `index`: false for a tenant the book does not know.
+    fn ask(&mut self, index: usize, units: u64) -> bool {
+        let Some(t) = self.tenants.get_mut(index) else {
+            return false;
+        };
+        t.own.asked = t.own.asked.saturating_add(units);
+        self.asks = self.asks.saturating_add(units);
+        true
+    }
+
+    /// This book's own counts of its round (tenants that counted nothing left out); `None`
+    /// when nothing was asked in it or the round before (nothing to tell).
+    pub fn own_round(&self) -> Option<RoundView> {
         let counts: Vec<(TenantIndex, Counts)> = self
             .tenants
             .iter()
@@ -209,10 +191,14 @@ impl ShareBook {
         })
     }
 
-    /// What the other replicas counted, as of `view.round` (as of `now`'s round: counts of
-    /// the round before move back one, older ones are dropped). Replaces what was heard.
-    pub fn hear(&mut self, view: RoundView, now: Instant) {
-        self.roll(now);
+    /// What the other replicas counted, as of `view.round`: counts of this book's round
+    /// replace what was heard, those of the round before move back one (a replica that has
+    /// not yet seen the latest read), those of the round after start it (this one has
+    /// not); any other round's are dropped.
+    pub fn hear(&mut self, view: RoundView) {
+        if self.round.checked_add(1) == Some(view.round) {
+            self.roll(view.round);
+        }
         let next = view.round.checked_add(1) == Some(self.round);
         if view.round != self.round && !next {
             return;
@@ -233,33 +219,35 @@ impl ShareBook {
         };
     }
 
-    /// Take back `units` admitted to `tenant` this round (the fleet's seat then did not
-    /// admit them): neither asked nor admitted.
-    pub fn withdraw(&mut self, tenant: TenantIndex, units: u64, now: Instant) {
-        self.roll(now);
+    /// Take back `units` counted as admitted to `tenant` in `round` ([`Self::round`] when
+    /// they were; the fleet's seat then did not admit them): neither asked nor admitted.
+    /// A later round's counts are not that round's: they keep them.
+    pub fn withdraw(&mut self, tenant: TenantIndex, units: u64, round: u64) {
+        if round != self.round {
+            return;
+        }
         if let Some(t) = self.tenants.get_mut(usize::from(tenant.0)) {
             t.own.asked = t.own.asked.saturating_sub(units);
             t.own.admitted = t.own.admitted.saturating_sub(units);
         }
     }
 
-    /// Count `units` asked and admitted for `tenant` without deciding (the room is not
-    /// known: the ceiling alone decides).
-    pub fn count_admitted(&mut self, tenant: TenantIndex, units: u64, now: Instant) {
-        self.roll(now);
-        if let Some(t) = self.tenants.get_mut(usize::from(tenant.0)) {
-            t.own.asked = t.own.asked.saturating_add(units);
-            t.own.admitted = t.own.admitted.saturating_add(units);
+    /// Count `units` asked and admitted for `tenant` in `round` without deciding (the room
+    /// is not known: the ceiling alone decides).
+    pub fn count_admitted(&mut self, tenant: TenantIndex, units: u64, round: u64) {
+        self.roll(round);
+        let index = usize::from(tenant.0);
+        if self.ask(index, units) {
+            let t = &mut self.tenants[index].own;
+            t.admitted = t.admitted.saturating_add(units);
         }
     }
 
-    /// The ceiling refused `units` for `tenant`: they count as asked, and the queue as
-    /// contended for this round and the next.
-    pub fn refused_at_ceiling(&mut self, tenant: TenantIndex, units: u64, now: Instant) {
-        self.roll(now);
-        if let Some(t) = self.tenants.get_mut(usize::from(tenant.0)) {
-            t.own.asked = t.own.asked.saturating_add(units);
-        }
+    /// The ceiling refused `units` for `tenant` in `round`: they count as asked, and the
+    /// queue as contended for this round and the next.
+    pub fn refused_at_ceiling(&mut self, tenant: TenantIndex, units: u64, round: u64) {
+        self.roll(round);
+        self.ask(usize::from(tenant.0), units);
         self.refused_now = true;
     }
 
@@ -273,9 +261,9 @@ impl ShareBook {
             || self.heard_refused_before
     }
 
-    /// Decide `units` for `tenant`, which the ceiling would admit with `room` left (room
-    /// before these units). `near`: the estimate is at or over the share threshold.
-    /// Admitted (or admitted in shadow) units are counted as this round's.
+    /// Decide `units` for `tenant` in `round`, which the ceiling would admit with `room`
+    /// left (room before these units). `near`: the estimate is at or over the share
+    /// threshold. Admitted (or admitted in shadow) units are counted as the round's.
     pub fn decide(
         &mut self,
         tenant: TenantIndex,
@@ -283,14 +271,13 @@ impl ShareBook {
         room: u64,
         near: bool,
         mode: ShareMode,
-        now: Instant,
+        round: u64,
     ) -> Verdict {
-        self.roll(now);
+        self.roll(round);
         let index = usize::from(tenant.0);
-        let Some(asker) = self.tenants.get_mut(index) else {
+        if !self.ask(index, units) {
             return Verdict::Admit;
-        };
-        asker.own.asked = asker.own.asked.saturating_add(units);
+        }
         // One tenant is owed nothing by anyone else: whatever the ceiling admits is its
         // (open mode, a keys file of one tenant), without the parts computed per send.
         let alone = self.tenants.len() == 1;
@@ -348,8 +335,7 @@ impl ShareBook {
 
     /// Each tenant's part of the room this round offers, for health (0–1 each; all 0 when
     /// nothing is offered or nobody asks).
-    pub fn shares_now(&mut self, room: u64, now: Instant) -> Vec<f64> {
-        self.roll(now);
+    pub fn shares_now(&self, room: u64) -> Vec<f64> {
         let offered = self
             .tenants
             .iter()

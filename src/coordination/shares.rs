@@ -43,7 +43,7 @@ impl Counts {
     }
 }
 
-/// What one replica counted in `round` (whole seconds of the wall clock), or the sum of
+/// What one replica counted in `round` (the share round of the depth read it judged by), or the sum of
 /// the other replicas' counts as of it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RoundCounts {
@@ -69,8 +69,8 @@ impl RoundCounts {
     }
 
     /// These counts as of `round`, as a book rolls its own: the round before's asks become
-    /// the asks before and nothing is admitted yet; anything older (or newer: another
-    /// replica's clock ahead of this one's by more than a round) is nothing.
+    /// the asks before and nothing is admitted yet; anything older (or newer: counts
+    /// judged by a later read than `round`) is nothing.
     pub fn as_of(self, round: u64) -> Self {
         if self.round == round {
             return self;
@@ -112,17 +112,28 @@ impl RoundCounts {
         }
     }
 
-    /// The sum of `entries` (other replicas' counts, as stored) as of `round`. An entry
-    /// that is not a replica's counts (a foreign or damaged value) is skipped: it must not
-    /// take a replica down.
+    /// The sum of `entries` (other replicas' counts, as stored) as of `round`, or as of
+    /// the round after it when an entry already counts in that one: a replica that has
+    /// heard of a newer depth read than this one moves the sum on with it, so the book
+    /// that hears it rolls forward instead of dropping the fleet's newest counts. Entries
+    /// further ahead, or older than the round before, count nothing. An entry that is not
+    /// a replica's counts (a foreign or damaged value) is skipped: it must not take a
+    /// replica down.
     pub fn sum_of<'a>(round: u64, entries: impl IntoIterator<Item = &'a [u8]>) -> Self {
-        let mut sum = Self::empty(round);
-        for entry in entries {
-            if let Ok(counts) = serde_json::from_slice::<RoundCounts>(entry) {
-                if counts.tenants.len() <= MAX_NAMED {
-                    sum.add(counts);
-                }
-            }
+        let parsed: Vec<RoundCounts> = entries
+            .into_iter()
+            .filter_map(|entry| serde_json::from_slice::<RoundCounts>(entry).ok())
+            .filter(|counts| counts.tenants.len() <= MAX_NAMED)
+            .collect();
+        let next = round.checked_add(1);
+        let newest = if parsed.iter().any(|c| Some(c.round) == next) {
+            next.unwrap_or(round)
+        } else {
+            round
+        };
+        let mut sum = Self::empty(newest);
+        for counts in parsed {
+            sum.add(counts);
         }
         sum
     }
@@ -140,7 +151,8 @@ impl RoundCounts {
 #[async_trait]
 pub trait ShareExchange: Send + Sync {
     /// Keep `mine` as `replica`'s counts of the queue at `key` for [`KEEP_COUNTS`], and
-    /// answer the sum of every other replica's counts still kept, as of `mine.round`.
+    /// answer the sum of every other replica's counts still kept, as of `mine.round` or
+    /// the round after it ([`RoundCounts::sum_of`]).
     async fn exchange(
         &self,
         key: &str,
@@ -221,7 +233,7 @@ mod tests {
         assert_eq!(moved.tenants, counts(8, &[("a", 9, 0, 0)]).tenants);
         assert!(moved.refused_before && !moved.refused_now);
         assert_eq!(c.clone().as_of(9), RoundCounts::empty(9));
-        // A clock a round or more ahead of this one's: nothing.
+        // Counts of a later read than the one asked about: nothing.
         assert_eq!(c.as_of(6), RoundCounts::empty(6));
     }
 
@@ -243,6 +255,25 @@ mod tests {
         let big = counts(1, &[("a", u64::MAX, u64::MAX, u64::MAX)]).encode();
         let sum = RoundCounts::sum_of(1, [big.as_bytes(), big.as_bytes()]);
         assert_eq!(sum.tenants["a"].admitted, u64::MAX);
+    }
+
+    #[test]
+    fn a_replica_a_read_ahead_moves_the_sum_on_and_one_further_ahead_is_ignored() {
+        let behind = counts(4, &[("a", 0, 3, 3)]).encode();
+        let ahead = counts(5, &[("a", 3, 2, 1), ("b", 0, 1, 0)]).encode();
+        let far = counts(6, &[("c", 0, 9, 9)]).encode();
+        let sum = RoundCounts::sum_of(4, [behind.as_bytes(), ahead.as_bytes(), far.as_bytes()]);
+        assert_eq!(sum.round, 5);
+        assert_eq!(
+            sum.tenants,
+            counts(5, &[("a", 6, 2, 1), ("b", 0, 1, 0)]).tenants
+        );
+        // Nobody ahead: the sum stays at the asker's round.
+        assert_eq!(RoundCounts::sum_of(4, [behind.as_bytes()]).round, 4);
+        assert_eq!(
+            RoundCounts::sum_of(u64::MAX, [far.as_bytes()]).round,
+            u64::MAX
+        );
     }
 
     #[test]

@@ -260,6 +260,19 @@ impl SeatState {
     }
 }
 
+/// What a replica judges a send in the fleet by ([`FleetSeat::judged_estimate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Judged {
+    /// The fleet's estimate of the backlog, less this replica's unused block units.
+    pub estimate: u64,
+    /// The ceiling in force.
+    pub limit: u64,
+    /// Replicas in the fleet (at least 1).
+    pub replicas: u64,
+    /// The share round of the fleet's read the estimate is of.
+    pub round: u64,
+}
+
 pub struct FleetSeat {
     fleet: Arc<Fleet>,
     key: String,
@@ -1319,25 +1332,28 @@ impl FleetSeat {
     }
 
     /// The fleet's estimate as this replica may judge a send by (docs/fairness.md, "In a
-    /// fleet"), with the ceiling in force and the fleet's size: the last view's estimate,
-    /// less the units its own blocks still hold (counted in it, not yet used). `None`
-    /// without a good read in that view.
-    pub fn judged_estimate(&self) -> Option<(u64, u64, u64)> {
+    /// fleet"), with the ceiling in force, the fleet's size and the read it is of: the last
+    /// view's estimate, less the units its own blocks still hold (counted in it, not yet
+    /// used). `None` without a good read in that view.
+    pub fn judged_estimate(&self) -> Option<Judged> {
         let now = Instant::now();
         let state = self.state.lock();
-        let limit = self.policy.load().limit;
-        let estimate = state.last.and_then(|(view, _)| view.estimate())?;
+        let policy = self.policy.load();
+        let limit = policy.limit;
+        let (view, _) = state.last?;
+        let estimate = view.estimate()?;
         let unused: u64 = state
             .blocks
             .iter()
             .filter(|b| now < b.use_until && b.limit <= limit)
             .map(|b| b.left)
             .sum();
-        Some((
-            estimate.saturating_sub(unused),
+        Some(Judged {
+            estimate: estimate.saturating_sub(unused),
             limit,
-            state.fleet_size.max(1),
-        ))
+            replicas: state.fleet_size.max(1),
+            round: policy.share_round(view.generation),
+        })
     }
 
     /// A send the judge refused never reaches the seat, so it starts the read ahead when
@@ -1352,6 +1368,11 @@ impl FleetSeat {
             self.ahead_due(&mut state, age, now)
         };
         self.spawn_ahead(ahead);
+    }
+
+    /// The share round of the fleet's read in the view last seen.
+    pub fn share_round(&self) -> u64 {
+        self.policy.load().share_round(self.read_generation())
     }
 
     /// The fleet's read generation in the view last seen (0 before any): it changes with

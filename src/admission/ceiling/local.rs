@@ -443,7 +443,7 @@ impl LocalGate {
                 let until_next_read =
                     || (at + policy.ttl).saturating_duration_since(Instant::now());
                 if state.refusing {
-                    judge.refused_full(units);
+                    judge.refused_full(policy.share_round(state.generation), units);
                     return Err(policy.queue_full(estimate, state.drain.rate(), until_next_read()));
                 }
                 // The rest of a batch on top (weighed as the bounds weigh a send): all of it
@@ -451,7 +451,7 @@ impl LocalGate {
                 let weight = bounds.map_or(1, |b| b.replicas.max(1));
                 let rest = units.saturating_sub(1).saturating_mul(weight);
                 if estimate.saturating_add(rest) >= policy.limit {
-                    judge.refused_full(units);
+                    judge.refused_full(policy.share_round(state.generation), units);
                     let room = policy.limit.saturating_sub(estimate).div_ceil(weight);
                     return Err(policy
                         .queue_full(estimate, state.drain.rate(), until_next_read())
@@ -462,7 +462,8 @@ impl LocalGate {
                 // bounds already count the first, a gate alone does not.
                 let first = u64::from(bounds.is_none());
                 let after = estimate.saturating_add(rest).saturating_add(first);
-                judge.admits(units, room, estimate, after, policy.limit)?;
+                let round = policy.share_round(state.generation);
+                judge.admits(round, units, room, estimate, after, policy.limit)?;
             }
             LastRead::Failed { .. } | LastRead::Never => {
                 if policy.fail_closed && state.streak >= policy.streak_threshold {

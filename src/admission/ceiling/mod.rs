@@ -38,7 +38,7 @@ pub use policy::{
     BacklogEffect, CapacityPolicy, GateSnapshot, PolicyCell, PolicyOverride, Refusal,
 };
 
-use fleet::{AloneAnswer, FleetAnswer};
+use fleet::{AloneAnswer, FleetAnswer, Judged};
 use local::LocalGate;
 
 pub struct CapacityGate {
@@ -86,7 +86,7 @@ impl CapacityGate {
     /// Share this queue's room among these tenants (once, at start-up); without it every
     /// send is decided by the ceiling alone.
     pub fn share_among(&self, tenants: &Tenants, policy: FairPolicy) {
-        let book = ShareBook::new(&tenants.weights(), tokio::time::Instant::now());
+        let book = ShareBook::new(&tenants.weights());
         let _ = self.shares.set(Shares {
             book: Arc::new(parking_lot::Mutex::new(book)),
             policy: FairCell::new(policy),
@@ -96,8 +96,7 @@ impl CapacityGate {
     }
 
     /// In a fleet, share the room by the fleet's counts (docs/fairness.md, "In a fleet"):
-    /// the book's rounds move to the wall clock's seconds and its counts are exchanged at
-    /// `place` from now on (once, at start-up, after [`Self::share_among`]). With one
+    /// the book's counts are exchanged at `place` from now on (once, at start-up, after [`Self::share_among`]). With one
     /// tenant nobody is owed anything, and with shares off nobody's counts change a
     /// decision (the criticality cut weighs the estimate alone), so nothing is exchanged.
     pub fn exchange_shares(&self, place: Place) {
@@ -107,11 +106,6 @@ impl CapacityGate {
         if shares.tenants.len() < 2 || shares.policy.base().mode == ShareMode::Off {
             return;
         }
-        *shares.book.lock() = ShareBook::on_wall_clock(
-            &shares.tenants.weights(),
-            tokio::time::Instant::now(),
-            (place.wall)(),
-        );
         tokio::spawn(exchange::run(
             Arc::downgrade(&shares.book),
             Names::of(&shares.tenants),
@@ -133,10 +127,7 @@ impl CapacityGate {
         let room = snapshot
             .limit
             .saturating_sub(snapshot.backlog.unwrap_or_default());
-        let parts = shares
-            .book
-            .lock()
-            .shares_now(room, tokio::time::Instant::now());
+        let parts = shares.book.lock().shares_now(room);
         counts
             .into_iter()
             .filter_map(|counts| {
@@ -230,7 +221,7 @@ impl CapacityGate {
             return Ok(self.reservation(Decider::Local, units));
         };
         if seat.joined() {
-            let (judged, would_refuse) = self.judge_in_fleet(seat, asker, units);
+            let (judged, would_refuse, counted_in) = self.judge_in_fleet(seat, asker, units);
             if let Err(refusal) = judged {
                 seat.read_ahead_if_due();
                 self.tally_in_fleet(seat, asker, units, &Err(refusal.clone()), would_refuse);
@@ -242,12 +233,12 @@ impl CapacityGate {
                     return Ok(self.reservation(Decider::Fleet(held), units));
                 }
                 FleetAnswer::Refuse(refusal) => {
-                    self.unjudge(asker, units, Some(&refusal));
+                    self.unjudge(asker, units, counted_in, Some(&refusal));
                     self.tally_in_fleet(seat, asker, units, &Err(refusal.clone()), None);
                     return Err(self.log_failclosed(seat, refusal));
                 }
                 // The replica's own gate decides it now, and counts it.
-                FleetAnswer::CutOff => self.unjudge(asker, units, None),
+                FleetAnswer::CutOff => self.unjudge(asker, units, counted_in, None),
             }
         }
         match seat.alone_units(units) {
@@ -276,20 +267,27 @@ impl CapacityGate {
     /// `units`: the seat reserves what is really left, and a send the judge admits on room
     /// that has gone is refused by the seat, as without the judge. The judge only refuses.
     /// Without a good read to judge by, the send is only counted.
-    /// Also what the judge would have refused in shadow mode.
+    /// Also what the judge would have refused in shadow mode, and the book's round the
+    /// send was counted admitted in.
     fn judge_in_fleet(
         &self,
         seat: &Arc<FleetSeat>,
         asker: Asker,
         units: u64,
-    ) -> (Result<(), Refusal>, Option<Reason>) {
+    ) -> (Result<(), Refusal>, Option<Reason>, Option<u64>) {
         let Some(shares) = self.shares.get() else {
-            return (Ok(()), None);
+            return (Ok(()), None, None);
         };
-        let Some((estimate, limit, replicas)) = seat.judged_estimate() else {
-            let now = tokio::time::Instant::now();
-            shares.book.lock().count_admitted(asker.tenant, units, now);
-            return (Ok(()), None);
+        let Some(Judged {
+            estimate,
+            limit,
+            replicas,
+            round,
+        }) = seat.judged_estimate()
+        else {
+            let mut book = shares.book.lock();
+            book.count_admitted(asker.tenant, units, seat.share_round());
+            return (Ok(()), None, Some(book.round()));
         };
         let estimate = estimate.min(limit.saturating_sub(units));
         // Every replica sees the same room until the next reply shows what the others took:
@@ -302,9 +300,10 @@ impl CapacityGate {
             quotas: self.quotas.get(),
             policy: shares.policy.load(),
             would_refuse: None,
+            counted_in: None,
         };
-        let judged = judge.admits(units, room, estimate, estimate + units, limit);
-        (judged, judge.would_refuse)
+        let judged = judge.admits(round, units, room, estimate, estimate + units, limit);
+        (judged, judge.would_refuse, judge.counted_in)
     }
 
     /// A decision made in the fleet, in the queue's tally (its log line once per fleet
@@ -329,9 +328,15 @@ impl CapacityGate {
         }
     }
 
-    /// The seat did not admit what the judge counted: out of the book again, and counted
-    /// as refused at the ceiling if it was (`refusal`).
-    fn unjudge(&self, asker: Asker, units: u64, refusal: Option<&Refusal>) {
+    /// The seat did not admit what the judge counted in the book's round `counted_in`: out
+    /// of the book again, and counted as refused at the ceiling if it was (`refusal`).
+    fn unjudge(
+        &self,
+        asker: Asker,
+        units: u64,
+        counted_in: Option<u64>,
+        refusal: Option<&Refusal>,
+    ) {
         // The quotas the judge took are given back: only admitted units count.
         if let Some(quotas) = self.quotas.get() {
             if let Some((_, bucket)) = quotas.rates.bucket(asker.tenant) {
@@ -342,11 +347,13 @@ impl CapacityGate {
         let Some(shares) = self.shares.get() else {
             return;
         };
-        let now = tokio::time::Instant::now();
+        let Some(round) = counted_in else {
+            return;
+        };
         let mut book = shares.book.lock();
-        book.withdraw(asker.tenant, units, now);
+        book.withdraw(asker.tenant, units, round);
         if matches!(refusal, Some(Refusal::QueueFull { .. })) {
-            book.refused_at_ceiling(asker.tenant, units, now);
+            book.refused_at_ceiling(asker.tenant, units, round);
         }
     }
 
@@ -366,6 +373,7 @@ impl CapacityGate {
                     asker,
                     policy: shares.policy.load(),
                     would_refuse: None,
+                    counted_in: None,
                 };
                 let decision = self.local.admit_judged(bounds, units, &mut judge).await;
                 shares.tally.count(

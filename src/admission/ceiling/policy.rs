@@ -12,6 +12,10 @@ use crate::admission::drain::{self, DrainRate};
 use crate::admission::tenants::{Criticality, QuotaKind};
 use crate::config::{CapacitySettings, Fraction};
 
+/// The shortest share round: over less, a round's room would be a few units, and which
+/// tenant's ask lands before a read would decide more than the weights (docs/fairness.md, B1).
+pub const SHARE_ROUND: Duration = Duration::from_secs(1);
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CapacityPolicy {
     pub limit: u64,
@@ -94,6 +98,22 @@ impl CapacityPolicy {
             retry_after_max: s.retry_after_max,
             resume_below: s.resume_below,
         }
+    }
+
+    /// The share round (docs/fairness.md) the depth read of generation `read` belongs to:
+    /// reads are taken [`Self::reads_per_round`] at a time, so a round spans whole reads
+    /// (room opens only when a read shows the drain) and at least [`SHARE_ROUND`].
+    pub fn share_round(&self, read: u64) -> u64 {
+        read / self.reads_per_round()
+    }
+
+    /// Depth reads per share round: enough reads, at least a TTL apart, to span
+    /// [`SHARE_ROUND`] (a TTL of 0 counted as 1 ms).
+    pub fn reads_per_round(&self) -> u64 {
+        let ttl = self.ttl.as_millis().max(1);
+        u64::try_from(SHARE_ROUND.as_millis().div_ceil(ttl))
+            .unwrap_or(1)
+            .max(1)
     }
 
     /// The backlog at or below which a queue refusing at the ceiling admits again.
@@ -187,28 +207,31 @@ pub enum Refusal {
 pub trait Judge {
     /// The ceiling would admit `units` with `room` left before them: `estimate` of `limit`
     /// before them, `after` with them as the ceiling weighs them (a replica deciding
-    /// alone weighs its own sends by the fleet's size). Admitted unless this refuses.
+    /// alone weighs its own sends by the fleet's size), in share round `round`
+    /// ([`CapacityPolicy::share_round`] of the read it is judged by). Admitted unless this
+    /// refuses.
     fn admits(
         &mut self,
+        round: u64,
         units: u64,
         room: u64,
         estimate: u64,
         after: u64,
         limit: u64,
     ) -> Result<(), Refusal>;
-    /// The ceiling refused `units` as the queue is full.
-    fn refused_full(&mut self, units: u64);
+    /// The ceiling refused `units` as the queue is full, in share round `round`.
+    fn refused_full(&mut self, round: u64, units: u64);
 }
 
 /// No one else decides: what the ceiling admits is admitted.
 pub struct Unjudged;
 
 impl Judge for Unjudged {
-    fn admits(&mut self, _: u64, _: u64, _: u64, _: u64, _: u64) -> Result<(), Refusal> {
+    fn admits(&mut self, _: u64, _: u64, _: u64, _: u64, _: u64, _: u64) -> Result<(), Refusal> {
         Ok(())
     }
 
-    fn refused_full(&mut self, _: u64) {}
+    fn refused_full(&mut self, _: u64, _: u64) {}
 }
 
 impl Refusal {

@@ -800,10 +800,12 @@ fn fair(mode: crate::admission::share::ShareMode) -> crate::admission::fair::Fai
     }
 }
 
-/// The wall clock as a fleet's book reads it, moving with tokio's paused clock.
-fn paused_wall_clock() -> Arc<dyn Fn() -> Duration + Send + Sync> {
-    let (wall, start) = (crate::admission::exchange::wall_clock(), Instant::now());
-    Arc::new(move || wall + start.elapsed())
+/// The share tests' depth reads are a second apart: the room a read shows opens a round.
+const SHARE_TTL_MS: u64 = 1_000;
+
+/// Past the cached read: the next send reads the depth, which starts the book's next round.
+async fn until_the_next_read() {
+    tokio::time::advance(Duration::from_millis(SHARE_TTL_MS)).await;
 }
 
 fn two_tenants() -> Tenants {
@@ -843,11 +845,11 @@ fn asker(
 
 #[tokio::test(start_paused = true)]
 async fn the_gate_refuses_a_tenant_past_its_part_and_admits_the_one_it_owes() {
-    use crate::admission::share::{ShareMode, ROUND};
+    use crate::admission::share::ShareMode;
     use crate::admission::tenants::Criticality::Default as D;
-    // Empty at every read; ceiling 40; reads every 10 s (the room does not refill).
+    // Empty at every read; ceiling 40; what is in flight is what the queue holds.
     let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
-    let g = gate(policy(40, 10_000, false, 3), &backend);
+    let g = gate(policy(40, SHARE_TTL_MS, false, 3), &backend);
     g.share_among(&two_tenants(), fair(ShareMode::Enforce));
     let (a, b) = (asker(0, D), asker(1, D));
     // Round 0: A fills the queue (not contended until the estimate nears 36), B asks once
@@ -865,7 +867,7 @@ async fn the_gate_refuses_a_tenant_past_its_part_and_admits_the_one_it_owes() {
     for r in held.drain(..10) {
         r.finish(BacklogEffect::NotStored);
     }
-    tokio::time::advance(ROUND).await;
+    until_the_next_read().await;
     // Round 1: B asked 1 last round, so it is owed 1 of the 10; A takes 9 and is refused.
     let mut a_got = 0;
     loop {
@@ -887,6 +889,70 @@ async fn the_gate_refuses_a_tenant_past_its_part_and_admits_the_one_it_owes() {
         g.admit_units_for(b, 1).await,
         Err(Refusal::QueueFull { .. })
     ));
+}
+
+#[test]
+fn a_share_round_spans_at_least_a_second_of_whole_reads() {
+    let per_round = |ttl_ms| policy(40, ttl_ms, false, 3).reads_per_round();
+    assert_eq!(per_round(1_000), 1);
+    assert_eq!(per_round(5_000), 1, "a read's interval when longer");
+    assert_eq!(per_round(200), 5);
+    assert_eq!(per_round(300), 4, "rounded up: never under a second");
+    assert_eq!(
+        per_round(0),
+        1_000,
+        "a read per send counted as a millisecond apart"
+    );
+    let p = policy(40, 200, false, 3);
+    let rounds: Vec<u64> = (0..11).map(|read| p.share_round(read)).collect();
+    assert_eq!(rounds, [0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_reads_200_ms_apart_one_ask_keeps_a_tenant_owed_for_its_round_and_the_next() {
+    use crate::admission::share::ShareMode;
+    use crate::admission::tenants::Criticality::Default as D;
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
+    let g = gate(policy(40, 200, false, 3), &backend);
+    g.share_among(&two_tenants(), fair(ShareMode::Enforce));
+    let (a, b) = (asker(0, D), asker(1, D));
+    // Read 1 (round 0): A fills the queue; B asks once, at the full queue.
+    let mut held = Vec::new();
+    while let Ok(r) = g.admit_units_for(a, 1).await {
+        held.push(r);
+    }
+    assert!(matches!(
+        g.admit_units_for(b, 1).await,
+        Err(Refusal::QueueFull { .. })
+    ));
+    // Reads 2-10, 200 ms apart: two of A's leave the queue before each; A takes all it may.
+    let mut left_for_b = Vec::new();
+    for _read in 2..=10 {
+        for r in held.drain(..2) {
+            r.finish(BacklogEffect::NotStored);
+        }
+        tokio::time::advance(Duration::from_millis(200)).await;
+        loop {
+            match g.admit_units_for(a, 1).await {
+                Ok(r) => held.push(r),
+                Err(Refusal::TenantShare { room, .. }) => {
+                    left_for_b.push(room == 0);
+                    break;
+                }
+                Err(Refusal::QueueFull { .. }) => {
+                    left_for_b.push(false);
+                    break;
+                }
+                Err(other) => panic!("{other:?}"),
+            }
+        }
+    }
+    // B's one ask counts through round 0 (reads 1-4) and round 1 (reads 5-9): a unit is
+    // kept for it at each of those reads; from read 10 (round 2) nothing is owed.
+    assert_eq!(
+        left_for_b,
+        [true, true, true, true, true, true, true, true, false]
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -947,10 +1013,9 @@ fn tallied(g: &CapacityGate, tenant: &str) -> (u64, [u64; 3], [u64; 3]) {
 /// Round 0: A (`t0`) fills a ceiling of 40, B (`t1`) is refused once at it; 10 of A's end
 /// not stored; round 1 opens: B is owed 1 of the 10. A then sends until refused: what A got.
 async fn a_greedy_round(mode: crate::admission::share::ShareMode) -> (Arc<CapacityGate>, u64) {
-    use crate::admission::share::ROUND;
     use crate::admission::tenants::Criticality::Default as D;
     let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
-    let g = gate(policy(40, 10_000, false, 3), &backend);
+    let g = gate(policy(40, SHARE_TTL_MS, false, 3), &backend);
     g.share_among(&tenants(&[1, 1]), fair(mode));
     let mut held = Vec::new();
     while let Ok(r) = g.admit_units_for(asker(0, D), 1).await {
@@ -960,7 +1025,7 @@ async fn a_greedy_round(mode: crate::admission::share::ShareMode) -> (Arc<Capaci
     for r in held.drain(..10) {
         r.finish(BacklogEffect::NotStored);
     }
-    tokio::time::advance(ROUND).await;
+    until_the_next_read().await;
     let mut got = 0;
     while let Ok(r) = g.admit_units_for(asker(0, D), 1).await {
         std::mem::forget(r);
@@ -1080,7 +1145,6 @@ async fn with_shares_off_a_gate_of_two_tenants_makes_no_exchange_calls() {
         exchange: Arc::clone(exchange) as Arc<dyn crate::coordination::shares::ShareExchange>,
         key: "q:tenants".into(),
         replica: "r".into(),
-        wall: paused_wall_clock(),
     };
     let mut calls = Vec::new();
     for mode in [ShareMode::Enforce, ShareMode::Off] {
@@ -1194,10 +1258,10 @@ async fn a_rate_quota_refuses_after_the_burst_and_only_admitted_units_count() {
 
 #[tokio::test(start_paused = true)]
 async fn a_send_refused_for_its_share_takes_nothing_of_its_quota() {
-    use crate::admission::share::{ShareMode, ROUND};
+    use crate::admission::share::ShareMode;
     use crate::admission::tenants::Criticality::Default as D;
     let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
-    let g = gate(policy(40, 10_000, false, 3), &backend);
+    let g = gate(policy(40, SHARE_TTL_MS, false, 3), &backend);
     g.share_among(&tenants(&[1, 1]), fair(ShareMode::Enforce));
     let rates = quotas(&g, &[rated(1000.0, 1000), Default::default()]);
     let (a, b) = (asker(0, D), asker(1, D));
@@ -1209,7 +1273,7 @@ async fn a_send_refused_for_its_share_takes_nothing_of_its_quota() {
     for r in held.drain(..10) {
         r.finish(BacklogEffect::NotStored);
     }
-    tokio::time::advance(ROUND).await;
+    until_the_next_read().await;
     let now = tokio::time::Instant::now();
     let before = rates
         .state(crate::admission::tenants::TenantIndex(0), now)

@@ -1,6 +1,10 @@
 //! The share rule on tokio's paused clock: the book alone, and the book beside a queue
 //! whose ceiling, drain and depth reads are simulated (docs/fairness.md's scenarios).
 
+use std::time::Duration;
+
+use tokio::time::Instant;
+
 use super::*;
 
 const A: TenantIndex = TenantIndex(0);
@@ -41,37 +45,38 @@ fn water_filling_gives_a_modest_tenant_its_ask_and_the_rest_by_weight() {
     assert_eq!(parts(0, &[tenant(1, 5), tenant(1, 5)]), vec![0.0, 0.0]);
 }
 
-#[tokio::test(start_paused = true)]
-async fn without_contention_every_send_the_ceiling_admits_is_admitted() {
-    let now = Instant::now();
-    let mut book = ShareBook::new(&[1, 1], now);
+#[test]
+fn without_contention_every_send_the_ceiling_admits_is_admitted() {
+    let mut book = ShareBook::new(&[1, 1]);
+    let round = 1;
     for _ in 0..100 {
-        let v = book.decide(A, 1, 50, false, ShareMode::Enforce, Instant::now());
+        let v = book.decide(A, 1, 50, false, ShareMode::Enforce, round);
         assert_eq!(v, Verdict::Admit);
     }
     // B is owed its part only once the queue is contended.
     assert_eq!(
-        book.decide(B, 1, 1, false, ShareMode::Enforce, Instant::now()),
+        book.decide(B, 1, 1, false, ShareMode::Enforce, round),
         Verdict::Admit
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn contended_a_tenant_past_its_part_leaves_the_room_the_other_is_owed() {
-    let mut book = ShareBook::new(&[1, 1], Instant::now());
+#[test]
+fn contended_a_tenant_past_its_part_leaves_the_room_the_other_is_owed() {
+    let mut book = ShareBook::new(&[1, 1]);
+    let mut round = 1;
     // Round 0: both ask (B 10, A 100): the wants of round 1.
     for _ in 0..10 {
-        book.refused_at_ceiling(B, 1, Instant::now());
+        book.refused_at_ceiling(B, 1, round);
     }
     for _ in 0..100 {
-        book.refused_at_ceiling(A, 1, Instant::now());
+        book.refused_at_ceiling(A, 1, round);
     }
-    tokio::time::advance(ROUND).await;
+    round += 1;
     // Round 1 opens 40 units: B's part is its 10, A's the other 30.
     let mut room = 40;
     let mut a = 0;
     while room > 0 {
-        match book.decide(A, 1, room, true, ShareMode::Enforce, Instant::now()) {
+        match book.decide(A, 1, room, true, ShareMode::Enforce, round) {
             Verdict::Admit => {
                 a += 1;
                 room -= 1;
@@ -87,7 +92,7 @@ async fn contended_a_tenant_past_its_part_leaves_the_room_the_other_is_owed() {
     assert_eq!(a, 30, "A stops where B's 10 begin");
     for _ in 0..10 {
         assert_eq!(
-            book.decide(B, 1, room, true, ShareMode::Enforce, Instant::now()),
+            book.decide(B, 1, room, true, ShareMode::Enforce, round),
             Verdict::Admit
         );
         room -= 1;
@@ -95,88 +100,87 @@ async fn contended_a_tenant_past_its_part_leaves_the_room_the_other_is_owed() {
     assert_eq!(room, 0);
 }
 
-#[tokio::test(start_paused = true)]
-async fn asks_of_an_uncontended_round_make_no_one_owed_the_next_uncontended_one() {
-    let mut book = ShareBook::new(&[1, 1], Instant::now());
+#[test]
+fn asks_of_an_uncontended_round_make_no_one_owed_the_next_uncontended_one() {
+    let mut book = ShareBook::new(&[1, 1]);
+    let mut round = 1;
     // Round 0, far from the ceiling: both ask 10, all admitted.
     for t in [A, B] {
-        let v = book.decide(t, 10, 100, false, ShareMode::Enforce, Instant::now());
+        let v = book.decide(t, 10, 100, false, ShareMode::Enforce, round);
         assert_eq!(v, Verdict::Admit);
     }
-    tokio::time::advance(ROUND).await;
+    round += 1;
     // Round 1, still uncontended: A may take all 10 of the room though B asked 10 before
     // (contended, B would be owed half of it).
     assert_eq!(
-        book.decide(A, 10, 10, false, ShareMode::Enforce, Instant::now()),
+        book.decide(A, 10, 10, false, ShareMode::Enforce, round),
         Verdict::Admit
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn room_too_small_for_what_is_owed_is_shared_in_proportion_not_withheld_from_all() {
-    let mut book = ShareBook::new(&[1, 1, 1], Instant::now());
+#[test]
+fn room_too_small_for_what_is_owed_is_shared_in_proportion_not_withheld_from_all() {
+    let mut book = ShareBook::new(&[1, 1, 1]);
+    let mut round = 1;
     for t in [A, B, TenantIndex(2)] {
-        book.refused_at_ceiling(t, 10, Instant::now());
+        book.refused_at_ceiling(t, 10, round);
     }
-    tokio::time::advance(ROUND).await;
+    round += 1;
     // The third tenant took 6 this round; 2 units are left, A and B are each owed 8/3.
     book.tenants[2].own.admitted = 6;
     // Owed 16/3 against a room of 2: each owed share is scaled by 2 / (16/3), B's to 1,
     // so A may take one unit (unscaled, B's 8/3 would leave A nothing, and B nothing).
     assert_eq!(
-        book.decide(A, 1, 2, true, ShareMode::Enforce, Instant::now()),
+        book.decide(A, 1, 2, true, ShareMode::Enforce, round),
         Verdict::Admit
     );
     assert_eq!(
-        book.decide(B, 1, 1, true, ShareMode::Enforce, Instant::now()),
+        book.decide(B, 1, 1, true, ShareMode::Enforce, round),
         Verdict::Admit
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn one_unit_of_room_owed_to_both_goes_to_whoever_asks() {
-    let mut book = ShareBook::new(&[1, 1], Instant::now());
-    book.refused_at_ceiling(A, 5, Instant::now());
-    book.refused_at_ceiling(B, 5, Instant::now());
-    tokio::time::advance(ROUND).await;
+#[test]
+fn one_unit_of_room_owed_to_both_goes_to_whoever_asks() {
+    let mut book = ShareBook::new(&[1, 1]);
+    let mut round = 1;
+    book.refused_at_ceiling(A, 5, round);
+    book.refused_at_ceiling(B, 5, round);
+    round += 1;
     // One unit and each owed half of it: no deadlock, the first asker takes it.
     assert_eq!(
-        book.decide(B, 1, 1, true, ShareMode::Enforce, Instant::now()),
+        book.decide(B, 1, 1, true, ShareMode::Enforce, round),
         Verdict::Admit
     );
-    let mut book = ShareBook::new(&[1, 1], Instant::now());
-    book.refused_at_ceiling(A, 5, Instant::now());
-    book.refused_at_ceiling(B, 5, Instant::now());
-    tokio::time::advance(ROUND).await;
+    let mut book = ShareBook::new(&[1, 1]);
+    let mut round = 1;
+    book.refused_at_ceiling(A, 5, round);
+    book.refused_at_ceiling(B, 5, round);
+    round += 1;
     assert_eq!(
-        book.decide(A, 1, 1, true, ShareMode::Enforce, Instant::now()),
+        book.decide(A, 1, 1, true, ShareMode::Enforce, round),
         Verdict::Admit
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn shadow_mode_admits_and_says_what_it_would_refuse_off_says_nothing() {
+#[test]
+fn shadow_mode_admits_and_says_what_it_would_refuse_off_says_nothing() {
     for (mode, expected) in [
         (ShareMode::Shadow, Verdict::WouldRefuse { share: 0.5 }),
         (ShareMode::Off, Verdict::Admit),
     ] {
-        let mut book = ShareBook::new(&[1, 1], Instant::now());
-        book.refused_at_ceiling(A, 100, Instant::now());
-        book.refused_at_ceiling(B, 100, Instant::now());
-        tokio::time::advance(ROUND).await;
+        let mut book = ShareBook::new(&[1, 1]);
+        let mut round = 1;
+        book.refused_at_ceiling(A, 100, round);
+        book.refused_at_ceiling(B, 100, round);
+        round += 1;
         // 10 units offered, 5 each: A's sixth would be refused.
         let mut room = 10;
         for _ in 0..5 {
-            assert_eq!(
-                book.decide(A, 1, room, true, mode, Instant::now()),
-                Verdict::Admit
-            );
+            assert_eq!(book.decide(A, 1, room, true, mode, round), Verdict::Admit);
             room -= 1;
         }
-        assert_eq!(
-            book.decide(A, 1, room, true, mode, Instant::now()),
-            expected
-        );
+        assert_eq!(book.decide(A, 1, room, true, mode, round), expected);
     }
 }
 
@@ -189,6 +193,8 @@ struct Queue {
     drain_per_s: f64,
     ttl: Duration,
     next_read: Instant,
+    /// Depth reads so far: the book's rounds.
+    reads: u64,
     stored: f64,
     read: f64,
     since_read: u64,
@@ -200,12 +206,12 @@ impl Queue {
     fn new(weights: &[u32], limit: u64, drain_per_s: f64) -> Self {
         let now = Instant::now();
         Self {
-            book: ShareBook::new(weights, now),
+            book: ShareBook::new(weights),
             limit,
             drain_per_s,
             ttl: Duration::from_secs(1),
-            // Reads are not aligned with the rounds.
             next_read: now + Duration::from_millis(370),
+            reads: 0,
             stored: 0.0,
             read: 0.0,
             since_read: 0,
@@ -222,6 +228,7 @@ impl Queue {
         if Instant::now() >= self.next_read {
             self.read = self.stored;
             self.since_read = 0;
+            self.reads += 1;
             self.next_read += self.ttl;
         }
     }
@@ -234,14 +241,13 @@ impl Queue {
     /// One send of `tenant`'s: true when admitted.
     fn send(&mut self, tenant: TenantIndex, mode: ShareMode) -> bool {
         let room = self.room();
-        let now = Instant::now();
         if room == 0 {
-            self.book.refused_at_ceiling(tenant, 1, now);
+            self.book.refused_at_ceiling(tenant, 1, self.reads);
             return false;
         }
         let estimate = self.limit - room;
         let near = estimate as f64 >= 0.9 * self.limit as f64;
-        match self.book.decide(tenant, 1, room, near, mode, now) {
+        match self.book.decide(tenant, 1, room, near, mode, self.reads) {
             Verdict::Refuse { .. } => false,
             Verdict::Admit | Verdict::WouldRefuse { .. } => {
                 self.since_read += 1;
@@ -377,18 +383,4 @@ async fn a_tenant_that_goes_idle_leaves_its_part_to_the_others_and_a_new_one_get
         let b = s[1] as f64 / total(s);
         assert!((b - 0.5).abs() <= 0.1, "{per_second:?}");
     }
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_book_on_the_wall_clock_knows_when_the_wall_clock_was_stepped() {
-    let wall = Duration::from_millis(1_000_400);
-    let book = ShareBook::on_wall_clock(&[1, 1], Instant::now(), wall);
-    tokio::time::advance(Duration::from_millis(700)).await;
-    // 1001.1 s on the wall clock: round 1001, as the book counts.
-    let later = wall + Duration::from_millis(700);
-    assert!(!book.off_the_wall_clock(Instant::now(), later));
-    // A step within a round is B3's to absorb; past it, the book is off.
-    assert!(!book.off_the_wall_clock(Instant::now(), later + Duration::from_millis(900)));
-    assert!(book.off_the_wall_clock(Instant::now(), later + Duration::from_secs(3)));
-    assert!(book.off_the_wall_clock(Instant::now(), later - Duration::from_secs(3)));
 }

@@ -1231,15 +1231,12 @@ async fn greedy_spread_beside_modest(mode: crate::admission::share::ShareMode) -
     let mut p = policy(40, false);
     p.ttl = Duration::from_millis(250);
     let all = start(2, &ledger, &broker, p);
-    // The wall clock the books' rounds are cut by, moving with the paused clock.
-    let (wall, start) = (crate::admission::exchange::wall_clock(), Instant::now());
     for (i, r) in all.iter().enumerate() {
         r.gate.share_among(&tenants, fair);
         r.gate.exchange_shares(Place {
             exchange: Arc::clone(&exchange),
             key: format!("{KEY}:tenants"),
             replica: format!("replica-{i}"),
-            wall: Arc::new(move || wall + start.elapsed()),
         });
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
