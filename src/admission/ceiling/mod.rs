@@ -221,7 +221,7 @@ impl CapacityGate {
             return Ok(self.reservation(Decider::Local, units));
         };
         if seat.joined() {
-            let (judged, would_refuse, counted_in) = self.judge_in_fleet(seat, asker, units);
+            let (judged, would_refuse, counted) = self.judge_in_fleet(seat, asker, units);
             if let Err(refusal) = judged {
                 seat.read_ahead_if_due();
                 self.tally_in_fleet(seat, asker, units, &Err(refusal.clone()), would_refuse);
@@ -233,12 +233,12 @@ impl CapacityGate {
                     return Ok(self.reservation(Decider::Fleet(held), units));
                 }
                 FleetAnswer::Refuse(refusal) => {
-                    self.unjudge(asker, units, counted_in, Some(&refusal));
+                    self.unjudge(asker, units, counted, Some(&refusal));
                     self.tally_in_fleet(seat, asker, units, &Err(refusal.clone()), None);
                     return Err(self.log_failclosed(seat, refusal));
                 }
                 // The replica's own gate decides it now, and counts it.
-                FleetAnswer::CutOff => self.unjudge(asker, units, counted_in, None),
+                FleetAnswer::CutOff => self.unjudge(asker, units, counted, None),
             }
         }
         match seat.alone_units(units) {
@@ -267,16 +267,15 @@ impl CapacityGate {
     /// `units`: the seat reserves what is really left, and a send the judge admits on room
     /// that has gone is refused by the seat, as without the judge. The judge only refuses.
     /// Without a good read to judge by, the send is only counted.
-    /// Also what the judge would have refused in shadow mode, and the book's round the
-    /// send was counted admitted in.
+    /// Also what the judge would have refused in shadow mode, and what it counted.
     fn judge_in_fleet(
         &self,
         seat: &Arc<FleetSeat>,
         asker: Asker,
         units: u64,
-    ) -> (Result<(), Refusal>, Option<Reason>, Option<u64>) {
+    ) -> (Result<(), Refusal>, Option<Reason>, Counted) {
         let Some(shares) = self.shares.get() else {
-            return (Ok(()), None, None);
+            return (Ok(()), None, Counted::default());
         };
         let Some(Judged {
             estimate,
@@ -287,7 +286,11 @@ impl CapacityGate {
         else {
             let mut book = shares.book.lock();
             book.count_admitted(asker.tenant, units, seat.share_round());
-            return (Ok(()), None, Some(book.round()));
+            let counted = Counted {
+                in_round: Some(book.round()),
+                quotas: false,
+            };
+            return (Ok(()), None, counted);
         };
         let estimate = estimate.min(limit.saturating_sub(units));
         // Every replica sees the same room until the next reply shows what the others took:
@@ -303,7 +306,12 @@ impl CapacityGate {
             counted_in: None,
         };
         let judged = judge.admits(round, units, room, estimate, estimate + units, limit);
-        (judged, judge.would_refuse, judge.counted_in)
+        let counted = Counted {
+            in_round: judge.counted_in,
+            // The judge takes a tenant's quotas exactly when it admits.
+            quotas: judged.is_ok(),
+        };
+        (judged, judge.would_refuse, counted)
     }
 
     /// A decision made in the fleet, in the queue's tally (its log line once per fleet
@@ -328,17 +336,12 @@ impl CapacityGate {
         }
     }
 
-    /// The seat did not admit what the judge counted in the book's round `counted_in`: out
-    /// of the book again, and counted as refused at the ceiling if it was (`refusal`).
-    fn unjudge(
-        &self,
-        asker: Asker,
-        units: u64,
-        counted_in: Option<u64>,
-        refusal: Option<&Refusal>,
-    ) {
-        // The quotas the judge took are given back: only admitted units count.
-        if let Some(quotas) = self.quotas.get() {
+    /// The seat did not admit what the judge `counted`: out of the book again, and counted
+    /// as refused at the ceiling if it was (`refusal`).
+    fn unjudge(&self, asker: Asker, units: u64, counted: Counted, refusal: Option<&Refusal>) {
+        // The quotas the judge took are given back (only admitted units count); none, when
+        // it took none.
+        if let Some(quotas) = self.quotas.get().filter(|_| counted.quotas) {
             if let Some((_, bucket)) = quotas.rates.bucket(asker.tenant) {
                 bucket.lock().give_back(units);
             }
@@ -347,7 +350,7 @@ impl CapacityGate {
         let Some(shares) = self.shares.get() else {
             return;
         };
-        let Some(round) = counted_in else {
+        let Some(round) = counted.in_round else {
             return;
         };
         let mut book = shares.book.lock();
@@ -543,6 +546,15 @@ impl Drop for Reservation {
             }
         }
     }
+}
+
+/// What the judge counted for a send in the fleet, for the seat's refusal to take back.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counted {
+    /// The book's round the send was counted admitted in.
+    in_round: Option<u64>,
+    /// Whether the tenant's quotas were taken (the judge was asked, and admitted).
+    quotas: bool,
 }
 
 #[cfg(test)]

@@ -1380,3 +1380,85 @@ async fn sheddable_sends_are_judged_by_a_fresh_read_not_the_last_one_seen() {
     );
     assert!(broker.stored() <= 40);
 }
+
+/// A send the seat refuses gives back only the quota the judge took: judged by no good
+/// read, the judge takes none, and a tenant refused `503` while the admin plane is down
+/// must not come back with its bucket refilled by those refusals.
+#[tokio::test(start_paused = true)]
+async fn a_seat_refusal_gives_back_no_quota_the_judge_did_not_take() {
+    use crate::admission::fair::{Asker, FairPolicy};
+    use crate::admission::quota::RateBook;
+    use crate::admission::share::ShareMode;
+    use crate::admission::tenants::{Criticality, Quota, QuotaKind, Rate, TenantIndex, Tenants};
+
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let all = replicas(1, &ledger, &broker, policy(40, true)).await;
+    let gate = &all[0].gate;
+    gate.share_among(
+        &Tenants::open(),
+        FairPolicy {
+            mode: ShareMode::Enforce,
+            share_at: Fraction::new(0.9).unwrap(),
+            shed_at_sheddable: Fraction::new(0.8).unwrap(),
+            shed_at_default: Fraction::ONE,
+        },
+    );
+    // Two units at once, then one every 100 s: nothing refills within the test.
+    let quota = [Quota {
+        rate: Rate::new(0.01, Some(2)),
+        max_share: None,
+    }];
+    let rates = Arc::new(RateBook::new(&quota, Instant::now()));
+    gate.hold_to(&quota, Arc::clone(&rates));
+    let asker = Asker {
+        tenant: TenantIndex(0),
+        criticality: Criticality::Default,
+    };
+    let send = || async {
+        let reservation = gate.admit_units_for(asker, 1).await?;
+        broker.stored.lock().push(Instant::now());
+        reservation.finish(BacklogEffect::Stored);
+        Ok::<(), Refusal>(())
+    };
+    // A first read (that send is judged by none, so it takes no quota), then the burst.
+    send().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    send().await.unwrap();
+    send().await.unwrap();
+    assert!(matches!(
+        send().await,
+        Err(Refusal::TenantQuota {
+            quota: QuotaKind::Rate,
+            ..
+        })
+    ));
+    // The admin plane goes down: with no good read the judge is not asked, and the seat
+    // refuses every send (fail-closed at a streak of 1).
+    broker.set_down(true);
+    let mut unknown = 0;
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        unknown += u32::from(matches!(send().await, Err(Refusal::CapacityUnknown { .. })));
+    }
+    assert!(unknown >= 3, "{unknown} sends refused 503");
+    broker.set_down(false);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The first send makes a good read again, judged by none (contract section 2: no
+    // backlog to judge by, no quota asked); after it, the bucket is as empty as before.
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        answers.push(send().await);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        answers[1..].iter().all(|a| matches!(
+            a,
+            Err(Refusal::TenantQuota {
+                quota: QuotaKind::Rate,
+                ..
+            })
+        )),
+        "{answers:?}"
+    );
+}
