@@ -23,6 +23,11 @@ pub const KEEP_COUNTS: Duration = Duration::from_secs(3);
 /// holds it to): an entry with more is not a replica's, and is ignored.
 const MAX_NAMED: usize = 1000;
 
+/// The longest entry a replica's counts can be (1000 tenants of 128-byte names, each count
+/// at u64's widest, is under 100 KiB): a longer one is not a replica's, and is ignored
+/// unparsed.
+const MAX_ENTRY_BYTES: usize = 256 * 1024;
+
 /// One tenant's counts of a round, in units (a batch's entries each count).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counts {
@@ -122,6 +127,7 @@ impl RoundCounts {
     pub fn sum_of<'a>(round: u64, entries: impl IntoIterator<Item = &'a [u8]>) -> Self {
         let parsed: Vec<RoundCounts> = entries
             .into_iter()
+            .filter(|entry| entry.len() <= MAX_ENTRY_BYTES)
             .filter_map(|entry| serde_json::from_slice::<RoundCounts>(entry).ok())
             .filter(|counts| counts.tenants.len() <= MAX_NAMED)
             .collect();
@@ -297,6 +303,18 @@ mod tests {
         assert!(RoundCounts::sum_of(1, [too_many.as_bytes()])
             .tenants
             .is_empty());
+    }
+
+    #[test]
+    fn an_entry_longer_than_any_replicas_is_ignored_unparsed() {
+        let entry = counts(1, &[("t", 0, 4, 4)]).encode();
+        let at_most = entry.clone() + &" ".repeat(MAX_ENTRY_BYTES - entry.len());
+        let over = format!("{at_most} ");
+        assert_eq!(
+            RoundCounts::sum_of(1, [at_most.as_bytes()]).tenants.len(),
+            1
+        );
+        assert!(RoundCounts::sum_of(1, [over.as_bytes()]).tenants.is_empty());
     }
 
     #[tokio::test(start_paused = true)]
