@@ -60,7 +60,7 @@ impl Counts {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RoundView {
     pub round: u64,
-    /// Refused at the ceiling in this round / in the one before.
+    /// Refused (at the ceiling or for a share) in this round / in the one before.
     pub refused_now: bool,
     pub refused_before: bool,
     pub counts: Vec<(TenantIndex, Counts)>,
@@ -100,7 +100,8 @@ pub struct ShareBook {
     /// read shows the drain.
     round: u64,
     tenants: Vec<Tenant>,
-    /// A send was refused at the ceiling in this round / in the previous one, here.
+    /// A send was refused (at the ceiling, or for its share) in this round / in the
+    /// previous one, here.
     refused_now: bool,
     refused_before: bool,
     /// The same, on another replica, as last heard.
@@ -251,9 +252,9 @@ impl ShareBook {
         self.refused_now = true;
     }
 
-    /// Whether the queue counts as contended: refused at the ceiling this round or the
-    /// last (here or, as heard, on another replica), or `near` (the gate's estimate at or
-    /// over the share threshold).
+    /// Whether the queue counts as contended: a send refused at the ceiling or for its
+    /// share this round or the last (here or, as heard, on another replica), or `near`
+    /// (the gate's estimate at or over the share threshold).
     fn contended(&self, near: bool) -> bool {
         near || self.refused_now
             || self.refused_before
@@ -293,6 +294,16 @@ impl ShareBook {
         if !matches!(verdict, Verdict::Refuse { .. }) {
             let asker = &mut self.tenants[index].own;
             asker.admitted = asker.admitted.saturating_add(units);
+        }
+        // A share refused (or, in shadow, one that would be) keeps the queue contended for
+        // the next round, as a refusal at the ceiling does: else a round that ends with the
+        // room a modest tenant is owed still unused would start the next one uncontended,
+        // and the greedy tenant would take it all before the ceiling refuses anyone.
+        if matches!(
+            verdict,
+            Verdict::Refuse { .. } | Verdict::WouldRefuse { .. }
+        ) {
+            self.refused_now = true;
         }
         verdict
     }

@@ -54,7 +54,7 @@ impl Counts {
 pub struct RoundCounts {
     #[serde(rename = "r")]
     pub round: u64,
-    /// A send was refused at the ceiling in this round / in the one before.
+    /// A send was refused (at the ceiling or for a share) in this round / in the one before.
     #[serde(rename = "n", default)]
     pub refused_now: bool,
     #[serde(rename = "p", default)]

@@ -119,6 +119,41 @@ fn asks_of_an_uncontended_round_make_no_one_owed_the_next_uncontended_one() {
 }
 
 #[test]
+fn a_round_that_refused_a_tenant_its_share_keeps_the_next_one_contended() {
+    let mut book = ShareBook::new(&[1, 1]);
+    let mut round = 1;
+    book.refused_at_ceiling(A, 100, round);
+    book.refused_at_ceiling(B, 10, round);
+    round += 1;
+    // Round 2: A stops where B's 10 begin; B asks only 9 of them, so the last unit stays
+    // B's and no send meets the ceiling this round.
+    let mut room = 40;
+    while let Verdict::Admit = book.decide(A, 1, room, true, ShareMode::Enforce, round) {
+        room -= 1;
+    }
+    assert_eq!(room, 10);
+    for _ in 0..9 {
+        assert_eq!(
+            book.decide(B, 1, room, true, ShareMode::Enforce, round),
+            Verdict::Admit
+        );
+        room -= 1;
+    }
+    assert!(matches!(
+        book.decide(A, 1, room, true, ShareMode::Enforce, round),
+        Verdict::Refuse { .. }
+    ));
+    round += 1;
+    // Round 3 opens 40 again, far from the ceiling: A was refused its share last round, so
+    // the queue is still contended and B's 9 are kept for it.
+    let mut room = 40;
+    while let Verdict::Admit = book.decide(A, 1, room, false, ShareMode::Enforce, round) {
+        room -= 1;
+    }
+    assert_eq!(room, 9, "B's part of round 3 (it asked 9 in round 2)");
+}
+
+#[test]
 fn room_too_small_for_what_is_owed_is_shared_in_proportion_not_withheld_from_all() {
     let mut book = ShareBook::new(&[1, 1, 1]);
     let mut round = 1;
