@@ -510,6 +510,76 @@ async fn a_ceiling_lowered_in_the_settings_form_refuses_the_next_send_over_it() 
 }
 
 #[tokio::test]
+async fn a_sheddable_level_lowered_in_the_settings_form_refuses_the_next_sheddable_send() {
+    let (app, _dir) = gateway(&[("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "10")]).await;
+    send(&app, 3).await;
+    let sheddable = [("Sendgate-Criticality", "sheddable")];
+    let browser = Browser::start().await;
+    browser.client.goto(&app.url("/")).await.unwrap();
+    wait_displayed(&browser, "#settings-form").await;
+    assert_eq!(
+        browser
+            .text("label[for=set-shed_at_sheddable]")
+            .await
+            .unwrap(),
+        "Sheddable sends refused from (shed_at_sheddable)"
+    );
+    browser
+        .wait_text("#set-shed_at_sheddable-now", "the value in force", |t| {
+            t.contains("In force: 0.8") && t.contains("SENDGATE_SHED_AT_SHEDDABLE")
+        })
+        .await;
+    for (id, value) in [("fair_share_at", "0.9"), ("shed_at_default", "1")] {
+        let now = browser.text(&format!("#set-{id}-now")).await.unwrap();
+        assert!(now.contains(&format!("In force: {value}")), "{id}: {now}");
+    }
+
+    // Above the default level: the 400 names the field, nothing changes.
+    type_into(&browser, "#set-shed_at_sheddable", "1.5").await;
+    apply_settings(&browser).await;
+    let errors = browser
+        .wait_text("#settings-errors", "the 400's errors", |t| !t.is_empty())
+        .await;
+    assert!(
+        errors.contains("queues.requests.shed_at_sheddable"),
+        "{errors}"
+    );
+    assert_eq!(
+        app.send_with("requests", "{}", &sheddable).await.status(),
+        201
+    );
+
+    // A fraction, typed as one: sent as a number, and the next sheddable send over it is
+    // refused for its criticality while a default one is admitted.
+    type_into(&browser, "#set-shed_at_sheddable", "0.25").await;
+    apply_settings(&browser).await;
+    browser
+        .wait_text("#settings-result", "the change", |t| {
+            t.contains("queues.requests.shed_at_sheddable")
+        })
+        .await;
+    browser
+        .wait_text("#set-shed_at_sheddable-now", "the new level", |t| {
+            t.contains("In force: 0.25") && t.contains("overridden by anonymous")
+        })
+        .await;
+    let refused = app.send_with("requests", "{}", &sheddable).await;
+    assert_eq!(refused.status(), 429);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(
+        (
+            body["reason"].as_str(),
+            body["criticality"].as_str(),
+            body["limit"].as_u64()
+        ),
+        (Some("criticality"), Some("sheddable"), Some(2))
+    );
+    assert_eq!(app.send("requests", "{}").await.status(), 201);
+    browser.close().await;
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn with_keys_on_the_settings_form_needs_an_admin_token_kept_out_of_urls() {
     let admin = format!("adm-{}", uuid::Uuid::new_v4().simple());
     let observer = format!("obs-{}", uuid::Uuid::new_v4().simple());

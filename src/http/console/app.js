@@ -602,7 +602,11 @@
   // it is; "back to the default" sends null (the variable's value applies again).
 
   var ADMIN_KEY = "sendgate.adminToken";
-  var QUEUE_FIELDS = ["max_queue_depth", "fail_closed", "fail_closed_streak", "depth_ttl_ms"];
+  // Whole numbers, and shares of the ceiling (0-1), typed into a number field each.
+  var WHOLE_FIELDS = ["max_queue_depth", "fail_closed_streak", "depth_ttl_ms"];
+  var FRACTION_FIELDS = ["shed_at_sheddable", "shed_at_default", "fair_share_at"];
+  var TYPED_FIELDS = WHOLE_FIELDS.concat(FRACTION_FIELDS);
+  var QUEUE_FIELDS = ["fail_closed"].concat(TYPED_FIELDS);
   var settingsForm = document.getElementById("settings-form");
   var adminInput = document.getElementById("admin-token");
   var queueSelect = document.getElementById("settings-queue");
@@ -724,16 +728,17 @@
   function readPatch(problems) {
     var queue = queueSelect ? queueSelect.value : "";
     var changes = {};
-    [["max_queue_depth"], ["fail_closed_streak"], ["depth_ttl_ms"]].forEach(function (pair) {
-      var f = pair[0];
+    TYPED_FIELDS.forEach(function (f) {
       var input = document.getElementById("set-" + f);
       var back = document.getElementById("set-" + f + "-default");
       if (back && back.checked) {
         changes[f] = null;
       } else if (input && input.value.trim() !== "") {
         var text = input.value.trim();
-        // Sent as typed when it is not a whole number: the gateway's 400 says what is wrong.
-        changes[f] = /^-?\d+$/.test(text) ? Number(text) : text;
+        // Sent as typed when it is not a number of the field's kind: the gateway's 400
+        // says what is wrong.
+        var kind = FRACTION_FIELDS.indexOf(f) >= 0 ? /^-?\d+(\.\d+)?$/ : /^-?\d+$/;
+        changes[f] = kind.test(text) ? Number(text) : text;
       }
     });
     var gate = document.getElementById("set-fail_closed");
@@ -762,7 +767,7 @@
   }
 
   function clearInputs() {
-    ["max_queue_depth", "fail_closed_streak", "depth_ttl_ms"].forEach(function (f) {
+    TYPED_FIELDS.forEach(function (f) {
       var input = document.getElementById("set-" + f);
       var back = document.getElementById("set-" + f + "-default");
       if (input) input.value = "";

@@ -104,6 +104,18 @@ fn settings_form(keys: bool) -> Markup {
             }
         }
     };
+    // A share of the queue's ceiling (docs/contract.md, section 6: above 0, at most 1).
+    let fraction = |id: &str, label: &str| {
+        html! {
+            div.setting {
+                label for=(id) { (label) }
+                input id=(id) type="number" min="0" max="1" step="0.01" inputmode="decimal"
+                    aria-describedby={ (id) "-now" };
+                label.inline { input id={ (id) "-default" } type="checkbox"; " back to the default" }
+                p.help id={ (id) "-now" } {}
+            }
+        }
+    };
     html! {
         section #settings aria-labelledby="settings-title" {
             h2 #settings-title { "Runtime settings" }
@@ -143,6 +155,9 @@ fn settings_form(keys: bool) -> Markup {
                 }
                 (number("set-fail_closed_streak", "Fail-closed streak", 1, Some(u64::from(u32::MAX))))
                 (number("set-depth_ttl_ms", "Depth TTL (ms)", 0, Some(3_600_000)))
+                (fraction("set-shed_at_sheddable", "Sheddable sends refused from (shed_at_sheddable)"))
+                (fraction("set-shed_at_default", "Default sends refused from (shed_at_default)"))
+                (fraction("set-fair_share_at", "Shares apply from (fair_share_at)"))
                 div.setting {
                     label for="set-force_backend" { "Forced backend (all queues)" }
                     select #set-force_backend aria-describedby="set-force_backend-now" {
