@@ -524,3 +524,32 @@ async fn a_single_send_carries_its_attributes_and_trace_to_the_stored_message() 
         "the message joined the caller's trace: {parent}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sheddable_client_is_refused_from_its_level_where_a_default_one_is_admitted() {
+    let app = spawn_app_with(&[
+        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "10"),
+        ("SENDGATE_SHED_AT_SHEDDABLE", "0.5"),
+    ])
+    .await;
+    let config = || ClientConfig::new(app.address.clone()).deadline(Duration::from_secs(2));
+    let plain = Client::new(config()).unwrap();
+    let sheddable = Client::new(config().criticality(sendgate_client::Criticality::Sheddable))
+        .unwrap();
+    for i in 0..5 {
+        let outcome = plain.send("requests", "{}", Some(&format!("d-{i}"))).await;
+        assert!(matches!(outcome, SendOutcome::Queued { .. }), "{outcome:?}");
+    }
+    // Five of ten held: a sheddable send would pass its cut of 5; a default one may go.
+    let outcome = sheddable.send("requests", "{}", Some("s-0")).await;
+    match outcome {
+        SendOutcome::Failed {
+            last_error: AttemptError::Status { status: 429, .. },
+            ..
+        } => {}
+        other => panic!("{other:?}"),
+    }
+    let outcome = plain.send("requests", "{}", Some("d-5")).await;
+    assert!(matches!(outcome, SendOutcome::Queued { .. }), "{outcome:?}");
+    assert_eq!(app.stored("requests"), 6);
+}
