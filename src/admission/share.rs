@@ -5,6 +5,10 @@
 //! ceiling admits, with the room the ceiling sees, and it may only refuse. It knows nothing
 //! of how the room is measured (a local gate or a fleet's seat) nor of HTTP.
 
+use std::time::Duration;
+
+use tokio::time::Instant;
+
 use super::tenants::TenantIndex;
 
 /// What the book does with a send it would refuse.
@@ -109,6 +113,8 @@ pub struct ShareBook {
     heard_refused_before: bool,
     /// Units asked since the book began: the exchange tells nothing once this stops moving.
     asks: u64,
+    /// When a send last asked the book ([`Self::forget_if_idle`]).
+    asked_at: Option<Instant>,
 }
 
 impl ShareBook {
@@ -152,6 +158,31 @@ impl ShareBook {
         self.heard_refused_before = next && self.heard_refused_now;
         self.heard_refused_now = false;
         self.round = round;
+    }
+
+    /// Before a send asks the book at `now`: a book nobody asked for longer than `idle`
+    /// (the round and the next) forgets every count and refusal. Rounds end only at depth
+    /// reads, and an idle queue is not read: without this, the first read after an idle
+    /// hour would roll the hour-old round's asks in as the round before's, and owe room to
+    /// tenants that stopped sending long ago.
+    pub fn forget_if_idle(&mut self, now: Instant, idle: Duration) {
+        if self.idle_at(now, idle) {
+            for t in &mut self.tenants {
+                t.own = Counts::default();
+                t.heard = Counts::default();
+            }
+            self.refused_now = false;
+            self.refused_before = false;
+            self.heard_refused_now = false;
+            self.heard_refused_before = false;
+        }
+        self.asked_at = Some(now);
+    }
+
+    /// Whether nobody asked the book for longer than `idle` before `now`.
+    fn idle_at(&self, now: Instant, idle: Duration) -> bool {
+        self.asked_at
+            .is_some_and(|at| now.saturating_duration_since(at) > idle)
     }
 
     /// The round the book counts now.
@@ -345,8 +376,11 @@ impl ShareBook {
     }
 
     /// Each tenant's part of the room this round offers, for health (0–1 each; all 0 when
-    /// nothing is offered or nobody asks).
-    pub fn shares_now(&self, room: u64) -> Vec<f64> {
+    /// nothing is offered, nobody asks, or nobody asked for longer than `idle` before `now`).
+    pub fn shares_now(&self, room: u64, now: Instant, idle: Duration) -> Vec<f64> {
+        if self.idle_at(now, idle) {
+            return vec![0.0; self.tenants.len()];
+        }
         let offered = self
             .tenants
             .iter()

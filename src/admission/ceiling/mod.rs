@@ -127,7 +127,11 @@ impl CapacityGate {
         let room = snapshot
             .limit
             .saturating_sub(snapshot.backlog.unwrap_or_default());
-        let parts = shares.book.lock().shares_now(room);
+        let parts =
+            shares
+                .book
+                .lock()
+                .shares_now(room, tokio::time::Instant::now(), self.share_idle());
         counts
             .into_iter()
             .filter_map(|counts| {
@@ -190,6 +194,12 @@ impl CapacityGate {
         self.policy.load_full()
     }
 
+    /// How long the share book may go unasked before it forgets its counts: the round and
+    /// the next (docs/fairness.md).
+    fn share_idle(&self) -> std::time::Duration {
+        self.policy.load().share_round_span().saturating_mul(2)
+    }
+
     /// The swappable policy, shared with the queue's [`FleetSeat`].
     pub fn policy_cell(&self) -> &Arc<PolicyCell> {
         &self.policy
@@ -216,6 +226,12 @@ impl CapacityGate {
         units: u64,
     ) -> Result<Reservation, Refusal> {
         let units = units.max(1);
+        if let Some(shares) = self.shares.get() {
+            shares
+                .book
+                .lock()
+                .forget_if_idle(tokio::time::Instant::now(), self.share_idle());
+        }
         let Some(seat) = self.seat.get() else {
             self.admit_locally(None, units, asker).await?;
             return Ok(self.reservation(Decider::Local, units));
@@ -356,7 +372,11 @@ impl CapacityGate {
         let mut book = shares.book.lock();
         book.withdraw(asker.tenant, units, round);
         if matches!(refusal, Some(Refusal::QueueFull { .. })) {
-            book.refused_at_ceiling(asker.tenant, units, round);
+            // In the book's round now: the book may have moved on (or begun again, with a
+            // new epoch's reads) while the seat was asked, and must not roll back to the
+            // round the send was judged in.
+            let now = book.round();
+            book.refused_at_ceiling(asker.tenant, units, now);
         }
     }
 

@@ -107,6 +107,13 @@ impl CapacityPolicy {
         read / self.reads_per_round()
     }
 
+    /// How long a share round lasts when reads come as often as the TTL allows (at least
+    /// [`SHARE_ROUND`]).
+    pub fn share_round_span(&self) -> Duration {
+        let per_round = u32::try_from(self.reads_per_round()).unwrap_or(u32::MAX);
+        self.ttl.saturating_mul(per_round).max(SHARE_ROUND)
+    }
+
     /// Depth reads per share round: enough reads, at least a TTL apart, to span
     /// [`SHARE_ROUND`] (a TTL of 0 counted as 1 ms).
     pub fn reads_per_round(&self) -> u64 {

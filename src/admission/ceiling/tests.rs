@@ -1342,3 +1342,70 @@ async fn a_queues_shed_level_is_the_override_in_force() {
     assert_eq!(g.fair_policy(), g.fair_base());
     held.push(g.admit_units_for(asker(0, Sheddable), 1).await.unwrap());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_queue_idle_for_two_rounds_forgets_who_asked_and_that_it_was_contended() {
+    use crate::admission::share::ShareMode;
+    use crate::admission::tenants::Criticality::Default as D;
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
+    let g = gate(policy(40, SHARE_TTL_MS, false, 3), &backend);
+    g.share_among(&two_tenants(), fair(ShareMode::Enforce));
+    let (a, b) = (asker(0, D), asker(1, D));
+    // A fills the queue; B is refused at the ceiling twenty times.
+    let mut held = Vec::new();
+    while let Ok(r) = g.admit_units_for(a, 1).await {
+        held.push(r);
+    }
+    for _ in 0..20 {
+        assert!(matches!(
+            g.admit_units_for(b, 1).await,
+            Err(Refusal::QueueFull { .. })
+        ));
+    }
+    assert!(g.tenants(&g.snapshot()).iter().any(|t| t.share > 0.0));
+    // Everything drains; nobody sends for an hour.
+    for r in held.drain(..) {
+        r.finish(BacklogEffect::NotStored);
+    }
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    // Health shows no part for anyone: nobody asked in this round or the last.
+    let shares: Vec<f64> = g.tenants(&g.snapshot()).iter().map(|t| t.share).collect();
+    assert_eq!(shares, [0.0, 0.0]);
+    // A alone, to the empty queue: the whole ceiling is its (an hour-old round's asks and
+    // refusals count for nothing).
+    let mut got = 0;
+    while let Ok(r) = g.admit_units_for(a, 1).await {
+        held.push(r);
+        got += 1;
+    }
+    assert_eq!(got, 40, "work-conserving after an idle hour");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queue_asked_within_two_rounds_keeps_what_it_counted() {
+    use crate::admission::share::ShareMode;
+    use crate::admission::tenants::Criticality::Default as D;
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
+    let g = gate(policy(40, SHARE_TTL_MS, false, 3), &backend);
+    g.share_among(&two_tenants(), fair(ShareMode::Enforce));
+    let (a, b) = (asker(0, D), asker(1, D));
+    let mut held = Vec::new();
+    while let Ok(r) = g.admit_units_for(a, 1).await {
+        held.push(r);
+    }
+    assert!(matches!(
+        g.admit_units_for(b, 1).await,
+        Err(Refusal::QueueFull { .. })
+    ));
+    for r in held.drain(..10) {
+        r.finish(BacklogEffect::NotStored);
+    }
+    // Just under two rounds later (reads a second apart): B's ask still counts.
+    tokio::time::advance(Duration::from_millis(1_900)).await;
+    let mut a_got = 0;
+    while let Ok(r) = g.admit_units_for(a, 1).await {
+        held.push(r);
+        a_got += 1;
+    }
+    assert_eq!(a_got, 9, "B's unit of the 10 is kept for it");
+}

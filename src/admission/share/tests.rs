@@ -419,3 +419,67 @@ async fn a_tenant_that_goes_idle_leaves_its_part_to_the_others_and_a_new_one_get
         assert!((b - 0.5).abs() <= 0.1, "{per_second:?}");
     }
 }
+
+#[test]
+fn a_withdrawal_takes_back_only_from_the_round_it_was_counted_in() {
+    let mut book = ShareBook::new(&[1, 1]);
+    book.count_admitted(A, 5, 1);
+    book.withdraw(A, 2, 1);
+    assert_eq!(book.tenants[0].own.admitted, 3);
+    assert_eq!(book.tenants[0].own.asked, 3);
+    // Round 2 counts its own: a unit of round 1 given back takes nothing of them.
+    book.count_admitted(A, 4, 2);
+    book.withdraw(A, 1, 1);
+    assert_eq!(
+        book.tenants[0].own,
+        Counts {
+            asked_before: 3,
+            asked: 4,
+            admitted: 4
+        }
+    );
+}
+
+#[test]
+fn counts_heard_of_the_round_before_move_back_one_those_of_the_round_after_roll_it_on() {
+    let view = |round, asked, admitted| RoundView {
+        round,
+        refused_now: true,
+        refused_before: false,
+        counts: vec![(
+            B,
+            Counts {
+                asked_before: 1,
+                asked,
+                admitted,
+            },
+        )],
+    };
+    // A replica one read behind: its asks are this round's asks before, nothing admitted.
+    let mut book = ShareBook::new(&[1, 1]);
+    book.count_admitted(A, 1, 5);
+    book.hear(view(4, 7, 7));
+    assert_eq!(
+        book.tenants[1].heard,
+        Counts {
+            asked_before: 7,
+            ..Counts::default()
+        }
+    );
+    assert!(!book.heard_refused_now && book.heard_refused_before);
+    // One read ahead: the book rolls on to it and takes the counts as they are.
+    book.hear(view(6, 3, 2));
+    assert_eq!(book.round(), 6);
+    assert_eq!(
+        book.tenants[1].heard,
+        Counts {
+            asked_before: 1,
+            asked: 3,
+            admitted: 2
+        }
+    );
+    assert_eq!(book.tenants[0].own.asked_before, 1, "its own rolled too");
+    // Any other round is dropped.
+    book.hear(view(9, 100, 100));
+    assert_eq!(book.tenants[1].heard.asked, 3);
+}
