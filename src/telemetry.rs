@@ -25,6 +25,7 @@ use tokio::task::futures::TaskLocalFuture;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_subscriber::field::RecordFields;
+use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
@@ -239,8 +240,15 @@ fn filter(rust_log: Option<&str>) -> EnvFilter {
     let filter = rust_log
         .and_then(|directives| EnvFilter::try_new(directives).ok())
         .unwrap_or_else(|| EnvFilter::new("info"));
-    NO_PAYLOADS.iter().fold(filter, |filter, directive| {
-        // Constants, checked by the tests below: never input.
+    // At DEBUG at most, and never more than `RUST_LOG` asks of anything: a directive sets
+    // its module's level, so a cap above the filter's own would raise it.
+    let most = filter
+        .max_level_hint()
+        .map_or(LevelFilter::DEBUG, |hint| hint.min(LevelFilter::DEBUG));
+    NO_PAYLOADS.iter().fold(filter, |filter, &(module, off)| {
+        let level = if off { LevelFilter::OFF } else { most };
+        // Constants and a level's own name, checked by the tests below: never input.
+        let directive = format!("{module}={level}");
         filter.add_directive(directive.parse().expect("a valid directive"))
     })
 }
@@ -252,11 +260,12 @@ fn filter(rust_log: Option<&str>) -> EnvFilter {
 /// body frame is the payload, of `connection.start-ok` the PLAIN password) and the
 /// frames it discards. Those modules stay at DEBUG at most; nothing else of lapin's is
 /// touched.
-const NO_PAYLOADS: &[&str] = &[
-    "lapin::returned_messages=off",
-    "lapin::channels=debug",
-    "lapin::io_loop=debug",
-    "lapin::frames=debug",
+const NO_PAYLOADS: &[(&str, bool)] = &[
+    // (module, off altogether)
+    ("lapin::returned_messages", true),
+    ("lapin::channels", false),
+    ("lapin::io_loop", false),
+    ("lapin::frames", false),
 ];
 
 /// One JSON object per event: `timestamp`, `level`, `target`, the current request's
@@ -477,6 +486,10 @@ mod tests {
             logged_under("not a filter [").contains("ours at info"),
             "invalid: info"
         );
+        // The caps never raise a module past what `RUST_LOG` asks.
+        let text = logged_under("info");
+        assert!(!text.contains("io loop at debug"), "{text}");
+        assert!(text.contains("ours at info"), "{text}");
     }
 
     #[derive(Clone, Default)]
