@@ -260,7 +260,7 @@ mod tests {
                 _: &str,
                 _: &str,
                 mine: &RoundCounts,
-            ) -> Result<RoundCounts, crate::coordination::port::LedgerError> {
+            ) -> Result<RoundCounts, crate::coordination::shares::ExchangeError> {
                 self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 Ok(RoundCounts::empty(mine.round))
             }

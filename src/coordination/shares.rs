@@ -14,6 +14,9 @@ use serde::{Deserialize, Serialize};
 
 use super::port::LedgerError;
 
+/// Why an exchange failed: the Redis call's own errors (its deadline, its connection).
+pub type ExchangeError = LedgerError;
+
 /// How long a replica's counts are kept after it sent them: a round and the next, and a
 /// margin for a late exchange. One that stops sending (drained, cut off, gone) is nobody's
 /// asker after that.
