@@ -367,7 +367,7 @@ pub const FAIR_SHARE_AT: Var = Var::server(
     "SENDGATE_FAIR_SHARE_AT",
     G::Capacity,
     K::Fraction,
-    "A queue is contended, and its room shared by weight, once its backlog is at or over this share of the ceiling (or it refused at the ceiling this second or the last).",
+    "A queue is contended, and its room shared by weight, once its backlog is at or over this share of the ceiling (or it refused a send, at the ceiling or for a tenant's share, this round of depth reads or the last).",
 )
 .default("0.9");
 pub const SHED_AT_SHEDDABLE: Var = Var::server(
