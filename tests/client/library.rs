@@ -534,8 +534,8 @@ async fn a_sheddable_client_is_refused_from_its_level_where_a_default_one_is_adm
     .await;
     let config = || ClientConfig::new(app.address.clone()).deadline(Duration::from_secs(2));
     let plain = Client::new(config()).unwrap();
-    let sheddable = Client::new(config().criticality(sendgate_client::Criticality::Sheddable))
-        .unwrap();
+    let sheddable =
+        Client::new(config().criticality(sendgate_client::Criticality::Sheddable)).unwrap();
     for i in 0..5 {
         let outcome = plain.send("requests", "{}", Some(&format!("d-{i}"))).await;
         assert!(matches!(outcome, SendOutcome::Queued { .. }), "{outcome:?}");
