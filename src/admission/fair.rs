@@ -200,7 +200,10 @@ impl Judge for ShareJudge<'_> {
         let near = estimate as f64 >= self.policy.share_at.get() * limit as f64;
         let verdict = {
             let mut book = self.book.lock();
-            let verdict = book.decide(tenant, units, room, near, self.policy.mode, round);
+            // The ceiling's room in all, of which `room` may be this replica's share.
+            let whole = limit.saturating_sub(estimate).max(room);
+            let verdict =
+                book.decide_in_part(tenant, units, (room, whole), near, self.policy.mode, round);
             self.counted_in = Some(book.round());
             verdict
         };

@@ -305,6 +305,22 @@ impl ShareBook {
         mode: ShareMode,
         round: u64,
     ) -> Verdict {
+        self.decide_in_part(tenant, units, (room, room), near, mode, round)
+    }
+
+    /// As [`Self::decide`], judged on `rooms.0`, this replica's part of the room, of
+    /// `rooms.1` the ceiling has left in all (a fleet's replica judges on its share of what
+    /// is left, docs/fairness.md "In a fleet").
+    pub fn decide_in_part(
+        &mut self,
+        tenant: TenantIndex,
+        units: u64,
+        rooms: (u64, u64),
+        near: bool,
+        mode: ShareMode,
+        round: u64,
+    ) -> Verdict {
+        let (room, whole) = rooms;
         self.roll(round);
         let index = usize::from(tenant.0);
         if !self.ask(index, units) {
@@ -313,14 +329,18 @@ impl ShareBook {
         // One tenant is owed nothing by anyone else: whatever the ceiling admits is its
         // (open mode, a keys file of one tenant), without the parts computed per send.
         let alone = self.tenants.len() == 1;
-        let verdict = if alone || mode == ShareMode::Off || !self.contended(near) {
-            Verdict::Admit
+        let (verdict, scarce) = if alone || mode == ShareMode::Off || !self.contended(near) {
+            (Verdict::Admit, false)
         } else {
-            match self.over_part(index, units, room) {
+            let verdict = match self.over_part(index, units, room) {
                 None => Verdict::Admit,
                 Some((share, _)) if mode == ShareMode::Shadow => Verdict::WouldRefuse { share },
                 Some((share, room)) => Verdict::Refuse { share, room },
-            }
+            };
+            // Over its part of the whole room too, not only of this replica's share of it.
+            let scarce = verdict != Verdict::Admit
+                && (whole <= room || self.over_part(index, units, whole).is_some());
+            (verdict, scarce)
         };
         if !matches!(verdict, Verdict::Refuse { .. }) {
             let asker = &mut self.tenants[index].own;
@@ -329,11 +349,11 @@ impl ShareBook {
         // A share refused (or, in shadow, one that would be) keeps the queue contended for
         // the next round, as a refusal at the ceiling does: else a round that ends with the
         // room a modest tenant is owed still unused would start the next one uncontended,
-        // and the greedy tenant would take it all before the ceiling refuses anyone.
-        if matches!(
-            verdict,
-            Verdict::Refuse { .. } | Verdict::WouldRefuse { .. }
-        ) {
+        // and the greedy tenant would take it all before the ceiling refuses anyone. Only
+        // a refusal the whole room would make: on its share of the room, each of a fleet's
+        // replicas keeps back all of what the others are owed, and refusals of that alone
+        // would keep a queue whose demand fits contended round after round.
+        if scarce {
             self.refused_now = true;
         }
         verdict

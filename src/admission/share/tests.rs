@@ -483,3 +483,30 @@ fn counts_heard_of_the_round_before_move_back_one_those_of_the_round_after_roll_
     book.hear(view(9, 100, 100));
     assert_eq!(book.tenants[1].heard.asked, 3);
 }
+
+#[test]
+fn a_refusal_only_a_replicas_share_of_the_room_makes_does_not_keep_the_queue_contended() {
+    let mut book = ShareBook::new(&[1, 1]);
+    book.refused_at_ceiling(A, 80, 1);
+    book.refused_at_ceiling(B, 15, 1);
+    // Round 2: 100 units left in all; this replica of five judges on its 20, of which B's
+    // part is half (it wants 15), so A stops at 10 here, though the whole room has A's
+    // 80 beside B's 15.
+    let mut a = 0;
+    while let Verdict::Admit =
+        book.decide_in_part(A, 1, (20 - a, 100 - a), true, ShareMode::Enforce, 2)
+    {
+        a += 1;
+    }
+    assert_eq!(a, 10);
+    assert_eq!(
+        book.decide_in_part(B, 1, (10, 90), true, ShareMode::Enforce, 2),
+        Verdict::Admit
+    );
+    // Round 3, far from the ceiling: that refusal was of this replica's share alone, so
+    // the queue is not contended and A may take the room B asked for last round.
+    assert_eq!(
+        book.decide_in_part(A, 30, (30, 30), false, ShareMode::Enforce, 3),
+        Verdict::Admit
+    );
+}
