@@ -195,9 +195,14 @@ impl CapacityGate {
     }
 
     /// How long the share book may go unasked before it forgets its counts: the round and
-    /// the next (docs/fairness.md).
+    /// the next (docs/fairness.md), and the longest a send may take between asking and
+    /// being counted (a depth read's deadline).
     fn share_idle(&self) -> std::time::Duration {
-        self.policy.load().share_round_span().saturating_mul(2)
+        let policy = self.policy.load();
+        policy
+            .share_round_span()
+            .saturating_mul(2)
+            .saturating_add(policy.read_timeout)
     }
 
     /// The swappable policy, shared with the queue's [`FleetSeat`].

@@ -1409,3 +1409,35 @@ async fn a_queue_asked_within_two_rounds_keeps_what_it_counted() {
     }
     assert_eq!(a_got, 9, "B's unit of the 10 is kept for it");
 }
+
+#[tokio::test(start_paused = true)]
+async fn what_the_seat_does_not_admit_gives_back_the_quota_the_judge_took_and_only_that() {
+    use crate::admission::share::ShareMode;
+    use crate::admission::tenants::Criticality::Default as D;
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
+    let g = gate(policy(10, 10_000, false, 3), &backend);
+    g.share_among(&tenants(&[1]), fair(ShareMode::Enforce));
+    let rates = quotas(&g, &[rated(0.01, 2)]);
+    let a = crate::admission::tenants::TenantIndex(0);
+    let available = || {
+        rates
+            .state(a, tokio::time::Instant::now())
+            .unwrap()
+            .available
+    };
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(g.admit_units_for(asker(0, D), 1).await.unwrap());
+    }
+    assert_eq!(available(), 0);
+    // The judge took it (it admitted): given back.
+    let taken = super::Counted {
+        in_round: None,
+        quotas: true,
+    };
+    g.unjudge(asker(0, D), 1, taken, None);
+    assert_eq!(available(), 1);
+    // It took none: nothing is given back.
+    g.unjudge(asker(0, D), 1, super::Counted::default(), None);
+    assert_eq!(available(), 1);
+}
