@@ -25,11 +25,13 @@ use tokio::task::futures::TaskLocalFuture;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_subscriber::field::RecordFields;
-use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
+use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
@@ -47,9 +49,13 @@ pub fn init(format: LogFormat) {
         LogFormat::Json => builder
             .fmt_fields(JsonMembers)
             .event_format(FlatJson)
+            .finish()
+            .with(no_payloads())
             .try_init(),
         LogFormat::Text => builder
             .event_format(TextLine::<SystemTime>::default())
+            .finish()
+            .with(no_payloads())
             .try_init(),
     };
 }
@@ -235,22 +241,11 @@ impl EveryPeriod {
     }
 }
 
-/// `RUST_LOG` (or `info` when unset or invalid), with [`NO_PAYLOADS`] on top.
+/// `RUST_LOG` (or `info` when unset or invalid).
 fn filter(rust_log: Option<&str>) -> EnvFilter {
-    let filter = rust_log
+    rust_log
         .and_then(|directives| EnvFilter::try_new(directives).ok())
-        .unwrap_or_else(|| EnvFilter::new("info"));
-    // At DEBUG at most, and never more than `RUST_LOG` asks of anything: a directive sets
-    // its module's level, so a cap above the filter's own would raise it.
-    let most = filter
-        .max_level_hint()
-        .map_or(LevelFilter::DEBUG, |hint| hint.min(LevelFilter::DEBUG));
-    NO_PAYLOADS.iter().fold(filter, |filter, &(module, off)| {
-        let level = if off { LevelFilter::OFF } else { most };
-        // Constants and a level's own name, checked by the tests below: never input.
-        let directive = format!("{module}={level}");
-        filter.add_directive(directive.parse().expect("a valid directive"))
-    })
+        .unwrap_or_else(|| EnvFilter::new("info"))
 }
 
 /// Logs never carry message bodies or the broker password, whatever `RUST_LOG` says.
@@ -259,14 +254,17 @@ fn filter(rust_log: Option<&str>) -> EnvFilter {
 /// `send_failed` itself); at TRACE it logs every frame it reads or writes (`Debug` of a
 /// body frame is the payload, of `connection.start-ok` the PLAIN password) and the
 /// frames it discards. Those modules stay at DEBUG at most; nothing else of lapin's is
-/// touched.
-const NO_PAYLOADS: &[(&str, bool)] = &[
-    // (module, off altogether)
-    ("lapin::returned_messages", true),
-    ("lapin::channels", false),
-    ("lapin::io_loop", false),
-    ("lapin::frames", false),
-];
+/// touched. A filter of its own beside `RUST_LOG`'s, so it can only lower a level: a
+/// directive added to `RUST_LOG`'s would set the module's level, raising it where
+/// `RUST_LOG` asked for less.
+fn no_payloads() -> Targets {
+    Targets::new()
+        .with_default(LevelFilter::TRACE)
+        .with_target("lapin::returned_messages", LevelFilter::OFF)
+        .with_target("lapin::channels", LevelFilter::DEBUG)
+        .with_target("lapin::io_loop", LevelFilter::DEBUG)
+        .with_target("lapin::frames", LevelFilter::DEBUG)
+}
 
 /// One JSON object per event: `timestamp`, `level`, `target`, the current request's
 /// fields, the fields of the spans it happened in (outermost first) and the event's own
@@ -448,7 +446,8 @@ mod tests {
         let subscriber = tracing_subscriber::fmt()
             .with_writer(out.clone())
             .with_env_filter(filter(Some(rust_log)))
-            .finish();
+            .finish()
+            .with(no_payloads());
         tracing::subscriber::with_default(subscriber, || {
             tracing::warn!(target: "lapin::returned_messages", "returned PAYLOAD-1");
             tracing::trace!(target: "lapin::channels", "will handle frame PAYLOAD-2");
@@ -487,9 +486,16 @@ mod tests {
             "invalid: info"
         );
         // The caps never raise a module past what `RUST_LOG` asks.
-        let text = logged_under("info");
-        assert!(!text.contains("io loop at debug"), "{text}");
-        assert!(text.contains("ours at info"), "{text}");
+        for rust_log in [
+            "info",
+            "info,lapin=warn",
+            "info,lapin=off",
+            "error,sendgate=debug",
+        ] {
+            let text = logged_under(rust_log);
+            assert!(!text.contains("io loop at debug"), "{rust_log}: {text}");
+        }
+        assert!(logged_under("info").contains("ours at info"));
     }
 
     #[derive(Clone, Default)]
