@@ -549,9 +549,10 @@ async fn a_sheddable_level_lowered_in_the_settings_form_refuses_the_next_sheddab
         201
     );
 
-    // A fraction, typed as one: sent as a number, and the next sheddable send over it is
-    // refused for its criticality while a default one is admitted.
-    type_into(&browser, "#set-shed_at_sheddable", "0.25").await;
+    // A fraction, typed as a number field takes one (".25"): sent as a number, and the
+    // next sheddable send over it is refused for its criticality while a default one is
+    // admitted.
+    type_into(&browser, "#set-shed_at_sheddable", ".25").await;
     apply_settings(&browser).await;
     browser
         .wait_text("#settings-result", "the change", |t| {

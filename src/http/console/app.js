@@ -735,10 +735,15 @@
         changes[f] = null;
       } else if (input && input.value.trim() !== "") {
         var text = input.value.trim();
-        // Sent as typed when it is not a number of the field's kind: the gateway's 400
-        // says what is wrong.
-        var kind = FRACTION_FIELDS.indexOf(f) >= 0 ? /^-?\d+(\.\d+)?$/ : /^-?\d+$/;
-        changes[f] = kind.test(text) ? Number(text) : text;
+        var n = Number(text);
+        // A number as the browser's number field takes it (".5", "1e-1"); sent as typed
+        // when it is none, or not whole where the field wants a whole one: the gateway's
+        // 400 says what is wrong.
+        var whole = FRACTION_FIELDS.indexOf(f) < 0;
+        changes[f] = isFinite(n) && (!whole || Number.isInteger(n)) ? n : text;
+      } else if (input && input.validity && input.validity.badInput) {
+        // What the browser could not read as a number ("0,5"): said, not dropped.
+        problems.push(f + ": not a number.");
       }
     });
     var gate = document.getElementById("set-fail_closed");
