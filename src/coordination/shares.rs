@@ -26,10 +26,10 @@ pub const KEEP_COUNTS: Duration = Duration::from_secs(3);
 /// holds it to): an entry with more is not a replica's, and is ignored.
 const MAX_NAMED: usize = 1000;
 
-/// The longest entry a replica's counts can be (1000 tenants of 128-byte names, each count
-/// at u64's widest, is under 100 KiB): a longer one is not a replica's, and is ignored
-/// unparsed.
-const MAX_ENTRY_BYTES: usize = 256 * 1024;
+/// Longer than any replica's counts can be (1000 tenants of 128-byte names, each byte
+/// escaped as JSON may escape it, each count at u64's widest, is under 350 KB): a longer
+/// entry is not a replica's, and is ignored unparsed.
+const MAX_ENTRY_BYTES: usize = 1024 * 1024;
 
 /// One tenant's counts of a round, in units (a batch's entries each count).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
