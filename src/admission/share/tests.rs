@@ -510,3 +510,20 @@ fn a_refusal_only_a_replicas_share_of_the_room_makes_does_not_keep_the_queue_con
         Verdict::Admit
     );
 }
+
+#[test]
+fn a_book_forgets_only_once_it_was_idle_for_longer_than_the_window() {
+    let idle = Duration::from_secs(2);
+    let start = Instant::now();
+    let mut book = ShareBook::new(&[1, 1]);
+    book.forget_if_idle(start, idle);
+    book.refused_at_ceiling(B, 3, 1);
+    // Exactly the window later: kept.
+    book.forget_if_idle(start + idle, idle);
+    assert_eq!(book.tenants[1].own.asked, 3);
+    assert!(book.refused_now);
+    // Past it: forgotten, flags and all.
+    book.forget_if_idle(start + idle * 2 + Duration::from_millis(1), idle);
+    assert_eq!(book.tenants[1].own, Counts::default());
+    assert!(!book.refused_now);
+}
