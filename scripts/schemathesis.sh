@@ -14,9 +14,14 @@
 # first 202 drains the gateway and the process exits (nothing is in flight), so every
 # later request would fail to connect. That 202 is tested in tests/api/admin.rs.
 #
-# POST /admin/breakers/{backend} runs in a third pass, last: its `open` holds the primary's
+# POST /admin/breakers/{backend} runs in a third pass: its `open` holds the primary's
 # breaker open, after which every send is a 503 backend_unavailable (a server-error finding
 # for the send route). Its effect on sends is tested in tests/api/settings.rs.
+#
+# A fourth pass runs against a second gateway, the default open mode (no keys file, on
+# loopback), with every check too: its document declares no security requirement, so
+# `ignored_auth` must find no route that asks for a token it does not check (POST
+# /admin/drain and the breakers left out, as above).
 #
 # schemathesis lives in a project-local virtualenv (.venv-schemathesis/, git- and
 # docker-ignored), installed from PyPI on first use, pinned.
@@ -38,11 +43,12 @@ BINARY=target/debug/sendgate
 
 WORK=$(mktemp -d)
 PID=""
+OPEN_PID=""
 cleanup() {
-    if [ -n "$PID" ]; then
-        kill "$PID" 2>/dev/null || true
-        wait "$PID" 2>/dev/null || true
-    fi
+    for pid in $PID $OPEN_PID; do
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -94,9 +100,39 @@ echo "-- schemathesis: POST /admin/drain, /health/detailed, /metrics as a sender
 "${SCHEMATHESIS[@]}" -H "Authorization: Bearer $SENDER_TOKEN" \
     --include-path /admin/drain --include-path /health/detailed --include-path /metrics || failed=1
 
-echo "-- schemathesis: POST /admin/breakers/{backend}, as an admin (last: it may hold the breaker open)"
+echo "-- schemathesis: POST /admin/breakers/{backend}, as an admin (it may hold the breaker open)"
 "${SCHEMATHESIS[@]}" -H "Authorization: Bearer $ADMIN_TOKEN" \
     --include-path '/admin/breakers/{backend}' || failed=1
+
+OPEN_PORT=$("$VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+OPEN_BASE="http://127.0.0.1:$OPEN_PORT"
+echo "-- starting an open-mode sendgate on $OPEN_BASE (log: $WORK/sendgate-open.log)"
+env -i PATH="$PATH" \
+    SENDGATE_LISTEN="127.0.0.1:$OPEN_PORT" \
+    SENDGATE_BACKEND=embedded \
+    SENDGATE_DATA_DIR="$WORK/data-open" \
+    SERVICEBUS_SEND_MAX_QUEUE_DEPTH=20 \
+    SENDGATE_DEPTH_TTL_MS=0 \
+    SENDGATE_MAX_BODY_BYTES=64 \
+    "$BINARY" serve >"$WORK/sendgate-open.log" 2>&1 &
+OPEN_PID=$!
+for _ in $(seq 1 200); do
+    if curl -fsS -o /dev/null "$OPEN_BASE/health/ready" 2>/dev/null; then break; fi
+    sleep 0.1
+done
+if curl -fsS "$OPEN_BASE/openapi.json" | grep -q '"security"'; then
+    echo "schemathesis: the open gateway's document declares a security requirement"
+    failed=1
+fi
+echo "-- schemathesis: every route but POST /admin/drain and the breakers, open mode, no token"
+OPEN_RUN=("${SCHEMATHESIS[@]}")
+OPEN_RUN[4]="$OPEN_BASE/openapi.json" # the URL, after `run`
+"${OPEN_RUN[@]}" --exclude-path /admin/drain --exclude-path '/admin/breakers/{backend}' || failed=1
+if ! kill -0 "$OPEN_PID" 2>/dev/null; then
+    echo "schemathesis: the open gateway exited during the run"
+    tail -n 40 "$WORK/sendgate-open.log"
+    failed=1
+fi
 
 if ! kill -0 "$PID" 2>/dev/null; then
     echo "schemathesis: the gateway exited during the run"

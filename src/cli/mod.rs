@@ -38,8 +38,14 @@ enum Command {
     },
     /// Send one message per JSON line to a gateway (the producer client).
     Send(send::SendArgs),
-    /// Print the OpenAPI 3.1 document that GET /openapi.json serves (docs/openapi.json).
-    Openapi,
+    /// Print the OpenAPI 3.1 document that GET /openapi.json serves with API keys
+    /// (docs/openapi.json).
+    Openapi {
+        /// The document an open gateway (no keys file) serves instead: no security
+        /// requirement on any route.
+        #[arg(long)]
+        open: bool,
+    },
     /// Print what the variable descriptors render (`.env.example`, the README table).
     #[command(hide = true)]
     Config {
@@ -64,8 +70,9 @@ pub fn run() -> ExitCode {
         Command::Keys { action } => keys::run(action),
         Command::Send(args) => send::run(args),
         Command::Config { action } => config::run(action),
-        Command::Openapi => {
-            print!("{}", crate::http::openapi::json());
+        Command::Openapi { open } => {
+            use crate::http::openapi::{json_for, Mode};
+            print!("{}", json_for(if open { Mode::Open } else { Mode::Keys }));
             ExitCode::SUCCESS
         }
     }

@@ -1,19 +1,23 @@
 //! The OpenAPI 3.1 document, generated from the code: the routes' `#[utoipa::path]`
 //! annotations (beside each handler) and the bodies' `ToSchema` (the wire types, and the
-//! health and admin bodies). `GET /openapi.json` serves it; `sendgate openapi` prints it;
-//! `docs/openapi.json` is the committed copy (tests/api/openapi.rs keeps the three equal).
+//! health and admin bodies). `GET /openapi.json` serves the document of the gateway that
+//! serves it: with API keys, every route that needs a token declares the bearer scheme;
+//! open, nothing declares a security requirement (no route asks for one). `sendgate
+//! openapi` prints the keys document, and `docs/openapi.json` is its committed copy
+//! (tests/api/openapi.rs keeps the three equal).
 //!
 //! The route is open, like `/health/live`: it describes the API, which is public
 //! (docs/contract.md), and a client generator must be able to read it without a key.
 
 use std::sync::LazyLock;
 
-use actix_web::HttpResponse;
+use actix_web::{web, HttpResponse};
 use serde_json::Value;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::headers::spelling;
+use super::state::AppState;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -82,15 +86,57 @@ const ALWAYS_SET: [&str; 5] = [
     "Cache-Control",
 ];
 
-/// The document as pretty JSON with a final newline: byte for byte `docs/openapi.json`.
+/// Which gateway a document describes: how its callers authenticate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// No keys file: no route needs a token.
+    Open,
+    /// `SENDGATE_API_KEYS_FILE`: bearer tokens.
+    Keys,
+}
+
+/// The keys document as pretty JSON with a final newline: byte for byte
+/// `docs/openapi.json`.
+pub fn json() -> String {
+    json_for(Mode::Keys)
+}
+
+/// The document of a gateway in `mode`, as pretty JSON with a final newline.
 ///
 /// Object keys come out sorted (serde_json's map), so the committed file diffs stably.
-pub fn json() -> String {
+pub fn json_for(mode: Mode) -> String {
     let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or(Value::Null);
     finish(&mut doc);
+    if mode == Mode::Open {
+        open(&mut doc);
+    }
     let mut text = serde_json::to_string_pretty(&doc).unwrap_or_default();
     text.push('\n');
     text
+}
+
+/// An open gateway's document: no security requirement anywhere (top level or per
+/// operation) and no scheme to refer to, so a client or a fuzzer is told the truth, that
+/// no route asks for a token.
+fn open(doc: &mut Value) {
+    let Some(root) = doc.as_object_mut() else {
+        return;
+    };
+    root.remove("security");
+    if let Some(components) = root.get_mut("components").and_then(Value::as_object_mut) {
+        components.remove("securitySchemes");
+    }
+    let Some(paths) = root.get_mut("paths").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for operation in paths
+        .values_mut()
+        .filter_map(Value::as_object_mut)
+        .flat_map(|item| item.values_mut())
+        .filter_map(Value::as_object_mut)
+    {
+        operation.remove("security");
+    }
 }
 
 /// What the annotations cannot say: every answer's `X-Request-Id` (set by
@@ -152,7 +198,8 @@ fn head_too_large() -> Value {
     })
 }
 
-static DOCUMENT: LazyLock<String> = LazyLock::new(json);
+static KEYS_DOCUMENT: LazyLock<String> = LazyLock::new(|| json_for(Mode::Keys));
+static OPEN_DOCUMENT: LazyLock<String> = LazyLock::new(|| json_for(Mode::Open));
 
 #[utoipa::path(
     get,
@@ -162,14 +209,19 @@ static DOCUMENT: LazyLock<String> = LazyLock::new(json);
     summary = "This document (OpenAPI 3.1)",
     security(()),
     responses(
-        (status = 200, description = "The document; the same bytes as docs/openapi.json.", body = Object, content_type = "application/json"),
+        (status = 200, description = "The document of this gateway: with API keys, the same bytes as docs/openapi.json; open, the same without any security requirement.", body = Object, content_type = "application/json"),
         (status = 403, description = "`forbidden_host` (open mode, a Host that is not loopback).", body = sendgate_wire::ErrorBody),
     )
 )]
-pub async fn openapi_json() -> HttpResponse {
+pub async fn openapi_json(state: web::Data<AppState>) -> HttpResponse {
+    let document = if state.auth.is_open() {
+        &OPEN_DOCUMENT
+    } else {
+        &KEYS_DOCUMENT
+    };
     HttpResponse::Ok()
         .content_type("application/json")
-        .body(DOCUMENT.as_str())
+        .body(document.as_str())
 }
 
 #[cfg(test)]
@@ -194,6 +246,31 @@ mod tests {
             }
         }
         assert!(answers > 20, "{answers}");
+    }
+
+    #[test]
+    fn the_open_document_declares_no_security_and_the_keys_one_bearer_on_its_routes() {
+        let keys: Value = serde_json::from_str(&json_for(Mode::Keys)).unwrap();
+        let open: Value = serde_json::from_str(&json_for(Mode::Open)).unwrap();
+        assert_eq!(keys["security"], serde_json::json!([{"bearer": []}]));
+        assert!(keys["components"]["securitySchemes"]["bearer"].is_object());
+        let send = &keys["paths"]["/openapi.json"]["get"]["security"];
+        assert_eq!(
+            *send,
+            serde_json::json!([{}]),
+            "an open route of the keys gateway"
+        );
+        let text = json_for(Mode::Open);
+        assert!(
+            !text.contains("\"security\""),
+            "open: no requirement anywhere"
+        );
+        assert!(open["components"].get("securitySchemes").is_none());
+        // Otherwise the same document.
+        assert_eq!(
+            open["paths"].as_object().unwrap().len(),
+            keys["paths"].as_object().unwrap().len()
+        );
     }
 
     #[test]

@@ -99,3 +99,57 @@ async fn every_documented_operation_is_a_route_and_its_security_is_what_it_does(
     }
     assert_eq!(operations, 12);
 }
+
+/// An open gateway (no keys file) serves the document of what it is: no route declares a
+/// security requirement, since none asks for a token, and every documented operation
+/// answers without one (no 401); `sendgate openapi --open` prints the same bytes.
+#[tokio::test]
+async fn an_open_gateway_serves_a_document_without_security_and_needs_no_token_anywhere() {
+    let app = spawn_app_with(&[]).await;
+    let served = app
+        .client
+        .get(app.url("/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(served != COMMITTED, "the keys document, served open");
+    assert!(!served.contains("\"security\""), "{served}");
+    let doc: serde_json::Value = serde_json::from_str(&served).unwrap();
+    assert!(doc["components"].get("securitySchemes").is_none());
+    let committed: serde_json::Value = serde_json::from_str(COMMITTED).unwrap();
+    assert_eq!(
+        doc["paths"].as_object().unwrap().keys().collect::<Vec<_>>(),
+        committed["paths"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>()
+    );
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            let url = app.url(
+                &path
+                    .replace("{queue}", "requests")
+                    .replace("{backend}", "primary"),
+            );
+            if path == "/admin/drain" {
+                continue; // its 202 drains the gateway (tests/api/admin.rs)
+            }
+            let response = app
+                .client
+                .request(method.to_uppercase().parse().unwrap(), url)
+                .header("Content-Type", "application/json")
+                .body("{}")
+                .send()
+                .await
+                .unwrap();
+            assert_ne!(response.status(), 401, "{method} {path}");
+        }
+    }
+    let out = run_binary(&["openapi", "--open"], &[]);
+    assert!(out.status.success());
+    assert!(String::from_utf8(out.stdout).unwrap() == served);
+}
