@@ -527,3 +527,49 @@ fn a_book_forgets_only_once_it_was_idle_for_longer_than_the_window() {
     assert_eq!(book.tenants[1].own, Counts::default());
     assert!(!book.refused_now);
 }
+
+/// Round 1, far from the ceiling: A asks 50 and B 5, all admitted. In round 2 A's sends
+/// meet the rule only when something makes the queue contended.
+fn asked_uncontended() -> ShareBook {
+    let mut book = ShareBook::new(&[1, 1]);
+    for (t, units) in [(A, 50), (B, 5)] {
+        let v = book.decide(t, units, 100, false, ShareMode::Enforce, 1);
+        assert_eq!(v, Verdict::Admit);
+    }
+    book
+}
+
+/// How many units A takes one at a time of 10 in round 2, judged with `near`.
+fn a_takes_of_ten(book: &mut ShareBook, near: bool) -> u64 {
+    let mut room = 10;
+    while room > 0 {
+        match book.decide(A, 1, room, near, ShareMode::Enforce, 2) {
+            Verdict::Admit => room -= 1,
+            _ => break,
+        }
+    }
+    10 - room
+}
+
+#[test]
+fn an_estimate_near_the_ceiling_alone_makes_the_queue_contended() {
+    assert_eq!(a_takes_of_ten(&mut asked_uncontended(), false), 10);
+    assert_eq!(
+        a_takes_of_ten(&mut asked_uncontended(), true),
+        5,
+        "B's 5 kept"
+    );
+}
+
+#[test]
+fn a_refusal_another_replica_made_the_round_before_alone_makes_the_queue_contended() {
+    let mut book = asked_uncontended();
+    // Heard in round 2: another replica refused a send in round 1, none yet in round 2.
+    book.hear(RoundView {
+        round: 2,
+        refused_now: false,
+        refused_before: true,
+        counts: Vec::new(),
+    });
+    assert_eq!(a_takes_of_ten(&mut book, false), 5, "B's 5 kept");
+}
