@@ -116,8 +116,8 @@ pub fn json_for(mode: Mode) -> String {
 }
 
 /// An open gateway's document: no security requirement anywhere (top level or per
-/// operation) and no scheme to refer to, so a client or a fuzzer is told the truth, that
-/// no route asks for a token.
+/// operation), no scheme to refer to, and no `401` answer (an open gateway never gives
+/// one), so a client or a fuzzer is told the truth, that no route asks for a token.
 fn open(doc: &mut Value) {
     let Some(root) = doc.as_object_mut() else {
         return;
@@ -136,6 +136,12 @@ fn open(doc: &mut Value) {
         .filter_map(Value::as_object_mut)
     {
         operation.remove("security");
+        if let Some(responses) = operation
+            .get_mut("responses")
+            .and_then(Value::as_object_mut)
+        {
+            responses.remove("401");
+        }
     }
 }
 
@@ -254,12 +260,17 @@ mod tests {
         let open: Value = serde_json::from_str(&json_for(Mode::Open)).unwrap();
         assert_eq!(keys["security"], serde_json::json!([{"bearer": []}]));
         assert!(keys["components"]["securitySchemes"]["bearer"].is_object());
-        let send = &keys["paths"]["/openapi.json"]["get"]["security"];
+        let openapi = &keys["paths"]["/openapi.json"]["get"]["security"];
         assert_eq!(
-            *send,
+            *openapi,
             serde_json::json!([{}]),
             "an open route of the keys gateway"
         );
+        let send = &keys["paths"]["/v1/queues/{queue}/messages"]["post"]["responses"];
+        assert!(send["401"].is_object());
+        let send = &open["paths"]["/v1/queues/{queue}/messages"]["post"]["responses"];
+        assert!(send.get("401").is_none(), "open: no 401");
+        assert!(send["201"].is_object());
         let text = json_for(Mode::Open);
         assert!(
             !text.contains("\"security\""),

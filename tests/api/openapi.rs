@@ -146,7 +146,12 @@ async fn an_open_gateway_serves_a_document_without_security_and_needs_no_token_a
                 .send()
                 .await
                 .unwrap();
-            assert_ne!(response.status(), 401, "{method} {path}");
+            let status = response.status().as_u16();
+            assert_ne!(status, 401, "{method} {path}");
+            assert!(
+                item[method]["responses"][status.to_string()].is_object(),
+                "{method} {path} answered {status}, which it does not document"
+            );
         }
     }
     let out = run_binary(&["openapi", "--open"], &[]);
