@@ -62,30 +62,43 @@ key() { # name token role
 }
 { key fuzz-admin "$ADMIN_TOKEN" admin; key fuzz-sender "$SENDER_TOKEN" sender; } >"$WORK/keys.toml"
 
-PORT=$("$VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-BASE="http://127.0.0.1:$PORT"
+free_port() {
+    "$VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+# A gateway on the embedded backend: start_gateway NAME PORT [VAR=value...]; its pid in
+# $STARTED, its log in $WORK/NAME.log, its data in $WORK/NAME-data. Returns once it is
+# ready; exits with its log if it is not.
+start_gateway() {
+    local name=$1 port=$2
+    shift 2
+    echo "-- starting sendgate ($name) on http://127.0.0.1:$port (log: $WORK/$name.log)"
+    env -i PATH="$PATH" \
+        SENDGATE_LISTEN="127.0.0.1:$port" \
+        SENDGATE_BACKEND=embedded \
+        SENDGATE_DATA_DIR="$WORK/$name-data" \
+        SERVICEBUS_SEND_MAX_QUEUE_DEPTH=20 \
+        SENDGATE_DEPTH_TTL_MS=0 \
+        SENDGATE_MAX_BODY_BYTES=64 \
+        "$@" \
+        "$BINARY" serve >"$WORK/$name.log" 2>&1 &
+    STARTED=$!
+    for _ in $(seq 1 200); do
+        if curl -fsS -o /dev/null "http://127.0.0.1:$port/health/ready" 2>/dev/null; then
+            return 0
+        fi
+        if ! kill -0 "$STARTED" 2>/dev/null; then break; fi
+        sleep 0.1
+    done
+    kill "$STARTED" 2>/dev/null || true
+    tail -n 40 "$WORK/$name.log"
+    echo "schemathesis: the gateway ($name) did not start"
+    exit 1
+}
 
-echo "-- starting sendgate on $BASE (log: $WORK/sendgate.log)"
-env -i PATH="$PATH" \
-    SENDGATE_LISTEN="127.0.0.1:$PORT" \
-    SENDGATE_BACKEND=embedded \
-    SENDGATE_DATA_DIR="$WORK/data" \
-    SENDGATE_API_KEYS_FILE="$WORK/keys.toml" \
-    SERVICEBUS_SEND_MAX_QUEUE_DEPTH=20 \
-    SENDGATE_DEPTH_TTL_MS=0 \
-    SENDGATE_MAX_BODY_BYTES=64 \
-    "$BINARY" serve >"$WORK/sendgate.log" 2>&1 &
-PID=$!
-for _ in $(seq 1 200); do
-    if curl -fsS -o /dev/null "$BASE/health/ready" 2>/dev/null; then break; fi
-    if ! kill -0 "$PID" 2>/dev/null; then
-        cat "$WORK/sendgate.log"
-        echo "schemathesis: the gateway did not start"
-        exit 1
-    fi
-    sleep 0.1
-done
-curl -fsS -o /dev/null "$BASE/health/ready"
+PORT=$(free_port)
+BASE="http://127.0.0.1:$PORT"
+start_gateway sendgate "$PORT" SENDGATE_API_KEYS_FILE="$WORK/keys.toml"
+PID=$STARTED
 
 SCHEMATHESIS=("$VENV/bin/schemathesis" --config-file scripts/schemathesis.toml run
     "$BASE/openapi.json" --checks all --max-examples "$EXAMPLES" --seed 1
@@ -104,27 +117,13 @@ echo "-- schemathesis: POST /admin/breakers/{backend}, as an admin (it may hold 
 "${SCHEMATHESIS[@]}" -H "Authorization: Bearer $ADMIN_TOKEN" \
     --include-path '/admin/breakers/{backend}' || failed=1
 
-OPEN_PORT=$("$VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+OPEN_PORT=$(free_port)
 OPEN_BASE="http://127.0.0.1:$OPEN_PORT"
-echo "-- starting an open-mode sendgate on $OPEN_BASE (log: $WORK/sendgate-open.log)"
-env -i PATH="$PATH" \
-    SENDGATE_LISTEN="127.0.0.1:$OPEN_PORT" \
-    SENDGATE_BACKEND=embedded \
-    SENDGATE_DATA_DIR="$WORK/data-open" \
-    SERVICEBUS_SEND_MAX_QUEUE_DEPTH=20 \
-    SENDGATE_DEPTH_TTL_MS=0 \
-    SENDGATE_MAX_BODY_BYTES=64 \
-    "$BINARY" serve >"$WORK/sendgate-open.log" 2>&1 &
-OPEN_PID=$!
-for _ in $(seq 1 200); do
-    if curl -fsS -o /dev/null "$OPEN_BASE/health/ready" 2>/dev/null; then break; fi
-    if ! kill -0 "$OPEN_PID" 2>/dev/null; then break; fi
-    sleep 0.1
-done
+start_gateway sendgate-open "$OPEN_PORT"
+OPEN_PID=$STARTED
 if ! curl -fsS -o "$WORK/open.json" "$OPEN_BASE/openapi.json"; then
-    tail -n 40 "$WORK/sendgate-open.log"
-    echo "schemathesis: the open gateway did not start"
-    exit 1
+    echo "schemathesis: the open gateway did not serve its document"
+    failed=1
 fi
 if grep -q -e '"security"' -e '"401"' "$WORK/open.json"; then
     echo "schemathesis: the open gateway's document declares a security requirement or a 401"

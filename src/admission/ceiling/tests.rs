@@ -1343,25 +1343,32 @@ async fn a_queues_shed_level_is_the_override_in_force() {
     held.push(g.admit_units_for(asker(0, Sheddable), 1).await.unwrap());
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_queue_idle_for_two_rounds_forgets_who_asked_and_that_it_was_contended() {
+/// Two tenants on a ceiling of 40, empty at every read: A fills the queue, then B is
+/// refused at the ceiling `b_refused` times. The gate, and A's sends held.
+async fn filled_by_a_beside_b(b_refused: usize) -> (Arc<CapacityGate>, Vec<Reservation>) {
     use crate::admission::share::ShareMode;
     use crate::admission::tenants::Criticality::Default as D;
     let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
     let g = gate(policy(40, SHARE_TTL_MS, false, 3), &backend);
     g.share_among(&two_tenants(), fair(ShareMode::Enforce));
-    let (a, b) = (asker(0, D), asker(1, D));
-    // A fills the queue; B is refused at the ceiling twenty times.
     let mut held = Vec::new();
-    while let Ok(r) = g.admit_units_for(a, 1).await {
+    while let Ok(r) = g.admit_units_for(asker(0, D), 1).await {
         held.push(r);
     }
-    for _ in 0..20 {
+    for _ in 0..b_refused {
         assert!(matches!(
-            g.admit_units_for(b, 1).await,
+            g.admit_units_for(asker(1, D), 1).await,
             Err(Refusal::QueueFull { .. })
         ));
     }
+    (g, held)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queue_idle_for_two_rounds_forgets_who_asked_and_that_it_was_contended() {
+    use crate::admission::tenants::Criticality::Default as D;
+    let a = asker(0, D);
+    let (g, mut held) = filled_by_a_beside_b(20).await;
     assert!(g.tenants(&g.snapshot()).iter().any(|t| t.share > 0.0));
     // Everything drains; nobody sends for an hour.
     for r in held.drain(..) {
@@ -1383,20 +1390,9 @@ async fn a_queue_idle_for_two_rounds_forgets_who_asked_and_that_it_was_contended
 
 #[tokio::test(start_paused = true)]
 async fn a_queue_asked_within_two_rounds_keeps_what_it_counted() {
-    use crate::admission::share::ShareMode;
     use crate::admission::tenants::Criticality::Default as D;
-    let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
-    let g = gate(policy(40, SHARE_TTL_MS, false, 3), &backend);
-    g.share_among(&two_tenants(), fair(ShareMode::Enforce));
-    let (a, b) = (asker(0, D), asker(1, D));
-    let mut held = Vec::new();
-    while let Ok(r) = g.admit_units_for(a, 1).await {
-        held.push(r);
-    }
-    assert!(matches!(
-        g.admit_units_for(b, 1).await,
-        Err(Refusal::QueueFull { .. })
-    ));
+    let a = asker(0, D);
+    let (g, mut held) = filled_by_a_beside_b(1).await;
     for r in held.drain(..10) {
         r.finish(BacklogEffect::NotStored);
     }

@@ -1334,22 +1334,13 @@ async fn a_tenant_spread_over_the_fleet_leaves_a_modest_one_its_sends() {
 /// the queue has drained.
 #[tokio::test(start_paused = true)]
 async fn sheddable_sends_are_judged_by_a_fresh_read_not_the_last_one_seen() {
-    use crate::admission::fair::{Asker, FairPolicy};
-    use crate::admission::share::ShareMode;
+    use crate::admission::fair::Asker;
     use crate::admission::tenants::{Criticality, TenantIndex, Tenants};
 
     let ledger = MemoryLedger::new(T);
     let broker = Broker::new(Duration::ZERO);
     let all = replicas(1, &ledger, &broker, policy(40, false)).await;
-    all[0].gate.share_among(
-        &Tenants::open(),
-        FairPolicy {
-            mode: ShareMode::Enforce,
-            share_at: Fraction::new(0.9).unwrap(),
-            shed_at_sheddable: Fraction::new(0.8).unwrap(),
-            shed_at_default: Fraction::ONE,
-        },
-    );
+    all[0].gate.share_among(&Tenants::open(), enforced());
     // The queue fills to 36 of 40 and a read shows it.
     while broker.stored() < 36 {
         send(&all[0], &broker).await.unwrap();
@@ -1386,24 +1377,15 @@ async fn sheddable_sends_are_judged_by_a_fresh_read_not_the_last_one_seen() {
 /// must not come back with its bucket refilled by those refusals.
 #[tokio::test(start_paused = true)]
 async fn a_seat_refusal_gives_back_no_quota_the_judge_did_not_take() {
-    use crate::admission::fair::{Asker, FairPolicy};
+    use crate::admission::fair::Asker;
     use crate::admission::quota::RateBook;
-    use crate::admission::share::ShareMode;
     use crate::admission::tenants::{Criticality, Quota, QuotaKind, Rate, TenantIndex, Tenants};
 
     let ledger = MemoryLedger::new(T);
     let broker = Broker::new(Duration::ZERO);
     let all = replicas(1, &ledger, &broker, policy(40, true)).await;
     let gate = &all[0].gate;
-    gate.share_among(
-        &Tenants::open(),
-        FairPolicy {
-            mode: ShareMode::Enforce,
-            share_at: Fraction::new(0.9).unwrap(),
-            shed_at_sheddable: Fraction::new(0.8).unwrap(),
-            shed_at_default: Fraction::ONE,
-        },
-    );
+    gate.share_among(&Tenants::open(), enforced());
     // Two units at once, then one every 100 s: nothing refills within the test.
     let quota = [Quota {
         rate: Rate::new(0.01, Some(2)),
@@ -1461,4 +1443,14 @@ async fn a_seat_refusal_gives_back_no_quota_the_judge_did_not_take() {
         )),
         "{answers:?}"
     );
+}
+
+/// The fair policy's defaults, enforced.
+fn enforced() -> crate::admission::fair::FairPolicy {
+    crate::admission::fair::FairPolicy {
+        mode: crate::admission::share::ShareMode::Enforce,
+        share_at: Fraction::new(0.9).unwrap(),
+        shed_at_sheddable: Fraction::new(0.8).unwrap(),
+        shed_at_default: Fraction::ONE,
+    }
 }
