@@ -337,9 +337,12 @@ impl ShareBook {
                 Some((share, _)) if mode == ShareMode::Shadow => Verdict::WouldRefuse { share },
                 Some((share, room)) => Verdict::Refuse { share, room },
             };
-            // Over its part of the whole room too, not only of this replica's share of it.
+            // Refused where the whole room would refuse too, or where the tenant wants more
+            // than its part of the whole room offers: either way demand exceeds the room.
             let scarce = verdict != Verdict::Admit
-                && (whole <= room || self.over_part(index, units, whole).is_some());
+                && (whole <= room
+                    || self.over_part(index, units, whole).is_some()
+                    || self.wants_past_part(index, whole));
             (verdict, scarce)
         };
         if !matches!(verdict, Verdict::Refuse { .. }) {
@@ -350,23 +353,38 @@ impl ShareBook {
         // the next round, as a refusal at the ceiling does: else a round that ends with the
         // room a modest tenant is owed still unused would start the next one uncontended,
         // and the greedy tenant would take it all before the ceiling refuses anyone. Only
-        // a refusal the whole room would make: on its share of the room, each of a fleet's
-        // replicas keeps back all of what the others are owed, and refusals of that alone
-        // would keep a queue whose demand fits contended round after round.
+        // a refusal of demand the whole room cannot meet: on its share of the room, each of
+        // a fleet's replicas keeps back all of what the others are owed, so it refuses
+        // demand that fits too, and refusals of that would keep such a queue contended
+        // round after round. A tenant wanting more than its part of the whole room is
+        // demand that does not fit, though the whole room may still hold its next unit:
+        // the room each replica keeps back ends every round unused, and the next would
+        // start uncontended.
         if scarce {
             self.refused_now = true;
         }
         verdict
     }
 
+    /// What this round offers with `room` left: what it admitted, and the room.
+    fn offered(&self, room: u64) -> u64 {
+        self.tenants
+            .iter()
+            .map(Tenant::admitted)
+            .fold(room, u64::saturating_add)
+    }
+
+    /// Whether the tenant wants more than its part of what the round offers with `room`
+    /// left: then the tenants' asks do not all fit in it.
+    fn wants_past_part(&self, index: usize, room: u64) -> bool {
+        let offered = self.offered(room);
+        parts(offered, &self.tenants)[index] < self.tenants[index].wants() as f64
+    }
+
     /// `None` when `units` fit in the room the others' parts leave (to within a unit);
     /// else the asker's part of the room this round offers, and the units that do fit.
     fn over_part(&self, index: usize, units: u64, room: u64) -> Option<(f64, u64)> {
-        let offered = self
-            .tenants
-            .iter()
-            .map(Tenant::admitted)
-            .fold(room, u64::saturating_add);
+        let offered = self.offered(room);
         let parts = parts(offered, &self.tenants);
         let owed: Vec<f64> = self
             .tenants
@@ -401,11 +419,7 @@ impl ShareBook {
         if self.idle_at(now, idle) {
             return vec![0.0; self.tenants.len()];
         }
-        let offered = self
-            .tenants
-            .iter()
-            .map(Tenant::admitted)
-            .fold(room, u64::saturating_add);
+        let offered = self.offered(room);
         if offered == 0 {
             return vec![0.0; self.tenants.len()];
         }

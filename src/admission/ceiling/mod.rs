@@ -19,6 +19,7 @@ mod local;
 pub mod policy;
 mod window;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::admission::exchange::{self, Names, Place};
@@ -60,6 +61,30 @@ struct Shares {
     tenants: Tenants,
     /// Counted once per decision, by whoever decided, after its judge.
     tally: Tally,
+    /// In a fleet: units the judge admitted that the seat has not answered yet. The view
+    /// the judge weighs a send by cannot show them, so it adds them: else concurrent sends
+    /// judged by one view would each take the room another tenant is owed.
+    unanswered: AtomicU64,
+}
+
+/// Units counted in [`Shares::unanswered`] while the seat decides them.
+struct Unanswered<'a> {
+    count: &'a AtomicU64,
+    units: u64,
+}
+
+impl<'a> Unanswered<'a> {
+    fn count(count: &'a AtomicU64, units: u64) -> Self {
+        count.fetch_add(units, Ordering::Relaxed);
+        Self { count, units }
+    }
+}
+
+impl Drop for Unanswered<'_> {
+    /// Answered, or the send given up (its future dropped) while the seat decided.
+    fn drop(&mut self) {
+        self.count.fetch_sub(self.units, Ordering::Relaxed);
+    }
 }
 
 /// One tenant of a queue as health and metrics show it.
@@ -92,6 +117,7 @@ impl CapacityGate {
             policy: FairCell::new(policy),
             tenants: tenants.clone(),
             tally: Tally::new(tenants),
+            unanswered: AtomicU64::new(0),
         });
     }
 
@@ -248,7 +274,13 @@ impl CapacityGate {
                 self.tally_in_fleet(seat, asker, units, &Err(refusal.clone()), would_refuse);
                 return Err(refusal);
             }
-            match seat.admit_units(units).await {
+            let unanswered = self
+                .shares
+                .get()
+                .map(|shares| Unanswered::count(&shares.unanswered, units));
+            let answer = seat.admit_units(units).await;
+            drop(unanswered);
+            match answer {
                 FleetAnswer::Admit(held) => {
                     self.tally_in_fleet(seat, asker, units, &Ok(()), would_refuse);
                     return Ok(self.reservation(Decider::Fleet(held), units));
@@ -284,7 +316,8 @@ impl CapacityGate {
     }
 
     /// A replica in the fleet asks the judge before its seat (docs/fairness.md, "In a
-    /// fleet"), with the fleet's estimate as the seat last saw it, and room for at least
+    /// fleet"), with the fleet's estimate as the seat last saw it (and the units the judge
+    /// admitted that the seat has not answered yet), and room for at least
     /// `units`: the seat reserves what is really left, and a send the judge admits on room
     /// that has gone is refused by the seat, as without the judge. The judge only refuses.
     /// Without a good read to judge by, the send is only counted.
@@ -313,7 +346,10 @@ impl CapacityGate {
             };
             return (Ok(()), None, counted);
         };
-        let estimate = estimate.min(limit.saturating_sub(units));
+        let unanswered = shares.unanswered.load(Ordering::Relaxed);
+        let estimate = estimate
+            .saturating_add(unanswered)
+            .min(limit.saturating_sub(units));
         // Every replica sees the same room until the next reply shows what the others took:
         // judged as this replica's share of it, a tenant over its part cannot take, on each
         // replica, the room owed to another.

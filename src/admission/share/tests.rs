@@ -573,3 +573,31 @@ fn a_refusal_another_replica_made_the_round_before_alone_makes_the_queue_contend
     });
     assert_eq!(a_takes_of_ten(&mut book, false), 5, "B's 5 kept");
 }
+
+#[test]
+fn a_replicas_refusal_of_a_tenant_wanting_past_its_part_of_the_whole_room_keeps_it_contended() {
+    let mut book = ShareBook::new(&[1, 1]);
+    book.refused_at_ceiling(A, 80, 1);
+    book.refused_at_ceiling(B, 10, 1);
+    // Round 2: 40 units left in all; this replica of three judges on its 14, of which B's
+    // part is half, so A stops at 7 with the whole room holding more than B is owed.
+    let mut a = 0;
+    while let Verdict::Admit =
+        book.decide_in_part(A, 1, (14 - a, 40 - a), true, ShareMode::Enforce, 2)
+    {
+        a += 1;
+    }
+    assert_eq!(a, 7);
+    for b in 0..5 {
+        assert_eq!(
+            book.decide_in_part(B, 1, (7 - b, 33 - b), true, ShareMode::Enforce, 2),
+            Verdict::Admit
+        );
+    }
+    // Round 3 starts far from the ceiling: A wanted 80 of a round offering 40, so its
+    // refusal was of demand that does not fit, and B's part (5) is still kept.
+    assert!(matches!(
+        book.decide_in_part(A, 30, (30, 30), false, ShareMode::Enforce, 3),
+        Verdict::Refuse { .. }
+    ));
+}
