@@ -17,6 +17,9 @@
 #   ./bench/run.sh --only 12 --fair-s 20
 #                             # comparison 12 with shorter tenant scenarios (default 60 s,
 #                             # 15 with --quick)
+#   FAIR_PARTS=b,d ./bench/run.sh --only 12
+#                             # some of comparison 12's parts only (a one process, b 3
+#                             # replicas, c criticality, d the cost; default all)
 #   ./bench/run.sh --only 2,6 --update-docs
 #                             # a partial run that also rewrites docs/benchmarks.md: the
 #                             # comparisons it left out are carried over from the current
@@ -110,6 +113,8 @@ BIG_SIDES=${BIG_SIDES:-"budget64:67108864 budget32:33554432"}
 FAIR_CEILING=40; FAIR_DRAIN=50; FAIR_A_THREADS=12; FAIR_A_RETRY_MS=20; FAIR_B_RATE=10
 FAIR_BASE_COMMIT=${FAIR_BASE_COMMIT:-8871103}
 FAIR_CALLGRIND_N=${FAIR_CALLGRIND_N:-2000}
+FAIR_PARTS=${FAIR_PARTS:-a,b,c,d}
+fair_part() { [[ ",$FAIR_PARTS," == *",$1,"* ]]; }
 
 # BENCH_TARGET_DIR: a release target dir shared with other checkouts (default target/bench).
 export CARGO_TARGET_DIR="${BENCH_TARGET_DIR:-$ROOT/target/bench}"
@@ -264,7 +269,7 @@ setup() {
   log "building sendgate (release) and the bench/ tools into $CARGO_TARGET_DIR"
   cargo build --release --quiet --bin sendgate
   (cd bench && cargo build --release --quiet)
-  if want 12; then build_fair_base; fi
+  if want 12 && fair_part d; then build_fair_base; fi
 
   # Five API keys: a sender, an observer (for /metrics) and three other senders, so each
   # request's token is compared with several keys, as in production.
@@ -888,8 +893,10 @@ compare_fair() {
   # a) One gateway on the embedded backend, a worker (`sendgate queue receive`) draining
   #    50/s; the shares on, then off (`SENDGATE_FAIR_SHARE=off`); then weights 3:1 with
   #    both tenants greedy. A fresh data dir and gateway per side.
-  for spec in "equal|$keys|b_paced|" "equal_off|$keys|b_paced|SENDGATE_FAIR_SHARE=off" \
-              "weights_3_1|$wkeys|b_greedy|"; do
+  local one_process=()
+  fair_part a && one_process=("equal|$keys|b_paced|" "equal_off|$keys|b_paced|SENDGATE_FAIR_SHARE=off"
+    "weights_3_1|$wkeys|b_greedy|")
+  for spec in "${one_process[@]}"; do
     IFS='|' read -r side k b vars <<< "$spec"
     local extra=(); [ -n "$vars" ] && extra=("$vars")
     data="$OUT/fair-data-$side"
@@ -907,9 +914,10 @@ compare_fair() {
   # b) The same scenario on 3 replicas on RabbitMQ + Redis (exact AMQP depth, as the fleet
   #    tests), A's 12 threads spread over all three (4 each), B on one; the consumer takes
   #    50/s on one AMQP channel. Shares on, then off; a fresh fleet (prefix) per side.
-  local q=bench_fair
+  local q=bench_fair fleets=()
   declare_queue "$q"
-  for spec in "fleet|" "fleet_off|SENDGATE_FAIR_SHARE=off"; do
+  fair_part b && fleets=("fleet|" "fleet_off|SENDGATE_FAIR_SHARE=off")
+  for spec in "${fleets[@]}"; do
     IFS='|' read -r side vars <<< "$spec"
     local extra=(); [ -n "$vars" ] && extra=("$vars")
     local prefix="bench-fair-$STAMP-$side" reps=() i
@@ -936,7 +944,9 @@ compare_fair() {
   #    its ceiling, one sheddable, one default; the backlog each level's first refusal
   #    names. One tenant (one key; the sheddable half lowers itself with
   #    Sendgate-Criticality), and two tenants (the sheddable one by its key).
-  for spec in "levels_one_tenant|$keys|$ta|$ta" "levels_two_tenants|$lkeys|$ta|$tb"; do
+  local levels=()
+  fair_part c && levels=("levels_one_tenant|$keys|$ta|$ta" "levels_two_tenants|$lkeys|$ta|$tb")
+  for spec in "${levels[@]}"; do
     IFS='|' read -r side k tok_s tok_d <<< "$spec"
     data="$OUT/fair-data-$side"
     start_fair_embedded fair-$side "$k" "$data"
@@ -952,6 +962,7 @@ compare_fair() {
     rm -rf "$data"
   done
 
+  fair_part d || return 0
   # d) The cost with one tenant (comparison 2's keys file: 5 keys, one sending), this build
   #    against FAIR_BASE_COMMIT's: instructions per request under callgrind (the primary
   #    measure: the machine is shared), then wall-clock, sides alternating.
