@@ -19,7 +19,8 @@
 #                             # 15 with --quick)
 #   FAIR_PARTS=b,d ./bench/run.sh --only 12
 #                             # some of comparison 12's parts only (a one process, b 3
-#                             # replicas, c criticality, d the cost; default all)
+#                             # replicas, c criticality, d the cost; default all);
+#                             # FAIR_COST_ROUNDS=N callgrind rounds of d (default 2)
 #   ./bench/run.sh --only 2,6 --update-docs
 #                             # a partial run that also rewrites docs/benchmarks.md: the
 #                             # comparisons it left out are carried over from the current
@@ -114,6 +115,7 @@ FAIR_CEILING=40; FAIR_DRAIN=50; FAIR_A_THREADS=12; FAIR_A_RETRY_MS=20; FAIR_B_RA
 FAIR_BASE_COMMIT=${FAIR_BASE_COMMIT:-8871103}
 FAIR_CALLGRIND_N=${FAIR_CALLGRIND_N:-2000}
 FAIR_PARTS=${FAIR_PARTS:-a,b,c,d}
+FAIR_COST_ROUNDS=${FAIR_COST_ROUNDS:-2}
 fair_part() { [[ ",$FAIR_PARTS," == *",$1,"* ]]; }
 
 # BENCH_TARGET_DIR: a release target dir shared with other checkouts (default target/bench).
@@ -913,26 +915,31 @@ compare_fair() {
 
   # b) The same scenario on 3 replicas on RabbitMQ + Redis (exact AMQP depth, as the fleet
   #    tests), A's 12 threads spread over all three (4 each), B on one; the consumer takes
-  #    50/s on one AMQP channel. Shares on, then off; a fresh fleet (prefix) per side.
+  #    50/s on one AMQP channel. Shares on, then off, then weights 3:1 with both greedy
+  #    (B's threads spread as A's); a fresh fleet (prefix) per side.
   local q=bench_fair fleets=()
   declare_queue "$q"
-  fair_part b && fleets=("fleet|" "fleet_off|SENDGATE_FAIR_SHARE=off")
+  fair_part b && fleets=("fleet|$keys|b_paced|" "fleet_off|$keys|b_paced|SENDGATE_FAIR_SHARE=off"
+    "fleet_weights_3_1|$wkeys|b_greedy|")
   for spec in "${fleets[@]}"; do
-    IFS='|' read -r side vars <<< "$spec"
+    IFS='|' read -r side k b vars <<< "$spec"
     local extra=(); [ -n "$vars" ] && extra=("$vars")
     local prefix="bench-fair-$STAMP-$side" reps=() i
     purge "$q"
     for i in 0 1 2; do
       start_sendgate fair-$side-$i "${P_FAIR_FLEET[$i]}" SENDGATE_WORKERS=1 SENDGATE_QUEUES="$q" \
-        SENDGATE_API_KEYS_FILE="$keys" SERVICEBUS_SEND_MAX_QUEUE_DEPTH=$FAIR_CEILING \
+        SENDGATE_API_KEYS_FILE="$k" SERVICEBUS_SEND_MAX_QUEUE_DEPTH=$FAIR_CEILING \
         SENDGATE_RABBITMQ_DEPTH_SOURCE=amqp SENDGATE_COORDINATION=redis \
         SENDGATE_REDIS_URL="$REDIS_URL" SENDGATE_REDIS_PREFIX="$prefix" SENDGATE_REDIS_TIMEOUT_MS=500 \
         "${extra[@]}"
       reps+=("$PID")
     done
     wait_redis_mode "${P_FAIR_FLEET[@]}"
+    # B paced on the third replica only; greedy (weights 3:1), its threads spread as A's.
+    local bargs=("${b_paced[@]}" --b-on 2)
+    [ "$b" = b_greedy ] && bargs=("${b_greedy[@]}" --b-on 0,1,2)
     record "$(fairshare $t12 --addr "$(addrs "${P_FAIR_FLEET[@]}")" --queue "$q" --ceiling $FAIR_CEILING \
-      --duration "$D12" --tenants a,b "${a_greedy[@]}" --a-on 0,1,2 "${b_paced[@]}" --b-on 2 \
+      --duration "$D12" --tenants a,b "${a_greedy[@]}" --a-on 0,1,2 "${bargs[@]}" \
       --drain amqp --drain-rate $FAIR_DRAIN --amqp-url "$AMQP_URL")" \
       comparison=fair side="$side" round=1 level=fleet3 settings="$vars"
     for pid in "${reps[@]}"; do stop "$pid"; done
@@ -967,7 +974,7 @@ compare_fair() {
   #    against FAIR_BASE_COMMIT's: instructions per request under callgrind (the primary
   #    measure: the machine is shared), then wall-clock, sides alternating.
   local round mode bin label line
-  for round in 1 2; do
+  for round in $(seq 1 "$FAIR_COST_ROUNDS"); do
     for mode in reject accept; do
       for label in head base; do
         bin="$BIN/sendgate"; [ "$label" = base ] && bin="$FAIR_BASE_BIN"
