@@ -111,6 +111,13 @@ pub struct ShareBook {
     /// The same, on another replica, as last heard.
     heard_refused_now: bool,
     heard_refused_before: bool,
+    /// A send was refused on this replica's share of the room alone, of a tenant wanting
+    /// more than its part of the whole room, while a refusal above (or the estimate near
+    /// the ceiling) said the queue was contended this round or the last: in this round /
+    /// the previous one. Never told to the other replicas, so it cannot renew itself
+    /// through them, nor here: it needs that other sign within two rounds.
+    past_part_now: bool,
+    past_part_before: bool,
     /// Units asked since the book began: the exchange tells nothing once this stops moving.
     asks: u64,
     /// When a send last asked the book ([`Self::forget_if_idle`]).
@@ -157,6 +164,8 @@ impl ShareBook {
         self.refused_now = false;
         self.heard_refused_before = next && self.heard_refused_now;
         self.heard_refused_now = false;
+        self.past_part_before = next && self.past_part_now;
+        self.past_part_now = false;
         self.round = round;
     }
 
@@ -173,6 +182,8 @@ impl ShareBook {
             }
             self.refused_now = false;
             self.refused_before = false;
+            self.past_part_now = false;
+            self.past_part_before = false;
             self.heard_refused_now = false;
             self.heard_refused_before = false;
         }
@@ -287,6 +298,12 @@ impl ShareBook {
     /// share this round or the last (here or, as heard, on another replica), or `near`
     /// (the gate's estimate at or over the share threshold).
     fn contended(&self, near: bool) -> bool {
+        self.refused_anywhere(near) || self.past_part_now || self.past_part_before
+    }
+
+    /// A send refused at the ceiling, or for a share the whole room would refuse too, this
+    /// round or the last (here or, as heard, on another replica), or `near`.
+    fn refused_anywhere(&self, near: bool) -> bool {
         near || self.refused_now
             || self.refused_before
             || self.heard_refused_now
@@ -329,22 +346,24 @@ impl ShareBook {
         // One tenant is owed nothing by anyone else: whatever the ceiling admits is its
         // (open mode, a keys file of one tenant), without the parts computed per send.
         let alone = self.tenants.len() == 1;
-        let (verdict, scarce) = if alone || mode == ShareMode::Off || !self.contended(near) {
-            (Verdict::Admit, false)
-        } else {
-            let verdict = match self.over_part(index, units, room) {
-                None => Verdict::Admit,
-                Some((share, _)) if mode == ShareMode::Shadow => Verdict::WouldRefuse { share },
-                Some((share, room)) => Verdict::Refuse { share, room },
+        let (verdict, scarce, past_part) =
+            if alone || mode == ShareMode::Off || !self.contended(near) {
+                (Verdict::Admit, false, false)
+            } else {
+                let verdict = match self.over_part(index, units, room) {
+                    None => Verdict::Admit,
+                    Some((share, _)) if mode == ShareMode::Shadow => Verdict::WouldRefuse { share },
+                    Some((share, room)) => Verdict::Refuse { share, room },
+                };
+                let refused = verdict != Verdict::Admit;
+                // Refused where the whole room would refuse too.
+                let scarce =
+                    refused && (whole <= room || self.over_part(index, units, whole).is_some());
+                // Refused on this replica's share alone, the tenant wanting more than its part
+                // of the whole room (its asks include retries of such refusals).
+                let past_part = refused && !scarce && self.wants_past_part(index, whole);
+                (verdict, scarce, past_part)
             };
-            // Refused where the whole room would refuse too, or where the tenant wants more
-            // than its part of the whole room offers: either way demand exceeds the room.
-            let scarce = verdict != Verdict::Admit
-                && (whole <= room
-                    || self.over_part(index, units, whole).is_some()
-                    || self.wants_past_part(index, whole));
-            (verdict, scarce)
-        };
         if !matches!(verdict, Verdict::Refuse { .. }) {
             let asker = &mut self.tenants[index].own;
             asker.admitted = asker.admitted.saturating_add(units);
@@ -352,16 +371,18 @@ impl ShareBook {
         // A share refused (or, in shadow, one that would be) keeps the queue contended for
         // the next round, as a refusal at the ceiling does: else a round that ends with the
         // room a modest tenant is owed still unused would start the next one uncontended,
-        // and the greedy tenant would take it all before the ceiling refuses anyone. Only
-        // a refusal of demand the whole room cannot meet: on its share of the room, each of
-        // a fleet's replicas keeps back all of what the others are owed, so it refuses
-        // demand that fits too, and refusals of that would keep such a queue contended
-        // round after round. A tenant wanting more than its part of the whole room is
-        // demand that does not fit, though the whole room may still hold its next unit:
-        // the room each replica keeps back ends every round unused, and the next would
-        // start uncontended.
+        // and the greedy tenant would take it all before the ceiling refuses anyone. On its
+        // share of the room, each of a fleet's replicas keeps back all of what the others
+        // are owed, so it refuses demand that fits the whole room too: such refusals alone
+        // would hold a queue whose demand fits contended round after round (their retries
+        // count as asks). A refusal the whole room would make keeps it contended; one of a
+        // tenant wanting past its part of the whole room only while another sign says so
+        // (the room kept back ends every round unused, and without it the next round would
+        // start uncontended with the greedy tenant taking all).
         if scarce {
             self.refused_now = true;
+        } else if past_part && self.refused_anywhere(near) {
+            self.past_part_now = true;
         }
         verdict
     }

@@ -67,16 +67,47 @@ struct Shares {
     unanswered: AtomicU64,
 }
 
-/// Units counted in [`Shares::unanswered`] while the seat decides them.
+/// What the judge made of a send in the fleet ([`CapacityGate::judge_in_fleet`]).
+struct FleetJudged<'a> {
+    judged: Result<(), Refusal>,
+    /// In shadow mode, why it would have been refused.
+    would_refuse: Option<Reason>,
+    /// What it counted in the book and the quotas (given back if the seat refuses).
+    counted: Counted,
+    /// An admitted send's units, counted until the seat answers.
+    unanswered: Option<Unanswered<'a>>,
+}
+
+impl FleetJudged<'_> {
+    /// Admitted without a judge (no tenants, or no read to judge by).
+    fn unjudged(counted: Counted) -> Self {
+        Self {
+            judged: Ok(()),
+            would_refuse: None,
+            counted,
+            unanswered: None,
+        }
+    }
+}
+
+/// Units counted in [`Shares::unanswered`] from before the judge weighs them until the
+/// seat answers (or the judge refuses them).
 struct Unanswered<'a> {
     count: &'a AtomicU64,
     units: u64,
+    /// Counted before these: the sends judged and not yet answered when these were, on
+    /// any worker (one atomic step, so two judged at once each see the other once).
+    before: u64,
 }
 
 impl<'a> Unanswered<'a> {
     fn count(count: &'a AtomicU64, units: u64) -> Self {
-        count.fetch_add(units, Ordering::Relaxed);
-        Self { count, units }
+        let before = count.fetch_add(units, Ordering::Relaxed);
+        Self {
+            count,
+            units,
+            before,
+        }
     }
 }
 
@@ -268,16 +299,17 @@ impl CapacityGate {
             return Ok(self.reservation(Decider::Local, units));
         };
         if seat.joined() {
-            let (judged, would_refuse, counted) = self.judge_in_fleet(seat, asker, units);
+            let FleetJudged {
+                judged,
+                would_refuse,
+                counted,
+                unanswered,
+            } = self.judge_in_fleet(seat, asker, units);
             if let Err(refusal) = judged {
                 seat.read_ahead_if_due();
                 self.tally_in_fleet(seat, asker, units, &Err(refusal.clone()), would_refuse);
                 return Err(refusal);
             }
-            let unanswered = self
-                .shares
-                .get()
-                .map(|shares| Unanswered::count(&shares.unanswered, units));
             let answer = seat.admit_units(units).await;
             drop(unanswered);
             match answer {
@@ -322,14 +354,9 @@ impl CapacityGate {
     /// that has gone is refused by the seat, as without the judge. The judge only refuses.
     /// Without a good read to judge by, the send is only counted.
     /// Also what the judge would have refused in shadow mode, and what it counted.
-    fn judge_in_fleet(
-        &self,
-        seat: &Arc<FleetSeat>,
-        asker: Asker,
-        units: u64,
-    ) -> (Result<(), Refusal>, Option<Reason>, Counted) {
+    fn judge_in_fleet(&self, seat: &Arc<FleetSeat>, asker: Asker, units: u64) -> FleetJudged<'_> {
         let Some(shares) = self.shares.get() else {
-            return (Ok(()), None, Counted::default());
+            return FleetJudged::unjudged(Counted::default());
         };
         let Some(Judged {
             estimate,
@@ -344,11 +371,11 @@ impl CapacityGate {
                 in_round: Some(book.round()),
                 quotas: false,
             };
-            return (Ok(()), None, counted);
+            return FleetJudged::unjudged(counted);
         };
-        let unanswered = shares.unanswered.load(Ordering::Relaxed);
+        let unanswered = Unanswered::count(&shares.unanswered, units);
         let estimate = estimate
-            .saturating_add(unanswered)
+            .saturating_add(unanswered.before)
             .min(limit.saturating_sub(units));
         // Every replica sees the same room until the next reply shows what the others took:
         // judged as this replica's share of it, a tenant over its part cannot take, on each
@@ -368,7 +395,12 @@ impl CapacityGate {
             // The judge takes a tenant's quotas exactly when it admits.
             quotas: judged.is_ok(),
         };
-        (judged, judge.would_refuse, counted)
+        FleetJudged {
+            unanswered: judged.is_ok().then_some(unanswered),
+            judged,
+            would_refuse: judge.would_refuse,
+            counted,
+        }
     }
 
     /// A decision made in the fleet, in the queue's tally (its log line once per fleet

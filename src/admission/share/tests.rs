@@ -601,3 +601,39 @@ fn a_replicas_refusal_of_a_tenant_wanting_past_its_part_of_the_whole_room_keeps_
         Verdict::Refuse { .. }
     ));
 }
+
+#[test]
+fn refusals_of_demand_that_fits_the_whole_room_do_not_keep_the_queue_contended_by_themselves() {
+    let mut book = ShareBook::new(&[1, 1]);
+    book.refused_at_ceiling(A, 60, 1);
+    book.refused_at_ceiling(B, 10, 1);
+    // Rounds 2 and 3, far from the ceiling (40 left in all; this replica of five judges on
+    // its 8): A asks 20 and is refused most on this replica's share alone, and asks again
+    // (its retries count as asks: 89 in all), while the whole room would take its 20; B
+    // asks its 10 (on another replica, say).
+    for round in [2, 3] {
+        let mut admitted = 0;
+        for _ in 0..89 {
+            let left = 8u64.saturating_sub(admitted).max(1);
+            let verdict =
+                book.decide_in_part(A, 1, (left, 40 - admitted), false, ShareMode::Enforce, round);
+            admitted += u64::from(verdict == Verdict::Admit);
+        }
+        assert!(admitted < 20, "A's asks were refused on the replica's share");
+        for b in 0..10 {
+            let whole = 40 - admitted - b;
+            assert_eq!(
+                book.decide_in_part(B, 1, (8, whole), false, ShareMode::Enforce, round),
+                Verdict::Admit
+            );
+        }
+    }
+    // Round 2 was contended by round 1's refusals at the ceiling, and round 3 by A's
+    // refusals in round 2; round 3 had no sign of its own (no refusal the whole room
+    // would make, not near the ceiling), so round 4 is not contended: A gets the 30 it
+    // asks for, though B is owed 10 of them. Its refusals alone never renew contention.
+    assert_eq!(
+        book.decide_in_part(A, 30, (30, 30), false, ShareMode::Enforce, 4),
+        Verdict::Admit
+    );
+}
