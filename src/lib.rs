@@ -7,7 +7,6 @@ pub mod cli;
 pub mod config;
 pub mod coordination;
 pub mod domain;
-pub mod entra;
 // The fuzz targets' entry points (fuzz/) and their corpus replay; in no normal build.
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]

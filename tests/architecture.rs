@@ -13,7 +13,7 @@ mod imports;
 use imports::{Graph, Written};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
-const SOURCE_DIRS: &[&str] = &["src", "wire/src", "client/src"];
+const SOURCE_DIRS: &[&str] = &["src", "wire/src", "client/src", "entra/src"];
 
 fn architecture() -> String {
     std::fs::read_to_string(Path::new(ROOT).join("ARCHITECTURE.md")).expect("ARCHITECTURE.md")
@@ -109,7 +109,7 @@ fn every_log_event_is_listed_with_the_module_that_emits_it() {
     for row in table.lines().filter(|l| l.starts_with("| `")) {
         let cells: Vec<&str> = row.split('|').map(str::trim).collect();
         let module = cells[2].trim_matches('`');
-        let file = if module.starts_with("client/") {
+        let file = if module.starts_with("client/") || module.starts_with("entra/") {
             module.to_owned()
         } else {
             format!("src/{module}")

@@ -30,7 +30,7 @@ use sendgate::coordination::port::{
     View,
 };
 use sendgate::domain::QueueName;
-use sendgate::entra::{CredentialChain, EntraCredential};
+use sendgate_entra::{CredentialChain, EntraCredential};
 
 const TIMEOUT: Duration = Duration::from_millis(500);
 const LONG: Duration = Duration::from_secs(30);

@@ -49,6 +49,7 @@
 
 pub mod lifecycle;
 pub mod retry;
+pub mod token;
 pub mod transport;
 
 use std::collections::VecDeque;
@@ -75,6 +76,9 @@ pub use sendgate_wire::{
     AnyCode, ErrorCode, GatewayState, IdError, MessageAttributes, MessageId, QueueName,
     QueueNameError,
 };
+#[cfg(feature = "entra")]
+pub use token::EntraTokenSource;
+pub use token::{TokenSource, TokenSourceError};
 
 /// The longest deadline taken as given; anything longer (which no caller means) would
 /// only risk overflowing the clock.
@@ -87,6 +91,9 @@ pub struct ClientConfig {
     pub base_url: String,
     /// Sent as `Authorization: Bearer …` when set.
     pub token: Option<String>,
+    /// Asked for the token before every request instead (an Entra ID token source, say);
+    /// set at most one of the two.
+    pub token_source: Option<Arc<dyn TokenSource>>,
     /// Longest time one message may spend waiting (for a drain to end, or before a
     /// retry), from the moment `send` is called. An attempt already in flight is bounded
     /// by `request_timeout` instead, so its outcome is never cut off and guessed at.
@@ -156,6 +163,7 @@ impl fmt::Debug for ClientConfig {
         f.debug_struct("ClientConfig")
             .field("base_url", &self.base_url)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("token_source", &self.token_source.as_ref().map(|_| ".."))
             .field("deadline", &self.deadline)
             .field("deadline_cap", &self.deadline_cap)
             .field("request_timeout", &self.request_timeout)
@@ -176,6 +184,7 @@ impl ClientConfig {
         Self {
             base_url: base_url.into(),
             token: None,
+            token_source: None,
             // Longer than the default drain window (30 s) plus a start-up (≤ 7 s), so a
             // rolling restart is waited out rather than reported as a failure.
             deadline: Duration::from_secs(120),
@@ -202,6 +211,12 @@ impl ClientConfig {
 
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.token = Some(token.into());
+        self
+    }
+
+    /// Ask `source` for the token before every request (see [`token`]).
+    pub fn token_source(mut self, source: Arc<dyn TokenSource>) -> Self {
+        self.token_source = Some(source);
         self
     }
 
@@ -401,6 +416,9 @@ pub enum SendOutcome {
     /// The gateway refused the token (`401`) or its scope (`403`): no send will succeed
     /// until the credential changes, so nothing was retried.
     AuthFailed { status: u16, code: Option<AnyCode> },
+    /// The token source gave no token: nothing was sent, and nothing retried (the source
+    /// paces its own fetches).
+    NoToken { reason: String },
     /// Refused locally, never sent: the queue name, an id, a header or (in a batch) the
     /// body cannot be valid, or the entry alone is larger than a batch request may be.
     Invalid { reason: String },
@@ -431,6 +449,7 @@ impl fmt::Display for SendOutcome {
                 code_label(*status, code.as_ref())
             ),
             Self::Invalid { reason } => write!(f, "invalid, not sent: {reason}"),
+            Self::NoToken { reason } => write!(f, "not sent: {reason}"),
         }
     }
 }
@@ -484,9 +503,15 @@ impl Client {
     /// TLS uses the process-level rustls crypto provider: if the process has not installed
     /// one, this installs ring's (a provider installed earlier is kept).
     pub fn new(config: ClientConfig) -> Result<Self, ClientError> {
+        let credential = match (&config.token, &config.token_source) {
+            (Some(_), Some(_)) => return Err(TransportSetupError::TwoCredentials.into()),
+            (Some(token), None) => Some(token::Credential::Token(token.clone())),
+            (None, Some(source)) => Some(token::Credential::Source(Arc::clone(source))),
+            (None, None) => None,
+        };
         let transport = HttpTransport::new(
             &config.base_url,
-            config.token.as_deref(),
+            credential.as_ref(),
             config.request_timeout,
         )?
         .criticality(config.criticality);
@@ -931,6 +956,11 @@ impl Tries {
     ) -> Judged {
         let a = match answer {
             Ok(a) => a,
+            Err(TransportError::NoToken(e)) => {
+                return Judged::Final(SendOutcome::NoToken {
+                    reason: e.to_string(),
+                })
+            }
             Err(e) => {
                 self.attempts += 1;
                 self.last_error = Some(AttemptError::Transport(e.to_string()));
@@ -1246,6 +1276,18 @@ impl Batch {
     ) -> Step {
         let a = match answer {
             Ok(a) => a,
+            Err(TransportError::NoToken(e)) => {
+                // Nothing was sent: no entry can go until the source has a token.
+                for position in self.pending.clone() {
+                    self.decide(
+                        position,
+                        SendOutcome::NoToken {
+                            reason: e.to_string(),
+                        },
+                    );
+                }
+                return Step::Done;
+            }
             Err(e) => {
                 // Cut or timed out after it was sent: every entry's outcome is unknown.
                 tries.attempts += 1;

@@ -7,6 +7,7 @@
 //! paused clock; [`HttpTransport`] is the real one (reqwest with rustls, one pooled client).
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -19,6 +20,7 @@ use sendgate_wire::{
 };
 
 use super::retry::MAX_RETRY_AFTER;
+use crate::token::{Credential, TokenSource, TokenSourceError};
 
 /// The gateway's answer to one send, as far as the client needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -192,6 +194,10 @@ pub enum TransportError {
     /// message was stored is unknown, so it is retried with the same key.
     #[error("{0}")]
     Unknown(String),
+    /// The token source gave no token: nothing was sent, and asking again at once would
+    /// only ask the source again (it paces itself).
+    #[error(transparent)]
+    NoToken(#[from] crate::token::TokenSourceError),
 }
 
 impl TransportError {
@@ -245,6 +251,8 @@ pub enum TransportSetupError {
     Url(String),
     #[error("the token holds characters that cannot go in an HTTP header")]
     Token,
+    #[error("both a token and a token source are set: give one")]
+    TwoCredentials,
     #[error("cannot build the HTTP client: {0}")]
     Client(#[from] reqwest::Error),
 }
@@ -254,7 +262,7 @@ pub struct HttpTransport {
     http: reqwest::Client,
     /// The base URL without a trailing slash.
     base: String,
-    authorization: Option<HeaderValue>,
+    authorization: Authorization,
     /// `Sendgate-Criticality`, on every send and batch when set.
     criticality: Option<HeaderValue>,
 }
@@ -264,9 +272,36 @@ impl fmt::Debug for HttpTransport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpTransport")
             .field("base", &self.base)
-            .field("token", &self.authorization.as_ref().map(|_| "<redacted>"))
+            .field("authorization", &self.authorization)
             .finish()
     }
+}
+
+/// What goes in `Authorization`: nothing, a fixed header, or a source's token each time.
+#[derive(Clone)]
+enum Authorization {
+    None,
+    Fixed(HeaderValue),
+    Source(Arc<dyn TokenSource>),
+}
+
+impl fmt::Debug for Authorization {
+    // Never print the token.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::None => "none",
+            Self::Fixed(_) => "<redacted>",
+            Self::Source(_) => "a token source",
+        })
+    }
+}
+
+/// `Bearer {token}`, kept out of reqwest's and hyper's debug output.
+fn bearer(token: &str) -> Result<HeaderValue, TransportSetupError> {
+    let mut v = HeaderValue::from_str(&format!("Bearer {token}"))
+        .map_err(|_| TransportSetupError::Token)?;
+    v.set_sensitive(true);
+    Ok(v)
 }
 
 /// Idle connections are closed after this long: shorter than the gateway's 75 s
@@ -290,7 +325,7 @@ fn install_ring_provider() {
 impl HttpTransport {
     pub fn new(
         base_url: &str,
-        token: Option<&str>,
+        credential: Option<&Credential>,
         request_timeout: Duration,
     ) -> Result<Self, TransportSetupError> {
         let parsed =
@@ -298,15 +333,11 @@ impl HttpTransport {
         if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
             return Err(TransportSetupError::Url(base_url.into()));
         }
-        let authorization = token
-            .map(|t| {
-                let mut v = HeaderValue::from_str(&format!("Bearer {t}"))
-                    .map_err(|_| TransportSetupError::Token)?;
-                // Keeps it out of reqwest's and hyper's debug output.
-                v.set_sensitive(true);
-                Ok::<_, TransportSetupError>(v)
-            })
-            .transpose()?;
+        let authorization = match credential {
+            None => Authorization::None,
+            Some(Credential::Token(token)) => Authorization::Fixed(bearer(token)?),
+            Some(Credential::Source(source)) => Authorization::Source(Arc::clone(source)),
+        };
         install_ring_provider();
         let http = reqwest::Client::builder()
             .user_agent(concat!("sendgate-client/", env!("CARGO_PKG_VERSION")))
@@ -336,11 +367,19 @@ impl HttpTransport {
         }
     }
 
-    fn with_auth(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        match &self.authorization {
-            Some(v) => req.header(AUTHORIZATION, v.clone()),
-            None => req,
-        }
+    async fn with_auth(
+        &self,
+        req: reqwest::RequestBuilder,
+    ) -> Result<reqwest::RequestBuilder, TransportError> {
+        Ok(match &self.authorization {
+            Authorization::None => req,
+            Authorization::Fixed(v) => req.header(AUTHORIZATION, v.clone()),
+            Authorization::Source(source) => {
+                let token = source.token().await?;
+                let header = bearer(&token).map_err(|e| TokenSourceError(e.to_string()))?;
+                req.header(AUTHORIZATION, header)
+            }
+        })
     }
 }
 
@@ -377,6 +416,7 @@ impl Transport for HttpTransport {
         }
         let response = self
             .with_auth(self.with_criticality(req.body(message.body.clone())))
+            .await?
             .send()
             .await
             .map_err(|e| TransportError::of(&e))?;
@@ -403,6 +443,7 @@ impl Transport for HttpTransport {
         }
         let response = self
             .with_auth(self.with_criticality(req.body(batch.body.clone())))
+            .await?
             .send()
             .await
             .map_err(|e| TransportError::of(&e))?;
@@ -412,7 +453,11 @@ impl Transport for HttpTransport {
 
     async fn probe(&self) -> ProbeAnswer {
         let req = self.http.get(format!("{}/health/detailed", self.base));
-        let response = match self.with_auth(req).send().await {
+        let req = match self.with_auth(req).await {
+            Ok(req) => req,
+            Err(e) => return ProbeAnswer::Unusable(e.to_string()),
+        };
+        let response = match req.send().await {
             Ok(r) => r,
             Err(e) => return ProbeAnswer::Unusable(describe(&e)),
         };
@@ -590,10 +635,19 @@ mod tests {
         assert!(HttpTransport::new("ftp://x", None, Duration::from_secs(1)).is_err());
         assert!(HttpTransport::new("not a url", None, Duration::from_secs(1)).is_err());
         assert!(matches!(
-            HttpTransport::new("http://x", Some("bad\ntoken"), Duration::from_secs(1)),
+            HttpTransport::new(
+                "http://x",
+                Some(&Credential::Token("bad\ntoken".into())),
+                Duration::from_secs(1)
+            ),
             Err(TransportSetupError::Token)
         ));
-        let t = HttpTransport::new("http://h:1/", Some("s3cret"), Duration::from_secs(1)).unwrap();
+        let t = HttpTransport::new(
+            "http://h:1/",
+            Some(&Credential::Token("s3cret".into())),
+            Duration::from_secs(1),
+        )
+        .unwrap();
         assert_eq!(t.base, "http://h:1");
         assert!(!format!("{t:?}").contains("s3cret"));
     }

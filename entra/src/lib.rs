@@ -1,13 +1,15 @@
-//! Microsoft Entra ID access tokens through `azure_identity`, for every Azure service
-//! sendgate talks to with the process's identity: Service Bus
+//! Microsoft Entra ID access tokens through `azure_identity`, for whatever a sendgate
+//! process calls with its identity: the server's Service Bus
 //! (`https://servicebus.azure.net/.default`) and Azure Managed Redis
-//! (`https://redis.azure.com/.default`).
+//! (`https://redis.azure.com/.default`), a producer's gateway (its API's scope,
+//! `api://…/.default`).
 //!
 //! One [`EntraCredential`] per scope: a cached token, refreshed five minutes before it
 //! expires by one task at a time (the refresh runs in its own task, so a caller whose
 //! deadline passes does not cancel it: the next caller finds the token ready), and a failed
 //! fetch answered from the cache for 5–30 s so a burst of callers does not hammer Entra ID.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -42,7 +44,7 @@ pub enum TokenError {
 /// (the shape of the other Azure SDKs' `DefaultAzureCredential`, which `azure_identity`
 /// 1.0 leaves to the application).
 pub struct CredentialChain {
-    scope: &'static str,
+    scope: Cow<'static, str>,
     sources: Vec<(&'static str, Arc<dyn TokenCredential>)>,
     chosen: AtomicUsize,
 }
@@ -53,11 +55,11 @@ impl CredentialChain {
     /// Tokens for `scope` (e.g. `https://redis.azure.com/.default`) from `sources`, tried
     /// in order.
     pub fn new(
-        scope: &'static str,
+        scope: impl Into<Cow<'static, str>>,
         sources: Vec<(&'static str, Arc<dyn TokenCredential>)>,
     ) -> Self {
         Self {
-            scope,
+            scope: scope.into(),
             sources,
             chosen: AtomicUsize::new(NONE_CHOSEN),
         }
@@ -69,7 +71,7 @@ impl CredentialChain {
     /// identity does not read `AZURE_CLIENT_ID`), then the developer tools (Azure CLI,
     /// Azure Developer CLI). Nothing here touches the network.
     pub fn from_environment(
-        scope: &'static str,
+        scope: impl Into<Cow<'static, str>>,
         user_assigned_client_id: Option<&str>,
     ) -> Result<Self, String> {
         use azure_identity::{
@@ -77,7 +79,7 @@ impl CredentialChain {
             UserAssignedId, WorkloadIdentityCredential,
         };
         // The credentials build azure_core's reqwest client, which needs the provider.
-        crate::tls::install_ring();
+        install_ring();
         let mut sources: Vec<(&'static str, Arc<dyn TokenCredential>)> = Vec::new();
         // Only built when AZURE_TENANT_ID, AZURE_CLIENT_ID and AZURE_FEDERATED_TOKEN_FILE
         // are set; otherwise it is simply not a candidate.
@@ -96,8 +98,8 @@ impl CredentialChain {
         Ok(Self::new(scope, sources))
     }
 
-    pub fn scope(&self) -> &'static str {
-        self.scope
+    pub fn scope(&self) -> &str {
+        &self.scope
     }
 
     /// The names of the sources, in the order they are tried.
@@ -106,7 +108,7 @@ impl CredentialChain {
     }
 
     async fn token(&self) -> Result<azure_core::credentials::AccessToken, String> {
-        let scopes = [self.scope];
+        let scopes = [self.scope.as_ref()];
         let chosen = self.chosen.load(Ordering::Relaxed);
         if let Some((name, source)) = self.sources.get(chosen) {
             // Bounded like the first pass: a hung identity endpoint must not hold the one
@@ -124,7 +126,7 @@ impl CredentialChain {
                     self.chosen.store(index, Ordering::Relaxed);
                     tracing::info!(
                         event = "entra_source",
-                        scope = self.scope,
+                        scope = %self.scope,
                         source = name,
                         "Entra ID tokens for {} come from {name}",
                         self.scope
@@ -163,6 +165,11 @@ impl EntraToken {
             expires_at,
             refresh_at: expires_at - REFRESH_BEFORE.min(lifetime / 4),
         }
+    }
+
+    /// The secret, shared (no copy per request).
+    pub fn shared_secret(&self) -> Arc<str> {
+        Arc::clone(&self.secret)
     }
 
     pub fn secret(&self) -> &str {
@@ -234,8 +241,8 @@ impl EntraCredential {
         }
     }
 
-    pub fn scope(&self) -> &'static str {
-        self.chain.scope
+    pub fn scope(&self) -> &str {
+        &self.chain.scope
     }
 
     /// The cached token's secret, if any (for scrubbing it out of error texts).
@@ -298,7 +305,7 @@ impl EntraCredential {
                         error: e.clone(),
                         until: Instant::now() + pause,
                     });
-                    tracing::warn!(event = "entra_failed", scope = chain.scope, error = %e, retry_in_s = pause.as_secs_f64(), "could not get an Entra ID token")
+                    tracing::warn!(event = "entra_failed", scope = %chain.scope, error = %e, retry_in_s = pause.as_secs_f64(), "could not get an Entra ID token")
                 }
             }
             result
@@ -318,10 +325,21 @@ impl EntraCredential {
     }
 }
 
-/// A fake credential source for this crate's tests (tests/support/entra.rs has its twin for
-/// the integration tests).
-#[cfg(test)]
-pub(crate) mod testing {
+/// Installs ring as the process-level rustls provider unless one is installed already
+/// (then that one is kept). azure_core's reqwest is built with `rustls-no-provider` (one TLS
+/// stack, no aws-lc-rs) and panics building a client without one.
+fn install_ring() {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        // Err only means a provider is installed already, which is what is needed.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// A fake credential source for tests, this crate's and (feature `testing`) others'
+/// (tests/support/entra.rs has its twin for the server's integration tests).
+#[cfg(any(test, feature = "testing"))]
+pub mod testing {
     use super::*;
     use std::sync::atomic::{AtomicBool, AtomicU32};
 

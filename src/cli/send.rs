@@ -39,8 +39,16 @@ pub struct SendArgs {
     #[arg(long)]
     queue: String,
     /// A file holding the bearer token (otherwise SENDGATE_TOKEN, if set).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "entra_scope")]
     token_file: Option<PathBuf>,
+    /// Send Microsoft Entra ID access tokens for this scope instead, the gateway API's
+    /// (`api://<app id>/.default`), from this process's identity: workload identity,
+    /// managed identity, then the Azure CLI. Cached and renewed before they expire.
+    #[arg(long, value_name = "SCOPE")]
+    entra_scope: Option<String>,
+    /// With --entra-scope: the client id of the user-assigned managed identity to use.
+    #[arg(long, value_name = "CLIENT_ID", requires = "entra_scope")]
+    entra_client_id: Option<String>,
     /// Requests in flight at once: batches, or single messages with --batch-size 1.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=1024))]
     concurrency: u16,
@@ -77,6 +85,24 @@ pub struct SendArgs {
     input: Option<PathBuf>,
 }
 
+/// Entra ID tokens for `scope`, which must name an app's `.default` scope (the app roles
+/// the gateway maps are granted to an identity for the whole app, not per scope).
+fn entra_source(
+    scope: &str,
+    client_id: Option<&str>,
+) -> Result<std::sync::Arc<dyn sendgate_client::TokenSource>, UsageError> {
+    let scope = scope.trim();
+    let Some(app) = scope.strip_suffix("/.default") else {
+        return Err(UsageError::EntraScopeSuffix(scope.to_owned()));
+    };
+    if app.is_empty() || scope.chars().any(char::is_whitespace) {
+        return Err(UsageError::EntraScope(scope.to_owned()));
+    }
+    let source = sendgate_client::EntraTokenSource::from_environment(scope.to_owned(), client_id)
+        .map_err(UsageError::Entra)?;
+    Ok(std::sync::Arc::new(source))
+}
+
 fn parse_criticality(word: &str) -> Result<sendgate_client::Criticality, String> {
     sendgate_client::Criticality::parse(word)
         .ok_or_else(|| format!("{word:?}: expected critical, default or sheddable"))
@@ -94,6 +120,14 @@ enum UsageError {
     },
     #[error("--token-file {0}: the file is empty")]
     EmptyToken(String),
+    #[error("--entra-scope {0:?}: the scope of an app's roles ends in /.default (did you mean \"{0}/.default\"?)")]
+    EntraScopeSuffix(String),
+    #[error("--entra-scope {0:?}: not a scope; expected api://<app id>/.default")]
+    EntraScope(String),
+    #[error("--entra-scope and {TOKEN_VARIABLE} are both set: send with one credential")]
+    TwoCredentials,
+    #[error("--entra-scope: {0}")]
+    Entra(sendgate_client::TokenSourceError),
     #[error("--url: {0}")]
     Client(#[from] sendgate_client::ClientError),
     #[error("{path}: {source}")]
@@ -159,7 +193,13 @@ fn prepare(args: &SendArgs) -> Result<(Client, QueueName, Box<dyn Read + Send>),
             max_attempts: args.max_attempts,
             ..Backoff::default()
         });
-    config.token = token;
+    match &args.entra_scope {
+        Some(_) if token.is_some() => return Err(UsageError::TwoCredentials),
+        Some(scope) => {
+            config.token_source = Some(entra_source(scope, args.entra_client_id.as_deref())?)
+        }
+        None => config.token = token,
+    }
     config.max_concurrent_requests = usize::from(args.concurrency);
     config.criticality = args.criticality;
     config.max_batch_messages = usize::from(args.batch_size);
@@ -535,6 +575,14 @@ impl Report {
                 *self.failed.entry(shown.clone()).or_default() += 1;
                 if self.auth.is_none() {
                     self.auth = Some(shown);
+                }
+                return true;
+            }
+            // No later message would get a token either (the source paces its fetches).
+            SendOutcome::NoToken { reason } => {
+                *self.failed.entry("no token".into()).or_default() += 1;
+                if self.auth.is_none() {
+                    self.auth = Some(reason);
                 }
                 return true;
             }

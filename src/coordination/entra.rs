@@ -21,7 +21,7 @@ use futures_util::Stream;
 use redis::auth::{BasicAuth, StreamingCredentialsProvider};
 use tokio::time::Instant;
 
-use crate::entra::{EntraCredential, EntraToken, TokenError, FAILURE_PAUSE_FIRST};
+use sendgate_entra::{EntraCredential, EntraToken, TokenError, FAILURE_PAUSE_FIRST};
 
 /// The Entra ID scope of Azure Managed Redis (and Azure Cache for Redis).
 pub const REDIS_SCOPE: &str = "https://redis.azure.com/.default";
@@ -133,9 +133,9 @@ impl StreamingCredentialsProvider for EntraRedisCredentials {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::entra::testing::FakeSource;
-    use crate::entra::CredentialChain;
     use futures_util::StreamExt;
+    use sendgate_entra::testing::FakeSource;
+    use sendgate_entra::CredentialChain;
 
     const USER: &str = "00000000-1111-2222-3333-444444444444";
     const HOUR: Duration = Duration::from_secs(3600);

@@ -14,7 +14,7 @@ use super::entra::{EntraRedisCredentials, REDIS_SCOPE};
 use super::port::LedgerError;
 use crate::config::{BackendKind, RedisAuth, RedisSettings};
 use crate::domain::QueueName;
-use crate::entra::{CredentialChain, EntraCredential};
+use sendgate_entra::{CredentialChain, EntraCredential};
 
 /// The longest the first connection (TCP, TLS, AUTH, PING) may take. Longer than one
 /// call's deadline: it happens once, off the request path.

@@ -481,3 +481,63 @@ async fn usage_errors_exit_2_before_any_request() {
     }
     assert!(proxy.seen().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entra_scope_is_checked_before_any_request_and_takes_no_second_credential() {
+    let app = spawn_app_with(&[]).await;
+    let proxy = Proxy::start(&app.address).await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "a-token\n").unwrap();
+    let base = ["--url", proxy.address.as_str(), "--queue", "requests"];
+    fn with<'a>(base: &[&'a str], more: &[&'a str]) -> Vec<&'a str> {
+        base.iter().chain(more).copied().collect()
+    }
+    // (arguments, environment, what the error says)
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            with(&base, &["--entra-scope", "api://sendgate"]),
+            vec![],
+            "did you mean \"api://sendgate/.default\"",
+        ),
+        (
+            with(&base, &["--entra-scope", "/.default"]),
+            vec![],
+            "expected api://<app id>/.default",
+        ),
+        (
+            with(
+                &base,
+                &[
+                    "--entra-scope",
+                    "api://sendgate/.default",
+                    "--token-file",
+                    token.to_str().unwrap(),
+                ],
+            ),
+            vec![],
+            "cannot be used with",
+        ),
+        (
+            with(&base, &["--entra-scope", "api://sendgate/.default"]),
+            vec![("SENDGATE_TOKEN", "a-token")],
+            "both set",
+        ),
+        (
+            with(
+                &base,
+                &["--entra-client-id", "00000000-0000-0000-0000-000000000001"],
+            ),
+            vec![],
+            "--entra-scope",
+        ),
+    ];
+    for (args, env, says) in cases {
+        let out = sendgate_send(&args, &env, Some(&lines(1))).await;
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    assert!(proxy.seen().is_empty());
+}

@@ -553,3 +553,96 @@ async fn a_sheddable_client_is_refused_from_its_level_where_a_default_one_is_adm
     assert!(matches!(outcome, SendOutcome::Queued { .. }), "{outcome:?}");
     assert_eq!(app.stored("requests"), 6);
 }
+
+/// A client over `EntraTokenSource`: the gateway's keys file knows the token the fake
+/// identity hands out (`token-1`, its first).
+fn entra_client(
+    address: &str,
+    source: std::sync::Arc<sendgate_entra::testing::FakeSource>,
+) -> Client {
+    use sendgate_entra::{CredentialChain, EntraCredential};
+    let chain = CredentialChain::new(ENTRA_SCOPE, vec![("fake identity", source as _)]);
+    let tokens = sendgate_client::EntraTokenSource::new(EntraCredential::new(chain));
+    let mut config = ClientConfig::new(address).token_source(std::sync::Arc::new(tokens));
+    config.backoff = Backoff {
+        max_attempts: 3,
+        ..Backoff::default()
+    };
+    Client::new(config).unwrap()
+}
+
+const ENTRA_SCOPE: &str = "api://sendgate-test/.default";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entra_token_is_fetched_once_and_sent_with_every_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = crate::keys_file(dir.path(), &[("playground", "token-1", "sender", "*")]);
+    let app = spawn_app_with(&[("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap())]).await;
+    let proxy = Proxy::start(&app.address).await;
+    let source = sendgate_entra::testing::FakeSource::new(
+        ENTRA_SCOPE,
+        false,
+        Duration::from_millis(20),
+        Duration::from_secs(3600),
+    );
+    let client = entra_client(&proxy.address, source.clone());
+    let keys: Vec<String> = (0..20).map(|i| format!("entra-{i}")).collect();
+    for send in send_all(&client, &keys) {
+        assert!(matches!(send.await.unwrap(), SendOutcome::Queued { .. }));
+    }
+    // Twenty sends at once shared the one fetch, and every request carried the token.
+    assert_eq!(source.calls(), 1);
+    let posts = proxy.posts();
+    assert_eq!(posts.len(), 20);
+    assert!(posts.iter().all(|s| s.authorization && s.status == 201));
+    assert_eq!(app.stored("requests"), 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identity_that_gives_no_token_fails_the_sends_unsent_and_is_asked_once() {
+    let app = spawn_app_with(&[]).await;
+    let proxy = Proxy::start(&app.address).await;
+    let source = sendgate_entra::testing::FakeSource::new(
+        ENTRA_SCOPE,
+        true,
+        Duration::from_millis(20),
+        Duration::from_secs(3600),
+    );
+    let client = entra_client(&proxy.address, source.clone());
+    let keys: Vec<String> = (0..20).map(|i| format!("unsent-{i}")).collect();
+    for send in send_all(&client, &keys) {
+        match send.await.unwrap() {
+            SendOutcome::NoToken { reason } => {
+                assert!(reason.contains("fake identity"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // Nothing reached the gateway, nothing was retried, and the identity was asked once:
+    // its failure is answered from the cache for seconds (never a storm of fetches).
+    assert!(proxy.posts().is_empty());
+    assert_eq!(client.stats().retries, 0);
+    assert_eq!(source.calls(), 1);
+    // A send a moment later is answered from that cache too.
+    let late = client.send("requests", "{}", Some("late")).await;
+    assert!(matches!(late, SendOutcome::NoToken { .. }), "{late:?}");
+    assert_eq!(source.calls(), 1);
+}
+
+#[test]
+fn a_token_and_a_token_source_together_are_refused() {
+    let source = sendgate_entra::testing::FakeSource::new(
+        ENTRA_SCOPE,
+        false,
+        Duration::ZERO,
+        Duration::from_secs(3600),
+    );
+    let chain =
+        sendgate_entra::CredentialChain::new(ENTRA_SCOPE, vec![("fake identity", source as _)]);
+    let tokens =
+        sendgate_client::EntraTokenSource::new(sendgate_entra::EntraCredential::new(chain));
+    let config = ClientConfig::new("http://127.0.0.1:1")
+        .token("fixed")
+        .token_source(std::sync::Arc::new(tokens));
+    assert!(Client::new(config).is_err());
+}

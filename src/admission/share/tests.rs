@@ -615,11 +615,20 @@ fn refusals_of_demand_that_fits_the_whole_room_do_not_keep_the_queue_contended_b
         let mut admitted = 0;
         for _ in 0..89 {
             let left = 8u64.saturating_sub(admitted).max(1);
-            let verdict =
-                book.decide_in_part(A, 1, (left, 40 - admitted), false, ShareMode::Enforce, round);
+            let verdict = book.decide_in_part(
+                A,
+                1,
+                (left, 40 - admitted),
+                false,
+                ShareMode::Enforce,
+                round,
+            );
             admitted += u64::from(verdict == Verdict::Admit);
         }
-        assert!(admitted < 20, "A's asks were refused on the replica's share");
+        assert!(
+            admitted < 20,
+            "A's asks were refused on the replica's share"
+        );
         for b in 0..10 {
             let whole = 40 - admitted - b;
             assert_eq!(

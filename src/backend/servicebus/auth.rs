@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 use crate::config::{ConnectionString, Secret};
 use crate::domain::QueueName;
-pub use crate::entra::{CredentialChain, EntraCredential, TokenError};
+pub use sendgate_entra::{CredentialChain, EntraCredential, TokenError};
 
 /// How long a SAS token is valid, and when it is replaced.
 pub const SAS_LIFETIME: Duration = Duration::from_secs(60 * 60);
@@ -253,7 +253,7 @@ mod tests {
     /// sends the token as a bearer.
     #[tokio::test]
     async fn the_entra_credential_is_a_bearer_for_the_service_bus_scope() {
-        let source = crate::entra::testing::FakeSource::new(
+        let source = sendgate_entra::testing::FakeSource::new(
             ENTRA_SCOPE,
             false,
             Duration::ZERO,
