@@ -1017,14 +1017,16 @@ for side, where in (("equal", "one process (embedded)"), ("fleet", "3 replicas o
             None if dm is None else f"{ceil - dm:+d}",
         )
     )
-rw = fair_row("weights_3_1")
-if rw is not None:
+for side, where in (("weights_3_1", "one process"), ("fleet_weights_3_1", "3 replicas on Redis")):
+    rw = fair_row(side)
+    if rw is None:
+        continue
     sa, sb = shares(rw)
     dev = None if sa is None else max(abs(sa - 0.75), abs(sb - 0.25))
     targets.append(
         (
-            "fair shares: weights 3:1, both tenants greedy: each one's share of the admissions "
-            "within ±0.05 of 0.75 / 0.25 (issue 25)",
+            f"fair shares: {where}, weights 3:1, both tenants greedy: each one's share of the "
+            "admissions within ±0.05 of 0.75 / 0.25 (issue 25)",
             f"{f(sa, 3)} / {f(sb, 3)} ({tenant(rw, 'a').get('admitted', 0):,} / {tenant(rw, 'b').get('admitted', 0):,})",
             None if dev is None else dev <= FAIR_TARGET_WEIGHTS,
             None if dev is None else f"{FAIR_TARGET_WEIGHTS - dev:+.3f}",
@@ -2033,6 +2035,7 @@ FAIR_SIDES = [
     ("weights_3_1", "one process, weights 3:1, both greedy"),
     ("fleet", "3 replicas on Redis, equal weights, shares on"),
     ("fleet_off", "3 replicas on Redis, `SENDGATE_FAIR_SHARE=off`"),
+    ("fleet_weights_3_1", "3 replicas on Redis, weights 3:1, both greedy (spread 4/4/4)"),
 ]
 if sel("fair") or sel("fair_levels") or sel("fair_cost_ir") or sel("fair_cost_wall"):
     p("## 12. Fair shares: two tenants at one ceiling, weights, criticality, the cost")
