@@ -16,6 +16,7 @@
 mod backend;
 mod connection_string;
 mod coordination;
+mod entra_callers;
 mod error;
 mod forgiving;
 mod layers;
@@ -33,6 +34,7 @@ use std::time::Duration;
 pub use backend::{BackendKind, BackendSettings, DepthSource, RabbitMqSettings, Scope};
 pub use connection_string::{ConnectionString, ConnectionStringError, ENDPOINT_NOT_SHOWN};
 pub use coordination::{CoordinationSettings, KeyPrefix, RedisAuth, RedisSettings};
+pub use entra_callers::{EntraCallersSettings, Guid};
 pub use error::{closest, ConfigError};
 pub use forgiving::{forgiving_flag, forgiving_max_depth, forgiving_streak};
 pub use layers::{one_of, servicebus_near_misses, Fraction};
