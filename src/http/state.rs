@@ -44,14 +44,14 @@ pub struct AppState {
 
 /// Authenticate the caller and check it may do `permission` (`action` names it in the 403).
 /// Every protected route goes through here; the key's name goes on the request's log lines.
-pub fn authorize(
+pub async fn authorize(
     req: &HttpRequest,
     context: &RequestContext,
     state: &AppState,
     permission: auth::Permission,
     action: &'static str,
 ) -> Result<std::sync::Arc<auth::Principal>, ApiError> {
-    let principal = state.auth.authenticate(req).map_err(|e| {
+    let principal = state.auth.authenticate(req).await.map_err(|e| {
         context.error(Problem::Unauthenticated {
             token_given: e == auth::AuthError::Unknown,
         })
