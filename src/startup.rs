@@ -414,6 +414,7 @@ impl Application {
             coordination,
             settings: runtime.clone(),
             rates,
+            openapi: std::sync::OnceLock::new(),
         });
 
         let bind_error = |source| StartupError::Bind {

@@ -40,6 +40,8 @@ pub struct AppState {
     pub settings: std::sync::Arc<crate::settings::RuntimeSettings>,
     /// The tenants' rate quotas, for the `RateLimit` headers (the gates take from them).
     pub rates: std::sync::Arc<crate::admission::quota::RateBook>,
+    /// The OpenAPI document this gateway serves, made at the first ask (`openapi.rs`).
+    pub openapi: std::sync::OnceLock<String>,
 }
 
 /// Authenticate the caller and check it may do `permission` (`action` names it in the 403).

@@ -442,3 +442,39 @@ async fn entra_alone_needs_no_keys_file() {
         .await;
     assert_invalid_token(response, "no keys").await;
 }
+
+#[tokio::test]
+async fn the_served_openapi_document_declares_the_entra_scheme_and_its_discovery_url() {
+    let s = setup().await;
+    let served: Value = s
+        .app
+        .client
+        .get(s.app.url("/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let discovery = format!(
+        "{}/{TENANT}/v2.0/.well-known/openid-configuration",
+        s.provider.authority
+    );
+    let schemes = &served["components"]["securitySchemes"];
+    assert_eq!(schemes["entra"]["type"], "openIdConnect");
+    assert_eq!(schemes["entra"]["openIdConnectUrl"], discovery.as_str());
+    assert_eq!(schemes["bearer"]["scheme"], "bearer", "keys are on too");
+    assert_eq!(served["security"], json!([{"bearer": []}, {"entra": []}]));
+    // The discovery URL the document names is the one the gateway reads.
+    let doc: Value = s
+        .app
+        .client
+        .get(&discovery)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(doc["issuer"], s.provider.v2_issuer().as_str());
+}

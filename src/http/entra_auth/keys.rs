@@ -200,6 +200,11 @@ impl KeyCache {
         tokio::spawn(keep_fresh(Arc::downgrade(self)));
     }
 
+    /// `{authority}/{tenant}/v2.0/.well-known/openid-configuration`.
+    pub fn discovery_url(&self) -> &str {
+        &self.discovery_url
+    }
+
     /// The keys in hand, if any.
     pub fn current(&self) -> Option<Arc<KeySet>> {
         self.current.load_full()
