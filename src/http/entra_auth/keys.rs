@@ -177,6 +177,9 @@ pub struct KeyCache {
     plain_http_allowed: bool,
     current: ArcSwapOption<KeySet>,
     refreshing: Mutex<Refreshing>,
+    /// Where fetches run: the runtime the cache was made on (the gateway's main one), not
+    /// the HTTP worker whose request needed the fetch (its runtime ends with the worker).
+    runtime: Option<tokio::runtime::Handle>,
     /// Successful and failed fetches so far (for the tests and the benches' sanity).
     fetches: std::sync::atomic::AtomicU64,
 }
@@ -190,6 +193,7 @@ impl KeyCache {
             tenant: tenant.to_owned(),
             current: ArcSwapOption::empty(),
             refreshing: Mutex::new(Refreshing::default()),
+            runtime: tokio::runtime::Handle::try_current().ok(),
             fetches: std::sync::atomic::AtomicU64::new(0),
         })
     }
@@ -272,16 +276,21 @@ impl KeyCache {
     }
 
     /// A fetch in a task of its own, recorded as the one in flight (the lock is held, so
-    /// the task cannot clear it before it is recorded).
+    /// the task cannot clear it before it is recorded). The task clears it when it ends,
+    /// or is dropped unfinished (its runtime shutting down): a fetch that never finishes
+    /// must not stand for the one in flight for ever.
     fn start(self: &Arc<Self>, refreshing: &mut Refreshing, why: Why) -> InFlight {
         self.fetches
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let this = Arc::clone(self);
-        let task = tokio::spawn(async move {
-            let ok = this.fetch_now(why).await;
-            this.refreshing.lock().in_flight = None;
-            ok
-        });
+        let fetching = async move {
+            let _done = NoneInFlight(Arc::clone(&this));
+            this.fetch_now(why).await
+        };
+        let task = match &self.runtime {
+            Some(runtime) => runtime.spawn(fetching),
+            None => tokio::spawn(fetching),
+        };
         let fetch = async move { task.await.unwrap_or(false) }.boxed().shared();
         refreshing.in_flight = Some(fetch.clone());
         fetch
@@ -335,6 +344,15 @@ impl KeyCache {
     async fn discover(&self) -> Result<Discovery, String> {
         let body = self.fetch.get(&self.discovery_url).await?;
         parse_discovery(&body, &self.tenant, self.plain_http_allowed)
+    }
+}
+
+/// Clears the fetch in flight when dropped: at the end of the fetch's task, finished or not.
+struct NoneInFlight(Arc<KeyCache>);
+
+impl Drop for NoneInFlight {
+    fn drop(&mut self) {
+        self.0.refreshing.lock().in_flight = None;
     }
 }
 
