@@ -1380,7 +1380,8 @@ if micro:
         p(f"| `{r['name']}` | {ns(r['median_ns'])} | {ns(r['median_lo_ns'])} – {ns(r['median_hi_ns'])} |")
     p("")
     p(
-        "`auth/authenticate/N`: N keys, the token matching the last; `capacity/*`: a cached read, "
+        "`auth/authenticate/N`: N keys, the token matching the last; `auth/entra_token`: a v2 "
+        "Entra ID access token, its key in hand, beside 20 keys; `capacity/*`: a cached read, "
         "admitted then finished (`_lag6s`: with the 6 s window the management source keeps) or "
         "refused; `decision/*`: auth, role and queue scope, lifecycle, JSON check of the 1 KB "
         "body, message id, then `Dispatcher::send` (route, capacity, in-flight slot, breaker, "

@@ -19,6 +19,7 @@ use crate::config::{AuthSettings, BackendSettings, ConfigError, Settings};
 use crate::coordination::Coordination;
 use crate::domain::QueueName;
 use crate::http::auth::{Authenticator, KeysFileError};
+use crate::http::entra_auth::EntraVerifier;
 use crate::http::guard::HostCheck;
 use crate::http::{routes, AppState};
 use crate::lifecycle::Lifecycle;
@@ -139,6 +140,9 @@ pub enum StartupError {
     /// The runtime settings kept in the data directory cannot be used.
     #[error("runtime settings: {0}")]
     Settings(#[from] crate::settings::store::SettingsStoreError),
+    /// The client that fetches the Entra ID signing keys could not be built (exit 1).
+    #[error("SENDGATE_ENTRA_TENANT_ID: {0}")]
+    EntraInit(String),
     #[error("SENDGATE_LISTEN: cannot listen on {addr}: {source}")]
     Bind {
         addr: String,
@@ -154,7 +158,11 @@ impl StartupError {
             // A file that is not a settings file is a setting that is wrong; one that cannot
             // be read, an environment that failed us.
             Self::Settings(crate::settings::store::SettingsStoreError::Corrupt { .. }) => 2,
-            Self::Embedded(_) | Self::Bind { .. } | Self::BackendInit(_) | Self::Settings(_) => 1,
+            Self::Embedded(_)
+            | Self::Bind { .. }
+            | Self::BackendInit(_)
+            | Self::EntraInit(_)
+            | Self::Settings(_) => 1,
         }
     }
 }
@@ -238,7 +246,7 @@ fn host_check(settings: &Settings) -> HostCheck {
         AuthSettings::Open {
             explicitly_none: true,
         }
-        | AuthSettings::KeysFile(_) => HostCheck::Off,
+        | AuthSettings::Callers { .. } => HostCheck::Off,
     }
 }
 
@@ -292,7 +300,17 @@ impl Application {
     /// listener and start warming up. Needs a Tokio runtime.
     pub fn build_with(settings: Settings, backends: Backends) -> Result<Self, StartupError> {
         let auth = match &settings.auth {
-            AuthSettings::KeysFile(path) => Authenticator::from_file(path)?,
+            AuthSettings::Callers { keys_file, entra } => {
+                // The first fetch of the directory's keys starts here, in the background:
+                // an unreachable directory delays Entra ID callers (401 until it answers),
+                // never the gateway.
+                let verifier = entra
+                    .as_ref()
+                    .map(EntraVerifier::start)
+                    .transpose()
+                    .map_err(StartupError::EntraInit)?;
+                Authenticator::from_parts(keys_file.as_deref(), verifier)?
+            }
             AuthSettings::Open { explicitly_none } => {
                 tracing::warn!(
                     event = "auth_open",
@@ -396,6 +414,7 @@ impl Application {
             coordination,
             settings: runtime.clone(),
             rates,
+            openapi: std::sync::OnceLock::new(),
         });
 
         let bind_error = |source| StartupError::Bind {

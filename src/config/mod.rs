@@ -16,6 +16,7 @@
 mod backend;
 mod connection_string;
 mod coordination;
+mod entra_callers;
 mod error;
 mod forgiving;
 mod layers;
@@ -33,6 +34,7 @@ use std::time::Duration;
 pub use backend::{BackendKind, BackendSettings, DepthSource, RabbitMqSettings, Scope};
 pub use connection_string::{ConnectionString, ConnectionStringError, ENDPOINT_NOT_SHOWN};
 pub use coordination::{CoordinationSettings, KeyPrefix, RedisAuth, RedisSettings};
+pub use entra_callers::{EntraCallersSettings, Guid};
 pub use error::{closest, ConfigError};
 pub use forgiving::{forgiving_flag, forgiving_max_depth, forgiving_streak};
 pub use layers::{one_of, servicebus_near_misses, Fraction};
@@ -85,8 +87,13 @@ pub enum FairMode {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AuthSettings {
-    /// Keys from this file are required on every protected route.
-    KeysFile(PathBuf),
+    /// A credential is required on every protected route: an API key from the keys file,
+    /// an Entra ID access token, or either (at least one of the two is set). With Entra
+    /// on, the keys file may hold only `[[apps]]`.
+    Callers {
+        keys_file: Option<PathBuf>,
+        entra: Option<EntraCallersSettings>,
+    },
     /// No keys: allowed on loopback, or anywhere with `SENDGATE_AUTH=none`.
     Open { explicitly_none: bool },
 }
@@ -448,16 +455,23 @@ fn parse_queues(layers: &Layers) -> Result<Vec<QueueName>, ConfigError> {
 
 fn parse_auth(layers: &Layers, listen: SocketAddr) -> Result<AuthSettings, ConfigError> {
     let keys_file = layers.path(&v::API_KEYS_FILE);
+    let entra = entra_callers::parse(layers)?;
     let explicitly_none = layers.choice(&v::AUTH)?.is_some();
-    let auth = match (keys_file, explicitly_none) {
-        (Some(_), true) => {
+    let auth = match (keys_file, entra, explicitly_none) {
+        (Some(_), _, true) => {
             return Err(ConfigError::other(
                 &v::AUTH,
                 "`none` cannot be combined with SENDGATE_API_KEYS_FILE",
             ))
         }
-        (Some(file), false) => AuthSettings::KeysFile(file),
-        (None, explicitly_none) => AuthSettings::Open { explicitly_none },
+        (None, Some(_), true) => {
+            return Err(ConfigError::other(
+                &v::AUTH,
+                "`none` cannot be combined with SENDGATE_ENTRA_TENANT_ID",
+            ))
+        }
+        (None, None, explicitly_none) => AuthSettings::Open { explicitly_none },
+        (keys_file, entra, false) => AuthSettings::Callers { keys_file, entra },
     };
     if auth
         == (AuthSettings::Open {

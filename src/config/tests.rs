@@ -104,7 +104,13 @@ fn non_loopback_without_keys_refuses_unless_auth_none() {
         ("SENDGATE_API_KEYS_FILE", "/k.toml"),
     ]))
     .unwrap();
-    assert_eq!(s.auth, AuthSettings::KeysFile("/k.toml".into()));
+    assert_eq!(
+        s.auth,
+        AuthSettings::Callers {
+            keys_file: Some("/k.toml".into()),
+            entra: None
+        }
+    );
     assert!(Settings::from_vars(&vars(&[("SENDGATE_LISTEN", "localhost:9000")])).is_ok());
     let err = Settings::from_overrides(&[(&v::AUTH, "none"), (&v::API_KEYS_FILE, "/k.toml")])
         .unwrap_err();
@@ -997,4 +1003,99 @@ fn the_fair_settings_parse_and_a_lower_criticality_never_gets_more_of_the_ceilin
         ("SENDGATE_SHED_AT_DEFAULT", "0.8"),
     ]))
     .is_ok());
+}
+
+#[test]
+fn entra_callers_need_a_tenant_guid_and_an_audience_and_name_the_variable() {
+    const TENANT: &str = "11111111-2222-3333-4444-555555555555";
+    let s = Settings::from_vars(&vars(&[
+        ("SENDGATE_LISTEN", "0.0.0.0:8080"),
+        ("SENDGATE_ENTRA_TENANT_ID", TENANT),
+        (
+            "SENDGATE_ENTRA_AUDIENCE",
+            " api://sendgate , 99999999-8888-7777-6666-555555555555,api://sendgate",
+        ),
+    ]))
+    .unwrap();
+    let AuthSettings::Callers {
+        keys_file: None,
+        entra: Some(entra),
+    } = s.auth
+    else {
+        panic!("Entra alone is a way in: {:?}", s.auth);
+    };
+    assert_eq!(entra.tenant.as_str(), TENANT);
+    assert_eq!(
+        entra.audiences,
+        ["api://sendgate", "99999999-8888-7777-6666-555555555555"]
+    );
+    assert_eq!(
+        entra.discovery_url(),
+        format!("https://login.microsoftonline.com/{TENANT}/v2.0/.well-known/openid-configuration")
+    );
+    assert_eq!(entra.allowed_apps, None);
+
+    let refused = |pairs: &[(&str, &str)]| {
+        Settings::from_vars(&vars(pairs))
+            .unwrap_err()
+            .variable()
+            .map(str::to_owned)
+    };
+    let tenant = ("SENDGATE_ENTRA_TENANT_ID", TENANT);
+    let audience = ("SENDGATE_ENTRA_AUDIENCE", "api://sendgate");
+    for (pairs, var) in [
+        (
+            vec![
+                ("SENDGATE_ENTRA_TENANT_ID", "contoso.onmicrosoft.com"),
+                audience,
+            ],
+            "SENDGATE_ENTRA_TENANT_ID",
+        ),
+        (vec![tenant], "SENDGATE_ENTRA_AUDIENCE"),
+        (
+            vec![tenant, ("SENDGATE_ENTRA_AUDIENCE", "a,b,c,d,e")],
+            "SENDGATE_ENTRA_AUDIENCE",
+        ),
+        (
+            vec![
+                tenant,
+                audience,
+                ("SENDGATE_ENTRA_AUTHORITY", "http://login.example.com"),
+            ],
+            "SENDGATE_ENTRA_AUTHORITY",
+        ),
+        (
+            vec![tenant, audience, ("SENDGATE_ENTRA_ALLOWED_APPS", "app-one")],
+            "SENDGATE_ENTRA_ALLOWED_APPS",
+        ),
+        // Set without the tenant, they would be ignored: refused instead.
+        (vec![audience], "SENDGATE_ENTRA_TENANT_ID"),
+        (
+            vec![tenant, audience, ("SENDGATE_AUTH", "none")],
+            "SENDGATE_AUTH",
+        ),
+    ] {
+        assert_eq!(refused(&pairs).as_deref(), Some(var), "{pairs:?}");
+    }
+    let s = Settings::from_vars(&vars(&[
+        tenant,
+        audience,
+        ("SENDGATE_ENTRA_AUTHORITY", "http://127.0.0.1:9/"),
+        (
+            "SENDGATE_ENTRA_ALLOWED_APPS",
+            "AAAAAAAA-0000-0000-0000-000000000001, aaaaaaaa-0000-0000-0000-000000000001",
+        ),
+    ]))
+    .unwrap();
+    let AuthSettings::Callers {
+        entra: Some(entra), ..
+    } = s.auth
+    else {
+        panic!("{:?}", s.auth);
+    };
+    assert_eq!(entra.authority, "http://127.0.0.1:9");
+    assert_eq!(
+        entra.allowed_apps.unwrap(),
+        [Guid::parse("aaaaaaaa-0000-0000-0000-000000000001").unwrap()]
+    );
 }

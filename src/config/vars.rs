@@ -546,6 +546,34 @@ pub const AUTH: Var = Var::server(
     K::Choice(&["none"]),
     "none: run without keys on a non-loopback address (on purpose).",
 );
+pub const ENTRA_TENANT_ID: Var = Var::server(
+    "SENDGATE_ENTRA_TENANT_ID",
+    G::Auth,
+    K::Text,
+    "Accept Microsoft Entra ID access tokens of this directory (a tenant id, a GUID) as callers' bearer tokens, beside API keys; roles from the token's Sendgate.Sender/Observer/Admin app roles, the caller from its azp/appid ([[apps]] in the keys file).",
+)
+.unset("Entra ID tokens are not accepted");
+pub const ENTRA_AUDIENCE: Var = Var::server(
+    "SENDGATE_ENTRA_AUDIENCE",
+    G::Auth,
+    K::Text,
+    "The aud a token must carry: this API's application id and/or app-id URI (api://...), comma-separated, at most 4; list what your tokens carry (v1 tokens usually the URI, v2 the id).",
+)
+.unset("required with SENDGATE_ENTRA_TENANT_ID");
+pub const ENTRA_AUTHORITY: Var = Var::server(
+    "SENDGATE_ENTRA_AUTHORITY",
+    G::Auth,
+    K::HttpUrl,
+    "Where the keys are discovered: {authority}/{tenant}/v2.0/.well-known/openid-configuration. https (http only on loopback, for tests).",
+)
+.default("https://login.microsoftonline.com");
+pub const ENTRA_ALLOWED_APPS: Var = Var::server(
+    "SENDGATE_ENTRA_ALLOWED_APPS",
+    G::Auth,
+    K::Text,
+    "Comma-separated client ids (GUIDs): the only applications whose tokens are accepted; every [[apps]] entry must be among them. Unset: every application of the tenant with a Sendgate role.",
+)
+.unset("every application of the tenant");
 
 pub const LOG_FORMAT: Var = Var::server(
     "SENDGATE_LOG_FORMAT",
@@ -773,6 +801,10 @@ pub const VARIABLES: &[&Var] = &[
     &DRAIN_LINGER_S,
     &API_KEYS_FILE,
     &AUTH,
+    &ENTRA_TENANT_ID,
+    &ENTRA_AUDIENCE,
+    &ENTRA_AUTHORITY,
+    &ENTRA_ALLOWED_APPS,
     &LOG_FORMAT,
     &WORKERS,
     &BREAKER_WINDOW_S,

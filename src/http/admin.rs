@@ -45,8 +45,8 @@ pub struct DrainStarted<'a> {
     ),
     responses(
         (status = 202, description = "Draining.", body = DrainStarted),
-        (status = 401, description = "`unauthenticated`: no or an unknown bearer token.", body = ErrorBody,
-            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+        (status = 401, description = "`unauthenticated`: no bearer token, or one that proves nothing (an unknown key, an Entra ID token that does not verify).", body = ErrorBody,
+            headers(("WWW-Authenticate" = String, description = "`Bearer` when no token was given; `Bearer error=\"invalid_token\"` when one was (RFC 6750)"))),
         (status = 403, description = "`forbidden` (the key lacks the admin role, or its scope is not every queue: a drain stops them all), or `forbidden_host` (open mode).", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`: not `application/json` (checked after authentication).", body = ErrorBody),
     )
@@ -62,7 +62,8 @@ pub async fn drain(
         &state,
         Permission::Administer,
         "drain the gateway",
-    )?;
+    )
+    .await?;
     if !principal.may_use_every_queue() {
         return Err(context.error(Problem::Forbidden {
             action: "drain the gateway (it stops every queue; this key's scope is not every queue)",

@@ -62,8 +62,8 @@ const PARTIAL: &str = BatchPartial::STATUS;
         (status = 207, description = "`partial`: some entries are queued and some are not (`failed`, with the code a single send would have, `outcome: unknown` where the broker may hold it). Retry the failed ones with the same idempotency keys.", body = BatchPartial,
             headers(("X-Sendgate-Backend" = String, description = "The backend the batch went to."))),
         (status = 400, description = "`invalid_request`: malformed JSON, a bad entry (located as `[\"body\", \"messages\", 3, \"properties\"]`), too few or too many entries, or a bad `dry_run`; nothing was sent.", body = sendgate_wire::ErrorBody),
-        (status = 401, description = "`unauthenticated`: no or an unknown bearer token.", body = sendgate_wire::ErrorBody,
-            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+        (status = 401, description = "`unauthenticated`: no bearer token, or one that proves nothing (an unknown key, an Entra ID token that does not verify).", body = sendgate_wire::ErrorBody,
+            headers(("WWW-Authenticate" = String, description = "`Bearer` when no token was given; `Bearer error=\"invalid_token\"` when one was (RFC 6750)"))),
         (status = 403, description = "`forbidden` (the key lacks the role or the queue), or `forbidden_host` (open mode).", body = sendgate_wire::ErrorBody),
         (status = 404, description = "`unknown_queue`: the gateway does not serve this queue.", body = sendgate_wire::ErrorBody),
         (status = 408, description = "`request_timeout`: the body did not arrive within `SENDGATE_BODY_TIMEOUT_MS`; nothing was sent.", body = sendgate_wire::ErrorBody),
@@ -196,7 +196,7 @@ async fn admit_and_send(
     state: &AppState,
     tenant: &mut Option<crate::admission::tenants::TenantIndex>,
 ) -> Result<Answer, ApiError> {
-    let (queue, caller, asker) = authorize_send(req, context, queue, state)?;
+    let (queue, caller, asker) = authorize_send(req, context, queue, state).await?;
     *tenant = Some(asker.tenant);
     let _in_flight = state
         .lifecycle

@@ -21,6 +21,9 @@ use crate::backend::SendError;
 use crate::domain::{MessageId, RequestId};
 use crate::lifecycle::NotAdmitting;
 
+/// The challenge of a `401` to a request whose bearer token proves nothing (RFC 6750 §3.1).
+pub const INVALID_TOKEN_CHALLENGE: &str = "Bearer error=\"invalid_token\"";
+
 /// Fail-closed answers with a fixed `Retry-After`: the admin plane is down, so there is
 /// no better estimate of when capacity will be known again.
 pub const CAPACITY_UNKNOWN_RETRY_AFTER: Duration = Duration::from_secs(30);
@@ -280,9 +283,18 @@ impl ResponseError for ApiError {
             response.insert_header((RETRY_AFTER, HeaderValue::from(whole_seconds(after))));
         }
         match &self.problem {
-            // Exactly `Bearer`, for a missing and an unknown token alike (contract section 5).
-            Problem::Unauthenticated { .. } => {
-                response.insert_header((WWW_AUTHENTICATE, "Bearer"));
+            // RFC 6750 §3: no token, a bare challenge; a token that proves nothing (an
+            // unknown key, an Entra ID token that does not verify), `invalid_token` and
+            // nothing more: why is for the log, never for the caller (contract section 5).
+            Problem::Unauthenticated { token_given } => {
+                response.insert_header((
+                    WWW_AUTHENTICATE,
+                    if *token_given {
+                        INVALID_TOKEN_CHALLENGE
+                    } else {
+                        "Bearer"
+                    },
+                ));
             }
             Problem::MethodNotAllowed { allow } => {
                 response.insert_header((ALLOW, *allow));

@@ -304,8 +304,8 @@ pub struct Probe {
     summary = "Lifecycle, capacity and backends, as the gateway last saw them (role observer or admin)",
     responses(
         (status = 200, description = "The gateway's view; never calls the broker.", body = Detailed),
-        (status = 401, description = "`unauthenticated`: no or an unknown bearer token.", body = ErrorBody,
-            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+        (status = 401, description = "`unauthenticated`: no bearer token, or one that proves nothing (an unknown key, an Entra ID token that does not verify).", body = ErrorBody,
+            headers(("WWW-Authenticate" = String, description = "`Bearer` when no token was given; `Bearer error=\"invalid_token\"` when one was (RFC 6750)"))),
         (status = 403, description = "`forbidden` (the key lacks the role), or `forbidden_host` (open mode).", body = ErrorBody),
     )
 )]
@@ -320,7 +320,8 @@ pub async fn detailed(
         &state,
         Permission::Observe,
         "read the gateway's health",
-    )?;
+    )
+    .await?;
     Ok(HttpResponse::Ok().json(snapshot(&state)))
 }
 

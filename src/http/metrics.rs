@@ -19,8 +19,8 @@ use sendgate_wire::ErrorBody;
     responses(
         (status = 200, description = "Prometheus text format 0.0.4.", body = String,
             content_type = "text/plain; version=0.0.4; charset=utf-8"),
-        (status = 401, description = "`unauthenticated`: no or an unknown bearer token.", body = ErrorBody,
-            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+        (status = 401, description = "`unauthenticated`: no bearer token, or one that proves nothing (an unknown key, an Entra ID token that does not verify).", body = ErrorBody,
+            headers(("WWW-Authenticate" = String, description = "`Bearer` when no token was given; `Bearer error=\"invalid_token\"` when one was (RFC 6750)"))),
         (status = 403, description = "`forbidden` (the key lacks the role), or `forbidden_host` (open mode).", body = ErrorBody),
     )
 )]
@@ -29,7 +29,7 @@ pub async fn metrics(
     context: RequestContext,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &context, &state, Permission::Observe, "read metrics")?;
+    authorize(&req, &context, &state, Permission::Observe, "read metrics").await?;
     Ok(HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(state.metrics.render(

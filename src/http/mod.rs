@@ -8,6 +8,7 @@ mod batch;
 pub mod body_budget;
 pub mod console;
 pub mod context;
+pub mod entra_auth;
 pub mod errors;
 mod fallback;
 pub mod guard;

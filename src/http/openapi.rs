@@ -2,18 +2,20 @@
 //! annotations (beside each handler) and the bodies' `ToSchema` (the wire types, and the
 //! health and admin bodies). `GET /openapi.json` serves the document of the gateway that
 //! serves it: with API keys, every route that needs a token declares the bearer scheme;
-//! open, nothing declares a security requirement (no route asks for one). `sendgate
-//! openapi` prints the keys document, and `docs/openapi.json` is its committed copy
-//! (tests/api/openapi.rs keeps the three equal).
+//! with Entra ID callers, the OpenID Connect scheme with the directory's discovery URL
+//! (both, either one satisfying, when keys are on as well); open, nothing declares a
+//! security requirement (no route asks for one). `sendgate openapi` prints the keys
+//! document, and `docs/openapi.json` is its committed copy (tests/api/openapi.rs keeps the
+//! three equal).
 //!
 //! The route is open, like `/health/live`: it describes the API, which is public
 //! (docs/contract.md), and a client generator must be able to read it without a key.
 
-use std::sync::LazyLock;
-
 use actix_web::{web, HttpResponse};
 use serde_json::Value;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+
+use super::auth::Authenticator;
 use utoipa::{Modify, OpenApi};
 
 use super::headers::spelling;
@@ -87,12 +89,33 @@ const ALWAYS_SET: [&str; 5] = [
 ];
 
 /// Which gateway a document describes: how its callers authenticate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Mode {
     /// No keys file: no route needs a token.
     Open,
     /// `SENDGATE_API_KEYS_FILE`: bearer tokens.
     Keys,
+    /// Entra ID access tokens (`SENDGATE_ENTRA_TENANT_ID`): the `entra` OpenID Connect
+    /// scheme, with the directory's discovery URL; with `and_keys`, API keys as well, and
+    /// either scheme satisfies a route.
+    Entra {
+        discovery_url: String,
+        and_keys: bool,
+    },
+}
+
+impl Mode {
+    /// The document a gateway authenticating with `auth` serves.
+    pub fn of(auth: &Authenticator) -> Self {
+        match auth.entra() {
+            Some(verifier) => Self::Entra {
+                discovery_url: verifier.keys().discovery_url().to_owned(),
+                and_keys: auth.accepts_keys(),
+            },
+            None if auth.is_open() => Self::Open,
+            None => Self::Keys,
+        }
+    }
 }
 
 /// The keys document as pretty JSON with a final newline: byte for byte
@@ -107,8 +130,13 @@ pub fn json() -> String {
 pub fn json_for(mode: Mode) -> String {
     let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or(Value::Null);
     finish(&mut doc);
-    if mode == Mode::Open {
-        open(&mut doc);
+    match mode {
+        Mode::Open => open(&mut doc),
+        Mode::Keys => {}
+        Mode::Entra {
+            discovery_url,
+            and_keys,
+        } => entra(&mut doc, &discovery_url, and_keys),
     }
     let mut text = serde_json::to_string_pretty(&doc).unwrap_or_default();
     text.push('\n');
@@ -141,6 +169,61 @@ fn open(doc: &mut Value) {
             .and_then(Value::as_object_mut)
         {
             responses.remove("401");
+        }
+    }
+}
+
+/// An Entra ID gateway's document: the `entra` scheme (OpenID Connect, the discovery URL)
+/// required where the keys document requires `bearer`; with keys on too, either of the
+/// two (a list of alternatives, OpenAPI 3.1 §4.8.30), else `entra` alone.
+fn entra(doc: &mut Value, discovery_url: &str, and_keys: bool) {
+    let Some(root) = doc.as_object_mut() else {
+        return;
+    };
+    let bearer = serde_json::json!({"bearer": []});
+    let entra = serde_json::json!({"entra": []});
+    let required = if and_keys {
+        Value::Array(vec![bearer.clone(), entra.clone()])
+    } else {
+        Value::Array(vec![entra.clone()])
+    };
+    let replace = |security: &mut Value| {
+        if security.as_array().is_some_and(|s| s.contains(&bearer)) {
+            *security = required.clone();
+        }
+    };
+    if let Some(security) = root.get_mut("security") {
+        replace(security);
+    }
+    if let Some(components) = root.get_mut("components").and_then(Value::as_object_mut) {
+        let schemes = components
+            .entry("securitySchemes")
+            .or_insert_with(|| Value::Object(Default::default()));
+        if let Some(schemes) = schemes.as_object_mut() {
+            if !and_keys {
+                schemes.remove("bearer");
+            }
+            schemes.insert(
+                "entra".into(),
+                serde_json::json!({
+                    "type": "openIdConnect",
+                    "openIdConnectUrl": discovery_url,
+                    "description": "A Microsoft Entra ID access token for this API (`aud`: SENDGATE_ENTRA_AUDIENCE) carrying the app role Sendgate.Sender, Sendgate.Observer or Sendgate.Admin, sent as `Authorization: Bearer`.",
+                }),
+            );
+        }
+    }
+    let Some(paths) = root.get_mut("paths").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for operation in paths
+        .values_mut()
+        .filter_map(Value::as_object_mut)
+        .flat_map(|item| item.values_mut())
+        .filter_map(Value::as_object_mut)
+    {
+        if let Some(security) = operation.get_mut("security") {
+            replace(security);
         }
     }
 }
@@ -204,9 +287,6 @@ fn head_too_large() -> Value {
     })
 }
 
-static KEYS_DOCUMENT: LazyLock<String> = LazyLock::new(|| json_for(Mode::Keys));
-static OPEN_DOCUMENT: LazyLock<String> = LazyLock::new(|| json_for(Mode::Open));
-
 #[utoipa::path(
     get,
     path = "/openapi.json",
@@ -215,19 +295,18 @@ static OPEN_DOCUMENT: LazyLock<String> = LazyLock::new(|| json_for(Mode::Open));
     summary = "This document (OpenAPI 3.1)",
     security(()),
     responses(
-        (status = 200, description = "The document of this gateway: with API keys, the same bytes as docs/openapi.json; open, the same without any security requirement.", body = Object, content_type = "application/json"),
+        (status = 200, description = "The document of this gateway: with API keys, the same bytes as docs/openapi.json; open, the same without any security requirement; with Entra ID callers, the OpenID Connect scheme `entra` (its discovery URL) instead of or beside `bearer`.", body = Object, content_type = "application/json"),
         (status = 403, description = "`forbidden_host` (open mode, a Host that is not loopback).", body = sendgate_wire::ErrorBody),
     )
 )]
 pub async fn openapi_json(state: web::Data<AppState>) -> HttpResponse {
-    let document = if state.auth.is_open() {
-        &OPEN_DOCUMENT
-    } else {
-        &KEYS_DOCUMENT
-    };
+    // Made once per gateway, at the first ask: the route is open, and a document is ~100 KB.
+    let document = state
+        .openapi
+        .get_or_init(|| json_for(Mode::of(&state.auth)));
     HttpResponse::Ok()
         .content_type("application/json")
-        .body(document.as_str())
+        .body(document.clone())
 }
 
 #[cfg(test)]
@@ -282,6 +361,40 @@ mod tests {
             open["paths"].as_object().unwrap().len(),
             keys["paths"].as_object().unwrap().len()
         );
+    }
+
+    #[test]
+    fn the_entra_document_declares_openid_connect_with_or_instead_of_bearer() {
+        let url = "https://login.example/t/v2.0/.well-known/openid-configuration";
+        let keys: Value = serde_json::from_str(&json_for(Mode::Keys)).unwrap();
+        for and_keys in [false, true] {
+            let mode = Mode::Entra {
+                discovery_url: url.into(),
+                and_keys,
+            };
+            let doc: Value = serde_json::from_str(&json_for(mode)).unwrap();
+            let schemes = &doc["components"]["securitySchemes"];
+            assert_eq!(schemes["entra"]["type"], "openIdConnect");
+            assert_eq!(schemes["entra"]["openIdConnectUrl"], url);
+            let either = if and_keys {
+                assert!(schemes["bearer"].is_object());
+                serde_json::json!([{"bearer": []}, {"entra": []}])
+            } else {
+                assert!(schemes.get("bearer").is_none(), "no keys: no bearer scheme");
+                serde_json::json!([{"entra": []}])
+            };
+            assert_eq!(doc["security"], either);
+            let send = &doc["paths"]["/v1/queues/{queue}/messages"]["post"];
+            assert!(send["responses"]["401"].is_object());
+            // Open routes stay open; the rest is the keys document.
+            assert_eq!(
+                doc["paths"]["/openapi.json"]["get"]["security"],
+                serde_json::json!([{}])
+            );
+            assert_eq!(doc["paths"], keys["paths"]);
+            let text = serde_json::to_string(&doc).unwrap();
+            assert_eq!(text.contains("\"bearer\""), and_keys, "{and_keys}");
+        }
     }
 
     #[test]

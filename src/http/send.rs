@@ -9,7 +9,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use sendgate_wire::{ErrorBody, Queued, Valid};
 
-use super::auth::{Authenticator, Permission, Principal};
+use super::auth::{Permission, Principal};
 use super::body_budget::BodyReservation;
 use super::context::RequestContext;
 use super::errors::{ApiError, FieldError, Problem, MAX_FIELD_ERRORS};
@@ -83,8 +83,8 @@ enum Taken {
         (status = 200, description = "`valid`: a dry run that would have been attempted.", body = Valid,
             headers(("X-Correlation-Id" = String, description = "The request's X-Correlation-Id, when it had one."))),
         (status = 400, description = "`invalid_request`: malformed JSON, a bad header (an id or a `Message-*` attribute) or `dry_run`; `errors` lists each problem (at most 20).", body = ErrorBody),
-        (status = 401, description = "`unauthenticated`: no or an unknown bearer token.", body = ErrorBody,
-            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+        (status = 401, description = "`unauthenticated`: no bearer token, or one that proves nothing (an unknown key, an Entra ID token that does not verify).", body = ErrorBody,
+            headers(("WWW-Authenticate" = String, description = "`Bearer` when no token was given; `Bearer error=\"invalid_token\"` when one was (RFC 6750)"))),
         (status = 403, description = "`forbidden` (the key lacks the role or the queue), or `forbidden_host` (open mode).", body = ErrorBody),
         (status = 404, description = "`unknown_queue`: the gateway does not serve this queue.", body = ErrorBody),
         (status = 408, description = "`request_timeout`: the body did not arrive within `SENDGATE_BODY_TIMEOUT_MS`; nothing was sent, the same request may be sent again.", body = ErrorBody),
@@ -163,7 +163,7 @@ async fn admit_and_send(
     tenant: &mut Option<crate::admission::tenants::TenantIndex>,
 ) -> Result<Accepted, ApiError> {
     // 2. Who is asking, and may they send to this queue?
-    let (queue, caller, asker) = authorize_send(req, context, queue, state)?;
+    let (queue, caller, asker) = authorize_send(req, context, queue, state).await?;
     *tenant = Some(asker.tenant);
     // 3. Lifecycle: the guard keeps a drain waiting until this send is answered.
     let _in_flight = state
@@ -264,13 +264,13 @@ pub(crate) fn scoped_message_id(caller: &str, key: &MessageId) -> MessageId {
 /// keys on, also the caller's name (what its Idempotency-Keys are scoped to); and who asks
 /// for the queue's room: the key's tenant, at its criticality or the lower one
 /// `Sendgate-Criticality` asks for.
-pub(crate) fn authorize_send(
+pub(crate) async fn authorize_send(
     req: &HttpRequest,
     context: &RequestContext,
     queue: &str,
     state: &AppState,
 ) -> Result<(QueueName, Option<Arc<Principal>>, Asker), ApiError> {
-    let principal = authorize(req, context, state, Permission::Send, "send messages")?;
+    let principal = authorize(req, context, state, Permission::Send, "send messages").await?;
     let queue = state.queues.get(queue).ok_or_else(|| {
         context.error(Problem::UnknownQueue {
             queue: queue.to_owned(),
@@ -287,7 +287,7 @@ pub(crate) fn authorize_send(
         tenant: principal.tenant,
         criticality: principal.criticality,
     };
-    let caller = matches!(state.auth, Authenticator::Keys(..)).then_some(principal);
+    let caller = (!state.auth.is_open()).then_some(principal);
     Ok((queue.clone(), caller, asker))
 }
 

@@ -182,8 +182,8 @@ fn setting_view(overrides: &Overrides, dispatcher: &Dispatcher, key: &Key) -> Se
     summary = "The runtime settings: each value in force, its variable's default and any override (role admin)",
     responses(
         (status = 200, description = "The settings.", body = SettingsView),
-        (status = 401, description = "`unauthenticated`: no or an unknown bearer token.", body = ErrorBody,
-            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+        (status = 401, description = "`unauthenticated`: no bearer token, or one that proves nothing (an unknown key, an Entra ID token that does not verify).", body = ErrorBody,
+            headers(("WWW-Authenticate" = String, description = "`Bearer` when no token was given; `Bearer error=\"invalid_token\"` when one was (RFC 6750)"))),
         (status = 403, description = "`forbidden` (the key lacks the admin role), or `forbidden_host` (open mode).", body = ErrorBody),
     )
 )]
@@ -198,7 +198,8 @@ pub async fn get_settings(
         &state,
         Permission::Administer,
         "read the runtime settings",
-    )?;
+    )
+    .await?;
     Ok(HttpResponse::Ok().json(view(&state, Vec::new(), context.id().as_str())))
 }
 
@@ -213,8 +214,8 @@ pub async fn get_settings(
     responses(
         (status = 200, description = "In force; `changed` names what changed.", body = SettingsView),
         (status = 400, description = "`invalid_request`: not JSON, or `errors` names each bad field.", body = ErrorBody),
-        (status = 401, description = "`unauthenticated`: no or an unknown bearer token.", body = ErrorBody,
-            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+        (status = 401, description = "`unauthenticated`: no bearer token, or one that proves nothing (an unknown key, an Entra ID token that does not verify).", body = ErrorBody,
+            headers(("WWW-Authenticate" = String, description = "`Bearer` when no token was given; `Bearer error=\"invalid_token\"` when one was (RFC 6750)"))),
         (status = 403, description = "`forbidden` (the key lacks the admin role, or the patch names a queue outside its scope, or `force_backend` and its scope is not every queue), or `forbidden_host` (open mode).", body = ErrorBody),
         (status = 404, description = "`unknown_queue`: the body names a queue this gateway does not serve.", body = ErrorBody),
         (status = 408, description = "`request_timeout`: the body did not arrive within `SENDGATE_BODY_TIMEOUT_MS`; nothing was changed.", body = ErrorBody),
@@ -236,7 +237,8 @@ pub async fn patch_settings(
         &state,
         Permission::Administer,
         "change the runtime settings",
-    )?;
+    )
+    .await?;
     let body = json_body(&req, &state, payload)
         .await
         .map_err(|p| context.error(p))?;
@@ -316,8 +318,8 @@ pub struct BreakerView {
     responses(
         (status = 200, description = "Done; the breaker's state now.", body = BreakerView),
         (status = 400, description = "`invalid_request`: not JSON, or no known `action`.", body = ErrorBody),
-        (status = 401, description = "`unauthenticated`: no or an unknown bearer token.", body = ErrorBody,
-            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+        (status = 401, description = "`unauthenticated`: no bearer token, or one that proves nothing (an unknown key, an Entra ID token that does not verify).", body = ErrorBody,
+            headers(("WWW-Authenticate" = String, description = "`Bearer` when no token was given; `Bearer error=\"invalid_token\"` when one was (RFC 6750)"))),
         (status = 403, description = "`forbidden` (the key lacks the admin role, or its scope is not every queue: a breaker serves them all), or `forbidden_host` (open mode).", body = ErrorBody),
         (status = 404, description = "`not_found`: no such backend here.", body = ErrorBody),
         (status = 408, description = "`request_timeout`: the body did not arrive within `SENDGATE_BODY_TIMEOUT_MS`; nothing was changed.", body = ErrorBody),
@@ -338,7 +340,8 @@ pub async fn breaker(
         &state,
         Permission::Administer,
         "operate a circuit breaker",
-    )?;
+    )
+    .await?;
     if !principal.may_use_every_queue() {
         return Err(context.error(Problem::Forbidden {
             action: "operate a circuit breaker (it serves every queue; this key's scope is not every queue)",

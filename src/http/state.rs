@@ -40,18 +40,20 @@ pub struct AppState {
     pub settings: std::sync::Arc<crate::settings::RuntimeSettings>,
     /// The tenants' rate quotas, for the `RateLimit` headers (the gates take from them).
     pub rates: std::sync::Arc<crate::admission::quota::RateBook>,
+    /// The OpenAPI document this gateway serves, made at the first ask (`openapi.rs`).
+    pub openapi: std::sync::OnceLock<String>,
 }
 
 /// Authenticate the caller and check it may do `permission` (`action` names it in the 403).
 /// Every protected route goes through here; the key's name goes on the request's log lines.
-pub fn authorize(
+pub async fn authorize(
     req: &HttpRequest,
     context: &RequestContext,
     state: &AppState,
     permission: auth::Permission,
     action: &'static str,
 ) -> Result<std::sync::Arc<auth::Principal>, ApiError> {
-    let principal = state.auth.authenticate(req).map_err(|e| {
+    let principal = state.auth.authenticate(req).await.map_err(|e| {
         context.error(Problem::Unauthenticated {
             token_given: e == auth::AuthError::Unknown,
         })

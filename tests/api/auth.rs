@@ -41,10 +41,12 @@ async fn a_missing_or_unknown_token_is_401_with_www_authenticate() {
         .send_with("requests", "{}", &[("Authorization", "Bearer guessed")])
         .await;
     assert_eq!(response.status(), 401);
-    assert!(response.headers()["WWW-Authenticate"]
-        .to_str()
-        .unwrap()
-        .starts_with("Bearer"));
+    // RFC 6750: a token was given and proves nothing, and nothing more is said.
+    assert_eq!(
+        response.headers()["WWW-Authenticate"],
+        "Bearer error=\"invalid_token\""
+    );
+    assert_eq!(body_json(response).await["code"], "unauthenticated");
     assert_eq!(app.backend_calls(), 0);
 }
 

@@ -9,6 +9,7 @@ mod competing;
 mod console;
 mod drain;
 mod embedded_attributes;
+mod entra;
 mod fairness;
 #[path = "../support/faulty_backend.rs"]
 mod faulty_backend;
@@ -19,6 +20,8 @@ mod helpers;
 mod hostile;
 mod leaks;
 mod metrics;
+#[path = "../support/oidc.rs"]
+mod oidc;
 mod openapi;
 mod quota;
 mod request_id;

@@ -1,0 +1,461 @@
+//! The directory's signing keys: discovery (`{authority}/{tenant}/v2.0/.well-known/
+//! openid-configuration`: the v2 issuer and the `jwks_uri`), then the JWKS, kept in memory.
+//!
+//! The rules (contract section 5), all on tokio's clock:
+//! - one fetch at a time (single flight): every caller that needs one joins the fetch in
+//!   flight; the fetch runs in a task of its own, so a caller that gives up (its client
+//!   gone, its wait over) does not cancel it for the others;
+//! - a token whose `kid` is not in the set starts a fetch at most once per
+//!   [`ON_DEMAND_EVERY`] (a storm of made-up `kid`s costs the directory one request);
+//! - a background task fetches every [`REFRESH_EVERY`] (discovery and JWKS), and after a
+//!   failure retries from 1 s, doubling, up to [`RETRY_MAX`] (so a directory unreachable
+//!   at start-up is retried until it answers; until then every token is refused);
+//! - a failed fetch keeps the keys in hand: a directory that is down does not stop
+//!   callers whose keys are known, and an unknown `kid` is then refused, never let pass;
+//! - a fetch that succeeds replaces the set: a key the directory removed is gone.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use jsonwebtoken::DecodingKey;
+use parking_lot::Mutex;
+use serde::Deserialize;
+use tokio::time::Instant;
+
+/// An unknown `kid` starts a fetch at most this often.
+pub const ON_DEMAND_EVERY: Duration = Duration::from_secs(30);
+/// The keys are fetched again this often, whatever the tokens say.
+pub const REFRESH_EVERY: Duration = Duration::from_secs(24 * 60 * 60);
+/// The longest pause between two attempts while fetches fail.
+pub const RETRY_MAX: Duration = Duration::from_secs(5 * 60);
+/// The longest a request waits for a fetch it joined before it is answered without it.
+pub const REQUEST_WAIT: Duration = Duration::from_secs(5);
+/// One GET's deadline (connect, headers and body).
+pub const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+/// The largest discovery document or JWKS read (Entra's JWKS is a few KiB).
+pub const MAX_DOCUMENT_BYTES: usize = 256 * 1024;
+/// The most keys kept from one JWKS.
+pub const MAX_KEYS: usize = 64;
+
+/// A GET of a document: the production one is [`HttpFetch`]; the unit tests script one.
+#[async_trait::async_trait]
+pub trait Fetch: Send + Sync {
+    /// The body of a `200` answer to `url`, or why not (no secret in it: the URLs are public).
+    async fn get(&self, url: &str) -> Result<Vec<u8>, String>;
+}
+
+/// GETs through reqwest on rustls with ring (`crate::tls`), each under [`FETCH_TIMEOUT`].
+pub struct HttpFetch {
+    client: reqwest::Client,
+}
+
+impl HttpFetch {
+    pub fn new() -> Result<Self, String> {
+        crate::tls::install_ring();
+        let client = reqwest::Client::builder()
+            .connect_timeout(FETCH_TIMEOUT)
+            .timeout(FETCH_TIMEOUT)
+            // The directory's documents are where discovery says; a redirect is not followed.
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        Ok(Self { client })
+    }
+}
+
+#[async_trait::async_trait]
+impl Fetch for HttpFetch {
+    async fn get(&self, url: &str) -> Result<Vec<u8>, String> {
+        let mut response = self
+            .client
+            .get(url)
+            .header("Accept", "application/json")
+            .send()
+            .await
+            .map_err(|e| format!("GET {url}: {}", without_url(&e)))?;
+        if response.status() != reqwest::StatusCode::OK {
+            return Err(format!("GET {url}: HTTP {}", response.status().as_u16()));
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|e| format!("GET {url}: {}", without_url(&e)))?
+        {
+            if body.len() + chunk.len() > MAX_DOCUMENT_BYTES {
+                return Err(format!("GET {url}: more than {MAX_DOCUMENT_BYTES} bytes"));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
+    }
+}
+
+/// reqwest's error without the URL it repeats (already in the message).
+fn without_url(e: &reqwest::Error) -> String {
+    let kind = if e.is_timeout() {
+        "no answer in time"
+    } else if e.is_connect() {
+        "cannot connect"
+    } else {
+        "failed"
+    };
+    let mut detail = String::from(kind);
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        detail.push_str(": ");
+        detail.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    detail
+}
+
+/// What discovery says: whose v2 tokens, and where the keys are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Discovery {
+    pub issuer: String,
+    pub jwks_uri: String,
+}
+
+/// The keys in hand: by `kid`, from one JWKS, with the discovery it came through.
+pub struct KeySet {
+    pub discovery: Discovery,
+    keys: HashMap<String, Arc<DecodingKey>>,
+    pub fetched_at: Instant,
+}
+
+impl KeySet {
+    pub fn key(&self, kid: &str) -> Option<Arc<DecodingKey>> {
+        self.keys.get(kid).cloned()
+    }
+
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
+/// Why a key was not found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Missing {
+    /// No keys yet: discovery or the first JWKS has not succeeded.
+    NoKeys,
+    /// Keys in hand, none with this `kid` (after a fetch, or with fetches paused).
+    UnknownKid,
+}
+
+/// Which fetch: the timer's fetches discovery again, a token's only the JWKS (discovery
+/// too while none has succeeded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    Timer,
+    UnknownKid,
+}
+
+type InFlight = Shared<BoxFuture<'static, bool>>;
+
+#[derive(Default)]
+struct Refreshing {
+    in_flight: Option<InFlight>,
+    /// When a token's unknown `kid` last started a fetch.
+    last_on_demand: Option<Instant>,
+}
+
+/// The cache: one per gateway, shared by every worker.
+pub struct KeyCache {
+    fetch: Arc<dyn Fetch>,
+    discovery_url: String,
+    /// Discovery's issuer must name it.
+    tenant: String,
+    /// A `jwks_uri` may be `http` only when the authority is (a loopback stub).
+    plain_http_allowed: bool,
+    current: ArcSwapOption<KeySet>,
+    refreshing: Mutex<Refreshing>,
+    /// Where fetches run: the runtime the cache was made on (the gateway's main one), not
+    /// the HTTP worker whose request needed the fetch (its runtime ends with the worker).
+    runtime: Option<tokio::runtime::Handle>,
+    /// Successful and failed fetches so far (for the tests and the benches' sanity).
+    fetches: std::sync::atomic::AtomicU64,
+}
+
+impl KeyCache {
+    pub fn new(fetch: Arc<dyn Fetch>, discovery_url: String, tenant: &str) -> Arc<Self> {
+        Arc::new(Self {
+            plain_http_allowed: discovery_url.starts_with("http://"),
+            fetch,
+            discovery_url,
+            tenant: tenant.to_owned(),
+            current: ArcSwapOption::empty(),
+            refreshing: Mutex::new(Refreshing::default()),
+            runtime: tokio::runtime::Handle::try_current().ok(),
+            fetches: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// Start the background task: the first fetch now, then every [`REFRESH_EVERY`], with
+    /// retries after a failure. It holds the cache weakly and ends once the cache is gone.
+    pub fn keep_fresh(self: &Arc<Self>) {
+        tokio::spawn(keep_fresh(Arc::downgrade(self)));
+    }
+
+    /// `{authority}/{tenant}/v2.0/.well-known/openid-configuration`.
+    pub fn discovery_url(&self) -> &str {
+        &self.discovery_url
+    }
+
+    /// The keys in hand, if any.
+    pub fn current(&self) -> Option<Arc<KeySet>> {
+        self.current.load_full()
+    }
+
+    /// Fetches started so far (each a discovery and/or a JWKS, succeeded or not).
+    pub fn fetches(&self) -> u64 {
+        self.fetches.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The key of `kid` with the discovery it came with; when it is not in hand, one
+    /// fetch (joined if one is in flight, started if none started for a token in the last
+    /// [`ON_DEMAND_EVERY`]), waited for at most [`REQUEST_WAIT`].
+    pub async fn key(
+        self: &Arc<Self>,
+        kid: &str,
+    ) -> Result<(Arc<DecodingKey>, Arc<KeySet>), Missing> {
+        if let Some(found) = self.lookup(kid) {
+            return Ok(found);
+        }
+        let joined = {
+            let mut refreshing = self.refreshing.lock();
+            match &refreshing.in_flight {
+                Some(fetch) => Some(fetch.clone()),
+                None => {
+                    let now = Instant::now();
+                    let paused = refreshing
+                        .last_on_demand
+                        .is_some_and(|at| now.duration_since(at) < ON_DEMAND_EVERY);
+                    if paused {
+                        None
+                    } else {
+                        refreshing.last_on_demand = Some(now);
+                        Some(self.start(&mut refreshing, Why::UnknownKid))
+                    }
+                }
+            }
+        };
+        if let Some(fetch) = joined {
+            // Past the wait the fetch goes on in its own task; this request is answered.
+            let _ = tokio::time::timeout(REQUEST_WAIT, fetch).await;
+        }
+        self.lookup(kid).ok_or_else(|| self.missing())
+    }
+
+    fn lookup(&self, kid: &str) -> Option<(Arc<DecodingKey>, Arc<KeySet>)> {
+        let set = self.current.load_full()?;
+        set.key(kid).map(|key| (key, set))
+    }
+
+    fn missing(&self) -> Missing {
+        match self.current.load().as_ref() {
+            Some(_) => Missing::UnknownKid,
+            None => Missing::NoKeys,
+        }
+    }
+
+    /// The fetch in flight, or a new one (the timer's).
+    fn refresh(self: &Arc<Self>, why: Why) -> InFlight {
+        let mut refreshing = self.refreshing.lock();
+        match &refreshing.in_flight {
+            Some(fetch) => fetch.clone(),
+            None => self.start(&mut refreshing, why),
+        }
+    }
+
+    /// A fetch in a task of its own, recorded as the one in flight (the lock is held, so
+    /// the task cannot clear it before it is recorded). The task clears it when it ends,
+    /// or is dropped unfinished (its runtime shutting down): a fetch that never finishes
+    /// must not stand for the one in flight for ever.
+    fn start(self: &Arc<Self>, refreshing: &mut Refreshing, why: Why) -> InFlight {
+        self.fetches
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let this = Arc::clone(self);
+        let fetching = async move {
+            let _done = NoneInFlight(Arc::clone(&this));
+            this.fetch_now(why).await
+        };
+        let task = match &self.runtime {
+            Some(runtime) => runtime.spawn(fetching),
+            None => tokio::spawn(fetching),
+        };
+        let fetch = async move { task.await.unwrap_or(false) }.boxed().shared();
+        refreshing.in_flight = Some(fetch.clone());
+        fetch
+    }
+
+    /// Discovery (by the timer, or while none has succeeded) and the JWKS; the keys in hand
+    /// are replaced only by a set that parsed, and kept on any failure.
+    async fn fetch_now(&self, why: Why) -> bool {
+        let known = self.current.load_full().map(|set| set.discovery.clone());
+        let result = async {
+            let discovery = match (why, known) {
+                (Why::UnknownKid, Some(known)) => known,
+                _ => self.discover().await?,
+            };
+            let body = self.fetch.get(&discovery.jwks_uri).await?;
+            let keys = parse_jwks(&body)?;
+            Ok::<_, String>(KeySet {
+                discovery,
+                keys,
+                fetched_at: Instant::now(),
+            })
+        }
+        .await;
+        match result {
+            Ok(set) => {
+                let kids: Vec<&str> = set.keys.keys().map(String::as_str).collect();
+                tracing::info!(
+                    event = "entra_keys_refreshed",
+                    keys = set.keys.len(),
+                    kids = ?kids,
+                    issuer = %set.discovery.issuer,
+                    by = match why { Why::Timer => "timer", Why::UnknownKid => "unknown kid" },
+                    "Entra ID signing keys fetched"
+                );
+                self.current.store(Some(Arc::new(set)));
+                true
+            }
+            Err(reason) => {
+                let kept = self.current.load().as_ref().map_or(0, |set| set.len());
+                tracing::warn!(
+                    event = "entra_keys_refresh_failed",
+                    reason = %reason,
+                    kept,
+                    "Entra ID signing keys could not be fetched; the keys in hand are kept ({kept}), tokens signed by others are refused"
+                );
+                false
+            }
+        }
+    }
+
+    async fn discover(&self) -> Result<Discovery, String> {
+        let body = self.fetch.get(&self.discovery_url).await?;
+        parse_discovery(&body, &self.tenant, self.plain_http_allowed)
+    }
+}
+
+/// Clears the fetch in flight when dropped: at the end of the fetch's task, finished or not.
+struct NoneInFlight(Arc<KeyCache>);
+
+impl Drop for NoneInFlight {
+    fn drop(&mut self) {
+        self.0.refreshing.lock().in_flight = None;
+    }
+}
+
+/// The background task: fetch, then wait [`REFRESH_EVERY`], or after a failure 1 s,
+/// doubling up to [`RETRY_MAX`].
+async fn keep_fresh(cache: Weak<KeyCache>) {
+    let mut failures: u32 = 0;
+    loop {
+        let Some(fetch) = cache.upgrade().map(|c| c.refresh(Why::Timer)) else {
+            return;
+        };
+        let pause = if fetch.await {
+            failures = 0;
+            REFRESH_EVERY
+        } else {
+            failures = failures.saturating_add(1);
+            retry_after(failures)
+        };
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// 1 s after the first failure, doubling, at most [`RETRY_MAX`].
+pub fn retry_after(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    Duration::from_secs(1u64 << doublings).min(RETRY_MAX)
+}
+
+#[derive(Deserialize)]
+struct DiscoveryDocument {
+    issuer: String,
+    jwks_uri: String,
+}
+
+/// The discovery document: its issuer must name the tenant asked for (a document of
+/// another directory is refused), and its `jwks_uri` must be https (http only when the
+/// authority is a loopback stub).
+pub fn parse_discovery(
+    body: &[u8],
+    tenant: &str,
+    plain_http_allowed: bool,
+) -> Result<Discovery, String> {
+    let doc: DiscoveryDocument = serde_json::from_slice(body)
+        .map_err(|e| format!("the discovery document does not parse: {e}"))?;
+    if !doc.issuer.to_ascii_lowercase().contains(tenant) {
+        return Err(format!(
+            "the discovery document's issuer {:?} is not of tenant {tenant}",
+            doc.issuer
+        ));
+    }
+    let secure = doc.jwks_uri.starts_with("https://")
+        || (plain_http_allowed && doc.jwks_uri.starts_with("http://"));
+    if !secure {
+        return Err(format!(
+            "the discovery document's jwks_uri {:?} is not https",
+            doc.jwks_uri
+        ));
+    }
+    Ok(Discovery {
+        issuer: doc.issuer,
+        jwks_uri: doc.jwks_uri,
+    })
+}
+
+#[derive(Deserialize)]
+struct Jwks {
+    keys: Vec<Jwk>,
+}
+
+#[derive(Deserialize)]
+struct Jwk {
+    kty: Option<String>,
+    #[serde(rename = "use")]
+    usage: Option<String>,
+    alg: Option<String>,
+    kid: Option<String>,
+    n: Option<String>,
+    e: Option<String>,
+}
+
+/// The RSA signing keys of a JWKS by `kid` (at most [`MAX_KEYS`]); a key of another type
+/// or use, or without a `kid`, is skipped. A set with no usable key is an error: it would
+/// refuse every token, so the keys in hand are kept instead.
+pub fn parse_jwks(body: &[u8]) -> Result<HashMap<String, Arc<DecodingKey>>, String> {
+    let jwks: Jwks =
+        serde_json::from_slice(body).map_err(|e| format!("the JWKS does not parse: {e}"))?;
+    let mut keys = HashMap::new();
+    for jwk in jwks.keys {
+        let usable = jwk.kty.as_deref() == Some("RSA")
+            && jwk.usage.as_deref().is_none_or(|u| u == "sig")
+            && jwk.alg.as_deref().is_none_or(|a| a == "RS256");
+        let (Some(kid), Some(n), Some(e)) = (jwk.kid, jwk.n, jwk.e) else {
+            continue;
+        };
+        if !usable || kid.is_empty() || kid.len() > 256 || keys.len() == MAX_KEYS {
+            continue;
+        }
+        if let Ok(key) = DecodingKey::from_rsa_components(&n, &e) {
+            keys.insert(kid, Arc::new(key));
+        }
+    }
+    if keys.is_empty() {
+        return Err("the JWKS has no RSA signing key with a kid".into());
+    }
+    Ok(keys)
+}

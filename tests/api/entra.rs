@@ -1,0 +1,480 @@
+//! Entra ID access tokens as callers' credentials (contract section 5), against the local
+//! OpenID provider of `tests/support/oidc.rs`: its own keys, discovery and JWKS, a
+//! rollover, an outage, a slow answer.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
+use serde_json::{json, Value};
+
+use crate::helpers::{body_json, keys_entry, spawn_app_with, TestApp};
+use crate::oidc::{Jwks, OidcProvider, TestKey, KEY_A, KEY_B, KEY_C, OTHER_TENANT, TENANT};
+
+/// The Playground, listed in the keys file: the queue `requests` only, tenant `web`.
+const PLAYGROUND: &str = "aaaaaaaa-0000-0000-0000-000000000001";
+/// An application the keys file does not list.
+const UNLISTED: &str = "aaaaaaaa-0000-0000-0000-000000000002";
+
+const INVALID_TOKEN: &str = "Bearer error=\"invalid_token\"";
+
+struct Setup {
+    app: TestApp,
+    provider: Arc<OidcProvider>,
+    _dir: tempfile::TempDir,
+}
+
+/// A gateway with an API key (`ops`, admin) and Entra ID on, pointed at a provider
+/// publishing `keys`; `extra` variables on top.
+async fn setup_with(keys: &[TestKey], extra: &[(&str, &str)]) -> Setup {
+    let provider = OidcProvider::start(keys).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keys.toml");
+    let file = [
+        keys_entry("ops", "\"admin\"", ""),
+        format!(
+            "[[apps]]\nname = \"playground\"\napp_id = \"{PLAYGROUND}\"\nqueues = [\"requests\"]\ntenant = \"web\"\n"
+        ),
+    ]
+    .concat();
+    std::fs::write(&path, file).unwrap();
+    let entra = provider.vars();
+    let mut vars: Vec<(&str, &str)> = entra.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    vars.push(("SENDGATE_API_KEYS_FILE", path.to_str().unwrap()));
+    vars.push(("SENDGATE_QUEUES", "requests,private"));
+    vars.extend_from_slice(extra);
+    let app = spawn_app_with(&vars).await;
+    Setup {
+        app,
+        provider,
+        _dir: dir,
+    }
+}
+
+async fn setup() -> Setup {
+    setup_with(&[KEY_A], &[]).await
+}
+
+fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+impl Setup {
+    async fn send_as(&self, queue: &str, token: &str) -> reqwest::Response {
+        self.app
+            .send_with(queue, "{}", &[("Authorization", &bearer(token))])
+            .await
+    }
+
+    /// A valid v2 token of `app` with `roles`, signed by key a.
+    fn token(&self, app: &str, roles: &[&str]) -> String {
+        KEY_A.sign(&self.provider.v2_claims(app, roles))
+    }
+
+    /// Wait until the gateway has the provider's keys (fetched in the background at
+    /// start-up): a valid token sends.
+    async fn until_keys(&self) {
+        let token = self.token(PLAYGROUND, &["Sendgate.Sender"]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if self.send_as("requests", &token).await.status() == 201 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the gateway never got the keys");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// A `401` for a token that proves nothing: the RFC 6750 challenge, the usual body,
+/// nothing that says why.
+async fn assert_invalid_token(response: reqwest::Response, case: &str) {
+    assert_eq!(response.status(), 401, "{case}");
+    assert_eq!(
+        response.headers()["WWW-Authenticate"],
+        INVALID_TOKEN,
+        "{case}"
+    );
+    let body = body_json(response).await;
+    assert_eq!(body["code"], "unauthenticated", "{case}");
+    assert_eq!(
+        body["message"], "A valid bearer token is required.",
+        "{case}: no detail"
+    );
+}
+
+fn with(mut claims: Value, field: &str, value: Value) -> Value {
+    claims[field] = value;
+    claims
+}
+
+#[tokio::test]
+async fn a_valid_token_sends_within_its_role_and_queues() {
+    let s = setup().await;
+    s.until_keys().await;
+    let sender = s.token(PLAYGROUND, &["Sendgate.Sender"]);
+    let response = s.send_as("requests", &sender).await;
+    assert_eq!(response.status(), 201);
+    // The [[apps]] entry's queues: not `private`.
+    let response = s.send_as("private", &sender).await;
+    assert_eq!(response.status(), 403);
+    assert_eq!(body_json(response).await["code"], "forbidden");
+    // The role: a sender does not observe.
+    let metrics = s
+        .app
+        .client
+        .get(s.app.url("/metrics"))
+        .header("Authorization", bearer(&sender))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(metrics.status(), 403);
+    // A v1 token (a managed identity's by default): the same application.
+    let v1 = KEY_A.sign(&s.provider.v1_claims(PLAYGROUND, &["Sendgate.Sender"]));
+    assert_eq!(s.send_as("requests", &v1).await.status(), 201);
+    // An unlisted application: named by its id, every queue its roles allow.
+    let other = s.token(UNLISTED, &["Sendgate.Sender"]);
+    assert_eq!(s.send_as("private", &other).await.status(), 201);
+    // API keys work beside tokens.
+    let key = s
+        .app
+        .send_with("private", "{}", &[("Authorization", "Bearer ops-secret")])
+        .await;
+    assert_eq!(key.status(), 201);
+    assert_eq!(s.app.stored("requests"), 3);
+    assert_eq!(s.app.stored("private"), 2);
+}
+
+#[tokio::test]
+async fn an_observer_sending_and_a_token_without_a_role_are_403() {
+    let s = setup().await;
+    s.until_keys().await;
+    let observer = s.token(PLAYGROUND, &["Sendgate.Observer"]);
+    let response = s.send_as("requests", &observer).await;
+    assert_eq!(response.status(), 403);
+    assert_eq!(body_json(response).await["code"], "forbidden");
+    let metrics = s
+        .app
+        .client
+        .get(s.app.url("/metrics"))
+        .header("Authorization", bearer(&observer))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(metrics.status(), 200);
+    // Valid, but none of sendgate's roles: authenticated, permitted nothing.
+    let none = s.token(UNLISTED, &["Other.Role"]);
+    assert_eq!(s.send_as("requests", &none).await.status(), 403);
+}
+
+#[tokio::test]
+async fn every_token_that_proves_nothing_is_401_invalid_token() {
+    let s = setup().await;
+    s.until_keys().await;
+    let p = &s.provider;
+    let good = p.v2_claims(PLAYGROUND, &["Sendgate.Sender"]);
+    let part = |value: Value| URL_SAFE_NO_PAD.encode(value.to_string());
+    let hs256 = {
+        let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+        header.kid = Some(KEY_A.kid.into());
+        jsonwebtoken::encode(
+            &header,
+            &good,
+            &jsonwebtoken::EncodingKey::from_secret(&KEY_A.public_der()),
+        )
+        .unwrap()
+    };
+    let t = good["iat"].as_u64().unwrap();
+    let cases: Vec<(&str, String)> = vec![
+        (
+            "wrong audience",
+            KEY_A.sign(&with(good.clone(), "aud", json!("api://another"))),
+        ),
+        (
+            "wrong issuer",
+            KEY_A.sign(&with(
+                good.clone(),
+                "iss",
+                json!(format!("{}/{OTHER_TENANT}/v2.0", p.authority)),
+            )),
+        ),
+        (
+            "a v1 issuer on a v2 token",
+            KEY_A.sign(&with(
+                good.clone(),
+                "iss",
+                json!(format!("https://sts.windows.net/{TENANT}/")),
+            )),
+        ),
+        (
+            "expired",
+            KEY_A.sign(&with(good.clone(), "exp", json!(t - 600))),
+        ),
+        (
+            "not yet valid",
+            KEY_A.sign(&with(good.clone(), "nbf", json!(t + 600))),
+        ),
+        (
+            "alg none",
+            format!(
+                "{}.{}.",
+                part(json!({"alg": "none", "typ": "JWT", "kid": KEY_A.kid})),
+                part(good.clone())
+            ),
+        ),
+        ("HS256 signed with the public key", hs256),
+        (
+            "another tenant",
+            KEY_A.sign(&with(good.clone(), "tid", json!(OTHER_TENANT))),
+        ),
+        (
+            "signed by a key the directory does not publish, under its kid",
+            KEY_C.sign_as(KEY_A.kid, &good),
+        ),
+        ("not a JWT", "eyJ.not-a.jwt!".into()),
+    ];
+    for (case, token) in &cases {
+        assert_invalid_token(s.send_as("requests", token).await, case).await;
+    }
+    assert_eq!(s.app.stored("requests"), 1, "only until_keys' send");
+    assert_eq!(s.app.backend_calls(), 1);
+}
+
+#[tokio::test]
+async fn an_application_not_allowed_is_401() {
+    let s = setup_with(&[KEY_A], &[("SENDGATE_ENTRA_ALLOWED_APPS", PLAYGROUND)]).await;
+    s.until_keys().await;
+    let other = s.token(UNLISTED, &["Sendgate.Sender"]);
+    assert_invalid_token(s.send_as("requests", &other).await, "not allowed").await;
+}
+
+#[tokio::test]
+async fn a_storm_of_unknown_kids_costs_the_directory_one_fetch() {
+    let s = setup().await;
+    s.until_keys().await;
+    let before = s.provider.jwks_gets();
+    let claims = s.provider.v2_claims(PLAYGROUND, &["Sendgate.Sender"]);
+    let storm: Vec<_> = (0..40)
+        .map(|i| {
+            let client = s.app.client.clone();
+            let url = s.app.url("/v1/queues/requests/messages");
+            let token = KEY_A.sign_as(&format!("made-up-{i}"), &claims);
+            tokio::spawn(async move {
+                client
+                    .post(url)
+                    .header("Content-Type", "application/json")
+                    .header("Authorization", format!("Bearer {token}"))
+                    .body("{}")
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+            })
+        })
+        .collect();
+    for request in storm {
+        assert_eq!(request.await.unwrap(), 401);
+    }
+    assert_eq!(
+        s.provider.jwks_gets(),
+        before + 1,
+        "one refresh for the storm"
+    );
+    // And none for a second wave within 30 s.
+    let again = KEY_A.sign_as("made-up-again", &claims);
+    assert_eq!(s.send_as("requests", &again).await.status(), 401);
+    assert_eq!(s.provider.jwks_gets(), before + 1);
+}
+
+#[tokio::test]
+async fn a_rollover_is_followed_and_a_removed_key_refused() {
+    let s = setup().await;
+    s.until_keys().await;
+    let claims = s.provider.v2_claims(PLAYGROUND, &["Sendgate.Sender"]);
+    // Entra publishes b beside a, then drops a: the first token signed by b fetches the
+    // set again, and from then on a's signature is refused.
+    s.provider.publish(&[KEY_B]);
+    let before = s.provider.jwks_gets();
+    assert_eq!(
+        s.send_as("requests", &KEY_B.sign(&claims)).await.status(),
+        201
+    );
+    assert_eq!(s.provider.jwks_gets(), before + 1);
+    assert_invalid_token(
+        s.send_as("requests", &KEY_A.sign(&claims)).await,
+        "a removed key",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn with_the_jwks_endpoint_down_sends_with_known_keys_go_on() {
+    let s = setup().await;
+    s.until_keys().await;
+    let token = s.token(PLAYGROUND, &["Sendgate.Sender"]);
+    // b is published: only the outage keeps it from being fetched.
+    s.provider.publish(&[KEY_A, KEY_B]);
+    for outage in [Jwks::Unavailable, Jwks::Closed] {
+        s.provider.set_jwks(outage);
+        s.provider.set_discovery_up(false);
+        // A new kid asks the directory, which fails: refused, never let through.
+        let claims = s.provider.v2_claims(PLAYGROUND, &["Sendgate.Sender"]);
+        let unknown = KEY_B.sign(&claims);
+        assert_invalid_token(s.send_as("requests", &unknown).await, "unknown kid").await;
+        // The keys in hand still serve.
+        for _ in 0..3 {
+            assert_eq!(
+                s.send_as("requests", &token).await.status(),
+                201,
+                "{outage:?}"
+            );
+        }
+    }
+    assert_eq!(s.app.stored("requests"), 7);
+}
+
+#[tokio::test]
+async fn a_slow_directory_delays_only_a_new_kid_and_not_past_five_seconds() {
+    let s = setup().await;
+    s.until_keys().await;
+    s.provider.set_delay(Duration::from_secs(8));
+    let claims = s.provider.v2_claims(PLAYGROUND, &["Sendgate.Sender"]);
+    let started = Instant::now();
+    let waiting = {
+        let client = s.app.client.clone();
+        let url = s.app.url("/v1/queues/requests/messages");
+        let token = KEY_B.sign(&claims);
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .header("Content-Type", "application/json")
+                .header("Authorization", format!("Bearer {token}"))
+                .body("{}")
+                .send()
+                .await
+                .unwrap()
+                .status()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A known key is answered at once while the fetch hangs.
+    let quick = Instant::now();
+    assert_eq!(
+        s.send_as("requests", &KEY_A.sign(&claims)).await.status(),
+        201
+    );
+    assert!(
+        quick.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        quick.elapsed()
+    );
+    assert_eq!(waiting.await.unwrap(), 401);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(4) && waited < Duration::from_secs(7),
+        "{waited:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_directory_down_at_start_up_is_retried_and_keys_work_meanwhile() {
+    let provider = OidcProvider::start(&[KEY_A]).await;
+    provider.set_discovery_up(false);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keys.toml");
+    std::fs::write(&path, keys_entry("ops", "\"admin\"", "")).unwrap();
+    let entra = provider.vars();
+    let mut vars: Vec<(&str, &str)> = entra.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    vars.push(("SENDGATE_API_KEYS_FILE", path.to_str().unwrap()));
+    let app = spawn_app_with(&vars).await;
+    let token = KEY_A.sign(&provider.v2_claims(UNLISTED, &["Sendgate.Sender"]));
+    let header = bearer(&token);
+    let response = app
+        .send_with("requests", "{}", &[("Authorization", &header)])
+        .await;
+    assert_invalid_token(response, "no keys yet").await;
+    let key = app
+        .send_with("requests", "{}", &[("Authorization", "Bearer ops-secret")])
+        .await;
+    assert_eq!(key.status(), 201, "keys do not wait for the directory");
+    // The directory comes back: the gateway's retries (1 s, 2 s, 4 s ...) find it.
+    provider.set_discovery_up(true);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let response = app
+            .send_with("requests", "{}", &[("Authorization", &header)])
+            .await;
+        if response.status() == 201 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never retried");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(provider.discovery_gets() >= 2);
+}
+
+#[tokio::test]
+async fn entra_alone_needs_no_keys_file() {
+    let provider = OidcProvider::start(&[KEY_A]).await;
+    let entra = provider.vars();
+    let mut vars: Vec<(&str, &str)> = entra.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    vars.push(("SENDGATE_LISTEN", "0.0.0.0:0"));
+    let app = spawn_app_with(&vars).await;
+    // No token: the bare challenge.
+    let response = app.send("requests", "{}").await;
+    assert_eq!(response.status(), 401);
+    assert_eq!(response.headers()["WWW-Authenticate"], "Bearer");
+    let token = KEY_A.sign(&provider.v1_claims(UNLISTED, &["Sendgate.Admin"]));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while app
+        .send_with("requests", "{}", &[("Authorization", &bearer(&token))])
+        .await
+        .status()
+        != 201
+    {
+        assert!(Instant::now() < deadline, "the gateway never got the keys");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // An API key-shaped bearer is just unknown.
+    let response = app
+        .send_with("requests", "{}", &[("Authorization", "Bearer sg_123")])
+        .await;
+    assert_invalid_token(response, "no keys").await;
+}
+
+#[tokio::test]
+async fn the_served_openapi_document_declares_the_entra_scheme_and_its_discovery_url() {
+    let s = setup().await;
+    let served: Value = s
+        .app
+        .client
+        .get(s.app.url("/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let discovery = format!(
+        "{}/{TENANT}/v2.0/.well-known/openid-configuration",
+        s.provider.authority
+    );
+    let schemes = &served["components"]["securitySchemes"];
+    assert_eq!(schemes["entra"]["type"], "openIdConnect");
+    assert_eq!(schemes["entra"]["openIdConnectUrl"], discovery.as_str());
+    assert_eq!(schemes["bearer"]["scheme"], "bearer", "keys are on too");
+    assert_eq!(served["security"], json!([{"bearer": []}, {"entra": []}]));
+    // The discovery URL the document names is the one the gateway reads.
+    let doc: Value = s
+        .app
+        .client
+        .get(&discovery)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(doc["issuer"], s.provider.v2_issuer().as_str());
+}
