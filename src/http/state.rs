@@ -40,6 +40,8 @@ pub struct AppState {
     pub settings: std::sync::Arc<crate::settings::RuntimeSettings>,
     /// The tenants' rate quotas, for the `RateLimit` headers (the gates take from them).
     pub rates: std::sync::Arc<crate::admission::quota::RateBook>,
+    /// OpenTelemetry export, when an endpoint is set (`None`: the send routes pay one branch).
+    pub otel: Option<std::sync::Arc<crate::otel::Otel>>,
 }
 
 /// Authenticate the caller and check it may do `permission` (`action` names it in the 403).
