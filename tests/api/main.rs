@@ -20,6 +20,9 @@ mod hostile;
 mod leaks;
 mod metrics;
 mod openapi;
+mod otel;
+#[path = "../support/otlp.rs"]
+mod otlp;
 mod quota;
 mod request_id;
 mod routing;
