@@ -15,6 +15,9 @@
 # (default 2000) requests are sent on one keep-alive connection (1 KB JSON body, bearer
 # token, 5 API keys), then dumped. Prints Ir per request and leaves the profile in
 # bench/results/callgrind/ for `callgrind_annotate --inclusive=yes`.
+#
+# CALLGRIND_ENV="VAR=value ..." adds variables to sendgate's environment (reject, accept,
+# accept-fleet), e.g. comparison 13's OTEL_EXPORTER_OTLP_ENDPOINT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=$1 bin=$(realpath "$2") n=${3:-2000}
@@ -61,10 +64,11 @@ PY
 rmq() { curl -sf -u guest:guest "$@"; }
 MGMT=http://127.0.0.1:15672
 cg=(valgrind --tool=callgrind --callgrind-out-file="$out/$label.%p")
+read -r -a extra <<< "${CALLGRIND_ENV:-}"
 case $mode in
   reject)
     queue=bench_full
-    env RUST_LOG=warn SENDGATE_LISTEN=127.0.0.1:$port SENDGATE_BACKEND=embedded \
+    env RUST_LOG=warn "${extra[@]}" SENDGATE_LISTEN=127.0.0.1:$port SENDGATE_BACKEND=embedded \
       SENDGATE_DATA_DIR="$work/data" SENDGATE_QUEUES=$queue SENDGATE_API_KEYS_FILE="$work/keys.toml" \
       SERVICEBUS_SEND_MAX_QUEUE_DEPTH=1 SENDGATE_DEPTH_TTL_MS=3600000 \
       "${cg[@]}" "$bin" > "$work/server.log" 2>&1 & ;;
@@ -79,7 +83,7 @@ case $mode in
     [ "$mode" = accept-fleet ] && fleet=(SENDGATE_COORDINATION=redis
       SENDGATE_REDIS_URL=redis://127.0.0.1:6379 SENDGATE_REDIS_PREFIX="callgrind-$label")
     if [ "$mode" != accept-bare ]; then
-      env RUST_LOG=warn "${fleet[@]}" SENDGATE_LISTEN=127.0.0.1:$port SENDGATE_BACKEND=rabbitmq \
+      env RUST_LOG=warn "${extra[@]}" "${fleet[@]}" SENDGATE_LISTEN=127.0.0.1:$port SENDGATE_BACKEND=rabbitmq \
         SENDGATE_QUEUES=$queue SENDGATE_API_KEYS_FILE="$work/keys.toml" \
         SERVICEBUS_SEND_MAX_QUEUE_DEPTH=1000000000 SENDGATE_DEPTH_TTL_MS=3600000 \
         SENDGATE_PROBE_INTERVAL_S=3600 "${cg[@]}" "$bin" > "$work/server.log" 2>&1 &

@@ -1092,6 +1092,39 @@ for level, what in (("reject", "the 429 path"), ("accept", "accepted sends")):
         )
     )
 
+# Comparison 13 (issue 26): OpenTelemetry export on (a local OTLP sink) vs off, same build.
+OTEL_TARGET_COST = 0.05
+
+
+def otel_ir(side, level):
+    return med([r for r in sel("otel_cost_ir", side, level) if not r.get("failed")], "ir_per_request")
+
+
+def otel_wall(side, level, key="rps"):
+    return med([r for r in sel("otel_cost_wall", side, level) if not r.get("failed")], key)
+
+
+def otel_wall_slower(level, key="rps"):
+    on, off = otel_wall("on", level, key), otel_wall("off", level, key)
+    return None if on is None or not off else off / on - 1
+
+
+for level, what, key in (("reject", "the 429 path", "rps"), ("accept", "accepted sends", "msgs_per_s")):
+    on, off = otel_ir("on", level), otel_ir("off", level)
+    if on is None or off is None:
+        continue
+    sl, ws = slower(on, off), otel_wall_slower(level, key)
+    targets.append(
+        (
+            f"OpenTelemetry export on (local OTLP sink) vs off, {what}: ≤ 5 % apart (issue 26)",
+            f"{f(on, 0)} vs {f(off, 0)} Ir per request ({'–' if sl is None else f'{100 * sl:+.2f} %'}); "
+            f"wall-clock {f(otel_wall('on', level, key), 0)} vs {f(otel_wall('off', level, key), 0)} "
+            f"{'req/s' if level == 'reject' else 'msg/s'} ({'–' if ws is None else f'{100 * abs(ws):.1f} % ' + ('slower' if ws > 0 else 'faster')}, noisy)",
+            None if sl is None else abs(sl) <= OTEL_TARGET_COST,
+            None if sl is None else f"{100 * (OTEL_TARGET_COST - abs(sl)):+.2f} points",
+        )
+    )
+
 p("## Results against the targets")
 p("")
 p(
@@ -2181,6 +2214,52 @@ if sel("fair") or sel("fair_levels") or sel("fair_cost_ir") or sel("fair_cost_wa
                 f"{'failed' if r.get('failed') else f(r.get(key), 0)} | {load_text(r)} |"
             )
         p("")
+
+carry(13)
+if sel("otel_cost_ir") or sel("otel_cost_wall"):
+    p("## 13. OpenTelemetry: export on vs off")
+    p("")
+    p(
+        "The same build twice: with `OTEL_EXPORTER_OTLP_ENDPOINT` pointing at a local OTLP/HTTP "
+        "sink (bench's `otlpsink`: reads every export, answers 200), and without (nothing built). "
+        "The exporter's defaults: a span per send, batches of up to 512 spans every 5 s, metrics "
+        "every 60 s. **Instructions per request** (`bench/callgrind.sh`, the primary measure: the "
+        "whole process, so the export thread's encoding and HTTP count too): 200 requests of "
+        f"warm-up, then {meta.get('otel_callgrind_n', '2,000')} on one keep-alive connection, 5 API "
+        "keys; the 429 path on the embedded backend over a ceiling of 1 (cached depth), accepted "
+        "sends on the local RabbitMQ (ceiling 10⁹). **Wall-clock** (secondary): the 429 path as "
+        "comparison 2 (wrk, 64 connections) and accepted sends as comparison 1 (64 in flight), "
+        "both sides up at once, alternating. A collector that never answers is the tests' case "
+        "(`tests/api/otel.rs`: every send answered, the drops counted), not timed here."
+    )
+    p("")
+    p("| path | on Ir/request | off Ir/request | difference | on wall-clock | off | off ÷ on − 1 |")
+    p("|---|---|---|---|---|---|---|")
+    for level, what, key, unit in (("reject", "429 path", "rps", "req/s"), ("accept", "accepted sends", "msgs_per_s", "msg/s")):
+        on, off = otel_ir("on", level), otel_ir("off", level)
+        sl, ws = slower(on, off), otel_wall_slower(level, key)
+        p(
+            f"| {what} | {f(on, 0)} | {f(off, 0)} | {'–' if sl is None else f'{100 * sl:+.2f} %'} | "
+            f"{f(otel_wall('on', level, key), 0)} {unit} | {f(otel_wall('off', level, key), 0)} {unit} | "
+            f"{'–' if ws is None else f'{100 * ws:+.1f} %'} |"
+        )
+    p("")
+    p("Every round:")
+    p("")
+    p("| measure | path | export | round | value | load |")
+    p("|---|---|---|---|---|---|")
+    for r in sel("otel_cost_ir"):
+        p(
+            f"| Ir/request | {r.get('level')} | {r.get('side')} | {r.get('round')} | "
+            f"{'failed' if r.get('failed') else f(r.get('ir_per_request'), 0)} | – |"
+        )
+    for r in sel("otel_cost_wall"):
+        key = "rps" if r.get("level") == "reject" else "msgs_per_s"
+        p(
+            f"| wall-clock | {r.get('level')} | {r.get('side')} | {r.get('round')} | "
+            f"{'failed' if r.get('failed') else f(r.get(key), 0)} | {load_text(r)} |"
+        )
+    p("")
 
 # ------------------------------------------------------------------ dependency diet
 # Build-time numbers (binary size, clean build, crates in the tree), measured by hand when

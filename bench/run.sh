@@ -6,7 +6,8 @@
 #   ./bench/run.sh --only 2,4 # some comparisons only (1 accept, 2 reject, 3 admin plane,
 #                             # 4 RSS, 5 criterion, 6 fleet on Redis, 7 retry amplification,
 #                             # 8 restart under load, 9 hostile clients, 10 batches vs direct
-#                             # lapin, 11 RSS with large batches in flight, 12 fair shares);
+#                             # lapin, 11 RSS with large batches in flight, 12 fair shares,
+#                             # 13 OpenTelemetry export on vs off);
 #                             # the report shows what was measured
 #   ./bench/run.sh --only 7 --amplify-s 20
 #                             # comparison 7 with a shorter window per side (default 60 s,
@@ -45,7 +46,7 @@ ROOT=$PWD
 
 QUICK=0
 UPDATE_DOCS=0
-ALL="1,2,3,4,5,6,7,8,9,10,11,12"
+ALL="1,2,3,4,5,6,7,8,9,10,11,12,13"
 ONLY=$ALL
 AMPLIFY_S=""
 SOAK_S=""
@@ -58,7 +59,7 @@ while [ $# -gt 0 ]; do
     --update-docs) UPDATE_DOCS=1 ;;
     --soak-s) SOAK_S="$2"; shift ;;
     --fair-s) FAIR_S="$2"; shift ;;
-    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -118,6 +119,10 @@ FAIR_PARTS=${FAIR_PARTS:-a,b,c,d}
 FAIR_COST_ROUNDS=${FAIR_COST_ROUNDS:-2}
 fair_part() { [[ ",$FAIR_PARTS," == *",$1,"* ]]; }
 
+# Comparison 13 (issue 26): callgrind's requests per measured run, and its rounds.
+OTEL_CALLGRIND_N=${OTEL_CALLGRIND_N:-2000}
+OTEL_CALLGRIND_ROUNDS=${OTEL_CALLGRIND_ROUNDS:-2}
+
 # BENCH_TARGET_DIR: a release target dir shared with other checkouts (default target/bench).
 export CARGO_TARGET_DIR="${BENCH_TARGET_DIR:-$ROOT/target/bench}"
 BIN="$CARGO_TARGET_DIR/release"
@@ -138,6 +143,8 @@ P_AMP=18761; P_RESTART=18762; P_HRSS=18763; P_HSOAK=18764; P_BATCH=18765; P_BRSS
 # Comparison 12: the embedded gateway, the fleet 18771-3, the cost's two builds (reject, accept).
 P_FAIR=18767; P_FAIR_FLEET=(18771 18772 18773)
 P_COST_HEAD_R=18774; P_COST_BASE_R=18775; P_COST_HEAD_A=18776; P_COST_BASE_A=18777
+# Comparison 13: the OTLP sink, the gateways with export off and on (reject, accept).
+P_OTLP=18780; P_OTEL_OFF_R=18781; P_OTEL_ON_R=18782; P_OTEL_OFF_A=18783; P_OTEL_ON_A=18784
 PX_A=15701; PX_A_CTL=15702; PX_B=15703; PX_B_CTL=15704
 # Comparison 6: the Redis fleet 18741-3, one process 18744, a local (uncoordinated) fleet
 # 18745-7, the ceiling fleets 18751-3; each group's admin plane behind its own proxy.
@@ -313,6 +320,7 @@ setup() {
     --arg criterion "$(ver criterion)" \
     --arg batch_levels "$BATCH_LEVELS" --arg batch_conns "$BATCH_CONNS" \
     --arg d12 "$D12" --arg fair_base_commit "$FAIR_BASE_COMMIT" --arg fair_callgrind_n "$FAIR_CALLGRIND_N" \
+    --arg otel_callgrind_n "$OTEL_CALLGRIND_N" --arg otel_callgrind_rounds "$OTEL_CALLGRIND_ROUNDS" \
     --arg commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
     --arg dirty "$(git status --porcelain -- src Cargo.toml 2>/dev/null | wc -l)" \
     '$ARGS.named' > "$OUT/meta.json"
@@ -1034,6 +1042,85 @@ compare_fair() {
 }
 
 # ---------------------------------------------------------------------------------------
+# 13. OpenTelemetry (issue 26): the 429 path and accepted sends with OTLP export on (to a
+#     local sink: bench's otlpsink, which reads each export and answers 200) against export
+#     off, the same build: instructions per request under callgrind (the primary measure,
+#     the export thread's work included), then wall-clock, sides alternating. The
+#     exporter's defaults (a batch of spans every 5 s or 512 spans, metrics every 60 s).
+compare_otel() {
+  log "13. OpenTelemetry export on (local OTLP sink) vs off: the 429 path and accepted sends"
+  start otlpsink "$BIN/otlpsink" 127.0.0.1:$P_OTLP 1700
+  local sink=$PID
+  local on_env="OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:$P_OTLP"
+  local round mode side line
+  for round in $(seq 1 "$OTEL_CALLGRIND_ROUNDS"); do
+    for mode in reject accept; do
+      for side in off on; do
+        local extra=""
+        [ "$side" = on ] && extra=$on_env
+        line=$(CALLGRIND_ENV="$extra" timeout 900 ./bench/callgrind.sh "$mode" "$BIN/sendgate" "$OTEL_CALLGRIND_N" \
+          2>>"$OUT/otel-callgrind.log" | tail -1 || true)
+        echo "$side: $line" >> "$OUT/otel-callgrind.log"
+        record "$(echo "$line" | sed -n 's/.*: \([0-9]*\) Ir per request (\([0-9]*\) over \([0-9]*\);.*/{"ir_per_request": \1, "ir_total": \2, "requests": \3}/p')" \
+          comparison=otel_cost_ir side="$side" round="$round" level="$mode"
+      done
+    done
+  done
+  # Wall-clock: comparison 2's 429 (a queue over a ceiling of 1, cached) and accepted sends
+  # (64 in flight, ceiling 10⁹), each side on its own port, alternating.
+  declare_queue bench_full; purge bench_full
+  for _ in $(seq 1 10); do
+    rmq -X POST -H 'content-type: application/json' \
+      -d '{"properties":{"delivery_mode":2},"routing_key":"bench_full","payload":"{}","payload_encoding":"string"}' \
+      "$MGMT/api/exchanges/%2F/amq.default/publish" >/dev/null
+  done
+  local pids=() status port
+  start_sendgate otel-off-reject $P_OTEL_OFF_R SENDGATE_QUEUES=bench_full SERVICEBUS_SEND_MAX_QUEUE_DEPTH=1
+  pids+=("$PID")
+  start_sendgate otel-on-reject $P_OTEL_ON_R SENDGATE_QUEUES=bench_full SERVICEBUS_SEND_MAX_QUEUE_DEPTH=1 "$on_env"
+  pids+=("$PID")
+  start_sendgate otel-off-accept $P_OTEL_OFF_A
+  pids+=("$PID")
+  start_sendgate otel-on-accept $P_OTEL_ON_A "$on_env"
+  pids+=("$PID")
+  for port in $P_OTEL_OFF_R $P_OTEL_ON_R; do
+    for _ in $(seq 1 100); do
+      status=$(curl -s -o /dev/null -w '%{http_code}' -X POST -H "Authorization: Bearer $SENDER_TOKEN" \
+        -H 'Content-Type: application/json' -d '{}' "http://127.0.0.1:$port/v1/queues/bench_full/messages" || true)
+      [ "$status" = 429 ] && break
+      sleep 0.2
+    done
+    [ "$status" = 429 ] || { log "the gateway on $port never answered 429 (last: $status)"; exit 1; }
+  done
+  for round in $(seq 1 "$ROUNDS_REJECT"); do
+    for spec in off:$P_OTEL_OFF_R on:$P_OTEL_ON_R; do
+      record "$(BENCH_TOKEN="$SENDER_TOKEN" timeout 120 wrk -t2 -c64 -d"${D}s" --timeout 5s \
+        -s "$ROOT/bench/lua/post.lua" "http://127.0.0.1:${spec#*:}/v1/queues/bench_full/messages" 2>&1 \
+        | sed -n 's/^BENCH_JSON //p')" \
+        comparison=otel_cost_wall side="${spec%%:*}" round="$round" level=reject
+    done
+  done
+  for round in $(seq 1 "$ROUNDS"); do
+    for spec in off:$P_OTEL_OFF_A on:$P_OTEL_ON_A; do
+      purge bench
+      record "$(loadgen http --addr 127.0.0.1:${spec#*:} --token "$SENDER_TOKEN" \
+        --concurrency 64 --duration $D --warmup $WARM)" \
+        comparison=otel_cost_wall side="${spec%%:*}" round="$round" level=accept
+    done
+  done
+  # What the sink took, and what the gateways dropped (none expected: the sink answers).
+  local observer="Authorization: Bearer $OBSERVER_TOKEN"
+  for port in $P_OTEL_ON_R $P_OTEL_ON_A; do
+    curl -sf -H "$observer" "http://127.0.0.1:$port/metrics" | grep '^sendgate_otel_spans' \
+      | sed "s/^/$port: /" >> "$OUT/otel-spans.log" || true
+  done
+  for pid in "${pids[@]}"; do stop "$pid"; done
+  stop "$sink"
+  tail -3 "$OUT/otlpsink.log" >> "$OUT/otel-spans.log" 2>/dev/null || true
+  purge bench; purge bench_full
+}
+
+# ---------------------------------------------------------------------------------------
 started=$(date +%s)
 setup
 want 1 && compare_accept
@@ -1048,6 +1135,7 @@ want 9 && compare_hostile
 want 10 && compare_batch
 want 11 && compare_batch_rss
 want 12 && compare_fair
+want 13 && compare_otel
 want 5 && compare_micro
 jq -cn --arg s "$(( $(date +%s) - started ))" '{comparison: "run", seconds: ($s|tonumber)}' >> "$RESULTS"
 

@@ -14,6 +14,7 @@ pub mod fuzzing;
 pub mod http;
 pub mod lifecycle;
 pub mod metrics;
+pub mod otel;
 pub mod settings;
 pub mod startup;
 pub mod telemetry;

@@ -21,6 +21,7 @@ use actix_web::http::StatusCode;
 use crate::admission::breaker::BreakerState;
 use crate::admission::{BackendRole, Dispatcher};
 use crate::lifecycle::{GatewayState, Lifecycle};
+use crate::otel::SpanCounts;
 use crate::transport::Connections;
 
 /// How one send request was answered, as the handler decided it: what
@@ -116,11 +117,13 @@ impl Metrics {
         lifecycle: &Lifecycle,
         coordination: &Coordination,
         connections: &Connections,
+        otel: Option<&SpanCounts>,
     ) -> String {
         let mut families = self.registry.gather();
         families.extend(state_families(dispatcher, lifecycle));
         families.extend(coordination_families(coordination));
         families.extend(connection_families(connections));
+        families.extend(otel.map(otel_families).unwrap_or_default());
         // A family with no series (no probe has run: SENDGATE_PROBE_INTERVAL_S=0) makes the
         // encoder stop with an error half way through the text: leave such families out.
         families.retain(|f| !f.get_metric().is_empty());
@@ -161,6 +164,32 @@ fn connection_families(connections: &Connections) -> Vec<prometheus::proto::Metr
     let mut families = open.collect();
     families.extend(closed.collect());
     families.extend(head.collect());
+    families
+}
+
+/// What became of the OpenTelemetry spans (only while exporting): exported, or dropped
+/// by reason (`queue_full`: the collector is slow or gone and the queue is full;
+/// `export_failed`: an export failed or ran out of time).
+fn otel_families(counts: &SpanCounts) -> Vec<prometheus::proto::MetricFamily> {
+    let exported = prometheus::IntCounter::new(
+        "sendgate_otel_spans_exported_total",
+        "Spans the OTLP collector took.",
+    )
+    .expect("valid metric definition");
+    exported.inc_by(counts.exported());
+    let dropped = counter_vec(
+        "sendgate_otel_spans_dropped_total",
+        "Spans dropped instead of exported, by reason: queue_full (OTEL_BSP_MAX_QUEUE_SIZE reached: a slow or dead collector; no send waits), export_failed (the collector failed or timed out).",
+        &["reason"],
+    );
+    dropped
+        .with_label_values(&["queue_full"])
+        .inc_by(counts.dropped_queue_full());
+    dropped
+        .with_label_values(&["export_failed"])
+        .inc_by(counts.dropped_export_failed());
+    let mut families = exported.collect();
+    families.extend(dropped.collect());
     families
 }
 

@@ -143,6 +143,9 @@ pub enum StartupError {
     /// The client that fetches the Entra ID signing keys could not be built (exit 1).
     #[error("SENDGATE_ENTRA_TENANT_ID: {0}")]
     EntraInit(String),
+    /// The OpenTelemetry exporter could not be built (its settings, or the environment).
+    #[error(transparent)]
+    Otel(#[from] crate::otel::OtelError),
     #[error("SENDGATE_LISTEN: cannot listen on {addr}: {source}")]
     Bind {
         addr: String,
@@ -158,6 +161,8 @@ impl StartupError {
             // A file that is not a settings file is a setting that is wrong; one that cannot
             // be read, an environment that failed us.
             Self::Settings(crate::settings::store::SettingsStoreError::Corrupt { .. }) => 2,
+            Self::Otel(crate::otel::OtelError::Exporter(_)) => 2,
+            Self::Otel(_) => 1,
             Self::Embedded(_)
             | Self::Bind { .. }
             | Self::BackendInit(_)
@@ -166,6 +171,9 @@ impl StartupError {
         }
     }
 }
+
+/// The longest the stop waits for OpenTelemetry's last export, after the drain.
+const OTEL_FLUSH_BUDGET: Duration = Duration::from_secs(5);
 
 /// How long start-up waits for the backend to connect, on top of one depth read's timeout.
 const STARTUP_CONNECT_BUDGET: Duration = Duration::from_secs(5);
@@ -415,6 +423,7 @@ impl Application {
             settings: runtime.clone(),
             rates,
             openapi: std::sync::OnceLock::new(),
+            otel: crate::otel::Otel::build(&settings.otel)?.map(Arc::new),
         });
 
         let bind_error = |source| StartupError::Bind {
@@ -544,6 +553,11 @@ impl Application {
             .await
             .unwrap_or_else(|e| Err(std::io::Error::other(e)));
         self.state.dispatcher.leave_fleet().await;
+        // The last spans and metrics, within a bound of their own: a dead collector never
+        // holds the exit.
+        if let Some(otel) = &self.state.otel {
+            otel.shutdown(OTEL_FLUSH_BUDGET).await;
+        }
         served
     }
 }

@@ -72,6 +72,12 @@ impl Layers {
             };
             values.insert(v.name, text);
         }
+        // The OpenTelemetry specification's variables come from the environment alone.
+        for v in VARIABLES.iter().filter(|v| v.side == Side::OpenTelemetry) {
+            if let Some(value) = env.get(v.name).filter(|s| !s.trim().is_empty()) {
+                values.insert(v.name, value.clone());
+            }
+        }
         Ok(Self { values })
     }
 

@@ -6,6 +6,7 @@
 //! - `backend`: one backend's settings, parsed through a scope (primary or fallback);
 //! - `servicebus`: the Service Bus endpoint and credential plan, resolved;
 //! - `forgiving`: the contract's rules for the three `SERVICEBUS_SEND_*` variables;
+//! - `otel`: the OpenTelemetry variables sendgate's exporter reads itself;
 //! - `secret`: the redacting wrapper; `render`: `.env.example` and the README table.
 //!
 //! The TOML key of a variable is its name in lower case without the `SENDGATE_` prefix
@@ -20,6 +21,7 @@ mod entra_callers;
 mod error;
 mod forgiving;
 mod layers;
+mod otel;
 pub mod render;
 mod secret;
 pub mod servicebus;
@@ -38,6 +40,7 @@ pub use entra_callers::{EntraCallersSettings, Guid};
 pub use error::{closest, ConfigError};
 pub use forgiving::{forgiving_flag, forgiving_max_depth, forgiving_streak};
 pub use layers::{one_of, servicebus_near_misses, Fraction};
+pub use otel::OtelSettings;
 pub use secret::Secret;
 pub use servicebus::{CredentialPlan, ServiceBusSettings};
 pub use vars::{Var, VARIABLES};
@@ -154,6 +157,8 @@ pub struct Settings {
     pub dispatch: DispatchSettings,
     /// Alone, or one ceiling shared by every replica through Redis.
     pub coordination: CoordinationSettings,
+    /// OpenTelemetry export (OTLP/HTTP), off unless an endpoint is set.
+    pub otel: OtelSettings,
 }
 
 impl Settings {
@@ -253,6 +258,7 @@ impl Settings {
             workers: layers.whole(&v::WORKERS)?.map(|n| n as usize),
             dispatch,
             coordination: coordination::parse(layers)?,
+            otel: otel::parse(layers)?,
         })
     }
 

@@ -44,6 +44,12 @@ fn note(group: Group) -> Option<&'static str> {
              single point of failure: while it errs or misses its deadline a replica runs in \
              local mode and says so on /health/detailed."
         }
+        Group::OpenTelemetry => {
+            "OpenTelemetry (OTLP/HTTP protobuf): spans and metrics of every send, exported only \
+             when an endpoint is set; unset, nothing is built and nothing changes. The \
+             specification's variables, from the environment only (no file key); the SDK also \
+             reads the signals' own _HEADERS, _TIMEOUT and _COMPRESSION variables."
+        }
         Group::Client => {
             "The producer client (`sendgate send`), not the server, reads these; the server \
              only tolerates them in its environment."
@@ -132,8 +138,8 @@ fn meaning_cell(var: &Var) -> String {
     let text = text.replace('|', "\\|");
     match (var.side, var.secret) {
         (Side::Client, _) => format!("client side: {text}"),
-        (Side::Server, true) => format!("{text} (secret: never shown)"),
-        (Side::Server, false) => text,
+        (Side::Server | Side::OpenTelemetry, true) => format!("{text} (secret: never shown)"),
+        (Side::Server | Side::OpenTelemetry, false) => text,
     }
 }
 

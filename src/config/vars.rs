@@ -53,6 +53,10 @@ pub enum Side {
     Server,
     /// The producer client (`sendgate send`); the server only tolerates it in its environment.
     Client,
+    /// The OpenTelemetry specification's variable: read from the environment only (no key
+    /// in the `SENDGATE_CONFIG` file), by sendgate's exporter (`src/otel/`) or the
+    /// OpenTelemetry SDK, with the specification's meaning.
+    OpenTelemetry,
 }
 
 /// A section of `.env.example`, in the order they appear.
@@ -68,6 +72,7 @@ pub enum Group {
     Breaker,
     Fallback,
     Coordination,
+    OpenTelemetry,
     Client,
 }
 
@@ -743,6 +748,132 @@ pub const FLEET_MAX_REPLICAS: Var = Var::server(
 )
 .default("10");
 
+/// An OpenTelemetry variable (the specification's name and meaning): see [`Side::OpenTelemetry`].
+const fn otel(name: &'static str, kind: Kind, help: &'static str) -> Var {
+    Var {
+        side: Side::OpenTelemetry,
+        ..Var::server(name, G::OpenTelemetry, kind, help)
+    }
+}
+
+pub const OTEL_SDK_DISABLED: Var = otel(
+    "OTEL_SDK_DISABLED",
+    K::Choice(&["true", "false"]),
+    "true: nothing is exported and no exporter is built, whatever else is set.",
+)
+.default("false");
+pub const OTEL_EXPORTER_OTLP_ENDPOINT: Var = otel(
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    K::HttpUrl,
+    "The collector's OTLP/HTTP base URL (e.g. http://localhost:4318): spans go to /v1/traces, metrics to /v1/metrics under it. Unset, and no signal's own endpoint below: nothing is exported, nothing is built.",
+)
+.unset("nothing exported");
+pub const OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: Var = otel(
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    K::HttpUrl,
+    "The spans' full URL, used as it is (set alone: spans only).",
+)
+.unset("the base endpoint's /v1/traces");
+pub const OTEL_EXPORTER_OTLP_METRICS_ENDPOINT: Var = otel(
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    K::HttpUrl,
+    "The metrics' full URL, used as it is (set alone: metrics only).",
+)
+.unset("the base endpoint's /v1/metrics");
+pub const OTEL_EXPORTER_OTLP_PROTOCOL: Var = otel(
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    K::Text,
+    "Only http/protobuf is built in (no gRPC): another value is logged at start-up (otel_protocol_unsupported) and http/protobuf is sent.",
+)
+.unset("http/protobuf");
+pub const OTEL_EXPORTER_OTLP_HEADERS: Var = otel(
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    K::Text,
+    "key=value pairs, comma-separated, sent with every export (a collector's API key); read by the OpenTelemetry SDK, as are the signals' own _HEADERS.",
+)
+.secret();
+pub const OTEL_EXPORTER_OTLP_TIMEOUT: Var = otel(
+    "OTEL_EXPORTER_OTLP_TIMEOUT",
+    K::Duration {
+        min: 1,
+        max: HOUR_MS,
+    },
+    "Deadline of one export request, both signals: the HTTP client gives up then.",
+)
+.default("10000")
+.unit(Unit::Millis);
+pub const OTEL_SERVICE_NAME: Var = otel(
+    "OTEL_SERVICE_NAME",
+    K::Text,
+    "service.name on every span and metric; read by the OpenTelemetry SDK (service.name in OTEL_RESOURCE_ATTRIBUTES counts too).",
+)
+.unset("sendgate");
+pub const OTEL_RESOURCE_ATTRIBUTES: Var = otel(
+    "OTEL_RESOURCE_ATTRIBUTES",
+    K::Text,
+    "key=value pairs, comma-separated, on every span and metric (e.g. deployment.environment.name=prod); read by the OpenTelemetry SDK.",
+);
+pub const OTEL_TRACES_SAMPLER: Var = otel(
+    "OTEL_TRACES_SAMPLER",
+    K::Text,
+    "always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off or parentbased_traceidratio; read by the OpenTelemetry SDK. A parent is the request's traceparent.",
+)
+.unset("parentbased_always_on");
+pub const OTEL_TRACES_SAMPLER_ARG: Var = otel(
+    "OTEL_TRACES_SAMPLER_ARG",
+    K::Text,
+    "The ratio of the traceidratio samplers, 0 to 1; read by the OpenTelemetry SDK.",
+)
+.unset("1.0");
+pub const OTEL_METRIC_EXPORT_INTERVAL: Var = otel(
+    "OTEL_METRIC_EXPORT_INTERVAL",
+    K::Duration {
+        min: 1,
+        max: HOUR_MS,
+    },
+    "How often the metrics are exported.",
+)
+.default("60000")
+.unit(Unit::Millis);
+pub const OTEL_BSP_MAX_QUEUE_SIZE: Var = otel(
+    "OTEL_BSP_MAX_QUEUE_SIZE",
+    K::Whole {
+        min: 1,
+        max: 1_000_000,
+    },
+    "Ended spans waiting for export, at most. A span past it is dropped and counted (sendgate_otel_spans_dropped_total): a send never waits for the collector.",
+)
+.default("2048");
+pub const OTEL_BSP_MAX_EXPORT_BATCH_SIZE: Var = otel(
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+    K::Whole {
+        min: 1,
+        max: 1_000_000,
+    },
+    "Spans in one export request, at most (no more than OTEL_BSP_MAX_QUEUE_SIZE).",
+)
+.default("512");
+pub const OTEL_BSP_SCHEDULE_DELAY: Var = otel(
+    "OTEL_BSP_SCHEDULE_DELAY",
+    K::Duration {
+        min: 1,
+        max: HOUR_MS,
+    },
+    "Longest a span waits for its export to start when fewer than a batch are waiting.",
+)
+.default("5000")
+.unit(Unit::Millis);
+pub const OTEL_BSP_EXPORT_TIMEOUT: Var = otel(
+    "OTEL_BSP_EXPORT_TIMEOUT",
+    K::Duration {
+        min: 1,
+        max: HOUR_MS,
+    },
+    "Longest one export of spans may take, the exporter's retries included; its spans are then dropped and counted.",
+)
+.default("30000")
+.unit(Unit::Millis);
+
 pub const TOKEN: Var = Var {
     side: Side::Client,
     ..Var::server(
@@ -833,6 +964,22 @@ pub const VARIABLES: &[&Var] = &[
     &REDIS_PREFIX,
     &REDIS_TIMEOUT_MS,
     &FLEET_MAX_REPLICAS,
+    &OTEL_SDK_DISABLED,
+    &OTEL_EXPORTER_OTLP_ENDPOINT,
+    &OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
+    &OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
+    &OTEL_EXPORTER_OTLP_PROTOCOL,
+    &OTEL_EXPORTER_OTLP_HEADERS,
+    &OTEL_EXPORTER_OTLP_TIMEOUT,
+    &OTEL_SERVICE_NAME,
+    &OTEL_RESOURCE_ATTRIBUTES,
+    &OTEL_TRACES_SAMPLER,
+    &OTEL_TRACES_SAMPLER_ARG,
+    &OTEL_METRIC_EXPORT_INTERVAL,
+    &OTEL_BSP_MAX_QUEUE_SIZE,
+    &OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
+    &OTEL_BSP_SCHEDULE_DELAY,
+    &OTEL_BSP_EXPORT_TIMEOUT,
     &TOKEN,
 ];
 

@@ -62,6 +62,28 @@ impl TraceParent {
         }
     }
 
+    /// A context made elsewhere (an OpenTelemetry span's), as its parts; `None` when the
+    /// trace or parent id is all zeros (invalid by the spec).
+    pub fn from_parts(trace_id: [u8; 16], parent_id: [u8; 8], sampled: bool) -> Option<Self> {
+        (trace_id != [0; 16] && parent_id != [0; 8]).then_some(Self {
+            trace_id,
+            parent_id,
+            flags: u8::from(sampled),
+        })
+    }
+
+    pub fn trace_id_bytes(&self) -> [u8; 16] {
+        self.trace_id
+    }
+
+    pub fn parent_id_bytes(&self) -> [u8; 8] {
+        self.parent_id
+    }
+
+    pub fn flags(&self) -> u8 {
+        self.flags
+    }
+
     pub fn trace_id(&self) -> String {
         hex::encode(self.trace_id)
     }
@@ -133,17 +155,19 @@ pub struct TraceContext {
 impl TraceContext {
     /// The request's context (a new trace without a valid one), to make messages from.
     pub fn from_request(traceparent: Option<&str>, tracestate: Option<&str>) -> Self {
-        match traceparent.and_then(TraceParent::parse) {
-            Some(parent) => Self {
-                parent,
-                state: tracestate.and_then(TraceState::parse),
-            },
-            // Without a parent, a tracestate means nothing (the spec: discard it).
-            None => Self {
-                parent: TraceParent::root(),
-                state: None,
-            },
-        }
+        // Without a parent, a tracestate means nothing (the spec: discard it).
+        Self::given(traceparent, tracestate).unwrap_or_else(|| Self {
+            parent: TraceParent::root(),
+            state: None,
+        })
+    }
+
+    /// The request's context when it gave a valid one.
+    pub fn given(traceparent: Option<&str>, tracestate: Option<&str>) -> Option<Self> {
+        traceparent.and_then(TraceParent::parse).map(|parent| Self {
+            parent,
+            state: tracestate.and_then(TraceState::parse),
+        })
     }
 
     /// One message's context: unique to it.

@@ -565,6 +565,14 @@ impl Authenticator {
         matches!(self, Self::Open)
     }
 
+    /// The name of tenant `index` (none in open mode: its one tenant is nobody's).
+    pub fn tenant_name(&self, index: TenantIndex) -> Option<&str> {
+        match self {
+            Self::Open => None,
+            Self::Callers(callers) => callers.tenants.get(index).map(|t| t.name.as_str()),
+        }
+    }
+
     /// Whether API keys are a way in (a keys file with `[[keys]]`).
     pub fn accepts_keys(&self) -> bool {
         matches!(self, Self::Callers(c) if !c.keys.is_empty())

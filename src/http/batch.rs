@@ -18,8 +18,8 @@ use serde_json::Value;
 use super::context::RequestContext;
 use super::errors::{whole_seconds, ApiError, FieldError, Problem, MAX_FIELD_ERRORS};
 use super::send::{
-    asked_criticality, authorize_send, dry_run, nests_deeper_than, read_json_body, request_trace,
-    Held, Key,
+    asked_criticality, authorize_send, dry_run, given_trace, nests_deeper_than, read_json_body,
+    request_trace, Held, Key,
 };
 use super::state::AppState;
 use crate::admission::ceiling::Refusal;
@@ -93,8 +93,31 @@ pub async fn send_batch(
         .get_key_value(path.as_str())
         .map_or("unknown", |(name, _)| name.as_str());
     let mut tenant = None;
-    let answer = admit_and_send(&req, &context, &path, payload, &state, &mut tenant).await;
-    state.metrics.request(queue_label, &outcome(&answer));
+    let mut entries = None;
+    let span = super::otel::start(&state, queue_label, || given_trace(&req));
+    let answer = admit_and_send(
+        &req,
+        &context,
+        &path,
+        payload,
+        &state,
+        (&mut tenant, &mut entries),
+        span.as_ref(),
+    )
+    .await;
+    let counted = outcome(&answer);
+    state.metrics.request(queue_label, &counted);
+    if let Some(span) = span {
+        let ended = super::otel::Ended {
+            outcome: &counted,
+            refusal: answer.as_ref().err(),
+            dry_run: matches!(answer, Ok(Answer::Whole { dry_run: true, .. })),
+            message_id: None,
+            message_count: entries,
+            tenant,
+        };
+        super::otel::end(span, &state, ended);
+    }
     let rate_limit =
         tenant.and_then(|t| crate::http::ratelimit::RateLimitFields::for_tenant(&state.rates, t));
     crate::http::ratelimit::on_answer(
@@ -194,7 +217,11 @@ async fn admit_and_send(
     queue: &str,
     payload: web::Payload,
     state: &AppState,
-    tenant: &mut Option<crate::admission::tenants::TenantIndex>,
+    (tenant, count): (
+        &mut Option<crate::admission::tenants::TenantIndex>,
+        &mut Option<usize>,
+    ),
+    span: Option<&crate::otel::SendSpan<'_>>,
 ) -> Result<Answer, ApiError> {
     let (queue, caller, asker) = authorize_send(req, context, queue, state).await?;
     *tenant = Some(asker.tenant);
@@ -216,7 +243,11 @@ async fn admit_and_send(
         errors.truncate(MAX_FIELD_ERRORS);
         return Err(context.error(Problem::InvalidRequest { errors }));
     }
+    *count = Some(entries.len());
+    // With OpenTelemetry on, the messages are the batch span's children (each with a
+    // parent id of its own, as without).
     let trace = request_trace(req);
+    let trace = span.and_then(|span| span.trace(&trace)).unwrap_or(trace);
     if dry_run {
         for entry in &entries {
             if let Some((attribute, backend)) = state.dispatcher.unsupported(&entry.attributes) {

@@ -131,6 +131,31 @@ pub enum Problem {
 }
 
 impl Problem {
+    /// Why a `queue_full` was refused (the body's `reason`, or `ceiling` for the backlog
+    /// itself); `None` for any other problem. Telemetry's `sendgate.refusal.reason`.
+    pub fn refusal_reason(&self) -> Option<&'static str> {
+        match self {
+            Self::QueueFull { .. } => Some("ceiling"),
+            Self::Shed { .. } => Some("criticality"),
+            Self::TenantShare { .. } => Some("tenant_share"),
+            Self::TenantQuota { .. } => Some("tenant_quota"),
+            _ => None,
+        }
+    }
+
+    /// Whether the broker answered this (the gateway had let the send through), rather
+    /// than the gateway refusing it.
+    pub fn from_broker(&self) -> bool {
+        matches!(
+            self,
+            Self::SendTimeout { .. }
+                | Self::SendFailed { .. }
+                | Self::BackendAuthFailed
+                | Self::BackendBusy { .. }
+                | Self::QueueDisabled
+        )
+    }
+
     /// The wire code (`Copy`; `as_str()` is static, so no allocation per refusal).
     pub fn code(&self) -> ErrorCode {
         match self {

@@ -37,5 +37,6 @@ pub async fn metrics(
             &state.lifecycle,
             &state.coordination,
             &state.connections,
+            state.otel.as_deref().map(crate::otel::Otel::span_counts),
         )))
 }

@@ -16,6 +16,7 @@ pub mod headers;
 mod health;
 mod metrics;
 pub mod openapi;
+mod otel;
 pub mod ratelimit;
 mod schema;
 mod settings;

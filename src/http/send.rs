@@ -119,8 +119,36 @@ pub async fn send_message(
         .get_key_value(path.as_str())
         .map_or("unknown", |(name, _)| name.as_str());
     let mut tenant = None;
-    let answer = admit_and_send(&req, &context, &path, payload, &state, &mut tenant).await;
-    state.metrics.request(queue_label, &outcome(&answer));
+    let span = super::otel::start(&state, queue_label, || given_trace(&req));
+    let answer = admit_and_send(
+        &req,
+        &context,
+        &path,
+        payload,
+        &state,
+        &mut tenant,
+        span.as_ref(),
+    )
+    .await;
+    let counted = outcome(&answer);
+    state.metrics.request(queue_label, &counted);
+    if let Some(span) = span {
+        let ended = super::otel::Ended {
+            outcome: &counted,
+            refusal: answer.as_ref().err(),
+            dry_run: matches!(
+                answer,
+                Ok(Accepted {
+                    taken: Taken::Validated,
+                    ..
+                })
+            ),
+            message_id: answer.as_ref().ok().map(|a| a.message_id.as_str()),
+            message_count: None,
+            tenant,
+        };
+        super::otel::end(span, &state, ended);
+    }
     let rate_limit =
         tenant.and_then(|t| crate::http::ratelimit::RateLimitFields::for_tenant(&state.rates, t));
     crate::http::ratelimit::on_answer(
@@ -161,6 +189,7 @@ async fn admit_and_send(
     payload: web::Payload,
     state: &AppState,
     tenant: &mut Option<crate::admission::tenants::TenantIndex>,
+    span: Option<&crate::otel::SendSpan<'_>>,
 ) -> Result<Accepted, ApiError> {
     // 2. Who is asking, and may they send to this queue?
     let (queue, caller, asker) = authorize_send(req, context, queue, state).await?;
@@ -177,7 +206,12 @@ async fn admit_and_send(
         .map_err(|problem| context.error(problem))?;
     let asker = asked_criticality(req, asker)
         .map_err(|e| context.error(Problem::InvalidRequest { errors: vec![e] }))?;
-    let trace = input.trace.for_message();
+    // The message's own context: with OpenTelemetry on, the send span's (the consumer's
+    // trace goes on from the send); else the request's trace with a parent id of its own.
+    let trace = match span.and_then(|span| span.trace(&input.trace)) {
+        Some(trace) => trace,
+        None => input.trace.for_message(),
+    };
     if input.dry_run {
         // What a send would be refused for before capacity: an attribute the backend
         // cannot carry (no broker call either way).
@@ -674,6 +708,15 @@ fn header_attributes(req: &HttpRequest, errors: &mut Vec<FieldError>) -> Attribu
 /// The request's W3C trace context: one `traceparent` (two make it invalid, as the spec
 /// says), the `tracestate` headers joined; an invalid one is ignored, never a 400.
 pub(crate) fn request_trace(req: &HttpRequest) -> TraceContext {
+    with_trace_headers(req, TraceContext::from_request)
+}
+
+/// The request's trace context when it gave a valid one (an OpenTelemetry span's parent).
+pub(crate) fn given_trace(req: &HttpRequest) -> Option<TraceContext> {
+    with_trace_headers(req, TraceContext::given)
+}
+
+fn with_trace_headers<T>(req: &HttpRequest, f: impl FnOnce(Option<&str>, Option<&str>) -> T) -> T {
     let headers = req.headers();
     let mut parents = headers.get_all("traceparent");
     let parent = match (parents.next(), parents.next()) {
@@ -685,7 +728,7 @@ pub(crate) fn request_trace(req: &HttpRequest) -> TraceContext {
         .filter_map(|v| v.to_str().ok())
         .collect();
     let state = (!states.is_empty()).then(|| states.join(","));
-    TraceContext::from_request(parent, state.as_deref())
+    f(parent, state.as_deref())
 }
 
 /// The header `name` parsed, or its problem (named with the contract's `spelled` name).

@@ -42,6 +42,8 @@ pub struct AppState {
     pub rates: std::sync::Arc<crate::admission::quota::RateBook>,
     /// The OpenAPI document this gateway serves, made at the first ask (`openapi.rs`).
     pub openapi: std::sync::OnceLock<String>,
+    /// OpenTelemetry export, when an endpoint is set (`None`: the send routes pay one branch).
+    pub otel: Option<std::sync::Arc<crate::otel::Otel>>,
 }
 
 /// Authenticate the caller and check it may do `permission` (`action` names it in the 403).

@@ -23,6 +23,9 @@ mod metrics;
 #[path = "../support/oidc.rs"]
 mod oidc;
 mod openapi;
+mod otel;
+#[path = "../support/otlp.rs"]
+mod otlp;
 mod quota;
 mod request_id;
 mod routing;
