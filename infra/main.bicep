@@ -186,6 +186,22 @@ param redisTimeoutMs int = 250
 @maxValue(730)
 param logRetentionDays int = 30
 
+// --- Entra ID callers (infra/README.md "Entra ID callers") ---
+
+@description('SENDGATE_ENTRA_TENANT_ID: accept Microsoft Entra ID access tokens issued by this directory (tenant id, a GUID) as callers\' credentials, beside the API keys. Empty: API keys only.')
+param entraTenantId string = ''
+
+@description('SENDGATE_ENTRA_AUDIENCE: the gateway API\'s application (client) id or app-id URI, as the tokens\' aud carries it (api://<app id> for tokens asked for with scope api://<app id>/.default). Required with entraTenantId.')
+param entraAudience string = ''
+
+@description('SENDGATE_ENTRA_ALLOWED_APPS: the calling applications (client ids: a Playground\'s managed identity, a batch job\'s) whose tokens are accepted. Empty: every app the directory gave one of the gateway\'s app roles.')
+param entraAllowedApps array = []
+
+// --- Telemetry (OpenTelemetry through the environment's managed agent) ---
+
+@description('Application Insights (workspace-based, on the Log Analytics workspace) as the destination of the Container Apps environment\'s managed OpenTelemetry agent: the gateway\'s spans (one per send) and logs reach it over OTLP. The agent sets OTEL_EXPORTER_OTLP_ENDPOINT in the app, which turns sendgate\'s export on. false: no Application Insights, no agent, no export.')
+param deployAppInsights bool = true
+
 // --- Alerts (modules/alerts.bicep; infra/README.md "Alerts") ---
 
 @description('Deploy the alert rules and their action group. false: none (nothing else changes).')
@@ -215,6 +231,7 @@ var suffix = uniqueString(resourceGroup().id, namePrefix)
 var serviceBusName = take('${namePrefix}-sb-${suffix}', 50)
 var identityName = '${namePrefix}-id'
 var logAnalyticsName = '${namePrefix}-logs'
+var appInsightsName = '${namePrefix}-insights'
 var environmentName = '${namePrefix}-env'
 var appName = take(namePrefix, 32)
 var redisName = take('${namePrefix}-redis-${suffix}', 60)
@@ -281,6 +298,34 @@ var apiKeysSecretUri = 'https://${keyVaultName}${environment().suffixes.keyvault
 // message below in the error.
 var failClosedGuard = 'failClosed=true needs readDepth=true: without Data Owner every depth read fails and every send would fail closed'
 var failClosedSetting = failClosed ? (readDepth ? 'true' : string(int(failClosedGuard))) : 'false'
+
+// Guard, as above: a tenant without an audience would accept no token at all (the gateway
+// refuses to start so configured).
+var entraGuard = 'entraTenantId needs entraAudience: the gateway checks every token\'s aud against it'
+var useEntra = !empty(entraTenantId)
+var entraEnv = useEntra ? concat([
+  {
+    name: 'SENDGATE_ENTRA_TENANT_ID'
+    value: entraTenantId
+  }
+  {
+    name: 'SENDGATE_ENTRA_AUDIENCE'
+    value: empty(entraAudience) ? string(int(entraGuard)) : entraAudience
+  }
+], empty(entraAllowedApps) ? [] : [
+  {
+    name: 'SENDGATE_ENTRA_ALLOWED_APPS'
+    value: join(entraAllowedApps, ',')
+  }
+]) : []
+
+// The service name the spans carry (the agent adds the endpoint, not the name).
+var telemetryEnv = deployAppInsights ? [
+  {
+    name: 'OTEL_SERVICE_NAME'
+    value: appName
+  }
+] : []
 
 // ---------------------------------------------------------------------------------------
 // Identity
@@ -561,7 +606,27 @@ resource logAnalytics 'Microsoft.OperationalInsights/workspaces@2023-09-01' = {
   }
 }
 
-resource containerEnvironment 'Microsoft.App/managedEnvironments@2024-03-01' = {
+// Workspace-based: its data lives in the Log Analytics workspace above (same retention,
+// same access control). Local auth stays on: the managed agent sends with the connection
+// string, which has no Entra ID option.
+resource appInsights 'Microsoft.Insights/components@2020-02-02' = if (deployAppInsights) {
+  name: appInsightsName
+  location: location
+  tags: tags
+  kind: 'web'
+  properties: {
+    Application_Type: 'web'
+    WorkspaceResourceId: logAnalytics.id
+    IngestionMode: 'LogAnalytics'
+    publicNetworkAccessForIngestion: 'Enabled'
+    publicNetworkAccessForQuery: 'Enabled'
+  }
+}
+
+// The managed OpenTelemetry agent (an API version that has it: preview only so far) sends
+// what the app exports over OTLP to Application Insights: traces and logs (the agent's
+// Application Insights destination takes no metrics; the Prometheus page stays for those).
+resource containerEnvironment 'Microsoft.App/managedEnvironments@2024-10-02-preview' = {
   name: environmentName
   location: location
   tags: tags
@@ -573,6 +638,21 @@ resource containerEnvironment 'Microsoft.App/managedEnvironments@2024-03-01' = {
         sharedKey: logAnalytics.listKeys().primarySharedKey
       }
     }
+    appInsightsConfiguration: deployAppInsights ? {
+      connectionString: appInsights!.properties.ConnectionString
+    } : null
+    openTelemetryConfiguration: deployAppInsights ? {
+      tracesConfiguration: {
+        destinations: [
+          'appInsights'
+        ]
+      }
+      logsConfiguration: {
+        destinations: [
+          'appInsights'
+        ]
+      }
+    } : null
     vnetConfiguration: empty(infrastructureSubnetId) ? null : vnetConfiguration
   }
 }
@@ -700,7 +780,7 @@ resource app 'Microsoft.App/containerApps@2024-03-01' = {
               name: 'SENDGATE_API_KEYS_FILE'
               value: '${apiKeysMountPath}/${apiKeysFileName}'
             }
-          ], coordinationEnv)
+          ], coordinationEnv, entraEnv, telemetryEnv)
           volumeMounts: [
             {
               volumeName: 'api-keys'
@@ -841,6 +921,9 @@ output redisHostName string = useRedis ? redis!.properties.hostName : ''
 
 @description('terminationGracePeriodSeconds given to the app (drain + margin).')
 output terminationGracePeriodSeconds int = terminationGracePeriodSeconds
+
+@description('Application Insights the managed OpenTelemetry agent sends to (empty with deployAppInsights=false).')
+output appInsightsName string = deployAppInsights ? appInsights!.name : ''
 
 @description('Resource id of the alerts\' action group (empty with deployAlerts=false).')
 output alertActionGroupId string = deployAlerts ? alerts!.outputs.actionGroupId : ''

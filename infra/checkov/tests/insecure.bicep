@@ -318,3 +318,24 @@ resource groupLoopLegacy 'Microsoft.Insights/actionGroups@2023-01-01' = {
     ]
   }
 }
+
+// CKV_SENDGATE_12: Application Insights without a workspace, and one that ingests apart.
+resource insightsClassic 'Microsoft.Insights/components@2020-02-02' = {
+  name: 'fixture-insights-classic'
+  location: 'westeurope'
+  kind: 'web'
+  properties: {
+    Application_Type: 'web'
+  }
+}
+
+resource insightsApart 'Microsoft.Insights/components@2020-02-02' = {
+  name: 'fixture-insights-apart'
+  location: 'westeurope'
+  kind: 'web'
+  properties: {
+    Application_Type: 'web'
+    WorkspaceResourceId: '/subscriptions/0/resourceGroups/x/providers/Microsoft.OperationalInsights/workspaces/w'
+    IngestionMode: 'ApplicationInsights'
+  }
+}
