@@ -382,6 +382,8 @@ pub enum GaveUp {
     /// The answer is a server error outside what is retried (a `502` that says the broker
     /// does not hold the message): reported at once.
     NotRetryable,
+    /// The token source gave no token for the next attempt.
+    NoToken,
 }
 
 impl fmt::Display for GaveUp {
@@ -391,6 +393,7 @@ impl fmt::Display for GaveUp {
             Self::Budget => "retry budget spent",
             Self::Deadline => "deadline reached",
             Self::NotRetryable => "not retryable",
+            Self::NoToken => "no token for the next attempt",
         })
     }
 }
@@ -518,8 +521,9 @@ impl Client {
         Ok(Self::with_transport(config, Arc::new(transport)))
     }
 
-    /// A client over any [`Transport`] (tests use a scripted one). `base_url`, `token`
-    /// and `request_timeout` of `config` are the transport's business and unused here.
+    /// A client over any [`Transport`] (tests use a scripted one). `base_url`, `token`,
+    /// `token_source` and `request_timeout` of `config` are the transport's business and
+    /// unused here.
     pub fn with_transport(config: ClientConfig, transport: Arc<dyn Transport>) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -957,9 +961,7 @@ impl Tries {
         let a = match answer {
             Ok(a) => a,
             Err(TransportError::NoToken(e)) => {
-                return Judged::Final(SendOutcome::NoToken {
-                    reason: e.to_string(),
-                })
+                return Judged::Final(no_token(e, self.last_error.clone(), self.attempts));
             }
             Err(e) => {
                 self.attempts += 1;
@@ -1011,6 +1013,26 @@ impl Tries {
                 code: a.code,
             }
         })
+    }
+}
+
+/// What a message gets when the token source fails before an attempt: `NoToken` (never
+/// sent) when no attempt went before, else `Failed` with what the last one said, since an
+/// earlier attempt may have stored it (its outcome unknown).
+fn no_token(
+    error: token::TokenSourceError,
+    last_error: Option<AttemptError>,
+    attempts: u32,
+) -> SendOutcome {
+    match last_error {
+        Some(last_error) if attempts > 0 => SendOutcome::Failed {
+            last_error,
+            attempts,
+            gave_up: GaveUp::NoToken,
+        },
+        _ => SendOutcome::NoToken {
+            reason: error.to_string(),
+        },
     }
 }
 
@@ -1279,12 +1301,8 @@ impl Batch {
             Err(TransportError::NoToken(e)) => {
                 // Nothing was sent: no entry can go until the source has a token.
                 for position in self.pending.clone() {
-                    self.decide(
-                        position,
-                        SendOutcome::NoToken {
-                            reason: e.to_string(),
-                        },
-                    );
+                    let last_error = self.entries[position].last_error.clone();
+                    self.decide(position, no_token(e.clone(), last_error, tries.attempts));
                 }
                 return Step::Done;
             }

@@ -1747,3 +1747,100 @@ async fn request_size(batch: Vec<super::Message>) -> usize {
         .await;
     t.seen()[0].bytes
 }
+
+/// The first request's outcome is unknown (cut after it was sent); before the second, the
+/// token source fails.
+struct UnknownThenNoToken {
+    calls: Mutex<u32>,
+}
+
+impl UnknownThenNoToken {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            calls: Mutex::new(0),
+        })
+    }
+
+    fn next(&self) -> TransportError {
+        let mut calls = self.calls.lock();
+        *calls += 1;
+        if *calls == 1 {
+            TransportError::Unknown("cut after it was sent".into())
+        } else {
+            TransportError::NoToken(crate::TokenSourceError("the identity is away".into()))
+        }
+    }
+}
+
+#[async_trait]
+impl Transport for UnknownThenNoToken {
+    async fn post(&self, _: &str, _: &Outgoing) -> Reply {
+        Err(self.next())
+    }
+    async fn post_batch(&self, _: &str, _: &OutgoingBatch) -> BatchReply {
+        Err(self.next())
+    }
+    async fn probe(&self) -> ProbeAnswer {
+        running()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_token_for_the_first_attempt_is_not_sent_and_not_retried() {
+    let t = Arc::new(UnknownThenNoToken {
+        calls: Mutex::new(1),
+    });
+    let c = Client::with_transport(config(), t.clone());
+    let outcome = c.send("requests", "{}", Some("n")).await;
+    assert!(
+        matches!(outcome, SendOutcome::NoToken { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(*t.calls.lock(), 2, "asked once, never again");
+}
+
+/// "Not sent" would be wrong once an attempt whose outcome is unknown went before: the
+/// message may be stored, which `Failed` says.
+#[tokio::test(start_paused = true)]
+async fn no_token_after_an_attempt_of_unknown_outcome_is_a_failure_not_unsent() {
+    let c = Client::with_transport(config(), UnknownThenNoToken::new());
+    let outcome = c.send("requests", "{}", Some("u")).await;
+    assert!(
+        matches!(
+            outcome,
+            SendOutcome::Failed {
+                gave_up: GaveUp::NoToken,
+                attempts: 1,
+                last_error: AttemptError::Transport(_),
+            }
+        ),
+        "{outcome:?}"
+    );
+    let outcomes = Client::with_transport(config(), UnknownThenNoToken::new())
+        .send_batch("requests", messages(3, "b"))
+        .await;
+    assert!(
+        outcomes.iter().all(|o| matches!(
+            o,
+            SendOutcome::Failed {
+                gave_up: GaveUp::NoToken,
+                ..
+            }
+        )),
+        "{outcomes:?}"
+    );
+    let outcomes = Client::with_transport(
+        config(),
+        Arc::new(UnknownThenNoToken {
+            calls: Mutex::new(1),
+        }),
+    )
+    .send_batch("requests", messages(3, "c"))
+    .await;
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, SendOutcome::NoToken { .. })),
+        "{outcomes:?}"
+    );
+}

@@ -1,12 +1,13 @@
 //! Where the bearer token comes from when it is not a fixed one: a [`TokenSource`], asked
 //! before every request (it caches and renews on its own). With the `entra` feature,
 //! [`EntraTokenSource`]: Microsoft Entra ID tokens for the gateway's API from the process's
-//! identity (workload identity, managed identity, the Azure CLI), through the same chain
+//! identity (workload identity, managed identity, the Azure CLI or Azure Developer CLI),
+//! through the same chain
 //! and cache the gateway uses for Service Bus (`sendgate-entra`).
 //!
 //! A source that cannot give a token fails the request before anything is sent; the client
 //! never retries it: the source paces its own fetches (Entra's answers a failure from its
-//! cache for 5–30 s), so a burst of sends never becomes a burst of token requests.
+//! cache for 4–30 s), so a burst of sends never becomes a burst of token requests.
 
 use std::fmt;
 use std::sync::Arc;
@@ -58,12 +59,22 @@ mod entra {
     use super::{TokenSource, TokenSourceError};
 
     /// Longest a request waits for a token being fetched (a refresh still running goes on
-    /// for the next request).
-    const TOKEN_WAIT: Duration = Duration::from_secs(10);
+    /// for the next request). A first fetch may try each source of the chain for up to its
+    /// budget (off Azure, an absent managed identity endpoint takes all of its 10 s before
+    /// the Azure CLI is asked), so a request waits for the whole chain and a margin.
+    const TOKEN_WAIT: Duration = Duration::from_secs(40);
 
     /// Entra ID access tokens for one scope, the gateway API's (`api://<app>/.default`).
     pub struct EntraTokenSource {
         credential: EntraCredential,
+    }
+
+    impl std::fmt::Debug for EntraTokenSource {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("EntraTokenSource")
+                .field("scope", &self.credential.scope())
+                .finish_non_exhaustive()
+        }
     }
 
     impl EntraTokenSource {

@@ -43,7 +43,8 @@ pub struct SendArgs {
     token_file: Option<PathBuf>,
     /// Send Microsoft Entra ID access tokens for this scope instead, the gateway API's
     /// (`api://<app id>/.default`), from this process's identity: workload identity,
-    /// managed identity, then the Azure CLI. Cached and renewed before they expire.
+    /// managed identity, then the Azure CLI or Azure Developer CLI. Cached and renewed before
+    /// they expire; no token stops the run (exit 2).
     #[arg(long, value_name = "SCOPE")]
     entra_scope: Option<String>,
     /// With --entra-scope: the client id of the user-assigned managed identity to use.
@@ -93,7 +94,9 @@ fn entra_source(
 ) -> Result<std::sync::Arc<dyn sendgate_client::TokenSource>, UsageError> {
     let scope = scope.trim();
     let Some(app) = scope.strip_suffix("/.default") else {
-        return Err(UsageError::EntraScopeSuffix(scope.to_owned()));
+        return Err(UsageError::EntraScopeSuffix(
+            scope.trim_end_matches('/').to_owned(),
+        ));
     };
     if app.is_empty() || scope.chars().any(char::is_whitespace) {
         return Err(UsageError::EntraScope(scope.to_owned()));
@@ -498,6 +501,8 @@ struct Report {
     failed: BTreeMap<String, u64>,
     /// The first authentication failure ("401 unauthenticated"): the run stops on it.
     auth: Option<String>,
+    /// Why the token source gave no token: the run stops on it too.
+    no_token: Option<String>,
 }
 
 impl Report {
@@ -519,6 +524,7 @@ impl Report {
             refused: BTreeMap::new(),
             failed: BTreeMap::new(),
             auth: None,
+            no_token: None,
         }
     }
 
@@ -581,8 +587,8 @@ impl Report {
             // No later message would get a token either (the source paces its fetches).
             SendOutcome::NoToken { reason } => {
                 *self.failed.entry("no token".into()).or_default() += 1;
-                if self.auth.is_none() {
-                    self.auth = Some(reason);
+                if self.no_token.is_none() {
+                    self.no_token = Some(reason);
                 }
                 return true;
             }
@@ -651,6 +657,12 @@ impl Report {
         if let Some(refusal) = &self.auth {
             eprintln!(
                 "stopped: the gateway refused the credential ({refusal}); the rest of the input was not sent"
+            );
+            return ExitCode::from(2);
+        }
+        if let Some(why) = &self.no_token {
+            eprintln!(
+                "stopped: no token for the gateway ({why}); nothing more was sent, the rest of the input neither"
             );
             return ExitCode::from(2);
         }

@@ -646,3 +646,37 @@ fn a_token_and_a_token_source_together_are_refused() {
         .token_source(std::sync::Arc::new(tokens));
     assert!(Client::new(config).is_err());
 }
+
+/// Off Azure, a managed identity endpoint that is not there takes its whole budget (10 s)
+/// before the next source (the Azure CLI) is asked: the first request waits for the chain.
+#[tokio::test(start_paused = true)]
+async fn the_first_token_is_waited_for_through_a_source_that_hangs() {
+    use sendgate_client::TokenSource;
+    use sendgate_entra::testing::FakeSource;
+    use sendgate_entra::{CredentialChain, EntraCredential};
+    let hung = FakeSource::new(
+        ENTRA_SCOPE,
+        false,
+        Duration::from_secs(600),
+        Duration::from_secs(3600),
+    );
+    let cli = FakeSource::new(
+        ENTRA_SCOPE,
+        false,
+        Duration::from_secs(2),
+        Duration::from_secs(3600),
+    );
+    let chain = CredentialChain::new(
+        ENTRA_SCOPE,
+        vec![("managed identity", hung as _), ("az", cli.clone() as _)],
+    );
+    let tokens = sendgate_client::EntraTokenSource::new(EntraCredential::new(chain));
+    let started = tokio::time::Instant::now();
+    let token = tokens
+        .token()
+        .await
+        .expect("a token from the second source");
+    assert_eq!(&*token, "token-1");
+    assert_eq!(cli.calls(), 1);
+    assert!(started.elapsed() >= Duration::from_secs(12));
+}
