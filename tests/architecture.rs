@@ -328,3 +328,32 @@ fn every_invariant_of_absence_holds() {
     }
     assert!(broken.is_empty(), "{}", broken.join("\n"));
 }
+
+/// The image's dependency layer loads the workspace from the manifests alone: a member
+/// whose Cargo.toml the Dockerfile does not copy breaks `cargo build` in the image (no
+/// Docker engine here to build it, so the file is read).
+#[test]
+fn the_dockerfile_copies_every_workspace_members_manifest() {
+    let manifest = std::fs::read_to_string(Path::new(ROOT).join("Cargo.toml")).expect("Cargo.toml");
+    let dockerfile =
+        std::fs::read_to_string(Path::new(ROOT).join("Dockerfile")).expect("Dockerfile");
+    let members = manifest
+        .lines()
+        .find(|l| l.trim_start().starts_with("members"))
+        .expect("a members list");
+    let names: Vec<&str> = members
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .filter(|m| *m != ".")
+        .collect();
+    assert!(names.len() >= 4, "members read: {names:?}");
+    let missing: Vec<&&str> = names
+        .iter()
+        .filter(|m| !dockerfile.contains(&format!("COPY {m}/Cargo.toml ./{m}/")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the Dockerfile copies no manifest of {missing:?}"
+    );
+}
