@@ -112,6 +112,10 @@ pub enum Refusal {
     NoApplication,
     #[error("an application SENDGATE_ENTRA_ALLOWED_APPS does not list")]
     ApplicationNotAllowed,
+    #[error(
+        "a user's token obtained through an application (it has scp), not an application's own"
+    )]
+    Delegated,
 }
 
 impl Refusal {
@@ -130,6 +134,7 @@ impl Refusal {
             Self::Tenant => "tenant",
             Self::NoApplication => "no_application",
             Self::ApplicationNotAllowed => "application_not_allowed",
+            Self::Delegated => "delegated",
         }
     }
 }
@@ -145,6 +150,9 @@ struct Claims {
     appid: Option<String>,
     #[serde(default)]
     roles: Vec<String>,
+    /// Present in a delegated token (a user's, through an app): its `roles` are the user's
+    /// and its `azp` may be any public client, so it names no calling application.
+    scp: Option<serde::de::IgnoredAny>,
 }
 
 /// One line a second at most: a flood of bad tokens must not become a flood of lines.
@@ -248,6 +256,9 @@ impl EntraVerifier {
             .is_some_and(|tid| Guid::parse(&tid).as_ref() != Some(&self.tenant))
         {
             return Err(Refusal::Tenant);
+        }
+        if claims.scp.is_some() {
+            return Err(Refusal::Delegated);
         }
         let app = app
             .as_deref()

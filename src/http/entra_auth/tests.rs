@@ -252,6 +252,12 @@ async fn every_claim_that_is_wrong_is_refused_for_its_reason() {
             with(v1_claims(), "appid", Value::Null),
             Refusal::NoApplication,
         ),
+        // A user's token through the app: its roles are the user's, not the app's.
+        (
+            with(v2_claims(), "scp", json!("user_impersonation")),
+            Refusal::Delegated,
+        ),
+        (with(v1_claims(), "scp", json!("")), Refusal::Delegated),
     ];
     for (claims, refusal) in cases {
         assert_eq!(
