@@ -1198,19 +1198,14 @@ async fn batches_from_three_replicas_never_pass_the_ceiling() {
     );
 }
 
-/// Two replicas of a queue (ceiling 40, consumers taking one message every 20 ms), with
-/// tenants sharing its room by the fleet's counts: a greedy tenant sends every 5 ms to
-/// both replicas, a modest one 10 a second to one. What fraction of the modest tenant's
-/// sends were admitted, the most the queue held, and the greedy tenant's refusals at its
-/// share.
-async fn greedy_spread_beside_modest(mode: crate::admission::share::ShareMode) -> (f64, u64, u64) {
+/// The replicas share the queue's room between two tenants of equal weight, `greedy`
+/// (index 0) and `modest` (1), by the fleet's counts (one exchange for all).
+fn share_between_greedy_and_modest(all: &[Replica], mode: crate::admission::share::ShareMode) {
     use crate::admission::exchange::Place;
-    use crate::admission::fair::{Asker, FairPolicy};
-    use crate::admission::tenants::{Criticality, Tenant, TenantIndex, Tenants};
+    use crate::admission::fair::FairPolicy;
+    use crate::admission::tenants::{Tenant, Tenants};
     use crate::coordination::shares::{MemoryShares, ShareExchange};
 
-    let ledger = MemoryLedger::new(T);
-    let broker = Broker::new(Duration::ZERO);
     let exchange: Arc<dyn ShareExchange> = Arc::new(MemoryShares::default());
     let tenants = Tenants::new(
         ["greedy", "modest"]
@@ -1222,15 +1217,7 @@ async fn greedy_spread_beside_modest(mode: crate::admission::share::ShareMode) -
             .to_vec(),
     )
     .unwrap();
-    let fair = FairPolicy {
-        mode,
-        share_at: Fraction::new(0.9).unwrap(),
-        shed_at_sheddable: Fraction::new(0.8).unwrap(),
-        shed_at_default: Fraction::ONE,
-    };
-    let mut p = policy(40, false);
-    p.ttl = Duration::from_millis(250);
-    let all = start(2, &ledger, &broker, p);
+    let fair = FairPolicy { mode, ..enforced() };
     for (i, r) in all.iter().enumerate() {
         r.gate.share_among(&tenants, fair);
         r.gate.exchange_shares(Place {
@@ -1239,19 +1226,39 @@ async fn greedy_spread_beside_modest(mode: crate::admission::share::ShareMode) -
             replica: format!("replica-{i}"),
         });
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let consumer = {
-        let broker = Arc::clone(&broker);
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                let mut stored = broker.stored.lock();
-                if !stored.is_empty() {
-                    stored.remove(0);
-                }
+}
+
+/// Consumers taking the oldest message every 20 ms (50 a second), until aborted.
+fn consume_every_20_ms(broker: &Arc<Broker>) -> tokio::task::JoinHandle<()> {
+    let broker = Arc::clone(broker);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let mut stored = broker.stored.lock();
+            if !stored.is_empty() {
+                stored.remove(0);
             }
-        })
-    };
+        }
+    })
+}
+
+/// Two replicas of a queue (ceiling 40, consumers taking one message every 20 ms), with
+/// tenants sharing its room by the fleet's counts: a greedy tenant sends every 5 ms to
+/// both replicas, a modest one 10 a second to one. What fraction of the modest tenant's
+/// sends were admitted, the most the queue held, and the greedy tenant's refusals at its
+/// share.
+async fn greedy_spread_beside_modest(mode: crate::admission::share::ShareMode) -> (f64, u64, u64) {
+    use crate::admission::fair::Asker;
+    use crate::admission::tenants::{Criticality, TenantIndex};
+
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let mut p = policy(40, false);
+    p.ttl = Duration::from_millis(250);
+    let all = start(2, &ledger, &broker, p);
+    share_between_greedy_and_modest(&all, mode);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let consumer = consume_every_20_ms(&broker);
     let asker = |tenant| Asker {
         tenant: TenantIndex(tenant),
         criticality: Criticality::Default,
@@ -1475,52 +1482,17 @@ async fn issue_scenario(
     mode: crate::admission::share::ShareMode,
     seconds: u64,
 ) -> (Sent, Sent, u64) {
-    use crate::admission::exchange::Place;
-    use crate::admission::fair::{Asker, FairPolicy};
-    use crate::admission::tenants::{Criticality, Tenant, TenantIndex, Tenants};
-    use crate::coordination::shares::{MemoryShares, ShareExchange};
+    use crate::admission::fair::Asker;
+    use crate::admission::tenants::{Criticality, TenantIndex};
 
     let ledger = MemoryLedger::new(T);
     let broker = Broker::new(Duration::ZERO);
-    let exchange: Arc<dyn ShareExchange> = Arc::new(MemoryShares::default());
-    let tenants = Tenants::new(
-        ["greedy", "modest"]
-            .map(|name| Tenant {
-                name: name.into(),
-                weight: 1,
-                quota: Default::default(),
-            })
-            .to_vec(),
-    )
-    .unwrap();
-    let fair = FairPolicy {
-        mode,
-        share_at: Fraction::new(0.9).unwrap(),
-        shed_at_sheddable: Fraction::new(0.8).unwrap(),
-        shed_at_default: Fraction::ONE,
-    };
     let all = Arc::new(replicas(n, &ledger, &broker, policy(40, false)).await);
-    for (i, r) in all.iter().enumerate() {
+    for r in all.iter() {
         ledger.delay(r.fleet.replica(), Duration::from_millis(1));
-        r.gate.share_among(&tenants, fair);
-        r.gate.exchange_shares(Place {
-            exchange: Arc::clone(&exchange),
-            key: format!("{KEY}:tenants"),
-            replica: format!("replica-{i}"),
-        });
     }
-    let consumer = {
-        let broker = Arc::clone(&broker);
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                let mut stored = broker.stored.lock();
-                if !stored.is_empty() {
-                    stored.remove(0);
-                }
-            }
-        })
-    };
+    share_between_greedy_and_modest(&all, mode);
+    let consumer = consume_every_20_ms(&broker);
     let end = Instant::now() + Duration::from_secs(seconds);
     let one = {
         let (all, broker) = (Arc::clone(&all), Arc::clone(&broker));
