@@ -145,7 +145,8 @@ impl SasCredential {
 // ---------------------------------------------------------------------------------------
 
 pub enum Credential {
-    Sas(SasCredential),
+    /// Shared by both planes when they sign with one key: one cached token per queue.
+    Sas(Arc<SasCredential>),
     Entra(Arc<EntraCredential>),
 }
 

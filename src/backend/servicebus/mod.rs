@@ -79,10 +79,20 @@ impl ServiceBus {
         } else {
             None
         };
-        let credential = |plan: &CredentialPlan| match (plan, &entra) {
-            (CredentialPlan::Sas(connection), _) => {
-                Ok(Credential::Sas(SasCredential::new(connection)))
+        // The send plane's SAS signer, shared with the management plane when it signs with
+        // the same key: two caches would sign two tokens for the same calls (a depth read
+        // and a send a second apart got tokens of different expiries).
+        let send_sas = match &plan.send {
+            CredentialPlan::Sas(connection) => {
+                Some((connection, Arc::new(SasCredential::new(connection))))
             }
+            CredentialPlan::EntraId => None,
+        };
+        let credential = |plan: &CredentialPlan| match (plan, &entra) {
+            (CredentialPlan::Sas(connection), _) => Ok(Credential::Sas(match &send_sas {
+                Some((shared, sas)) if *shared == connection => Arc::clone(sas),
+                _ => Arc::new(SasCredential::new(connection)),
+            })),
             (CredentialPlan::EntraId, Some(entra)) => Ok(Credential::Entra(entra.clone())),
             (CredentialPlan::EntraId, None) => Err(ServiceBusError(
                 "Entra ID was planned but not set up".into(),
