@@ -716,15 +716,19 @@ pub(crate) fn given_trace(req: &HttpRequest) -> Option<TraceContext> {
     with_trace_headers(req, TraceContext::given)
 }
 
+/// The W3C trace context's headers, named once (a `&str` name is parsed at every lookup).
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+
 fn with_trace_headers<T>(req: &HttpRequest, f: impl FnOnce(Option<&str>, Option<&str>) -> T) -> T {
     let headers = req.headers();
-    let mut parents = headers.get_all("traceparent");
+    let mut parents = headers.get_all(TRACEPARENT);
     let parent = match (parents.next(), parents.next()) {
         (Some(one), None) => one.to_str().ok(),
         _ => None,
     };
     let states: Vec<&str> = headers
-        .get_all("tracestate")
+        .get_all(TRACESTATE)
         .filter_map(|v| v.to_str().ok())
         .collect();
     let state = (!states.is_empty()).then(|| states.join(","));
