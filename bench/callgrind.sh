@@ -17,7 +17,8 @@
 # bench/results/callgrind/ for `callgrind_annotate --inclusive=yes`.
 #
 # CALLGRIND_ENV="VAR=value ..." adds variables to sendgate's environment (reject, accept,
-# accept-fleet), e.g. comparison 13's OTEL_EXPORTER_OTLP_ENDPOINT.
+# accept-fleet), e.g. comparison 13's OTEL_EXPORTER_OTLP_ENDPOINT; CALLGRIND_SETTLE=S waits S
+# seconds after the last request before the counters are dumped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=$1 bin=$(realpath "$2") n=${3:-2000}
@@ -102,6 +103,9 @@ done
 python3 "$work/client.py" $port 200 "$token" $queue
 callgrind_control -z $vpid >/dev/null
 python3 "$work/client.py" $port "$n" "$token" $queue
+# CALLGRIND_SETTLE: seconds to wait before the dump, so work the requests left behind
+# (comparison 13: the spans' last export, up to OTEL_BSP_SCHEDULE_DELAY later) counts too.
+sleep "${CALLGRIND_SETTLE:-0}"
 callgrind_control -d $vpid >/dev/null
 sleep 1
 kill $vpid; wait $vpid 2>/dev/null || true

@@ -161,7 +161,6 @@ impl StartupError {
             // A file that is not a settings file is a setting that is wrong; one that cannot
             // be read, an environment that failed us.
             Self::Settings(crate::settings::store::SettingsStoreError::Corrupt { .. }) => 2,
-            Self::Otel(crate::otel::OtelError::Exporter(_)) => 2,
             Self::Otel(_) => 1,
             Self::Embedded(_)
             | Self::Bind { .. }

@@ -1099,3 +1099,56 @@ fn entra_callers_need_a_tenant_guid_and_an_audience_and_name_the_variable() {
         [Guid::parse("aaaaaaaa-0000-0000-0000-000000000001").unwrap()]
     );
 }
+
+#[test]
+fn otlp_headers_are_parsed_percent_decoded_sensitive_and_per_signal() {
+    let s = Settings::from_vars(&vars(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
+        (
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            " api-key = s%3Dcr%2Cet , x-tenant=a b,,",
+        ),
+        ("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "x-metrics=1"),
+    ]))
+    .unwrap();
+    let pairs = |h: &ExportHeaders| -> Vec<(String, String)> {
+        h.iter()
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+            .collect()
+    };
+    assert_eq!(
+        pairs(&s.otel.traces_headers),
+        [
+            ("api-key".to_owned(), "s=cr,et".to_owned()),
+            ("x-tenant".to_owned(), "a b".to_owned())
+        ]
+    );
+    assert!(s.otel.traces_headers.iter().all(|(_, v)| v.is_sensitive()));
+    assert_eq!(
+        pairs(&s.otel.metrics_headers),
+        [("x-metrics".to_owned(), "1".to_owned())],
+        "a signal's own headers replace the common ones"
+    );
+    let shown = format!("{:?}", s.otel);
+    assert!(
+        !shown.contains("cr") && shown.contains("api-key"),
+        "{shown}"
+    );
+
+    let unset = Settings::from_vars(&vars(&[])).unwrap();
+    assert_eq!(unset.otel.traces_headers, ExportHeaders::default());
+}
+
+#[test]
+fn a_bad_otlp_header_is_a_config_error_that_shows_no_value() {
+    for bad in ["api-key", "bad name=1", "k=v\u{7f}", "k=%0A"] {
+        let err = Settings::from_vars(&vars(&[(
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+            &format!("secret-{bad}"),
+        )]))
+        .expect_err(bad)
+        .to_string();
+        assert!(err.contains("OTEL_EXPORTER_OTLP_TRACES_HEADERS"), "{err}");
+        assert!(!err.contains("secret-"), "the value is not shown: {err}");
+    }
+}

@@ -789,7 +789,19 @@ pub const OTEL_EXPORTER_OTLP_PROTOCOL: Var = otel(
 pub const OTEL_EXPORTER_OTLP_HEADERS: Var = otel(
     "OTEL_EXPORTER_OTLP_HEADERS",
     K::Text,
-    "key=value pairs, comma-separated, sent with every export (a collector's API key); read by the OpenTelemetry SDK, as are the signals' own _HEADERS.",
+    "key=value pairs, comma-separated, values percent-encoded, sent with every export (a collector's API key).",
+)
+.secret();
+pub const OTEL_EXPORTER_OTLP_TRACES_HEADERS: Var = otel(
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    K::Text,
+    "The spans' own headers, in place of OTEL_EXPORTER_OTLP_HEADERS.",
+)
+.secret();
+pub const OTEL_EXPORTER_OTLP_METRICS_HEADERS: Var = otel(
+    "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+    K::Text,
+    "The metrics' own headers, in place of OTEL_EXPORTER_OTLP_HEADERS.",
 )
 .secret();
 pub const OTEL_EXPORTER_OTLP_TIMEOUT: Var = otel(
@@ -970,6 +982,8 @@ pub const VARIABLES: &[&Var] = &[
     &OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
     &OTEL_EXPORTER_OTLP_PROTOCOL,
     &OTEL_EXPORTER_OTLP_HEADERS,
+    &OTEL_EXPORTER_OTLP_TRACES_HEADERS,
+    &OTEL_EXPORTER_OTLP_METRICS_HEADERS,
     &OTEL_EXPORTER_OTLP_TIMEOUT,
     &OTEL_SERVICE_NAME,
     &OTEL_RESOURCE_ATTRIBUTES,

@@ -2,61 +2,58 @@
 //! only when `OTEL_EXPORTER_OTLP_ENDPOINT` (or a signal's own endpoint) is set. Unset,
 //! nothing here is built: the send routes hold `Option<Otel>` and pay one branch.
 //!
-//! - The span (`send {queue}`, kind producer) is made with the OpenTelemetry API directly,
-//!   not as a `tracing` span (see `telemetry.rs` on what those cost per request). Its parent
-//!   is the request's `traceparent`; a single send's message carries the span's own
-//!   context, so the consumer's trace continues from the send. Its attributes follow the
-//!   messaging semantic conventions, plus the admission decision (`sendgate.*`); never a
-//!   body, a property's value, a token or a key.
+//! - The span (`send {queue}`, kind producer): its parent is the request's `traceparent`,
+//!   sampled by the SDK's sampler (`OTEL_TRACES_SAMPLER`); a single send's message carries
+//!   the span's own context, so the consumer's trace continues from the send. Its
+//!   attributes follow the messaging semantic conventions, plus the admission decision
+//!   (`sendgate.*`); never a body, a property's value, a token or a key.
 //! - The metrics: `messaging.client.operation.duration` (s) and `sendgate.refusals` by
-//!   code, read by the SDK's periodic reader.
+//!   code, cumulative (`meters.rs`).
 //! - Export runs on a thread of its own with its own runtime (`sendgate-otel`): spans leave
-//!   the request path through a bounded queue (`spans.rs`: dropped and counted when full),
-//!   and every export request is bounded by `OTEL_EXPORTER_OTLP_TIMEOUT`. A slow or dead
-//!   collector never slows a send.
+//!   the request path through a bounded buffer (`spans.rs`: dropped and counted when full),
+//!   are encoded there (`encode.rs`) and posted (`client.rs`), each export bounded by
+//!   `OTEL_EXPORTER_OTLP_TIMEOUT`. A slow or dead collector never slows a send.
+//!
+//! Why not the SDK's tracer, span processor and OTLP exporter: a send's span through them
+//! cost 40 % more instructions on the 429 path (bench comparison 13: the span object, its
+//! attributes as `KeyValue`s, the metric instruments' attribute-set lookups, and on the
+//! export thread the conversion to the generated protobuf types, an allocation for every
+//! id, key and value). What a send records here is a record of plain values; the SDK still
+//! samples, generates the ids and reads the resource.
 //!
 //! What this module knows of a send comes in as plain values ([`SendRecord`]): it knows
 //! nothing of HTTP or admission.
 
 mod client;
+mod encode;
+mod meters;
+mod names;
+mod record;
 mod spans;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-use opentelemetry::metrics::{Counter, Histogram, MeterProvider as _};
-use opentelemetry::trace::{
-    Span as _, SpanBuilder, SpanContext, SpanId, SpanKind, Status, TraceContextExt as _,
-    TraceFlags, TraceId, TraceState, Tracer as _, TracerProvider as _,
+use opentelemetry::trace::TraceContextExt as _;
+use opentelemetry::trace::{SpanContext, SpanId, SpanKind, TraceFlags, TraceId, TraceState};
+use opentelemetry::Context;
+use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
+use opentelemetry_sdk::trace::{
+    IdGenerator as _, RandomIdGenerator, SamplingDecision, ShouldSample,
 };
-use opentelemetry::{Context, InstrumentationScope, KeyValue, Value};
-use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
-use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
-use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, SpanExporter as _};
 use opentelemetry_sdk::Resource;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use crate::config::OtelSettings;
 use crate::domain::{TraceContext, TraceParent};
+use crate::telemetry::EveryPeriod;
+use encode::{Origin, SpanEncoder};
+use meters::{Labels, Meters};
+pub use record::{attr, Decision, SendRecord};
+use record::{OwnedRecord, SpanRecord};
+use spans::SpanBuffer;
 pub use spans::SpanCounts;
-
-/// The attribute names used here (the semantic conventions' and sendgate's own).
-pub mod attr {
-    pub const MESSAGING_SYSTEM: &str = "messaging.system";
-    pub const MESSAGING_DESTINATION_NAME: &str = "messaging.destination.name";
-    pub const MESSAGING_OPERATION_TYPE: &str = "messaging.operation.type";
-    pub const MESSAGING_OPERATION_NAME: &str = "messaging.operation.name";
-    pub const MESSAGING_MESSAGE_ID: &str = "messaging.message.id";
-    pub const MESSAGING_BATCH_MESSAGE_COUNT: &str = "messaging.batch.message_count";
-    pub const ERROR_TYPE: &str = "error.type";
-    pub const HTTP_RESPONSE_STATUS_CODE: &str = "http.response.status_code";
-    pub const ADMISSION_OUTCOME: &str = "sendgate.admission.outcome";
-    pub const REFUSAL_REASON: &str = "sendgate.refusal.reason";
-    pub const TENANT: &str = "sendgate.tenant";
-    pub const BACKEND_ROLE: &str = "sendgate.backend";
-    pub const DRY_RUN: &str = "sendgate.dry_run";
-}
 
 /// `messaging.system` for a backend's kind: the conventions' names for Service Bus and
 /// RabbitMQ; the embedded queue (SQLite in the gateway) is none of theirs.
@@ -72,33 +69,34 @@ pub fn messaging_system(backend_kind: &str) -> &'static str {
 pub enum OtelError {
     #[error("OpenTelemetry: cannot build the exporters' HTTP client: {0}")]
     Client(String),
-    #[error("OpenTelemetry: {0}")]
-    Exporter(#[from] opentelemetry_otlp::ExporterBuildError),
     #[error("OpenTelemetry: cannot start the export thread: {0}")]
     Thread(std::io::Error),
 }
 
 /// The export pipeline, built once at start-up when an endpoint is set.
 pub struct Otel {
-    tracer: Option<SdkTracer>,
-    tracer_provider: Option<SdkTracerProvider>,
-    meter_provider: Option<SdkMeterProvider>,
-    instruments: Option<Instruments>,
+    traces: Option<Traces>,
+    meters: Option<Arc<Meters>>,
     counts: Arc<SpanCounts>,
-    exporting: Mutex<Option<spans::Exporting>>,
+    stopping: Mutex<Stopping>,
+}
+
+/// Sampling and the buffer: what a send's span needs.
+struct Traces {
+    sampler: Box<dyn ShouldSample>,
+    ids: RandomIdGenerator,
+    buffer: Arc<SpanBuffer>,
+    names: names::Names,
+}
+
+/// What [`Otel::shutdown`] stops, each once.
+#[derive(Default)]
+struct Stopping {
+    spans: Option<spans::Exporting>,
+    metrics: Option<MetricsExporting>,
     /// Ends the export thread's runtime once everything is flushed.
-    release: Mutex<Option<oneshot::Sender<()>>>,
+    release: Option<oneshot::Sender<()>>,
 }
-
-struct Instruments {
-    duration: Histogram<f64>,
-    refusals: Counter<u64>,
-}
-
-/// The semantic conventions' advice for `messaging.client.operation.duration`.
-const DURATION_BUCKETS: &[f64] = &[
-    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-];
 
 impl Otel {
     /// The pipeline `settings` ask for, or `None` when no endpoint is set (nothing built).
@@ -122,104 +120,66 @@ impl Otel {
             .timeout(settings.request_timeout)
             .build()
             .map_err(|e| OtelError::Client(e.to_string()))?;
-        // The export thread first: its runtime is made, driven and dropped there (a
-        // runtime dropped on the caller's async thread would panic). Released when this
-        // returns an error (the sender dropped) or by `shutdown`.
-        let (release, released) = oneshot::channel::<()>();
-        let (made, runtime) = std::sync::mpsc::sync_channel(1);
-        std::thread::Builder::new()
-            .name("sendgate-otel".into())
-            .spawn(move || {
-                let built = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build();
-                match built {
-                    Ok(runtime) => {
-                        let _ = made.send(Ok(runtime.handle().clone()));
-                        runtime.block_on(async move {
-                            let _ = released.await;
-                        });
-                    }
-                    Err(e) => {
-                        let _ = made.send(Err(e));
-                    }
-                }
-            })
-            .map_err(OtelError::Thread)?;
-        let runtime = runtime
-            .recv()
-            .map_err(|_| OtelError::Thread(std::io::Error::other("the export thread ended")))?
-            .map_err(OtelError::Thread)?;
-        let http = client::OnExportRuntime::new(client, runtime.clone());
-        let resource = resource();
-        let scope = InstrumentationScope::builder("sendgate")
-            .with_version(env!("CARGO_PKG_VERSION"))
-            .build();
+        let (runtime, release) = export_thread()?;
+        let origin = Origin::new(resource());
         let counts = Arc::new(SpanCounts::default());
+        let mut stopping = Stopping {
+            release: Some(release),
+            ..Stopping::default()
+        };
 
-        let mut traces = None;
-        if let Some(url) = &settings.traces_endpoint {
-            let mut exporter = opentelemetry_otlp::SpanExporter::builder()
-                .with_http()
-                .with_http_client(http.clone())
-                .with_endpoint(url)
-                .with_timeout(settings.request_timeout)
-                .build()?;
-            exporter.set_resource(&resource);
+        let traces = settings.traces_endpoint.as_ref().map(|url| {
+            let exporter = OtlpSpans {
+                poster: client::Poster::new(
+                    client.clone(),
+                    url.clone(),
+                    header_map(&settings.traces_headers),
+                ),
+                origin: origin.clone(),
+                encoder: Mutex::new(SpanEncoder::default()),
+                timeout: settings.request_timeout,
+            };
             let bounds = spans::Bounds {
                 queue: settings.queue_size,
                 batch: settings.batch_size,
                 delay: settings.schedule_delay,
                 export_timeout: settings.export_timeout,
             };
-            let (processor, exporting, task) =
-                spans::pipeline(exporter, bounds, Arc::clone(&counts));
-            // The sampler is the SDK's default, which reads OTEL_TRACES_SAMPLER(_ARG).
-            let provider = SdkTracerProvider::builder()
-                .with_span_processor(processor)
-                .with_resource(resource.clone())
-                .build();
+            let (buffer, exporting, task) = spans::pipeline(exporter, bounds, Arc::clone(&counts));
             runtime.spawn(task);
-            traces = Some((
-                provider.tracer_with_scope(scope.clone()),
-                provider,
-                exporting,
-            ));
-        }
-        let mut metrics = None;
-        if let Some(url) = &settings.metrics_endpoint {
-            let exporter = opentelemetry_otlp::MetricExporter::builder()
-                .with_http()
-                .with_http_client(http)
-                .with_endpoint(url)
-                .with_timeout(settings.request_timeout)
-                .with_temporality(Temporality::Cumulative)
-                .build()?;
-            let reader = PeriodicReader::builder(exporter)
-                .with_interval(settings.metric_interval)
-                .build();
-            let provider = SdkMeterProvider::builder()
-                .with_reader(reader)
-                .with_resource(resource)
-                .build();
-            let meter = provider.meter_with_scope(scope);
-            let instruments = Instruments {
-                duration: meter
-                    .f64_histogram("messaging.client.operation.duration")
-                    .with_unit("s")
-                    .with_description("Duration of a send request, from its arrival to its answer.")
-                    .with_boundaries(DURATION_BUCKETS.to_vec())
-                    .build(),
-                refusals: meter
-                    .u64_counter("sendgate.refusals")
-                    .with_unit("{refusal}")
-                    .with_description(
-                        "Sends the gateway refused, by error.type (the problem code).",
-                    )
-                    .build(),
-            };
-            metrics = Some((provider, instruments));
-        }
+            stopping.spans = Some(exporting);
+            Traces {
+                // The SDK's sampler as it reads OTEL_TRACES_SAMPLER(_ARG).
+                sampler: opentelemetry_sdk::trace::Config::default().sampler,
+                ids: RandomIdGenerator::default(),
+                buffer,
+                names: names::Names::default(),
+            }
+        });
+        let meters = settings.metrics_endpoint.as_ref().map(|url| {
+            let meters = Arc::new(Meters::default());
+            let poster = client::Poster::new(
+                client.clone(),
+                url.clone(),
+                header_map(&settings.metrics_headers),
+            );
+            let (stop, stopped) = oneshot::channel();
+            let (finished, done) = oneshot::channel();
+            let task = export_metrics(
+                Arc::clone(&meters),
+                poster,
+                origin.clone(),
+                settings.metric_interval,
+                settings.request_timeout,
+                stopped,
+            );
+            runtime.spawn(async move {
+                task.await;
+                let _ = finished.send(());
+            });
+            stopping.metrics = Some(MetricsExporting { stop, done });
+            meters
+        });
 
         tracing::info!(
             event = "otel_exporting",
@@ -227,22 +187,11 @@ impl Otel {
             metrics = settings.metrics_endpoint.as_deref().unwrap_or("off"),
             "exporting OpenTelemetry over OTLP/HTTP"
         );
-        let (tracer, tracer_provider, exporting) = match traces {
-            Some((t, p, e)) => (Some(t), Some(p), Some(e)),
-            None => (None, None, None),
-        };
-        let (meter_provider, instruments) = match metrics {
-            Some((p, i)) => (Some(p), Some(i)),
-            None => (None, None),
-        };
         Ok(Some(Self {
-            tracer,
-            tracer_provider,
-            meter_provider,
-            instruments,
+            traces,
+            meters,
             counts,
-            exporting: Mutex::new(exporting),
-            release: Mutex::new(Some(release)),
+            stopping: Mutex::new(stopping),
         }))
     }
 
@@ -254,144 +203,239 @@ impl Otel {
     /// A send's span, started now. `queue` is a served queue's name or `unknown`; `parent`
     /// the request's valid `traceparent` and `tracestate`, if it had one.
     pub fn start_send<'a>(&'a self, queue: &'a str, parent: Option<&TraceContext>) -> SendSpan<'a> {
-        let span = self.tracer.as_ref().map(|tracer| {
-            let name = if queue == "unknown" {
-                "send".to_owned()
-            } else {
-                format!("send {queue}")
-            };
-            let builder = SpanBuilder::from_name(name)
-                .with_kind(SpanKind::Producer)
-                .with_attributes([
-                    KeyValue::new(attr::MESSAGING_DESTINATION_NAME, queue.to_owned()),
-                    KeyValue::new(attr::MESSAGING_OPERATION_TYPE, "send"),
-                    KeyValue::new(attr::MESSAGING_OPERATION_NAME, "send"),
-                ]);
-            tracer.build_with_context(builder, &remote_parent(parent))
-        });
         SendSpan {
             otel: self,
-            span,
             queue,
             started: Instant::now(),
+            span: self.traces.as_ref().map(|t| t.start(parent)),
         }
     }
 
-    /// Flushes and stops within `within`: the metrics' last export, then the queued spans.
+    /// Flushes and stops within `within`: the metrics' last export, then the buffered spans.
     /// What cannot go in time is lost with the process; the drain never waits longer.
     pub async fn shutdown(&self, within: Duration) {
         let deadline = tokio::time::Instant::now() + within;
-        if let Some(provider) = self.meter_provider.clone() {
-            // The SDK's reader blocks its caller until its last export ends.
-            let flushed = tokio::task::spawn_blocking(move || provider.shutdown());
-            let _ = tokio::time::timeout(within / 2, flushed).await;
+        let (spans, metrics, release) = {
+            let mut stopping = self.stopping.lock();
+            (
+                stopping.spans.take(),
+                stopping.metrics.take(),
+                stopping.release.take(),
+            )
+        };
+        if let Some(metrics) = metrics {
+            let _ = metrics.stop.send(());
+            let _ = tokio::time::timeout(within / 2, metrics.done).await;
         }
-        let exporting = self.exporting.lock().take();
-        if let Some(exporting) = exporting {
-            exporting
+        if let Some(spans) = spans {
+            spans
                 .stop(deadline.saturating_duration_since(tokio::time::Instant::now()))
                 .await;
         }
-        if let Some(provider) = &self.tracer_provider {
-            let _ = provider.shutdown();
-        }
-        if let Some(release) = self.release.lock().take() {
+        if let Some(release) = release {
             let _ = release.send(());
         }
     }
 }
 
-/// The request's context as a remote parent, or none (a root span).
-fn remote_parent(parent: Option<&TraceContext>) -> Context {
-    let Some(parent) = parent else {
-        return Context::new();
-    };
-    let state = parent
-        .state
-        .as_ref()
-        .and_then(|s| s.as_str().parse::<TraceState>().ok())
-        .unwrap_or_default();
-    Context::new().with_remote_span_context(SpanContext::new(
-        TraceId::from_bytes(parent.parent.trace_id_bytes()),
-        SpanId::from_bytes(parent.parent.parent_id_bytes()),
-        TraceFlags::new(parent.parent.flags()),
-        true,
-        state,
-    ))
+/// The export thread: its runtime is made, driven and dropped there (a runtime dropped on
+/// the caller's async thread would panic). It runs until the sender is used or dropped.
+fn export_thread() -> Result<(tokio::runtime::Handle, oneshot::Sender<()>), OtelError> {
+    let (release, released) = oneshot::channel::<()>();
+    let (made, runtime) = std::sync::mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name("sendgate-otel".into())
+        .spawn(move || {
+            let built = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            match built {
+                Ok(runtime) => {
+                    let _ = made.send(Ok(runtime.handle().clone()));
+                    runtime.block_on(async move {
+                        let _ = released.await;
+                    });
+                }
+                Err(e) => {
+                    let _ = made.send(Err(e));
+                }
+            }
+        })
+        .map_err(OtelError::Thread)?;
+    let runtime = runtime
+        .recv()
+        .map_err(|_| OtelError::Thread(std::io::Error::other("the export thread ended")))?
+        .map_err(OtelError::Thread)?;
+    Ok((runtime, release))
 }
 
-/// `service.name` and the rest as the SDK reads them (`OTEL_SERVICE_NAME`,
-/// `OTEL_RESOURCE_ATTRIBUTES`); `sendgate` when neither names the service.
-fn resource() -> Resource {
-    let detected = Resource::builder().build();
-    let named = detected
-        .get(&opentelemetry::Key::from_static_str("service.name"))
-        .is_some_and(|name| !name.as_str().starts_with("unknown_service"));
-    if named {
-        detected
-    } else {
-        Resource::builder().with_service_name("sendgate").build()
+fn header_map(headers: &crate::config::ExportHeaders) -> reqwest::header::HeaderMap {
+    headers
+        .iter()
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect()
+}
+
+/// Spans to the collector: encoded on the export thread, posted.
+struct OtlpSpans {
+    poster: client::Poster,
+    origin: Origin,
+    /// Only the export task uses it: the lock is never contended.
+    encoder: Mutex<SpanEncoder>,
+    timeout: Duration,
+}
+
+impl spans::Export for OtlpSpans {
+    async fn export(&self, batch: Vec<SpanRecord>) -> Result<(), String> {
+        let body = self.encoder.lock().encode(&self.origin, &batch);
+        drop(batch);
+        self.poster.post(body, self.timeout).await
     }
 }
 
-/// How the gateway decided on a send.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
-    /// Let through to the broker (which may still have failed it).
-    Admitted,
-    /// Refused by the gateway itself.
-    Refused,
-    /// A dry run, validated.
-    Validated,
+struct MetricsExporting {
+    stop: oneshot::Sender<()>,
+    done: oneshot::Receiver<()>,
 }
 
-impl Decision {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Admitted => "admitted",
-            Self::Refused => "refused",
-            Self::Validated => "validated",
+/// Every `interval`, and once more when stopped: the totals, when any send was counted.
+async fn export_metrics(
+    meters: Arc<Meters>,
+    poster: client::Poster,
+    origin: Origin,
+    interval: Duration,
+    timeout: Duration,
+    mut stop: oneshot::Receiver<()>,
+) {
+    static FAILED: EveryPeriod = EveryPeriod::new(Duration::from_secs(60));
+    let start = unix_nanos(SystemTime::now());
+    loop {
+        let stopping = tokio::select! {
+            biased;
+            _ = &mut stop => true,
+            () = tokio::time::sleep(interval) => false,
+        };
+        let cells = meters.snapshot();
+        if !cells.is_empty() {
+            let body = encode::metrics(&origin, &cells, start, unix_nanos(SystemTime::now()));
+            if let Err(error) = poster.post(body, timeout).await {
+                if let Some(held_back) = FAILED.admit() {
+                    tracing::warn!(
+                        event = "otel_metrics_export_failed",
+                        error = %error,
+                        failures_held_back = held_back,
+                        "could not export the metrics; the next export sends the totals"
+                    );
+                }
+            }
+        }
+        if stopping {
+            return;
         }
     }
 }
 
-/// How a send was answered, in plain values: what its span and metrics say.
-#[derive(Debug, Clone, Copy)]
-pub struct SendRecord<'a> {
-    /// The backend's `messaging.system` ([`messaging_system`]).
-    pub system: &'static str,
-    /// `primary` or `fallback`, when the send was routed.
-    pub backend: Option<&'static str>,
-    pub status: u16,
-    /// The problem code of a failure or refusal (`error.type`); `None` for a success.
-    pub error: Option<&'static str>,
-    pub decision: Decision,
-    /// Why a `queue_full` was refused: `ceiling`, `criticality`, `tenant_share`, `tenant_quota`.
-    pub reason: Option<&'static str>,
-    pub message_id: Option<&'a str>,
-    /// A batch's entries.
-    pub message_count: Option<usize>,
-    pub tenant: Option<&'a str>,
+fn unix_nanos(at: SystemTime) -> u64 {
+    at.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// `service.name` and the rest as the SDK reads them (`OTEL_SERVICE_NAME`,
+/// `OTEL_RESOURCE_ATTRIBUTES`); `sendgate` when neither names the service.
+fn resource() -> opentelemetry_proto::tonic::resource::v1::Resource {
+    let detected = Resource::builder().build();
+    let named = detected
+        .get(&opentelemetry::Key::from_static_str("service.name"))
+        .is_some_and(|name| !name.as_str().starts_with("unknown_service"));
+    let resource = if named {
+        detected
+    } else {
+        Resource::builder().with_service_name("sendgate").build()
+    };
+    opentelemetry_proto::tonic::resource::v1::Resource {
+        attributes: ResourceAttributesWithSchema::from(&resource).attributes.0,
+        dropped_attributes_count: 0,
+        entity_refs: Vec::new(),
+    }
+}
+
+impl Traces {
+    /// A span's ids and sampling, from its parent's when it has one.
+    fn start(&self, parent: Option<&TraceContext>) -> Started {
+        let span_id = self.ids.new_span_id().to_bytes();
+        let (trace_id, decision) = match parent {
+            None => {
+                let trace_id = self.ids.new_trace_id();
+                let decision = self.sampler.should_sample(
+                    None,
+                    trace_id,
+                    "send",
+                    &SpanKind::Producer,
+                    &[],
+                    &[],
+                );
+                (trace_id.to_bytes(), decision.decision)
+            }
+            Some(parent) => {
+                let trace_id = TraceId::from_bytes(parent.parent.trace_id_bytes());
+                let context = Context::new().with_remote_span_context(SpanContext::new(
+                    trace_id,
+                    SpanId::from_bytes(parent.parent.parent_id_bytes()),
+                    TraceFlags::new(parent.parent.flags()),
+                    true,
+                    TraceState::NONE,
+                ));
+                let decision = self.sampler.should_sample(
+                    Some(&context),
+                    trace_id,
+                    "send",
+                    &SpanKind::Producer,
+                    &[],
+                    &[],
+                );
+                (trace_id.to_bytes(), decision.decision)
+            }
+        };
+        let sampled = decision == SamplingDecision::RecordAndSample;
+        Started {
+            trace_id,
+            span_id,
+            sampled,
+            parent: parent.map(|p| {
+                (
+                    p.parent.parent_id_bytes(),
+                    p.state.as_ref().map(|s| Box::from(s.as_str())),
+                )
+            }),
+            at: sampled.then(SystemTime::now),
+        }
+    }
+}
+
+/// A span's own context, and what its record needs when it is sampled.
+struct Started {
+    trace_id: [u8; 16],
+    span_id: [u8; 8],
+    sampled: bool,
+    parent: Option<([u8; 8], Option<Box<str>>)>,
+    /// The wall clock at the start, when sampled.
+    at: Option<SystemTime>,
 }
 
 /// A send's span, between its arrival and its answer.
 pub struct SendSpan<'a> {
     otel: &'a Otel,
-    span: Option<opentelemetry_sdk::trace::Span>,
     queue: &'a str,
     started: Instant,
+    span: Option<Started>,
 }
 
 impl SendSpan<'_> {
     /// The span's own context as the message's (`request`'s `tracestate` kept): its trace
     /// and its span id as the parent id, sampled as the span is. `None` without spans.
     pub fn trace(&self, request: &TraceContext) -> Option<TraceContext> {
-        let context = self.span.as_ref()?.span_context();
-        let parent = TraceParent::from_parts(
-            context.trace_id().to_bytes(),
-            context.span_id().to_bytes(),
-            context.is_sampled(),
-        )?;
+        let span = self.span.as_ref()?;
+        let parent = TraceParent::from_parts(span.trace_id, span.span_id, span.sampled)?;
         Some(TraceContext {
             parent,
             state: request.state.clone(),
@@ -400,84 +444,37 @@ impl SendSpan<'_> {
 
     /// Ends the span with what the answer was, and records the metrics.
     pub fn end(self, record: SendRecord<'_>) {
-        let elapsed = self.started.elapsed().as_secs_f64();
-        if let Some(mut span) = self.span {
-            if span.is_recording() {
-                span.set_attributes(span_attributes(&record));
-                if record.status >= 500 {
-                    span.set_status(Status::error(record.error.unwrap_or("error")));
-                }
-            }
-            span.end();
+        let elapsed = self.started.elapsed();
+        if let Some(meters) = &self.otel.meters {
+            let labels = Labels {
+                system: record.system,
+                error: record.error,
+                refused: record.decision == Decision::Refused,
+                reason: record.reason,
+            };
+            meters.record(self.queue, labels, elapsed.as_secs_f64());
         }
-        let Some(instruments) = &self.otel.instruments else {
+        let (Some(traces), Some(span)) = (&self.otel.traces, self.span) else {
             return;
         };
-        let queue = Value::from(self.queue.to_owned());
-        let base = [
-            KeyValue::new(attr::MESSAGING_SYSTEM, record.system),
-            KeyValue::new(attr::MESSAGING_DESTINATION_NAME, queue.clone()),
-            KeyValue::new(attr::MESSAGING_OPERATION_NAME, "send"),
-            KeyValue::new(attr::MESSAGING_OPERATION_TYPE, "send"),
-        ];
-        match record.error {
-            None => instruments.duration.record(elapsed, &base),
-            Some(code) => {
-                let [a, b, c, d] = base;
-                instruments.duration.record(
-                    elapsed,
-                    &[a, b, c, d, KeyValue::new(attr::ERROR_TYPE, code)],
-                );
-            }
-        }
-        if record.decision == Decision::Refused {
-            let code = record.error.unwrap_or("refused");
-            let mut attributes = vec![
-                KeyValue::new(attr::ERROR_TYPE, code),
-                KeyValue::new(attr::MESSAGING_DESTINATION_NAME, queue),
-            ];
-            if let Some(reason) = record.reason {
-                attributes.push(KeyValue::new(attr::REFUSAL_REASON, reason));
-            }
-            instruments.refusals.add(1, &attributes);
-        }
+        let Some(at) = span.at else {
+            return;
+        };
+        let start_unix_nanos = unix_nanos(at);
+        let (parent_id, trace_state) = match span.parent {
+            Some((id, state)) => (Some(id), state),
+            None => (None, None),
+        };
+        traces.buffer.push(SpanRecord {
+            trace_id: span.trace_id,
+            span_id: span.span_id,
+            parent_id,
+            trace_state,
+            start_unix_nanos,
+            end_unix_nanos: start_unix_nanos
+                .saturating_add(u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX)),
+            queue: traces.names.get(self.queue),
+            send: OwnedRecord::new(&record, &traces.names),
+        });
     }
-}
-
-fn span_attributes(record: &SendRecord<'_>) -> Vec<KeyValue> {
-    let mut out = Vec::with_capacity(9);
-    out.push(KeyValue::new(attr::MESSAGING_SYSTEM, record.system));
-    out.push(KeyValue::new(
-        attr::HTTP_RESPONSE_STATUS_CODE,
-        i64::from(record.status),
-    ));
-    out.push(KeyValue::new(
-        attr::ADMISSION_OUTCOME,
-        record.decision.as_str(),
-    ));
-    if record.decision == Decision::Validated {
-        out.push(KeyValue::new(attr::DRY_RUN, true));
-    }
-    if let Some(backend) = record.backend {
-        out.push(KeyValue::new(attr::BACKEND_ROLE, backend));
-    }
-    if let Some(code) = record.error {
-        out.push(KeyValue::new(attr::ERROR_TYPE, code));
-    }
-    if let Some(reason) = record.reason {
-        out.push(KeyValue::new(attr::REFUSAL_REASON, reason));
-    }
-    if let Some(id) = record.message_id {
-        out.push(KeyValue::new(attr::MESSAGING_MESSAGE_ID, id.to_owned()));
-    }
-    if let Some(n) = record.message_count {
-        out.push(KeyValue::new(
-            attr::MESSAGING_BATCH_MESSAGE_COUNT,
-            i64::try_from(n).unwrap_or(i64::MAX),
-        ));
-    }
-    if let Some(tenant) = record.tenant {
-        out.push(KeyValue::new(attr::TENANT, tenant.to_owned()));
-    }
-    out
 }

@@ -1,33 +1,31 @@
-//! Spans leave the request path through a bounded queue, and are exported in batches by a
-//! task on the export thread: a send never waits for the collector, and a span that finds
-//! the queue full is dropped and counted.
+//! Ended spans leave the request path through a bounded buffer, and are exported in
+//! batches by a task on the export thread: a send never waits for the collector, and a span
+//! that finds the buffer full is dropped and counted.
 //!
-//! Why not the SDK's `BatchSpanProcessor`: it drops on a full queue too, but keeps the count
-//! to itself (an internal log line at shutdown), and the count is what an operator needs on
-//! `/metrics` to see that the collector is slow or gone. So this processor: `on_end` is one
-//! `try_send` into a bounded channel (`OTEL_BSP_MAX_QUEUE_SIZE`), never a wait; the task
-//! sends a batch when `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` spans wait or the first of them has
-//! waited `OTEL_BSP_SCHEDULE_DELAY`, each export bounded by `OTEL_BSP_EXPORT_TIMEOUT`. One
-//! export at a time: while it waits on a slow collector the queue fills, and what does not
-//! fit is dropped, not queued without bound.
+//! On the request path a span is one [`SpanRecord`] (its ids, its times and what the send
+//! was, as plain values) pushed under a short lock, never a wait; the export task is woken
+//! only when a batch is full (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`), else it takes what waits
+//! every `OTEL_BSP_SCHEDULE_DELAY`. Encoding (`encode.rs`) and the request happen on the
+//! export thread, each export bounded by `OTEL_BSP_EXPORT_TIMEOUT`. One export at a time:
+//! while it waits on a slow collector the buffer fills, and what does not fit
+//! (`OTEL_BSP_MAX_QUEUE_SIZE`) is dropped, not queued without bound.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use opentelemetry::Context;
-use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
-use tokio::sync::{mpsc, oneshot};
-use tokio::time::Instant;
+use parking_lot::Mutex;
+use tokio::sync::{oneshot, Notify};
 
+use super::record::SpanRecord;
 use crate::telemetry::EveryPeriod;
 
 /// What became of the spans handed to export, for `/metrics`.
 #[derive(Debug, Default)]
 pub struct SpanCounts {
     exported: AtomicU64,
-    /// The queue was full (a slow or dead collector, or more spans than it takes).
+    /// The buffer was full (a slow or dead collector, or more spans than it takes).
     dropped_queue_full: AtomicU64,
     /// Their export failed or ran out of time.
     dropped_export_failed: AtomicU64,
@@ -47,7 +45,7 @@ impl SpanCounts {
     }
 }
 
-/// The queue's and the batches' bounds.
+/// The buffer's and the batches' bounds.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Bounds {
     pub(super) queue: usize,
@@ -56,37 +54,67 @@ pub(super) struct Bounds {
     pub(super) export_timeout: Duration,
 }
 
-/// The SDK's side: ended spans into the queue.
+/// The request path's side: ended spans into the buffer.
 #[derive(Debug)]
-pub(super) struct BoundedQueue {
-    queue: mpsc::Sender<SpanData>,
+pub(super) struct SpanBuffer {
+    waiting: Mutex<Vec<SpanRecord>>,
+    /// Wakes the export task when a batch is full.
+    full: Notify,
+    bounds: Bounds,
     counts: Arc<SpanCounts>,
 }
 
-impl SpanProcessor for BoundedQueue {
-    fn on_start(&self, _span: &mut Span, _cx: &Context) {}
-
-    fn on_end(&self, span: SpanData) {
-        // Recorded but not sampled (a sampler's RecordOnly): nothing to export.
-        if !span.span_context.is_sampled() {
-            return;
+impl SpanBuffer {
+    pub(super) fn new(bounds: Bounds, counts: Arc<SpanCounts>) -> Self {
+        let bounds = Bounds {
+            queue: bounds.queue.max(1),
+            batch: bounds.batch.clamp(1, bounds.queue.max(1)),
+            ..bounds
+        };
+        Self {
+            waiting: Mutex::new(Vec::with_capacity(bounds.batch)),
+            full: Notify::new(),
+            bounds,
+            counts,
         }
-        if self.queue.try_send(span).is_err() {
+    }
+
+    /// Queues `span` for export, or drops and counts it when the buffer is full.
+    pub(super) fn push(&self, span: SpanRecord) {
+        let mut waiting = self.waiting.lock();
+        if waiting.len() >= self.bounds.queue {
+            drop(waiting);
             self.counts
                 .dropped_queue_full
                 .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        waiting.push(span);
+        let batch_full = waiting.len() == self.bounds.batch;
+        drop(waiting);
+        if batch_full {
+            self.full.notify_one();
         }
     }
 
-    fn force_flush(&self) -> OTelSdkResult {
-        Ok(())
+    /// A full batch of the oldest waiting spans; when `due`, fewer if fewer wait.
+    fn take_batch(&self, due: bool) -> Vec<SpanRecord> {
+        let mut waiting = self.waiting.lock();
+        if waiting.len() > self.bounds.batch {
+            let rest = waiting.split_off(self.bounds.batch);
+            return std::mem::replace(&mut *waiting, rest);
+        }
+        if waiting.len() == self.bounds.batch || due {
+            // Room for the next batch, so the sends that fill it never grow the buffer.
+            return std::mem::replace(&mut *waiting, Vec::with_capacity(self.bounds.batch));
+        }
+        Vec::new()
     }
+}
 
-    /// The export task is stopped (and what is queued sent) by [`Exporting::stop`], within
-    /// the drain's time: nothing to wait for here.
-    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
-        Ok(())
-    }
+/// Where a batch goes: encoded and posted by the caller (`mod.rs`), or a test's fake.
+pub(super) trait Export: Send + Sync + 'static {
+    fn export(&self, batch: Vec<SpanRecord>) -> impl Future<Output = Result<(), String>> + Send;
 }
 
 /// The export task's side: stop it, and wait for what was queued to be sent.
@@ -96,94 +124,66 @@ pub(super) struct Exporting {
 }
 
 impl Exporting {
-    /// Stops taking spans, exports those queued (each batch within its deadline), and waits
-    /// for that at most `within`; what is still queued then is lost with the process.
+    /// Stops the periodic export, sends what is buffered (each batch within its deadline),
+    /// and waits for that at most `within`; what is still buffered then is lost with the
+    /// process.
     pub(super) async fn stop(self, within: Duration) -> bool {
         let _ = self.stop.send(());
         tokio::time::timeout(within, self.done).await.is_ok()
     }
 }
 
-/// The processor for the SDK, and the task to run on the export thread's runtime.
-pub(super) fn pipeline<E: SpanExporter + 'static>(
+/// The buffer for the request path, and the task to run on the export thread's runtime.
+pub(super) fn pipeline<E: Export>(
     exporter: E,
     bounds: Bounds,
     counts: Arc<SpanCounts>,
-) -> (
-    BoundedQueue,
-    Exporting,
-    impl std::future::Future<Output = ()> + Send,
-) {
-    let (queue, spans) = mpsc::channel(bounds.queue.max(1));
+) -> (Arc<SpanBuffer>, Exporting, impl Future<Output = ()> + Send) {
+    let buffer = Arc::new(SpanBuffer::new(bounds, Arc::clone(&counts)));
     let (stop, stopped) = oneshot::channel();
     let (finished, done) = oneshot::channel();
     let task = {
-        let counts = Arc::clone(&counts);
+        let buffer = Arc::clone(&buffer);
         async move {
-            export_loop(exporter, spans, stopped, bounds, &counts).await;
+            export_loop(&exporter, &buffer, stopped, &counts).await;
             let _ = finished.send(());
         }
     };
-    (
-        BoundedQueue { queue, counts },
-        Exporting { stop, done },
-        task,
-    )
+    (buffer, Exporting { stop, done }, task)
 }
 
-async fn export_loop<E: SpanExporter>(
-    exporter: E,
-    mut spans: mpsc::Receiver<SpanData>,
+async fn export_loop<E: Export>(
+    exporter: &E,
+    buffer: &SpanBuffer,
     mut stop: oneshot::Receiver<()>,
-    bounds: Bounds,
     counts: &SpanCounts,
 ) {
-    let batch_size = bounds.batch.max(1);
-    let mut batch = Vec::with_capacity(batch_size);
-    'taking: loop {
-        // The first span of a batch (or the stop).
-        tokio::select! {
+    let bounds = buffer.bounds;
+    loop {
+        let (due, stopping) = tokio::select! {
             biased;
-            _ = &mut stop => break 'taking,
-            span = spans.recv() => match span {
-                Some(span) => batch.push(span),
-                None => break 'taking,
-            },
-        }
-        // More, until the batch is full or its first span has waited the delay.
-        let due = Instant::now() + bounds.delay;
-        let mut stopping = false;
-        while batch.len() < batch_size {
-            tokio::select! {
-                biased;
-                _ = &mut stop => { stopping = true; break; }
-                () = tokio::time::sleep_until(due) => break,
-                span = spans.recv() => match span {
-                    Some(span) => batch.push(span),
-                    None => { stopping = true; break; }
-                },
+            _ = &mut stop => (true, true),
+            () = buffer.full.notified() => (false, false),
+            () = tokio::time::sleep(bounds.delay) => (true, false),
+        };
+        // Every full batch now; a partial one too when it is due (or stopping).
+        loop {
+            let batch = buffer.take_batch(due);
+            if batch.is_empty() {
+                break;
             }
+            export(exporter, batch, bounds.export_timeout, counts).await;
         }
-        export(&exporter, &mut batch, bounds.export_timeout, counts).await;
         if stopping {
-            break 'taking;
+            return;
         }
     }
-    // Stopping: no new span gets in; those queued go out.
-    spans.close();
-    while let Some(span) = spans.recv().await {
-        batch.push(span);
-        if batch.len() == batch_size {
-            export(&exporter, &mut batch, bounds.export_timeout, counts).await;
-        }
-    }
-    export(&exporter, &mut batch, bounds.export_timeout, counts).await;
 }
 
 /// One export; a failure or a timeout drops its spans (counted, logged once a minute).
-async fn export<E: SpanExporter>(
+async fn export<E: Export>(
     exporter: &E,
-    batch: &mut Vec<SpanData>,
+    batch: Vec<SpanRecord>,
     deadline: Duration,
     counts: &SpanCounts,
 ) {
@@ -192,13 +192,12 @@ async fn export<E: SpanExporter>(
         return;
     }
     let n = batch.len() as u64;
-    let spans = std::mem::take(batch);
-    let error = match tokio::time::timeout(deadline, exporter.export(spans)).await {
+    let error = match tokio::time::timeout(deadline, exporter.export(batch)).await {
         Ok(Ok(())) => {
             counts.exported.fetch_add(n, Ordering::Relaxed);
             return;
         }
-        Ok(Err(e)) => e.to_string(),
+        Ok(Err(e)) => e,
         Err(_) => format!("no answer within {} ms", deadline.as_millis()),
     };
     counts.dropped_export_failed.fetch_add(n, Ordering::Relaxed);
@@ -216,49 +215,26 @@ async fn export<E: SpanExporter>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use opentelemetry::trace::{
-        SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
-    };
-    use opentelemetry::InstrumentationScope;
-    use opentelemetry_sdk::trace::{SpanEvents, SpanLinks};
-    use std::sync::Mutex;
+    use crate::otel::record::tests::record;
 
-    /// An exporter that takes `hold` to answer, and keeps what it got.
+    /// An exporter that takes `hold` to answer, and keeps the sizes of what it got.
     #[derive(Debug, Default, Clone)]
     struct Slow {
         hold: Duration,
-        got: Arc<Mutex<Vec<usize>>>,
+        got: Arc<std::sync::Mutex<Vec<usize>>>,
     }
 
-    impl SpanExporter for Slow {
-        async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+    impl Export for Slow {
+        async fn export(&self, batch: Vec<SpanRecord>) -> Result<(), String> {
             tokio::time::sleep(self.hold).await;
-            self.got.lock().unwrap().push(batch.len());
+            self.got.lock().expect("not poisoned").push(batch.len());
             Ok(())
         }
     }
 
-    fn span(sampled: bool) -> SpanData {
-        SpanData {
-            span_context: SpanContext::new(
-                TraceId::from_bytes([1; 16]),
-                SpanId::from_bytes([2; 8]),
-                TraceFlags::default().with_sampled(sampled),
-                false,
-                TraceState::NONE,
-            ),
-            parent_span_id: SpanId::INVALID,
-            parent_span_is_remote: false,
-            span_kind: SpanKind::Producer,
-            name: "send requests".into(),
-            start_time: std::time::SystemTime::now(),
-            end_time: std::time::SystemTime::now(),
-            attributes: Vec::new(),
-            dropped_attributes_count: 0,
-            events: SpanEvents::default(),
-            links: SpanLinks::default(),
-            status: Status::Unset,
-            instrumentation_scope: InstrumentationScope::builder("t").build(),
+    impl Slow {
+        fn got(&self) -> Vec<usize> {
+            self.got.lock().expect("not poisoned").clone()
         }
     }
 
@@ -272,51 +248,77 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_full_queue_drops_and_counts_and_never_waits() {
+    async fn a_full_buffer_drops_and_counts_and_never_waits() {
         let exporter = Slow {
             hold: Duration::from_secs(3600),
             ..Slow::default()
         };
         let counts = Arc::new(SpanCounts::default());
-        let (processor, _exporting, task) = pipeline(exporter, bounds(4, 2), Arc::clone(&counts));
+        let (buffer, _exporting, task) = pipeline(exporter, bounds(4, 2), Arc::clone(&counts));
         tokio::spawn(task);
-        // The task takes the first 2 and hangs on their export; 4 more fill the queue.
-        for _ in 0..2 {
-            processor.on_end(span(true));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        for _ in 0..10 {
-            processor.on_end(span(true));
+        // The task takes the first 2 (a full batch) and hangs on their export; 4 more fill
+        // the buffer.
+        buffer.push(record(1));
+        buffer.push(record(2));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        for n in 0..10 {
+            buffer.push(record(n));
         }
         assert_eq!(counts.dropped_queue_full(), 6);
-        processor.on_end(span(false));
-        assert_eq!(
-            counts.dropped_queue_full(),
-            6,
-            "an unsampled span is not queued"
-        );
+        assert_eq!(buffer.waiting.lock().len(), 4);
     }
 
     #[tokio::test(start_paused = true)]
-    async fn batches_go_when_full_or_due_and_stopping_sends_what_is_queued() {
+    async fn a_full_batch_goes_at_once_the_rest_when_due_and_stopping_sends_what_waits() {
         let exporter = Slow::default();
-        let got = Arc::clone(&exporter.got);
         let counts = Arc::new(SpanCounts::default());
-        let (processor, exporting, task) = pipeline(exporter, bounds(100, 3), Arc::clone(&counts));
+        let (buffer, exporting, task) =
+            pipeline(exporter.clone(), bounds(100, 3), Arc::clone(&counts));
         tokio::spawn(task);
-        for _ in 0..4 {
-            processor.on_end(span(true));
+        for n in 0..4 {
+            buffer.push(record(n));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(*got.lock().unwrap(), [3], "a full batch at once");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(*got.lock().unwrap(), [3, 1], "the rest once due");
-        for _ in 0..5 {
-            processor.on_end(span(true));
+        assert_eq!(exporter.got(), [3], "a full batch at once");
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert_eq!(exporter.got(), [3, 1], "the rest once due");
+        for n in 0..5 {
+            buffer.push(record(n));
         }
+        // The fifth filled a second batch of three, which went at once.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(exporter.got(), [3, 1, 3]);
         assert!(exporting.stop(Duration::from_secs(1)).await);
-        assert_eq!(*got.lock().unwrap(), [3, 1, 3, 2]);
+        assert_eq!(exporter.got(), [3, 1, 3, 2]);
         assert_eq!(counts.exported(), 9);
+        assert_eq!(counts.dropped_queue_full(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn spans_are_exported_oldest_first_in_batches() {
+        let got = Arc::new(std::sync::Mutex::new(Vec::new()));
+        struct Keep(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl Export for Keep {
+            async fn export(&self, batch: Vec<SpanRecord>) -> Result<(), String> {
+                let ids = batch.iter().map(|s| s.span_id[0]);
+                self.0.lock().expect("not poisoned").extend(ids);
+                Ok(())
+            }
+        }
+        let counts = Arc::new(SpanCounts::default());
+        let (buffer, exporting, task) =
+            pipeline(Keep(Arc::clone(&got)), bounds(10, 4), Arc::clone(&counts));
+        // Not running yet: ten wait, in order.
+        for n in 0..10 {
+            buffer.push(record(n));
+        }
+        tokio::spawn(task);
+        assert!(exporting.stop(Duration::from_secs(1)).await);
+        assert_eq!(
+            *got.lock().expect("not poisoned"),
+            (0..10).collect::<Vec<u8>>()
+        );
+        assert_eq!(counts.exported(), 10);
     }
 
     #[tokio::test(start_paused = true)]
@@ -328,12 +330,25 @@ mod tests {
         let counts = Arc::new(SpanCounts::default());
         let mut b = bounds(100, 2);
         b.export_timeout = Duration::from_secs(1);
-        let (processor, exporting, task) = pipeline(exporter, b, Arc::clone(&counts));
+        let (buffer, exporting, task) = pipeline(exporter, b, Arc::clone(&counts));
         tokio::spawn(task);
-        processor.on_end(span(true));
-        processor.on_end(span(true));
+        buffer.push(record(1));
+        buffer.push(record(2));
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert_eq!(counts.dropped_export_failed(), 2);
-        assert!(exporting.stop(Duration::from_secs(5)).await);
+        buffer.push(record(3));
+        assert!(
+            !exporting.stop(Duration::from_millis(500)).await,
+            "still exporting"
+        );
+        assert_eq!(counts.dropped_export_failed(), 2);
+    }
+
+    #[test]
+    fn a_batch_is_never_larger_than_the_buffer() {
+        let buffer = SpanBuffer::new(bounds(3, 10), Arc::default());
+        assert_eq!(buffer.bounds.batch, 3);
+        let buffer = SpanBuffer::new(bounds(0, 0), Arc::default());
+        assert_eq!((buffer.bounds.queue, buffer.bounds.batch), (1, 1));
     }
 }

@@ -283,10 +283,11 @@ async fn without_an_endpoint_nothing_is_built_and_metrics_say_nothing_of_it() {
     assert!(!metrics.contains("sendgate_otel"), "{metrics}");
 }
 
-/// The variables the SDK reads itself (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`,
-/// `OTEL_TRACES_SAMPLER`): the real binary, whose environment they are.
+/// The specification's variables read from the environment (`OTEL_SERVICE_NAME`,
+/// `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER`, `OTEL_EXPORTER_OTLP_HEADERS`): the
+/// real binary, whose environment they are.
 #[tokio::test]
-async fn the_binary_honours_the_sdks_own_variables() {
+async fn the_binary_honours_the_specifications_variables() {
     let receiver = Receiver::start().await;
     let endpoint = receiver.endpoint();
     let dir = tempfile::tempdir().expect("a data directory");
@@ -301,6 +302,7 @@ async fn the_binary_honours_the_sdks_own_variables() {
         ("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment.name=ci"),
         ("OTEL_TRACES_SAMPLER", "parentbased_always_off"),
         ("OTEL_BSP_SCHEDULE_DELAY", "20"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=EXPORT%3DSECRET"),
     ])
     .await;
     // A sampled parent is followed; a root is not sampled (always_off).
@@ -331,6 +333,11 @@ async fn the_binary_honours_the_sdks_own_variables() {
         Some("ci")
     );
     assert!(receiver.metrics().is_empty(), "traces only");
+    assert_eq!(
+        receiver.header("/v1/traces", "api-key"),
+        ["EXPORT=SECRET"],
+        "OTEL_EXPORTER_OTLP_HEADERS, percent-decoded"
+    );
 }
 
 fn hex(bytes: &[u8]) -> String {

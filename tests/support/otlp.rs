@@ -26,6 +26,8 @@ struct Got {
     requests: u64,
     /// What was not an OTLP protobuf POST to a known path.
     bad: Vec<String>,
+    /// Each request's path and headers (names lowercased).
+    heads: Vec<(String, Vec<(String, String)>)>,
 }
 
 pub struct Receiver {
@@ -111,6 +113,18 @@ impl Receiver {
         self.got.lock().requests
     }
 
+    /// The values of header `name` (lowercase) on every request to `path`.
+    pub fn header(&self, path: &str, name: &str) -> Vec<String> {
+        self.got
+            .lock()
+            .heads
+            .iter()
+            .filter(|(p, _)| p == path)
+            .flat_map(|(_, headers)| headers.iter().filter(|(n, _)| n == name))
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
     /// Waits (at most `limit`) until `done` holds for the spans received.
     pub async fn wait_spans(&self, limit: Duration, done: impl Fn(&[Span]) -> bool) -> Vec<Span> {
         let until = tokio::time::Instant::now() + limit;
@@ -159,9 +173,15 @@ async fn serve(mut stream: TcpStream, got: Arc<Mutex<Got>>, answer: bool) {
                     .and_then(|v| v.trim().parse::<usize>().ok())
                     .unwrap_or(0);
                 let kind = header("content-type").unwrap_or_default();
+                let mut got = got.lock();
                 if method != "POST" || kind != "application/x-protobuf" {
-                    got.lock().bad.push(format!("{method} {path} {kind}"));
+                    got.bad.push(format!("{method} {path} {kind}"));
                 }
+                let all = req.headers.iter().map(|h| {
+                    let value = String::from_utf8_lossy(h.value).into_owned();
+                    (h.name.to_ascii_lowercase(), value)
+                });
+                got.heads.push((path.clone(), all.collect()));
                 break (path, length, n);
             }
             let mut chunk = [0u8; 8192];
