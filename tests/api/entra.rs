@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
+use sendgate::http::entra_auth::keys::{
+    Fetch, FetchError, HttpFetch, FETCH_TIMEOUT, MAX_DOCUMENT_BYTES,
+};
 use serde_json::{json, Value};
 
 use crate::helpers::{body_json, keys_entry, spawn_app_with, TestApp};
@@ -477,4 +480,60 @@ async fn the_served_openapi_document_declares_the_entra_scheme_and_its_discovery
         .await
         .unwrap();
     assert_eq!(doc["issuer"], s.provider.v2_issuer().as_str());
+}
+
+/// The gateway's own fetcher (`HttpFetch`) against answers no directory should give: a body
+/// that stops coming ends at the fetch's deadline, one longer than any JWKS at the size
+/// limit (declared or not, long before the deadline), a redirect is not followed. A fetch is
+/// the one in flight for every token waiting on it, so none of these may hold it longer.
+#[tokio::test]
+async fn a_jwks_that_stalls_or_is_too_large_ends_in_time_and_a_redirect_is_not_followed() {
+    let provider = OidcProvider::start(&[KEY_A]).await;
+    let fetch = HttpFetch::new().unwrap();
+    let jwks = provider.jwks_uri();
+    assert!(fetch.get(&jwks).await.is_ok(), "a JWKS as Entra serves one");
+
+    provider.set_jwks(Jwks::Stalled);
+    let started = Instant::now();
+    let stalled = fetch.get(&jwks).await;
+    let took = started.elapsed();
+    assert!(
+        matches!(stalled, Err(FetchError::Timeout { .. })),
+        "{stalled:?}"
+    );
+    assert!(
+        took >= FETCH_TIMEOUT - Duration::from_millis(100)
+            && took < FETCH_TIMEOUT + Duration::from_secs(2),
+        "{took:?}"
+    );
+
+    for hostile in [Jwks::Oversized, Jwks::Endless] {
+        provider.set_jwks(hostile);
+        let started = Instant::now();
+        let refused = fetch.get(&jwks).await;
+        let took = started.elapsed();
+        assert!(
+            matches!(refused, Err(FetchError::TooLarge { limit, .. }) if limit == MAX_DOCUMENT_BYTES),
+            "{hostile:?}: {refused:?}"
+        );
+        assert!(
+            took < Duration::from_secs(2),
+            "{hostile:?}: {took:?}, not the deadline"
+        );
+    }
+    // The provider saw the gateway hang up on each of the three.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while provider.hangups().len() < 3 {
+        assert!(Instant::now() < deadline, "{:?}", provider.hangups());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Discovery redirected, even to a path of the same host that serves the document.
+    provider.set_discovery_moved_to(Some("/moved/openid-configuration"));
+    let moved = fetch.get(&provider.discovery_url()).await;
+    assert!(
+        matches!(moved, Err(FetchError::Status { status: 302, .. })),
+        "{moved:?}"
+    );
+    assert_eq!(provider.moved_gets(), 0, "the redirect was not followed");
 }

@@ -35,19 +35,54 @@ pub const RETRY_MAX: Duration = Duration::from_secs(5 * 60);
 pub const REQUEST_WAIT: Duration = Duration::from_secs(5);
 /// One GET's deadline (connect, headers and body).
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
-/// The largest discovery document or JWKS read (Entra's JWKS is a few KiB).
+/// The largest discovery document or JWKS read (Entra's JWKS is a few KiB): a larger one is
+/// refused, by its `Content-Length` before any of it is read, else once this much arrived.
 pub const MAX_DOCUMENT_BYTES: usize = 256 * 1024;
 /// The most keys kept from one JWKS.
 pub const MAX_KEYS: usize = 64;
 
+/// Why a GET brought no document. Each names the URL (public: no secret in it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FetchError {
+    #[error("GET {url}: no complete answer within {limit:?}")]
+    Timeout { url: String, limit: Duration },
+    #[error("GET {url}: {detail}")]
+    Transport { url: String, detail: String },
+    /// Any status but `200`, a redirect included: it is not followed.
+    #[error("GET {url}: HTTP {status}")]
+    Status { url: String, status: u16 },
+    #[error("GET {url}: more than {limit} bytes")]
+    TooLarge { url: String, limit: usize },
+}
+
+/// Why a fetch brought no keys to use (logged; the keys in hand are kept).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeysError {
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
+    #[error("the discovery document does not parse: {0}")]
+    DiscoveryUnparsable(String),
+    #[error("the discovery document's issuer {issuer:?} is not of tenant {tenant}")]
+    ForeignIssuer { issuer: String, tenant: String },
+    #[error("the discovery document's jwks_uri {0:?} is not https")]
+    InsecureJwksUri(String),
+    #[error("the JWKS does not parse: {0}")]
+    JwksUnparsable(String),
+    #[error("the JWKS has no RSA signing key with a kid")]
+    NoSigningKey,
+}
+
 /// A GET of a document: the production one is [`HttpFetch`]; the unit tests script one.
 #[async_trait::async_trait]
 pub trait Fetch: Send + Sync {
-    /// The body of a `200` answer to `url`, or why not (no secret in it: the URLs are public).
-    async fn get(&self, url: &str) -> Result<Vec<u8>, String>;
+    /// The body of a `200` answer to `url`, or why not.
+    async fn get(&self, url: &str) -> Result<Vec<u8>, FetchError>;
 }
 
-/// GETs through reqwest on rustls with ring (`crate::tls`), each under [`FETCH_TIMEOUT`].
+/// GETs through reqwest on rustls with ring (`crate::tls`), each under [`FETCH_TIMEOUT`]
+/// (reqwest's own deadline, and tokio's around the whole GET: a fetch is the one in flight
+/// for every token that waits on it, so no way of hanging may outlive the deadline), at
+/// most [`MAX_DOCUMENT_BYTES`] read, no redirect followed.
 pub struct HttpFetch {
     client: reqwest::Client,
 }
@@ -68,25 +103,61 @@ impl HttpFetch {
 
 #[async_trait::async_trait]
 impl Fetch for HttpFetch {
-    async fn get(&self, url: &str) -> Result<Vec<u8>, String> {
+    async fn get(&self, url: &str) -> Result<Vec<u8>, FetchError> {
+        tokio::time::timeout(FETCH_TIMEOUT, self.get_within(url))
+            .await
+            .unwrap_or_else(|_| {
+                Err(FetchError::Timeout {
+                    url: url.to_owned(),
+                    limit: FETCH_TIMEOUT,
+                })
+            })
+    }
+}
+
+impl HttpFetch {
+    async fn get_within(&self, url: &str) -> Result<Vec<u8>, FetchError> {
+        let transport = |e: reqwest::Error| {
+            if e.is_timeout() {
+                FetchError::Timeout {
+                    url: url.to_owned(),
+                    limit: FETCH_TIMEOUT,
+                }
+            } else {
+                FetchError::Transport {
+                    url: url.to_owned(),
+                    detail: without_url(&e),
+                }
+            }
+        };
+        let too_large = || FetchError::TooLarge {
+            url: url.to_owned(),
+            limit: MAX_DOCUMENT_BYTES,
+        };
         let mut response = self
             .client
             .get(url)
             .header("Accept", "application/json")
             .send()
             .await
-            .map_err(|e| format!("GET {url}: {}", without_url(&e)))?;
+            .map_err(transport)?;
         if response.status() != reqwest::StatusCode::OK {
-            return Err(format!("GET {url}: HTTP {}", response.status().as_u16()));
+            return Err(FetchError::Status {
+                url: url.to_owned(),
+                status: response.status().as_u16(),
+            });
+        }
+        // A declared length past the limit is refused before a byte of it is read.
+        if response
+            .content_length()
+            .is_some_and(|n| n > MAX_DOCUMENT_BYTES as u64)
+        {
+            return Err(too_large());
         }
         let mut body = Vec::new();
-        while let Some(chunk) = response
-            .chunk()
-            .await
-            .map_err(|e| format!("GET {url}: {}", without_url(&e)))?
-        {
+        while let Some(chunk) = response.chunk().await.map_err(transport)? {
             if body.len() + chunk.len() > MAX_DOCUMENT_BYTES {
-                return Err(format!("GET {url}: more than {MAX_DOCUMENT_BYTES} bytes"));
+                return Err(too_large());
             }
             body.extend_from_slice(&chunk);
         }
@@ -307,7 +378,7 @@ impl KeyCache {
             };
             let body = self.fetch.get(&discovery.jwks_uri).await?;
             let keys = parse_jwks(&body)?;
-            Ok::<_, String>(KeySet {
+            Ok::<_, KeysError>(KeySet {
                 discovery,
                 keys,
                 fetched_at: Instant::now(),
@@ -341,7 +412,7 @@ impl KeyCache {
         }
     }
 
-    async fn discover(&self) -> Result<Discovery, String> {
+    async fn discover(&self) -> Result<Discovery, KeysError> {
         let body = self.fetch.get(&self.discovery_url).await?;
         parse_discovery(&body, &self.tenant, self.plain_http_allowed)
     }
@@ -394,22 +465,19 @@ pub fn parse_discovery(
     body: &[u8],
     tenant: &str,
     plain_http_allowed: bool,
-) -> Result<Discovery, String> {
-    let doc: DiscoveryDocument = serde_json::from_slice(body)
-        .map_err(|e| format!("the discovery document does not parse: {e}"))?;
+) -> Result<Discovery, KeysError> {
+    let doc: DiscoveryDocument =
+        serde_json::from_slice(body).map_err(|e| KeysError::DiscoveryUnparsable(e.to_string()))?;
     if !doc.issuer.to_ascii_lowercase().contains(tenant) {
-        return Err(format!(
-            "the discovery document's issuer {:?} is not of tenant {tenant}",
-            doc.issuer
-        ));
+        return Err(KeysError::ForeignIssuer {
+            issuer: doc.issuer,
+            tenant: tenant.to_owned(),
+        });
     }
     let secure = doc.jwks_uri.starts_with("https://")
         || (plain_http_allowed && doc.jwks_uri.starts_with("http://"));
     if !secure {
-        return Err(format!(
-            "the discovery document's jwks_uri {:?} is not https",
-            doc.jwks_uri
-        ));
+        return Err(KeysError::InsecureJwksUri(doc.jwks_uri));
     }
     Ok(Discovery {
         issuer: doc.issuer,
@@ -436,9 +504,9 @@ struct Jwk {
 /// The RSA signing keys of a JWKS by `kid` (at most [`MAX_KEYS`]); a key of another type
 /// or use, or without a `kid`, is skipped. A set with no usable key is an error: it would
 /// refuse every token, so the keys in hand are kept instead.
-pub fn parse_jwks(body: &[u8]) -> Result<HashMap<String, Arc<DecodingKey>>, String> {
+pub fn parse_jwks(body: &[u8]) -> Result<HashMap<String, Arc<DecodingKey>>, KeysError> {
     let jwks: Jwks =
-        serde_json::from_slice(body).map_err(|e| format!("the JWKS does not parse: {e}"))?;
+        serde_json::from_slice(body).map_err(|e| KeysError::JwksUnparsable(e.to_string()))?;
     let mut keys = HashMap::new();
     for jwk in jwks.keys {
         let usable = jwk.kty.as_deref() == Some("RSA")
@@ -455,7 +523,7 @@ pub fn parse_jwks(body: &[u8]) -> Result<HashMap<String, Arc<DecodingKey>>, Stri
         }
     }
     if keys.is_empty() {
-        return Err("the JWKS has no RSA signing key with a kid".into());
+        return Err(KeysError::NoSigningKey);
     }
     Ok(keys)
 }

@@ -12,7 +12,7 @@ use jsonwebtoken::{EncodingKey, Header};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
-use super::keys::{self, Fetch, ON_DEMAND_EVERY, REFRESH_EVERY, REQUEST_WAIT};
+use super::keys::{self, Fetch, FetchError, ON_DEMAND_EVERY, REFRESH_EVERY, REQUEST_WAIT};
 use super::*;
 
 const TENANT: &str = "11111111-2222-3333-4444-555555555555";
@@ -117,19 +117,23 @@ impl Directory {
 
 #[async_trait::async_trait]
 impl Fetch for Directory {
-    async fn get(&self, url: &str) -> Result<Vec<u8>, String> {
+    async fn get(&self, url: &str) -> Result<Vec<u8>, FetchError> {
         *self.gets.lock().entry(url.to_owned()).or_default() += 1;
         self.total.fetch_add(1, Ordering::SeqCst);
         let delay = *self.delay.lock();
         tokio::time::sleep(delay).await;
+        let status = |status| FetchError::Status {
+            url: url.to_owned(),
+            status,
+        };
         if self.down.load(Ordering::SeqCst) {
-            return Err("HTTP 503".into());
+            return Err(status(503));
         }
         self.documents
             .lock()
             .get(url)
             .cloned()
-            .ok_or_else(|| "HTTP 404".into())
+            .ok_or_else(|| status(404))
     }
 }
 
