@@ -9,7 +9,11 @@
 //!   [`ON_DEMAND_EVERY`] (a storm of made-up `kid`s costs the directory one request);
 //! - a background task fetches every [`REFRESH_EVERY`] (discovery and JWKS), and after a
 //!   failure retries from 1 s, doubling, up to [`RETRY_MAX`] (so a directory unreachable
-//!   at start-up is retried until it answers; until then every token is refused);
+//!   at start-up is retried until it answers; until then every token is refused); a
+//!   token's fetch in flight when the timer fires does not stand for the timer's, which
+//!   follows it (a token's reads only the JWKS, and the `jwks_uri` can move);
+//! - a token's fetch reads the JWKS where discovery last said it is, and discovery again
+//!   only when that fails (it may have moved), or while none has succeeded;
 //! - a failed fetch keeps the keys in hand: a directory that is down does not stop
 //!   callers whose keys are known, and an unknown `kid` is then refused, never let pass;
 //! - a fetch that succeeds replaces the set: a key the directory removed is gone.
@@ -221,8 +225,8 @@ pub enum Missing {
     UnknownKid,
 }
 
-/// Which fetch: the timer's fetches discovery again, a token's only the JWKS (discovery
-/// too while none has succeeded).
+/// Which fetch: the timer's reads discovery again, a token's only the JWKS (discovery too
+/// while none has succeeded, or when the JWKS is not where discovery said).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Why {
     Timer,
@@ -231,9 +235,15 @@ enum Why {
 
 type InFlight = Shared<BoxFuture<'static, bool>>;
 
+/// The fetch in flight, and whether it reads discovery first (the timer's must).
+struct Fetching {
+    fetch: InFlight,
+    discovers: bool,
+}
+
 #[derive(Default)]
 struct Refreshing {
-    in_flight: Option<InFlight>,
+    in_flight: Option<Fetching>,
     /// When a token's unknown `kid` last started a fetch.
     last_on_demand: Option<Instant>,
 }
@@ -303,7 +313,7 @@ impl KeyCache {
         let joined = {
             let mut refreshing = self.refreshing.lock();
             match &refreshing.in_flight {
-                Some(fetch) => Some(fetch.clone()),
+                Some(fetching) => Some(fetching.fetch.clone()),
                 None => {
                     let now = Instant::now();
                     let paused = refreshing
@@ -337,12 +347,13 @@ impl KeyCache {
         }
     }
 
-    /// The fetch in flight, or a new one (the timer's).
-    fn refresh(self: &Arc<Self>, why: Why) -> InFlight {
+    /// The timer's: the fetch in flight and whether it reads discovery, or a new one that
+    /// does.
+    fn refresh(self: &Arc<Self>) -> (InFlight, bool) {
         let mut refreshing = self.refreshing.lock();
         match &refreshing.in_flight {
-            Some(fetch) => fetch.clone(),
-            None => self.start(&mut refreshing, why),
+            Some(fetching) => (fetching.fetch.clone(), fetching.discovers),
+            None => (self.start(&mut refreshing, Why::Timer), true),
         }
     }
 
@@ -353,38 +364,55 @@ impl KeyCache {
     fn start(self: &Arc<Self>, refreshing: &mut Refreshing, why: Why) -> InFlight {
         self.fetches
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Read here, under the lock, so what is recorded is what the task does (no other
+        // fetch can change the keys in hand before it runs: this one is the only one).
+        let known = match why {
+            Why::Timer => None,
+            Why::UnknownKid => self
+                .current
+                .load()
+                .as_ref()
+                .map(|set| set.discovery.clone()),
+        };
+        let discovers = known.is_none();
         let this = Arc::clone(self);
         let fetching = async move {
             let _done = NoneInFlight(Arc::clone(&this));
-            this.fetch_now(why).await
+            this.fetch_now(why, known).await
         };
         let task = match &self.runtime {
             Some(runtime) => runtime.spawn(fetching),
             None => tokio::spawn(fetching),
         };
         let fetch = async move { task.await.unwrap_or(false) }.boxed().shared();
-        refreshing.in_flight = Some(fetch.clone());
+        refreshing.in_flight = Some(Fetching {
+            fetch: fetch.clone(),
+            discovers,
+        });
         fetch
     }
 
-    /// Discovery (by the timer, or while none has succeeded) and the JWKS; the keys in hand
-    /// are replaced only by a set that parsed, and kept on any failure.
-    async fn fetch_now(&self, why: Why) -> bool {
-        let known = self.current.load_full().map(|set| set.discovery.clone());
-        let result = async {
-            let discovery = match (why, known) {
-                (Why::UnknownKid, Some(known)) => known,
-                _ => self.discover().await?,
-            };
-            let body = self.fetch.get(&discovery.jwks_uri).await?;
-            let keys = parse_jwks(&body)?;
-            Ok::<_, KeysError>(KeySet {
-                discovery,
-                keys,
-                fetched_at: Instant::now(),
-            })
-        }
-        .await;
+    /// Discovery (unless `known` is given: a token's fetch with keys in hand) and the JWKS;
+    /// the keys in hand are replaced only by a set that parsed, and kept on any failure.
+    async fn fetch_now(&self, why: Why, known: Option<Discovery>) -> bool {
+        let result = match known {
+            None => match self.discover().await {
+                Ok(discovery) => self.jwks(discovery).await,
+                Err(e) => Err(e),
+            },
+            Some(known) => match self.jwks(known.clone()).await {
+                Ok(set) => Ok(set),
+                // Not where discovery said: it may have moved. Ask discovery, and the new
+                // place if it names one (the same place just failed: not asked twice).
+                Err(failed) => match self.discover().await {
+                    Ok(discovery) if discovery.jwks_uri != known.jwks_uri => {
+                        self.jwks(discovery).await
+                    }
+                    Ok(_) => Err(failed),
+                    Err(e) => Err(e),
+                },
+            },
+        };
         match result {
             Ok(set) => {
                 let kids: Vec<&str> = set.keys.keys().map(String::as_str).collect();
@@ -412,6 +440,15 @@ impl KeyCache {
         }
     }
 
+    async fn jwks(&self, discovery: Discovery) -> Result<KeySet, KeysError> {
+        let body = self.fetch.get(&discovery.jwks_uri).await?;
+        Ok(KeySet {
+            keys: parse_jwks(&body)?,
+            discovery,
+            fetched_at: Instant::now(),
+        })
+    }
+
     async fn discover(&self) -> Result<Discovery, KeysError> {
         let body = self.fetch.get(&self.discovery_url).await?;
         parse_discovery(&body, &self.tenant, self.plain_http_allowed)
@@ -432,10 +469,18 @@ impl Drop for NoneInFlight {
 async fn keep_fresh(cache: Weak<KeyCache>) {
     let mut failures: u32 = 0;
     loop {
-        let Some(fetch) = cache.upgrade().map(|c| c.refresh(Why::Timer)) else {
-            return;
+        let fetched = loop {
+            let Some((fetch, discovers)) = cache.upgrade().map(|c| c.refresh()) else {
+                return;
+            };
+            let fetched = fetch.await;
+            // A token's fetch (the JWKS alone) was in flight: it is over, and the timer's
+            // own, discovery first, starts now (the jwks_uri can move).
+            if discovers {
+                break fetched;
+            }
         };
-        let pause = if fetch.await {
+        let pause = if fetched {
             failures = 0;
             REFRESH_EVERY
         } else {
