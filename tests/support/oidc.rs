@@ -80,6 +80,34 @@ impl TestKey {
     pub fn sign(&self, claims: &Value) -> String {
         self.sign_as(self.kid, claims)
     }
+
+    /// `claims` signed by this key, padded (a `pad` claim, and the header's `cty` when the
+    /// payload's base64 cannot land on it) to exactly `len` characters.
+    pub fn sign_to_length(&self, claims: &Value, len: usize) -> String {
+        for cty in 0..4 {
+            let mut header = Header::new(Algorithm::RS256);
+            header.kid = Some(self.kid.to_owned());
+            header.cty = (cty > 0).then(|| "x".repeat(cty));
+            let sign = |pad: usize| {
+                let mut claims = claims.clone();
+                claims["pad"] = Value::String("p".repeat(pad));
+                jsonwebtoken::encode(&header, &claims, &EncodingKey::from_rsa_der(self.der))
+                    .expect("a signed token")
+            };
+            let bare = sign(0).len();
+            // Base64 makes 4 characters of 3 bytes: start a little short and walk up.
+            let mut pad = (len.saturating_sub(bare) * 3 / 4).saturating_sub(4);
+            loop {
+                let token = sign(pad);
+                match token.len().cmp(&len) {
+                    std::cmp::Ordering::Equal => return token,
+                    std::cmp::Ordering::Greater => break,
+                    std::cmp::Ordering::Less => pad += 1,
+                }
+            }
+        }
+        panic!("no padding lands on {len} characters")
+    }
 }
 
 fn now() -> u64 {

@@ -233,6 +233,19 @@ async fn every_claim_that_is_wrong_is_refused_for_its_reason() {
             Refusal::Issuer,
         ),
         (with(v2_claims(), "ver", json!("3.0")), Refusal::Issuer),
+        // A v1 token of another tenant without a tid: its issuer alone refuses it.
+        (
+            {
+                let mut claims = with(
+                    v1_claims(),
+                    "iss",
+                    json!(format!("https://sts.windows.net/{OTHER_TENANT}/")),
+                );
+                claims.as_object_mut().unwrap().remove("tid");
+                claims
+            },
+            Refusal::Issuer,
+        ),
         (with(v2_claims(), "ver", Value::Null), Refusal::Issuer),
         (
             with(v2_claims(), "tid", json!(OTHER_TENANT)),
