@@ -503,7 +503,7 @@ struct DiscoveryDocument {
     jwks_uri: String,
 }
 
-/// The discovery document: its issuer must name the tenant asked for (a document of
+/// The discovery document: its issuer must be the tenant's v2 issuer (a document of
 /// another directory is refused), and its `jwks_uri` must be https (http only when the
 /// authority is a loopback stub).
 pub fn parse_discovery(
@@ -513,7 +513,7 @@ pub fn parse_discovery(
 ) -> Result<Discovery, KeysError> {
     let doc: DiscoveryDocument =
         serde_json::from_slice(body).map_err(|e| KeysError::DiscoveryUnparsable(e.to_string()))?;
-    if !doc.issuer.to_ascii_lowercase().contains(tenant) {
+    if !is_tenants_issuer(&doc.issuer, tenant, plain_http_allowed) {
         return Err(KeysError::ForeignIssuer {
             issuer: doc.issuer,
             tenant: tenant.to_owned(),
@@ -528,6 +528,32 @@ pub fn parse_discovery(
         issuer: doc.issuer,
         jwks_uri: doc.jwks_uri,
     })
+}
+
+/// Whether `issuer` is `{scheme}://{host}[/{path}]/{tenant}/v2.0`, Entra ID's v2 issuer
+/// of `tenant`: the tenant is the path's segment before the last, exactly (a GUID, in any
+/// case), and nothing else of the URL names it (no user, query or fragment). Containing
+/// the tenant somewhere is not enough: `/{tenant}-x/`, a host `{tenant}.example` or a query
+/// `?tenant={tenant}` would.
+fn is_tenants_issuer(issuer: &str, tenant: &str, plain_http_allowed: bool) -> bool {
+    let Ok(url) = reqwest::Url::parse(issuer) else {
+        return false;
+    };
+    let scheme_ok = url.scheme() == "https" || (plain_http_allowed && url.scheme() == "http");
+    let bare = url.host_str().is_some()
+        && url.username().is_empty()
+        && url.password().is_none()
+        && url.query().is_none()
+        && url.fragment().is_none();
+    let segments: Vec<&str> = url
+        .path_segments()
+        .map(Iterator::collect)
+        .unwrap_or_default();
+    let names_tenant = matches!(
+        segments.as_slice(),
+        [.., segment, "v2.0"] if segment.eq_ignore_ascii_case(tenant)
+    );
+    scheme_ok && bare && names_tenant
 }
 
 #[derive(Deserialize)]

@@ -622,6 +622,47 @@ fn discovery_must_name_the_tenant_and_publish_keys_over_https() {
 }
 
 #[test]
+fn discovery_names_the_tenant_as_its_issuers_own_path_segment_not_anywhere_in_it() {
+    let parse = |issuer: &str, plain: bool| {
+        let doc = json!({"issuer": issuer, "jwks_uri": jwks_url()}).to_string();
+        keys::parse_discovery(doc.as_bytes(), TENANT, plain)
+    };
+    for good in [
+        v2_issuer(),
+        format!("https://login.example/some/path/{TENANT}/v2.0"),
+    ] {
+        assert!(parse(&good, false).is_ok(), "{good}");
+    }
+    assert!(parse(&format!("http://127.0.0.1:4000/{TENANT}/v2.0"), true).is_ok());
+    for foreign in [
+        format!("{AUTHORITY}/{TENANT}-x/v2.0"),
+        format!("{AUTHORITY}/x{TENANT}/v2.0"),
+        format!("{AUTHORITY}/{TENANT}{TENANT}/v2.0"),
+        format!("https://{TENANT}.evil.example/common/v2.0"),
+        format!("{AUTHORITY}/common/v2.0?tenant={TENANT}"),
+        format!("{AUTHORITY}/common/v2.0#{TENANT}"),
+        format!("{AUTHORITY}/common/v2.0/{TENANT}"),
+        format!("{AUTHORITY}/{OTHER_TENANT}/v2.0/{TENANT}/v2.0/x"),
+        format!("{AUTHORITY}/{TENANT}/v2.0/"),
+        format!("{AUTHORITY}/{TENANT}/v1.0"),
+        format!("{AUTHORITY}/{TENANT}/V2.0"),
+        format!("{AUTHORITY}/{TENANT}"),
+        format!("https://user:{TENANT}@login.example/common/v2.0"),
+        format!("ftp://login.example/{TENANT}/v2.0"),
+        format!("http://login.example/{TENANT}/v2.0"),
+        format!("{TENANT}/v2.0"),
+    ] {
+        assert!(
+            matches!(
+                parse(&foreign, false),
+                Err(keys::KeysError::ForeignIssuer { .. })
+            ),
+            "{foreign}"
+        );
+    }
+}
+
+#[test]
 fn a_jwks_keeps_only_rsa_signing_keys_with_a_kid() {
     let mut enc = jwk(KEY_B, "enc");
     enc["use"] = json!("enc");
