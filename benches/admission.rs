@@ -43,7 +43,7 @@ use sendgate::config::{CapacitySettings, Settings};
 use sendgate::config::{EntraCallersSettings, Guid};
 use sendgate::domain::{MessageId, QueueName};
 use sendgate::http::auth::{token_digest, Authenticator, Permission};
-use sendgate::http::entra_auth::keys::Fetch;
+use sendgate::http::entra_auth::keys::{Fetch, FetchError};
 use sendgate::http::entra_auth::EntraVerifier;
 use sendgate::lifecycle::Lifecycle;
 
@@ -173,7 +173,7 @@ struct Directory;
 
 #[async_trait]
 impl Fetch for Directory {
-    async fn get(&self, url: &str) -> Result<Vec<u8>, String> {
+    async fn get(&self, url: &str) -> Result<Vec<u8>, FetchError> {
         use base64::Engine as _;
         let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
         let body = if url.ends_with("openid-configuration") {

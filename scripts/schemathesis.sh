@@ -23,6 +23,20 @@
 # `ignored_auth` must find no route that asks for a token it does not check (POST
 # /admin/drain and the breakers left out, as above).
 #
+# Three more passes, split as the first three, run against a third gateway with
+# Microsoft Entra ID callers on (contract section 5), pointed at scripts/oidc_provider.py:
+# a local OpenID provider on loopback (discovery, JWKS, a client credentials token
+# endpoint) signing with a committed test key (tests/data/oidc). The tokens schemathesis
+# sends are that provider's, fetched like a client fetches them; the gateway verifies them
+# against the JWKS it discovered. API keys are on beside Entra ID: schemathesis 4.32.5
+# derives a credential to remove or forge only from `http` and `apiKey` schemes, so against
+# a document declaring `openIdConnect` alone its ignored_auth check would probe nothing;
+# with `bearer` beside `entra` it removes the Entra token and forges another, and must get
+# 401 each time (tried: a gateway built to let a tokenless request in passed against the
+# Entra-only document and failed against this one). The document's `entra` scheme is checked to be OpenID Connect with the
+# provider's discovery URL (the Entra-only document, `entra` alone, is
+# tests/api/openapi.rs's and src/http/openapi.rs's).
+#
 # schemathesis lives in a project-local virtualenv (.venv-schemathesis/, git- and
 # docker-ignored), installed from PyPI on first use, pinned.
 set -euo pipefail
@@ -39,13 +53,15 @@ ensure_venv "$VENV" "${PACKAGES[@]}"
 
 echo "-- building sendgate"
 cargo build --quiet --bin sendgate
-BINARY=target/debug/sendgate
+BINARY="${CARGO_TARGET_DIR:-target}/debug/sendgate"
 
 WORK=$(mktemp -d)
 PID=""
 OPEN_PID=""
+ENTRA_PID=""
+OIDC_PID=""
 cleanup() {
-    for pid in $PID $OPEN_PID; do
+    for pid in $PID $OPEN_PID $ENTRA_PID $OIDC_PID; do
         kill "$pid" 2>/dev/null || true
         wait "$pid" 2>/dev/null || true
     done
@@ -141,13 +157,107 @@ if ! kill -0 "$OPEN_PID" 2>/dev/null; then
     failed=1
 fi
 
+# The Entra ID gateway: its provider first (one test key, two applications and their
+# app roles, as an Entra ID app registration assigns them), then the gateway pointed at it.
+TENANT=11111111-2222-3333-4444-555555555555
+AUDIENCE=api://sendgate
+ENTRA_ADMIN_APP=aaaaaaaa-0000-0000-0000-00000000000a
+ENTRA_SENDER_APP=aaaaaaaa-0000-0000-0000-00000000000b
+echo "-- starting the OpenID provider (log: $WORK/oidc.log)"
+"$VENV/bin/python" scripts/oidc_provider.py --key tests/data/oidc/key-a.der --kid key-a \
+    --tenant "$TENANT" --audience "$AUDIENCE" --ready-file "$WORK/oidc.authority" \
+    --app "$ENTRA_ADMIN_APP=Sendgate.Admin" --app "$ENTRA_SENDER_APP=Sendgate.Sender" \
+    2>"$WORK/oidc.log" &
+OIDC_PID=$!
+for _ in $(seq 1 100); do
+    [ -s "$WORK/oidc.authority" ] && break
+    kill -0 "$OIDC_PID" 2>/dev/null || break
+    sleep 0.1
+done
+[ -s "$WORK/oidc.authority" ] || { cat "$WORK/oidc.log"; echo "schemathesis: the OpenID provider did not start"; exit 1; }
+AUTHORITY=$(cat "$WORK/oidc.authority")
+# A client credentials grant, as an application asks Entra ID for a token to this API.
+entra_token() {
+    curl -fsS "$AUTHORITY/$TENANT/oauth2/v2.0/token" -d grant_type=client_credentials \
+        -d "client_id=$1" --data-urlencode "scope=$AUDIENCE/.default" |
+        "$VENV/bin/python" -c 'import json, sys; print(json.load(sys.stdin)["access_token"])'
+}
+ENTRA_ADMIN_TOKEN=$(entra_token "$ENTRA_ADMIN_APP")
+ENTRA_SENDER_TOKEN=$(entra_token "$ENTRA_SENDER_APP")
+# The sender application has an [[apps]] entry (the queue `requests`, a tenant of its own);
+# the admin application none: named by its id, every queue (contract section 5). The key
+# is there so the document declares `bearer` beside `entra` (see above); its token is
+# never sent.
+{
+    key entra-unused-key "$(token)" sender
+    printf '[[apps]]\nname = "fuzz-sender-app"\napp_id = "%s"\nqueues = ["requests"]\ntenant = "apps"\n' \
+        "$ENTRA_SENDER_APP"
+} >"$WORK/entra-keys.toml"
+ENTRA_PORT=$(free_port)
+ENTRA_BASE="http://127.0.0.1:$ENTRA_PORT"
+start_gateway sendgate-entra "$ENTRA_PORT" SENDGATE_API_KEYS_FILE="$WORK/entra-keys.toml" \
+    SENDGATE_ENTRA_TENANT_ID="$TENANT" SENDGATE_ENTRA_AUDIENCE="$AUDIENCE" \
+    SENDGATE_ENTRA_AUTHORITY="$AUTHORITY" \
+    SENDGATE_ENTRA_ALLOWED_APPS="$ENTRA_ADMIN_APP,$ENTRA_SENDER_APP"
+ENTRA_PID=$STARTED
+# Ready does not wait for the keys (fetched in the background): a send with the sender's
+# token is 201 once the gateway has discovered the provider and fetched its JWKS.
+entra_ready=0
+for _ in $(seq 1 100); do
+    status=$(curl -sS -o /dev/null -w '%{http_code}' -X POST "$ENTRA_BASE/v1/queues/requests/messages" \
+        -H "Authorization: Bearer $ENTRA_SENDER_TOKEN" -H 'Content-Type: application/json' -d '{}' || true)
+    if [ "$status" = 201 ]; then entra_ready=1; break; fi
+    sleep 0.1
+done
+if [ "$entra_ready" -ne 1 ]; then
+    echo "schemathesis: the Entra ID gateway never accepted the provider's token (last: $status)"
+    failed=1
+fi
+if ! curl -fsS -o "$WORK/entra.json" "$ENTRA_BASE/openapi.json"; then
+    echo "schemathesis: the Entra ID gateway did not serve its document"
+    failed=1
+fi
+# The document names the provider as an OpenID Connect scheme, required beside `bearer`,
+# and the discovery URL it names is the one the gateway read.
+if ! "$VENV/bin/python" - "$WORK/entra.json" "$AUTHORITY/$TENANT/v2.0/.well-known/openid-configuration" <<'PY'
+import json, sys, urllib.request
+doc = json.load(open(sys.argv[1]))
+entra = doc["components"]["securitySchemes"]["entra"]
+assert entra["type"] == "openIdConnect", entra
+assert entra["openIdConnectUrl"] == sys.argv[2], entra
+assert doc["security"] == [{"bearer": []}, {"entra": []}], doc["security"]
+assert json.load(urllib.request.urlopen(sys.argv[2]))["jwks_uri"]
+PY
+then
+    echo "schemathesis: the Entra ID gateway's document does not declare its OpenID Connect scheme"
+    failed=1
+fi
+ENTRA_RUN=("${SCHEMATHESIS[@]}")
+ENTRA_RUN[4]="$ENTRA_BASE/openapi.json"
+echo "-- schemathesis: Entra ID, every route but POST /admin/drain and the breakers, as Sendgate.Admin"
+"${ENTRA_RUN[@]}" -H "Authorization: Bearer $ENTRA_ADMIN_TOKEN" \
+    --exclude-path /admin/drain --exclude-path '/admin/breakers/{backend}' || failed=1
+echo "-- schemathesis: Entra ID, POST /admin/drain, /health/detailed, /metrics as Sendgate.Sender (403)"
+"${ENTRA_RUN[@]}" -H "Authorization: Bearer $ENTRA_SENDER_TOKEN" \
+    --include-path /admin/drain --include-path /health/detailed --include-path /metrics || failed=1
+echo "-- schemathesis: Entra ID, POST /admin/breakers/{backend} as Sendgate.Admin"
+"${ENTRA_RUN[@]}" -H "Authorization: Bearer $ENTRA_ADMIN_TOKEN" \
+    --include-path '/admin/breakers/{backend}' || failed=1
+if ! kill -0 "$ENTRA_PID" 2>/dev/null; then
+    echo "schemathesis: the Entra ID gateway exited during the run"
+    failed=1
+fi
+
 if ! kill -0 "$PID" 2>/dev/null; then
     echo "schemathesis: the gateway exited during the run"
     failed=1
 fi
 if [ "$failed" -ne 0 ]; then
-    echo "-- gateway log (last 40 lines)"
-    tail -n 40 "$WORK/sendgate.log"
+    for name in sendgate sendgate-open sendgate-entra oidc; do
+        [ -f "$WORK/$name.log" ] || continue
+        echo "-- $name log (last 40 lines)"
+        tail -n 40 "$WORK/$name.log"
+    done
     echo "schemathesis: FAILED"
     exit 1
 fi

@@ -110,7 +110,17 @@ pub(super) fn parse(layers: &Layers) -> Result<Option<EntraCallersSettings>, Con
         ));
     }
     let authority = parse_authority(layers.value(&v::ENTRA_AUTHORITY).unwrap_or(PUBLIC_CLOUD))?;
+    // Unset means every application of the tenant: an empty value, which would read as
+    // unset (every other variable's does), or a list of nothing but commas must not open
+    // the gateway to all of them, nor be taken to mean "none" (every token refused).
+    let names_none = || {
+        ConfigError::other(
+            &v::ENTRA_ALLOWED_APPS,
+            "is set but names no application: list the client ids (GUIDs, comma-separated) whose tokens are accepted, or unset it to accept every application of the tenant",
+        )
+    };
     let allowed_apps = match layers.raw(&v::ENTRA_ALLOWED_APPS) {
+        None if layers.is_given_empty(&v::ENTRA_ALLOWED_APPS) => return Err(names_none()),
         None => None,
         Some(_) => {
             let mut apps = Vec::new();
@@ -125,6 +135,9 @@ pub(super) fn parse(layers: &Layers) -> Result<Option<EntraCallersSettings>, Con
                 if !apps.contains(&id) {
                     apps.push(id);
                 }
+            }
+            if apps.is_empty() {
+                return Err(names_none());
             }
             Some(apps)
         }

@@ -15,6 +15,9 @@ use super::vars::{self, Kind, Side, Unit, Var, VARIABLES};
 
 pub struct Layers {
     values: HashMap<&'static str, String>,
+    /// The variables a layer gave with an empty value (unset in that layer): for the few
+    /// whose unset meaning is the permissive one, where an empty value must not pass for it.
+    blank: std::collections::HashSet<&'static str>,
 }
 
 impl Layers {
@@ -39,11 +42,18 @@ impl Layers {
             check_toml(path, &text)?;
             builder = builder.add_source(config::File::from_str(&text, config::FileFormat::Toml));
         }
+        let mut blank = std::collections::HashSet::new();
         for v in server() {
-            if let Some(value) = env.get(v.name).filter(|s| !s.trim().is_empty()) {
-                builder = builder
-                    .set_override(v.toml_key(), value.as_str())
-                    .map_err(|e| ConfigError::File(e.to_string()))?;
+            match env.get(v.name) {
+                Some(value) if !value.trim().is_empty() => {
+                    builder = builder
+                        .set_override(v.toml_key(), value.as_str())
+                        .map_err(|e| ConfigError::File(e.to_string()))?;
+                }
+                Some(_) => {
+                    blank.insert(v.name);
+                }
+                None => {}
             }
         }
         let table: HashMap<String, config::Value> = builder
@@ -70,6 +80,9 @@ impl Layers {
                     .into_string()
                     .map_err(|e| ConfigError::other(v, e.to_string()))?,
             };
+            if text.trim().is_empty() {
+                blank.insert(v.name);
+            }
             values.insert(v.name, text);
         }
         // The OpenTelemetry specification's variables come from the environment alone.
@@ -78,7 +91,7 @@ impl Layers {
                 values.insert(v.name, value.clone());
             }
         }
-        Ok(Self { values })
+        Ok(Self { values, blank })
     }
 
     /// The value set in the file or the environment, trimmed; `None` when unset.
@@ -92,6 +105,12 @@ impl Layers {
     /// Whether the file or the environment sets `var`.
     pub fn is_set(&self, var: &'static Var) -> bool {
         self.raw(var).is_some()
+    }
+
+    /// Whether the file or the environment gives `var` with an empty value (so it reads as
+    /// unset, unless another layer sets it).
+    pub fn is_given_empty(&self, var: &'static Var) -> bool {
+        self.blank.contains(var.name)
     }
 
     /// The value set, or the declared default.

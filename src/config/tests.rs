@@ -119,6 +119,60 @@ fn non_loopback_without_keys_refuses_unless_auth_none() {
     assert!(err.to_string().starts_with("SENDGATE_AUTH:"), "{err}");
 }
 
+/// `SENDGATE_ENTRA_ALLOWED_APPS` set but naming no application stops start-up: unset means
+/// "every application of the tenant", so an empty value read as unset (as every other
+/// variable's is) would open the gateway to all of them without a word, and read as "none"
+/// would refuse every token. Neither is what someone who set it meant; they are told.
+#[test]
+fn allowed_apps_set_but_empty_is_refused_never_read_as_every_application() {
+    const TENANT: &str = "11111111-2222-3333-4444-555555555555";
+    let base = [
+        ("SENDGATE_LISTEN", "0.0.0.0:8080"),
+        ("SENDGATE_ENTRA_TENANT_ID", TENANT),
+        ("SENDGATE_ENTRA_AUDIENCE", "api://sendgate"),
+    ];
+    // SENDGATE_CONFIG names the file whose text the file cases give.
+    let mut with_file = base.to_vec();
+    with_file.push(("SENDGATE_CONFIG", "sendgate.toml"));
+    for empty in ["", "   ", ",", " , ,"] {
+        let mut pairs = base.to_vec();
+        pairs.push(("SENDGATE_ENTRA_ALLOWED_APPS", empty));
+        let e = Settings::from_vars(&vars(&pairs)).unwrap_err();
+        assert_eq!(
+            e.variable(),
+            Some("SENDGATE_ENTRA_ALLOWED_APPS"),
+            "{empty:?}"
+        );
+        assert!(e.to_string().contains("names no application"), "{e}");
+    }
+    for file in ["entra_allowed_apps = \"\"\n", "entra_allowed_apps = []\n"] {
+        let e = Settings::from_vars_and_file(&vars(&with_file), file).unwrap_err();
+        assert_eq!(
+            e.variable(),
+            Some("SENDGATE_ENTRA_ALLOWED_APPS"),
+            "{file:?}"
+        );
+    }
+    // An empty value in the environment over a list in the file: the file's list (an
+    // empty value is unset in its layer), which opens nothing.
+    let mut pairs = with_file.clone();
+    pairs.push(("SENDGATE_ENTRA_ALLOWED_APPS", ""));
+    let s = Settings::from_vars_and_file(
+        &vars(&pairs),
+        "entra_allowed_apps = [\"aaaaaaaa-0000-0000-0000-000000000001\"]\n",
+    )
+    .unwrap();
+    let AuthSettings::Callers {
+        entra: Some(entra), ..
+    } = s.auth
+    else {
+        panic!("{:?}", s.auth);
+    };
+    assert_eq!(entra.allowed_apps.map(|a| a.len()), Some(1));
+    // Without the tenant, an empty value stays the harmless nothing it was.
+    assert!(Settings::from_vars(&vars(&[("SENDGATE_ENTRA_ALLOWED_APPS", "")])).is_ok());
+}
+
 #[test]
 fn file_layer_sits_between_defaults_and_environment() {
     let dir = tempfile::tempdir().unwrap();

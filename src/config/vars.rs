@@ -576,7 +576,7 @@ pub const ENTRA_ALLOWED_APPS: Var = Var::server(
     "SENDGATE_ENTRA_ALLOWED_APPS",
     G::Auth,
     K::Text,
-    "Comma-separated client ids (GUIDs): the only applications whose tokens are accepted; every [[apps]] entry must be among them. Unset: every application of the tenant with a Sendgate role.",
+    "Comma-separated client ids (GUIDs): the only applications whose tokens are accepted; every [[apps]] entry must be among them. Unset: every application of the tenant with a Sendgate role; set but naming none (empty): start-up refused.",
 )
 .unset("every application of the tenant");
 

@@ -1106,7 +1106,7 @@ mod tests {
     mod apps {
         use super::*;
         use crate::config::EntraCallersSettings;
-        use crate::http::entra_auth::keys::Fetch;
+        use crate::http::entra_auth::keys::{Fetch, FetchError};
         use crate::http::entra_auth::TokenVersion;
 
         const APP: &str = "aaaaaaaa-0000-0000-0000-000000000001";
@@ -1117,8 +1117,11 @@ mod tests {
 
         #[async_trait::async_trait]
         impl Fetch for Unreachable {
-            async fn get(&self, _: &str) -> Result<Vec<u8>, String> {
-                Err("not in these tests".into())
+            async fn get(&self, url: &str) -> Result<Vec<u8>, FetchError> {
+                Err(FetchError::Transport {
+                    url: url.to_owned(),
+                    detail: "not in these tests".into(),
+                })
             }
         }
 

@@ -300,18 +300,43 @@ fn head_too_large() -> Value {
     )
 )]
 pub async fn openapi_json(state: web::Data<AppState>) -> HttpResponse {
-    // Made once per gateway, at the first ask: the route is open, and a document is ~100 KB.
-    let document = state
-        .openapi
-        .get_or_init(|| json_for(Mode::of(&state.auth)));
     HttpResponse::Ok()
         .content_type("application/json")
-        .body(document.clone())
+        .body(served(&state.openapi, || Mode::of(&state.auth)))
+}
+
+/// The document `cell` holds, made at the first ask: the route is open and a document is
+/// ~100 KB, so each answer shares the one copy (a `Bytes` clone counts a reference; a
+/// `String`'s would copy it per request).
+fn served(cell: &std::sync::OnceLock<bytes::Bytes>, mode: impl FnOnce() -> Mode) -> bytes::Bytes {
+    cell.get_or_init(|| bytes::Bytes::from(json_for(mode())))
+        .clone()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_served_document_is_made_once_and_shared_by_every_answer() {
+        let cell = std::sync::OnceLock::new();
+        let mut made = 0;
+        let first = served(&cell, || {
+            made += 1;
+            Mode::Open
+        });
+        let second = served(&cell, || {
+            made += 1;
+            Mode::Keys
+        });
+        assert_eq!(made, 1);
+        assert_eq!(
+            first.as_ptr(),
+            second.as_ptr(),
+            "one copy, not one per answer"
+        );
+        assert_eq!(first, json_for(Mode::Open).into_bytes());
+    }
 
     #[test]
     fn every_answer_a_route_writes_names_its_request_id() {

@@ -40,8 +40,9 @@ pub struct AppState {
     pub settings: std::sync::Arc<crate::settings::RuntimeSettings>,
     /// The tenants' rate quotas, for the `RateLimit` headers (the gates take from them).
     pub rates: std::sync::Arc<crate::admission::quota::RateBook>,
-    /// The OpenAPI document this gateway serves, made at the first ask (`openapi.rs`).
-    pub openapi: std::sync::OnceLock<String>,
+    /// The OpenAPI document this gateway serves, made at the first ask and shared by every
+    /// answer (`openapi.rs`).
+    pub openapi: std::sync::OnceLock<bytes::Bytes>,
     /// OpenTelemetry export, when an endpoint is set (`None`: the send routes pay one branch).
     pub otel: Option<std::sync::Arc<crate::otel::Otel>>,
 }

@@ -42,6 +42,30 @@ fn a_bad_value_stops_start_up_with_one_line_naming_the_variable() {
     }
 }
 
+/// Set but empty, the allowed applications would read as unset, "every application of the
+/// tenant": the binary refuses to start instead (contract section 4).
+#[test]
+fn an_empty_list_of_allowed_entra_applications_stops_start_up() {
+    let out = sendgate(
+        &["serve"],
+        &[
+            (
+                "SENDGATE_ENTRA_TENANT_ID",
+                "11111111-2222-3333-4444-555555555555",
+            ),
+            ("SENDGATE_ENTRA_AUDIENCE", "api://sendgate"),
+            ("SENDGATE_ENTRA_ALLOWED_APPS", ""),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("SENDGATE_ENTRA_ALLOWED_APPS") && err.contains("names no application"),
+        "{err}"
+    );
+}
+
 #[test]
 fn the_forgiving_capacity_variables_never_stop_start_up() {
     // With garbage in the three SERVICEBUS_SEND_* variables the server still starts; a bad

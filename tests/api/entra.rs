@@ -7,6 +7,10 @@ use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
+use sendgate::http::entra_auth::keys::{
+    Fetch, FetchError, HttpFetch, FETCH_TIMEOUT, MAX_DOCUMENT_BYTES,
+};
+use sendgate::http::entra_auth::MAX_TOKEN_BYTES;
 use serde_json::{json, Value};
 
 use crate::helpers::{body_json, keys_entry, spawn_app_with, TestApp};
@@ -28,7 +32,11 @@ struct Setup {
 /// A gateway with an API key (`ops`, admin) and Entra ID on, pointed at a provider
 /// publishing `keys`; `extra` variables on top.
 async fn setup_with(keys: &[TestKey], extra: &[(&str, &str)]) -> Setup {
-    let provider = OidcProvider::start(keys).await;
+    setup_on(OidcProvider::start(keys).await, extra).await
+}
+
+/// [`setup_with`] on a provider the test has already set up (an outage from the start).
+async fn setup_on(provider: Arc<OidcProvider>, extra: &[(&str, &str)]) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("keys.toml");
     let file = [
@@ -233,6 +241,18 @@ async fn every_token_that_proves_nothing_is_401_invalid_token() {
             KEY_C.sign_as(KEY_A.kid, &good),
         ),
         ("not a JWT", "eyJ.not-a.jwt!".into()),
+        (
+            "a v1 token of another tenant, without tid",
+            KEY_A.sign(&{
+                let mut claims = with(
+                    p.v1_claims(PLAYGROUND, &["Sendgate.Sender"]),
+                    "iss",
+                    json!(format!("https://sts.windows.net/{OTHER_TENANT}/")),
+                );
+                claims.as_object_mut().unwrap().remove("tid");
+                claims
+            }),
+        ),
     ];
     for (case, token) in &cases {
         assert_invalid_token(s.send_as("requests", token).await, case).await;
@@ -477,4 +497,138 @@ async fn the_served_openapi_document_declares_the_entra_scheme_and_its_discovery
         .await
         .unwrap();
     assert_eq!(doc["issuer"], s.provider.v2_issuer().as_str());
+}
+
+/// The gateway's own fetcher (`HttpFetch`) against answers no directory should give: a body
+/// that stops coming ends at the fetch's deadline, one longer than any JWKS at the size
+/// limit (declared or not, long before the deadline), a redirect is not followed. A fetch is
+/// the one in flight for every token waiting on it, so none of these may hold it longer.
+#[tokio::test]
+async fn a_jwks_that_stalls_or_is_too_large_ends_in_time_and_a_redirect_is_not_followed() {
+    let provider = OidcProvider::start(&[KEY_A]).await;
+    let fetch = HttpFetch::new().unwrap();
+    let jwks = provider.jwks_uri();
+    assert!(fetch.get(&jwks).await.is_ok(), "a JWKS as Entra serves one");
+
+    provider.set_jwks(Jwks::Stalled);
+    let started = Instant::now();
+    let stalled = fetch.get(&jwks).await;
+    let took = started.elapsed();
+    assert!(
+        matches!(stalled, Err(FetchError::Timeout { .. })),
+        "{stalled:?}"
+    );
+    assert!(
+        took >= FETCH_TIMEOUT - Duration::from_millis(100)
+            && took < FETCH_TIMEOUT + Duration::from_secs(2),
+        "{took:?}"
+    );
+
+    for hostile in [Jwks::Oversized, Jwks::Endless] {
+        provider.set_jwks(hostile);
+        let started = Instant::now();
+        let refused = fetch.get(&jwks).await;
+        let took = started.elapsed();
+        assert!(
+            matches!(refused, Err(FetchError::TooLarge { limit, .. }) if limit == MAX_DOCUMENT_BYTES),
+            "{hostile:?}: {refused:?}"
+        );
+        assert!(
+            took < Duration::from_secs(2),
+            "{hostile:?}: {took:?}, not the deadline"
+        );
+    }
+    // The provider saw the gateway hang up on each of the three.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while provider.hangups().len() < 3 {
+        assert!(Instant::now() < deadline, "{:?}", provider.hangups());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Discovery redirected, even to a path of the same host that serves the document.
+    provider.set_discovery_moved_to(Some("/moved/openid-configuration"));
+    let moved = fetch.get(&provider.discovery_url()).await;
+    assert!(
+        matches!(moved, Err(FetchError::Status { status: 302, .. })),
+        "{moved:?}"
+    );
+    assert_eq!(provider.moved_gets(), 0, "the redirect was not followed");
+}
+
+/// A JWKS endpoint that fails while the gateway has no keys at all (its first fetch at
+/// start-up, and the first token's): every token is `401 invalid_token`, none stored, the
+/// gateway keeps trying, and once the endpoint answers the same token sends.
+async fn no_keys_yet_then_recovery(outage: Jwks) {
+    let provider = OidcProvider::start(&[KEY_A]).await;
+    provider.set_jwks(outage);
+    let s = setup_on(provider, &[]).await;
+    let token = s.token(PLAYGROUND, &["Sendgate.Sender"]);
+    for attempt in 0..3 {
+        assert_invalid_token(
+            s.send_as("requests", &token).await,
+            &format!("{outage:?}, attempt {attempt}"),
+        )
+        .await;
+    }
+    assert!(s.provider.jwks_gets() >= 1, "the gateway asked");
+    assert_eq!(s.app.stored("requests"), 0, "never a pass");
+    assert_eq!(s.app.backend_calls(), 0);
+    s.provider.set_jwks(Jwks::Up);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if s.send_as("requests", &token).await.status() == 201 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{outage:?}: never recovered");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(s.app.stored("requests"), 1);
+}
+
+#[tokio::test]
+async fn a_jwks_endpoint_closed_with_no_keys_in_hand_refuses_then_recovers() {
+    no_keys_yet_then_recovery(Jwks::Closed).await;
+}
+
+/// The same with a JWKS that never finishes its body: the fetch ends at its deadline, so
+/// the one fetch in flight does not stand in the way of the retries for ever.
+#[tokio::test]
+async fn a_jwks_endpoint_stalled_with_no_keys_in_hand_refuses_then_recovers() {
+    no_keys_yet_then_recovery(Jwks::Stalled).await;
+}
+
+/// A bearer past `MAX_TOKEN_BYTES` is refused unread: no fetch, at once, even signed by a
+/// key the directory publishes and the gateway has not fetched yet (read, it would send).
+/// One exactly at the limit is read and verified.
+#[tokio::test]
+async fn a_bearer_past_16_kib_is_refused_unread_and_one_at_the_limit_is_verified() {
+    let s = setup().await;
+    s.until_keys().await;
+    let claims = s.provider.v2_claims(PLAYGROUND, &["Sendgate.Sender"]);
+    let at_limit = KEY_A.sign_to_length(&claims, MAX_TOKEN_BYTES);
+    assert_eq!(at_limit.len(), 16 * 1024);
+    assert_eq!(s.send_as("requests", &at_limit).await.status(), 201);
+
+    // key-b is published now, after the gateway fetched key-a's set: a token of b's that
+    // were read would fetch the set again and send.
+    s.provider.publish(&[KEY_A, KEY_B]);
+    let before = s.provider.jwks_gets();
+    let past = KEY_B.sign_to_length(&claims, MAX_TOKEN_BYTES + 1);
+    let started = Instant::now();
+    let response = s.send_as("requests", &past).await;
+    let took = started.elapsed();
+    assert_invalid_token(response, "past the limit").await;
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert_eq!(s.provider.jwks_gets(), before, "no fetch for it");
+    assert_eq!(
+        s.app.stored("requests"),
+        2,
+        "until_keys' and the one at the limit"
+    );
+    // Read, b's token of a usual length does fetch, and sends.
+    assert_eq!(
+        s.send_as("requests", &KEY_B.sign(&claims)).await.status(),
+        201
+    );
+    assert_eq!(s.provider.jwks_gets(), before + 1);
 }

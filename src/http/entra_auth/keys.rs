@@ -9,7 +9,11 @@
 //!   [`ON_DEMAND_EVERY`] (a storm of made-up `kid`s costs the directory one request);
 //! - a background task fetches every [`REFRESH_EVERY`] (discovery and JWKS), and after a
 //!   failure retries from 1 s, doubling, up to [`RETRY_MAX`] (so a directory unreachable
-//!   at start-up is retried until it answers; until then every token is refused);
+//!   at start-up is retried until it answers; until then every token is refused); a
+//!   token's fetch in flight when the timer fires does not stand for the timer's, which
+//!   follows it (a token's reads only the JWKS, and the `jwks_uri` can move);
+//! - a token's fetch reads the JWKS where discovery last said it is, and discovery again
+//!   only when that fails (it may have moved), or while none has succeeded;
 //! - a failed fetch keeps the keys in hand: a directory that is down does not stop
 //!   callers whose keys are known, and an unknown `kid` is then refused, never let pass;
 //! - a fetch that succeeds replaces the set: a key the directory removed is gone.
@@ -35,19 +39,54 @@ pub const RETRY_MAX: Duration = Duration::from_secs(5 * 60);
 pub const REQUEST_WAIT: Duration = Duration::from_secs(5);
 /// One GET's deadline (connect, headers and body).
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
-/// The largest discovery document or JWKS read (Entra's JWKS is a few KiB).
+/// The largest discovery document or JWKS read (Entra's JWKS is a few KiB): a larger one is
+/// refused, by its `Content-Length` before any of it is read, else once this much arrived.
 pub const MAX_DOCUMENT_BYTES: usize = 256 * 1024;
 /// The most keys kept from one JWKS.
 pub const MAX_KEYS: usize = 64;
 
+/// Why a GET brought no document. Each names the URL (public: no secret in it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FetchError {
+    #[error("GET {url}: no complete answer within {limit:?}")]
+    Timeout { url: String, limit: Duration },
+    #[error("GET {url}: {detail}")]
+    Transport { url: String, detail: String },
+    /// Any status but `200`, a redirect included: it is not followed.
+    #[error("GET {url}: HTTP {status}")]
+    Status { url: String, status: u16 },
+    #[error("GET {url}: more than {limit} bytes")]
+    TooLarge { url: String, limit: usize },
+}
+
+/// Why a fetch brought no keys to use (logged; the keys in hand are kept).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeysError {
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
+    #[error("the discovery document does not parse: {0}")]
+    DiscoveryUnparsable(String),
+    #[error("the discovery document's issuer {issuer:?} is not of tenant {tenant}")]
+    ForeignIssuer { issuer: String, tenant: String },
+    #[error("the discovery document's jwks_uri {0:?} is not https")]
+    InsecureJwksUri(String),
+    #[error("the JWKS does not parse: {0}")]
+    JwksUnparsable(String),
+    #[error("the JWKS has no RSA signing key with a kid")]
+    NoSigningKey,
+}
+
 /// A GET of a document: the production one is [`HttpFetch`]; the unit tests script one.
 #[async_trait::async_trait]
 pub trait Fetch: Send + Sync {
-    /// The body of a `200` answer to `url`, or why not (no secret in it: the URLs are public).
-    async fn get(&self, url: &str) -> Result<Vec<u8>, String>;
+    /// The body of a `200` answer to `url`, or why not.
+    async fn get(&self, url: &str) -> Result<Vec<u8>, FetchError>;
 }
 
-/// GETs through reqwest on rustls with ring (`crate::tls`), each under [`FETCH_TIMEOUT`].
+/// GETs through reqwest on rustls with ring (`crate::tls`), each under [`FETCH_TIMEOUT`]
+/// (reqwest's own deadline, and tokio's around the whole GET: a fetch is the one in flight
+/// for every token that waits on it, so no way of hanging may outlive the deadline), at
+/// most [`MAX_DOCUMENT_BYTES`] read, no redirect followed.
 pub struct HttpFetch {
     client: reqwest::Client,
 }
@@ -68,25 +107,61 @@ impl HttpFetch {
 
 #[async_trait::async_trait]
 impl Fetch for HttpFetch {
-    async fn get(&self, url: &str) -> Result<Vec<u8>, String> {
+    async fn get(&self, url: &str) -> Result<Vec<u8>, FetchError> {
+        tokio::time::timeout(FETCH_TIMEOUT, self.get_within(url))
+            .await
+            .unwrap_or_else(|_| {
+                Err(FetchError::Timeout {
+                    url: url.to_owned(),
+                    limit: FETCH_TIMEOUT,
+                })
+            })
+    }
+}
+
+impl HttpFetch {
+    async fn get_within(&self, url: &str) -> Result<Vec<u8>, FetchError> {
+        let transport = |e: reqwest::Error| {
+            if e.is_timeout() {
+                FetchError::Timeout {
+                    url: url.to_owned(),
+                    limit: FETCH_TIMEOUT,
+                }
+            } else {
+                FetchError::Transport {
+                    url: url.to_owned(),
+                    detail: without_url(&e),
+                }
+            }
+        };
+        let too_large = || FetchError::TooLarge {
+            url: url.to_owned(),
+            limit: MAX_DOCUMENT_BYTES,
+        };
         let mut response = self
             .client
             .get(url)
             .header("Accept", "application/json")
             .send()
             .await
-            .map_err(|e| format!("GET {url}: {}", without_url(&e)))?;
+            .map_err(transport)?;
         if response.status() != reqwest::StatusCode::OK {
-            return Err(format!("GET {url}: HTTP {}", response.status().as_u16()));
+            return Err(FetchError::Status {
+                url: url.to_owned(),
+                status: response.status().as_u16(),
+            });
+        }
+        // A declared length past the limit is refused before a byte of it is read.
+        if response
+            .content_length()
+            .is_some_and(|n| n > MAX_DOCUMENT_BYTES as u64)
+        {
+            return Err(too_large());
         }
         let mut body = Vec::new();
-        while let Some(chunk) = response
-            .chunk()
-            .await
-            .map_err(|e| format!("GET {url}: {}", without_url(&e)))?
-        {
+        while let Some(chunk) = response.chunk().await.map_err(transport)? {
             if body.len() + chunk.len() > MAX_DOCUMENT_BYTES {
-                return Err(format!("GET {url}: more than {MAX_DOCUMENT_BYTES} bytes"));
+                return Err(too_large());
             }
             body.extend_from_slice(&chunk);
         }
@@ -150,8 +225,8 @@ pub enum Missing {
     UnknownKid,
 }
 
-/// Which fetch: the timer's fetches discovery again, a token's only the JWKS (discovery
-/// too while none has succeeded).
+/// Which fetch: the timer's reads discovery again, a token's only the JWKS (discovery too
+/// while none has succeeded, or when the JWKS is not where discovery said).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Why {
     Timer,
@@ -160,9 +235,15 @@ enum Why {
 
 type InFlight = Shared<BoxFuture<'static, bool>>;
 
+/// The fetch in flight, and whether it reads discovery first (the timer's must).
+struct Fetching {
+    fetch: InFlight,
+    discovers: bool,
+}
+
 #[derive(Default)]
 struct Refreshing {
-    in_flight: Option<InFlight>,
+    in_flight: Option<Fetching>,
     /// When a token's unknown `kid` last started a fetch.
     last_on_demand: Option<Instant>,
 }
@@ -232,7 +313,7 @@ impl KeyCache {
         let joined = {
             let mut refreshing = self.refreshing.lock();
             match &refreshing.in_flight {
-                Some(fetch) => Some(fetch.clone()),
+                Some(fetching) => Some(fetching.fetch.clone()),
                 None => {
                     let now = Instant::now();
                     let paused = refreshing
@@ -266,12 +347,13 @@ impl KeyCache {
         }
     }
 
-    /// The fetch in flight, or a new one (the timer's).
-    fn refresh(self: &Arc<Self>, why: Why) -> InFlight {
+    /// The timer's: the fetch in flight and whether it reads discovery, or a new one that
+    /// does.
+    fn refresh(self: &Arc<Self>) -> (InFlight, bool) {
         let mut refreshing = self.refreshing.lock();
         match &refreshing.in_flight {
-            Some(fetch) => fetch.clone(),
-            None => self.start(&mut refreshing, why),
+            Some(fetching) => (fetching.fetch.clone(), fetching.discovers),
+            None => (self.start(&mut refreshing, Why::Timer), true),
         }
     }
 
@@ -282,38 +364,55 @@ impl KeyCache {
     fn start(self: &Arc<Self>, refreshing: &mut Refreshing, why: Why) -> InFlight {
         self.fetches
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Read here, under the lock, so what is recorded is what the task does (no other
+        // fetch can change the keys in hand before it runs: this one is the only one).
+        let known = match why {
+            Why::Timer => None,
+            Why::UnknownKid => self
+                .current
+                .load()
+                .as_ref()
+                .map(|set| set.discovery.clone()),
+        };
+        let discovers = known.is_none();
         let this = Arc::clone(self);
         let fetching = async move {
             let _done = NoneInFlight(Arc::clone(&this));
-            this.fetch_now(why).await
+            this.fetch_now(why, known).await
         };
         let task = match &self.runtime {
             Some(runtime) => runtime.spawn(fetching),
             None => tokio::spawn(fetching),
         };
         let fetch = async move { task.await.unwrap_or(false) }.boxed().shared();
-        refreshing.in_flight = Some(fetch.clone());
+        refreshing.in_flight = Some(Fetching {
+            fetch: fetch.clone(),
+            discovers,
+        });
         fetch
     }
 
-    /// Discovery (by the timer, or while none has succeeded) and the JWKS; the keys in hand
-    /// are replaced only by a set that parsed, and kept on any failure.
-    async fn fetch_now(&self, why: Why) -> bool {
-        let known = self.current.load_full().map(|set| set.discovery.clone());
-        let result = async {
-            let discovery = match (why, known) {
-                (Why::UnknownKid, Some(known)) => known,
-                _ => self.discover().await?,
-            };
-            let body = self.fetch.get(&discovery.jwks_uri).await?;
-            let keys = parse_jwks(&body)?;
-            Ok::<_, String>(KeySet {
-                discovery,
-                keys,
-                fetched_at: Instant::now(),
-            })
-        }
-        .await;
+    /// Discovery (unless `known` is given: a token's fetch with keys in hand) and the JWKS;
+    /// the keys in hand are replaced only by a set that parsed, and kept on any failure.
+    async fn fetch_now(&self, why: Why, known: Option<Discovery>) -> bool {
+        let result = match known {
+            None => match self.discover().await {
+                Ok(discovery) => self.jwks(discovery).await,
+                Err(e) => Err(e),
+            },
+            Some(known) => match self.jwks(known.clone()).await {
+                Ok(set) => Ok(set),
+                // Not where discovery said: it may have moved. Ask discovery, and the new
+                // place if it names one (the same place just failed: not asked twice).
+                Err(failed) => match self.discover().await {
+                    Ok(discovery) if discovery.jwks_uri != known.jwks_uri => {
+                        self.jwks(discovery).await
+                    }
+                    Ok(_) => Err(failed),
+                    Err(e) => Err(e),
+                },
+            },
+        };
         match result {
             Ok(set) => {
                 let kids: Vec<&str> = set.keys.keys().map(String::as_str).collect();
@@ -341,7 +440,16 @@ impl KeyCache {
         }
     }
 
-    async fn discover(&self) -> Result<Discovery, String> {
+    async fn jwks(&self, discovery: Discovery) -> Result<KeySet, KeysError> {
+        let body = self.fetch.get(&discovery.jwks_uri).await?;
+        Ok(KeySet {
+            keys: parse_jwks(&body)?,
+            discovery,
+            fetched_at: Instant::now(),
+        })
+    }
+
+    async fn discover(&self) -> Result<Discovery, KeysError> {
         let body = self.fetch.get(&self.discovery_url).await?;
         parse_discovery(&body, &self.tenant, self.plain_http_allowed)
     }
@@ -361,10 +469,18 @@ impl Drop for NoneInFlight {
 async fn keep_fresh(cache: Weak<KeyCache>) {
     let mut failures: u32 = 0;
     loop {
-        let Some(fetch) = cache.upgrade().map(|c| c.refresh(Why::Timer)) else {
-            return;
+        let fetched = loop {
+            let Some((fetch, discovers)) = cache.upgrade().map(|c| c.refresh()) else {
+                return;
+            };
+            let fetched = fetch.await;
+            // A token's fetch (the JWKS alone) was in flight: it is over, and the timer's
+            // own, discovery first, starts now (the jwks_uri can move).
+            if discovers {
+                break fetched;
+            }
         };
-        let pause = if fetch.await {
+        let pause = if fetched {
             failures = 0;
             REFRESH_EVERY
         } else {
@@ -387,34 +503,57 @@ struct DiscoveryDocument {
     jwks_uri: String,
 }
 
-/// The discovery document: its issuer must name the tenant asked for (a document of
+/// The discovery document: its issuer must be the tenant's v2 issuer (a document of
 /// another directory is refused), and its `jwks_uri` must be https (http only when the
 /// authority is a loopback stub).
 pub fn parse_discovery(
     body: &[u8],
     tenant: &str,
     plain_http_allowed: bool,
-) -> Result<Discovery, String> {
-    let doc: DiscoveryDocument = serde_json::from_slice(body)
-        .map_err(|e| format!("the discovery document does not parse: {e}"))?;
-    if !doc.issuer.to_ascii_lowercase().contains(tenant) {
-        return Err(format!(
-            "the discovery document's issuer {:?} is not of tenant {tenant}",
-            doc.issuer
-        ));
+) -> Result<Discovery, KeysError> {
+    let doc: DiscoveryDocument =
+        serde_json::from_slice(body).map_err(|e| KeysError::DiscoveryUnparsable(e.to_string()))?;
+    if !is_tenants_issuer(&doc.issuer, tenant, plain_http_allowed) {
+        return Err(KeysError::ForeignIssuer {
+            issuer: doc.issuer,
+            tenant: tenant.to_owned(),
+        });
     }
     let secure = doc.jwks_uri.starts_with("https://")
         || (plain_http_allowed && doc.jwks_uri.starts_with("http://"));
     if !secure {
-        return Err(format!(
-            "the discovery document's jwks_uri {:?} is not https",
-            doc.jwks_uri
-        ));
+        return Err(KeysError::InsecureJwksUri(doc.jwks_uri));
     }
     Ok(Discovery {
         issuer: doc.issuer,
         jwks_uri: doc.jwks_uri,
     })
+}
+
+/// Whether `issuer` is `{scheme}://{host}[/{path}]/{tenant}/v2.0`, Entra ID's v2 issuer
+/// of `tenant`: the tenant is the path's segment before the last, exactly (a GUID, in any
+/// case), and nothing else of the URL names it (no user, query or fragment). Containing
+/// the tenant somewhere is not enough: `/{tenant}-x/`, a host `{tenant}.example` or a query
+/// `?tenant={tenant}` would.
+fn is_tenants_issuer(issuer: &str, tenant: &str, plain_http_allowed: bool) -> bool {
+    let Ok(url) = reqwest::Url::parse(issuer) else {
+        return false;
+    };
+    let scheme_ok = url.scheme() == "https" || (plain_http_allowed && url.scheme() == "http");
+    let bare = url.host_str().is_some()
+        && url.username().is_empty()
+        && url.password().is_none()
+        && url.query().is_none()
+        && url.fragment().is_none();
+    let segments: Vec<&str> = url
+        .path_segments()
+        .map(Iterator::collect)
+        .unwrap_or_default();
+    let names_tenant = matches!(
+        segments.as_slice(),
+        [.., segment, "v2.0"] if segment.eq_ignore_ascii_case(tenant)
+    );
+    scheme_ok && bare && names_tenant
 }
 
 #[derive(Deserialize)]
@@ -436,9 +575,9 @@ struct Jwk {
 /// The RSA signing keys of a JWKS by `kid` (at most [`MAX_KEYS`]); a key of another type
 /// or use, or without a `kid`, is skipped. A set with no usable key is an error: it would
 /// refuse every token, so the keys in hand are kept instead.
-pub fn parse_jwks(body: &[u8]) -> Result<HashMap<String, Arc<DecodingKey>>, String> {
+pub fn parse_jwks(body: &[u8]) -> Result<HashMap<String, Arc<DecodingKey>>, KeysError> {
     let jwks: Jwks =
-        serde_json::from_slice(body).map_err(|e| format!("the JWKS does not parse: {e}"))?;
+        serde_json::from_slice(body).map_err(|e| KeysError::JwksUnparsable(e.to_string()))?;
     let mut keys = HashMap::new();
     for jwk in jwks.keys {
         let usable = jwk.kty.as_deref() == Some("RSA")
@@ -455,7 +594,7 @@ pub fn parse_jwks(body: &[u8]) -> Result<HashMap<String, Arc<DecodingKey>>, Stri
         }
     }
     if keys.is_empty() {
-        return Err("the JWKS has no RSA signing key with a kid".into());
+        return Err(KeysError::NoSigningKey);
     }
     Ok(keys)
 }

@@ -12,7 +12,7 @@ use jsonwebtoken::{EncodingKey, Header};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
-use super::keys::{self, Fetch, ON_DEMAND_EVERY, REFRESH_EVERY, REQUEST_WAIT};
+use super::keys::{self, Fetch, FetchError, ON_DEMAND_EVERY, REFRESH_EVERY, REQUEST_WAIT};
 use super::*;
 
 const TENANT: &str = "11111111-2222-3333-4444-555555555555";
@@ -117,19 +117,23 @@ impl Directory {
 
 #[async_trait::async_trait]
 impl Fetch for Directory {
-    async fn get(&self, url: &str) -> Result<Vec<u8>, String> {
+    async fn get(&self, url: &str) -> Result<Vec<u8>, FetchError> {
         *self.gets.lock().entry(url.to_owned()).or_default() += 1;
         self.total.fetch_add(1, Ordering::SeqCst);
         let delay = *self.delay.lock();
         tokio::time::sleep(delay).await;
+        let status = |status| FetchError::Status {
+            url: url.to_owned(),
+            status,
+        };
         if self.down.load(Ordering::SeqCst) {
-            return Err("HTTP 503".into());
+            return Err(status(503));
         }
         self.documents
             .lock()
             .get(url)
             .cloned()
-            .ok_or_else(|| "HTTP 404".into())
+            .ok_or_else(|| status(404))
     }
 }
 
@@ -229,6 +233,19 @@ async fn every_claim_that_is_wrong_is_refused_for_its_reason() {
             Refusal::Issuer,
         ),
         (with(v2_claims(), "ver", json!("3.0")), Refusal::Issuer),
+        // A v1 token of another tenant without a tid: its issuer alone refuses it.
+        (
+            {
+                let mut claims = with(
+                    v1_claims(),
+                    "iss",
+                    json!(format!("https://sts.windows.net/{OTHER_TENANT}/")),
+                );
+                claims.as_object_mut().unwrap().remove("tid");
+                claims
+            },
+            Refusal::Issuer,
+        ),
         (with(v2_claims(), "ver", Value::Null), Refusal::Issuer),
         (
             with(v2_claims(), "tid", json!(OTHER_TENANT)),
@@ -518,6 +535,78 @@ async fn a_slow_directory_holds_only_the_tokens_that_need_it_and_only_so_long() 
     assert_eq!(directory.jwks_gets(), 2);
 }
 
+/// Where the JWKS moves to in the tests that move it.
+fn moved_jwks_url() -> String {
+    format!("{AUTHORITY}/{TENANT}/discovery/v2.0/keys-moved")
+}
+
+impl Directory {
+    /// Discovery from now on names [`moved_jwks_url`], which publishes `keys`.
+    fn move_jwks(&self, keys: &[(&[u8], &str)]) {
+        let keys: Vec<Value> = keys.iter().map(|(der, kid)| jwk(der, kid)).collect();
+        let mut documents = self.documents.lock();
+        documents.insert(
+            moved_jwks_url(),
+            json!({ "keys": keys }).to_string().into_bytes(),
+        );
+        documents.insert(
+            discovery_url(),
+            json!({"issuer": v2_issuer(), "jwks_uri": moved_jwks_url()})
+                .to_string()
+                .into_bytes(),
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_days_refresh_reads_discovery_again_even_when_a_tokens_fetch_is_in_flight() {
+    let directory = Directory::new(&[(KEY_A, "a")]);
+    let v = Arc::new(started(&directory).await);
+    assert_eq!(directory.gets(&discovery_url()), 1);
+    // Just before the day is over the JWKS moves, and every GET starts taking 10 s.
+    tokio::time::sleep(REFRESH_EVERY - Duration::from_secs(2)).await;
+    directory.move_jwks(&[(KEY_A, "a"), (KEY_B, "b")]);
+    *directory.delay.lock() = Duration::from_secs(10);
+    // A token's unknown kid starts a fetch (the JWKS where it was) that is still in flight
+    // when the day's timer fires.
+    let waiting = {
+        let v = v.clone();
+        let token = sign(KEY_B, "b", &v2_claims());
+        tokio::spawn(async move { v.verify(&token).await })
+    };
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(waiting.await.unwrap(), Err(Refusal::UnknownKey));
+    // The timer did not take the token's fetch for its own: it read discovery again, and
+    // found the keys where they are now.
+    assert_eq!(directory.gets(&discovery_url()), 2, "discovery read again");
+    assert_eq!(directory.gets(&moved_jwks_url()), 1);
+    let set = v.keys().current().unwrap();
+    assert_eq!(set.discovery.jwks_uri, moved_jwks_url());
+    assert!(set.key("b").is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_jwks_gone_from_its_place_makes_a_tokens_fetch_read_discovery_again() {
+    let directory = Directory::new(&[(KEY_A, "a")]);
+    let v = started(&directory).await;
+    // The JWKS moves and the old place is gone: a token signed by the new key finds it at
+    // once, not after the day's refresh.
+    directory.move_jwks(&[(KEY_A, "a"), (KEY_B, "b")]);
+    directory.documents.lock().remove(&jwks_url());
+    assert!(v.verify(&sign(KEY_B, "b", &v2_claims())).await.is_ok());
+    assert_eq!(directory.gets(&discovery_url()), 2);
+    assert_eq!(directory.jwks_gets(), 2, "the old place tried first");
+    // The JWKS down where discovery still says it is: one discovery GET more, no second
+    // GET of the same JWKS, the keys in hand kept.
+    tokio::time::advance(ON_DEMAND_EVERY).await;
+    directory.documents.lock().remove(&moved_jwks_url());
+    let token = sign(KEY_C, "c", &v2_claims());
+    assert_eq!(v.verify(&token).await, Err(Refusal::UnknownKey));
+    assert_eq!(directory.gets(&discovery_url()), 3);
+    assert_eq!(directory.gets(&moved_jwks_url()), 2);
+    assert!(v.verify(&sign(KEY_B, "b", &v2_claims())).await.is_ok());
+}
+
 #[test]
 fn discovery_must_name_the_tenant_and_publish_keys_over_https() {
     let doc = |issuer: &str, jwks: &str| json!({"issuer": issuer, "jwks_uri": jwks}).to_string();
@@ -530,6 +619,47 @@ fn discovery_must_name_the_tenant_and_publish_keys_over_https() {
     assert!(keys::parse_discovery(plain.as_bytes(), TENANT, false).is_err());
     assert!(keys::parse_discovery(plain.as_bytes(), TENANT, true).is_ok());
     assert!(keys::parse_discovery(b"<html>", TENANT, false).is_err());
+}
+
+#[test]
+fn discovery_names_the_tenant_as_its_issuers_own_path_segment_not_anywhere_in_it() {
+    let parse = |issuer: &str, plain: bool| {
+        let doc = json!({"issuer": issuer, "jwks_uri": jwks_url()}).to_string();
+        keys::parse_discovery(doc.as_bytes(), TENANT, plain)
+    };
+    for good in [
+        v2_issuer(),
+        format!("https://login.example/some/path/{TENANT}/v2.0"),
+    ] {
+        assert!(parse(&good, false).is_ok(), "{good}");
+    }
+    assert!(parse(&format!("http://127.0.0.1:4000/{TENANT}/v2.0"), true).is_ok());
+    for foreign in [
+        format!("{AUTHORITY}/{TENANT}-x/v2.0"),
+        format!("{AUTHORITY}/x{TENANT}/v2.0"),
+        format!("{AUTHORITY}/{TENANT}{TENANT}/v2.0"),
+        format!("https://{TENANT}.evil.example/common/v2.0"),
+        format!("{AUTHORITY}/common/v2.0?tenant={TENANT}"),
+        format!("{AUTHORITY}/common/v2.0#{TENANT}"),
+        format!("{AUTHORITY}/common/v2.0/{TENANT}"),
+        format!("{AUTHORITY}/{OTHER_TENANT}/v2.0/{TENANT}/v2.0/x"),
+        format!("{AUTHORITY}/{TENANT}/v2.0/"),
+        format!("{AUTHORITY}/{TENANT}/v1.0"),
+        format!("{AUTHORITY}/{TENANT}/V2.0"),
+        format!("{AUTHORITY}/{TENANT}"),
+        format!("https://user:{TENANT}@login.example/common/v2.0"),
+        format!("ftp://login.example/{TENANT}/v2.0"),
+        format!("http://login.example/{TENANT}/v2.0"),
+        format!("{TENANT}/v2.0"),
+    ] {
+        assert!(
+            matches!(
+                parse(&foreign, false),
+                Err(keys::KeysError::ForeignIssuer { .. })
+            ),
+            "{foreign}"
+        );
+    }
 }
 
 #[test]
