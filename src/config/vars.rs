@@ -810,7 +810,7 @@ pub const OTEL_EXPORTER_OTLP_TIMEOUT: Var = otel(
         min: 1,
         max: HOUR_MS,
     },
-    "Deadline of one export request, both signals: the HTTP client gives up then.",
+    "Deadline of one export, both signals, its retries included: a 429, 502, 503 or 504 answer, or none, is sent again (backoff from 100 ms, at most 3 retries, a Retry-After in seconds waited) while time is left; any other failure is final.",
 )
 .default("10000")
 .unit(Unit::Millis);
