@@ -91,7 +91,7 @@ impl Poster {
             .send()
             .await
             .map_err(|e| Failed {
-                error: e.without_url().to_string(),
+                error: described(&e.without_url()),
                 // No answer: the specification asks to send it again.
                 retry: Some(None),
             })?;
@@ -126,6 +126,19 @@ impl Poster {
             retry: retryable.then_some(retry_after),
         })
     }
+}
+
+/// `error` and its causes (reqwest's own says only "error sending request"; the cause says
+/// refused, reset, DNS or TLS). None of them holds a header.
+fn described(error: &reqwest::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = std::error::Error::source(error);
+    while let Some(e) = cause {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        cause = e.source();
+    }
+    text
 }
 
 #[cfg(test)]
@@ -237,6 +250,21 @@ mod tests {
         assert!(posted.is_err_and(|e| e.contains("no time left")));
         assert_eq!(seen.load(Ordering::SeqCst), 1);
         assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    #[tokio::test]
+    async fn a_failed_request_says_why() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+        let url = format!("http://{}/v1/traces", listener.local_addr().expect("bound"));
+        drop(listener);
+        let error = poster(url)
+            .post(vec![1], Duration::from_millis(300))
+            .await
+            .expect_err("nobody listens");
+        assert!(
+            error.to_lowercase().contains("connection refused"),
+            "the cause, not only \"error sending request\": {error}"
+        );
     }
 
     #[tokio::test]
