@@ -823,7 +823,7 @@ pub const OTEL_SERVICE_NAME: Var = otel(
 pub const OTEL_RESOURCE_ATTRIBUTES: Var = otel(
     "OTEL_RESOURCE_ATTRIBUTES",
     K::Text,
-    "key=value pairs, comma-separated, on every span and metric (e.g. deployment.environment.name=prod); read by the OpenTelemetry SDK.",
+    "key=value pairs, comma-separated, on every span and metric (e.g. deployment.environment.name=prod); read by the OpenTelemetry SDK. Without a service.instance.id here, each process gets a random one (a UUID), so replicas export series of their own.",
 );
 pub const OTEL_TRACES_SAMPLER: Var = otel(
     "OTEL_TRACES_SAMPLER",

@@ -341,7 +341,8 @@ fn unix_nanos(at: SystemTime) -> u64 {
 }
 
 /// `service.name` and the rest as the SDK reads them (`OTEL_SERVICE_NAME`,
-/// `OTEL_RESOURCE_ATTRIBUTES`); `sendgate` when neither names the service.
+/// `OTEL_RESOURCE_ATTRIBUTES`); `sendgate` when neither names the service; and a
+/// `service.instance.id` of this process's own when they give none ([`with_instance_id`]).
 fn resource() -> opentelemetry_proto::tonic::resource::v1::Resource {
     let detected = Resource::builder().build();
     let named = detected
@@ -352,11 +353,34 @@ fn resource() -> opentelemetry_proto::tonic::resource::v1::Resource {
     } else {
         Resource::builder().with_service_name("sendgate").build()
     };
+    let mut attributes = ResourceAttributesWithSchema::from(&resource).attributes.0;
+    with_instance_id(&mut attributes, || uuid::Uuid::new_v4().to_string());
     opentelemetry_proto::tonic::resource::v1::Resource {
-        attributes: ResourceAttributesWithSchema::from(&resource).attributes.0,
+        attributes,
         dropped_attributes_count: 0,
         entity_refs: Vec::new(),
     }
+}
+
+/// Adds `service.instance.id` (a new UUID, as the semantic conventions advise) unless one is
+/// set. The metrics are cumulative: without it every replica of a fleet exports the same
+/// series under the same resource, and a collector or backend reads their different totals
+/// as one series that jumps and resets (OpenTelemetry's single-writer rule).
+fn with_instance_id(
+    attributes: &mut Vec<opentelemetry_proto::tonic::common::v1::KeyValue>,
+    id: impl FnOnce() -> String,
+) {
+    use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
+    if attributes.iter().any(|kv| kv.key == "service.instance.id") {
+        return;
+    }
+    attributes.push(KeyValue {
+        key: "service.instance.id".into(),
+        value: Some(AnyValue {
+            value: Some(any_value::Value::StringValue(id())),
+        }),
+        key_strindex: 0,
+    });
 }
 
 impl Traces {
@@ -476,5 +500,42 @@ impl SendSpan<'_> {
             queue: traces.names.get(self.queue),
             send: OwnedRecord::new(&record, &traces.names),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn instance_id(r: &opentelemetry_proto::tonic::resource::v1::Resource) -> Vec<String> {
+        use opentelemetry_proto::tonic::common::v1::any_value::Value;
+        r.attributes
+            .iter()
+            .filter(|kv| kv.key == "service.instance.id")
+            .filter_map(|kv| match kv.value.as_ref()?.value.as_ref()? {
+                Value::StringValue(s) => Some(s.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn each_process_is_an_instance_of_its_own_unless_told_which() {
+        // Two gateways of one service: two instances, so two series of cumulative totals.
+        let (one, two) = (resource(), resource());
+        let (one, two) = (instance_id(&one), instance_id(&two));
+        assert_eq!((one.len(), two.len()), (1, 1), "{one:?} {two:?}");
+        assert_ne!(one, two);
+        // OTEL_RESOURCE_ATTRIBUTES' service.instance.id is kept as it is.
+        let mut given = resource().attributes;
+        given.retain(|kv| kv.key != "service.instance.id");
+        with_instance_id(&mut given, || "replica-1".into());
+        with_instance_id(&mut given, || "other".into());
+        let given = opentelemetry_proto::tonic::resource::v1::Resource {
+            attributes: given,
+            dropped_attributes_count: 0,
+            entity_refs: Vec::new(),
+        };
+        assert_eq!(instance_id(&given), ["replica-1"]);
     }
 }
