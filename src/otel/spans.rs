@@ -10,6 +10,7 @@
 //! while it waits on a slow collector the buffer fills, and what does not fit
 //! (`OTEL_BSP_MAX_QUEUE_SIZE`) is dropped, not queued without bound.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -57,7 +58,8 @@ pub(super) struct Bounds {
 /// The request path's side: ended spans into the buffer.
 #[derive(Debug)]
 pub(super) struct SpanBuffer {
-    waiting: Mutex<Vec<SpanRecord>>,
+    /// Grown as spans wait, never past `bounds.queue`; a batch leaves from the front.
+    waiting: Mutex<VecDeque<SpanRecord>>,
     /// Wakes the export task when a batch is full.
     full: Notify,
     bounds: Bounds,
@@ -72,7 +74,7 @@ impl SpanBuffer {
             ..bounds
         };
         Self {
-            waiting: Mutex::new(Vec::with_capacity(bounds.batch)),
+            waiting: Mutex::new(VecDeque::with_capacity(bounds.batch)),
             full: Notify::new(),
             bounds,
             counts,
@@ -89,7 +91,12 @@ impl SpanBuffer {
                 .fetch_add(1, Ordering::Relaxed);
             return;
         }
-        waiting.push(span);
+        if waiting.len() == waiting.capacity() {
+            // Doubling, but never past the bound: what is held is the bound at most.
+            let more = waiting.len().clamp(1, self.bounds.queue - waiting.len());
+            waiting.reserve_exact(more);
+        }
+        waiting.push_back(span);
         let batch_full = waiting.len() == self.bounds.batch;
         drop(waiting);
         if batch_full {
@@ -97,18 +104,20 @@ impl SpanBuffer {
         }
     }
 
-    /// A full batch of the oldest waiting spans; when `due`, fewer if fewer wait.
+    /// A full batch of the oldest waiting spans; when `due`, fewer if fewer wait. The
+    /// batch is a vector of its own size, taken from the front: the buffer keeps its room
+    /// (the sends that refill it never grow it again) and the spans behind are not moved,
+    /// so what is held is the buffer's bound plus the batch in flight.
     fn take_batch(&self, due: bool) -> Vec<SpanRecord> {
         let mut waiting = self.waiting.lock();
-        if waiting.len() > self.bounds.batch {
-            let rest = waiting.split_off(self.bounds.batch);
-            return std::mem::replace(&mut *waiting, rest);
-        }
-        if waiting.len() == self.bounds.batch || due {
-            // Room for the next batch, so the sends that fill it never grow the buffer.
-            return std::mem::replace(&mut *waiting, Vec::with_capacity(self.bounds.batch));
-        }
-        Vec::new()
+        let n = if waiting.len() >= self.bounds.batch {
+            self.bounds.batch
+        } else if due {
+            waiting.len()
+        } else {
+            0
+        };
+        waiting.drain(..n).collect()
     }
 }
 
@@ -342,6 +351,38 @@ mod tests {
             "still exporting"
         );
         assert_eq!(counts.dropped_export_failed(), 2);
+    }
+
+    #[test]
+    fn what_is_held_is_the_bound_and_one_batch() {
+        let buffer = SpanBuffer::new(bounds(10, 4), Arc::default());
+        // A collector too slow to take anything: the buffer fills to its bound.
+        for n in 0..15 {
+            buffer.push(record(n));
+        }
+        assert_eq!(buffer.waiting.lock().len(), 10);
+        assert!(buffer.waiting.lock().capacity() <= 10 + 1);
+        let batch = buffer.take_batch(false);
+        assert_eq!(
+            batch.iter().map(|s| s.span_id[0]).collect::<Vec<_>>(),
+            [0, 1, 2, 3]
+        );
+        assert_eq!(
+            batch.capacity(),
+            4,
+            "a batch holds itself, not the buffer's room"
+        );
+        // Refilled while the batch is in flight: the room it had is reused, not grown.
+        for n in 0..4 {
+            buffer.push(record(n));
+        }
+        assert!(buffer.waiting.lock().capacity() <= 10 + 1);
+        let due: Vec<usize> = std::iter::from_fn(|| {
+            let batch = buffer.take_batch(true);
+            (!batch.is_empty()).then_some(batch.len())
+        })
+        .collect();
+        assert_eq!(due, [4, 4, 2]);
     }
 
     #[test]
