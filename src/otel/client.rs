@@ -46,10 +46,11 @@ impl Poster {
         }
     }
 
-    /// One export, retried while the collector asks for it and time is left; the error
-    /// says what went wrong without the request's headers (a collector's API key may be
-    /// among them).
-    pub(super) async fn post(&self, body: Vec<u8>, timeout: Duration) -> Result<(), String> {
+    /// One export, retried while the collector asks for it and time is left: the
+    /// collector's answer (its first [`MAX_ANSWER`] bytes: a partial success says what it
+    /// rejected). The error says what went wrong without the request's headers (a
+    /// collector's API key may be among them).
+    pub(super) async fn post(&self, body: Vec<u8>, timeout: Duration) -> Result<Vec<u8>, String> {
         let deadline = Instant::now() + timeout;
         let body = Bytes::from(body);
         let mut backoff = FIRST_BACKOFF;
@@ -57,7 +58,7 @@ impl Poster {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let failed = match self.attempt(body.clone(), left).await {
-                Ok(()) => return Ok(()),
+                Ok(answer) => return Ok(answer),
                 Err(failed) => failed,
             };
             let Some(asked) = failed.retry else {
@@ -80,7 +81,7 @@ impl Poster {
         }
     }
 
-    async fn attempt(&self, body: Bytes, timeout: Duration) -> Result<(), Failed> {
+    async fn attempt(&self, body: Bytes, timeout: Duration) -> Result<Vec<u8>, Failed> {
         let mut response = self
             .client
             .post(&self.url)
@@ -102,17 +103,19 @@ impl Poster {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
-        // The body is the collector's (a partial success, an error): not needed, but read
-        // so the connection can be reused, up to a bound (past it the connection closes).
-        let mut read = 0usize;
+        // The collector's answer (a partial success, an error), read whole so the
+        // connection can be reused, up to a bound (past it the connection closes and what
+        // was read is cut short: no partial success is read from it).
+        let mut answer = Vec::new();
         while let Ok(Some(chunk)) = response.chunk().await {
-            read += chunk.len();
-            if read > MAX_ANSWER {
+            if answer.len() + chunk.len() > MAX_ANSWER {
+                answer.clear();
                 break;
             }
+            answer.extend_from_slice(&chunk);
         }
         if status.is_success() {
-            return Ok(());
+            return Ok(answer);
         }
         let retryable = matches!(
             status,
@@ -221,7 +224,7 @@ mod tests {
         let posted = poster(url)
             .post(vec![1, 2, 3], Duration::from_secs(10))
             .await;
-        assert_eq!(posted, Ok(()));
+        assert_eq!(posted, Ok(Vec::new()));
         assert_eq!(seen.load(Ordering::SeqCst), 3);
         assert!(
             started.elapsed() >= Duration::from_secs(1),
@@ -285,7 +288,7 @@ mod tests {
                 .await;
         });
         let posted = poster(url).post(vec![1], Duration::from_secs(5)).await;
-        assert_eq!(posted, Ok(()));
+        assert_eq!(posted, Ok(Vec::new()));
         late.await.expect("served");
     }
 }

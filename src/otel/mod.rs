@@ -286,11 +286,40 @@ struct OtlpSpans {
 }
 
 impl spans::Export for OtlpSpans {
-    async fn export(&self, batch: Vec<SpanRecord>) -> Result<(), String> {
+    async fn export(&self, batch: Vec<SpanRecord>) -> Result<spans::Rejected, String> {
         let body = self.encoder.lock().encode(&self.origin, &batch);
         drop(batch);
-        self.poster.post(body, self.timeout).await
+        let answer = self.poster.post(body, self.timeout).await?;
+        Ok(rejected_spans(&answer))
     }
+}
+
+/// What a `200`'s `ExportTraceServiceResponse` says was rejected (a partial success); none
+/// when it is empty or not one.
+fn rejected_spans(answer: &[u8]) -> spans::Rejected {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
+    use prost::Message as _;
+    let partial = ExportTraceServiceResponse::decode(answer)
+        .ok()
+        .and_then(|r| r.partial_success);
+    match partial {
+        Some(p) if p.rejected_spans > 0 => spans::Rejected {
+            spans: u64::try_from(p.rejected_spans).unwrap_or(0),
+            why: p.error_message,
+        },
+        _ => spans::Rejected::default(),
+    }
+}
+
+/// What a `200`'s `ExportMetricsServiceResponse` says was rejected: the data points and why.
+fn rejected_points(answer: &[u8]) -> Option<(i64, String)> {
+    use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceResponse;
+    use prost::Message as _;
+    let partial = ExportMetricsServiceResponse::decode(answer)
+        .ok()?
+        .partial_success?;
+    (partial.rejected_data_points > 0 || !partial.error_message.is_empty())
+        .then_some((partial.rejected_data_points, partial.error_message))
 }
 
 struct MetricsExporting {
@@ -318,7 +347,14 @@ async fn export_metrics(
         let cells = meters.snapshot();
         if !cells.is_empty() {
             let body = encode::metrics(&origin, &cells, start, unix_nanos(SystemTime::now()));
-            if let Err(error) = poster.post(body, timeout).await {
+            let error = match poster.post(body, timeout).await {
+                Ok(answer) => rejected_points(&answer).map(|(points, why)| {
+                    let why = why.chars().take(200).collect::<String>();
+                    format!("the collector rejected {points} data points: {why}")
+                }),
+                Err(error) => Some(error),
+            };
+            if let Some(error) = error {
                 if let Some(held_back) = FAILED.admit() {
                     tracing::warn!(
                         event = "otel_metrics_export_failed",
@@ -517,6 +553,49 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn a_partial_success_says_what_was_rejected() {
+        use opentelemetry_proto::tonic::collector::metrics::v1::{
+            ExportMetricsPartialSuccess, ExportMetricsServiceResponse,
+        };
+        use opentelemetry_proto::tonic::collector::trace::v1::{
+            ExportTracePartialSuccess, ExportTraceServiceResponse,
+        };
+        use prost::Message as _;
+        let partial = ExportTraceServiceResponse {
+            partial_success: Some(ExportTracePartialSuccess {
+                rejected_spans: 3,
+                error_message: "spans too old".into(),
+            }),
+        };
+        assert_eq!(
+            rejected_spans(&partial.encode_to_vec()),
+            spans::Rejected {
+                spans: 3,
+                why: "spans too old".into()
+            }
+        );
+        // An empty answer (the usual), an empty message, or no protobuf: nothing rejected.
+        for answer in [
+            Vec::new(),
+            ExportTraceServiceResponse::default().encode_to_vec(),
+            b"{\"partialSuccess\":{}}".to_vec(),
+        ] {
+            assert_eq!(rejected_spans(&answer), spans::Rejected::default());
+        }
+        let points = ExportMetricsServiceResponse {
+            partial_success: Some(ExportMetricsPartialSuccess {
+                rejected_data_points: 2,
+                error_message: "bad unit".into(),
+            }),
+        };
+        assert_eq!(
+            rejected_points(&points.encode_to_vec()),
+            Some((2, "bad unit".into()))
+        );
+        assert_eq!(rejected_points(&[]), None);
     }
 
     #[test]

@@ -28,7 +28,8 @@ pub struct SpanCounts {
     exported: AtomicU64,
     /// The buffer was full (a slow or dead collector, or more spans than it takes).
     dropped_queue_full: AtomicU64,
-    /// Their export failed or ran out of time.
+    /// Their export failed or ran out of time, or the collector rejected them (a partial
+    /// success).
     dropped_export_failed: AtomicU64,
 }
 
@@ -121,9 +122,20 @@ impl SpanBuffer {
     }
 }
 
-/// Where a batch goes: encoded and posted by the caller (`mod.rs`), or a test's fake.
+/// Where a batch goes: encoded and posted by the caller (`mod.rs`), or a test's fake. `Ok`:
+/// taken, but for the spans the collector says it rejected (a partial success).
 pub(super) trait Export: Send + Sync + 'static {
-    fn export(&self, batch: Vec<SpanRecord>) -> impl Future<Output = Result<(), String>> + Send;
+    fn export(
+        &self,
+        batch: Vec<SpanRecord>,
+    ) -> impl Future<Output = Result<Rejected, String>> + Send;
+}
+
+/// The spans of an accepted export that the collector rejected, and its word on why.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct Rejected {
+    pub(super) spans: u64,
+    pub(super) why: String,
 }
 
 /// The export task's side: stop it, and wait for what was queued to be sent.
@@ -189,7 +201,8 @@ async fn export_loop<E: Export>(
     }
 }
 
-/// One export; a failure or a timeout drops its spans (counted, logged once a minute).
+/// One export; a failure or a timeout drops its spans, a partial success those it rejected
+/// (counted, logged once a minute).
 async fn export<E: Export>(
     exporter: &E,
     batch: Vec<SpanRecord>,
@@ -201,19 +214,26 @@ async fn export<E: Export>(
         return;
     }
     let n = batch.len() as u64;
-    let error = match tokio::time::timeout(deadline, exporter.export(batch)).await {
-        Ok(Ok(())) => {
-            counts.exported.fetch_add(n, Ordering::Relaxed);
-            return;
+    let (dropped, error) = match tokio::time::timeout(deadline, exporter.export(batch)).await {
+        Ok(Ok(rejected)) => {
+            let dropped = rejected.spans.min(n);
+            counts.exported.fetch_add(n - dropped, Ordering::Relaxed);
+            if dropped == 0 {
+                return;
+            }
+            let why = rejected.why.chars().take(200).collect::<String>();
+            (dropped, format!("the collector rejected them: {why}"))
         }
-        Ok(Err(e)) => e,
-        Err(_) => format!("no answer within {} ms", deadline.as_millis()),
+        Ok(Err(e)) => (n, e),
+        Err(_) => (n, format!("no answer within {} ms", deadline.as_millis())),
     };
-    counts.dropped_export_failed.fetch_add(n, Ordering::Relaxed);
+    counts
+        .dropped_export_failed
+        .fetch_add(dropped, Ordering::Relaxed);
     if let Some(held_back) = FAILED.admit() {
         tracing::warn!(
             event = "otel_export_failed",
-            spans = n,
+            spans = dropped,
             error = %error,
             failures_held_back = held_back,
             "could not export spans; they are dropped"
@@ -234,10 +254,10 @@ mod tests {
     }
 
     impl Export for Slow {
-        async fn export(&self, batch: Vec<SpanRecord>) -> Result<(), String> {
+        async fn export(&self, batch: Vec<SpanRecord>) -> Result<Rejected, String> {
             tokio::time::sleep(self.hold).await;
             self.got.lock().expect("not poisoned").push(batch.len());
-            Ok(())
+            Ok(Rejected::default())
         }
     }
 
@@ -308,10 +328,10 @@ mod tests {
         let got = Arc::new(std::sync::Mutex::new(Vec::new()));
         struct Keep(Arc<std::sync::Mutex<Vec<u8>>>);
         impl Export for Keep {
-            async fn export(&self, batch: Vec<SpanRecord>) -> Result<(), String> {
+            async fn export(&self, batch: Vec<SpanRecord>) -> Result<Rejected, String> {
                 let ids = batch.iter().map(|s| s.span_id[0]);
                 self.0.lock().expect("not poisoned").extend(ids);
-                Ok(())
+                Ok(Rejected::default())
             }
         }
         let counts = Arc::new(SpanCounts::default());
@@ -350,6 +370,28 @@ mod tests {
             !exporting.stop(Duration::from_millis(500)).await,
             "still exporting"
         );
+        assert_eq!(counts.dropped_export_failed(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn spans_a_collector_rejects_are_dropped_not_exported() {
+        struct Partial;
+        impl Export for Partial {
+            async fn export(&self, _: Vec<SpanRecord>) -> Result<Rejected, String> {
+                Ok(Rejected {
+                    spans: 2,
+                    why: "too old".into(),
+                })
+            }
+        }
+        let counts = Arc::new(SpanCounts::default());
+        let (buffer, exporting, task) = pipeline(Partial, bounds(10, 3), Arc::clone(&counts));
+        tokio::spawn(task);
+        for n in 0..3 {
+            buffer.push(record(n));
+        }
+        assert!(exporting.stop(Duration::from_secs(1)).await);
+        assert_eq!(counts.exported(), 1);
         assert_eq!(counts.dropped_export_failed(), 2);
     }
 
