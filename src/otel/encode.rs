@@ -337,7 +337,7 @@ pub(super) fn metrics(
             max: Some(cell.max),
         })
         .collect();
-    let refusal_points = cells
+    let refusal_points: Vec<NumberDataPoint> = cells
         .iter()
         .filter(|(_, cell)| cell.labels.refused)
         .map(|(queue, cell)| {
@@ -373,17 +373,10 @@ pub(super) fn metrics(
             aggregation_temporality: AggregationTemporality::Cumulative.into(),
         })),
     }];
-    metrics.push(Metric {
-        name: "sendgate.refusals".into(),
-        description: "Sends the gateway refused, by error.type (the problem code).".into(),
-        unit: "{refusal}".into(),
-        metadata: Vec::new(),
-        data: Some(metric::Data::Sum(Sum {
-            data_points: refusal_points,
-            aggregation_temporality: AggregationTemporality::Cumulative.into(),
-            is_monotonic: true,
-        })),
-    });
+    // A metric without a point is none: sent only once a refusal was counted.
+    if !refusal_points.is_empty() {
+        metrics.push(refusals(refusal_points));
+    }
     ExportMetricsServiceRequest {
         resource_metrics: vec![ResourceMetrics {
             resource: Some(origin.resource.clone()),
@@ -396,6 +389,20 @@ pub(super) fn metrics(
         }],
     }
     .encode_to_vec()
+}
+
+fn refusals(data_points: Vec<NumberDataPoint>) -> Metric {
+    Metric {
+        name: "sendgate.refusals".into(),
+        description: "Sends the gateway refused, by error.type (the problem code).".into(),
+        unit: "{refusal}".into(),
+        metadata: Vec::new(),
+        data: Some(metric::Data::Sum(Sum {
+            data_points,
+            aggregation_temporality: AggregationTemporality::Cumulative.into(),
+            is_monotonic: true,
+        })),
+    }
 }
 
 /// Cells whose attributes are the same (the cells differ in labels this metric does not
@@ -775,6 +782,26 @@ mod tests {
             attribute(span, "messaging.destination.name"),
             string(&"q".repeat(300))
         );
+    }
+
+    #[test]
+    fn no_refusal_no_refusals_metric() {
+        let meters = Meters::default();
+        let ok = Labels {
+            system: "rabbitmq",
+            error: None,
+            refused: false,
+            reason: None,
+        };
+        meters.record("requests", ok, 0.002);
+        let bytes = metrics(&origin(), &meters.snapshot(), 10, 20);
+        let request = ExportMetricsServiceRequest::decode(&bytes[..]).expect("valid protobuf");
+        let names: Vec<&str> = request.resource_metrics[0].scope_metrics[0]
+            .metrics
+            .iter()
+            .map(|m| m.name.as_str())
+            .collect();
+        assert_eq!(names, ["messaging.client.operation.duration"]);
     }
 
     #[test]
