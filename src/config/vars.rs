@@ -786,6 +786,12 @@ pub const OTEL_EXPORTER_OTLP_PROTOCOL: Var = otel(
     "Only http/protobuf is built in (no gRPC): another value is logged at start-up (otel_protocol_unsupported) and http/protobuf is sent.",
 )
 .unset("http/protobuf");
+pub const OTEL_EXPORTER_OTLP_COMPRESSION: Var = otel(
+    "OTEL_EXPORTER_OTLP_COMPRESSION",
+    K::Text,
+    "No compression is built in: gzip (or any value but none) is logged at start-up (otel_compression_unsupported) and the exports go uncompressed.",
+)
+.unset("none");
 pub const OTEL_EXPORTER_OTLP_HEADERS: Var = otel(
     "OTEL_EXPORTER_OTLP_HEADERS",
     K::Text,
@@ -981,6 +987,7 @@ pub const VARIABLES: &[&Var] = &[
     &OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
     &OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
     &OTEL_EXPORTER_OTLP_PROTOCOL,
+    &OTEL_EXPORTER_OTLP_COMPRESSION,
     &OTEL_EXPORTER_OTLP_HEADERS,
     &OTEL_EXPORTER_OTLP_TRACES_HEADERS,
     &OTEL_EXPORTER_OTLP_METRICS_HEADERS,

@@ -115,6 +115,17 @@ impl Otel {
                 "OTEL_EXPORTER_OTLP_PROTOCOL: only http/protobuf is built in; sending that"
             );
         }
+        if let Some(compression) = settings
+            .compression
+            .as_deref()
+            .filter(|c| !c.eq_ignore_ascii_case("none"))
+        {
+            tracing::warn!(
+                event = "otel_compression_unsupported",
+                compression,
+                "OTEL_EXPORTER_OTLP_COMPRESSION: no compression is built in; exporting uncompressed"
+            );
+        }
         crate::tls::install_ring();
         let client = reqwest::Client::builder()
             .timeout(settings.request_timeout)
