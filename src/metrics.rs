@@ -169,7 +169,7 @@ fn connection_families(connections: &Connections) -> Vec<prometheus::proto::Metr
 
 /// What became of the OpenTelemetry spans (only while exporting): exported, or dropped
 /// by reason (`queue_full`: the collector is slow or gone and the queue is full;
-/// `export_failed`: an export failed or ran out of time).
+/// `export_failed`: an export failed or ran out of time, or the collector rejected them).
 fn otel_families(counts: &SpanCounts) -> Vec<prometheus::proto::MetricFamily> {
     let exported = prometheus::IntCounter::new(
         "sendgate_otel_spans_exported_total",
@@ -179,7 +179,7 @@ fn otel_families(counts: &SpanCounts) -> Vec<prometheus::proto::MetricFamily> {
     exported.inc_by(counts.exported());
     let dropped = counter_vec(
         "sendgate_otel_spans_dropped_total",
-        "Spans dropped instead of exported, by reason: queue_full (OTEL_BSP_MAX_QUEUE_SIZE reached: a slow or dead collector; no send waits), export_failed (the collector failed or timed out).",
+        "Spans dropped instead of exported, by reason: queue_full (OTEL_BSP_MAX_QUEUE_SIZE reached: a slow or dead collector; no send waits), export_failed (the collector failed, timed out, or rejected them in a partial success).",
         &["reason"],
     );
     dropped

@@ -24,6 +24,8 @@ pub struct OtelSettings {
     pub metrics_headers: ExportHeaders,
     /// `OTEL_EXPORTER_OTLP_PROTOCOL` when set: only `http/protobuf` is built in.
     pub protocol: Option<String>,
+    /// `OTEL_EXPORTER_OTLP_COMPRESSION` when set: none is built in.
+    pub compression: Option<String>,
     /// One export request's deadline (`OTEL_EXPORTER_OTLP_TIMEOUT`).
     pub request_timeout: Duration,
     pub metric_interval: Duration,
@@ -65,6 +67,7 @@ pub(super) fn parse(layers: &Layers) -> Result<OtelSettings, ConfigError> {
         traces_headers: own(&v::OTEL_EXPORTER_OTLP_TRACES_HEADERS)?,
         metrics_headers: own(&v::OTEL_EXPORTER_OTLP_METRICS_HEADERS)?,
         protocol: layers.text(&v::OTEL_EXPORTER_OTLP_PROTOCOL),
+        compression: layers.text(&v::OTEL_EXPORTER_OTLP_COMPRESSION),
         request_timeout: layers.duration(&v::OTEL_EXPORTER_OTLP_TIMEOUT)?,
         metric_interval: layers.duration(&v::OTEL_METRIC_EXPORT_INTERVAL)?,
         queue_size,

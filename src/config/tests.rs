@@ -1194,6 +1194,18 @@ fn otlp_headers_are_parsed_percent_decoded_sensitive_and_per_signal() {
 }
 
 #[test]
+fn otlp_compression_is_read_so_it_can_be_said_unsupported() {
+    let s = Settings::from_vars(&vars(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+    ]))
+    .unwrap();
+    assert_eq!(s.otel.compression.as_deref(), Some("gzip"));
+    let unset = Settings::from_vars(&vars(&[])).unwrap();
+    assert_eq!(unset.otel.compression, None);
+}
+
+#[test]
 fn a_bad_otlp_header_is_a_config_error_that_shows_no_value() {
     for bad in ["api-key", "bad name=1", "k=v\u{7f}", "k=%0A"] {
         let err = Settings::from_vars(&vars(&[(

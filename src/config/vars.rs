@@ -786,6 +786,12 @@ pub const OTEL_EXPORTER_OTLP_PROTOCOL: Var = otel(
     "Only http/protobuf is built in (no gRPC): another value is logged at start-up (otel_protocol_unsupported) and http/protobuf is sent.",
 )
 .unset("http/protobuf");
+pub const OTEL_EXPORTER_OTLP_COMPRESSION: Var = otel(
+    "OTEL_EXPORTER_OTLP_COMPRESSION",
+    K::Text,
+    "No compression is built in: gzip (or any value but none) is logged at start-up (otel_compression_unsupported) and the exports go uncompressed.",
+)
+.unset("none");
 pub const OTEL_EXPORTER_OTLP_HEADERS: Var = otel(
     "OTEL_EXPORTER_OTLP_HEADERS",
     K::Text,
@@ -810,7 +816,7 @@ pub const OTEL_EXPORTER_OTLP_TIMEOUT: Var = otel(
         min: 1,
         max: HOUR_MS,
     },
-    "Deadline of one export request, both signals: the HTTP client gives up then.",
+    "Deadline of one export, both signals, its retries included: a 429, 502, 503 or 504 answer, or none, is sent again (backoff from 100 ms, at most 3 retries, a Retry-After in seconds waited) while time is left; any other failure is final.",
 )
 .default("10000")
 .unit(Unit::Millis);
@@ -823,7 +829,7 @@ pub const OTEL_SERVICE_NAME: Var = otel(
 pub const OTEL_RESOURCE_ATTRIBUTES: Var = otel(
     "OTEL_RESOURCE_ATTRIBUTES",
     K::Text,
-    "key=value pairs, comma-separated, on every span and metric (e.g. deployment.environment.name=prod); read by the OpenTelemetry SDK.",
+    "key=value pairs, comma-separated, on every span and metric (e.g. deployment.environment.name=prod); read by the OpenTelemetry SDK. Without a service.instance.id here, each process gets a random one (a UUID), so replicas export series of their own.",
 );
 pub const OTEL_TRACES_SAMPLER: Var = otel(
     "OTEL_TRACES_SAMPLER",
@@ -981,6 +987,7 @@ pub const VARIABLES: &[&Var] = &[
     &OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
     &OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
     &OTEL_EXPORTER_OTLP_PROTOCOL,
+    &OTEL_EXPORTER_OTLP_COMPRESSION,
     &OTEL_EXPORTER_OTLP_HEADERS,
     &OTEL_EXPORTER_OTLP_TRACES_HEADERS,
     &OTEL_EXPORTER_OTLP_METRICS_HEADERS,

@@ -337,7 +337,7 @@ pub(super) fn metrics(
             max: Some(cell.max),
         })
         .collect();
-    let refusal_points = cells
+    let refusal_points: Vec<NumberDataPoint> = cells
         .iter()
         .filter(|(_, cell)| cell.labels.refused)
         .map(|(queue, cell)| {
@@ -373,17 +373,10 @@ pub(super) fn metrics(
             aggregation_temporality: AggregationTemporality::Cumulative.into(),
         })),
     }];
-    metrics.push(Metric {
-        name: "sendgate.refusals".into(),
-        description: "Sends the gateway refused, by error.type (the problem code).".into(),
-        unit: "{refusal}".into(),
-        metadata: Vec::new(),
-        data: Some(metric::Data::Sum(Sum {
-            data_points: refusal_points,
-            aggregation_temporality: AggregationTemporality::Cumulative.into(),
-            is_monotonic: true,
-        })),
-    });
+    // A metric without a point is none: sent only once a refusal was counted.
+    if !refusal_points.is_empty() {
+        metrics.push(refusals(refusal_points));
+    }
     ExportMetricsServiceRequest {
         resource_metrics: vec![ResourceMetrics {
             resource: Some(origin.resource.clone()),
@@ -396,6 +389,20 @@ pub(super) fn metrics(
         }],
     }
     .encode_to_vec()
+}
+
+fn refusals(data_points: Vec<NumberDataPoint>) -> Metric {
+    Metric {
+        name: "sendgate.refusals".into(),
+        description: "Sends the gateway refused, by error.type (the problem code).".into(),
+        unit: "{refusal}".into(),
+        metadata: Vec::new(),
+        data: Some(metric::Data::Sum(Sum {
+            data_points,
+            aggregation_temporality: AggregationTemporality::Cumulative.into(),
+            is_monotonic: true,
+        })),
+    }
 }
 
 /// Cells whose attributes are the same (the cells differ in labels this metric does not
@@ -562,6 +569,179 @@ mod tests {
         assert_eq!(again.resource_spans[0].scope_spans[0].spans.len(), 1);
     }
 
+    /// splitmix64: a seeded generator, so a failing case is the same on every run.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+        fn chance(&mut self) -> bool {
+            self.next() & 1 == 1
+        }
+        fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+            from[self.below(from.len() as u64) as usize]
+        }
+        fn bytes<const N: usize>(&mut self) -> [u8; N] {
+            std::array::from_fn(|_| self.next() as u8)
+        }
+        /// A string of 0 to `max` characters, multi-byte ones among them.
+        fn text(&mut self, max: u64) -> String {
+            let len = self.below(max + 1);
+            (0..len)
+                .map(|_| self.pick(&['a', 'Z', '0', '-', '=', ' ', 'é', '€', '𝄞']))
+                .collect()
+        }
+        /// An edge value or any.
+        fn nanos(&mut self) -> u64 {
+            match self.below(4) {
+                0 => self.pick(&[0, 1, 127, 128, u64::MAX]),
+                _ => self.next(),
+            }
+        }
+    }
+
+    fn random_record(rng: &mut Rng) -> SpanRecord {
+        let codes = [
+            "queue_full",
+            "backend_unavailable",
+            "send_timeout",
+            "partial",
+        ];
+        SpanRecord {
+            trace_id: rng.bytes(),
+            span_id: rng.bytes(),
+            parent_id: rng.chance().then(|| rng.bytes()),
+            trace_state: rng.chance().then(|| rng.text(600).into()),
+            start_unix_nanos: rng.nanos(),
+            end_unix_nanos: rng.nanos(),
+            queue: if rng.below(5) == 0 {
+                "unknown".into()
+            } else {
+                rng.text(300).into()
+            },
+            send: crate::otel::record::OwnedRecord {
+                system: rng.pick(&["servicebus", "rabbitmq", "sendgate_embedded"]),
+                backend: rng.chance().then(|| rng.pick(&["primary", "fallback"])),
+                status: rng.pick(&[0, 200, 201, 207, 400, 429, 499, 500, 503, 504, u16::MAX]),
+                error: rng.chance().then(|| rng.pick(&codes)),
+                decision: rng.pick(&[Decision::Admitted, Decision::Refused, Decision::Validated]),
+                reason: rng.chance().then(|| rng.pick(&["ceiling", "tenant_share"])),
+                message_id: rng.chance().then(|| rng.text(200).into()),
+                message_count: rng.chance().then(|| {
+                    let any = rng.next() as usize;
+                    rng.pick(&[0, 1, 300, i64::MAX as usize, usize::MAX, any])
+                }),
+                tenant: rng.chance().then(|| rng.text(40).into()),
+            },
+        }
+    }
+
+    /// What the contract says `r`'s span is, built with the collector's own types.
+    fn expected_span(r: &SpanRecord) -> Span {
+        let s = &r.send;
+        let value = |value| KeyValue {
+            key: String::new(),
+            value: Some(AnyValue { value: Some(value) }),
+            key_strindex: 0,
+        };
+        let typed = |key: &str, v| KeyValue {
+            key: key.into(),
+            ..value(v)
+        };
+        let mut attributes = vec![
+            kv("messaging.operation.type", "send"),
+            kv("messaging.operation.name", "send"),
+            kv("messaging.system", s.system),
+            kv("sendgate.admission.outcome", s.decision.as_str()),
+            kv("messaging.destination.name", &r.queue),
+            typed(
+                "http.response.status_code",
+                any_value::Value::IntValue(i64::from(s.status)),
+            ),
+        ];
+        attributes.extend(s.backend.map(|b| kv("sendgate.backend", b)));
+        attributes.extend(s.error.map(|e| kv("error.type", e)));
+        attributes.extend(s.reason.map(|e| kv("sendgate.refusal.reason", e)));
+        if s.decision == Decision::Validated {
+            attributes.push(typed("sendgate.dry_run", any_value::Value::BoolValue(true)));
+        }
+        attributes.extend(
+            s.message_id
+                .as_deref()
+                .map(|id| kv("messaging.message.id", id)),
+        );
+        attributes.extend(s.message_count.map(|n| {
+            let n = i64::try_from(n).unwrap_or(i64::MAX);
+            typed(
+                "messaging.batch.message_count",
+                any_value::Value::IntValue(n),
+            )
+        }));
+        attributes.extend(s.tenant.as_deref().map(|t| kv("sendgate.tenant", t)));
+        attributes.sort_by(|a, b| a.key.cmp(&b.key));
+        Span {
+            trace_id: r.trace_id.to_vec(),
+            span_id: r.span_id.to_vec(),
+            trace_state: r.trace_state.as_deref().unwrap_or_default().to_owned(),
+            parent_span_id: r.parent_id.map(|p| p.to_vec()).unwrap_or_default(),
+            // W3C flags: sampled (only sampled spans are exported); whether the parent is
+            // remote is known (0x100), and it is when there is one (0x200).
+            flags: 0x01 | 0x100 | if r.parent_id.is_some() { 0x200 } else { 0 },
+            name: if &*r.queue == "unknown" {
+                "send".into()
+            } else {
+                format!("send {}", r.queue)
+            },
+            kind: span::SpanKind::Producer as i32,
+            start_time_unix_nano: r.start_unix_nanos,
+            end_time_unix_nano: r.end_unix_nanos,
+            attributes,
+            dropped_attributes_count: 0,
+            events: Vec::new(),
+            dropped_events_count: 0,
+            links: Vec::new(),
+            dropped_links_count: 0,
+            status: (s.status >= 500).then(|| opentelemetry_proto::tonic::trace::v1::Status {
+                message: s.error.unwrap_or("error").into(),
+                code: status::StatusCode::Error as i32,
+            }),
+        }
+    }
+
+    #[test]
+    fn random_records_decode_with_every_field_as_written() {
+        let mut rng = Rng(0x5e4d_6a7e);
+        // One encoder for every batch: its per-value caches carry over, as on the thread.
+        let mut encoder = SpanEncoder::default();
+        for round in 0..300 {
+            let batch: Vec<SpanRecord> =
+                (0..rng.below(8)).map(|_| random_record(&mut rng)).collect();
+            let request = decode(&encoder.encode(&origin(), &batch));
+            let [resource_spans] = &request.resource_spans[..] else {
+                panic!("round {round}: one resource")
+            };
+            assert_eq!(resource_spans.resource, Some(origin().resource));
+            let [scope_spans] = &resource_spans.scope_spans[..] else {
+                panic!("round {round}: one scope")
+            };
+            assert_eq!(scope_spans.scope, Some(origin().scope));
+            assert_eq!(scope_spans.spans.len(), batch.len(), "round {round}");
+            for (got, record) in scope_spans.spans.iter().zip(&batch) {
+                let mut got = got.clone();
+                got.attributes.sort_by(|a, b| a.key.cmp(&b.key));
+                assert_eq!(got, expected_span(record), "round {round}: {record:?}");
+            }
+        }
+    }
+
     #[test]
     fn varints_are_protobufs_and_counted_as_written() {
         for value in [
@@ -602,6 +782,26 @@ mod tests {
             attribute(span, "messaging.destination.name"),
             string(&"q".repeat(300))
         );
+    }
+
+    #[test]
+    fn no_refusal_no_refusals_metric() {
+        let meters = Meters::default();
+        let ok = Labels {
+            system: "rabbitmq",
+            error: None,
+            refused: false,
+            reason: None,
+        };
+        meters.record("requests", ok, 0.002);
+        let bytes = metrics(&origin(), &meters.snapshot(), 10, 20);
+        let request = ExportMetricsServiceRequest::decode(&bytes[..]).expect("valid protobuf");
+        let names: Vec<&str> = request.resource_metrics[0].scope_metrics[0]
+            .metrics
+            .iter()
+            .map(|m| m.name.as_str())
+            .collect();
+        assert_eq!(names, ["messaging.client.operation.duration"]);
     }
 
     #[test]

@@ -115,6 +115,17 @@ impl Otel {
                 "OTEL_EXPORTER_OTLP_PROTOCOL: only http/protobuf is built in; sending that"
             );
         }
+        if let Some(compression) = settings
+            .compression
+            .as_deref()
+            .filter(|c| !c.eq_ignore_ascii_case("none"))
+        {
+            tracing::warn!(
+                event = "otel_compression_unsupported",
+                compression,
+                "OTEL_EXPORTER_OTLP_COMPRESSION: no compression is built in; exporting uncompressed"
+            );
+        }
         crate::tls::install_ring();
         let client = reqwest::Client::builder()
             .timeout(settings.request_timeout)
@@ -286,11 +297,40 @@ struct OtlpSpans {
 }
 
 impl spans::Export for OtlpSpans {
-    async fn export(&self, batch: Vec<SpanRecord>) -> Result<(), String> {
+    async fn export(&self, batch: Vec<SpanRecord>) -> Result<spans::Rejected, String> {
         let body = self.encoder.lock().encode(&self.origin, &batch);
         drop(batch);
-        self.poster.post(body, self.timeout).await
+        let answer = self.poster.post(body, self.timeout).await?;
+        Ok(rejected_spans(&answer))
     }
+}
+
+/// What a `200`'s `ExportTraceServiceResponse` says was rejected (a partial success); none
+/// when it is empty or not one.
+fn rejected_spans(answer: &[u8]) -> spans::Rejected {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
+    use prost::Message as _;
+    let partial = ExportTraceServiceResponse::decode(answer)
+        .ok()
+        .and_then(|r| r.partial_success);
+    match partial {
+        Some(p) if p.rejected_spans > 0 => spans::Rejected {
+            spans: u64::try_from(p.rejected_spans).unwrap_or(0),
+            why: p.error_message,
+        },
+        _ => spans::Rejected::default(),
+    }
+}
+
+/// What a `200`'s `ExportMetricsServiceResponse` says was rejected: the data points and why.
+fn rejected_points(answer: &[u8]) -> Option<(i64, String)> {
+    use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceResponse;
+    use prost::Message as _;
+    let partial = ExportMetricsServiceResponse::decode(answer)
+        .ok()?
+        .partial_success?;
+    (partial.rejected_data_points > 0 || !partial.error_message.is_empty())
+        .then_some((partial.rejected_data_points, partial.error_message))
 }
 
 struct MetricsExporting {
@@ -318,7 +358,14 @@ async fn export_metrics(
         let cells = meters.snapshot();
         if !cells.is_empty() {
             let body = encode::metrics(&origin, &cells, start, unix_nanos(SystemTime::now()));
-            if let Err(error) = poster.post(body, timeout).await {
+            let error = match poster.post(body, timeout).await {
+                Ok(answer) => rejected_points(&answer).map(|(points, why)| {
+                    let why = why.chars().take(200).collect::<String>();
+                    format!("the collector rejected {points} data points: {why}")
+                }),
+                Err(error) => Some(error),
+            };
+            if let Some(error) = error {
                 if let Some(held_back) = FAILED.admit() {
                     tracing::warn!(
                         event = "otel_metrics_export_failed",
@@ -341,7 +388,8 @@ fn unix_nanos(at: SystemTime) -> u64 {
 }
 
 /// `service.name` and the rest as the SDK reads them (`OTEL_SERVICE_NAME`,
-/// `OTEL_RESOURCE_ATTRIBUTES`); `sendgate` when neither names the service.
+/// `OTEL_RESOURCE_ATTRIBUTES`); `sendgate` when neither names the service; and a
+/// `service.instance.id` of this process's own when they give none ([`with_instance_id`]).
 fn resource() -> opentelemetry_proto::tonic::resource::v1::Resource {
     let detected = Resource::builder().build();
     let named = detected
@@ -352,11 +400,34 @@ fn resource() -> opentelemetry_proto::tonic::resource::v1::Resource {
     } else {
         Resource::builder().with_service_name("sendgate").build()
     };
+    let mut attributes = ResourceAttributesWithSchema::from(&resource).attributes.0;
+    with_instance_id(&mut attributes, || uuid::Uuid::new_v4().to_string());
     opentelemetry_proto::tonic::resource::v1::Resource {
-        attributes: ResourceAttributesWithSchema::from(&resource).attributes.0,
+        attributes,
         dropped_attributes_count: 0,
         entity_refs: Vec::new(),
     }
+}
+
+/// Adds `service.instance.id` (a new UUID, as the semantic conventions advise) unless one is
+/// set. The metrics are cumulative: without it every replica of a fleet exports the same
+/// series under the same resource, and a collector or backend reads their different totals
+/// as one series that jumps and resets (OpenTelemetry's single-writer rule).
+fn with_instance_id(
+    attributes: &mut Vec<opentelemetry_proto::tonic::common::v1::KeyValue>,
+    id: impl FnOnce() -> String,
+) {
+    use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
+    if attributes.iter().any(|kv| kv.key == "service.instance.id") {
+        return;
+    }
+    attributes.push(KeyValue {
+        key: "service.instance.id".into(),
+        value: Some(AnyValue {
+            value: Some(any_value::Value::StringValue(id())),
+        }),
+        key_strindex: 0,
+    });
 }
 
 impl Traces {
@@ -476,5 +547,85 @@ impl SendSpan<'_> {
             queue: traces.names.get(self.queue),
             send: OwnedRecord::new(&record, &traces.names),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn instance_id(r: &opentelemetry_proto::tonic::resource::v1::Resource) -> Vec<String> {
+        use opentelemetry_proto::tonic::common::v1::any_value::Value;
+        r.attributes
+            .iter()
+            .filter(|kv| kv.key == "service.instance.id")
+            .filter_map(|kv| match kv.value.as_ref()?.value.as_ref()? {
+                Value::StringValue(s) => Some(s.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_partial_success_says_what_was_rejected() {
+        use opentelemetry_proto::tonic::collector::metrics::v1::{
+            ExportMetricsPartialSuccess, ExportMetricsServiceResponse,
+        };
+        use opentelemetry_proto::tonic::collector::trace::v1::{
+            ExportTracePartialSuccess, ExportTraceServiceResponse,
+        };
+        use prost::Message as _;
+        let partial = ExportTraceServiceResponse {
+            partial_success: Some(ExportTracePartialSuccess {
+                rejected_spans: 3,
+                error_message: "spans too old".into(),
+            }),
+        };
+        assert_eq!(
+            rejected_spans(&partial.encode_to_vec()),
+            spans::Rejected {
+                spans: 3,
+                why: "spans too old".into()
+            }
+        );
+        // An empty answer (the usual), an empty message, or no protobuf: nothing rejected.
+        for answer in [
+            Vec::new(),
+            ExportTraceServiceResponse::default().encode_to_vec(),
+            b"{\"partialSuccess\":{}}".to_vec(),
+        ] {
+            assert_eq!(rejected_spans(&answer), spans::Rejected::default());
+        }
+        let points = ExportMetricsServiceResponse {
+            partial_success: Some(ExportMetricsPartialSuccess {
+                rejected_data_points: 2,
+                error_message: "bad unit".into(),
+            }),
+        };
+        assert_eq!(
+            rejected_points(&points.encode_to_vec()),
+            Some((2, "bad unit".into()))
+        );
+        assert_eq!(rejected_points(&[]), None);
+    }
+
+    #[test]
+    fn each_process_is_an_instance_of_its_own_unless_told_which() {
+        // Two gateways of one service: two instances, so two series of cumulative totals.
+        let (one, two) = (resource(), resource());
+        let (one, two) = (instance_id(&one), instance_id(&two));
+        assert_eq!((one.len(), two.len()), (1, 1), "{one:?} {two:?}");
+        assert_ne!(one, two);
+        // OTEL_RESOURCE_ATTRIBUTES' service.instance.id is kept as it is.
+        let mut given = resource().attributes;
+        given.retain(|kv| kv.key != "service.instance.id");
+        with_instance_id(&mut given, || "replica-1".into());
+        with_instance_id(&mut given, || "other".into());
+        let given = opentelemetry_proto::tonic::resource::v1::Resource {
+            attributes: given,
+            dropped_attributes_count: 0,
+            entity_refs: Vec::new(),
+        };
+        assert_eq!(instance_id(&given), ["replica-1"]);
     }
 }

@@ -10,6 +10,7 @@
 //! while it waits on a slow collector the buffer fills, and what does not fit
 //! (`OTEL_BSP_MAX_QUEUE_SIZE`) is dropped, not queued without bound.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -27,7 +28,8 @@ pub struct SpanCounts {
     exported: AtomicU64,
     /// The buffer was full (a slow or dead collector, or more spans than it takes).
     dropped_queue_full: AtomicU64,
-    /// Their export failed or ran out of time.
+    /// Their export failed or ran out of time, or the collector rejected them (a partial
+    /// success).
     dropped_export_failed: AtomicU64,
 }
 
@@ -57,7 +59,8 @@ pub(super) struct Bounds {
 /// The request path's side: ended spans into the buffer.
 #[derive(Debug)]
 pub(super) struct SpanBuffer {
-    waiting: Mutex<Vec<SpanRecord>>,
+    /// Grown as spans wait, never past `bounds.queue`; a batch leaves from the front.
+    waiting: Mutex<VecDeque<SpanRecord>>,
     /// Wakes the export task when a batch is full.
     full: Notify,
     bounds: Bounds,
@@ -72,7 +75,7 @@ impl SpanBuffer {
             ..bounds
         };
         Self {
-            waiting: Mutex::new(Vec::with_capacity(bounds.batch)),
+            waiting: Mutex::new(VecDeque::with_capacity(bounds.batch)),
             full: Notify::new(),
             bounds,
             counts,
@@ -89,7 +92,12 @@ impl SpanBuffer {
                 .fetch_add(1, Ordering::Relaxed);
             return;
         }
-        waiting.push(span);
+        if waiting.len() == waiting.capacity() {
+            // Doubling, but never past the bound: what is held is the bound at most.
+            let more = waiting.len().clamp(1, self.bounds.queue - waiting.len());
+            waiting.reserve_exact(more);
+        }
+        waiting.push_back(span);
         let batch_full = waiting.len() == self.bounds.batch;
         drop(waiting);
         if batch_full {
@@ -97,24 +105,37 @@ impl SpanBuffer {
         }
     }
 
-    /// A full batch of the oldest waiting spans; when `due`, fewer if fewer wait.
+    /// A full batch of the oldest waiting spans; when `due`, fewer if fewer wait. The
+    /// batch is a vector of its own size, taken from the front: the buffer keeps its room
+    /// (the sends that refill it never grow it again) and the spans behind are not moved,
+    /// so what is held is the buffer's bound plus the batch in flight.
     fn take_batch(&self, due: bool) -> Vec<SpanRecord> {
         let mut waiting = self.waiting.lock();
-        if waiting.len() > self.bounds.batch {
-            let rest = waiting.split_off(self.bounds.batch);
-            return std::mem::replace(&mut *waiting, rest);
-        }
-        if waiting.len() == self.bounds.batch || due {
-            // Room for the next batch, so the sends that fill it never grow the buffer.
-            return std::mem::replace(&mut *waiting, Vec::with_capacity(self.bounds.batch));
-        }
-        Vec::new()
+        let n = if waiting.len() >= self.bounds.batch {
+            self.bounds.batch
+        } else if due {
+            waiting.len()
+        } else {
+            0
+        };
+        waiting.drain(..n).collect()
     }
 }
 
-/// Where a batch goes: encoded and posted by the caller (`mod.rs`), or a test's fake.
+/// Where a batch goes: encoded and posted by the caller (`mod.rs`), or a test's fake. `Ok`:
+/// taken, but for the spans the collector says it rejected (a partial success).
 pub(super) trait Export: Send + Sync + 'static {
-    fn export(&self, batch: Vec<SpanRecord>) -> impl Future<Output = Result<(), String>> + Send;
+    fn export(
+        &self,
+        batch: Vec<SpanRecord>,
+    ) -> impl Future<Output = Result<Rejected, String>> + Send;
+}
+
+/// The spans of an accepted export that the collector rejected, and its word on why.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct Rejected {
+    pub(super) spans: u64,
+    pub(super) why: String,
 }
 
 /// The export task's side: stop it, and wait for what was queued to be sent.
@@ -180,7 +201,8 @@ async fn export_loop<E: Export>(
     }
 }
 
-/// One export; a failure or a timeout drops its spans (counted, logged once a minute).
+/// One export; a failure or a timeout drops its spans, a partial success those it rejected
+/// (counted, logged once a minute).
 async fn export<E: Export>(
     exporter: &E,
     batch: Vec<SpanRecord>,
@@ -192,19 +214,26 @@ async fn export<E: Export>(
         return;
     }
     let n = batch.len() as u64;
-    let error = match tokio::time::timeout(deadline, exporter.export(batch)).await {
-        Ok(Ok(())) => {
-            counts.exported.fetch_add(n, Ordering::Relaxed);
-            return;
+    let (dropped, error) = match tokio::time::timeout(deadline, exporter.export(batch)).await {
+        Ok(Ok(rejected)) => {
+            let dropped = rejected.spans.min(n);
+            counts.exported.fetch_add(n - dropped, Ordering::Relaxed);
+            if dropped == 0 {
+                return;
+            }
+            let why = rejected.why.chars().take(200).collect::<String>();
+            (dropped, format!("the collector rejected them: {why}"))
         }
-        Ok(Err(e)) => e,
-        Err(_) => format!("no answer within {} ms", deadline.as_millis()),
+        Ok(Err(e)) => (n, e),
+        Err(_) => (n, format!("no answer within {} ms", deadline.as_millis())),
     };
-    counts.dropped_export_failed.fetch_add(n, Ordering::Relaxed);
+    counts
+        .dropped_export_failed
+        .fetch_add(dropped, Ordering::Relaxed);
     if let Some(held_back) = FAILED.admit() {
         tracing::warn!(
             event = "otel_export_failed",
-            spans = n,
+            spans = dropped,
             error = %error,
             failures_held_back = held_back,
             "could not export spans; they are dropped"
@@ -225,10 +254,10 @@ mod tests {
     }
 
     impl Export for Slow {
-        async fn export(&self, batch: Vec<SpanRecord>) -> Result<(), String> {
+        async fn export(&self, batch: Vec<SpanRecord>) -> Result<Rejected, String> {
             tokio::time::sleep(self.hold).await;
             self.got.lock().expect("not poisoned").push(batch.len());
-            Ok(())
+            Ok(Rejected::default())
         }
     }
 
@@ -299,10 +328,10 @@ mod tests {
         let got = Arc::new(std::sync::Mutex::new(Vec::new()));
         struct Keep(Arc<std::sync::Mutex<Vec<u8>>>);
         impl Export for Keep {
-            async fn export(&self, batch: Vec<SpanRecord>) -> Result<(), String> {
+            async fn export(&self, batch: Vec<SpanRecord>) -> Result<Rejected, String> {
                 let ids = batch.iter().map(|s| s.span_id[0]);
                 self.0.lock().expect("not poisoned").extend(ids);
-                Ok(())
+                Ok(Rejected::default())
             }
         }
         let counts = Arc::new(SpanCounts::default());
@@ -342,6 +371,60 @@ mod tests {
             "still exporting"
         );
         assert_eq!(counts.dropped_export_failed(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn spans_a_collector_rejects_are_dropped_not_exported() {
+        struct Partial;
+        impl Export for Partial {
+            async fn export(&self, _: Vec<SpanRecord>) -> Result<Rejected, String> {
+                Ok(Rejected {
+                    spans: 2,
+                    why: "too old".into(),
+                })
+            }
+        }
+        let counts = Arc::new(SpanCounts::default());
+        let (buffer, exporting, task) = pipeline(Partial, bounds(10, 3), Arc::clone(&counts));
+        tokio::spawn(task);
+        for n in 0..3 {
+            buffer.push(record(n));
+        }
+        assert!(exporting.stop(Duration::from_secs(1)).await);
+        assert_eq!(counts.exported(), 1);
+        assert_eq!(counts.dropped_export_failed(), 2);
+    }
+
+    #[test]
+    fn what_is_held_is_the_bound_and_one_batch() {
+        let buffer = SpanBuffer::new(bounds(10, 4), Arc::default());
+        // A collector too slow to take anything: the buffer fills to its bound.
+        for n in 0..15 {
+            buffer.push(record(n));
+        }
+        assert_eq!(buffer.waiting.lock().len(), 10);
+        assert!(buffer.waiting.lock().capacity() <= 10 + 1);
+        let batch = buffer.take_batch(false);
+        assert_eq!(
+            batch.iter().map(|s| s.span_id[0]).collect::<Vec<_>>(),
+            [0, 1, 2, 3]
+        );
+        assert_eq!(
+            batch.capacity(),
+            4,
+            "a batch holds itself, not the buffer's room"
+        );
+        // Refilled while the batch is in flight: the room it had is reused, not grown.
+        for n in 0..4 {
+            buffer.push(record(n));
+        }
+        assert!(buffer.waiting.lock().capacity() <= 10 + 1);
+        let due: Vec<usize> = std::iter::from_fn(|| {
+            let batch = buffer.take_batch(true);
+            (!batch.is_empty()).then_some(batch.len())
+        })
+        .collect();
+        assert_eq!(due, [4, 4, 2]);
     }
 
     #[test]
