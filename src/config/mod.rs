@@ -40,7 +40,7 @@ pub use entra_callers::{EntraCallersSettings, Guid};
 pub use error::{closest, ConfigError};
 pub use forgiving::{forgiving_flag, forgiving_max_depth, forgiving_streak};
 pub use layers::{one_of, servicebus_near_misses, Fraction};
-pub use otel::{ExportHeaders, OtelSettings};
+pub use otel::{ExportHeaders, OtelSettings, Protocol as OtlpProtocol, SignalExport};
 pub use secret::Secret;
 pub use servicebus::{CredentialPlan, ServiceBusSettings};
 pub use vars::{Var, VARIABLES};

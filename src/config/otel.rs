@@ -12,18 +12,16 @@ use super::error::ConfigError;
 use super::layers::Layers;
 use super::vars::{self as v, Var};
 
-/// Where and how spans and metrics are exported; neither endpoint: nothing is.
+/// Where and how spans and metrics are exported; neither signal: nothing is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OtelSettings {
-    /// The full URL spans are posted to (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` as it is, or
-    /// the base endpoint's `/v1/traces`); `None`: no spans.
-    pub traces_endpoint: Option<String>,
-    /// The same for metrics (`/v1/metrics`); `None`: no metrics.
-    pub metrics_endpoint: Option<String>,
-    pub traces_headers: ExportHeaders,
-    pub metrics_headers: ExportHeaders,
-    /// `OTEL_EXPORTER_OTLP_PROTOCOL` when set: only `http/protobuf` is built in.
-    pub protocol: Option<String>,
+    /// Where spans go; `None`: no spans.
+    pub traces: Option<SignalExport>,
+    /// Where metrics go; `None`: no metrics.
+    pub metrics: Option<SignalExport>,
+    /// The protocol variables' values that name no protocol built in, each with its
+    /// variable's name: logged at start-up and ignored, as the specification asks.
+    pub unsupported_protocols: Vec<(&'static str, String)>,
     /// `OTEL_EXPORTER_OTLP_COMPRESSION` when set: none is built in.
     pub compression: Option<String>,
     /// One export request's deadline (`OTEL_EXPORTER_OTLP_TIMEOUT`).
@@ -37,36 +35,110 @@ pub struct OtelSettings {
     pub export_timeout: Duration,
 }
 
+/// One signal's export: the URL, how it is spoken, and the headers sent with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignalExport {
+    /// Over HTTP the full URL posted to; over gRPC the collector's URL (its path unused).
+    pub endpoint: String,
+    pub protocol: Protocol,
+    pub headers: ExportHeaders,
+}
+
+/// The OTLP transports built in (`OTEL_EXPORTER_OTLP_PROTOCOL`'s values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// `http/protobuf`: the specification's default.
+    HttpProtobuf,
+    /// `grpc`: the Export method of the signal's collector service, over HTTP/2.
+    Grpc,
+}
+
+impl Protocol {
+    /// The specification's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::HttpProtobuf => "http/protobuf",
+            Self::Grpc => "grpc",
+        }
+    }
+
+    fn parse(value: &str) -> Option<Self> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "http/protobuf" => Some(Self::HttpProtobuf),
+            "grpc" => Some(Self::Grpc),
+            _ => None,
+        }
+    }
+}
+
 impl OtelSettings {
     /// Whether anything is exported (and so anything built).
     pub fn enabled(&self) -> bool {
-        self.traces_endpoint.is_some() || self.metrics_endpoint.is_some()
+        self.traces.is_some() || self.metrics.is_some()
     }
 }
 
 pub(super) fn parse(layers: &Layers) -> Result<OtelSettings, ConfigError> {
     let disabled = layers.choice(&v::OTEL_SDK_DISABLED)? == Some("true");
     let base = http_url(layers, &v::OTEL_EXPORTER_OTLP_ENDPOINT)?;
-    let signal = |var: &'static Var, path: &str| -> Result<Option<String>, ConfigError> {
+    let mut unsupported_protocols = Vec::new();
+    let mut protocol = |var: &'static Var| -> Option<Protocol> {
+        let value = layers.text(var)?;
+        let parsed = Protocol::parse(&value);
+        if parsed.is_none() {
+            unsupported_protocols.push((var.name, value));
+        }
+        parsed
+    };
+    let common_protocol = protocol(&v::OTEL_EXPORTER_OTLP_PROTOCOL);
+    let traces_protocol = protocol(&v::OTEL_EXPORTER_OTLP_TRACES_PROTOCOL)
+        .or(common_protocol)
+        .unwrap_or(Protocol::HttpProtobuf);
+    let metrics_protocol = protocol(&v::OTEL_EXPORTER_OTLP_METRICS_PROTOCOL)
+        .or(common_protocol)
+        .unwrap_or(Protocol::HttpProtobuf);
+    let common_headers = headers(layers, &v::OTEL_EXPORTER_OTLP_HEADERS)?;
+    // A signal's own endpoint is used as it is; the base one gets the signal's path over
+    // HTTP and is used as it is over gRPC (the path is the service's method there).
+    let signal = |endpoint: &'static Var,
+                  path: &str,
+                  protocol: Protocol,
+                  own_headers: &'static Var|
+     -> Result<Option<SignalExport>, ConfigError> {
+        let headers = headers(layers, own_headers)?
+            .unwrap_or_else(|| common_headers.clone().unwrap_or_default());
         if disabled {
             return Ok(None);
         }
-        Ok(http_url(layers, var)?.or_else(|| {
-            base.as_deref()
-                .map(|base| format!("{}{path}", base.trim_end_matches('/')))
+        let endpoint = http_url(layers, endpoint)?.or_else(|| {
+            base.as_deref().map(|base| match protocol {
+                Protocol::HttpProtobuf => format!("{}{path}", base.trim_end_matches('/')),
+                Protocol::Grpc => base.to_owned(),
+            })
+        });
+        Ok(endpoint.map(|endpoint| SignalExport {
+            endpoint,
+            protocol,
+            headers,
         }))
     };
+    let traces = signal(
+        &v::OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
+        "/v1/traces",
+        traces_protocol,
+        &v::OTEL_EXPORTER_OTLP_TRACES_HEADERS,
+    )?;
+    let metrics = signal(
+        &v::OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
+        "/v1/metrics",
+        metrics_protocol,
+        &v::OTEL_EXPORTER_OTLP_METRICS_HEADERS,
+    )?;
     let queue_size = layers.count(&v::OTEL_BSP_MAX_QUEUE_SIZE)? as usize;
-    let common = headers(layers, &v::OTEL_EXPORTER_OTLP_HEADERS)?;
-    let own = |var| -> Result<ExportHeaders, ConfigError> {
-        Ok(headers(layers, var)?.unwrap_or_else(|| common.clone().unwrap_or_default()))
-    };
     Ok(OtelSettings {
-        traces_endpoint: signal(&v::OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, "/v1/traces")?,
-        metrics_endpoint: signal(&v::OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, "/v1/metrics")?,
-        traces_headers: own(&v::OTEL_EXPORTER_OTLP_TRACES_HEADERS)?,
-        metrics_headers: own(&v::OTEL_EXPORTER_OTLP_METRICS_HEADERS)?,
-        protocol: layers.text(&v::OTEL_EXPORTER_OTLP_PROTOCOL),
+        traces,
+        metrics,
+        unsupported_protocols,
         compression: layers.text(&v::OTEL_EXPORTER_OTLP_COMPRESSION),
         request_timeout: layers.duration(&v::OTEL_EXPORTER_OTLP_TIMEOUT)?,
         metric_interval: layers.duration(&v::OTEL_METRIC_EXPORT_INTERVAL)?,
@@ -92,7 +164,7 @@ fn http_url(layers: &Layers, var: &'static Var) -> Result<Option<String>, Config
         _ => Err(ConfigError::invalid(
             var,
             value,
-            "expected an http:// or https:// URL (OTLP over HTTP)",
+            "expected an http:// or https:// URL",
         )),
     }
 }

@@ -1171,15 +1171,22 @@ fn otlp_headers_are_parsed_percent_decoded_sensitive_and_per_signal() {
             .collect()
     };
     assert_eq!(
-        pairs(&s.otel.traces_headers),
+        pairs(&s.otel.traces.as_ref().unwrap().headers),
         [
             ("api-key".to_owned(), "s=cr,et".to_owned()),
             ("x-tenant".to_owned(), "a b".to_owned())
         ]
     );
-    assert!(s.otel.traces_headers.iter().all(|(_, v)| v.is_sensitive()));
+    assert!(s
+        .otel
+        .traces
+        .as_ref()
+        .unwrap()
+        .headers
+        .iter()
+        .all(|(_, v)| v.is_sensitive()));
     assert_eq!(
-        pairs(&s.otel.metrics_headers),
+        pairs(&s.otel.metrics.as_ref().unwrap().headers),
         [("x-metrics".to_owned(), "1".to_owned())],
         "a signal's own headers replace the common ones"
     );
@@ -1189,8 +1196,79 @@ fn otlp_headers_are_parsed_percent_decoded_sensitive_and_per_signal() {
         "{shown}"
     );
 
-    let unset = Settings::from_vars(&vars(&[])).unwrap();
-    assert_eq!(unset.otel.traces_headers, ExportHeaders::default());
+    let unset = Settings::from_vars(&vars(&[(
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "http://collector:4318",
+    )]))
+    .unwrap();
+    assert_eq!(unset.otel.traces.unwrap().headers, ExportHeaders::default());
+}
+
+#[test]
+fn otlp_endpoints_follow_each_signals_protocol() {
+    let endpoints = |pairs: &[(&str, &str)]| {
+        let s = Settings::from_vars(&vars(pairs)).unwrap().otel;
+        let show = |e: Option<SignalExport>| e.map(|e| (e.protocol, e.endpoint));
+        (show(s.traces), show(s.metrics), s.unsupported_protocols)
+    };
+    let http = OtlpProtocol::HttpProtobuf;
+    let grpc = OtlpProtocol::Grpc;
+    // The default: OTLP/HTTP, the signal's path under the base.
+    assert_eq!(
+        endpoints(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318/")]),
+        (
+            Some((http, "http://c:4318/v1/traces".into())),
+            Some((http, "http://c:4318/v1/metrics".into())),
+            vec![]
+        )
+    );
+    // What the Container Apps agent injects: gRPC, the base used as it is.
+    assert_eq!(
+        endpoints(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://agent:4317"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", " GRPC "),
+        ]),
+        (
+            Some((grpc, "http://agent:4317".into())),
+            Some((grpc, "http://agent:4317".into())),
+            vec![]
+        )
+    );
+    // A signal's own protocol and endpoint win over the common ones.
+    assert_eq!(
+        endpoints(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https://t/x"),
+        ]),
+        (
+            Some((http, "https://t/x".into())),
+            Some((grpc, "http://c:4318".into())),
+            vec![]
+        )
+    );
+    // A value naming no protocol built in is kept to be logged, and ignored.
+    assert_eq!(
+        endpoints(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json"),
+        ]),
+        (
+            Some((grpc, "http://c:4317".into())),
+            Some((grpc, "http://c:4317".into())),
+            vec![("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json".into())]
+        )
+    );
+    // Disabled: nothing, whatever the endpoints say.
+    assert_eq!(
+        endpoints(&[
+            ("OTEL_SDK_DISABLED", "true"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "not a url"),
+        ]),
+        (None, None, vec![])
+    );
 }
 
 #[test]

@@ -765,27 +765,39 @@ pub const OTEL_SDK_DISABLED: Var = otel(
 pub const OTEL_EXPORTER_OTLP_ENDPOINT: Var = otel(
     "OTEL_EXPORTER_OTLP_ENDPOINT",
     K::HttpUrl,
-    "The collector's OTLP/HTTP base URL (e.g. http://localhost:4318): spans go to /v1/traces, metrics to /v1/metrics under it. Unset, and no signal's own endpoint below: nothing is exported, nothing is built.",
+    "The collector's base URL. Over OTLP/HTTP (e.g. http://localhost:4318) spans go to /v1/traces and metrics to /v1/metrics under it; over gRPC (e.g. http://localhost:4317) it is used as it is. Unset, and no signal's own endpoint below: nothing is exported, nothing is built.",
 )
 .unset("nothing exported");
 pub const OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: Var = otel(
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
     K::HttpUrl,
-    "The spans' full URL, used as it is (set alone: spans only).",
+    "The spans' own URL, used as it is (set alone: spans only).",
 )
-.unset("the base endpoint's /v1/traces");
+.unset("from the base endpoint");
 pub const OTEL_EXPORTER_OTLP_METRICS_ENDPOINT: Var = otel(
     "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
     K::HttpUrl,
-    "The metrics' full URL, used as it is (set alone: metrics only).",
+    "The metrics' own URL, used as it is (set alone: metrics only).",
 )
-.unset("the base endpoint's /v1/metrics");
+.unset("from the base endpoint");
 pub const OTEL_EXPORTER_OTLP_PROTOCOL: Var = otel(
     "OTEL_EXPORTER_OTLP_PROTOCOL",
     K::Text,
-    "Only http/protobuf is built in (no gRPC): another value is logged at start-up (otel_protocol_unsupported) and http/protobuf is sent.",
+    "grpc (OTLP over gRPC: what the Azure Container Apps managed agent takes) or http/protobuf. Another value (http/json) is logged at start-up (otel_protocol_unsupported) and ignored, as the specification asks.",
 )
 .unset("http/protobuf");
+pub const OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: Var = otel(
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    K::Text,
+    "The spans' own protocol, in place of OTEL_EXPORTER_OTLP_PROTOCOL.",
+)
+.unset("OTEL_EXPORTER_OTLP_PROTOCOL");
+pub const OTEL_EXPORTER_OTLP_METRICS_PROTOCOL: Var = otel(
+    "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+    K::Text,
+    "The metrics' own protocol, in place of OTEL_EXPORTER_OTLP_PROTOCOL.",
+)
+.unset("OTEL_EXPORTER_OTLP_PROTOCOL");
 pub const OTEL_EXPORTER_OTLP_COMPRESSION: Var = otel(
     "OTEL_EXPORTER_OTLP_COMPRESSION",
     K::Text,
@@ -816,7 +828,7 @@ pub const OTEL_EXPORTER_OTLP_TIMEOUT: Var = otel(
         min: 1,
         max: HOUR_MS,
     },
-    "Deadline of one export, both signals, its retries included: a 429, 502, 503 or 504 answer, or none, is sent again (backoff from 100 ms, at most 3 retries, a Retry-After in seconds waited) while time is left; any other failure is final.",
+    "Deadline of one export, both signals, its retries included: over HTTP a 429, 502, 503 or 504 answer, or none, over gRPC the retryable codes of the OTLP specification (UNAVAILABLE, RESOURCE_EXHAUSTED with a RetryInfo, ...), are sent again (backoff from 100 ms, at most 3 retries, a Retry-After in seconds or a RetryInfo's delay waited) while time is left; any other failure is final.",
 )
 .default("10000")
 .unit(Unit::Millis);
@@ -987,6 +999,8 @@ pub const VARIABLES: &[&Var] = &[
     &OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
     &OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
     &OTEL_EXPORTER_OTLP_PROTOCOL,
+    &OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,
+    &OTEL_EXPORTER_OTLP_METRICS_PROTOCOL,
     &OTEL_EXPORTER_OTLP_COMPRESSION,
     &OTEL_EXPORTER_OTLP_HEADERS,
     &OTEL_EXPORTER_OTLP_TRACES_HEADERS,

@@ -1,4 +1,4 @@
-//! OpenTelemetry over OTLP/HTTP protobuf: a span per send and the sends' metrics, exported
+//! OpenTelemetry over OTLP (HTTP with protobuf, or gRPC): a span per send and the sends' metrics, exported
 //! only when `OTEL_EXPORTER_OTLP_ENDPOINT` (or a signal's own endpoint) is set. Unset,
 //! nothing here is built: the send routes hold `Option<Otel>` and pay one branch.
 //!
@@ -45,7 +45,7 @@ use opentelemetry_sdk::Resource;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
-use crate::config::OtelSettings;
+use crate::config::{OtelSettings, OtlpProtocol, SignalExport};
 use crate::domain::{TraceContext, TraceParent};
 use crate::telemetry::EveryPeriod;
 use encode::{Origin, SpanEncoder};
@@ -67,7 +67,7 @@ pub fn messaging_system(backend_kind: &str) -> &'static str {
 
 #[derive(Debug, thiserror::Error)]
 pub enum OtelError {
-    #[error("OpenTelemetry: cannot build the exporters' HTTP client: {0}")]
+    #[error("OpenTelemetry: cannot build an exporter's client: {0}")]
     Client(String),
     #[error("OpenTelemetry: cannot start the export thread: {0}")]
     Thread(std::io::Error),
@@ -104,15 +104,12 @@ impl Otel {
         if !settings.enabled() {
             return Ok(None);
         }
-        if let Some(protocol) = settings
-            .protocol
-            .as_deref()
-            .filter(|p| !p.eq_ignore_ascii_case("http/protobuf"))
-        {
+        for (var, value) in &settings.unsupported_protocols {
             tracing::warn!(
                 event = "otel_protocol_unsupported",
-                protocol,
-                "OTEL_EXPORTER_OTLP_PROTOCOL: only http/protobuf is built in; sending that"
+                variable = var,
+                protocol = value.as_str(),
+                "only grpc and http/protobuf are built in; the variable is ignored"
             );
         }
         if let Some(compression) = settings
@@ -139,13 +136,37 @@ impl Otel {
             ..Stopping::default()
         };
 
-        let traces = settings.traces_endpoint.as_ref().map(|url| {
+        // The gRPC channels spawn their connections' tasks on the export thread's runtime.
+        let entered = runtime.enter();
+        let poster = |export: &SignalExport, signal| match export.protocol {
+            OtlpProtocol::HttpProtobuf => Ok(client::Poster::http(
+                client.clone(),
+                export.endpoint.clone(),
+                header_map(&export.headers),
+            )),
+            OtlpProtocol::Grpc => client::Poster::grpc(
+                &export.endpoint,
+                header_map(&export.headers),
+                signal,
+                settings.request_timeout,
+            )
+            .map_err(OtelError::Client),
+        };
+        let traces_poster = settings
+            .traces
+            .as_ref()
+            .map(|export| poster(export, client::Signal::Traces))
+            .transpose()?;
+        let metrics_poster = settings
+            .metrics
+            .as_ref()
+            .map(|export| poster(export, client::Signal::Metrics))
+            .transpose()?;
+        drop(entered);
+
+        let traces = traces_poster.map(|poster| {
             let exporter = OtlpSpans {
-                poster: client::Poster::new(
-                    client.clone(),
-                    url.clone(),
-                    header_map(&settings.traces_headers),
-                ),
+                poster,
                 origin: origin.clone(),
                 encoder: Mutex::new(SpanEncoder::default()),
                 timeout: settings.request_timeout,
@@ -167,13 +188,8 @@ impl Otel {
                 names: names::Names::default(),
             }
         });
-        let meters = settings.metrics_endpoint.as_ref().map(|url| {
+        let meters = metrics_poster.map(|poster| {
             let meters = Arc::new(Meters::default());
-            let poster = client::Poster::new(
-                client.clone(),
-                url.clone(),
-                header_map(&settings.metrics_headers),
-            );
             let (stop, stopped) = oneshot::channel();
             let (finished, done) = oneshot::channel();
             let task = export_metrics(
@@ -192,11 +208,17 @@ impl Otel {
             meters
         });
 
+        let shown = |export: &Option<SignalExport>| {
+            export.as_ref().map_or_else(
+                || "off".to_owned(),
+                |e| format!("{} {}", e.protocol.as_str(), e.endpoint),
+            )
+        };
         tracing::info!(
             event = "otel_exporting",
-            traces = settings.traces_endpoint.as_deref().unwrap_or("off"),
-            metrics = settings.metrics_endpoint.as_deref().unwrap_or("off"),
-            "exporting OpenTelemetry over OTLP/HTTP"
+            traces = shown(&settings.traces),
+            metrics = shown(&settings.metrics),
+            "exporting OpenTelemetry over OTLP"
         );
         Ok(Some(Self {
             traces,

@@ -1,7 +1,8 @@
-//! OpenTelemetry over OTLP/HTTP (README "OpenTelemetry", contract section 6): a span per
-//! send and the sends' metrics reach a real OTLP receiver (decoded with the collector's
-//! protobuf types); a collector that never answers slows no send, and what it cannot take
-//! is dropped and counted; without an endpoint nothing is built.
+//! OpenTelemetry over OTLP (README "OpenTelemetry", contract section 6): a span per send
+//! and the sends' metrics reach a real OTLP receiver, over HTTP or gRPC (decoded with the
+//! collector's protobuf types, over gRPC by its generated services); a collector that never
+//! answers slows no send, and what it cannot take is dropped and counted; without an
+//! endpoint nothing is built.
 
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use serde_json::json;
 
 use crate::gateway::GatewayProcess;
 use crate::helpers::{body_json, settings_of, spawn_app_with, TestApp};
-use crate::otlp::{attribute, Receiver};
+use crate::otlp::{attribute, Receiver, GRPC_METRICS, GRPC_TRACES};
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT_ID: &str = "00f067aa0ba902b7";
@@ -214,10 +215,19 @@ async fn a_batch_is_one_span_with_its_message_count() {
 
 #[tokio::test]
 async fn a_collector_that_never_answers_slows_no_send_and_the_drops_are_counted() {
-    let receiver = Receiver::hanging().await;
+    never_answering(Receiver::hanging().await, "http/protobuf").await;
+}
+
+#[tokio::test]
+async fn a_grpc_collector_that_never_answers_slows_no_send_and_the_drops_are_counted() {
+    never_answering(Receiver::grpc_hanging().await, "grpc").await;
+}
+
+async fn never_answering(receiver: Receiver, protocol: &str) {
     let endpoint = receiver.endpoint();
     let app = spawn_app_with(&[
         ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol),
         ("OTEL_BSP_MAX_QUEUE_SIZE", "2"),
         ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "1"),
         ("OTEL_BSP_SCHEDULE_DELAY", "1"),
@@ -230,6 +240,10 @@ async fn a_collector_that_never_answers_slows_no_send_and_the_drops_are_counted(
     // asserted here: bench comparison 13 measures the cost).
     for _ in 0..20 {
         assert_eq!(app.send("requests", "{}").await.status(), 201);
+    }
+    let reached = tokio::time::Instant::now() + WAIT;
+    while receiver.requests() == 0 && tokio::time::Instant::now() < reached {
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(
         receiver.requests() >= 1,
@@ -337,6 +351,61 @@ async fn the_binary_honours_the_specifications_variables() {
         receiver.header("/v1/traces", "api-key"),
         ["EXPORT=SECRET"],
         "OTEL_EXPORTER_OTLP_HEADERS, percent-decoded"
+    );
+}
+
+/// What the Azure Container Apps managed OpenTelemetry agent asks of an app: OTLP over
+/// gRPC, HTTP/2 in the clear, to the endpoint it injects (`OTEL_EXPORTER_OTLP_ENDPOINT`,
+/// `OTEL_EXPORTER_OTLP_PROTOCOL=grpc`). Spans and metrics arrive through the collector's
+/// own generated services, the headers as the calls' metadata.
+#[tokio::test]
+async fn over_grpc_as_the_container_apps_agent_takes_them_spans_and_metrics_arrive() {
+    let receiver = Receiver::grpc().await;
+    let app = exporting_to(
+        &receiver,
+        &[
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=GRPC%3DSECRET"),
+        ],
+    )
+    .await;
+    let response = app
+        .send_with("requests", "{}", &[("traceparent", TRACEPARENT)])
+        .await;
+    assert_eq!(response.status(), 201);
+
+    let spans = receiver.wait_spans(WAIT, |s| !s.is_empty()).await;
+    assert_eq!(spans.len(), 1, "one span per send: {spans:?}");
+    let span = &spans[0];
+    assert_eq!(span.name, "send requests");
+    assert_eq!(span.kind, SpanKind::Producer as i32);
+    assert_eq!(hex(&span.trace_id), TRACE_ID);
+    assert_eq!(hex(&span.parent_span_id), PARENT_ID);
+    for (key, value) in [
+        ("messaging.system", "sendgate_embedded"),
+        ("messaging.destination.name", "requests"),
+        ("messaging.operation.type", "send"),
+        ("sendgate.admission.outcome", "admitted"),
+    ] {
+        assert_eq!(attr(span, key).as_deref(), Some(value), "{key}: {span:?}");
+    }
+    let duration = receiver
+        .wait_metric(WAIT, "messaging.client.operation.duration")
+        .await
+        .expect("the duration histogram, over gRPC");
+    assert_eq!(duration.unit, "s");
+    assert_eq!(receiver.header(GRPC_TRACES, "x-api-key"), ["GRPC=SECRET"]);
+    assert!(
+        receiver
+            .header(GRPC_METRICS, "x-api-key")
+            .iter()
+            .all(|v| v == "GRPC=SECRET")
+            && !receiver.header(GRPC_METRICS, "x-api-key").is_empty(),
+        "the metrics' calls carry the headers too"
+    );
+    assert_eq!(
+        receiver.header(GRPC_TRACES, "content-type"),
+        ["application/grpc"]
     );
 }
 

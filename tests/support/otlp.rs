@@ -1,15 +1,27 @@
-//! A real OTLP/HTTP receiver on 127.0.0.1:0: it takes `POST /v1/traces` and
-//! `POST /v1/metrics` (protobuf), decodes them with the collector's own types
-//! (`opentelemetry-proto`) and keeps what came; or, [`Receiver::hanging`], reads every
-//! request and never answers (a collector that is there but dead).
+//! A real OTLP receiver on 127.0.0.1:0, over HTTP or gRPC. Over HTTP it takes
+//! `POST /v1/traces` and `POST /v1/metrics` (protobuf), decodes them with the collector's
+//! own types (`opentelemetry-proto`) and keeps what came; or, [`Receiver::hanging`], reads
+//! every request and never answers (a collector that is there but dead). Over gRPC
+//! ([`Receiver::grpc`]) it is the collector's generated `TraceService` and `MetricsService`
+//! servers on tonic, both on one port, as a collector's OTLP/gRPC receiver is.
 
 #![allow(dead_code)] // each suite uses part of it
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
+    MetricsService, MetricsServiceServer,
+};
+use opentelemetry_proto::tonic::collector::metrics::v1::{
+    ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 use opentelemetry_proto::tonic::metrics::v1::Metric;
 use opentelemetry_proto::tonic::trace::v1::Span;
@@ -51,6 +63,55 @@ impl Receiver {
     /// Reads every export and never answers (the connection stays open).
     pub async fn hanging() -> Self {
         Self::listen(false).await
+    }
+
+    /// OTLP over gRPC (HTTP/2 in the clear, as the Container Apps agent listens): answers
+    /// every export `OK` with an empty response.
+    pub async fn grpc() -> Self {
+        Self::listen_grpc(true).await
+    }
+
+    /// OTLP over gRPC that takes every call and never answers.
+    pub async fn grpc_hanging() -> Self {
+        Self::listen_grpc(false).await
+    }
+
+    async fn listen_grpc(answer: bool) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let port = listener.local_addr().expect("an address").port();
+        let got = Arc::new(Mutex::new(Got::default()));
+        let collector = Collector {
+            got: Arc::clone(&got),
+            answer,
+        };
+        let traces = TraceServiceServer::new(collector.clone());
+        let metrics = MetricsServiceServer::new(collector);
+        // One port, the two services: routed by the method's path.
+        let both = tower::service_fn(
+            move |request: tonic::codegen::http::Request<tonic::body::Body>| {
+                let traces = traces.clone();
+                let metrics = metrics.clone();
+                async move {
+                    use tower::ServiceExt as _;
+                    if request
+                        .uri()
+                        .path()
+                        .starts_with("/opentelemetry.proto.collector.trace.")
+                    {
+                        traces.oneshot(request).await
+                    } else {
+                        metrics.oneshot(request).await
+                    }
+                }
+            },
+        );
+        let task = tokio::spawn(async move {
+            let incoming = tonic::transport::server::TcpIncoming::from(listener);
+            let _ = tonic::transport::Server::builder()
+                .serve_with_incoming(both, incoming)
+                .await;
+        });
+        Self { port, got, task }
     }
 
     async fn listen(answer: bool) -> Self {
@@ -222,6 +283,64 @@ async fn serve(mut stream: TcpStream, got: Arc<Mutex<Got>>, answer: bool) {
         if stream.write_all(reply).await.is_err() {
             return;
         }
+    }
+}
+
+/// The gRPC methods' paths, under which [`Receiver::header`] files a gRPC call's metadata.
+pub const GRPC_TRACES: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+pub const GRPC_METRICS: &str = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export";
+
+/// Both collector services over what one receiver got.
+#[derive(Clone)]
+struct Collector {
+    got: Arc<Mutex<Got>>,
+    answer: bool,
+}
+
+impl Collector {
+    /// Files a call's metadata under its method, and counts it.
+    fn took(&self, method: &str, metadata: &tonic::metadata::MetadataMap) -> Arc<Mutex<Got>> {
+        let heads = metadata.clone().into_headers();
+        let all = heads.iter().map(|(name, value)| {
+            let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+            (name.as_str().to_owned(), value)
+        });
+        let mut got = self.got.lock();
+        got.requests += 1;
+        got.heads.push((method.to_owned(), all.collect()));
+        Arc::clone(&self.got)
+    }
+
+    async fn answer(&self) {
+        if !self.answer {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl TraceService for Collector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let got = self.took(GRPC_TRACES, request.metadata());
+        got.lock().traces.push(request.into_inner());
+        self.answer().await;
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+#[tonic::async_trait]
+impl MetricsService for Collector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportMetricsServiceRequest>,
+    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        let got = self.took(GRPC_METRICS, request.metadata());
+        got.lock().metrics.push(request.into_inner());
+        self.answer().await;
+        Ok(tonic::Response::new(ExportMetricsServiceResponse::default()))
     }
 }
 

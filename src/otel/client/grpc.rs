@@ -1,0 +1,196 @@
+//! OTLP/gRPC: the signal's `Export` method (unary) over HTTP/2, with tonic's client. The
+//! message is the same protobuf the HTTP exporter posts, already encoded (`encode.rs`):
+//! [`Raw`] hands its bytes to tonic as they are, and the answer's back the same way. The
+//! configured headers go as the call's metadata. `https://` endpoints are TLS (rustls on
+//! ring, the system's roots); `http://` ones are HTTP/2 in the clear, as the Container
+//! Apps agent listens.
+
+use std::time::Duration;
+
+use bytes::{Buf as _, BufMut as _, Bytes};
+use reqwest::header::HeaderMap;
+use tonic::client::Grpc;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic::metadata::MetadataMap;
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::{Code, Extensions, Request, Status};
+use tonic_types::StatusExt as _;
+
+use super::attempt::{described, Failed, Signal, MAX_ANSWER};
+
+/// The longest a collector's status message is repeated in our log.
+const MAX_MESSAGE: usize = 200;
+
+#[derive(Debug, Clone)]
+pub(crate) struct GrpcPoster {
+    channel: Channel,
+    method: PathAndQuery,
+    metadata: HeaderMap,
+}
+
+impl GrpcPoster {
+    pub(crate) fn new(
+        url: &str,
+        headers: HeaderMap,
+        signal: Signal,
+        connect_timeout: Duration,
+    ) -> Result<Self, String> {
+        let mut endpoint = Endpoint::from_shared(url.to_owned())
+            .map_err(|e| format!("not a gRPC endpoint: {}", described(&e)))?
+            .connect_timeout(connect_timeout);
+        if url
+            .get(..8)
+            .is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"))
+        {
+            endpoint = endpoint
+                .tls_config(ClientTlsConfig::new().with_native_roots())
+                .map_err(|e| format!("gRPC TLS: {}", described(&e)))?;
+        }
+        let method = match signal {
+            Signal::Traces => "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+            Signal::Metrics => "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+        };
+        Ok(Self {
+            channel: endpoint.connect_lazy(),
+            method: PathAndQuery::from_static(method),
+            metadata: headers,
+        })
+    }
+
+    /// One call within `timeout` (sent as the call's `grpc-timeout` too). Retryable as the
+    /// OTLP specification lists: `CANCELLED`, `DEADLINE_EXCEEDED`, `ABORTED`,
+    /// `OUT_OF_RANGE`, `UNAVAILABLE` (a collector not reached is one), `DATA_LOSS`, and
+    /// `RESOURCE_EXHAUSTED` only with a `RetryInfo`; a `RetryInfo`'s delay is waited.
+    pub(crate) async fn attempt(&self, body: Bytes, timeout: Duration) -> Result<Vec<u8>, Failed> {
+        let mut grpc = Grpc::new(self.channel.clone()).max_decoding_message_size(MAX_ANSWER);
+        let mut request = Request::from_parts(
+            MetadataMap::from_headers(self.metadata.clone()),
+            Extensions::default(),
+            body,
+        );
+        request.set_timeout(timeout);
+        let call = async {
+            grpc.ready()
+                .await
+                .map_err(|e| Status::unavailable(described(&e)))?;
+            grpc.unary(request, self.method.clone(), Raw).await
+        };
+        match tokio::time::timeout(timeout, call).await {
+            Ok(Ok(answer)) => Ok(answer.into_inner().to_vec()),
+            Ok(Err(status)) => Err(failed(&status)),
+            Err(_) => Err(Failed {
+                error: "the collector did not answer within the deadline".into(),
+                retry: Some(None),
+            }),
+        }
+    }
+}
+
+/// What a status says of the export, and whether it may be sent again.
+fn failed(status: &Status) -> Failed {
+    let delay = status.get_details_retry_info().and_then(|r| r.retry_delay);
+    let retry = match status.code() {
+        Code::Cancelled
+        | Code::DeadlineExceeded
+        | Code::Aborted
+        | Code::OutOfRange
+        | Code::Unavailable
+        | Code::DataLoss => Some(delay),
+        // The collector says whether it will recover: only with a delay to wait.
+        Code::ResourceExhausted => delay.map(Some),
+        _ => None,
+    };
+    let message: String = status.message().chars().take(MAX_MESSAGE).collect();
+    let mut error = format!("the collector answered {:?}: {message}", status.code());
+    if let Some(source) = std::error::Error::source(status) {
+        error.push_str(": ");
+        error.push_str(&described(source));
+    }
+    Failed { error, retry }
+}
+
+/// The identity codec: the message is bytes already encoded, and so is the answer.
+#[derive(Debug, Clone, Copy, Default)]
+struct Raw;
+
+impl Codec for Raw {
+    type Encode = Bytes;
+    type Decode = Bytes;
+    type Encoder = Raw;
+    type Decoder = Raw;
+
+    fn encoder(&mut self) -> Raw {
+        Raw
+    }
+
+    fn decoder(&mut self) -> Raw {
+        Raw
+    }
+}
+
+impl Encoder for Raw {
+    type Item = Bytes;
+    type Error = Status;
+
+    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        dst.put(item);
+        Ok(())
+    }
+}
+
+impl Decoder for Raw {
+    type Item = Bytes;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
+        Ok(Some(src.copy_to_bytes(src.remaining())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic_types::{ErrorDetails, StatusExt as _};
+
+    use super::*;
+
+    #[test]
+    fn only_the_specifications_codes_are_retried() {
+        let retry = |code| failed(&Status::new(code, "x")).retry;
+        for code in [
+            Code::Cancelled,
+            Code::DeadlineExceeded,
+            Code::Aborted,
+            Code::OutOfRange,
+            Code::Unavailable,
+            Code::DataLoss,
+        ] {
+            assert_eq!(retry(code), Some(None), "{code:?}");
+        }
+        for code in [
+            Code::Unknown,
+            Code::InvalidArgument,
+            Code::NotFound,
+            Code::AlreadyExists,
+            Code::PermissionDenied,
+            Code::ResourceExhausted,
+            Code::FailedPrecondition,
+            Code::Unimplemented,
+            Code::Internal,
+            Code::Unauthenticated,
+        ] {
+            assert_eq!(retry(code), None, "{code:?}");
+        }
+        let told = Status::with_error_details(
+            Code::Unavailable,
+            "x",
+            ErrorDetails::with_retry_info(Some(Duration::from_secs(2))),
+        );
+        assert_eq!(failed(&told).retry, Some(Some(Duration::from_secs(2))));
+        let long = Status::new(Code::Internal, "y".repeat(1000));
+        assert_eq!(
+            failed(&long).error.len(),
+            "the collector answered Internal: ".len() + MAX_MESSAGE
+        );
+    }
+}
