@@ -853,6 +853,11 @@ mod tests {
             refused.explicit_bounds.len() + 1
         );
         assert_eq!((refused.min, refused.max), (Some(0.001), Some(0.004)));
+        let sum = refused.sum.expect("a sum");
+        assert!(
+            (sum - 0.008).abs() < 1e-12,
+            "the merged cells' sums add: {sum}"
+        );
         let Some(Data::Sum(refusals)) = &metrics[1].data else {
             panic!("a sum")
         };

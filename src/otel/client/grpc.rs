@@ -2,9 +2,10 @@
 //! message is the same protobuf the HTTP exporter posts, already encoded (`encode.rs`):
 //! [`Raw`] hands its bytes to tonic as they are, and the answer's back the same way. The
 //! configured headers go as the call's metadata. `https://` endpoints are TLS (rustls on
-//! ring, the system's roots); `http://` ones are HTTP/2 in the clear, as the Container
-//! Apps agent listens.
+//! ring, verified by the platform verifier as reqwest verifies the HTTP exporter's);
+//! `http://` ones are HTTP/2 in the clear, as the Container Apps agent listens.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf as _, BufMut as _, Bytes};
@@ -17,7 +18,7 @@ use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Extensions, Request, Status};
 use tonic_types::StatusExt as _;
 
-use super::attempt::{described, Failed, Signal, MAX_ANSWER};
+use super::attempt::{described, with_causes, Failed, Signal, MAX_ANSWER};
 
 /// The longest a collector's status message is repeated in our log.
 const MAX_MESSAGE: usize = 200;
@@ -43,8 +44,13 @@ impl GrpcPoster {
             .get(..8)
             .is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"))
         {
+            let provider = rustls::crypto::CryptoProvider::get_default()
+                .cloned()
+                .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
+            let verifier = rustls_platform_verifier::Verifier::new(provider)
+                .map_err(|e| format!("gRPC TLS: {}", described(&e)))?;
             endpoint = endpoint
-                .tls_config(ClientTlsConfig::new().with_native_roots())
+                .tls_config_with_verifier(ClientTlsConfig::new(), Arc::new(verifier))
                 .map_err(|e| format!("gRPC TLS: {}", described(&e)))?;
         }
         let method = match signal {
@@ -102,11 +108,10 @@ fn failed(status: &Status) -> Failed {
         _ => None,
     };
     let message: String = status.message().chars().take(MAX_MESSAGE).collect();
-    let mut error = format!("the collector answered {:?}: {message}", status.code());
-    if let Some(source) = std::error::Error::source(status) {
-        error.push_str(": ");
-        error.push_str(&described(source));
-    }
+    let error = with_causes(
+        format!("the collector answered {:?}: {message}", status.code()),
+        std::error::Error::source(status),
+    );
     Failed { error, retry }
 }
 

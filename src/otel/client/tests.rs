@@ -310,6 +310,31 @@ mod grpc {
     }
 
     #[tokio::test]
+    async fn an_https_endpoint_is_tls_and_a_plain_text_collector_fails_its_handshake() {
+        let (url, calls, _) = collector(|_| Ok(ExportTraceServiceResponse::default())).await;
+        let url = url.replace("http://", "https://");
+        let error = poster(&url)
+            .post(one_resource(), Duration::from_millis(500))
+            .await
+            .expect_err("no TLS on the other side");
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            0,
+            "no call got through: {error}"
+        );
+        // rustls's words for a plain-text answer to its ClientHello.
+        assert!(
+            error.contains("InvalidContentType"),
+            "the cause is the TLS handshake: {error}"
+        );
+        assert_eq!(
+            error.matches("InvalidContentType").count(),
+            1,
+            "said once: {error}"
+        );
+    }
+
+    #[tokio::test]
     async fn a_collector_not_there_says_why_and_is_not_waited_past_the_deadline() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
         let url = format!("http://{}", listener.local_addr().expect("bound"));
