@@ -1124,6 +1124,18 @@ for level, what, key in (("reject", "the 429 path", "rps"), ("accept", "accepted
             None if sl is None else f"{100 * (OTEL_TARGET_COST - abs(sl)):+.2f} points",
         )
     )
+    grpc = otel_ir("grpc", level)
+    if grpc is None:
+        continue
+    sg = slower(grpc, off)
+    targets.append(
+        (
+            f"OpenTelemetry export over gRPC (local OTLP/gRPC sink) vs off, {what}: ≤ 5 % apart (issue 26)",
+            f"{f(grpc, 0)} vs {f(off, 0)} Ir per request ({'–' if sg is None else f'{100 * sg:+.2f} %'})",
+            None if sg is None else abs(sg) <= OTEL_TARGET_COST,
+            None if sg is None else f"{100 * (OTEL_TARGET_COST - abs(sg)):+.2f} points",
+        )
+    )
 
 p("## Results against the targets")
 p("")
@@ -2230,7 +2242,9 @@ if sel("otel_cost_ir") or sel("otel_cost_wall"):
         "sends on the local RabbitMQ (ceiling 10⁹). **Wall-clock** (secondary): the 429 path as "
         "comparison 2 (wrk, 64 connections) and accepted sends as comparison 1 (64 in flight), "
         "both sides up at once, alternating. A collector that never answers is the tests' case "
-        "(`tests/api/otel.rs`: every send answered, the drops counted), not timed here."
+        "(`tests/api/otel.rs`: every send answered, the drops counted), not timed here. A third "
+        "side, under callgrind only, exports over gRPC (`OTEL_EXPORTER_OTLP_PROTOCOL=grpc`) to "
+        "`otlpsink`'s gRPC services: the transport the Container Apps agent takes."
     )
     p("")
     p("| path | on Ir/request | off Ir/request | difference | on wall-clock | off | off ÷ on − 1 |")
@@ -2243,6 +2257,16 @@ if sel("otel_cost_ir") or sel("otel_cost_wall"):
             f"{f(otel_wall('on', level, key), 0)} {unit} | {f(otel_wall('off', level, key), 0)} {unit} | "
             f"{'–' if ws is None else f'{100 * ws:+.1f} %'} |"
         )
+    if sel("otel_cost_ir", "grpc"):
+        p("")
+        p("Over gRPC (Ir only):")
+        p("")
+        p("| path | gRPC Ir/request | off Ir/request | difference |")
+        p("|---|---|---|---|")
+        for level, what in (("reject", "429 path"), ("accept", "accepted sends")):
+            grpc, off = otel_ir("grpc", level), otel_ir("off", level)
+            sg = slower(grpc, off)
+            p(f"| {what} | {f(grpc, 0)} | {f(off, 0)} | {'–' if sg is None else f'{100 * sg:+.2f} %'} |")
     p("")
     p("Every round:")
     p("")

@@ -145,6 +145,7 @@ P_FAIR=18767; P_FAIR_FLEET=(18771 18772 18773)
 P_COST_HEAD_R=18774; P_COST_BASE_R=18775; P_COST_HEAD_A=18776; P_COST_BASE_A=18777
 # Comparison 13: the OTLP sink, the gateways with export off and on (reject, accept).
 P_OTLP=18780; P_OTEL_OFF_R=18781; P_OTEL_ON_R=18782; P_OTEL_OFF_A=18783; P_OTEL_ON_A=18784
+P_OTLP_GRPC=18785
 PX_A=15701; PX_A_CTL=15702; PX_B=15703; PX_B_CTL=15704
 # Comparison 6: the Redis fleet 18741-3, one process 18744, a local (uncoordinated) fleet
 # 18745-7, the ceiling fleets 18751-3; each group's admin plane behind its own proxy.
@@ -1045,19 +1046,25 @@ compare_fair() {
 # 13. OpenTelemetry (issue 26): the 429 path and accepted sends with OTLP export on (to a
 #     local sink: bench's otlpsink, which reads each export and answers 200) against export
 #     off, the same build: instructions per request under callgrind (the primary measure,
-#     the export thread's work included), then wall-clock, sides alternating. The
-#     exporter's defaults (a batch of spans every 5 s or 512 spans, metrics every 60 s).
+#     the export thread's work included), then wall-clock, sides alternating. Under
+#     callgrind a third side exports over gRPC (otlpsink's gRPC services: what the Container
+#     Apps agent takes). The exporter's defaults (a batch of spans every 5 s or 512 spans,
+#     metrics every 60 s).
 compare_otel() {
   log "13. OpenTelemetry export on (local OTLP sink) vs off: the 429 path and accepted sends"
   start otlpsink "$BIN/otlpsink" 127.0.0.1:$P_OTLP 1700
   local sink=$PID
+  start otlpsink-grpc "$BIN/otlpsink" 127.0.0.1:$P_OTLP_GRPC 1700 grpc
+  local grpc_sink=$PID
   local on_env="OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:$P_OTLP"
+  local grpc_env="OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:$P_OTLP_GRPC OTEL_EXPORTER_OTLP_PROTOCOL=grpc"
   local round mode side line
   for round in $(seq 1 "$OTEL_CALLGRIND_ROUNDS"); do
     for mode in reject accept; do
-      for side in off on; do
+      for side in off on grpc; do
         local extra=""
         [ "$side" = on ] && extra=$on_env
+        [ "$side" = grpc ] && extra=$grpc_env
         # CALLGRIND_SETTLE: the schedule delay and a second more, so the last batch's
         # encoding and post count too (both sides wait alike).
         line=$(CALLGRIND_SETTLE=6 CALLGRIND_ENV="$extra" timeout 900 ./bench/callgrind.sh "$mode" "$BIN/sendgate" "$OTEL_CALLGRIND_N" \
@@ -1117,8 +1124,9 @@ compare_otel() {
       | sed "s/^/$port: /" >> "$OUT/otel-spans.log" || true
   done
   for pid in "${pids[@]}"; do stop "$pid"; done
-  stop "$sink"
+  stop "$sink"; stop "$grpc_sink"
   tail -3 "$OUT/otlpsink.log" >> "$OUT/otel-spans.log" 2>/dev/null || true
+  tail -3 "$OUT/otlpsink-grpc.log" >> "$OUT/otel-spans.log" 2>/dev/null || true
   purge bench; purge bench_full
 }
 
