@@ -1170,6 +1170,7 @@ if previous and carried:
             or (name.startswith("batches:") and 10 in measured)
             or (name.startswith("large batches:") and 11 in measured)
             or (name.startswith("fair shares:") and 12 in measured)
+            or (name.startswith("OpenTelemetry export") and 13 in measured)
         )
         if name in fresh or repeated:
             continue
