@@ -216,3 +216,18 @@ fn headers(layers: &Layers, var: &'static Var) -> Result<Option<ExportHeaders>, 
     }
     Ok(Some(ExportHeaders(out)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Protocol;
+
+    #[test]
+    fn a_protocol_is_named_as_the_specification_names_it() {
+        for protocol in [Protocol::HttpProtobuf, Protocol::Grpc] {
+            assert_eq!(Protocol::parse(protocol.as_str()), Some(protocol));
+        }
+        assert_eq!(Protocol::Grpc.as_str(), "grpc");
+        assert_eq!(Protocol::HttpProtobuf.as_str(), "http/protobuf");
+        assert_eq!(Protocol::parse("http/json"), None);
+    }
+}

@@ -1296,3 +1296,28 @@ fn a_bad_otlp_header_is_a_config_error_that_shows_no_value() {
         assert!(!err.contains("secret-"), "the value is not shown: {err}");
     }
 }
+
+#[test]
+fn otlp_export_is_enabled_by_either_signal_and_an_endpoint_needs_a_host() {
+    let otel = |pairs: &[(&str, &str)]| Settings::from_vars(&vars(pairs)).map(|s| s.otel);
+    assert!(!otel(&[]).unwrap().enabled(), "nothing set: nothing built");
+    for var in [
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    ] {
+        let one = otel(&[(var, "http://c:4318/x")]).unwrap();
+        assert!(one.enabled(), "{var} alone exports");
+        assert_eq!(
+            one.traces.is_some(),
+            var.contains("TRACES"),
+            "{var}: the other signal stays off"
+        );
+    }
+    for bad in ["http://", "https:///v1", "ftp://c:4318", "c:4318"] {
+        let err = otel(&[("OTEL_EXPORTER_OTLP_ENDPOINT", bad)])
+            .expect_err(bad)
+            .to_string();
+        assert!(err.contains("OTEL_EXPORTER_OTLP_ENDPOINT"), "{bad}: {err}");
+    }
+    assert!(otel(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "HTTPS://c")]).is_ok());
+}
