@@ -103,11 +103,18 @@ mod http {
 
         // Always busy: at most 3 retries, never past the deadline.
         let (url, seen) = collector(&["502 Bad Gateway"]).await;
+        let started = Instant::now();
         let posted = poster(url.clone())
             .post(vec![1], Duration::from_secs(10))
             .await;
         assert!(posted.is_err_and(|e| e.contains("502") && e.contains("3 retries")));
         assert_eq!(seen.load(Ordering::SeqCst), 4);
+        // The backoffs, 100, 200 and 400 ms, each with its jitter added.
+        assert!(
+            started.elapsed() >= Duration::from_millis(700),
+            "backed off: {:?}",
+            started.elapsed()
+        );
         let (url, seen) = collector(&["503 Service Unavailable\r\nretry-after: 30"]).await;
         let started = Instant::now();
         let posted = poster(url).post(vec![1], Duration::from_secs(2)).await;
