@@ -8,10 +8,13 @@
 use std::time::Duration;
 
 use bytes::{Buf as _, BufMut as _, Bytes};
+use http_body_util::{LengthLimitError, Limited};
 use reqwest::header::HeaderMap;
+use tonic::body::Body;
 use tonic::client::Grpc;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
+use tonic::codegen::http::Response;
 use tonic::metadata::MetadataMap;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Extensions, Request, Status};
@@ -22,9 +25,21 @@ use super::attempt::{described, Failed, Signal, MAX_ANSWER};
 /// The longest a collector's status message is repeated in our log.
 const MAX_MESSAGE: usize = 200;
 
+/// The most of an answer's body read: the answer and its gRPC frame's header.
+const MAX_ANSWER_BODY: usize = MAX_ANSWER + 5;
+
+/// The channel, its answers' bodies cut at [`MAX_ANSWER_BODY`]: past it the body ends in a
+/// [`LengthLimitError`] that [`attempt`](GrpcPoster::attempt) tells from the collector's
+/// own statuses (tonic's own bound would answer `OUT_OF_RANGE`, which is retried).
+type Bounded = tower::util::MapResponse<Channel, fn(Response<Body>) -> Response<Limited<Body>>>;
+
+fn bounded(answer: Response<Body>) -> Response<Limited<Body>> {
+    answer.map(|body| Limited::new(body, MAX_ANSWER_BODY))
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct GrpcPoster {
-    channel: Channel,
+    channel: Bounded,
     method: PathAndQuery,
     metadata: HeaderMap,
 }
@@ -52,7 +67,7 @@ impl GrpcPoster {
             Signal::Metrics => "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
         };
         Ok(Self {
-            channel: endpoint.connect_lazy(),
+            channel: tower::util::MapResponse::new(endpoint.connect_lazy(), bounded),
             method: PathAndQuery::from_static(method),
             metadata: headers,
         })
@@ -63,7 +78,8 @@ impl GrpcPoster {
     /// `OUT_OF_RANGE`, `UNAVAILABLE` (a collector not reached is one), `DATA_LOSS`, and
     /// `RESOURCE_EXHAUSTED` only with a `RetryInfo`; a `RetryInfo`'s delay is waited.
     pub(crate) async fn attempt(&self, body: Bytes, timeout: Duration) -> Result<Vec<u8>, Failed> {
-        let mut grpc = Grpc::new(self.channel.clone()).max_decoding_message_size(MAX_ANSWER);
+        // The bound is the body's (`Bounded`): tonic's would be retried as OUT_OF_RANGE.
+        let mut grpc = Grpc::new(self.channel.clone()).max_decoding_message_size(usize::MAX);
         let mut request = Request::from_parts(
             MetadataMap::from_headers(self.metadata.clone()),
             Extensions::default(),
@@ -78,6 +94,9 @@ impl GrpcPoster {
         };
         match tokio::time::timeout(timeout, call).await {
             Ok(Ok(answer)) => Ok(answer.into_inner().to_vec()),
+            // The collector took the export and answered more than is read: over HTTP too
+            // such an answer is not read, and sending the export again would repeat it.
+            Ok(Err(status)) if past_the_bound(&status) => Ok(Vec::new()),
             Ok(Err(status)) => Err(failed(&status)),
             Err(_) => Err(Failed {
                 error: "the collector did not answer within the deadline".into(),
@@ -85,6 +104,18 @@ impl GrpcPoster {
             }),
         }
     }
+}
+
+/// Whether `status` is the answer's body cut at [`MAX_ANSWER_BODY`] (not the collector's).
+fn past_the_bound(status: &Status) -> bool {
+    let mut cause = std::error::Error::source(status);
+    while let Some(e) = cause {
+        if e.is::<LengthLimitError>() {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
 }
 
 /// What a status says of the export, and whether it may be sent again.
