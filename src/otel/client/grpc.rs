@@ -15,7 +15,7 @@ use tonic::client::Grpc;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::codegen::http::Response;
-use tonic::metadata::MetadataMap;
+use tonic::metadata::{BinaryMetadataKey, BinaryMetadataValue, MetadataMap};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Extensions, Request, Status};
 use tonic_types::StatusExt as _;
@@ -41,7 +41,7 @@ fn bounded(answer: Response<Body>) -> Response<Limited<Body>> {
 pub(crate) struct GrpcPoster {
     channel: Bounded,
     method: PathAndQuery,
-    metadata: HeaderMap,
+    metadata: MetadataMap,
 }
 
 impl GrpcPoster {
@@ -69,7 +69,7 @@ impl GrpcPoster {
         Ok(Self {
             channel: tower::util::MapResponse::new(endpoint.connect_lazy(), bounded),
             method: PathAndQuery::from_static(method),
-            metadata: headers,
+            metadata: metadata(&headers),
         })
     }
 
@@ -80,11 +80,7 @@ impl GrpcPoster {
     pub(crate) async fn attempt(&self, body: Bytes, timeout: Duration) -> Result<Vec<u8>, Failed> {
         // The bound is the body's (`Bounded`): tonic's would be retried as OUT_OF_RANGE.
         let mut grpc = Grpc::new(self.channel.clone()).max_decoding_message_size(usize::MAX);
-        let mut request = Request::from_parts(
-            MetadataMap::from_headers(self.metadata.clone()),
-            Extensions::default(),
-            body,
-        );
+        let mut request = Request::from_parts(self.metadata.clone(), Extensions::default(), body);
         request.set_timeout(timeout);
         let call = async {
             grpc.ready()
@@ -104,6 +100,31 @@ impl GrpcPoster {
             }),
         }
     }
+}
+
+/// The headers as a call's metadata. A `-bin` header's value is bytes, sent in base64 as
+/// gRPC asks (the collector's gRPC decodes it back); sent as it is, gRPC's C core refuses
+/// every call ("illegal base64 encoding"). Values stay sensitive.
+fn metadata(headers: &HeaderMap) -> MetadataMap {
+    let mut ascii = HeaderMap::with_capacity(headers.len());
+    let mut binary = Vec::new();
+    for (name, value) in headers {
+        match BinaryMetadataKey::from_bytes(name.as_str().as_bytes()) {
+            Ok(key) => {
+                let mut bytes = BinaryMetadataValue::from_bytes(value.as_bytes());
+                bytes.set_sensitive(value.is_sensitive());
+                binary.push((key, bytes));
+            }
+            Err(_) => {
+                ascii.append(name.clone(), value.clone());
+            }
+        }
+    }
+    let mut metadata = MetadataMap::from_headers(ascii);
+    for (key, bytes) in binary {
+        metadata.append_bin(key, bytes);
+    }
+    metadata
 }
 
 /// Whether `status` is the answer's body cut at [`MAX_ANSWER_BODY`] (not the collector's).
@@ -184,6 +205,25 @@ mod tests {
     use tonic_types::{ErrorDetails, StatusExt as _};
 
     use super::*;
+
+    #[test]
+    fn a_bin_headers_value_is_sent_in_base64_the_others_as_they_are() {
+        let mut headers = HeaderMap::new();
+        let mut key = reqwest::header::HeaderValue::from_static("s3cr=t");
+        key.set_sensitive(true);
+        headers.insert("api-key", key.clone());
+        headers.insert("x-token-bin", key);
+        let metadata = metadata(&headers);
+        assert_eq!(metadata.get("api-key").expect("ascii"), "s3cr=t");
+        let bytes = metadata.get_bin("x-token-bin").expect("binary");
+        assert_eq!(bytes.to_bytes().expect("base64"), "s3cr=t".as_bytes());
+        let wire = metadata.into_headers();
+        assert_eq!(
+            wire["x-token-bin"], "czNjcj10",
+            "unpadded base64, as gRPC emits"
+        );
+        assert!(wire.values().all(|v| v.is_sensitive()), "{wire:?}");
+    }
 
     #[test]
     fn only_the_specifications_codes_are_retried() {
