@@ -5,10 +5,12 @@
 //! ring, the system's roots); `http://` ones are HTTP/2 in the clear, as the Container
 //! Apps agent listens.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf as _, BufMut as _, Bytes};
 use http_body_util::{LengthLimitError, Limited};
+use parking_lot::Mutex;
 use reqwest::header::HeaderMap;
 use tonic::body::Body;
 use tonic::client::Grpc;
@@ -17,7 +19,7 @@ use tonic::codegen::http::uri::PathAndQuery;
 use tonic::codegen::http::Response;
 use tonic::metadata::{BinaryMetadataKey, BinaryMetadataValue, MetadataMap};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
-use tonic::{Code, Extensions, Request, Status};
+use tonic::{Code, Extensions, Request, Status, TimeoutExpired};
 use tonic_types::StatusExt as _;
 
 use super::attempt::{described, Failed, Signal, MAX_ANSWER};
@@ -39,7 +41,11 @@ fn bounded(answer: Response<Body>) -> Response<Limited<Body>> {
 
 #[derive(Debug, Clone)]
 pub(crate) struct GrpcPoster {
-    channel: Bounded,
+    endpoint: Endpoint,
+    /// Made anew when a call goes unanswered until its deadline: HTTP/2 keeps one
+    /// connection, and one whose peer went without a word (a dropped flow, a dead host)
+    /// would hold every later call until TCP gives up on it, many minutes on.
+    channel: Arc<Mutex<Bounded>>,
     method: PathAndQuery,
     metadata: MetadataMap,
 }
@@ -67,7 +73,8 @@ impl GrpcPoster {
             Signal::Metrics => "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
         };
         Ok(Self {
-            channel: tower::util::MapResponse::new(endpoint.connect_lazy(), bounded),
+            channel: Arc::new(Mutex::new(connect_lazy(&endpoint))),
+            endpoint,
             method: PathAndQuery::from_static(method),
             metadata: metadata(&headers),
         })
@@ -77,9 +84,12 @@ impl GrpcPoster {
     /// OTLP specification lists: `CANCELLED`, `DEADLINE_EXCEEDED`, `ABORTED`,
     /// `OUT_OF_RANGE`, `UNAVAILABLE` (a collector not reached is one), `DATA_LOSS`, and
     /// `RESOURCE_EXHAUSTED` only with a `RetryInfo`; a `RetryInfo`'s delay is waited.
+    /// Unanswered by the deadline, the connection is left: the next call makes a new one.
+    /// Runs on the export thread's runtime (a new channel spawns its tasks there).
     pub(crate) async fn attempt(&self, body: Bytes, timeout: Duration) -> Result<Vec<u8>, Failed> {
+        let channel = self.channel.lock().clone();
         // The bound is the body's (`Bounded`): tonic's would be retried as OUT_OF_RANGE.
-        let mut grpc = Grpc::new(self.channel.clone()).max_decoding_message_size(usize::MAX);
+        let mut grpc = Grpc::new(channel).max_decoding_message_size(usize::MAX);
         let mut request = Request::from_parts(self.metadata.clone(), Extensions::default(), body);
         request.set_timeout(timeout);
         let call = async {
@@ -88,18 +98,34 @@ impl GrpcPoster {
                 .map_err(|e| Status::unavailable(described(&e)))?;
             grpc.unary(request, self.method.clone(), Raw).await
         };
-        match tokio::time::timeout(timeout, call).await {
-            Ok(Ok(answer)) => Ok(answer.into_inner().to_vec()),
+        // tonic ends the call at its `grpc-timeout` (CANCELLED, "Timeout expired"), or this
+        // timer does: whichever is first, the collector did not answer in time.
+        let answered = match tokio::time::timeout(timeout, call).await {
+            Ok(Err(status)) if caused_by::<TimeoutExpired>(&status) => None,
+            Ok(answered) => Some(answered),
+            Err(_) => None,
+        };
+        match answered {
+            Some(Ok(answer)) => Ok(answer.into_inner().to_vec()),
             // The collector took the export and answered more than is read: over HTTP too
             // such an answer is not read, and sending the export again would repeat it.
-            Ok(Err(status)) if past_the_bound(&status) => Ok(Vec::new()),
-            Ok(Err(status)) => Err(failed(&status)),
-            Err(_) => Err(Failed {
-                error: "the collector did not answer within the deadline".into(),
-                retry: Some(None),
-            }),
+            Some(Err(status)) if caused_by::<LengthLimitError>(&status) => Ok(Vec::new()),
+            Some(Err(status)) => Err(failed(&status)),
+            None => {
+                *self.channel.lock() = connect_lazy(&self.endpoint);
+                Err(Failed {
+                    error: "the collector did not answer within the deadline".into(),
+                    retry: Some(None),
+                })
+            }
         }
     }
+}
+
+/// A channel to `endpoint`, connected on its first call; its tasks go on the current
+/// runtime.
+fn connect_lazy(endpoint: &Endpoint) -> Bounded {
+    tower::util::MapResponse::new(endpoint.connect_lazy(), bounded)
 }
 
 /// The headers as a call's metadata. A `-bin` header's value is bytes, sent in base64 as
@@ -127,11 +153,12 @@ fn metadata(headers: &HeaderMap) -> MetadataMap {
     metadata
 }
 
-/// Whether `status` is the answer's body cut at [`MAX_ANSWER_BODY`] (not the collector's).
-fn past_the_bound(status: &Status) -> bool {
+/// Whether `status` was made on our side from an `E`: the answer's body cut at
+/// [`MAX_ANSWER_BODY`], the call's own deadline; never a collector's status.
+fn caused_by<E: std::error::Error + 'static>(status: &Status) -> bool {
     let mut cause = std::error::Error::source(status);
     while let Some(e) = cause {
-        if e.is::<LengthLimitError>() {
+        if e.is::<E>() {
             return true;
         }
         cause = e.source();
