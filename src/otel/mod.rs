@@ -11,7 +11,7 @@
 //!   code, cumulative (`meters.rs`).
 //! - Export runs on a thread of its own with its own runtime (`sendgate-otel`): spans leave
 //!   the request path through a bounded buffer (`spans.rs`: dropped and counted when full),
-//!   are encoded there (`encode.rs`) and posted (`client.rs`), each export bounded by
+//!   are encoded there (`encode.rs`) and posted (`client/`), each export bounded by
 //!   `OTEL_EXPORTER_OTLP_TIMEOUT`. A slow or dead collector never slows a send.
 //!
 //! Why not the SDK's tracer, span processor and OTLP exporter: a send's span through them
