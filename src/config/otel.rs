@@ -105,8 +105,13 @@ pub(super) fn parse(layers: &Layers) -> Result<OtelSettings, ConfigError> {
                   protocol: Protocol,
                   own_headers: &'static Var|
      -> Result<Option<SignalExport>, ConfigError> {
-        let headers = headers(layers, own_headers)?
-            .unwrap_or_else(|| common_headers.clone().unwrap_or_default());
+        let (headers, headers_var) = match headers(layers, own_headers)? {
+            Some(own) => (own, own_headers),
+            None => (
+                common_headers.clone().unwrap_or_default(),
+                &v::OTEL_EXPORTER_OTLP_HEADERS,
+            ),
+        };
         if disabled {
             return Ok(None);
         }
@@ -116,6 +121,9 @@ pub(super) fn parse(layers: &Layers) -> Result<OtelSettings, ConfigError> {
                 Protocol::Grpc => base.to_owned(),
             })
         });
+        if endpoint.is_some() && protocol == Protocol::Grpc {
+            grpc_metadata_names(layers, headers_var, &headers)?;
+        }
         Ok(endpoint.map(|endpoint| SignalExport {
             endpoint,
             protocol,
@@ -186,6 +194,31 @@ impl fmt::Debug for ExportHeaders {
         f.debug_list()
             .entries(self.0.iter().map(|(name, _)| name))
             .finish()
+    }
+}
+
+/// Over gRPC the headers are the call's metadata, whose names are narrower than HTTP's
+/// (0-9, a-z, `-`, `_`, `.`): gRPC refuses every call with another ("Illegal header key").
+/// The error names the header, never a value.
+fn grpc_metadata_names(
+    layers: &Layers,
+    var: &'static Var,
+    headers: &ExportHeaders,
+) -> Result<(), ConfigError> {
+    let allowed = |b: u8| b.is_ascii_digit() || b.is_ascii_lowercase() || b"-_.".contains(&b);
+    match headers
+        .iter()
+        .find(|(name, _)| !name.as_str().bytes().all(allowed))
+    {
+        Some((name, _)) => Err(ConfigError::invalid(
+            var,
+            layers.value(var).unwrap_or_default(),
+            format!(
+                "`{name}` is not a gRPC metadata name (0-9, a-z, -, _ and . only), and this \
+                 signal is exported over gRPC"
+            ),
+        )),
+        None => Ok(()),
     }
 }
 

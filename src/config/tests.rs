@@ -1205,6 +1205,47 @@ fn otlp_headers_are_parsed_percent_decoded_sensitive_and_per_signal() {
 }
 
 #[test]
+fn over_grpc_a_header_name_must_be_a_grpc_metadata_name() {
+    // `x!y` is an HTTP header name, not a gRPC metadata key (0-9 a-z - _ .): gRPC refuses
+    // every call that carries it, so start-up says so, naming the header, not its value.
+    let settings = |pairs: &[(&str, &str)]| {
+        let mut all = vec![("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317")];
+        all.extend_from_slice(pairs);
+        Settings::from_vars(&vars(&all))
+    };
+    let err = settings(&[
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=K3Y-VALUE,x!y=1"),
+    ])
+    .unwrap_err();
+    let shown = err.to_string();
+    assert_eq!(
+        err.variable(),
+        Some("OTEL_EXPORTER_OTLP_HEADERS"),
+        "{shown}"
+    );
+    assert!(shown.contains("x!y"), "{shown}");
+    assert!(!shown.contains("K3Y-VALUE"), "{shown}");
+    // A signal's own headers, over its own protocol.
+    let err = settings(&[
+        ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "grpc"),
+        ("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "x@m=1"),
+    ])
+    .unwrap_err();
+    assert_eq!(err.variable(), Some("OTEL_EXPORTER_OTLP_METRICS_HEADERS"));
+    // Over HTTP the same names are headers as any other; and over gRPC the usual ones pass.
+    assert!(settings(&[("OTEL_EXPORTER_OTLP_HEADERS", "x!y=1")]).is_ok());
+    assert!(settings(&[
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        (
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "API-Key=1,x_a.b-c=2,x-token-bin=3"
+        ),
+    ])
+    .is_ok());
+}
+
+#[test]
 fn otlp_endpoints_follow_each_signals_protocol() {
     let endpoints = |pairs: &[(&str, &str)]| {
         let s = Settings::from_vars(&vars(pairs)).unwrap().otel;

@@ -807,7 +807,7 @@ pub const OTEL_EXPORTER_OTLP_COMPRESSION: Var = otel(
 pub const OTEL_EXPORTER_OTLP_HEADERS: Var = otel(
     "OTEL_EXPORTER_OTLP_HEADERS",
     K::Text,
-    "key=value pairs, comma-separated, values percent-encoded, sent with every export (a collector's API key).",
+    "key=value pairs, comma-separated, values percent-encoded, sent with every export (a collector's API key). Over gRPC they are the calls' metadata: names of 0-9, a-z, -, _ and . only (another stops start-up), a name ending in -bin has its value sent in base64.",
 )
 .secret();
 pub const OTEL_EXPORTER_OTLP_TRACES_HEADERS: Var = otel(

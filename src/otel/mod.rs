@@ -11,7 +11,7 @@
 //!   code, cumulative (`meters.rs`).
 //! - Export runs on a thread of its own with its own runtime (`sendgate-otel`): spans leave
 //!   the request path through a bounded buffer (`spans.rs`: dropped and counted when full),
-//!   are encoded there (`encode.rs`) and posted (`client.rs`), each export bounded by
+//!   are encoded there (`encode.rs`) and posted (`client/`), each export bounded by
 //!   `OTEL_EXPORTER_OTLP_TIMEOUT`. A slow or dead collector never slows a send.
 //!
 //! Why not the SDK's tracer, span processor and OTLP exporter: a send's span through them
@@ -211,7 +211,7 @@ impl Otel {
         let shown = |export: &Option<SignalExport>| {
             export.as_ref().map_or_else(
                 || "off".to_owned(),
-                |e| format!("{} {}", e.protocol.as_str(), e.endpoint),
+                |e| format!("{} {}", e.protocol.as_str(), without_user_info(&e.endpoint)),
             )
         };
         tracing::info!(
@@ -300,6 +300,18 @@ fn export_thread() -> Result<(tokio::runtime::Handle, oneshot::Sender<()>), Otel
         .map_err(|_| OtelError::Thread(std::io::Error::other("the export thread ended")))?
         .map_err(OtelError::Thread)?;
     Ok((runtime, release))
+}
+
+/// `url` without its user info (`user:password@`): a credential, never logged.
+fn without_user_info(url: &str) -> std::borrow::Cow<'_, str> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.into();
+    };
+    let authority = rest.find(['/', '?', '#']).map_or(rest, |end| &rest[..end]);
+    match authority.rfind('@') {
+        Some(at) => format!("{scheme}://{}", &rest[at + 1..]).into(),
+        None => url.into(),
+    }
 }
 
 fn header_map(headers: &crate::config::ExportHeaders) -> reqwest::header::HeaderMap {
@@ -575,6 +587,63 @@ impl SendSpan<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+        type Writer = Self;
+        fn make_writer(&'a self) -> Self {
+            self.clone()
+        }
+    }
+
+    #[test]
+    fn the_endpoints_are_logged_without_their_user_info() {
+        for protocol in ["grpc", "http/protobuf"] {
+            let env = [
+                (
+                    "OTEL_EXPORTER_OTLP_ENDPOINT",
+                    "http://user:PA55-WORD@127.0.0.1:9/base",
+                ),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+            let settings = crate::config::Settings::from_vars(&env).expect("settings");
+            let out = Captured::default();
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer(out.clone())
+                .with_ansi(false)
+                .finish();
+            let otel = tracing::subscriber::with_default(subscriber, || {
+                Otel::build(&settings.otel).expect("builds")
+            });
+            drop(otel);
+            let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+            assert!(text.contains("otel_exporting"), "{text}");
+            assert!(text.contains("http://127.0.0.1:9/base"), "{text}");
+            assert!(!text.contains("PA55-WORD"), "{protocol}: {text}");
+        }
+        assert_eq!(without_user_info("https://h:4317"), "https://h:4317");
+        assert_eq!(
+            without_user_info("http://h/p@q"),
+            "http://h/p@q",
+            "a path's @"
+        );
+        assert_eq!(without_user_info("http://a:b@c@h?x"), "http://h?x");
+    }
 
     fn instance_id(r: &opentelemetry_proto::tonic::resource::v1::Resource) -> Vec<String> {
         use opentelemetry_proto::tonic::common::v1::any_value::Value;

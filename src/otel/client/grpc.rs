@@ -9,13 +9,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf as _, BufMut as _, Bytes};
+use http_body_util::{LengthLimitError, Limited};
+use parking_lot::Mutex;
 use reqwest::header::HeaderMap;
+use tonic::body::Body;
 use tonic::client::Grpc;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
-use tonic::metadata::MetadataMap;
+use tonic::codegen::http::Response;
+use tonic::metadata::{BinaryMetadataKey, BinaryMetadataValue, MetadataMap};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
-use tonic::{Code, Extensions, Request, Status};
+use tonic::{Code, Extensions, Request, Status, TimeoutExpired};
 use tonic_types::StatusExt as _;
 
 use super::attempt::{described, with_causes, Failed, Signal, MAX_ANSWER};
@@ -23,11 +27,27 @@ use super::attempt::{described, with_causes, Failed, Signal, MAX_ANSWER};
 /// The longest a collector's status message is repeated in our log.
 const MAX_MESSAGE: usize = 200;
 
+/// The most of an answer's body read: the answer and its gRPC frame's header.
+const MAX_ANSWER_BODY: usize = MAX_ANSWER + 5;
+
+/// The channel, its answers' bodies cut at [`MAX_ANSWER_BODY`]: past it the body ends in a
+/// [`LengthLimitError`] that [`attempt`](GrpcPoster::attempt) tells from the collector's
+/// own statuses (tonic's own bound would answer `OUT_OF_RANGE`, which is retried).
+type Bounded = tower::util::MapResponse<Channel, fn(Response<Body>) -> Response<Limited<Body>>>;
+
+fn bounded(answer: Response<Body>) -> Response<Limited<Body>> {
+    answer.map(|body| Limited::new(body, MAX_ANSWER_BODY))
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct GrpcPoster {
-    channel: Channel,
+    endpoint: Endpoint,
+    /// Made anew when a call goes unanswered until its deadline: HTTP/2 keeps one
+    /// connection, and one whose peer went without a word (a dropped flow, a dead host)
+    /// would hold every later call until TCP gives up on it, many minutes on.
+    channel: Arc<Mutex<Bounded>>,
     method: PathAndQuery,
-    metadata: HeaderMap,
+    metadata: MetadataMap,
 }
 
 impl GrpcPoster {
@@ -58,9 +78,10 @@ impl GrpcPoster {
             Signal::Metrics => "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
         };
         Ok(Self {
-            channel: endpoint.connect_lazy(),
+            channel: Arc::new(Mutex::new(connect_lazy(&endpoint))),
+            endpoint,
             method: PathAndQuery::from_static(method),
-            metadata: headers,
+            metadata: metadata(&headers),
         })
     }
 
@@ -68,13 +89,13 @@ impl GrpcPoster {
     /// OTLP specification lists: `CANCELLED`, `DEADLINE_EXCEEDED`, `ABORTED`,
     /// `OUT_OF_RANGE`, `UNAVAILABLE` (a collector not reached is one), `DATA_LOSS`, and
     /// `RESOURCE_EXHAUSTED` only with a `RetryInfo`; a `RetryInfo`'s delay is waited.
+    /// Unanswered by the deadline, the connection is left: the next call makes a new one.
+    /// Runs on the export thread's runtime (a new channel spawns its tasks there).
     pub(crate) async fn attempt(&self, body: Bytes, timeout: Duration) -> Result<Vec<u8>, Failed> {
-        let mut grpc = Grpc::new(self.channel.clone()).max_decoding_message_size(MAX_ANSWER);
-        let mut request = Request::from_parts(
-            MetadataMap::from_headers(self.metadata.clone()),
-            Extensions::default(),
-            body,
-        );
+        let channel = self.channel.lock().clone();
+        // The bound is the body's (`Bounded`): tonic's would be retried as OUT_OF_RANGE.
+        let mut grpc = Grpc::new(channel).max_decoding_message_size(usize::MAX);
+        let mut request = Request::from_parts(self.metadata.clone(), Extensions::default(), body);
         request.set_timeout(timeout);
         let call = async {
             grpc.ready()
@@ -82,15 +103,72 @@ impl GrpcPoster {
                 .map_err(|e| Status::unavailable(described(&e)))?;
             grpc.unary(request, self.method.clone(), Raw).await
         };
-        match tokio::time::timeout(timeout, call).await {
-            Ok(Ok(answer)) => Ok(answer.into_inner().to_vec()),
-            Ok(Err(status)) => Err(failed(&status)),
-            Err(_) => Err(Failed {
-                error: "the collector did not answer within the deadline".into(),
-                retry: Some(None),
-            }),
+        // tonic ends the call at its `grpc-timeout` (CANCELLED, "Timeout expired"), or this
+        // timer does: whichever is first, the collector did not answer in time.
+        let answered = match tokio::time::timeout(timeout, call).await {
+            Ok(Err(status)) if caused_by::<TimeoutExpired>(&status) => None,
+            Ok(answered) => Some(answered),
+            Err(_) => None,
+        };
+        match answered {
+            Some(Ok(answer)) => Ok(answer.into_inner().to_vec()),
+            // The collector took the export and answered more than is read: over HTTP too
+            // such an answer is not read, and sending the export again would repeat it.
+            Some(Err(status)) if caused_by::<LengthLimitError>(&status) => Ok(Vec::new()),
+            Some(Err(status)) => Err(failed(&status)),
+            None => {
+                *self.channel.lock() = connect_lazy(&self.endpoint);
+                Err(Failed {
+                    error: "the collector did not answer within the deadline".into(),
+                    retry: Some(None),
+                })
+            }
         }
     }
+}
+
+/// A channel to `endpoint`, connected on its first call; its tasks go on the current
+/// runtime.
+fn connect_lazy(endpoint: &Endpoint) -> Bounded {
+    tower::util::MapResponse::new(endpoint.connect_lazy(), bounded)
+}
+
+/// The headers as a call's metadata. A `-bin` header's value is bytes, sent in base64 as
+/// gRPC asks (the collector's gRPC decodes it back); sent as it is, gRPC's C core refuses
+/// every call ("illegal base64 encoding"). Values stay sensitive.
+fn metadata(headers: &HeaderMap) -> MetadataMap {
+    let mut ascii = HeaderMap::with_capacity(headers.len());
+    let mut binary = Vec::new();
+    for (name, value) in headers {
+        match BinaryMetadataKey::from_bytes(name.as_str().as_bytes()) {
+            Ok(key) => {
+                let mut bytes = BinaryMetadataValue::from_bytes(value.as_bytes());
+                bytes.set_sensitive(value.is_sensitive());
+                binary.push((key, bytes));
+            }
+            Err(_) => {
+                ascii.append(name.clone(), value.clone());
+            }
+        }
+    }
+    let mut metadata = MetadataMap::from_headers(ascii);
+    for (key, bytes) in binary {
+        metadata.append_bin(key, bytes);
+    }
+    metadata
+}
+
+/// Whether `status` was made on our side from an `E`: the answer's body cut at
+/// [`MAX_ANSWER_BODY`], the call's own deadline; never a collector's status.
+fn caused_by<E: std::error::Error + 'static>(status: &Status) -> bool {
+    let mut cause = std::error::Error::source(status);
+    while let Some(e) = cause {
+        if e.is::<E>() {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
 }
 
 /// What a status says of the export, and whether it may be sent again.
@@ -158,6 +236,25 @@ mod tests {
     use tonic_types::{ErrorDetails, StatusExt as _};
 
     use super::*;
+
+    #[test]
+    fn a_bin_headers_value_is_sent_in_base64_the_others_as_they_are() {
+        let mut headers = HeaderMap::new();
+        let mut key = reqwest::header::HeaderValue::from_static("s3cr=t");
+        key.set_sensitive(true);
+        headers.insert("api-key", key.clone());
+        headers.insert("x-token-bin", key);
+        let metadata = metadata(&headers);
+        assert_eq!(metadata.get("api-key").expect("ascii"), "s3cr=t");
+        let bytes = metadata.get_bin("x-token-bin").expect("binary");
+        assert_eq!(bytes.to_bytes().expect("base64"), "s3cr=t".as_bytes());
+        let wire = metadata.into_headers();
+        assert_eq!(
+            wire["x-token-bin"], "czNjcj10",
+            "unpadded base64, as gRPC emits"
+        );
+        assert!(wire.values().all(|v| v.is_sensitive()), "{wire:?}");
+    }
 
     #[test]
     fn only_the_specifications_codes_are_retried() {

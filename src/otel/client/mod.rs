@@ -37,7 +37,7 @@ const MAX_JITTER_MS: u64 = 100;
 #[derive(Debug, Clone)]
 pub(crate) enum Poster {
     Http(http::HttpPoster),
-    Grpc(grpc::GrpcPoster),
+    Grpc(Box<grpc::GrpcPoster>),
 }
 
 impl Poster {
@@ -54,7 +54,8 @@ impl Poster {
         signal: Signal,
         connect_timeout: Duration,
     ) -> Result<Self, String> {
-        grpc::GrpcPoster::new(url, headers, signal, connect_timeout).map(Self::Grpc)
+        grpc::GrpcPoster::new(url, headers, signal, connect_timeout)
+            .map(|p| Self::Grpc(Box::new(p)))
     }
 
     /// One export, retried while the collector asks for it and time is left: the

@@ -342,6 +342,97 @@ mod grpc {
     }
 
     #[tokio::test]
+    async fn an_answer_too_long_to_read_is_an_export_taken_not_one_sent_again() {
+        // A partial success past the bound read: the collector took the export; sending
+        // it again would only duplicate it (over HTTP such an answer is not read either).
+        let (url, calls, _) = collector(|_| {
+            Ok(ExportTraceServiceResponse {
+                partial_success: Some(ExportTracePartialSuccess {
+                    rejected_spans: 1,
+                    error_message: "x".repeat(2 * crate::otel::client::attempt::MAX_ANSWER),
+                }),
+            })
+        })
+        .await;
+        let answer = poster(&url)
+            .post(one_resource(), Duration::from_secs(10))
+            .await;
+        assert_eq!(answer, Ok(Vec::new()), "taken, its answer not read");
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "not sent again");
+
+        // An answer of the bound's length is read whole.
+        let (url, _, _) =
+            collector(|_| Ok(answer_of(crate::otel::client::attempt::MAX_ANSWER))).await;
+        let answer = poster(&url)
+            .post(one_resource(), Duration::from_secs(10))
+            .await
+            .expect("answered");
+        assert_eq!(answer.len(), crate::otel::client::attempt::MAX_ANSWER);
+    }
+
+    /// A partial success whose encoding is `len` bytes long.
+    fn answer_of(len: usize) -> ExportTraceServiceResponse {
+        let mut message = len;
+        loop {
+            let answer = ExportTraceServiceResponse {
+                partial_success: Some(ExportTracePartialSuccess {
+                    rejected_spans: 1,
+                    error_message: "x".repeat(message),
+                }),
+            };
+            match answer.encoded_len() {
+                n if n == len => return answer,
+                n if n > len => message -= n - len,
+                n => message += len - n,
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_gone_silent_is_left_for_a_new_one() {
+        // The collector behind a port whose first connection is taken and never read nor
+        // answered (a peer gone without a word: a dropped flow, a dead host); the next
+        // connections reach the collector.
+        let (target, calls, _) = collector(|_| Ok(ExportTraceServiceResponse::default())).await;
+        let target = target.trim_start_matches("http://").to_owned();
+        let front = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let url = format!("http://{}", front.local_addr().expect("bound"));
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&connections);
+        tokio::spawn(async move {
+            let mut silent = Vec::new();
+            while let Ok((mut stream, _)) = front.accept().await {
+                if counted.fetch_add(1, Ordering::SeqCst) == 0 {
+                    silent.push(stream);
+                    continue;
+                }
+                let target = target.clone();
+                tokio::spawn(async move {
+                    if let Ok(mut collector) = tokio::net::TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut stream, &mut collector).await;
+                    }
+                });
+            }
+        });
+        let poster = poster(&url);
+        let error = poster
+            .post(one_resource(), Duration::from_millis(300))
+            .await
+            .expect_err("nothing answers on the first connection");
+        assert!(error.contains("did not answer"), "{error}");
+        let answer = poster.post(one_resource(), Duration::from_secs(5)).await;
+        assert_eq!(
+            answer,
+            Ok(Vec::new()),
+            "the next export on a new connection"
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(connections.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
     async fn a_collector_not_there_says_why_and_is_not_waited_past_the_deadline() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
         let url = format!("http://{}", listener.local_addr().expect("bound"));
