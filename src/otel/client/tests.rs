@@ -368,6 +368,14 @@ mod grpc {
             .await
             .expect("answered");
         assert_eq!(answer.len(), crate::otel::client::attempt::MAX_ANSWER);
+
+        // A collector's long rejection (48 KiB of why) is still read: the bound is 64 KiB.
+        let (url, _, _) = collector(|_| Ok(answer_of(48 * 1024))).await;
+        let answer = poster(&url)
+            .post(one_resource(), Duration::from_secs(10))
+            .await
+            .expect("answered");
+        assert_eq!(answer.len(), 48 * 1024, "read whole");
     }
 
     /// A partial success whose encoding is `len` bytes long.
