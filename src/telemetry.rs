@@ -415,6 +415,37 @@ impl Visit for JsonFieldsOf<'_> {
     }
 }
 
+/// A log writer for tests: every line the subscriber writes, kept to be read back.
+#[cfg(test)]
+#[derive(Clone, Default)]
+pub(crate) struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+#[cfg(test)]
+impl Captured {
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+#[cfg(test)]
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Self;
+    fn make_writer(&'a self) -> Self {
+        self.clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -437,9 +468,6 @@ mod tests {
         assert_eq!(every.admit(), None);
     }
 
-    use std::sync::{Arc, Mutex};
-    use tracing_subscriber::fmt::MakeWriter;
-
     /// What a subscriber filtered by `RUST_LOG=rust_log` writes for one event per target.
     fn logged_under(rust_log: &str) -> String {
         let out = Captured::default();
@@ -458,8 +486,7 @@ mod tests {
             tracing::trace!(target: "lapin::connection", "connection at trace");
             tracing::info!(target: "sendgate", "ours at info");
         });
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
-        text
+        out.text()
     }
 
     #[test]
@@ -498,26 +525,6 @@ mod tests {
         assert!(logged_under("info").contains("ours at info"));
     }
 
-    #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Captured {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'a> MakeWriter<'a> for Captured {
-        type Writer = Self;
-        fn make_writer(&'a self) -> Self {
-            self.clone()
-        }
-    }
-
     fn request(id: &str) -> RequestFields {
         RequestFields::new(RequestId::parse(id).unwrap())
     }
@@ -552,7 +559,7 @@ mod tests {
                 .event_format(FlatJson)
                 .finish(),
         );
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let text = out.text();
         let lines: Vec<Value> = text
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
@@ -591,7 +598,7 @@ mod tests {
                 );
             });
         });
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let text = out.text();
         assert_eq!(text.lines().count(), 1, "{text}");
         let first = text.find("request_id=").unwrap();
         assert!(text[first..].starts_with("request_id=\"r-1\""), "{text}");
@@ -609,7 +616,7 @@ mod tests {
                 .event_format(TextLine::default().without_time())
                 .finish(),
         );
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let text = out.text();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[0],

@@ -587,26 +587,7 @@ impl SendSpan<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[derive(Clone, Default)]
-    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Captured {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-        type Writer = Self;
-        fn make_writer(&'a self) -> Self {
-            self.clone()
-        }
-    }
+    use crate::telemetry::Captured;
 
     #[test]
     fn the_endpoints_are_logged_without_their_user_info() {
@@ -631,7 +612,7 @@ mod tests {
                 Otel::build(&settings.otel).expect("builds")
             });
             drop(otel);
-            let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+            let text = out.text();
             assert!(text.contains("otel_exporting"), "{text}");
             assert!(text.contains("http://127.0.0.1:9/base"), "{text}");
             assert!(!text.contains("PA55-WORD"), "{protocol}: {text}");
