@@ -13,6 +13,7 @@ use sendgate::http::entra_auth::keys::{
 use sendgate::http::entra_auth::MAX_TOKEN_BYTES;
 use serde_json::{json, Value};
 
+use crate::gateway::GatewayProcess;
 use crate::helpers::{body_json, keys_entry, spawn_app_with, TestApp};
 use crate::oidc::{Jwks, OidcProvider, TestKey, KEY_A, KEY_B, KEY_C, OTHER_TENANT, TENANT};
 
@@ -631,4 +632,75 @@ async fn a_bearer_past_16_kib_is_refused_unread_and_one_at_the_limit_is_verified
         201
     );
     assert_eq!(s.provider.jwks_gets(), before + 1);
+}
+
+/// Why a token was refused is logged as a stable reason word (contract section 5), and
+/// the token never is: the real binary, its JSON log read back.
+#[tokio::test]
+async fn a_refusal_is_logged_with_its_reason_and_never_the_token() {
+    let provider = OidcProvider::start(&[KEY_A]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data").display().to_string();
+    let log_path = dir.path().join("sendgate.log");
+    let entra = provider.vars();
+    let mut vars: Vec<(&str, &str)> = entra.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    vars.push(("SENDGATE_DATA_DIR", data.as_str()));
+    vars.push(("SENDGATE_LOG_FORMAT", "json"));
+    let gw =
+        GatewayProcess::start_logging_to(&vars, std::fs::File::create(&log_path).unwrap()).await;
+    let send = |token: String| {
+        gw.client
+            .post(gw.url("/v1/queues/requests/messages"))
+            .bearer_auth(token)
+            .header("Content-Type", "application/json")
+            .body("{}")
+            .send()
+    };
+    let good = provider.v2_claims(PLAYGROUND, &["Sendgate.Sender"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while send(KEY_A.sign(&good)).await.unwrap().status() != 201 {
+        assert!(Instant::now() < deadline, "the gateway never got the keys");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A refusal logged while the keys were coming ends its second before the cases.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let t = good["iat"].as_u64().unwrap();
+    let cases = [
+        (
+            "expired",
+            KEY_A.sign(&with(good.clone(), "exp", json!(t - 600))),
+        ),
+        ("unknown_kid", KEY_B.sign(&good)),
+        (
+            "audience",
+            KEY_A.sign(&with(good.clone(), "aud", json!("api://x"))),
+        ),
+    ];
+    for (reason, token) in &cases {
+        assert_eq!(send(token.clone()).await.unwrap().status(), 401, "{reason}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let refusals: Vec<Value> = std::fs::read_to_string(&log_path)
+                .unwrap()
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .filter(|l| l["event"] == "entra_token_refused")
+                .collect();
+            if refusals.iter().any(|l| l["reason"] == *reason) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no refusal logged as {reason}: {refusals:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // At most one line a second: the next refusal waits to be logged.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    for (reason, token) in &cases {
+        let signature = token.rsplit('.').next().unwrap();
+        assert!(!log.contains(signature), "{reason}: the token was logged");
+    }
 }

@@ -178,6 +178,16 @@ async fn a_v2_and_a_v1_token_name_their_application_and_roles() {
     let caller = v.verify(&sign(KEY_A, "a", &v1_claims())).await.unwrap();
     assert_eq!(caller.version, TokenVersion::V1);
     assert_eq!(caller.roles, [AppRole::Observer], "other roles ignored");
+    let all = with(
+        v2_claims(),
+        "roles",
+        json!(["Sendgate.Admin", "Sendgate.Observer", "Sendgate.Sender"]),
+    );
+    assert_eq!(
+        v.verify(&sign(KEY_A, "a", &all)).await.unwrap().roles,
+        [AppRole::Admin, AppRole::Observer, AppRole::Sender],
+        "each of sendgate's three roles"
+    );
     // aud as the app id, or as an array holding one configured value.
     let by_id = with(
         v2_claims(),
