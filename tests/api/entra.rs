@@ -7,9 +7,7 @@ use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
-use sendgate::http::entra_auth::keys::{
-    Fetch, FetchError, HttpFetch, FETCH_TIMEOUT, MAX_DOCUMENT_BYTES,
-};
+use sendgate::http::entra_auth::keys::{Fetch, FetchError, HttpFetch};
 use sendgate::http::entra_auth::MAX_TOKEN_BYTES;
 use serde_json::{json, Value};
 
@@ -506,6 +504,9 @@ async fn the_served_openapi_document_declares_the_entra_scheme_and_its_discovery
 /// the one in flight for every token waiting on it, so none of these may hold it longer.
 #[tokio::test]
 async fn a_jwks_that_stalls_or_is_too_large_ends_in_time_and_a_redirect_is_not_followed() {
+    // The contract's numbers (section 5): each GET within 5 s, at most 256 KiB read.
+    const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+    const MAX_DOCUMENT_BYTES: usize = 256 * 1024;
     let provider = OidcProvider::start(&[KEY_A]).await;
     let fetch = HttpFetch::new().unwrap();
     let jwks = provider.jwks_uri();

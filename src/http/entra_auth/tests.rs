@@ -12,7 +12,12 @@ use jsonwebtoken::{EncodingKey, Header};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
-use super::keys::{self, Fetch, FetchError, ON_DEMAND_EVERY, REFRESH_EVERY, REQUEST_WAIT};
+use super::keys::{self, Fetch, FetchError, REQUEST_WAIT};
+
+/// The contract's numbers (section 5), written out so a changed constant fails a test:
+/// an unknown `kid` fetches at most once per 30 s; the keys are read again every 24 h.
+const ON_DEMAND_EVERY: Duration = Duration::from_secs(30);
+const REFRESH_EVERY: Duration = Duration::from_secs(24 * 60 * 60);
 use super::*;
 
 const TENANT: &str = "11111111-2222-3333-4444-555555555555";
@@ -498,7 +503,10 @@ async fn a_directory_unreachable_at_start_is_retried_until_it_answers() {
     // The timer's attempts at 0, 1, 3, 7 and 15 s, and the token's own at 10 ms.
     tokio::time::sleep(Duration::from_secs(16)).await;
     assert_eq!(directory.gets(&discovery_url()), 6);
-    assert!(keys::retry_after(100) == keys::RETRY_MAX);
+    // Doubling up to 5 min.
+    assert_eq!(keys::retry_after(9), Duration::from_secs(256));
+    assert_eq!(keys::retry_after(10), Duration::from_secs(300));
+    assert_eq!(keys::retry_after(100), Duration::from_secs(300));
     directory.down.store(false, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(16)).await;
     assert!(v.verify(&token).await.is_ok());
