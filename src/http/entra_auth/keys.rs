@@ -207,12 +207,8 @@ impl KeySet {
         self.keys.get(kid).cloned()
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.keys.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
     }
 }
 
@@ -261,8 +257,6 @@ pub struct KeyCache {
     /// Where fetches run: the runtime the cache was made on (the gateway's main one), not
     /// the HTTP worker whose request needed the fetch (its runtime ends with the worker).
     runtime: Option<tokio::runtime::Handle>,
-    /// Successful and failed fetches so far (for the tests and the benches' sanity).
-    fetches: std::sync::atomic::AtomicU64,
 }
 
 impl KeyCache {
@@ -275,7 +269,6 @@ impl KeyCache {
             current: ArcSwapOption::empty(),
             refreshing: Mutex::new(Refreshing::default()),
             runtime: tokio::runtime::Handle::try_current().ok(),
-            fetches: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -293,11 +286,6 @@ impl KeyCache {
     /// The keys in hand, if any.
     pub fn current(&self) -> Option<Arc<KeySet>> {
         self.current.load_full()
-    }
-
-    /// Fetches started so far (each a discovery and/or a JWKS, succeeded or not).
-    pub fn fetches(&self) -> u64 {
-        self.fetches.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The key of `kid` with the discovery it came with; when it is not in hand, one
@@ -362,8 +350,6 @@ impl KeyCache {
     /// or is dropped unfinished (its runtime shutting down): a fetch that never finishes
     /// must not stand for the one in flight for ever.
     fn start(self: &Arc<Self>, refreshing: &mut Refreshing, why: Why) -> InFlight {
-        self.fetches
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // Read here, under the lock, so what is recorded is what the task does (no other
         // fetch can change the keys in hand before it runs: this one is the only one).
         let known = match why {
