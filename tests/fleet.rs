@@ -143,8 +143,9 @@ async fn wait_for_mode(gw: &GatewayProcess, mode: &str) {
 /// count a send twice (a read taken while sends were stored but not yet settled shows them,
 /// and their blocks or `since_read` count them too: docs/fleet.md, "Bounds"). Sends `body`
 /// to `path` on the replicas in turn until a refusal states the queue's true depth, and
-/// checks that depth leaves less room under the ceiling than one more send of `units`: the estimate came
-/// back to the depth and the fleet filled its ceiling. The entries queued meanwhile.
+/// checks that depth leaves less room under the ceiling than one more send of `units`: the
+/// estimate came back to the depth and the fleet filled its ceiling. The entries queued
+/// meanwhile.
 async fn fill_until_an_exact_refusal(
     fleet: &[GatewayProcess],
     queue: &str,
@@ -154,7 +155,12 @@ async fn fill_until_an_exact_refusal(
 ) -> u64 {
     let started = Instant::now();
     let mut queued = 0;
+    let mut last = serde_json::Value::Null;
     for turn in 0.. {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no refusal stated the queue's depth in 30 s ({queued} queued meanwhile): {last}"
+        );
         let gw = &fleet[turn % fleet.len()];
         let answer = gw
             .client
@@ -180,10 +186,7 @@ async fn fill_until_an_exact_refusal(
             );
             return queued;
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the fleet's estimate never came back to the depth {depth}: {refusal}"
-        );
+        last = refusal;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     unreachable!("the loop returns")
