@@ -106,6 +106,19 @@ async fn replica(queue: &str, redis_url: &str, prefix: &str, ceiling: &str) -> G
     member(queue, redis_url, prefix, &vars).await
 }
 
+/// [`replica`] with a 60 s send deadline: the fleet's hold (docs/fleet.md) is then longer
+/// than [`fill_until_an_exact_refusal`]'s 30 s, so units held unused until their lease ends,
+/// rather than given back, fail the fill instead of passing late.
+async fn long_holding_replica(queue: &str, prefix: &str, ceiling: &str) -> GatewayProcess {
+    let vars = [
+        ("SENDGATE_RABBITMQ_DEPTH_SOURCE", "amqp"),
+        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", ceiling),
+        ("SENDGATE_DEPTH_TTL_MS", "200"),
+        ("SENDGATE_SEND_TIMEOUT_MS", "60000"),
+    ];
+    member(queue, REDIS, prefix, &vars).await
+}
+
 /// `n` members on the local Redis, each in the fleet before it is returned.
 async fn fleet_of(
     n: usize,
@@ -143,15 +156,15 @@ async fn wait_for_mode(gw: &GatewayProcess, mode: &str) {
 /// count a send twice (a read taken while sends were stored but not yet settled shows them,
 /// and their blocks or `since_read` count them too: docs/fleet.md, "Bounds"). Sends `body`
 /// to `path` on the replicas in turn until a refusal states the queue's true depth, and
-/// checks that depth leaves less room under the ceiling than one more send of `units`: the
-/// estimate came back to the depth and the fleet filled its ceiling. The entries queued
-/// meanwhile.
+/// checks that depth leaves less room under the ceiling `limit` than one more send of
+/// `units`: the estimate came back to the depth and the fleet filled its ceiling. `held`
+/// entries are in the queue before; the entries queued meanwhile are returned.
 async fn fill_until_an_exact_refusal(
     fleet: &[GatewayProcess],
     queue: &str,
-    path: &str,
-    body: &str,
-    units: u64,
+    (path, body, units): (&str, &str, u64),
+    limit: u64,
+    held: u64,
 ) -> u64 {
     let started = Instant::now();
     let mut queued = 0;
@@ -174,12 +187,22 @@ async fn fill_until_an_exact_refusal(
         let refusal: serde_json::Value = answer.json().await.unwrap_or_default();
         if status == 201 {
             queued += units;
+            assert!(
+                held + queued <= limit,
+                "the fleet overshot the ceiling: {} > {limit}",
+                held + queued
+            );
             continue;
         }
         assert_eq!(status, 429, "only 201 or 429 queue_full: {refusal}");
+        assert_eq!(refusal["code"], "queue_full", "{refusal}");
+        assert!(
+            refusal.get("reason").is_none(),
+            "refused by another rule than the ceiling: {refusal}"
+        );
+        assert_eq!(refusal["limit"], limit, "{refusal}");
         let depth = u64::from(rabbit::ready(queue).await);
         if refusal["backlog"] == depth {
-            let limit = refusal["limit"].as_u64().expect("a 429 names its ceiling");
             assert!(
                 limit.saturating_sub(depth) < units,
                 "refused at {depth} of {limit}, with room for {units}: {refusal}"
@@ -201,7 +224,7 @@ async fn three_replicas_keep_one_ceiling_under_64_concurrent_senders() {
     let prefix = redis_support::unique_prefix();
     let mut fleet = Vec::new();
     for _ in 0..3 {
-        fleet.push(replica(&queue, REDIS, &prefix, "50").await);
+        fleet.push(long_holding_replica(&queue, &prefix, "50").await);
     }
     for gw in &fleet {
         wait_for_mode(gw, "redis").await;
@@ -235,7 +258,7 @@ async fn three_replicas_keep_one_ceiling_under_64_concurrent_senders() {
     assert_eq!(held, burst, "every 201 is in the queue");
     assert!(held <= 50, "the fleet overshot the ceiling: {held} > 50");
     // Whatever the burst left unused comes back: single sends fill the ceiling exactly.
-    let after = fill_until_an_exact_refusal(&fleet, &queue, "messages", "{}", 1).await;
+    let after = fill_until_an_exact_refusal(&fleet, &queue, ("messages", "{}", 1), 50, held).await;
     let held = u64::from(rabbit::ready(&queue).await);
     assert_eq!(held, burst + after, "every 201 is in the queue");
     assert_eq!(held, 50, "the fleet kept under its ceiling: headroom lost");
@@ -261,7 +284,7 @@ async fn three_replicas_keep_one_ceiling_under_concurrent_batches() {
     let prefix = redis_support::unique_prefix();
     let mut fleet = Vec::new();
     for _ in 0..3 {
-        fleet.push(replica(&queue, REDIS, &prefix, "100").await);
+        fleet.push(long_holding_replica(&queue, &prefix, "100").await);
     }
     for gw in &fleet {
         wait_for_mode(gw, "redis").await;
@@ -291,7 +314,8 @@ async fn three_replicas_keep_one_ceiling_under_concurrent_batches() {
     );
     assert!(held <= 100, "the fleet overshot the ceiling: {held} > 100");
     // Whatever the burst left unused comes back: batches fill the ceiling to within one.
-    let after = fill_until_an_exact_refusal(&fleet, &queue, "messages/batch", &batch, 7).await;
+    let after =
+        fill_until_an_exact_refusal(&fleet, &queue, ("messages/batch", &batch, 7), 100, held).await;
     let held = u64::from(rabbit::ready(&queue).await);
     assert_eq!(
         held,
