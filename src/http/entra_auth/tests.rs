@@ -12,12 +12,14 @@ use jsonwebtoken::{EncodingKey, Header};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
-use super::keys::{self, Fetch, FetchError, REQUEST_WAIT};
+use super::keys::{self, Fetch, FetchError};
 
 /// The contract's numbers (section 5), written out so a changed constant fails a test:
 /// an unknown `kid` fetches at most once per 30 s; the keys are read again every 24 h.
 const ON_DEMAND_EVERY: Duration = Duration::from_secs(30);
 const REFRESH_EVERY: Duration = Duration::from_secs(24 * 60 * 60);
+/// A token's verification waits at most this long for a fetch of its keys.
+const REQUEST_WAIT: Duration = Duration::from_secs(5);
 use super::*;
 
 const TENANT: &str = "11111111-2222-3333-4444-555555555555";
