@@ -98,25 +98,32 @@ async fn member(
 
 /// A member with the exact depth of the data plane, a 200 ms TTL and this ceiling.
 async fn replica(queue: &str, redis_url: &str, prefix: &str, ceiling: &str) -> GatewayProcess {
-    let vars = [
+    replica_with(queue, redis_url, prefix, ceiling, &[]).await
+}
+
+/// [`replica`], then `vars`.
+async fn replica_with(
+    queue: &str,
+    redis_url: &str,
+    prefix: &str,
+    ceiling: &str,
+    vars: &[(&str, &str)],
+) -> GatewayProcess {
+    let mut all = vec![
         ("SENDGATE_RABBITMQ_DEPTH_SOURCE", "amqp"),
         ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", ceiling),
         ("SENDGATE_DEPTH_TTL_MS", "200"),
     ];
-    member(queue, redis_url, prefix, &vars).await
+    all.extend_from_slice(vars);
+    member(queue, redis_url, prefix, &all).await
 }
 
 /// [`replica`] with a 60 s send deadline: the fleet's hold (docs/fleet.md) is then longer
 /// than [`fill_until_an_exact_refusal`]'s 30 s, so units held unused until their lease ends,
 /// rather than given back, fail the fill instead of passing late.
 async fn long_holding_replica(queue: &str, prefix: &str, ceiling: &str) -> GatewayProcess {
-    let vars = [
-        ("SENDGATE_RABBITMQ_DEPTH_SOURCE", "amqp"),
-        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", ceiling),
-        ("SENDGATE_DEPTH_TTL_MS", "200"),
-        ("SENDGATE_SEND_TIMEOUT_MS", "60000"),
-    ];
-    member(queue, REDIS, prefix, &vars).await
+    let vars = [("SENDGATE_SEND_TIMEOUT_MS", "60000")];
+    replica_with(queue, REDIS, prefix, ceiling, &vars).await
 }
 
 /// `n` members on the local Redis, each in the fleet before it is returned.
