@@ -14,12 +14,12 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 use redis_support::{ensure_redis, settings, unique_prefix, Cleanup};
 use sendgate::config::BackendKind;
-use sendgate::coordination::ledger::Ledger;
 use sendgate::coordination::memory::{MemoryLedger, Snapshot};
 use sendgate::coordination::port::{
     Ask, Caller, Epoch, LedgerPort, QueueRef, ReadOutcome, ReadState, ReadTicket, Reservation,
     Settle, Terms, View,
 };
+use sendgate::coordination::redis_client::RedisClient;
 use sendgate::domain::QueueName;
 
 const MS: Duration = Duration::from_millis(1);
@@ -94,7 +94,7 @@ impl Rig for Memory {
 }
 
 struct Redis {
-    ledger: Ledger,
+    ledger: RedisClient,
     key: String,
     /// DUMP and PTTL of the hash when saved.
     saved: Mutex<Option<(Vec<u8>, i64)>>,
@@ -105,7 +105,7 @@ impl Redis {
     async fn new() -> Self {
         ensure_redis();
         let prefix = unique_prefix();
-        let ledger = Ledger::connect(&settings(
+        let ledger = RedisClient::connect(&settings(
             "redis://127.0.0.1:6379",
             &prefix,
             Duration::from_millis(500),

@@ -1,5 +1,5 @@
 //! [`LedgerPort`] on Redis: each call is one Lua script (`lua/prelude.lua` + `lua/<call>.lua`)
-//! over one hash per queue, run as EVALSHA on the [`Ledger`]'s connection, within its
+//! over one hash per queue, run as EVALSHA on the [`RedisClient`]'s connection, within its
 //! deadline and with its redaction. The scripts are the protocol (docs/fleet.md); this file
 //! only lays out their arguments and decodes their replies, and a reply it cannot decode is
 //! [`LedgerError::Unexpected`], never a panic: a changed script, a proxy or a foreign key
@@ -11,11 +11,24 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::{Script, ScriptInvocation, Value};
 
-use super::ledger::{exact, millis, Ledger};
 use super::port::{
     Ask, Caller, Epoch, LedgerError, LedgerPort, QueueRef, ReadOutcome, ReadState, ReadTicket,
     Reservation, Settle, Terms, View,
 };
+use super::redis_client::{exact, millis, RedisClient, RedisError};
+
+/// A ledger call on Redis fails as its Redis call did. Only [`RedisClient::lazy`] and
+/// [`RedisClient::ping`] meet the other two errors, which no script call returns.
+impl From<RedisError> for LedgerError {
+    fn from(error: RedisError) -> Self {
+        match error {
+            RedisError::Timeout => LedgerError::Timeout,
+            RedisError::Failed(text) => LedgerError::Redis(text),
+            RedisError::Unexpected(text) => LedgerError::Unexpected(text),
+            entra @ RedisError::Entra(_) => LedgerError::Redis(entra.to_string()),
+        }
+    }
+}
 
 /// Compiled once per process; each carries its SHA-1, so a call goes as EVALSHA (and as
 /// EVAL once after a Redis restart emptied its script cache).
@@ -79,7 +92,7 @@ fn rows(call: &mut ScriptInvocation<'_>, rows: &[Settle<'_>]) {
 }
 
 #[async_trait]
-impl LedgerPort for Ledger {
+impl LedgerPort for RedisClient {
     async fn reserve(
         &self,
         queue: QueueRef<'_>,
@@ -174,7 +187,7 @@ impl LedgerPort for Ledger {
     }
 
     fn timeout(&self) -> Duration {
-        Ledger::timeout(self)
+        RedisClient::timeout(self)
     }
 }
 
