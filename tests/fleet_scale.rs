@@ -23,7 +23,7 @@ use sendgate::config::{BackendKind, Fraction};
 use sendgate::coordination::fleet::Fleet;
 use sendgate::coordination::memory::MemoryLedger;
 use sendgate::coordination::port::{
-    Ask, Caller, LedgerError, LedgerPort, QueueRef, ReadOutcome, ReadTicket, Reservation, Settle,
+    Ask, Caller, LedgerError, LedgerPort, QueueRef, ReadOutcome, ReadTicket, ReserveAnswer, Settle,
     View,
 };
 use sendgate::coordination::redis_client::RedisClient;
@@ -87,7 +87,7 @@ impl LedgerPort for Timed {
         q: QueueRef<'_>,
         c: Caller<'_>,
         a: Ask<'_>,
-    ) -> Result<(Reservation, View), LedgerError> {
+    ) -> Result<(ReserveAnswer, View), LedgerError> {
         self.time(self.inner.reserve(q, c, a)).await
     }
     async fn settle(

@@ -25,8 +25,8 @@ use sendgate::config::BackendKind;
 use sendgate::coordination::entra::REDIS_SCOPE;
 use sendgate::coordination::fleet::{IDLE, MEMBER_FOR};
 use sendgate::coordination::port::{
-    Ask, Caller, Epoch, LedgerError, LedgerPort, QueueRef, ReadOutcome, Reservation, Settle, Terms,
-    View,
+    Ask, Caller, Epoch, LedgerError, LedgerPort, QueueRef, ReadOutcome, ReserveAnswer, Settle,
+    Terms, View,
 };
 use sendgate::coordination::redis_client::{RedisClient, RedisError};
 use sendgate::domain::QueueName;
@@ -508,7 +508,7 @@ async fn a_failover_to_a_replica_that_missed_a_write_is_a_new_epoch_even_for_a_c
         lease: LONG,
     };
     let (granted, _) = ledger.reserve(q, a(a_saw), ask).await.unwrap();
-    assert_eq!(granted, Reservation::Granted { granted: 5 });
+    assert_eq!(granted, ReserveAnswer::Granted { granted: 5 });
 
     proxy.retarget(replica.addr()).await;
     let view = answered(|| ledger.heartbeat(q, b(b_saw))).await;
@@ -519,7 +519,7 @@ async fn a_failover_to_a_replica_that_missed_a_write_is_a_new_epoch_even_for_a_c
     let (answer, _) = ledger.reserve(q, a(a_saw), ask).await.unwrap();
     assert_eq!(
         answer,
-        Reservation::NewEpoch,
+        ReserveAnswer::NewEpoch,
         "a hears of it on its next call"
     );
 }
@@ -610,7 +610,7 @@ async fn the_lag_buckets_are_one_bounded_field_and_an_older_builds_bucket_fields
         lease: LONG,
     };
     let (granted, view) = ledger.reserve(q, me(seen), ask).await.unwrap();
-    assert_eq!(granted, Reservation::Granted { granted: 100 });
+    assert_eq!(granted, ReserveAnswer::Granted { granted: 100 });
     seen = view.epoch;
     // One stored send in each of 25 buckets, 2.5 s: a lag of 0.3 s keeps the last ~13.
     for _ in 0..25 {

@@ -138,7 +138,7 @@ pub struct Ask<'a> {
 
 /// What `reserve` decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reservation {
+pub enum ReserveAnswer {
     /// `granted` units (1 ≤ granted ≤ want), held in the block.
     Granted { granted: u64 },
     /// No room: the view's estimate ≥ limit.
@@ -192,7 +192,7 @@ pub trait LedgerPort: Send + Sync + 'static {
         queue: QueueRef<'_>,
         caller: Caller<'_>,
         ask: Ask<'_>,
-    ) -> Result<(Reservation, View), LedgerError>;
+    ) -> Result<(ReserveAnswer, View), LedgerError>;
 
     /// Outcomes of the caller's blocks (step 3). Rows are dropped when `caller.seen.id` is
     /// not the ledger's epoch (those sends are in the caller's carry).

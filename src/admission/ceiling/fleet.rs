@@ -28,8 +28,8 @@ use crate::backend::{Backend, DepthError};
 use crate::config::Fraction;
 use crate::coordination::fleet::{Fleet, HEARTBEAT, IDLE, MEMBER_FOR};
 use crate::coordination::port::{
-    Ask, Caller, Epoch, LedgerError, QueueRef, ReadOutcome, ReadState, Reservation, Settle, Terms,
-    View,
+    Ask, Caller, Epoch, LedgerError, QueueRef, ReadOutcome, ReadState, ReserveAnswer, Settle,
+    Terms, View,
 };
 use crate::domain::QueueName;
 
@@ -676,7 +676,7 @@ impl FleetSeat {
             // go to a send whose deadline starts now, which the block's lease (counted from
             // before the ask) may not outlive. Given back, never used. Earlier, the send is
             // stored by `asked + USE_BLOCK_FOR + D`, within the lease.
-            if let Reservation::Granted { granted } = reservation {
+            if let ReserveAnswer::Granted { granted } = reservation {
                 let mut state = self.state.lock();
                 let epoch = view.epoch.id;
                 state.pending.entry((epoch, turn)).or_default().1 += granted;
@@ -699,7 +699,7 @@ impl FleetSeat {
             return ask_again(view.streak);
         }
         match reservation {
-            Reservation::Unread => {
+            ReserveAnswer::Unread => {
                 // A send that waited out a grace finds the read it made too old: the one it
                 // makes again is still its one read (not counted twice in the streak).
                 match self.refresh(true, !*counted).await {
@@ -712,11 +712,11 @@ impl FleetSeat {
                 }
                 return Step::Again(self.unread_answer(&policy));
             }
-            Reservation::Recovering => {
+            ReserveAnswer::Recovering => {
                 tokio::time::sleep(view.grace_left.min(self.terms().grace)).await;
                 return ask_again(view.streak);
             }
-            Reservation::NewEpoch => return ask_again(view.streak),
+            ReserveAnswer::NewEpoch => return ask_again(view.streak),
             _ => {}
         }
         let mut state = self.state.lock();
@@ -727,12 +727,12 @@ impl FleetSeat {
             return ask_again(view.streak);
         }
         if state.leaving {
-            if let Reservation::Granted { granted } = reservation {
+            if let ReserveAnswer::Granted { granted } = reservation {
                 state.pending.entry((epoch, turn)).or_default().1 += granted;
             }
             return Step::Done(FleetAnswer::Refuse(Refusal::Stopped));
         }
-        if let Reservation::Granted { granted } = reservation {
+        if let ReserveAnswer::Granted { granted } = reservation {
             if self.policy.load().limit < policy.limit {
                 // Lowered while the call was out: not room under the ceiling in force.
                 state.pending.entry((epoch, turn)).or_default().1 += granted;
@@ -741,7 +741,7 @@ impl FleetSeat {
                 return ask_again(view.streak);
             }
         }
-        if let Reservation::Granted { granted } = reservation {
+        if let ReserveAnswer::Granted { granted } = reservation {
             if granted < units {
                 // Less room than the batch: none of it is used (given back), and the
                 // refusal says how much there was.
@@ -756,7 +756,7 @@ impl FleetSeat {
             }
         }
         Step::Done(match reservation {
-            Reservation::Granted { granted } => {
+            ReserveAnswer::Granted { granted } => {
                 for _ in 0..units {
                     state.window.record(now, epoch, self.alone_span());
                 }
@@ -775,7 +775,7 @@ impl FleetSeat {
                 }
                 FleetAnswer::Admit(Held::Block { epoch, turn })
             }
-            Reservation::Full { estimate } => {
+            ReserveAnswer::Full { estimate } => {
                 // Cached at most a block's use: headroom others hold unused comes back
                 // within that.
                 let ttl_left = policy.ttl.saturating_sub(view.read_age);
@@ -785,15 +785,15 @@ impl FleetSeat {
                 state.whole_under = None;
                 FleetAnswer::Refuse(policy.queue_full(estimate, state.drain.rate(), ttl_left))
             }
-            Reservation::Disabled => FleetAnswer::Refuse(Refusal::QueueDisabled),
-            Reservation::Unknown
+            ReserveAnswer::Disabled => FleetAnswer::Refuse(Refusal::QueueDisabled),
+            ReserveAnswer::Unknown
                 if policy.fail_closed && view.streak >= policy.streak_threshold =>
             {
                 FleetAnswer::Refuse(Refusal::CapacityUnknown {
                     consecutive_failures: view.streak,
                 })
             }
-            Reservation::Unknown => {
+            ReserveAnswer::Unknown => {
                 for _ in 0..units {
                     state.window.record(now, epoch, self.alone_span());
                 }
@@ -801,7 +801,7 @@ impl FleetSeat {
                 *state.open.entry(epoch).or_default() += units;
                 FleetAnswer::Admit(Held::Open { epoch })
             }
-            Reservation::Unread | Reservation::Recovering | Reservation::NewEpoch => {
+            ReserveAnswer::Unread | ReserveAnswer::Recovering | ReserveAnswer::NewEpoch => {
                 unreachable!("answered above")
             }
         })
@@ -851,7 +851,7 @@ impl FleetSeat {
             }
         };
         let granted = match reservation {
-            Reservation::Granted { granted } => granted,
+            ReserveAnswer::Granted { granted } => granted,
             _ => 0,
         };
         let epoch = view.epoch.id;

@@ -17,8 +17,8 @@ use crate::config::Fraction;
 use crate::coordination::fleet::{Fleet, HEARTBEAT};
 use crate::coordination::memory::MemoryLedger;
 use crate::coordination::port::{
-    Ask, Caller, LedgerError, LedgerPort, QueueRef, ReadOutcome, ReadTicket,
-    Reservation as PortReservation, Settle, View,
+    Ask, Caller, LedgerError, LedgerPort, QueueRef, ReadOutcome, ReadTicket, ReserveAnswer, Settle,
+    View,
 };
 use crate::domain::QueueName;
 
@@ -464,7 +464,7 @@ impl LedgerPort for Recording {
         queue: QueueRef<'_>,
         caller: Caller<'_>,
         ask: Ask<'_>,
-    ) -> Result<(PortReservation, View), LedgerError> {
+    ) -> Result<(ReserveAnswer, View), LedgerError> {
         self.note();
         *self.reserves.lock() += 1;
         let after = *self.reserve_runs_after.lock();
