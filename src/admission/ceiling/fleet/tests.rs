@@ -22,7 +22,7 @@ use crate::coordination::port::{
 };
 use crate::domain::QueueName;
 
-use super::{Block, SeatState};
+use super::state::{Block, SeatState};
 
 const T: Duration = Duration::from_millis(50);
 const SEND: Duration = Duration::from_secs(2);
@@ -1077,8 +1077,8 @@ async fn a_seats_blocks_at_their_boundaries() {
     );
 
     for (left, due) in [
-        (super::NEXT_BLOCK_BELOW, false),
-        (super::NEXT_BLOCK_BELOW - 1, true),
+        (super::state::NEXT_BLOCK_BELOW, false),
+        (super::state::NEXT_BLOCK_BELOW - 1, true),
     ] {
         let mut state = SeatState::new(Duration::ZERO);
         state.whole_under = Some(1000);
