@@ -3,6 +3,7 @@
 //! names it; and the next block reserved ahead, far from the ceiling.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::MutexGuard;
 use tokio::time::Instant;
@@ -61,7 +62,7 @@ impl Reply {
     }
 
     /// What is left of the TTL of the read the view holds.
-    fn ttl_left(&self) -> std::time::Duration {
+    fn ttl_left(&self) -> Duration {
         self.policy.ttl.saturating_sub(self.view.read_age)
     }
 }
@@ -222,6 +223,7 @@ impl FleetSeat {
         match answer {
             ReserveAnswer::Unread => self.read_first(counted, &reply.policy).await,
             ReserveAnswer::Recovering => self.wait_out_grace(&reply).await,
+            // Step 1: the caller named another epoch; `see` adopted the reply's.
             ReserveAnswer::NewEpoch => reply.ask_again(),
             ReserveAnswer::Granted { granted } => self.use_grant(&reply, granted),
             ReserveAnswer::Full { estimate } => self.told_full(&reply, estimate),
