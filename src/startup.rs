@@ -375,14 +375,14 @@ impl Application {
             }
         }
         let coordination = Coordination::start(&settings.coordination);
-        if let Coordination::Fleet { fleet, ledger } = &coordination {
+        if let Coordination::Fleet { fleet, redis } = &coordination {
             let primary = settings.primary.kind();
             let shares: Arc<dyn crate::coordination::shares::ShareExchange> =
-                Arc::new(ledger.clone());
+                Arc::new(redis.clone());
             primary_route.join_fleet(
                 fleet,
                 &shares,
-                |q| ledger.queue_key(primary, q),
+                |q| redis.queue_key(primary, q),
                 settings.send_timeout,
             );
             if let (Some(lane), Some(fallback)) = (&fallback_route, &settings.fallback) {
@@ -390,7 +390,7 @@ impl Application {
                 lane.join_fleet(
                     fleet,
                     &shares,
-                    |q| ledger.fallback_queue_key(primary, fallback, q),
+                    |q| redis.fallback_queue_key(primary, fallback, q),
                     settings.send_timeout,
                 );
             }

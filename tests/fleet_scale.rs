@@ -21,12 +21,12 @@ use sendgate::admission::ceiling::{BacklogEffect, CapacityGate, CapacityPolicy, 
 use sendgate::backend::{Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt};
 use sendgate::config::{BackendKind, Fraction};
 use sendgate::coordination::fleet::Fleet;
-use sendgate::coordination::ledger::Ledger;
 use sendgate::coordination::memory::MemoryLedger;
 use sendgate::coordination::port::{
-    Ask, Caller, LedgerError, LedgerPort, QueueRef, ReadOutcome, ReadTicket, Reservation, Settle,
+    Ask, Caller, LedgerError, LedgerPort, QueueRef, ReadOutcome, ReadTicket, ReserveAnswer, Settle,
     View,
 };
+use sendgate::coordination::redis_client::RedisClient;
 use sendgate::domain::QueueName;
 
 const SEATS: usize = 50;
@@ -87,7 +87,7 @@ impl LedgerPort for Timed {
         q: QueueRef<'_>,
         c: Caller<'_>,
         a: Ask<'_>,
-    ) -> Result<(Reservation, View), LedgerError> {
+    ) -> Result<(ReserveAnswer, View), LedgerError> {
         self.time(self.inner.reserve(q, c, a)).await
     }
     async fn settle(
@@ -251,7 +251,7 @@ async fn fifty_seats_on_redis_never_store_past_the_ceiling() {
     let mut ledgers: Vec<Arc<dyn LedgerPort>> = Vec::new();
     let mut key = String::new();
     for _ in 0..SEATS {
-        let ledger = Ledger::lazy(&settings).unwrap();
+        let ledger = RedisClient::lazy(&settings).unwrap();
         key = ledger.queue_key(BackendKind::Embedded, &QueueName::parse("sim").unwrap());
         ledgers.push(Arc::new(ledger));
     }

@@ -14,12 +14,12 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 use redis_support::{ensure_redis, settings, unique_prefix, Cleanup};
 use sendgate::config::BackendKind;
-use sendgate::coordination::ledger::Ledger;
 use sendgate::coordination::memory::{MemoryLedger, Snapshot};
 use sendgate::coordination::port::{
-    Ask, Caller, Epoch, LedgerPort, QueueRef, ReadOutcome, ReadState, ReadTicket, Reservation,
+    Ask, Caller, Epoch, LedgerPort, QueueRef, ReadOutcome, ReadState, ReadTicket, ReserveAnswer,
     Settle, Terms, View,
 };
+use sendgate::coordination::redis_client::RedisClient;
 use sendgate::domain::QueueName;
 
 const MS: Duration = Duration::from_millis(1);
@@ -94,7 +94,7 @@ impl Rig for Memory {
 }
 
 struct Redis {
-    ledger: Ledger,
+    ledger: RedisClient,
     key: String,
     /// DUMP and PTTL of the hash when saved.
     saved: Mutex<Option<(Vec<u8>, i64)>>,
@@ -105,7 +105,7 @@ impl Redis {
     async fn new() -> Self {
         ensure_redis();
         let prefix = unique_prefix();
-        let ledger = Ledger::connect(&settings(
+        let ledger = RedisClient::connect(&settings(
             "redis://127.0.0.1:6379",
             &prefix,
             Duration::from_millis(500),
@@ -281,7 +281,7 @@ impl<'a> Fleet<'a> {
         epoch: Epoch,
         carry: u64,
         ask: Ask<'_>,
-    ) -> (Reservation, View) {
+    ) -> (ReserveAnswer, View) {
         let caller = Caller {
             replica,
             seen: seen(epoch),
@@ -300,7 +300,7 @@ impl<'a> Fleet<'a> {
         block_id: &str,
         want: u64,
         limit: u64,
-    ) -> (Reservation, View) {
+    ) -> (ReserveAnswer, View) {
         let replica = block_id.split(':').next().unwrap_or(block_id);
         let ask = Ask {
             block_id,
@@ -415,7 +415,7 @@ async fn the_first_call_makes_an_epoch_and_answers_new_epoch_to_a_caller_that_na
     let f = Fleet::new(rig);
     assert_eq!(f.look().await, None, "nothing before the first call");
     let (answer, view) = f.reserve(Epoch::NONE, "a:1", 4, 100).await;
-    assert_eq!(answer, Reservation::NewEpoch);
+    assert_eq!(answer, ReserveAnswer::NewEpoch);
     assert!(view.epoch.id > 0, "{view:?}");
     assert_eq!(
         view.reserved, 0,
@@ -424,7 +424,7 @@ async fn the_first_call_makes_an_epoch_and_answers_new_epoch_to_a_caller_that_na
     assert_eq!(f.look().await.map(|v| v.epoch.id), Some(view.epoch.id));
     // Naming it, the caller is past the epoch check: the read is what is missing now.
     let (answer, again) = f.reserve(view.epoch, "a:2", 4, 100).await;
-    assert_eq!(answer, Reservation::Unread);
+    assert_eq!(answer, ReserveAnswer::Unread);
     assert_eq!(again.epoch.id, view.epoch.id);
     assert_eq!(again.read, ReadState::Never);
     assert_eq!(again.read_age, Duration::ZERO);
@@ -460,18 +460,18 @@ async fn a_grant_is_the_room_over_the_divisor_within_want_and_at_least_one(rig: 
     };
     // Room 80, over 8: 10, below the want of 32.
     let (answer, view) = f.reserve_as("a", e, 0, ask("a:1", 32, 8)).await;
-    assert_eq!(answer, Reservation::Granted { granted: 10 });
+    assert_eq!(answer, ReserveAnswer::Granted { granted: 10 });
     assert_eq!(view.reserved, 10);
     // Room 70, over 8: 8, above the want of 4.
     let (answer, _) = f.reserve_as("a", e, 0, ask("a:2", 4, 8)).await;
-    assert_eq!(answer, Reservation::Granted { granted: 4 });
+    assert_eq!(answer, ReserveAnswer::Granted { granted: 4 });
     // Room 66, over 100: 0, but a grant is at least one.
     let (answer, view) = f.reserve_as("a", e, 0, ask("a:3", 32, 100)).await;
-    assert_eq!(answer, Reservation::Granted { granted: 1 });
+    assert_eq!(answer, ReserveAnswer::Granted { granted: 1 });
     assert_eq!(view.reserved, 15);
     // A want of 0 counts as 1, a divisor of 0 as 1.
     let (answer, view) = f.reserve_as("a", e, 0, ask("a:4", 0, 0)).await;
-    assert_eq!(answer, Reservation::Granted { granted: 1 });
+    assert_eq!(answer, ReserveAnswer::Granted { granted: 1 });
     assert_eq!(view.estimate(), Some(20 + 16));
 }
 
@@ -484,9 +484,9 @@ async fn at_the_limit_reserve_is_full_and_names_the_whole_estimate(rig: &dyn Rig
     f.settle("a", e, &[row("a:1", 2, 0)]).await;
     f.heartbeat("b", seen(e), 3).await;
     let (answer, _) = f.reserve(e, "a:2", 5, 1000).await;
-    assert_eq!(answer, Reservation::Granted { granted: 5 });
+    assert_eq!(answer, ReserveAnswer::Granted { granted: 5 });
     let (answer, view) = f.reserve(e, "a:3", 1, 100).await;
-    assert_eq!(answer, Reservation::Full { estimate: 100 });
+    assert_eq!(answer, ReserveAnswer::Full { estimate: 100 });
     assert_eq!(
         (view.since_read, view.reserved, view.carried),
         (2, 5, 3),
@@ -496,12 +496,12 @@ async fn at_the_limit_reserve_is_full_and_names_the_whole_estimate(rig: &dyn Rig
     let (answer, view) = f.reserve(e, "a:4", 1, 101).await;
     assert_eq!(
         answer,
-        Reservation::Granted { granted: 1 },
+        ReserveAnswer::Granted { granted: 1 },
         "one unit of room"
     );
     assert_eq!(view.reserved, 6);
     let (answer, _) = f.reserve(e, "a:5", 1, 101).await;
-    assert_eq!(answer, Reservation::Full { estimate: 101 });
+    assert_eq!(answer, ReserveAnswer::Full { estimate: 101 });
 }
 
 async fn reserved_is_the_units_of_live_blocks_leaving_on_settle_and_at_lease_end(rig: &dyn Rig) {
@@ -517,7 +517,7 @@ async fn reserved_is_the_units_of_live_blocks_leaving_on_settle_and_at_lease_end
         lease: Duration::from_millis(300),
     };
     let (answer, view) = f.reserve_as("a", e, 0, short).await;
-    assert_eq!(answer, Reservation::Granted { granted: 3 });
+    assert_eq!(answer, ReserveAnswer::Granted { granted: 3 });
     assert_eq!(view.reserved, 8);
     let view = f.settle("a", e, &[row("a:1", 2, 1)]).await;
     assert_eq!(view.reserved, 5, "three units left a:1");
@@ -585,7 +585,7 @@ async fn a_block_asked_twice_holds_both_grants_under_the_later_lease(rig: &dyn R
     };
     f.reserve_as("a", e, 0, ask(3, LONG)).await;
     let (answer, view) = f.reserve_as("a", e, 0, ask(2, 300 * MS)).await;
-    assert_eq!(answer, Reservation::Granted { granted: 2 });
+    assert_eq!(answer, ReserveAnswer::Granted { granted: 2 });
     assert_eq!(view.reserved, 5);
     sleep(400 * MS).await;
     assert_eq!(
@@ -602,19 +602,19 @@ async fn a_carry_counts_in_the_estimate_until_its_hold_ends(rig: &dyn Rig) {
     let view = f.heartbeat("b", seen(e), 7).await;
     assert_eq!(view.carried, 7);
     let (answer, _) = f.reserve(e, "a:1", 1, 17).await;
-    assert_eq!(answer, Reservation::Full { estimate: 17 });
+    assert_eq!(answer, ReserveAnswer::Full { estimate: 17 });
     sleep(200 * MS).await;
     let (answer, _) = f.reserve(e, "a:2", 1, 17).await;
     assert_eq!(
         answer,
-        Reservation::Full { estimate: 17 },
+        ReserveAnswer::Full { estimate: 17 },
         "within the hold"
     );
     sleep(600 * MS).await;
     let (answer, view) = f.reserve(e, "a:3", 1, 17).await;
     assert_eq!(
         answer,
-        Reservation::Granted { granted: 1 },
+        ReserveAnswer::Granted { granted: 1 },
         "the hold ended"
     );
     assert_eq!(view.carried, 0);
@@ -684,7 +684,7 @@ async fn a_new_epoch_grants_nothing_within_its_grace_then_grants(rig: &dyn Rig) 
     let e = f.join("a").await;
     f.read_ok(e, 0).await;
     let (answer, view) = f.reserve(e, "a:1", 1, 100).await;
-    assert_eq!(answer, Reservation::Recovering);
+    assert_eq!(answer, ReserveAnswer::Recovering);
     assert!(
         view.grace_left > Duration::ZERO && view.grace_left <= 400 * MS,
         "{view:?}"
@@ -692,7 +692,7 @@ async fn a_new_epoch_grants_nothing_within_its_grace_then_grants(rig: &dyn Rig) 
     assert_eq!(view.reserved, 0);
     sleep(450 * MS).await;
     let (answer, view) = f.reserve(e, "a:2", 1, 100).await;
-    assert_eq!(answer, Reservation::Granted { granted: 1 });
+    assert_eq!(answer, ReserveAnswer::Granted { granted: 1 });
     assert_eq!(view.grace_left, Duration::ZERO);
 }
 
@@ -703,24 +703,24 @@ async fn reserve_wants_a_read_first_when_there_is_none_or_it_is_too_old(rig: &dy
     };
     let f = Fleet::with(rig, terms);
     let e = f.join("a").await;
-    assert_eq!(f.reserve(e, "a:1", 1, 100).await.0, Reservation::Unread);
+    assert_eq!(f.reserve(e, "a:1", 1, 100).await.0, ReserveAnswer::Unread);
     f.read_ok(e, 0).await;
     assert_eq!(
         f.reserve(e, "a:2", 1, 100).await.0,
-        Reservation::Granted { granted: 1 }
+        ReserveAnswer::Granted { granted: 1 }
     );
     sleep(400 * MS).await;
     let (answer, view) = f.reserve(e, "a:3", 1, 100).await;
     assert_eq!(
         answer,
-        Reservation::Unread,
+        ReserveAnswer::Unread,
         "the read is older than max_read_age"
     );
     assert!(view.read_age >= 400 * MS, "{view:?}");
     // Too old a failed read is no better.
     f.read(e, ReadOutcome::Failed).await;
     sleep(400 * MS).await;
-    assert_eq!(f.reserve(e, "a:4", 1, 100).await.0, Reservation::Unread);
+    assert_eq!(f.reserve(e, "a:4", 1, 100).await.0, ReserveAnswer::Unread);
 }
 
 async fn a_reads_age_counts_from_when_its_lease_was_taken_not_from_its_publish(rig: &dyn Rig) {
@@ -740,7 +740,7 @@ async fn a_reads_age_counts_from_when_its_lease_was_taken_not_from_its_publish(r
     assert!(view.read_age >= 200 * MS, "{view:?}");
     // 350 ms after the lease, 150 ms after the publish.
     sleep(150 * MS).await;
-    assert_eq!(f.reserve(e, "a:1", 1, 100).await.0, Reservation::Unread);
+    assert_eq!(f.reserve(e, "a:1", 1, 100).await.0, ReserveAnswer::Unread);
 }
 
 async fn a_failed_read_is_unknown_with_its_streak_and_a_disabled_queue_is_disabled(rig: &dyn Rig) {
@@ -760,7 +760,7 @@ async fn a_failed_read_is_unknown_with_its_streak_and_a_disabled_queue_is_disabl
     assert_eq!((view.reads_ok, view.reads_failed), (1, 2));
     assert_eq!(view.estimate(), None);
     let (answer, view) = f.reserve(e, "a:1", 1, 100).await;
-    assert_eq!(answer, Reservation::Unknown);
+    assert_eq!(answer, ReserveAnswer::Unknown);
     assert_eq!(view.reserved, 0);
     let disabled = ReadOutcome::Ok {
         backlog: 0,
@@ -768,7 +768,7 @@ async fn a_failed_read_is_unknown_with_its_streak_and_a_disabled_queue_is_disabl
     };
     let view = f.read(e, disabled).await;
     assert_eq!(view.streak, 0);
-    assert_eq!(f.reserve(e, "a:2", 1, 100).await.0, Reservation::Disabled);
+    assert_eq!(f.reserve(e, "a:2", 1, 100).await.0, ReserveAnswer::Disabled);
 }
 
 async fn one_replica_at_a_time_holds_the_read_lease_until_it_ends(rig: &dyn Rig) {
@@ -929,7 +929,7 @@ async fn an_evicted_state_is_made_anew_with_a_larger_epoch(rig: &dyn Rig) {
     rig.lose().await;
     assert_eq!(f.look().await, None);
     let (answer, view) = f.reserve(old, "a:2", 5, 100).await;
-    assert_eq!(answer, Reservation::NewEpoch);
+    assert_eq!(answer, ReserveAnswer::NewEpoch);
     assert!(view.epoch.id > old.id, "{view:?} after {old:?}");
     assert_eq!(view.read, ReadState::Never);
     assert_eq!((view.reserved, view.carried, view.replicas), (0, 0, 1));
@@ -960,7 +960,7 @@ async fn a_caller_that_saw_a_later_state_than_the_ledger_holds_makes_it_anew_abo
     assert_eq!(view.replicas, 1);
     // The others hear of the new epoch on their next call.
     let (answer, _) = f.reserve(seen(old), "b:1", 1, 100).await;
-    assert_eq!(answer, Reservation::NewEpoch);
+    assert_eq!(answer, ReserveAnswer::NewEpoch);
 }
 
 async fn a_lost_write_is_noticed_by_its_replica_after_the_others_raised_the_version_again(
@@ -972,7 +972,7 @@ async fn a_lost_write_is_noticed_by_its_replica_after_the_others_raised_the_vers
     rig.save().await;
     // a's grant and what it saw of it are lost in a failover ...
     let (granted, saw) = f.reserve(e, "a:1", 5, 100).await;
-    assert_eq!(granted, Reservation::Granted { granted: 5 });
+    assert_eq!(granted, ReserveAnswer::Granted { granted: 5 });
     rig.roll_back().await;
     // ... and the others' calls raise the version past what a saw before a calls again.
     for _ in 0..5 {
@@ -996,7 +996,7 @@ async fn a_state_another_server_holds_after_a_failover_is_made_anew_for_every_ca
     rig.save().await;
     // a's grant is lost in the failover; b saw nothing of it.
     let (granted, _) = f.reserve(e, "a:1", 5, 100).await;
-    assert_eq!(granted, Reservation::Granted { granted: 5 });
+    assert_eq!(granted, ReserveAnswer::Granted { granted: 5 });
     rig.fail_over().await;
     let view = f.heartbeat("b", b_saw, 0).await;
     assert!(view.epoch.id > e.id, "made anew: {view:?} after {e:?}");

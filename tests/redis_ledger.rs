@@ -24,11 +24,11 @@ use redis_support::{cli, ensure_redis, settings, unique_prefix, Cleanup};
 use sendgate::config::BackendKind;
 use sendgate::coordination::entra::REDIS_SCOPE;
 use sendgate::coordination::fleet::{IDLE, MEMBER_FOR};
-use sendgate::coordination::ledger::Ledger;
 use sendgate::coordination::port::{
-    Ask, Caller, Epoch, LedgerError, LedgerPort, QueueRef, ReadOutcome, Reservation, Settle, Terms,
-    View,
+    Ask, Caller, Epoch, LedgerError, LedgerPort, QueueRef, ReadOutcome, ReserveAnswer, Settle,
+    Terms, View,
 };
+use sendgate::coordination::redis_client::{RedisClient, RedisError};
 use sendgate::domain::QueueName;
 use sendgate_entra::{CredentialChain, EntraCredential};
 
@@ -44,12 +44,12 @@ const TERMS: Terms = Terms {
     idle: IDLE,
 };
 
-fn queue_key(ledger: &Ledger, name: &str) -> String {
+fn queue_key(ledger: &RedisClient, name: &str) -> String {
     ledger.queue_key(BackendKind::RabbitMq, &QueueName::parse(name).unwrap())
 }
 
 /// The queue's state as it is (`None`: never made), through a script.
-async fn look(ledger: &Ledger, key: &str) -> Result<Option<View>, LedgerError> {
+async fn look(ledger: &RedisClient, key: &str) -> Result<Option<View>, LedgerError> {
     ledger.look(QueueRef { key, terms: TERMS }).await
 }
 
@@ -75,7 +75,7 @@ async fn a_black_holed_redis_times_out_within_the_deadline_then_recovers() {
     let proxy = FaultProxy::start(target).await;
     let timeout = Duration::from_millis(100);
     let url = format!("redis://127.0.0.1:{}", proxy.port());
-    let ledger = Ledger::connect(&settings(&url, &prefix, timeout))
+    let ledger = RedisClient::connect(&settings(&url, &prefix, timeout))
         .await
         .unwrap();
     let key = queue_key(&ledger, "q");
@@ -88,7 +88,7 @@ async fn a_black_holed_redis_times_out_within_the_deadline_then_recovers() {
     proxy.set(Fault::Blackhole);
     let slack = timeout + Duration::from_millis(150);
     let started = Instant::now();
-    assert_eq!(ledger.ping().await, Err(LedgerError::Timeout));
+    assert_eq!(ledger.ping().await, Err(RedisError::Timeout));
     within(started, slack);
     let started = Instant::now();
     let ask = Ask {
@@ -135,11 +135,11 @@ async fn an_unreachable_redis_errs_within_the_deadline() {
     let prefix = unique_prefix();
     let s = settings(&format!("redis://127.0.0.1:{closed}"), &prefix, TIMEOUT);
     let started = Instant::now();
-    assert!(Ledger::connect(&s).await.is_err());
+    assert!(RedisClient::connect(&s).await.is_err());
     within(started, Duration::from_millis(1500));
 
     // A lazy ledger exists without Redis and each call fails by its deadline.
-    let ledger = Ledger::lazy(&s).unwrap();
+    let ledger = RedisClient::lazy(&s).unwrap();
     let key = ledger.queue_key(BackendKind::Embedded, &QueueName::parse("q").unwrap());
     for _ in 0..3 {
         let started = Instant::now();
@@ -166,7 +166,10 @@ async fn a_tls_url_to_a_silent_server_times_out_without_panicking() {
         Duration::from_millis(100),
     );
     let started = Instant::now();
-    assert_eq!(Ledger::connect(&s).await.unwrap_err(), LedgerError::Timeout);
+    assert_eq!(
+        RedisClient::connect(&s).await.unwrap_err(),
+        RedisError::Timeout
+    );
     within(started, Duration::from_millis(1500));
     holder.abort();
 }
@@ -206,18 +209,18 @@ async fn a_refused_password_is_reported_without_echoing_it_then_the_ledger_recov
     let s = settings(&url, &prefix, TIMEOUT);
 
     let started = Instant::now();
-    let e = Ledger::connect(&s).await.unwrap_err();
+    let e = RedisClient::connect(&s).await.unwrap_err();
     within(started, Duration::from_millis(1500));
     let text = format!("{e} {e:?}");
     assert!(!text.contains(&password), "{text}");
     assert!(
-        matches!(e, LedgerError::Redis(_)),
+        matches!(e, RedisError::Failed(_)),
         "the refusal, not a timeout: {e:?}"
     );
 
     // The operator fixes the ACL: the same ledger answers within a few calls, without a
     // restart (redis's manager alone would keep the failed first connection for ever).
-    let ledger = Ledger::lazy(&s).unwrap();
+    let ledger = RedisClient::lazy(&s).unwrap();
     assert!(ledger.ping().await.is_err());
     let grant = format!(">{password}");
     assert_eq!(cli(&["ACL", "SETUSER", &user.0, "resetpass", &grant]), "OK");
@@ -266,7 +269,7 @@ fn acl_denials_of(user: &str) -> usize {
         .count()
 }
 
-async fn ping_until_ok(ledger: &Ledger, within: Duration) {
+async fn ping_until_ok(ledger: &RedisClient, within: Duration) {
     let deadline = Instant::now() + within;
     while let Err(e) = ledger.ping().await {
         assert!(Instant::now() < deadline, "never answered: {e}");
@@ -299,7 +302,7 @@ async fn entra_auth_sends_the_token_as_the_users_password_and_follows_a_rotation
     // sees renewals; real ones live an hour and are renewed five minutes before expiry.
     let source = FakeToken::new(REDIS_SCOPE, &first, Duration::from_secs(2));
     let url = format!("redis://{}@127.0.0.1:6379", user.0);
-    let ledger = Ledger::lazy_with_entra(
+    let ledger = RedisClient::lazy_with_entra(
         &settings(&url, &prefix, TIMEOUT),
         entra_credential(source.clone()),
     )
@@ -364,11 +367,11 @@ async fn entra_auth_sends_the_token_as_the_users_password_and_follows_a_rotation
     // and its error does not carry the token.
     let stale = FakeToken::new(REDIS_SCOPE, &first, Duration::from_secs(3600));
     let refused =
-        Ledger::lazy_with_entra(&settings(&url, &prefix, TIMEOUT), entra_credential(stale))
+        RedisClient::lazy_with_entra(&settings(&url, &prefix, TIMEOUT), entra_credential(stale))
             .unwrap();
     let e = refused.ping().await.unwrap_err();
     let text = format!("{e} {e:?}");
-    assert!(matches!(e, LedgerError::Redis(_)), "{text}");
+    assert!(matches!(e, RedisError::Failed(_)), "{text}");
     assert!(!text.contains(&first) && !text.contains(&rotated), "{text}");
     assert!(
         acl_denials_of(&user.0) >= 1,
@@ -400,7 +403,7 @@ async fn without_an_entra_token_the_ledger_errs_then_joins_when_one_comes() {
     let source = FakeToken::new(REDIS_SCOPE, &token, Duration::from_secs(3600));
     source.set_failing(true);
     let url = format!("redis://{}@127.0.0.1:6379", user.0);
-    let ledger = Ledger::lazy_with_entra(
+    let ledger = RedisClient::lazy_with_entra(
         &settings(&url, &prefix, TIMEOUT),
         entra_credential(source.clone()),
     )
@@ -410,7 +413,7 @@ async fn without_an_entra_token_the_ledger_errs_then_joins_when_one_comes() {
     let e = ledger.ping().await.unwrap_err();
     within(started, Duration::from_millis(1500));
     let text = e.to_string();
-    assert!(matches!(e, LedgerError::Redis(_)), "{e:?}");
+    assert!(matches!(e, RedisError::Failed(_)), "{e:?}");
     assert!(text.contains("Entra"), "says why: {text}");
     assert!(!text.contains(&token), "{text}");
     assert!(connections_of(&user.0).is_empty());
@@ -463,7 +466,7 @@ async fn a_failover_to_a_replica_that_missed_a_write_is_a_new_epoch_even_for_a_c
     replica.cli(&["REPLICAOF", "127.0.0.1", &port]).await;
     let proxy = FaultProxy::start(primary.addr()).await;
     let url = format!("redis://127.0.0.1:{}", proxy.port());
-    let ledger = Ledger::connect(&settings(&url, "sg", TIMEOUT))
+    let ledger = RedisClient::connect(&settings(&url, "sg", TIMEOUT))
         .await
         .unwrap();
     let key = queue_key(&ledger, "q");
@@ -505,7 +508,7 @@ async fn a_failover_to_a_replica_that_missed_a_write_is_a_new_epoch_even_for_a_c
         lease: LONG,
     };
     let (granted, _) = ledger.reserve(q, a(a_saw), ask).await.unwrap();
-    assert_eq!(granted, Reservation::Granted { granted: 5 });
+    assert_eq!(granted, ReserveAnswer::Granted { granted: 5 });
 
     proxy.retarget(replica.addr()).await;
     let view = answered(|| ledger.heartbeat(q, b(b_saw))).await;
@@ -516,7 +519,7 @@ async fn a_failover_to_a_replica_that_missed_a_write_is_a_new_epoch_even_for_a_c
     let (answer, _) = ledger.reserve(q, a(a_saw), ask).await.unwrap();
     assert_eq!(
         answer,
-        Reservation::NewEpoch,
+        ReserveAnswer::NewEpoch,
         "a hears of it on its next call"
     );
 }
@@ -540,7 +543,7 @@ async fn a_redis_user_that_may_not_run_info_still_runs_every_script() {
         ])
         .await;
     let url = format!("redis://gate:pw@{}", server.addr());
-    let ledger = Ledger::connect(&settings(&url, "sg", TIMEOUT))
+    let ledger = RedisClient::connect(&settings(&url, "sg", TIMEOUT))
         .await
         .unwrap();
     let key = queue_key(&ledger, "q");
@@ -572,7 +575,7 @@ async fn the_lag_buckets_are_one_bounded_field_and_an_older_builds_bucket_fields
     ensure_redis();
     let prefix = unique_prefix();
     let _cleanup = Cleanup(prefix.clone());
-    let ledger = Ledger::connect(&settings("redis://127.0.0.1:6379", &prefix, TIMEOUT))
+    let ledger = RedisClient::connect(&settings("redis://127.0.0.1:6379", &prefix, TIMEOUT))
         .await
         .unwrap();
     let key = queue_key(&ledger, "q");
@@ -607,7 +610,7 @@ async fn the_lag_buckets_are_one_bounded_field_and_an_older_builds_bucket_fields
         lease: LONG,
     };
     let (granted, view) = ledger.reserve(q, me(seen), ask).await.unwrap();
-    assert_eq!(granted, Reservation::Granted { granted: 100 });
+    assert_eq!(granted, ReserveAnswer::Granted { granted: 100 });
     seen = view.epoch;
     // One stored send in each of 25 buckets, 2.5 s: a lag of 0.3 s keeps the last ~13.
     for _ in 0..25 {
@@ -673,7 +676,7 @@ async fn the_tenants_exchange_sums_the_other_replicas_counts_and_survives_a_flus
     ensure_redis();
     let prefix = unique_prefix();
     let _cleanup = Cleanup(prefix.clone());
-    let ledger = Ledger::connect(&settings("redis://127.0.0.1:6379", &prefix, TIMEOUT))
+    let ledger = RedisClient::connect(&settings("redis://127.0.0.1:6379", &prefix, TIMEOUT))
         .await
         .unwrap();
     let queue = queue_key(&ledger, "requests");

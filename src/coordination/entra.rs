@@ -1,4 +1,4 @@
-//! `SENDGATE_REDIS_AUTH=entra`: the ledger's Redis connections authenticate as the URL's
+//! `SENDGATE_REDIS_AUTH=entra`: the Redis client's connections authenticate as the URL's
 //! user (the identity's object id) with a Microsoft Entra token as the password, and
 //! re-authenticate with each new token before the old one expires.
 //!
@@ -8,7 +8,7 @@
 //! connection. All streams draw from one [`EntraCredential`], so the whole process shares one
 //! token, one refresh in flight and one failure pause.
 //!
-//! A token that cannot be had is an error of the connection (the ledger's call fails, the
+//! A token that cannot be had is an error of the connection (the Redis call fails, the
 //! replica falls back to local mode and rejoins when a token comes). No error or log line
 //! carries a token: [`EntraToken`]'s `Debug` hides it and the errors built here hold only
 //! the credential chain's own message.
@@ -34,7 +34,7 @@ const FETCH_DEADLINE: Duration = Duration::from_secs(15);
 /// The credential answers from its failure cache meanwhile, so this costs no fetch.
 const RETRY_AFTER: Duration = FAILURE_PAUSE_FIRST;
 
-/// Credentials for the ledger's Redis connections: `user` from the URL, a token as the
+/// Credentials for the Redis client's connections: `user` from the URL, a token as the
 /// password.
 #[derive(Clone)]
 pub struct EntraRedisCredentials {

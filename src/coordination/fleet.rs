@@ -1,8 +1,8 @@
 //! This replica's place in the fleet: the ledger it shares, and whether it is in the fleet
 //! right now or running alone.
 //!
-//! The first ledger call that errs or misses its deadline cuts the replica off at once
-//! (what it may still admit is the seat's rule: docs/fleet.md, step 6), and a probe asks
+//! [`FAILURES_TO_CUT_OFF`] ledger calls in a row that err or miss their deadline cut the
+//! replica off (what it may still admit is the seat's rule: docs/fleet.md, step 6), and a probe asks
 //! the ledger (each shared queue's state, through a script) every [`REJOIN_EVERY`] until it
 //! answers, when the replica rejoins.
 

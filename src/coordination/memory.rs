@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use super::port::{
     Ask, Caller, Epoch, LedgerError, LedgerPort, QueueRef, ReadOutcome, ReadState, ReadTicket,
-    Reservation, Settle, Terms, View,
+    ReserveAnswer, Settle, Terms, View,
 };
 
 /// As the prelude's `VERSION_KEPT_MS`: a replica's last version outlives its silence this
@@ -313,23 +313,23 @@ impl World {
         c: &Caller<'_>,
         ask: &Ask<'_>,
         now: i64,
-    ) -> (Reservation, View) {
+    ) -> (ReserveAnswer, View) {
         let (q, matched) = self.preamble(key, t, c, now);
         let decision = 'decide: {
             if !matched {
-                break 'decide Reservation::NewEpoch;
+                break 'decide ReserveAnswer::NewEpoch;
             }
             if now < q.born + ms(t.grace) {
-                break 'decide Reservation::Recovering;
+                break 'decide ReserveAnswer::Recovering;
             }
             let backlog = match q.read {
-                ReadState::Never => break 'decide Reservation::Unread,
-                _ if now - q.taken_ms > ms(t.max_read_age) => break 'decide Reservation::Unread,
-                ReadState::Failed => break 'decide Reservation::Unknown,
+                ReadState::Never => break 'decide ReserveAnswer::Unread,
+                _ if now - q.taken_ms > ms(t.max_read_age) => break 'decide ReserveAnswer::Unread,
+                ReadState::Failed => break 'decide ReserveAnswer::Unknown,
                 ReadState::Ok {
                     send_disabled: true,
                     ..
-                } => break 'decide Reservation::Disabled,
+                } => break 'decide ReserveAnswer::Disabled,
                 ReadState::Ok { backlog, .. } => backlog,
             };
             let (reserved, carried, _) = q.sums(now);
@@ -338,7 +338,7 @@ impl World {
                 .saturating_add(reserved)
                 .saturating_add(carried);
             if estimate >= ask.limit {
-                break 'decide Reservation::Full { estimate };
+                break 'decide ReserveAnswer::Full { estimate };
             }
             let room = (ask.limit - estimate) / ask.divisor.max(1);
             let granted = ask.want.max(1).min(room).max(1);
@@ -350,7 +350,7 @@ impl World {
                 .or_insert((0, lease_end));
             block.0 = block.0.saturating_add(granted);
             block.1 = block.1.max(lease_end);
-            Reservation::Granted { granted }
+            ReserveAnswer::Granted { granted }
         };
         (decision, q.view(now, t))
     }
@@ -591,7 +591,7 @@ impl LedgerPort for MemoryLedger {
         queue: QueueRef<'_>,
         caller: Caller<'_>,
         ask: Ask<'_>,
-    ) -> Result<(Reservation, View), LedgerError> {
+    ) -> Result<(ReserveAnswer, View), LedgerError> {
         self.call(caller.replica, |w, now| {
             w.reserve(queue.key, &queue.terms, &caller, &ask, now)
         })

@@ -1,13 +1,14 @@
-//! How replicas share one ceiling: `local` (this process alone) or `redis`
-//! (every replica through the [`ledger`], with [`fleet`] tracking whether this replica is
-//! in the fleet right now). A third state, unusable, is a fleet cut off for good and said so
-//! on health: with `entra` auth, no credential chain could be built.
+//! How replicas share one ceiling: `local` (this process alone) or `redis` (every replica
+//! through the ledger, [`port`], run on Redis by the [`redis_client`], with [`fleet`]
+//! tracking whether this replica is in the fleet right now). A third state, unusable, is a
+//! fleet cut off for good and said so on health: with `entra` auth, no credential chain
+//! could be built.
 
 pub mod entra;
 pub mod fleet;
-pub mod ledger;
 pub mod memory;
 pub mod port;
+pub mod redis_client;
 mod redis_port;
 mod redis_shares;
 pub mod shares;
@@ -17,15 +18,19 @@ use std::time::SystemTime;
 
 use crate::config::CoordinationSettings;
 use fleet::{CoordinationHealth, Fleet};
-use ledger::Ledger;
+use redis_client::RedisClient;
 
 /// The coordination this process runs with.
 pub enum Coordination {
     /// `SENDGATE_COORDINATION=local`.
     Local { since: SystemTime },
-    /// `redis`: in the fleet while Redis answers, cut off while it does not. `ledger` is
-    /// the same Redis as a plain client (the runtime settings' store).
-    Fleet { fleet: Arc<Fleet>, ledger: Ledger },
+    /// `redis`: in the fleet while Redis answers, cut off while it does not. `redis` is the
+    /// client the fleet's ledger runs on, for the tenants' exchange and the runtime
+    /// settings' store.
+    Fleet {
+        fleet: Arc<Fleet>,
+        redis: RedisClient,
+    },
     /// `redis`, but the settings cannot be used here (with `SENDGATE_REDIS_AUTH=entra`, no
     /// Entra ID credential chain could be built): local for good, said on every health read
     /// rather than refusing to start a replica of a fleet.
@@ -38,10 +43,10 @@ impl Coordination {
         let since = SystemTime::now();
         match settings {
             CoordinationSettings::Local => Self::Local { since },
-            CoordinationSettings::Redis(redis) => match Ledger::lazy(redis) {
-                Ok(ledger) => Self::Fleet {
-                    fleet: Fleet::start(Arc::new(ledger.clone()), redis.max_replicas),
-                    ledger,
+            CoordinationSettings::Redis(settings) => match RedisClient::lazy(settings) {
+                Ok(redis) => Self::Fleet {
+                    fleet: Fleet::start(Arc::new(redis.clone()), settings.max_replicas),
+                    redis,
                 },
                 Err(e) => {
                     tracing::warn!(

@@ -1,7 +1,7 @@
 //! The ledger as the fleet's seat sees it: one trait, its calls and replies, and nothing of
-//! Redis. `docs/fleet.md` is the protocol; [`super::ledger::Ledger`] runs it as Lua scripts
-//! in Redis and [`super::memory::MemoryLedger`] in memory (the seat's unit tests, the
-//! simulation), and the two answer every call the same (`tests/ledger_contract.rs`).
+//! Redis. `docs/fleet.md` is the protocol; `redis_port.rs` runs it as Lua scripts in Redis
+//! and [`super::memory::MemoryLedger`] in memory (the seat's unit tests, the simulation),
+//! and the two answer every call the same (`tests/ledger_contract.rs`).
 //!
 //! Every call is one atomic step on one queue, and every call but [`LedgerPort::look`]
 //! speaks for a replica ([`Caller`]): it first makes the queue's state if it is missing
@@ -22,9 +22,6 @@ pub enum LedgerError {
     Redis(String),
     #[error("unexpected reply from a ledger script: {0}")]
     Unexpected(String),
-    /// `SENDGATE_REDIS_AUTH=entra`, but no Entra ID credential chain could be built here.
-    #[error("SENDGATE_REDIS_AUTH=entra: {0}")]
-    Entra(String),
 }
 
 /// Which incarnation of a queue's state a reply comes from, and how far into it. Ordered:
@@ -141,7 +138,7 @@ pub struct Ask<'a> {
 
 /// What `reserve` decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reservation {
+pub enum ReserveAnswer {
     /// `granted` units (1 ≤ granted ≤ want), held in the block.
     Granted { granted: u64 },
     /// No room: the view's estimate ≥ limit.
@@ -195,7 +192,7 @@ pub trait LedgerPort: Send + Sync + 'static {
         queue: QueueRef<'_>,
         caller: Caller<'_>,
         ask: Ask<'_>,
-    ) -> Result<(Reservation, View), LedgerError>;
+    ) -> Result<(ReserveAnswer, View), LedgerError>;
 
     /// Outcomes of the caller's blocks (step 3). Rows are dropped when `caller.seen.id` is
     /// not the ledger's epoch (those sends are in the caller's carry).

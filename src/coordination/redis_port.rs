@@ -1,5 +1,5 @@
 //! [`LedgerPort`] on Redis: each call is one Lua script (`lua/prelude.lua` + `lua/<call>.lua`)
-//! over one hash per queue, run as EVALSHA on the [`Ledger`]'s connection, within its
+//! over one hash per queue, run as EVALSHA on the [`RedisClient`]'s connection, within its
 //! deadline and with its redaction. The scripts are the protocol (docs/fleet.md); this file
 //! only lays out their arguments and decodes their replies, and a reply it cannot decode is
 //! [`LedgerError::Unexpected`], never a panic: a changed script, a proxy or a foreign key
@@ -11,11 +11,24 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::{Script, ScriptInvocation, Value};
 
-use super::ledger::{exact, millis, Ledger};
 use super::port::{
     Ask, Caller, Epoch, LedgerError, LedgerPort, QueueRef, ReadOutcome, ReadState, ReadTicket,
-    Reservation, Settle, Terms, View,
+    ReserveAnswer, Settle, Terms, View,
 };
+use super::redis_client::{exact, millis, RedisClient, RedisError};
+
+/// A ledger call on Redis fails as its Redis call did. Only [`RedisClient::lazy`] and
+/// [`RedisClient::ping`] meet the other two errors, which no script call returns.
+impl From<RedisError> for LedgerError {
+    fn from(error: RedisError) -> Self {
+        match error {
+            RedisError::Timeout => LedgerError::Timeout,
+            RedisError::Failed(text) => LedgerError::Redis(text),
+            RedisError::Unexpected(text) => LedgerError::Unexpected(text),
+            entra @ RedisError::Entra(_) => LedgerError::Redis(entra.to_string()),
+        }
+    }
+}
 
 /// Compiled once per process; each carries its SHA-1, so a call goes as EVALSHA (and as
 /// EVAL once after a Redis restart emptied its script cache).
@@ -79,20 +92,20 @@ fn rows(call: &mut ScriptInvocation<'_>, rows: &[Settle<'_>]) {
 }
 
 #[async_trait]
-impl LedgerPort for Ledger {
+impl LedgerPort for RedisClient {
     async fn reserve(
         &self,
         queue: QueueRef<'_>,
         caller: Caller<'_>,
         ask: Ask<'_>,
-    ) -> Result<(Reservation, View), LedgerError> {
+    ) -> Result<(ReserveAnswer, View), LedgerError> {
         let mut call = invoke(&SCRIPTS.reserve, queue, caller);
         call.arg(ask.block_id)
             .arg(exact(ask.want).max(1))
             .arg(exact(ask.limit))
             .arg(exact(ask.divisor).max(1))
             .arg(millis(ask.lease));
-        decode_reservation(&ints(self.run(&call).await?)?, ask.want.max(1))
+        decode_reserve_answer(&ints(self.run(&call).await?)?, ask.want.max(1))
     }
 
     async fn settle(
@@ -174,7 +187,7 @@ impl LedgerPort for Ledger {
     }
 
     fn timeout(&self) -> Duration {
-        Ledger::timeout(self)
+        RedisClient::timeout(self)
     }
 }
 
@@ -256,7 +269,7 @@ fn decode_view(v: &[i64]) -> Result<View, LedgerError> {
 }
 
 /// `want` as sent: a grant outside `1..=want` is not one this build's script makes.
-fn decode_reservation(v: &[i64], want: u64) -> Result<(Reservation, View), LedgerError> {
+fn decode_reserve_answer(v: &[i64], want: u64) -> Result<(ReserveAnswer, View), LedgerError> {
     let [kind, n, rest @ ..] = v else {
         return Err(LedgerError::Unexpected(format!(
             "a reservation has {} fields, got {}",
@@ -267,18 +280,18 @@ fn decode_reservation(v: &[i64], want: u64) -> Result<(Reservation, View), Ledge
     let view = decode_view(rest)?;
     let n = count(*n, "reservation count")?;
     let reservation = match kind {
-        0 if (1..=want).contains(&n) => Reservation::Granted { granted: n },
+        0 if (1..=want).contains(&n) => ReserveAnswer::Granted { granted: n },
         0 => {
             return Err(LedgerError::Unexpected(format!(
                 "a grant of {n} for a want of {want}"
             )))
         }
-        1 => Reservation::Full { estimate: n },
-        2 => Reservation::Disabled,
-        3 => Reservation::Unknown,
-        4 => Reservation::Unread,
-        5 => Reservation::Recovering,
-        6 => Reservation::NewEpoch,
+        1 => ReserveAnswer::Full { estimate: n },
+        2 => ReserveAnswer::Disabled,
+        3 => ReserveAnswer::Unknown,
+        4 => ReserveAnswer::Unread,
+        5 => ReserveAnswer::Recovering,
+        6 => ReserveAnswer::NewEpoch,
         other => {
             return Err(LedgerError::Unexpected(format!(
                 "unknown reservation kind {other}"
@@ -365,19 +378,19 @@ mod tests {
     }
 
     #[test]
-    fn every_reservation_kind_decodes() {
+    fn every_reserve_answer_kind_decodes() {
         let with = |kind: i64, n: i64| {
             let mut v = vec![kind, n];
             v.extend(view_fields());
-            decode_reservation(&v, 32).unwrap().0
+            decode_reserve_answer(&v, 32).unwrap().0
         };
-        assert_eq!(with(0, 4), Reservation::Granted { granted: 4 });
-        assert_eq!(with(1, 50), Reservation::Full { estimate: 50 });
-        assert_eq!(with(2, 0), Reservation::Disabled);
-        assert_eq!(with(3, 0), Reservation::Unknown);
-        assert_eq!(with(4, 0), Reservation::Unread);
-        assert_eq!(with(5, 0), Reservation::Recovering);
-        assert_eq!(with(6, 0), Reservation::NewEpoch);
+        assert_eq!(with(0, 4), ReserveAnswer::Granted { granted: 4 });
+        assert_eq!(with(1, 50), ReserveAnswer::Full { estimate: 50 });
+        assert_eq!(with(2, 0), ReserveAnswer::Disabled);
+        assert_eq!(with(3, 0), ReserveAnswer::Unknown);
+        assert_eq!(with(4, 0), ReserveAnswer::Unread);
+        assert_eq!(with(5, 0), ReserveAnswer::Recovering);
+        assert_eq!(with(6, 0), ReserveAnswer::NewEpoch);
     }
 
     #[test]
@@ -429,15 +442,15 @@ mod tests {
         let reservation = |kind: i64, n: i64, want: u64| {
             let mut v = vec![kind, n];
             v.extend(view_fields());
-            decode_reservation(&v, want)
+            decode_reserve_answer(&v, want)
         };
         assert!(reservation(0, 0, 8).is_err(), "a grant of 0");
         assert!(reservation(0, 9, 8).is_err(), "a grant above the want");
         assert!(reservation(0, -1, 8).is_err());
         assert!(reservation(1, -1, 8).is_err());
         assert!(reservation(7, 0, 8).is_err());
-        assert!(decode_reservation(&[], 8).is_err());
-        assert!(decode_reservation(&[0, 1], 8).is_err());
+        assert!(decode_reserve_answer(&[], 8).is_err());
+        assert!(decode_reserve_answer(&[0, 1], 8).is_err());
         let ticket = |head: [i64; 4]| {
             let mut v = head.to_vec();
             v.extend(view_fields());

@@ -12,10 +12,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::port::LedgerError;
-
-/// Why an exchange failed: the Redis call's own errors (its deadline, its connection).
-pub type ExchangeError = LedgerError;
+/// Why an exchange failed: the store's own error (its deadline, its connection), as it said
+/// it. A replica that cannot exchange judges on its own counts, so no caller tells one
+/// failure from another.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ExchangeError(pub String);
 
 /// How long a replica's counts are kept after it sent them: a round and the next, and a
 /// margin for a late exchange. One that stops sending (drained, cut off, gone) is nobody's
@@ -167,7 +169,7 @@ pub trait ShareExchange: Send + Sync {
         key: &str,
         replica: &str,
         mine: &RoundCounts,
-    ) -> Result<RoundCounts, LedgerError>;
+    ) -> Result<RoundCounts, ExchangeError>;
 }
 
 /// The exchange in memory, on tokio's clock (the gate's unit tests; two gates on one of
@@ -194,7 +196,7 @@ impl ShareExchange for MemoryShares {
         key: &str,
         replica: &str,
         mine: &RoundCounts,
-    ) -> Result<RoundCounts, LedgerError> {
+    ) -> Result<RoundCounts, ExchangeError> {
         let now = tokio::time::Instant::now();
         let mut kept = self.kept.lock();
         let queue = kept.entry(key.to_owned()).or_default();

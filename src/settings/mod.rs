@@ -67,7 +67,7 @@ impl RuntimeSettings {
             has_fallback: settings.fallback.is_some(),
         };
         let store = match coordination {
-            Coordination::Fleet { ledger, .. } => Store::redis(ledger.clone()),
+            Coordination::Fleet { redis, .. } => Store::redis(redis.clone()),
             Coordination::Local { .. } | Coordination::Unusable { .. } => {
                 Store::file(&settings.data_dir)
             }

@@ -6,8 +6,7 @@ use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::coordination::ledger::Ledger;
-use crate::coordination::port::LedgerError;
+use crate::coordination::redis_client::{RedisClient, RedisError};
 
 use super::overrides::StoredValue;
 
@@ -28,7 +27,7 @@ pub enum SettingsStoreError {
     )]
     Corrupt { path: String, why: String },
     #[error("Redis: {0}")]
-    Redis(#[from] LedgerError),
+    Redis(#[from] RedisError),
     #[error("Redis hash {key}: field {field}: {why}")]
     BadField {
         key: String,
@@ -51,7 +50,7 @@ const FILE_VERSION: u32 = 1;
 
 pub enum Store {
     File(PathBuf),
-    Redis { ledger: Ledger, key: String },
+    Redis { client: RedisClient, key: String },
 }
 
 /// A write: the fields set to a value, the fields removed.
@@ -66,9 +65,9 @@ impl Store {
         Self::File(data_dir.join(FILE_NAME))
     }
 
-    pub fn redis(ledger: Ledger) -> Self {
-        let key = ledger.deployment_key(HASH_NAME);
-        Self::Redis { ledger, key }
+    pub fn redis(client: RedisClient) -> Self {
+        let key = client.deployment_key(HASH_NAME);
+        Self::Redis { client, key }
     }
 
     pub fn kind(&self) -> &'static str {
@@ -90,10 +89,10 @@ impl Store {
     pub async fn load(&self) -> Result<Flat, SettingsStoreError> {
         match self {
             Self::File(path) => read_file(path),
-            Self::Redis { ledger, key } => {
+            Self::Redis { client, key } => {
                 let mut pipe = redis::pipe();
                 pipe.hgetall(key);
-                let (fields,): (BTreeMap<String, String>,) = ledger.query(&pipe).await?;
+                let (fields,): (BTreeMap<String, String>,) = client.query(&pipe).await?;
                 fields
                     .into_iter()
                     .map(|(field, text)| {
@@ -129,7 +128,7 @@ impl Store {
                         source: std::io::Error::other(e),
                     })?
             }
-            Self::Redis { ledger, key } => {
+            Self::Redis { client, key } => {
                 let mut pipe = redis::pipe();
                 pipe.atomic();
                 for (field, value) in &change.set {
@@ -144,7 +143,7 @@ impl Store {
                 for field in &change.removed {
                     pipe.hdel(key, field).ignore();
                 }
-                let () = ledger.query(&pipe).await?;
+                let () = client.query(&pipe).await?;
                 Ok(())
             }
         }

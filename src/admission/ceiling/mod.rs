@@ -29,7 +29,7 @@ use crate::admission::share::{ShareBook, ShareMode};
 use crate::admission::tally::{Reason, Tally, TenantCounts};
 use crate::admission::tenants::{Quota, Tenant, Tenants};
 use crate::backend::Backend;
-use crate::coordination::ledger::CONNECT_DEADLINE;
+use crate::coordination::redis_client::CONNECT_DEADLINE;
 use crate::domain::QueueName;
 
 pub use fleet::{FleetSeat, Goodbye, Held, USE_BLOCK_FOR};

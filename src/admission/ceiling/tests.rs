@@ -1129,7 +1129,7 @@ impl crate::coordination::shares::ShareExchange for CountedExchange {
         _: &str,
         _: &str,
         mine: &crate::coordination::shares::RoundCounts,
-    ) -> Result<crate::coordination::shares::RoundCounts, crate::coordination::port::LedgerError>
+    ) -> Result<crate::coordination::shares::RoundCounts, crate::coordination::shares::ExchangeError>
     {
         self.0.fetch_add(1, Ordering::SeqCst);
         Ok(crate::coordination::shares::RoundCounts::empty(mine.round))

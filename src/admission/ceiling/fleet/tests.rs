@@ -17,12 +17,12 @@ use crate::config::Fraction;
 use crate::coordination::fleet::{Fleet, HEARTBEAT};
 use crate::coordination::memory::MemoryLedger;
 use crate::coordination::port::{
-    Ask, Caller, LedgerError, LedgerPort, QueueRef, ReadOutcome, ReadTicket,
-    Reservation as PortReservation, Settle, View,
+    Ask, Caller, LedgerError, LedgerPort, QueueRef, ReadOutcome, ReadTicket, ReserveAnswer, Settle,
+    View,
 };
 use crate::domain::QueueName;
 
-use super::{Block, SeatState};
+use super::state::{Block, Mode, SeatState};
 
 const T: Duration = Duration::from_millis(50);
 const SEND: Duration = Duration::from_secs(2);
@@ -464,7 +464,7 @@ impl LedgerPort for Recording {
         queue: QueueRef<'_>,
         caller: Caller<'_>,
         ask: Ask<'_>,
-    ) -> Result<(PortReservation, View), LedgerError> {
+    ) -> Result<(ReserveAnswer, View), LedgerError> {
         self.note();
         *self.reserves.lock() += 1;
         let after = *self.reserve_runs_after.lock();
@@ -1077,8 +1077,8 @@ async fn a_seats_blocks_at_their_boundaries() {
     );
 
     for (left, due) in [
-        (super::NEXT_BLOCK_BELOW, false),
-        (super::NEXT_BLOCK_BELOW - 1, true),
+        (super::state::NEXT_BLOCK_BELOW, false),
+        (super::state::NEXT_BLOCK_BELOW - 1, true),
     ] {
         let mut state = SeatState::new(Duration::ZERO);
         state.whole_under = Some(1000);
@@ -1102,6 +1102,56 @@ async fn a_seats_blocks_at_their_boundaries() {
         "in use, under the ceiling in force"
     );
     assert_eq!(state.blocks.len(), 1);
+}
+
+/// The seat's mode follows its transitions: "full" turns it refusing, the resume level or a
+/// new epoch back to reserving; leaving is for good, and keeps whether it was refusing (the
+/// snapshot still says so) until the same rules end the refusal.
+#[test]
+fn the_seats_mode_moves_only_along_its_transitions() {
+    let mut mode = Mode::Reserving;
+    mode.told_full();
+    assert_eq!(mode, Mode::Refusing);
+    assert!(mode.refusing() && !mode.leaving());
+    mode.resume();
+    assert_eq!(mode, Mode::Reserving);
+    mode.told_full();
+    mode.leave();
+    assert_eq!(mode, Mode::Leaving { refusing: true });
+    assert!(mode.refusing() && mode.leaving());
+    mode.resume();
+    assert_eq!(mode, Mode::Leaving { refusing: false });
+    mode.told_full();
+    assert_eq!(mode, Mode::Leaving { refusing: true }, "still leaving");
+    let mut mode = Mode::Reserving;
+    mode.leave();
+    assert_eq!(mode, Mode::Leaving { refusing: false });
+}
+
+/// A new epoch drops the old one's blocks, outcomes and open sends, its "full", and ends a
+/// refusal; a leaving seat stays leaving.
+#[tokio::test(start_paused = true)]
+async fn adopting_an_epoch_drops_the_old_ones_state_and_ends_a_refusal() {
+    use crate::coordination::port::Epoch;
+    let now = Instant::now();
+    let mut state = SeatState::new(Duration::ZERO);
+    state.seen = Epoch { id: 1, version: 3 };
+    state.blocks.push_back(Block {
+        epoch: 1,
+        turn: 1,
+        left: 5,
+        use_until: now + USE_BLOCK_FOR,
+        limit: 1000,
+    });
+    state.give_back(1, 1, 2);
+    state.open.insert(1, 4);
+    state.mode.told_full();
+    state.mode.leave();
+    state.adopt(Epoch { id: 2, version: 1 });
+    assert_eq!(state.seen, Epoch { id: 2, version: 1 });
+    assert!(state.blocks.is_empty() && state.pending.is_empty() && state.open.is_empty());
+    assert_eq!(state.full, None);
+    assert_eq!(state.mode, Mode::Leaving { refusing: false });
 }
 
 /// A runtime override of the queue's ceiling on this replica.

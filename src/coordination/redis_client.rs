@@ -1,8 +1,9 @@
-//! The Redis client of the fleet: one multiplexed connection with its deadline, its
-//! redaction (no error carries the URL, the password or an Entra token), Entra auth, and
-//! the names of each queue's state. What the fleet's scripts do is `redis_port.rs`
-//! ([`LedgerPort`](super::port::LedgerPort) for [`Ledger`]); the runtime settings' store
-//! uses [`Ledger::query`] on the same connection.
+//! The plain Redis client: one multiplexed connection with its deadline, its redaction (no
+//! error carries the URL, the password or an Entra token), Entra auth, and the names of each
+//! queue's state. It knows no protocol: the fleet's ledger runs on it as scripts
+//! (`redis_port.rs`, [`LedgerPort`](super::port::LedgerPort) for [`RedisClient`]), the
+//! tenants' exchange as another (`redis_shares.rs`), and the runtime settings' store uses
+//! [`RedisClient::query`] on the same connection.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -11,10 +12,24 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Value;
 
 use super::entra::{EntraRedisCredentials, REDIS_SCOPE};
-use super::port::LedgerError;
 use crate::config::{BackendKind, RedisAuth, RedisSettings};
 use crate::domain::QueueName;
 use sendgate_entra::{CredentialChain, EntraCredential};
+
+/// Why a Redis call failed. None of them names the Redis URL or its password.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RedisError {
+    #[error("Redis did not answer within the deadline")]
+    Timeout,
+    /// Redis, or the connection to it, answered with an error.
+    #[error("Redis: {0}")]
+    Failed(String),
+    #[error("unexpected reply from Redis: {0}")]
+    Unexpected(String),
+    /// `SENDGATE_REDIS_AUTH=entra`, but no Entra ID credential chain could be built here.
+    #[error("SENDGATE_REDIS_AUTH=entra: {0}")]
+    Entra(String),
+}
 
 /// The longest the first connection (TCP, TLS, AUTH, PING) may take. Longer than one
 /// call's deadline: it happens once, off the request path.
@@ -74,9 +89,9 @@ impl Connection {
     }
 }
 
-/// A replica's handle on the ledger: cheap to clone (one multiplexed connection, shared).
+/// A replica's Redis client: cheap to clone (one multiplexed connection, shared).
 #[derive(Clone)]
-pub struct Ledger {
+pub struct RedisClient {
     conn: std::sync::Arc<Connection>,
     prefix: String,
     timeout: Duration,
@@ -86,28 +101,28 @@ pub struct Ledger {
     entra: Option<std::sync::Arc<EntraCredential>>,
 }
 
-impl std::fmt::Debug for Ledger {
+impl std::fmt::Debug for RedisClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Ledger")
+        f.debug_struct("RedisClient")
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
 }
 
-impl Ledger {
+impl RedisClient {
     /// Connect now and check Redis answers, all within [`CONNECT_DEADLINE`] (or the call
     /// deadline, if longer).
-    pub async fn connect(settings: &RedisSettings) -> Result<Self, LedgerError> {
-        let ledger = Self::lazy(settings)?;
+    pub async fn connect(settings: &RedisSettings) -> Result<Self, RedisError> {
+        let client = Self::lazy(settings)?;
         let deadline = CONNECT_DEADLINE.max(settings.timeout);
-        ledger.ping_within(deadline).await.map(|()| ledger)
+        client.ping_within(deadline).await.map(|()| client)
     }
 
-    /// A ledger that connects on its first call (and reconnects in the background after a
+    /// A client that connects on its first call (and reconnects in the background after a
     /// failure): for a replica that starts while Redis is down and joins when it answers.
     /// Fails only on settings it cannot use.
-    pub fn lazy(settings: &RedisSettings) -> Result<Self, LedgerError> {
+    pub fn lazy(settings: &RedisSettings) -> Result<Self, RedisError> {
         let entra = match &settings.auth {
             RedisAuth::Url => None,
             RedisAuth::Entra {
@@ -117,28 +132,28 @@ impl Ledger {
                     REDIS_SCOPE,
                     managed_identity_client_id.as_deref(),
                 )
-                .map_err(LedgerError::Entra)?;
+                .map_err(RedisError::Entra)?;
                 Some(std::sync::Arc::new(EntraCredential::new(chain)))
             }
         };
         Self::build(settings, entra)
     }
 
-    /// [`Ledger::lazy`] with Entra auth through `credential` (whatever `settings.auth`
+    /// [`RedisClient::lazy`] with Entra auth through `credential` (whatever `settings.auth`
     /// says): the URL's user authenticates with `credential`'s tokens for
     /// `https://redis.azure.com/.default`. For tests, and for a process that already holds
     /// a credential.
     pub fn lazy_with_entra(
         settings: &RedisSettings,
         credential: std::sync::Arc<EntraCredential>,
-    ) -> Result<Self, LedgerError> {
+    ) -> Result<Self, RedisError> {
         Self::build(settings, Some(credential))
     }
 
     fn build(
         settings: &RedisSettings,
         entra: Option<std::sync::Arc<EntraCredential>>,
-    ) -> Result<Self, LedgerError> {
+    ) -> Result<Self, RedisError> {
         let url = settings.url.expose();
         let redact: Vec<String> = std::iter::once(url.as_str().to_owned())
             .chain(url.password().filter(|p| !p.is_empty()).map(str::to_owned))
@@ -151,7 +166,7 @@ impl Ledger {
         let client = redis::Client::open(url.as_str()).map_err(fail)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECT_DEADLINE.max(settings.timeout)))
-            // A backstop only: every call's deadline is `Ledger::within`'s, which looks at a
+            // A backstop only: every call's deadline is `RedisClient::within`'s, which looks at a
             // reply that arrived by then once more before calling it late (the client's own
             // timer would race it and drop that reply).
             .set_response_timeout(Some(settings.timeout.saturating_mul(2)))
@@ -191,7 +206,7 @@ impl Ledger {
         queue_base(&self.prefix, backend.as_str(), queue)
     }
 
-    /// [`Ledger::queue_key`] of the fallback lane, named as [`Ledger::fallback_keys`] names
+    /// [`RedisClient::queue_key`] of the fallback lane, named as [`RedisClient::fallback_keys`] names
     /// its keys (`{fallback/kind/queue}` beside a primary of the same kind).
     pub fn fallback_queue_key(
         &self,
@@ -202,11 +217,11 @@ impl Ledger {
         queue_base(&self.prefix, &fallback_scope(primary, fallback), queue)
     }
 
-    pub async fn ping(&self) -> Result<(), LedgerError> {
+    pub async fn ping(&self) -> Result<(), RedisError> {
         self.ping_within(self.timeout).await
     }
 
-    async fn ping_within(&self, deadline: Duration) -> Result<(), LedgerError> {
+    async fn ping_within(&self, deadline: Duration) -> Result<(), RedisError> {
         let mut conn = self.conn.get();
         let cmd = redis::cmd("PING");
         let answer = self
@@ -214,14 +229,14 @@ impl Ledger {
             .await?;
         match answer {
             Value::SimpleString(s) if s == "PONG" => Ok(()),
-            other => Err(LedgerError::Unexpected(format!("PING answered {other:?}"))),
+            other => Err(RedisError::Unexpected(format!("PING answered {other:?}"))),
         }
     }
 
     pub(super) async fn run(
         &self,
         call: &redis::ScriptInvocation<'_>,
-    ) -> Result<Value, LedgerError> {
+    ) -> Result<Value, RedisError> {
         let mut conn = self.conn.get();
         self.within(self.timeout, call.invoke_async::<Value>(&mut conn))
             .await
@@ -233,7 +248,7 @@ impl Ledger {
         &self,
         deadline: Duration,
         call: impl std::future::Future<Output = redis::RedisResult<T>>,
-    ) -> Result<T, LedgerError> {
+    ) -> Result<T, RedisError> {
         match answer_by(deadline, call).await {
             Ok(Ok(value)) => {
                 self.conn.record(false);
@@ -246,15 +261,15 @@ impl Ledger {
             }
             Err(_) => {
                 self.conn.record(true);
-                Err(LedgerError::Timeout)
+                Err(RedisError::Timeout)
             }
         }
     }
 }
 
-/// Plain commands for the runtime settings (`src/settings/store.rs`), on the ledger's
+/// Plain commands for the runtime settings (`src/settings/store.rs`), on the client's
 /// connection, deadline and redaction.
-impl Ledger {
+impl RedisClient {
     /// A deployment-wide key under this deployment's prefix.
     pub fn deployment_key(&self, name: &str) -> String {
         format!("{}:{name}", self.prefix)
@@ -264,7 +279,7 @@ impl Ledger {
     pub async fn query<T: redis::FromRedisValue>(
         &self,
         pipe: &redis::Pipeline,
-    ) -> Result<T, LedgerError> {
+    ) -> Result<T, RedisError> {
         let mut conn = self.conn.get();
         self.within(self.timeout, pipe.query_async::<T>(&mut conn))
             .await
@@ -299,16 +314,16 @@ fn failed_on_the_connection(e: &redis::RedisError) -> bool {
 }
 
 /// `redact` (the URL, its password) and the Entra `token` in use are cut out of the text.
-fn redis_error(redact: &[String], token: Option<&str>, e: redis::RedisError) -> LedgerError {
+fn redis_error(redact: &[String], token: Option<&str>, e: redis::RedisError) -> RedisError {
     if e.is_timeout() {
-        return LedgerError::Timeout;
+        return RedisError::Timeout;
     }
     let mut text = e.to_string();
     let secrets = redact.iter().map(String::as_str).chain(token);
     for secret in secrets.filter(|s| !s.is_empty()) {
         text = text.replace(secret, "(redacted)");
     }
-    LedgerError::Redis(text)
+    RedisError::Failed(text)
 }
 
 /// `{prefix}:{scope/queue}`: one hash tag, so one cluster slot for everything of the queue.
@@ -316,7 +331,7 @@ fn queue_base(prefix: &str, scope: &str, queue: &QueueName) -> String {
     format!("{prefix}:{{{scope}/{queue}}}")
 }
 
-/// The hash tag's scope of the fallback lane's keys (see [`Ledger::fallback_keys`]).
+/// The hash tag's scope of the fallback lane's keys (see [`RedisClient::fallback_keys`]).
 fn fallback_scope(primary: BackendKind, fallback: BackendKind) -> String {
     if fallback == primary {
         format!("fallback/{}", fallback.as_str())

@@ -1,0 +1,224 @@
+//! The fleet's admin-plane read (docs/fleet.md, step 4): one replica per TTL takes the
+//! lease, reads and publishes; the others wait for it, or start it ahead of expiry.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::state::SeatState;
+use super::{FleetSeat, AHEAD_RETRY, WAIT_POLL};
+use crate::backend::DepthError;
+use crate::coordination::port::{LedgerError, ReadOutcome, ReadTicket, View};
+
+impl FleetSeat {
+    /// Make the fleet's read fresh: read the admin plane if this replica gets the lease,
+    /// otherwise (when `wait`) wait for the replica that holds it to publish. A read made
+    /// here counts in the streak when `counts`; true if one that counts was published.
+    pub(super) async fn refresh(
+        self: &Arc<Self>,
+        wait: bool,
+        counts: bool,
+    ) -> Result<bool, LedgerError> {
+        let _turn = self.read_turn.lock().await;
+        // The send before this one in line made the read fresh: no Redis call.
+        if wait && self.fresh(&self.state.lock(), Instant::now()) {
+            return Ok(false);
+        }
+        self.look_past_grace(wait).await?;
+        if wait && self.fresh(&self.state.lock(), Instant::now()) {
+            return Ok(false); // another replica published while this one queued
+        }
+        let ledger = self.fleet.ledger();
+        let lease = self.policy.load().ttl.max(Duration::from_millis(1));
+        let (ticket, view) = ledger
+            .lease_read(self.queue_ref(), self.caller(), lease)
+            .await?;
+        self.see(view);
+        match ticket {
+            Some(ticket) => {
+                self.read_for_the_fleet(ticket, counts).await?;
+                Ok(counts)
+            }
+            // A reader that died holds the lease until it ends: once one send waited that
+            // read out, those queued behind it do not each wait it out again.
+            None if wait && self.state.lock().waited_out != Some(view.generation) => {
+                self.wait_for_the_read(view).await?;
+                Ok(false)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// See the fleet's state. When `wait` and a new epoch's grace is running (step 5: it
+    /// grants nothing), see it again once the grace is over: the read is made after it, so
+    /// the reservation that follows finds it fresh rather than read again (a failed read
+    /// counts in the streak).
+    async fn look_past_grace(self: &Arc<Self>, wait: bool) -> Result<(), LedgerError> {
+        let ledger = self.fleet.ledger();
+        let seen = ledger.heartbeat(self.queue_ref(), self.caller()).await?;
+        self.see(seen);
+        if wait && seen.grace_left > Duration::ZERO {
+            tokio::time::sleep(seen.grace_left.min(self.terms().grace)).await;
+            let seen = ledger.heartbeat(self.queue_ref(), self.caller()).await?;
+            self.see(seen);
+        }
+        Ok(())
+    }
+
+    /// This replica holds the lease: read the admin plane, publish, and say a failed read.
+    async fn read_for_the_fleet(
+        self: &Arc<Self>,
+        ticket: ReadTicket,
+        counts: bool,
+    ) -> Result<(), LedgerError> {
+        let started = Instant::now();
+        let (published, error) = self.read_and_publish(ticket, counts).await?;
+        if let Some(error) = error {
+            tracing::warn!(
+                event = "depth_read_failed",
+                queue = %self.queue,
+                consecutive_failures = published.streak,
+                error = %error,
+                "could not read the queue depth (published to the fleet)"
+            );
+        }
+        self.state.lock().last_read_took = started.elapsed();
+        self.see(published);
+        Ok(())
+    }
+
+    /// Read the admin plane with `ticket` and publish what it found (counted in the streak
+    /// when `counts`): the view the publish answered, and why the read failed, if it did.
+    async fn read_and_publish(
+        &self,
+        ticket: ReadTicket,
+        counts: bool,
+    ) -> Result<(View, Option<DepthError>), LedgerError> {
+        let (outcome, error) = self.read_admin_plane().await;
+        let published = self
+            .fleet
+            .ledger()
+            .publish_read(self.queue_ref(), self.caller(), ticket, outcome, counts)
+            .await?;
+        Self::count_read(&mut self.state.lock(), &outcome);
+        Ok((published, error))
+    }
+
+    /// Another replica holds the lease (`leased` saw it taken): wait for its read, at most a
+    /// read's deadline, looking every [`WAIT_POLL`] whether it was published.
+    async fn wait_for_the_read(self: &Arc<Self>, leased: View) -> Result<(), LedgerError> {
+        let ledger = self.fleet.ledger();
+        let deadline = Instant::now() + self.policy.base().read_timeout;
+        loop {
+            if Instant::now() >= deadline {
+                self.state.lock().waited_out = Some(leased.generation);
+                return Ok(());
+            }
+            tokio::time::sleep(WAIT_POLL).await;
+            let now = ledger.heartbeat(self.queue_ref(), self.caller()).await?;
+            self.see(now);
+            if now.generation != leased.generation || now.epoch.id != leased.epoch.id {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn read_admin_plane(&self) -> (ReadOutcome, Option<DepthError>) {
+        let deadline = Instant::now() + self.policy.base().read_timeout;
+        let read = self.backend.backlog(&self.queue, deadline);
+        match tokio::time::timeout_at(deadline, read).await {
+            Ok(Ok(backlog)) => (
+                ReadOutcome::Ok {
+                    backlog: backlog.messages,
+                    send_disabled: backlog.send_disabled,
+                },
+                None,
+            ),
+            Ok(Err(error)) => (ReadOutcome::Failed, Some(error)),
+            Err(_) => (ReadOutcome::Failed, Some(DepthError::Timeout)),
+        }
+    }
+
+    /// Read the fleet's state once at start-up (a failed read does not count in the streak).
+    pub async fn prime(self: &Arc<Self>) -> Result<(), LedgerError> {
+        let _turn = self.read_turn.lock().await;
+        let ledger = self.fleet.ledger();
+        let seen = ledger.heartbeat(self.queue_ref(), self.caller()).await?;
+        self.see(seen);
+        if self.fresh(&self.state.lock(), Instant::now()) {
+            return Ok(());
+        }
+        let lease = self.policy.load().ttl.max(Duration::from_millis(1));
+        let (ticket, view) = ledger
+            .lease_read(self.queue_ref(), self.caller(), lease)
+            .await?;
+        self.see(view);
+        if let Some(ticket) = ticket {
+            let (published, _) = self.read_and_publish(ticket, false).await?;
+            self.see(published);
+        }
+        Ok(())
+    }
+
+    fn count_read(state: &mut SeatState, outcome: &ReadOutcome) {
+        match outcome {
+            ReadOutcome::Ok { .. } => state.own_reads.0 += 1,
+            ReadOutcome::Failed => state.own_reads.1 += 1,
+        }
+    }
+
+    /// Whether this send should start a read ahead of expiry (throttled while another
+    /// replica holds the lease).
+    pub(super) fn ahead_due(
+        &self,
+        state: &mut SeatState,
+        age: Option<Duration>,
+        now: Instant,
+    ) -> bool {
+        let Some(age) = age else { return false };
+        let ttl = self.policy.load().ttl;
+        let lead = (state.last_read_took * 2).max(AHEAD_RETRY).min(ttl / 2);
+        if age + lead < ttl {
+            return false;
+        }
+        if state.running.read_ahead
+            || state
+                .ahead_tried_at
+                .is_some_and(|at| now < at + AHEAD_RETRY)
+        {
+            return false;
+        }
+        state.ahead_tried_at = Some(now);
+        state.running.read_ahead = true;
+        true
+    }
+
+    pub(super) fn spawn_ahead(self: &Arc<Self>, ahead: bool) {
+        if !ahead {
+            return;
+        }
+        let seat = Arc::clone(self);
+        self.runtime.spawn(async move {
+            let refreshed = seat.refresh(false, true).await;
+            seat.state.lock().running.read_ahead = false;
+            if let Err(e) = refreshed {
+                seat.fall_back(&e);
+            }
+        });
+    }
+
+    /// A send the judge refused never reaches the seat, so it starts the read ahead when
+    /// one is due, as a send's would: else a replica whose sends the judge all refuses would
+    /// judge by one old read for as long as they come. A send that reaches the seat makes
+    /// its own read (one failed read per send in the streak, contract section 2).
+    pub fn read_ahead_if_due(self: &Arc<Self>) {
+        let now = Instant::now();
+        let ahead = {
+            let mut state = self.state.lock();
+            let age = state.last.map(|(view, seen)| view.read_age + (now - seen));
+            self.ahead_due(&mut state, age, now)
+        };
+        self.spawn_ahead(ahead);
+    }
+}
