@@ -129,7 +129,7 @@ param ipSecurityRestrictions array = []
 @maxValue(300)
 param minReplicas int = 1
 
-@description('Maximum replicas. Each replica enforces the ceiling on its own reads; see README (capacity).')
+@description('Maximum replicas. Above 1 the replicas share one ceiling through Azure Managed Redis; see docs/operations.md (Running a fleet).')
 @minValue(1)
 @maxValue(300)
 param maxReplicas int = 5

@@ -1,4 +1,9 @@
 //! Build the application from [`Settings`], bind, run, and wire signals to the lifecycle.
+//!
+//! `Application::build` opens the backends (`build_with` takes them injected, for tests),
+//! binds, and runs the warm-up (starting → running within a budget), the probe timer and,
+//! in a fleet, the settings poll; a signal starts the drain, and once stopped the replica
+//! leaves the fleet.
 
 use std::collections::HashMap;
 use std::net::TcpListener;

@@ -1,5 +1,7 @@
-//! ARCHITECTURE.md stays the map of the code: every source file is on it, every log event
-//! the code emits is listed with the module that emits it, and the server's imports keep
+//! ARCHITECTURE.md stays the map of the code: every source folder is on it, every source
+//! file has a `//!` header (where per-file detail lives), every function the send's steps
+//! name exists, every log event the code emits is listed with the module that emits it, and
+//! the server's imports keep
 //! the shape the map declares: no circle among its files, no arrow up the layers, and none
 //! of the absences its invariants name (`architecture/imports.rs` reads the imports).
 
@@ -31,62 +33,97 @@ fn rust_files(dir: &Path, out: &mut Vec<String>) {
     }
 }
 
-/// The files the map's code blocks name: a line starting with a path names it (a path
-/// ending in `/` opens a folder); a line indented by two spaces names a file in the
-/// folder opened last. Other lines are descriptions.
-fn mapped_files(map: &str) -> BTreeSet<String> {
-    let mut files = BTreeSet::new();
-    let mut folder = String::new();
-    let mut in_code = false;
-    for line in map.lines() {
-        if line.starts_with("```") {
-            in_code = !in_code;
-            continue;
-        }
-        if !in_code {
-            continue;
-        }
-        let indented = line.starts_with("  ") && !line.starts_with("   ");
-        let Some(token) = line.split_whitespace().next() else {
-            continue;
-        };
-        if !line.starts_with(' ') {
-            if token.ends_with('/') {
-                folder = token.to_owned();
-            } else if token.ends_with(".rs") {
-                files.insert(token.to_owned());
-            }
-        } else if indented && token.ends_with(".rs") {
-            files.insert(format!("{folder}{token}"));
-        }
+fn source_files() -> Vec<String> {
+    let mut files = Vec::new();
+    for dir in SOURCE_DIRS {
+        rust_files(&Path::new(ROOT).join(dir), &mut files);
     }
     files
 }
 
+/// The text of a `## {title}` section of the map, up to the next `## ` heading.
+fn section(map: &str, title: &str) -> String {
+    let start = map
+        .find(&format!("\n## {title}\n"))
+        .unwrap_or_else(|| panic!("ARCHITECTURE.md has a {title} section"));
+    let rest = &map[start + 1..];
+    let end = rest[3..].find("\n## ").map_or(rest.len(), |e| e + 3);
+    rest[..end].to_owned()
+}
+
 #[test]
-fn every_source_file_is_on_the_map_and_the_map_names_no_other() {
-    let mut actual = Vec::new();
-    for dir in SOURCE_DIRS {
-        rust_files(&Path::new(ROOT).join(dir), &mut actual);
-    }
-    let actual: BTreeSet<String> = actual.into_iter().collect();
-    let mapped = mapped_files(&architecture());
-    let missing: Vec<_> = actual.difference(&mapped).collect();
-    let stale: Vec<_> = mapped.difference(&actual).collect();
+fn every_source_folder_is_on_the_code_map_and_the_map_names_no_other() {
+    let folders: BTreeSet<String> = source_files()
+        .iter()
+        .filter_map(|file| file.rsplit_once('/').map(|(dir, _)| format!("{dir}/")))
+        .collect();
+    let map = section(&architecture(), "Code map");
+    let missing: Vec<_> = folders
+        .iter()
+        .filter(|f| !map.contains(&format!("`{f}`")))
+        .collect();
+    let stale: Vec<_> = map
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|p| p.ends_with('/') && SOURCE_DIRS.iter().any(|d| p.starts_with(d)))
+        .filter(|p| !Path::new(ROOT).join(p).is_dir())
+        .collect();
     assert!(
         missing.is_empty() && stale.is_empty(),
-        "not on the map: {missing:?}; on the map but gone: {stale:?}"
+        "folders not on the code map: {missing:?}; on the map but gone: {stale:?}"
+    );
+}
+
+#[test]
+fn every_source_file_opens_with_a_header_saying_what_it_holds() {
+    let headless: Vec<_> = source_files()
+        .into_iter()
+        .filter(|file| {
+            let text = std::fs::read_to_string(Path::new(ROOT).join(file)).expect("a source file");
+            !text.trim_start().starts_with("//!")
+        })
+        .collect();
+    assert!(
+        headless.is_empty(),
+        "files without a `//!` header: {headless:?}"
+    );
+}
+
+#[test]
+fn every_function_the_send_steps_name_is_in_the_file_they_name() {
+    let rows = marked(&architecture(), "send");
+    let mut named = 0;
+    let mut missing = Vec::new();
+    for row in rows
+        .iter()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| step"))
+    {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let (file, functions) = (cells[3].trim_matches('`'), cells[4]);
+        let text = std::fs::read_to_string(Path::new(ROOT).join("src").join(file))
+            .unwrap_or_else(|_| panic!("the send's steps name src/{file}, which does not exist"));
+        for function in functions.split(',').map(|f| f.trim().trim_matches('`')) {
+            named += 1;
+            let defined = ["(", "<"]
+                .iter()
+                .any(|open| text.contains(&format!("fn {function}{open}")));
+            if !defined {
+                missing.push(format!("src/{file}: fn {function}"));
+            }
+        }
+    }
+    assert!(named >= 8, "the send's steps name {named} functions");
+    assert!(
+        missing.is_empty(),
+        "named by the send's steps but not defined: {missing:?}"
     );
 }
 
 /// `(event, file)` for every `event = "..."` in the sources.
 fn emitted_events() -> BTreeSet<(String, String)> {
-    let mut files = Vec::new();
-    for dir in SOURCE_DIRS {
-        rust_files(&Path::new(ROOT).join(dir), &mut files);
-    }
     let mut events = BTreeSet::new();
-    for file in files {
+    for file in source_files() {
         let text = std::fs::read_to_string(Path::new(ROOT).join(&file)).expect("a source file");
         for piece in text.split("event = \"").skip(1) {
             if let Some((name, _)) = piece.split_once('"') {

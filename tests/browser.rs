@@ -3,7 +3,7 @@
 //! they never skip).
 //!
 //! `SENDGATE_SCREENSHOT=1` also writes `docs/console.png` and `docs/settings.png` (the
-//! README's pictures); the normal run leaves the committed files alone.
+//! pictures in docs/operations.md); the normal run leaves the committed files alone.
 
 #[path = "support/browser.rs"]
 mod browser;

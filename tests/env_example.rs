@@ -1,7 +1,7 @@
-//! `.env.example` and the README's variable table are rendered from the variable
-//! descriptors (`src/config/vars.rs`); the committed copies must be exactly that.
-//! To refresh them: `cargo run -q -- config env-example > .env.example`, and paste
-//! `cargo run -q -- config markdown-table` between the README's variables markers.
+//! `.env.example` and `docs/configuration.md` are rendered from the variable descriptors
+//! (`src/config/vars.rs`); the committed copies must be exactly that. To refresh them:
+//! `cargo run -q -- config env-example > .env.example` and
+//! `cargo run -q -- config docs > docs/configuration.md`.
 
 use std::collections::BTreeSet;
 
@@ -21,17 +21,11 @@ fn env_example_is_what_the_descriptors_render() {
 }
 
 #[test]
-fn the_readme_table_is_what_the_descriptors_render() {
-    let readme = committed("README.md");
-    let begin = "<!-- variables:begin -->\n";
-    let start = readme.find(begin).expect("README has the begin marker") + begin.len();
-    let end = readme
-        .find("<!-- variables:end -->")
-        .expect("README has the end marker");
+fn the_configuration_page_is_what_the_descriptors_render() {
     assert_eq!(
-        &readme[start..end],
-        render::markdown_table(),
-        "stale README table: paste `cargo run -q -- config markdown-table` between the markers"
+        committed("docs/configuration.md"),
+        render::configuration_page(),
+        "stale docs/configuration.md: run `cargo run -q -- config docs > docs/configuration.md`"
     );
 }
 

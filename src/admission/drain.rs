@@ -1,5 +1,5 @@
 //! How fast consumers take a queue's messages, estimated from successive depth reads, and
-//! what a `429 queue_full` answers from it (issue 15): `Retry-After` and the resume level.
+//! what a `429 queue_full` answers from it: `Retry-After` and the resume level.
 //!
 //! Between two reads of one queue the consumers took
 //!

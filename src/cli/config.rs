@@ -1,5 +1,5 @@
 //! `sendgate config`: print what is rendered from the variable descriptors, to refresh the
-//! committed copies (`.env.example`, the README's table) after a variable changes.
+//! committed copies (`.env.example`, `docs/configuration.md`) after a variable changes.
 
 use std::process::ExitCode;
 
@@ -11,8 +11,8 @@ use crate::config::render;
 pub enum ConfigCommand {
     /// Print `.env.example`.
     EnvExample,
-    /// Print the README's variable table.
-    MarkdownTable,
+    /// Print `docs/configuration.md` (the variables' table and the words around it).
+    Docs,
 }
 
 pub fn run(command: ConfigCommand) -> ExitCode {
@@ -20,7 +20,7 @@ pub fn run(command: ConfigCommand) -> ExitCode {
         "{}",
         match command {
             ConfigCommand::EnvExample => render::env_example(),
-            ConfigCommand::MarkdownTable => render::markdown_table(),
+            ConfigCommand::Docs => render::configuration_page(),
         }
     );
     ExitCode::SUCCESS

@@ -46,7 +46,7 @@ enum Command {
         #[arg(long)]
         open: bool,
     },
-    /// Print what the variable descriptors render (`.env.example`, the README table).
+    /// Print what the variable descriptors render (`.env.example`, docs/configuration.md).
     #[command(hide = true)]
     Config {
         #[command(subcommand)]

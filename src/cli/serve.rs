@@ -1,3 +1,7 @@
+//! `sendgate serve` (and `sendgate` alone): settings → telemetry → runtime → the
+//! application, run until it stops. Exit 2 for a bad setting, 1 for an environment that
+//! failed us.
+
 use std::process::ExitCode;
 
 use crate::config::Settings;

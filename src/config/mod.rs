@@ -7,7 +7,7 @@
 //! - `servicebus`: the Service Bus endpoint and credential plan, resolved;
 //! - `forgiving`: the contract's rules for the three `SERVICEBUS_SEND_*` variables;
 //! - `otel`: the OpenTelemetry variables sendgate's exporter reads itself;
-//! - `secret`: the redacting wrapper; `render`: `.env.example` and the README table.
+//! - `secret`: the redacting wrapper; `render`: `.env.example` and docs/configuration.md.
 //!
 //! The TOML key of a variable is its name in lower case without the `SENDGATE_` prefix
 //! (`SENDGATE_DEPTH_TTL_MS` → `depth_ttl_ms`, `SERVICEBUS_NAMESPACE` → `servicebus_namespace`).

@@ -1,6 +1,7 @@
-//! `.env.example` and the README's variable table, rendered from [`VARIABLES`]: the
-//! committed copies are checked against these (tests/env_example.rs), and
-//! `sendgate config env-example` / `sendgate config markdown-table` print them.
+//! `.env.example` and `docs/configuration.md`, rendered from [`VARIABLES`]: the committed
+//! copies are checked against these (tests/env_example.rs), and
+//! `sendgate config env-example` / `sendgate config docs` print them. The page's prose is
+//! here too, so the whole page is generated and one command refreshes it.
 
 use std::fmt::Write;
 
@@ -45,10 +46,10 @@ fn note(group: Group) -> Option<&'static str> {
              local mode and says so on /health/detailed."
         }
         Group::OpenTelemetry => {
-            "OpenTelemetry (OTLP/HTTP protobuf): spans and metrics of every send, exported only \
+            "OpenTelemetry (OTLP over HTTP protobuf or gRPC): spans and metrics of every send, exported only \
              when an endpoint is set; unset, nothing is built and nothing changes. The \
-             specification's variables, from the environment only (no file key); the SDK also \
-             reads the signals' own _HEADERS, _TIMEOUT and _COMPRESSION variables."
+             specification's variables, from the environment only (no file key); the signals' \
+             own _TIMEOUT and _COMPRESSION variables are not read."
         }
         Group::Client => {
             "The producer client (`sendgate send`), not the server, reads these; the server \
@@ -143,7 +144,40 @@ fn meaning_cell(var: &Var) -> String {
     }
 }
 
-/// The README's table, between its `<!-- variables:begin -->`/`end` markers.
+/// The words above the variables' table in `docs/configuration.md`.
+const PAGE_INTRO: &str = "\
+# Configuration
+
+*Generated from `src/config/vars.rs` and `src/config/render.rs` by
+`cargo run -q -- config docs > docs/configuration.md`: edit those, not this page.*
+
+All settings come from the environment, optionally layered over a TOML file named by
+`SENDGATE_CONFIG` (keys: the variable name in lower case without `SENDGATE_`, e.g.
+`depth_ttl_ms = 500`, `queues = [\"a\", \"b\"]`; an unknown key is an error). The environment
+wins; an empty value counts as unset. Every variable is declared once in
+[`src/config/vars.rs`](../src/config/vars.rs): [`.env.example`](../.env.example) and this page
+are rendered from it (`sendgate config env-example`, `sendgate config docs`) and a test
+(`tests/env_example.rs`) fails when the committed copies differ.
+
+What the settings do is told where they act: capacity, dispatch, connections, the fleet and
+the runtime settings in [operations.md](operations.md), each backend in
+[backends.md](backends.md), API keys and Entra ID callers in [api.md](api.md), the
+producer client in [client.md](client.md).
+
+";
+
+/// The words below the variables' table in `docs/configuration.md`.
+const PAGE_OUTRO: &str = "
+A bad value stops start-up with one line naming the variable and exit status 2 — except
+the three `SERVICEBUS_SEND_*` variables, which are forgiving as the table says. So does an
+unknown `SENDGATE_*` variable in the environment, or an unknown key in the file, with a
+\"did you mean …?\" when a declared name is close. Secrets (AMQP URLs, passwords, connection
+strings, tokens) are never echoed in an error. A fallback's bad value is named by the
+variable that was read: `SENDGATE_FALLBACK_X` when set, else the primary's. `RUST_LOG` sets
+the log level (default `info`).
+";
+
+/// The variables' table: one row per descriptor, in declaration order.
 pub fn markdown_table() -> String {
     let mut out = String::from("| variable | default | meaning |\n|---|---|---|\n");
     for var in VARIABLES {
@@ -156,4 +190,9 @@ pub fn markdown_table() -> String {
         );
     }
     out
+}
+
+/// The whole `docs/configuration.md`.
+pub fn configuration_page() -> String {
+    format!("{PAGE_INTRO}{}{PAGE_OUTRO}", markdown_table())
 }

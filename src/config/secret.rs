@@ -1,5 +1,6 @@
 //! A value that must never be shown: AMQP URLs with their password, SAS keys, connection
-//! strings, the management password, tokens.
+//! strings, the management password, tokens. `Secret<T>`'s `Debug` and `Display` never show
+//! the value, so no error that formats one echoes it.
 
 use std::fmt;
 

@@ -1,3 +1,6 @@
+//! Unit tests of the settings' layers and scopes (defaults < file < environment, the
+//! fallback's variables), and of the Service Bus plan.
+
 use super::*;
 use crate::config::vars as v;
 

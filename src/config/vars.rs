@@ -1,7 +1,7 @@
 //! Every variable sendgate reads, declared once as a typed descriptor.
 //!
 //! Parsing reads through these constants (`layers.duration(&DEPTH_TTL_MS)`), so a variable
-//! that is not declared here cannot be read; `.env.example` and the README's table are
+//! that is not declared here cannot be read; `.env.example` and docs/configuration.md are
 //! rendered from [`VARIABLES`] (see `render.rs`), and a test keeps both in step.
 
 /// What a variable holds, with its bounds: the parser and the documentation read this.
@@ -84,9 +84,9 @@ pub struct Var {
     pub unit: Unit,
     /// The value used when neither the file nor the environment sets it.
     pub default: Option<&'static str>,
-    /// Without a default: what happens when unset, for the README (e.g. "CPU cores").
+    /// Without a default: what happens when unset, for docs/configuration.md (e.g. "CPU cores").
     pub unset: Option<&'static str>,
-    /// One line, for `.env.example` and the README.
+    /// One line, for `.env.example` and docs/configuration.md.
     pub help: &'static str,
     pub side: Side,
     /// Never shown: not in `Debug`, not in an error message.

@@ -1,6 +1,8 @@
 //! How replicas share one ceiling: `local` (this process alone) or `redis` (every replica
 //! through the ledger, [`port`], run on Redis by the [`redis_client`], with [`fleet`]
-//! tracking whether this replica is in the fleet right now).
+//! tracking whether this replica is in the fleet right now). A third state, unusable, is a
+//! fleet cut off for good and said so on health: with `entra` auth, no credential chain
+//! could be built.
 
 pub mod entra;
 pub mod fleet;

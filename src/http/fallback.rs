@@ -1,4 +1,5 @@
-//! Unknown paths and wrong methods: answered from the routing table alone.
+//! Unknown paths and wrong methods: answered from the routing table alone (`404 not_found`;
+//! `405 method_not_allowed` with `Allow`).
 
 use actix_web::HttpResponse;
 

@@ -9,7 +9,7 @@
 //! which resolve to loopback only), and loopback addresses. With keys, a page cannot add
 //! the `Authorization` header cross-site, so nothing is checked here; with
 //! `SENDGATE_AUTH=none` the operator opened a network listener on purpose and the names it
-//! is reached by are not known, so nothing is checked either (see README).
+//! is reached by are not known, so nothing is checked either (see docs/api.md, "Open mode").
 
 use std::net::IpAddr;
 

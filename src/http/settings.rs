@@ -1,5 +1,5 @@
 //! `GET`/`PATCH /admin/settings` and `POST /admin/breakers/{backend}` (role `admin`): the
-//! runtime settings of issue 16 (see `src/settings/`) and an operator's hand on a breaker.
+//! runtime settings (see `src/settings/`) and an operator's hand on a breaker.
 //!
 //! Like `POST /admin/drain`, the changing routes need `Content-Type: application/json`
 //! (checked after authentication): a browser cannot send that cross-site without a CORS

@@ -1,4 +1,4 @@
-//! Runtime settings (issue 16): overrides of each queue's ceiling, fail-closed gate and
+//! Runtime settings: overrides of each queue's ceiling, fail-closed gate and
 //! streak, depth TTL, and the forced backend, changed over `PATCH /admin/settings` and put
 //! in force for the next send. The variables stay the defaults: removing an override
 //! (`null`) restores the variable's value.

@@ -1,4 +1,4 @@
-//! The embedded queue under the README's own workflow: producers sending through the
+//! The embedded queue under the README's walk-through: producers sending through the
 //! gateway while workers receive from the same database in other threads.
 
 use std::collections::{BTreeSet, HashMap};

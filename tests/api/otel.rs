@@ -1,4 +1,4 @@
-//! OpenTelemetry over OTLP (README "OpenTelemetry", contract section 6): a span per send
+//! OpenTelemetry over OTLP (docs/operations.md "OpenTelemetry", contract section 6): a span per send
 //! and the sends' metrics reach a real OTLP receiver, over HTTP or gRPC (decoded with the
 //! collector's protobuf types, over gRPC by its generated services); a collector that never
 //! answers slows no send, and what it cannot take is dropped and counted; without an

@@ -1,4 +1,4 @@
-//! The Azure Service Bus backend: a thin REST client of our own (see the README for why
+//! The Azure Service Bus backend: a thin REST client of our own (see docs/backends.md for why
 //! not the legacy `azure_messaging_servicebus` crate).
 //!
 //! - the endpoint and one credential per plane come resolved from `config::servicebus`;

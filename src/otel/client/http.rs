@@ -1,5 +1,5 @@
 //! OTLP/HTTP: a `POST` of `application/x-protobuf` with the configured headers, through our
-//! reqwest client.
+//! reqwest client. A 429, 502, 503 or 504 answer, or none, is retryable; any other is final.
 
 use std::time::Duration;
 
