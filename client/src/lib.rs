@@ -960,17 +960,7 @@ impl Tries {
     ) -> Judged {
         let a = match answer {
             Ok(a) => a,
-            Err(TransportError::NoToken(e)) => {
-                return Judged::Final(no_token(e, self.last_error.clone(), self.attempts));
-            }
-            Err(e) => {
-                self.attempts += 1;
-                self.last_error = Some(AttemptError::Transport(e.to_string()));
-                return Judged::Retry {
-                    retry_after: None,
-                    paced: false,
-                };
-            }
+            Err(e) => return self.judge_unanswered(e),
         };
         if (200..300).contains(&a.status) {
             return Judged::Final(SendOutcome::Queued {
@@ -983,6 +973,30 @@ impl Tries {
                 code: a.code,
             });
         }
+        self.judge_failed(a)
+    }
+
+    /// No answer: the token source had none (nothing was sent), or the exchange failed
+    /// (an attempt, retried).
+    fn judge_unanswered(&mut self, error: TransportError) -> Judged {
+        match error {
+            TransportError::NoToken(e) => {
+                Judged::Final(no_token(e, self.last_error.clone(), self.attempts))
+            }
+            e => {
+                self.attempts += 1;
+                self.last_error = Some(AttemptError::Transport(e.to_string()));
+                Judged::Retry {
+                    retry_after: None,
+                    paced: false,
+                }
+            }
+        }
+    }
+
+    /// An answer neither queued nor an authentication failure: an attempt that failed,
+    /// retried when its status (or an unknown outcome) allows, else final.
+    fn judge_failed(&mut self, a: transport::Answer) -> Judged {
         self.attempts += 1;
         let error = AttemptError::Status {
             status: a.status,
@@ -1298,39 +1312,14 @@ impl Batch {
     ) -> Step {
         let a = match answer {
             Ok(a) => a,
-            Err(TransportError::NoToken(e)) => {
-                // Nothing was sent: no entry can go until the source has a token.
-                for position in self.pending.clone() {
-                    let last_error = self.entries[position].last_error.clone();
-                    self.decide(position, no_token(e.clone(), last_error, tries.attempts));
-                }
-                return Step::Done;
-            }
-            Err(e) => {
-                // Cut or timed out after it was sent: every entry's outcome is unknown.
-                tries.attempts += 1;
-                let error = AttemptError::Transport(e.to_string());
-                self.fail_sent(&error);
-                tries.last_error = Some(error);
-                return Step::Retry {
-                    retry_after: None,
-                    paced: false,
-                };
-            }
+            Err(e) => return self.read_unanswered(tries, e),
         };
-        let code = a.code.clone();
         let status = a.status;
         if status == 207 {
             return self.read_partial(tries, &a);
         }
         if (200..300).contains(&status) {
-            for (k, position) in self.sent.clone().into_iter().enumerate() {
-                let message_id = match a.queued.get(k) {
-                    Some(m) => m.message_id.to_string(),
-                    None => self.entries[position].key.to_string(),
-                };
-                self.decide(position, SendOutcome::Queued { message_id });
-            }
+            self.read_queued(&a);
             return Step::Done;
         }
         if status == 401 || status == 403 {
@@ -1340,57 +1329,109 @@ impl Batch {
                     position,
                     SendOutcome::AuthFailed {
                         status,
-                        code: code.clone(),
+                        code: a.code.clone(),
                     },
                 );
             }
             return Step::Done;
         }
-        let refused = || SendOutcome::Refused {
-            status,
-            code: code.clone(),
-        };
-        let known = code.as_ref().and_then(AnyCode::known);
+        let known = a.code.as_ref().and_then(AnyCode::known);
         match (status, known) {
-            (400, Some(ErrorCode::InvalidRequest)) => return self.read_invalid(&a, client),
+            (400, Some(ErrorCode::InvalidRequest)) => self.read_invalid(&a, client),
             (413, _) if self.sent.len() > 1 => {
                 if let Some(limit) = a.limit_bytes {
                     client
                         .max_batch_bytes
                         .fetch_min(limit.max(1), Ordering::Relaxed);
                 }
-                return Step::Split;
+                Step::Split
             }
-            (422, Some(ErrorCode::UnsupportedAttribute)) => {
-                // The entries that carry the attribute are refused, as each would be alone.
-                let carrying: Vec<usize> = self
-                    .sent
-                    .iter()
-                    .copied()
-                    .filter(|&p| {
-                        a.attribute
-                            .as_deref()
-                            .is_some_and(|name| has_attribute(&self.entries[p].attributes, name))
-                    })
-                    .collect();
-                if carrying.is_empty() {
-                    self.decide_sent(refused);
-                    return Step::Done;
-                }
-                for position in carrying {
-                    self.decide(position, refused());
-                }
-                return Step::Now;
-            }
-            _ => {}
+            (422, Some(ErrorCode::UnsupportedAttribute)) => self.read_unsupported_attribute(&a),
+            _ => self.read_failed(tries, &a, known),
         }
+    }
+
+    /// No answer: the token source had none (nothing was sent), or the request was cut or
+    /// timed out after it was sent.
+    fn read_unanswered(&mut self, tries: &mut Tries, error: TransportError) -> Step {
+        match error {
+            TransportError::NoToken(e) => {
+                // Nothing was sent: no entry can go until the source has a token.
+                for position in self.pending.clone() {
+                    let last_error = self.entries[position].last_error.clone();
+                    self.decide(position, no_token(e.clone(), last_error, tries.attempts));
+                }
+                Step::Done
+            }
+            e => {
+                // Cut or timed out after it was sent: every entry's outcome is unknown.
+                tries.attempts += 1;
+                let error = AttemptError::Transport(e.to_string());
+                self.fail_sent(&error);
+                tries.last_error = Some(error);
+                Step::Retry {
+                    retry_after: None,
+                    paced: false,
+                }
+            }
+        }
+    }
+
+    /// A `2xx`: every entry sent is queued, under the id the gateway names (else its key).
+    fn read_queued(&mut self, a: &BatchAnswer) {
+        for (k, position) in self.sent.clone().into_iter().enumerate() {
+            let message_id = match a.queued.get(k) {
+                Some(m) => m.message_id.to_string(),
+                None => self.entries[position].key.to_string(),
+            };
+            self.decide(position, SendOutcome::Queued { message_id });
+        }
+    }
+
+    /// A `422 unsupported_attribute`: the entries that carry the attribute are refused, as
+    /// each would be alone, and the others sent again at once; when none carries it,
+    /// every entry is refused.
+    fn read_unsupported_attribute(&mut self, a: &BatchAnswer) -> Step {
+        let refused = || SendOutcome::Refused {
+            status: a.status,
+            code: a.code.clone(),
+        };
+        let carrying: Vec<usize> = self
+            .sent
+            .iter()
+            .copied()
+            .filter(|&p| {
+                a.attribute
+                    .as_deref()
+                    .is_some_and(|name| has_attribute(&self.entries[p].attributes, name))
+            })
+            .collect();
+        if carrying.is_empty() {
+            self.decide_sent(refused);
+            return Step::Done;
+        }
+        for position in carrying {
+            self.decide(position, refused());
+        }
+        Step::Now
+    }
+
+    /// Any other answer: an attempt that failed for every entry sent, retried when its
+    /// status allows, else each entry's final outcome.
+    fn read_failed(
+        &mut self,
+        tries: &mut Tries,
+        a: &BatchAnswer,
+        known: Option<ErrorCode>,
+    ) -> Step {
+        let status = a.status;
         tries.attempts += 1;
         let error = AttemptError::Status {
             status,
-            code: code.clone(),
+            code: a.code.clone(),
         };
         if is_retryable_status(status) {
-            let paced = is_pacing(status, code.as_ref(), a.retry_after);
+            let paced = is_pacing(status, a.code.as_ref(), a.retry_after);
             if paced {
                 tries.paced += 1;
             }
@@ -1421,7 +1462,10 @@ impl Batch {
                 gave_up: GaveUp::NotRetryable,
             });
         } else {
-            self.decide_sent(refused);
+            self.decide_sent(|| SendOutcome::Refused {
+                status,
+                code: a.code.clone(),
+            });
         }
         Step::Done
     }
@@ -1438,49 +1482,9 @@ impl Batch {
         let mut again: Option<AttemptError> = None;
         let attempts = tries.attempts + 1;
         for (k, position) in self.sent.clone().into_iter().enumerate() {
-            let Some(result) = a.results.iter().find(|r| r.index == k) else {
-                // Not named (a body that did not parse): its outcome is unknown.
-                let error = AttemptError::Status {
-                    status: 207,
-                    code: None,
-                };
-                self.entries[position].last_error = Some(error.clone());
+            let result = a.results.iter().find(|r| r.index == k);
+            if let Some(error) = self.read_entry(position, result, attempts) {
                 again.get_or_insert(error);
-                continue;
-            };
-            if !result.failed() {
-                self.decide(
-                    position,
-                    SendOutcome::Queued {
-                        message_id: result.message_id.to_string(),
-                    },
-                );
-                continue;
-            }
-            let code = result.code.clone();
-            let status = code.as_ref().map_or(502, status_of);
-            let error = AttemptError::Status {
-                status,
-                code: code.clone(),
-            };
-            if result.outcome.as_deref() == Some(sendgate_wire::ErrorBody::OUTCOME_UNKNOWN)
-                || is_retryable_status(status)
-            {
-                self.entries[position].last_error = Some(error.clone());
-                again.get_or_insert(error);
-            } else if status == 401 || status == 403 {
-                self.decide(position, SendOutcome::AuthFailed { status, code });
-            } else if status >= 500 {
-                self.decide(
-                    position,
-                    SendOutcome::Failed {
-                        last_error: error,
-                        attempts,
-                        gave_up: GaveUp::NotRetryable,
-                    },
-                );
-            } else {
-                self.decide(position, SendOutcome::Refused { status, code });
             }
         }
         match again {
@@ -1494,6 +1498,54 @@ impl Batch {
                 }
             }
         }
+    }
+
+    /// One entry's result in a `207`: its outcome decided, or the error it is sent again
+    /// after. `None` (not named: a body that did not parse) is an outcome unknown.
+    fn read_entry(
+        &mut self,
+        position: usize,
+        result: Option<&sendgate_wire::EntryResult<'_>>,
+        attempts: u32,
+    ) -> Option<AttemptError> {
+        let Some(result) = result else {
+            let error = AttemptError::Status {
+                status: 207,
+                code: None,
+            };
+            self.entries[position].last_error = Some(error.clone());
+            return Some(error);
+        };
+        if !result.failed() {
+            let message_id = result.message_id.to_string();
+            self.decide(position, SendOutcome::Queued { message_id });
+            return None;
+        }
+        let code = result.code.clone();
+        let status = code.as_ref().map_or(502, status_of);
+        let error = AttemptError::Status {
+            status,
+            code: code.clone(),
+        };
+        if result.outcome.as_deref() == Some(sendgate_wire::ErrorBody::OUTCOME_UNKNOWN)
+            || is_retryable_status(status)
+        {
+            self.entries[position].last_error = Some(error.clone());
+            return Some(error);
+        }
+        let outcome = if status == 401 || status == 403 {
+            SendOutcome::AuthFailed { status, code }
+        } else if status >= 500 {
+            SendOutcome::Failed {
+                last_error: error,
+                attempts,
+                gave_up: GaveUp::NotRetryable,
+            }
+        } else {
+            SendOutcome::Refused { status, code }
+        };
+        self.decide(position, outcome);
+        None
     }
 
     /// A `400`: the entries it names (`["body", "messages", 3, ...]`) are refused and the
