@@ -358,6 +358,19 @@ struct Dispatcher {
 }
 
 impl Dispatcher {
+    /// Batches of `batch_size` lines (one: each line on the single-send route), up to
+    /// `concurrency` at once after the pilot.
+    fn new(client: Client, queue: QueueName, batch_size: usize, concurrency: usize) -> Self {
+        Self {
+            client,
+            queue,
+            single: batch_size == 1,
+            concurrency: concurrency.max(1),
+            in_flight: JoinSet::new(),
+            pilot_done: false,
+        }
+    }
+
     /// Send `batch`; `true` when the run must stop (authentication failure).
     async fn dispatch(&mut self, batch: Vec<(u64, Message)>, report: &mut Report) -> bool {
         let send = send_lines(self.client.clone(), self.queue.clone(), batch, self.single);
@@ -377,6 +390,14 @@ impl Dispatcher {
         }
         self.in_flight.spawn(send);
         false
+    }
+
+    /// Sends already on their way are waited for, also after an auth failure: each one's
+    /// outcome is then known and reported rather than guessed.
+    async fn wait_all(&mut self, report: &mut Report) {
+        while let Some(done) = self.in_flight.join_next().await {
+            report.finished(done);
+        }
     }
 }
 
@@ -407,14 +428,7 @@ async fn send_all(
     let batch_size = options.batch_size.max(1);
     let mut lines = read_lines(input, options.concurrency.max(batch_size) * 2);
     let mut report = Report::new(std::io::stderr().is_terminal());
-    let mut dispatcher = Dispatcher {
-        client: client.clone(),
-        queue,
-        single: batch_size == 1,
-        concurrency: options.concurrency.max(1),
-        in_flight: JoinSet::new(),
-        pilot_done: false,
-    };
+    let mut dispatcher = Dispatcher::new(client.clone(), queue, batch_size, options.concurrency);
     let mut read_error = None;
     let mut stopped = false;
     let mut filling = Filling::new(batch_size, options.envelope);
@@ -455,12 +469,8 @@ async fn send_all(
     if !stopped && !filling.batch.is_empty() {
         dispatcher.dispatch(filling.batch, &mut report).await;
     }
-    // Sends already on their way are waited for, also after an auth failure: each one's
-    // outcome is then known and reported rather than guessed.
     drop(lines);
-    while let Some(done) = dispatcher.in_flight.join_next().await {
-        report.finished(done);
-    }
+    dispatcher.wait_all(&mut report).await;
     report.summary(client.stats(), read_error)
 }
 
