@@ -492,9 +492,9 @@ mod tests {
         edges
     }
 
-    /// Review of cf49b18: the fuzz lock kept actix-router and actix-web without the
-    /// `regex` edge the root's `unicode` feature added, and the version check above could
-    /// not see it (same versions).
+    /// The fuzz lock has every dependency edge the server's has, not only the same
+    /// versions: a lock that kept actix-router and actix-web without the `regex` edge the
+    /// root's `unicode` feature adds passes the version check above.
     #[test]
     fn the_fuzz_lock_file_has_the_dependencies_the_server_is_built_with() {
         let root = locked_edges(&Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.lock"));

@@ -586,10 +586,11 @@ mod tests {
         assert_eq!(fed.requests_read, 1);
     }
 
-    /// Found in review: actix-http ends a trailer line at `\r` only (h1/chunked.rs `read_trailer`:
-    /// every other byte, a bare `\n` too, is trailer content). After `0\r\nX\n\n` this
-    /// framing counts the next head a request; actix-http reads it as trailers and never
-    /// answers it, so `read > answered` for ever: busy, no deadline, never evicted.
+    /// actix-http ends a trailer line at `\r` only (h1/chunked.rs `read_trailer`: every
+    /// other byte, a bare `\n` too, is trailer content), and so does this framing: after
+    /// `0\r\nX\n\n`, counting the next head a request that actix-http reads as trailers
+    /// and never answers would leave `read > answered` for ever: busy, no deadline, never
+    /// evicted.
     #[test]
     fn a_bare_newline_in_trailers_is_not_where_actix_ends_the_body() {
         let mut f = Framing::default();
@@ -603,10 +604,10 @@ mod tests {
         );
     }
 
-    /// Found in review: actix-http reads up to 128 KiB of pipelined requests at once (h1/dispatcher.rs
-    /// `read_available`, decoder MAX_BUFFER_SIZE), so more than MAX_PENDING_METHODS heads are
-    /// read before the first answer; the methods past 64 are dropped, an answer to `HEAD` is
-    /// then taken to carry its `content-length` body, and it swallows the next answers.
+    /// actix-http reads up to 128 KiB of pipelined requests at once (h1/dispatcher.rs
+    /// `read_available`, decoder MAX_BUFFER_SIZE), so many heads are read before the first
+    /// answer: each one's method is kept (up to MAX_PENDING_METHODS), else an answer to `HEAD` would be taken to carry
+    /// its `content-length` body and swallow the next answers.
     #[test]
     fn a_hundred_pipelined_head_requests_are_all_answered() {
         let mut requests = Framing::default();
