@@ -53,6 +53,20 @@ const CALLER: &str = "x-fuzz-caller";
 /// query string. Input without a blank line is all body.
 pub fn send_input(data: &[u8]) {
     let (head, body) = split_once(data, b"\n\n").unwrap_or((&[], data));
+    let (req, caller) = fuzzed_request(head);
+    let Ok(context) = RequestContext::extract(&req).into_inner() else {
+        panic!("the request context is built for every request");
+    };
+    std::hint::black_box(send::is_json(&req));
+
+    match Input::parse(&req, body, 127, context.header_problem()) {
+        Ok(input) => check_accepted(&req, body, &input, &caller),
+        Err(problem) => check_refused(&context, problem),
+    }
+}
+
+/// The request `head`'s lines describe, and the caller its Idempotency-Key is scoped to.
+fn fuzzed_request(head: &[u8]) -> (actix_web::HttpRequest, String) {
     let mut request = TestRequest::post();
     let mut uri = SEND_PATH.to_owned();
     let mut caller = String::from("fuzz");
@@ -82,72 +96,70 @@ pub fn send_input(data: &[u8]) {
         }
         request = request.append_header((name, value));
     }
-    let req = request.uri(&uri).to_http_request();
-    let Ok(context) = RequestContext::extract(&req).into_inner() else {
-        panic!("the request context is built for every request");
-    };
-    std::hint::black_box(send::is_json(&req));
+    (request.uri(&uri).to_http_request(), caller)
+}
 
-    match Input::parse(&req, body, 127, context.header_problem()) {
-        Ok(input) => {
-            assert!(
-                std::str::from_utf8(body).is_ok(),
-                "a body that is not UTF-8 was accepted"
-            );
-            let key = input.message_id.as_ref();
-            assert_eq!(
-                key.map(MessageId::as_str),
-                header_text(&req, "idempotency-key"),
-                "the message id is not the Idempotency-Key sent"
-            );
-            if let Some(key) = key {
-                assert_eq!(MessageId::parse(key.as_str()).as_ref(), Ok(key));
-                let scoped = send::scoped_message_id(&caller, key);
-                assert_eq!(
-                    scoped,
-                    send::scoped_message_id(&caller, key),
-                    "not deterministic"
-                );
-                assert_eq!(MessageId::parse(scoped.as_str()).as_ref(), Ok(&scoped));
-            }
-            let correlation = input.correlation_header.as_ref();
-            assert_eq!(
-                correlation.map(CorrelationId::as_str),
-                header_text(&req, "x-correlation-id"),
-                "the correlation id is not the one sent"
-            );
-            if let Some(c) = correlation {
-                assert_eq!(CorrelationId::parse(c.as_str()).as_ref(), Ok(c));
-            }
-        }
-        Err(problem) => {
-            let Problem::InvalidRequest { errors } = &problem else {
-                panic!("input is refused only as invalid_request, not {problem:?}");
-            };
-            assert!((1..=MAX_FIELD_ERRORS).contains(&errors.len()), "{errors:?}");
-            for e in errors {
-                let place = e.loc.first().and_then(|l| l.as_str());
-                assert!(
-                    matches!(place, Some("body" | "header" | "query")),
-                    "{:?}",
-                    e.loc
-                );
-            }
-            // The 400 as the client reads it: the wire's error body, listing every problem.
-            let count = errors.len();
-            let response = context.error(problem).error_response();
-            assert_eq!(response.status(), StatusCode::BAD_REQUEST);
-            let Ok(bytes) = response.into_body().try_into_bytes() else {
-                panic!("an error body is built in memory");
-            };
-            let body: ErrorBody<'_> = match serde_json::from_slice(&bytes) {
-                Ok(body) => body,
-                Err(e) => panic!("the 400 body does not read back: {e}"),
-            };
-            assert_eq!(body.code, ErrorCode::InvalidRequest);
-            assert_eq!(body.errors.map(|e| e.len()), Some(count));
-        }
+/// An accepted send: its body is text, and its ids are the headers sent, parsed back to
+/// themselves (the key scoped to `caller` deterministically).
+fn check_accepted(req: &actix_web::HttpRequest, body: &[u8], input: &Input, caller: &str) {
+    assert!(
+        std::str::from_utf8(body).is_ok(),
+        "a body that is not UTF-8 was accepted"
+    );
+    let key = input.message_id.as_ref();
+    assert_eq!(
+        key.map(MessageId::as_str),
+        header_text(req, "idempotency-key"),
+        "the message id is not the Idempotency-Key sent"
+    );
+    if let Some(key) = key {
+        assert_eq!(MessageId::parse(key.as_str()).as_ref(), Ok(key));
+        let scoped = send::scoped_message_id(caller, key);
+        assert_eq!(
+            scoped,
+            send::scoped_message_id(caller, key),
+            "not deterministic"
+        );
+        assert_eq!(MessageId::parse(scoped.as_str()).as_ref(), Ok(&scoped));
     }
+    let correlation = input.correlation_header.as_ref();
+    assert_eq!(
+        correlation.map(CorrelationId::as_str),
+        header_text(req, "x-correlation-id"),
+        "the correlation id is not the one sent"
+    );
+    if let Some(c) = correlation {
+        assert_eq!(CorrelationId::parse(c.as_str()).as_ref(), Ok(c));
+    }
+}
+
+/// A refused send: only as `invalid_request`, each problem placed in the body, a header
+/// or the query, and the 400 read back as the client reads it, listing every problem.
+fn check_refused(context: &RequestContext, problem: Problem) {
+    let Problem::InvalidRequest { errors } = &problem else {
+        panic!("input is refused only as invalid_request, not {problem:?}");
+    };
+    assert!((1..=MAX_FIELD_ERRORS).contains(&errors.len()), "{errors:?}");
+    for e in errors {
+        let place = e.loc.first().and_then(|l| l.as_str());
+        assert!(
+            matches!(place, Some("body" | "header" | "query")),
+            "{:?}",
+            e.loc
+        );
+    }
+    let count = errors.len();
+    let response = context.error(problem).error_response();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let Ok(bytes) = response.into_body().try_into_bytes() else {
+        panic!("an error body is built in memory");
+    };
+    let body: ErrorBody<'_> = match serde_json::from_slice(&bytes) {
+        Ok(body) => body,
+        Err(e) => panic!("the 400 body does not read back: {e}"),
+    };
+    assert_eq!(body.code, ErrorCode::InvalidRequest);
+    assert_eq!(body.errors.map(|e| e.len()), Some(count));
 }
 
 /// The header's value as text, when present and text (what the parsers were given).
@@ -480,9 +492,9 @@ mod tests {
         edges
     }
 
-    /// Review of cf49b18: the fuzz lock kept actix-router and actix-web without the
-    /// `regex` edge the root's `unicode` feature added, and the version check above could
-    /// not see it (same versions).
+    /// The fuzz lock has every dependency edge the server's has, not only the same
+    /// versions: a lock that kept actix-router and actix-web without the `regex` edge the
+    /// root's `unicode` feature adds passes the version check above.
     #[test]
     fn the_fuzz_lock_file_has_the_dependencies_the_server_is_built_with() {
         let root = locked_edges(&Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.lock"));

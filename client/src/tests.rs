@@ -102,6 +102,8 @@ fn config() -> ClientConfig {
     ClientConfig::new("http://unused")
 }
 
+// ---- What is retried, and what is final ----
+
 #[tokio::test(start_paused = true)]
 async fn retry_after_30_from_fail_closed_is_honoured_to_the_second() {
     let t = Scripted::new(vec![
@@ -278,6 +280,81 @@ async fn transport_errors_429_and_503_are_retried() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_retry_after_past_the_deadline_fails_at_once_instead_of_retrying_early() {
+    let t = Scripted::new(vec![
+        answer(503, ErrorCode::CapacityUnknown, Some(30)),
+        created("x"),
+    ]);
+    let c = client(&t, config().deadline(Duration::from_secs(5)));
+    let start = Instant::now();
+    let outcome = c.send("requests", "{}", None).await;
+    assert_eq!(
+        outcome,
+        SendOutcome::Failed {
+            last_error: AttemptError::Status {
+                status: 503,
+                code: Some(ErrorCode::CapacityUnknown.into())
+            },
+            attempts: 1,
+            gave_up: GaveUp::Deadline,
+        }
+    );
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(t.posts().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_shared_budget_holds_a_failing_burst_to_a_fifth_in_retries() {
+    let t = Scripted::new(vec![answer(503, ErrorCode::Saturated, Some(1))]);
+    let c = client(
+        &t,
+        config().budget(BudgetConfig {
+            ratio: 0.2,
+            min_per_second: 0.0,
+            window: Duration::from_secs(10),
+        }),
+    );
+    let sends: Vec<_> = (0..100)
+        .map(|_| {
+            let c = c.clone();
+            tokio::spawn(async move { c.send("requests", "{}", None).await })
+        })
+        .collect();
+    let mut by_budget = 0;
+    for s in sends {
+        match s.await.unwrap() {
+            SendOutcome::Failed {
+                gave_up: GaveUp::Budget,
+                ..
+            } => by_budget += 1,
+            SendOutcome::Failed { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    let stats = c.stats();
+    assert_eq!(stats.retries, 20, "100 first attempts × 0.2");
+    assert_eq!(stats.requests, 120);
+    assert_eq!(by_budget, 100, "every message ended on the spent budget");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bad_queue_or_key_is_refused_locally() {
+    let t = Scripted::new(vec![created("never")]);
+    let c = client(&t, config());
+    assert!(matches!(
+        c.send("no/such", "{}", None).await,
+        SendOutcome::Invalid { .. }
+    ));
+    assert!(matches!(
+        c.send("requests", "{}", Some("tab\there")).await,
+        SendOutcome::Invalid { .. }
+    ));
+    assert!(t.posts().is_empty());
+}
+
+// ---- Drains, start-ups and restart gaps: waited out, not attempts ----
+
+#[tokio::test(start_paused = true)]
 async fn a_draining_answer_is_waited_out_without_spending_an_attempt() {
     // One attempt allowed, no retry: yet the message gets through the drain.
     let t = Scripted::new(vec![
@@ -341,64 +418,6 @@ async fn a_drain_that_outlasts_the_deadline_is_failed_without_a_send() {
     assert!(t.posts().is_empty());
     // Re-probed as each draining verdict expired (1 s), not more often.
     assert_eq!(c.stats().probes, 13);
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_retry_after_past_the_deadline_fails_at_once_instead_of_retrying_early() {
-    let t = Scripted::new(vec![
-        answer(503, ErrorCode::CapacityUnknown, Some(30)),
-        created("x"),
-    ]);
-    let c = client(&t, config().deadline(Duration::from_secs(5)));
-    let start = Instant::now();
-    let outcome = c.send("requests", "{}", None).await;
-    assert_eq!(
-        outcome,
-        SendOutcome::Failed {
-            last_error: AttemptError::Status {
-                status: 503,
-                code: Some(ErrorCode::CapacityUnknown.into())
-            },
-            attempts: 1,
-            gave_up: GaveUp::Deadline,
-        }
-    );
-    assert_eq!(start.elapsed(), Duration::ZERO);
-    assert_eq!(t.posts().len(), 1);
-}
-
-#[tokio::test(start_paused = true)]
-async fn the_shared_budget_holds_a_failing_burst_to_a_fifth_in_retries() {
-    let t = Scripted::new(vec![answer(503, ErrorCode::Saturated, Some(1))]);
-    let c = client(
-        &t,
-        config().budget(BudgetConfig {
-            ratio: 0.2,
-            min_per_second: 0.0,
-            window: Duration::from_secs(10),
-        }),
-    );
-    let sends: Vec<_> = (0..100)
-        .map(|_| {
-            let c = c.clone();
-            tokio::spawn(async move { c.send("requests", "{}", None).await })
-        })
-        .collect();
-    let mut by_budget = 0;
-    for s in sends {
-        match s.await.unwrap() {
-            SendOutcome::Failed {
-                gave_up: GaveUp::Budget,
-                ..
-            } => by_budget += 1,
-            SendOutcome::Failed { .. } => {}
-            other => panic!("{other:?}"),
-        }
-    }
-    let stats = c.stats();
-    assert_eq!(stats.retries, 20, "100 first attempts × 0.2");
-    assert_eq!(stats.requests, 120);
-    assert_eq!(by_budget, 100, "every message ended on the spent budget");
 }
 
 #[tokio::test(start_paused = true)]
@@ -502,128 +521,6 @@ async fn an_announced_drain_stretches_the_deadline_only_up_to_the_cap() {
     assert_eq!(start.elapsed(), Duration::from_secs(30));
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_429_retry_after_is_never_shortened_and_the_jitter_only_adds() {
-    // Forty producers refused together, all told `Retry-After: 1`: each comes back no
-    // sooner than 1 s, within the first retry's 200 ms of jitter, and not all at once.
-    let mut replies: Vec<Reply> = (0..40)
-        .map(|_| answer(429, ErrorCode::QueueFull, Some(1)))
-        .collect();
-    replies.push(created("ok"));
-    let t = Scripted::new(replies);
-    let c = client(
-        &t,
-        config().budget(BudgetConfig {
-            ratio: 1.0,
-            ..BudgetConfig::default()
-        }),
-    );
-    let sends: Vec<_> = (0..40)
-        .map(|i| {
-            let c = c.clone();
-            tokio::spawn(async move { c.send("requests", "{}", Some(&format!("j-{i}"))).await })
-        })
-        .collect();
-    for s in sends {
-        assert!(matches!(s.await.unwrap(), SendOutcome::Queued { .. }));
-    }
-    let posts = t.posts();
-    assert_eq!(posts.len(), 80);
-    let mut gaps = Vec::new();
-    for i in 0..40 {
-        let key = format!("j-{i}");
-        let at: Vec<Instant> = posts.iter().filter(|p| p.1 == key).map(|p| p.0).collect();
-        gaps.push(at[1] - at[0]);
-    }
-    for gap in &gaps {
-        assert!(
-            *gap >= Duration::from_secs(1),
-            "sooner than Retry-After: {gap:?}"
-        );
-        assert!(*gap <= Duration::from_millis(1200), "{gap:?}");
-    }
-    gaps.sort();
-    gaps.dedup();
-    assert!(gaps.len() > 10, "spread, not one wave at 1 s: {gaps:?}");
-}
-
-#[tokio::test(start_paused = true)]
-async fn waiting_out_a_drain_is_logged_as_client_deferred_with_the_wait_and_the_reason() {
-    let logs = Logs::default();
-    let subscriber = tracing_subscriber::fmt()
-        .json()
-        .with_writer(logs.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
-
-    let t = Scripted::new(vec![
-        answer(503, ErrorCode::Draining, Some(3)),
-        created("d"),
-    ]);
-    let c = client(&t, config());
-    assert!(matches!(
-        c.send("requests", "{}", Some("d")).await,
-        SendOutcome::Queued { .. }
-    ));
-    let deferred: Vec<serde_json::Value> = logs
-        .lines()
-        .into_iter()
-        .filter(|l| l["fields"]["event"] == "client_deferred")
-        .collect();
-    assert_eq!(deferred.len(), 1, "{deferred:?}");
-    // The announced 3 s, checked again after 1 s (the drain may end sooner).
-    assert_eq!(deferred[0]["fields"]["wait_ms"], 1000);
-    assert_eq!(deferred[0]["fields"]["reason"], "draining");
-    assert_eq!(c.stats().deferrals, 1, "beside the counter");
-}
-
-/// Log lines written by a tracing subscriber, kept for the test to read.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Logs {
-    fn lines(&self) -> Vec<serde_json::Value> {
-        String::from_utf8_lossy(&self.0.lock())
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
-    }
-}
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
-    type Writer = Logs;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_bad_queue_or_key_is_refused_locally() {
-    let t = Scripted::new(vec![created("never")]);
-    let c = client(&t, config());
-    assert!(matches!(
-        c.send("no/such", "{}", None).await,
-        SendOutcome::Invalid { .. }
-    ));
-    assert!(matches!(
-        c.send("requests", "{}", Some("tab\there")).await,
-        SendOutcome::Invalid { .. }
-    ));
-    assert!(t.posts().is_empty());
-}
-
 /// A gateway that drains (probe and sends say so, announcing the window left) until
 /// `ends`, then runs again: what a producer sees across a restart on the same port.
 struct DrainsUntil {
@@ -657,12 +554,11 @@ impl Transport for DrainsUntil {
     }
 }
 
-/// Review 15: a drain announces its *window* (30 s by default) though an idle drain ends
-/// after the linger (5 s) and the restarted gateway may run a second later. The client
-/// caches the "draining" verdict for its full 5 s TTL, so every producer idles up to 5 s
-/// after the gateway is back (observed live: ~5 s waits per restart). While draining —
-/// exactly when the state is about to change — the verdict should be re-checked soon
-/// (about a second), not held for the TTL.
+/// A drain announces its *window* (30 s by default) though an idle drain ends after the
+/// linger (5 s) and the restarted gateway may run a second later. Held for its full 5 s
+/// TTL, a "draining" verdict would idle every producer up to 5 s after the gateway is
+/// back: while draining — exactly when the state is about to change — the verdict is
+/// re-checked soon (about a second), not held for the TTL.
 #[tokio::test(start_paused = true)]
 async fn the_end_of_a_drain_is_noticed_within_about_a_second_not_the_verdict_ttl() {
     let start = Instant::now();
@@ -685,11 +581,11 @@ async fn the_end_of_a_drain_is_noticed_within_about_a_second_not_the_verdict_ttl
     );
 }
 
-/// Review 15: a restart on the same port leaves a gap with nothing listening (the old
-/// process has exited, the new one has not bound yet). The probe's transport error reads
-/// as "go" for 5 s and each refused connection is a retry: 5 attempts with full jitter
-/// (≤ 0.2 + 0.4 + 0.8 + 1.6 s) are spent in under 3 s, so a 4 s gap fails the message
-/// although the deadline (120 s, "so a rolling restart is waited out") is far away.
+/// A restart on the same port leaves a gap with nothing listening (the old process has
+/// exited, the new one has not bound yet). Were each refused connection a retry, 5
+/// attempts with full jitter (≤ 0.2 + 0.4 + 0.8 + 1.6 s) would be spent in under 3 s and a
+/// 4 s gap would fail the message although its deadline (120 s, "so a rolling restart is
+/// waited out") is far away.
 #[tokio::test(start_paused = true)]
 async fn a_short_restart_gap_does_not_fail_a_message_whose_deadline_is_far() {
     struct Gap {
@@ -778,16 +674,124 @@ async fn an_unreachable_gateway_is_waited_on_until_the_deadline_without_an_attem
     assert_eq!(unreachable as u64, stats.deferrals);
 }
 
-/// Review 15 (bench comparison 7, Jain 0.74–0.87): producers refused together at a full
-/// queue are all told `Retry-After: 1`, and the gate opens again at its next depth read,
-/// its free slots taken within tens of milliseconds by whoever is there. A jitter that
-/// grows with the attempt (full jitter's `base·2^(n-1)`: ≤ 0.2, 0.4, 0.8, 1.6 s on top of
-/// the second) sends a message refused three times back 1.8 s later, past the opening,
-/// while a producer on a fresh message comes back within 1.2 s and takes the slots: the
-/// producers that waited longest are pushed back furthest, and a few keep winning. The
-/// gateway's `Retry-After` already says when its answer can change; the client's jitter
-/// on top only spreads producers refused together, so it stays the first retry's on every
-/// attempt.
+#[tokio::test(start_paused = true)]
+async fn waiting_out_a_drain_is_logged_as_client_deferred_with_the_wait_and_the_reason() {
+    let logs = Logs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .with_writer(logs.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let t = Scripted::new(vec![
+        answer(503, ErrorCode::Draining, Some(3)),
+        created("d"),
+    ]);
+    let c = client(&t, config());
+    assert!(matches!(
+        c.send("requests", "{}", Some("d")).await,
+        SendOutcome::Queued { .. }
+    ));
+    let deferred: Vec<serde_json::Value> = logs
+        .lines()
+        .into_iter()
+        .filter(|l| l["fields"]["event"] == "client_deferred")
+        .collect();
+    assert_eq!(deferred.len(), 1, "{deferred:?}");
+    // The announced 3 s, checked again after 1 s (the drain may end sooner).
+    assert_eq!(deferred[0]["fields"]["wait_ms"], 1000);
+    assert_eq!(deferred[0]["fields"]["reason"], "draining");
+    assert_eq!(c.stats().deferrals, 1, "beside the counter");
+}
+
+/// Log lines written by a tracing subscriber, kept for the test to read.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn lines(&self) -> Vec<serde_json::Value> {
+        String::from_utf8_lossy(&self.0.lock())
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = Logs;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+// ---- A full queue's pacing: Retry-After honoured, not an attempt ----
+
+#[tokio::test(start_paused = true)]
+async fn a_429_retry_after_is_never_shortened_and_the_jitter_only_adds() {
+    // Forty producers refused together, all told `Retry-After: 1`: each comes back no
+    // sooner than 1 s, within the first retry's 200 ms of jitter, and not all at once.
+    let mut replies: Vec<Reply> = (0..40)
+        .map(|_| answer(429, ErrorCode::QueueFull, Some(1)))
+        .collect();
+    replies.push(created("ok"));
+    let t = Scripted::new(replies);
+    let c = client(
+        &t,
+        config().budget(BudgetConfig {
+            ratio: 1.0,
+            ..BudgetConfig::default()
+        }),
+    );
+    let sends: Vec<_> = (0..40)
+        .map(|i| {
+            let c = c.clone();
+            tokio::spawn(async move { c.send("requests", "{}", Some(&format!("j-{i}"))).await })
+        })
+        .collect();
+    for s in sends {
+        assert!(matches!(s.await.unwrap(), SendOutcome::Queued { .. }));
+    }
+    let posts = t.posts();
+    assert_eq!(posts.len(), 80);
+    let mut gaps = Vec::new();
+    for i in 0..40 {
+        let key = format!("j-{i}");
+        let at: Vec<Instant> = posts.iter().filter(|p| p.1 == key).map(|p| p.0).collect();
+        gaps.push(at[1] - at[0]);
+    }
+    for gap in &gaps {
+        assert!(
+            *gap >= Duration::from_secs(1),
+            "sooner than Retry-After: {gap:?}"
+        );
+        assert!(*gap <= Duration::from_millis(1200), "{gap:?}");
+    }
+    gaps.sort();
+    gaps.dedup();
+    assert!(gaps.len() > 10, "spread, not one wave at 1 s: {gaps:?}");
+}
+
+/// Producers refused together at a full queue are all told `Retry-After: 1`, and the gate
+/// opens again at its next depth read, its free slots taken within tens of milliseconds by
+/// whoever is there. A jitter that grew with the attempt (full jitter's `base·2^(n-1)`:
+/// ≤ 0.2, 0.4, 0.8, 1.6 s on top of the second) would send a message refused three times
+/// back 1.8 s later, past the opening, while a producer on a fresh message comes back
+/// within 1.2 s and takes the slots: the producers that waited longest would be pushed back
+/// furthest, and a few would keep winning. The gateway's `Retry-After` already says when
+/// its answer can change; the client's jitter on top only spreads producers refused
+/// together, so it stays the first retry's on every attempt.
 #[tokio::test(start_paused = true)]
 async fn the_jitter_on_a_retry_after_does_not_grow_with_the_attempts() {
     let mut replies: Vec<Reply> = Vec::new();
@@ -828,12 +832,11 @@ async fn the_jitter_on_a_retry_after_does_not_grow_with_the_attempts() {
     }
 }
 
-/// Review 15 (a review of the change below): with the attempt cap no longer ending a paced
-/// message, the shared retry budget did, within a second or two, for any client with more
-/// than one message in flight (`sendgate send` keeps 8): each paced retry took a token, and
-/// the budget refills at about one a second. A retry the gateway paced (`429 queue_full`
-/// with a `Retry-After` of at least a second) is at the rate the gateway asked for: it
-/// takes no token. Eight messages refused for 20 s are all queued once room comes.
+/// A retry the gateway paced (`429 queue_full` with a `Retry-After` of at least a second)
+/// is at the rate the gateway asked for: it takes no token of the retry budget. Were it to
+/// take one, the budget (refilled at about one a second) would end paced messages within a
+/// second or two for any client with more than one message in flight (`sendgate send`
+/// keeps 8). Eight messages refused for 20 s are all queued once room comes.
 #[tokio::test(start_paused = true)]
 async fn paced_retries_of_many_messages_in_flight_do_not_spend_the_retry_budget() {
     let mut replies: Vec<Reply> = (0..8 * 20)
@@ -868,13 +871,12 @@ async fn paced_retries_of_many_messages_in_flight_do_not_spend_the_retry_budget(
     );
 }
 
-/// Review 15 (bench comparison 7: 42–75 messages failed per 60 s side, at a queue its
-/// consumer drained at 200 msg/s the whole time): a `429 queue_full` with a `Retry-After`
-/// is the gateway pacing its producers (the queue is at its ceiling and says when to ask
-/// again), not an attempt that failed; five of them ended a message after ~5 s although
-/// its deadline was 120 s away and its share of the room was coming. Such answers are
-/// bounded by the deadline and the retry budget, not by the attempt cap; every other
-/// retryable answer (a `503`, a `504`, a `429` that is not the gateway's) still is.
+/// A `429 queue_full` with a `Retry-After` is the gateway pacing its producers (the queue
+/// is at its ceiling and says when to ask again), not an attempt that failed: counted as
+/// one, five of them would end a message after ~5 s although its deadline is 120 s away
+/// and its share of the room is coming. Such answers are bounded by the deadline, not by
+/// the attempt cap; every other retryable answer (a `503`, a `504`, a `429` that is not
+/// the gateway's) still is.
 #[tokio::test(start_paused = true)]
 async fn a_full_queue_that_says_when_to_ask_again_is_waited_on_past_the_attempt_cap() {
     let mut replies: Vec<Reply> = (0..12)

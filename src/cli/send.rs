@@ -358,6 +358,19 @@ struct Dispatcher {
 }
 
 impl Dispatcher {
+    /// Batches of `batch_size` lines (one: each line on the single-send route), up to
+    /// `concurrency` at once after the pilot.
+    fn new(client: Client, queue: QueueName, batch_size: usize, concurrency: usize) -> Self {
+        Self {
+            client,
+            queue,
+            single: batch_size == 1,
+            concurrency: concurrency.max(1),
+            in_flight: JoinSet::new(),
+            pilot_done: false,
+        }
+    }
+
     /// Send `batch`; `true` when the run must stop (authentication failure).
     async fn dispatch(&mut self, batch: Vec<(u64, Message)>, report: &mut Report) -> bool {
         let send = send_lines(self.client.clone(), self.queue.clone(), batch, self.single);
@@ -377,6 +390,14 @@ impl Dispatcher {
         }
         self.in_flight.spawn(send);
         false
+    }
+
+    /// Sends already on their way are waited for, also after an auth failure: each one's
+    /// outcome is then known and reported rather than guessed.
+    async fn wait_all(&mut self, report: &mut Report) {
+        while let Some(done) = self.in_flight.join_next().await {
+            report.finished(done);
+        }
     }
 }
 
@@ -407,43 +428,15 @@ async fn send_all(
     let batch_size = options.batch_size.max(1);
     let mut lines = read_lines(input, options.concurrency.max(batch_size) * 2);
     let mut report = Report::new(std::io::stderr().is_terminal());
-    let mut dispatcher = Dispatcher {
-        client: client.clone(),
-        queue,
-        single: batch_size == 1,
-        concurrency: options.concurrency.max(1),
-        in_flight: JoinSet::new(),
-        pilot_done: false,
-    };
+    let mut dispatcher = Dispatcher::new(client.clone(), queue, batch_size, options.concurrency);
     let mut read_error = None;
     let mut stopped = false;
-    let mut batch: Vec<(u64, Message)> = Vec::new();
-    // While a batch fills: is the next line in memory, and how long may it wait?
-    let mut next_ready = false;
-    let mut fill_until = tokio::time::Instant::now();
-
+    let mut filling = Filling::new(batch_size, options.envelope);
     loop {
-        let event = if batch.is_empty() {
-            // Outcomes are reported as they come, not only when a slot is needed: a
-            // producer piping lines at its own pace sees each message's fate at once.
-            tokio::select! {
-                Some(done) = dispatcher.in_flight.join_next(), if !dispatcher.in_flight.is_empty() => {
-                    Event::Finished(done)
-                }
-                line = lines.recv() => Event::of(line),
-            }
-        } else if next_ready {
-            Event::of(lines.recv().await)
-        } else {
-            let wait = fill_until
-                .saturating_duration_since(tokio::time::Instant::now())
-                .min(LINGER);
-            match tokio::time::timeout(wait, lines.recv()).await {
-                Ok(line) => Event::of(line),
-                Err(_) => Event::Paused,
-            }
-        };
-        match event {
+        match filling
+            .next_event(&mut lines, &mut dispatcher.in_flight)
+            .await
+        {
             Event::Finished(done) => {
                 if report.finished(done) {
                     stopped = true;
@@ -452,14 +445,7 @@ async fn send_all(
                 continue;
             }
             Event::Line(number, raw, ready) => {
-                next_ready = ready;
-                if let Some(message) = parse_line(&mut report, number, &raw, options.envelope) {
-                    if batch.is_empty() {
-                        fill_until = tokio::time::Instant::now() + MOST_FILL;
-                    }
-                    batch.push((number, message));
-                }
-                if batch.len() < batch_size {
+                if !filling.add(&mut report, number, &raw, ready) {
                     continue;
                 }
             }
@@ -471,7 +457,7 @@ async fn send_all(
             }
         }
         if dispatcher
-            .dispatch(std::mem::take(&mut batch), &mut report)
+            .dispatch(std::mem::take(&mut filling.batch), &mut report)
             .await
         {
             stopped = true;
@@ -480,16 +466,80 @@ async fn send_all(
     }
     // What was read before the end (or a read error) goes too; after an authentication
     // failure nothing more does.
-    if !stopped && !batch.is_empty() {
-        dispatcher.dispatch(batch, &mut report).await;
+    if !stopped && !filling.batch.is_empty() {
+        dispatcher.dispatch(filling.batch, &mut report).await;
     }
-    // Sends already on their way are waited for, also after an auth failure: each one's
-    // outcome is then known and reported rather than guessed.
     drop(lines);
-    while let Some(done) = dispatcher.in_flight.join_next().await {
-        report.finished(done);
-    }
+    dispatcher.wait_all(&mut report).await;
     report.summary(client.stats(), read_error)
+}
+
+/// The batch being filled: its lines, whether the next line is already in memory, and
+/// until when it may wait for more.
+struct Filling {
+    batch: Vec<(u64, Message)>,
+    /// Lines a batch holds.
+    size: usize,
+    /// Lines are batch entries (`--envelope`), not bare bodies.
+    envelope: bool,
+    next_ready: bool,
+    fill_until: tokio::time::Instant,
+}
+
+impl Filling {
+    fn new(size: usize, envelope: bool) -> Self {
+        Self {
+            batch: Vec::new(),
+            size,
+            envelope,
+            next_ready: false,
+            fill_until: tokio::time::Instant::now(),
+        }
+    }
+
+    /// What comes next: with no batch filling, a line or a send finishing, whichever is
+    /// first; while one fills, the next line, or a pause once it waited long enough.
+    async fn next_event(
+        &self,
+        lines: &mut mpsc::Receiver<Line>,
+        in_flight: &mut JoinSet<Sent>,
+    ) -> Event {
+        if self.batch.is_empty() {
+            // Outcomes are reported as they come, not only when a slot is needed: a
+            // producer piping lines at its own pace sees each message's fate at once.
+            tokio::select! {
+                Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
+                    Event::Finished(done)
+                }
+                line = lines.recv() => Event::of(line),
+            }
+        } else if self.next_ready {
+            Event::of(lines.recv().await)
+        } else {
+            let wait = self
+                .fill_until
+                .saturating_duration_since(tokio::time::Instant::now())
+                .min(LINGER);
+            match tokio::time::timeout(wait, lines.recv()).await {
+                Ok(line) => Event::of(line),
+                Err(_) => Event::Paused,
+            }
+        }
+    }
+
+    /// Line `number` read (`next_ready`: the one after it is in memory too): its message
+    /// joins the batch (a line that is none is reported, not sent). `true` when the batch
+    /// is full.
+    fn add(&mut self, report: &mut Report, number: u64, raw: &[u8], next_ready: bool) -> bool {
+        self.next_ready = next_ready;
+        if let Some(message) = parse_line(report, number, raw, self.envelope) {
+            if self.batch.is_empty() {
+                self.fill_until = tokio::time::Instant::now() + MOST_FILL;
+            }
+            self.batch.push((number, message));
+        }
+        self.batch.len() >= self.size
+    }
 }
 
 /// The tally, and what is shown while sending.

@@ -202,6 +202,14 @@ fn varint_field(sink: &mut impl Sink, tag: u8, value: u64) {
 
 /// One `Span`'s fields.
 fn span(sink: &mut impl Sink, statics: &mut Statics, r: &SpanRecord) {
+    span_identity(sink, r);
+    span_attributes(sink, statics, r);
+    span_status_and_flags(sink, r);
+}
+
+/// Fields 1 to 8: the ids, the trace state, the name, the kind and the times.
+#[inline]
+fn span_identity(sink: &mut impl Sink, r: &SpanRecord) {
     bytes_field(sink, 1, &r.trace_id);
     bytes_field(sink, 2, &r.span_id);
     if let Some(state) = r.trace_state.as_deref() {
@@ -223,7 +231,12 @@ fn span(sink: &mut impl Sink, statics: &mut Statics, r: &SpanRecord) {
     sink.put(&r.start_unix_nanos.to_le_bytes());
     key(sink, 8, WireType::SixtyFourBit);
     sink.put(&r.end_unix_nanos.to_le_bytes());
+}
 
+/// Field 9, the attributes: those of few values encoded once (`statics`), then the
+/// send's own.
+#[inline]
+fn span_attributes(sink: &mut impl Sink, statics: &mut Statics, r: &SpanRecord) {
     let s = &r.send;
     let mut fixed = |slot, key, value| sink.put(statics.field(slot, key, value));
     fixed(0, attr::MESSAGING_OPERATION_TYPE, "send");
@@ -257,7 +270,12 @@ fn span(sink: &mut impl Sink, statics: &mut Statics, r: &SpanRecord) {
     if let Some(tenant) = s.tenant.as_deref() {
         attribute(attr::TENANT, Value::Str(tenant));
     }
+}
 
+/// Field 15, the status (an error for a `5xx`), and field 16, the flags.
+#[inline]
+fn span_status_and_flags(sink: &mut impl Sink, r: &SpanRecord) {
+    let s = &r.send;
     if s.status >= 500 {
         // status = 15: Status { message = 2, code = 3 }
         let message = s.error.unwrap_or("error");
@@ -307,7 +325,29 @@ pub(super) fn metrics(
     start_unix_nanos: u64,
     now_unix_nanos: u64,
 ) -> Vec<u8> {
-    let duration_points = cells
+    let mut metrics = vec![durations(cells, start_unix_nanos, now_unix_nanos)];
+    let refusal_points = refusal_points(cells, start_unix_nanos, now_unix_nanos);
+    // A metric without a point is none: sent only once a refusal was counted.
+    if !refusal_points.is_empty() {
+        metrics.push(refusals(refusal_points));
+    }
+    ExportMetricsServiceRequest {
+        resource_metrics: vec![ResourceMetrics {
+            resource: Some(origin.resource.clone()),
+            scope_metrics: vec![ScopeMetrics {
+                scope: Some(origin.scope.clone()),
+                metrics,
+                schema_url: String::new(),
+            }],
+            schema_url: String::new(),
+        }],
+    }
+    .encode_to_vec()
+}
+
+/// `messaging.client.operation.duration`: one histogram point per queue, system and error.
+fn durations(cells: &[(Box<str>, Cell)], start_unix_nanos: u64, now_unix_nanos: u64) -> Metric {
+    let data_points = cells
         .iter()
         .map(|(queue, cell)| {
             let mut attributes = vec![
@@ -337,7 +377,25 @@ pub(super) fn metrics(
             max: Some(cell.max),
         })
         .collect();
-    let refusal_points: Vec<NumberDataPoint> = cells
+    Metric {
+        name: "messaging.client.operation.duration".into(),
+        description: "Duration of a send request, from its arrival to its answer.".into(),
+        unit: "s".into(),
+        metadata: Vec::new(),
+        data: Some(metric::Data::Histogram(Histogram {
+            data_points,
+            aggregation_temporality: AggregationTemporality::Cumulative.into(),
+        })),
+    }
+}
+
+/// `sendgate.refusals`' points: one per code, queue and reason of the refused sends.
+fn refusal_points(
+    cells: &[(Box<str>, Cell)],
+    start_unix_nanos: u64,
+    now_unix_nanos: u64,
+) -> Vec<NumberDataPoint> {
+    cells
         .iter()
         .filter(|(_, cell)| cell.labels.refused)
         .map(|(queue, cell)| {
@@ -362,33 +420,7 @@ pub(super) fn metrics(
                 i64::try_from(cell.count).unwrap_or(i64::MAX),
             )),
         })
-        .collect();
-    let mut metrics = vec![Metric {
-        name: "messaging.client.operation.duration".into(),
-        description: "Duration of a send request, from its arrival to its answer.".into(),
-        unit: "s".into(),
-        metadata: Vec::new(),
-        data: Some(metric::Data::Histogram(Histogram {
-            data_points: duration_points,
-            aggregation_temporality: AggregationTemporality::Cumulative.into(),
-        })),
-    }];
-    // A metric without a point is none: sent only once a refusal was counted.
-    if !refusal_points.is_empty() {
-        metrics.push(refusals(refusal_points));
-    }
-    ExportMetricsServiceRequest {
-        resource_metrics: vec![ResourceMetrics {
-            resource: Some(origin.resource.clone()),
-            scope_metrics: vec![ScopeMetrics {
-                scope: Some(origin.scope.clone()),
-                metrics,
-                schema_url: String::new(),
-            }],
-            schema_url: String::new(),
-        }],
-    }
-    .encode_to_vec()
+        .collect()
 }
 
 fn refusals(data_points: Vec<NumberDataPoint>) -> Metric {

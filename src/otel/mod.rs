@@ -104,25 +104,7 @@ impl Otel {
         if !settings.enabled() {
             return Ok(None);
         }
-        for (var, value) in &settings.unsupported_protocols {
-            tracing::warn!(
-                event = "otel_protocol_unsupported",
-                variable = var,
-                protocol = value.as_str(),
-                "only grpc and http/protobuf are built in; the variable is ignored"
-            );
-        }
-        if let Some(compression) = settings
-            .compression
-            .as_deref()
-            .filter(|c| !c.eq_ignore_ascii_case("none"))
-        {
-            tracing::warn!(
-                event = "otel_compression_unsupported",
-                compression,
-                "OTEL_EXPORTER_OTLP_COMPRESSION: no compression is built in; exporting uncompressed"
-            );
-        }
+        warn_unsupported(settings);
         crate::tls::install_ring();
         let client = reqwest::Client::builder()
             .timeout(settings.request_timeout)
@@ -135,91 +117,18 @@ impl Otel {
             release: Some(release),
             ..Stopping::default()
         };
-
-        // The gRPC channels spawn their connections' tasks on the export thread's runtime.
-        let entered = runtime.enter();
-        let poster = |export: &SignalExport, signal| match export.protocol {
-            OtlpProtocol::HttpProtobuf => Ok(client::Poster::http(
-                client.clone(),
-                export.endpoint.clone(),
-                header_map(&export.headers),
-            )),
-            OtlpProtocol::Grpc => client::Poster::grpc(
-                &export.endpoint,
-                header_map(&export.headers),
-                signal,
-                settings.request_timeout,
-            )
-            .map_err(OtelError::Client),
-        };
-        let traces_poster = settings
-            .traces
-            .as_ref()
-            .map(|export| poster(export, client::Signal::Traces))
-            .transpose()?;
-        let metrics_poster = settings
-            .metrics
-            .as_ref()
-            .map(|export| poster(export, client::Signal::Metrics))
-            .transpose()?;
-        drop(entered);
-
+        let (traces_poster, metrics_poster) = posters(settings, &client, &runtime)?;
         let traces = traces_poster.map(|poster| {
-            let exporter = OtlpSpans {
-                poster,
-                origin: origin.clone(),
-                encoder: Mutex::new(SpanEncoder::default()),
-                timeout: settings.request_timeout,
-            };
-            let bounds = spans::Bounds {
-                queue: settings.queue_size,
-                batch: settings.batch_size,
-                delay: settings.schedule_delay,
-                export_timeout: settings.export_timeout,
-            };
-            let (buffer, exporting, task) = spans::pipeline(exporter, bounds, Arc::clone(&counts));
-            runtime.spawn(task);
+            let (traces, exporting) = start_traces(poster, settings, &origin, &counts, &runtime);
             stopping.spans = Some(exporting);
-            Traces {
-                // The SDK's sampler as it reads OTEL_TRACES_SAMPLER(_ARG).
-                sampler: opentelemetry_sdk::trace::Config::default().sampler,
-                ids: RandomIdGenerator::default(),
-                buffer,
-                names: names::Names::default(),
-            }
+            traces
         });
         let meters = metrics_poster.map(|poster| {
-            let meters = Arc::new(Meters::default());
-            let (stop, stopped) = oneshot::channel();
-            let (finished, done) = oneshot::channel();
-            let task = export_metrics(
-                Arc::clone(&meters),
-                poster,
-                origin.clone(),
-                settings.metric_interval,
-                settings.request_timeout,
-                stopped,
-            );
-            runtime.spawn(async move {
-                task.await;
-                let _ = finished.send(());
-            });
-            stopping.metrics = Some(MetricsExporting { stop, done });
+            let (meters, exporting) = start_metrics(poster, settings, &origin, &runtime);
+            stopping.metrics = Some(exporting);
             meters
         });
-
-        let shown = |export: &Option<SignalExport>| {
-            export.as_ref().map_or_else(
-                || "off".to_owned(),
-                |e| format!("{} {}", e.protocol.as_str(), without_user_info(&e.endpoint)),
-            )
-        };
-        tracing::info!(
-            event = "otel_exporting",
-            traces = shown(&settings.traces),
-            metrics = shown(&settings.metrics),
-            "exporting OpenTelemetry over OTLP"
-        );
+        log_exporting(settings);
         Ok(Some(Self {
             traces,
             meters,
@@ -269,6 +178,137 @@ impl Otel {
             let _ = release.send(());
         }
     }
+}
+
+/// What the settings ask for that is not built in: said once, at start-up.
+fn warn_unsupported(settings: &OtelSettings) {
+    for (var, value) in &settings.unsupported_protocols {
+        tracing::warn!(
+            event = "otel_protocol_unsupported",
+            variable = var,
+            protocol = value.as_str(),
+            "only grpc and http/protobuf are built in; the variable is ignored"
+        );
+    }
+    if let Some(compression) = settings
+        .compression
+        .as_deref()
+        .filter(|c| !c.eq_ignore_ascii_case("none"))
+    {
+        tracing::warn!(
+            event = "otel_compression_unsupported",
+            compression,
+            "OTEL_EXPORTER_OTLP_COMPRESSION: no compression is built in; exporting uncompressed"
+        );
+    }
+}
+
+/// The posters of the traces and of the metrics, for the signals that are exported.
+fn posters(
+    settings: &OtelSettings,
+    client: &reqwest::Client,
+    runtime: &tokio::runtime::Handle,
+) -> Result<(Option<client::Poster>, Option<client::Poster>), OtelError> {
+    // The gRPC channels spawn their connections' tasks on the export thread's runtime.
+    let _entered = runtime.enter();
+    let poster = |export: &SignalExport, signal| match export.protocol {
+        OtlpProtocol::HttpProtobuf => Ok(client::Poster::http(
+            client.clone(),
+            export.endpoint.clone(),
+            header_map(&export.headers),
+        )),
+        OtlpProtocol::Grpc => client::Poster::grpc(
+            &export.endpoint,
+            header_map(&export.headers),
+            signal,
+            settings.request_timeout,
+        )
+        .map_err(OtelError::Client),
+    };
+    let traces = settings
+        .traces
+        .as_ref()
+        .map(|export| poster(export, client::Signal::Traces))
+        .transpose()?;
+    let metrics = settings
+        .metrics
+        .as_ref()
+        .map(|export| poster(export, client::Signal::Metrics))
+        .transpose()?;
+    Ok((traces, metrics))
+}
+
+/// The spans' buffer, its export task started on `runtime`, and the sampling before it.
+fn start_traces(
+    poster: client::Poster,
+    settings: &OtelSettings,
+    origin: &Origin,
+    counts: &Arc<SpanCounts>,
+    runtime: &tokio::runtime::Handle,
+) -> (Traces, spans::Exporting) {
+    let exporter = OtlpSpans {
+        poster,
+        origin: origin.clone(),
+        encoder: Mutex::new(SpanEncoder::default()),
+        timeout: settings.request_timeout,
+    };
+    let bounds = spans::Bounds {
+        queue: settings.queue_size,
+        batch: settings.batch_size,
+        delay: settings.schedule_delay,
+        export_timeout: settings.export_timeout,
+    };
+    let (buffer, exporting, task) = spans::pipeline(exporter, bounds, Arc::clone(counts));
+    runtime.spawn(task);
+    let traces = Traces {
+        // The SDK's sampler as it reads OTEL_TRACES_SAMPLER(_ARG).
+        sampler: opentelemetry_sdk::trace::Config::default().sampler,
+        ids: RandomIdGenerator::default(),
+        buffer,
+        names: names::Names::default(),
+    };
+    (traces, exporting)
+}
+
+/// The meters, their periodic export started on `runtime`.
+fn start_metrics(
+    poster: client::Poster,
+    settings: &OtelSettings,
+    origin: &Origin,
+    runtime: &tokio::runtime::Handle,
+) -> (Arc<Meters>, MetricsExporting) {
+    let meters = Arc::new(Meters::default());
+    let (stop, stopped) = oneshot::channel();
+    let (finished, done) = oneshot::channel();
+    let task = export_metrics(
+        Arc::clone(&meters),
+        poster,
+        origin.clone(),
+        settings.metric_interval,
+        settings.request_timeout,
+        stopped,
+    );
+    runtime.spawn(async move {
+        task.await;
+        let _ = finished.send(());
+    });
+    (meters, MetricsExporting { stop, done })
+}
+
+/// Where each signal goes (the endpoint without its user info), or `off`.
+fn log_exporting(settings: &OtelSettings) {
+    let shown = |export: &Option<SignalExport>| {
+        export.as_ref().map_or_else(
+            || "off".to_owned(),
+            |e| format!("{} {}", e.protocol.as_str(), without_user_info(&e.endpoint)),
+        )
+    };
+    tracing::info!(
+        event = "otel_exporting",
+        traces = shown(&settings.traces),
+        metrics = shown(&settings.metrics),
+        "exporting OpenTelemetry over OTLP"
+    );
 }
 
 /// The export thread: its runtime is made, driven and dropped there (a runtime dropped on

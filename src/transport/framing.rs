@@ -202,69 +202,26 @@ impl Framing {
     pub fn feed(&mut self, mut bytes: &[u8]) -> Fed {
         let mut fed = Fed::default();
         while !bytes.is_empty() {
-            let used = match &mut self.state {
+            let (used, then) = match &mut self.state {
                 State::Opaque => return fed,
                 State::Head { bytes: head, line } => {
                     if head.is_empty() {
                         fed.heads_started += 1;
                     }
-                    let mut used = bytes.len();
-                    let mut done = false;
-                    for (i, &b) in bytes.iter().enumerate() {
-                        match b {
-                            // An empty line ends the head (httparse takes `\n` alone too);
-                            // before the request line it is skipped, so httparse decides.
-                            b'\n' if *line == 0 => {
-                                used = i + 1;
-                                done = true;
-                                break;
-                            }
-                            b'\n' => *line = 0,
-                            b'\r' => {}
-                            _ => *line += 1,
-                        }
-                    }
-                    head.extend_from_slice(&bytes[..used]);
-                    if done {
-                        let head = std::mem::take(head);
-                        self.head_done(head, &mut fed);
-                    }
-                    used
+                    read_head(head, line, bytes)
                 }
-                State::Body { left } => {
-                    let used = usize::try_from(*left)
-                        .unwrap_or(usize::MAX)
-                        .min(bytes.len());
-                    *left -= used as u64;
-                    if *left == 0 {
-                        fed.requests_read += 1;
-                        self.state = START;
-                    }
-                    used
-                }
-                State::Chunked { step, size } => {
-                    if *step == Chunk::Data {
-                        let used = usize::try_from(*size)
-                            .unwrap_or(usize::MAX)
-                            .min(bytes.len());
-                        *size -= used as u64;
-                        if *size == 0 {
-                            *step = Chunk::DataCr;
-                        }
-                        used
-                    } else {
-                        match chunk_step(*step, size, bytes[0]) {
-                            Some(Chunk::End) => {
-                                fed.requests_read += 1;
-                                self.state = START;
-                            }
-                            Some(next) => *step = next,
-                            None => self.state = State::Opaque,
-                        }
-                        1
-                    }
-                }
+                State::Body { left } => read_body(left, bytes),
+                State::Chunked { step, size } => read_chunked(step, size, bytes),
             };
+            match then {
+                Then::Same => {}
+                Then::HeadEnded(head) => self.head_done(head, &mut fed),
+                Then::MessageEnded => {
+                    fed.requests_read += 1;
+                    self.state = START;
+                }
+                Then::Lost => self.state = State::Opaque,
+            }
             bytes = &bytes[used..];
         }
         fed
@@ -301,6 +258,84 @@ impl Framing {
             None => self.state = State::Opaque,
         }
     }
+}
+
+/// What reading some bytes in one state leads to.
+enum Then {
+    /// More of the same state.
+    Same,
+    /// The head is complete: these are its bytes.
+    HeadEnded(Vec<u8>),
+    /// The body (its last chunk and trailers) ended: the next byte starts a head.
+    MessageEnded,
+    /// A byte where actix-http errs: nothing more can be followed.
+    Lost,
+}
+
+/// A head's bytes up to its empty line, if it comes in `bytes`: how many belong to the
+/// head, and the whole head once that line was read. `line` is the length of the line
+/// being read, carried from one call to the next.
+fn read_head(head: &mut Vec<u8>, line: &mut usize, bytes: &[u8]) -> (usize, Then) {
+    let mut used = bytes.len();
+    let mut done = false;
+    for (i, &b) in bytes.iter().enumerate() {
+        match b {
+            // An empty line ends the head (httparse takes `\n` alone too);
+            // before the request line it is skipped, so httparse decides.
+            b'\n' if *line == 0 => {
+                used = i + 1;
+                done = true;
+                break;
+            }
+            b'\n' => *line = 0,
+            b'\r' => {}
+            _ => *line += 1,
+        }
+    }
+    head.extend_from_slice(&bytes[..used]);
+    if done {
+        (used, Then::HeadEnded(std::mem::take(head)))
+    } else {
+        (used, Then::Same)
+    }
+}
+
+/// Up to `left` bytes of a body of known length.
+fn read_body(left: &mut u64, bytes: &[u8]) -> (usize, Then) {
+    let used = usize::try_from(*left)
+        .unwrap_or(usize::MAX)
+        .min(bytes.len());
+    *left -= used as u64;
+    let then = if *left == 0 {
+        Then::MessageEnded
+    } else {
+        Then::Same
+    };
+    (used, then)
+}
+
+/// A chunk's data, as much of it as `bytes` holds, or else one byte of the chunked
+/// framing around it.
+fn read_chunked(step: &mut Chunk, size: &mut u64, bytes: &[u8]) -> (usize, Then) {
+    if *step == Chunk::Data {
+        let used = usize::try_from(*size)
+            .unwrap_or(usize::MAX)
+            .min(bytes.len());
+        *size -= used as u64;
+        if *size == 0 {
+            *step = Chunk::DataCr;
+        }
+        return (used, Then::Same);
+    }
+    let then = match chunk_step(*step, size, bytes[0]) {
+        Some(Chunk::End) => Then::MessageEnded,
+        Some(next) => {
+            *step = next;
+            Then::Same
+        }
+        None => Then::Lost,
+    };
+    (1, then)
 }
 
 const CHUNK_SIZE: State = State::Chunked {
@@ -551,10 +586,11 @@ mod tests {
         assert_eq!(fed.requests_read, 1);
     }
 
-    /// Found in review: actix-http ends a trailer line at `\r` only (h1/chunked.rs `read_trailer`:
-    /// every other byte, a bare `\n` too, is trailer content). After `0\r\nX\n\n` this
-    /// framing counts the next head a request; actix-http reads it as trailers and never
-    /// answers it, so `read > answered` for ever: busy, no deadline, never evicted.
+    /// actix-http ends a trailer line at `\r` only (h1/chunked.rs `read_trailer`: every
+    /// other byte, a bare `\n` too, is trailer content), and so does this framing: after
+    /// `0\r\nX\n\n`, counting the next head a request that actix-http reads as trailers
+    /// and never answers would leave `read > answered` for ever: busy, no deadline, never
+    /// evicted.
     #[test]
     fn a_bare_newline_in_trailers_is_not_where_actix_ends_the_body() {
         let mut f = Framing::default();
@@ -568,10 +604,10 @@ mod tests {
         );
     }
 
-    /// Found in review: actix-http reads up to 128 KiB of pipelined requests at once (h1/dispatcher.rs
-    /// `read_available`, decoder MAX_BUFFER_SIZE), so more than MAX_PENDING_METHODS heads are
-    /// read before the first answer; the methods past 64 are dropped, an answer to `HEAD` is
-    /// then taken to carry its `content-length` body, and it swallows the next answers.
+    /// actix-http reads up to 128 KiB of pipelined requests at once (h1/dispatcher.rs
+    /// `read_available`, decoder MAX_BUFFER_SIZE), so many heads are read before the first
+    /// answer: each one's method is kept (up to MAX_PENDING_METHODS), else an answer to `HEAD` would be taken to carry
+    /// its `content-length` body and swallow the next answers.
     #[test]
     fn a_hundred_pipelined_head_requests_are_all_answered() {
         let mut requests = Framing::default();

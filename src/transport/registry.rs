@@ -164,6 +164,67 @@ impl Registry {
         }
     }
 
+    /// Room for one more connection from `peer`: refused when the peer has its cap;
+    /// past the limit, one connection is asked to close, or, when none may be, refused.
+    fn make_room(&mut self, peer: Option<IpAddr>, limits: &Limits) -> Result<(), Closed> {
+        if let Some(ip) = peer {
+            let mine = self.peers.get(&ip).copied().unwrap_or(0);
+            if limits.per_peer > 0 && mine >= limits.per_peer {
+                return Err(Closed::PeerLimit);
+            }
+        }
+        if self.open >= limits.max_connections {
+            self.evict_one()?;
+        }
+        Ok(())
+    }
+
+    /// Ask one connection without a request in progress to close: one that owes something
+    /// (a head, the rest of a body) before one that is idle, then the longest in its phase;
+    /// of two as old, the one accepted first. A client's pooled connection is idle; a
+    /// flood's fresh ones owe their heads. `Full` when every connection is busy.
+    fn evict_one(&mut self) -> Result<(), Closed> {
+        let evictable = |_: u64, s: &Slot| {
+            s.phase.load(Ordering::Acquire) != Phase::Busy as u8
+                && s.close.load(Ordering::Acquire) == 0
+        };
+        let key = |id: u64, s: &Slot| {
+            let idle = s.phase.load(Ordering::Acquire) == Phase::Idle as u8;
+            (idle, s.since_ms.load(Ordering::Acquire), id)
+        };
+        let victim = self
+            .least(Among::Owing, evictable, key)
+            .or_else(|| self.least(Among::All, evictable, key));
+        let (_, place, slot) = victim.ok_or(Closed::Full)?;
+        slot.ask_to_close(Closed::Evicted);
+        self.owes_nothing(place);
+        Ok(())
+    }
+
+    /// A place for a new connection's `slot`, under a new id: `(id, place)`. A fresh
+    /// connection owes its first head.
+    fn seat(&mut self, peer: Option<IpAddr>, slot: &Arc<Slot>) -> (u64, usize) {
+        let id = self.next;
+        self.next += 1;
+        let place = match self.free.pop() {
+            Some(place) => {
+                self.slots[place] = Some((id, Arc::clone(slot)));
+                place
+            }
+            None => {
+                self.slots.push(Some((id, Arc::clone(slot))));
+                self.owing_at.push(NOT_OWING);
+                self.slots.len() - 1
+            }
+        };
+        self.owes(place);
+        self.open += 1;
+        if let Some(ip) = peer {
+            *self.peers.entry(ip).or_default() += 1;
+        }
+        (id, place)
+    }
+
     /// The connection with the least `key` among those `keep` accepts, its key and its
     /// place: of all those `among` names, or of a random sample of [`SAMPLE`] of them when
     /// there are more (the least of the sample: close to the least of all, not always it).
@@ -243,43 +304,11 @@ impl Connections {
         let peer = peer.map(peer_key);
         let now = self.now_ms();
         let mut registry = self.registry.lock();
-        if let Some(ip) = peer {
-            let mine = registry.peers.get(&ip).copied().unwrap_or(0);
-            if self.limits.per_peer > 0 && mine >= self.limits.per_peer {
-                drop(registry);
-                self.count(Closed::PeerLimit);
-                return Err(Closed::PeerLimit);
-            }
+        if let Err(refused) = registry.make_room(peer, &self.limits) {
+            drop(registry);
+            self.count(refused);
+            return Err(refused);
         }
-        if registry.open >= self.limits.max_connections {
-            // One that owes something (a head, the rest of a body) before one that is idle,
-            // then the longest in its phase; of two as old, the one accepted first. A
-            // client's pooled connection is idle; a flood's fresh ones owe their heads.
-            let evictable = |_: u64, s: &Slot| {
-                s.phase.load(Ordering::Acquire) != Phase::Busy as u8
-                    && s.close.load(Ordering::Acquire) == 0
-            };
-            let key = |id: u64, s: &Slot| {
-                let idle = s.phase.load(Ordering::Acquire) == Phase::Idle as u8;
-                (idle, s.since_ms.load(Ordering::Acquire), id)
-            };
-            let victim = registry
-                .least(Among::Owing, evictable, key)
-                .or_else(|| registry.least(Among::All, evictable, key));
-            match victim {
-                Some((_, place, slot)) => {
-                    slot.ask_to_close(Closed::Evicted);
-                    registry.owes_nothing(place);
-                }
-                None => {
-                    drop(registry);
-                    self.count(Closed::Full);
-                    return Err(Closed::Full);
-                }
-            }
-        }
-        let id = registry.next;
-        registry.next += 1;
         let slot = Arc::new(Slot {
             phase: AtomicU8::new(Phase::Head as u8),
             since_ms: AtomicU64::new(now),
@@ -287,23 +316,7 @@ impl Connections {
             head_bytes: AtomicUsize::new(0),
             waker: Mutex::new(None),
         });
-        let place = match registry.free.pop() {
-            Some(place) => {
-                registry.slots[place] = Some((id, Arc::clone(&slot)));
-                place
-            }
-            None => {
-                registry.slots.push(Some((id, Arc::clone(&slot))));
-                registry.owing_at.push(NOT_OWING);
-                registry.slots.len() - 1
-            }
-        };
-        // A fresh connection owes its first head.
-        registry.owes(place);
-        registry.open += 1;
-        if let Some(ip) = peer {
-            *registry.peers.entry(ip).or_default() += 1;
-        }
+        let (id, place) = registry.seat(peer, &slot);
         Ok(Seat {
             connections: Arc::clone(self),
             id,

@@ -157,9 +157,9 @@ mod tests {
         }
     }
 
-    /// Found in review: closes counted while the last trim ran (the thread still `running`)
-    /// started no thread, and the one running ended: what they freed stayed resident until
-    /// some later close, however long that took.
+    /// Closes counted while the last trim runs (the thread still `running`) are trimmed
+    /// too: were they to start no thread while the running one ends, what they freed would
+    /// stay resident until some later close, however long that took.
     #[test]
     fn a_flood_that_closes_during_the_last_trim_is_trimmed_too() {
         let quiet = Duration::from_millis(20);

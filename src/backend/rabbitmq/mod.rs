@@ -52,6 +52,76 @@ pub struct RabbitMq {
 #[error("rabbitmq: {0}")]
 pub struct RabbitInitError(String);
 
+/// A batch's publishes in flight on one channel: the confirms awaited, in order, only
+/// when the bytes queued would pass [`PUBLISH_WINDOW_BYTES`] and at the end.
+struct Window<'a> {
+    /// Each message's result, and whether it was published (a timeout then means "not
+    /// confirmed in time", which costs the channel).
+    results: Vec<Option<(Result<SendReceipt, SendError>, bool)>>,
+    /// Publishes queued and not yet confirmed: the message's index, its bytes, the confirm.
+    waiting: VecDeque<(usize, usize, Waiting<'a>)>,
+    queued_bytes: usize,
+}
+
+impl<'a> Window<'a> {
+    fn new(messages: usize) -> Self {
+        Self {
+            results: vec![None; messages],
+            waiting: VecDeque::new(),
+            queued_bytes: 0,
+        }
+    }
+
+    fn decide(&mut self, index: usize, result: Result<SendReceipt, SendError>, published: bool) {
+        self.results[index] = Some((result, published));
+    }
+
+    /// Confirms in order until a body of `bytes` fits in the window (a body larger than
+    /// the window goes alone).
+    async fn make_room(&mut self, bytes: usize) {
+        while self.queued_bytes + bytes > PUBLISH_WINDOW_BYTES {
+            let Some((at, held, publish)) = self.waiting.pop_front() else {
+                break;
+            };
+            self.decide(at, publish.await, true);
+            self.queued_bytes -= held;
+        }
+    }
+
+    /// Polled once here, in the batch's order: that queues its frames, so the channel
+    /// carries the messages in this order (and the broker stores them so) without
+    /// waiting for one to be written before the next is queued.
+    async fn issue(&mut self, index: usize, bytes: usize, mut publish: Waiting<'a>) {
+        match std::future::poll_fn(|cx| Poll::Ready(publish.as_mut().poll(cx))).await {
+            Poll::Ready(result) => self.decide(index, result, true),
+            Poll::Pending => {
+                self.queued_bytes += bytes;
+                self.waiting.push_back((index, bytes, publish));
+            }
+        }
+    }
+
+    /// Every confirm still awaited; each message's result, and whether a published one
+    /// timed out.
+    async fn finish(mut self) -> (Vec<Result<SendReceipt, SendError>>, bool) {
+        for (at, _, publish) in std::mem::take(&mut self.waiting) {
+            self.decide(at, publish.await, true);
+        }
+        let mut timed_out = false;
+        let results = self
+            .results
+            .into_iter()
+            .map(|r| {
+                let (result, published) =
+                    r.unwrap_or((Err(SendError::Failed("not published".into())), false));
+                timed_out |= published && result == Err(SendError::Timeout);
+                result
+            })
+            .collect();
+        (results, timed_out)
+    }
+}
+
 impl RabbitMq {
     pub fn new(settings: &RabbitMqSettings, queues: &[QueueName]) -> Result<Self, RabbitInitError> {
         let uri = settings.uri.expose().clone();
@@ -276,54 +346,19 @@ impl Backend for RabbitMq {
             Err(e) => return vec![Err(e); messages.len()],
         };
         let publisher = session.publisher();
-        // Each message's result, and whether it was published (a timeout then means
-        // "not confirmed in time", which costs the channel).
-        let mut results: Vec<Option<(Result<SendReceipt, SendError>, bool)>> =
-            vec![None; messages.len()];
-        let mut waiting: VecDeque<(usize, usize, Waiting<'_>)> = VecDeque::new();
-        let mut queued_bytes = 0usize;
+        let mut window = Window::new(messages.len());
         for (index, message) in messages.iter().enumerate() {
             let bytes = message.body.len();
-            // Confirms in order until this body fits in the window (a body larger than
-            // the window goes alone).
-            while queued_bytes + bytes > PUBLISH_WINDOW_BYTES {
-                let Some((at, held, publish)) = waiting.pop_front() else {
-                    break;
-                };
-                results[at] = Some((publish.await, true));
-                queued_bytes -= held;
-            }
+            window.make_room(bytes).await;
             if Instant::now() >= deadline {
                 // As a single send past its deadline before it is issued.
-                results[index] = Some((Err(SendError::Timeout), false));
+                window.decide(index, Err(SendError::Timeout), false);
                 continue;
             }
-            let mut publish: Waiting<'_> =
-                Box::pin(self.publish(&session, &publisher.channel, message, deadline));
-            // Polled once here, in the batch's order: that queues its frames, so the
-            // channel carries the messages in this order (and the broker stores them so)
-            // without waiting for one to be written before the next is queued.
-            match std::future::poll_fn(|cx| Poll::Ready(publish.as_mut().poll(cx))).await {
-                Poll::Ready(result) => results[index] = Some((result, true)),
-                Poll::Pending => {
-                    queued_bytes += bytes;
-                    waiting.push_back((index, bytes, publish));
-                }
-            }
+            let publish = Box::pin(self.publish(&session, &publisher.channel, message, deadline));
+            window.issue(index, bytes, publish).await;
         }
-        for (at, _, publish) in waiting {
-            results[at] = Some((publish.await, true));
-        }
-        let mut timed_out = false;
-        let results = results
-            .into_iter()
-            .map(|r| {
-                let (result, published) =
-                    r.unwrap_or((Err(SendError::Failed("not published".into())), false));
-                timed_out |= published && result == Err(SendError::Timeout);
-                result
-            })
-            .collect();
+        let (results, timed_out) = window.finish().await;
         if timed_out {
             // As for one send: the abandoned confirms stay on the channel, which is
             // recycled; the batch counts as one send that ended at its deadline.

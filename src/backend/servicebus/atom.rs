@@ -185,61 +185,19 @@ fn walk(
     // Mismatched end tags are errors (the default), so a cut-and-spliced body is refused.
     reader.config_mut().check_end_names = true;
 
-    let mut root: Option<String> = None;
-    let mut closed_root = false;
-    // Local names of the open elements below the root.
-    let mut path: Vec<String> = Vec::new();
-    let mut text = String::new();
+    let mut walked = Walked::default();
     loop {
         let event = reader
             .read_event()
             .map_err(|e| AtomError::Malformed(e.to_string()))?;
         match event {
-            Event::Start(start) => {
-                let name = start.local_name().as_ref().to_owned();
-                text.clear();
-                match &root {
-                    None => root = Some(name),
-                    Some(_) if closed_root => {
-                        return Err(AtomError::Malformed(
-                            "a second root element follows the first".into(),
-                        ))
-                    }
-                    Some(_) => {
-                        if path.len() >= MAX_DEPTH {
-                            return Err(AtomError::TooDeep);
-                        }
-                        path.push(name);
-                    }
-                }
-            }
-            Event::Empty(start) => {
-                if root.is_none() {
-                    root = Some(start.local_name().as_ref().to_owned());
-                    closed_root = true;
-                } else if closed_root {
-                    return Err(AtomError::Malformed(
-                        "a second root element follows the first".into(),
-                    ));
-                }
-                text.clear();
-            }
-            Event::End(_) => {
-                if path.is_empty() {
-                    closed_root = true;
-                } else {
-                    if !text.is_empty() {
-                        let names: Vec<&str> = path.iter().map(String::as_str).collect();
-                        on_text(&names, &text)?;
-                        text.clear();
-                    }
-                    path.pop();
-                }
-            }
-            Event::Text(t) => text.push_str(&t.xml10_content()),
-            Event::CData(c) => text.push_str(&c),
+            Event::Start(start) => walked.open(start.local_name().as_ref().to_owned())?,
+            Event::Empty(start) => walked.empty(start.local_name().as_ref().to_owned())?,
+            Event::End(_) => walked.close(&mut on_text)?,
+            Event::Text(t) => walked.text.push_str(&t.xml10_content()),
+            Event::CData(c) => walked.text.push_str(&c),
             Event::GeneralRef(r) => match resolve_reference(&r)? {
-                Some(c) => text.push(c),
+                Some(c) => walked.text.push(c),
                 None => {
                     return Err(AtomError::Malformed(format!(
                         "undeclared entity reference &{};",
@@ -252,10 +210,81 @@ fn walk(
             Event::Eof => break,
         }
     }
-    match root {
-        None => Err(AtomError::Empty),
-        Some(_) if !closed_root => Err(AtomError::Truncated),
-        Some(root) => Ok(root),
+    walked.root()
+}
+
+/// Where [`walk`] is in the document: the root element, whether it closed, the open
+/// elements below it and the text of the innermost one so far.
+#[derive(Default)]
+struct Walked {
+    root: Option<String>,
+    closed_root: bool,
+    /// Local names of the open elements below the root.
+    path: Vec<String>,
+    text: String,
+}
+
+impl Walked {
+    /// An element opens: the root, or one more level below it.
+    fn open(&mut self, name: String) -> Result<(), AtomError> {
+        self.text.clear();
+        match &self.root {
+            None => self.root = Some(name),
+            Some(_) if self.closed_root => {
+                return Err(AtomError::Malformed(
+                    "a second root element follows the first".into(),
+                ))
+            }
+            Some(_) => {
+                if self.path.len() >= MAX_DEPTH {
+                    return Err(AtomError::TooDeep);
+                }
+                self.path.push(name);
+            }
+        }
+        Ok(())
+    }
+
+    /// An element without content (`<x/>`): a whole root, or nothing below it.
+    fn empty(&mut self, name: String) -> Result<(), AtomError> {
+        if self.root.is_none() {
+            self.root = Some(name);
+            self.closed_root = true;
+        } else if self.closed_root {
+            return Err(AtomError::Malformed(
+                "a second root element follows the first".into(),
+            ));
+        }
+        self.text.clear();
+        Ok(())
+    }
+
+    /// An element closes: the root, or one below it, whose text (if any) is handed on.
+    fn close(
+        &mut self,
+        on_text: &mut impl FnMut(&[&str], &str) -> Result<(), AtomError>,
+    ) -> Result<(), AtomError> {
+        if self.path.is_empty() {
+            self.closed_root = true;
+            return Ok(());
+        }
+        if !self.text.is_empty() {
+            let names: Vec<&str> = self.path.iter().map(String::as_str).collect();
+            on_text(&names, &self.text)?;
+            self.text.clear();
+        }
+        self.path.pop();
+        Ok(())
+    }
+
+    /// The root's local name, once the document ended: an error unless it held one
+    /// root, closed.
+    fn root(self) -> Result<String, AtomError> {
+        match self.root {
+            None => Err(AtomError::Empty),
+            Some(_) if !self.closed_root => Err(AtomError::Truncated),
+            Some(root) => Ok(root),
+        }
     }
 }
 

@@ -121,6 +121,26 @@ impl ServiceBus {
         format!("{}/{}/messages", self.endpoint, queue.as_str())
     }
 
+    /// Every call of the plan, with its answer: a group's calls one after another,
+    /// different groups at once (as many as `calls.permits` lets through).
+    async fn call_groups<'p>(
+        &self,
+        calls: &Calls<'_>,
+        groups: &'p [Vec<Vec<usize>>],
+    ) -> Vec<(&'p [usize], Result<SendReceipt, SendError>)> {
+        futures_util::future::join_all(groups.iter().map(|group| async move {
+            let mut out = Vec::with_capacity(group.len());
+            for call in group {
+                out.push((call.as_slice(), self.call(calls, call).await));
+            }
+            out
+        }))
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+
     /// One Send Message Batch call: `call`'s entries (indices into `calls.candidates`),
     /// with a slot among [`MAX_CALLS_AT_ONCE`], never issued past the deadline.
     async fn call(&self, calls: &Calls<'_>, call: &[usize]) -> Result<SendReceipt, SendError> {
@@ -180,6 +200,49 @@ impl ServiceBus {
     }
 }
 
+/// The messages that could be written as entries (all of them: serializing these types
+/// cannot fail, but a failure would be that message's alone): each one's index in
+/// `messages`, and its entry.
+fn written_entries(
+    messages: &[OutgoingMessage],
+    results: &mut [Option<Result<SendReceipt, SendError>>],
+) -> (Vec<usize>, Vec<Vec<u8>>) {
+    let mut candidates = Vec::with_capacity(messages.len());
+    let mut entries = Vec::with_capacity(messages.len());
+    for (index, message) in messages.iter().enumerate() {
+        match batch::entry(message) {
+            Ok(entry) => {
+                candidates.push(index);
+                entries.push(entry);
+            }
+            Err(e) => results[index] = Some(Err(SendError::Failed(format!("entry: {e}")))),
+        }
+    }
+    (candidates, entries)
+}
+
+/// The entries in calls: by queue and ordering key, each call within `max_batch_bytes`.
+fn plan_calls(
+    messages: &[OutgoingMessage],
+    candidates: &[usize],
+    entries: &[Vec<u8>],
+    max_batch_bytes: usize,
+) -> batch::Plan {
+    let keys: Vec<(&str, Option<&str>)> = candidates
+        .iter()
+        .map(|&i| {
+            let m = &messages[i];
+            (m.queue.as_str(), m.attributes.ordering_key())
+        })
+        .collect();
+    let lens: Vec<usize> = entries
+        .iter()
+        .zip(candidates)
+        .map(|(entry, &i)| batch::counted_len(entry, messages[i].body.len()))
+        .collect();
+    batch::plan(&keys, &lens, max_batch_bytes)
+}
+
 /// What every call of one `send_batch` shares.
 struct Calls<'a> {
     messages: &'a [OutgoingMessage],
@@ -220,32 +283,8 @@ impl Backend for ServiceBus {
         deadline: Instant,
     ) -> Vec<Result<SendReceipt, SendError>> {
         let mut results: Vec<Option<Result<SendReceipt, SendError>>> = vec![None; messages.len()];
-        // The messages that could be written as entries (all of them: serializing these
-        // types cannot fail, but a failure would be that message's alone).
-        let mut candidates = Vec::with_capacity(messages.len());
-        let mut entries = Vec::with_capacity(messages.len());
-        for (index, message) in messages.iter().enumerate() {
-            match batch::entry(message) {
-                Ok(entry) => {
-                    candidates.push(index);
-                    entries.push(entry);
-                }
-                Err(e) => results[index] = Some(Err(SendError::Failed(format!("entry: {e}")))),
-            }
-        }
-        let keys: Vec<(&str, Option<&str>)> = candidates
-            .iter()
-            .map(|&i| {
-                let m = &messages[i];
-                (m.queue.as_str(), m.attributes.ordering_key())
-            })
-            .collect();
-        let lens: Vec<usize> = entries
-            .iter()
-            .zip(&candidates)
-            .map(|(entry, &i)| batch::counted_len(entry, messages[i].body.len()))
-            .collect();
-        let plan = batch::plan(&keys, &lens, self.max_batch_bytes);
+        let (candidates, entries) = written_entries(&messages, &mut results);
+        let plan = plan_calls(&messages, &candidates, &entries, self.max_batch_bytes);
         for &at in &plan.too_large {
             results[candidates[at]] = Some(Err(SendError::TooLarge));
         }
@@ -256,16 +295,7 @@ impl Backend for ServiceBus {
             permits: Semaphore::new(MAX_CALLS_AT_ONCE),
             deadline,
         };
-        let calls = &calls;
-        let answered = futures_util::future::join_all(plan.groups.iter().map(|group| async move {
-            let mut out = Vec::with_capacity(group.len());
-            for call in group {
-                out.push((call, self.call(calls, call).await));
-            }
-            out
-        }))
-        .await;
-        for (call, result) in answered.into_iter().flatten() {
+        for (call, result) in self.call_groups(&calls, &plan.groups).await {
             for &at in call {
                 results[candidates[at]] = Some(result.clone());
             }
