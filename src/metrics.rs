@@ -36,7 +36,7 @@ pub struct RequestOutcome {
 }
 
 impl RequestOutcome {
-    /// The `status`, `code` and `backend` labels (`backend="none"` when no route was chosen).
+    /// The `status`, `code` and `backend` labels (`backend="none"` when no lane was chosen).
     fn labels<'b>(&self, status_buf: &'b mut [u8; 3]) -> [&'b str; 3] {
         [
             status_str(self.status.as_u16(), status_buf),
@@ -247,9 +247,9 @@ fn tenant_families(dispatcher: &Dispatcher) -> Vec<prometheus::proto::MetricFami
         &["backend", "queue", "tenant"],
     )
     .expect("valid metric definition");
-    for route in dispatcher.lanes() {
-        let role = route.role.as_str();
-        for gate in route.gates() {
+    for lane in dispatcher.lanes() {
+        let role = lane.role.as_str();
+        for gate in lane.gates() {
             let q = gate.queue().as_str();
             for view in gate.tenants(&gate.snapshot()) {
                 let t = view.tenant.name.as_str();
@@ -354,9 +354,9 @@ fn state_families(
     let max_in_flight =
         IntGauge::new("sendgate_sends_in_flight_max", "The in-flight limit.").expect("valid");
 
-    for route in dispatcher.lanes() {
-        let role = route.role.as_str();
-        for gate in route.gates() {
+    for lane in dispatcher.lanes() {
+        let role = lane.role.as_str();
+        for gate in lane.gates() {
             let s = gate.snapshot();
             let q = gate.queue().as_str();
             if let Some(b) = s.backlog {
@@ -378,20 +378,20 @@ fn state_families(
                 .with_label_values(&[role, q, "failed"])
                 .inc_by(s.reads_failed);
         }
-        let current = route.breaker.state();
+        let current = lane.breaker.state();
         for st in [
             BreakerState::Closed,
             BreakerState::Open,
             BreakerState::HalfOpen,
         ] {
             breaker
-                .with_label_values(&[role, route.kind(), st.as_str()])
+                .with_label_values(&[role, lane.kind(), st.as_str()])
                 .set(i64::from(st == current));
         }
         opened
             .with_label_values(&[role])
-            .inc_by(route.breaker.opened_total());
-        if let Some(p) = route.last_probe() {
+            .inc_by(lane.breaker.opened_total());
+        if let Some(p) = lane.last_probe() {
             probe_ok.with_label_values(&[role]).set(i64::from(p.ok));
         }
     }

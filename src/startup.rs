@@ -15,6 +15,7 @@ use actix_web::{web, App};
 
 use crate::admission::breaker::BreakerPolicy;
 use crate::admission::inflight::InFlight;
+use crate::admission::quota::RateBook;
 use crate::admission::{BackendRole, Dispatcher, Lane};
 use crate::backend::embedded::{EmbeddedQueue, StoreError};
 use crate::backend::rabbitmq::RabbitMq;
@@ -24,8 +25,11 @@ use crate::config::{AuthSettings, BackendSettings, ConfigError, Settings};
 use crate::coordination::Coordination;
 use crate::domain::QueueName;
 use crate::http::auth::{Authenticator, KeysFileError};
+use crate::http::body_budget::BodyBudget;
 use crate::http::entra_auth::EntraVerifier;
 use crate::http::guard::HostCheck;
+use crate::http::openapi::Mode;
+use crate::http::state::{BodyLimits, Control, Edge, Observability};
 use crate::http::{routes, AppState};
 use crate::lifecycle::Lifecycle;
 use crate::settings::RuntimeSettings;
@@ -101,34 +105,52 @@ where
                     app().into_factory().map_err(|err| err.error_response()),
                     |_| actix_web::dev::AppConfig::default(),
                 ));
-            fn_service(move |io: tokio::net::TcpStream| {
-                let peer = io.peer_addr().ok();
-                let admitted = connections.admit(peer.map(|p| p.ip()));
-                async move {
-                    let _ = io.set_nodelay(true);
-                    match admitted {
-                        Ok(seat) => Ok((crate::transport::Guarded::new(io, seat), peer)),
-                        Err(why) => {
-                            // Told why before it is dropped, if the socket takes it at once:
-                            // a client can tell "busy, try again" from a crash.
-                            use tokio::io::AsyncWriteExt as _;
-                            let mut io = io;
-                            let told = async {
-                                io.write_all(REFUSED).await?;
-                                io.shutdown().await
-                            };
-                            let _ = tokio::time::timeout(Duration::from_millis(20), told).await;
-                            Err(actix_http::error::DispatchError::Io(std::io::Error::new(
-                                std::io::ErrorKind::ConnectionRefused,
-                                why.as_str(),
-                            )))
-                        }
-                    }
-                }
-            })
-            .and_then(http)
+            fn_service(move |io| admit_connection(&connections, io)).and_then(http)
         })?;
     Ok(builder.run())
+}
+
+/// An accepted connection, admitted by `connections` (its seat taken now, at accept) and
+/// guarded; or refused, told why first.
+fn admit_connection(
+    connections: &Arc<crate::transport::Connections>,
+    io: tokio::net::TcpStream,
+) -> impl std::future::Future<
+    Output = Result<
+        (
+            crate::transport::Guarded<tokio::net::TcpStream>,
+            Option<std::net::SocketAddr>,
+        ),
+        actix_http::error::DispatchError,
+    >,
+> {
+    let peer = io.peer_addr().ok();
+    let admitted = connections.admit(peer.map(|p| p.ip()));
+    async move {
+        let _ = io.set_nodelay(true);
+        match admitted {
+            Ok(seat) => Ok((crate::transport::Guarded::new(io, seat), peer)),
+            Err(why) => Err(refuse(io, why.as_str()).await),
+        }
+    }
+}
+
+/// Tell a refused connection why before it is dropped, if the socket takes it at once: a
+/// client can tell "busy, try again" from a crash.
+async fn refuse(
+    mut io: tokio::net::TcpStream,
+    why: &'static str,
+) -> actix_http::error::DispatchError {
+    use tokio::io::AsyncWriteExt as _;
+    let told = async {
+        io.write_all(REFUSED).await?;
+        io.shutdown().await
+    };
+    let _ = tokio::time::timeout(Duration::from_millis(20), told).await;
+    actix_http::error::DispatchError::Io(std::io::Error::new(
+        std::io::ErrorKind::ConnectionRefused,
+        why,
+    ))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -195,7 +217,8 @@ async fn warm_up(state: web::Data<AppState>, budget: Duration) {
     // A replica of a fleet starts with the fleet's runtime settings when Redis answers
     // within a second; otherwise with the variables', until its next read succeeds.
     let settings_by = tokio::time::Instant::now() + Duration::from_secs(1);
-    while !state.settings.sync(&state.dispatcher).await && tokio::time::Instant::now() < settings_by
+    while !state.control.settings.sync(&state.dispatcher).await
+        && tokio::time::Instant::now() < settings_by
     {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -272,13 +295,15 @@ async fn probe_forever(state: web::Data<AppState>, every: Duration, timeout: Dur
         if state.lifecycle.state() == crate::lifecycle::GatewayState::Stopped {
             return;
         }
-        futures_util::future::join_all(state.dispatcher.lanes().map(|r| r.probe(timeout))).await;
+        futures_util::future::join_all(state.dispatcher.lanes().map(|lane| lane.probe(timeout)))
+            .await;
     }
 }
 
 /// Fleet mode: [`RuntimeSettings::sync`] every [`crate::settings::POLL_EVERY`], for ever,
 /// so an override made on another replica is in force here too.
-async fn poll_settings_forever(state: web::Data<AppState>, settings: Arc<RuntimeSettings>) {
+async fn poll_settings_forever(state: web::Data<AppState>) {
+    let settings = &state.control.settings;
     if !settings.is_fleet() {
         return;
     }
@@ -288,6 +313,131 @@ async fn poll_settings_forever(state: web::Data<AppState>, settings: Arc<Runtime
         tick.tick().await;
         settings.sync(&state.dispatcher).await;
     }
+}
+
+/// Who may call: the keys file and Entra ID, or nobody checked (open mode, said loudly).
+fn authenticator(settings: &Settings) -> Result<Authenticator, StartupError> {
+    Ok(match &settings.auth {
+        AuthSettings::Callers { keys_file, entra } => {
+            // The first fetch of the directory's keys starts here, in the background:
+            // an unreachable directory delays Entra ID callers (401 until it answers),
+            // never the gateway.
+            let verifier = entra
+                .as_ref()
+                .map(EntraVerifier::start)
+                .transpose()
+                .map_err(StartupError::EntraInit)?;
+            Authenticator::from_parts(keys_file.as_deref(), verifier)?
+        }
+        AuthSettings::Open { explicitly_none } => {
+            tracing::warn!(
+                event = "auth_open",
+                explicitly_none,
+                listen = %settings.listen,
+                "no API keys configured: every caller may send, observe and use the admin routes (POST /admin/drain); only loopback Host names are served unless SENDGATE_AUTH=none"
+            );
+            Authenticator::Open
+        }
+    })
+}
+
+/// The runtime settings, read from where they are kept and in force on `dispatcher`.
+fn control(
+    settings: &Settings,
+    coordination: Coordination,
+    dispatcher: &Dispatcher,
+) -> Result<Control, StartupError> {
+    let runtime = RuntimeSettings::open(settings, &coordination)?;
+    runtime.apply(dispatcher);
+    Ok(Control {
+        settings: Arc::new(runtime),
+        coordination,
+        drain_window: settings.drain_timeout,
+    })
+}
+
+/// What a request meets before admission: `auth`, the served queues, the bodies' limits
+/// and their budget.
+fn edge(settings: &Settings, auth: Authenticator) -> Edge {
+    Edge {
+        auth,
+        queues: settings
+            .queues
+            .iter()
+            .map(|q| (q.to_string(), q.clone()))
+            .collect::<HashMap<_, _>>(),
+        limits: BodyLimits {
+            max_body_bytes: settings.max_body_bytes,
+            max_batch_messages: settings.max_batch_messages,
+            max_batch_bytes: settings.max_batch_bytes,
+            max_json_depth: settings.max_json_depth,
+            body_timeout: settings.body_timeout,
+        },
+        body_budget: BodyBudget::new(settings.max_buffered_bytes),
+    }
+}
+
+fn observability(settings: &Settings) -> Result<Observability, StartupError> {
+    Ok(Observability {
+        metrics: crate::metrics::Metrics::new(),
+        otel: crate::otel::Otel::build(&settings.otel)?.map(Arc::new),
+        connections: crate::transport::Connections::new(settings.connections),
+    })
+}
+
+/// Bind `SENDGATE_LISTEN` and serve the routes over it, behind the host check and the
+/// request context; the port bound (the setting may ask for any).
+fn bind_and_serve(
+    settings: &Settings,
+    state: &web::Data<AppState>,
+) -> Result<(Server, u16), StartupError> {
+    let bind_error = |source| StartupError::Bind {
+        addr: settings.listen.to_string(),
+        source,
+    };
+    let listener = listen(settings.listen).map_err(bind_error)?;
+    let port = listener.local_addr().map_err(bind_error)?.port();
+    let app_state = state.clone();
+    let host_check = host_check(settings);
+    let app = move || {
+        App::new()
+            // Inside the request context, so a refusal carries its X-Request-Id.
+            .wrap(actix_web::middleware::from_fn(move |req, next| {
+                crate::http::guard::refuse_foreign_hosts(host_check, req, next)
+            }))
+            .wrap(crate::http::RequestIdentity)
+            .app_data(app_state.clone())
+            .configure(routes)
+    };
+    let workers = settings.workers.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let connections = Arc::clone(&state.observability.connections);
+    let server = serve(listener, app, workers, connections).map_err(bind_error)?;
+    tracing::info!(
+        event = "listening",
+        listen = %settings.listen,
+        port,
+        backend = settings.primary.kind().as_str(),
+        queues = ?settings.queues.iter().map(|q| q.as_str()).collect::<Vec<_>>(),
+        "sendgate is listening; starting"
+    );
+    Ok((server, port))
+}
+
+/// What runs beside the server: the backends' probes, the fleet's settings poll, and the
+/// warm-up that turns the gateway `running`.
+fn spawn_background(settings: &Settings, state: &web::Data<AppState>) {
+    let budget = STARTUP_CONNECT_BUDGET + settings.capacity.admin_timeout;
+    if !settings.dispatch.probe_interval.is_zero() {
+        tokio::spawn(probe_forever(
+            state.clone(),
+            settings.dispatch.probe_interval,
+            settings.capacity.admin_timeout,
+        ));
+    }
+    tokio::spawn(poll_settings_forever(state.clone()));
+    tokio::spawn(warm_up(state.clone(), budget));
 }
 
 pub struct Application {
@@ -311,28 +461,39 @@ impl Application {
     /// Assemble the gateway from settings and backends that are already open, bind the
     /// listener and start warming up. Needs a Tokio runtime.
     pub fn build_with(settings: Settings, backends: Backends) -> Result<Self, StartupError> {
-        let auth = match &settings.auth {
-            AuthSettings::Callers { keys_file, entra } => {
-                // The first fetch of the directory's keys starts here, in the background:
-                // an unreachable directory delays Entra ID callers (401 until it answers),
-                // never the gateway.
-                let verifier = entra
-                    .as_ref()
-                    .map(EntraVerifier::start)
-                    .transpose()
-                    .map_err(StartupError::EntraInit)?;
-                Authenticator::from_parts(keys_file.as_deref(), verifier)?
-            }
-            AuthSettings::Open { explicitly_none } => {
-                tracing::warn!(
-                    event = "auth_open",
-                    explicitly_none,
-                    listen = %settings.listen,
-                    "no API keys configured: every caller may send, observe and use the admin routes (POST /admin/drain); only loopback Host names are served unless SENDGATE_AUTH=none"
-                );
-                Authenticator::Open
-            }
-        };
+        let auth = authenticator(&settings)?;
+        let (dispatcher, coordination, rates) = Self::dispatcher(&settings, backends, &auth);
+        let control = control(&settings, coordination, &dispatcher)?;
+        let lifecycle = Lifecycle::with_linger(settings.drain_linger);
+        let state = web::Data::new(AppState {
+            openapi: crate::http::openapi::served(Mode::of(&auth)),
+            edge: edge(&settings, auth),
+            dispatcher,
+            rates,
+            lifecycle: lifecycle.clone(),
+            control,
+            observability: observability(&settings)?,
+        });
+        let (server, port) = bind_and_serve(&settings, &state)?;
+        spawn_background(&settings, &state);
+        Ok(Self {
+            server,
+            port,
+            handle: AppHandle { lifecycle },
+            state,
+            drain_timeout: settings.drain_timeout,
+            drain_linger: settings.drain_linger,
+        })
+    }
+
+    /// The dispatcher over the primary's lane and the fallback's, their gates shared among
+    /// the tenants and, in a fleet, joined to it; with the coordination it joined and the
+    /// tenants' rate book.
+    fn dispatcher(
+        settings: &Settings,
+        backends: Backends,
+        auth: &Authenticator,
+    ) -> (Dispatcher, Coordination, Arc<RateBook>) {
         let d = &settings.dispatch;
         let breaker = BreakerPolicy {
             window: d.breaker_window,
@@ -402,83 +563,7 @@ impl Application {
             InFlight::new(settings.max_in_flight),
             settings.send_timeout,
         );
-        let runtime = Arc::new(RuntimeSettings::open(&settings, &coordination)?);
-        runtime.apply(&dispatcher);
-        let lifecycle = Lifecycle::with_linger(settings.drain_linger);
-        let state = web::Data::new(AppState {
-            dispatcher,
-            auth,
-            lifecycle: lifecycle.clone(),
-            queues: settings
-                .queues
-                .iter()
-                .map(|q| (q.to_string(), q.clone()))
-                .collect::<HashMap<_, _>>(),
-            max_body_bytes: settings.max_body_bytes,
-            max_batch_messages: settings.max_batch_messages,
-            max_batch_bytes: settings.max_batch_bytes,
-            max_json_depth: settings.max_json_depth,
-            drain_window: settings.drain_timeout,
-            metrics: crate::metrics::Metrics::new(),
-            body_timeout: settings.body_timeout,
-            body_budget: crate::http::body_budget::BodyBudget::new(settings.max_buffered_bytes),
-            connections: crate::transport::Connections::new(settings.connections),
-            coordination,
-            settings: runtime.clone(),
-            rates,
-            openapi: std::sync::OnceLock::new(),
-            otel: crate::otel::Otel::build(&settings.otel)?.map(Arc::new),
-        });
-
-        let bind_error = |source| StartupError::Bind {
-            addr: settings.listen.to_string(),
-            source,
-        };
-        let listener = listen(settings.listen).map_err(bind_error)?;
-        let port = listener.local_addr().map_err(bind_error)?.port();
-        let app_state = state.clone();
-        let host_check = host_check(&settings);
-        let app = move || {
-            App::new()
-                // Inside the request context, so a refusal carries its X-Request-Id.
-                .wrap(actix_web::middleware::from_fn(move |req, next| {
-                    crate::http::guard::refuse_foreign_hosts(host_check, req, next)
-                }))
-                .wrap(crate::http::RequestIdentity)
-                .app_data(app_state.clone())
-                .configure(routes)
-        };
-        let workers = settings.workers.unwrap_or_else(|| {
-            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-        });
-        let server =
-            serve(listener, app, workers, Arc::clone(&state.connections)).map_err(bind_error)?;
-        tracing::info!(
-            event = "listening",
-            listen = %settings.listen,
-            port,
-            backend = settings.primary.kind().as_str(),
-            queues = ?settings.queues.iter().map(|q| q.as_str()).collect::<Vec<_>>(),
-            "sendgate is listening; starting"
-        );
-        let budget = STARTUP_CONNECT_BUDGET + settings.capacity.admin_timeout;
-        if !settings.dispatch.probe_interval.is_zero() {
-            tokio::spawn(probe_forever(
-                state.clone(),
-                settings.dispatch.probe_interval,
-                settings.capacity.admin_timeout,
-            ));
-        }
-        tokio::spawn(poll_settings_forever(state.clone(), runtime));
-        tokio::spawn(warm_up(state.clone(), budget));
-        Ok(Self {
-            server,
-            port,
-            handle: AppHandle { lifecycle },
-            state,
-            drain_timeout: settings.drain_timeout,
-            drain_linger: settings.drain_linger,
-        })
+        (dispatcher, coordination, rates)
     }
 
     pub fn port(&self) -> u16 {
@@ -503,25 +588,7 @@ impl Application {
         // first SIGTERM: only a second signal received cuts it short.
         let (count, mut received) = tokio::sync::watch::channel(0u32);
         if signals {
-            let lifecycle = lifecycle.clone();
-            let window = self.drain_timeout;
-            tokio::spawn(async move {
-                let Ok(mut stream) = SignalStream::new() else {
-                    tracing::error!(
-                        event = "signals_unavailable",
-                        "cannot listen for SIGTERM/SIGINT"
-                    );
-                    return;
-                };
-                loop {
-                    stream.next().await;
-                    let n = *count.borrow() + 1;
-                    count.send_replace(n);
-                    if n == 1 {
-                        lifecycle.begin_drain(window);
-                    }
-                }
-            });
+            tokio::spawn(count_signals(count, lifecycle.clone(), self.drain_timeout));
         }
 
         tokio::select! {
@@ -544,26 +611,59 @@ impl Application {
         };
         lifecycle.set_stopped();
         tracing::info!(event = "drain_finished", cut_off, "drain finished");
-        // Stopped: nothing is admitted any more. The server goes first, so no handler runs
-        // after the goodbye (a send cut off mid-way drops its reservation, settled as
-        // Unknown); a send still in the pipeline meanwhile finds its seat leaving and is
-        // refused. Then, in a fleet, settle what is left and leave it, so the others get
-        // this replica's share of the room now rather than once it has not been heard from
-        // for a member horizon (bounded by three Redis deadlines: a settle on its way and
-        // the settle batch queued behind it, then the goodbye; a failure is logged, the
-        // share expires).
-        server_handle.stop(cut_off == 0).await;
-        let served = server
-            .await
-            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
-        self.state.dispatcher.leave_fleet().await;
-        // The last spans and metrics, within a bound of their own: a dead collector never
-        // holds the exit.
-        if let Some(otel) = &self.state.otel {
-            otel.shutdown(OTEL_FLUSH_BUDGET).await;
-        }
-        served
+        stop(server_handle, server, &self.state, cut_off).await
     }
+}
+
+/// Count SIGTERM and SIGINT into `count`: the first begins the drain (with `window`), the
+/// second is the caller's to see.
+async fn count_signals(
+    count: tokio::sync::watch::Sender<u32>,
+    lifecycle: Lifecycle,
+    window: Duration,
+) {
+    let Ok(mut stream) = SignalStream::new() else {
+        tracing::error!(
+            event = "signals_unavailable",
+            "cannot listen for SIGTERM/SIGINT"
+        );
+        return;
+    };
+    loop {
+        stream.next().await;
+        let n = *count.borrow() + 1;
+        count.send_replace(n);
+        if n == 1 {
+            lifecycle.begin_drain(window);
+        }
+    }
+}
+
+/// Stopped: nothing is admitted any more. The server goes first (at once when `cut_off`
+/// sends were still in flight), so no handler runs after the goodbye (a send cut off mid-way
+/// drops its reservation, settled as Unknown); a send still in the pipeline meanwhile finds
+/// its seat leaving and is refused. Then, in a fleet, settle what is left and leave it, so
+/// the others get this replica's share of the room now rather than once it has not been
+/// heard from for a member horizon (bounded by three Redis deadlines: a settle on its way
+/// and the settle batch queued behind it, then the goodbye; a failure is logged, the share
+/// expires).
+async fn stop(
+    server_handle: actix_web::dev::ServerHandle,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    state: &AppState,
+    cut_off: usize,
+) -> std::io::Result<()> {
+    server_handle.stop(cut_off == 0).await;
+    let served = server
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    state.dispatcher.leave_fleet().await;
+    // The last spans and metrics, within a bound of their own: a dead collector never
+    // holds the exit.
+    if let Some(otel) = &state.observability.otel {
+        otel.shutdown(OTEL_FLUSH_BUDGET).await;
+    }
+    served
 }
 
 /// SIGTERM and SIGINT as one stream.

@@ -22,8 +22,7 @@ use crate::domain::{Attributes, CorrelationId, Field, MessageId, QueueName, Trac
 /// The application properties the gateway writes on every message (contract section 1, "Trace context"),
 /// beside the caller's: the message's own trace context, and `Diagnostic-Id` (equal to
 /// `traceparent`) as the Azure SDKs write it.
-pub const TRACEPARENT: &str = "traceparent";
-pub const TRACESTATE: &str = "tracestate";
+pub use crate::domain::trace::{TRACEPARENT, TRACESTATE};
 pub const DIAGNOSTIC_ID: &str = "Diagnostic-Id";
 
 /// One message on its way to a queue; `body` is delivered byte for byte.

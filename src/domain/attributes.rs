@@ -28,7 +28,11 @@ pub const MAX_TIME_TO_LIVE_S: u64 = 4_294_967;
 
 /// Property names the gateway writes itself (compared without case: consumers often
 /// look them up without).
-const RESERVED_NAMES: [&str; 3] = ["traceparent", "tracestate", "diagnostic-id"];
+const RESERVED_NAMES: [&str; 3] = [
+    super::trace::TRACEPARENT,
+    super::trace::TRACESTATE,
+    "diagnostic-id",
+];
 /// And every name under this prefix (without case).
 const RESERVED_PREFIX: &str = "sendgate.";
 

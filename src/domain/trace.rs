@@ -4,6 +4,12 @@
 
 use std::fmt;
 
+/// The two names the spec gives a context, in lower case: an HTTP request's headers
+/// (`http/headers.rs` makes them header names) and a message's application properties
+/// (`backend/`) alike. Spelled here once, where every layer that needs them may import them.
+pub const TRACEPARENT: &str = "traceparent";
+pub const TRACESTATE: &str = "tracestate";
+
 /// A `traceparent`: trace id, parent id and flags (version 00 when written).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TraceParent {

@@ -59,7 +59,7 @@ pub async fn drain(
     let principal = authorize(
         &req,
         &context,
-        &state,
+        &state.edge.auth,
         Permission::Administer,
         "drain the gateway",
     )
@@ -72,7 +72,7 @@ pub async fn drain(
     if !super::send::is_json(&req) {
         return Err(context.error(Problem::UnsupportedMediaType));
     }
-    let started_now = state.lifecycle.begin_drain(state.drain_window);
+    let started_now = state.lifecycle.begin_drain(state.control.drain_window);
     if started_now {
         tracing::info!(event = "drain_requested", by = %principal.name, "drain requested over HTTP");
     }

@@ -479,72 +479,12 @@ impl Authenticator {
                 apps: Vec::new(),
             },
         };
-        match (&verifier, file.keys.is_empty(), file.apps.is_empty()) {
-            (None, true, _) if text.is_none() => {
-                return Err("neither keys nor Entra ID: nothing to authenticate with".into())
-            }
-            (None, true, true) => return Err("the file has no [[keys]] entries".into()),
-            (None, _, false) => {
-                return Err(
-                    "[[apps]] entries are Entra ID applications: set SENDGATE_ENTRA_TENANT_ID, or remove them"
-                        .into(),
-                )
-            }
-            (Some(_), true, true) if text.is_some() => {
-                return Err("the file has no [[keys]] or [[apps]] entries".into())
-            }
-            _ => {}
-        }
-        let mut keys = Vec::with_capacity(file.keys.len());
+        file.check_ways_in(text.is_some(), verifier.is_some())?;
         let mut tenants = TenantTable::default();
-        for entry in file.keys {
-            let sha256 = entry.sha256.clone();
-            let granted = Grant::from(entry).read(&mut tenants)?;
-            let name = &granted.principal.name;
-            let digest: [u8; 32] = hex::decode(sha256.trim())
-                .ok()
-                .and_then(|bytes| bytes.try_into().ok())
-                .ok_or_else(|| format!("key {name:?}: sha256 must be 64 hex characters"))?;
-            keys.push(ApiKey {
-                digest,
-                principal: Arc::new(granted.principal),
-            });
-        }
+        let keys = api_keys(file.keys, &mut tenants)?;
         let entra = match verifier {
             None => None,
-            Some(verifier) => {
-                let mut listed = HashMap::with_capacity(file.apps.len());
-                for entry in file.apps {
-                    let (app_id, grant) = entry.split();
-                    let who = grant.who.clone();
-                    let app = Guid::parse(app_id.trim()).ok_or_else(|| {
-                        format!("{who}: app_id must be the application's client id, a GUID, not {app_id:?}")
-                    })?;
-                    if !verifier.allows(&app) {
-                        return Err(format!(
-                            "{who}: app_id {app} is not in SENDGATE_ENTRA_ALLOWED_APPS, so it could never call"
-                        ));
-                    }
-                    let granted = grant.read(&mut tenants)?;
-                    let entry = ListedApp {
-                        principal: granted.principal,
-                        roles: granted.roles,
-                    };
-                    if listed.insert(app.clone(), entry).is_some() {
-                        return Err(format!("{who}: app_id {app} has another [[apps]] entry"));
-                    }
-                }
-                let unlisted_tenant = tenants.place(
-                    "the applications without an [[apps]] entry",
-                    UNLISTED_APPS_TENANT.to_owned(),
-                    Asked::NOTHING,
-                )?;
-                Some(Box::new(EntraApps {
-                    verifier,
-                    listed,
-                    unlisted_tenant,
-                }))
-            }
+            Some(verifier) => Some(Box::new(entra_apps(verifier, file.apps, &mut tenants)?)),
         };
         Ok(Self::Callers(Callers {
             keys,
@@ -616,6 +556,85 @@ impl Authenticator {
     }
 }
 
+impl KeysFile {
+    /// At least one way in: API keys, or Entra ID; and `[[apps]]` only with Entra ID on.
+    fn check_ways_in(&self, from_a_file: bool, entra: bool) -> Result<(), String> {
+        match (entra, self.keys.is_empty(), self.apps.is_empty()) {
+            (false, true, _) if !from_a_file => {
+                Err("neither keys nor Entra ID: nothing to authenticate with".into())
+            }
+            (false, true, true) => Err("the file has no [[keys]] entries".into()),
+            (false, _, false) => Err(
+                "[[apps]] entries are Entra ID applications: set SENDGATE_ENTRA_TENANT_ID, or remove them"
+                    .into(),
+            ),
+            (true, true, true) if from_a_file => {
+                Err("the file has no [[keys]] or [[apps]] entries".into())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The `[[keys]]` entries, each placed in its tenant.
+fn api_keys(entries: Vec<KeyEntry>, tenants: &mut TenantTable) -> Result<Vec<ApiKey>, String> {
+    let mut keys = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let sha256 = entry.sha256.clone();
+        let granted = Grant::from(entry).read(tenants)?;
+        let name = &granted.principal.name;
+        let digest: [u8; 32] = hex::decode(sha256.trim())
+            .ok()
+            .and_then(|bytes| bytes.try_into().ok())
+            .ok_or_else(|| format!("key {name:?}: sha256 must be 64 hex characters"))?;
+        keys.push(ApiKey {
+            digest,
+            principal: Arc::new(granted.principal),
+        });
+    }
+    Ok(keys)
+}
+
+/// The `[[apps]]` entries, each an application `verifier` allows, placed in its tenant; the
+/// applications without one share a tenant of their own.
+fn entra_apps(
+    verifier: EntraVerifier,
+    entries: Vec<AppEntry>,
+    tenants: &mut TenantTable,
+) -> Result<EntraApps, String> {
+    let mut listed = HashMap::with_capacity(entries.len());
+    for entry in entries {
+        let (app_id, grant) = entry.split();
+        let who = grant.who.clone();
+        let app = Guid::parse(app_id.trim()).ok_or_else(|| {
+            format!("{who}: app_id must be the application's client id, a GUID, not {app_id:?}")
+        })?;
+        if !verifier.allows(&app) {
+            return Err(format!(
+                "{who}: app_id {app} is not in SENDGATE_ENTRA_ALLOWED_APPS, so it could never call"
+            ));
+        }
+        let granted = grant.read(tenants)?;
+        let entry = ListedApp {
+            principal: granted.principal,
+            roles: granted.roles,
+        };
+        if listed.insert(app.clone(), entry).is_some() {
+            return Err(format!("{who}: app_id {app} has another [[apps]] entry"));
+        }
+    }
+    let unlisted_tenant = tenants.place(
+        "the applications without an [[apps]] entry",
+        UNLISTED_APPS_TENANT.to_owned(),
+        Asked::NOTHING,
+    )?;
+    Ok(EntraApps {
+        verifier,
+        listed,
+        unlisted_tenant,
+    })
+}
+
 impl Callers {
     fn key(&self, token: &str) -> Result<Arc<Principal>, AuthError> {
         let digest = token_digest(token);
@@ -664,6 +683,40 @@ impl Asked {
         rate_per_s: None,
         burst: None,
     };
+
+    /// Each field given is within its bounds (`who` names the entry in the error).
+    fn check(&self, who: &str) -> Result<(), String> {
+        if let Some(w) = self.weight {
+            if !(1..=MAX_WEIGHT).contains(&w) {
+                return Err(format!("{who}: weight must be 1 to {MAX_WEIGHT}, not {w}"));
+            }
+        }
+        if let Some(share) = self.max_share {
+            if Fraction::new(share).is_none() {
+                return Err(format!(
+                    "{who}: max_share must be above 0 and at most 1, not {share}"
+                ));
+            }
+        }
+        if let Some(rate) = self.rate_per_s {
+            if Rate::new(rate, Some(1)).is_none() {
+                return Err(format!(
+                    "{who}: rate_per_s must be {} to {}, not {rate}",
+                    Rate::MIN_PER_S,
+                    Rate::MAX_PER_S
+                ));
+            }
+        }
+        if let Some(burst) = self.burst {
+            if !(1..=Rate::MAX_BURST).contains(&burst) {
+                return Err(format!(
+                    "{who}: burst must be 1 to {}, not {burst}",
+                    Rate::MAX_BURST
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A tenant's value of one field and the entry that gave it (`key "a"`, for the error
@@ -718,35 +771,7 @@ impl TenantTable {
                 "{who}: a tenant is 1 to 128 bytes without control characters"
             ));
         }
-        if let Some(w) = asked.weight {
-            if !(1..=MAX_WEIGHT).contains(&w) {
-                return Err(format!("{who}: weight must be 1 to {MAX_WEIGHT}, not {w}"));
-            }
-        }
-        if let Some(share) = asked.max_share {
-            if Fraction::new(share).is_none() {
-                return Err(format!(
-                    "{who}: max_share must be above 0 and at most 1, not {share}"
-                ));
-            }
-        }
-        if let Some(rate) = asked.rate_per_s {
-            if Rate::new(rate, Some(1)).is_none() {
-                return Err(format!(
-                    "{who}: rate_per_s must be {} to {}, not {rate}",
-                    Rate::MIN_PER_S,
-                    Rate::MAX_PER_S
-                ));
-            }
-        }
-        if let Some(burst) = asked.burst {
-            if !(1..=Rate::MAX_BURST).contains(&burst) {
-                return Err(format!(
-                    "{who}: burst must be 1 to {}, not {burst}",
-                    Rate::MAX_BURST
-                ));
-            }
-        }
+        asked.check(who)?;
         let at = match self.tenants.iter().position(|t| t.name == tenant) {
             Some(at) => at,
             None => {

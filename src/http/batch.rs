@@ -15,16 +15,17 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use super::body_budget::Buffered;
 use super::context::RequestContext;
 use super::errors::{whole_seconds, ApiError, FieldError, Problem, MAX_FIELD_ERRORS};
 use super::send::{
     asked_criticality, authorize_send, dry_run, given_trace, nests_deeper_than, read_json_body,
-    request_trace, Held, Key,
+    request_correlation, request_trace, Key,
 };
-use super::state::AppState;
+use super::state::{AppState, BodyLimits};
 use crate::admission::ceiling::Refusal;
 use crate::admission::{BackendRole, DispatchError};
-use crate::backend::{OutgoingMessage, SendReceipt};
+use crate::backend::{OutgoingMessage, SendError, SendReceipt};
 use crate::domain::{Attributes, CorrelationId, Field, MessageId, QueueName, Raw, TraceContext};
 use crate::metrics::RequestOutcome;
 
@@ -88,13 +89,12 @@ pub async fn send_batch(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let queue_label = state
-        .queues
-        .get_key_value(path.as_str())
-        .map_or("unknown", |(name, _)| name.as_str());
+    let queue_label = state.edge.queue_label(&path);
     let mut tenant = None;
     let mut entries = None;
-    let span = super::otel::start(&state, queue_label, || given_trace(&req));
+    let span = super::otel::start(state.observability.otel.as_deref(), queue_label, || {
+        given_trace(&req)
+    });
     let answer = admit_and_send(
         &req,
         &context,
@@ -106,7 +106,7 @@ pub async fn send_batch(
     )
     .await;
     let counted = outcome(&answer);
-    state.metrics.request(queue_label, &counted);
+    state.observability.metrics.request(queue_label, &counted);
     if let Some(span) = span {
         let ended = super::otel::Ended {
             outcome: &counted,
@@ -116,7 +116,7 @@ pub async fn send_batch(
             message_count: entries,
             tenant,
         };
-        super::otel::end(span, &state, ended);
+        super::otel::end(span, &state.dispatcher, &state.edge.auth, ended);
     }
     let rate_limit =
         tenant.and_then(|t| crate::http::ratelimit::RateLimitFields::for_tenant(&state.rates, t));
@@ -191,21 +191,14 @@ struct Sent {
 
 fn outcome(answer: &Result<Answer, ApiError>) -> RequestOutcome {
     match answer {
-        Ok(Answer::Whole { dry_run: true, .. }) => RequestOutcome {
-            status: StatusCode::OK,
-            code: Valid::STATUS,
-            backend: None,
-        },
-        Ok(Answer::Whole { via, .. }) => RequestOutcome {
-            status: StatusCode::CREATED,
-            code: Queued::STATUS,
-            backend: *via,
-        },
-        Ok(Answer::Partial { via, .. }) => RequestOutcome {
-            status: StatusCode::MULTI_STATUS,
-            code: PARTIAL,
-            backend: *via,
-        },
+        Ok(answer) => {
+            let (status, code) = answer.status();
+            RequestOutcome {
+                status,
+                code,
+                backend: answer.via(),
+            }
+        }
         Err(e) => e.outcome(),
     }
 }
@@ -223,13 +216,15 @@ async fn admit_and_send(
     ),
     span: Option<&crate::otel::SendSpan<'_>>,
 ) -> Result<Answer, ApiError> {
-    let (queue, caller, asker) = authorize_send(req, context, queue, state).await?;
+    let edge = &state.edge;
+    let (queue, caller, asker) = authorize_send(req, context, queue, edge).await?;
     *tenant = Some(asker.tenant);
     let _in_flight = state
         .lifecycle
         .admit_send()
         .map_err(|n| context.error(n.into()))?;
-    let (body, _buffered) = read_json_body(req, payload, state, state.max_batch_bytes, Held::Twice)
+    let limit = edge.limits.max_batch_bytes;
+    let (body, _buffered) = read_json_body(req, payload, edge, limit, Buffered::Twice)
         .await
         .map_err(|problem| context.error(problem))?;
     let mut errors: Vec<FieldError> = context.header_problem().into_iter().collect();
@@ -238,7 +233,7 @@ async fn admit_and_send(
         asker
     });
     let dry_run = dry_run(req, &mut errors);
-    let entries = parse_entries(&body, state, &mut errors);
+    let entries = parse_entries(&body, &edge.limits, &mut errors);
     if !errors.is_empty() {
         errors.truncate(MAX_FIELD_ERRORS);
         return Err(context.error(Problem::InvalidRequest { errors }));
@@ -249,30 +244,42 @@ async fn admit_and_send(
     let trace = request_trace(req);
     let trace = span.and_then(|span| span.trace(&trace)).unwrap_or(trace);
     if dry_run {
-        for entry in &entries {
-            if let Some((attribute, backend)) = state.dispatcher.unsupported(&entry.attributes) {
-                return Err(context.error(Problem::UnsupportedAttribute {
-                    attribute: attribute.json_name(),
-                    backend,
-                }));
-            }
-        }
-        let entries = entries
-            .into_iter()
-            .map(|entry| Sent {
-                message_id: entry.key.unwrap_or_else(MessageId::generate),
-                traceparent: trace.for_message().parent.to_string(),
-                result: Ok(SendReceipt { duplicate: false }),
-            })
-            .collect();
-        return Ok(Answer::Whole {
-            queue,
-            via: None,
-            dry_run: true,
-            entries,
-        });
+        return validate(context, state, queue, entries, &trace);
     }
     dispatch(context, state, queue, caller, asker, entries, &trace).await
+}
+
+/// A dry run: what the batch would be refused for before capacity (an attribute the backend
+/// cannot carry), else each entry's id and trace as a send would make them; no broker call.
+fn validate(
+    context: &RequestContext,
+    state: &AppState,
+    queue: QueueName,
+    entries: Vec<Entry>,
+    trace: &TraceContext,
+) -> Result<Answer, ApiError> {
+    for entry in &entries {
+        if let Some((attribute, backend)) = state.dispatcher.unsupported(&entry.attributes) {
+            return Err(context.error(Problem::UnsupportedAttribute {
+                attribute: attribute.json_name(),
+                backend,
+            }));
+        }
+    }
+    let entries = entries
+        .into_iter()
+        .map(|entry| Sent {
+            message_id: entry.key.unwrap_or_else(MessageId::generate),
+            traceparent: trace.for_message().parent.to_string(),
+            result: Ok(SendReceipt { duplicate: false }),
+        })
+        .collect();
+    Ok(Answer::Whole {
+        queue,
+        via: None,
+        dry_run: true,
+        entries,
+    })
 }
 
 /// The request body's envelope: the entries, each parsed on its own so a bad one is named.
@@ -373,7 +380,7 @@ fn at(index: usize, field: Option<&str>) -> Vec<Loc> {
 }
 
 /// Every entry, or every problem with them (in `errors`); nothing is sent unless all parse.
-fn parse_entries(body: &Bytes, state: &AppState, errors: &mut Vec<FieldError>) -> Vec<Entry> {
+fn parse_entries(body: &Bytes, limits: &BodyLimits, errors: &mut Vec<FieldError>) -> Vec<Entry> {
     let text = match std::str::from_utf8(body) {
         Ok(text) => text,
         Err(e) => {
@@ -382,14 +389,14 @@ fn parse_entries(body: &Bytes, state: &AppState, errors: &mut Vec<FieldError>) -
         }
     };
     // The envelope, the array and the entry hold each body three levels down.
-    let depth = state.max_json_depth + 3;
+    let depth = limits.max_json_depth + 3;
     if nests_deeper_than(text, depth) {
         errors.push(FieldError::new(
             &["body"],
             format!(
                 "an entry's body is nested deeper than {} levels of arrays and objects \
                  (SENDGATE_MAX_JSON_DEPTH)",
-                state.max_json_depth
+                limits.max_json_depth
             ),
         ));
         return Vec::new();
@@ -405,12 +412,12 @@ fn parse_entries(body: &Bytes, state: &AppState, errors: &mut Vec<FieldError>) -
         }
     };
     let count = envelope.messages.0.len();
-    if count == 0 || count > state.max_batch_messages {
+    if count == 0 || count > limits.max_batch_messages {
         errors.push(FieldError::new(
             &["body", "messages"],
             format!(
                 "must hold 1 to {} entries (SENDGATE_MAX_BATCH_MESSAGES), not {count}",
-                state.max_batch_messages
+                limits.max_batch_messages
             ),
         ));
         return Vec::new();
@@ -422,18 +429,21 @@ fn parse_entries(body: &Bytes, state: &AppState, errors: &mut Vec<FieldError>) -
         if errors.len() >= MAX_FIELD_ERRORS {
             break;
         }
-        if let Some(entry) = parse_entry(index, raw, body, state, &mut seen, errors) {
+        let max_body_bytes = limits.max_body_bytes;
+        if let Some(entry) = parse_entry(index, raw, body, max_body_bytes, &mut seen, errors) {
             entries.push(entry);
         }
     }
     entries
 }
 
+/// Entry `index`, or its problems (in `errors`); `seen` holds the keys of the entries
+/// before it, so one batch cannot hold one message twice.
 fn parse_entry(
     index: usize,
     raw: &RawValue,
     body: &Bytes,
-    state: &AppState,
+    max_body_bytes: usize,
     seen: &mut HashMap<MessageId, usize>,
     errors: &mut Vec<FieldError>,
 ) -> Option<Entry> {
@@ -449,30 +459,13 @@ fn parse_entry(
     };
     let before = errors.len();
     let message = entry.body.get();
-    if message.len() > state.max_body_bytes {
+    if message.len() > max_body_bytes {
         errors.push(FieldError::at(
             at(index, Some("body")),
-            format!(
-                "must be at most {} bytes (SENDGATE_MAX_BODY_BYTES)",
-                state.max_body_bytes
-            ),
+            format!("must be at most {max_body_bytes} bytes (SENDGATE_MAX_BODY_BYTES)"),
         ));
     }
-    let key = id_field(
-        index,
-        "idempotency_key",
-        entry.idempotency_key.as_ref(),
-        MessageId::parse,
-        errors,
-    );
-    if let Some(key) = &key {
-        if let Some(first) = seen.insert(key.clone(), index) {
-            errors.push(FieldError::at(
-                at(index, Some("idempotency_key")),
-                format!("repeats entry {first}'s: one batch cannot hold one message twice"),
-            ));
-        }
-    }
+    let key = entry_key(index, &entry, seen, errors);
     let correlation = id_field(
         index,
         "correlation_id",
@@ -480,7 +473,45 @@ fn parse_entry(
         CorrelationId::parse,
         errors,
     );
-    let attributes = match Attributes::parse(|field| entry.attribute(field)) {
+    let attributes = entry_attributes(index, &entry, errors);
+    (errors.len() == before).then(|| Entry {
+        key,
+        correlation,
+        attributes: Arc::new(attributes),
+        body: body.slice_ref(message.as_bytes()),
+    })
+}
+
+/// Entry `index`'s idempotency key, or its problem: not an id, or one an entry before it has.
+fn entry_key(
+    index: usize,
+    entry: &RawEntry<'_>,
+    seen: &mut HashMap<MessageId, usize>,
+    errors: &mut Vec<FieldError>,
+) -> Option<MessageId> {
+    let key = id_field(
+        index,
+        "idempotency_key",
+        entry.idempotency_key.as_ref(),
+        MessageId::parse,
+        errors,
+    )?;
+    if let Some(first) = seen.insert(key.clone(), index) {
+        errors.push(FieldError::at(
+            at(index, Some("idempotency_key")),
+            format!("repeats entry {first}'s: one batch cannot hold one message twice"),
+        ));
+    }
+    Some(key)
+}
+
+/// Entry `index`'s attributes, or each bad one's problem (and none).
+fn entry_attributes(
+    index: usize,
+    entry: &RawEntry<'_>,
+    errors: &mut Vec<FieldError>,
+) -> Attributes {
+    match Attributes::parse(|field| entry.attribute(field)) {
         Ok(attributes) => attributes,
         Err(bad) => {
             errors.extend(
@@ -489,13 +520,7 @@ fn parse_entry(
             );
             Attributes::default()
         }
-    };
-    (errors.len() == before).then(|| Entry {
-        key,
-        correlation,
-        attributes: Arc::new(attributes),
-        body: body.slice_ref(message.as_bytes()),
-    })
+    }
 }
 
 /// An id field of an entry (a JSON string, parsed), or its problem.
@@ -533,11 +558,7 @@ async fn dispatch(
     let attributes: Vec<Arc<Attributes>> =
         entries.iter().map(|e| Arc::clone(&e.attributes)).collect();
     let refs: Vec<&Attributes> = attributes.iter().map(Arc::as_ref).collect();
-    // Without a correlation id of its own, an entry carries the client's request id.
-    let request_correlation = context
-        .id_given()
-        .then(|| CorrelationId::parse(context.id().as_str()).ok())
-        .flatten();
+    let request_correlation = request_correlation(context);
     let mut answered: Vec<(MessageId, String)> = Vec::new();
     let dispatched = state
         .dispatcher
@@ -545,32 +566,71 @@ async fn dispatch(
             entries
                 .into_iter()
                 .map(|entry| {
-                    let (id, at_broker) = Key {
-                        given: entry.key,
-                        caller: caller.clone(),
-                    }
-                    .ids();
-                    let trace = trace.for_message();
-                    answered.push((id, trace.parent.to_string()));
-                    OutgoingMessage {
-                        queue: queue.clone(),
-                        message_id: at_broker,
-                        correlation_id: entry.correlation.or_else(|| request_correlation.clone()),
-                        body: entry.body,
-                        attributes: entry.attributes,
-                        trace,
-                    }
+                    let made = outgoing(entry, &queue, &caller, &request_correlation, trace);
+                    answered.push(made.answered);
+                    made.message
                 })
                 .collect()
         })
         .await;
     if let (Some(via), Some(took)) = (dispatched.via, dispatched.send_time) {
-        state.metrics.send_latency(via.as_str(), took);
+        state.observability.metrics.send_latency(via.as_str(), took);
     }
-    let results = match dispatched.result {
-        Ok(results) => results,
-        Err(e) => return Err(refused(context, state, e).via(dispatched.via)),
+    let max_body_bytes = state.edge.limits.max_body_bytes;
+    match dispatched.result {
+        Ok(results) => Ok(answer(
+            queue,
+            dispatched.via,
+            answered,
+            results,
+            max_body_bytes,
+        )),
+        Err(e) => Err(refused(context, max_body_bytes, e).via(dispatched.via)),
+    }
+}
+
+/// One entry's message, and its id and traceparent as the answer gives them.
+struct Made {
+    message: OutgoingMessage,
+    answered: (MessageId, String),
+}
+
+/// An entry made a message: its id scoped to the caller, a trace context of its own, and
+/// the request's id as its correlation id when it has none of its own.
+fn outgoing(
+    entry: Entry,
+    queue: &QueueName,
+    caller: &Option<Arc<crate::http::auth::Principal>>,
+    request_correlation: &Option<CorrelationId>,
+    trace: &TraceContext,
+) -> Made {
+    let (id, at_broker) = Key {
+        given: entry.key,
+        caller: caller.clone(),
+    }
+    .ids();
+    let trace = trace.for_message();
+    let answered = (id, trace.parent.to_string());
+    let message = OutgoingMessage {
+        queue: queue.clone(),
+        message_id: at_broker,
+        correlation_id: entry.correlation.or_else(|| request_correlation.clone()),
+        body: entry.body,
+        attributes: entry.attributes,
+        trace,
     };
+    Made { message, answered }
+}
+
+/// The batch as sent: whole when every entry is queued, else partial, waiting as long as
+/// the longest wait a failed entry's broker asked for.
+fn answer(
+    queue: QueueName,
+    via: Option<BackendRole>,
+    answered: Vec<(MessageId, String)>,
+    results: Vec<Result<SendReceipt, SendError>>,
+    max_body_bytes: usize,
+) -> Answer {
     let mut retry_after = None;
     let entries: Vec<Sent> = answered
         .into_iter()
@@ -580,7 +640,7 @@ async fn dispatch(
                 let problem = Problem::from_dispatch(
                     DispatchError::Send(e),
                     Some(&message_id),
-                    state.max_body_bytes,
+                    max_body_bytes,
                 );
                 retry_after = retry_after.max(problem.retry_after());
                 problem
@@ -592,25 +652,25 @@ async fn dispatch(
             }
         })
         .collect();
-    Ok(if entries.iter().all(|e| e.result.is_ok()) {
+    if entries.iter().all(|e| e.result.is_ok()) {
         Answer::Whole {
             queue,
-            via: dispatched.via,
+            via,
             dry_run: false,
             entries,
         }
     } else {
         Answer::Partial {
             queue,
-            via: dispatched.via,
+            via,
             entries,
             retry_after,
         }
-    })
+    }
 }
 
 /// The whole batch refused: as a single send's refusal, a `429` naming the room there is.
-fn refused(context: &RequestContext, state: &AppState, e: DispatchError) -> ApiError {
+fn refused(context: &RequestContext, max_body_bytes: usize, e: DispatchError) -> ApiError {
     let room = match &e {
         DispatchError::Refused(
             Refusal::QueueFull { room, .. }
@@ -620,7 +680,7 @@ fn refused(context: &RequestContext, state: &AppState, e: DispatchError) -> ApiE
         ) => Some(*room),
         _ => None,
     };
-    let mut problem = Problem::from_dispatch(e, None, state.max_body_bytes);
+    let mut problem = Problem::from_dispatch(e, None, max_body_bytes);
     if let Problem::QueueFull { room: r, .. }
     | Problem::Shed { room: r, .. }
     | Problem::TenantShare { room: r, .. }
@@ -632,54 +692,48 @@ fn refused(context: &RequestContext, state: &AppState, e: DispatchError) -> ApiE
 }
 
 impl Answer {
+    /// The three successes: 200 `valid` (a dry run), 201 `queued`, 207 `partial`.
+    fn status(&self) -> (StatusCode, &'static str) {
+        match self {
+            Answer::Whole { dry_run: true, .. } => (StatusCode::OK, Valid::STATUS),
+            Answer::Whole { .. } => (StatusCode::CREATED, Queued::STATUS),
+            Answer::Partial { .. } => (StatusCode::MULTI_STATUS, PARTIAL),
+        }
+    }
+
+    /// The backend the batch went to (none on a dry run, or refused before one was chosen).
+    fn via(&self) -> Option<BackendRole> {
+        match self {
+            Answer::Whole { via, .. } | Answer::Partial { via, .. } => *via,
+        }
+    }
+
     fn into_response(self, request_id: &str) -> HttpResponse {
+        let (status, code) = self.status();
+        let mut answer = HttpResponse::build(status);
+        if let Some(via) = self.via() {
+            answer.insert_header((super::headers::SENDGATE_BACKEND, via.as_str()));
+        }
         match self {
             Answer::Whole {
                 queue,
-                via,
                 dry_run,
                 entries,
-            } => {
-                let mut answer = if dry_run {
-                    HttpResponse::Ok()
-                } else {
-                    HttpResponse::Created()
-                };
-                if let Some(via) = via {
-                    answer.insert_header((super::headers::SENDGATE_BACKEND, via.as_str()));
-                }
-                let messages = entries
-                    .iter()
-                    .map(|e| BatchMessage {
-                        message_id: e.message_id.as_str().into(),
-                        traceparent: e.traceparent.as_str().into(),
-                        duplicate: e.result.as_ref().is_ok_and(|r| r.duplicate),
-                    })
-                    .collect();
-                answer.json(BatchQueued {
-                    status: if dry_run {
-                        Valid::STATUS
-                    } else {
-                        Queued::STATUS
-                    }
-                    .into(),
-                    dry_run,
-                    queue: queue.as_str().into(),
-                    request_id: request_id.into(),
-                    count: entries.len(),
-                    messages,
-                })
-            }
+                ..
+            } => answer.json(BatchQueued {
+                status: code.into(),
+                dry_run,
+                queue: queue.as_str().into(),
+                request_id: request_id.into(),
+                count: entries.len(),
+                messages: entries.iter().map(Sent::message).collect(),
+            }),
             Answer::Partial {
                 queue,
-                via,
                 entries,
                 retry_after,
+                ..
             } => {
-                let mut answer = HttpResponse::build(StatusCode::MULTI_STATUS);
-                if let Some(via) = via {
-                    answer.insert_header((super::headers::SENDGATE_BACKEND, via.as_str()));
-                }
                 if let Some(after) = retry_after {
                     answer.insert_header((
                         actix_web::http::header::RETRY_AFTER,
@@ -693,7 +747,7 @@ impl Answer {
                     .collect();
                 let failed = results.iter().filter(|r| r.failed()).count();
                 answer.json(BatchPartial {
-                    status: PARTIAL.into(),
+                    status: code.into(),
                     queue: queue.as_str().into(),
                     request_id: request_id.into(),
                     queued: results.len() - failed,
@@ -701,6 +755,17 @@ impl Answer {
                     results,
                 })
             }
+        }
+    }
+}
+
+impl Sent {
+    /// A queued (or, on a dry run, valid) entry as a `201`'s list gives it.
+    fn message(&self) -> BatchMessage<'_> {
+        BatchMessage {
+            message_id: self.message_id.as_str().into(),
+            traceparent: self.traceparent.as_str().into(),
+            duplicate: self.result.as_ref().is_ok_and(|r| r.duplicate),
         }
     }
 }

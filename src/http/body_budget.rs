@@ -2,11 +2,11 @@
 //!
 //! The in-flight limit bounds sends at the broker, but a body is read (and held) before
 //! that, and held until its send ends: without a budget, many slow clients uploading
-//! large bodies at once could hold gigabytes. A send reserves its announced length (or the
-//! largest allowed body when none is announced) before reading; when the budget is spent
-//! it is refused `503 saturated` at once, never queued. Once read, a body keeps only its
-//! own length reserved: a small body sent without a length must not hold the largest size
-//! for the whole send.
+//! large bodies at once could hold gigabytes. A send takes a permit for its announced
+//! length (or the largest allowed body when none is announced) before reading; when the
+//! budget is spent it is refused `503 saturated` at once, never queued. Once read, a body
+//! keeps only its own length: a small body sent without a length must not hold the largest
+//! size for the whole send.
 
 use std::sync::Arc;
 
@@ -17,11 +17,11 @@ pub struct BodyBudget {
     capacity: usize,
 }
 
-/// Bytes reserved for one body, given back when dropped.
-pub struct BodyReservation(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
+/// Bytes of the budget one body holds, given back when dropped.
+pub struct BodyPermit(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
 
-impl BodyReservation {
-    /// Give back all but `n` bytes: the body turned out smaller than reserved.
+impl BodyPermit {
+    /// Give back all but `n` bytes: the body turned out smaller than asked for.
     pub fn shrink_to(&mut self, n: usize) {
         if let Some(permit) = &mut self.0 {
             let surplus = permit.num_permits().saturating_sub(n);
@@ -41,22 +41,22 @@ impl BodyBudget {
         }
     }
 
-    /// The whole budget: the most one reservation can hold.
+    /// The whole budget: the most one permit can hold.
     pub fn capacity(&self) -> usize {
         self.capacity
     }
 
-    /// Reserve `n` bytes now, or `None` when they are not free.
-    pub fn try_reserve(&self, n: usize) -> Option<BodyReservation> {
+    /// A permit for `n` bytes now, or `None` when they are not free.
+    pub fn try_acquire(&self, n: usize) -> Option<BodyPermit> {
         if n == 0 {
-            return Some(BodyReservation(None));
+            return Some(BodyPermit(None));
         }
         let n = u32::try_from(n).ok()?;
         self.bytes
             .clone()
             .try_acquire_many_owned(n)
             .ok()
-            .map(|permit| BodyReservation(Some(permit)))
+            .map(|permit| BodyPermit(Some(permit)))
     }
 
     /// Bytes free now (for `/health/detailed` and tests).
@@ -65,42 +65,72 @@ impl BodyBudget {
     }
 }
 
+/// How much of the budget a request's body holds while it is in the gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Buffered {
+    /// Its bytes: a single body goes to the broker as it was read.
+    Once,
+    /// Twice its bytes (at most the whole budget): a batch's bytes, and the copies of its
+    /// messages on their way to the broker (the HTTP server's read-ahead while it arrives,
+    /// the broker client's frames while it is published), each measured at most its size.
+    Twice,
+}
+
+impl Buffered {
+    /// The bytes of a `budget` a body of `bytes` holds.
+    pub fn weigh(self, bytes: usize, budget: usize) -> usize {
+        match self {
+            Buffered::Once => bytes,
+            Buffered::Twice => bytes.saturating_mul(2).min(budget),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn reservations_are_refused_past_the_budget_and_given_back_on_drop() {
+    fn a_batch_weighs_twice_its_bytes_at_most_the_whole_budget_a_single_body_once() {
+        assert_eq!(Buffered::Once.weigh(600, 1000), 600);
+        assert_eq!(Buffered::Twice.weigh(400, 1000), 800);
+        assert_eq!(Buffered::Twice.weigh(600, 1000), 1000);
+        assert_eq!(Buffered::Twice.weigh(usize::MAX, 1000), 1000);
+        assert_eq!(Buffered::Twice.weigh(0, 1000), 0);
+    }
+
+    #[test]
+    fn permits_are_refused_past_the_budget_and_given_back_on_drop() {
         let budget = BodyBudget::new(1000);
-        let a = budget.try_reserve(600).expect("room");
-        assert!(budget.try_reserve(600).is_none(), "400 left");
-        let b = budget.try_reserve(400).expect("exactly the rest");
+        let a = budget.try_acquire(600).expect("room");
+        assert!(budget.try_acquire(600).is_none(), "400 left");
+        let b = budget.try_acquire(400).expect("exactly the rest");
         assert_eq!(budget.available(), 0);
         drop(a);
         assert_eq!(budget.available(), 600);
         drop(b);
         assert_eq!(budget.available(), 1000);
         assert!(
-            budget.try_reserve(0).is_some(),
+            budget.try_acquire(0).is_some(),
             "an empty body costs nothing"
         );
         assert!(
-            budget.try_reserve(1001).is_none(),
+            budget.try_acquire(1001).is_none(),
             "never more than the whole"
         );
     }
 
     #[test]
-    fn a_reservation_shrunk_to_its_body_gives_back_the_rest_and_the_body_on_drop() {
+    fn a_permit_shrunk_to_its_body_gives_back_the_rest_and_the_body_on_drop() {
         let budget = BodyBudget::new(1000);
-        let mut r = budget.try_reserve(1000).expect("room");
+        let mut r = budget.try_acquire(1000).expect("room");
         r.shrink_to(12);
         assert_eq!(budget.available(), 988);
         r.shrink_to(500);
         assert_eq!(budget.available(), 988, "never grows");
         drop(r);
         assert_eq!(budget.available(), 1000);
-        let mut empty = budget.try_reserve(0).expect("room");
+        let mut empty = budget.try_acquire(0).expect("room");
         empty.shrink_to(0);
         assert_eq!(budget.available(), 1000);
     }

@@ -4,6 +4,8 @@
 //! Each comes twice: as a [`HeaderName`] for look-ups and answers (lower case, as `http`
 //! requires and as it goes on the wire), and as the contract spells it, for the `loc` of a
 //! 400's field errors (`["header", "Idempotency-Key"]`). A test keeps the pairs in step.
+//! The W3C trace context's two are the exception: lower case in every spelling, they are
+//! spelled in `domain/trace.rs`, which the backends (below `http`) read as well.
 
 use actix_web::http::header::HeaderName;
 
@@ -20,6 +22,10 @@ pub const CRITICALITY: HeaderName = HeaderName::from_static("sendgate-criticalit
 /// A tenant's rate quota, and where it stands (`http/ratelimit.rs`).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// The W3C trace context a request carries (spelled once in `domain/trace.rs`, which the
+/// backends' message properties use too): a `&str` name would be parsed at every look-up.
+pub const TRACEPARENT: HeaderName = HeaderName::from_static(crate::domain::trace::TRACEPARENT);
+pub const TRACESTATE: HeaderName = HeaderName::from_static(crate::domain::trace::TRACESTATE);
 
 /// The contract's spelling of each name above: the wire vocabulary's, which the
 /// producer client uses too.

@@ -23,7 +23,8 @@ use crate::admission::breaker::BreakerState;
 use crate::admission::ceiling::TenantView;
 use crate::admission::drain::DrainRate;
 use crate::admission::tally::{Reason, WINDOW_S};
-use crate::admission::{BackendRole, Lane};
+use crate::admission::{BackendRole, Dispatcher, Lane};
+use crate::coordination::Coordination;
 use crate::lifecycle::{GatewayState, NotAdmitting};
 use crate::settings::overrides::Key;
 use crate::settings::RuntimeSettings;
@@ -317,7 +318,7 @@ pub async fn detailed(
     authorize(
         &req,
         &context,
-        &state,
+        &state.edge.auth,
         Permission::Observe,
         "read the gateway's health",
     )
@@ -333,20 +334,21 @@ pub(super) fn snapshot(state: &AppState) -> Detailed {
     let mut degraded = gateway_state != GatewayState::Running
         || queues.values().any(|q| q.consecutive_failures > 0);
     let mut backends = BTreeMap::new();
-    for route in state.dispatcher.lanes() {
-        let health = backend_health(route, state);
+    for lane in state.dispatcher.lanes() {
+        let health = backend_health(lane, &state.dispatcher);
         degraded |=
-            route.role == BackendRole::Primary && health.breaker != BreakerState::Closed.as_str();
-        backends.insert(route.role.as_str(), health);
+            lane.role == BackendRole::Primary && health.breaker != BreakerState::Closed.as_str();
+        backends.insert(lane.role.as_str(), health);
     }
-    let coordination = coordination_of(state);
+    let coordination = coordination_of(&state.control.coordination);
     degraded |= !coordination.ok;
-    let store = state.settings.health();
+    let runtime = &state.control.settings;
+    let store = runtime.health();
     let settings = SettingsState {
-        store: state.settings.store_kind(),
+        store: runtime.store_kind(),
         ok: store.ok,
         last_error: store.last_error,
-        overridden: overridden(&state.settings),
+        overridden: overridden(runtime),
     };
     let drain = state.lifecycle.drain_status().map(|d| Drain {
         remaining_s: (d.remaining.as_secs_f64() * 10.0).round() / 10.0,
@@ -366,8 +368,8 @@ pub(super) fn snapshot(state: &AppState) -> Detailed {
     }
 }
 
-fn coordination_of(state: &AppState) -> CoordinationState {
-    let h = state.coordination.health();
+fn coordination_of(coordination: &Coordination) -> CoordinationState {
+    let h = coordination.health();
     CoordinationState {
         mode: h.mode,
         ok: h.ok,
@@ -376,10 +378,9 @@ fn coordination_of(state: &AppState) -> CoordinationState {
     }
 }
 
-/// Each queue's capacity state on `route`, as its gate last saw it.
-fn queues_of(route: &Lane) -> BTreeMap<String, QueueHealth> {
-    route
-        .gates()
+/// Each queue's capacity state on `lane`, as its gate last saw it.
+fn queues_of(lane: &Lane) -> BTreeMap<String, QueueHealth> {
+    lane.gates()
         .map(|gate| {
             let s = gate.snapshot();
             let policy = gate.policy();
@@ -400,24 +401,24 @@ fn queues_of(route: &Lane) -> BTreeMap<String, QueueHealth> {
         .collect()
 }
 
-fn backend_health(route: &Lane, state: &AppState) -> BackendHealth {
-    let in_flight = state.dispatcher.in_flight();
-    let breaker = route.breaker.state();
-    let lag = route.backend().depth_lag_in_force();
+fn backend_health(lane: &Lane, dispatcher: &Dispatcher) -> BackendHealth {
+    let in_flight = dispatcher.in_flight();
+    let breaker = lane.breaker.state();
+    let lag = lane.backend().depth_lag_in_force();
     BackendHealth {
-        kind: route.kind(),
+        kind: lane.kind(),
         breaker: breaker.as_str(),
-        held: route.breaker.held(),
+        held: lane.breaker.held(),
         sends_in_flight: in_flight.current(),
         max_in_flight: in_flight.max(),
-        probe: route.last_probe().map(|p| Probe {
+        probe: lane.last_probe().map(|p| Probe {
             ok: p.ok,
             at: rfc3339(p.at),
             error: p.error,
         }),
-        next_trial_in_s: (breaker == BreakerState::Open && !route.breaker.held())
-            .then(|| (route.breaker.retry_after().as_secs_f64() * 10.0).round() / 10.0),
-        queues: (route.role == BackendRole::Fallback).then(|| queues_of(route)),
+        next_trial_in_s: (breaker == BreakerState::Open && !lane.breaker.held())
+            .then(|| (lane.breaker.retry_after().as_secs_f64() * 10.0).round() / 10.0),
+        queues: (lane.role == BackendRole::Fallback).then(|| queues_of(lane)),
         depth_lag_ms: lag.map(|l| u64::try_from(l.lag.as_millis()).unwrap_or(u64::MAX)),
         depth_lag_source: lag.map(|l| l.source.as_str()),
     }

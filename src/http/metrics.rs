@@ -29,14 +29,22 @@ pub async fn metrics(
     context: RequestContext,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &context, &state, Permission::Observe, "read metrics").await?;
+    authorize(
+        &req,
+        &context,
+        &state.edge.auth,
+        Permission::Observe,
+        "read metrics",
+    )
+    .await?;
+    let observed = &state.observability;
     Ok(HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
-        .body(state.metrics.render(
+        .body(observed.metrics.render(
             &state.dispatcher,
             &state.lifecycle,
-            &state.coordination,
-            &state.connections,
-            state.otel.as_deref().map(crate::otel::Otel::span_counts),
+            &state.control.coordination,
+            &observed.connections,
+            observed.otel.as_deref().map(crate::otel::Otel::span_counts),
         )))
 }

@@ -302,15 +302,14 @@ fn head_too_large() -> Value {
 pub async fn openapi_json(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/json")
-        .body(served(&state.openapi, || Mode::of(&state.auth)))
+        .body(state.openapi.clone())
 }
 
-/// The document `cell` holds, made at the first ask: the route is open and a document is
-/// ~100 KB, so each answer shares the one copy (a `Bytes` clone counts a reference; a
-/// `String`'s would copy it per request).
-fn served(cell: &std::sync::OnceLock<bytes::Bytes>, mode: impl FnOnce() -> Mode) -> bytes::Bytes {
-    cell.get_or_init(|| bytes::Bytes::from(json_for(mode())))
-        .clone()
+/// The document a gateway in `mode` serves, made once at start-up: the route is open and a
+/// document is ~100 KB, so each answer shares the one copy (a `Bytes` clone counts a
+/// reference; a `String`'s would copy it per request).
+pub fn served(mode: Mode) -> bytes::Bytes {
+    bytes::Bytes::from(json_for(mode))
 }
 
 #[cfg(test)]
@@ -319,17 +318,8 @@ mod tests {
 
     #[test]
     fn the_served_document_is_made_once_and_shared_by_every_answer() {
-        let cell = std::sync::OnceLock::new();
-        let mut made = 0;
-        let first = served(&cell, || {
-            made += 1;
-            Mode::Open
-        });
-        let second = served(&cell, || {
-            made += 1;
-            Mode::Keys
-        });
-        assert_eq!(made, 1);
+        let document = served(Mode::Open);
+        let (first, second) = (document.clone(), document.clone());
         assert_eq!(
             first.as_ptr(),
             second.as_ptr(),

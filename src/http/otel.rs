@@ -1,24 +1,25 @@
 //! The send routes' OpenTelemetry: a span started as a send request arrives, ended with
 //! what its typed answer was. `otel.rs` gets plain values ([`SendRecord`]) and knows
-//! nothing of HTTP or admission; without an endpoint `state.otel` is `None` and a send
-//! pays one branch here.
+//! nothing of HTTP or admission; without an endpoint there is no [`Otel`] and a send pays
+//! one branch here.
 
+use super::auth::Authenticator;
 use super::errors::ApiError;
-use super::state::AppState;
 use crate::admission::tenants::TenantIndex;
+use crate::admission::Dispatcher;
 use crate::domain::TraceContext;
 use crate::metrics::RequestOutcome;
-use crate::otel::{messaging_system, Decision, SendRecord, SendSpan};
+use crate::otel::{messaging_system, Decision, Otel, SendRecord, SendSpan};
 
 /// The send's span, when OpenTelemetry is on. `queue` is a served queue's name or
 /// `unknown` (the metrics' bounded label); `parent` reads the request's valid trace
 /// context, only when on.
 pub(crate) fn start<'a>(
-    state: &'a AppState,
+    otel: Option<&'a Otel>,
     queue: &'a str,
     parent: impl FnOnce() -> Option<TraceContext>,
 ) -> Option<SendSpan<'a>> {
-    let otel = state.otel.as_deref()?;
+    let otel = otel?;
     Some(otel.start_send(queue, parent().as_ref()))
 }
 
@@ -33,12 +34,19 @@ pub(crate) struct Ended<'a> {
     pub(crate) tenant: Option<TenantIndex>,
 }
 
-pub(crate) fn end(span: SendSpan<'_>, state: &AppState, ended: Ended<'_>) {
+/// End `span`: the backend's system from the lane the send took, the tenant's name from
+/// the authenticator.
+pub(crate) fn end(
+    span: SendSpan<'_>,
+    dispatcher: &Dispatcher,
+    auth: &Authenticator,
+    ended: Ended<'_>,
+) {
     let outcome = ended.outcome;
     let lane = outcome
         .backend
-        .and_then(|role| state.dispatcher.lane(role.as_str()))
-        .unwrap_or_else(|| state.dispatcher.primary());
+        .and_then(|role| dispatcher.lane(role.as_str()))
+        .unwrap_or_else(|| dispatcher.primary());
     let status = outcome.status.as_u16();
     let decision = match ended.refusal {
         None if ended.dry_run => Decision::Validated,
@@ -46,7 +54,7 @@ pub(crate) fn end(span: SendSpan<'_>, state: &AppState, ended: Ended<'_>) {
         Some(e) if e.problem.from_broker() => Decision::Admitted,
         Some(_) => Decision::Refused,
     };
-    let tenant = ended.tenant.and_then(|index| state.auth.tenant_name(index));
+    let tenant = ended.tenant.and_then(|index| auth.tenant_name(index));
     span.end(SendRecord {
         system: messaging_system(lane.backend().kind()),
         backend: outcome.backend.map(|role| role.as_str()),

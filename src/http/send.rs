@@ -10,11 +10,13 @@ use futures_util::StreamExt;
 use sendgate_wire::{ErrorBody, Queued, Valid};
 
 use super::auth::{Permission, Principal};
-use super::body_budget::BodyReservation;
+use super::body_budget::{BodyPermit, Buffered};
 use super::context::RequestContext;
 use super::errors::{ApiError, FieldError, Problem, MAX_FIELD_ERRORS};
-use super::headers::{self, spelling, CORRELATION_ID, IDEMPOTENCY_KEY, SENDGATE_BACKEND};
-use super::state::{authorize, AppState};
+use super::headers::{
+    self, spelling, CORRELATION_ID, IDEMPOTENCY_KEY, SENDGATE_BACKEND, TRACEPARENT, TRACESTATE,
+};
+use super::state::{authorize, AppState, Edge};
 use crate::admission::fair::Asker;
 use crate::admission::tenants::Criticality;
 use crate::admission::BackendRole;
@@ -114,12 +116,11 @@ pub async fn send_message(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     // A configured queue's name or "unknown", so the label set stays bounded.
-    let queue_label = state
-        .queues
-        .get_key_value(path.as_str())
-        .map_or("unknown", |(name, _)| name.as_str());
+    let queue_label = state.edge.queue_label(&path);
     let mut tenant = None;
-    let span = super::otel::start(&state, queue_label, || given_trace(&req));
+    let span = super::otel::start(state.observability.otel.as_deref(), queue_label, || {
+        given_trace(&req)
+    });
     let answer = admit_and_send(
         &req,
         &context,
@@ -131,7 +132,7 @@ pub async fn send_message(
     )
     .await;
     let counted = outcome(&answer);
-    state.metrics.request(queue_label, &counted);
+    state.observability.metrics.request(queue_label, &counted);
     if let Some(span) = span {
         let ended = super::otel::Ended {
             outcome: &counted,
@@ -147,7 +148,7 @@ pub async fn send_message(
             message_count: None,
             tenant,
         };
-        super::otel::end(span, &state, ended);
+        super::otel::end(span, &state.dispatcher, &state.edge.auth, ended);
     }
     let rate_limit =
         tenant.and_then(|t| crate::http::ratelimit::RateLimitFields::for_tenant(&state.rates, t));
@@ -160,23 +161,33 @@ pub async fn send_message(
 /// What the answer is counted as, from the typed result (never read back from a response).
 fn outcome(answer: &Result<Accepted, ApiError>) -> RequestOutcome {
     match answer {
-        Ok(Accepted {
-            taken: Taken::Validated,
-            ..
-        }) => RequestOutcome {
-            status: StatusCode::OK,
-            code: Valid::STATUS,
-            backend: None,
-        },
-        Ok(Accepted {
-            taken: Taken::Queued { via, .. },
-            ..
-        }) => RequestOutcome {
-            status: StatusCode::CREATED,
-            code: Queued::STATUS,
-            backend: *via,
-        },
+        Ok(accepted) => {
+            let (status, code) = accepted.taken.answer();
+            RequestOutcome {
+                status,
+                code,
+                backend: accepted.taken.via(),
+            }
+        }
         Err(e) => e.outcome(),
+    }
+}
+
+impl Taken {
+    /// The two successes: 200 `valid` for a dry run, 201 `queued` for a send.
+    fn answer(&self) -> (StatusCode, &'static str) {
+        match self {
+            Taken::Validated => (StatusCode::OK, Valid::STATUS),
+            Taken::Queued { .. } => (StatusCode::CREATED, Queued::STATUS),
+        }
+    }
+
+    /// The backend that took the send (none on a dry run).
+    fn via(&self) -> Option<BackendRole> {
+        match self {
+            Taken::Validated => None,
+            Taken::Queued { via, .. } => *via,
+        }
     }
 }
 
@@ -192,7 +203,7 @@ async fn admit_and_send(
     span: Option<&crate::otel::SendSpan<'_>>,
 ) -> Result<Accepted, ApiError> {
     // 2. Who is asking, and may they send to this queue?
-    let (queue, caller, asker) = authorize_send(req, context, queue, state).await?;
+    let (queue, caller, asker) = authorize_send(req, context, queue, &state.edge).await?;
     *tenant = Some(asker.tenant);
     // 3. Lifecycle: the guard keeps a drain waiting until this send is answered.
     let _in_flight = state
@@ -201,7 +212,7 @@ async fn admit_and_send(
         .map_err(|n| context.error(n.into()))?;
     // 4. Input.
     // `_buffered` holds the body's bytes in the budget until the send has ended.
-    let (input, body, _buffered) = read_input(req, context, payload, state)
+    let (input, body, _buffered) = read_input(req, context, payload, &state.edge)
         .await
         .map_err(|problem| context.error(problem))?;
     let asker = asked_criticality(req, asker)
@@ -302,10 +313,10 @@ pub(crate) async fn authorize_send(
     req: &HttpRequest,
     context: &RequestContext,
     queue: &str,
-    state: &AppState,
+    edge: &Edge,
 ) -> Result<(QueueName, Option<Arc<Principal>>, Asker), ApiError> {
-    let principal = authorize(req, context, state, Permission::Send, "send messages").await?;
-    let queue = state.queues.get(queue).ok_or_else(|| {
+    let principal = authorize(req, context, &edge.auth, Permission::Send, "send messages").await?;
+    let queue = edge.queues.get(queue).ok_or_else(|| {
         context.error(Problem::UnknownQueue {
             queue: queue.to_owned(),
         })
@@ -321,7 +332,7 @@ pub(crate) async fn authorize_send(
         tenant: principal.tenant,
         criticality: principal.criticality,
     };
-    let caller = (!state.auth.is_open()).then_some(principal);
+    let caller = (!edge.auth.is_open()).then_some(principal);
     Ok((queue.clone(), caller, asker))
 }
 
@@ -352,63 +363,45 @@ async fn read_input(
     req: &HttpRequest,
     context: &RequestContext,
     payload: web::Payload,
-    state: &AppState,
-) -> Result<(Input, Bytes, BodyReservation), Problem> {
-    let (body, reservation) =
-        read_json_body(req, payload, state, state.max_body_bytes, Held::Once).await?;
-    let input = Input::parse(req, &body, state.max_json_depth, context.header_problem())?;
-    Ok((input, body, reservation))
+    edge: &Edge,
+) -> Result<(Input, Bytes, BodyPermit), Problem> {
+    let limits = &edge.limits;
+    let (body, permit) =
+        read_json_body(req, payload, edge, limits.max_body_bytes, Buffered::Once).await?;
+    let input = Input::parse(req, &body, limits.max_json_depth, context.header_problem())?;
+    Ok((input, body, permit))
 }
 
 /// A JSON request's body, at most `limit` bytes: the content type, room in the body budget
-/// (held until the send ends, by the reservation returned), and the body within its
-/// deadline. A single send's and a batch's alike.
+/// (held until the send ends, by the permit returned), and the body within its deadline.
+/// A single send's and a batch's alike.
 pub(crate) async fn read_json_body(
     req: &HttpRequest,
     payload: web::Payload,
-    state: &AppState,
+    edge: &Edge,
     limit: usize,
-    held: Held,
-) -> Result<(Bytes, BodyReservation), Problem> {
+    buffered: Buffered,
+) -> Result<(Bytes, BodyPermit), Problem> {
     if !is_json(req) {
         return Err(Problem::UnsupportedMediaType);
     }
     // Room for the body in memory first, held until the send ends; none left: refused now.
     let announced = announced_length(req);
     let expected = announced.map_or(limit, |n| n.min(limit));
-    let weigh = |n: usize| held.weigh(n, state.body_budget.capacity());
-    let mut reservation = state
+    let weigh = |n: usize| buffered.weigh(n, edge.body_budget.capacity());
+    let mut permit = edge
         .body_budget
-        .try_reserve(weigh(expected))
+        .try_acquire(weigh(expected))
         .ok_or(Problem::Saturated)?;
     // A client that stops mid-body must not hold its request (and the drain) open: the
     // body has its own deadline to arrive (`SENDGATE_BODY_TIMEOUT_MS`).
-    let body = tokio::time::timeout(state.body_timeout, read_body(payload, announced, limit))
+    let timeout = edge.limits.body_timeout;
+    let body = tokio::time::timeout(timeout, read_body(payload, announced, limit))
         .await
         .unwrap_or(Err(Problem::RequestTimeout))?;
     // A body sent without a length was reserved at the largest size: keep only its own.
-    reservation.shrink_to(weigh(body.len()));
-    Ok((body, reservation))
-}
-
-/// How much of the body budget a request's body holds while it is in the gateway.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Held {
-    /// Its bytes: a single body goes to the broker as it was read.
-    Once,
-    /// Twice its bytes (at most the whole budget): a batch's bytes, and the copies of its
-    /// messages on their way to the broker (the HTTP server's read-ahead while it arrives,
-    /// the broker client's frames while it is published), each measured at most its size.
-    Twice,
-}
-
-impl Held {
-    fn weigh(self, bytes: usize, budget: usize) -> usize {
-        match self {
-            Held::Once => bytes,
-            Held::Twice => bytes.saturating_mul(2).min(budget),
-        }
-    }
+    permit.shrink_to(weigh(body.len()));
+    Ok((body, permit))
 }
 
 /// Steps 5 to 8, in the dispatcher; the answer names the backend the send went to. The
@@ -434,17 +427,10 @@ async fn dispatch(
         .send_with(&queue, &attributes, asker, || {
             let (id, at_broker) = key.ids();
             answered = Some(id);
-            // Without a correlation id of its own, the message carries the client's request id.
-            let correlation_id = correlation.clone().or_else(|| {
-                context
-                    .id_given()
-                    .then(|| CorrelationId::parse(context.id().as_str()).ok())
-                    .flatten()
-            });
             OutgoingMessage {
                 queue: queue.clone(),
                 message_id: at_broker,
-                correlation_id,
+                correlation_id: correlation.clone().or_else(|| request_correlation(context)),
                 body,
                 attributes: std::sync::Arc::clone(&attributes),
                 trace,
@@ -452,7 +438,7 @@ async fn dispatch(
         })
         .await;
     if let (Some(via), Some(took)) = (dispatched.via, dispatched.send_time) {
-        state.metrics.send_latency(via.as_str(), took);
+        state.observability.metrics.send_latency(via.as_str(), took);
     }
     match dispatched.result {
         Ok(receipt) => Ok(Accepted {
@@ -470,20 +456,26 @@ async fn dispatch(
             .error(Problem::from_dispatch(
                 e,
                 answered.as_ref(),
-                state.max_body_bytes,
+                state.edge.limits.max_body_bytes,
             ))
             .via(dispatched.via)
             .correlation(correlation.map(|c| c.to_string()))),
     }
 }
 
+/// Without a correlation id of its own, a message carries the client's request id (when
+/// the client gave one that is a valid correlation id).
+pub(crate) fn request_correlation(context: &RequestContext) -> Option<CorrelationId> {
+    context
+        .id_given()
+        .then(|| CorrelationId::parse(context.id().as_str()).ok())
+        .flatten()
+}
+
 impl Accepted {
     /// 201 `queued`, or 200 `valid` for a dry run (`X-Request-Id` comes from the context).
     fn into_response(self, request_id: &RequestId) -> HttpResponse {
-        let mut answer = match self.taken {
-            Taken::Validated => HttpResponse::Ok(),
-            Taken::Queued { .. } => HttpResponse::Created(),
-        };
+        let mut answer = HttpResponse::build(self.taken.answer().0);
         if let Some(c) = &self.correlation {
             answer.insert_header((CORRELATION_ID, c.as_str()));
         }
@@ -716,10 +708,6 @@ pub(crate) fn given_trace(req: &HttpRequest) -> Option<TraceContext> {
     with_trace_headers(req, TraceContext::given)
 }
 
-/// The W3C trace context's headers, named once (a `&str` name is parsed at every lookup).
-const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
-const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
-
 fn with_trace_headers<T>(req: &HttpRequest, f: impl FnOnce(Option<&str>, Option<&str>) -> T) -> T {
     let headers = req.headers();
     let mut parents = headers.get_all(TRACEPARENT);
@@ -770,15 +758,6 @@ fn query_value(req: &HttpRequest, key: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_batch_weighs_twice_its_bytes_at_most_the_whole_budget_a_single_body_once() {
-        assert_eq!(Held::Once.weigh(600, 1000), 600);
-        assert_eq!(Held::Twice.weigh(400, 1000), 800);
-        assert_eq!(Held::Twice.weigh(600, 1000), 1000);
-        assert_eq!(Held::Twice.weigh(usize::MAX, 1000), 1000);
-        assert_eq!(Held::Twice.weigh(0, 1000), 0);
-    }
 
     #[test]
     fn nesting_counts_arrays_and_objects_but_not_brackets_in_strings() {

@@ -125,11 +125,11 @@ pub struct QueuePatch {
 }
 
 fn view(state: &AppState, changed: Vec<String>, request_id: &str) -> SettingsView {
-    let overrides = state.settings.overrides();
+    let settings = &state.control.settings;
+    let overrides = settings.overrides();
     let d = &state.dispatcher;
     let one = |key: Key| setting_view(&overrides, d, &key);
-    let queues = state
-        .settings
+    let queues = settings
         .scope()
         .queues
         .iter()
@@ -152,7 +152,7 @@ fn view(state: &AppState, changed: Vec<String>, request_id: &str) -> SettingsVie
     SettingsView {
         queues,
         force_backend: one(Key::ForceBackend),
-        store: state.settings.store_kind(),
+        store: settings.store_kind(),
         changed,
         request_id: request_id.to_owned(),
     }
@@ -195,7 +195,7 @@ pub async fn get_settings(
     authorize(
         &req,
         &context,
-        &state,
+        &state.edge.auth,
         Permission::Administer,
         "read the runtime settings",
     )
@@ -234,7 +234,7 @@ pub async fn patch_settings(
     let principal = authorize(
         &req,
         &context,
-        &state,
+        &state.edge.auth,
         Permission::Administer,
         "change the runtime settings",
     )
@@ -242,7 +242,8 @@ pub async fn patch_settings(
     let body = json_body(&req, &state, payload)
         .await
         .map_err(|p| context.error(p))?;
-    let patch = Patch::parse(&body, state.settings.scope()).map_err(|e| {
+    let settings = &state.control.settings;
+    let patch = Patch::parse(&body, settings.scope()).map_err(|e| {
         context.error(match e {
             PatchError::UnknownQueue(queue) => Problem::UnknownQueue { queue },
             PatchError::Invalid(errors) => Problem::InvalidRequest { errors },
@@ -264,8 +265,7 @@ pub async fn patch_settings(
             action: "pin the backend of every queue (this key's scope is not every queue)",
         }));
     }
-    let changed = state
-        .settings
+    let changed = settings
         .patch(&state.dispatcher, &patch, &principal.name)
         .await
         .map_err(|e| {
@@ -337,7 +337,7 @@ pub async fn breaker(
     let principal = authorize(
         &req,
         &context,
-        &state,
+        &state.edge.auth,
         Permission::Administer,
         "operate a circuit breaker",
     )
@@ -391,7 +391,7 @@ async fn json_body(
         return Err(Problem::UnsupportedMediaType);
     }
     let read = super::send::read_body(payload, super::send::announced_length(req), MAX_ADMIN_BODY);
-    let bytes = tokio::time::timeout(state.body_timeout, read)
+    let bytes = tokio::time::timeout(state.edge.limits.body_timeout, read)
         .await
         .unwrap_or(Err(Problem::RequestTimeout))?;
     serde_json::from_slice(&bytes).map_err(|e| Problem::InvalidRequest {

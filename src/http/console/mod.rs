@@ -60,7 +60,7 @@ pub async fn page(state: web::Data<AppState>) -> HttpResponse {
         .ok()
         .and_then(|t| t.format(&Rfc3339).ok())
         .unwrap_or_default();
-    let markup = if state.auth.is_open() {
+    let markup = if state.edge.auth.is_open() {
         let snapshot = serde_json::to_value(super::health::snapshot(&state)).ok();
         render::page(Mode::Open, snapshot.as_ref(), &now)
     } else {

@@ -48,32 +48,7 @@ pub fn page(mode: Mode, snapshot: Option<&Value>, now: &str) -> Markup {
                 }
                 main {
                     @if keys {
-                        section #auth aria-labelledby="auth-title" {
-                            h2 #auth-title { "Observer token" }
-                            noscript {
-                                p.notice {
-                                    "API keys are on: this page needs JavaScript to send your "
-                                    "observer token (as an Authorization header, never in a URL)."
-                                }
-                            }
-                            // Shown by the script; without it the form could not keep the token out of a URL.
-                            form #token-form hidden method="post" autocomplete="off" {
-                                label for="token" { "Observer token" }
-                                input #token type="password" name="token" required
-                                    autocomplete="off" spellcheck="false"
-                                    aria-describedby="token-help";
-                                button type="submit" { "Show status" }
-                                p #token-help.help {
-                                    "A token with the observer or admin role. It is kept in this tab "
-                                    "only (sessionStorage) and sent as a bearer token."
-                                }
-                            }
-                            p #auth-error.error role="alert" {}
-                            p #signed-in hidden {
-                                "Using the token stored in this tab. "
-                                button #forget-token type="button" { "Forget token" }
-                            }
-                        }
+                        (token_section())
                     }
                     p #fetch-error.error role="status" {}
                     div #status aria-live="polite" {
@@ -89,33 +64,43 @@ pub fn page(mode: Mode, snapshot: Option<&Value>, now: &str) -> Markup {
     }
 }
 
+/// Keys on: the form the script shows to take an observer token (kept in the tab, sent as
+/// a bearer header), and where it says how that went.
+fn token_section() -> Markup {
+    html! {
+        section #auth aria-labelledby="auth-title" {
+            h2 #auth-title { "Observer token" }
+            noscript {
+                p.notice {
+                    "API keys are on: this page needs JavaScript to send your "
+                    "observer token (as an Authorization header, never in a URL)."
+                }
+            }
+            // Shown by the script; without it the form could not keep the token out of a URL.
+            form #token-form hidden method="post" autocomplete="off" {
+                label for="token" { "Observer token" }
+                input #token type="password" name="token" required
+                    autocomplete="off" spellcheck="false"
+                    aria-describedby="token-help";
+                button type="submit" { "Show status" }
+                p #token-help.help {
+                    "A token with the observer or admin role. It is kept in this tab "
+                    "only (sessionStorage) and sent as a bearer token."
+                }
+            }
+            p #auth-error.error role="alert" {}
+            p #signed-in hidden {
+                "Using the token stored in this tab. "
+                button #forget-token type="button" { "Forget token" }
+            }
+        }
+    }
+}
+
 /// The runtime settings form (`PATCH /admin/settings`). Outside the refreshed region, so a
 /// poll never wipes what is being typed; shown by the script (it sends the JSON and the
 /// admin token as a bearer header: the page's CSP lets no form submit by itself).
 fn settings_form(keys: bool) -> Markup {
-    let number = |id: &str, label: &str, min: u64, max: Option<u64>| {
-        html! {
-            div.setting {
-                label for=(id) { (label) }
-                input id=(id) type="number" min=(min) max=[max] step="1" inputmode="numeric"
-                    aria-describedby={ (id) "-now" };
-                label.inline { input id={ (id) "-default" } type="checkbox"; " back to the default" }
-                p.help id={ (id) "-now" } {}
-            }
-        }
-    };
-    // A share of the queue's ceiling (docs/contract.md, section 6: above 0, at most 1).
-    let fraction = |id: &str, label: &str| {
-        html! {
-            div.setting {
-                label for=(id) { (label) }
-                input id=(id) type="number" min="0" max="1" step="0.01" inputmode="decimal"
-                    aria-describedby={ (id) "-now" };
-                label.inline { input id={ (id) "-default" } type="checkbox"; " back to the default" }
-                p.help id={ (id) "-now" } {}
-            }
-        }
-    };
     html! {
         section #settings aria-labelledby="settings-title" {
             h2 #settings-title { "Runtime settings" }
@@ -128,21 +113,13 @@ fn settings_form(keys: bool) -> Markup {
                     "An empty field is left as it is."
                 }
                 @if keys {
-                    div.setting {
-                        label for="admin-token" { "Admin token" }
-                        input #admin-token type="password" autocomplete="off" spellcheck="false"
-                            aria-describedby="admin-token-help";
-                        p #admin-token-help.help {
-                            "A token with the admin role, kept in this tab only (sessionStorage) "
-                            "and sent as a bearer token."
-                        }
-                    }
+                    (admin_token())
                 }
                 div.setting {
                     label for="settings-queue" { "Queue" }
                     select #settings-queue {}
                 }
-                (number("set-max_queue_depth", "Ceiling (max_queue_depth)", 1, None))
+                (number_setting("set-max_queue_depth", "Ceiling (max_queue_depth)", 1, None))
                 div.setting {
                     label for="set-fail_closed" { "Fail-closed gate" }
                     select #set-fail_closed aria-describedby="set-fail_closed-now" {
@@ -153,11 +130,11 @@ fn settings_form(keys: bool) -> Markup {
                     }
                     p.help #set-fail_closed-now {}
                 }
-                (number("set-fail_closed_streak", "Fail-closed streak", 1, Some(u64::from(u32::MAX))))
-                (number("set-depth_ttl_ms", "Depth TTL (ms)", 0, Some(3_600_000)))
-                (fraction("set-shed_at_sheddable", "Sheddable sends refused from (shed_at_sheddable)"))
-                (fraction("set-shed_at_default", "Default sends refused from (shed_at_default)"))
-                (fraction("set-fair_share_at", "Shares apply from (fair_share_at)"))
+                (number_setting("set-fail_closed_streak", "Fail-closed streak", 1, Some(u64::from(u32::MAX))))
+                (number_setting("set-depth_ttl_ms", "Depth TTL (ms)", 0, Some(3_600_000)))
+                (fraction_setting("set-shed_at_sheddable", "Sheddable sends refused from (shed_at_sheddable)"))
+                (fraction_setting("set-shed_at_default", "Default sends refused from (shed_at_default)"))
+                (fraction_setting("set-fair_share_at", "Shares apply from (fair_share_at)"))
                 div.setting {
                     label for="set-force_backend" { "Forced backend (all queues)" }
                     select #set-force_backend aria-describedby="set-force_backend-now" {
@@ -171,6 +148,49 @@ fn settings_form(keys: bool) -> Markup {
                 button type="submit" { "Apply" }
                 p #settings-result role="status" {}
                 ul #settings-errors.error role="alert" {}
+            }
+        }
+    }
+}
+
+/// A whole-number setting's field, with its "back to the default" box and where the
+/// script writes the value in force.
+fn number_setting(id: &str, label: &str, min: u64, max: Option<u64>) -> Markup {
+    html! {
+        div.setting {
+            label for=(id) { (label) }
+            input id=(id) type="number" min=(min) max=[max] step="1" inputmode="numeric"
+                aria-describedby={ (id) "-now" };
+            label.inline { input id={ (id) "-default" } type="checkbox"; " back to the default" }
+            p.help id={ (id) "-now" } {}
+        }
+    }
+}
+
+/// A share of the queue's ceiling (docs/contract.md, section 6: above 0, at most 1), as
+/// [`number_setting`] otherwise.
+fn fraction_setting(id: &str, label: &str) -> Markup {
+    html! {
+        div.setting {
+            label for=(id) { (label) }
+            input id=(id) type="number" min="0" max="1" step="0.01" inputmode="decimal"
+                aria-describedby={ (id) "-now" };
+            label.inline { input id={ (id) "-default" } type="checkbox"; " back to the default" }
+            p.help id={ (id) "-now" } {}
+        }
+    }
+}
+
+/// Keys on: the admin token the settings are sent with.
+fn admin_token() -> Markup {
+    html! {
+        div.setting {
+            label for="admin-token" { "Admin token" }
+            input #admin-token type="password" autocomplete="off" spellcheck="false"
+                aria-describedby="admin-token-help";
+            p #admin-token-help.help {
+                "A token with the admin role, kept in this tab only (sessionStorage) "
+                "and sent as a bearer token."
             }
         }
     }
