@@ -4,16 +4,13 @@
 //! itself under its deadline. [`Dispatcher`] strings them together; each gate is its own
 //! module.
 
+pub mod assemble;
 pub mod breaker;
 pub mod ceiling;
 pub mod drain;
-pub mod exchange;
 pub mod fair;
 pub mod inflight;
 mod lane;
-pub mod quota;
-pub mod share;
-pub mod tally;
 pub mod tenants;
 
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -489,6 +486,23 @@ mod tests {
         }
     }
 
+    /// A lane over `backend` whose gates decide alone, without tenants.
+    fn lane(
+        role: BackendRole,
+        backend: Arc<dyn Backend>,
+        queues: &[QueueName],
+        capacity: &CapacitySettings,
+        breaker: BreakerPolicy,
+    ) -> Lane {
+        let policy = ceiling::CapacityPolicy::from_settings(capacity);
+        let gates = queues.iter().map(|queue| {
+            let parts =
+                ceiling::GateParts::alone(queue.clone(), policy.clone(), Arc::clone(&backend));
+            ceiling::CapacityGate::new(parts)
+        });
+        Lane::new(role, Arc::clone(&backend), gates, breaker)
+    }
+
     fn dispatcher(max: usize) -> (Arc<Dispatcher>, QueueName) {
         let queue = QueueName::parse("q").unwrap();
         let capacity = CapacitySettings {
@@ -500,7 +514,7 @@ mod tests {
             retry_after_max: Duration::from_secs(300),
             resume_below: crate::config::Fraction::ONE,
         };
-        let lane = Lane::new(
+        let lane = lane(
             BackendRole::Primary,
             Arc::new(Hung),
             std::slice::from_ref(&queue),
@@ -641,14 +655,14 @@ mod tests {
             open_for: Duration::from_secs(5),
             ..BreakerPolicy::default()
         };
-        let primary = Lane::new(
+        let primary = lane(
             BackendRole::Primary,
             flaky.clone(),
             queues,
             &capacity,
             policy.clone(),
         );
-        let fallback = Lane::new(
+        let fallback = lane(
             BackendRole::Fallback,
             Arc::new(Healthy),
             queues,
@@ -718,7 +732,7 @@ mod tests {
         };
         let queues = std::slice::from_ref(&queue);
         let lane = |role| {
-            Lane::new(
+            lane(
                 role,
                 Arc::new(Healthy),
                 queues,

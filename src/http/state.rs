@@ -39,7 +39,7 @@ pub struct AppState {
     /// The runtime overrides (`/admin/settings`) and where they are kept.
     pub settings: std::sync::Arc<crate::settings::RuntimeSettings>,
     /// The tenants' rate quotas, for the `RateLimit` headers (the gates take from them).
-    pub rates: std::sync::Arc<crate::admission::quota::RateBook>,
+    pub rates: std::sync::Arc<crate::admission::fair::quota::RateBook>,
     /// The OpenAPI document this gateway serves, made at the first ask and shared by every
     /// answer (`openapi.rs`).
     pub openapi: std::sync::OnceLock<bytes::Bytes>,
