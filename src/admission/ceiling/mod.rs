@@ -17,6 +17,7 @@
 mod fleet;
 mod local;
 pub mod policy;
+mod reservation;
 mod window;
 
 use std::sync::Arc;
@@ -32,9 +33,11 @@ pub use local::LocalBounds;
 pub use policy::{
     BacklogEffect, CapacityPolicy, GateSnapshot, PolicyCell, PolicyOverride, Refusal,
 };
+pub use reservation::Reservation;
 
 use fleet::{AloneAnswer, FleetAnswer, Judged};
 use local::LocalGate;
+use reservation::Decider;
 
 pub struct CapacityGate {
     local: Arc<LocalGate>,
@@ -214,7 +217,7 @@ impl CapacityGate {
     ) -> Result<Reservation, Refusal> {
         let decision = self.local.admit_units(None, units, &mut judging).await;
         judging.settle(Decision::Answered(&decision), || self.local.reads());
-        decision.map(|()| self.reservation(Decider::Local, units))
+        decision.map(|()| Reservation::new(Decider::Local(Arc::clone(&self.local)), units))
     }
 
     /// In the fleet: the judge first, by the seat's last view (docs/fairness.md, "In a
@@ -236,7 +239,10 @@ impl CapacityGate {
         InFleet::Decided(match seat.admit_units(units).await {
             FleetAnswer::Admit(held) => {
                 judging.settle(Decision::Answered(&judged), reads);
-                Ok(self.reservation(Decider::Fleet(held), units))
+                Ok(Reservation::new(
+                    Decider::Fleet(Arc::clone(seat), held),
+                    units,
+                ))
             }
             FleetAnswer::Refuse(refusal) => {
                 judging.settle(Decision::RefusedBySeat(&refusal), reads);
@@ -250,12 +256,17 @@ impl CapacityGate {
     /// or the replica's own gate within the bounds the seat gives (fail open).
     async fn admit_cut_off(
         self: &Arc<Self>,
-        seat: &FleetSeat,
+        seat: &Arc<FleetSeat>,
         mut judging: Judging<'_>,
         units: u64,
     ) -> Result<Reservation, Refusal> {
         let (bounds, counted) = match seat.alone_units(units) {
-            AloneAnswer::Admit(held) => return Ok(self.reservation(Decider::Fleet(held), units)),
+            AloneAnswer::Admit(held) => {
+                return Ok(Reservation::new(
+                    Decider::Fleet(Arc::clone(seat), held),
+                    units,
+                ))
+            }
             AloneAnswer::Refuse(refusal) => return Err(self.log_failclosed(seat, refusal)),
             AloneAnswer::Decide { bounds, counted } => (bounds, counted),
         };
@@ -271,30 +282,14 @@ impl CapacityGate {
             // Counted since before the gate's read (which may take up to its deadline): the
             // send's deadline counts from then, or it could be published after the hold
             // that keeps it counted has ended.
-            Ok(()) => Ok(self.reservation_counted_at(Decider::Alone, units, counted.at)),
+            Ok(()) => {
+                let decider = Decider::Alone(Arc::clone(&self.local));
+                Ok(Reservation::counted_since(decider, units, counted.at))
+            }
             Err(refusal) => {
                 seat.take_back_alone(counted);
                 Err(refusal)
             }
-        }
-    }
-
-    fn reservation(self: &Arc<Self>, decider: Decider, units: u64) -> Reservation {
-        self.reservation_counted_at(decider, units, tokio::time::Instant::now())
-    }
-
-    fn reservation_counted_at(
-        self: &Arc<Self>,
-        decider: Decider,
-        units: u64,
-        counted_at: tokio::time::Instant,
-    ) -> Reservation {
-        Reservation {
-            gate: Arc::clone(self),
-            decider,
-            units,
-            counted_at,
-            finished: false,
         }
     }
 
@@ -357,79 +352,6 @@ impl CapacityGate {
                     || (seat.is_some_and(|s| !s.joined()) && self.policy.load().fail_closed),
                 ..local
             },
-        }
-    }
-}
-
-/// Who admitted a send, so its end is told to the same.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Decider {
-    Local,
-    Fleet(Held),
-    /// The replica's own gate, cut off from the fleet and failing open: the seat counted it
-    /// in its window already.
-    Alone,
-}
-
-/// One admitted send's place under the ceiling (or a batch's, one unit per entry). Finish
-/// it with the send's outcome; if it is dropped unfinished (the request was cancelled
-/// mid-send) every unit counts as [`BacklogEffect::Unknown`], the safe side.
-pub struct Reservation {
-    gate: Arc<CapacityGate>,
-    decider: Decider,
-    units: u64,
-    counted_at: tokio::time::Instant,
-    finished: bool,
-}
-
-impl Reservation {
-    /// When the ceiling began counting this send: its deadline counts from here
-    /// (docs/fleet.md, A2: a send counted at `a` is stored by `a + D` or never).
-    pub fn counted_at(&self) -> tokio::time::Instant {
-        self.counted_at
-    }
-
-    /// How many sends it holds.
-    pub fn units(&self) -> u64 {
-        self.units
-    }
-
-    /// Every unit ended with `outcome`.
-    pub fn finish(mut self, outcome: BacklogEffect) {
-        self.finished = true;
-        for _ in 0..self.units {
-            self.settle(outcome);
-        }
-    }
-
-    /// A batch ended: one outcome per unit. Units without one (fewer outcomes than units)
-    /// count as [`BacklogEffect::Unknown`].
-    pub fn finish_each(mut self, outcomes: impl IntoIterator<Item = BacklogEffect>) {
-        self.finished = true;
-        let mut left = self.units;
-        for outcome in outcomes.into_iter().take(self.units as usize) {
-            self.settle(outcome);
-            left -= 1;
-        }
-        for _ in 0..left {
-            self.settle(BacklogEffect::Unknown);
-        }
-    }
-
-    fn settle(&self, outcome: BacklogEffect) {
-        match (self.decider, self.gate.seat.as_ref()) {
-            (Decider::Fleet(held), Some(seat)) => seat.finish(held, outcome),
-            _ => self.gate.local.finish(outcome),
-        }
-    }
-}
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        if !self.finished {
-            for _ in 0..self.units {
-                self.settle(BacklogEffect::Unknown);
-            }
         }
     }
 }
