@@ -9,10 +9,13 @@
 //!
 //! ```text
 //! mod.rs ──▶ local.rs ──▶ policy.rs
-//!    └─────▶ fleet.rs ──▶ policy.rs, window.rs, coordination::port
+//!    ├─────▶ fleet.rs ──▶ policy.rs, window.rs, coordination::port
+//!    ├─────▶ reservation.rs ──▶ local.rs, fleet.rs
+//!    └─────▶ fair (one send's Judging, handed to local.rs as policy.rs's Judge)
 //! ```
 //! `local.rs` knows nothing of a fleet or Redis; `fleet.rs` nothing of the local gate but
-//! the bounds it hands it.
+//! the bounds it hands it; neither anything of fairness. Each gate is built whole from its
+//! [`GateParts`] (start-up: `admission::assemble`).
 
 mod fleet;
 mod local;

@@ -1,4 +1,4 @@
-//! The tenants' quotas (docs/fairness.md, "Quotas"), as books the judge (`fair.rs`) asks
+//! The tenants' quotas (docs/fairness.md, "Quotas"), as books the judge (`judging.rs`) asks
 //! about a send the ceiling admits: a rate with a burst (GCRA), kept per tenant for the
 //! whole gateway, and `max_share`, what a tenant's admissions hold of one queue, kept by
 //! each queue's gate. Asking takes nothing: only units the judge admits are taken, so a
