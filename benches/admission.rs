@@ -35,7 +35,7 @@ use futures_util::FutureExt;
 use tokio::time::Instant;
 
 use sendgate::admission::breaker::BreakerPolicy;
-use sendgate::admission::ceiling::{BacklogEffect, CapacityGate, CapacityPolicy};
+use sendgate::admission::ceiling::{BacklogEffect, CapacityGate, CapacityPolicy, GateParts};
 use sendgate::admission::inflight::InFlight;
 use sendgate::admission::{BackendRole, DispatchError, Dispatcher, Lane};
 use sendgate::backend::{Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt};
@@ -135,7 +135,11 @@ fn primed_gate(backlog: u64, limit: u64, lag: Duration) -> Arc<CapacityGate> {
         ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", &limit.to_string()),
     ]);
     let stub = Arc::new(Stub { backlog, lag });
-    let gate = CapacityGate::new(queue(), CapacityPolicy::from_settings(&settings), stub);
+    let gate = CapacityGate::new(GateParts::alone(
+        queue(),
+        CapacityPolicy::from_settings(&settings),
+        stub,
+    ));
     // The read runs under a deadline (a tokio timer), so it needs a runtime; the cached
     // admits measured below never reach a timer.
     runtime().block_on(gate.prime());
@@ -332,16 +336,13 @@ fn bench_decision(c: &mut Criterion) {
             ("SENDGATE_DEPTH_TTL_MS", "3600000"),
             ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", limit),
         ]);
-        let route = Lane::new(
-            BackendRole::Primary,
-            Arc::new(Stub {
-                backlog,
-                lag: Duration::ZERO,
-            }),
-            &[queue()],
-            &settings,
-            BreakerPolicy::default(),
-        );
+        let stub: Arc<dyn Backend> = Arc::new(Stub {
+            backlog,
+            lag: Duration::ZERO,
+        });
+        let policy = CapacityPolicy::from_settings(&settings);
+        let gate = CapacityGate::new(GateParts::alone(queue(), policy, Arc::clone(&stub)));
+        let route = Lane::new(BackendRole::Primary, stub, [gate], BreakerPolicy::default());
         let dispatcher = Dispatcher::new(
             route,
             None,

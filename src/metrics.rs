@@ -222,7 +222,7 @@ fn coordination_families(coordination: &Coordination) -> Vec<prometheus::proto::
 /// `sendgate_tenant_would_refuse_total{reason}` (shadow mode) and `sendgate_tenant_share`.
 /// The `tenant` label takes only the keys file's tenants (at most 1000; open mode: `open`).
 fn tenant_families(dispatcher: &Dispatcher) -> Vec<prometheus::proto::MetricFamily> {
-    use crate::admission::tally::Reason;
+    use crate::admission::fair::tally::Reason;
 
     let admitted = counter_vec(
         "sendgate_tenant_admitted_total",

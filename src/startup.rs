@@ -13,10 +13,9 @@ use std::time::Duration;
 use actix_web::dev::Server;
 use actix_web::{web, App};
 
-use crate::admission::breaker::BreakerPolicy;
-use crate::admission::inflight::InFlight;
-use crate::admission::quota::RateBook;
-use crate::admission::{BackendRole, Dispatcher, Lane};
+use crate::admission::assemble::{assemble, Assembled};
+use crate::admission::fair::quota::RateBook;
+use crate::admission::Dispatcher;
 use crate::backend::embedded::{EmbeddedQueue, StoreError};
 use crate::backend::rabbitmq::RabbitMq;
 use crate::backend::servicebus::ServiceBus;
@@ -494,74 +493,16 @@ impl Application {
         backends: Backends,
         auth: &Authenticator,
     ) -> (Dispatcher, Coordination, Arc<RateBook>) {
-        let d = &settings.dispatch;
-        let breaker = BreakerPolicy {
-            window: d.breaker_window,
-            min_failures: d.breaker_min_failures,
-            failure_rate: d.breaker_failure_rate,
-            open_for: d.breaker_open,
-        };
-        let route = |role, backend| {
-            Lane::new(
-                role,
-                backend,
-                &settings.queues,
-                &settings.capacity,
-                breaker.clone(),
-            )
-        };
-        let primary_route = route(BackendRole::Primary, backends.primary);
-        let fallback_route = backends
-            .fallback
-            .map(|backend| route(BackendRole::Fallback, backend));
         // Tenants share each queue's room, and criticality is shed, by the keys file's
         // tenants (open mode: one tenant, every send at the default level).
-        let fair = fair_policy(&settings.fair);
         let tenants = auth.tenants();
-        primary_route.share_among(&tenants, fair);
-        if let Some(lane) = &fallback_route {
-            lane.share_among(&tenants, fair);
-        }
-        // One rate bucket per tenant for the whole gateway (every queue, either backend);
-        // a held book per queue's gate, for max_share.
-        let quotas = tenants.quotas();
-        let rates = Arc::new(crate::admission::quota::RateBook::new(
-            &quotas,
-            tokio::time::Instant::now(),
-        ));
-        if tenants.have_quotas() {
-            primary_route.hold_to(&quotas, &rates);
-            if let Some(lane) = &fallback_route {
-                lane.hold_to(&quotas, &rates);
-            }
-        }
         let coordination = Coordination::start(&settings.coordination);
-        if let Coordination::Fleet { fleet, redis } = &coordination {
-            let primary = settings.primary.kind();
-            let shares: Arc<dyn crate::coordination::shares::ShareExchange> =
-                Arc::new(redis.clone());
-            primary_route.join_fleet(
-                fleet,
-                &shares,
-                |q| redis.queue_key(primary, q),
-                settings.send_timeout,
-            );
-            if let (Some(lane), Some(fallback)) = (&fallback_route, &settings.fallback) {
-                let fallback = fallback.kind();
-                lane.join_fleet(
-                    fleet,
-                    &shares,
-                    |q| redis.fallback_queue_key(primary, fallback, q),
-                    settings.send_timeout,
-                );
-            }
-        }
-        let dispatcher = Dispatcher::new(
-            primary_route,
-            fallback_route,
-            d.force,
-            InFlight::new(settings.max_in_flight),
-            settings.send_timeout,
+        let Assembled { dispatcher, rates } = assemble(
+            settings,
+            backends.primary,
+            backends.fallback,
+            &tenants,
+            &coordination,
         );
         (dispatcher, coordination, rates)
     }
@@ -702,21 +643,5 @@ impl SignalStream {
 
     async fn next(&mut self) {
         let _ = tokio::signal::ctrl_c().await;
-    }
-}
-
-/// The settings' fair-share policy as admission takes it.
-fn fair_policy(fair: &crate::config::FairSettings) -> crate::admission::fair::FairPolicy {
-    use crate::admission::share::ShareMode;
-    use crate::config::FairMode;
-    crate::admission::fair::FairPolicy {
-        mode: match fair.mode {
-            FairMode::Enforce => ShareMode::Enforce,
-            FairMode::Shadow => ShareMode::Shadow,
-            FairMode::Off => ShareMode::Off,
-        },
-        share_at: fair.share_at,
-        shed_at_sheddable: fair.shed_at_sheddable,
-        shed_at_default: fair.shed_at_default,
     }
 }

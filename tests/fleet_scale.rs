@@ -17,7 +17,9 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use sendgate::admission::ceiling::{BacklogEffect, CapacityGate, CapacityPolicy, FleetSeat};
+use sendgate::admission::ceiling::{
+    BacklogEffect, CapacityGate, CapacityPolicy, FleetSeat, GateParts, PolicyCell,
+};
 use sendgate::backend::{Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt};
 use sendgate::config::{BackendKind, Fraction};
 use sendgate::coordination::fleet::Fleet;
@@ -163,15 +165,19 @@ async fn simulate(ledgers: Vec<Arc<dyn LedgerPort>>, key: &str) -> Outcome {
         });
         let fleet = Fleet::start(timed, size);
         let backend: Arc<dyn Backend> = queue.clone();
-        let gate = CapacityGate::new(name.clone(), policy.clone(), Arc::clone(&backend));
-        gate.join_fleet(FleetSeat::new(
+        let cell = PolicyCell::new(policy.clone());
+        let seat = FleetSeat::new(
             Arc::clone(&fleet),
             key.to_owned(),
             name.clone(),
-            Arc::clone(gate.policy_cell()),
-            backend,
+            Arc::clone(&cell),
+            Arc::clone(&backend),
             Duration::from_secs(2),
-        ));
+        );
+        let gate = CapacityGate::new(GateParts {
+            seat: Some(seat),
+            ..GateParts::alone(name.clone(), cell, backend)
+        });
         gates.push((fleet, gate));
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(5);

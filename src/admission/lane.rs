@@ -13,9 +13,8 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use super::breaker::{Breaker, BreakerPolicy};
-use super::ceiling::{CapacityGate, CapacityPolicy, FleetSeat};
+use super::ceiling::CapacityGate;
 use crate::backend::Backend;
-use crate::config::CapacitySettings;
 use crate::domain::QueueName;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,75 +50,23 @@ pub struct Lane {
 }
 
 impl Lane {
+    /// A lane over `backend` with one gate per queue, each built whole.
     pub fn new(
         role: BackendRole,
         backend: Arc<dyn Backend>,
-        queues: &[QueueName],
-        capacity: &CapacitySettings,
+        gates: impl IntoIterator<Item = Arc<CapacityGate>>,
         breaker: BreakerPolicy,
     ) -> Self {
-        let policy = CapacityPolicy::from_settings(capacity);
-        let gates = queues
-            .iter()
-            .map(|q| {
-                let gate = CapacityGate::new(q.clone(), policy.clone(), backend.clone());
-                (q.clone(), gate)
-            })
-            .collect();
         Self {
             role,
             breaker: Breaker::new(role.as_str(), breaker),
             backend,
-            gates,
+            gates: gates
+                .into_iter()
+                .map(|gate| (gate.queue().clone(), gate))
+                .collect(),
             probe: Mutex::new(None),
             send_failed_log: crate::telemetry::EveryPeriod::new(Duration::from_secs(1)),
-        }
-    }
-
-    /// Share each queue's room among these tenants, by the fair policy (start-up).
-    pub fn share_among(
-        &self,
-        tenants: &crate::admission::tenants::Tenants,
-        policy: crate::admission::fair::FairPolicy,
-    ) {
-        for gate in self.gates.values() {
-            gate.share_among(tenants, policy);
-        }
-    }
-
-    /// Hold each queue's tenants to their quotas; `rates` is shared by every queue.
-    pub fn hold_to(
-        &self,
-        quotas: &[crate::admission::tenants::Quota],
-        rates: &Arc<crate::admission::quota::RateBook>,
-    ) {
-        for gate in self.gates.values() {
-            gate.hold_to(quotas, Arc::clone(rates));
-        }
-    }
-
-    pub fn join_fleet(
-        &self,
-        fleet: &Arc<crate::coordination::fleet::Fleet>,
-        shares: &Arc<dyn crate::coordination::shares::ShareExchange>,
-        key: impl Fn(&QueueName) -> String,
-        send_timeout: Duration,
-    ) {
-        for (queue, gate) in &self.gates {
-            let key = key(queue);
-            gate.exchange_shares(crate::admission::exchange::Place {
-                exchange: Arc::clone(shares),
-                key: format!("{key}:tenants"),
-                replica: fleet.replica().to_owned(),
-            });
-            gate.join_fleet(FleetSeat::new(
-                Arc::clone(fleet),
-                key,
-                queue.clone(),
-                Arc::clone(gate.policy_cell()),
-                Arc::clone(&self.backend),
-                send_timeout,
-            ));
         }
     }
 

@@ -4,16 +4,13 @@
 //! itself under its deadline. [`Dispatcher`] strings them together; each gate is its own
 //! module.
 
+pub mod assemble;
 pub mod breaker;
 pub mod ceiling;
 pub mod drain;
-pub mod exchange;
 pub mod fair;
 pub mod inflight;
 mod lane;
-pub mod quota;
-pub mod share;
-pub mod tally;
 pub mod tenants;
 
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -30,40 +27,45 @@ use fair::Asker;
 use inflight::InFlight;
 pub use lane::{BackendRole, Lane, ProbeStatus};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DispatchError {
     /// Capacity said no: queue full, or depth unknown with the gate on.
+    #[error("refused before the broker: {0:?}")]
     Refused(Refusal),
     /// Every in-flight slot is taken; answered at once, never queued. Not a backend failure.
+    #[error("every in-flight slot is taken")]
     Saturated,
     /// The queue is not one this dispatcher serves.
+    #[error("not a queue this gateway serves")]
     UnknownQueue,
     /// The circuit is open and no fallback can take the send.
+    #[error("the backend's circuit is open (retry after {retry_after:?})")]
     BackendUnavailable { retry_after: Duration },
     /// The broker did not take the message (or may not have, for a timeout).
+    #[error("the broker did not take the message: {0}")]
     Send(SendError),
     /// The backend the send would go to cannot carry this attribute (`kind()` names it).
+    #[error("the {backend} backend cannot carry {attribute:?}")]
     Unsupported {
         attribute: Field,
         backend: &'static str,
     },
 }
 
-/// The result of one batch's dispatch: refused whole (`Err`), or one result per message.
-pub struct DispatchedBatch {
+/// The result of one dispatch (a send's receipt, or a batch's results one per message:
+/// refused whole as `Err`), and which backend it went to (if it got that far).
+pub struct Routed<T> {
     pub via: Option<BackendRole>,
-    pub result: Result<Vec<Result<SendReceipt, SendError>>, DispatchError>,
-    /// How long the backend's batch send took, when one was made.
-    pub send_time: Option<Duration>,
-}
-
-/// The result of one dispatch, and which backend it went to (if it got that far).
-pub struct Dispatched {
-    pub via: Option<BackendRole>,
-    pub result: Result<SendReceipt, DispatchError>,
+    pub result: Result<T, DispatchError>,
     /// How long the backend send itself took, when one was made.
     pub send_time: Option<Duration>,
 }
+
+/// One message's dispatch.
+pub type Dispatched = Routed<SendReceipt>;
+
+/// One batch's dispatch: refused whole (`Err`), or one result per message.
+pub type DispatchedBatch = Routed<Vec<Result<SendReceipt, SendError>>>;
 
 pub struct Dispatcher {
     primary: Lane,
@@ -208,23 +210,10 @@ impl Dispatcher {
         asker: Asker,
         messages: impl FnOnce() -> Vec<OutgoingMessage>,
     ) -> DispatchedBatch {
-        let (lane, admitted) = match self.admit_routed(queue, attributes, asker).await {
-            Ok(routed) => routed,
-            Err((via, e)) => {
-                return DispatchedBatch {
-                    via,
-                    result: Err(e),
-                    send_time: None,
-                }
-            }
-        };
-        let started = Instant::now();
-        let result = self.deliver_batch(lane, admitted, messages()).await;
-        DispatchedBatch {
-            via: Some(lane.role),
-            result: Ok(result),
-            send_time: Some(started.elapsed()),
-        }
+        self.route(queue, attributes, asker, |lane, admitted| async move {
+            Ok(self.deliver_batch(lane, admitted, messages()).await)
+        })
+        .await
     }
 
     /// [`Dispatcher::send`], with the message made only once the send is admitted: a
@@ -237,10 +226,27 @@ impl Dispatcher {
         asker: Asker,
         message: impl FnOnce() -> OutgoingMessage,
     ) -> Dispatched {
-        let (lane, admitted) = match self.admit_routed(queue, &[attributes], asker).await {
+        self.route(queue, &[attributes], asker, |lane, admitted| {
+            self.deliver(lane, admitted, message())
+        })
+        .await
+    }
+
+    /// Admitted on a lane (what [`Self::admit_routed`] asks), then `deliver`ed there, timed.
+    async fn route<'d, T, F>(
+        &'d self,
+        queue: &QueueName,
+        attributes: &[&Attributes],
+        asker: Asker,
+        deliver: impl FnOnce(&'d Lane, Admitted) -> F,
+    ) -> Routed<T>
+    where
+        F: std::future::Future<Output = Result<T, DispatchError>>,
+    {
+        let (lane, admitted) = match self.admit_routed(queue, attributes, asker).await {
             Ok(routed) => routed,
             Err((via, e)) => {
-                return Dispatched {
+                return Routed {
                     via,
                     result: Err(e),
                     send_time: None,
@@ -248,8 +254,8 @@ impl Dispatcher {
             }
         };
         let started = Instant::now();
-        let result = self.deliver(lane, admitted, message()).await;
-        Dispatched {
+        let result = deliver(lane, admitted).await;
+        Routed {
             via: Some(lane.role),
             result,
             send_time: Some(started.elapsed()),
@@ -489,6 +495,23 @@ mod tests {
         }
     }
 
+    /// A lane over `backend` whose gates decide alone, without tenants.
+    fn lane(
+        role: BackendRole,
+        backend: Arc<dyn Backend>,
+        queues: &[QueueName],
+        capacity: &CapacitySettings,
+        breaker: BreakerPolicy,
+    ) -> Lane {
+        let policy = ceiling::CapacityPolicy::from_settings(capacity);
+        let gates = queues.iter().map(|queue| {
+            let parts =
+                ceiling::GateParts::alone(queue.clone(), policy.clone(), Arc::clone(&backend));
+            ceiling::CapacityGate::new(parts)
+        });
+        Lane::new(role, Arc::clone(&backend), gates, breaker)
+    }
+
     fn dispatcher(max: usize) -> (Arc<Dispatcher>, QueueName) {
         let queue = QueueName::parse("q").unwrap();
         let capacity = CapacitySettings {
@@ -500,7 +523,7 @@ mod tests {
             retry_after_max: Duration::from_secs(300),
             resume_below: crate::config::Fraction::ONE,
         };
-        let lane = Lane::new(
+        let lane = lane(
             BackendRole::Primary,
             Arc::new(Hung),
             std::slice::from_ref(&queue),
@@ -641,14 +664,14 @@ mod tests {
             open_for: Duration::from_secs(5),
             ..BreakerPolicy::default()
         };
-        let primary = Lane::new(
+        let primary = lane(
             BackendRole::Primary,
             flaky.clone(),
             queues,
             &capacity,
             policy.clone(),
         );
-        let fallback = Lane::new(
+        let fallback = lane(
             BackendRole::Fallback,
             Arc::new(Healthy),
             queues,
@@ -718,7 +741,7 @@ mod tests {
         };
         let queues = std::slice::from_ref(&queue);
         let lane = |role| {
-            Lane::new(
+            lane(
                 role,
                 Arc::new(Healthy),
                 queues,

@@ -13,7 +13,7 @@ use actix_web::{HttpResponse, ResponseError};
 use super::errors::{whole_seconds, ApiError};
 
 use super::headers::{RATELIMIT, RATELIMIT_POLICY};
-use crate::admission::quota::{RateBook, RateState};
+use crate::admission::fair::quota::{RateBook, RateState};
 use crate::admission::tenants::TenantIndex;
 
 /// The policy's name in both fields.

@@ -16,7 +16,7 @@ use super::auth::{self, Authenticator};
 use super::body_budget::BodyBudget;
 use super::context::RequestContext;
 use super::errors::{ApiError, Problem};
-use crate::admission::quota::RateBook;
+use crate::admission::fair::quota::RateBook;
 use crate::admission::Dispatcher;
 use crate::coordination::Coordination;
 use crate::domain::QueueName;

@@ -246,7 +246,12 @@ fn crossed_levels(next: &Overrides, patch: &Patch, dispatcher: &Dispatcher) -> V
     use overrides::{Change, Key, QueueField};
     let mut errors = Vec::new();
     for queue in &patch.queues {
-        let Some(base) = dispatcher.primary().gate(queue).and_then(|g| g.fair_base()) else {
+        let Some(base) = dispatcher
+            .primary()
+            .gate(queue)
+            .and_then(|g| g.fairness())
+            .map(|f| f.base())
+        else {
             continue;
         };
         let fair = next
@@ -302,7 +307,9 @@ fn apply(overrides: &Overrides, dispatcher: &Dispatcher) {
             let fair = queue
                 .map(overrides::QueueOverrides::fair)
                 .unwrap_or_default();
-            gate.apply_fair(&fair);
+            if let Some(fairness) = gate.fairness() {
+                fairness.apply(&fair);
+            }
         }
     }
     dispatcher.set_force(
@@ -325,7 +332,8 @@ pub fn default_value(key: &overrides::Key, dispatcher: &Dispatcher) -> Value {
             let base = g.policy_cell().base();
             let level =
                 |pick: fn(&crate::admission::fair::FairPolicy) -> crate::config::Fraction| {
-                    g.fair_base().map_or(Value::Null, |f| pick(&f).get().into())
+                    g.fairness()
+                        .map_or(Value::Null, |f| pick(&f.base()).get().into())
                 };
             match field {
                 QueueField::ShedAtSheddable => level(|f| f.shed_at_sheddable),

@@ -38,7 +38,9 @@ use std::time::{Duration, SystemTime};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use super::policy::{BacklogEffect, GateSnapshot, Judge, PolicyCell, Refusal, Unjudged};
+use super::policy::{
+    BacklogEffect, CapacityPolicy, CeilingView, GateSnapshot, Judge, PolicyCell, Refusal,
+};
 use crate::admission::drain::DrainEstimator;
 use crate::backend::{Backend, DepthError};
 use crate::domain::QueueName;
@@ -178,19 +180,10 @@ impl LocalGate {
     /// Decide whether `units` more sends (one, or a batch's entries) may go to the queue,
     /// reading the depth first when the cached read is stale: all of them fit under the
     /// ceiling, or none is admitted and the refusal says how many would (`room`). `bounds`
-    /// (a replica deciding alone) already count all of them. Each admitted send is counted
-    /// in flight until [`Self::finish`].
+    /// (a replica deciding alone) already count all of them. What the ceiling would admit
+    /// goes past `judge` (under the gate's lock), which is told too what it refuses as
+    /// full. Each admitted send is counted in flight until [`Self::finish`].
     pub async fn admit_units(
-        self: &Arc<Self>,
-        bounds: Option<LocalBounds>,
-        units: u64,
-    ) -> Result<(), Refusal> {
-        self.admit_judged(bounds, units, &mut Unjudged).await
-    }
-
-    /// As [`Self::admit_units`], with `judge` asked (under the gate's lock) about what the
-    /// ceiling would admit, and told what it refuses as full.
-    pub async fn admit_judged(
         self: &Arc<Self>,
         bounds: Option<LocalBounds>,
         units: u64,
@@ -421,49 +414,7 @@ impl LocalGate {
                 ..
             } => return Err(Refusal::QueueDisabled),
             LastRead::Ok { backlog, at, .. } => {
-                // What the queue holds before these sends: a batch's own units do not move
-                // the hysteresis a single send would not.
-                let estimate = match bounds {
-                    None => backlog
-                        .saturating_add(state.since_read)
-                        .saturating_add(state.in_flight),
-                    Some(b) => backlog.max(b.floor).saturating_add(
-                        b.counted
-                            .saturating_sub(units.saturating_sub(1))
-                            .saturating_mul(b.replicas),
-                    ),
-                };
-                // Hysteresis: at the ceiling the queue starts refusing, and goes on until the
-                // estimate is back at or below the resume level.
-                state.refusing = if state.refusing {
-                    estimate > policy.resume_at()
-                } else {
-                    estimate >= policy.limit
-                };
-                let until_next_read =
-                    || (at + policy.ttl).saturating_duration_since(Instant::now());
-                if state.refusing {
-                    judge.refused_full(policy.share_round(state.generation), units);
-                    return Err(policy.queue_full(estimate, state.drain.rate(), until_next_read()));
-                }
-                // The rest of a batch on top (weighed as the bounds weigh a send): all of it
-                // fits, or it is refused whole with the room there is.
-                let weight = bounds.map_or(1, |b| b.replicas.max(1));
-                let rest = units.saturating_sub(1).saturating_mul(weight);
-                if estimate.saturating_add(rest) >= policy.limit {
-                    judge.refused_full(policy.share_round(state.generation), units);
-                    let room = policy.limit.saturating_sub(estimate).div_ceil(weight);
-                    return Err(policy
-                        .queue_full(estimate, state.drain.rate(), until_next_read())
-                        .with_room(room));
-                }
-                let room = policy.limit.saturating_sub(estimate).div_ceil(weight);
-                // What the queue holds with these sends as the check above weighs them: the
-                // bounds already count the first, a gate alone does not.
-                let first = u64::from(bounds.is_none());
-                let after = estimate.saturating_add(rest).saturating_add(first);
-                let round = policy.share_round(state.generation);
-                judge.admits(round, units, room, estimate, after, policy.limit)?;
+                Self::decide_by_read(state, &policy, (backlog, at), bounds, units, judge)?;
             }
             LastRead::Failed { .. } | LastRead::Never => {
                 if policy.fail_closed && state.streak >= policy.streak_threshold {
@@ -475,6 +426,75 @@ impl LocalGate {
         }
         state.in_flight += units;
         Ok(())
+    }
+
+    /// With a good read (`backlog` read `at`): under the ceiling with all `units`, then
+    /// past the judge.
+    fn decide_by_read(
+        state: &mut GateState,
+        policy: &CapacityPolicy,
+        (backlog, at): (u64, Instant),
+        bounds: Option<LocalBounds>,
+        units: u64,
+        judge: &mut (dyn Judge + Send),
+    ) -> Result<(), Refusal> {
+        let estimate = Self::estimate_before(state, backlog, bounds, units);
+        // Hysteresis: at the ceiling the queue starts refusing, and goes on until the
+        // estimate is back at or below the resume level.
+        state.refusing = if state.refusing {
+            estimate > policy.resume_at()
+        } else {
+            estimate >= policy.limit
+        };
+        let round = policy.share_round(state.generation);
+        let full = |state: &GateState| {
+            let until_next_read = (at + policy.ttl).saturating_duration_since(Instant::now());
+            policy.queue_full(estimate, state.drain.rate(), until_next_read)
+        };
+        if state.refusing {
+            judge.refused_full(round, units);
+            return Err(full(state));
+        }
+        // The rest of a batch on top (weighed as the bounds weigh a send): all of it
+        // fits, or it is refused whole with the room there is.
+        let weight = bounds.map_or(1, |b| b.replicas.max(1));
+        let rest = units.saturating_sub(1).saturating_mul(weight);
+        let room = policy.limit.saturating_sub(estimate).div_ceil(weight);
+        if estimate.saturating_add(rest) >= policy.limit {
+            judge.refused_full(round, units);
+            return Err(full(state).with_room(room));
+        }
+        // What the queue holds with these sends as the check above weighs them: the
+        // bounds already count the first, a gate alone does not.
+        let first = u64::from(bounds.is_none());
+        judge.judge(&CeilingView {
+            round,
+            units,
+            room,
+            estimate,
+            after: estimate.saturating_add(rest).saturating_add(first),
+            limit: policy.limit,
+        })
+    }
+
+    /// What the queue holds before these sends: a batch's own units do not move the
+    /// hysteresis a single send would not.
+    fn estimate_before(
+        state: &GateState,
+        backlog: u64,
+        bounds: Option<LocalBounds>,
+        units: u64,
+    ) -> u64 {
+        match bounds {
+            None => backlog
+                .saturating_add(state.since_read)
+                .saturating_add(state.in_flight),
+            Some(b) => backlog.max(b.floor).saturating_add(
+                b.counted
+                    .saturating_sub(units.saturating_sub(1))
+                    .saturating_mul(b.replicas),
+            ),
+        }
     }
 
     /// An admitted send ended.

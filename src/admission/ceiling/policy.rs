@@ -208,37 +208,33 @@ pub enum Refusal {
     },
 }
 
-/// What else decides a send the ceiling admits (the tenants' shares and criticality,
-/// docs/fairness.md), asked by a gate under its lock with the ceiling's view of the queue.
-/// It may only refuse: what the ceiling refuses never reaches [`Judge::admits`].
-pub trait Judge {
-    /// The ceiling would admit `units` with `room` left before them: `estimate` of `limit`
-    /// before them, `after` with them as the ceiling weighs them (a replica deciding
-    /// alone weighs its own sends by the fleet's size), in share round `round`
-    /// ([`CapacityPolicy::share_round`] of the read it is judged by). Admitted unless this
-    /// refuses.
-    fn admits(
-        &mut self,
-        round: u64,
-        units: u64,
-        room: u64,
-        estimate: u64,
-        after: u64,
-        limit: u64,
-    ) -> Result<(), Refusal>;
-    /// The ceiling refused `units` as the queue is full, in share round `round`.
-    fn refused_full(&mut self, round: u64, units: u64);
+/// The ceiling's view of the room for a send it would admit, as its judge weighs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CeilingView {
+    /// The share round ([`CapacityPolicy::share_round`]) of the read it is judged by.
+    pub round: u64,
+    /// The send's units (a batch's entries).
+    pub units: u64,
+    /// The room left before them (in a fleet, this replica's share of it).
+    pub room: u64,
+    /// What the queue holds before them.
+    pub estimate: u64,
+    /// What it holds with them, as the ceiling weighs them (a replica deciding alone weighs
+    /// its own sends by the fleet's size).
+    pub after: u64,
+    /// The ceiling in force.
+    pub limit: u64,
 }
 
-/// No one else decides: what the ceiling admits is admitted.
-pub struct Unjudged;
-
-impl Judge for Unjudged {
-    fn admits(&mut self, _: u64, _: u64, _: u64, _: u64, _: u64, _: u64) -> Result<(), Refusal> {
-        Ok(())
-    }
-
-    fn refused_full(&mut self, _: u64, _: u64) {}
+/// What else decides a send the ceiling admits (the tenants' shares and criticality,
+/// docs/fairness.md), asked by a gate under its lock with the ceiling's view of the queue.
+/// It may only refuse: what the ceiling refuses never reaches [`Judge::judge`].
+pub trait Judge {
+    /// The ceiling would admit `view.units` with `view.room` left before them: admitted
+    /// unless this refuses.
+    fn judge(&mut self, view: &CeilingView) -> Result<(), Refusal>;
+    /// The ceiling refused `units` as the queue is full, in share round `round`.
+    fn refused_full(&mut self, round: u64, units: u64);
 }
 
 impl Refusal {

@@ -8,6 +8,8 @@ use tokio::time::Instant;
 
 use super::*;
 use crate::admission::drain::DrainRate;
+use crate::admission::fair::{FairParts, QueueFairness};
+use crate::admission::tenants::Tenants;
 use crate::backend::DepthError;
 use crate::backend::{Backlog, OutgoingMessage, SendError, SendReceipt};
 use crate::config::Fraction;
@@ -119,7 +121,11 @@ fn policy(limit: u64, ttl_ms: u64, fail_closed: bool, threshold: u32) -> Capacit
 }
 
 fn gate(p: CapacityPolicy, backend: &Arc<ScriptedDepth>) -> Arc<CapacityGate> {
-    CapacityGate::new(QueueName::parse("requests").unwrap(), p, backend.clone())
+    CapacityGate::new(GateParts::alone(
+        QueueName::parse("requests").unwrap(),
+        p,
+        backend.clone(),
+    ))
 }
 
 fn down() -> Result<u64, DepthError> {
@@ -299,11 +305,11 @@ async fn a_read_ahead_that_outlasts_its_lead_keeps_sends_on_the_cached_value() {
     // the expiry, while it runs, must not queue behind it: at 256 connections they all
     // would, and be released one by one (the p99 and max spikes once per TTL).
     let backend = Arc::new(SlowingDepth::new(&[1, 50]));
-    let g = CapacityGate::new(
+    let g = CapacityGate::new(GateParts::alone(
         QueueName::parse("requests").unwrap(),
         policy(100, 1000, false, 3),
         backend.clone(),
-    );
+    ));
     assert_eq!(
         timed_admit(&g).await,
         Duration::from_millis(1),
@@ -791,7 +797,7 @@ async fn failed_reads_are_cached_for_the_ttl_too() {
     );
 }
 
-fn fair(mode: crate::admission::share::ShareMode) -> crate::admission::fair::FairPolicy {
+fn fair(mode: crate::admission::fair::share::ShareMode) -> crate::admission::fair::FairPolicy {
     crate::admission::fair::FairPolicy {
         mode,
         share_at: Fraction::new(0.9).unwrap(),
@@ -845,12 +851,16 @@ fn asker(
 
 #[tokio::test(start_paused = true)]
 async fn the_gate_refuses_a_tenant_past_its_part_and_admits_the_one_it_owes() {
-    use crate::admission::share::ShareMode;
+    use crate::admission::fair::share::ShareMode;
     use crate::admission::tenants::Criticality::Default as D;
     // Empty at every read; ceiling 40; what is in flight is what the queue holds.
     let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
-    let g = gate(policy(40, SHARE_TTL_MS, false, 3), &backend);
-    g.share_among(&two_tenants(), fair(ShareMode::Enforce));
+    let g = shared_gate(
+        policy(40, SHARE_TTL_MS, false, 3),
+        &backend,
+        &two_tenants(),
+        fair(ShareMode::Enforce),
+    );
     let (a, b) = (asker(0, D), asker(1, D));
     // Round 0: A fills the queue (not contended until the estimate nears 36), B asks once
     // at the full queue: both have asked.
@@ -910,11 +920,15 @@ fn a_share_round_spans_at_least_a_second_of_whole_reads() {
 
 #[tokio::test(start_paused = true)]
 async fn with_reads_200_ms_apart_one_ask_keeps_a_tenant_owed_for_its_round_and_the_next() {
-    use crate::admission::share::ShareMode;
+    use crate::admission::fair::share::ShareMode;
     use crate::admission::tenants::Criticality::Default as D;
     let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
-    let g = gate(policy(40, 200, false, 3), &backend);
-    g.share_among(&two_tenants(), fair(ShareMode::Enforce));
+    let g = shared_gate(
+        policy(40, 200, false, 3),
+        &backend,
+        &two_tenants(),
+        fair(ShareMode::Enforce),
+    );
     let (a, b) = (asker(0, D), asker(1, D));
     // Read 1 (round 0): A fills the queue; B asks once, at the full queue.
     let mut held = Vec::new();
@@ -957,11 +971,15 @@ async fn with_reads_200_ms_apart_one_ask_keeps_a_tenant_owed_for_its_round_and_t
 
 #[tokio::test(start_paused = true)]
 async fn a_sheddable_send_is_refused_from_its_fraction_a_default_one_up_to_the_ceiling() {
-    use crate::admission::share::ShareMode;
+    use crate::admission::fair::share::ShareMode;
     use crate::admission::tenants::Criticality::{Critical, Default as D, Sheddable};
     let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
-    let g = gate(policy(10, 10_000, false, 3), &backend);
-    g.share_among(&Tenants::open(), fair(ShareMode::Off));
+    let g = shared_gate(
+        policy(10, 10_000, false, 3),
+        &backend,
+        &Tenants::open(),
+        fair(ShareMode::Off),
+    );
     let mut held = Vec::new();
     for _ in 0..8 {
         held.push(g.admit_units_for(asker(0, Sheddable), 1).await.unwrap());
@@ -994,7 +1012,7 @@ async fn a_sheddable_send_is_refused_from_its_fraction_a_default_one_up_to_the_c
 /// What the gate's tally shows of `tenant`: (admitted, refused by reason, would-refuse by
 /// reason), for the ceiling's, criticality's and share's reasons.
 fn tallied(g: &CapacityGate, tenant: &str) -> (u64, [u64; 3], [u64; 3]) {
-    use crate::admission::tally::Reason;
+    use crate::admission::fair::tally::Reason;
     // The share rule's reasons (quotas are counted apart: their tests say so).
     const SHARES: [Reason; 3] = [Reason::QueueFull, Reason::Criticality, Reason::TenantShare];
     let views = g.tenants(&g.snapshot());
@@ -1012,11 +1030,17 @@ fn tallied(g: &CapacityGate, tenant: &str) -> (u64, [u64; 3], [u64; 3]) {
 
 /// Round 0: A (`t0`) fills a ceiling of 40, B (`t1`) is refused once at it; 10 of A's end
 /// not stored; round 1 opens: B is owed 1 of the 10. A then sends until refused: what A got.
-async fn a_greedy_round(mode: crate::admission::share::ShareMode) -> (Arc<CapacityGate>, u64) {
+async fn a_greedy_round(
+    mode: crate::admission::fair::share::ShareMode,
+) -> (Arc<CapacityGate>, u64) {
     use crate::admission::tenants::Criticality::Default as D;
     let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
-    let g = gate(policy(40, SHARE_TTL_MS, false, 3), &backend);
-    g.share_among(&tenants(&[1, 1]), fair(mode));
+    let g = shared_gate(
+        policy(40, SHARE_TTL_MS, false, 3),
+        &backend,
+        &tenants(&[1, 1]),
+        fair(mode),
+    );
     let mut held = Vec::new();
     while let Ok(r) = g.admit_units_for(asker(0, D), 1).await {
         held.push(r);
@@ -1037,7 +1061,7 @@ async fn a_greedy_round(mode: crate::admission::share::ShareMode) -> (Arc<Capaci
 
 #[tokio::test(start_paused = true)]
 async fn enforced_the_tally_counts_each_tenants_refusals_by_reason_and_shows_its_part() {
-    use crate::admission::share::ShareMode;
+    use crate::admission::fair::share::ShareMode;
     let (g, got) = a_greedy_round(ShareMode::Enforce).await;
     assert_eq!(got, 9, "B is owed one of the ten");
     // A: 40 + 9 admitted; its 41st at the ceiling, then the first past its part.
@@ -1059,7 +1083,7 @@ async fn enforced_the_tally_counts_each_tenants_refusals_by_reason_and_shows_its
 
 #[tokio::test(start_paused = true)]
 async fn in_shadow_a_send_past_its_part_is_admitted_and_counted_as_a_would_be_refusal() {
-    use crate::admission::share::ShareMode;
+    use crate::admission::fair::share::ShareMode;
     let (g, got) = a_greedy_round(ShareMode::Shadow).await;
     assert_eq!(got, 10, "nothing refused but at the ceiling");
     // A's tenth of round 1 is the unit B was owed: admitted, counted as enforce's refusal;
@@ -1076,7 +1100,7 @@ async fn in_shadow_a_send_past_its_part_is_admitted_and_counted_as_a_would_be_re
 
 #[tokio::test(start_paused = true)]
 async fn in_shadow_a_send_past_its_criticality_cut_is_admitted_and_counted() {
-    use crate::admission::share::ShareMode;
+    use crate::admission::fair::share::ShareMode;
     use crate::admission::tenants::Criticality::Sheddable;
     for (mode, admitted, refused, would) in [
         (ShareMode::Shadow, 10, [1, 0, 0], [0, 2, 0]),
@@ -1084,8 +1108,12 @@ async fn in_shadow_a_send_past_its_criticality_cut_is_admitted_and_counted() {
         (ShareMode::Off, 8, [0, 1, 0], [0, 0, 0]),
     ] {
         let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
-        let g = gate(policy(10, 10_000, false, 3), &backend);
-        g.share_among(&tenants(&[1]), fair(mode));
+        let g = shared_gate(
+            policy(10, 10_000, false, 3),
+            &backend,
+            &tenants(&[1]),
+            fair(mode),
+        );
         let mut held = Vec::new();
         // Sheddable is cut at 8 of 10: shadow admits to the ceiling and counts the two.
         while let Ok(r) = g.admit_units_for(asker(0, Sheddable), 1).await {
@@ -1098,7 +1126,7 @@ async fn in_shadow_a_send_past_its_criticality_cut_is_admitted_and_counted() {
 
 #[tokio::test(start_paused = true)]
 async fn without_shares_the_gate_shows_no_tenants_and_fail_closed_refusals_count_for_none() {
-    use crate::admission::share::ShareMode;
+    use crate::admission::fair::share::ShareMode;
     let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
     let g = gate(policy(10, 10_000, false, 3), &backend);
     g.admit().await.unwrap().finish(BacklogEffect::Stored);
@@ -1108,8 +1136,12 @@ async fn without_shares_the_gate_shows_no_tenants_and_fail_closed_refusals_count
         vec![Err(DepthError::Timeout)],
         Duration::ZERO,
     ));
-    let g = gate(policy(10, 0, true, 1), &backend);
-    g.share_among(&tenants(&[1]), fair(ShareMode::Enforce));
+    let g = shared_gate(
+        policy(10, 0, true, 1),
+        &backend,
+        &tenants(&[1]),
+        fair(ShareMode::Enforce),
+    );
     assert!(matches!(
         g.admit_units_for(asker(0, crate::admission::tenants::Criticality::Default), 1)
             .await,
@@ -1138,20 +1170,25 @@ impl crate::coordination::shares::ShareExchange for CountedExchange {
 
 #[tokio::test(start_paused = true)]
 async fn with_shares_off_a_gate_of_two_tenants_makes_no_exchange_calls() {
-    use crate::admission::share::ShareMode;
+    use crate::admission::fair::share::ShareMode;
     use crate::admission::tenants::Criticality::Default as D;
     let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
-    let place = |exchange: &Arc<CountedExchange>| crate::admission::exchange::Place {
+    let place = |exchange: &Arc<CountedExchange>| crate::admission::fair::Place {
         exchange: Arc::clone(exchange) as Arc<dyn crate::coordination::shares::ShareExchange>,
         key: "q:tenants".into(),
         replica: "r".into(),
     };
     let mut calls = Vec::new();
     for mode in [ShareMode::Enforce, ShareMode::Off] {
-        let g = gate(policy(40, 10_000, false, 3), &backend);
-        g.share_among(&two_tenants(), fair(mode));
         let exchange = Arc::new(CountedExchange::default());
-        g.exchange_shares(place(&exchange));
+        let g = gate_with(
+            policy(40, 10_000, false, 3),
+            &backend,
+            FairParts {
+                exchange: Some(place(&exchange)),
+                ..fair_parts(&two_tenants(), fair(mode))
+            },
+        );
         for _ in 0..10 {
             let _ = g.admit_units_for(asker(0, D), 1).await;
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1164,16 +1201,60 @@ async fn with_shares_off_a_gate_of_two_tenants_makes_no_exchange_calls() {
     assert_eq!(calls[1], 0, "off: {} exchanges", calls[1]);
 }
 
-fn quotas(
-    g: &Arc<CapacityGate>,
+/// A gate whose room `tenants` share by `fair`.
+fn shared_gate(
+    p: CapacityPolicy,
+    backend: &Arc<ScriptedDepth>,
+    tenants: &Tenants,
+    fair: crate::admission::fair::FairPolicy,
+) -> Arc<CapacityGate> {
+    gate_with(p, backend, fair_parts(tenants, fair))
+}
+
+/// As [`shared_gate`], the tenants held to `quotas`: the gate, and the tenants' rate book.
+fn quota_gate(
+    p: CapacityPolicy,
+    backend: &Arc<ScriptedDepth>,
+    tenants: &Tenants,
+    fair: crate::admission::fair::FairPolicy,
     quotas: &[crate::admission::tenants::Quota],
-) -> Arc<crate::admission::quota::RateBook> {
-    let rates = Arc::new(crate::admission::quota::RateBook::new(
+) -> (
+    Arc<CapacityGate>,
+    Arc<crate::admission::fair::quota::RateBook>,
+) {
+    let rates = Arc::new(crate::admission::fair::quota::RateBook::new(
         quotas,
         tokio::time::Instant::now(),
     ));
-    g.hold_to(quotas, Arc::clone(&rates));
-    rates
+    let parts = FairParts {
+        quotas: Some(crate::admission::fair::quota::QueueQuotas::new(
+            quotas,
+            Arc::clone(&rates),
+        )),
+        ..fair_parts(tenants, fair)
+    };
+    (gate_with(p, backend, parts), rates)
+}
+
+fn fair_parts(tenants: &Tenants, fair: crate::admission::fair::FairPolicy) -> FairParts {
+    FairParts {
+        queue: QueueName::parse("requests").unwrap(),
+        tenants: tenants.clone(),
+        policy: fair,
+        quotas: None,
+        exchange: None,
+    }
+}
+
+fn gate_with(
+    p: CapacityPolicy,
+    backend: &Arc<ScriptedDepth>,
+    fair: FairParts,
+) -> Arc<CapacityGate> {
+    CapacityGate::new(GateParts {
+        fairness: Some(QueueFairness::new(fair)),
+        ..GateParts::alone(QueueName::parse("requests").unwrap(), p, backend.clone())
+    })
 }
 
 fn rated(per_s: f64, burst: u32) -> crate::admission::tenants::Quota {
@@ -1185,12 +1266,16 @@ fn rated(per_s: f64, burst: u32) -> crate::admission::tenants::Quota {
 
 #[tokio::test(start_paused = true)]
 async fn a_rate_quota_refuses_after_the_burst_and_only_admitted_units_count() {
-    use crate::admission::share::ShareMode;
+    use crate::admission::fair::share::ShareMode;
     use crate::admission::tenants::{Criticality::Default as D, Criticality::Sheddable, QuotaKind};
     let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
-    let g = gate(policy(10, 10_000, false, 3), &backend);
-    g.share_among(&tenants(&[1]), fair(ShareMode::Enforce));
-    let rates = quotas(&g, &[rated(1.0, 3)]);
+    let (g, rates) = quota_gate(
+        policy(10, 10_000, false, 3),
+        &backend,
+        &tenants(&[1]),
+        fair(ShareMode::Enforce),
+        &[rated(1.0, 3)],
+    );
     let a = crate::admission::tenants::TenantIndex(0);
     // The burst at once.
     let mut held: Vec<_> = Vec::new();
@@ -1258,12 +1343,16 @@ async fn a_rate_quota_refuses_after_the_burst_and_only_admitted_units_count() {
 
 #[tokio::test(start_paused = true)]
 async fn a_send_refused_for_its_share_takes_nothing_of_its_quota() {
-    use crate::admission::share::ShareMode;
+    use crate::admission::fair::share::ShareMode;
     use crate::admission::tenants::Criticality::Default as D;
     let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
-    let g = gate(policy(40, SHARE_TTL_MS, false, 3), &backend);
-    g.share_among(&tenants(&[1, 1]), fair(ShareMode::Enforce));
-    let rates = quotas(&g, &[rated(1000.0, 1000), Default::default()]);
+    let (g, rates) = quota_gate(
+        policy(40, SHARE_TTL_MS, false, 3),
+        &backend,
+        &tenants(&[1, 1]),
+        fair(ShareMode::Enforce),
+        &[rated(1000.0, 1000), Default::default()],
+    );
     let (a, b) = (asker(0, D), asker(1, D));
     let mut held = Vec::new();
     while let Ok(r) = g.admit_units_for(a, 1).await {
@@ -1309,13 +1398,17 @@ async fn a_send_refused_for_its_share_takes_nothing_of_its_quota() {
 
 #[tokio::test(start_paused = true)]
 async fn a_queues_shed_level_is_the_override_in_force() {
+    use crate::admission::fair::share::ShareMode;
     use crate::admission::fair::FairOverride;
-    use crate::admission::share::ShareMode;
     use crate::admission::tenants::Criticality::Sheddable;
     let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
-    let g = gate(policy(10, 10_000, false, 3), &backend);
-    g.share_among(&tenants(&[1]), fair(ShareMode::Off));
-    g.apply_fair(&FairOverride {
+    let g = shared_gate(
+        policy(10, 10_000, false, 3),
+        &backend,
+        &tenants(&[1]),
+        fair(ShareMode::Off),
+    );
+    g.fairness().unwrap().apply(&FairOverride {
         shed_at_sheddable: Fraction::new(0.3),
         ..FairOverride::default()
     });
@@ -1329,28 +1422,35 @@ async fn a_queues_shed_level_is_the_override_in_force() {
     ));
     // Crossed levels (an override kept while a variable changed): sheddable is held to
     // default, never above it.
-    g.apply_fair(&FairOverride {
+    g.fairness().unwrap().apply(&FairOverride {
         shed_at_sheddable: Fraction::new(0.9),
         shed_at_default: Fraction::new(0.5),
         ..FairOverride::default()
     });
     assert_eq!(
-        g.fair_policy().map(|p| p.shed_at_sheddable),
+        g.fairness().map(|f| f.policy().shed_at_sheddable),
         Fraction::new(0.5)
     );
-    g.apply_fair(&FairOverride::default());
-    assert_eq!(g.fair_policy(), g.fair_base());
+    g.fairness().unwrap().apply(&FairOverride::default());
+    assert_eq!(
+        g.fairness().map(QueueFairness::policy),
+        g.fairness().map(QueueFairness::base)
+    );
     held.push(g.admit_units_for(asker(0, Sheddable), 1).await.unwrap());
 }
 
 /// Two tenants on a ceiling of 40, empty at every read: A fills the queue, then B is
 /// refused at the ceiling `b_refused` times. The gate, and A's sends held.
 async fn filled_by_a_beside_b(b_refused: usize) -> (Arc<CapacityGate>, Vec<Reservation>) {
-    use crate::admission::share::ShareMode;
+    use crate::admission::fair::share::ShareMode;
     use crate::admission::tenants::Criticality::Default as D;
     let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
-    let g = gate(policy(40, SHARE_TTL_MS, false, 3), &backend);
-    g.share_among(&two_tenants(), fair(ShareMode::Enforce));
+    let g = shared_gate(
+        policy(40, SHARE_TTL_MS, false, 3),
+        &backend,
+        &two_tenants(),
+        fair(ShareMode::Enforce),
+    );
     let mut held = Vec::new();
     while let Ok(r) = g.admit_units_for(asker(0, D), 1).await {
         held.push(r);
@@ -1404,36 +1504,4 @@ async fn a_queue_asked_within_two_rounds_keeps_what_it_counted() {
         a_got += 1;
     }
     assert_eq!(a_got, 9, "B's unit of the 10 is kept for it");
-}
-
-#[tokio::test(start_paused = true)]
-async fn what_the_seat_does_not_admit_gives_back_the_quota_the_judge_took_and_only_that() {
-    use crate::admission::share::ShareMode;
-    use crate::admission::tenants::Criticality::Default as D;
-    let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
-    let g = gate(policy(10, 10_000, false, 3), &backend);
-    g.share_among(&tenants(&[1]), fair(ShareMode::Enforce));
-    let rates = quotas(&g, &[rated(0.01, 2)]);
-    let a = crate::admission::tenants::TenantIndex(0);
-    let available = || {
-        rates
-            .state(a, tokio::time::Instant::now())
-            .unwrap()
-            .available
-    };
-    let mut held = Vec::new();
-    for _ in 0..2 {
-        held.push(g.admit_units_for(asker(0, D), 1).await.unwrap());
-    }
-    assert_eq!(available(), 0);
-    // The judge took it (it admitted): given back.
-    let taken = super::Counted {
-        in_round: None,
-        quotas: true,
-    };
-    g.unjudge(asker(0, D), 1, taken, None);
-    assert_eq!(available(), 1);
-    // It took none: nothing is given back.
-    g.unjudge(asker(0, D), 1, super::Counted::default(), None);
-    assert_eq!(available(), 1);
 }

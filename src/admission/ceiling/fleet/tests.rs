@@ -9,9 +9,10 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use crate::admission::ceiling::{
-    BacklogEffect, CapacityGate, CapacityPolicy, FleetSeat, PolicyOverride, Refusal, Reservation,
-    USE_BLOCK_FOR,
+    BacklogEffect, CapacityGate, CapacityPolicy, FleetSeat, GateParts, PolicyCell, PolicyOverride,
+    Refusal, Reservation, USE_BLOCK_FOR,
 };
+use crate::admission::fair::QueueFairness;
 use crate::backend::{Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt};
 use crate::config::Fraction;
 use crate::coordination::fleet::{Fleet, HEARTBEAT};
@@ -110,7 +111,18 @@ async fn replicas(
     broker: &Arc<Broker>,
     p: CapacityPolicy,
 ) -> Vec<Replica> {
-    let all = start(n, ledger, broker, p);
+    replicas_with(n, ledger, broker, p, |_| None).await
+}
+
+/// As [`replicas`], replica `i`'s gate with `fairness(i)`.
+async fn replicas_with(
+    n: usize,
+    ledger: &MemoryLedger,
+    broker: &Arc<Broker>,
+    p: CapacityPolicy,
+    fairness: impl Fn(usize) -> Option<QueueFairness>,
+) -> Vec<Replica> {
+    let all = start_with(n, ledger, broker, p, fairness);
     // Joined once the rejoin probe saw the queue's state.
     for _ in 0..100 {
         if all.iter().all(|r| r.fleet.joined()) {
@@ -124,23 +136,50 @@ async fn replicas(
 
 /// `n` replicas, `SENDGATE_FLEET_MAX_REPLICAS` = `n`, not waiting for them to join.
 fn start(n: usize, ledger: &MemoryLedger, broker: &Arc<Broker>, p: CapacityPolicy) -> Vec<Replica> {
+    start_with(n, ledger, broker, p, |_| None)
+}
+
+/// As [`start`], replica `i`'s gate with `fairness(i)`.
+fn start_with(
+    n: usize,
+    ledger: &MemoryLedger,
+    broker: &Arc<Broker>,
+    p: CapacityPolicy,
+    fairness: impl Fn(usize) -> Option<QueueFairness>,
+) -> Vec<Replica> {
     let queue = QueueName::parse("requests").unwrap();
     let mut all = Vec::new();
-    for _ in 0..n {
+    for i in 0..n {
         let fleet = Fleet::start(Arc::new(ledger.clone()), n as u64);
         let backend: Arc<dyn Backend> = broker.clone();
-        let gate = CapacityGate::new(queue.clone(), p.clone(), Arc::clone(&backend));
-        gate.join_fleet(FleetSeat::new(
-            Arc::clone(&fleet),
-            KEY.to_owned(),
-            queue.clone(),
-            Arc::clone(gate.policy_cell()),
-            backend,
-            SEND,
-        ));
+        let gate = seated_gate(&fleet, &queue, p.clone(), backend, fairness(i));
         all.push(Replica { fleet, gate });
     }
     all
+}
+
+/// A gate for `queue` whose seat in `fleet` shares its policy.
+fn seated_gate(
+    fleet: &Arc<Fleet>,
+    queue: &QueueName,
+    p: CapacityPolicy,
+    backend: Arc<dyn Backend>,
+    fairness: Option<QueueFairness>,
+) -> Arc<CapacityGate> {
+    let policy = PolicyCell::new(p);
+    let seat = FleetSeat::new(
+        Arc::clone(fleet),
+        KEY.to_owned(),
+        queue.clone(),
+        Arc::clone(&policy),
+        Arc::clone(&backend),
+        SEND,
+    );
+    CapacityGate::new(GateParts {
+        fairness,
+        seat: Some(seat),
+        ..GateParts::alone(queue.clone(), policy, backend)
+    })
 }
 
 /// What one send got: admitted (and stored at once), or refused.
@@ -540,15 +579,7 @@ async fn a_seat_is_heard_from_within_a_heartbeat_of_its_last_call_whatever_made_
     let queue = QueueName::parse("requests").unwrap();
     let broker = Broker::new(Duration::ZERO);
     let backend: Arc<dyn Backend> = broker.clone();
-    let gate = CapacityGate::new(queue.clone(), policy(50, false), Arc::clone(&backend));
-    gate.join_fleet(FleetSeat::new(
-        Arc::clone(&fleet),
-        KEY.to_owned(),
-        queue,
-        Arc::clone(gate.policy_cell()),
-        backend,
-        SEND,
-    ));
+    let gate = seated_gate(&fleet, &queue, policy(50, false), backend, None);
     while !fleet.joined() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -623,7 +654,7 @@ async fn a_reply_of_an_older_epoch_processed_after_a_newer_one_changes_nothing()
     let broker = Broker::new(Duration::ZERO);
     let all = replicas(1, &ledger, &broker, policy(50, false)).await;
     send(&all[0], &broker).await.unwrap();
-    let seat = Arc::clone(all[0].gate.seat.get().unwrap());
+    let seat = Arc::clone(all[0].gate.seat.as_ref().unwrap());
     let (old, _) = seat.state.lock().last.unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await; // the block's use is over
     ledger.lose_everything();
@@ -749,7 +780,7 @@ async fn a_send_that_waits_out_a_grace_counts_one_failed_read_in_the_streak() {
         ..policy(50, true)
     };
     let all = replicas(3, &ledger, &broker, p).await;
-    let terms = all[0].gate.seat.get().unwrap().terms();
+    let terms = all[0].gate.seat.as_ref().unwrap().terms();
     let streak = || async {
         let view = ledger.look(QueueRef { key: KEY, terms }).await.unwrap();
         view.map_or(0, |v| v.streak)
@@ -831,7 +862,7 @@ async fn an_idle_replicas_unused_units_come_back_within_a_heartbeat_of_the_block
     send(&all[0], &broker).await.unwrap();
     let queue = QueueRef {
         key: KEY,
-        terms: all[0].gate.seat.get().unwrap().terms(),
+        terms: all[0].gate.seat.as_ref().unwrap().terms(),
     };
     let held = ledger.look(queue).await.unwrap().unwrap().reserved;
     assert!(held > 1, "a block of {held}");
@@ -911,7 +942,7 @@ async fn a_lower_ceiling_gives_back_the_unused_units_of_blocks_granted_under_a_h
     send(&all[0], &broker).await.unwrap();
     let queue = QueueRef {
         key: KEY,
-        terms: all[0].gate.seat.get().unwrap().terms(),
+        terms: all[0].gate.seat.as_ref().unwrap().terms(),
     };
     assert!(ledger.look(queue).await.unwrap().unwrap().reserved > 1);
     lower_ceiling(&all[0], 100);
@@ -958,7 +989,7 @@ async fn a_block_asked_for_ahead_does_not_outlive_the_goodbye() {
     let all = replicas(1, &ledger, &broker, policy(1_000_000, false)).await;
     let queue = QueueRef {
         key: KEY,
-        terms: all[0].gate.seat.get().unwrap().terms(),
+        terms: all[0].gate.seat.as_ref().unwrap().terms(),
     };
     ledger.delay(all[0].fleet.replica(), Duration::from_millis(5));
     // The first send's block is 128; the 65th leaves 63, under half: the next is asked for.
@@ -980,15 +1011,7 @@ async fn recorded_replica(
     let fleet = Fleet::start(Arc::clone(recording) as Arc<dyn LedgerPort>, 1);
     let queue = QueueName::parse("requests").unwrap();
     let backend: Arc<dyn Backend> = broker.clone();
-    let gate = CapacityGate::new(queue.clone(), p, Arc::clone(&backend));
-    gate.join_fleet(FleetSeat::new(
-        Arc::clone(&fleet),
-        KEY.to_owned(),
-        queue,
-        Arc::clone(gate.policy_cell()),
-        backend,
-        SEND,
-    ));
+    let gate = seated_gate(&fleet, &queue, p, backend, None);
     let r = Replica { fleet, gate };
     while !r.fleet.joined() {
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -1016,7 +1039,7 @@ async fn a_goodbye_waits_for_a_block_asked_for_ahead_that_is_still_out() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     let queue = QueueRef {
         key: KEY,
-        terms: r.gate.seat.get().unwrap().terms(),
+        terms: r.gate.seat.as_ref().unwrap().terms(),
     };
     let view = recording.inner.look(queue).await.unwrap().unwrap();
     assert_eq!((view.reserved, view.replicas), (0, 0));
@@ -1249,10 +1272,12 @@ async fn batches_from_three_replicas_never_pass_the_ceiling() {
 }
 
 /// The replicas share the queue's room between two tenants of equal weight, `greedy`
-/// (index 0) and `modest` (1), by the fleet's counts (one exchange for all).
-fn share_between_greedy_and_modest(all: &[Replica], mode: crate::admission::share::ShareMode) {
-    use crate::admission::exchange::Place;
-    use crate::admission::fair::FairPolicy;
+/// (index 0) and `modest` (1), by the fleet's counts (one exchange for all): replica `i`'s
+/// fairness.
+fn greedy_and_modest(
+    mode: crate::admission::fair::share::ShareMode,
+) -> impl Fn(usize) -> Option<QueueFairness> {
+    use crate::admission::fair::{FairParts, FairPolicy, Place};
     use crate::admission::tenants::{Tenant, Tenants};
     use crate::coordination::shares::{MemoryShares, ShareExchange};
 
@@ -1268,13 +1293,18 @@ fn share_between_greedy_and_modest(all: &[Replica], mode: crate::admission::shar
     )
     .unwrap();
     let fair = FairPolicy { mode, ..enforced() };
-    for (i, r) in all.iter().enumerate() {
-        r.gate.share_among(&tenants, fair);
-        r.gate.exchange_shares(Place {
-            exchange: Arc::clone(&exchange),
-            key: format!("{KEY}:tenants"),
-            replica: format!("replica-{i}"),
-        });
+    move |i| {
+        Some(QueueFairness::new(FairParts {
+            queue: QueueName::parse("requests").unwrap(),
+            tenants: tenants.clone(),
+            policy: fair,
+            quotas: None,
+            exchange: Some(Place {
+                exchange: Arc::clone(&exchange),
+                key: format!("{KEY}:tenants"),
+                replica: format!("replica-{i}"),
+            }),
+        }))
     }
 }
 
@@ -1297,7 +1327,9 @@ fn consume_every_20_ms(broker: &Arc<Broker>) -> tokio::task::JoinHandle<()> {
 /// both replicas, a modest one 10 a second to one. What fraction of the modest tenant's
 /// sends were admitted, the most the queue held, and the greedy tenant's refusals at its
 /// share.
-async fn greedy_spread_beside_modest(mode: crate::admission::share::ShareMode) -> (f64, u64, u64) {
+async fn greedy_spread_beside_modest(
+    mode: crate::admission::fair::share::ShareMode,
+) -> (f64, u64, u64) {
     use crate::admission::fair::Asker;
     use crate::admission::tenants::{Criticality, TenantIndex};
 
@@ -1305,8 +1337,7 @@ async fn greedy_spread_beside_modest(mode: crate::admission::share::ShareMode) -
     let broker = Broker::new(Duration::ZERO);
     let mut p = policy(40, false);
     p.ttl = Duration::from_millis(250);
-    let all = start(2, &ledger, &broker, p);
-    share_between_greedy_and_modest(&all, mode);
+    let all = start_with(2, &ledger, &broker, p, greedy_and_modest(mode));
     tokio::time::sleep(Duration::from_millis(200)).await;
     let consumer = consume_every_20_ms(&broker);
     let asker = |tenant| Asker {
@@ -1346,11 +1377,11 @@ async fn greedy_spread_beside_modest(mode: crate::admission::share::ShareMode) -
     consumer.abort();
     // The fleet's decisions are in each replica's tally: replica 0 saw the greedy tenant
     // only, and counted each of its sends once, by how it was answered.
-    let tally = all[0].gate.shares.get().unwrap().tally.counts();
+    let tally = all[0].gate.fairness().unwrap().counts();
     assert_eq!(tally.len(), 1, "only the greedy tenant asked replica 0");
     let greedy = tally[0].total;
     assert_eq!(
-        greedy.refused(crate::admission::tally::Reason::TenantShare),
+        greedy.refused(crate::admission::fair::tally::Reason::TenantShare),
         share_refused_on[0]
     );
     assert!(greedy.admitted > 0);
@@ -1363,7 +1394,7 @@ async fn greedy_spread_beside_modest(mode: crate::admission::share::ShareMode) -
 
 #[tokio::test(start_paused = true)]
 async fn a_tenant_spread_over_the_fleet_leaves_a_modest_one_its_sends() {
-    use crate::admission::share::ShareMode;
+    use crate::admission::fair::share::ShareMode;
     let (modest, most, greedy_refused) = greedy_spread_beside_modest(ShareMode::Enforce).await;
     eprintln!("fleet of 2, shares enforced: the modest tenant got {modest:.3} of its sends");
     // One process gets 0.987 (share/tests.rs): here each replica sees the room the other
@@ -1392,12 +1423,14 @@ async fn a_tenant_spread_over_the_fleet_leaves_a_modest_one_its_sends() {
 #[tokio::test(start_paused = true)]
 async fn sheddable_sends_are_judged_by_a_fresh_read_not_the_last_one_seen() {
     use crate::admission::fair::Asker;
-    use crate::admission::tenants::{Criticality, TenantIndex, Tenants};
+    use crate::admission::tenants::{Criticality, TenantIndex};
 
     let ledger = MemoryLedger::new(T);
     let broker = Broker::new(Duration::ZERO);
-    let all = replicas(1, &ledger, &broker, policy(40, false)).await;
-    all[0].gate.share_among(&Tenants::open(), enforced());
+    let all = replicas_with(1, &ledger, &broker, policy(40, false), |_| {
+        Some(open_fairness(None))
+    })
+    .await;
     // The queue fills to 36 of 40 and a read shows it.
     while broker.stored() < 36 {
         send(&all[0], &broker).await.unwrap();
@@ -1434,22 +1467,24 @@ async fn sheddable_sends_are_judged_by_a_fresh_read_not_the_last_one_seen() {
 /// must not come back with its bucket refilled by those refusals.
 #[tokio::test(start_paused = true)]
 async fn a_seat_refusal_gives_back_no_quota_the_judge_did_not_take() {
+    use crate::admission::fair::quota::{QueueQuotas, RateBook};
     use crate::admission::fair::Asker;
-    use crate::admission::quota::RateBook;
-    use crate::admission::tenants::{Criticality, Quota, QuotaKind, Rate, TenantIndex, Tenants};
+    use crate::admission::tenants::{Criticality, Quota, QuotaKind, Rate, TenantIndex};
 
     let ledger = MemoryLedger::new(T);
     let broker = Broker::new(Duration::ZERO);
-    let all = replicas(1, &ledger, &broker, policy(40, true)).await;
-    let gate = &all[0].gate;
-    gate.share_among(&Tenants::open(), enforced());
     // Two units at once, then one every 100 s: nothing refills within the test.
     let quota = [Quota {
         rate: Rate::new(0.01, Some(2)),
         max_share: None,
     }];
     let rates = Arc::new(RateBook::new(&quota, Instant::now()));
-    gate.hold_to(&quota, Arc::clone(&rates));
+    let all = replicas_with(1, &ledger, &broker, policy(40, true), |_| {
+        let quotas = QueueQuotas::new(&quota, Arc::clone(&rates));
+        Some(open_fairness(Some(quotas)))
+    })
+    .await;
+    let gate = &all[0].gate;
     let asker = Asker {
         tenant: TenantIndex(0),
         criticality: Criticality::Default,
@@ -1502,10 +1537,21 @@ async fn a_seat_refusal_gives_back_no_quota_the_judge_did_not_take() {
     );
 }
 
+/// The open mode's one tenant, by the fair policy's defaults, held to `quotas`.
+fn open_fairness(quotas: Option<crate::admission::fair::quota::QueueQuotas>) -> QueueFairness {
+    QueueFairness::new(crate::admission::fair::FairParts {
+        queue: QueueName::parse("requests").unwrap(),
+        tenants: crate::admission::tenants::Tenants::open(),
+        policy: enforced(),
+        quotas,
+        exchange: None,
+    })
+}
+
 /// The fair policy's defaults, enforced.
 fn enforced() -> crate::admission::fair::FairPolicy {
     crate::admission::fair::FairPolicy {
-        mode: crate::admission::share::ShareMode::Enforce,
+        mode: crate::admission::fair::share::ShareMode::Enforce,
         share_at: Fraction::new(0.9).unwrap(),
         shed_at_sheddable: Fraction::new(0.8).unwrap(),
         shed_at_default: Fraction::ONE,
@@ -1529,7 +1575,7 @@ struct Sent {
 /// held.
 async fn issue_scenario(
     n: usize,
-    mode: crate::admission::share::ShareMode,
+    mode: crate::admission::fair::share::ShareMode,
     seconds: u64,
 ) -> (Sent, Sent, u64) {
     use crate::admission::fair::Asker;
@@ -1537,11 +1583,17 @@ async fn issue_scenario(
 
     let ledger = MemoryLedger::new(T);
     let broker = Broker::new(Duration::ZERO);
-    let all = Arc::new(replicas(n, &ledger, &broker, policy(40, false)).await);
+    let all = replicas_with(
+        n,
+        &ledger,
+        &broker,
+        policy(40, false),
+        greedy_and_modest(mode),
+    );
+    let all = Arc::new(all.await);
     for r in all.iter() {
         ledger.delay(r.fleet.replica(), Duration::from_millis(1));
     }
-    share_between_greedy_and_modest(&all, mode);
     let consumer = consume_every_20_ms(&broker);
     let end = Instant::now() + Duration::from_secs(seconds);
     let one = {
@@ -1620,7 +1672,7 @@ async fn issue_scenario(
 /// judge by views a reply old, and without the rule it gets almost none.
 #[tokio::test(start_paused = true)]
 async fn three_replicas_sending_at_once_leave_the_modest_tenant_its_sends() {
-    use crate::admission::share::ShareMode;
+    use crate::admission::fair::share::ShareMode;
     let (greedy, modest, most) = issue_scenario(3, ShareMode::Enforce, 30).await;
     let got = modest.admitted as f64 / modest.sent as f64;
     eprintln!("3 replicas, shares enforced: modest {got:.3} {modest:?}, greedy {greedy:?}");
@@ -1647,7 +1699,7 @@ async fn three_replicas_sending_at_once_leave_the_modest_tenant_its_sends() {
 /// shows yet (0.91 without: concurrent sends judged by one view took the owed room).
 #[tokio::test(start_paused = true)]
 async fn sends_the_seat_has_not_answered_count_in_the_judges_estimate() {
-    use crate::admission::share::ShareMode;
+    use crate::admission::fair::share::ShareMode;
     let (_, modest, most) = issue_scenario(1, ShareMode::Enforce, 30).await;
     let got = modest.admitted as f64 / modest.sent as f64;
     assert!(got >= 0.95, "the modest tenant got {got:.3} of its sends");

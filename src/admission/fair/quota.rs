@@ -1,4 +1,4 @@
-//! The tenants' quotas (docs/fairness.md, "Quotas"), as books the judge (`fair.rs`) asks
+//! The tenants' quotas (docs/fairness.md, "Quotas"), as books the judge (`judging.rs`) asks
 //! about a send the ceiling admits: a rate with a burst (GCRA), kept per tenant for the
 //! whole gateway, and `max_share`, what a tenant's admissions hold of one queue, kept by
 //! each queue's gate. Asking takes nothing: only units the judge admits are taken, so a
@@ -15,7 +15,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use super::tenants::{Quota, Rate, TenantIndex};
+use crate::admission::tenants::{Quota, Rate, TenantIndex};
 
 /// One tenant's GCRA: the theoretical arrival time (`tat`) of its next unit. `units`
 /// conform at `now` when `max(tat, now) + units × interval − now ≤ burst × interval`.
@@ -225,6 +225,17 @@ impl HeldBook {
 pub struct QueueQuotas {
     pub rates: std::sync::Arc<RateBook>,
     pub held: Mutex<HeldBook>,
+}
+
+impl QueueQuotas {
+    /// The queue's books for tenants with these `quotas` (index = [`TenantIndex`]);
+    /// `rates` is the gateway's, shared by every queue.
+    pub fn new(quotas: &[Quota], rates: std::sync::Arc<RateBook>) -> Self {
+        Self {
+            rates,
+            held: Mutex::new(HeldBook::new(quotas)),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -8,14 +8,14 @@
 //! were refused since the last line.
 //!
 //! Rows are fixed at start-up, one per tenant of the keys file (at most
-//! [`MAX_TENANTS`](super::tenants::MAX_TENANTS)): memory, series and health rows are bounded
+//! [`MAX_TENANTS`](crate::admission::tenants::MAX_TENANTS)): memory, series and health rows are bounded
 //! by it whatever clients send. Knows nothing of HTTP or of how the room is measured.
 
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use super::ceiling::policy::Refusal;
-use super::tenants::{TenantIndex, Tenants};
+use crate::admission::ceiling::policy::Refusal;
+use crate::admission::tenants::{TenantIndex, Tenants};
 use crate::domain::QueueName;
 
 /// The rates' window: the last this many whole seconds, the current one included.

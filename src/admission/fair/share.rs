@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::tenants::TenantIndex;
+use crate::admission::tenants::TenantIndex;
 
 /// What the book does with a send it would refuse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use super::share::{Counts, RoundView, ShareBook};
-use super::tenants::{TenantIndex, Tenants};
+use crate::admission::tenants::{TenantIndex, Tenants};
 use crate::coordination::shares::{self, RoundCounts, ShareExchange};
 
 /// How often a replica tells its counts and hears the others': a tenant may take about
@@ -134,7 +134,7 @@ pub async fn run(book: Weak<Mutex<ShareBook>>, names: Names, place: Place) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::share::{ShareMode, Verdict};
+    use crate::admission::fair::share::{ShareMode, Verdict};
     use crate::admission::tenants::Tenant;
     use crate::coordination::shares::MemoryShares;
 
