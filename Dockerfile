@@ -18,34 +18,37 @@ WORKDIR /build
 # 1. Dependencies only. With just the manifests and stub targets, this layer is rebuilt
 #    only when a Cargo.toml or Cargo.lock change, not on every source edit. (Building only
 #    the `sendgate` bin does not need the [[test]] targets' files.) The workspace's
-#    members (client/, wire/, entra/: the server depends on them) get their manifests and
+#    members (client/, wire/, entra/, backoff/: the server depends on them) get their manifests and
 #    an empty lib.rs each; model/ (a member the server does not use) its manifest and an
 #    empty lib.rs for good; bench/ is its own workspace and is not needed.
 COPY Cargo.toml Cargo.lock ./
 COPY client/Cargo.toml ./client/
 COPY wire/Cargo.toml ./wire/
 COPY entra/Cargo.toml ./entra/
+COPY backoff/Cargo.toml ./backoff/
 COPY model/Cargo.toml ./model/
-RUN mkdir -p src client/src wire/src entra/src model/src \
+RUN mkdir -p src client/src wire/src entra/src backoff/src model/src \
     && printf 'fn main() {}\n' > src/main.rs \
     && : > src/lib.rs \
     && : > client/src/lib.rs \
     && : > wire/src/lib.rs \
     && : > entra/src/lib.rs \
+    && : > backoff/src/lib.rs \
     && : > model/src/lib.rs \
     && cargo build --release --locked --bin sendgate \
-    && rm -rf src client/src wire/src entra/src target/release/sendgate \
+    && rm -rf src client/src wire/src entra/src backoff/src target/release/sendgate \
               target/release/deps/sendgate-* target/release/deps/libsendgate-* \
               target/release/deps/sendgate_* target/release/deps/libsendgate_* \
               target/release/.fingerprint/sendgate-*
 
 # 2. The real sources. The stubs' fingerprints (sendgate, sendgate-client, sendgate-wire,
-#    sendgate-entra) were removed above, so cargo rebuilds the four crates whatever the
+#    sendgate-entra, sendgate-backoff) were removed above, so cargo rebuilds the five crates whatever the
 #    copied files' timestamps are.
 COPY src ./src
 COPY client/src ./client/src
 COPY wire/src ./wire/src
 COPY entra/src ./entra/src
+COPY backoff/src ./backoff/src
 RUN cargo build --release --locked --bin sendgate \
     && install -D -m 0755 target/release/sendgate /out/sendgate
 

@@ -15,7 +15,7 @@ mod imports;
 use imports::{Graph, Written};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
-const SOURCE_DIRS: &[&str] = &["src", "wire/src", "client/src", "entra/src"];
+const SOURCE_DIRS: &[&str] = &["src", "wire/src", "client/src", "entra/src", "backoff/src"];
 
 fn architecture() -> String {
     std::fs::read_to_string(Path::new(ROOT).join("ARCHITECTURE.md")).expect("ARCHITECTURE.md")

@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use sendgate_backoff::{Doubling, Jitter};
 use tokio::time::Instant;
 
 /// The longest `Retry-After` taken at its word. A larger value (a day, or a hostile
@@ -79,31 +80,22 @@ impl Backoff {
         if attempts_made >= self.max_attempts.max(1) {
             return None;
         }
-        let doublings = attempts_made.saturating_sub(1).min(30);
-        let ceiling = self.base.saturating_mul(1u32 << doublings).min(self.cap);
-        let unit = if unit.is_finite() {
-            unit.clamp(0.0, 1.0)
-        } else {
-            0.0
-        };
         Some(match retry_after {
             Some(floor) => floor.min(MAX_RETRY_AFTER) + self.jitter(unit),
-            None => ceiling.mul_f64(unit),
+            None => self.doubling().wait(attempts_made, unit),
         })
     }
-}
 
-impl Backoff {
     /// The client's small jitter on a wait it did not choose (a `Retry-After`, an
     /// unreachable gateway): a uniform pick in `[0, min(cap, base)]`, the first retry's,
     /// so the sends told the same wait do not all come back in the same instant.
     pub fn jitter(&self, unit: f64) -> Duration {
-        let unit = if unit.is_finite() {
-            unit.clamp(0.0, 1.0)
-        } else {
-            0.0
-        };
-        self.base.min(self.cap).mul_f64(unit)
+        self.doubling().wait(1, unit)
+    }
+
+    /// The shared policy with this client's numbers: `base` doubling up to `cap`, full jitter.
+    fn doubling(&self) -> Doubling {
+        Doubling::new(self.base, self.cap).with_jitter(Jitter::Full)
     }
 }
 

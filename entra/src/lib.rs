@@ -19,6 +19,7 @@ use azure_core::credentials::TokenCredential;
 use azure_core::time::OffsetDateTime;
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use parking_lot::Mutex;
+use sendgate_backoff::{Doubling, Jitter};
 use tokio::time::Instant;
 
 /// A token is refreshed when it has less than this left.
@@ -30,7 +31,8 @@ const SOURCE_BUDGET: Duration = Duration::from_secs(10);
 /// instead of each one asking Entra ID again: 5 s, doubling with each failure in a row
 /// up to 30 s, less up to a fifth at random so a fleet does not retry in step.
 pub const FAILURE_PAUSE_FIRST: Duration = Duration::from_secs(5);
-const FAILURE_PAUSE_MAX: Duration = Duration::from_secs(30);
+const FAILURE_PAUSE: Doubling = Doubling::new(FAILURE_PAUSE_FIRST, Duration::from_secs(30))
+    .with_jitter(Jitter::Shave { percent: 20 });
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TokenError {
@@ -221,10 +223,7 @@ struct FailedFetch {
 /// (counting from 1) waits 5 s × 2^(n−1), at most 30 s, times `unit` in [0.8, 1.0]
 /// (`unit` is random in production: jitter).
 pub(crate) fn failure_pause(n: u32, unit: f64) -> Duration {
-    let doubled = FAILURE_PAUSE_FIRST
-        .saturating_mul(1u32 << n.saturating_sub(1).min(8))
-        .min(FAILURE_PAUSE_MAX);
-    doubled.mul_f64(0.8 + 0.2 * unit.clamp(0.0, 1.0))
+    FAILURE_PAUSE.wait(n, unit)
 }
 
 /// Tokens of one scope from a [`CredentialChain`], cached, refreshed by one task at a time.

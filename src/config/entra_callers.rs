@@ -72,27 +72,49 @@ impl EntraCallersSettings {
 /// the others may be set: they would be ignored, which an operator would not expect).
 pub(super) fn parse(layers: &Layers) -> Result<Option<EntraCallersSettings>, ConfigError> {
     let Some(raw) = layers.raw(&v::ENTRA_TENANT_ID) else {
-        for var in [
-            &v::ENTRA_AUDIENCE,
-            &v::ENTRA_AUTHORITY,
-            &v::ENTRA_ALLOWED_APPS,
-        ] {
-            if layers.is_set(var) {
-                return Err(ConfigError::other(
-                    &v::ENTRA_TENANT_ID,
-                    format!("{} is set but SENDGATE_ENTRA_TENANT_ID is not: set the tenant to accept Entra ID tokens", var.name),
-                ));
-            }
-        }
-        return Ok(None);
+        return none_set_without_a_tenant(layers).map(|()| None);
     };
-    let tenant = Guid::parse(raw).ok_or_else(|| {
+    let tenant = tenant(raw)?;
+    let audiences = audiences(layers)?;
+    let authority = parse_authority(layers.value(&v::ENTRA_AUTHORITY).unwrap_or(PUBLIC_CLOUD))?;
+    let allowed_apps = allowed_apps(layers)?;
+    Ok(Some(EntraCallersSettings {
+        tenant,
+        audiences,
+        authority,
+        allowed_apps,
+    }))
+}
+
+/// Without a tenant, the other Entra variables would be ignored: refused instead.
+fn none_set_without_a_tenant(layers: &Layers) -> Result<(), ConfigError> {
+    for var in [
+        &v::ENTRA_AUDIENCE,
+        &v::ENTRA_AUTHORITY,
+        &v::ENTRA_ALLOWED_APPS,
+    ] {
+        if layers.is_set(var) {
+            return Err(ConfigError::other(
+                &v::ENTRA_TENANT_ID,
+                format!("{} is set but SENDGATE_ENTRA_TENANT_ID is not: set the tenant to accept Entra ID tokens", var.name),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn tenant(raw: &str) -> Result<Guid, ConfigError> {
+    Guid::parse(raw).ok_or_else(|| {
         ConfigError::invalid(
             &v::ENTRA_TENANT_ID,
             raw,
             "expected the directory's tenant id, a GUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)",
         )
-    })?;
+    })
+}
+
+/// The accepted `aud` values: at least one, at most [`MAX_AUDIENCES`].
+fn audiences(layers: &Layers) -> Result<Vec<String>, ConfigError> {
     let audiences = list(layers, &v::ENTRA_AUDIENCE);
     if audiences.is_empty() {
         return Err(ConfigError::other(
@@ -109,45 +131,44 @@ pub(super) fn parse(layers: &Layers) -> Result<Option<EntraCallersSettings>, Con
             ),
         ));
     }
-    let authority = parse_authority(layers.value(&v::ENTRA_AUTHORITY).unwrap_or(PUBLIC_CLOUD))?;
-    // Unset means every application of the tenant: an empty value, which would read as
-    // unset (every other variable's does), or a list of nothing but commas must not open
-    // the gateway to all of them, nor be taken to mean "none" (every token refused).
+    Ok(audiences)
+}
+
+/// The applications whose tokens are accepted; `None`: every application of the tenant.
+///
+/// Unset means every application of the tenant: an empty value, which would read as
+/// unset (every other variable's does), or a list of nothing but commas must not open
+/// the gateway to all of them, nor be taken to mean "none" (every token refused).
+fn allowed_apps(layers: &Layers) -> Result<Option<Vec<Guid>>, ConfigError> {
     let names_none = || {
         ConfigError::other(
             &v::ENTRA_ALLOWED_APPS,
             "is set but names no application: list the client ids (GUIDs, comma-separated) whose tokens are accepted, or unset it to accept every application of the tenant",
         )
     };
-    let allowed_apps = match layers.raw(&v::ENTRA_ALLOWED_APPS) {
-        None if layers.is_given_empty(&v::ENTRA_ALLOWED_APPS) => return Err(names_none()),
-        None => None,
-        Some(_) => {
-            let mut apps = Vec::new();
-            for app in list(layers, &v::ENTRA_ALLOWED_APPS) {
-                let id = Guid::parse(&app).ok_or_else(|| {
-                    ConfigError::invalid(
-                        &v::ENTRA_ALLOWED_APPS,
-                        &app,
-                        "expected applications' client ids, GUIDs, comma-separated",
-                    )
-                })?;
-                if !apps.contains(&id) {
-                    apps.push(id);
-                }
-            }
-            if apps.is_empty() {
-                return Err(names_none());
-            }
-            Some(apps)
+    if layers.raw(&v::ENTRA_ALLOWED_APPS).is_none() {
+        if layers.is_given_empty(&v::ENTRA_ALLOWED_APPS) {
+            return Err(names_none());
         }
-    };
-    Ok(Some(EntraCallersSettings {
-        tenant,
-        audiences,
-        authority,
-        allowed_apps,
-    }))
+        return Ok(None);
+    }
+    let mut apps = Vec::new();
+    for app in list(layers, &v::ENTRA_ALLOWED_APPS) {
+        let id = Guid::parse(&app).ok_or_else(|| {
+            ConfigError::invalid(
+                &v::ENTRA_ALLOWED_APPS,
+                &app,
+                "expected applications' client ids, GUIDs, comma-separated",
+            )
+        })?;
+        if !apps.contains(&id) {
+            apps.push(id);
+        }
+    }
+    if apps.is_empty() {
+        return Err(names_none());
+    }
+    Ok(Some(apps))
 }
 
 /// A comma-separated list, each item trimmed, empty ones dropped, duplicates kept once.

@@ -1,23 +1,41 @@
-//! The merged layers (built-in defaults < `SENDGATE_CONFIG` file < environment) and the
-//! typed getters every setting is read through.
+//! The layers, built-in defaults < `SENDGATE_CONFIG` file (TOML) < environment, stacked by
+//! the `config` crate, and the typed getters every setting is read through.
+//!
+//! The descriptor table ([`VARIABLES`]) is the one list of names: each layer is made from
+//! it (the declared defaults, the file's keys that are declared, the declared variables of
+//! the environment), `config` stacks the three, and each value keeps its origin, so a value
+//! set by the file or the environment stays apart from a default ([`Layers::raw`]). The
+//! typing is the getters', not serde's: a variable's kind, bounds and the error that names
+//! it come from its descriptor, where a serde struct would be a second list of the same
+//! names answering with other messages.
 //!
 //! Only declared variables are stored, and a getter takes a descriptor, not a name: a
 //! setting cannot be read under a name that is not in [`VARIABLES`]. An empty value counts
-//! as unset in its layer.
+//! as unset in its layer: it is left out of the layer before the stacking.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::Duration;
+
+use config::{Format, Source};
 
 use super::error::{closest, ConfigError};
 use super::secret::Secret;
 use super::vars::{self, Kind, Side, Unit, Var, VARIABLES};
 
 pub struct Layers {
-    values: HashMap<&'static str, String>,
+    /// Every declared variable with a value in some layer, trimmed.
+    values: HashMap<&'static str, Stacked>,
     /// The variables a layer gave with an empty value (unset in that layer): for the few
     /// whose unset meaning is the permissive one, where an empty value must not pass for it.
-    blank: std::collections::HashSet<&'static str>,
+    blank: HashSet<&'static str>,
+}
+
+/// A variable's value after the stacking, and whether the file or the environment gave it
+/// (else it is the declared default).
+struct Stacked {
+    text: String,
+    set: bool,
 }
 
 impl Layers {
@@ -35,62 +53,28 @@ impl Layers {
         read: impl FnOnce(&str) -> Result<String, ConfigError>,
     ) -> Result<Self, ConfigError> {
         refuse_unknown_variables(env)?;
-        let server = || VARIABLES.iter().filter(|v| v.side == Side::Server);
-        let mut builder = config::Config::builder();
-        if let Some(path) = env.get(vars::CONFIG.name).filter(|p| !p.trim().is_empty()) {
-            let text = read(path)?;
-            check_toml(path, &text)?;
-            builder = builder.add_source(config::File::from_str(&text, config::FileFormat::Toml));
-        }
-        let mut blank = std::collections::HashSet::new();
-        for v in server() {
-            match env.get(v.name) {
-                Some(value) if !value.trim().is_empty() => {
-                    builder = builder
-                        .set_override(v.toml_key(), value.as_str())
-                        .map_err(|e| ConfigError::File(e.to_string()))?;
-                }
-                Some(_) => {
-                    blank.insert(v.name);
-                }
-                None => {}
-            }
-        }
-        let table: HashMap<String, config::Value> = builder
-            .build()
-            .and_then(config::Config::try_deserialize)
-            .map_err(|e| ConfigError::File(e.to_string()))?;
-
-        let mut values = HashMap::new();
-        for (key, value) in table {
-            let Some(v) = server().find(|v| v.toml_key() == key) else {
-                let keys: Vec<String> = server().map(|v| v.toml_key()).collect();
-                let suggestion = closest(&key, keys.iter().map(String::as_str)).map(str::to_owned);
-                return Err(ConfigError::UnknownKey { key, suggestion });
-            };
-            let text = match value.kind {
-                // `queues = ["a", "b"]` in the file reads like SENDGATE_QUEUES=a,b.
-                config::ValueKind::Array(items) => items
-                    .into_iter()
-                    .map(|i| i.into_string().unwrap_or_default())
-                    .collect::<Vec<_>>()
-                    .join(","),
-                config::ValueKind::Nil => continue,
-                other => config::Value::new(None, other)
-                    .into_string()
-                    .map_err(|e| ConfigError::other(v, e.to_string()))?,
-            };
-            if text.trim().is_empty() {
-                blank.insert(v.name);
-            }
-            values.insert(v.name, text);
-        }
-        // The OpenTelemetry specification's variables come from the environment alone.
-        for v in VARIABLES.iter().filter(|v| v.side == Side::OpenTelemetry) {
-            if let Some(value) = env.get(v.name).filter(|s| !s.trim().is_empty()) {
-                values.insert(v.name, value.clone());
-            }
-        }
+        let mut blank = HashSet::new();
+        let file = match env.get(vars::CONFIG.name).filter(|p| !p.trim().is_empty()) {
+            Some(path) => Some(file_layer(path, &read(path)?, &mut blank)?),
+            None => None,
+        };
+        let environment = environment_layer(env, &mut blank);
+        let stacked = stack(file, environment)?;
+        let values = VARIABLES
+            .iter()
+            .filter_map(|v| {
+                let value = stacked.get(&v.toml_key())?;
+                let set = value.origin().is_some();
+                let text = value.clone().into_string().ok()?;
+                Some((
+                    v.name,
+                    Stacked {
+                        text: text.trim().to_owned(),
+                        set,
+                    },
+                ))
+            })
+            .collect();
         Ok(Self { values, blank })
     }
 
@@ -98,8 +82,8 @@ impl Layers {
     pub fn raw(&self, var: &'static Var) -> Option<&str> {
         self.values
             .get(var.name)
-            .map(|s| s.trim())
-            .filter(|s| !s.is_empty())
+            .filter(|v| v.set)
+            .map(|v| v.text.as_str())
     }
 
     /// Whether the file or the environment sets `var`.
@@ -115,7 +99,7 @@ impl Layers {
 
     /// The value set, or the declared default.
     pub fn value(&self, var: &'static Var) -> Option<&str> {
-        self.raw(var).or(var.default)
+        self.values.get(var.name).map(|v| v.text.as_str())
     }
 
     pub fn text(&self, var: &'static Var) -> Option<String> {
@@ -213,21 +197,121 @@ impl Fraction {
     }
 }
 
-/// The file's text, checked to be TOML here because the parser's own message quotes the
-/// offending line, which may hold a secret (`rabbitmq_url = amqp://user:password@…`): the
-/// error says where and why, never what.
-fn check_toml(path: &str, text: &str) -> Result<(), ConfigError> {
-    if let Err(e) = text.parse::<toml::Table>() {
-        let at = e.span().map_or(0, |span| span.start);
-        let before = &text[..at.min(text.len())];
-        let line = before.matches('\n').count() + 1;
-        let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-        return Err(ConfigError::File(format!(
-            "{path}: not valid TOML at line {line}, column {column}: {}",
-            e.message()
-        )));
+/// The built-in defaults < the file < the environment, stacked by `config`: the values by
+/// file key, each with its origin (none for a default).
+fn stack(
+    file: Option<Layer>,
+    environment: config::Environment,
+) -> Result<config::Map<String, config::Value>, ConfigError> {
+    let failed = |e: config::ConfigError| ConfigError::File(e.to_string());
+    let mut builder = config::Config::builder();
+    for v in VARIABLES {
+        if let Some(default) = v.default {
+            builder = builder.set_default(v.toml_key(), default).map_err(failed)?;
+        }
     }
-    Ok(())
+    if let Some(file) = file {
+        builder = builder.add_source(file);
+    }
+    builder
+        .add_source(environment)
+        .build()
+        .and_then(|stacked| stacked.collect())
+        .map_err(failed)
+}
+
+/// One layer's values by file key, every one a string with its origin.
+#[derive(Debug, Clone)]
+struct Layer(config::Map<String, config::Value>);
+
+impl Source for Layer {
+    fn clone_into_box(&self) -> Box<dyn Source + Send + Sync> {
+        Box::new(self.clone())
+    }
+
+    fn collect(&self) -> Result<config::Map<String, config::Value>, config::ConfigError> {
+        Ok(self.0.clone())
+    }
+}
+
+/// The file's layer: its TOML read by `config`, every key a declared server variable's
+/// (else [`ConfigError::UnknownKey`]), each value as the environment would give it (a list
+/// `["a", "b"]` as `a,b`); an empty one is left out and noted in `blank`.
+fn file_layer(
+    path: &str,
+    text: &str,
+    blank: &mut HashSet<&'static str>,
+) -> Result<Layer, ConfigError> {
+    let table = config::FileFormat::Toml
+        .parse(None, text)
+        .map_err(|e| not_toml(path, text, e.as_ref()))?;
+    let server = || VARIABLES.iter().filter(|v| v.side == Side::Server);
+    let origin = path.to_owned();
+    let mut layer = config::Map::new();
+    for (key, value) in table {
+        let Some(v) = server().find(|v| v.toml_key() == key) else {
+            let keys: Vec<String> = server().map(|v| v.toml_key()).collect();
+            let suggestion = closest(&key, keys.iter().map(String::as_str)).map(str::to_owned);
+            return Err(ConfigError::UnknownKey { key, suggestion });
+        };
+        let text = match value.kind {
+            // `queues = ["a", "b"]` in the file reads like SENDGATE_QUEUES=a,b.
+            config::ValueKind::Array(items) => items
+                .into_iter()
+                .map(|i| i.into_string().unwrap_or_default())
+                .collect::<Vec<_>>()
+                .join(","),
+            config::ValueKind::Nil => continue,
+            other => config::Value::new(None, other)
+                .into_string()
+                .map_err(|e| ConfigError::other(v, e.to_string()))?,
+        };
+        if text.trim().is_empty() {
+            blank.insert(v.name);
+            continue;
+        }
+        layer.insert(key, config::Value::new(Some(&origin), text));
+    }
+    Ok(Layer(layer))
+}
+
+/// Why the file is not TOML, said without the parser's own message, which quotes the
+/// offending line, and that line may hold a secret (`rabbitmq_url = amqp://user:password@…`):
+/// the error says where and why, never what.
+fn not_toml(path: &str, text: &str, error: &(dyn std::error::Error + 'static)) -> ConfigError {
+    let Some(e) = error.downcast_ref::<toml::de::Error>() else {
+        // `config`'s own (a number out of range): it quotes no text.
+        return ConfigError::File(format!("{path}: not valid TOML: {error}"));
+    };
+    let at = e.span().map_or(0, |span| span.start);
+    let before = &text[..at.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+    ConfigError::File(format!(
+        "{path}: not valid TOML at line {line}, column {column}: {}",
+        e.message()
+    ))
+}
+
+/// The environment's layer: the declared variables of the server and of OpenTelemetry (the
+/// client's are only tolerated), by file key; an empty one is left out and noted in `blank`.
+fn environment_layer(
+    env: &HashMap<String, String>,
+    blank: &mut HashSet<&'static str>,
+) -> config::Environment {
+    let mut layer = config::Map::new();
+    for v in VARIABLES.iter().filter(|v| v.side != Side::Client) {
+        match env.get(v.name) {
+            Some(value) if !value.trim().is_empty() => {
+                layer.insert(v.toml_key(), value.clone());
+            }
+            Some(_) => {
+                blank.insert(v.name);
+            }
+            None => {}
+        }
+    }
+    config::Environment::default().source(Some(layer))
 }
 
 /// An unknown `SENDGATE_*` variable is a typo until proven otherwise: refuse it, as an

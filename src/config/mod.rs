@@ -195,6 +195,8 @@ impl Settings {
         )
     }
 
+    /// Every setting, read in a fixed order (so the first error reported is always the
+    /// same one).
     fn from_layers(layers: &Layers) -> Result<Self, ConfigError> {
         let listen = parse_listen(layers)?;
         let queues = parse_queues(layers)?;
@@ -202,55 +204,39 @@ impl Settings {
             .ok_or_else(|| ConfigError::other(&v::BACKEND, "must be set"))?;
         let fallback = backend::parse(layers, Scope::Fallback, &queues)?;
         let dispatch = parse_dispatch(layers, fallback.is_some())?;
-        let log_format = match layers.choice(&v::LOG_FORMAT)? {
-            Some("json") => LogFormat::Json,
-            _ => LogFormat::Text,
-        };
+        let log_format = parse_log_format(layers)?;
         let auth = parse_auth(layers, listen)?;
         let send_timeout = layers.duration(&v::SEND_TIMEOUT_MS)?;
         let max_body_bytes = layers.count(&v::MAX_BODY_BYTES)? as usize;
         let max_buffered_bytes = max_buffered_bytes(layers, max_body_bytes)?;
         let drain_timeout = layers.duration(&v::DRAIN_TIMEOUT_S)?;
+        let capacity = capacity_settings(layers)?;
+        let fair = fair_settings(layers)?;
+        let max_in_flight = layers.count(&v::MAX_IN_FLIGHT)? as usize;
+        let max_batch_messages = layers.count(&v::MAX_BATCH_MESSAGES)? as usize;
+        let max_batch_bytes = max_batch_bytes(layers, max_body_bytes, max_buffered_bytes)?;
+        let max_json_depth = layers.count(&v::MAX_JSON_DEPTH)? as usize;
+        let body_timeout = body_timeout(layers, send_timeout)?;
+        let max_connections = layers.count(&v::MAX_CONNECTIONS)? as usize;
+        let connections = connection_limits(layers, send_timeout)?;
         Ok(Settings {
             listen,
             data_dir: layers.path(&v::DATA_DIR).unwrap_or_default(),
             queues,
             primary,
             fallback,
-            capacity: CapacitySettings {
-                max_queue_depth: forgiving_max_depth(
-                    layers.value(&v::SERVICEBUS_SEND_MAX_QUEUE_DEPTH),
-                ),
-                fail_closed: forgiving_flag(layers.value(&v::SERVICEBUS_SEND_FAILCLOSED)),
-                fail_closed_streak: forgiving_streak(
-                    layers.value(&v::SERVICEBUS_SEND_FAILCLOSED_STREAK),
-                ),
-                depth_ttl: layers.duration(&v::DEPTH_TTL_MS)?,
-                admin_timeout: layers.duration(&v::ADMIN_TIMEOUT_MS)?,
-                retry_after_max: layers.duration(&v::RETRY_AFTER_MAX_S)?,
-                resume_below: layers.fraction(&v::RESUME_BELOW)?,
-            },
-            fair: fair_settings(layers)?,
+            capacity,
+            fair,
             send_timeout,
-            max_in_flight: layers.count(&v::MAX_IN_FLIGHT)? as usize,
+            max_in_flight,
             max_body_bytes,
-            max_batch_messages: layers.count(&v::MAX_BATCH_MESSAGES)? as usize,
-            max_batch_bytes: max_batch_bytes(layers, max_body_bytes, max_buffered_bytes)?,
-            max_json_depth: layers.count(&v::MAX_JSON_DEPTH)? as usize,
-            body_timeout: body_timeout(layers, send_timeout)?,
+            max_batch_messages,
+            max_batch_bytes,
+            max_json_depth,
+            body_timeout,
             max_buffered_bytes,
-            max_connections: layers.count(&v::MAX_CONNECTIONS)? as usize,
-            connections: ConnectionLimits {
-                header_timeout: layers.duration(&v::HEADER_TIMEOUT_MS)?,
-                max_head_bytes: layers.count(&v::MAX_HEAD_BYTES)? as usize,
-                head_budget: layers.count(&v::MAX_BUFFERED_HEAD_BYTES)? as usize,
-                max_connections: layers.count(&v::MAX_CONNECTIONS)? as usize,
-                per_peer: layers.count(&v::MAX_CONNECTIONS_PER_PEER)? as usize,
-                // Longer than any request can take under its own deadlines (the body's, then
-                // the send's, with the admission reads between): only a connection whose
-                // framing the transport lost, or whose client reads no answer, reaches it.
-                answer_timeout: send_timeout * 3 + Duration::from_secs(5),
-            },
+            max_connections,
+            connections,
             drain_timeout,
             drain_linger: drain_linger(layers, drain_timeout)?,
             auth,
@@ -272,6 +258,45 @@ impl Settings {
                 _ => None,
             })
     }
+}
+
+fn parse_log_format(layers: &Layers) -> Result<LogFormat, ConfigError> {
+    Ok(match layers.choice(&v::LOG_FORMAT)? {
+        Some("json") => LogFormat::Json,
+        _ => LogFormat::Text,
+    })
+}
+
+/// The capacity gate's settings; the Service Bus-compatible variables read by the
+/// contract's forgiving rules (never refused).
+fn capacity_settings(layers: &Layers) -> Result<CapacitySettings, ConfigError> {
+    Ok(CapacitySettings {
+        max_queue_depth: forgiving_max_depth(layers.value(&v::SERVICEBUS_SEND_MAX_QUEUE_DEPTH)),
+        fail_closed: forgiving_flag(layers.value(&v::SERVICEBUS_SEND_FAILCLOSED)),
+        fail_closed_streak: forgiving_streak(layers.value(&v::SERVICEBUS_SEND_FAILCLOSED_STREAK)),
+        depth_ttl: layers.duration(&v::DEPTH_TTL_MS)?,
+        admin_timeout: layers.duration(&v::ADMIN_TIMEOUT_MS)?,
+        retry_after_max: layers.duration(&v::RETRY_AFTER_MAX_S)?,
+        resume_below: layers.fraction(&v::RESUME_BELOW)?,
+    })
+}
+
+/// The transport's bounds on connections and their heads.
+fn connection_limits(
+    layers: &Layers,
+    send_timeout: Duration,
+) -> Result<ConnectionLimits, ConfigError> {
+    Ok(ConnectionLimits {
+        header_timeout: layers.duration(&v::HEADER_TIMEOUT_MS)?,
+        max_head_bytes: layers.count(&v::MAX_HEAD_BYTES)? as usize,
+        head_budget: layers.count(&v::MAX_BUFFERED_HEAD_BYTES)? as usize,
+        max_connections: layers.count(&v::MAX_CONNECTIONS)? as usize,
+        per_peer: layers.count(&v::MAX_CONNECTIONS_PER_PEER)? as usize,
+        // Longer than any request can take under its own deadlines (the body's, then
+        // the send's, with the admission reads between): only a connection whose
+        // framing the transport lost, or whose client reads no answer, reaches it.
+        answer_timeout: send_timeout * 3 + Duration::from_secs(5),
+    })
 }
 
 /// The body's own deadline: set, it may not exceed the send deadline (a body still

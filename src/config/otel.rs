@@ -10,6 +10,7 @@ use reqwest::header::{HeaderName, HeaderValue};
 
 use super::error::ConfigError;
 use super::layers::Layers;
+use super::secret::Secret;
 use super::vars::{self as v, Var};
 
 /// Where and how spans and metrics are exported; neither signal: nothing is.
@@ -81,62 +82,20 @@ impl OtelSettings {
 pub(super) fn parse(layers: &Layers) -> Result<OtelSettings, ConfigError> {
     let disabled = layers.choice(&v::OTEL_SDK_DISABLED)? == Some("true");
     let base = http_url(layers, &v::OTEL_EXPORTER_OTLP_ENDPOINT)?;
-    let mut unsupported_protocols = Vec::new();
-    let mut protocol = |var: &'static Var| -> Option<Protocol> {
-        let value = layers.text(var)?;
-        let parsed = Protocol::parse(&value);
-        if parsed.is_none() {
-            unsupported_protocols.push((var.name, value));
-        }
-        parsed
+    let (traces_protocol, metrics_protocol, unsupported_protocols) = protocols(layers);
+    let common = Common {
+        layers,
+        disabled,
+        base,
+        headers: headers(layers, &v::OTEL_EXPORTER_OTLP_HEADERS)?,
     };
-    let common_protocol = protocol(&v::OTEL_EXPORTER_OTLP_PROTOCOL);
-    let traces_protocol = protocol(&v::OTEL_EXPORTER_OTLP_TRACES_PROTOCOL)
-        .or(common_protocol)
-        .unwrap_or(Protocol::HttpProtobuf);
-    let metrics_protocol = protocol(&v::OTEL_EXPORTER_OTLP_METRICS_PROTOCOL)
-        .or(common_protocol)
-        .unwrap_or(Protocol::HttpProtobuf);
-    let common_headers = headers(layers, &v::OTEL_EXPORTER_OTLP_HEADERS)?;
-    // A signal's own endpoint is used as it is; the base one gets the signal's path over
-    // HTTP and is used as it is over gRPC (the path is the service's method there).
-    let signal = |endpoint: &'static Var,
-                  path: &str,
-                  protocol: Protocol,
-                  own_headers: &'static Var|
-     -> Result<Option<SignalExport>, ConfigError> {
-        let (headers, headers_var) = match headers(layers, own_headers)? {
-            Some(own) => (own, own_headers),
-            None => (
-                common_headers.clone().unwrap_or_default(),
-                &v::OTEL_EXPORTER_OTLP_HEADERS,
-            ),
-        };
-        if disabled {
-            return Ok(None);
-        }
-        let endpoint = http_url(layers, endpoint)?.or_else(|| {
-            base.as_deref().map(|base| match protocol {
-                Protocol::HttpProtobuf => format!("{}{path}", base.trim_end_matches('/')),
-                Protocol::Grpc => base.to_owned(),
-            })
-        });
-        if endpoint.is_some() && protocol == Protocol::Grpc {
-            grpc_metadata_names(layers, headers_var, &headers)?;
-        }
-        Ok(endpoint.map(|endpoint| SignalExport {
-            endpoint,
-            protocol,
-            headers,
-        }))
-    };
-    let traces = signal(
+    let traces = common.signal(
         &v::OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
         "/v1/traces",
         traces_protocol,
         &v::OTEL_EXPORTER_OTLP_TRACES_HEADERS,
     )?;
-    let metrics = signal(
+    let metrics = common.signal(
         &v::OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
         "/v1/metrics",
         metrics_protocol,
@@ -156,6 +115,76 @@ pub(super) fn parse(layers: &Layers) -> Result<OtelSettings, ConfigError> {
         schedule_delay: layers.duration(&v::OTEL_BSP_SCHEDULE_DELAY)?,
         export_timeout: layers.duration(&v::OTEL_BSP_EXPORT_TIMEOUT)?,
     })
+}
+
+/// The traces' and the metrics' protocols (a signal's own, else the common one, else
+/// http/protobuf), and the values named that are not a supported protocol (ignored, for a
+/// warning at start-up).
+fn protocols(layers: &Layers) -> (Protocol, Protocol, Vec<(&'static str, String)>) {
+    let mut unsupported = Vec::new();
+    let mut protocol = |var: &'static Var| -> Option<Protocol> {
+        let value = layers.text(var)?;
+        let parsed = Protocol::parse(&value);
+        if parsed.is_none() {
+            unsupported.push((var.name, value));
+        }
+        parsed
+    };
+    let common = protocol(&v::OTEL_EXPORTER_OTLP_PROTOCOL);
+    let traces = protocol(&v::OTEL_EXPORTER_OTLP_TRACES_PROTOCOL)
+        .or(common)
+        .unwrap_or(Protocol::HttpProtobuf);
+    let metrics = protocol(&v::OTEL_EXPORTER_OTLP_METRICS_PROTOCOL)
+        .or(common)
+        .unwrap_or(Protocol::HttpProtobuf);
+    (traces, metrics, unsupported)
+}
+
+/// What both signals start from: the base endpoint and the common headers.
+struct Common<'a> {
+    layers: &'a Layers,
+    disabled: bool,
+    base: Option<String>,
+    headers: Option<ExportHeaders>,
+}
+
+impl Common<'_> {
+    /// One signal's export, `None` when it has no endpoint or the SDK is disabled. A
+    /// signal's own endpoint is used as it is; the base one gets the signal's `path` over
+    /// HTTP and is used as it is over gRPC (the path is the service's method there). Its
+    /// own headers replace the common ones; both are checked even when disabled.
+    fn signal(
+        &self,
+        endpoint: &'static Var,
+        path: &str,
+        protocol: Protocol,
+        own_headers: &'static Var,
+    ) -> Result<Option<SignalExport>, ConfigError> {
+        let (headers, headers_var) = match headers(self.layers, own_headers)? {
+            Some(own) => (own, own_headers),
+            None => (
+                self.headers.clone().unwrap_or_default(),
+                &v::OTEL_EXPORTER_OTLP_HEADERS,
+            ),
+        };
+        if self.disabled {
+            return Ok(None);
+        }
+        let endpoint = http_url(self.layers, endpoint)?.or_else(|| {
+            self.base.as_deref().map(|base| match protocol {
+                Protocol::HttpProtobuf => format!("{}{path}", base.trim_end_matches('/')),
+                Protocol::Grpc => base.to_owned(),
+            })
+        });
+        if endpoint.is_some() && protocol == Protocol::Grpc {
+            grpc_metadata_names(self.layers, headers_var, &headers)?;
+        }
+        Ok(endpoint.map(|endpoint| SignalExport {
+            endpoint,
+            protocol,
+            headers,
+        }))
+    }
 }
 
 /// An `http://` or `https://` URL with a host, or the variable's error.
@@ -178,14 +207,15 @@ fn http_url(layers: &Layers, var: &'static Var) -> Result<Option<String>, Config
 }
 
 /// Headers sent with every export, `OTEL_EXPORTER_OTLP_HEADERS`'s `key=value,…` with the
-/// values percent-decoded. A value may be a collector's API key: each is marked sensitive,
-/// and `Debug` shows the names only.
+/// values percent-decoded. A value may be a collector's API key: each is a [`Secret`] (and
+/// marked sensitive for the HTTP stack); `Debug` shows the names only.
 #[derive(Clone, Default, PartialEq, Eq)]
-pub struct ExportHeaders(Vec<(HeaderName, HeaderValue)>);
+pub struct ExportHeaders(Vec<(HeaderName, Secret<HeaderValue>)>);
 
 impl ExportHeaders {
+    /// Each header with its value exposed: for the export's request, and nothing else.
     pub fn iter(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
-        self.0.iter().map(|(name, value)| (name, value))
+        self.0.iter().map(|(name, value)| (name, value.expose()))
     }
 }
 
@@ -245,7 +275,7 @@ fn headers(layers: &Layers, var: &'static Var) -> Result<Option<ExportHeaders>, 
         let mut value =
             HeaderValue::from_bytes(&decoded).map_err(|_| invalid("not a header value"))?;
         value.set_sensitive(true);
-        out.push((name, value));
+        out.push((name, Secret::wrap(value)));
     }
     Ok(Some(ExportHeaders(out)))
 }

@@ -295,73 +295,97 @@ impl Patch {
     /// Every bad field is named (up to [`MAX_FIELD_ERRORS`]); a queue that is not served is
     /// [`PatchError::UnknownQueue`] (the send route's 404).
     pub fn parse(body: &Value, scope: &Scope) -> Result<Self, PatchError> {
-        let mut errors = Vec::new();
-        let mut patch = Patch::default();
         let Some(top) = body.as_object() else {
             return Err(PatchError::Invalid(vec![FieldError::new(
                 &["body"],
                 "expected a JSON object",
             )]));
         };
+        let mut reading = Reading {
+            scope,
+            patch: Patch::default(),
+            errors: Vec::new(),
+        };
         for (name, value) in top {
             match name.as_str() {
-                "queues" => {
-                    let Some(queues) = value.as_object() else {
-                        errors.push(FieldError::new(
-                            &["body", "queues"],
-                            "expected an object of queue names",
-                        ));
-                        continue;
-                    };
-                    for (queue_name, fields) in queues {
-                        let Some(queue) = scope.queues.iter().find(|q| q.as_str() == queue_name)
-                        else {
-                            return Err(PatchError::UnknownQueue(queue_name.clone()));
-                        };
-                        patch.queues.insert(queue.clone());
-                        let Some(fields) = fields.as_object() else {
-                            errors.push(FieldError::new(
-                                &["body", "queues", queue_name],
-                                format!("expected an object of {QUEUE_FIELDS}"),
-                            ));
-                            continue;
-                        };
-                        for (field_name, value) in fields {
-                            let loc = ["body", "queues", queue_name.as_str(), field_name.as_str()];
-                            let Some(field) = QueueField::named(field_name) else {
-                                errors.push(FieldError::new(
-                                    &loc,
-                                    format!("unknown field; expected {QUEUE_FIELDS}"),
-                                ));
-                                continue;
-                            };
-                            let key = Key::Queue(queue.clone(), field);
-                            match change(&key, value, scope) {
-                                Ok(c) => {
-                                    patch.changes.insert(key, c);
-                                }
-                                Err(msg) => errors.push(FieldError::new(&loc, msg)),
-                            }
-                        }
-                    }
-                }
-                FORCE_BACKEND => match change(&Key::ForceBackend, value, scope) {
-                    Ok(c) => {
-                        patch.changes.insert(Key::ForceBackend, c);
-                    }
-                    Err(msg) => errors.push(FieldError::new(&["body", FORCE_BACKEND], msg)),
-                },
-                other => errors.push(FieldError::new(
+                "queues" => reading.queues(value)?,
+                FORCE_BACKEND => reading.set(Key::ForceBackend, value, &["body", FORCE_BACKEND]),
+                other => reading.errors.push(FieldError::new(
                     &["body", other],
                     "unknown field; expected queues or force_backend",
                 )),
             }
         }
-        if errors.is_empty() {
-            Ok(patch)
+        reading.finish()
+    }
+}
+
+/// A PATCH body being read: the changes so far and every bad field met.
+struct Reading<'a> {
+    scope: &'a Scope,
+    patch: Patch,
+    errors: Vec<FieldError>,
+}
+
+impl Reading<'_> {
+    /// `"queues": {"<queue>": {...}, ...}`: a queue this gateway does not serve ends the
+    /// reading.
+    fn queues(&mut self, value: &Value) -> Result<(), PatchError> {
+        let Some(queues) = value.as_object() else {
+            self.errors.push(FieldError::new(
+                &["body", "queues"],
+                "expected an object of queue names",
+            ));
+            return Ok(());
+        };
+        for (queue_name, fields) in queues {
+            let scope = self.scope;
+            let Some(queue) = scope.queues.iter().find(|q| q.as_str() == queue_name) else {
+                return Err(PatchError::UnknownQueue(queue_name.clone()));
+            };
+            self.patch.queues.insert(queue.clone());
+            self.queue_fields(queue, queue_name, fields);
+        }
+        Ok(())
+    }
+
+    /// One queue's `{"<field>": value | null, ...}`.
+    fn queue_fields(&mut self, queue: &QueueName, queue_name: &str, fields: &Value) {
+        let Some(fields) = fields.as_object() else {
+            self.errors.push(FieldError::new(
+                &["body", "queues", queue_name],
+                format!("expected an object of {QUEUE_FIELDS}"),
+            ));
+            return;
+        };
+        for (field_name, value) in fields {
+            let loc = ["body", "queues", queue_name, field_name.as_str()];
+            match QueueField::named(field_name) {
+                Some(field) => self.set(Key::Queue(queue.clone(), field), value, &loc),
+                None => self.errors.push(FieldError::new(
+                    &loc,
+                    format!("unknown field; expected {QUEUE_FIELDS}"),
+                )),
+            }
+        }
+    }
+
+    /// `key`'s change, or the error at `loc`.
+    fn set(&mut self, key: Key, value: &Value, loc: &[&str]) {
+        match change(&key, value, self.scope) {
+            Ok(c) => {
+                self.patch.changes.insert(key, c);
+            }
+            Err(msg) => self.errors.push(FieldError::new(loc, msg)),
+        }
+    }
+
+    fn finish(mut self) -> Result<Patch, PatchError> {
+        if self.errors.is_empty() {
+            Ok(self.patch)
         } else {
-            errors.truncate(MAX_FIELD_ERRORS);
-            Err(PatchError::Invalid(errors))
+            self.errors.truncate(MAX_FIELD_ERRORS);
+            Err(PatchError::Invalid(self.errors))
         }
     }
 }
@@ -376,71 +400,75 @@ fn change(key: &Key, value: &Value, scope: &Scope) -> Result<Change<Parsed>, Str
 /// One value for `key`, within its variable's bounds.
 pub fn parse_value(key: &Key, value: &Value, scope: &Scope) -> Result<Parsed, String> {
     let var = key.variable();
-    let whole = |min: u64, max: u64, unit: &str| -> Result<u64, String> {
-        let n = value
-            .as_u64()
-            .ok_or_else(|| format!("expected a whole number (as {})", var.name))?;
-        if n < min {
-            return Err(format!("must be at least {min}{unit} (as {})", var.name));
-        }
-        if n > max {
-            return Err(format!("must be at most {max}{unit} (as {})", var.name));
-        }
-        Ok(n)
-    };
     match key {
-        Key::Queue(_, QueueField::MaxQueueDepth) => whole(1, u64::MAX, "").map(Parsed::Depth),
+        Key::Queue(_, QueueField::MaxQueueDepth) => {
+            whole(value, var, 1, u64::MAX, "").map(Parsed::Depth)
+        }
         Key::Queue(_, QueueField::FailClosedStreak) => {
-            whole(1, u64::from(u32::MAX), "").map(|n| Parsed::Streak(n as u32))
+            whole(value, var, 1, u64::from(u32::MAX), "").map(|n| Parsed::Streak(n as u32))
         }
         Key::Queue(_, QueueField::DepthTtlMs) => {
             let Kind::Duration { min, max } = var.kind else {
                 return Err(format!("{} is not declared as a duration", var.name));
             };
-            whole(min, max, " ms").map(Parsed::TtlMs)
+            whole(value, var, min, max, " ms").map(Parsed::TtlMs)
         }
         Key::Queue(_, QueueField::FailClosed) => value
             .as_bool()
             .map(Parsed::Flag)
             .ok_or_else(|| format!("expected true or false (as {})", var.name)),
-        Key::Queue(
-            _,
-            field @ (QueueField::ShedAtSheddable
-            | QueueField::ShedAtDefault
-            | QueueField::FairShareAt),
-        ) => {
-            let level = match field {
-                QueueField::ShedAtSheddable => LevelField::ShedAtSheddable,
-                QueueField::ShedAtDefault => LevelField::ShedAtDefault,
-                _ => LevelField::FairShareAt,
-            };
-            value
-                .as_f64()
-                .and_then(Fraction::new)
-                .map(|f| Parsed::Level(level, f))
-                .ok_or_else(|| format!("expected a number above 0 and at most 1 (as {})", var.name))
+        Key::Queue(_, QueueField::ShedAtSheddable) => {
+            level(value, var, LevelField::ShedAtSheddable)
         }
-        Key::ForceBackend => {
-            let Kind::Choice(options) = var.kind else {
-                return Err(format!("{} is not declared as a choice", var.name));
-            };
-            let expected = || {
-                format!(
-                    "expected {} (as {})",
-                    crate::config::one_of(options),
-                    var.name
-                )
-            };
-            let word = value.as_str().ok_or_else(expected)?;
-            match options.iter().find(|o| o.eq_ignore_ascii_case(word)) {
-                Some(&"fallback") if !scope.has_fallback => {
-                    Err("fallback needs SENDGATE_FALLBACK_BACKEND".to_owned())
-                }
-                Some(&"fallback") => Ok(Parsed::Force(ForceBackend::Fallback)),
-                Some(_) => Ok(Parsed::Force(ForceBackend::Primary)),
-                None => Err(expected()),
-            }
+        Key::Queue(_, QueueField::ShedAtDefault) => level(value, var, LevelField::ShedAtDefault),
+        Key::Queue(_, QueueField::FairShareAt) => level(value, var, LevelField::FairShareAt),
+        Key::ForceBackend => force_backend(value, var, scope),
+    }
+}
+
+/// A whole number within `[min, max]` (`unit` for the message).
+fn whole(value: &Value, var: &Var, min: u64, max: u64, unit: &str) -> Result<u64, String> {
+    let n = value
+        .as_u64()
+        .ok_or_else(|| format!("expected a whole number (as {})", var.name))?;
+    if n < min {
+        return Err(format!("must be at least {min}{unit} (as {})", var.name));
+    }
+    if n > max {
+        return Err(format!("must be at most {max}{unit} (as {})", var.name));
+    }
+    Ok(n)
+}
+
+/// A level of the backlog: a number above 0 and at most 1.
+fn level(value: &Value, var: &Var, level: LevelField) -> Result<Parsed, String> {
+    value
+        .as_f64()
+        .and_then(Fraction::new)
+        .map(|f| Parsed::Level(level, f))
+        .ok_or_else(|| format!("expected a number above 0 and at most 1 (as {})", var.name))
+}
+
+/// `primary` or `fallback` (any case); `fallback` only with a fallback backend.
+fn force_backend(value: &Value, var: &Var, scope: &Scope) -> Result<Parsed, String> {
+    let Kind::Choice(options) = var.kind else {
+        return Err(format!("{} is not declared as a choice", var.name));
+    };
+    let expected = || {
+        format!(
+            "expected {} (as {})",
+            crate::config::one_of(options),
+            var.name
+        )
+    };
+    let word = value.as_str().ok_or_else(expected)?;
+    match options.iter().find(|o| o.eq_ignore_ascii_case(word)) {
+        Some(&"fallback") if !scope.has_fallback => {
+            Err("fallback needs SENDGATE_FALLBACK_BACKEND".to_owned())
         }
+        Some(&"fallback") => Ok(Parsed::Force(ForceBackend::Fallback)),
+        Some(_) => Ok(Parsed::Force(ForceBackend::Primary)),
+        None => Err(expected()),
     }
 }
 

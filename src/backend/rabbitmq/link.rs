@@ -19,6 +19,7 @@ use lapin::types::FieldTable;
 use lapin::uri::AMQPUri;
 use lapin::{Channel, Connection, ConnectionProperties};
 use parking_lot::{Mutex, RwLock};
+use sendgate_backoff::Doubling;
 use tokio::time::Instant;
 
 use crate::domain::QueueName;
@@ -30,8 +31,9 @@ const PUBLISH_CHANNELS: usize = 4;
 pub const TIMEOUTS_BEFORE_REPLACE: u32 = 3;
 /// Longest one connect attempt may take (further bounded by the caller's deadline).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-const BACKOFF_FIRST: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// The pause after the `n`-th failed connect in a row.
+const RECONNECT_BACKOFF: Doubling =
+    Doubling::new(Duration::from_millis(100), Duration::from_secs(5));
 /// Heartbeat asked for when the URL names none: a dead peer is noticed within ~2 of these.
 const DEFAULT_HEARTBEAT_S: u16 = 10;
 /// Frame size asked for when the URL names none (`?frame_max=` in the URL overrides it).
@@ -166,9 +168,11 @@ impl Session {
     }
 }
 
+#[derive(Default)]
 struct ReconnectBackoff {
     next_attempt: Option<Instant>,
-    delay: Duration,
+    /// Connects failed in a row: the next failure pauses `RECONNECT_BACKOFF`'s wait for one more.
+    failures: u32,
     /// Why the last attempt failed: a refused credential stays the answer while backing off.
     last_error: Option<LinkError>,
 }
@@ -201,11 +205,7 @@ impl Link {
             queues,
             current: RwLock::new(None),
             connecting: tokio::sync::Mutex::new(()),
-            backoff: Mutex::new(ReconnectBackoff {
-                next_attempt: None,
-                delay: BACKOFF_FIRST,
-                last_error: None,
-            }),
+            backoff: Mutex::new(ReconnectBackoff::default()),
             timeouts_in_a_row: AtomicU32::new(0),
             generations: AtomicU64::new(0),
         }
@@ -244,11 +244,7 @@ impl Link {
         let mut backoff = self.backoff.lock();
         match outcome {
             Ok(session) => {
-                *backoff = ReconnectBackoff {
-                    next_attempt: None,
-                    delay: BACKOFF_FIRST,
-                    last_error: None,
-                };
+                *backoff = ReconnectBackoff::default();
                 self.timeouts_in_a_row.store(0, Ordering::Relaxed);
                 *self.current.write() = Some(session.clone());
                 tracing::info!(
@@ -259,14 +255,15 @@ impl Link {
                 Ok(session)
             }
             Err(e) => {
-                backoff.next_attempt = Some(Instant::now() + backoff.delay);
+                backoff.failures = backoff.failures.saturating_add(1);
+                let pause = RECONNECT_BACKOFF.wait(backoff.failures, 0.0);
+                backoff.next_attempt = Some(Instant::now() + pause);
                 tracing::warn!(
                     event = "amqp_connect_failed",
                     error = %e,
-                    retry_in_ms = backoff.delay.as_millis() as u64,
+                    retry_in_ms = pause.as_millis() as u64,
                     "cannot connect to RabbitMQ"
                 );
-                backoff.delay = (backoff.delay * 2).min(BACKOFF_MAX);
                 backoff.last_error = Some(e.clone());
                 Err(e)
             }

@@ -26,6 +26,7 @@ use arc_swap::ArcSwapOption;
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use jsonwebtoken::DecodingKey;
 use parking_lot::Mutex;
+use sendgate_backoff::Doubling;
 use serde::Deserialize;
 use tokio::time::Instant;
 
@@ -479,8 +480,8 @@ async fn keep_fresh(cache: Weak<KeyCache>) {
 
 /// 1 s after the first failure, doubling, at most [`RETRY_MAX`].
 pub fn retry_after(failures: u32) -> Duration {
-    let doublings = failures.saturating_sub(1).min(16);
-    Duration::from_secs(1u64 << doublings).min(RETRY_MAX)
+    const RETRY: Doubling = Doubling::new(Duration::from_secs(1), RETRY_MAX);
+    RETRY.wait(failures, 0.0)
 }
 
 #[derive(Deserialize)]

@@ -23,15 +23,16 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use reqwest::header::HeaderMap;
+use sendgate_backoff::{Doubling, Jitter};
 use tokio::time::Instant;
 
 pub(crate) use attempt::Signal;
 
 /// Retries after the first attempt, at most.
 const MAX_RETRIES: u32 = 3;
-const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_millis(1600);
-const MAX_JITTER_MS: u64 = 100;
+/// The wait before retry `n` when the collector names none.
+const BACKOFF: Doubling = Doubling::new(Duration::from_millis(100), Duration::from_millis(1600))
+    .with_jitter(Jitter::Add(Duration::from_millis(100)));
 
 /// One signal's way to its collector.
 #[derive(Debug, Clone)]
@@ -64,7 +65,6 @@ impl Poster {
     pub(crate) async fn post(&self, body: Vec<u8>, timeout: Duration) -> Result<Vec<u8>, String> {
         let deadline = Instant::now() + timeout;
         let body = Bytes::from(body);
-        let mut backoff = FIRST_BACKOFF;
         let mut retries = 0;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -82,8 +82,7 @@ impl Poster {
             if retries == MAX_RETRIES {
                 return Err(format!("{} ({retries} retries)", failed.error));
             }
-            let jitter = Duration::from_millis(rand::random_range(0..=MAX_JITTER_MS));
-            let wait = asked.unwrap_or(backoff + jitter);
+            let wait = asked.unwrap_or_else(|| BACKOFF.wait(retries + 1, rand::random()));
             if Instant::now() + wait >= deadline {
                 return Err(format!(
                     "{} ({retries} retries; no time left for another)",
@@ -91,7 +90,6 @@ impl Poster {
                 ));
             }
             tokio::time::sleep(wait).await;
-            backoff = (backoff * 2).min(MAX_BACKOFF);
             retries += 1;
         }
     }
