@@ -394,3 +394,129 @@ fn the_dockerfile_copies_every_workspace_members_manifest() {
         "the Dockerfile copies no manifest of {missing:?}"
     );
 }
+
+/// The functions (outside tests) longer than `limit` lines, as `file` `name`: from a
+/// line opening `fn` to the line closing its body, braces counted outside strings,
+/// characters and comments (as rustfmt lays them out; a file's tests start at its first
+/// `#[cfg(test)]`).
+fn long_functions(limit: usize) -> BTreeSet<String> {
+    let mut long = BTreeSet::new();
+    for file in source_files() {
+        if file.ends_with("/tests.rs") || file.contains("/tests/") {
+            continue;
+        }
+        let text = std::fs::read_to_string(Path::new(ROOT).join(&file)).expect("a source file");
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        let lines: Vec<&str> = code.lines().collect();
+        let mut at = 0;
+        while at < lines.len() {
+            let Some(name) = fn_name(lines[at]) else {
+                at += 1;
+                continue;
+            };
+            match body_end(&lines, at) {
+                Some(end) => {
+                    if end - at + 1 > limit {
+                        long.insert(format!("`{file}` `{name}`"));
+                    }
+                    at = end + 1;
+                }
+                None => at += 1,
+            }
+        }
+    }
+    long
+}
+
+/// The name a line declares a function by, if it does (`pub(crate) async fn name`, …).
+fn fn_name(line: &str) -> Option<&str> {
+    let mut words = line.trim_start().split_whitespace();
+    loop {
+        let word = words.next()?;
+        if word == "fn" {
+            let name = words.next()?;
+            return name.split(['(', '<']).next();
+        }
+        let qualifier = word.starts_with("pub")
+            || matches!(word, "const" | "async" | "unsafe" | "extern" | "\"C\"");
+        if !qualifier {
+            return None;
+        }
+    }
+}
+
+/// The line closing the body of the function declared at `start` (none for a declaration
+/// without a body, such as a trait's).
+fn body_end(lines: &[&str], start: usize) -> Option<usize> {
+    let mut depth = 0i32;
+    let mut opened = false;
+    for (at, line) in lines.iter().enumerate().skip(start) {
+        let code = line.split("//").next().unwrap_or_default();
+        let mut in_string = false;
+        let mut chars = code.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' if in_string => {
+                    chars.next();
+                }
+                '"' => in_string = !in_string,
+                '\'' if !in_string => {
+                    // A char literal ('{', '\'') is skipped whole; a lifetime is not.
+                    let rest: String = chars.clone().take(3).collect();
+                    if rest.starts_with('\\') || rest.chars().nth(1) == Some('\'') {
+                        chars.find(|&c| c == '\'');
+                    }
+                }
+                '{' if !in_string => {
+                    depth += 1;
+                    opened = true;
+                }
+                '}' if !in_string => depth -= 1,
+                ';' if !in_string && !opened && depth == 0 => return None,
+                _ => {}
+            }
+        }
+        if opened && depth <= 0 {
+            return Some(at);
+        }
+    }
+    None
+}
+
+#[test]
+fn no_function_is_longer_than_sixty_lines_but_the_flat_tables_the_map_names() {
+    let allowed: BTreeSet<String> = marked(&architecture(), "long")
+        .iter()
+        .filter_map(|row| {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            cells
+                .get(1)
+                .filter(|c| c.starts_with('`') && c.contains("` `"))
+                .map(|c| (*c).to_owned())
+        })
+        .collect();
+    let long = long_functions(60);
+    let unlisted: Vec<_> = long.difference(&allowed).collect();
+    let short: Vec<_> = allowed.difference(&long).collect();
+    assert!(
+        unlisted.is_empty() && short.is_empty(),
+        "functions over 60 lines the map does not name as flat tables: {unlisted:?}; named but no longer long: {short:?}"
+    );
+}
+
+#[test]
+fn the_length_check_counts_a_body_from_its_fn_line_to_its_closing_brace() {
+    let lines = [
+        "    pub(crate) async fn name<T>(x: T) -> u8 {",
+        "        let brace = '{';",
+        "        let text = \"}}\"; // }",
+        "        0",
+        "    }",
+        "    fn declared(&self);",
+    ];
+    assert_eq!(fn_name(lines[0]), Some("name"));
+    assert_eq!(body_end(&lines, 0), Some(4));
+    assert_eq!(fn_name(lines[5]), Some("declared"));
+    assert_eq!(body_end(&lines, 5), None);
+    assert_eq!(fn_name("let f = fn_name(x);"), None);
+}
