@@ -430,7 +430,7 @@ fn long_functions(limit: usize) -> BTreeSet<String> {
 
 /// The name a line declares a function by, if it does (`pub(crate) async fn name`, …).
 fn fn_name(line: &str) -> Option<&str> {
-    let mut words = line.trim_start().split_whitespace();
+    let mut words = line.split_whitespace();
     loop {
         let word = words.next()?;
         if word == "fn" {
