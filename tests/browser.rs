@@ -5,18 +5,10 @@
 //! `SENDGATE_SCREENSHOT=1` also writes `docs/console.png` and `docs/settings.png` (the
 //! README's pictures); the normal run leaves the committed files alone.
 
-#[path = "support/browser.rs"]
-mod browser;
-#[allow(dead_code)] // only its fault switch is used here
-#[path = "support/faulty_backend.rs"]
-mod faulty_backend;
-#[path = "support/gateway.rs"]
-mod gateway;
-
 use sha2::{Digest, Sha256};
 
-use browser::Browser;
-use gateway::{settings_of, Gateway};
+use sendgate_testkit::browser::Browser;
+use sendgate_testkit::gateway::{settings_of, Gateway};
 
 /// The page's element for one field of `queue` on the primary.
 fn field(queue: &str, name: &str) -> String {

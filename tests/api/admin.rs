@@ -3,7 +3,8 @@
 use sha2::{Digest, Sha256};
 use std::time::Duration;
 
-use crate::helpers::{body_json, spawn_app_with};
+use sendgate_testkit::embedded::spawn_app_with;
+use sendgate_testkit::gateway::body_json;
 
 fn keys_file(dir: &std::path::Path) -> std::path::PathBuf {
     let entry = |name: &str, token: &str, role: &str| {
@@ -76,7 +77,7 @@ async fn a_draining_answer_closes_the_connection_so_the_balancer_reroutes() {
 
 /// What a cross-site page can make a browser send to a gateway running open on loopback.
 async fn post_drain(
-    app: &crate::helpers::TestApp,
+    app: &sendgate_testkit::embedded::TestApp,
     headers: &[(&str, &str)],
     body: &str,
 ) -> reqwest::Response {

@@ -2,7 +2,8 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::helpers::{body_json, spawn_app_with, TestApp};
+use sendgate_testkit::embedded::{spawn_app_with, TestApp};
+use sendgate_testkit::gateway::body_json;
 
 fn entry(name: &str, token: &str, roles: &str, queues: &str) -> String {
     format!(

@@ -3,7 +3,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::helpers::{spawn_app_with, TestApp};
+use sendgate_testkit::embedded::{spawn_app_with, TestApp};
 
 /// The page's answer: status, headers, body.
 async fn page(app: &TestApp, path: &str) -> (u16, reqwest::header::HeaderMap, String) {

@@ -11,9 +11,12 @@ use sendgate::http::entra_auth::keys::{Fetch, FetchError, HttpFetch};
 use sendgate::http::entra_auth::MAX_TOKEN_BYTES;
 use serde_json::{json, Value};
 
-use crate::gateway::GatewayProcess;
-use crate::helpers::{body_json, keys_entry, spawn_app_with, TestApp};
-use crate::oidc::{Jwks, OidcProvider, TestKey, KEY_A, KEY_B, KEY_C, OTHER_TENANT, TENANT};
+use sendgate_testkit::embedded::{keys_entry, spawn_app_with, TestApp};
+use sendgate_testkit::gateway::body_json;
+use sendgate_testkit::gateway::GatewayProcess;
+use sendgate_testkit::oidc::{
+    Jwks, OidcProvider, TestKey, KEY_A, KEY_B, KEY_C, OTHER_TENANT, TENANT,
+};
 
 /// The Playground, listed in the keys file: the queue `requests` only, tenant `web`.
 const PLAYGROUND: &str = "aaaaaaaa-0000-0000-0000-000000000001";

@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::gateway::GatewayProcess;
-use crate::helpers::{body_json, retry_after, spawn_app_with, TestApp};
+use sendgate_testkit::embedded::{spawn_app_with, TestApp};
+use sendgate_testkit::gateway::GatewayProcess;
+use sendgate_testkit::gateway::{body_json, retry_after};
 
 /// A sender's key with these extra fields.
 fn entry(name: &str, extra: &str) -> String {
-    crate::helpers::keys_entry(name, "\"sender\"", extra)
+    sendgate_testkit::embedded::keys_entry(name, "\"sender\"", extra)
 }
 
 async fn app(limit: &str) -> (TestApp, tempfile::TempDir) {
@@ -135,7 +136,7 @@ async fn a_bad_criticality_header_is_a_step_4_problem_after_the_content_type() {
 async fn two_tenants(mode: &str) -> (TestApp, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("keys.toml");
-    let observer = crate::helpers::keys_entry("ops", "\"observer\"", "");
+    let observer = sendgate_testkit::embedded::keys_entry("ops", "\"observer\"", "");
     let text = [
         entry("greedy", "tenant = \"a\""),
         entry("modest", "tenant = \"b\""),

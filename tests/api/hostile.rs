@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::helpers::{spawn_app_with, TestApp};
+use sendgate_testkit::embedded::{spawn_app_with, TestApp};
 
 /// Write `request` as is on a fresh connection and read the answer until the server closes
 /// or 5 s pass.

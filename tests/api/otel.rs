@@ -12,9 +12,10 @@ use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use serde_json::json;
 
-use crate::gateway::GatewayProcess;
-use crate::helpers::{body_json, settings_of, spawn_app_with, TestApp};
-use crate::otlp::{attribute, Receiver, GRPC_METRICS, GRPC_TRACES};
+use sendgate_testkit::embedded::{spawn_app_with, TestApp};
+use sendgate_testkit::gateway::GatewayProcess;
+use sendgate_testkit::gateway::{body_json, settings_of};
+use sendgate_testkit::otlp::{attribute, Receiver, GRPC_METRICS, GRPC_TRACES};
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT_ID: &str = "00f067aa0ba902b7";

@@ -4,9 +4,10 @@
 
 use serde_json::json;
 
-use crate::helpers::{body_json, retry_after, spawn_app_with, TestApp};
+use sendgate_testkit::embedded::{spawn_app_with, TestApp};
+use sendgate_testkit::gateway::{body_json, retry_after};
 
-use crate::helpers::keys_entry as entry;
+use sendgate_testkit::embedded::keys_entry as entry;
 
 async fn app(limit: &str) -> (TestApp, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();

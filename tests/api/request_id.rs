@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::gateway::{binary, env_of, free_port};
-use crate::helpers::{body_json, spawn_app, spawn_app_with};
+use sendgate_testkit::embedded::{spawn_app, spawn_app_with};
+use sendgate_testkit::gateway::body_json;
+use sendgate_testkit::gateway::{binary, env_of, free_port};
 
 /// The answer's `X-Request-Id`, checked to be the id its body names (when it has a body
 /// that names one).

@@ -6,8 +6,9 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::time::Duration;
 
-use crate::gateway::{run_binary, stderr, GatewayProcess};
-use crate::helpers::{body_json, spawn_app_with, TestApp};
+use sendgate_testkit::embedded::{spawn_app_with, TestApp};
+use sendgate_testkit::gateway::body_json;
+use sendgate_testkit::gateway::{run_binary, stderr, GatewayProcess};
 
 fn keys_file(dir: &std::path::Path) -> std::path::PathBuf {
     let entry = |name: &str, token: &str, role: &str| {

@@ -8,10 +8,10 @@ use sendgate_client::MessageAttributes;
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
 
-use crate::gateway::binary;
-use crate::helpers::spawn_app_with;
 use crate::keys_file;
 use crate::proxy::Proxy;
+use sendgate_testkit::embedded::spawn_app_with;
+use sendgate_testkit::gateway::binary;
 
 /// Run `sendgate send ARGS` with a clean environment plus `env`, feeding `stdin`.
 async fn sendgate_send(args_in: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Output {

@@ -9,8 +9,8 @@ use sendgate_client::{
     AttemptError, Client, ClientConfig, ErrorCode, GaveUp, Message, MessageAttributes, SendOutcome,
 };
 
-use crate::helpers::{spawn_app_with, spawn_in, TestApp};
 use crate::proxy::Proxy;
+use sendgate_testkit::embedded::{spawn_app_with, spawn_in, TestApp};
 
 fn port_of(app: &TestApp) -> u16 {
     app.address.rsplit(':').next().unwrap().parse().unwrap()

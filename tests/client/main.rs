@@ -1,15 +1,6 @@
 //! The producer client (the `sendgate-client` crate and `sendgate send`) against the real
 //! gateway, spawned in-process on a random port with the embedded backend.
 
-#[allow(dead_code)]
-#[path = "../support/faulty_backend.rs"]
-mod faulty_backend;
-#[path = "../support/gateway.rs"]
-mod gateway;
-#[allow(dead_code, unused_imports)]
-#[path = "../api/helpers.rs"]
-mod helpers;
-
 mod cli;
 mod library;
 mod proxy;

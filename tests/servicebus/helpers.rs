@@ -6,10 +6,9 @@ use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-pub use crate::gateway::{body_json, build_only, retry_after};
-use crate::gateway::{settings_of, Gateway};
+use sendgate_testkit::gateway::{settings_of, Gateway};
 
-use crate::stub::{Recorded, ServiceBusStub, StubMessage};
+use sendgate_testkit::servicebus_stub::{Recorded, ServiceBusStub, StubMessage};
 
 /// The send key. It looks like base64 but is used as its UTF-8 bytes.
 pub const SEND_KEY: &str = "c2VuZGdhdGUtc2VuZC1rZXk9PQ==";
