@@ -10,6 +10,7 @@ use sendgate::coordination::fleet::MEMBER_FOR;
 use sendgate_testkit::fault_proxy::{Fault, FaultProxy};
 use sendgate_testkit::fleet::{member, wait_for_mode};
 use sendgate_testkit::gateway::GatewayProcess;
+use sendgate_testkit::keys::{Key, KeysFile};
 use sendgate_testkit::{ensure, local_redis, rabbit};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -734,21 +735,16 @@ async fn a_setting_changed_on_one_replica_applies_on_every_replica_within_2_s() 
 /// counts make it leave the modest tenant its part.
 #[tokio::test]
 async fn a_greedy_tenant_on_every_replica_leaves_a_modest_tenant_on_one_its_sends() {
-    use sha2::{Digest, Sha256};
     ensure::rabbitmq();
     ensure::redis();
     let queue = rabbit::unique("sg-fleet-fair");
     rabbit::declare(&queue, &[]).await;
     let prefix = local_redis::unique_prefix();
     let dir = tempfile::tempdir().unwrap();
-    let keys = dir.path().join("keys.toml");
-    let entry = |name: &str| {
-        format!(
-            "[[keys]]\nname = \"{name}\"\nsha256 = \"{}\"\nroles = [\"sender\"]\nqueues = [\"*\"]\n",
-            hex::encode(Sha256::digest(format!("{name}-secret").as_bytes()))
-        )
-    };
-    std::fs::write(&keys, entry("greedy") + &entry("modest")).unwrap();
+    let keys = KeysFile::new()
+        .key(Key::new("greedy", &["sender"]))
+        .key(Key::new("modest", &["sender"]))
+        .write_in(dir.path());
     let vars = [
         ("SENDGATE_RABBITMQ_DEPTH_SOURCE", "amqp"),
         ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "30"),

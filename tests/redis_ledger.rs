@@ -18,11 +18,11 @@ use sendgate::coordination::port::{
 };
 use sendgate::domain::QueueName;
 use sendgate_entra::{CredentialChain, EntraCredential};
-use sendgate_testkit::{ensure, local_redis};
 use sendgate_testkit::entra::FakeToken;
 use sendgate_testkit::fault_proxy::{Fault, FaultProxy};
 use sendgate_testkit::local_redis::{cli, settings, unique_prefix, Cleanup};
 use sendgate_testkit::redis_server::RedisServer;
+use sendgate_testkit::{ensure, local_redis};
 
 const TIMEOUT: Duration = Duration::from_millis(500);
 const LONG: Duration = Duration::from_secs(30);

@@ -113,13 +113,3 @@ impl TestApp {
         self.gateway.stop().await
     }
 }
-
-/// One `[[keys]]` entry of a keys file: `name`'s key is `<name>-secret`, with these roles
-/// (TOML strings, e.g. `"\"sender\""`), every queue, and `extra` fields.
-pub fn keys_entry(name: &str, roles: &str, extra: &str) -> String {
-    use sha2::{Digest, Sha256};
-    format!(
-        "[[keys]]\nname = \"{name}\"\nsha256 = \"{}\"\nroles = [{roles}]\nqueues = [\"*\"]\n{extra}\n",
-        hex::encode(Sha256::digest(format!("{name}-secret").as_bytes()))
-    )
-}

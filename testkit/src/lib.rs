@@ -21,6 +21,7 @@ pub mod fault_proxy;
 pub mod faulty_backend;
 pub mod fleet;
 pub mod gateway;
+pub mod keys;
 pub mod local_redis;
 pub mod oidc;
 pub mod otlp;

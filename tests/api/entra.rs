@@ -11,9 +11,10 @@ use sendgate::http::entra_auth::keys::{Fetch, FetchError, HttpFetch};
 use sendgate::http::entra_auth::MAX_TOKEN_BYTES;
 use serde_json::{json, Value};
 
-use sendgate_testkit::embedded::{keys_entry, spawn_app_with, TestApp};
+use sendgate_testkit::embedded::{spawn_app_with, TestApp};
 use sendgate_testkit::gateway::body_json;
 use sendgate_testkit::gateway::GatewayProcess;
+use sendgate_testkit::keys::{App, Key, KeysFile};
 use sendgate_testkit::oidc::{
     Jwks, OidcProvider, TestKey, KEY_A, KEY_B, KEY_C, OTHER_TENANT, TENANT,
 };
@@ -40,15 +41,10 @@ async fn setup_with(keys: &[TestKey], extra: &[(&str, &str)]) -> Setup {
 /// [`setup_with`] on a provider the test has already set up (an outage from the start).
 async fn setup_on(provider: Arc<OidcProvider>, extra: &[(&str, &str)]) -> Setup {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("keys.toml");
-    let file = [
-        keys_entry("ops", "\"admin\"", ""),
-        format!(
-            "[[apps]]\nname = \"playground\"\napp_id = \"{PLAYGROUND}\"\nqueues = [\"requests\"]\ntenant = \"web\"\n"
-        ),
-    ]
-    .concat();
-    std::fs::write(&path, file).unwrap();
+    let path = KeysFile::new()
+        .key(Key::new("ops", &["admin"]))
+        .app(App::new("playground", PLAYGROUND, &["requests"]).tenant("web"))
+        .write_in(dir.path());
     let entra = provider.vars();
     let mut vars: Vec<(&str, &str)> = entra.iter().map(|(k, v)| (*k, v.as_str())).collect();
     vars.push(("SENDGATE_API_KEYS_FILE", path.to_str().unwrap()));
@@ -404,8 +400,9 @@ async fn a_directory_down_at_start_up_is_retried_and_keys_work_meanwhile() {
     let provider = OidcProvider::start(&[KEY_A]).await;
     provider.set_discovery_up(false);
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("keys.toml");
-    std::fs::write(&path, keys_entry("ops", "\"admin\"", "")).unwrap();
+    let path = KeysFile::new()
+        .key(Key::new("ops", &["admin"]))
+        .write_in(dir.path());
     let entra = provider.vars();
     let mut vars: Vec<(&str, &str)> = entra.iter().map(|(k, v)| (*k, v.as_str())).collect();
     vars.push(("SENDGATE_API_KEYS_FILE", path.to_str().unwrap()));

@@ -3,30 +3,12 @@
 //! kept in the data directory across a restart, and shows on `/health/detailed`.
 
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use std::time::Duration;
 
 use sendgate_testkit::embedded::{spawn_app_with, TestApp};
 use sendgate_testkit::gateway::body_json;
 use sendgate_testkit::gateway::{run_binary, stderr, GatewayProcess};
-
-fn keys_file(dir: &std::path::Path) -> std::path::PathBuf {
-    let entry = |name: &str, token: &str, role: &str| {
-        format!(
-            "[[keys]]\nname = \"{name}\"\nsha256 = \"{}\"\nroles = [\"{role}\"]\nqueues = [\"*\"]\n",
-            hex::encode(Sha256::digest(token.as_bytes()))
-        )
-    };
-    let path = dir.join("keys.toml");
-    let text = [
-        entry("deployer", "admin-token", "admin"),
-        entry("grafana", "observer-token", "observer"),
-        entry("app", "sender-token", "sender"),
-    ]
-    .concat();
-    std::fs::write(&path, text).unwrap();
-    path
-}
+use sendgate_testkit::keys::{Key, KeysFile};
 
 async fn patch(app: &TestApp, token: Option<&str>, body: Value) -> reqwest::Response {
     let mut req = app
@@ -60,7 +42,7 @@ async fn breaker(
 #[tokio::test]
 async fn only_an_admin_key_reads_or_changes_settings_or_breakers() {
     let dir = tempfile::tempdir().unwrap();
-    let keys = keys_file(dir.path());
+    let keys = KeysFile::one_per_role().write_in(dir.path());
     let app = spawn_app_with(&[("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap())]).await;
     let get = |token: Option<&'static str>| {
         let mut req = app.client.get(app.url("/admin/settings"));
@@ -122,15 +104,10 @@ async fn an_admin_key_scoped_to_some_queues_changes_only_those() {
     // Found in review: a key with role admin and `queues = ["audit"]` could lower another
     // queue's ceiling, pin every queue's backend and hold a breaker open.
     let dir = tempfile::tempdir().unwrap();
-    let keys = dir.path().join("keys.toml");
-    std::fs::write(
-        &keys,
-        format!(
-            "[[keys]]\nname = \"audit-ops\"\nsha256 = \"{}\"\nroles = [\"admin\"]\nqueues = [\"audit\"]\n",
-            hex::encode(Sha256::digest(b"audit-admin"))
-        ),
-    )
-    .unwrap();
+    let audit_admin = Key::new("audit-ops", &["admin"])
+        .token("audit-admin")
+        .queues(&["audit"]);
+    let keys = KeysFile::new().key(audit_admin).write_in(dir.path());
     let app = spawn_app_with(&[
         ("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap()),
         ("SENDGATE_QUEUES", "requests,audit"),
@@ -366,7 +343,7 @@ async fn a_bad_patch_names_every_bad_field_and_changes_nothing() {
 #[tokio::test]
 async fn an_override_shows_on_health_detailed_with_its_key_and_time() {
     let dir = tempfile::tempdir().unwrap();
-    let keys = keys_file(dir.path());
+    let keys = KeysFile::one_per_role().write_in(dir.path());
     let app = spawn_app_with(&[("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap())]).await;
     let before = time::OffsetDateTime::now_utc() - time::Duration::seconds(1);
     let response = patch(
@@ -486,7 +463,7 @@ async fn overrides_survive_a_restart_of_the_binary_and_a_corrupt_file_stops_it()
 #[tokio::test]
 async fn each_change_logs_settings_changed_with_old_and_new_and_the_key_never_its_token() {
     let dir = tempfile::tempdir().unwrap();
-    let keys = keys_file(dir.path());
+    let keys = KeysFile::one_per_role().write_in(dir.path());
     let data = dir.path().join("data").display().to_string();
     let log_path = dir.path().join("sendgate.log");
     let log = std::fs::File::create(&log_path).unwrap();
