@@ -640,7 +640,7 @@ async fn with_keys_on_the_settings_form_needs_an_admin_token_kept_out_of_urls() 
         );
     }
 
-    // "Forget token" forgets both (found in review: the admin's stayed in the tab).
+    // "Forget token" forgets both: the admin's token does not stay in the tab.
     type_into(&browser, "#token", &observer).await;
     browser
         .client

@@ -663,7 +663,7 @@ async fn limit_within(gw: &GatewayProcess, queue: &str, limit: u64, within: Dura
     }
 }
 
-/// Issue 16: a change made on one replica applies on every replica within 2 s (the Redis
+/// A change made on one replica applies on every replica within 2 s (the Redis
 /// hash under the prefix), a replica started later starts with it, and a replica cut off
 /// from Redis keeps the overrides it last saw.
 #[tokio::test]

@@ -513,9 +513,9 @@ async fn a_failover_to_a_replica_that_missed_a_write_is_a_new_epoch_even_for_a_c
     );
 }
 
-/// Found in review: a Redis user whose ACL leaves out `@dangerous` (as Redis Enterprise,
-/// so Azure Managed Redis, leaves INFO out of scripts) made every script but `look` fail,
-/// so each replica joined, was cut off, and joined again, while its health said ok.
+/// A Redis user whose ACL leaves out `@dangerous` (as Redis Enterprise, so Azure Managed
+/// Redis, leaves INFO out of scripts) runs every script: were any but `look` to fail, each
+/// replica would join, be cut off and join again, while its health said ok.
 #[tokio::test]
 async fn a_redis_user_that_may_not_run_info_still_runs_every_script() {
     let server = RedisServer::start().await;

@@ -207,8 +207,8 @@ fn array(items: &[String]) -> Value {
 mod tests {
     use super::*;
 
-    /// The builder writes the entries the suites used to spell out by hand: the same keys
-    /// with the same fields and values.
+    /// The builder's TOML is the entries written out by hand: the same keys with the same
+    /// fields and values.
     #[test]
     fn a_file_is_the_entries_written_out() {
         let built = KeysFile::new()

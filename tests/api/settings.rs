@@ -1,4 +1,4 @@
-//! Runtime settings (issue 16 item 2): `GET`/`PATCH /admin/settings` and
+//! Runtime settings: `GET`/`PATCH /admin/settings` and
 //! `POST /admin/breakers/{backend}`, role `admin`; a change applies to the next send, is
 //! kept in the data directory across a restart, and shows on `/health/detailed`.
 
@@ -101,8 +101,8 @@ async fn only_an_admin_key_reads_or_changes_settings_or_breakers() {
 
 #[tokio::test]
 async fn an_admin_key_scoped_to_some_queues_changes_only_those() {
-    // Found in review: a key with role admin and `queues = ["audit"]` could lower another
-    // queue's ceiling, pin every queue's backend and hold a breaker open.
+    // A key with role admin and `queues = ["audit"]` may not lower another queue's
+    // ceiling, pin every queue's backend or hold a breaker open.
     let dir = tempfile::tempdir().unwrap();
     let audit_admin = Key::new("audit-ops", &["admin"])
         .token("audit-admin")
@@ -174,8 +174,8 @@ async fn an_admin_key_scoped_to_some_queues_changes_only_those() {
 
 #[tokio::test]
 async fn an_admin_body_that_stops_arriving_is_given_up_at_the_body_deadline() {
-    // Found in review: the admin routes read their body without the deadline a send has,
-    // so any local process (open mode) could hold connections open with a stalled PATCH.
+    // The admin routes read their body under the deadline a send has, or any local process
+    // (open mode) could hold connections open with a stalled PATCH.
     let app = spawn_app_with(&[("SENDGATE_BODY_TIMEOUT_MS", "300")]).await;
     for request in ["PATCH /admin/settings", "POST /admin/breakers/primary"] {
         let (text, took) = crate::send::stalled_upload_to(&app, request).await;
