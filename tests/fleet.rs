@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sendgate::coordination::fleet::MEMBER_FOR;
 use sendgate_testkit::fault_proxy::{Fault, FaultProxy};
 use sendgate_testkit::fleet::{member, wait_for_mode};
 use sendgate_testkit::gateway::GatewayProcess;
@@ -486,14 +485,11 @@ async fn a_replica_killed_holding_headroom_gives_it_back_when_its_lease_ends() {
     // Its block's lease (its use 0.5 s + the send deadline 1 s + the Redis deadline 0.5 s
     // + 1 s) gives back what it held; and a replica not heard from may be running alone with
     // its share of the room, withheld from the others until it has not been heard from for
-    // MEMBER_FOR (10 s), and then until a read taken a send deadline (1 s; the amqp depth has
-    // no lag) after that is published: a killed replica looks the same.
-    tokio::time::sleep(
-        MEMBER_FOR.max(Duration::from_millis(3200))
-            + Duration::from_millis(1000)
-            + Duration::from_millis(500),
-    )
-    .await;
+    // 10 s (the time a replica counts in the fleet after its last call), and then until a
+    // read taken a send deadline (1 s; the amqp depth has no lag) after that is published:
+    // a killed replica looks the same.
+    let member_for = Duration::from_secs(10);
+    tokio::time::sleep(member_for + Duration::from_millis(1000) + Duration::from_millis(500)).await;
     // Fill up to the ceiling. Near it the count errs on the safe side for a moment (a
     // send stored before a read but settled after it is counted twice until the next
     // read), so a refusal is retried after a TTL; three in a row end it.
@@ -511,7 +507,7 @@ async fn a_replica_killed_holding_headroom_gives_it_back_when_its_lease_ends() {
     }
     assert_eq!(
         queued, 100,
-        "the dead replica's headroom and share came back within its lease, MEMBER_FOR and a send deadline"
+        "the dead replica's headroom and share came back within its lease, 10 s and a send deadline"
     );
     assert_eq!(rabbit::ready(&queue).await, 100);
     rabbit::delete(&queue).await;
@@ -520,9 +516,9 @@ async fn a_replica_killed_holding_headroom_gives_it_back_when_its_lease_ends() {
 
 #[tokio::test]
 async fn a_drained_replica_leaves_the_fleet_and_the_others_get_its_room_at_once() {
-    // Before: a replica that drained (SIGTERM, POST /admin/drain) left its member entry,
-    // its share and its unused headroom in Redis; the rest of the fleet was refused that
-    // room until MEMBER_FOR (10 s) passed, as if it had been killed.
+    // A replica that drains (SIGTERM, POST /admin/drain) takes its member entry, its share
+    // and its unused headroom out of Redis as it leaves: the rest of the fleet gets that
+    // room at once, not 10 s later as from a killed replica.
     ensure::rabbitmq();
     ensure::redis();
     let queue = rabbit::unique("sg-fleet-drain");
@@ -562,10 +558,10 @@ async fn a_drained_replica_leaves_the_fleet_and_the_others_get_its_room_at_once(
         queued, 100,
         "the drained replica's share and headroom were still withheld"
     );
-    // Well under MEMBER_FOR (the earliest a share not given back returns), with room for
-    // a loaded machine's slow sends.
+    // Well under the 10 s a replica counts in the fleet after its last call (the earliest a
+    // share not given back returns), with room for a loaded machine's slow sends.
     assert!(
-        took < MEMBER_FOR - Duration::from_secs(2),
+        took < Duration::from_secs(8),
         "the room came back after {took:?}, not at once"
     );
     assert_eq!(rabbit::ready(&queue).await, 100);
@@ -576,9 +572,9 @@ async fn a_drained_replica_leaves_the_fleet_and_the_others_get_its_room_at_once(
 
 #[tokio::test]
 async fn a_fallback_of_the_primarys_kind_keeps_a_ceiling_of_its_own() {
-    // Before: the ledger's keys were named `{kind/queue}`, so a fallback of the primary's
-    // kind (two RabbitMQ brokers, here two embedded stores) counted its sends in the
-    // primary's keys: one count for two different queues.
+    // A fallback of the primary's kind (two RabbitMQ brokers, here two embedded stores) has
+    // ledger keys of its own (`{fallback/kind/queue}`): its sends are not counted in the
+    // primary's keys, one count for two different queues.
     ensure::redis();
     let prefix = local_redis::unique_prefix();
     let _cleanup = local_redis::Cleanup(prefix.clone());

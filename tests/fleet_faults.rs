@@ -401,7 +401,8 @@ async fn fill_through(fault: LedgerFault, depth: Depth) {
 /// end, when Redis forgot the cut-off replica and a replica alone admits as one of N.
 async fn one_cut_off(fail_closed: bool) {
     const CUT: Duration = Duration::from_secs(15);
-    // Past MEMBER_FOR (10 s): the others' Redis no longer counts the cut-off replica.
+    // Past the 10 s a replica counts in the fleet after its last call: the others' Redis no
+    // longer counts the cut-off replica.
     const FILL_FROM: Duration = Duration::from_secs(11);
     let _serial = ONE_AT_A_TIME.lock().await;
     let run = format!(
