@@ -11,8 +11,7 @@ use sendgate::http::entra_auth::keys::{Fetch, FetchError, HttpFetch};
 use serde_json::{json, Value};
 
 use sendgate_testkit::embedded::{spawn_app_with, TestApp};
-use sendgate_testkit::gateway::body_json;
-use sendgate_testkit::gateway::GatewayProcess;
+use sendgate_testkit::gateway::{body_json, GatewayProcess};
 use sendgate_testkit::keys::{App, Key, KeysFile};
 use sendgate_testkit::oidc::{
     Jwks, OidcProvider, TestKey, KEY_A, KEY_B, KEY_C, OTHER_TENANT, TENANT,

@@ -8,8 +8,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use sendgate_testkit::embedded::{spawn_app_with, TestApp};
-use sendgate_testkit::gateway::GatewayProcess;
-use sendgate_testkit::gateway::{body_json, retry_after};
+use sendgate_testkit::gateway::{body_json, retry_after, GatewayProcess};
 use sendgate_testkit::keys::{Key, KeysFile};
 
 /// A sender's key.

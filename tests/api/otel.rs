@@ -13,8 +13,7 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use serde_json::json;
 
 use sendgate_testkit::embedded::{spawn_app_with, TestApp};
-use sendgate_testkit::gateway::GatewayProcess;
-use sendgate_testkit::gateway::{body_json, settings_of};
+use sendgate_testkit::gateway::{body_json, settings_of, GatewayProcess};
 use sendgate_testkit::otlp::{attribute, Receiver, GRPC_METRICS, GRPC_TRACES};
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";

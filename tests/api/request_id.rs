@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use sendgate_testkit::embedded::{spawn_app, spawn_app_with};
-use sendgate_testkit::gateway::body_json;
-use sendgate_testkit::gateway::{binary, env_of, free_port};
+use sendgate_testkit::gateway::{binary, body_json, env_of, free_port};
 use sendgate_testkit::keys::{Key, KeysFile};
 
 /// The answer's `X-Request-Id`, checked to be the id its body names (when it has a body

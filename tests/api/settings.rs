@@ -6,8 +6,7 @@ use serde_json::{json, Value};
 use std::time::Duration;
 
 use sendgate_testkit::embedded::{spawn_app_with, TestApp};
-use sendgate_testkit::gateway::body_json;
-use sendgate_testkit::gateway::{run_binary, stderr, GatewayProcess};
+use sendgate_testkit::gateway::{body_json, run_binary, stderr, GatewayProcess};
 use sendgate_testkit::keys::{Key, KeysFile};
 
 async fn patch(app: &TestApp, token: Option<&str>, body: Value) -> reqwest::Response {
