@@ -18,16 +18,18 @@ WORKDIR /build
 # 1. Dependencies only. With just the manifests and stub targets, this layer is rebuilt
 #    only when a Cargo.toml or Cargo.lock change, not on every source edit. (Building only
 #    the `sendgate` bin does not need the [[test]] targets' files.) The workspace's
-#    members (client/, wire/, entra/, backoff/: the server depends on them) get their manifests and
-#    an empty lib.rs each; model/ (a member the server does not use) its manifest and an
-#    empty lib.rs for good; bench/ is its own workspace and is not needed.
+#    members (client/, wire/, entra/, backoff/: the server depends on them) get their
+#    manifests and an empty lib.rs each; model/ and testkit/ (members the server's binary
+#    does not use) their manifests and an empty lib.rs for good; bench/ is its own
+#    workspace and is not needed.
 COPY Cargo.toml Cargo.lock ./
 COPY client/Cargo.toml ./client/
 COPY wire/Cargo.toml ./wire/
 COPY entra/Cargo.toml ./entra/
 COPY backoff/Cargo.toml ./backoff/
 COPY model/Cargo.toml ./model/
-RUN mkdir -p src client/src wire/src entra/src backoff/src model/src \
+COPY testkit/Cargo.toml ./testkit/
+RUN mkdir -p src client/src wire/src entra/src backoff/src model/src testkit/src \
     && printf 'fn main() {}\n' > src/main.rs \
     && : > src/lib.rs \
     && : > client/src/lib.rs \
@@ -35,6 +37,7 @@ RUN mkdir -p src client/src wire/src entra/src backoff/src model/src \
     && : > entra/src/lib.rs \
     && : > backoff/src/lib.rs \
     && : > model/src/lib.rs \
+    && : > testkit/src/lib.rs \
     && cargo build --release --locked --bin sendgate \
     && rm -rf src client/src wire/src entra/src backoff/src target/release/sendgate \
               target/release/deps/sendgate-* target/release/deps/libsendgate-* \

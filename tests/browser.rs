@@ -5,18 +5,9 @@
 //! `SENDGATE_SCREENSHOT=1` also writes `docs/console.png` and `docs/settings.png` (the
 //! pictures in docs/operations.md); the normal run leaves the committed files alone.
 
-#[path = "support/browser.rs"]
-mod browser;
-#[allow(dead_code)] // only its fault switch is used here
-#[path = "support/faulty_backend.rs"]
-mod faulty_backend;
-#[path = "support/gateway.rs"]
-mod gateway;
-
-use sha2::{Digest, Sha256};
-
-use browser::Browser;
-use gateway::{settings_of, Gateway};
+use sendgate_testkit::browser::Browser;
+use sendgate_testkit::gateway::{settings_of, Gateway};
+use sendgate_testkit::keys::{Key, KeysFile};
 
 /// The page's element for one field of `queue` on the primary.
 fn field(queue: &str, name: &str) -> String {
@@ -239,28 +230,15 @@ async fn with_the_admin_plane_failing_the_page_shows_the_streak_rise_then_refusi
     app.stop().await;
 }
 
-fn key(name: &str, token: &str, role: &str) -> String {
-    format!(
-        "[[keys]]\nname = \"{name}\"\nsha256 = \"{}\"\nroles = [\"{role}\"]\nqueues = [\"*\"]\n",
-        hex::encode(Sha256::digest(token.as_bytes()))
-    )
-}
-
 #[tokio::test]
 async fn with_keys_on_a_wrong_token_shows_an_error_and_no_data_and_the_right_one_shows_data() {
     let observer = format!("obs-{}", uuid::Uuid::new_v4().simple());
     let sender = format!("snd-{}", uuid::Uuid::new_v4().simple());
     let keys_dir = tempfile::tempdir().unwrap();
-    let keys = keys_dir.path().join("keys.toml");
-    std::fs::write(
-        &keys,
-        [
-            key("ops", &observer, "observer"),
-            key("app", &sender, "sender"),
-        ]
-        .concat(),
-    )
-    .unwrap();
+    let keys = KeysFile::new()
+        .key(Key::new("ops", &["observer"]).token(&observer))
+        .key(Key::new("app", &["sender"]).token(&sender))
+        .write_in(keys_dir.path());
     let (app, _dir) = gateway(&[("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap())]).await;
     let browser = Browser::start().await;
     browser.client.goto(&app.url("/")).await.unwrap();
@@ -585,16 +563,10 @@ async fn with_keys_on_the_settings_form_needs_an_admin_token_kept_out_of_urls() 
     let admin = format!("adm-{}", uuid::Uuid::new_v4().simple());
     let observer = format!("obs-{}", uuid::Uuid::new_v4().simple());
     let keys_dir = tempfile::tempdir().unwrap();
-    let keys = keys_dir.path().join("keys.toml");
-    std::fs::write(
-        &keys,
-        [
-            key("root", &admin, "admin"),
-            key("ops", &observer, "observer"),
-        ]
-        .concat(),
-    )
-    .unwrap();
+    let keys = KeysFile::new()
+        .key(Key::new("root", &["admin"]).token(&admin))
+        .key(Key::new("ops", &["observer"]).token(&observer))
+        .write_in(keys_dir.path());
     let (app, _dir) = gateway(&[("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap())]).await;
     let browser = Browser::start().await;
     browser.client.goto(&app.url("/")).await.unwrap();
@@ -668,7 +640,7 @@ async fn with_keys_on_the_settings_form_needs_an_admin_token_kept_out_of_urls() 
         );
     }
 
-    // "Forget token" forgets both (found in review: the admin's stayed in the tab).
+    // "Forget token" forgets both: the admin's token does not stay in the tab.
     type_into(&browser, "#token", &observer).await;
     browser
         .client

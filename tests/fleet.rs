@@ -2,25 +2,15 @@
 //! RabbitMQ and Redis keep one ceiling, and a Redis that stops answering turns each
 //! replica local (sends keep flowing) until it answers again.
 
-#[path = "support/fault_proxy.rs"]
-mod fault_proxy;
-#[allow(dead_code)]
-#[path = "support/faulty_backend.rs"]
-mod faulty_backend;
-#[path = "support/gateway.rs"]
-mod gateway;
-#[path = "support/rabbit.rs"]
-mod rabbit;
-#[path = "support/redis.rs"]
-mod redis_support;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fault_proxy::{Fault, FaultProxy};
-use gateway::GatewayProcess;
-use sendgate::coordination::fleet::MEMBER_FOR;
+use sendgate_testkit::fault_proxy::{Fault, FaultProxy};
+use sendgate_testkit::fleet::{member, wait_for_mode};
+use sendgate_testkit::gateway::GatewayProcess;
+use sendgate_testkit::keys::{Key, KeysFile};
+use sendgate_testkit::{ensure, local_redis, rabbit};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -64,7 +54,7 @@ async fn counting_management_proxy() -> (String, Arc<AtomicU64>) {
 }
 
 fn forget_prefix(prefix: &str) {
-    redis_support::cli(&[
+    local_redis::cli(&[
         "EVAL",
         "for _,k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end",
         "0",
@@ -73,28 +63,6 @@ fn forget_prefix(prefix: &str) {
 }
 
 const REDIS: &str = "redis://127.0.0.1:6379";
-
-/// The real binary on RabbitMQ serving `queue`, a member of the fleet `prefix` through
-/// `redis_url`, with one worker and a Redis deadline generous enough that a loaded machine
-/// never turns it local; then `vars`.
-async fn member(
-    queue: &str,
-    redis_url: &str,
-    prefix: &str,
-    vars: &[(&str, &str)],
-) -> GatewayProcess {
-    let mut all = vec![
-        ("SENDGATE_BACKEND", "rabbitmq"),
-        ("SENDGATE_QUEUES", queue),
-        ("SENDGATE_WORKERS", "1"),
-        ("SENDGATE_COORDINATION", "redis"),
-        ("SENDGATE_REDIS_URL", redis_url),
-        ("SENDGATE_REDIS_PREFIX", prefix),
-        ("SENDGATE_REDIS_TIMEOUT_MS", "500"),
-    ];
-    all.extend_from_slice(vars);
-    GatewayProcess::start(&all).await
-}
 
 /// A member with the exact depth of the data plane, a 200 ms TTL and this ceiling.
 async fn replica(queue: &str, redis_url: &str, prefix: &str, ceiling: &str) -> GatewayProcess {
@@ -141,22 +109,6 @@ async fn fleet_of(
         wait_for_mode(gw, "redis").await;
     }
     fleet
-}
-
-async fn wait_for_mode(gw: &GatewayProcess, mode: &str) {
-    let started = Instant::now();
-    loop {
-        let d = gw.detailed().await;
-        if d["coordination"]["mode"] == mode {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "coordination never became {mode}: {}",
-            d["coordination"]
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// What a burst left: until the next read after their settle, the fleet's estimate can
@@ -224,11 +176,11 @@ async fn fill_until_an_exact_refusal(
 
 #[tokio::test]
 async fn three_replicas_keep_one_ceiling_under_64_concurrent_senders() {
-    rabbit::ensure_broker();
-    redis_support::ensure_redis();
+    ensure::rabbitmq();
+    ensure::redis();
     let queue = rabbit::unique("sg-fleet");
     rabbit::declare(&queue, &[]).await;
-    let prefix = redis_support::unique_prefix();
+    let prefix = local_redis::unique_prefix();
     let mut fleet = Vec::new();
     for _ in 0..3 {
         fleet.push(long_holding_replica(&queue, &prefix, "50").await);
@@ -284,11 +236,11 @@ async fn three_replicas_keep_one_ceiling_under_64_concurrent_senders() {
 /// the entries of the 201s, never past the ceiling (docs/fleet.md, step 2: a batch).
 #[tokio::test]
 async fn three_replicas_keep_one_ceiling_under_concurrent_batches() {
-    rabbit::ensure_broker();
-    redis_support::ensure_redis();
+    ensure::rabbitmq();
+    ensure::redis();
     let queue = rabbit::unique("sg-fleet-batch");
     rabbit::declare(&queue, &[]).await;
-    let prefix = redis_support::unique_prefix();
+    let prefix = local_redis::unique_prefix();
     let mut fleet = Vec::new();
     for _ in 0..3 {
         fleet.push(long_holding_replica(&queue, &prefix, "100").await);
@@ -338,12 +290,12 @@ async fn three_replicas_keep_one_ceiling_under_concurrent_batches() {
 
 #[tokio::test]
 async fn a_black_holed_redis_turns_each_replica_local_within_its_deadline_and_it_rejoins() {
-    rabbit::ensure_broker();
-    redis_support::ensure_redis();
+    ensure::rabbitmq();
+    ensure::redis();
     let queue = rabbit::unique("sg-fleet-hole");
     rabbit::declare(&queue, &[]).await;
-    let prefix = redis_support::unique_prefix();
-    let proxy = FaultProxy::start(redis_support::ADDR.parse().unwrap()).await;
+    let prefix = local_redis::unique_prefix();
+    let proxy = FaultProxy::start(local_redis::ADDR.parse().unwrap()).await;
     let url = format!("redis://{}", proxy.addr());
     let a = replica(&queue, &url, &prefix, "1000").await;
     let b = replica(&queue, &url, &prefix, "1000").await;
@@ -405,13 +357,13 @@ async fn a_black_holed_redis_turns_each_replica_local_within_its_deadline_and_it
 
 #[tokio::test]
 async fn the_fleet_reads_the_admin_plane_at_most_once_per_ttl() {
-    rabbit::ensure_broker();
-    redis_support::ensure_redis();
+    ensure::rabbitmq();
+    ensure::redis();
     let queue = rabbit::unique("sg-fleet-reads");
     rabbit::declare(&queue, &[]).await;
     rabbit::wait_for_management_count(&queue, 0).await;
     let (management, reads) = counting_management_proxy().await;
-    let prefix = redis_support::unique_prefix();
+    let prefix = local_redis::unique_prefix();
     let vars = [
         ("SENDGATE_RABBITMQ_MANAGEMENT_URL", management.as_str()),
         ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "100000"),
@@ -471,14 +423,14 @@ async fn the_fleet_reads_the_admin_plane_at_most_once_per_ttl() {
 
 #[tokio::test]
 async fn with_the_admin_plane_denied_every_replica_refuses_on_the_same_read() {
-    rabbit::ensure_broker();
-    redis_support::ensure_redis();
+    ensure::rabbitmq();
+    ensure::redis();
     let queue = rabbit::unique("sg-fleet-denied");
     rabbit::declare(&queue, &[]).await;
     rabbit::wait_for_management_count(&queue, 0).await;
     // A management user without the monitoring tag: every admin read is refused.
     let user = rabbit::TempUser::new(&[]);
-    let prefix = redis_support::unique_prefix();
+    let prefix = local_redis::unique_prefix();
     let vars = [
         ("SENDGATE_RABBITMQ_MANAGEMENT_USER", user.name.as_str()),
         (
@@ -512,11 +464,11 @@ async fn with_the_admin_plane_denied_every_replica_refuses_on_the_same_read() {
 
 #[tokio::test]
 async fn a_replica_killed_holding_headroom_gives_it_back_when_its_lease_ends() {
-    rabbit::ensure_broker();
-    redis_support::ensure_redis();
+    ensure::rabbitmq();
+    ensure::redis();
     let queue = rabbit::unique("sg-fleet-kill");
     rabbit::declare(&queue, &[]).await;
-    let prefix = redis_support::unique_prefix();
+    let prefix = local_redis::unique_prefix();
     let vars = [
         ("SENDGATE_RABBITMQ_DEPTH_SOURCE", "amqp"),
         ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "100"),
@@ -533,14 +485,11 @@ async fn a_replica_killed_holding_headroom_gives_it_back_when_its_lease_ends() {
     // Its block's lease (its use 0.5 s + the send deadline 1 s + the Redis deadline 0.5 s
     // + 1 s) gives back what it held; and a replica not heard from may be running alone with
     // its share of the room, withheld from the others until it has not been heard from for
-    // MEMBER_FOR (10 s), and then until a read taken a send deadline (1 s; the amqp depth has
-    // no lag) after that is published: a killed replica looks the same.
-    tokio::time::sleep(
-        MEMBER_FOR.max(Duration::from_millis(3200))
-            + Duration::from_millis(1000)
-            + Duration::from_millis(500),
-    )
-    .await;
+    // 10 s (the time a replica counts in the fleet after its last call), and then until a
+    // read taken a send deadline (1 s; the amqp depth has no lag) after that is published:
+    // a killed replica looks the same.
+    let member_for = Duration::from_secs(10);
+    tokio::time::sleep(member_for + Duration::from_millis(1000) + Duration::from_millis(500)).await;
     // Fill up to the ceiling. Near it the count errs on the safe side for a moment (a
     // send stored before a read but settled after it is counted twice until the next
     // read), so a refusal is retried after a TTL; three in a row end it.
@@ -558,7 +507,7 @@ async fn a_replica_killed_holding_headroom_gives_it_back_when_its_lease_ends() {
     }
     assert_eq!(
         queued, 100,
-        "the dead replica's headroom and share came back within its lease, MEMBER_FOR and a send deadline"
+        "the dead replica's headroom and share came back within its lease, 10 s and a send deadline"
     );
     assert_eq!(rabbit::ready(&queue).await, 100);
     rabbit::delete(&queue).await;
@@ -567,14 +516,14 @@ async fn a_replica_killed_holding_headroom_gives_it_back_when_its_lease_ends() {
 
 #[tokio::test]
 async fn a_drained_replica_leaves_the_fleet_and_the_others_get_its_room_at_once() {
-    // Before: a replica that drained (SIGTERM, POST /admin/drain) left its member entry,
-    // its share and its unused headroom in Redis; the rest of the fleet was refused that
-    // room until MEMBER_FOR (10 s) passed, as if it had been killed.
-    rabbit::ensure_broker();
-    redis_support::ensure_redis();
+    // A replica that drains (SIGTERM, POST /admin/drain) takes its member entry, its share
+    // and its unused headroom out of Redis as it leaves: the rest of the fleet gets that
+    // room at once, not 10 s later as from a killed replica.
+    ensure::rabbitmq();
+    ensure::redis();
     let queue = rabbit::unique("sg-fleet-drain");
     rabbit::declare(&queue, &[]).await;
-    let prefix = redis_support::unique_prefix();
+    let prefix = local_redis::unique_prefix();
     let vars = [
         ("SENDGATE_RABBITMQ_DEPTH_SOURCE", "amqp"),
         ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "100"),
@@ -609,10 +558,10 @@ async fn a_drained_replica_leaves_the_fleet_and_the_others_get_its_room_at_once(
         queued, 100,
         "the drained replica's share and headroom were still withheld"
     );
-    // Well under MEMBER_FOR (the earliest a share not given back returns), with room for
-    // a loaded machine's slow sends.
+    // Well under the 10 s a replica counts in the fleet after its last call (the earliest a
+    // share not given back returns), with room for a loaded machine's slow sends.
     assert!(
-        took < MEMBER_FOR - Duration::from_secs(2),
+        took < Duration::from_secs(8),
         "the room came back after {took:?}, not at once"
     );
     assert_eq!(rabbit::ready(&queue).await, 100);
@@ -623,12 +572,12 @@ async fn a_drained_replica_leaves_the_fleet_and_the_others_get_its_room_at_once(
 
 #[tokio::test]
 async fn a_fallback_of_the_primarys_kind_keeps_a_ceiling_of_its_own() {
-    // Before: the ledger's keys were named `{kind/queue}`, so a fallback of the primary's
-    // kind (two RabbitMQ brokers, here two embedded stores) counted its sends in the
-    // primary's keys: one count for two different queues.
-    redis_support::ensure_redis();
-    let prefix = redis_support::unique_prefix();
-    let _cleanup = redis_support::Cleanup(prefix.clone());
+    // A fallback of the primary's kind (two RabbitMQ brokers, here two embedded stores) has
+    // ledger keys of its own (`{fallback/kind/queue}`): its sends are not counted in the
+    // primary's keys, one count for two different queues.
+    ensure::redis();
+    let prefix = local_redis::unique_prefix();
+    let _cleanup = local_redis::Cleanup(prefix.clone());
     let primary_dir = tempfile::tempdir().unwrap();
     let fallback_dir = tempfile::tempdir().unwrap();
     let gw = GatewayProcess::start(&[
@@ -671,7 +620,7 @@ async fn a_fallback_of_the_primarys_kind_keeps_a_ceiling_of_its_own() {
             "send {i} to the empty primary was counted against the fallback's sends"
         );
     }
-    let keys = redis_support::cli(&["--scan", "--pattern", &format!("{prefix}:*")]);
+    let keys = local_redis::cli(&["--scan", "--pattern", &format!("{prefix}:*")]);
     let keys: Vec<&str> = keys.lines().collect();
     assert!(
         keys.contains(&format!("{prefix}:{{embedded/q}}").as_str())
@@ -710,18 +659,18 @@ async fn limit_within(gw: &GatewayProcess, queue: &str, limit: u64, within: Dura
     }
 }
 
-/// Issue 16: a change made on one replica applies on every replica within 2 s (the Redis
+/// A change made on one replica applies on every replica within 2 s (the Redis
 /// hash under the prefix), a replica started later starts with it, and a replica cut off
 /// from Redis keeps the overrides it last saw.
 #[tokio::test]
 async fn a_setting_changed_on_one_replica_applies_on_every_replica_within_2_s() {
-    rabbit::ensure_broker();
-    redis_support::ensure_redis();
+    ensure::rabbitmq();
+    ensure::redis();
     let queue = rabbit::unique("sg-fleet-settings");
     rabbit::declare(&queue, &[]).await;
-    let prefix = redis_support::unique_prefix();
-    let _cleanup = redis_support::Cleanup(prefix.clone());
-    let proxy = FaultProxy::start(redis_support::ADDR.parse().unwrap()).await;
+    let prefix = local_redis::unique_prefix();
+    let _cleanup = local_redis::Cleanup(prefix.clone());
+    let proxy = FaultProxy::start(local_redis::ADDR.parse().unwrap()).await;
     let cut_off_url = format!("redis://{}", proxy.addr());
     let a = replica(&queue, REDIS, &prefix, "1000").await;
     let b = replica(&queue, &cut_off_url, &prefix, "1000").await;
@@ -737,7 +686,7 @@ async fn a_setting_changed_on_one_replica_applies_on_every_replica_within_2_s() 
     );
     let took = limit_within(&b, &queue, 1, Duration::from_secs(2)).await;
     println!("the other replica applied the change after {took:?}");
-    let stored = redis_support::cli(&[
+    let stored = local_redis::cli(&[
         "HGET",
         &format!("{prefix}:settings"),
         &format!("queues.{queue}.max_queue_depth"),
@@ -782,21 +731,16 @@ async fn a_setting_changed_on_one_replica_applies_on_every_replica_within_2_s() 
 /// counts make it leave the modest tenant its part.
 #[tokio::test]
 async fn a_greedy_tenant_on_every_replica_leaves_a_modest_tenant_on_one_its_sends() {
-    use sha2::{Digest, Sha256};
-    rabbit::ensure_broker();
-    redis_support::ensure_redis();
+    ensure::rabbitmq();
+    ensure::redis();
     let queue = rabbit::unique("sg-fleet-fair");
     rabbit::declare(&queue, &[]).await;
-    let prefix = redis_support::unique_prefix();
+    let prefix = local_redis::unique_prefix();
     let dir = tempfile::tempdir().unwrap();
-    let keys = dir.path().join("keys.toml");
-    let entry = |name: &str| {
-        format!(
-            "[[keys]]\nname = \"{name}\"\nsha256 = \"{}\"\nroles = [\"sender\"]\nqueues = [\"*\"]\n",
-            hex::encode(Sha256::digest(format!("{name}-secret").as_bytes()))
-        )
-    };
-    std::fs::write(&keys, entry("greedy") + &entry("modest")).unwrap();
+    let keys = KeysFile::new()
+        .key(Key::new("greedy", &["sender"]))
+        .key(Key::new("modest", &["sender"]))
+        .write_in(dir.path());
     let vars = [
         ("SENDGATE_RABBITMQ_DEPTH_SOURCE", "amqp"),
         ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "30"),
@@ -913,7 +857,7 @@ async fn a_greedy_tenant_on_every_replica_leaves_a_modest_tenant_on_one_its_send
     assert!(most.load(Ordering::SeqCst) <= 30, "the ceiling held");
     // Each replica's counts are in the tenants' hash beside the ledger's.
     let tenants_key = format!("{prefix}:{{rabbitmq/{queue}}}:tenants");
-    let fields = redis_support::cli(&["HLEN", &tenants_key]);
+    let fields = local_redis::cli(&["HLEN", &tenants_key]);
     assert_eq!(fields, "2", "one field per replica in {tenants_key}");
     drop(fleet);
     rabbit::delete(&queue).await;

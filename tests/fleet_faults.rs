@@ -12,28 +12,16 @@
 //! The runs share one machine's cores and one broker, so they take turns (one lock), and
 //! each prints its numbers (`cargo test --test fleet_faults -- --nocapture`).
 
-#[path = "support/fault_proxy.rs"]
-mod fault_proxy;
-#[allow(dead_code)]
-#[path = "support/faulty_backend.rs"]
-mod faulty_backend;
-#[path = "support/gateway.rs"]
-mod gateway;
-#[path = "support/rabbit.rs"]
-mod rabbit;
-#[path = "support/redis_server.rs"]
-mod redis_server;
-#[path = "support/redis.rs"]
-mod redis_support;
-
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fault_proxy::{Fault, FaultProxy};
-use gateway::GatewayProcess;
-use redis_server::RedisServer;
+use sendgate_testkit::fault_proxy::{Fault, FaultProxy};
+use sendgate_testkit::fleet::{member, wait_for_mode};
+use sendgate_testkit::gateway::GatewayProcess;
+use sendgate_testkit::redis_server::RedisServer;
+use sendgate_testkit::{ensure, rabbit};
 
 /// The fleet's ceiling `L`.
 const CEILING: u64 = 500;
@@ -88,44 +76,19 @@ async fn fleet(
     let fail_closed = if fail_closed { "true" } else { "false" };
     let mut replicas = Vec::new();
     for url in redis_urls {
-        replicas.push(
-            GatewayProcess::start(&[
-                ("SENDGATE_BACKEND", "rabbitmq"),
-                ("SENDGATE_QUEUES", queue),
-                ("SENDGATE_WORKERS", "1"),
-                ("SENDGATE_COORDINATION", "redis"),
-                ("SENDGATE_REDIS_URL", url),
-                ("SENDGATE_REDIS_PREFIX", PREFIX),
-                ("SENDGATE_REDIS_TIMEOUT_MS", "500"),
-                ("SENDGATE_SEND_TIMEOUT_MS", SEND_TIMEOUT_MS),
-                ("SENDGATE_DEPTH_TTL_MS", "1000"),
-                ("SENDGATE_RABBITMQ_DEPTH_SOURCE", depth.source()),
-                ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", ceiling.as_str()),
-                ("SERVICEBUS_SEND_FAILCLOSED", fail_closed),
-            ])
-            .await,
-        );
+        let vars = [
+            ("SENDGATE_SEND_TIMEOUT_MS", SEND_TIMEOUT_MS),
+            ("SENDGATE_DEPTH_TTL_MS", "1000"),
+            ("SENDGATE_RABBITMQ_DEPTH_SOURCE", depth.source()),
+            ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", ceiling.as_str()),
+            ("SERVICEBUS_SEND_FAILCLOSED", fail_closed),
+        ];
+        replicas.push(member(queue, url, PREFIX, &vars).await);
     }
     for gw in &replicas {
         wait_for_mode(gw, "redis").await;
     }
     replicas
-}
-
-async fn wait_for_mode(gw: &GatewayProcess, mode: &str) {
-    let started = Instant::now();
-    loop {
-        let d = gw.detailed().await;
-        if d["coordination"]["mode"] == mode {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "coordination never became {mode}: {}",
-            d["coordination"]
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// What one send was answered.
@@ -345,8 +308,8 @@ fn check(run: &str, stored: u64, t: &Tally, ceiling_plus: u64, started: Instant)
 
 /// A queue of the run's own, empty and known to the management API.
 async fn fresh_queue(name: &str) -> String {
-    rabbit::ensure_broker();
-    redis_support::ensure_redis(); // installs redis-server and redis-cli if missing
+    ensure::rabbitmq();
+    ensure::redis(); // installs redis-server and redis-cli if missing
     let queue = rabbit::unique(name);
     rabbit::declare(&queue, &[]).await;
     rabbit::wait_for_management_count(&queue, 0).await;
@@ -438,7 +401,8 @@ async fn fill_through(fault: LedgerFault, depth: Depth) {
 /// end, when Redis forgot the cut-off replica and a replica alone admits as one of N.
 async fn one_cut_off(fail_closed: bool) {
     const CUT: Duration = Duration::from_secs(15);
-    // Past MEMBER_FOR (10 s): the others' Redis no longer counts the cut-off replica.
+    // Past the 10 s a replica counts in the fleet after its last call: the others' Redis no
+    // longer counts the cut-off replica.
     const FILL_FROM: Duration = Duration::from_secs(11);
     let _serial = ONE_AT_A_TIME.lock().await;
     let run = format!(

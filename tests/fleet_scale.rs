@@ -4,11 +4,6 @@
 //! more stored than the ceiling); the costs are printed for docs/benchmarks.md: Redis calls
 //! per admitted send and per second, and the p50/p99 of one ledger call.
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
-#[path = "support/redis.rs"]
-mod redis_support;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -251,9 +246,9 @@ fn report(what: &str, o: &Outcome) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_seats_on_redis_never_store_past_the_ceiling() {
-    let server = redis_server::RedisServer::start().await;
-    let prefix = redis_support::unique_prefix();
-    let settings = redis_support::settings(&server.url(), &prefix, T);
+    let server = sendgate_testkit::redis_server::RedisServer::start().await;
+    let prefix = sendgate_testkit::local_redis::unique_prefix();
+    let settings = sendgate_testkit::local_redis::settings(&server.url(), &prefix, T);
     let mut ledgers: Vec<Arc<dyn LedgerPort>> = Vec::new();
     let mut key = String::new();
     for _ in 0..SEATS {

@@ -5,14 +5,10 @@
 //!
 //! Each Redis case has a key prefix of its own and removes its keys when it ends.
 
-#[path = "support/redis.rs"]
-mod redis_support;
-
 use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use redis_support::{ensure_redis, settings, unique_prefix, Cleanup};
 use sendgate::config::BackendKind;
 use sendgate::coordination::memory::{MemoryLedger, Snapshot};
 use sendgate::coordination::port::{
@@ -21,6 +17,8 @@ use sendgate::coordination::port::{
 };
 use sendgate::coordination::redis_client::RedisClient;
 use sendgate::domain::QueueName;
+use sendgate_testkit::ensure;
+use sendgate_testkit::local_redis::{settings, unique_prefix, Cleanup};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -103,7 +101,7 @@ struct Redis {
 
 impl Redis {
     async fn new() -> Self {
-        ensure_redis();
+        ensure::redis();
         let prefix = unique_prefix();
         let ledger = RedisClient::connect(&settings(
             "redis://127.0.0.1:6379",

@@ -3,20 +3,12 @@
 //! test binary of their own (cargo runs test binaries one after another), so no other test
 //! sees the broker down.
 
-#[allow(dead_code)]
-#[path = "support/faulty_backend.rs"]
-mod faulty_backend;
-#[path = "support/gateway.rs"]
-mod gateway;
-#[path = "rabbitmq/helpers.rs"]
-mod helpers;
-#[path = "support/rabbit.rs"]
-mod rabbit;
-
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use helpers::{retry_after, spawn};
+use sendgate_testkit::gateway::retry_after;
+use sendgate_testkit::rabbit;
+use sendgate_testkit::rabbitmq_app::spawn;
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 

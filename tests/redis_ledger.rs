@@ -4,23 +4,10 @@
 //! `tests/ledger_contract.rs`; each test here has a key prefix of its own and removes its
 //! keys when it ends.
 
-#[path = "support/entra.rs"]
-mod entra_support;
-#[path = "support/fault_proxy.rs"]
-mod fault_proxy;
-#[path = "support/redis_server.rs"]
-mod redis_server;
-#[path = "support/redis.rs"]
-mod redis_support;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use entra_support::FakeToken;
-use fault_proxy::{Fault, FaultProxy};
-use redis_server::RedisServer;
-use redis_support::{cli, ensure_redis, settings, unique_prefix, Cleanup};
 use sendgate::config::BackendKind;
 use sendgate::coordination::entra::REDIS_SCOPE;
 use sendgate::coordination::fleet::{IDLE, MEMBER_FOR};
@@ -31,6 +18,11 @@ use sendgate::coordination::port::{
 use sendgate::coordination::redis_client::{RedisClient, RedisError};
 use sendgate::domain::QueueName;
 use sendgate_entra::{CredentialChain, EntraCredential};
+use sendgate_testkit::entra::FakeToken;
+use sendgate_testkit::fault_proxy::{Fault, FaultProxy};
+use sendgate_testkit::local_redis::{cli, settings, unique_prefix, Cleanup};
+use sendgate_testkit::redis_server::RedisServer;
+use sendgate_testkit::{ensure, local_redis};
 
 const TIMEOUT: Duration = Duration::from_millis(500);
 const LONG: Duration = Duration::from_secs(30);
@@ -68,10 +60,10 @@ fn within(started: Instant, bound: Duration) {
 
 #[tokio::test]
 async fn a_black_holed_redis_times_out_within_the_deadline_then_recovers() {
-    ensure_redis();
+    ensure::redis();
     let prefix = unique_prefix();
     let _cleanup = Cleanup(prefix.clone());
-    let target: SocketAddr = redis_support::ADDR.parse().unwrap();
+    let target: SocketAddr = local_redis::ADDR.parse().unwrap();
     let proxy = FaultProxy::start(target).await;
     let timeout = Duration::from_millis(100);
     let url = format!("redis://127.0.0.1:{}", proxy.port());
@@ -185,7 +177,7 @@ impl Drop for AclUser {
 
 #[tokio::test]
 async fn a_refused_password_is_reported_without_echoing_it_then_the_ledger_recovers() {
-    ensure_redis();
+    ensure::redis();
     let prefix = unique_prefix();
     let _cleanup = Cleanup(prefix.clone());
     let user = AclUser(format!(
@@ -279,7 +271,7 @@ async fn ping_until_ok(ledger: &RedisClient, within: Duration) {
 
 #[tokio::test]
 async fn entra_auth_sends_the_token_as_the_users_password_and_follows_a_rotation() {
-    ensure_redis();
+    ensure::redis();
     let prefix = unique_prefix();
     let _cleanup = Cleanup(prefix.clone());
     let user = object_id();
@@ -381,7 +373,7 @@ async fn entra_auth_sends_the_token_as_the_users_password_and_follows_a_rotation
 
 #[tokio::test]
 async fn without_an_entra_token_the_ledger_errs_then_joins_when_one_comes() {
-    ensure_redis();
+    ensure::redis();
     let prefix = unique_prefix();
     let _cleanup = Cleanup(prefix.clone());
     let user = object_id();
@@ -524,9 +516,9 @@ async fn a_failover_to_a_replica_that_missed_a_write_is_a_new_epoch_even_for_a_c
     );
 }
 
-/// Found in review: a Redis user whose ACL leaves out `@dangerous` (as Redis Enterprise,
-/// so Azure Managed Redis, leaves INFO out of scripts) made every script but `look` fail,
-/// so each replica joined, was cut off, and joined again, while its health said ok.
+/// A Redis user whose ACL leaves out `@dangerous` (as Redis Enterprise, so Azure Managed
+/// Redis, leaves INFO out of scripts) runs every script: were any but `look` to fail, each
+/// replica would join, be cut off and join again, while its health said ok.
 #[tokio::test]
 async fn a_redis_user_that_may_not_run_info_still_runs_every_script() {
     let server = RedisServer::start().await;
@@ -572,7 +564,7 @@ async fn a_redis_user_that_may_not_run_info_still_runs_every_script() {
 /// pruned once older.
 #[tokio::test]
 async fn the_lag_buckets_are_one_bounded_field_and_an_older_builds_bucket_fields_still_count() {
-    ensure_redis();
+    ensure::redis();
     let prefix = unique_prefix();
     let _cleanup = Cleanup(prefix.clone());
     let ledger = RedisClient::connect(&settings("redis://127.0.0.1:6379", &prefix, TIMEOUT))
@@ -673,7 +665,7 @@ async fn the_lag_buckets_are_one_bounded_field_and_an_older_builds_bucket_fields
 #[tokio::test]
 async fn the_tenants_exchange_sums_the_other_replicas_counts_and_survives_a_flush_of_its_key() {
     use sendgate::coordination::shares::{Counts, RoundCounts, ShareExchange};
-    ensure_redis();
+    ensure::redis();
     let prefix = unique_prefix();
     let _cleanup = Cleanup(prefix.clone());
     let ledger = RedisClient::connect(&settings("redis://127.0.0.1:6379", &prefix, TIMEOUT))

@@ -1,32 +1,15 @@
 //! `POST /admin/drain`: the same drain as SIGTERM, for deploy pipelines; role `admin`.
 
-use sha2::{Digest, Sha256};
 use std::time::Duration;
 
-use crate::helpers::{body_json, spawn_app_with};
-
-fn keys_file(dir: &std::path::Path) -> std::path::PathBuf {
-    let entry = |name: &str, token: &str, role: &str| {
-        format!(
-            "[[keys]]\nname = \"{name}\"\nsha256 = \"{}\"\nroles = [\"{role}\"]\nqueues = [\"*\"]\n",
-            hex::encode(Sha256::digest(token.as_bytes()))
-        )
-    };
-    let path = dir.join("keys.toml");
-    let text = [
-        entry("deployer", "admin-token", "admin"),
-        entry("grafana", "observer-token", "observer"),
-        entry("app", "sender-token", "sender"),
-    ]
-    .concat();
-    std::fs::write(&path, text).unwrap();
-    path
-}
+use sendgate_testkit::embedded::spawn_app_with;
+use sendgate_testkit::gateway::body_json;
+use sendgate_testkit::keys::KeysFile;
 
 #[tokio::test]
 async fn admin_drain_needs_the_admin_role_and_then_drains_to_a_stop() {
     let dir = tempfile::tempdir().unwrap();
-    let keys = keys_file(dir.path());
+    let keys = KeysFile::one_per_role().write_in(dir.path());
     let app = spawn_app_with(&[
         ("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap()),
         ("SENDGATE_DRAIN_TIMEOUT_S", "20"),
@@ -76,7 +59,7 @@ async fn a_draining_answer_closes_the_connection_so_the_balancer_reroutes() {
 
 /// What a cross-site page can make a browser send to a gateway running open on loopback.
 async fn post_drain(
-    app: &crate::helpers::TestApp,
+    app: &sendgate_testkit::embedded::TestApp,
     headers: &[(&str, &str)],
     body: &str,
 ) -> reqwest::Response {
@@ -164,7 +147,7 @@ async fn an_open_gateway_answers_only_loopback_host_names() {
 #[tokio::test]
 async fn with_keys_the_host_is_not_checked() {
     let dir = tempfile::tempdir().unwrap();
-    let keys = keys_file(dir.path());
+    let keys = KeysFile::one_per_role().write_in(dir.path());
     let app = spawn_app_with(&[("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap())]).await;
     let response = app
         .client

@@ -1,26 +1,20 @@
 //! API keys (contract section 5).
 
-use sha2::{Digest, Sha256};
-
-use crate::helpers::{body_json, spawn_app_with, TestApp};
-
-fn entry(name: &str, token: &str, roles: &str, queues: &str) -> String {
-    format!(
-        "[[keys]]\nname = \"{name}\"\nsha256 = \"{}\"\nroles = [{roles}]\nqueues = [{queues}]\n",
-        hex::encode(Sha256::digest(token.as_bytes()))
-    )
-}
+use sendgate_testkit::embedded::{spawn_app_with, TestApp};
+use sendgate_testkit::gateway::body_json;
+use sendgate_testkit::keys::{Key, KeysFile};
 
 async fn app_with_keys() -> (TestApp, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("keys.toml");
-    let text = [
-        entry("playground", "play-secret", "\"sender\"", "\"requests\""),
-        entry("grafana", "observe-secret", "\"observer\"", "\"*\""),
-        entry("ops", "admin-secret", "\"admin\"", "\"*\""),
-    ]
-    .concat();
-    std::fs::write(&path, text).unwrap();
+    let path = KeysFile::new()
+        .key(
+            Key::new("playground", &["sender"])
+                .token("play-secret")
+                .queues(&["requests"]),
+        )
+        .key(Key::new("grafana", &["observer"]).token("observe-secret"))
+        .key(Key::new("ops", &["admin"]).token("admin-secret"))
+        .write_in(dir.path());
     let app = spawn_app_with(&[
         ("SENDGATE_API_KEYS_FILE", path.to_str().unwrap()),
         ("SENDGATE_QUEUES", "requests,private"),

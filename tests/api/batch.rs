@@ -3,7 +3,8 @@
 
 use serde_json::{json, Value};
 
-use crate::helpers::{body_json, retry_after, spawn_app_with, TestApp};
+use sendgate_testkit::embedded::{spawn_app_with, TestApp};
+use sendgate_testkit::gateway::{body_json, retry_after};
 
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 

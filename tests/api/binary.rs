@@ -2,8 +2,8 @@
 
 use std::process::Output;
 
-use crate::gateway::{run_binary, stderr};
-use crate::helpers::spawn_in;
+use sendgate_testkit::embedded::spawn_in;
+use sendgate_testkit::gateway::{run_binary, stderr};
 
 fn sendgate(args: &[&str], env: &[(&str, &str)]) -> Output {
     run_binary(args, env)
@@ -234,8 +234,11 @@ async fn keys_new_prints_a_working_token_and_an_entry_holding_only_its_hash() {
     let dir = tempfile::tempdir().unwrap();
     let keys = dir.path().join("keys.toml");
     std::fs::write(&keys, &entry).unwrap();
-    let app =
-        crate::helpers::spawn_app_with(&[("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap())]).await;
+    let app = sendgate_testkit::embedded::spawn_app_with(&[(
+        "SENDGATE_API_KEYS_FILE",
+        keys.to_str().unwrap(),
+    )])
+    .await;
     let auth = format!("Bearer {token}");
     assert_eq!(
         app.send_with("requests", "{}", &[("Authorization", auth.as_str())])
@@ -358,7 +361,7 @@ fn a_variable_that_is_not_utf8_never_panics_the_binary() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().to_str().unwrap().to_owned();
     let run = |name: &str, value: &[u8]| {
-        let mut cmd = crate::gateway::binary(
+        let mut cmd = sendgate_testkit::gateway::binary(
             &["queue", "depth", "--queue", "requests"],
             &[("SENDGATE_DATA_DIR".to_owned(), data.clone())].into(),
         );

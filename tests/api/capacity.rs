@@ -1,6 +1,7 @@
 //! The backlog ceiling and the fail-closed gate, over HTTP (contract section 2).
 
-use crate::helpers::{body_json, retry_after, spawn_app_with, spawn_in, TestApp};
+use sendgate_testkit::embedded::{spawn_app_with, spawn_in, TestApp};
+use sendgate_testkit::gateway::{body_json, retry_after};
 
 /// Send `n` messages one after another; the status of each.
 async fn statuses(app: &TestApp, n: usize) -> Vec<u16> {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use sendgate::backend::embedded::Store;
 
-use crate::helpers::spawn_app_with;
+use sendgate_testkit::embedded::spawn_app_with;
 
 const SENDERS: usize = 8;
 const RECEIVERS: usize = 2;

@@ -1,9 +1,8 @@
 //! `GET /`, the status page: its security headers, the snapshot rendered on the server in
 //! open mode, no data with keys on, and no broker call.
 
-use sha2::{Digest, Sha256};
-
-use crate::helpers::{spawn_app_with, TestApp};
+use sendgate_testkit::embedded::{spawn_app_with, TestApp};
+use sendgate_testkit::keys::{Key, KeysFile};
 
 /// The page's answer: status, headers, body.
 async fn page(app: &TestApp, path: &str) -> (u16, reqwest::header::HeaderMap, String) {
@@ -73,15 +72,9 @@ async fn in_open_mode_the_page_holds_the_snapshot_rendered_on_the_server() {
 #[tokio::test]
 async fn with_keys_on_the_page_is_a_frame_and_a_token_form_without_data() {
     let dir = tempfile::tempdir().unwrap();
-    let keys = dir.path().join("keys.toml");
-    std::fs::write(
-        &keys,
-        format!(
-            "[[keys]]\nname = \"ops\"\nsha256 = \"{}\"\nroles = [\"observer\"]\nqueues = [\"*\"]\n",
-            hex::encode(Sha256::digest(b"observe-secret"))
-        ),
-    )
-    .unwrap();
+    let keys = KeysFile::new()
+        .key(Key::new("ops", &["observer"]).token("observe-secret"))
+        .write_in(dir.path());
     let app = spawn_app_with(&[
         ("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap()),
         ("SENDGATE_QUEUES", "invoices"),

@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::gateway::GatewayProcess;
-use crate::helpers::{body_json, retry_after, spawn_app_with};
+use sendgate_testkit::embedded::spawn_app_with;
+use sendgate_testkit::gateway::{body_json, retry_after, GatewayProcess};
 
 /// The real binary on the embedded queue, in a data directory of its own.
 async fn binary(dir: &tempfile::TempDir, vars: &[(&str, &str)]) -> GatewayProcess {

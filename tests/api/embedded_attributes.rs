@@ -9,8 +9,8 @@ use serde_json::{json, Value};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-use crate::gateway::{body_json, run_binary, stderr};
-use crate::helpers::spawn_in;
+use sendgate_testkit::embedded::spawn_in;
+use sendgate_testkit::gateway::{body_json, run_binary, stderr};
 
 const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
 

@@ -7,24 +7,22 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::gateway::GatewayProcess;
-use crate::helpers::{body_json, retry_after, spawn_app_with, TestApp};
+use sendgate_testkit::embedded::{spawn_app_with, TestApp};
+use sendgate_testkit::gateway::{body_json, retry_after, GatewayProcess};
+use sendgate_testkit::keys::{Key, KeysFile};
 
-/// A sender's key with these extra fields.
-fn entry(name: &str, extra: &str) -> String {
-    crate::helpers::keys_entry(name, "\"sender\"", extra)
+/// A sender's key.
+fn sender(name: &str) -> Key {
+    Key::new(name, &["sender"])
 }
 
 async fn app(limit: &str) -> (TestApp, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("keys.toml");
-    let text = [
-        entry("web", "criticality = \"critical\""),
-        entry("reports", "tenant = \"batch\"\ncriticality = \"sheddable\""),
-        entry("script", ""),
-    ]
-    .concat();
-    std::fs::write(&path, text).unwrap();
+    let path = KeysFile::new()
+        .key(sender("web").criticality("critical"))
+        .key(sender("reports").tenant("batch").criticality("sheddable"))
+        .key(sender("script"))
+        .write_in(dir.path());
     let app = spawn_app_with(&[
         ("SENDGATE_API_KEYS_FILE", path.to_str().unwrap()),
         ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", limit),
@@ -134,15 +132,11 @@ async fn a_bad_criticality_header_is_a_step_4_problem_after_the_content_type() {
 /// a ceiling of 10 read before every send, with the shares in `mode`.
 async fn two_tenants(mode: &str) -> (TestApp, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("keys.toml");
-    let observer = crate::helpers::keys_entry("ops", "\"observer\"", "");
-    let text = [
-        entry("greedy", "tenant = \"a\""),
-        entry("modest", "tenant = \"b\""),
-        observer,
-    ]
-    .concat();
-    std::fs::write(&path, text).unwrap();
+    let path = KeysFile::new()
+        .key(sender("greedy").tenant("a"))
+        .key(sender("modest").tenant("b"))
+        .key(Key::new("ops", &["observer"]))
+        .write_in(dir.path());
     let app = spawn_app_with(&[
         ("SENDGATE_API_KEYS_FILE", path.to_str().unwrap()),
         ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "10"),
@@ -295,12 +289,9 @@ async fn in_shadow_a_send_over_its_part_is_admitted_and_counted_as_a_would_be_re
 #[tokio::test]
 async fn a_tenant_refused_for_its_criticality_is_logged_once_per_read() {
     let dir = tempfile::tempdir().unwrap();
-    let keys = dir.path().join("keys.toml");
-    std::fs::write(
-        &keys,
-        entry("reports", "tenant = \"batch\"\ncriticality = \"sheddable\""),
-    )
-    .unwrap();
+    let keys = KeysFile::new()
+        .key(sender("reports").tenant("batch").criticality("sheddable"))
+        .write_in(dir.path());
     let data = dir.path().join("data").display().to_string();
     let log_path = dir.path().join("sendgate.log");
     let gw = GatewayProcess::start_logging_to(

@@ -1,4 +1,5 @@
-use crate::helpers::{body_json, retry_after, spawn_app, spawn_app_with};
+use sendgate_testkit::embedded::{spawn_app, spawn_app_with};
+use sendgate_testkit::gateway::{body_json, retry_after};
 
 #[tokio::test]
 async fn live_and_ready_answer_while_running() {

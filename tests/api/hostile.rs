@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::helpers::{spawn_app_with, TestApp};
+use sendgate_testkit::embedded::{spawn_app_with, TestApp};
 
 /// Write `request` as is on a fresh connection and read the answer until the server closes
 /// or 5 s pass.
@@ -235,7 +235,8 @@ async fn one_peer_is_held_to_its_cap() {
         .starts_with("HTTP/1.1 200"));
 }
 
-// ---- found in review (each failed first) ----
+// ---- Where the connection's framing and actix-http could part: a seat held by what no one
+// reads, a head without a deadline, a connection left busy after every answer ----
 
 /// Reads what the server sends until it closes or `within` passes; `None` if still open.
 async fn read_until_closed(stream: &mut tokio::net::TcpStream, within: Duration) -> Option<String> {
@@ -307,7 +308,7 @@ async fn a_chunked_body_nobody_reads_cannot_hold_a_seat_from_a_new_client() {
 /// What the framing cannot follow turns the connection opaque for good, while actix-http
 /// serves it on: a request with `Upgrade: foo` (not websocket) or a chunk extension over
 /// 1 KiB is answered and kept alive, and the next head then has no deadline (and counts
-/// against no head budget) — the slowloris of issue 23, item 1, again.
+/// against no head budget): a slowloris on a reused connection.
 #[tokio::test]
 async fn a_request_the_framing_cannot_follow_does_not_lift_the_next_heads_deadline() {
     let app = spawn_app_with(&[("SENDGATE_HEADER_TIMEOUT_MS", "600")]).await;
@@ -441,7 +442,7 @@ async fn drain_for(stream: &mut tokio::net::TcpStream, within: Duration) {
     .await;
 }
 
-/// Found in review: after two connections sent `bytes` and read every answer, a new client is
+/// After two connections sent `bytes` and read every answer, a new client is
 /// served (SENDGATE_MAX_CONNECTIONS=2): neither may stay `busy` (never evicted, no deadline).
 async fn after_two_connections_sent(bytes: &[u8]) -> String {
     let app = spawn_app_with(&[
@@ -466,7 +467,7 @@ async fn after_two_connections_sent(bytes: &[u8]) -> String {
     .await
 }
 
-/// Found in review: 100 pipelined `HEAD`s, read by actix-http at once: the answers' method queue
+/// 100 pipelined `HEAD`s, read by actix-http at once: the answers' method queue
 /// keeps 64, the 65th answer is taken to carry its content-length body and swallows the
 /// rest; the connection is busy for ever though every request was answered.
 #[tokio::test]
@@ -476,7 +477,7 @@ async fn a_hundred_pipelined_heads_answered_do_not_leave_the_connection_busy() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
 }
 
-/// Found in review: actix-http ends trailer lines at `\r` only (h1/chunked.rs), so after `X\n\n`
+/// actix-http ends trailer lines at `\r` only (h1/chunked.rs), so after `X\n\n`
 /// in the trailers the "head" the framing counts is trailer bytes to actix-http, never
 /// answered: `read > answered` for ever.
 #[tokio::test]
@@ -487,7 +488,7 @@ async fn a_bare_newline_in_trailers_does_not_leave_the_connection_busy() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
 }
 
-/// Found in review: a client that sends requests and never reads an answer holds its seat for
+/// A client that sends requests and never reads an answer holds its seat for
 /// ever (the answer is never written whole: busy; actix-http has no write timeout).
 #[tokio::test]
 async fn a_client_that_never_reads_does_not_hold_a_seat_past_the_deadline() {

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use crate::helpers::{spawn_app_with, TestApp};
 use crate::send::wait_until;
+use sendgate_testkit::embedded::{spawn_app_with, TestApp};
 
 async fn in_flight(app: &TestApp) -> u64 {
     app.detailed().await["backends"]["primary"]["sends_in_flight"]

@@ -11,21 +11,12 @@ mod drain;
 mod embedded_attributes;
 mod entra;
 mod fairness;
-#[path = "../support/faulty_backend.rs"]
-mod faulty_backend;
-#[path = "../support/gateway.rs"]
-mod gateway;
 mod health;
-mod helpers;
 mod hostile;
 mod leaks;
 mod metrics;
-#[path = "../support/oidc.rs"]
-mod oidc;
 mod openapi;
 mod otel;
-#[path = "../support/otlp.rs"]
-mod otlp;
 mod quota;
 mod request_id;
 mod routing;

@@ -1,6 +1,6 @@
 //! `GET /metrics`: Prometheus text with the series the contract names.
 
-use crate::helpers::spawn_app_with;
+use sendgate_testkit::embedded::spawn_app_with;
 
 /// The value of the first series whose line starts with `prefix` (name and labels).
 fn value(text: &str, series: &str) -> f64 {

@@ -1,27 +1,20 @@
 //! `GET /openapi.json`: the document generated from the code, open like `/health/live`,
 //! the same bytes as the committed `docs/openapi.json` and as `sendgate openapi` prints.
 
-use sha2::{Digest, Sha256};
-
-use crate::gateway::run_binary;
-use crate::helpers::spawn_app_with;
+use sendgate_testkit::embedded::spawn_app_with;
+use sendgate_testkit::gateway::run_binary;
+use sendgate_testkit::keys::{Key, KeysFile};
 
 const COMMITTED: &str = include_str!("../../docs/openapi.json");
 const STALE: &str =
     "docs/openapi.json is stale: regenerate it with `cargo run -q -- openapi > docs/openapi.json`";
 
 /// A gateway with API keys on, so an open route is open on purpose.
-async fn with_keys() -> (crate::helpers::TestApp, tempfile::TempDir) {
+async fn with_keys() -> (sendgate_testkit::embedded::TestApp, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let keys = dir.path().join("keys.toml");
-    std::fs::write(
-        &keys,
-        format!(
-            "[[keys]]\nname = \"app\"\nsha256 = \"{}\"\nroles = [\"sender\"]\nqueues = [\"*\"]\n",
-            hex::encode(Sha256::digest(b"sender-token"))
-        ),
-    )
-    .unwrap();
+    let keys = KeysFile::new()
+        .key(Key::new("app", &["sender"]).token("sender-token"))
+        .write_in(dir.path());
     let app = spawn_app_with(&[("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap())]).await;
     (app, dir)
 }
@@ -66,7 +59,7 @@ fn the_cli_prints_the_committed_file() {
 /// Each operation of `doc` asked once without a token (an empty JSON body, the served
 /// queue and backend), but those on `skip`'s paths: `(path, operation, status)`.
 async fn ask_each_operation<'a>(
-    app: &crate::helpers::TestApp,
+    app: &sendgate_testkit::embedded::TestApp,
     doc: &'a serde_json::Value,
     skip: &[&str],
 ) -> Vec<(&'a str, &'a serde_json::Value, u16)> {

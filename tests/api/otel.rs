@@ -1,7 +1,7 @@
 //! OpenTelemetry over OTLP (docs/operations.md "OpenTelemetry", contract section 6): a span per send
 //! and the sends' metrics reach a real OTLP receiver, over HTTP or gRPC (decoded with the
-//! collector's protobuf types, over gRPC by its generated services); a collector that never
-//! answers slows no send, and what it cannot take is dropped and counted; without an
+//! collector's protobuf types, over gRPC by its generated services); while a collector never
+//! answers every send is still stored, and what it cannot take is dropped and counted; without an
 //! endpoint nothing is built.
 
 use std::time::Duration;
@@ -12,9 +12,9 @@ use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use serde_json::json;
 
-use crate::gateway::GatewayProcess;
-use crate::helpers::{body_json, settings_of, spawn_app_with, TestApp};
-use crate::otlp::{attribute, Receiver, GRPC_METRICS, GRPC_TRACES};
+use sendgate_testkit::embedded::{spawn_app_with, TestApp};
+use sendgate_testkit::gateway::{body_json, settings_of, GatewayProcess};
+use sendgate_testkit::otlp::{attribute, Receiver, GRPC_METRICS, GRPC_TRACES};
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT_ID: &str = "00f067aa0ba902b7";
@@ -214,12 +214,12 @@ async fn a_batch_is_one_span_with_its_message_count() {
 }
 
 #[tokio::test]
-async fn a_collector_that_never_answers_slows_no_send_and_the_drops_are_counted() {
+async fn while_a_collector_never_answers_every_send_is_stored_and_the_drops_are_counted() {
     never_answering(Receiver::hanging().await, "http/protobuf").await;
 }
 
 #[tokio::test]
-async fn a_grpc_collector_that_never_answers_slows_no_send_and_the_drops_are_counted() {
+async fn while_a_grpc_collector_never_answers_every_send_is_stored_and_the_drops_are_counted() {
     never_answering(Receiver::grpc_hanging().await, "grpc").await;
 }
 

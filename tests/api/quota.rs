@@ -4,23 +4,21 @@
 
 use serde_json::json;
 
-use crate::helpers::{body_json, retry_after, spawn_app_with, TestApp};
-
-use crate::helpers::keys_entry as entry;
+use sendgate_testkit::embedded::{spawn_app_with, TestApp};
+use sendgate_testkit::gateway::{body_json, retry_after};
+use sendgate_testkit::keys::{Key, KeysFile};
 
 async fn app(limit: &str) -> (TestApp, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("keys.toml");
-    let text = [
+    let sender = |name: &str| Key::new(name, &["sender"]);
+    let path = KeysFile::new()
         // 0.2/s: one unit back every 5 s, so the test never sees one come back.
-        entry("metered", "\"sender\"", "rate_per_s = 0.2\nburst = 3"),
-        entry("capped", "\"sender\"", "max_share = 0.3"),
-        entry("reports", "\"sender\"", "criticality = \"sheddable\""),
-        entry("free", "\"sender\"", ""),
-        entry("ops", "\"admin\"", ""),
-    ]
-    .concat();
-    std::fs::write(&path, text).unwrap();
+        .key(sender("metered").rate(0.2, 3))
+        .key(sender("capped").max_share(0.3))
+        .key(sender("reports").criticality("sheddable"))
+        .key(sender("free"))
+        .key(Key::new("ops", &["admin"]))
+        .write_in(dir.path());
     let app = spawn_app_with(&[
         ("SENDGATE_API_KEYS_FILE", path.to_str().unwrap()),
         ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", limit),

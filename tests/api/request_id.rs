@@ -7,10 +7,10 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
-use crate::gateway::{binary, env_of, free_port};
-use crate::helpers::{body_json, spawn_app, spawn_app_with};
+use sendgate_testkit::embedded::{spawn_app, spawn_app_with};
+use sendgate_testkit::gateway::{binary, body_json, env_of, free_port};
+use sendgate_testkit::keys::{Key, KeysFile};
 
 /// The answer's `X-Request-Id`, checked to be the id its body names (when it has a body
 /// that names one).
@@ -61,15 +61,9 @@ async fn routing_refusals_carry_the_request_id() {
 #[tokio::test]
 async fn a_401_and_a_429_carry_the_request_id() {
     let dir = tempfile::tempdir().unwrap();
-    let keys = dir.path().join("keys.toml");
-    std::fs::write(
-        &keys,
-        format!(
-            "[[keys]]\nname = \"batch\"\nsha256 = \"{}\"\nroles = [\"sender\"]\nqueues = [\"*\"]\n",
-            hex::encode(Sha256::digest(b"batch-secret"))
-        ),
-    )
-    .unwrap();
+    let keys = KeysFile::new()
+        .key(Key::new("batch", &["sender"]))
+        .write_in(dir.path());
     let app = spawn_app_with(&[
         ("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap()),
         ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "1"),

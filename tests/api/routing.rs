@@ -1,6 +1,7 @@
 //! Unknown paths, unknown queues and wrong methods: answered without the backend.
 
-use crate::helpers::{body_json, spawn_app, spawn_app_with};
+use sendgate_testkit::embedded::{spawn_app, spawn_app_with};
+use sendgate_testkit::gateway::body_json;
 
 #[tokio::test]
 async fn unknown_paths_are_404_and_never_reach_the_backend() {

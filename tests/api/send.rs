@@ -1,6 +1,7 @@
 use std::time::Duration;
 
-use crate::helpers::{body_json, retry_after, spawn_app, spawn_app_with, spawn_in, TestApp};
+use sendgate_testkit::embedded::{spawn_app, spawn_app_with, spawn_in, TestApp};
+use sendgate_testkit::gateway::{body_json, retry_after};
 
 #[tokio::test]
 async fn a_send_is_queued_with_its_ids() {

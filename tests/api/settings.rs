@@ -1,31 +1,13 @@
-//! Runtime settings (issue 16 item 2): `GET`/`PATCH /admin/settings` and
+//! Runtime settings: `GET`/`PATCH /admin/settings` and
 //! `POST /admin/breakers/{backend}`, role `admin`; a change applies to the next send, is
 //! kept in the data directory across a restart, and shows on `/health/detailed`.
 
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use std::time::Duration;
 
-use crate::gateway::{run_binary, stderr, GatewayProcess};
-use crate::helpers::{body_json, spawn_app_with, TestApp};
-
-fn keys_file(dir: &std::path::Path) -> std::path::PathBuf {
-    let entry = |name: &str, token: &str, role: &str| {
-        format!(
-            "[[keys]]\nname = \"{name}\"\nsha256 = \"{}\"\nroles = [\"{role}\"]\nqueues = [\"*\"]\n",
-            hex::encode(Sha256::digest(token.as_bytes()))
-        )
-    };
-    let path = dir.join("keys.toml");
-    let text = [
-        entry("deployer", "admin-token", "admin"),
-        entry("grafana", "observer-token", "observer"),
-        entry("app", "sender-token", "sender"),
-    ]
-    .concat();
-    std::fs::write(&path, text).unwrap();
-    path
-}
+use sendgate_testkit::embedded::{spawn_app_with, TestApp};
+use sendgate_testkit::gateway::{body_json, run_binary, stderr, GatewayProcess};
+use sendgate_testkit::keys::{Key, KeysFile};
 
 async fn patch(app: &TestApp, token: Option<&str>, body: Value) -> reqwest::Response {
     let mut req = app
@@ -59,7 +41,7 @@ async fn breaker(
 #[tokio::test]
 async fn only_an_admin_key_reads_or_changes_settings_or_breakers() {
     let dir = tempfile::tempdir().unwrap();
-    let keys = keys_file(dir.path());
+    let keys = KeysFile::one_per_role().write_in(dir.path());
     let app = spawn_app_with(&[("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap())]).await;
     let get = |token: Option<&'static str>| {
         let mut req = app.client.get(app.url("/admin/settings"));
@@ -118,18 +100,13 @@ async fn only_an_admin_key_reads_or_changes_settings_or_breakers() {
 
 #[tokio::test]
 async fn an_admin_key_scoped_to_some_queues_changes_only_those() {
-    // Found in review: a key with role admin and `queues = ["audit"]` could lower another
-    // queue's ceiling, pin every queue's backend and hold a breaker open.
+    // A key with role admin and `queues = ["audit"]` may not lower another queue's
+    // ceiling, pin every queue's backend or hold a breaker open.
     let dir = tempfile::tempdir().unwrap();
-    let keys = dir.path().join("keys.toml");
-    std::fs::write(
-        &keys,
-        format!(
-            "[[keys]]\nname = \"audit-ops\"\nsha256 = \"{}\"\nroles = [\"admin\"]\nqueues = [\"audit\"]\n",
-            hex::encode(Sha256::digest(b"audit-admin"))
-        ),
-    )
-    .unwrap();
+    let audit_admin = Key::new("audit-ops", &["admin"])
+        .token("audit-admin")
+        .queues(&["audit"]);
+    let keys = KeysFile::new().key(audit_admin).write_in(dir.path());
     let app = spawn_app_with(&[
         ("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap()),
         ("SENDGATE_QUEUES", "requests,audit"),
@@ -196,8 +173,8 @@ async fn an_admin_key_scoped_to_some_queues_changes_only_those() {
 
 #[tokio::test]
 async fn an_admin_body_that_stops_arriving_is_given_up_at_the_body_deadline() {
-    // Found in review: the admin routes read their body without the deadline a send has,
-    // so any local process (open mode) could hold connections open with a stalled PATCH.
+    // The admin routes read their body under the deadline a send has, or any local process
+    // (open mode) could hold connections open with a stalled PATCH.
     let app = spawn_app_with(&[("SENDGATE_BODY_TIMEOUT_MS", "300")]).await;
     for request in ["PATCH /admin/settings", "POST /admin/breakers/primary"] {
         let (text, took) = crate::send::stalled_upload_to(&app, request).await;
@@ -365,7 +342,7 @@ async fn a_bad_patch_names_every_bad_field_and_changes_nothing() {
 #[tokio::test]
 async fn an_override_shows_on_health_detailed_with_its_key_and_time() {
     let dir = tempfile::tempdir().unwrap();
-    let keys = keys_file(dir.path());
+    let keys = KeysFile::one_per_role().write_in(dir.path());
     let app = spawn_app_with(&[("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap())]).await;
     let before = time::OffsetDateTime::now_utc() - time::Duration::seconds(1);
     let response = patch(
@@ -485,7 +462,7 @@ async fn overrides_survive_a_restart_of_the_binary_and_a_corrupt_file_stops_it()
 #[tokio::test]
 async fn each_change_logs_settings_changed_with_old_and_new_and_the_key_never_its_token() {
     let dir = tempfile::tempdir().unwrap();
-    let keys = keys_file(dir.path());
+    let keys = KeysFile::one_per_role().write_in(dir.path());
     let data = dir.path().join("data").display().to_string();
     let log_path = dir.path().join("sendgate.log");
     let log = std::fs::File::create(&log_path).unwrap();

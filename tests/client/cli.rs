@@ -8,10 +8,10 @@ use sendgate_client::MessageAttributes;
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
 
-use crate::gateway::binary;
-use crate::helpers::spawn_app_with;
-use crate::keys_file;
 use crate::proxy::Proxy;
+use sendgate_testkit::embedded::spawn_app_with;
+use sendgate_testkit::gateway::binary;
+use sendgate_testkit::keys::{Key, KeysFile};
 
 /// Run `sendgate send ARGS` with a clean environment plus `env`, feeding `stdin`.
 async fn sendgate_send(args_in: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Output {
@@ -308,10 +308,9 @@ async fn a_refused_token_stops_at_once_with_exit_2_after_one_send() {
 
 async fn a_refused_token_costs_one_request(batch_size: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let keys = keys_file(
-        dir.path(),
-        &[("app", "right-token", "sender,observer", "*")],
-    );
+    let keys = KeysFile::new()
+        .key(Key::new("app", &["sender", "observer"]).token("right-token"))
+        .write_in(dir.path());
     let app = spawn_app_with(&[("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap())]).await;
     let proxy = Proxy::start(&app.address).await;
     let token = dir.path().join("token");
@@ -361,10 +360,10 @@ async fn a_forbidden_send_stops_at_once_with_exit_2_after_one_send() {
     // The key may read the health and send, but only to another queue: the probe passes
     // and the first send is refused with 403.
     let dir = tempfile::tempdir().unwrap();
-    let keys = keys_file(
-        dir.path(),
-        &[("app", "scoped-token", "sender,observer", "other")],
-    );
+    let scoped = Key::new("app", &["sender", "observer"])
+        .token("scoped-token")
+        .queues(&["other"]);
+    let keys = KeysFile::new().key(scoped).write_in(dir.path());
     let app = spawn_app_with(&[
         ("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap()),
         ("SENDGATE_QUEUES", "requests,other"),

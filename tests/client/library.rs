@@ -9,8 +9,9 @@ use sendgate_client::{
     AttemptError, Client, ClientConfig, ErrorCode, GaveUp, Message, MessageAttributes, SendOutcome,
 };
 
-use crate::helpers::{spawn_app_with, spawn_in, TestApp};
 use crate::proxy::Proxy;
+use sendgate_testkit::embedded::{spawn_app_with, spawn_in, TestApp};
+use sendgate_testkit::keys::{Key, KeysFile};
 
 fn port_of(app: &TestApp) -> u16 {
     app.address.rsplit(':').next().unwrap().parse().unwrap()
@@ -345,7 +346,9 @@ async fn a_thousand_concurrent_sends_cost_one_probe() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sender_only_key_cannot_probe_but_still_sends() {
     let dir = tempfile::tempdir().unwrap();
-    let keys = crate::keys_file(dir.path(), &[("app", "sender-token", "sender", "*")]);
+    let keys = KeysFile::new()
+        .key(Key::new("app", &["sender"]).token("sender-token"))
+        .write_in(dir.path());
     let app = spawn_app_with(&[("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap())]).await;
     let proxy = Proxy::start(&app.address).await;
     let mut config = ClientConfig::new(proxy.address.clone()).token("sender-token");
@@ -576,7 +579,9 @@ const ENTRA_SCOPE: &str = "api://sendgate-test/.default";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entra_token_is_fetched_once_and_sent_with_every_request() {
     let dir = tempfile::tempdir().unwrap();
-    let keys = crate::keys_file(dir.path(), &[("playground", "token-1", "sender", "*")]);
+    let keys = KeysFile::new()
+        .key(Key::new("playground", &["sender"]).token("token-1"))
+        .write_in(dir.path());
     let app = spawn_app_with(&[("SENDGATE_API_KEYS_FILE", keys.to_str().unwrap())]).await;
     let proxy = Proxy::start(&app.address).await;
     let source = sendgate_entra::testing::FakeSource::new(

@@ -8,9 +8,9 @@ use sendgate::backend::SendReceipt;
 use sendgate::domain::{Attributes, Field, Raw, TraceContext};
 use serde_json::json;
 
-use crate::gateway::GatewayProcess;
-use crate::helpers::{backend, deadline_in, message};
-use crate::rabbit;
+use sendgate_testkit::gateway::GatewayProcess;
+use sendgate_testkit::rabbit;
+use sendgate_testkit::rabbitmq_app::{backend, deadline_in, message};
 
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
@@ -255,7 +255,7 @@ async fn the_largest_headers_the_backend_accepts_fit_the_brokers_frame_and_one_b
 #[tokio::test]
 async fn a_send_with_a_schedule_is_422_unsupported_attribute_and_nothing_is_published() {
     // The real binary: its backend is the RabbitMQ backend itself, nothing wrapped around it.
-    rabbit::ensure_broker();
+    sendgate_testkit::ensure::rabbitmq();
     let queue = rabbit::unique("sg-schedule-422");
     let gw = GatewayProcess::start(&[
         ("SENDGATE_BACKEND", "rabbitmq"),

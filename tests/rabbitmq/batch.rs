@@ -7,9 +7,9 @@ use lapin::types::{AMQPValue, LongString};
 use sendgate::backend::{SendError, SendReceipt};
 use serde_json::json;
 
-use crate::fault_proxy::{Fault, FaultProxy};
-use crate::helpers::{backend, deadline_in, message};
-use crate::rabbit;
+use sendgate_testkit::fault_proxy::{Fault, FaultProxy};
+use sendgate_testkit::rabbit;
+use sendgate_testkit::rabbitmq_app::{backend, deadline_in, message};
 
 fn ids(got: &[lapin::message::BasicGetMessage]) -> Vec<String> {
     got.iter()
@@ -192,7 +192,7 @@ async fn a_batch_with_a_message_the_backend_cannot_carry_sends_the_others() {
 
 #[tokio::test]
 async fn a_batch_on_a_black_holed_connection_times_out_at_its_deadline_and_the_link_recovers() {
-    rabbit::ensure_broker();
+    sendgate_testkit::ensure::rabbitmq();
     let queue = rabbit::unique("sg-batch-hole");
     let proxy = FaultProxy::start(rabbit::AMQP.parse().unwrap()).await;
     let amqp = format!("amqp://guest:guest@{}/%2f", proxy.addr());
@@ -228,8 +228,8 @@ async fn a_batch_on_a_black_holed_connection_times_out_at_its_deadline_and_the_l
 async fn a_refused_credential_fails_every_message_of_the_batch_alike() {
     let queue = rabbit::unique("sg-batch-denied");
     let user = rabbit::TempUser::without_permissions();
-    rabbit::ensure_broker();
-    let settings = crate::gateway::settings_of(&[&[
+    sendgate_testkit::ensure::rabbitmq();
+    let settings = sendgate_testkit::gateway::settings_of(&[&[
         ("SENDGATE_BACKEND", "rabbitmq"),
         ("SENDGATE_QUEUES", &queue),
         ("SENDGATE_RABBITMQ_URL", &user.amqp_url(rabbit::AMQP)),

@@ -4,9 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::fault_proxy::{Fault, FaultProxy};
-use crate::helpers::{retry_after, spawn, RabbitApp};
-use crate::rabbit;
+use sendgate_testkit::fault_proxy::{Fault, FaultProxy};
+use sendgate_testkit::gateway::retry_after;
+use sendgate_testkit::rabbit;
+use sendgate_testkit::rabbitmq_app::{spawn, RabbitApp};
 
 /// A send's deadline: short, so tripping the breaker is quick, yet long enough that the
 /// healthy first send of a test is not cut off on a loaded 2-core machine (at 300 ms it

@@ -4,13 +4,13 @@
 
 use std::time::{Duration, Instant};
 
-use crate::fault_proxy::{Fault, FaultProxy};
-use crate::gateway::GatewayProcess;
-use crate::rabbit;
+use sendgate_testkit::fault_proxy::{Fault, FaultProxy};
+use sendgate_testkit::gateway::GatewayProcess;
+use sendgate_testkit::rabbit;
 
 /// The real binary on the RabbitMQ backend serving `queue`, its data plane through `proxy`.
 async fn start(queue: &str, proxy: &FaultProxy, vars: &[(&str, &str)]) -> GatewayProcess {
-    rabbit::ensure_broker();
+    sendgate_testkit::ensure::rabbitmq();
     let amqp = format!("amqp://guest:guest@{}/%2f", proxy.addr());
     let mut all = vec![
         ("SENDGATE_BACKEND", "rabbitmq"),

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::BasicProperties;
 
-use crate::helpers::{spawn, RabbitApp};
-use crate::rabbit;
+use sendgate_testkit::rabbit;
+use sendgate_testkit::rabbitmq_app::{spawn, RabbitApp};
 
 /// Messages per burst, and bursts (each starting at another point of the broker's
 /// statistics cycle, so the worst phase is likely among them).

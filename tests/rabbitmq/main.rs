@@ -5,23 +5,15 @@ mod attributes;
 mod batch;
 mod breaker;
 mod drain;
-#[path = "../support/fault_proxy.rs"]
-mod fault_proxy;
-#[allow(dead_code)]
-#[path = "../support/faulty_backend.rs"]
-mod faulty_backend;
-#[path = "../support/gateway.rs"]
-mod gateway;
-mod helpers;
 mod lag;
-#[path = "../support/rabbit.rs"]
-mod rabbit;
 
 use std::time::{Duration, Instant};
 
-use fault_proxy::{Fault, FaultProxy};
-use helpers::{retry_after, spawn};
 use lapin::types::{AMQPValue, LongString};
+use sendgate_testkit::fault_proxy::{Fault, FaultProxy};
+use sendgate_testkit::gateway::retry_after;
+use sendgate_testkit::rabbitmq_app::spawn;
+use sendgate_testkit::{ensure, gateway, rabbit};
 
 #[tokio::test]
 async fn a_send_is_a_persistent_confirmed_message_with_its_ids() {
@@ -439,7 +431,7 @@ async fn a_credential_the_broker_refuses_is_502_backend_auth_failed() {
 
 #[tokio::test]
 async fn while_the_broker_is_unreachable_at_start_the_gateway_says_starting() {
-    rabbit::ensure_broker();
+    ensure::rabbitmq();
     let queue = rabbit::unique("sg-starting");
     let proxy = FaultProxy::start(rabbit::AMQP.parse().unwrap()).await;
     proxy.set(Fault::Blackhole);
@@ -548,7 +540,7 @@ async fn with_the_admin_plane_down_from_the_start_send_3_is_the_first_refused() 
 async fn a_message_returned_by_the_broker_never_puts_its_payload_in_the_logs() {
     // Sends are `mandatory`: when the queue is gone the broker returns the whole message,
     // and the AMQP client would log it (payload included) at WARN, under the default filter.
-    rabbit::ensure_broker();
+    ensure::rabbitmq();
     let queue = rabbit::unique("sg-returned");
     rabbit::declare(&queue, &[]).await;
     let log = tempfile::NamedTempFile::new().unwrap();
@@ -585,7 +577,7 @@ async fn a_publish_that_timed_out_has_its_channel_recycled_without_losing_the_co
     // A publish abandoned at its deadline leaves its pending confirm in the AMQP client
     // until the channel closes; the channel is swapped for a fresh one so that state cannot
     // pile up over a long life of sporadic timeouts that never add up to a wedged link.
-    rabbit::ensure_broker();
+    ensure::rabbitmq();
     let queue = rabbit::unique("sg-recycle");
     rabbit::declare(&queue, &[]).await;
     let proxy = FaultProxy::start(rabbit::AMQP.parse().unwrap()).await;
@@ -642,7 +634,7 @@ async fn sends_timing_out_on_a_replaced_connection_neither_warn_nor_count_agains
     // it (one `amqp_wedged`); the seven after it belong to a connection already gone: they
     // must neither warn, each, that a connection is being replaced, nor count as timeouts
     // "in a row" of the connection that follows (nor recycle the dead one's channels).
-    rabbit::ensure_broker();
+    ensure::rabbitmq();
     let queue = rabbit::unique("sg-stale-timeouts");
     rabbit::declare(&queue, &[]).await;
     let proxy = FaultProxy::start(rabbit::AMQP.parse().unwrap()).await;

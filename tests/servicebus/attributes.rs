@@ -4,7 +4,8 @@
 
 use serde_json::json;
 
-use crate::helpers::{body_json, only_message, spawn_with};
+use crate::helpers::{only_message, spawn_with};
+use sendgate_testkit::gateway::body_json;
 
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 const TRACESTATE: &str = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE";

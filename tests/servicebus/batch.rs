@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use crate::helpers::backend_on;
-use crate::stub::{Recorded, Reply, ServiceBusStub};
+use sendgate_testkit::servicebus_stub::{Recorded, Reply, ServiceBusStub};
 
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 const SENT: Result<SendReceipt, SendError> = Ok(SendReceipt { duplicate: false });

@@ -2,8 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::helpers::{assert_sas_verifies, body_json, retry_after, spawn_on, spawn_with, SEND_KEY};
-use crate::stub::{
+use crate::helpers::{assert_sas_verifies, spawn_on, spawn_with, SEND_KEY};
+use sendgate_testkit::gateway::{body_json, retry_after};
+use sendgate_testkit::servicebus_stub::{
     description, Reply, ServiceBusStub, CLAIM_EMPTY_401, DESCRIPTION, NOT_FOUND_FEED,
 };
 

@@ -6,10 +6,9 @@ use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-pub use crate::gateway::{body_json, build_only, retry_after};
-use crate::gateway::{settings_of, Gateway};
+use sendgate_testkit::gateway::{settings_of, Gateway};
 
-use crate::stub::{Recorded, ServiceBusStub, StubMessage};
+use sendgate_testkit::servicebus_stub::{Recorded, ServiceBusStub, StubMessage};
 
 /// The send key. It looks like base64 but is used as its UTF-8 bytes.
 pub const SEND_KEY: &str = "c2VuZGdhdGUtc2VuZC1rZXk9PQ==";
@@ -59,16 +58,7 @@ pub async fn spawn_on(stub: ServiceBusStub, vars: &[(&str, &str)]) -> TestApp {
 /// The harness keeps the probe timer off: these tests count every admin-plane call the
 /// start-up and request paths make, and a probe reads with the same `GET`.
 pub async fn launch(stub: ServiceBusStub, vars: &[(&str, &str)]) -> TestApp {
-    let endpoint = stub.endpoint();
-    let send = connection_string("send", SEND_KEY);
-    let settings = settings_of(&[
-        &[
-            ("SENDGATE_BACKEND", "servicebus"),
-            ("SERVICEBUS_ENDPOINT", &endpoint),
-            ("SERVICEBUS_CONNECTION_STRING", &send),
-        ],
-        vars,
-    ]);
+    let settings = settings_on(&stub, vars);
     let queues = settings.queues.iter().map(|q| q.to_string()).collect();
     TestApp {
         gateway: Gateway::launch(settings).await,
@@ -84,22 +74,26 @@ pub fn backend_on(
     stub: &ServiceBusStub,
     vars: &[(&str, &str)],
 ) -> sendgate::backend::servicebus::ServiceBus {
+    match settings_on(stub, vars).primary {
+        sendgate::config::BackendSettings::ServiceBus(plan) => {
+            sendgate::backend::servicebus::ServiceBus::new(&plan).expect("the backend builds")
+        }
+        other => panic!("not servicebus: {other:?}"),
+    }
+}
+
+/// The servicebus backend on `stub` with the send connection string, `vars` on top.
+fn settings_on(stub: &ServiceBusStub, vars: &[(&str, &str)]) -> sendgate::config::Settings {
     let endpoint = stub.endpoint();
     let send = connection_string("send", SEND_KEY);
-    let settings = settings_of(&[
+    settings_of(&[
         &[
             ("SENDGATE_BACKEND", "servicebus"),
             ("SERVICEBUS_ENDPOINT", &endpoint),
             ("SERVICEBUS_CONNECTION_STRING", &send),
         ],
         vars,
-    ]);
-    match settings.primary {
-        sendgate::config::BackendSettings::ServiceBus(plan) => {
-            sendgate::backend::servicebus::ServiceBus::new(&plan).expect("the backend builds")
-        }
-        other => panic!("not servicebus: {other:?}"),
-    }
+    ])
 }
 
 /// Check that `requests` are exactly the start-up reads: one depth `GET` per served

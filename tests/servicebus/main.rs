@@ -5,14 +5,7 @@
 mod attributes;
 mod batch;
 mod depth;
-#[allow(dead_code)]
-#[path = "../support/faulty_backend.rs"]
-mod faulty_backend;
-#[path = "../support/gateway.rs"]
-mod gateway;
 mod helpers;
 mod send;
 mod send_errors;
 mod startup;
-#[path = "../support/servicebus_stub.rs"]
-mod stub;

@@ -3,10 +3,11 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::helpers::{
-    assert_sas_verifies, body_json, connection_string, only_message, percent_decode, spawn_with,
-    MANAGE_KEY, NAMESPACE, SEND_KEY,
+    assert_sas_verifies, connection_string, only_message, percent_decode, spawn_with, MANAGE_KEY,
+    NAMESPACE, SEND_KEY,
 };
-use crate::stub::BATCH_CONTENT_TYPE;
+use sendgate_testkit::gateway::body_json;
+use sendgate_testkit::servicebus_stub::BATCH_CONTENT_TYPE;
 
 #[tokio::test]
 async fn a_send_is_one_post_of_a_batch_of_one_with_the_body_byte_for_byte_and_its_broker_properties(

@@ -2,8 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::helpers::{body_json, retry_after, spawn_with};
-use crate::stub::{Reply, CLAIM_EMPTY_401};
+use crate::helpers::spawn_with;
+use sendgate_testkit::gateway::{body_json, retry_after};
+use sendgate_testkit::servicebus_stub::{Reply, CLAIM_EMPTY_401};
 
 fn error(code: u16, detail: &str) -> String {
     format!("<Error><Code>{code}</Code><Detail>{detail}</Detail></Error>")

@@ -6,8 +6,9 @@ use std::time::Duration;
 use sendgate::lifecycle::GatewayState;
 use sendgate::startup::StartupError;
 
-use crate::helpers::{body_json, build_only, launch, retry_after};
-use crate::stub::{description, Reply, ServiceBusStub};
+use crate::helpers::launch;
+use sendgate_testkit::gateway::{body_json, build_only, retry_after};
+use sendgate_testkit::servicebus_stub::{description, Reply, ServiceBusStub};
 
 #[tokio::test]
 async fn start_up_reads_each_queue_once_before_running_and_health_shows_that_backlog() {
@@ -151,7 +152,7 @@ async fn a_malformed_connection_string_stops_start_up_without_showing_the_key() 
 
 #[test]
 fn the_binary_exits_2_with_one_line_naming_the_variable() {
-    let out = crate::gateway::run_binary(
+    let out = sendgate_testkit::gateway::run_binary(
         &[],
         &[
             ("SENDGATE_BACKEND", "servicebus"),

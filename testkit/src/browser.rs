@@ -2,16 +2,13 @@
 //! page's browser tests.
 //!
 //! Chromium and chromedriver come from Debian's packages (`scripts/ensure-chromium.sh`,
-//! which this runs once): a test that needs them fails loudly when they cannot be had; it
+//! which [`crate::ensure::chromium`] runs once): a test that needs them fails loudly when they cannot be had; it
 //! never skips. Each [`Browser`] starts its own chromedriver on a free port, in a process
 //! group of its own, and kills that group (chromedriver and the Chromium it started) when
 //! dropped.
 
-#![allow(dead_code)] // each suite uses part of it
-
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder, Locator};
@@ -21,32 +18,6 @@ use crate::gateway::free_port;
 
 pub const CHROMIUM: &str = "/usr/bin/chromium";
 pub const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
-
-/// Install Chromium and chromedriver if missing; panic when they cannot be had.
-pub fn ensure_chromium() {
-    static READY: OnceLock<Result<(), String>> = OnceLock::new();
-    let ready = READY.get_or_init(|| {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/ensure-chromium.sh");
-        let out = Command::new("bash")
-            .arg(script)
-            .output()
-            .map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-        }
-        for binary in [CHROMIUM, CHROMEDRIVER] {
-            if !std::path::Path::new(binary).exists() {
-                return Err(format!("{binary} is missing"));
-            }
-        }
-        Ok(())
-    });
-    if let Err(e) = ready {
-        panic!(
-            "the browser tests need Chromium and chromedriver (scripts/ensure-chromium.sh): {e}"
-        );
-    }
-}
 
 /// One headless Chromium session.
 pub struct Browser {
@@ -67,7 +38,7 @@ impl Browser {
     }
 
     async fn launch(javascript: bool) -> Self {
-        ensure_chromium();
+        crate::ensure::chromium();
         let port = free_port();
         let mut driver = Command::new(CHROMEDRIVER);
         driver

@@ -5,8 +5,6 @@
 //! ([`Receiver::grpc`]) it is the collector's generated `TraceService` and `MetricsService`
 //! servers on tonic, both on one port, as a collector's OTLP/gRPC receiver is.
 
-#![allow(dead_code)] // each suite uses part of it
-
 use std::sync::Arc;
 use std::time::Duration;
 

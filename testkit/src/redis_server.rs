@@ -1,8 +1,6 @@
 //! A redis-server of the test's own, on a free loopback port: nothing else shares it, so a
 //! test may kill it, start it again empty on the same port, flush it or delete keys from it
-//! without touching any other test's state (the shared Redis on 6379 is `redis.rs`).
-
-#![allow(dead_code)]
+//! without touching any other test's state (the shared Redis on 6379 is `local_redis.rs`).
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};

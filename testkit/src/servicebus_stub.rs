@@ -18,8 +18,6 @@
 //! Script the stub before the application starts when the start-up depth read (one per
 //! served queue, made while the gateway is `starting`) must get the scripted answer.
 
-#![allow(dead_code)]
-
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,9 +30,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 /// The recorded description, counts zero, status Active.
-pub const DESCRIPTION: &str = include_str!("../data/servicebus/queue_runtime_properties_200.xml");
-pub const NOT_FOUND_FEED: &str = include_str!("../data/servicebus/queue_not_found_200_feed.xml");
-pub const CLAIM_EMPTY_401: &str = include_str!("../data/servicebus/management_401_claim_empty.xml");
+pub const DESCRIPTION: &str =
+    include_str!("../../tests/data/servicebus/queue_runtime_properties_200.xml");
+pub const NOT_FOUND_FEED: &str =
+    include_str!("../../tests/data/servicebus/queue_not_found_200_feed.xml");
+pub const CLAIM_EMPTY_401: &str =
+    include_str!("../../tests/data/servicebus/management_401_claim_empty.xml");
 
 /// The recorded description with its counts and status rewritten.
 pub fn description(active: u64, dead_letters: u64, scheduled: u64, status: &str) -> String {

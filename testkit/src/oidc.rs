@@ -11,8 +11,6 @@
 //! Plain tokio TCP and a minimal HTTP/1.1 reading (a GET's request line and headers, one
 //! request per connection), as `servicebus_stub.rs` does.
 
-#![allow(dead_code)]
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -39,15 +37,15 @@ pub struct TestKey {
 
 pub const KEY_A: TestKey = TestKey {
     kid: "key-a",
-    der: include_bytes!("../data/oidc/key-a.der"),
+    der: include_bytes!("../../tests/data/oidc/key-a.der"),
 };
 pub const KEY_B: TestKey = TestKey {
     kid: "key-b",
-    der: include_bytes!("../data/oidc/key-b.der"),
+    der: include_bytes!("../../tests/data/oidc/key-b.der"),
 };
 pub const KEY_C: TestKey = TestKey {
     kid: "key-c",
-    der: include_bytes!("../data/oidc/key-c.der"),
+    der: include_bytes!("../../tests/data/oidc/key-c.der"),
 };
 
 impl TestKey {

@@ -1,36 +1,12 @@
-//! The real local Redis, for tests: make sure it runs, give each test a prefix of its own
-//! and remove that prefix's keys afterwards.
-
-#![allow(dead_code)]
+//! The real local Redis, for tests: give each test a prefix of its own and remove that
+//! prefix's keys afterwards.
 
 use std::process::Command;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use sendgate::config::{KeyPrefix, RedisAuth, RedisSettings, Secret};
 
 pub const ADDR: &str = "127.0.0.1:6379";
-
-/// Start Redis if it is not up. A test that needs it fails loudly when it cannot be had; it
-/// never skips.
-pub fn ensure_redis() {
-    static READY: OnceLock<Result<(), String>> = OnceLock::new();
-    let ready = READY.get_or_init(|| {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/ensure-redis.sh");
-        let out = Command::new("bash")
-            .arg(script)
-            .output()
-            .map_err(|e| e.to_string())?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
-    });
-    if let Err(e) = ready {
-        panic!("Redis is required for this test and could not be started: {e}");
-    }
-}
 
 /// A prefix no other test (nor an earlier run) uses.
 pub fn unique_prefix() -> String {

@@ -1,7 +1,5 @@
-//! The rabbitmq suites' gateway: the shared harness on the RabbitMQ backend, serving one
-//! fresh queue.
-
-#![allow(dead_code)] // shared by two test binaries, each using part of it
+//! The rabbitmq suites' gateway: the in-process [`Gateway`] on the RabbitMQ backend,
+//! serving one fresh queue; and that backend alone.
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -13,9 +11,7 @@ use sendgate::domain::{Attributes, MessageId, QueueName, Raw};
 use sendgate::startup::Backends;
 use tokio::time::Instant;
 
-pub use crate::gateway::retry_after;
 use crate::gateway::{settings_of, Gateway};
-use crate::rabbit;
 
 pub struct RabbitApp {
     gateway: Gateway,
@@ -32,7 +28,7 @@ impl Deref for RabbitApp {
 
 /// sendgate on the real broker, serving `queue`, with these variables on top.
 pub async fn spawn(queue: &str, vars: &[(&str, &str)]) -> RabbitApp {
-    rabbit::ensure_broker();
+    crate::ensure::rabbitmq();
     let settings = settings_of(&[
         &[
             ("SENDGATE_BACKEND", "rabbitmq"),
@@ -65,7 +61,7 @@ impl RabbitApp {
 /// The RabbitMQ backend itself (no gateway around it), serving `queue`, connected and the
 /// queue declared; the depth read over AMQP (these tests never read the admin plane).
 pub async fn backend(queue: &str, vars: &[(&str, &str)]) -> Arc<dyn Backend> {
-    rabbit::ensure_broker();
+    crate::ensure::rabbitmq();
     let settings = settings_of(&[
         &[
             ("SENDGATE_BACKEND", "rabbitmq"),

@@ -5,9 +5,8 @@
 //! Overrides are checked against the variables the configuration declares: a misspelled
 //! name fails the test at once instead of silently testing the default.
 
-#![allow(dead_code)] // each suite uses part of it
-
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -302,9 +301,25 @@ impl Drop for GatewayProcess {
     }
 }
 
+/// The `sendgate` binary cargo built for this run. Cargo gives its path to the package's
+/// integration tests as `CARGO_BIN_EXE_sendgate`, at run time since cargo 1.94 (this crate
+/// is compiled apart from them, so it cannot read it with `env!`); without it, the binary
+/// is where cargo puts it: in the profile's folder, above the test binary's `deps/`.
+pub fn sendgate_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("CARGO_BIN_EXE_sendgate") {
+        return PathBuf::from(path);
+    }
+    let test = std::env::current_exe().expect("the test binary's path");
+    let profile = test
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test binary is in <target>/<profile>/deps/");
+    profile.join(format!("sendgate{}", std::env::consts::EXE_SUFFIX))
+}
+
 /// The binary with a clean environment (only `PATH` and `env`), stdin closed.
 pub fn binary(args: &[&str], env: &HashMap<String, String>) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sendgate"));
+    let mut cmd = Command::new(sendgate_binary());
     cmd.args(args)
         .stdin(Stdio::null())
         .env_clear()

@@ -1,5 +1,5 @@
-//! The api suite's gateway: the shared harness on the embedded backend, with a data
-//! directory of its own and a look at what is on disk.
+//! The api and client suites' gateway: the in-process [`Gateway`] on the embedded backend,
+//! with a data directory of its own and a look at what is on disk.
 
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use sendgate::backend::embedded::{Store, StoredMessage};
 
-pub use crate::faulty_backend::FaultyBackend;
-pub use crate::gateway::{body_json, retry_after, settings_of, Gateway};
+use crate::faulty_backend::FaultyBackend;
+use crate::gateway::{settings_of, Gateway};
 
 pub struct TestApp {
     gateway: Gateway,
@@ -112,14 +112,4 @@ impl TestApp {
     pub async fn stop(self) {
         self.gateway.stop().await
     }
-}
-
-/// One `[[keys]]` entry of a keys file: `name`'s key is `<name>-secret`, with these roles
-/// (TOML strings, e.g. `"\"sender\""`), every queue, and `extra` fields.
-pub fn keys_entry(name: &str, roles: &str, extra: &str) -> String {
-    use sha2::{Digest, Sha256};
-    format!(
-        "[[keys]]\nname = \"{name}\"\nsha256 = \"{}\"\nroles = [{roles}]\nqueues = [\"*\"]\n{extra}\n",
-        hex::encode(Sha256::digest(format!("{name}-secret").as_bytes()))
-    )
 }

@@ -1,8 +1,6 @@
 //! A fake Microsoft Entra ID credential source for the integration tests: it hands out
 //! whatever secret the test sets, valid for a lifetime the test chooses, or fails.
 
-#![allow(dead_code)]
-
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

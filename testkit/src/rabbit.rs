@@ -1,10 +1,7 @@
-//! The real local RabbitMQ, for tests: make sure it runs, and talk to it directly (not
-//! through sendgate) to declare, fill, drain and count queues and to change permissions.
-
-#![allow(dead_code)]
+//! The real local RabbitMQ, for tests: talk to it directly (not through sendgate) to
+//! declare, fill, drain and count queues and to change permissions.
 
 use std::process::Command;
-use std::sync::OnceLock;
 
 use lapin::options::{
     BasicAckOptions, BasicGetOptions, BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions,
@@ -15,27 +12,6 @@ use lapin::{BasicProperties, Connection, ConnectionProperties};
 pub const AMQP: &str = "127.0.0.1:5672";
 pub const MANAGEMENT: &str = "127.0.0.1:15672";
 
-/// Start RabbitMQ (and its management plugin) if it is not up. A test that needs the broker
-/// fails loudly when it cannot be had; it never skips.
-pub fn ensure_broker() {
-    static READY: OnceLock<Result<(), String>> = OnceLock::new();
-    let ready = READY.get_or_init(|| {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/ensure-rabbitmq.sh");
-        let out = Command::new("bash")
-            .arg(script)
-            .output()
-            .map_err(|e| e.to_string())?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
-    });
-    if let Err(e) = ready {
-        panic!("RabbitMQ is required for this test and could not be started: {e}");
-    }
-}
-
 pub fn unique(prefix: &str) -> String {
     format!(
         "{prefix}-{}",
@@ -44,7 +20,7 @@ pub fn unique(prefix: &str) -> String {
 }
 
 pub async fn connect() -> Connection {
-    ensure_broker();
+    crate::ensure::rabbitmq();
     Connection::connect(
         &format!("amqp://guest:guest@{AMQP}/%2f"),
         ConnectionProperties::default(),
@@ -191,7 +167,7 @@ pub struct TempUser {
 impl TempUser {
     /// A user with full permissions on `/` and these tags (e.g. `["monitoring"]`).
     pub fn new(tags: &[&str]) -> Self {
-        ensure_broker();
+        crate::ensure::rabbitmq();
         let name = unique("sendgate-test");
         let password = unique("pw");
         rabbitmqctl(&["add_user", &name, &password]);
@@ -203,7 +179,7 @@ impl TempUser {
 
     /// A user that exists but may do nothing on `/`.
     pub fn without_permissions() -> Self {
-        ensure_broker();
+        crate::ensure::rabbitmq();
         let name = unique("sendgate-test");
         let password = unique("pw");
         rabbitmqctl(&["add_user", &name, &password]);

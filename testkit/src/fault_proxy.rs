@@ -3,8 +3,6 @@
 //! bytes, forwarding nothing until told to pass again, like a network partition that TCP
 //! later recovers from), delay every chunk, or reset every connection (RST).
 
-#![allow(dead_code)]
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
