@@ -9,11 +9,11 @@
 //!
 //! ```text
 //! mod.rs ──▶ local.rs ──▶ policy.rs
-//!    ├─────▶ fleet.rs ──▶ policy.rs, window.rs, coordination::port
-//!    ├─────▶ reservation.rs ──▶ local.rs, fleet.rs
+//!    ├─────▶ fleet/ ──▶ policy.rs, window.rs, local.rs (its bounds), coordination::port
+//!    ├─────▶ reservation.rs ──▶ local.rs, fleet/
 //!    └─────▶ fair (one send's Judging, handed to local.rs as policy.rs's Judge)
 //! ```
-//! `local.rs` knows nothing of a fleet or Redis; `fleet.rs` nothing of the local gate but
+//! `local.rs` knows nothing of a fleet or Redis; `fleet/` nothing of the local gate but
 //! the bounds it hands it; neither anything of fairness. Each gate is built whole from its
 //! [`GateParts`] (start-up: `admission::assemble`).
 

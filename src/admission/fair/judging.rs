@@ -451,4 +451,83 @@ mod tests {
         drop(Judging::new(Some(&fairness), Asker::OPEN, 1, &ceiling).cut_off());
         assert_eq!(available(), 1);
     }
+
+    /// A send the judge admitted in a fleet weighs on every later judge until the seat has
+    /// answered it: settled, cut off, or given up (its future dropped mid-seat), and not a
+    /// moment longer; a send the judge refused never does.
+    #[tokio::test(start_paused = true)]
+    async fn a_judged_send_counts_as_unanswered_until_answered_or_dropped_and_only_then() {
+        use crate::admission::tenants::Criticality;
+
+        let fairness = QueueFairness::new(FairParts {
+            queue: QueueName::parse("requests").unwrap(),
+            tenants: Tenants::open(),
+            policy: FairPolicy {
+                mode: ShareMode::Enforce,
+                share_at: Fraction::new(0.9).unwrap(),
+                shed_at_sheddable: Fraction::new(0.8).unwrap(),
+                shed_at_default: Fraction::ONE,
+            },
+            quotas: None,
+            exchange: None,
+        });
+        let ceiling = CapacityPolicy {
+            limit: 100,
+            fail_closed: false,
+            streak_threshold: 3,
+            ttl: Duration::from_secs(10),
+            read_timeout: Duration::from_secs(2),
+            retry_after_max: Duration::from_secs(300),
+            resume_below: Fraction::ONE,
+        };
+        let unanswered = || fairness.unanswered.load(Ordering::Relaxed);
+        let seen = |estimate| {
+            move || FleetView::Read {
+                estimate,
+                limit: 100,
+                replicas: 1,
+                round: 0,
+            }
+        };
+        let judged = |units| {
+            let mut judging = Judging::new(Some(&fairness), Asker::OPEN, units, &ceiling);
+            judging.in_fleet(seen(0)).expect("far from every rule");
+            judging
+        };
+
+        let (first, second, third) = (judged(2), judged(3), judged(4));
+        assert_eq!(unanswered(), 9);
+        // The seat admitted it.
+        first.settle(Decision::Answered(&Ok(())), || 0);
+        assert_eq!(unanswered(), 7);
+        // The seat refused it.
+        let full = Refusal::QueueFull {
+            backlog: 100,
+            limit: 100,
+            retry_after: Duration::from_secs(1),
+            drain_rate: None,
+            room: 0,
+        };
+        second.settle(Decision::RefusedBySeat(&full), || 0);
+        assert_eq!(unanswered(), 4);
+        // The seat was cut off: judged afresh by the replica's own gate, counted no more.
+        let alone = third.cut_off();
+        assert_eq!(unanswered(), 0);
+        drop(alone);
+
+        // The send's future dropped while the seat decided.
+        let given_up = judged(5);
+        assert_eq!(unanswered(), 5);
+        drop(given_up);
+        assert_eq!(unanswered(), 0);
+
+        // Refused by the judge (past the sheddable level): never counted past its judging.
+        let sheddable = Asker {
+            criticality: Criticality::Sheddable,
+            ..Asker::OPEN
+        };
+        let mut refused = Judging::new(Some(&fairness), sheddable, 1, &ceiling);
+        assert!(refused.in_fleet(seen(90)).is_err());
+        assert_eq!(unanswered(), 0);
+    }
 }
