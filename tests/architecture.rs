@@ -520,3 +520,12 @@ fn the_length_check_counts_a_body_from_its_fn_line_to_its_closing_brace() {
     assert_eq!(body_end(&lines, 5), None);
     assert_eq!(fn_name("let f = fn_name(x);"), None);
 }
+
+#[test]
+fn the_map_stays_at_most_twenty_thousand_characters() {
+    let characters = architecture().chars().count();
+    assert!(
+        characters <= 20_000,
+        "ARCHITECTURE.md is {characters} characters: a map, not a file-by-file listing"
+    );
+}
