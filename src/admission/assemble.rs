@@ -183,3 +183,74 @@ fn fair_policy(fair: &FairSettings) -> FairPolicy {
         shed_at_default: fair.shed_at_default,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::admission::breaker::{BreakerState, Outcome};
+    use crate::backend::{Backlog, DepthError, OutgoingMessage, SendError, SendReceipt};
+    use crate::config::vars;
+
+    /// A broker that is never asked: the lanes are only built.
+    struct Idle;
+
+    #[async_trait]
+    impl Backend for Idle {
+        fn kind(&self) -> &'static str {
+            "idle"
+        }
+        async fn send(&self, _: OutgoingMessage, _: Instant) -> Result<SendReceipt, SendError> {
+            Ok(SendReceipt { duplicate: false })
+        }
+        async fn backlog(&self, _: &QueueName, _: Instant) -> Result<Backlog, DepthError> {
+            Ok(Backlog::of(0))
+        }
+    }
+
+    fn assembled(overrides: &[(&'static vars::Var, &str)]) -> Assembled {
+        let settings = Settings::from_overrides(overrides).expect("settings");
+        assemble(
+            &settings,
+            Arc::new(Idle),
+            Some(Arc::new(Idle)),
+            &Tenants::open(),
+            &Coordination::Local {
+                since: SystemTime::now(),
+            },
+        )
+    }
+
+    /// Each lane's breaker takes the dispatch settings: one failure opens it when one is
+    /// the least the variables ask for (the default asks for 10), and it stays open for
+    /// the variable's span, not the default 15 s.
+    #[tokio::test(start_paused = true)]
+    async fn each_lanes_breaker_is_built_from_the_breaker_variables() {
+        let Assembled { dispatcher, .. } = assembled(&[
+            (&vars::BREAKER_MIN_FAILURES, "1"),
+            (&vars::BREAKER_OPEN_S, "40"),
+        ]);
+        for lane in dispatcher.lanes() {
+            let ticket = lane.breaker.try_acquire().expect("a closed breaker");
+            ticket.record(Outcome::Failure);
+            assert_eq!(lane.breaker.state(), BreakerState::Open, "{:?}", lane.role);
+            tokio::time::advance(Duration::from_secs(20)).await;
+            assert_eq!(lane.breaker.state(), BreakerState::Open, "{:?}", lane.role);
+        }
+    }
+
+    /// The lanes exist for the backends given, a gate for every queue of the settings on
+    /// each.
+    #[tokio::test]
+    async fn every_queue_has_a_gate_on_each_lane() {
+        let Assembled { dispatcher, .. } = assembled(&[(&vars::QUEUES, "a,b")]);
+        assert!(dispatcher.fallback().is_some());
+        for lane in dispatcher.lanes() {
+            let queues: Vec<_> = lane.gates().map(|g| g.queue().to_string()).collect();
+            assert_eq!(queues.len(), 2, "{queues:?}");
+        }
+    }
+}

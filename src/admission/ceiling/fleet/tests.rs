@@ -1705,3 +1705,17 @@ async fn sends_the_seat_has_not_answered_count_in_the_judges_estimate() {
     assert!(got >= 0.95, "the modest tenant got {got:.3} of its sends");
     assert!(most <= 40);
 }
+
+/// A replica's gate primed at start-up, before its fleet has answered, waits for it (up to
+/// a connection's deadline) and primes through the seat: a send right after start-up
+/// finds it in the fleet, not cut off (which fails closed with the gate on).
+#[tokio::test(start_paused = true)]
+async fn priming_before_the_fleet_answers_waits_for_it_to_join() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let all = start(1, &ledger, &broker, policy(10, true));
+    assert!(!all[0].fleet.joined(), "not joined before its first probe");
+    all[0].gate.prime().await;
+    assert!(all[0].fleet.joined(), "primed only once joined");
+    send(&all[0], &broker).await.expect("admitted in the fleet");
+}
