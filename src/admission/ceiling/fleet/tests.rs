@@ -1715,7 +1715,11 @@ async fn priming_before_the_fleet_answers_waits_for_it_to_join() {
     let broker = Broker::new(Duration::ZERO);
     let all = start(1, &ledger, &broker, policy(10, true));
     assert!(!all[0].fleet.joined(), "not joined before its first probe");
+    let started = Instant::now();
     all[0].gate.prime().await;
     assert!(all[0].fleet.joined(), "primed only once joined");
+    // Joined at the first probe (250 ms): primed then, not at the 1 s deadline.
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(500), "primed after {took:?}");
     send(&all[0], &broker).await.expect("admitted in the fleet");
 }
