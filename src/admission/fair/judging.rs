@@ -530,4 +530,56 @@ mod tests {
         assert!(refused.in_fleet(seen(90)).is_err());
         assert_eq!(unanswered(), 0);
     }
+
+    /// In a fleet a send is weighed by the backlog it would leave: at its level's cut
+    /// (sheddable at 0.8 of a ceiling of 10: 8) one more is refused, one below it admitted.
+    #[tokio::test(start_paused = true)]
+    async fn in_a_fleet_a_send_that_would_take_the_queue_past_its_cut_is_refused() {
+        use crate::admission::tenants::Criticality;
+
+        let fairness = QueueFairness::new(FairParts {
+            queue: QueueName::parse("requests").unwrap(),
+            tenants: Tenants::open(),
+            policy: FairPolicy {
+                mode: ShareMode::Enforce,
+                share_at: Fraction::new(0.9).unwrap(),
+                shed_at_sheddable: Fraction::new(0.8).unwrap(),
+                shed_at_default: Fraction::ONE,
+            },
+            quotas: None,
+            exchange: None,
+        });
+        let ceiling = CapacityPolicy {
+            limit: 10,
+            fail_closed: false,
+            streak_threshold: 3,
+            ttl: Duration::from_secs(10),
+            read_timeout: Duration::from_secs(2),
+            retry_after_max: Duration::from_secs(300),
+            resume_below: Fraction::ONE,
+        };
+        let sheddable = Asker {
+            criticality: Criticality::Sheddable,
+            ..Asker::OPEN
+        };
+        let judged = |estimate| {
+            let mut judging = Judging::new(Some(&fairness), sheddable, 1, &ceiling);
+            let seen = move || FleetView::Read {
+                estimate,
+                limit: 10,
+                replicas: 1,
+                round: 0,
+            };
+            judging.in_fleet(seen)
+        };
+        assert!(judged(7).is_ok(), "7 + 1 is at the cut");
+        assert!(matches!(
+            judged(8),
+            Err(Refusal::Shed {
+                cut: 8,
+                backlog: 8,
+                ..
+            })
+        ));
+    }
 }
