@@ -582,4 +582,56 @@ mod tests {
             })
         ));
     }
+
+    /// A refused level's `room` counts the sends as the ceiling weighs them: a replica
+    /// deciding alone weighs each of its sends by the fleet's size (here 3), so 4 units
+    /// below the cut are room for one more, not four.
+    #[tokio::test(start_paused = true)]
+    async fn a_shed_refusals_room_is_counted_in_sends_as_the_ceiling_weighs_them() {
+        use crate::admission::tenants::Criticality;
+
+        let fairness = QueueFairness::new(FairParts {
+            queue: QueueName::parse("requests").unwrap(),
+            tenants: Tenants::open(),
+            policy: FairPolicy {
+                mode: ShareMode::Enforce,
+                share_at: Fraction::new(0.9).unwrap(),
+                shed_at_sheddable: Fraction::new(0.8).unwrap(),
+                shed_at_default: Fraction::ONE,
+            },
+            quotas: None,
+            exchange: None,
+        });
+        let ceiling = CapacityPolicy {
+            limit: 10,
+            fail_closed: false,
+            streak_threshold: 3,
+            ttl: Duration::from_secs(10),
+            read_timeout: Duration::from_secs(2),
+            retry_after_max: Duration::from_secs(300),
+            resume_below: Fraction::ONE,
+        };
+        let sheddable = Asker {
+            criticality: Criticality::Sheddable,
+            ..Asker::OPEN
+        };
+        let mut judging = Judging::new(Some(&fairness), sheddable, 2, &ceiling);
+        let view = CeilingView {
+            round: 0,
+            units: 2,
+            room: 6,
+            estimate: 4,
+            after: 10,
+            limit: 10,
+        };
+        assert!(matches!(
+            judging.judge(&view),
+            Err(Refusal::Shed {
+                cut: 8,
+                backlog: 4,
+                room: 1,
+                ..
+            })
+        ));
+    }
 }
