@@ -395,14 +395,9 @@ mod tests {
     use crate::config::Fraction;
     use crate::domain::QueueName;
 
-    #[tokio::test(start_paused = true)]
-    async fn what_the_seat_does_not_admit_gives_back_the_quota_the_judge_took_and_only_that() {
-        let quotas = [Quota {
-            rate: Rate::new(0.01, Some(2)),
-            max_share: None,
-        }];
-        let rates = Arc::new(RateBook::new(&quotas, Instant::now()));
-        let fairness = QueueFairness::new(FairParts {
+    /// One open tenant, shares enforced, sheddable cut at 0.8 of the ceiling.
+    fn open_fairness(quotas: Option<QueueQuotas>) -> QueueFairness {
+        QueueFairness::new(FairParts {
             queue: QueueName::parse("requests").unwrap(),
             tenants: Tenants::open(),
             policy: FairPolicy {
@@ -411,18 +406,32 @@ mod tests {
                 shed_at_sheddable: Fraction::new(0.8).unwrap(),
                 shed_at_default: Fraction::ONE,
             },
-            quotas: Some(QueueQuotas::new(&quotas, Arc::clone(&rates))),
+            quotas,
             exchange: None,
-        });
-        let ceiling = CapacityPolicy {
-            limit: 10,
+        })
+    }
+
+    fn ceiling_of(limit: u64) -> CapacityPolicy {
+        CapacityPolicy {
+            limit,
             fail_closed: false,
             streak_threshold: 3,
             ttl: Duration::from_secs(10),
             read_timeout: Duration::from_secs(2),
             retry_after_max: Duration::from_secs(300),
             resume_below: Fraction::ONE,
-        };
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_the_seat_does_not_admit_gives_back_the_quota_the_judge_took_and_only_that() {
+        let quotas = [Quota {
+            rate: Rate::new(0.01, Some(2)),
+            max_share: None,
+        }];
+        let rates = Arc::new(RateBook::new(&quotas, Instant::now()));
+        let fairness = open_fairness(Some(QueueQuotas::new(&quotas, Arc::clone(&rates))));
+        let ceiling = ceiling_of(10);
         let available = || {
             rates
                 .state(TenantIndex(0), Instant::now())
@@ -459,27 +468,8 @@ mod tests {
     async fn a_judged_send_counts_as_unanswered_until_answered_or_dropped_and_only_then() {
         use crate::admission::tenants::Criticality;
 
-        let fairness = QueueFairness::new(FairParts {
-            queue: QueueName::parse("requests").unwrap(),
-            tenants: Tenants::open(),
-            policy: FairPolicy {
-                mode: ShareMode::Enforce,
-                share_at: Fraction::new(0.9).unwrap(),
-                shed_at_sheddable: Fraction::new(0.8).unwrap(),
-                shed_at_default: Fraction::ONE,
-            },
-            quotas: None,
-            exchange: None,
-        });
-        let ceiling = CapacityPolicy {
-            limit: 100,
-            fail_closed: false,
-            streak_threshold: 3,
-            ttl: Duration::from_secs(10),
-            read_timeout: Duration::from_secs(2),
-            retry_after_max: Duration::from_secs(300),
-            resume_below: Fraction::ONE,
-        };
+        let fairness = open_fairness(None);
+        let ceiling = ceiling_of(100);
         let unanswered = || fairness.unanswered.load(Ordering::Relaxed);
         let seen = |estimate| {
             move || FleetView::Read {
@@ -537,27 +527,8 @@ mod tests {
     async fn in_a_fleet_a_send_that_would_take_the_queue_past_its_cut_is_refused() {
         use crate::admission::tenants::Criticality;
 
-        let fairness = QueueFairness::new(FairParts {
-            queue: QueueName::parse("requests").unwrap(),
-            tenants: Tenants::open(),
-            policy: FairPolicy {
-                mode: ShareMode::Enforce,
-                share_at: Fraction::new(0.9).unwrap(),
-                shed_at_sheddable: Fraction::new(0.8).unwrap(),
-                shed_at_default: Fraction::ONE,
-            },
-            quotas: None,
-            exchange: None,
-        });
-        let ceiling = CapacityPolicy {
-            limit: 10,
-            fail_closed: false,
-            streak_threshold: 3,
-            ttl: Duration::from_secs(10),
-            read_timeout: Duration::from_secs(2),
-            retry_after_max: Duration::from_secs(300),
-            resume_below: Fraction::ONE,
-        };
+        let fairness = open_fairness(None);
+        let ceiling = ceiling_of(10);
         let sheddable = Asker {
             criticality: Criticality::Sheddable,
             ..Asker::OPEN
@@ -590,27 +561,8 @@ mod tests {
     async fn a_shed_refusals_room_is_counted_in_sends_as_the_ceiling_weighs_them() {
         use crate::admission::tenants::Criticality;
 
-        let fairness = QueueFairness::new(FairParts {
-            queue: QueueName::parse("requests").unwrap(),
-            tenants: Tenants::open(),
-            policy: FairPolicy {
-                mode: ShareMode::Enforce,
-                share_at: Fraction::new(0.9).unwrap(),
-                shed_at_sheddable: Fraction::new(0.8).unwrap(),
-                shed_at_default: Fraction::ONE,
-            },
-            quotas: None,
-            exchange: None,
-        });
-        let ceiling = CapacityPolicy {
-            limit: 10,
-            fail_closed: false,
-            streak_threshold: 3,
-            ttl: Duration::from_secs(10),
-            read_timeout: Duration::from_secs(2),
-            retry_after_max: Duration::from_secs(300),
-            resume_below: Fraction::ONE,
-        };
+        let fairness = open_fairness(None);
+        let ceiling = ceiling_of(10);
         let sheddable = Asker {
             criticality: Criticality::Sheddable,
             ..Asker::OPEN
