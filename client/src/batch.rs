@@ -14,8 +14,8 @@ use sendgate_wire::{
 use tokio::time::Instant;
 
 use crate::message::{key_of, traceparent_of};
-use crate::retry::is_retryable_status;
-use crate::send_loop::{is_pacing, no_token, Load, Step, Tries};
+use crate::retry::{is_retryable_status, RetryKind};
+use crate::send_loop::{no_token, Load, Step, Tries};
 use crate::transport::{BatchAnswer, OutgoingBatch, Transport, TransportError};
 use crate::{AttemptError, Client, GaveUp, Inner, Message, SendOutcome};
 
@@ -95,6 +95,12 @@ pub(crate) struct Entry {
     outcome: Option<SendOutcome>,
 }
 
+impl Entry {
+    fn is_queued(&self) -> bool {
+        matches!(self.outcome, Some(SendOutcome::Queued { .. }))
+    }
+}
+
 /// A message as a batch entry: an id (made here when it has none), its body checked as
 /// JSON (one bad body would make the whole request malformed), its text written once.
 pub(crate) fn entry(index: usize, message: Message) -> Result<Entry, String> {
@@ -145,8 +151,8 @@ pub(crate) struct Batch {
     sent: Vec<usize>,
     /// A `429 queue_full` named room for this many: the next request carries only them...
     room: Option<usize>,
-    /// ...and the rest wait until then (and was that 429 the gateway's pacing?).
-    rest: Option<(Instant, bool)>,
+    /// ...and the rest wait until then (a retry of this kind).
+    rest: Option<(Instant, RetryKind)>,
     /// The last request carried only the room of a 429: another 429 is waited out.
     room_round: bool,
 }
@@ -207,7 +213,7 @@ impl Batch {
             return self.read_partial(tries, &a);
         }
         if (200..300).contains(&status) {
-            self.read_queued(&a);
+            self.read_queued(tries, &a);
             return Step::Done;
         }
         if status == 401 || status == 403 {
@@ -254,19 +260,21 @@ impl Batch {
             e => {
                 // Cut or timed out after it was sent: every entry's outcome is unknown.
                 tries.attempts += 1;
+                tries.refused = true;
                 let error = AttemptError::Transport(e.to_string());
                 self.fail_sent(&error);
                 tries.last_error = Some(error);
                 Step::Retry {
                     retry_after: None,
-                    paced: false,
+                    kind: RetryKind::Transient,
                 }
             }
         }
     }
 
     /// A `2xx`: every entry sent is queued, under the id the gateway names (else its key).
-    fn read_queued(&mut self, a: &BatchAnswer) {
+    fn read_queued(&mut self, tries: &mut Tries, a: &BatchAnswer) {
+        tries.queued = true;
         for (k, position) in self.sent.clone().into_iter().enumerate() {
             let message_id = match a.queued.get(k) {
                 Some(m) => m.message_id.to_string(),
@@ -319,10 +327,8 @@ impl Batch {
             code: a.code.clone(),
         };
         if is_retryable_status(status) {
-            let paced = is_pacing(status, a.code.as_ref(), a.retry_after);
-            if paced {
-                tries.paced += 1;
-            }
+            let kind = RetryKind::of(status, a.retry_after);
+            tries.refused = true;
             self.fail_sent(&error);
             tries.last_error = Some(error);
             // Room for some: those go at once (never more than the room), the rest after
@@ -334,12 +340,12 @@ impl Batch {
                 && !self.room_round
             {
                 self.room = Some(room);
-                self.rest = Some((Instant::now() + a.retry_after.unwrap_or_default(), paced));
+                self.rest = Some((Instant::now() + a.retry_after.unwrap_or_default(), kind));
                 return Step::Now;
             }
             return Step::Retry {
                 retry_after: a.retry_after,
-                paced,
+                kind,
             };
         }
         if status >= 500 {
@@ -371,18 +377,26 @@ impl Batch {
         let attempts = tries.attempts + 1;
         for (k, position) in self.sent.clone().into_iter().enumerate() {
             let result = a.results.iter().find(|r| r.index == k);
-            if let Some(error) = self.read_entry(position, result, attempts) {
-                again.get_or_insert(error);
+            match self.read_entry(position, result, attempts) {
+                Some(error) => {
+                    again.get_or_insert(error);
+                }
+                None => tries.queued |= self.entries[position].is_queued(),
             }
         }
         match again {
             None => Step::Done,
             Some(error) => {
+                let kind = match &error {
+                    AttemptError::Status { status, .. } => RetryKind::of(*status, a.retry_after),
+                    _ => RetryKind::Transient,
+                };
                 tries.attempts = attempts;
+                tries.refused = true;
                 tries.last_error = Some(error);
                 Step::Retry {
                     retry_after: a.retry_after,
-                    paced: false,
+                    kind,
                 }
             }
         }
@@ -533,17 +547,17 @@ impl Load for Batch {
         }
         // After a request that carried only a 429's room, the rest wait for its
         // Retry-After, whatever the room's own answer was.
-        if let Some((at, rest_paced)) = self.rest.take_if(|_| self.room_round) {
+        if let Some((at, rest_kind)) = self.rest.take_if(|_| self.room_round) {
             let wait = at.saturating_duration_since(Instant::now());
             return match step {
-                Step::Retry { retry_after, paced } => Step::Retry {
+                Step::Retry { retry_after, kind } => Step::Retry {
                     retry_after: Some(retry_after.unwrap_or_default().max(wait)),
-                    paced,
+                    kind,
                 },
                 Step::Split => Step::Split,
                 Step::Done | Step::Now => Step::Retry {
                     retry_after: Some(wait),
-                    paced: rest_paced,
+                    kind: rest_kind,
                 },
             };
         }

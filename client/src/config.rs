@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::retry::{Backoff, BudgetConfig};
+use crate::throttle::ThrottleConfig;
 use crate::token::TokenSource;
 
 /// The longest deadline taken as given; anything longer (which no caller means) would
@@ -36,7 +37,11 @@ pub struct ClientConfig {
     /// Longest time one HTTP request may take (the gateway's own send deadline is 10 s).
     pub request_timeout: Duration,
     pub backoff: Backoff,
+    /// The retry budget shared by every message of the client (see [`RetryBudget`](crate::retry::RetryBudget)).
     pub budget: BudgetConfig,
+    /// Client-side adaptive throttling ([`AdaptiveThrottle`](crate::throttle::AdaptiveThrottle)),
+    /// off unless set: attempts are held back locally while most recent ones were refused.
+    pub throttle: Option<ThrottleConfig>,
     /// How long one lifecycle verdict is shared.
     pub probe_ttl: Duration,
     /// Longest wait for `/health/detailed`; past it the verdict is "not draining".
@@ -96,6 +101,7 @@ impl fmt::Debug for ClientConfig {
             .field("request_timeout", &self.request_timeout)
             .field("backoff", &self.backoff)
             .field("budget", &self.budget)
+            .field("throttle", &self.throttle)
             .field("probe_ttl", &self.probe_ttl)
             .field("probe_timeout", &self.probe_timeout)
             .field("max_concurrent_requests", &self.max_concurrent_requests)
@@ -121,6 +127,7 @@ impl ClientConfig {
             request_timeout: Duration::from_secs(30),
             backoff: Backoff::default(),
             budget: BudgetConfig::default(),
+            throttle: None,
             probe_ttl: Duration::from_secs(5),
             probe_timeout: Duration::from_secs(3),
             max_concurrent_requests: 64,
@@ -164,6 +171,12 @@ impl ClientConfig {
 
     pub fn budget(mut self, budget: BudgetConfig) -> Self {
         self.budget = budget;
+        self
+    }
+
+    /// Hold attempts back locally while the gateway refuses most of them (off by default).
+    pub fn adaptive_throttle(mut self, throttle: ThrottleConfig) -> Self {
+        self.throttle = Some(throttle);
         self
     }
 

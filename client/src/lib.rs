@@ -48,6 +48,8 @@
 //!   entry.
 //! - `lifecycle.rs`: is the gateway draining? one cached, single-flight probe.
 //! - `retry.rs`: what is retried, the backoff, the budget shared across messages.
+//! - `throttle.rs`: optional client-side adaptive throttling (the SRE book's), holding
+//!   attempts back while most recent ones were refused.
 //! - `transport.rs`: the HTTP calls (a send, a batch, the probe), and the trait that lets
 //!   tests fake them.
 //!
@@ -62,6 +64,7 @@ mod outcome;
 pub mod retry;
 mod send_loop;
 mod single;
+pub mod throttle;
 pub mod token;
 pub mod transport;
 
@@ -78,6 +81,7 @@ use lifecycle::LifecycleProbe;
 use retry::{Backoff, RetryBudget};
 use send_loop::Ended;
 use single::{single, One};
+use throttle::AdaptiveThrottle;
 use transport::{HttpTransport, Transport, TransportSetupError};
 
 pub use config::{ClientConfig, Criticality, MAX_DEADLINE};
@@ -102,6 +106,7 @@ struct Inner {
     transport: Arc<dyn Transport>,
     lifecycle: LifecycleProbe,
     budget: RetryBudget,
+    throttle: Option<AdaptiveThrottle>,
     backoff: Backoff,
     deadline: Duration,
     deadline_cap: Duration,
@@ -113,6 +118,7 @@ struct Inner {
     requests: AtomicU64,
     retries: AtomicU64,
     budget_refusals: AtomicU64,
+    held: AtomicU64,
     deferrals: AtomicU64,
 }
 
@@ -150,6 +156,7 @@ impl Client {
                 ),
                 transport,
                 budget: RetryBudget::new(config.budget),
+                throttle: config.throttle.map(AdaptiveThrottle::new),
                 backoff: config.backoff,
                 deadline: config.deadline,
                 deadline_cap: config.deadline_cap,
@@ -159,6 +166,7 @@ impl Client {
                 requests: AtomicU64::new(0),
                 retries: AtomicU64::new(0),
                 budget_refusals: AtomicU64::new(0),
+                held: AtomicU64::new(0),
                 deferrals: AtomicU64::new(0),
             }),
         }
@@ -171,6 +179,7 @@ impl Client {
             requests: i.requests.load(Ordering::Relaxed),
             retries: i.retries.load(Ordering::Relaxed),
             budget_refusals: i.budget_refusals.load(Ordering::Relaxed),
+            held: i.held.load(Ordering::Relaxed),
             deferrals: i.deferrals.load(Ordering::Relaxed),
             probe_forbidden: i.lifecycle.forbidden(),
         }
@@ -238,9 +247,10 @@ impl Client {
     /// `Retry-After`. A `400` naming entries refuses those and sends the others at once,
     /// as a `422 unsupported_attribute` does for the entries that carry the attribute;
     /// a request the gateway finds too large (`413`, or a `400` on the number of
-    /// entries) is split in two and the smaller limit kept. A retried request takes one
-    /// token of the retry budget, and a first request deposits one share, whatever the
-    /// number of its entries.
+    /// entries) is split in two and the smaller limit kept. The retry budget counts
+    /// requests, not entries: a retried request costs what a retried single send does,
+    /// whatever the number of its entries, and a request that queues some of them gives
+    /// back what a successful single send does.
     pub async fn send_batch(
         &self,
         queue: &str,

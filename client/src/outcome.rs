@@ -36,6 +36,10 @@ pub enum AttemptError {
     /// The deadline passed while the gateway was still draining or starting.
     #[error("the gateway was still {state} at the deadline")]
     StillDeferred { state: GatewayState },
+    /// The deadline passed while the client's adaptive throttle held the message back,
+    /// before any attempt (the gateway had refused most of the client's recent requests).
+    #[error("held back by the client's adaptive throttle until the deadline")]
+    HeldBack,
 }
 
 impl AttemptError {
@@ -45,6 +49,7 @@ impl AttemptError {
             Self::Status { status, code } => code_label(*status, code.as_ref()),
             Self::Transport(_) => "transport".into(),
             Self::StillDeferred { state } => state.as_str().into(),
+            Self::HeldBack => "held_back".into(),
         }
     }
 }
@@ -54,7 +59,8 @@ impl AttemptError {
 pub enum GaveUp {
     /// The per-message attempt cap was reached.
     Attempts,
-    /// The retry budget shared by all messages was spent.
+    /// The retry budget shared by all messages could not pay for the retry: the message is
+    /// failed at once rather than held (docs/client.md says why).
     Budget,
     /// The next attempt (or the end of a drain) would come after the deadline.
     Deadline,
@@ -69,7 +75,7 @@ impl fmt::Display for GaveUp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::Attempts => "attempts exhausted",
-            Self::Budget => "retry budget spent",
+            Self::Budget => "not retried: retry budget exhausted",
             Self::Deadline => "deadline reached",
             Self::NotRetryable => "not retryable",
             Self::NoToken => "no token for the next attempt",
@@ -146,8 +152,10 @@ pub struct ClientStats {
     pub requests: u64,
     /// Retries granted by the budget.
     pub retries: u64,
-    /// Retries the budget refused.
+    /// Retries the budget refused (each ended its message or request).
     pub budget_refusals: u64,
+    /// Attempts the adaptive throttle held back for a while (each hold counted).
+    pub held: u64,
     /// Waits for a draining, starting or unreachable gateway.
     pub deferrals: u64,
     /// The token may not read `/health/detailed` (a 403), so drains are only learnt from

@@ -2,16 +2,13 @@
 //! and a budget shared by every message so that a fleet of producers cannot storm a
 //! gateway that is trying to recover.
 //!
-//! Everything here is pure: the time (`now`) and the randomness (`unit`, a number in
-//! `[0, 1)`) are passed in, so tests drive both and the send loop in `mod.rs` supplies
-//! tokio's clock (which tests can pause) and `rand`.
+//! Everything here is pure: the randomness (`unit`, a number in `[0, 1)`) is passed in, so
+//! tests drive it and the send loop supplies `rand`.
 
-use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use sendgate_backoff::{Doubling, Jitter};
-use tokio::time::Instant;
 
 /// The longest `Retry-After` taken at its word. A larger value (a day, or a hostile
 /// 10^18) is read as this, which is past any sensible deadline: the message then fails
@@ -39,9 +36,7 @@ pub struct Backoff {
     pub base: Duration,
     /// The largest wait jitter may pick (a `Retry-After` may still ask for more).
     pub cap: Duration,
-    /// Attempts per message, the first included (at least 1). The send loop does not count
-    /// a `429 queue_full` with a `Retry-After` (the gateway pacing its producers at a full
-    /// queue): the deadline and the retry budget bound those.
+    /// Attempts per message, the first included (at least 1), whatever their answers.
     pub max_attempts: u32,
 }
 
@@ -99,68 +94,84 @@ impl Backoff {
     }
 }
 
-/// The retry budget's knobs, after Finagle's `RetryBudget` and linkerd's `retry_budget`.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// What a retry is paying for: the gateway pacing its producers, or a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryKind {
+    /// A `429`, or a `503` with a `Retry-After`: the gateway answered, knows it is
+    /// overloaded and said when to come back. Cheap: the retry lands when it was asked to.
+    Throttled,
+    /// A `504`, a `408`, a `502` whose outcome is unknown, a `503` without a `Retry-After`,
+    /// or no answer once the request was sent: something failed and nobody said when it
+    /// will work again.
+    Transient,
+}
+
+impl RetryKind {
+    /// The kind of a retryable answer with this status and `Retry-After`.
+    pub fn of(status: u16, retry_after: Option<Duration>) -> Self {
+        match (status, retry_after) {
+            (429 | 503, Some(_)) => Self::Throttled,
+            _ => Self::Transient,
+        }
+    }
+}
+
+/// The retry budget's knobs, after the AWS SDKs' retry quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BudgetConfig {
-    /// Tokens a first attempt deposits; a retry withdraws one. 0.2 keeps retries at about
-    /// a fifth of first attempts once the reserve is spent.
-    pub ratio: f64,
-    /// Retries allowed per second whatever the traffic, so a producer that sends little
-    /// can still retry (linkerd's `min_retries_per_second`).
-    pub min_per_second: f64,
-    /// How long a deposit counts. Tokens expire so that a long healthy run does not bank
-    /// enough credit to flood the gateway when it later fails.
-    pub window: Duration,
+    /// Tokens the budget holds when full (and starts with). 0 never retries.
+    pub capacity: u32,
+    /// Tokens a [`RetryKind::Throttled`] retry takes.
+    pub throttled_cost: u32,
+    /// Tokens a [`RetryKind::Transient`] retry takes.
+    pub transient_cost: u32,
+    /// Tokens a message (or batch request) queued on its first attempt gives back.
+    pub success_refund: u32,
 }
 
 impl Default for BudgetConfig {
     fn default() -> Self {
         Self {
-            ratio: 0.2,
-            min_per_second: 1.0,
-            window: Duration::from_secs(10),
+            capacity: 500,
+            throttled_cost: 5,
+            transient_cost: 10,
+            success_refund: 1,
         }
     }
 }
 
-/// A retry budget shared by every message of one client: a token bucket whose tokens
-/// expire after the window. Within any window, retries ≤ `ratio` × first attempts +
-/// `min_per_second` × window. Thread-safe; the lock is held for a few additions only.
-///
-/// Tokens are counted in thousandths as integers, so a thousand deposits of 0.2 make
-/// exactly 200 retries, not 199 after rounding errors.
-#[derive(Debug)]
-pub struct RetryBudget {
-    config: BudgetConfig,
-    deposit_milli: i64,
-    reserve_milli: i64,
-    slice: Duration,
-    /// Net tokens per slice of the window (deposits minus withdrawals), oldest first.
-    slices: Mutex<VecDeque<(Instant, i64)>>,
-}
-
-/// The window is kept as this many slices: a token expires at most one slice late.
-const SLICES: u32 = 10;
-const ONE_TOKEN: i64 = 1000;
-
-fn milli(tokens: f64) -> i64 {
-    if tokens.is_finite() && tokens > 0.0 {
-        (tokens * ONE_TOKEN as f64)
-            .round()
-            .min(i64::MAX as f64 / 4.0) as i64
-    } else {
-        0
+impl BudgetConfig {
+    /// What a retry of `kind` takes.
+    pub fn cost(&self, kind: RetryKind) -> u32 {
+        match kind {
+            RetryKind::Throttled => self.throttled_cost,
+            RetryKind::Transient => self.transient_cost,
+        }
     }
 }
 
+/// The retry budget shared by every message (and every clone) of one client: a bucket of
+/// tokens that only answers refill. A retry takes its cost, and gives it back if it queues
+/// the message; a message queued at its first attempt gives back `success_refund`.
+///
+/// So tokens are lost only by retries that fail again, and earned only by messages that
+/// get in: the retries that keep failing are bounded by what gets through. With the
+/// defaults, once the first 500 tokens are spent, a refused retry (5) must be paid for by
+/// five clean successes, which holds a client's retries to about a fifth of what gets in
+/// at the first attempt (the AWS SDKs' sustained amplification of about 1.2). Time alone
+/// refills nothing: a gateway that refuses everything is not retried into.
+#[derive(Debug)]
+pub struct RetryBudget {
+    config: BudgetConfig,
+    tokens: AtomicU32,
+}
+
 impl RetryBudget {
+    /// A full budget.
     pub fn new(config: BudgetConfig) -> Self {
         Self {
-            deposit_milli: milli(config.ratio),
-            reserve_milli: milli(config.min_per_second * config.window.as_secs_f64()),
-            slice: (config.window / SLICES).max(Duration::from_millis(1)),
+            tokens: AtomicU32::new(config.capacity),
             config,
-            slices: Mutex::new(VecDeque::with_capacity(SLICES as usize + 1)),
         }
     }
 
@@ -168,57 +179,34 @@ impl RetryBudget {
         self.config
     }
 
-    /// A first attempt was made: it earns `ratio` tokens for retries.
-    pub fn deposit(&self, now: Instant) {
-        let mut slices = self.slices.lock();
-        self.expire(&mut slices, now);
-        self.add(&mut slices, now, self.deposit_milli);
+    /// Take what a retry of `kind` costs: the tokens taken (to give back if it queues the
+    /// message), or `None`, and nothing taken, when the budget holds less.
+    pub fn try_withdraw(&self, kind: RetryKind) -> Option<u32> {
+        let cost = self.config.cost(kind);
+        self.tokens
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| t.checked_sub(cost))
+            .ok()
+            .map(|_| cost)
     }
 
-    /// Take one token for a retry; `false` (and nothing taken) when the budget is spent.
-    pub fn try_withdraw(&self, now: Instant) -> bool {
-        let mut slices = self.slices.lock();
-        self.expire(&mut slices, now);
-        if self.milli_balance(&slices) < ONE_TOKEN {
-            return false;
-        }
-        self.add(&mut slices, now, -ONE_TOKEN);
-        true
+    /// Give back `tokens`, never past the capacity.
+    pub fn refund(&self, tokens: u32) {
+        let capacity = self.config.capacity;
+        let _ = self
+            .tokens
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                Some(t.saturating_add(tokens).min(capacity))
+            });
     }
 
-    /// Tokens available now (for tests and the CLI's summary).
-    pub fn balance(&self, now: Instant) -> f64 {
-        let mut slices = self.slices.lock();
-        self.expire(&mut slices, now);
-        self.milli_balance(&slices) as f64 / ONE_TOKEN as f64
+    /// A message (or batch request) queued at its first attempt.
+    pub fn refund_clean_success(&self) {
+        self.refund(self.config.success_refund);
     }
 
-    fn milli_balance(&self, slices: &VecDeque<(Instant, i64)>) -> i64 {
-        self.reserve_milli.saturating_add(
-            slices
-                .iter()
-                .map(|(_, t)| *t)
-                .fold(0i64, i64::saturating_add),
-        )
-    }
-
-    fn add(&self, slices: &mut VecDeque<(Instant, i64)>, now: Instant, tokens: i64) {
-        match slices.back_mut() {
-            Some((start, total)) if now.saturating_duration_since(*start) < self.slice => {
-                *total = total.saturating_add(tokens)
-            }
-            _ => slices.push_back((now, tokens)),
-        }
-    }
-
-    fn expire(&self, slices: &mut VecDeque<(Instant, i64)>, now: Instant) {
-        while let Some((start, _)) = slices.front() {
-            if now.saturating_duration_since(*start) >= self.config.window {
-                slices.pop_front();
-            } else {
-                break;
-            }
-        }
+    /// Tokens held now.
+    pub fn balance(&self) -> u32 {
+        self.tokens.load(Ordering::Acquire)
     }
 }
 
@@ -307,47 +295,69 @@ mod tests {
         assert_eq!(once.delay(1, None, 0.5), None, "0 means 1: never retry");
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_spent_budget_holds_retries_to_a_fifth_of_first_attempts() {
+    #[test]
+    fn a_throttled_retry_costs_less_than_a_transient_one() {
+        let one_second = Some(Duration::from_secs(1));
+        assert_eq!(RetryKind::of(429, one_second), RetryKind::Throttled);
+        assert_eq!(RetryKind::of(503, one_second), RetryKind::Throttled);
+        for (status, retry_after) in [(429, None), (503, None), (504, None), (408, one_second)] {
+            assert_eq!(
+                RetryKind::of(status, retry_after),
+                RetryKind::Transient,
+                "{status} {retry_after:?}"
+            );
+        }
         let budget = RetryBudget::new(BudgetConfig::default());
-        let now = Instant::now();
-        // A thousand first attempts fail at once: 0.2 × 1000 + the reserve (1/s × 10 s).
-        for _ in 0..1000 {
-            budget.deposit(now);
-        }
-        let granted = (0..1000).filter(|_| budget.try_withdraw(now)).count();
-        assert_eq!(granted, 210);
-        assert!(budget.balance(now) < 1.0);
-
-        // Steady failure afterwards: 500 more first attempts over the next 10 s earn 100
-        // retries, and the reserve comes back as the old withdrawals expire.
-        let mut firsts = 0;
-        let mut retries = 0;
-        for step in 1..=500u32 {
-            let t = now + Duration::from_millis(20) * step;
-            budget.deposit(t);
-            firsts += 1;
-            while budget.try_withdraw(t) {
-                retries += 1;
-            }
-        }
-        assert_eq!(firsts, 500);
-        assert!(
-            retries <= 100 + 10,
-            "retries {retries} must stay near 20% of first attempts"
-        );
+        assert_eq!(budget.balance(), 500, "a new budget is full");
+        assert_eq!(budget.try_withdraw(RetryKind::Throttled), Some(5));
+        assert_eq!(budget.try_withdraw(RetryKind::Transient), Some(10));
+        assert_eq!(budget.balance(), 485);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn the_reserve_lets_a_quiet_producer_retry() {
-        let budget = RetryBudget::new(BudgetConfig::default());
-        let now = Instant::now();
-        budget.deposit(now);
-        // One message, five retries: well within the 10-token reserve.
-        assert!((0..5).all(|_| budget.try_withdraw(now)));
-        // Spend the rest; then, a window later, the withdrawals have expired.
-        while budget.try_withdraw(now) {}
-        assert!(!budget.try_withdraw(now + Duration::from_secs(5)));
-        assert!(budget.try_withdraw(now + Duration::from_secs(11)));
+    #[test]
+    fn a_successful_retry_gives_its_cost_back_and_a_clean_success_one_token() {
+        let budget = RetryBudget::new(BudgetConfig {
+            capacity: 20,
+            ..BudgetConfig::default()
+        });
+        let cost = budget.try_withdraw(RetryKind::Transient).unwrap();
+        assert_eq!(budget.balance(), 10);
+        budget.refund(cost);
+        assert_eq!(
+            budget.balance(),
+            20,
+            "the retry queued the message: all of it back"
+        );
+        budget.try_withdraw(RetryKind::Throttled);
+        budget.refund_clean_success();
+        assert_eq!(budget.balance(), 16);
+        // Never past the capacity, however many successes.
+        for _ in 0..100 {
+            budget.refund_clean_success();
+        }
+        budget.refund(u32::MAX);
+        assert_eq!(budget.balance(), 20);
+    }
+
+    #[test]
+    fn an_empty_budget_grants_nothing_and_takes_nothing_until_a_success_refills_it() {
+        let budget = RetryBudget::new(BudgetConfig {
+            capacity: 12,
+            ..BudgetConfig::default()
+        });
+        assert_eq!(budget.try_withdraw(RetryKind::Transient), Some(10));
+        assert_eq!(budget.try_withdraw(RetryKind::Transient), None, "2 left");
+        assert_eq!(budget.try_withdraw(RetryKind::Throttled), None, "2 left");
+        assert_eq!(budget.balance(), 2, "a refusal takes nothing");
+        for _ in 0..3 {
+            budget.refund_clean_success();
+        }
+        assert_eq!(budget.try_withdraw(RetryKind::Throttled), Some(5));
+        assert_eq!(budget.balance(), 0);
+        let never = RetryBudget::new(BudgetConfig {
+            capacity: 0,
+            ..BudgetConfig::default()
+        });
+        assert_eq!(never.try_withdraw(RetryKind::Throttled), None);
     }
 }

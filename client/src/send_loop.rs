@@ -1,15 +1,17 @@
 //! The send loop, for one message ([`One`](crate::single::One)) or one batch request's
-//! entries ([`Batch`](crate::batch::Batch)) alike: wait out a drain, attempt, and retry
-//! what the policy allows within the deadline and the shared budget.
+//! entries ([`Batch`](crate::batch::Batch)) alike: wait out a drain (and the adaptive
+//! throttle's holds), attempt, and retry what the policy allows within the deadline and
+//! the shared budget.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sendgate_wire::{AnyCode, ErrorCode, GatewayState, QueueName};
+use sendgate_wire::{GatewayState, QueueName};
 use tokio::time::Instant;
 
 use crate::lifecycle::Verdict;
+use crate::retry::RetryKind;
 use crate::token;
 use crate::transport::{Transport, TransportError};
 use crate::{AttemptError, Client, GaveUp, Inner, SendOutcome, MAX_DEADLINE};
@@ -22,14 +24,10 @@ impl Client {
             Deadline::new(Instant::now(), self.inner.deadline, self.inner.deadline_cap);
         let mut tries = Tries::default();
         loop {
-            if let Err(last_error) = self.wait_until_admitting(&mut deadline, &tries).await {
-                load.give_up(GaveUp::Deadline, tries.attempts, last_error);
-                return Ended::Done;
-            }
-            if !tries.deposited {
-                // A first attempt earns the budget its share, once per message (or request).
-                self.inner.budget.deposit(Instant::now());
-                tries.deposited = true;
+            match self.ready(&mut deadline, &mut tries).await {
+                Ok(Ready::Go) => {}
+                Ok(Ready::Held) => continue,
+                Err(gave_up) => return give_up(load, &tries, gave_up),
             }
             let answer = self.attempt(queue, load).await;
             // The drain (or start-up) shows in a send before the cached verdict expires:
@@ -51,22 +49,113 @@ impl Client {
                 self.inner.lifecycle.observe_unreachable();
                 continue;
             }
-            let (retry_after, paced) = match load.judge(&mut tries, answer, &self.inner) {
+            tries.queued = false;
+            tries.refused = false;
+            let step = load.judge(&mut tries, answer, &self.inner);
+            self.settle(&mut tries);
+            let (retry_after, kind) = match step {
                 Step::Done => return Ended::Done,
                 Step::Split => return Ended::Split,
                 Step::Now => continue,
-                Step::Retry { retry_after, paced } => (retry_after, paced),
+                Step::Retry { retry_after, kind } => (retry_after, kind),
             };
-            match self.retry_at(&tries, retry_after, paced, deadline.at) {
+            match self.retry_at(&mut tries, retry_after, kind, deadline.at) {
                 Ok(at) => tokio::time::sleep_until(at).await,
-                Err(gave_up) => {
-                    let last_error = tries
-                        .last_error
-                        .clone()
-                        .unwrap_or_else(|| AttemptError::Transport("no attempt".into()));
-                    load.give_up(gave_up, tries.attempts, last_error);
-                    return Ended::Done;
-                }
+                Err(gave_up) => return give_up(load, &tries, gave_up),
+            }
+        }
+    }
+
+    /// Whether the next attempt may go now: a drain (or start-up, or a restart's gap)
+    /// waited out, the adaptive throttle's hold, and a retry's tokens paid.
+    async fn ready(&self, deadline: &mut Deadline, tries: &mut Tries) -> Result<Ready, GaveUp> {
+        let waited = match self.wait_until_admitting(deadline, tries).await {
+            Ok(()) => self.hold_back(deadline, tries).await,
+            Err(last_error) => Err(last_error),
+        };
+        match waited {
+            Ok(Ready::Go) => self.pay(tries).map(|()| Ready::Go),
+            Ok(Ready::Held) => Ok(Ready::Held),
+            Err(last_error) => {
+                tries.last_error = Some(last_error);
+                Err(GaveUp::Deadline)
+            }
+        }
+    }
+
+    /// A retry takes its tokens as it goes on the wire, not when it is decided: a
+    /// `Retry-After` may be long (an honest one spreads refused producers over the time it
+    /// takes to serve them), and tokens held through the wait would fail every other
+    /// refused message of the client while the ones holding them wait for a turn they were
+    /// promised. Tokens pay for requests, not for waiting.
+    fn pay(&self, tries: &mut Tries) -> Result<(), GaveUp> {
+        let Some(kind) = tries.owed.take() else {
+            return Ok(());
+        };
+        let i = &self.inner;
+        let Some(cost) = i.budget.try_withdraw(kind) else {
+            i.budget_refusals.fetch_add(1, Ordering::Relaxed);
+            return Err(GaveUp::Budget);
+        };
+        tries.withdrawn = Some(cost);
+        tries.retried = true;
+        i.retries.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// With adaptive throttling on, the throttle may hold the attempt back a while (it
+    /// then asks again, a drain re-checked first); a deadline passed while held ends the
+    /// send.
+    async fn hold_back(
+        &self,
+        deadline: &Deadline,
+        tries: &mut Tries,
+    ) -> Result<Ready, AttemptError> {
+        let Some(throttle) = &self.inner.throttle else {
+            return Ok(Ready::Go);
+        };
+        let now = Instant::now();
+        if throttle.admit(now, rand::random()) {
+            return Ok(Ready::Go);
+        }
+        if !std::mem::replace(&mut tries.counted, true) {
+            throttle.request(now);
+        }
+        if now >= deadline.at {
+            return Err(tries.last_error.clone().unwrap_or(AttemptError::HeldBack));
+        }
+        self.inner.held.fetch_add(1, Ordering::Relaxed);
+        let wake = now
+            .checked_add(throttle.hold_for(rand::random()))
+            .unwrap_or(deadline.at)
+            .min(deadline.at);
+        tokio::time::sleep_until(wake).await;
+        Ok(Ready::Held)
+    }
+
+    /// What the last answer means for the retry budget and the throttle: an answer that
+    /// queued something gives back the retry it came from (or a clean first attempt's
+    /// token); one that is not a refusal counts as accepted.
+    fn settle(&self, tries: &mut Tries) {
+        let i = &self.inner;
+        if tries.refused {
+            // Refused again: the retry's tokens are spent.
+            tries.withdrawn = None;
+        }
+        if tries.queued {
+            match tries.withdrawn.take() {
+                Some(cost) => i.budget.refund(cost),
+                None if !tries.retried => i.budget.refund_clean_success(),
+                None => {}
+            }
+        }
+        if let Some(throttle) = &i.throttle {
+            let now = Instant::now();
+            if !std::mem::take(&mut tries.counted) {
+                throttle.request(now);
+            }
+            if !tries.refused {
+                throttle.accept(now);
             }
         }
     }
@@ -150,21 +239,21 @@ impl Client {
         answer
     }
 
-    /// When the next attempt may go, if the backoff, the deadline and the shared retry
-    /// budget all allow one.
+    /// When the next attempt may go, if the attempt cap, the deadline and the shared retry
+    /// budget all allow one (checked in that order). The budget must hold the retry's cost
+    /// now, so a message it cannot pay for fails at once rather than after its wait; the
+    /// tokens are taken when the retry goes ([`pay`](Self::pay)).
     fn retry_at(
         &self,
-        tries: &Tries,
+        tries: &mut Tries,
         retry_after: Option<Duration>,
-        paced: bool,
+        kind: RetryKind,
         deadline: Instant,
     ) -> Result<Instant, GaveUp> {
         let i = &self.inner;
-        // A full queue that said when to ask again is pacing, not a failed attempt: the
-        // attempt cap counts the others (the deadline bounds the rest).
         let delay = i
             .backoff
-            .delay(tries.attempts - tries.paced, retry_after, rand::random())
+            .delay(tries.attempts, retry_after, rand::random())
             .ok_or(GaveUp::Attempts)?;
         let now = Instant::now();
         // The jitter on top of a Retry-After is the client's own: trimmed by the deadline
@@ -176,16 +265,34 @@ impl Client {
             // No attempt could happen in time: say so now rather than sleep first.
             _ => return Err(GaveUp::Deadline),
         };
-        // A retry the gateway paced goes at the rate it asked for: no retry storm for the
-        // budget to damp, and a token per paced retry would end every message but one of a
-        // client with several in flight within a second or two at a full queue.
-        if !paced && !i.budget.try_withdraw(now) {
+        // No retry is exempt, the gateway's pacing included: a held message resent at every
+        // Retry-After is what multiplies the load of a storm. An empty budget fails the
+        // message now rather than holding it (docs/client.md argues it).
+        if i.budget.balance() < i.budget.config().cost(kind) {
             i.budget_refusals.fetch_add(1, Ordering::Relaxed);
             return Err(GaveUp::Budget);
         }
-        i.retries.fetch_add(1, Ordering::Relaxed);
+        tries.owed = Some(kind);
         Ok(at)
     }
+}
+
+/// Retries ran out (or the deadline passed): whatever `load` still carries is failed, with
+/// the last attempt's error.
+fn give_up<L: Load>(load: &mut L, tries: &Tries, gave_up: GaveUp) -> Ended {
+    let last_error = tries
+        .last_error
+        .clone()
+        .unwrap_or_else(|| AttemptError::Transport("no attempt".into()));
+    load.give_up(gave_up, tries.attempts, last_error);
+    Ended::Done
+}
+
+/// Whether the send loop may attempt now.
+enum Ready {
+    Go,
+    /// The adaptive throttle held the attempt back a while: ask again.
+    Held,
 }
 
 /// When one message gives up waiting: `deadline` from the call, moved by an announced
@@ -219,12 +326,20 @@ impl Deadline {
 #[derive(Default)]
 pub(crate) struct Tries {
     pub(crate) attempts: u32,
-    /// Of those, the `429 queue_full` answers with a `Retry-After` of a second or more: the
-    /// gateway pacing its producers at a full queue, which neither the attempt cap nor the
-    /// retry budget counts.
-    pub(crate) paced: u32,
-    deposited: bool,
     pub(crate) last_error: Option<AttemptError>,
+    /// The last answer queued at least one message.
+    pub(crate) queued: bool,
+    /// The last answer was a refusal or a failure worth a retry.
+    pub(crate) refused: bool,
+    /// The retry waiting to go, to be paid for when it does.
+    owed: Option<RetryKind>,
+    /// The tokens the retry in flight took, given back if it queues something.
+    withdrawn: Option<u32>,
+    /// A retry was granted (a later success is not a clean first attempt's).
+    retried: bool,
+    /// The next attempt was held back by the adaptive throttle, and counted as a request
+    /// then (not again when it is answered).
+    counted: bool,
 }
 
 /// What a message gets when the token source fails before an attempt: `NoToken` (never
@@ -247,18 +362,6 @@ pub(crate) fn no_token(
     }
 }
 
-/// The gateway's full queue saying when to ask again (it never says less than a second: a
-/// smaller value is no pacing).
-pub(crate) fn is_pacing(
-    status: u16,
-    code: Option<&AnyCode>,
-    retry_after: Option<Duration>,
-) -> bool {
-    status == 429
-        && retry_after.is_some_and(|r| r >= Duration::from_secs(1))
-        && code.and_then(AnyCode::known) == Some(ErrorCode::QueueFull)
-}
-
 /// How a run of the send loop ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Ended {
@@ -276,7 +379,7 @@ pub(crate) enum Step {
     Now,
     Retry {
         retry_after: Option<Duration>,
-        paced: bool,
+        kind: RetryKind,
     },
     Split,
 }

@@ -7,18 +7,17 @@ use async_trait::async_trait;
 use sendgate_wire::{CorrelationId, GatewayState, MessageId};
 
 use crate::message::{key_of, traceparent_of};
-use crate::retry::is_retryable_status;
-use crate::send_loop::{is_pacing, no_token, Load, Step, Tries};
+use crate::retry::{is_retryable_status, RetryKind};
+use crate::send_loop::{no_token, Load, Step, Tries};
 use crate::transport::{self, Outgoing, Transport, TransportError};
 use crate::{AttemptError, GaveUp, Inner, Message, SendOutcome};
 
 /// What one answer means for the message.
 enum Judged {
     Final(SendOutcome),
-    /// `paced`: the gateway's full queue said when to ask again (see [`Tries::paced`]).
     Retry {
         retry_after: Option<Duration>,
-        paced: bool,
+        kind: RetryKind,
     },
 }
 
@@ -34,6 +33,7 @@ impl Tries {
             Err(e) => return self.judge_unanswered(e),
         };
         if (200..300).contains(&a.status) {
+            self.queued = true;
             return Judged::Final(SendOutcome::Queued {
                 message_id: a.message_id.unwrap_or_else(|| key.to_string()),
             });
@@ -56,10 +56,11 @@ impl Tries {
             }
             e => {
                 self.attempts += 1;
+                self.refused = true;
                 self.last_error = Some(AttemptError::Transport(e.to_string()));
                 Judged::Retry {
                     retry_after: None,
-                    paced: false,
+                    kind: RetryKind::Transient,
                 }
             }
         }
@@ -76,14 +77,11 @@ impl Tries {
         // A `502` whose send may have reached the broker is retried like a `504` (the
         // same key), as a batch entry with `outcome: unknown` is.
         if is_retryable_status(a.status) || a.outcome_unknown {
-            let paced = is_pacing(a.status, a.code.as_ref(), a.retry_after);
-            if paced {
-                self.paced += 1;
-            }
+            self.refused = true;
             self.last_error = Some(error);
             return Judged::Retry {
                 retry_after: a.retry_after,
-                paced,
+                kind: RetryKind::of(a.status, a.retry_after),
             };
         }
         Judged::Final(if a.status >= 500 {
@@ -134,7 +132,7 @@ impl Load for One {
                 self.outcome = Some(outcome);
                 Step::Done
             }
-            Judged::Retry { retry_after, paced } => Step::Retry { retry_after, paced },
+            Judged::Retry { retry_after, kind } => Step::Retry { retry_after, kind },
         }
     }
 

@@ -304,14 +304,15 @@ async fn a_retry_after_past_the_deadline_fails_at_once_instead_of_retrying_early
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_shared_budget_holds_a_failing_burst_to_a_fifth_in_retries() {
+async fn the_shared_budget_holds_a_failing_burst_to_its_tokens_over_the_cost() {
+    // 100 tokens, a throttled retry (503 with a Retry-After) costs 5: 20 retries in all,
+    // whatever the number of messages, and none ever gives its tokens back.
     let t = Scripted::new(vec![answer(503, ErrorCode::Saturated, Some(1))]);
     let c = client(
         &t,
         config().budget(BudgetConfig {
-            ratio: 0.2,
-            min_per_second: 0.0,
-            window: Duration::from_secs(10),
+            capacity: 100,
+            ..BudgetConfig::default()
         }),
     );
     let sends: Vec<_> = (0..100)
@@ -332,9 +333,10 @@ async fn the_shared_budget_holds_a_failing_burst_to_a_fifth_in_retries() {
         }
     }
     let stats = c.stats();
-    assert_eq!(stats.retries, 20, "100 first attempts × 0.2");
+    assert_eq!(stats.retries, 20, "100 tokens / 5");
     assert_eq!(stats.requests, 120);
     assert_eq!(by_budget, 100, "every message ended on the spent budget");
+    assert_eq!(c.inner.budget.balance(), 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -747,13 +749,7 @@ async fn a_429_retry_after_is_never_shortened_and_the_jitter_only_adds() {
         .collect();
     replies.push(created("ok"));
     let t = Scripted::new(replies);
-    let c = client(
-        &t,
-        config().budget(BudgetConfig {
-            ratio: 1.0,
-            ..BudgetConfig::default()
-        }),
-    );
+    let c = client(&t, config());
     let sends: Vec<_> = (0..40)
         .map(|i| {
             let c = c.clone();
@@ -800,10 +796,11 @@ async fn the_jitter_on_a_retry_after_does_not_grow_with_the_attempts() {
     }
     replies.push(created("ok"));
     let t = Scripted::new(replies);
+    // 160 throttled retries (800 tokens): the budget is not what this test is about.
     let c = client(
         &t,
         config().budget(BudgetConfig {
-            ratio: 5.0,
+            capacity: 1000,
             ..BudgetConfig::default()
         }),
     );
@@ -832,37 +829,236 @@ async fn the_jitter_on_a_retry_after_does_not_grow_with_the_attempts() {
     }
 }
 
-/// A retry the gateway paced (`429 queue_full` with a `Retry-After` of at least a second)
-/// is at the rate the gateway asked for: it takes no token of the retry budget. Were it to
-/// take one, the budget (refilled at about one a second) would end paced messages within a
-/// second or two for any client with more than one message in flight (`sendgate send`
-/// keeps 8). Eight messages refused for 20 s are all queued once room comes.
+/// Costs and refunds through the send loop: a retry that fails again loses its tokens, a
+/// retry that queues the message gives them back, a message queued at its first attempt
+/// gives one token, and a throttled retry (the gateway said when) costs half a transient one.
 #[tokio::test(start_paused = true)]
-async fn paced_retries_of_many_messages_in_flight_do_not_spend_the_retry_budget() {
-    let mut replies: Vec<Reply> = (0..8 * 20)
-        .map(|_| answer(429, ErrorCode::QueueFull, Some(1)))
-        .collect();
-    replies.push(created("ok"));
-    let t = Scripted::new(replies);
-    let c = client(&t, config());
-    let sends: Vec<_> = (0..8)
+async fn a_retry_that_queues_gives_its_cost_back_and_a_clean_success_one_token() {
+    let t = Scripted::new(vec![
+        answer(504, ErrorCode::SendTimeout, None),
+        answer(504, ErrorCode::SendTimeout, None),
+        created("a"),
+        created("b"),
+        answer(429, ErrorCode::QueueFull, Some(1)),
+        created("c"),
+    ]);
+    let c = client(
+        &t,
+        config().budget(BudgetConfig {
+            capacity: 30,
+            ..BudgetConfig::default()
+        }),
+    );
+    let budget = || c.inner.budget.balance();
+    assert!(matches!(
+        c.send("requests", "{}", Some("a")).await,
+        SendOutcome::Queued { .. }
+    ));
+    assert_eq!(
+        budget(),
+        20,
+        "30 − 10 lost by the retry refused again; the second given back"
+    );
+    assert!(matches!(
+        c.send("requests", "{}", Some("b")).await,
+        SendOutcome::Queued { .. }
+    ));
+    assert_eq!(budget(), 21, "a clean first attempt gives one token");
+    let at_429 = budget();
+    assert!(matches!(
+        c.send("requests", "{}", Some("c")).await,
+        SendOutcome::Queued { .. }
+    ));
+    assert_eq!(budget(), at_429, "the throttled retry's 5 given back");
+    assert_eq!(c.stats().retries, 3);
+
+    // A throttled retry costs 5, a transient one 10: lost when the retry does not queue
+    // the message (here a final 400).
+    for (reply, cost) in [
+        (answer(429, ErrorCode::QueueFull, Some(1)), 5),
+        (answer(503, ErrorCode::Saturated, Some(1)), 5),
+        (answer(503, ErrorCode::CapacityUnknown, None), 10),
+        (answer(429, ErrorCode::QueueFull, None), 10),
+        (answer(504, ErrorCode::SendTimeout, None), 10),
+        (Err(TransportError::Unknown("cut".into())), 10),
+    ] {
+        let t = Scripted::new(vec![
+            reply.clone(),
+            answer(400, ErrorCode::InvalidRequest, None),
+        ]);
+        let c = client(&t, config());
+        let outcome = c.send("requests", "{}", Some("x")).await;
+        assert!(
+            matches!(outcome, SendOutcome::Refused { .. }),
+            "{outcome:?}"
+        );
+        assert_eq!(c.inner.budget.balance(), 500 - cost, "{reply:?}");
+    }
+}
+
+/// A retry pays as it goes on the wire, not while it waits: two messages told to come
+/// back in 30 s (an honest Retry-After can be long) by a client with tokens for one retry
+/// are both retried, and both get in. Had the first held its tokens through its wait, the
+/// second would have failed at once for an empty budget.
+#[tokio::test(start_paused = true)]
+async fn a_long_retry_after_holds_no_tokens_while_it_is_waited_out() {
+    let t = Scripted::new(vec![
+        answer(429, ErrorCode::QueueFull, Some(30)),
+        answer(429, ErrorCode::QueueFull, Some(30)),
+        created("ok"),
+    ]);
+    let c = client(
+        &t,
+        config().budget(BudgetConfig {
+            capacity: 5,
+            ..BudgetConfig::default()
+        }),
+    );
+    let sends: Vec<_> = (0..2)
         .map(|i| {
             let c = c.clone();
-            tokio::spawn(async move { c.send("requests", "{}", Some(&format!("m-{i}"))).await })
+            tokio::spawn(async move { c.send("requests", "{}", Some(&format!("w-{i}"))).await })
         })
         .collect();
-    for s in sends {
-        let outcome = s.await.unwrap();
+    for send in sends {
+        let outcome = send.await.unwrap();
         assert!(matches!(outcome, SendOutcome::Queued { .. }), "{outcome:?}");
     }
-    assert_eq!(c.stats().budget_refusals, 0);
-    // A Retry-After of 0 is no pacing (the gateway never says less than 1 s): it counts.
-    let t = Scripted::new(vec![answer(429, ErrorCode::QueueFull, Some(0))]);
-    let outcome = client(&t, config()).send("requests", "{}", None).await;
+    let stats = c.stats();
+    assert_eq!((stats.retries, stats.budget_refusals), (2, 0));
+    assert_eq!(c.inner.budget.balance(), 5);
+}
+
+/// A retry decided while the budget could pay for it, but due when others have spent it,
+/// is not sent: it fails then, with its own attempts and its last answer.
+#[tokio::test(start_paused = true)]
+async fn a_retry_due_when_the_budget_is_empty_is_not_sent() {
+    let t = Scripted::new(vec![answer(429, ErrorCode::QueueFull, Some(1))]);
+    let c = client(
+        &t,
+        config().budget(BudgetConfig {
+            capacity: 5,
+            ..BudgetConfig::default()
+        }),
+    );
+    let sends: Vec<_> = (0..2)
+        .map(|i| {
+            let c = c.clone();
+            tokio::spawn(async move { c.send("requests", "{}", Some(&format!("d-{i}"))).await })
+        })
+        .collect();
+    let mut attempts = Vec::new();
+    for send in sends {
+        match send.await.unwrap() {
+            SendOutcome::Failed {
+                attempts: n,
+                gave_up: GaveUp::Budget,
+                ..
+            } => attempts.push(n),
+            other => panic!("{other:?}"),
+        }
+    }
+    attempts.sort();
+    assert_eq!(
+        attempts,
+        [1, 2],
+        "one retry paid for and sent, the other never sent"
+    );
+    assert_eq!(t.posts().len(), 3);
+    let stats = c.stats();
+    assert_eq!((stats.retries, stats.budget_refusals), (1, 2));
+}
+
+/// An empty budget fails the message at once, as not retried, rather than holding it: a
+/// held message is a retry deferred into the moment load falls, which is when refusals
+/// must stop (docs/client.md). The full queue's own pacing is no exception.
+#[tokio::test(start_paused = true)]
+async fn an_empty_budget_fails_the_message_at_once_as_not_retried() {
+    let t = Scripted::new(vec![
+        answer(429, ErrorCode::QueueFull, Some(1)),
+        created("x"),
+    ]);
+    let c = client(
+        &t,
+        config().budget(BudgetConfig {
+            capacity: 4,
+            ..BudgetConfig::default()
+        }),
+    );
+    let start = Instant::now();
+    let outcome = c.send("requests", "{}", Some("e-1")).await;
+    assert_eq!(
+        outcome,
+        SendOutcome::Failed {
+            last_error: AttemptError::Status {
+                status: 429,
+                code: Some(ErrorCode::QueueFull.into())
+            },
+            attempts: 1,
+            gave_up: GaveUp::Budget,
+        }
+    );
+    assert_eq!(
+        outcome.to_string(),
+        "failed after 1 attempt(s) (not retried: retry budget exhausted): 429 queue_full"
+    );
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "no wait for a retry that will not go"
+    );
+    assert_eq!(t.posts().len(), 1);
+    let stats = c.stats();
+    assert_eq!((stats.retries, stats.budget_refusals), (0, 1));
+    assert_eq!(
+        c.inner.budget.balance(),
+        4,
+        "a refused withdrawal takes nothing"
+    );
+}
+
+/// A `429 queue_full` with a `Retry-After` counts against the attempt cap like any other
+/// retryable answer: exempted, it let a held message be resent at every Retry-After until
+/// its deadline (8.7 attempts per message in a storm at 5× the drain, issue 39).
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_is_retried_within_the_attempt_cap_like_any_other_answer() {
+    let mut replies: Vec<Reply> = (0..12)
+        .map(|_| answer(429, ErrorCode::QueueFull, Some(1)))
+        .collect();
+    replies.push(created("p-1"));
+    let t = Scripted::new(replies);
+    let c = client(&t, config());
+    let outcome = c.send("requests", "{}", Some("p-1")).await;
+    assert_eq!(
+        outcome,
+        SendOutcome::Failed {
+            last_error: AttemptError::Status {
+                status: 429,
+                code: Some(ErrorCode::QueueFull.into())
+            },
+            attempts: 5,
+            gave_up: GaveUp::Attempts,
+        }
+    );
+    assert_eq!(t.posts().len(), 5);
+    // `--max-attempts 1` never retries, a full queue included.
+    let t = Scripted::new(vec![
+        answer(429, ErrorCode::QueueFull, Some(1)),
+        created("x"),
+    ]);
+    let c = client(
+        &t,
+        config().backoff(Backoff {
+            max_attempts: 1,
+            ..Backoff::default()
+        }),
+    );
+    let outcome = c.send("requests", "{}", None).await;
     assert!(
         matches!(
             outcome,
             SendOutcome::Failed {
+                attempts: 1,
                 gave_up: GaveUp::Attempts,
                 ..
             }
@@ -871,73 +1067,250 @@ async fn paced_retries_of_many_messages_in_flight_do_not_spend_the_retry_budget(
     );
 }
 
-/// A `429 queue_full` with a `Retry-After` is the gateway pacing its producers (the queue
-/// is at its ceiling and says when to ask again), not an attempt that failed: counted as
-/// one, five of them would end a message after ~5 s although its deadline is 120 s away
-/// and its share of the room is coming. Such answers are bounded by the deadline, not by
-/// the attempt cap; every other retryable answer (a `503`, a `504`, a `429` that is not
-/// the gateway's) still is.
-#[tokio::test(start_paused = true)]
-async fn a_full_queue_that_says_when_to_ask_again_is_waited_on_past_the_attempt_cap() {
-    let mut replies: Vec<Reply> = (0..12)
-        .map(|_| answer(429, ErrorCode::QueueFull, Some(1)))
-        .collect();
-    replies.push(created("p-1"));
-    let t = Scripted::new(replies);
-    let c = client(&t, config());
-    assert_eq!(
-        c.send("requests", "{}", Some("p-1")).await,
-        SendOutcome::Queued {
-            message_id: "p-1".into()
-        }
-    );
-    assert_eq!(t.posts().len(), 13);
+// ---- A retry storm ---------------------------------------------------------------
 
-    // The deadline still ends it...
-    let t = Scripted::new(vec![answer(429, ErrorCode::QueueFull, Some(1))]);
-    let c = client(&t, config().deadline(Duration::from_secs(10)));
-    let start = Instant::now();
-    let outcome = c.send("requests", "{}", Some("p-2")).await;
-    assert!(
-        matches!(
-            outcome,
-            SendOutcome::Failed {
-                gave_up: GaveUp::Deadline,
-                ..
-            }
-        ),
-        "{outcome:?}"
-    );
-    assert!(start.elapsed() <= Duration::from_secs(10));
-    let n = t.posts().len();
-    assert!((9..=10).contains(&n), "about one a second: {n}");
+/// A gateway in front of a queue drained at `rate` a second: a send is admitted while the
+/// room (at most `burst`, refilled at the rate) lasts, else refused `429 queue_full` with
+/// `Retry-After: 1`, today's answer at a full queue whatever the overload. Records when
+/// each send came, its key and whether it was admitted.
+struct Drained {
+    rate: f64,
+    burst: f64,
+    room: Mutex<(f64, Instant)>,
+    posts: Mutex<Vec<(Instant, String, bool)>>,
+}
 
-    // ...and a 429 that is not the gateway's (a proxy's page), or without a Retry-After,
-    // counts against the cap like any other retryable answer.
-    for reply in [
-        Ok(Answer {
-            status: 429,
-            code: None,
-            message_id: None,
-            retry_after: Some(Duration::from_secs(1)),
-            outcome_unknown: false,
-        }),
-        answer(429, ErrorCode::QueueFull, None),
-    ] {
-        let t = Scripted::new(vec![reply]);
-        let outcome = client(&t, config()).send("requests", "{}", None).await;
-        assert!(
-            matches!(
-                outcome,
-                SendOutcome::Failed {
-                    attempts: 5,
-                    gave_up: GaveUp::Attempts,
-                    ..
-                }
-            ),
-            "{outcome:?}"
-        );
+impl Drained {
+    fn new(rate: f64, burst: f64) -> Arc<Self> {
+        Arc::new(Self {
+            rate,
+            burst,
+            room: Mutex::new((burst, Instant::now())),
+            posts: Mutex::new(Vec::new()),
+        })
     }
+
+    fn posts(&self) -> Vec<(Instant, String, bool)> {
+        self.posts.lock().clone()
+    }
+}
+
+#[async_trait]
+impl Transport for Drained {
+    async fn post(&self, _queue: &str, message: &Outgoing) -> Reply {
+        let now = Instant::now();
+        let admitted = {
+            let mut room = self.room.lock();
+            let refill = (now - room.1).as_secs_f64() * self.rate;
+            *room = ((room.0 + refill).min(self.burst), now);
+            let admitted = room.0 >= 1.0;
+            if admitted {
+                room.0 -= 1.0;
+            }
+            admitted
+        };
+        let key = message.key.to_string();
+        self.posts.lock().push((now, key.clone(), admitted));
+        if admitted {
+            created(&key)
+        } else {
+            answer(429, ErrorCode::QueueFull, Some(1))
+        }
+    }
+
+    async fn post_batch(&self, _: &str, _: &OutgoingBatch) -> BatchReply {
+        Err(TransportError::Unknown("not in this test".into()))
+    }
+
+    async fn probe(&self) -> ProbeAnswer {
+        running()
+    }
+}
+
+/// Sends `count` messages keyed `{prefix}-{i}`, one every `every`, each in a task of its
+/// own (open loop: a refused message never delays the next one's arrival).
+async fn arrivals(
+    c: &Client,
+    prefix: &'static str,
+    count: usize,
+    every: Duration,
+) -> Vec<tokio::task::JoinHandle<SendOutcome>> {
+    let start = Instant::now();
+    let mut sends = Vec::with_capacity(count);
+    for i in 0..count {
+        tokio::time::sleep_until(start + every * i as u32).await;
+        let c = c.clone();
+        sends.push(tokio::spawn(async move {
+            c.send("requests", "{}", Some(&format!("{prefix}-{i}")))
+                .await
+        }));
+    }
+    sends
+}
+
+/// The retry storm of issue 39 on a paused clock: a queue drained at 100/s, producers
+/// offering 5× that for 20 s through one client with 1024 requests on the wire, then
+/// 0.5× for 20 s. Before the retry budget charged the full queue's pacing, every refused
+/// message was resent about every 1.1 s until its 120 s deadline: ~5 attempts per message
+/// here and refusals for the whole calm phase after it. Now: at most 1.2 attempts per
+/// message, and the last refusal within 5 s of the load falling.
+#[tokio::test(start_paused = true)]
+async fn a_retry_storm_at_five_times_the_drain_costs_at_most_1_2_attempts_per_message() {
+    let gate = Drained::new(100.0, 100.0);
+    let mut config = config();
+    config.max_concurrent_requests = 1024;
+    let c = Client::with_transport(config, gate.clone());
+    let storm = arrivals(&c, "storm", 10_000, Duration::from_millis(2)).await;
+    let calm_from = Instant::now();
+    let calm = arrivals(&c, "calm", 1_000, Duration::from_millis(20)).await;
+    let mut queued = 0;
+    for send in storm.into_iter().chain(calm) {
+        queued += usize::from(matches!(send.await.unwrap(), SendOutcome::Queued { .. }));
+    }
+    let posts = gate.posts();
+    let storm_posts = posts.iter().filter(|p| p.1.starts_with("storm-")).count();
+    let per_message = storm_posts as f64 / 10_000.0;
+    let last_refusal = posts
+        .iter()
+        .filter(|p| !p.2)
+        .map(|p| p.0)
+        .max()
+        .unwrap_or(calm_from);
+    let refused_after = last_refusal.saturating_duration_since(calm_from);
+    eprintln!(
+        "storm: {per_message:.3} attempts per message, {queued} queued, last refusal {refused_after:?} into the calm, {:?}",
+        c.stats()
+    );
+    assert!(per_message <= 1.2, "{per_message:.3} attempts per message");
+    assert!(
+        refused_after <= Duration::from_secs(5),
+        "refused {refused_after:?} after the load fell"
+    );
+    // The calm phase's own messages all got in at their first attempt.
+    let calm_posts = posts.iter().filter(|p| p.1.starts_with("calm-")).count();
+    assert!(calm_posts <= 1_000 + 10, "{calm_posts}");
+}
+
+/// The same bound at a gateway that admits exactly one send in five, 1024 messages sent
+/// at once: before, each message was resent until its turn came (about five attempts
+/// each); now the budget's 500 tokens and the one-token refunds of clean successes pay
+/// for fewer than a fifth of a retry per message.
+#[tokio::test(start_paused = true)]
+async fn at_a_gateway_admitting_one_send_in_five_1024_messages_cost_at_most_1_2_attempts_each() {
+    struct OneInFive(Mutex<u64>);
+    #[async_trait]
+    impl Transport for OneInFive {
+        async fn post(&self, _queue: &str, message: &Outgoing) -> Reply {
+            let mut n = self.0.lock();
+            *n += 1;
+            if n.is_multiple_of(5) {
+                created(message.key.as_str())
+            } else {
+                answer(429, ErrorCode::QueueFull, Some(1))
+            }
+        }
+        async fn post_batch(&self, _: &str, _: &OutgoingBatch) -> BatchReply {
+            Err(TransportError::Unknown("not in this test".into()))
+        }
+        async fn probe(&self) -> ProbeAnswer {
+            running()
+        }
+    }
+    let gate = Arc::new(OneInFive(Mutex::new(0)));
+    let mut config = config();
+    config.max_concurrent_requests = 1024;
+    let c = Client::with_transport(config, gate.clone());
+    let sends: Vec<_> = (0..1024)
+        .map(|i| {
+            let c = c.clone();
+            tokio::spawn(async move { c.send("requests", "{}", Some(&format!("f-{i}"))).await })
+        })
+        .collect();
+    for send in sends {
+        send.await.unwrap();
+    }
+    let requests = *gate.0.lock();
+    let per_message = requests as f64 / 1024.0;
+    eprintln!(
+        "one in five: {per_message:.3} attempts per message, {:?}",
+        c.stats()
+    );
+    assert!(per_message <= 1.2, "{per_message:.3} attempts per message");
+}
+
+/// A gateway whose queue is full (`429 queue_full`, `Retry-After: 1`) until `opens`, and
+/// takes every send after it.
+struct FullUntil {
+    opens: Instant,
+    posts: Mutex<Vec<Instant>>,
+}
+
+#[async_trait]
+impl Transport for FullUntil {
+    async fn post(&self, _queue: &str, message: &Outgoing) -> Reply {
+        let now = Instant::now();
+        self.posts.lock().push(now);
+        if now >= self.opens {
+            created(message.key.as_str())
+        } else {
+            answer(429, ErrorCode::QueueFull, Some(1))
+        }
+    }
+
+    async fn post_batch(&self, _: &str, _: &OutgoingBatch) -> BatchReply {
+        Err(TransportError::Unknown("not in this test".into()))
+    }
+
+    async fn probe(&self) -> ProbeAnswer {
+        running()
+    }
+}
+
+/// With adaptive throttling on, a client whose requests are refused holds most of its
+/// attempts back (the wire sees a handful, not one per message per Retry-After), and a
+/// held message is delayed, not dropped: every one is queued once the queue takes sends
+/// again, within its deadline.
+#[tokio::test(start_paused = true)]
+async fn the_adaptive_throttle_holds_attempts_back_and_delivers_them_once_the_queue_opens() {
+    let start = Instant::now();
+    let gate = Arc::new(FullUntil {
+        opens: start + Duration::from_secs(10),
+        posts: Mutex::new(Vec::new()),
+    });
+    let c = Client::with_transport(
+        config()
+            .adaptive_throttle(super::throttle::ThrottleConfig::default())
+            .deadline(Duration::from_secs(60))
+            .backoff(Backoff {
+                max_attempts: 100,
+                ..Backoff::default()
+            }),
+        gate.clone(),
+    );
+    let sends: Vec<_> = (0..200)
+        .map(|i| {
+            let c = c.clone();
+            tokio::spawn(async move { c.send("requests", "{}", Some(&format!("h-{i}"))).await })
+        })
+        .collect();
+    for send in sends {
+        let outcome = send.await.unwrap();
+        assert!(matches!(outcome, SendOutcome::Queued { .. }), "{outcome:?}");
+    }
+    let posts = gate.posts.lock().clone();
+    let while_full = posts.iter().filter(|at| **at < gate.opens).count();
+    let stats = c.stats();
+    eprintln!(
+        "throttle: {while_full} sends while full, {} in all, {:?} to deliver all",
+        posts.len(),
+        start.elapsed()
+    );
+    assert!(
+        while_full < 50,
+        "{while_full} sends while the queue was full, for 200 messages"
+    );
+    assert!(stats.held > 0);
+    assert!(stats.budget_refusals == 0, "{stats:?}");
 }
 
 // ---- Batches ----------------------------------------------------------------------
@@ -1300,9 +1673,8 @@ async fn the_shared_budget_counts_batch_requests_not_their_entries() {
     let t = ScriptedBatch::new(vec![refused_whole(503, ErrorCode::Saturated, Some(1))]);
     let c = Client::with_transport(
         config().budget(BudgetConfig {
-            ratio: 0.2,
-            min_per_second: 0.0,
-            window: Duration::from_secs(10),
+            capacity: 10,
+            ..BudgetConfig::default()
         }),
         t.clone(),
     );
@@ -1338,7 +1710,7 @@ async fn the_shared_budget_counts_batch_requests_not_their_entries() {
         }
     }
     let stats = c.stats();
-    // Ten first requests of five entries deposit 10 × 0.2 = 2 tokens, not 50 × 0.2.
+    // Ten tokens pay for two throttled retries of a request, not for two of an entry.
     assert_eq!(stats.retries, 2);
     assert_eq!(stats.requests, 12);
     assert_eq!(by_budget, 50, "every entry ended on the spent budget");

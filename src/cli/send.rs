@@ -19,7 +19,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use sendgate_client::retry::Backoff;
+use sendgate_client::retry::{Backoff, BudgetConfig};
+use sendgate_client::throttle::ThrottleConfig;
 use sendgate_client::{
     code_label, AttemptError, Client, ClientConfig, ClientStats, Message, QueueName,
     QueueNameError, SendOutcome,
@@ -72,10 +73,24 @@ pub struct SendArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 600,
           value_parser = clap::value_parser!(u64).range(0..=604_800))]
     deadline_cap: u64,
-    /// Attempts per message, the first included; a 429 queue_full with a Retry-After (the
-    /// gateway pacing producers at a full queue) is not counted: the deadline bounds those.
+    /// Attempts per message (or batch request), the first included, whatever the answers
+    /// (a full queue's 429 too).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
     max_attempts: u32,
+    /// Tokens of the retry budget shared by every message of the run: a retry the gateway
+    /// paced (429, or 503 with a Retry-After) costs 5, any other retry 10, given back if
+    /// the retry queues the message; a message queued at its first attempt gives 1. A
+    /// message whose retry the budget cannot pay for fails at once (not retried: retry
+    /// budget exhausted). 0 never retries.
+    #[arg(long, value_name = "TOKENS", default_value_t = 500,
+          value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    retry_budget: u32,
+    /// Hold attempts back locally while the gateway refuses most of them (the SRE book's
+    /// client-side adaptive throttling, K = 2 over 2 minutes): once more than half of the
+    /// run's recent requests were refused, an attempt is held a second at a time, within
+    /// its deadline, with a chance that grows with the refusals.
+    #[arg(long)]
+    adaptive_throttle: bool,
     /// The criticality to send at (critical, default or sheddable), as
     /// Sendgate-Criticality: a lower level is refused first when the queue is nearly full;
     /// never above the key's own. Without it, the key's level.
@@ -195,7 +210,14 @@ fn prepare(args: &SendArgs) -> Result<(Client, QueueName, Box<dyn Read + Send>),
         .backoff(Backoff {
             max_attempts: args.max_attempts,
             ..Backoff::default()
+        })
+        .budget(BudgetConfig {
+            capacity: args.retry_budget,
+            ..BudgetConfig::default()
         });
+    if args.adaptive_throttle {
+        config = config.adaptive_throttle(ThrottleConfig::default());
+    }
     match &args.entra_scope {
         Some(_) if token.is_some() => return Err(UsageError::TwoCredentials),
         Some(scope) => {
@@ -696,6 +718,12 @@ impl Report {
             "  requests {}, retries {}, retries refused by the budget {}, waits for a drain {}, lifecycle probes {}",
             stats.requests, stats.retries, stats.budget_refusals, stats.deferrals, stats.probes
         );
+        if stats.held > 0 {
+            eprintln!(
+                "  attempts held back by the adaptive throttle: {}",
+                stats.held
+            );
+        }
         if stats.probe_forbidden {
             eprintln!(
                 "  note: the token may not read /health/detailed (no observer role), so a drain was only noticed when a send met it"
