@@ -103,6 +103,58 @@ async fn a_file_of_json_lines_is_queued_and_exits_0() {
     );
 }
 
+/// `--retry-budget 0`: a full queue's refusals are not retried (no retry is exempt, the
+/// gateway's pacing included), and each such line says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_retry_budget_fails_a_full_queues_refusals_at_once() {
+    let app = spawn_app_with(&[
+        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "3"),
+        ("SENDGATE_DEPTH_TTL_MS", "60000"),
+    ])
+    .await;
+    let proxy = Proxy::start(&app.address).await;
+    let out = sendgate_send(
+        &[
+            "--url",
+            &proxy.address,
+            "--queue",
+            "requests",
+            "--concurrency",
+            "1",
+            "--batch-size",
+            "1",
+            "--deadline",
+            "600",
+            "--retry-budget",
+            "0",
+            "-",
+        ],
+        &[],
+        Some(&lines(6)),
+    )
+    .await;
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("summary: 6 messages: 3 queued, 0 refused, 3 failed"),
+        "{err}"
+    );
+    assert_eq!(
+        err.matches(
+            "failed after 1 attempt(s) (not retried: retry budget exhausted): 429 queue_full"
+        )
+        .count(),
+        3,
+        "{err}"
+    );
+    assert!(
+        err.contains("requests 6, retries 0, retries refused by the budget 3"),
+        "{err}"
+    );
+    assert_eq!(proxy.posts().len(), 6, "one request per line");
+    assert_eq!(app.stored("requests"), 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_line_is_refused_locally_and_exits_1() {
     // Alone, three requests; in a batch, one request of three entries.
