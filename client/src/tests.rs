@@ -1747,6 +1747,39 @@ async fn a_batch_that_meets_a_drain_waits_it_out_without_spending_an_attempt() {
     assert!(stats.deferrals >= 1);
 }
 
+/// A batch retry refused again loses its tokens even when the room of that refusal then
+/// queues some entries at once (that room is no retry), and a later retry that queues the
+/// rest gives its own back: 500 − 5.
+#[tokio::test(start_paused = true)]
+async fn a_batch_retry_refused_with_room_loses_its_tokens_and_the_retry_of_the_rest_gets_its_own_back(
+) {
+    let full_with_room: Rule = Box::new(|_| {
+        Ok(BatchAnswer {
+            status: 429,
+            code: Some(ErrorCode::QueueFull.into()),
+            retry_after: Some(Duration::from_secs(1)),
+            room: Some(4),
+            ..BatchAnswer::default()
+        })
+    });
+    let t = ScriptedBatch::new(vec![
+        refused_whole(503, ErrorCode::Saturated, Some(1)),
+        full_with_room,
+        all_queued(),
+        all_queued(),
+    ]);
+    let c = Client::with_transport(config(), t.clone());
+    let outcomes = c.send_batch("requests", messages(10, "b")).await;
+    assert_eq!(
+        outcomes,
+        keys(10, "b").iter().map(|k| queued(k)).collect::<Vec<_>>()
+    );
+    let sizes: Vec<usize> = t.seen().iter().map(|s| s.keys.len()).collect();
+    assert_eq!(sizes, [10, 10, 4, 6]);
+    assert_eq!(c.stats().retries, 2);
+    assert_eq!(c.inner.budget.balance(), 495);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_full_queue_with_room_takes_the_first_room_entries_at_once_and_the_rest_after_retry_after(
 ) {
