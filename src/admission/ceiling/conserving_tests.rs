@@ -163,6 +163,10 @@ struct Bench {
     drain_per_s: u64,
     limit: u64,
     step: Duration,
+    /// How long an admitted send takes: stored half-way, settled at the end.
+    send_takes: Duration,
+    /// Sends admitted and not yet settled: `(stored at, settled at, stored yet, its place)`.
+    sending: VecDeque<(Instant, Instant, bool, Reservation)>,
 }
 
 impl Bench {
@@ -180,6 +184,8 @@ impl Bench {
             drain_per_s,
             limit,
             step: Duration::from_millis(1),
+            send_takes: Duration::ZERO,
+            sending: VecDeque::new(),
         }
     }
 
@@ -194,6 +200,7 @@ impl Bench {
             for _ in 0..self.arrivals.due(now, per_s) {
                 self.send(now, &mut seen).await;
             }
+            self.progress(now, &mut seen);
             if now >= next_poll {
                 next_poll += poll_every;
                 let refusing = seen
@@ -216,9 +223,26 @@ impl Bench {
     async fn send(&mut self, now: Instant, seen: &mut Seen) {
         match self.gate.admit().await {
             Ok(reservation) => {
-                self.queue.store();
-                reservation.finish(BacklogEffect::Stored);
                 seen.admitted += 1;
+                let store_at = now + self.send_takes / 2;
+                self.sending
+                    .push_back((store_at, now + self.send_takes, false, reservation));
+                self.progress(now, seen);
+            }
+            Err(Refusal::QueueFull { .. }) => {
+                seen.refused += 1;
+                seen.last_refusal = Some(now);
+            }
+            Err(other) => panic!("refused for something else: {other:?}"),
+        }
+    }
+
+    /// Store the sends due to be stored by `now`, and settle those due to end.
+    fn progress(&mut self, now: Instant, seen: &mut Seen) {
+        for (store_at, _, stored, _) in self.sending.iter_mut() {
+            if !*stored && *store_at <= now {
+                *stored = true;
+                self.queue.store();
                 seen.max_depth = seen.max_depth.max(self.queue.depth());
                 assert!(
                     self.queue.depth() <= self.limit,
@@ -227,11 +251,15 @@ impl Bench {
                     self.limit
                 );
             }
-            Err(Refusal::QueueFull { .. }) => {
-                seen.refused += 1;
-                seen.last_refusal = Some(now);
+        }
+        while self
+            .sending
+            .front()
+            .is_some_and(|(_, settle_at, stored, _)| *stored && *settle_at <= now)
+        {
+            if let Some((_, _, _, reservation)) = self.sending.pop_front() {
+                reservation.finish(BacklogEffect::Stored);
             }
-            Err(other) => panic!("refused for something else: {other:?}"),
         }
     }
 }
@@ -512,4 +540,29 @@ async fn with_a_lagging_admin_plane_the_ceiling_holds_and_admits_about_the_ceili
     );
     assert!(seen.max_depth <= 50);
     assert!((3.0..=6.0).contains(&rate), "admitted {rate}/s");
+}
+
+/// The same at 5 × D with sends that take 30 ms (stored after 15, settled after 30), so reads
+/// land while sends are stored and not settled (the double count): the ceiling holds, and
+/// the consumer is still never left idle while sends are refused.
+#[tokio::test(start_paused = true)]
+async fn sends_in_flight_across_reads_keep_the_bound_and_the_consumer_busy() {
+    let queue = FakeQueue::new(Duration::from_millis(2), Duration::ZERO);
+    let mut bench = Bench::new(50, 100, queue.clone()).await;
+    bench.send_takes = Duration::from_millis(30);
+    bench.run(500.0, Duration::from_secs(1)).await;
+    let seen = bench.run(500.0, Duration::from_secs(10)).await;
+    let rate = seen.admitted as f64 / 10.0;
+    eprintln!(
+        "5 x D, 30 ms sends: {seen:?}, admitted {rate}/s, empty {:.2} %, reads {}",
+        100.0 * seen.empty_share(),
+        queue.reads()
+    );
+    assert!((90.0..=110.0).contains(&rate), "admitted {rate}/s");
+    assert!(seen.max_depth <= 50);
+    assert!(
+        seen.empty_share() <= 0.01,
+        "{:.1} % empty",
+        100.0 * seen.empty_share()
+    );
 }
