@@ -25,7 +25,11 @@ async fn with_ceiling_5_exactly_5_of_8_sends_are_queued() {
     ])
     .await;
     let mut refused = Vec::new();
+    let mut reads_under_the_ceiling = 0;
     for i in 0..8 {
+        if i == 3 {
+            reads_under_the_ceiling = app.primary.backlog_reads();
+        }
         let response = app.send("requests", &i.to_string()).await;
         if response.status() == 429 {
             assert!(retry_after(&response).unwrap() >= 1);
@@ -42,10 +46,13 @@ async fn with_ceiling_5_exactly_5_of_8_sends_are_queued() {
         assert!(body["request_id"].is_string() && body["message"].is_string());
     }
     assert_eq!(app.stored("requests"), 5);
-    assert_eq!(
-        app.primary.backlog_reads(),
-        1,
-        "one read, reused for the TTL"
+    assert_eq!(reads_under_the_ceiling, 1, "one read, reused for the TTL");
+    // Within a tenth of the ceiling (the 4th send on) and refused at it, a send may start
+    // one read in the background (contract section 2).
+    assert!(
+        app.primary.backlog_reads() <= 1 + 5,
+        "{} reads",
+        app.primary.backlog_reads()
     );
 }
 
@@ -107,6 +114,7 @@ async fn concurrent_sends_never_overshoot_the_ceiling() {
         ("SENDGATE_DEPTH_TTL_MS", "60000"),
     ])
     .await;
+    let started = std::time::Instant::now();
     let sends: Vec<_> = (0..64)
         .map(|i| {
             let (client, url) = (app.client.clone(), app.url("/v1/queues/requests/messages"));
@@ -134,10 +142,14 @@ async fn concurrent_sends_never_overshoot_the_ceiling() {
     }
     assert_eq!((queued, full), (20, 44));
     assert_eq!(app.stored("requests"), 20);
-    assert_eq!(
-        app.primary.backlog_reads(),
-        1,
-        "64 concurrent sends shared one depth read"
+    // They shared one read; at the ceiling a send may start one more in the background,
+    // no sooner than 20 ms after the last landed (contract section 2).
+    let at_the_ceiling = started.elapsed().as_millis() / 20;
+    let reads = app.primary.backlog_reads();
+    assert!(
+        u128::from(reads) <= 1 + at_the_ceiling,
+        "64 concurrent sends made {reads} depth reads in {:?}",
+        started.elapsed()
     );
 }
 

@@ -1,5 +1,6 @@
 //! The ceiling as one process keeps it (contract section 2): the last depth read from the
-//! admin plane, reused for the TTL, with this process's own sends counted on top.
+//! admin plane, reused for the TTL (read again sooner when a send is refused at the
+//! ceiling), with this process's own sends counted on top.
 //!
 //! One read is in flight at a time per queue: sends that find the cache stale while a read
 //! runs wait for that read instead of starting their own. On top of the last read the
@@ -18,6 +19,45 @@
 //! read in the background and is decided on the cached value, so under steady traffic no
 //! send waits for the admin plane; only a queue's first read, or one after the value
 //! expired with no traffic to refresh it, is waited for.
+//!
+//! Reads are made again at the ceiling. Between two of the TTL's reads the estimate credits
+//! none of what the consumers took: with a ceiling under a TTL's drain (ceiling 50, 100/s,
+//! 1 s) room would open once per TTL and the queue run dry while sends are refused. A send
+//! refused at the ceiling (`queue_full`), or admitted within a tenth of it, on a read that
+//! landed at least the ceiling-read interval ago starts a read in the background (one at a
+//! time with the read ahead) and is answered at once, so room shows as soon as consumers
+//! make it, and as a rule before the sends that follow would be refused. The interval ([`LocalGate::ceiling_read_interval`]) is twice the last read's
+//! duration, at least 20 ms, and half the lag of an admin plane that trails (its count
+//! moves no faster). Such a read refreshes the value, not the TTL's schedule: the TTL's
+//! reads still come once per TTL (they number the share rounds and the once-per-read logs,
+//! count in the streak, and are the only reads a send may wait for); one that fails leaves
+//! the cached read standing, out of the streak, and no read is made at the ceiling again
+//! before the TTL's next good read.
+//!
+//! Why the estimate stays an upper bound of the backlog, however often reads are made: an
+//! exact admin plane's read that starts at `s` shows the queue as it stood at some `τ ≥ s`
+//! within the read's flight. Since `τ` the queue gained only sends stored after `τ`, and
+//! lost what consumers took (never less than nothing). A send stored after `τ` settled
+//! after its store, so after `s` (it is in `since_read`), or has not settled (it is in
+//! flight). So backlog ≤ read + since_read + in flight = the estimate. Reading more often
+//! only moves `s` later; the refused send that starts a read changes nothing counted. With
+//! a lag `L` the read shows the queue at some `τ ≥ s − L`, and the sends settled from
+//! `s − L` on are counted: the same argument from `s − L`.
+//!
+//! The double count: a send stored before `τ` and settled after `s` is both in the read and
+//! counted on top of it (a read taken while sends are stored but not yet settled). Which of
+//! them the read shows cannot be told here (it takes each store's time in the admin plane's
+//! frame), so each stays counted until a read that starts after it settled: while refusing,
+//! within a ceiling-read interval rather than a TTL.
+//!
+//! A lagging admin plane (RabbitMQ's management counts, Service Bus): a read shows the sends
+//! stored before `s − L` and may or may not show those within the lag; nothing in its
+//! answer says which, so none of them can be credited safely (that would take the count's
+//! own time). What is reached: at the ceiling the estimate holds every send settled in the
+//! last `L` and a read interval, so the admitted rate settles near ceiling / `L` when that
+//! is under the drain rate, and consumers go short while sends are refused (RabbitMQ's
+//! default `L` of 11 s, ceiling 50: about 4.5 a second). Work is conserved with a ceiling of
+//! at least the drain rate × (`L` + a TTL), or an exact depth source (RabbitMQ's `amqp`).
 //!
 //! A failed read (error, timeout, no permission) adds one to the queue's consecutive-failure
 //! streak; a good read resets it. With the backlog unknown the send proceeds (fails open)
@@ -42,13 +82,21 @@ use super::policy::{
     BacklogEffect, CapacityPolicy, CeilingView, GateSnapshot, Judge, PolicyCell, Refusal,
 };
 use crate::admission::drain::DrainEstimator;
-use crate::backend::{Backend, DepthError};
+use crate::backend::{Backend, Backlog, DepthError};
 use crate::domain::QueueName;
 
 /// Completions are counted in slots this wide when a lag window is kept. A slot is
 /// stamped with its end, so rounding can only over-count (refuse a little early), never
 /// let a send through over the ceiling.
 const SLOT: Duration = Duration::from_millis(10);
+
+/// The shortest wait, after a read lands, before a send refused at the ceiling may read
+/// again (see [`LocalGate::ceiling_read_interval`]).
+const CEILING_READ_FLOOR: Duration = Duration::from_millis(20);
+
+/// An admitted send reads at the ceiling once the estimate is within `1 / NEAR_CEILING` of
+/// it (see [`LocalGate::is_near_full`]).
+const NEAR_CEILING: u64 = 10;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum LastRead {
@@ -66,7 +114,9 @@ enum LastRead {
 #[derive(Debug)]
 pub(super) struct GateState {
     last_read: LastRead,
-    /// Bumped by every finished read; waiters compare it to learn that a read happened.
+    /// Bumped by every finished read the TTL paces (not one at the ceiling, [`Read::AtCeiling`]);
+    /// waiters compare it to learn that such a read happened, and it numbers the share
+    /// rounds and the once-per-read log lines.
     pub(super) generation: u64,
     streak: u32,
     /// Admitted, not yet finished.
@@ -86,8 +136,12 @@ pub(super) struct GateState {
     failclosed_unlogged: u64,
     /// How long the last read took: the refresh starts this long (twice) before expiry.
     last_read_took: Duration,
-    /// A read started ahead of expiry is running in the background.
-    pub(super) refreshing_ahead: bool,
+    /// A read started in the background (ahead of expiry, or at the ceiling) is running: one
+    /// at a time.
+    pub(super) reading_in_background: bool,
+    /// The earliest a send at the ceiling may start a read; `None` until a good read, and
+    /// after a read at the ceiling failed (the TTL's next read is awaited).
+    ceiling_read_after: Option<Instant>,
     /// The drain rate, measured between good reads.
     drain: DrainEstimator,
     /// The last good read's time and backlog: the previous end of the next measured pair.
@@ -98,11 +152,19 @@ pub(super) struct GateState {
     fresh_after: Option<Instant>,
 }
 
-/// Why a read is made: for a send (counts in the streak) or at start-up (does not).
+/// Why a read is made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Read {
+    /// The TTL's: a send found the cached read stale or within its lead (counts in the
+    /// streak).
     ForSend,
+    /// At start-up (does not count in the streak).
     Priming,
+    /// A send was refused at the ceiling, or admitted within a tenth of it, on a read older
+    /// than the ceiling-read interval. It
+    /// refreshes the cached value, not the TTL's schedule; a failure leaves the cached
+    /// read in place and out of the streak (no send depends on this read).
+    AtCeiling,
 }
 
 pub struct LocalGate {
@@ -147,7 +209,8 @@ impl LocalGate {
                 failclosed_logged: None,
                 failclosed_unlogged: 0,
                 last_read_took: Duration::ZERO,
-                refreshing_ahead: false,
+                reading_in_background: false,
+                ceiling_read_after: None,
                 drain: DrainEstimator::new(lag),
                 anchor: None,
                 refusing: false,
@@ -195,23 +258,21 @@ impl LocalGate {
             if self.is_fresh(&state, now) || self.is_being_refreshed(&state, now) {
                 let ahead = self.should_refresh_ahead(&mut state, now);
                 let decision = self.decide(&mut state, bounds, units, judge);
+                let background = ahead
+                    .or_else(|| self.should_read_at_ceiling(&mut state, bounds, now, &decision));
                 Ok((
                     Self::failclosed_to_log(&mut state, &decision),
                     decision,
-                    ahead,
+                    background,
                 ))
             } else {
                 Err(state.generation)
             }
         };
         let (log, decision) = match cached {
-            Ok((log, decision, ahead)) => {
-                if let Some(generation) = ahead {
-                    let gate = Arc::clone(self);
-                    tokio::spawn(async move {
-                        gate.refresh(generation, Read::ForSend).await;
-                        gate.state.lock().refreshing_ahead = false;
-                    });
+            Ok((log, decision, background)) => {
+                if let Some((generation, kind)) = background {
+                    self.read_in_background(generation, kind);
                 }
                 (log, decision)
             }
@@ -239,6 +300,15 @@ impl LocalGate {
             );
         }
         decision
+    }
+
+    /// Read the depth in a task of its own: the send that started it is answered now.
+    fn read_in_background(self: &Arc<Self>, generation: u64, kind: Read) {
+        let gate = Arc::clone(self);
+        tokio::spawn(async move {
+            gate.refresh(generation, kind).await;
+            gate.state.lock().reading_in_background = false;
+        });
     }
 
     /// A fail-closed refusal is logged once per depth read: the first after each read
@@ -289,7 +359,7 @@ impl LocalGate {
         let (LastRead::Ok { at, .. } | LastRead::Failed { at }) = state.last_read else {
             return false;
         };
-        state.refreshing_ahead
+        state.reading_in_background
             && now < at + self.policy.load().ttl + self.policy.base().read_timeout
             && Self::comparable(state, at)
     }
@@ -301,16 +371,73 @@ impl LocalGate {
 
     /// Whether this send starts the read ahead of expiry (and of which generation): the
     /// cached value is within its refresh lead of the TTL and no read runs yet.
-    fn should_refresh_ahead(&self, state: &mut GateState, now: Instant) -> Option<u64> {
+    fn should_refresh_ahead(&self, state: &mut GateState, now: Instant) -> Option<(u64, Read)> {
+        if state.reading_in_background || now < self.read_ahead_from(state)? {
+            return None;
+        }
+        state.reading_in_background = true;
+        Some((state.generation, Read::ForSend))
+    }
+
+    /// When the TTL's next read is due ahead of the cached read's expiry: its refresh lead
+    /// (twice the last read's duration, at most half the TTL) before it.
+    fn read_ahead_from(&self, state: &GateState) -> Option<Instant> {
         let (LastRead::Ok { at, .. } | LastRead::Failed { at }) = state.last_read else {
             return None;
         };
-        let lead = (state.last_read_took * 2).min(self.policy.load().ttl / 2);
-        if state.refreshing_ahead || now < (at + self.policy.load().ttl).checked_sub(lead)? {
+        let ttl = self.policy.load().ttl;
+        let lead = (state.last_read_took * 2).min(ttl / 2);
+        (at + ttl).checked_sub(lead)
+    }
+
+    /// Whether this send starts a read at the ceiling (and of which generation): it was
+    /// refused there (`queue_full`: the judge never answers that) or admitted near it
+    /// ([`Self::is_near_full`]), the last good read landed at least the ceiling-read interval ago, and no
+    /// read runs yet.
+    fn should_read_at_ceiling(
+        &self,
+        state: &mut GateState,
+        bounds: Option<LocalBounds>,
+        now: Instant,
+        decision: &Result<(), Refusal>,
+    ) -> Option<(u64, Read)> {
+        let at_ceiling = match decision {
+            Err(Refusal::QueueFull { .. }) => true,
+            Ok(()) => self.is_near_full(state, bounds),
+            Err(_) => false,
+        };
+        if !at_ceiling
+            || state.reading_in_background
+            || state.ceiling_read_after.is_none_or(|after| now < after)
+        {
             return None;
         }
-        state.refreshing_ahead = true;
-        Some(state.generation)
+        state.reading_in_background = true;
+        Some((state.generation, Read::AtCeiling))
+    }
+
+    /// Whether the estimate, with the sends admitted so far, is within a tenth of the
+    /// ceiling (or at its last place): room the next sends may fill before a read started
+    /// now lands, so that read starts before any is refused.
+    fn is_near_full(&self, state: &GateState, bounds: Option<LocalBounds>) -> bool {
+        let LastRead::Ok { backlog, .. } = state.last_read else {
+            return false;
+        };
+        let limit = self.policy.load().limit;
+        let estimate = Self::estimate_before(state, backlog, bounds, 1);
+        estimate.saturating_add((limit / NEAR_CEILING).max(1)) >= limit
+    }
+
+    /// How long after a read lands a send at the ceiling may read again: twice that read's
+    /// duration (the admin plane then spends at most a third of its time on this queue),
+    /// at least [`CEILING_READ_FLOOR`] (50 reads a second at most), and for an admin plane
+    /// whose counts trail, half its lag (RabbitMQ's management counts move once per
+    /// statistics refresh, the lag being twice that and a second: a read sooner would show
+    /// the same count).
+    fn ceiling_read_interval(&self, took: Duration) -> Duration {
+        (took * 2)
+            .max(CEILING_READ_FLOOR)
+            .max(self.backend.depth_lag() / 2)
     }
 
     /// Read the depth unless another caller finished a read while this one waited its turn.
@@ -333,26 +460,24 @@ impl LocalGate {
         };
         let now = Instant::now();
         let mut state = self.state.lock();
-        state.generation += 1;
         state.last_read_took = now - started;
         match result {
             Ok(backlog) => {
                 // Completions before the read started are in its count (for an exact admin
                 // plane); those after it, and those inside the lag window, are added on top.
                 let since_read = lagged + (state.completed_total - completed_at_start);
-                Self::measure_drain(&mut state, now, backlog.messages, since_read);
-                state.since_read = since_read;
-                state.last_read = LastRead::Ok {
-                    backlog: backlog.messages,
-                    send_disabled: backlog.send_disabled,
-                    at: now,
-                };
-                state.streak = 0;
-                state.last_read_ok_at = Some(SystemTime::now());
-                state.reads_ok += 1;
+                self.land(&mut state, kind, backlog, since_read, now);
             }
             Err(error) => {
-                state.last_read = LastRead::Failed { at: now };
+                if kind == Read::AtCeiling {
+                    // The cached read stands (it is within its TTL); no more reads at the
+                    // ceiling before the TTL's next good one, so a failing admin plane is
+                    // asked no more often than the TTL says.
+                    state.ceiling_read_after = None;
+                } else {
+                    state.generation += 1;
+                    state.last_read = LastRead::Failed { at: now };
+                }
                 if kind == Read::ForSend {
                     state.streak = state.streak.saturating_add(1);
                 }
@@ -368,6 +493,40 @@ impl LocalGate {
                 );
             }
         }
+    }
+
+    /// A good read lands: its backlog, with `since_read` counted on top. A read at the ceiling
+    /// keeps the TTL's schedule (the cached read's time, the generation) unless the TTL's
+    /// read is due by now, which it then is: a send must not find the value expired and
+    /// wait for the admin plane just after a read landed.
+    fn land(
+        &self,
+        state: &mut GateState,
+        kind: Read,
+        backlog: Backlog,
+        since_read: u64,
+        now: Instant,
+    ) {
+        let scheduled_at = match state.last_read {
+            LastRead::Ok { at, .. } if kind == Read::AtCeiling => {
+                Some(at).filter(|_| self.read_ahead_from(state).is_some_and(|due| now < due))
+            }
+            _ => None,
+        };
+        if scheduled_at.is_none() {
+            state.generation += 1;
+        }
+        Self::measure_drain(state, now, backlog.messages, since_read);
+        state.since_read = since_read;
+        state.last_read = LastRead::Ok {
+            backlog: backlog.messages,
+            send_disabled: backlog.send_disabled,
+            at: scheduled_at.unwrap_or(now),
+        };
+        state.ceiling_read_after = Some(now + self.ceiling_read_interval(state.last_read_took));
+        state.streak = 0;
+        state.last_read_ok_at = Some(SystemTime::now());
+        state.reads_ok += 1;
     }
 
     /// One pair of good reads for the drain rate: the previous read's estimate (its backlog

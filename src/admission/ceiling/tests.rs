@@ -346,7 +346,7 @@ async fn an_expired_value_is_reused_no_longer_than_a_read_ahead_can_run() {
     let backend = Arc::new(ScriptedDepth::new(vec![Ok(0)], Duration::ZERO));
     let g = gate(policy(100, 1000, false, 3), &backend);
     timed_admit(&g).await;
-    g.local.state.lock().refreshing_ahead = true;
+    g.local.state.lock().reading_in_background = true;
     tokio::time::advance(Duration::from_millis(1000 + 2000 - 1)).await;
     timed_admit(&g).await;
     assert_eq!(
@@ -1505,3 +1505,7 @@ async fn a_queue_asked_within_two_rounds_keeps_what_it_counted() {
     }
     assert_eq!(a_got, 9, "B's unit of the 10 is kept for it");
 }
+
+/// Work conservation, in a file of its own beside this one.
+#[path = "conserving_tests.rs"]
+mod conserving;
