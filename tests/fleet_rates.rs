@@ -190,6 +190,12 @@ async fn a_burst_is_the_fleets_and_past_it_the_store_is_not_asked_until_the_wait
     let state = fleet[0].state(RATED, Instant::now()).unwrap();
     assert_eq!(state.available, 0);
     assert_eq!(state.until_more, Some(Duration::from_secs(1)));
+    // A batch waits for its first unit as the fleet said, the others an interval apart;
+    // a whole burst comes back in five.
+    assert_eq!(send(&fleet[0], RATED, 3).await, Err(Duration::from_secs(3)));
+    let (_, bucket) = fleet[0].bucket(RATED).unwrap();
+    let full = bucket.lock().until_full(Instant::now());
+    assert_eq!(full, Duration::from_secs(5));
     let calls = rates.calls();
     tokio::time::advance(Duration::from_millis(500)).await;
     assert_eq!(

@@ -49,7 +49,7 @@ pub struct Leased {
     /// Deciding alone (cut off, or a lease call failed) rather than on the lease.
     alone: bool,
     /// A lease call failed: alone until then, whatever the fleet's state.
-    failed_until: Option<Instant>,
+    failed_until: Instant,
     /// The replica's part of the rate while alone.
     own: Gcra,
 }
@@ -68,7 +68,7 @@ impl Leased {
             lease: 0,
             not_before: now,
             alone: false,
-            failed_until: None,
+            failed_until: now,
             own: Gcra::new(part_of(rate, max_replicas), now),
         }
     }
@@ -82,8 +82,7 @@ impl Leased {
         now: Instant,
         joined: bool,
     ) -> Option<(u64, RateTerms)> {
-        let failed = self.failed_until.is_some_and(|until| now < until);
-        self.alone = !joined || failed;
+        self.alone = !joined || now < self.failed_until;
         if self.alone || self.lease >= units || now < self.not_before || units > self.terms.burst {
             return None;
         }
@@ -96,13 +95,12 @@ impl Leased {
             Ok(grant) => {
                 self.lease = self.lease.saturating_add(grant.granted);
                 self.not_before = now + grant.wait;
-                self.failed_until = None;
             }
             // Not logged here: a store that fails fails the seats' calls too, which log it
             // and cut the replica off; here it only turns the rate to the replica's part.
             Err(_) => {
                 self.alone = true;
-                self.failed_until = Some(now + ALONE_AFTER_FAILURE);
+                self.failed_until = now + ALONE_AFTER_FAILURE;
             }
         }
     }
