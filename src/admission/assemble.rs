@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::breaker::BreakerPolicy;
 use super::ceiling::{CapacityGate, CapacityPolicy, FleetSeat, GateParts, PolicyCell};
+use super::fair::fleet_rate::FleetRates;
 use super::fair::quota::{QueueQuotas, RateBook};
 use super::fair::share::ShareMode;
 use super::fair::{FairParts, FairPolicy, Place, QueueFairness};
@@ -28,7 +29,8 @@ use crate::domain::QueueName;
 /// `RateLimit` headers read.
 pub struct Assembled {
     pub dispatcher: Dispatcher,
-    /// One rate bucket per tenant for the whole gateway (every queue, either backend).
+    /// One rate bucket per tenant for the whole gateway (every queue, either backend); in a
+    /// fleet, what it leased of the fleet's.
     pub rates: Arc<RateBook>,
 }
 
@@ -41,7 +43,7 @@ pub fn assemble(
     coordination: &Coordination,
 ) -> Assembled {
     let quotas = tenants.quotas();
-    let rates = Arc::new(RateBook::new(&quotas, Instant::now()));
+    let rates = Arc::new(rate_book(tenants, coordination));
     let plan = Plan {
         settings,
         tenants,
@@ -166,6 +168,24 @@ impl Plan<'_> {
             min_failures: d.breaker_min_failures,
             failure_rate: d.breaker_failure_rate,
             open_for: d.breaker_open,
+        }
+    }
+}
+
+/// The tenants' rate quotas: in a fleet, leased from the fleet's (the same Redis);
+/// otherwise this process's own.
+fn rate_book(tenants: &Tenants, coordination: &Coordination) -> RateBook {
+    let now = Instant::now();
+    match coordination {
+        Coordination::Fleet { fleet, redis } => {
+            let fleet = FleetRates {
+                ledger: Arc::new(redis.clone()),
+                fleet: Arc::clone(fleet),
+            };
+            RateBook::in_fleet(tenants, fleet, now)
+        }
+        Coordination::Local { .. } | Coordination::Unusable { .. } => {
+            RateBook::new(&tenants.quotas(), now)
         }
     }
 }

@@ -8,8 +8,10 @@ pub mod entra;
 pub mod fleet;
 pub mod memory;
 pub mod port;
+pub mod rates;
 pub mod redis_client;
 mod redis_port;
+mod redis_rates;
 mod redis_shares;
 pub mod shares;
 

@@ -190,6 +190,9 @@ impl CapacityGate {
         units: u64,
     ) -> Result<Reservation, Refusal> {
         let units = units.max(1);
+        if let Some(fairness) = &self.fairness {
+            fairness.lease_rate(asker.tenant, units).await;
+        }
         let judging = Judging::new(self.fairness.as_ref(), asker, units, &self.policy.load());
         match self.mode() {
             Mode::Local => self.admit_locally(judging, units).await,

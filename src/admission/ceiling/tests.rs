@@ -1264,6 +1264,73 @@ fn rated(per_s: f64, burst: u32) -> crate::admission::tenants::Quota {
     }
 }
 
+/// A replica's gate whose tenants' rates are leased from the fleet's `rates`, in a fleet
+/// of `n` it has joined (the gate itself decides alone: only the rates are shared).
+async fn leasing_gate(
+    n: u64,
+    rates: &Arc<crate::coordination::rates::MemoryRates>,
+    tenants: &Tenants,
+) -> Arc<CapacityGate> {
+    use crate::admission::fair::fleet_rate::FleetRates;
+    use crate::admission::fair::quota::{QueueQuotas, RateBook};
+    use crate::coordination::fleet::{Fleet, IDLE, MEMBER_FOR};
+    use crate::coordination::memory::MemoryLedger;
+    let fleet = Fleet::start(Arc::new(MemoryLedger::new(Duration::from_millis(100))), n);
+    let terms = crate::coordination::port::Terms {
+        hold: Duration::from_secs(1),
+        lag: Duration::ZERO,
+        max_read_age: Duration::from_secs(1),
+        grace: Duration::ZERO,
+        member_for: MEMBER_FOR,
+        idle: IDLE,
+    };
+    fleet.register("q".into(), terms);
+    while !fleet.joined() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let ledger = Arc::clone(rates) as Arc<dyn crate::coordination::rates::RateLedger>;
+    let book = RateBook::in_fleet(tenants, FleetRates { ledger, fleet }, Instant::now());
+    let parts = FairParts {
+        quotas: Some(QueueQuotas::new(&tenants.quotas(), Arc::new(book))),
+        ..fair_parts(
+            tenants,
+            fair(crate::admission::fair::share::ShareMode::Enforce),
+        )
+    };
+    gate_with(policy(1_000_000_000, 100, false, 3), &depths([]), parts)
+}
+
+/// Issue 39: three replicas' gates, a tenant sending at 3x its rate spread over them, admit
+/// its rate ±10 % (each gate leases the tenant's units before its judge asks for them);
+/// with each its own book, as before, they admitted 3x.
+#[tokio::test(start_paused = true)]
+async fn three_gates_leasing_one_fleets_rate_admit_the_tenants_rate() {
+    use crate::admission::tenants::{Criticality::Default as D, Tenant};
+    let tenants = Tenants::new(vec![Tenant {
+        name: "t".into(),
+        weight: 1,
+        quota: rated(1000.0, 10),
+    }])
+    .unwrap();
+    let rates = Arc::new(crate::coordination::rates::MemoryRates::default());
+    let mut gates = Vec::new();
+    for _ in 0..3 {
+        gates.push(leasing_gate(3, &rates, &tenants).await);
+    }
+    let mut admitted = 0u64;
+    let end = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < end {
+        for gate in &gates {
+            admitted += u64::from(gate.admit_units_for(asker(0, D), 1).await.is_ok());
+        }
+        tokio::time::advance(Duration::from_millis(1)).await;
+    }
+    assert!(
+        (4500..=5010).contains(&admitted),
+        "admitted {admitted} at 1000/s over 5 s"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_rate_quota_refuses_after_the_burst_and_only_admitted_units_count() {
     use crate::admission::fair::share::ShareMode;

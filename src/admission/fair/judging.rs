@@ -14,7 +14,7 @@ use parking_lot::MutexGuard;
 use tokio::time::Instant;
 
 use super::policy::{FairPolicy, MAX_SHARE_RETRY_AFTER, SHARE_RETRY_AFTER};
-use super::quota::{Gcra, HeldBook, QueueQuotas};
+use super::quota::{HeldBook, QueueQuotas, RateBucket};
 use super::share::{ShareMode, Verdict};
 use super::tally::Reason;
 use super::{Asker, QueueFairness};
@@ -304,7 +304,7 @@ impl<'a> Weighed<'a> {
 /// A tenant's quotas as asked for one send: held (locked, in one order: the tenant's
 /// bucket, then the queue's held book) until the share rule answers.
 struct AskedQuotas<'q> {
-    bucket: Option<MutexGuard<'q, Gcra>>,
+    bucket: Option<MutexGuard<'q, RateBucket>>,
     held: Option<MutexGuard<'q, HeldBook>>,
 }
 

@@ -6,11 +6,14 @@
 //!
 //! ```text
 //! mod.rs ──▶ judging.rs ──▶ policy.rs, share.rs, quota.rs, tally.rs
+//!                      quota.rs ──▶ gcra.rs, fleet_rate.rs ──▶ coordination::rates
 //!    └─────▶ exchange.rs ──▶ share.rs, coordination::shares
 //! ```
 //! It only ever refuses what the ceiling would admit: it never admits past the ceiling.
 
 mod exchange;
+pub mod fleet_rate;
+mod gcra;
 pub mod judging;
 pub mod policy;
 pub mod quota;
@@ -125,6 +128,14 @@ impl QueueFairness {
     /// restores the variables').
     pub fn apply(&self, overrides: &FairOverride) {
         self.policy.apply(overrides);
+    }
+
+    /// In a fleet, `tenant`'s rate quota leased up to `units` when it is short, before
+    /// the send is judged (the judge never waits): at once for a tenant without one.
+    pub async fn lease_rate(&self, tenant: TenantIndex, units: u64) {
+        if let Some(quotas) = &self.quotas {
+            quotas.rates.lease(tenant, units).await;
+        }
     }
 
     /// The fair policy in force.

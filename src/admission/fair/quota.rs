@@ -1,98 +1,17 @@
 //! The tenants' quotas (docs/fairness.md, "Quotas"), as books the judge (`judging.rs`) asks
-//! about a send the ceiling admits: a rate with a burst (GCRA), kept per tenant for the
-//! whole gateway, and `max_share`, what a tenant's admissions hold of one queue, kept by
+//! about a send the ceiling admits: a rate with a burst (GCRA, `gcra.rs`), kept per tenant
+//! for the whole gateway (in a fleet, leased from the fleet's: `fleet_rate.rs`), and `max_share`, what a tenant's admissions hold of one queue, kept by
 //! each queue's gate. Asking takes nothing: only units the judge admits are taken, so a
 //! refusal (for a quota, a share or criticality) costs the tenant none of its quota.
-//!
-//! GCRA is written here over tokio's `Instant` rather than taken from the `governor`
-//! crate: governor reads its own clocks (quanta's, or std's `Instant`), which tokio's paused
-//! test clock does not move, and its check takes the units when they conform, where the
-//! judge must first hear the share rule out. The rule itself is a few lines of integer
-//! arithmetic.
 
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use crate::admission::tenants::{Quota, Rate, TenantIndex};
-
-/// One tenant's GCRA: the theoretical arrival time (`tat`) of its next unit. `units`
-/// conform at `now` when `max(tat, now) + units × interval − now ≤ burst × interval`.
-#[derive(Debug, Clone)]
-pub struct Gcra {
-    /// Nanoseconds one unit takes to come back.
-    interval: u128,
-    /// Nanoseconds of credit a full bucket holds: `burst × interval`.
-    tolerance: u128,
-    tat: Instant,
-}
-
-impl Gcra {
-    /// A full bucket at `now`.
-    pub fn new(rate: Rate, now: Instant) -> Self {
-        let interval = u128::from(rate.interval_ns());
-        Self {
-            interval,
-            tolerance: interval * u128::from(rate.burst()),
-            tat: now,
-        }
-    }
-
-    /// Nanoseconds of credit used at `now`.
-    fn used(&self, now: Instant) -> u128 {
-        self.tat.saturating_duration_since(now).as_nanos()
-    }
-
-    /// How long until `units` conform (zero: now); `None` when they never can (more
-    /// than the burst).
-    pub fn wait(&self, units: u64, now: Instant) -> Option<Duration> {
-        let cost = u128::from(units).saturating_mul(self.interval);
-        if cost > self.tolerance {
-            return None;
-        }
-        let over = (self.used(now) + cost).saturating_sub(self.tolerance);
-        Some(nanos(over))
-    }
-
-    /// Take `units` at `now` (the judge admitted them).
-    pub fn take(&mut self, units: u64, now: Instant) {
-        let cost = u128::from(units).saturating_mul(self.interval);
-        self.tat = self.tat.max(now) + nanos(cost);
-    }
-
-    /// Give back `units` taken (the send the judge admitted was then refused by the
-    /// fleet's ledger, or decided again by the replica's own gate).
-    pub fn give_back(&mut self, units: u64) {
-        let cost = nanos(u128::from(units).saturating_mul(self.interval));
-        self.tat = self.tat.checked_sub(cost).unwrap_or(self.tat);
-    }
-
-    /// Units that conform at `now` (`RateLimit`'s `r`).
-    pub fn available(&self, now: Instant) -> u64 {
-        let left = self.tolerance.saturating_sub(self.used(now));
-        u64::try_from(left / self.interval).unwrap_or(u64::MAX)
-    }
-
-    /// How long until one more unit is available; `None` with the bucket full.
-    pub fn until_more(&self, now: Instant) -> Option<Duration> {
-        let used = self.used(now);
-        if used == 0 {
-            return None;
-        }
-        let left = self.tolerance.saturating_sub(used);
-        Some(nanos(self.interval - left % self.interval))
-    }
-
-    /// How long until the bucket is full again (zero: it is).
-    pub fn until_full(&self, now: Instant) -> Duration {
-        nanos(self.used(now))
-    }
-}
-
-fn nanos(n: u128) -> Duration {
-    Duration::from_nanos(u64::try_from(n).unwrap_or(u64::MAX))
-}
+use super::fleet_rate::{FleetRates, Leased};
+pub use super::gcra::Gcra;
+use crate::admission::tenants::{Quota, Rate, TenantIndex, Tenants};
 
 /// What a tenant's rate quota stands at, for the `RateLimit` headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,30 +23,152 @@ pub struct RateState {
     pub until_more: Option<Duration>,
 }
 
+/// One tenant's rate bucket: its own GCRA (alone by design), or, in a fleet, what it
+/// leased of the fleet's ([`Leased`]). The judge asks either the same way.
+#[derive(Debug, Clone)]
+pub enum RateBucket {
+    Alone(Gcra),
+    Leased(Leased),
+}
+
+impl RateBucket {
+    /// How long until `units` conform (zero: now); `None` when they never can.
+    pub fn wait(&self, units: u64, now: Instant) -> Option<Duration> {
+        match self {
+            Self::Alone(g) => g.wait(units, now),
+            Self::Leased(l) => l.wait(units, now),
+        }
+    }
+
+    /// Take `units` at `now` (the judge admitted them).
+    pub fn take(&mut self, units: u64, now: Instant) {
+        match self {
+            Self::Alone(g) => g.take(units, now),
+            Self::Leased(l) => l.take(units, now),
+        }
+    }
+
+    /// Give back `units` taken (see [`Gcra::give_back`]).
+    pub fn give_back(&mut self, units: u64) {
+        match self {
+            Self::Alone(g) => g.give_back(units),
+            Self::Leased(l) => l.give_back(units),
+        }
+    }
+
+    /// Units that conform at `now`.
+    pub fn available(&self, now: Instant) -> u64 {
+        match self {
+            Self::Alone(g) => g.available(now),
+            Self::Leased(l) => l.available(now),
+        }
+    }
+
+    /// How long until one more unit is available; `None` when none is missing.
+    pub fn until_more(&self, now: Instant) -> Option<Duration> {
+        match self {
+            Self::Alone(g) => g.until_more(now),
+            Self::Leased(l) => l.until_more(now),
+        }
+    }
+
+    /// How long until a whole burst conforms again.
+    pub fn until_full(&self, now: Instant) -> Duration {
+        match self {
+            Self::Alone(g) => g.until_full(now),
+            Self::Leased(l) => l.until_full(now),
+        }
+    }
+}
+
+/// One tenant's bucket in the book.
+#[derive(Debug)]
+struct Bucket {
+    rate: Rate,
+    /// The tenant's name: its key in the fleet's store.
+    name: String,
+    state: Mutex<RateBucket>,
+}
+
 /// Every tenant's rate bucket (index = [`TenantIndex`]; `None`: no rate quota), shared
-/// by every queue's gate and the HTTP edge's headers.
-#[derive(Debug, Default)]
+/// by every queue's gate and the HTTP edge's headers; in a fleet, leased from the fleet.
+#[derive(Default)]
 pub struct RateBook {
-    buckets: Vec<Option<(Rate, Mutex<Gcra>)>>,
+    buckets: Vec<Option<Bucket>>,
+    fleet: Option<FleetRates>,
+}
+
+impl std::fmt::Debug for RateBook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateBook")
+            .field("buckets", &self.buckets)
+            .field("fleet", &self.fleet.is_some())
+            .finish()
+    }
 }
 
 impl RateBook {
-    /// Full buckets at `now` for the tenants with a rate quota.
+    /// Full buckets at `now` for the tenants with a rate quota, kept by this process alone.
     pub fn new(quotas: &[Quota], now: Instant) -> Self {
+        let buckets = quotas.iter().map(|q| {
+            q.rate.map(|rate| Bucket {
+                rate,
+                name: String::new(),
+                state: Mutex::new(RateBucket::Alone(Gcra::new(rate, now))),
+            })
+        });
         Self {
-            buckets: quotas
-                .iter()
-                .map(|q| q.rate.map(|rate| (rate, Mutex::new(Gcra::new(rate, now)))))
-                .collect(),
+            buckets: buckets.collect(),
+            fleet: None,
+        }
+    }
+
+    /// The tenants' rate quotas held across the fleet: each replica leases from `fleet`'s
+    /// store what it admits (docs/fairness.md, "Quotas in a fleet").
+    pub fn in_fleet(tenants: &Tenants, fleet: FleetRates, now: Instant) -> Self {
+        let max_replicas = fleet.fleet.max_replicas();
+        let buckets = tenants.iter().map(|(_, tenant)| {
+            tenant.quota.rate.map(|rate| Bucket {
+                rate,
+                name: tenant.name.clone(),
+                state: Mutex::new(RateBucket::Leased(Leased::new(rate, max_replicas, now))),
+            })
+        });
+        Self {
+            buckets: buckets.collect(),
+            fleet: Some(fleet),
+        }
+    }
+
+    /// In a fleet, `tenant`'s lease topped up to `units` when it is short (a call to the
+    /// fleet's store); at once for a tenant without a rate quota, and alone by design.
+    pub async fn lease(&self, tenant: TenantIndex, units: u64) {
+        let Some(fleet) = &self.fleet else {
+            return;
+        };
+        let Some(Some(bucket)) = self.buckets.get(usize::from(tenant.0)) else {
+            return;
+        };
+        let joined = fleet.fleet.joined();
+        let asked = match &mut *bucket.state.lock() {
+            RateBucket::Leased(leased) => leased.shortfall(units, Instant::now(), joined),
+            RateBucket::Alone(_) => None,
+        };
+        let Some((want, terms)) = asked else {
+            return;
+        };
+        let answer = fleet.ledger.lease(&bucket.name, terms, want).await;
+        if let RateBucket::Leased(leased) = &mut *bucket.state.lock() {
+            leased.answered(answer, Instant::now());
         }
     }
 
     /// The tenant's rate and bucket, when it has a rate quota.
-    pub fn bucket(&self, tenant: TenantIndex) -> Option<(Rate, &Mutex<Gcra>)> {
+    pub fn bucket(&self, tenant: TenantIndex) -> Option<(Rate, &Mutex<RateBucket>)> {
         self.buckets
             .get(usize::from(tenant.0))?
             .as_ref()
-            .map(|(rate, bucket)| (*rate, bucket))
+            .map(|b| (b.rate, &b.state))
     }
 
     /// Where the tenant's rate quota stands at `now`; `None` without one.
