@@ -605,4 +605,54 @@ mod tests {
             })
         ));
     }
+
+    /// The tiers' refusal is a criticality refusal: its `cut` is where the level's room ends
+    /// now (the room less what critical is kept), its `room` what the level may still take.
+    #[tokio::test(start_paused = true)]
+    async fn a_send_past_its_tiers_room_is_refused_for_its_criticality_where_that_room_ends() {
+        use crate::admission::tenants::Criticality;
+
+        let fairness = open_fairness(None);
+        let ceiling = ceiling_of(100);
+        let at = |criticality| Asker {
+            criticality,
+            ..Asker::OPEN
+        };
+        // Round 0: 16 critical units refused at the ceiling.
+        Judging::new(Some(&fairness), at(Criticality::Critical), 16, &ceiling).refused_full(0, 16);
+        // Round 1, 40 of 100 held: critical is kept ⌊16 + 3 √16⌋ = 28 of the 60 left, so a
+        // default send of 33 is refused with room for 32, and the cut at 40 + 32.
+        let view = CeilingView {
+            round: 1,
+            units: 33,
+            room: 60,
+            estimate: 40,
+            after: 73,
+            limit: 100,
+        };
+        let mut judging = Judging::new(Some(&fairness), at(Criticality::Default), 33, &ceiling);
+        let answer = judging.judge(&view);
+        assert!(matches!(
+            answer,
+            Err(Refusal::Shed {
+                criticality: Criticality::Default,
+                backlog: 40,
+                cut: 72,
+                room: 32,
+                ..
+            })
+        ));
+        judging.settle(Decision::Answered(&answer), || 1);
+        let counts = fairness.counts();
+        assert_eq!(counts[0].total.refused(Reason::Criticality), 33);
+        // A critical send of 60 takes it all.
+        let mut critical = Judging::new(Some(&fairness), at(Criticality::Critical), 60, &ceiling);
+        assert!(critical
+            .judge(&CeilingView {
+                units: 60,
+                after: 100,
+                ..view
+            })
+            .is_ok());
+    }
 }
