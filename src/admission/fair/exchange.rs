@@ -13,8 +13,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use super::share::{Counts, RoundView, ShareBook};
-use crate::admission::tenants::{TenantIndex, Tenants};
+use super::share::{Cell, Counts, RoundView, ShareBook};
+use crate::admission::tenants::{Criticality, TenantIndex, Tenants};
 use crate::coordination::shares::{self, RoundCounts, ShareExchange};
 
 /// How often a replica tells its counts and hears the others': a tenant may take about
@@ -26,12 +26,17 @@ pub const EXCHANGE_EVERY: Duration = Duration::from_millis(100);
 /// by default), after which a queue nobody sends to costs no Redis call.
 pub const TELL_AFTER_LAST_ASK: Duration = Duration::from_secs(2);
 
-/// Names, indices and weights of the keys file's tenants, for the exchange's wire form (by name:
+/// Names and indices of the keys file's tenants, for the exchange's wire form (by name:
 /// replicas of a rollout may list them in another order, or list others).
 pub struct Names {
     names: Vec<String>,
     index: HashMap<String, TenantIndex>,
 }
+
+/// Between a tenant's name and the criticality of its counts on the wire: a control
+/// character, which no tenant's name holds. A tenant's default counts go by its name alone,
+/// as replicas from before the tiers tell all of a tenant's counts.
+const LEVEL_MARK: char = '\u{1f}';
 
 impl Names {
     pub fn of(tenants: &Tenants) -> Self {
@@ -39,6 +44,25 @@ impl Names {
             names: tenants.iter().map(|(_, t)| t.name.clone()).collect(),
             index: tenants.iter().map(|(i, t)| (t.name.clone(), i)).collect(),
         }
+    }
+
+    /// A cell's wire name: its tenant's name, and its level unless default.
+    fn wire_name(&self, cell: Cell) -> Option<String> {
+        let name = self.names.get(usize::from(cell.tenant.0))?;
+        Some(match cell.level {
+            Criticality::Default => name.clone(),
+            level => format!("{name}{LEVEL_MARK}{level}"),
+        })
+    }
+
+    /// The cell a wire name counts; `None` for a tenant this keys file does not name.
+    fn cell(&self, wire: &str) -> Option<Cell> {
+        let (name, level) = match wire.split_once(LEVEL_MARK) {
+            Some((name, level)) => (name, Criticality::parse(level)?),
+            None => (wire, Criticality::Default),
+        };
+        let tenant = *self.index.get(name)?;
+        Some(Cell { tenant, level })
     }
 
     /// A round of this book's, by name.
@@ -50,10 +74,9 @@ impl Names {
             tenants: view
                 .counts
                 .into_iter()
-                .filter_map(|(i, c)| {
-                    let name = self.names.get(usize::from(i.0))?;
+                .filter_map(|(cell, c)| {
                     Some((
-                        name.clone(),
+                        self.wire_name(cell)?,
                         shares::Counts {
                             asked_before: c.asked_before,
                             asked: c.asked,
@@ -76,9 +99,8 @@ impl Names {
                 .tenants
                 .into_iter()
                 .filter_map(|(name, c)| {
-                    let index = *self.index.get(&name)?;
                     Some((
-                        index,
+                        self.cell(&name)?,
                         Counts {
                             asked_before: c.asked_before,
                             asked: c.asked,
@@ -165,22 +187,42 @@ mod tests {
             round: 9,
             refused_now: true,
             refused_before: false,
-            counts: vec![(TenantIndex(0), counts(3)), (TenantIndex(1), counts(5))],
+            counts: vec![
+                (TenantIndex(0).into(), counts(3)),
+                (TenantIndex(1).into(), counts(5)),
+                (
+                    Cell {
+                        tenant: TenantIndex(1),
+                        level: Criticality::Critical,
+                    },
+                    counts(2),
+                ),
+            ],
         };
         let heard = there.read_wire(here.write_wire(view));
         assert_eq!(heard.round, 9);
         assert!(heard.refused_now);
         let mut by_index = heard.counts;
         by_index.sort_by_key(|(i, _)| *i);
-        // "b" is 0 there, "a" is 2.
+        // "b" is 0 there, "a" is 2; each level's counts stay that level's.
         assert_eq!(
             by_index,
-            vec![(TenantIndex(0), counts(5)), (TenantIndex(2), counts(3))]
+            vec![
+                (TenantIndex(0).into(), counts(5)),
+                (
+                    Cell {
+                        tenant: TenantIndex(0),
+                        level: Criticality::Critical,
+                    },
+                    counts(2),
+                ),
+                (TenantIndex(2).into(), counts(3)),
+            ]
         );
         // A tenant the other keys file does not name is nobody's.
         let only_c = there.write_wire(RoundView {
             round: 9,
-            counts: vec![(TenantIndex(1), counts(1))],
+            counts: vec![(TenantIndex(1).into(), counts(1))],
             ..RoundView::default()
         });
         assert!(here.read_wire(only_c).counts.is_empty());

@@ -105,7 +105,7 @@ impl<'a> Judging<'a> {
         let (estimate, limit, replicas, round) = match seen() {
             FleetView::Unread { round } => {
                 let mut book = fair.fairness.book.lock();
-                book.count_admitted(asker.tenant, units, round);
+                book.count_admitted(asker.cell(), units, round);
                 fair.counted_in = Some(book.round());
                 return Ok(());
             }
@@ -192,7 +192,7 @@ impl Judge for Judging<'_> {
             fair.fairness
                 .book
                 .lock()
-                .refused_at_ceiling(self.asker.tenant, units, round);
+                .refused_at_ceiling(self.asker.cell(), units, round);
         }
     }
 }
@@ -215,7 +215,7 @@ impl<'a> Weighed<'a> {
         self.cut(asker, view)?;
         let now = Instant::now();
         let asked = ask_quotas(self.fairness.quotas.as_ref(), asker.tenant, view, now)?;
-        self.share(asker.tenant, view)?;
+        self.share(asker, view)?;
         asked.take(asker.tenant, view.units, now);
         self.took_quotas = true;
         Ok(())
@@ -247,16 +247,23 @@ impl<'a> Weighed<'a> {
         Ok(())
     }
 
-    /// The tenant's share of the room, as the book answers it.
-    fn share(&mut self, tenant: TenantIndex, view: &CeilingView) -> Result<(), Refusal> {
+    /// The room of the send's tier, the higher tiers' asks kept, and the tenant's share
+    /// of it, as the book answers them.
+    fn share(&mut self, asker: Asker, view: &CeilingView) -> Result<(), Refusal> {
         let near = view.estimate as f64 >= self.policy.share_at.get() * view.limit as f64;
         let verdict = {
             let mut book = self.fairness.book.lock();
             // The ceiling's room in all, of which `room` may be this replica's share.
             let whole = view.limit.saturating_sub(view.estimate).max(view.room);
             let part = (view.room, whole);
-            let verdict =
-                book.decide_in_part(tenant, view.units, part, near, self.policy.mode, view.round);
+            let verdict = book.decide_in_part(
+                asker.cell(),
+                view.units,
+                part,
+                near,
+                self.policy.mode,
+                view.round,
+            );
             self.counted_in = Some(book.round());
             verdict
         };
@@ -267,8 +274,20 @@ impl<'a> Weighed<'a> {
                 self.would_refuse.get_or_insert(Reason::TenantShare);
                 Ok(())
             }
+            Verdict::WouldShed => {
+                self.would_refuse.get_or_insert(Reason::Criticality);
+                Ok(())
+            }
             Verdict::Refuse { share, room } => Err(Refusal::TenantShare {
                 share_milli: (share.clamp(0.0, 1.0) * 1000.0).round() as u16,
+                retry_after: SHARE_RETRY_AFTER,
+                room,
+            }),
+            // The level's cut now is where its tier's room ends.
+            Verdict::Shed { room } => Err(Refusal::Shed {
+                criticality: asker.criticality,
+                backlog: view.estimate,
+                cut: view.estimate.saturating_add(room).min(view.limit),
                 retry_after: SHARE_RETRY_AFTER,
                 room,
             }),
@@ -290,13 +309,13 @@ impl<'a> Weighed<'a> {
             return;
         };
         let mut book = self.fairness.book.lock();
-        book.withdraw(asker.tenant, units, round);
+        book.withdraw(asker.cell(), units, round);
         if matches!(refusal, Some(Refusal::QueueFull { .. })) {
             // In the book's round now: the book may have moved on (or begun again, with a
             // new epoch's reads) while the seat was asked, and must not roll back to the
             // round the send was judged in.
             let now = book.round();
-            book.refused_at_ceiling(asker.tenant, units, now);
+            book.refused_at_ceiling(asker.cell(), units, now);
         }
     }
 }
@@ -585,5 +604,55 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// The tiers' refusal is a criticality refusal: its `cut` is where the level's room ends
+    /// now (the room less what critical is kept), its `room` what the level may still take.
+    #[tokio::test(start_paused = true)]
+    async fn a_send_past_its_tiers_room_is_refused_for_its_criticality_where_that_room_ends() {
+        use crate::admission::tenants::Criticality;
+
+        let fairness = open_fairness(None);
+        let ceiling = ceiling_of(100);
+        let at = |criticality| Asker {
+            criticality,
+            ..Asker::OPEN
+        };
+        // Round 0: 16 critical units refused at the ceiling.
+        Judging::new(Some(&fairness), at(Criticality::Critical), 16, &ceiling).refused_full(0, 16);
+        // Round 1, 40 of 100 held: critical is kept ⌊16 + 3 √16⌋ = 28 of the 60 left, so a
+        // default send of 33 is refused with room for 32, and the cut at 40 + 32.
+        let view = CeilingView {
+            round: 1,
+            units: 33,
+            room: 60,
+            estimate: 40,
+            after: 73,
+            limit: 100,
+        };
+        let mut judging = Judging::new(Some(&fairness), at(Criticality::Default), 33, &ceiling);
+        let answer = judging.judge(&view);
+        assert!(matches!(
+            answer,
+            Err(Refusal::Shed {
+                criticality: Criticality::Default,
+                backlog: 40,
+                cut: 72,
+                room: 32,
+                ..
+            })
+        ));
+        judging.settle(Decision::Answered(&answer), || 1);
+        let counts = fairness.counts();
+        assert_eq!(counts[0].total.refused(Reason::Criticality), 33);
+        // A critical send of 60 takes it all.
+        let mut critical = Judging::new(Some(&fairness), at(Criticality::Critical), 60, &ceiling);
+        assert!(critical
+            .judge(&CeilingView {
+                units: 60,
+                after: 100,
+                ..view
+            })
+            .is_ok());
     }
 }

@@ -20,6 +20,9 @@ pub mod quota;
 pub mod share;
 pub mod tally;
 
+#[cfg(test)]
+mod simulation;
+
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,6 +53,14 @@ impl Asker {
         tenant: TenantIndex(0),
         criticality: Criticality::Default,
     };
+
+    /// Where the share book counts its sends: its tenant at its criticality.
+    pub fn cell(self) -> share::Cell {
+        share::Cell {
+            tenant: self.tenant,
+            level: self.criticality,
+        }
+    }
 }
 
 /// What a queue's fairness is made of (at start-up).

@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::*;
+use crate::admission::tenants::Criticality;
 
 const A: TenantIndex = TenantIndex(0);
 const B: TenantIndex = TenantIndex(1);
@@ -283,8 +284,8 @@ impl Queue {
         let estimate = self.limit - room;
         let near = estimate as f64 >= 0.9 * self.limit as f64;
         match self.book.decide(tenant, 1, room, near, mode, self.reads) {
-            Verdict::Refuse { .. } => false,
-            Verdict::Admit | Verdict::WouldRefuse { .. } => {
+            Verdict::Refuse { .. } | Verdict::Shed { .. } => false,
+            Verdict::Admit | Verdict::WouldRefuse { .. } | Verdict::WouldShed => {
                 self.since_read += 1;
                 self.stored += 1.0;
                 self.max_seen = self.max_seen.max(self.stored);
@@ -447,7 +448,7 @@ fn counts_heard_of_the_round_before_move_back_one_those_of_the_round_after_roll_
         refused_now: true,
         refused_before: false,
         counts: vec![(
-            B,
+            B.into(),
             Counts {
                 asked_before: 1,
                 asked,
@@ -643,6 +644,170 @@ fn refusals_of_demand_that_fits_the_whole_room_do_not_keep_the_queue_contended_b
     // asks for, though B is owed 10 of them. Its refusals alone never renew contention.
     assert_eq!(
         book.decide_in_part(A, 30, (30, 30), false, ShareMode::Enforce, 4),
+        Verdict::Admit
+    );
+}
+
+fn at(tenant: TenantIndex, level: Criticality) -> Cell {
+    Cell { tenant, level }
+}
+
+/// Round 1: one tenant asks 10 critical and 50 default, all refused at the ceiling.
+fn critical_asked_ten() -> ShareBook {
+    let mut book = ShareBook::new(&[1]);
+    book.refused_at_ceiling(at(A, Criticality::Critical), 10, 1);
+    book.refused_at_ceiling(at(A, Criticality::Default), 50, 1);
+    book
+}
+
+#[test]
+fn contended_a_lower_level_leaves_the_room_a_higher_one_asked_for_and_its_surge() {
+    let mut book = critical_asked_ten();
+    // Round 2 opens 30: critical is kept its 10 and ⌊3 √10⌋ = 9 more, so default gets 11.
+    let mut room = 30;
+    let mut default = 0;
+    loop {
+        match book.decide(
+            at(A, Criticality::Default),
+            1,
+            room,
+            true,
+            ShareMode::Enforce,
+            2,
+        ) {
+            Verdict::Admit => {
+                default += 1;
+                room -= 1;
+            }
+            Verdict::Shed { room: fits } => {
+                assert_eq!(fits, 0);
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(default, 11);
+    // Critical takes the rest, whatever default asks meanwhile; a sheddable send is kept
+    // out of both.
+    assert_eq!(
+        book.decide(
+            at(A, Criticality::Sheddable),
+            1,
+            room,
+            true,
+            ShareMode::Enforce,
+            2
+        ),
+        Verdict::Shed { room: 0 }
+    );
+    for _ in 0..19 {
+        let v = book.decide(
+            at(A, Criticality::Critical),
+            1,
+            room,
+            true,
+            ShareMode::Enforce,
+            2,
+        );
+        assert_eq!(v, Verdict::Admit);
+        room -= 1;
+    }
+    assert_eq!(room, 0);
+}
+
+#[test]
+fn the_tiers_order_holds_with_shares_off_is_only_counted_in_shadow_and_not_when_uncontended() {
+    let default = at(A, Criticality::Default);
+    let mut book = critical_asked_ten();
+    assert_eq!(
+        book.decide(default, 12, 30, true, ShareMode::Off, 2),
+        Verdict::Shed { room: 11 }
+    );
+    let mut book = critical_asked_ten();
+    assert_eq!(
+        book.decide(default, 12, 30, true, ShareMode::Shadow, 2),
+        Verdict::WouldShed
+    );
+    // Round 2 without a refusal in it or round 1 and far from the ceiling: nothing kept.
+    let mut book = ShareBook::new(&[1]);
+    book.count_admitted(at(A, Criticality::Critical), 10, 1);
+    assert_eq!(
+        book.decide(default, 30, 30, false, ShareMode::Enforce, 2),
+        Verdict::Admit
+    );
+}
+
+#[test]
+fn a_tenants_critical_sends_share_only_with_critical_sends() {
+    let mut book = ShareBook::new(&[3, 1]);
+    // Round 1: A asks 100 at default, B 4 at critical: B's part of a round of 8 by weight
+    // alone would be 2.
+    book.refused_at_ceiling(A, 100, 1);
+    book.refused_at_ceiling(at(B, Criticality::Critical), 4, 1);
+    let mut room = 8;
+    for _ in 0..4 {
+        let v = book.decide(
+            at(B, Criticality::Critical),
+            1,
+            room,
+            true,
+            ShareMode::Enforce,
+            2,
+        );
+        assert_eq!(
+            v,
+            Verdict::Admit,
+            "B's critical sends are the critical tier's"
+        );
+        room -= 1;
+    }
+    // Critical is still kept its surge (⌊4 + 3 √4⌋ = 10, 4 admitted): A's default sends
+    // find no room of this round.
+    assert!(matches!(
+        book.decide(A, 1, room, true, ShareMode::Enforce, 2),
+        Verdict::Shed { .. }
+    ));
+}
+
+#[test]
+fn what_a_tenant_was_short_of_its_part_is_owed_to_it_the_round_after() {
+    let mut book = ShareBook::new(&[3, 1]);
+    book.refused_at_ceiling(A, 100, 1);
+    book.refused_at_ceiling(B, 100, 1);
+    // Round 2 offers 4: B asks first and takes 1 (its part), then A takes 3; B is refused
+    // at the ceiling once more.
+    let mut room = 4;
+    for (t, n) in [(B, 1), (A, 3)] {
+        for _ in 0..n {
+            assert_eq!(
+                book.decide(t, 1, room, true, ShareMode::Enforce, 2),
+                Verdict::Admit
+            );
+            room -= 1;
+        }
+    }
+    book.refused_at_ceiling(B, 1, 2);
+    // Round 3 offers 2, A first: parts are 1.5 and 0.5, nobody carried anything (each got
+    // its part), so A takes both (a fraction to the one owed the most).
+    for room in [2, 1] {
+        assert_eq!(
+            book.decide(A, 1, room, true, ShareMode::Enforce, 3),
+            Verdict::Admit
+        );
+    }
+    book.refused_at_ceiling(B, 1, 3);
+    // Round 4 offers 2 again: B was half a unit short of its part and is owed 1 (its part
+    // and what it carried), A 1.5: A takes one and the other is B's (3:1 over the rounds).
+    assert_eq!(
+        book.decide(A, 1, 2, true, ShareMode::Enforce, 4),
+        Verdict::Admit
+    );
+    assert!(matches!(
+        book.decide(A, 1, 1, true, ShareMode::Enforce, 4),
+        Verdict::Refuse { room: 0, .. }
+    ));
+    assert_eq!(
+        book.decide(B, 1, 1, true, ShareMode::Enforce, 4),
         Verdict::Admit
     );
 }
