@@ -41,7 +41,7 @@ use tokio::time::Instant;
 use super::policy::{
     BacklogEffect, CapacityPolicy, CeilingView, GateSnapshot, Judge, PolicyCell, Refusal,
 };
-use crate::admission::drain::DrainEstimator;
+use crate::admission::drain::{DrainEstimator, DrainRate, Pair};
 use crate::backend::{Backend, DepthError};
 use crate::domain::QueueName;
 
@@ -160,6 +160,11 @@ impl LocalGate {
 
     pub fn queue(&self) -> &QueueName {
         &self.queue
+    }
+
+    /// The queue's drain rate as measured between this gate's reads.
+    pub fn drain_rate(&self) -> Option<DrainRate> {
+        self.state.lock().drain.rate()
     }
 
     /// How many depth reads have ended: a new number for each read (what `tenant_refused`
@@ -375,11 +380,12 @@ impl LocalGate {
     /// spell in the fleet is not measured: this gate did not count the fleet's sends.
     fn measure_drain(state: &mut GateState, now: Instant, backlog: u64, since_read: u64) {
         match state.anchor {
-            Some((at, previous)) if Self::comparable(state, at) => state.drain.record(
-                previous.saturating_add(state.since_read),
-                backlog.saturating_add(since_read),
-                now - at,
-            ),
+            Some((at, previous)) if Self::comparable(state, at) => state.drain.record(Pair {
+                before: previous.saturating_add(state.since_read),
+                after: backlog.saturating_add(since_read),
+                read: backlog,
+                over: now - at,
+            }),
             _ => state.drain.break_chain(),
         }
         state.anchor = Some((now, backlog));

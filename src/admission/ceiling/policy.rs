@@ -144,7 +144,6 @@ impl CapacityPolicy {
                 rate,
                 until_next_read,
                 self.retry_after_max,
-                rand::random(),
             ),
             drain_rate: rate,
             room: 0,

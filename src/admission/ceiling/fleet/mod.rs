@@ -279,6 +279,15 @@ impl FleetSeat {
             .map_or(0, |(view, _)| view.generation)
     }
 
+    /// This replica's share of the queue's drain rate (messages a second): the rate the
+    /// seat measured between the fleet's reads over the fleet's size as last seen (each
+    /// replica paces its own refusals, `pacing.rs`). `None` until drain has been measured.
+    pub fn drain_share(&self) -> Option<f64> {
+        let state = self.state.lock();
+        let rate = state.drain.rate()?.per_second();
+        Some(rate / state.fleet_size.max(1) as f64)
+    }
+
     /// Admin-plane reads this replica made for the fleet: (ok, failed).
     pub fn own_reads(&self) -> (u64, u64) {
         self.state.lock().own_reads
