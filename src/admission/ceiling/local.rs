@@ -39,7 +39,7 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use super::policy::{
-    BacklogEffect, CapacityPolicy, CeilingView, GateSnapshot, Judge, PolicyCell, Refusal,
+    BacklogEffect, CapacityPolicy, CeilingView, DepthRead, GateSnapshot, Judge, PolicyCell, Refusal,
 };
 use crate::admission::drain::{DrainEstimator, DrainRate, Pair};
 use crate::backend::{Backend, DepthError};
@@ -549,6 +549,10 @@ impl LocalGate {
         let resume = policy.resume_at();
         GateSnapshot {
             backlog,
+            depth_read: state.anchor.map(|(at, backlog)| DepthRead {
+                backlog,
+                age: Instant::now().saturating_duration_since(at),
+            }),
             limit: policy.limit,
             consecutive_failures: state.streak,
             fail_closed: unknown && policy.fail_closed && state.streak >= policy.streak_threshold,

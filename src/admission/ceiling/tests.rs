@@ -1514,3 +1514,24 @@ async fn a_queue_asked_within_two_rounds_keeps_what_it_counted() {
     }
     assert_eq!(a_got, 9, "B's unit of the 10 is kept for it");
 }
+
+/// Issue 39: health shows the last depth read beside the estimate made from it.
+#[tokio::test(start_paused = true)]
+async fn the_snapshot_shows_the_depth_read_beside_the_estimate() {
+    let backend = depths([7]);
+    let g = gate(policy(100, 60_000, false, 3), &backend);
+    assert_eq!(g.snapshot().depth_read, None, "before the first read");
+    for _ in 0..2 {
+        g.admit().await.unwrap().finish(BacklogEffect::Stored);
+    }
+    tokio::time::advance(Duration::from_millis(1500)).await;
+    let s = g.snapshot();
+    assert_eq!(s.backlog, Some(9), "the read and the two sends since");
+    assert_eq!(
+        s.depth_read,
+        Some(policy::DepthRead {
+            backlog: 7,
+            age: Duration::from_millis(1500)
+        })
+    );
+}

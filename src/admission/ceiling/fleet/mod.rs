@@ -34,7 +34,7 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use super::local::LocalBounds;
-use super::policy::{GateSnapshot, PolicyCell, Refusal};
+use super::policy::{DepthRead, GateSnapshot, PolicyCell, Refusal};
 use crate::backend::Backend;
 use crate::config::Fraction;
 use crate::coordination::fleet::{Fleet, HEARTBEAT, IDLE, MEMBER_FOR};
@@ -303,8 +303,16 @@ impl FleetSeat {
         let backlog = view.estimate();
         let resume = policy.resume_at();
         let refusing = state.mode.refusing() && policy.resume_below < Fraction::ONE;
+        let depth_read = match view.read {
+            ReadState::Ok { backlog, .. } => Some(DepthRead {
+                backlog,
+                age: view.read_age + seen.elapsed(),
+            }),
+            ReadState::Never | ReadState::Failed => None,
+        };
         Some(GateSnapshot {
             backlog,
+            depth_read,
             drain_rate: state.drain.rate(),
             refusing_until_backlog: backlog
                 .filter(|b| (refusing && *b > resume) || *b >= policy.limit)

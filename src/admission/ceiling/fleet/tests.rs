@@ -1723,3 +1723,30 @@ async fn priming_before_the_fleet_answers_waits_for_it_to_join() {
     assert!(took < Duration::from_millis(500), "primed after {took:?}");
     send(&all[0], &broker).await.expect("admitted in the fleet");
 }
+
+/// Issue 39: health shows the fleet's read in force beside the estimate, with its age.
+#[tokio::test(start_paused = true)]
+async fn the_snapshot_shows_the_fleets_depth_read_beside_its_estimate() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    for _ in 0..5 {
+        broker.stored.lock().push(Instant::now());
+    }
+    let all = replicas(1, &ledger, &broker, policy(50, false)).await;
+    for _ in 0..3 {
+        send(&all[0], &broker).await.expect("under the ceiling");
+    }
+    let snapshot = all[0].gate.snapshot();
+    let read = snapshot.depth_read.expect("a good read");
+    assert_eq!(read.backlog, 5, "{snapshot:?}");
+    assert!(
+        snapshot.backlog >= Some(8),
+        "the estimate counts the sends: {snapshot:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let later = all[0].gate.snapshot().depth_read.expect("still the read");
+    assert!(
+        later.age >= read.age + Duration::from_millis(300),
+        "{later:?}"
+    );
+}
