@@ -1,7 +1,9 @@
 //! A retry storm on tokio's paused clock (issue 39): a queue's gate over a store whose
 //! consumer takes a fixed rate, open-loop arrivals at a multiple of it, and producers that
 //! honour `Retry-After` to the second until their message is admitted. What is counted is
-//! the attempts each message took.
+//! the attempts each message took: at five times the drain four in five first attempts
+//! are refused whatever the answer, so a message takes at least ~1.8; what the answer
+//! decides is how many more a refused one takes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -73,6 +75,8 @@ struct Storm {
 struct Outcome {
     messages: u64,
     attempts: u64,
+    /// Messages refused at least once.
+    refused: u64,
     /// The longest a message waited from its first attempt to its admission.
     longest: Duration,
 }
@@ -81,12 +85,23 @@ impl Outcome {
     fn per_message(&self) -> f64 {
         self.attempts as f64 / self.messages as f64
     }
+
+    /// Attempts after the first, per message refused at least once.
+    fn retries_per_refused(&self) -> f64 {
+        (self.attempts - self.messages) as f64 / self.refused.max(1) as f64
+    }
 }
 
-/// Run `storm` against a gate with a ceiling of `limit` (TTL 1 s): every message is sent
-/// until admitted, its producer waiting what each `429` says.
-async fn run(storm: Storm, limit: u64) -> Outcome {
-    let backend = Arc::new(Drained::new(storm.drain_per_s));
+/// What the producers count as they go.
+#[derive(Default)]
+struct Tally {
+    attempts: AtomicU64,
+    refused: AtomicU64,
+    longest: Mutex<Duration>,
+}
+
+/// A gate with a ceiling of `limit` (TTL 1 s) over `backend`.
+async fn gate_over(backend: &Arc<Drained>, limit: u64) -> Arc<CapacityGate> {
     let policy = CapacityPolicy {
         limit,
         fail_closed: false,
@@ -102,12 +117,42 @@ async fn run(storm: Storm, limit: u64) -> Outcome {
         backend.clone(),
     ));
     gate.prime().await;
-    let attempts = Arc::new(AtomicU64::new(0));
-    let longest = Arc::new(Mutex::new(Duration::ZERO));
+    gate
+}
+
+/// One message, sent until admitted, its producer waiting what each `429` says.
+async fn produce(gate: Arc<CapacityGate>, backend: Arc<Drained>, tally: Arc<Tally>) {
+    let first = Instant::now();
+    loop {
+        tally.attempts.fetch_add(1, Ordering::Relaxed);
+        match gate.admit().await {
+            Ok(held) => {
+                backend.store();
+                held.finish(BacklogEffect::Stored);
+                let mut longest = tally.longest.lock();
+                *longest = (*longest).max(first.elapsed());
+                return;
+            }
+            Err(Refusal::QueueFull { retry_after, .. }) => {
+                if first == Instant::now() {
+                    tally.refused.fetch_add(1, Ordering::Relaxed);
+                }
+                tokio::time::sleep(whole(retry_after)).await;
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+}
+
+/// Run `storm` against a gate with a ceiling of `limit`: open-loop arrivals, each message
+/// its own producer.
+async fn run(storm: Storm, limit: u64) -> Outcome {
+    let backend = Arc::new(Drained::new(storm.drain_per_s));
+    let gate = gate_over(&backend, limit).await;
+    let tally = Arc::new(Tally::default());
     let start = Instant::now();
     let mut producers = Vec::new();
     let mut at = Duration::ZERO;
-    let mut messages = 0;
     for (rate, span) in [
         (storm.drain_per_s * storm.multiple, storm.storm),
         (storm.drain_per_s * 0.5, storm.after),
@@ -116,40 +161,20 @@ async fn run(storm: Storm, limit: u64) -> Outcome {
         let end = at + span;
         while at < end {
             tokio::time::sleep_until(start + at).await;
-            let (gate, backend) = (Arc::clone(&gate), Arc::clone(&backend));
-            let (attempts, longest) = (Arc::clone(&attempts), Arc::clone(&longest));
-            producers.push(tokio::spawn(async move {
-                let first = Instant::now();
-                loop {
-                    attempts.fetch_add(1, Ordering::Relaxed);
-                    match gate.admit().await {
-                        Ok(held) => {
-                            backend.store();
-                            held.finish(BacklogEffect::Stored);
-                            let waited = first.elapsed();
-                            let mut longest = longest.lock();
-                            *longest = (*longest).max(waited);
-                            return;
-                        }
-                        Err(Refusal::QueueFull { retry_after, .. }) => {
-                            let whole = whole(retry_after);
-                            tokio::time::sleep(whole).await;
-                        }
-                        Err(other) => panic!("{other:?}"),
-                    }
-                }
-            }));
-            messages += 1;
+            let producer = produce(Arc::clone(&gate), Arc::clone(&backend), Arc::clone(&tally));
+            producers.push(tokio::spawn(producer));
             at += gap;
         }
     }
+    let messages = producers.len() as u64;
     for producer in producers {
         producer.await.unwrap();
     }
-    let longest = *longest.lock();
+    let longest = *tally.longest.lock();
     Outcome {
         messages,
-        attempts: attempts.load(Ordering::Relaxed),
+        attempts: tally.attempts.load(Ordering::Relaxed),
+        refused: tally.refused.load(Ordering::Relaxed),
         longest,
     }
 }
@@ -161,8 +186,9 @@ fn whole(d: Duration) -> Duration {
 }
 
 /// Issue 39: at 5× a drain of 100/s (ceiling 200) every refused producer was told 1 s,
-/// and producers honouring it sent ~7 attempts per message. Told the place they will be
-/// served in, they come back about once.
+/// and producers honouring it sent ~7 attempts per message (21.8 here, where every message
+/// is sent until admitted). Told the place they will be served in, most refused producers
+/// are admitted on their first retry.
 #[tokio::test(start_paused = true)]
 async fn producers_honouring_retry_after_through_a_storm_at_five_times_the_drain() {
     let outcome = run(
@@ -176,10 +202,19 @@ async fn producers_honouring_retry_after_through_a_storm_at_five_times_the_drain
     )
     .await;
     println!(
-        "storm 5x for 10 s: {} messages, {} attempts, {:.2} a message, longest wait {:?}",
+        "storm 5x for 10 s: {} messages ({} refused at first), {} attempts: {:.2} a message, \
+         {:.2} retries a refused one; longest wait {:?}",
         outcome.messages,
+        outcome.refused,
         outcome.attempts,
         outcome.per_message(),
+        outcome.retries_per_refused(),
         outcome.longest
     );
+    // 1.99 and 1.70 when written (21.8 a message when every refusal said 1 s). Not the
+    // issue's 1.5: a producer told a place that opens while fresh sends still arrive at 5×
+    // finds it taken (the gate cannot tell a returning producer from a new one) and is
+    // refused once more, behind the whole line.
+    assert!(outcome.per_message() <= 2.5, "{outcome:?}");
+    assert!(outcome.retries_per_refused() <= 2.0, "{outcome:?}");
 }
