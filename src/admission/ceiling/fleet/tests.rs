@@ -1750,3 +1750,34 @@ async fn the_snapshot_shows_the_fleets_depth_read_beside_its_estimate() {
         "{later:?}"
     );
 }
+
+/// Each replica paces its own refusals (pacing.rs): it promises its share of the queue's
+/// drain, the rate its seat measured over the fleet's size as last seen.
+#[tokio::test(start_paused = true)]
+async fn a_replica_paces_its_refusals_at_its_share_of_the_fleets_drain() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let fleet = Fleet::start(Arc::new(ledger.clone()), 3);
+    let queue = QueueName::parse("requests").unwrap();
+    let backend: Arc<dyn Backend> = broker.clone();
+    let seat = FleetSeat::new(
+        fleet,
+        KEY.to_owned(),
+        queue,
+        PolicyCell::new(policy(50, false)),
+        backend,
+        SEND,
+    );
+    assert_eq!(seat.drain_share(), None, "no drain measured");
+    {
+        let mut state = seat.state.lock();
+        state.drain.record(crate::admission::drain::Pair {
+            before: 400,
+            after: 100,
+            read: 100,
+            over: Duration::from_secs(1),
+        });
+        state.fleet_size = 3;
+    }
+    assert_eq!(seat.drain_share(), Some(100.0));
+}
