@@ -188,8 +188,12 @@ pub struct CoordinationState {
 
 #[derive(Serialize, ToSchema)]
 pub struct QueueHealth {
-    /// The last backlog read; `null` before the first.
+    /// The backlog the ceiling decides by: the last depth read plus the sends counted since
+    /// (in a fleet, the fleet's estimate); `null` before the first good read.
     backlog: Option<u64>,
+    /// The last good depth read itself (in a fleet, the fleet's read in force); `null`
+    /// before the first (in a fleet, while the fleet's read is not a good one).
+    depth_read: Option<DepthReadHealth>,
     limit: u64,
     consecutive_failures: u32,
     /// Refusing now: the gate is on and the streak is at its threshold with the backlog unknown.
@@ -212,6 +216,16 @@ pub struct QueueHealth {
     /// Each tenant this queue has answered since start-up (the keys file's tenants; open
     /// mode: the one tenant `open`), in the keys file's order; empty before any send.
     tenants: Vec<TenantHealth>,
+}
+
+/// A depth read as the admin plane answered it.
+#[derive(Serialize, ToSchema)]
+pub struct DepthReadHealth {
+    /// The backlog it showed.
+    backlog: u64,
+    /// Seconds since it was made, to a thousandth.
+    #[schema(minimum = 0)]
+    age_s: f64,
 }
 
 /// One tenant of a queue: its rates over the last 10 seconds (the current one included),
@@ -386,6 +400,10 @@ fn queues_of(lane: &Lane) -> BTreeMap<String, QueueHealth> {
             let policy = gate.policy();
             let health = QueueHealth {
                 backlog: s.backlog,
+                depth_read: s.depth_read.map(|read| DepthReadHealth {
+                    backlog: read.backlog,
+                    age_s: (read.age.as_secs_f64() * 1000.0).round() / 1000.0,
+                }),
                 limit: s.limit,
                 consecutive_failures: s.consecutive_failures,
                 fail_closed: s.fail_closed,

@@ -138,3 +138,27 @@ async fn the_gate_off_is_said_as_such() {
     assert_eq!(q["fail_closed_enabled"], false);
     assert_eq!(q["streak_threshold"], 3, "the default");
 }
+
+/// Issue 39: `backlog` is the estimate the ceiling decides by (the read plus the sends
+/// counted since); the read itself is shown beside it, with its age.
+#[tokio::test]
+async fn detailed_shows_the_estimate_and_the_depth_read_it_is_made_from() {
+    let app = spawn_app_with(&[
+        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "40"),
+        ("SENDGATE_DEPTH_TTL_MS", "60000"),
+    ])
+    .await;
+    for _ in 0..3 {
+        assert_eq!(app.send("requests", "{}").await.status(), 201);
+    }
+    let d = app.detailed().await;
+    let q = &d["queues"]["requests"];
+    assert_eq!(
+        q["backlog"], 3,
+        "the start-up read and the three sends: {q}"
+    );
+    assert_eq!(q["depth_read"]["backlog"], 0, "the start-up read: {q}");
+    let age = q["depth_read"]["age_s"].as_f64().expect("an age");
+    assert!((0.0..60.0).contains(&age), "{q}");
+    assert!(q["drain_rate_per_s"].is_null(), "{q}");
+}

@@ -79,9 +79,9 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use super::policy::{
-    BacklogEffect, CapacityPolicy, CeilingView, GateSnapshot, Judge, PolicyCell, Refusal,
+    BacklogEffect, CapacityPolicy, CeilingView, DepthRead, GateSnapshot, Judge, PolicyCell, Refusal,
 };
-use crate::admission::drain::DrainEstimator;
+use crate::admission::drain::{DrainEstimator, DrainRate, Pair};
 use crate::backend::{Backend, Backlog, DepthError};
 use crate::domain::QueueName;
 
@@ -223,6 +223,11 @@ impl LocalGate {
 
     pub fn queue(&self) -> &QueueName {
         &self.queue
+    }
+
+    /// The queue's drain rate as measured between this gate's reads.
+    pub fn drain_rate(&self) -> Option<DrainRate> {
+        self.state.lock().drain.rate()
     }
 
     /// How many depth reads have ended: a new number for each read (what `tenant_refused`
@@ -534,11 +539,12 @@ impl LocalGate {
     /// spell in the fleet is not measured: this gate did not count the fleet's sends.
     fn measure_drain(state: &mut GateState, now: Instant, backlog: u64, since_read: u64) {
         match state.anchor {
-            Some((at, previous)) if Self::comparable(state, at) => state.drain.record(
-                previous.saturating_add(state.since_read),
-                backlog.saturating_add(since_read),
-                now - at,
-            ),
+            Some((at, previous)) if Self::comparable(state, at) => state.drain.record(Pair {
+                before: previous.saturating_add(state.since_read),
+                after: backlog.saturating_add(since_read),
+                read: backlog,
+                over: now - at,
+            }),
             _ => state.drain.break_chain(),
         }
         state.anchor = Some((now, backlog));
@@ -702,6 +708,10 @@ impl LocalGate {
         let resume = policy.resume_at();
         GateSnapshot {
             backlog,
+            depth_read: state.anchor.map(|(at, backlog)| DepthRead {
+                backlog,
+                age: Instant::now().saturating_duration_since(at),
+            }),
             limit: policy.limit,
             consecutive_failures: state.streak,
             fail_closed: unknown && policy.fail_closed && state.streak >= policy.streak_threshold,

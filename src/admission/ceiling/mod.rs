@@ -11,14 +11,18 @@
 //! mod.rs ──▶ local.rs ──▶ policy.rs
 //!    ├─────▶ fleet/ ──▶ policy.rs, window.rs, local.rs (its bounds), coordination::port
 //!    ├─────▶ reservation.rs ──▶ local.rs, fleet/
+//!    ├─────▶ pacing.rs ──▶ policy.rs
 //!    └─────▶ fair (one send's Judging, handed to local.rs as policy.rs's Judge)
 //! ```
+//! Whoever refused a send for room, its wait is spread here, once, behind the producers
+//! refused before it (`pacing.rs`), at the drain rate of whoever decides.
 //! `local.rs` knows nothing of a fleet or Redis; `fleet/` nothing of the local gate but
 //! the bounds it hands it; neither anything of fairness. Each gate is built whole from its
 //! [`GateParts`] (start-up: `admission::assemble`).
 
 mod fleet;
 mod local;
+mod pacing;
 pub mod policy;
 mod reservation;
 mod window;
@@ -40,6 +44,7 @@ pub use reservation::Reservation;
 
 use fleet::{AloneAnswer, FleetAnswer, Judged};
 use local::LocalGate;
+use pacing::{Ask, Pacing};
 use reservation::Decider;
 
 pub struct CapacityGate {
@@ -49,6 +54,8 @@ pub struct CapacityGate {
     seat: Option<Arc<FleetSeat>>,
     /// With tenants: who gets the room the ceiling admits (docs/fairness.md).
     fairness: Option<QueueFairness>,
+    /// The waits promised to the producers refused for room.
+    pacing: Pacing,
 }
 
 /// What a queue's gate is made of (at start-up).
@@ -131,6 +138,7 @@ impl CapacityGate {
             policy,
             seat,
             fairness,
+            pacing: Pacing::default(),
         })
     }
 
@@ -194,7 +202,7 @@ impl CapacityGate {
             fairness.lease_rate(asker.tenant, units).await;
         }
         let judging = Judging::new(self.fairness.as_ref(), asker, units, &self.policy.load());
-        match self.mode() {
+        let decision = match self.mode() {
             Mode::Local => self.admit_locally(judging, units).await,
             Mode::Fleet(seat) => match self.admit_in_fleet(seat, judging, units).await {
                 InFleet::Decided(decision) => decision,
@@ -204,6 +212,26 @@ impl CapacityGate {
                 }
             },
             Mode::CutOff(seat) => self.admit_cut_off(seat, judging, units).await,
+        };
+        decision.map_err(|refusal| {
+            self.pacing.pace(
+                refusal,
+                Ask {
+                    criticality: asker.criticality,
+                    units,
+                    per_second: self.drain_share(),
+                    max: self.policy.load().retry_after_max,
+                },
+            )
+        })
+    }
+
+    /// Messages a second this gate's refused producers are served at: the queue's measured
+    /// drain, in a fleet (as its seat last saw it, cut off too) this replica's share of it.
+    fn drain_share(&self) -> Option<f64> {
+        match &self.seat {
+            None => self.local.drain_rate().map(|r| r.per_second()),
+            Some(seat) => seat.drain_share(),
         }
     }
 
@@ -362,5 +390,7 @@ impl CapacityGate {
     }
 }
 
+#[cfg(test)]
+mod storm;
 #[cfg(test)]
 mod tests;

@@ -144,7 +144,6 @@ impl CapacityPolicy {
                 rate,
                 until_next_read,
                 self.retry_after_max,
-                rand::random(),
             ),
             drain_rate: rate,
             room: 0,
@@ -274,7 +273,10 @@ pub enum BacklogEffect {
 /// What `/health/detailed` and `/metrics` show of one queue's gate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GateSnapshot {
+    /// The estimate the ceiling decides by: the last read plus the sends counted since.
     pub backlog: Option<u64>,
+    /// The last good depth read itself (in a fleet, the fleet's read in force).
+    pub depth_read: Option<DepthRead>,
     pub limit: u64,
     pub consecutive_failures: u32,
     pub fail_closed: bool,
@@ -284,4 +286,11 @@ pub struct GateSnapshot {
     pub drain_rate: Option<DrainRate>,
     /// While refusing at the ceiling: the backlog at or below which sends are admitted again.
     pub refusing_until_backlog: Option<u64>,
+}
+
+/// A depth read as the admin plane answered it, and how long ago.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DepthRead {
+    pub backlog: u64,
+    pub age: Duration,
 }

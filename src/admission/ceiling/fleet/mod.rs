@@ -34,7 +34,7 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use super::local::LocalBounds;
-use super::policy::{GateSnapshot, PolicyCell, Refusal};
+use super::policy::{DepthRead, GateSnapshot, PolicyCell, Refusal};
 use crate::backend::Backend;
 use crate::config::Fraction;
 use crate::coordination::fleet::{Fleet, HEARTBEAT, IDLE, MEMBER_FOR};
@@ -279,6 +279,15 @@ impl FleetSeat {
             .map_or(0, |(view, _)| view.generation)
     }
 
+    /// This replica's share of the queue's drain rate (messages a second): the rate the
+    /// seat measured between the fleet's reads over the fleet's size as last seen (each
+    /// replica paces its own refusals, `pacing.rs`). `None` until drain has been measured.
+    pub fn drain_share(&self) -> Option<f64> {
+        let state = self.state.lock();
+        let rate = state.drain.rate()?.per_second();
+        Some(rate / state.fleet_size.max(1) as f64)
+    }
+
     /// Admin-plane reads this replica made for the fleet: (ok, failed).
     pub fn own_reads(&self) -> (u64, u64) {
         self.state.lock().own_reads
@@ -294,8 +303,16 @@ impl FleetSeat {
         let backlog = view.estimate();
         let resume = policy.resume_at();
         let refusing = state.mode.refusing() && policy.resume_below < Fraction::ONE;
+        let depth_read = match view.read {
+            ReadState::Ok { backlog, .. } => Some(DepthRead {
+                backlog,
+                age: view.read_age + seen.elapsed(),
+            }),
+            ReadState::Never | ReadState::Failed => None,
+        };
         Some(GateSnapshot {
             backlog,
+            depth_read,
             drain_rate: state.drain.rate(),
             refusing_until_backlog: backlog
                 .filter(|b| (refusing && *b > resume) || *b >= policy.limit)

@@ -1723,3 +1723,61 @@ async fn priming_before_the_fleet_answers_waits_for_it_to_join() {
     assert!(took < Duration::from_millis(500), "primed after {took:?}");
     send(&all[0], &broker).await.expect("admitted in the fleet");
 }
+
+/// Issue 39: health shows the fleet's read in force beside the estimate, with its age.
+#[tokio::test(start_paused = true)]
+async fn the_snapshot_shows_the_fleets_depth_read_beside_its_estimate() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    for _ in 0..5 {
+        broker.stored.lock().push(Instant::now());
+    }
+    let all = replicas(1, &ledger, &broker, policy(50, false)).await;
+    for _ in 0..3 {
+        send(&all[0], &broker).await.expect("under the ceiling");
+    }
+    let snapshot = all[0].gate.snapshot();
+    let read = snapshot.depth_read.expect("a good read");
+    assert_eq!(read.backlog, 5, "{snapshot:?}");
+    assert!(
+        snapshot.backlog >= Some(8),
+        "the estimate counts the sends: {snapshot:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let later = all[0].gate.snapshot().depth_read.expect("still the read");
+    assert!(
+        later.age >= read.age + Duration::from_millis(300),
+        "{later:?}"
+    );
+}
+
+/// Each replica paces its own refusals (pacing.rs): it promises its share of the queue's
+/// drain, the rate its seat measured over the fleet's size as last seen.
+#[tokio::test(start_paused = true)]
+async fn a_replica_paces_its_refusals_at_its_share_of_the_fleets_drain() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let fleet = Fleet::start(Arc::new(ledger.clone()), 3);
+    let queue = QueueName::parse("requests").unwrap();
+    let backend: Arc<dyn Backend> = broker.clone();
+    let seat = FleetSeat::new(
+        fleet,
+        KEY.to_owned(),
+        queue,
+        PolicyCell::new(policy(50, false)),
+        backend,
+        SEND,
+    );
+    assert_eq!(seat.drain_share(), None, "no drain measured");
+    {
+        let mut state = seat.state.lock();
+        state.drain.record(crate::admission::drain::Pair {
+            before: 400,
+            after: 100,
+            read: 100,
+            over: Duration::from_secs(1),
+        });
+        state.fleet_size = 3;
+    }
+    assert_eq!(seat.drain_share(), Some(100.0));
+}

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use super::super::policy::Refusal;
 use super::state::SeatState;
 use super::{FleetSeat, REJOINED_POLL};
+use crate::admission::drain::Pair;
 use crate::config::Fraction;
 use crate::coordination::fleet::HEARTBEAT;
 use crate::coordination::port::{ReadState, View};
@@ -124,7 +125,12 @@ impl FleetSeat {
             }
             Some((generation, before, at)) if generation < view.generation => {
                 if read_at > at {
-                    state.drain.record(before, estimate, read_at - at);
+                    state.drain.record(Pair {
+                        before,
+                        after: estimate,
+                        read: backlog,
+                        over: read_at - at,
+                    });
                 }
                 state.measured = Some((view.generation, estimate, read_at));
             }

@@ -1,0 +1,340 @@
+//! How long a producer refused for room is told to wait (contract section 2, `S`): the
+//! refused producers are spread over the time it will take to serve them, instead of all
+//! being told the time until the first place opens.
+//!
+//! A queue's gate keeps a virtual queue of the promises it made: `promised_until`, the end
+//! of the last place promised. A refusal for room of `units` (a `queue_full`, or a
+//! criticality's `Shed`) is given the next place:
+//!
+//! ```text
+//! start          = max(promised_until, now + base)
+//! promised_until = min(start + units / rate, now + max)
+//! Retry-After    = start − now, in whole seconds rounded up, within [1, max]
+//! ```
+//!
+//! `base` is the refusal's own wait (the measured drain's time to the resume level, at
+//! least until the next read; a `Shed`'s time to the next read): when the first place
+//! opens. From there places open at the drain rate, `rate`: the measured one, in a fleet
+//! divided by the replicas the seat counts (each replica spreads its own refusals, so
+//! together they promise the fleet's drain). So the `k`-th producer refused while places
+//! are promised is told `base + (k − 1)/rate` (not `base` like every other), and one
+//! refused once the promises have passed gets `base` again. A producer is told the start
+//! of its place, rounded up: it comes back when its place can be open, never before.
+//!
+//! **By criticality**: a lower criticality is refused first and let in last (docs/
+//! fairness.md), so it waits behind every refusal at its level or above, and a higher one
+//! behind none below it: a line per level; a refusal takes its place in its own level's
+//! line and pushes the lines of the levels below by its units.
+//!
+//! **No jitter**: the spread is the jitter. Each refusal has its own place, `units/rate`
+//! after the one before, and producers refused at different instants come back as spread
+//! as they were refused. A random spread around the place would send half of them back
+//! before it opens (one more refusal each, the cost this is here to save).
+//!
+//! **Capped**: a wait is at most `max` (`SENDGATE_RETRY_AFTER_MAX_S`), and the promises
+//! are never pushed past `now + max`: the producers told `max` share its second, and the
+//! line does not run on beyond what anyone was told.
+//!
+//! With no drain rate measured the refusal's own answer stands (the time to the next read).
+//! Other refusals keep theirs: a tenant's share or quota is a wait for a round or a rate of
+//! the tenant's own, not a place in the queue's drain.
+
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use super::policy::Refusal;
+use crate::admission::tenants::Criticality;
+
+/// One queue gate's promises to the producers it refused for room.
+#[derive(Debug, Default)]
+pub struct Pacing {
+    lines: Mutex<Lines>,
+}
+
+/// The end of the last place promised at each criticality (`None`: none yet), indexed by
+/// [`level`].
+#[derive(Debug, Default)]
+struct Lines([Option<Instant>; 3]);
+
+/// What one refusal's place is made of.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ask {
+    pub criticality: Criticality,
+    /// The refused sends (a batch's entries).
+    pub units: u64,
+    /// Messages a second this gate's refused producers are served at (the drain rate, in
+    /// a fleet this replica's share of it); `None` until drain has been measured.
+    pub per_second: Option<f64>,
+    /// The longest wait (`SENDGATE_RETRY_AFTER_MAX_S`).
+    pub max: Duration,
+}
+
+fn level(criticality: Criticality) -> usize {
+    match criticality {
+        Criticality::Sheddable => 0,
+        Criticality::Default => 1,
+        Criticality::Critical => 2,
+    }
+}
+
+impl Pacing {
+    /// `refusal` with its wait spread behind the producers refused before it (a refusal
+    /// for room with a drain rate measured; any other as it is).
+    pub fn pace(&self, refusal: Refusal, ask: Ask) -> Refusal {
+        let Some(per_second) = ask.per_second.filter(|r| r.is_finite() && *r > 0.0) else {
+            return refusal;
+        };
+        let wait = |base: Duration| {
+            let cost = Duration::try_from_secs_f64(ask.units.max(1) as f64 / per_second)
+                .unwrap_or(ask.max);
+            self.lines.lock().promise(
+                level(ask.criticality),
+                Instant::now(),
+                Place { base, cost },
+                ask.max,
+            )
+        };
+        match refusal {
+            Refusal::QueueFull {
+                backlog,
+                limit,
+                retry_after,
+                drain_rate,
+                room,
+            } => Refusal::QueueFull {
+                backlog,
+                limit,
+                retry_after: wait(retry_after),
+                drain_rate,
+                room,
+            },
+            Refusal::Shed {
+                criticality,
+                backlog,
+                cut,
+                retry_after,
+                room,
+            } => Refusal::Shed {
+                criticality,
+                backlog,
+                cut,
+                retry_after: wait(retry_after),
+                room,
+            },
+            other => other,
+        }
+    }
+}
+
+/// One refusal's place: when the first place opens, and how long its units take.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    base: Duration,
+    cost: Duration,
+}
+
+impl Lines {
+    /// The wait for a place at `level` (whole seconds, within `[1 s, max]`), pushing its
+    /// line and every lower level's by the place's cost.
+    fn promise(&mut self, level: usize, now: Instant, place: Place, max: Duration) -> Duration {
+        let one = Duration::from_secs(1);
+        let max = Duration::from_secs(max.as_secs()).max(one);
+        let first = now + place.base.min(max);
+        let cap = now + max;
+        let start = self.0[level].map_or(first, |until| until.max(first));
+        for line in &mut self.0[..=level] {
+            let from = line.map_or(first, |until| until.max(first));
+            *line = Some((from + place.cost).min(cap));
+        }
+        let wait = start.saturating_duration_since(now);
+        let whole = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        Duration::from_secs(whole).clamp(one, max)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::admission::drain::DrainRate;
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    fn full(base: Duration) -> Refusal {
+        Refusal::QueueFull {
+            backlog: 200,
+            limit: 200,
+            retry_after: base,
+            drain_rate: Some(DrainRate::measured(100.0)),
+            room: 0,
+        }
+    }
+
+    fn ask(criticality: Criticality, units: u64, per_second: f64) -> Ask {
+        Ask {
+            criticality,
+            units,
+            per_second: Some(per_second),
+            max: secs(300),
+        }
+    }
+
+    fn wait(refusal: &Refusal) -> Duration {
+        match refusal {
+            Refusal::QueueFull { retry_after, .. } | Refusal::Shed { retry_after, .. } => {
+                *retry_after
+            }
+            other => panic!("not a refusal for room: {other:?}"),
+        }
+    }
+
+    /// A refusal at a full queue (base 1 s), at `level`, of `units`, with the drain at 100/s.
+    fn refuse(p: &Pacing, criticality: Criticality, units: u64) -> Duration {
+        wait(&p.pace(full(secs(1)), ask(criticality, units, 100.0)))
+    }
+
+    /// Issue 39: at 5× a drain of 100/s, ~400 producers are refused a second. Each was
+    /// told 1 s (the time until one place opens); spread over the time it takes to serve
+    /// them, they are told 1 s to 4 s, a quarter of them each second.
+    #[tokio::test(start_paused = true)]
+    async fn four_hundred_refusals_in_a_second_are_spread_over_the_four_seconds_they_need() {
+        let p = Pacing::default();
+        let mut seen = BTreeMap::new();
+        let started = Instant::now();
+        for k in 0..400u64 {
+            let w = refuse(&p, Criticality::Default, 1);
+            // The k-th place starts 1 s + k/100 s after the first refusal: never told sooner.
+            let back = Instant::now() + w;
+            let place = started + secs(1) + Duration::from_millis(10 * k);
+            assert!(back >= place, "refusal {k} told {w:?}");
+            *seen.entry(w.as_secs()).or_insert(0) += 1;
+            tokio::time::advance(Duration::from_micros(2500)).await;
+        }
+        assert_eq!(
+            seen.keys().copied().collect::<Vec<_>>(),
+            [1, 2, 3, 4],
+            "{seen:?}"
+        );
+        assert!(
+            seen[&4] >= 100 && seen[&2] >= 100 && seen[&3] >= 100,
+            "{seen:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn once_the_promises_have_passed_a_refusal_is_told_the_base_again() {
+        let p = Pacing::default();
+        for _ in 0..400 {
+            refuse(&p, Criticality::Default, 1);
+        }
+        assert_eq!(
+            refuse(&p, Criticality::Default, 1),
+            secs(5),
+            "behind 400 places"
+        );
+        // Its place starts at 5 s, the next at 5.01 s.
+        tokio::time::advance(secs(3)).await;
+        assert_eq!(
+            refuse(&p, Criticality::Default, 1),
+            secs(3),
+            "still promised"
+        );
+        tokio::time::advance(secs(2)).await;
+        assert_eq!(refuse(&p, Criticality::Default, 1), secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_wait_is_capped_and_the_line_is_not_pushed_past_the_cap() {
+        let p = Pacing::default();
+        let capped = |p: &Pacing| {
+            let a = Ask {
+                max: secs(10),
+                ..ask(Criticality::Default, 1, 1.0)
+            };
+            wait(&p.pace(full(secs(1)), a))
+        };
+        let waits: Vec<u64> = (0..100).map(|_| capped(&p).as_secs()).collect();
+        assert_eq!(waits[..10], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        assert!(waits[10..].iter().all(|&w| w == 10), "{waits:?}");
+        // The 90 told 10 s share its second: 10 s on, the line is back to the base.
+        tokio::time::advance(secs(10)).await;
+        assert_eq!(capped(&p), secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_takes_as_many_places_as_its_units() {
+        let p = Pacing::default();
+        assert_eq!(refuse(&p, Criticality::Default, 250), secs(1));
+        // 250 units at 100/s: the next place starts 2.5 s after the first.
+        assert_eq!(refuse(&p, Criticality::Default, 1), Duration::from_secs(4));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lower_criticality_waits_behind_a_higher_one_and_not_the_reverse() {
+        let p = Pacing::default();
+        assert_eq!(refuse(&p, Criticality::Sheddable, 300), secs(1));
+        assert_eq!(
+            refuse(&p, Criticality::Critical, 1),
+            secs(1),
+            "critical is let in before sheddable: it waits behind none of it"
+        );
+        assert_eq!(refuse(&p, Criticality::Critical, 200), secs(2));
+        assert_eq!(
+            refuse(&p, Criticality::Default, 1),
+            secs(4),
+            "behind critical's 201"
+        );
+        assert_eq!(
+            refuse(&p, Criticality::Sheddable, 1),
+            secs(7),
+            "behind its own 300, then critical's 201 and default's 1: 6.02 s"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_base_is_the_refusals_own_and_a_shed_refusal_is_paced_as_well() {
+        let p = Pacing::default();
+        let a = ask(Criticality::Sheddable, 1, 1.0);
+        assert_eq!(wait(&p.pace(full(Duration::from_millis(7200)), a)), secs(8));
+        let shed = Refusal::Shed {
+            criticality: Criticality::Sheddable,
+            backlog: 170,
+            cut: 160,
+            retry_after: secs(1),
+            room: 0,
+        };
+        assert_eq!(wait(&p.pace(shed, a)), secs(9), "behind the one at 7.2 s");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_rate_or_for_a_tenants_own_limits_the_answer_stands() {
+        let p = Pacing::default();
+        let unmeasured = Ask {
+            per_second: None,
+            ..ask(Criticality::Default, 1, 1.0)
+        };
+        for _ in 0..10 {
+            let r = p.pace(full(Duration::from_millis(700)), unmeasured);
+            assert_eq!(wait(&r), Duration::from_millis(700));
+        }
+        let share = Refusal::TenantShare {
+            share_milli: 250,
+            retry_after: secs(1),
+            room: 0,
+        };
+        for _ in 0..10 {
+            let r = p.pace(share.clone(), ask(Criticality::Default, 1, 1.0));
+            assert_eq!(r, share);
+        }
+        assert_eq!(
+            refuse(&p, Criticality::Default, 1),
+            secs(1),
+            "none of them took a place"
+        );
+    }
+}
