@@ -121,6 +121,8 @@ pub const MAX_REPLICAS: usize = 3;
 /// The entries of a batch (`POST .../messages/batch`): 2 is enough at the model's ceilings
 /// (`L = 2` or `3`), where a batch's grant can fall short by one.
 pub const BATCH: u8 = 2;
+/// A settle row's block age naming no block: a recounted send (step 5, what a loss costs).
+const NO_BLOCK: u8 = u8::MAX;
 
 /// A list of at most `N` items kept inline (the state is copied and hashed for every step:
 /// no heap). Unused slots hold `T::default()`, so equal lists are equal arrays.
@@ -329,6 +331,11 @@ pub struct Rules {
     pub alone_part_floor: bool,
     /// What a batch does with a grant of fewer units than its entries (step 2, a batch).
     pub short_batch: Short,
+    /// After a new epoch (step 5, what a loss costs), an admission of another epoch whose
+    /// outcome is known leaves the carry: not stored, at once; stored, once a settle of the
+    /// new epoch took it as a stored send of no block (a completion, in the lag bucket of
+    /// now). Off: the carry holds every admission of another epoch for `H`.
+    pub recount_stored: bool,
 }
 
 /// What a batch does with a short grant: fewer units than its entries (the room was less).
@@ -365,6 +372,7 @@ impl Rules {
         alone_window_covers_grants: true,
         alone_part_floor: true,
         short_batch: Short::GiveBack,
+        recount_stored: true,
     };
     /// Every rule as docs/fleet.md states it today.
     pub const DOCUMENTED: Rules = Rules {
@@ -741,6 +749,8 @@ pub struct Adm {
     pub outcome: Outcome,
     /// Its block's row has been settled (or dropped: another epoch).
     pub settled: bool,
+    /// The epoch a settle recounted it into, known stored (0: none).
+    pub recounted: u8,
 }
 
 impl Adm {
@@ -876,17 +886,40 @@ impl Replica {
         self.adms.iter().filter(|a| a.age < h).count() as u8
     }
 
-    /// Its window's admissions not of `epoch`.
-    fn carry_for(&self, epoch: u8, h: u8) -> u8 {
+    /// Its window's admissions not of `epoch`; with `recount`, less those known not
+    /// stored and those known stored a settle of `epoch` recounted.
+    fn carry_for(&self, epoch: u8, h: u8, recount: bool) -> u8 {
         self.adms
             .iter()
             .filter(|a| a.age < h && a.epoch != epoch)
+            .filter(|a| {
+                !recount
+                    || a.epoch == 0
+                    || !(a.outcome == Outcome::NotStored
+                        || (a.outcome == Outcome::Stored && a.recounted == epoch))
+            })
             .count() as u8
     }
 
-    /// Its settle rows: (block age, nth, stored), a short grant's units as not stored.
-    fn rows(&self) -> Slots<(u8, u8, bool), 8> {
+    /// With `recount`, an admission of another epoch than the one it knows, known stored
+    /// and not yet recounted into that one: settled as a stored send of no block.
+    fn owes_recount(&self, a: &Adm, recount: bool) -> bool {
+        recount
+            && a.epoch != 0
+            && a.epoch != self.seen.epoch
+            && a.outcome == Outcome::Stored
+            && a.recounted != self.seen.epoch
+    }
+
+    /// Its settle rows: (block age, nth, stored), a short grant's units as not stored, and
+    /// with `recount` a stored send of no block ([`NO_BLOCK`]) per admission to recount.
+    fn rows(&self, recount: bool) -> Slots<(u8, u8, bool), 8> {
         let mut rows = Slots::default();
+        for a in self.adms.iter() {
+            if self.owes_recount(a, recount) {
+                rows.push((NO_BLOCK, 0, true));
+            }
+        }
         for a in self.adms.iter() {
             if a.unsettled() && a.epoch == self.seen.epoch {
                 let (delay, nth) = a.block.unwrap();
@@ -1148,7 +1181,7 @@ impl Fleet {
             s.live = Some(Ledger::new(epoch, grace, c.timing.lag));
         }
         self.write(s);
-        let carry = s.replicas[r].carry_for(seen.epoch, c.h());
+        let carry = s.replicas[r].carry_for(seen.epoch, c.h(), c.rules.recount_stored);
         let l = s.live.as_mut().unwrap();
         l.fresh = true;
         if c.tracks_members() {
@@ -1169,6 +1202,14 @@ impl Fleet {
     fn settle_rows(&self, s: &mut State, r: usize, rows: &[(u8, u8, bool)]) {
         let l = s.live.as_mut().unwrap();
         for &(age, nth, stored) in rows {
+            if age == NO_BLOCK {
+                // A recounted send: a completion whatever block (none) it names.
+                l.completed += 1;
+                if let Some(b) = l.recent.first_mut() {
+                    *b += 1;
+                }
+                continue;
+            }
             if let Some(i) = l
                 .blocks
                 .iter()
@@ -1315,6 +1356,7 @@ impl Fleet {
                 phase: Phase::Pending,
                 outcome: Outcome::Waiting,
                 settled: false,
+                recounted: 0,
             });
         }
         admitted
@@ -1395,9 +1437,26 @@ impl Fleet {
                 }
             }
             Kind::Settle => {
-                let rows = s.replicas[r].rows();
-                if self.begin(s, r) {
+                let recount = c.rules.recount_stored;
+                let rows = s.replicas[r].rows(recount);
+                let knows = self.begin(s, r);
+                if knows {
                     self.settle_rows(s, r, &rows);
+                }
+                if knows && how != How::Lost {
+                    // The script took the recounted sends: out of the carry from here.
+                    let rep = &mut s.replicas[r];
+                    let recounted: Vec<bool> = rep
+                        .adms
+                        .iter()
+                        .map(|a| rep.owes_recount(a, recount))
+                        .collect();
+                    let epoch = rep.seen.epoch;
+                    for (a, yes) in rep.adms.iter_mut().zip(recounted) {
+                        if yes {
+                            a.recounted = epoch;
+                        }
+                    }
                 }
                 let view = self.view(s);
                 let rep = &mut s.replicas[r];
@@ -1765,7 +1824,7 @@ impl Model for Fleet {
                 && !rep.paused
                 && (rep.call.is_some()
                     || (reaches(rep, Kind::Settle, How::Done)
-                        && (rep.ticket.is_some() || !rep.rows().is_empty())))
+                        && (rep.ticket.is_some() || !rep.rows(c.rules.recount_stored).is_empty())))
         });
         if !due {
             out.push(Action::Tick);
@@ -1829,7 +1888,7 @@ impl Model for Fleet {
             {
                 kinds.push(Kind::Batch);
             }
-            if !rep.rows().is_empty() {
+            if !rep.rows(c.rules.recount_stored).is_empty() {
                 kinds.push(Kind::Settle);
             }
             if c.heartbeats() {
@@ -1936,6 +1995,7 @@ impl Model for Fleet {
                     phase: Phase::Pending,
                     outcome: Outcome::Waiting,
                     settled: false,
+                    recounted: 0,
                 });
                 s.budget.sends -= 1;
             }
@@ -1947,6 +2007,7 @@ impl Model for Fleet {
                     phase: Phase::Pending,
                     outcome: Outcome::Waiting,
                     settled: false,
+                    recounted: 0,
                 });
                 s.budget.sends -= 1;
                 s.ghost.alone |= 1 << r;
@@ -1979,7 +2040,7 @@ impl Model for Fleet {
             Action::Leave(r) => {
                 let r = r as usize;
                 s.budget.leaves -= 1;
-                let rows = s.replicas[r].rows();
+                let rows = s.replicas[r].rows(c.rules.recount_stored);
                 let knows = self.begin(&mut s, r);
                 if knows {
                     self.settle_rows(&mut s, r, &rows);
@@ -2706,8 +2767,13 @@ pub mod configs {
             (
                 "leave_drops_carry",
                 with(
+                    // Recounting, a drained leaver's carry holds only its sends of unknown
+                    // outcome, which this configuration makes none of (its known stored
+                    // ones the goodbye settles): the hole is shown on the carry that held
+                    // every send of the hold.
                     Rules {
                         leave_keeps_carry: false,
+                        recount_stored: false,
                         ..all
                     },
                     Faults {

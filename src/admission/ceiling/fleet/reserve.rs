@@ -337,11 +337,10 @@ impl FleetSeat {
                     .queue_full(limit.saturating_sub(granted), rate, reply.ttl_left());
             return Step::Done(FleetAnswer::Refuse(refusal.with_room(granted)));
         }
-        for _ in 0..reply.units {
+        let bucket =
             state
                 .window
-                .record(reply.answered, epoch, self.alone_span());
-        }
+                .record_units(reply.answered, epoch, self.alone_span(), reply.units);
         if reply.units == 1 {
             state.whole_under = (granted >= BLOCK_WANT).then_some(limit);
         }
@@ -355,7 +354,11 @@ impl FleetSeat {
                 limit,
             });
         }
-        Step::Done(FleetAnswer::Admit(Held::Block { epoch, turn }))
+        Step::Done(FleetAnswer::Admit(Held::Block {
+            epoch,
+            turn,
+            bucket,
+        }))
     }
 
     /// Step 1 found no room. The refusal is cached at most a block's use (headroom others
@@ -393,13 +396,12 @@ impl FleetSeat {
             }));
         }
         let epoch = reply.view.epoch.id;
-        for _ in 0..reply.units {
+        let bucket =
             state
                 .window
-                .record(reply.answered, epoch, self.alone_span());
-        }
+                .record_units(reply.answered, epoch, self.alone_span(), reply.units);
         *state.open.entry(epoch).or_default() += reply.units;
-        Step::Done(FleetAnswer::Admit(Held::Open { epoch }))
+        Step::Done(FleetAnswer::Admit(Held::Open { epoch, bucket }))
     }
 
     /// No read could be made for the fleet (no replica published one in time): the depth

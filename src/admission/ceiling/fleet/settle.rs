@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::super::policy::BacklogEffect;
+use super::super::window::Ended;
 use super::{FleetSeat, Goodbye, Held, SETTLE_EVERY};
 use crate::coordination::port::{LedgerError, Settle};
 
@@ -15,20 +16,39 @@ type Pending = BTreeMap<(u64, u64), (u64, u64)>;
 type Rows = Vec<(String, u64, u64)>;
 
 impl FleetSeat {
-    /// A send admitted through the fleet ended: its outcome is settled with the next batch.
+    /// A send admitted through the fleet ended: its outcome is settled with the next batch,
+    /// and told to the window (an unknown one stays open there).
     pub fn finish(self: &Arc<Self>, held: Held, effect: BacklogEffect) {
         let stored = effect != BacklogEffect::NotStored;
         {
             let mut state = self.state.lock();
+            let (epoch, bucket) = held.admitted();
+            match effect {
+                BacklogEffect::Stored => state.window.ended(epoch, bucket, Ended::Stored),
+                BacklogEffect::NotStored => state.window.ended(epoch, bucket, Ended::NotStored),
+                BacklogEffect::Unknown => {}
+            }
+            let current = state.seen.id;
+            if epoch != current {
+                // Of an epoch already replaced (step 5): known stored, it is recounted into
+                // this one; open, it stays in the carry; not stored, it is counted nowhere.
+                if effect == BacklogEffect::Stored {
+                    state.pending.entry((current, 0)).or_default().0 += 1;
+                    *state.open.entry(current).or_default() += 1;
+                }
+                drop(state);
+                self.schedule_settle();
+                return;
+            }
             let row = match held {
-                Held::Block { epoch, turn } => (epoch, turn),
-                Held::Open { epoch } => (epoch, 0),
+                Held::Block { epoch, turn, .. } => (epoch, turn),
+                Held::Open { epoch, .. } => (epoch, 0),
             };
             let entry = state.pending.entry(row).or_default();
             match (held, stored) {
                 (_, true) => entry.0 += 1,
                 (Held::Block { .. }, false) => entry.1 += 1,
-                (Held::Open { epoch }, false) => {
+                (Held::Open { epoch, .. }, false) => {
                     // Never stored: it need not be counted any more.
                     if let Some(open) = state.open.get_mut(&epoch) {
                         *open = open.saturating_sub(1);

@@ -22,14 +22,29 @@ pub(super) const SHARE_DIVISOR: u64 = 8;
 /// asked for ahead.
 pub(super) const NEXT_BLOCK_BELOW: u64 = BLOCK_WANT / 2;
 
-/// What an admission through the fleet holds, with the epoch of the ledger that counts it.
+/// What an admission through the fleet holds, with the epoch of the ledger that counts it
+/// and the window's bucket it was counted in (its outcome goes back there: docs/fleet.md,
+/// step 5, what a loss costs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Held {
     /// A unit of block `turn`.
-    Block { epoch: u64, turn: u64 },
+    Block {
+        epoch: u64,
+        turn: u64,
+        bucket: Instant,
+    },
     /// Nothing reserved: admitted fail-open (the fleet's read failed); a stored outcome is
     /// still counted.
-    Open { epoch: u64 },
+    Open { epoch: u64, bucket: Instant },
+}
+
+impl Held {
+    /// The epoch whose ledger counts it, and its window bucket.
+    pub(super) fn admitted(self) -> (u64, Instant) {
+        match self {
+            Held::Block { epoch, bucket, .. } | Held::Open { epoch, bucket } => (epoch, bucket),
+        }
+    }
 }
 
 /// What the seat does with a send that no unit of its blocks admits.
@@ -134,10 +149,12 @@ pub(super) struct SeatState {
     pub(super) estimate: Option<(u64, Instant)>,
     /// Outcomes to settle, by `(epoch, block turn)` (turn 0: open sends): (stored, not).
     pub(super) pending: BTreeMap<(u64, u64), (u64, u64)>,
-    /// By epoch: sends admitted open (no block holds them) in flight, plus their stored
-    /// outcomes not yet settled, i.e. `pending[(epoch, 0)].0` (docs/fleet.md, step 1: every
-    /// admitted send is counted somewhere at every instant). Reported in the carry until a
-    /// settle that took them succeeded; then `since_read` counts them.
+    /// By epoch: sends admitted open (no block holds them) in flight, plus the sends to
+    /// settle as no block's, i.e. `pending[(epoch, 0)].0`: the open ones' stored outcomes
+    /// and the sends of other epochs known stored, recounted (docs/fleet.md, step 1: every
+    /// admitted send is counted somewhere at every instant; step 5, what a loss costs).
+    /// Reported in the carry until a settle that took them succeeded; then `since_read`
+    /// counts them.
     pub(super) open: BTreeMap<u64, u64>,
     pub(super) window: Window,
     pub(super) ahead_tried_at: Option<Instant>,
@@ -189,14 +206,21 @@ impl SeatState {
     }
 
     /// A reply named a new epoch (docs/fleet.md, step 5): the blocks and the outcomes of the
-    /// old one go (their sends are in the carry now), and so does what its reads said.
-    pub(super) fn adopt(&mut self, epoch: Epoch) {
+    /// old one go, and so does what its reads said. Their sends of the last `hold` are in
+    /// the carry while their outcome is open; those known stored are recounted: settled
+    /// into the new epoch as no block's, and carried until then.
+    pub(super) fn adopt(&mut self, epoch: Epoch, now: Instant, hold: Duration) {
         self.seen = epoch;
         self.blocks.clear();
         let current = epoch.id;
         self.pending.retain(|(epoch, _), _| *epoch == current);
         // Open sends of the old epoch are in the window under it: in the carry now.
         self.open.retain(|epoch, _| *epoch == current);
+        let recount = self.window.recount(now, hold, current);
+        if recount > 0 {
+            self.pending.entry((current, 0)).or_default().0 += recount;
+            *self.open.entry(current).or_default() += recount;
+        }
         self.full = None;
         self.mode.resume();
         self.measured = None;
@@ -218,15 +242,12 @@ impl SeatState {
             .iter_mut()
             .find(|b| b.left >= units && now < b.use_until && b.limit <= limit)?;
         block.left -= units;
-        let held = Held::Block {
-            epoch: block.epoch,
-            turn: block.turn,
-        };
-        let epoch = block.epoch;
-        for _ in 0..units {
-            self.window.record(now, epoch, keep);
-        }
-        Some(held)
+        let (epoch, turn) = (block.epoch, block.turn);
+        Some(Held::Block {
+            epoch,
+            turn,
+            bucket: self.window.record_units(now, epoch, keep, units),
+        })
     }
 
     /// Units of blocks still in use under a ceiling no higher than `limit`, not yet handed

@@ -80,6 +80,7 @@ impl FleetSeat {
     /// outcomes, and hand out units of a block the ledger no longer holds.
     pub(super) fn see(self: &Arc<Self>, view: View) -> bool {
         self.fleet.answered();
+        let hold = self.terms().hold;
         let adopted = {
             let mut state = self.state.lock();
             if view.epoch.id < state.seen.id {
@@ -87,7 +88,7 @@ impl FleetSeat {
             }
             let adopted = view.epoch.id != state.seen.id;
             if adopted {
-                state.adopt(view.epoch);
+                state.adopt(view.epoch, Instant::now(), hold);
             } else if view.epoch.version > state.seen.version {
                 state.seen.version = view.epoch.version;
             }
@@ -97,6 +98,8 @@ impl FleetSeat {
         if adopted {
             let seat = Arc::clone(self);
             self.runtime.spawn(async move { seat.beat().await });
+            // The sends it recounted are settled into the new epoch.
+            self.schedule_settle();
         }
         true
     }
