@@ -219,6 +219,7 @@ p("./bench/run.sh --only 2,6 --update-docs  # a partial run that rewrites this p
 p("./bench/run.sh --only 10,11             # batches vs direct lapin (~7 min) and RSS with 1 MiB batches in flight (~1.5 min)")
 p("./bench/run.sh --only 12                # fair shares (~20 min: 5 scenarios of 60 s, callgrind of two builds, wall-clock)")
 p("./bench/run.sh --only 12 --fair-s 20    # the same with 20 s tenant scenarios")
+p("./bench/overload.sh --quick --update-docs  # comparison 14 alone (open-loop overload, every backend): rewrites section 14 and its plots")
 p("```")
 p("")
 p(
@@ -2285,6 +2286,13 @@ if sel("otel_cost_ir") or sel("otel_cost_wall"):
             f"{'failed' if r.get('failed') else f(r.get(key), 0)} | {load_text(r)} |"
         )
     p("")
+
+carry(14)
+# Comparison 14 (issue 39, ./bench/overload.sh): its own module, also run alone.
+sys.path.insert(0, HERE)
+import report_overload  # noqa: E402
+
+out.extend(report_overload.section(rows))
 
 # ------------------------------------------------------------------ dependency diet
 # Build-time numbers (binary size, clean build, crates in the tree), measured by hand when

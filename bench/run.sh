@@ -7,7 +7,8 @@
 #                             # 4 RSS, 5 criterion, 6 fleet on Redis, 7 retry amplification,
 #                             # 8 restart under load, 9 hostile clients, 10 batches vs direct
 #                             # lapin, 11 RSS with large batches in flight, 12 fair shares,
-#                             # 13 OpenTelemetry export on vs off);
+#                             # 13 OpenTelemetry export on vs off, 14 overload open-loop:
+#                             # ./bench/overload.sh, which also runs alone);
 #                             # the report shows what was measured
 #   ./bench/run.sh --only 7 --amplify-s 20
 #                             # comparison 7 with a shorter window per side (default 60 s,
@@ -46,7 +47,7 @@ ROOT=$PWD
 
 QUICK=0
 UPDATE_DOCS=0
-ALL="1,2,3,4,5,6,7,8,9,10,11,12,13"
+ALL="1,2,3,4,5,6,7,8,9,10,11,12,13,14"
 ONLY=$ALL
 AMPLIFY_S=""
 SOAK_S=""
@@ -59,7 +60,7 @@ while [ $# -gt 0 ]; do
     --update-docs) UPDATE_DOCS=1 ;;
     --soak-s) SOAK_S="$2"; shift ;;
     --fair-s) FAIR_S="$2"; shift ;;
-    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,43p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -262,7 +263,7 @@ loadgen() { timeout 120 "$BIN/loadgen" "$@"; }
 setup() {
   log "RabbitMQ"
   ./scripts/ensure-rabbitmq.sh
-  if want 6 || want 12; then
+  if want 6 || want 12 || want 14; then
     log "Redis"
     ./scripts/ensure-redis.sh
   fi
@@ -1130,6 +1131,17 @@ compare_otel() {
   purge bench; purge bench_full
 }
 
+# Comparison 14 (issue 39): the open-loop overload scenarios of ./bench/overload.sh, on
+# every backend, appended to this run's results; the plots beside the report.
+compare_overload() {
+  log "14. overload, open-loop: sweep, step, retry storm, priority mix, weights, capacity drop, low ceiling"
+  local q=(); [ "$QUICK" = 1 ] && q=(--quick)
+  ./bench/overload.sh "${q[@]}" --out "$OUT" --bin "$BIN" --no-report || log "overload.sh failed (its runs so far are kept)"
+  . scripts/pyvenv.sh
+  ensure_venv "$ROOT/.venv-bench" "matplotlib==3.11.2" >&2
+  "$ROOT/.venv-bench/bin/python" bench/plot_overload.py "$OUT" "$OUT" || log "the overload plots failed"
+}
+
 # ---------------------------------------------------------------------------------------
 started=$(date +%s)
 setup
@@ -1146,16 +1158,20 @@ want 10 && compare_batch
 want 11 && compare_batch_rss
 want 12 && compare_fair
 want 13 && compare_otel
+want 14 && compare_overload
 want 5 && compare_micro
 jq -cn --arg s "$(( $(date +%s) - started ))" '{comparison: "run", seconds: ($s|tonumber)}' >> "$RESULTS"
 
 python3 bench/report.py "$OUT" > "$OUT/benchmarks.md"
+copy_plots() { if want 14 && ls "$OUT"/overload-*.png >/dev/null 2>&1; then mkdir -p docs/benchmarks; cp "$OUT"/overload-*.png docs/benchmarks/; fi; }
 if [ "$QUICK" = 0 ] && [ "$ONLY" = "$ALL" ]; then
   cp "$OUT/benchmarks.md" docs/benchmarks.md
+  copy_plots
   log "done in $(( $(date +%s) - started )) s: docs/benchmarks.md written; raw results in $OUT"
 elif [ "$UPDATE_DOCS" = 1 ]; then
   python3 bench/report.py "$OUT" --carry-over docs/benchmarks.md > "$OUT/benchmarks-merged.md"
   cp "$OUT/benchmarks-merged.md" docs/benchmarks.md
+  copy_plots
   log "done in $(( $(date +%s) - started )) s: docs/benchmarks.md written (comparisons $ONLY from this run, the rest carried over); raw results in $OUT"
 else
   log "done in $(( $(date +%s) - started )) s: report in $OUT/benchmarks.md (a quick or partial run leaves docs/benchmarks.md as it is)"
