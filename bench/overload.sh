@@ -220,9 +220,9 @@ run_one() { # backend, scenario, side, ceiling, openloop args...
     line='{"failed": true}'
   fi
   echo "$line" | jq -c --arg b "$backend" --arg s "$scenario" --arg side "$side" \
-    --arg quick "$QUICK" --arg label "$LABEL" --arg load "$(cut -d' ' -f1 /proc/loadavg)" \
+    --arg quick "$QUICK" --arg lbl "$LABEL" --arg load "$(cut -d' ' -f1 /proc/loadavg)" \
     --arg commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
-    '. + {comparison: "overload", level: $b, scenario: $s, side: $side, quick: ($quick == "1"), label: $label,
+    '. + {comparison: "overload", level: $b, scenario: $s, side: $side, quick: ($quick == "1"), "label": $lbl,
           loadavg_1m: ($load|tonumber), commit: $commit}' >> "$RESULTS"
   echo "$line" | jq -c --arg n "$name" '{run: $n, attempts_per_message, goodput_per_s, settle,
     refusals_stop, backlog_max, retry_after_p50_s}' >&2 2>/dev/null || true

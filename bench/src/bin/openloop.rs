@@ -360,7 +360,6 @@ struct Attempt {
     reason: String,
     retry_after: Option<u64>,
     first: bool,
-    tenant: usize,
     crit: usize,
 }
 
@@ -528,7 +527,6 @@ async fn message(ctx: Arc<Ctx>, a: Arrival) {
             reason,
             retry_after: answer.as_ref().and_then(|x| x.retry_after),
             first: attempts == 1,
-            tenant: a.tenant,
             crit: a.crit,
         });
         if status == 201 {
@@ -562,7 +560,6 @@ async fn client_message(ctx: Arc<Ctx>, a: Arrival) {
             reason: String::new(),
             retry_after: None,
             first: true,
-            tenant: a.tenant,
             crit: a.crit,
         });
     }
