@@ -683,6 +683,14 @@ async fn drain_embedded(ctx: Arc<Ctx>, args: Args, plan: DrainPlan, stop: Arc<At
     }
 }
 
+/// An AMQP URL as it may be printed: its user and password left out.
+fn without_password(url: &str) -> String {
+    match (url.split_once("://"), url.rsplit_once('@')) {
+        (Some((scheme, _)), Some((_, host))) => format!("{scheme}://{host}"),
+        _ => url.to_string(),
+    }
+}
+
 async fn drain_amqp(ctx: Arc<Ctx>, args: Args, plan: DrainPlan, stop: Arc<AtomicBool>) {
     let url: String = get(
         &args,
@@ -692,7 +700,7 @@ async fn drain_amqp(ctx: Arc<Ctx>, args: Args, plan: DrainPlan, stop: Arc<Atomic
     let sample = Duration::from_millis(get(&args, "sample-ms", Some(100)));
     let connection = Connection::connect(&url, ConnectionProperties::default())
         .await
-        .unwrap_or_else(|e| die(&format!("cannot connect to {url}: {e}")));
+        .unwrap_or_else(|e| die(&format!("cannot connect to {}: {e}", without_password(&url))));
     let consumer = connection
         .create_channel()
         .await

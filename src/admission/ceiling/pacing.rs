@@ -2,14 +2,16 @@
 //! refused producers are spread over the time it will take to serve them, instead of all
 //! being told the time until the first place opens.
 //!
-//! A queue's gate keeps a virtual queue of the promises it made: `promised_until`, the end
-//! of the last place promised. A refusal for room of `units` (a `queue_full`, or a
-//! criticality's `Shed`) is given the next place:
+//! A queue's gate keeps a virtual queue of the promises it made: per level, `owed`, the
+//! places promised and not yet served. Served at the drain rate `rate`, they shrink by
+//! `rate × elapsed` between refusals, at the rate measured *now*: a drain that recovers
+//! shortens every wait at once, and a stalled one lengthens them. A refusal for room of
+//! `units` (a `queue_full`, or a criticality's `Shed`) is given the next place:
 //!
 //! ```text
-//! start          = max(promised_until, now + base)
-//! promised_until = min(start + units / rate, now + max)
-//! Retry-After    = start − now, in whole seconds rounded up, within [1, max]
+//! owed        = max(0, owed − rate × elapsed)
+//! Retry-After = max(base, owed / rate), in whole seconds rounded up, within [1, max]
+//! owed        = min(max(owed, base × rate) + units, max × rate)
 //! ```
 //!
 //! `base` is the refusal's own wait (the measured drain's time to the resume level, at
@@ -18,8 +20,8 @@
 //! divided by the replicas the seat counts (each replica spreads its own refusals, so
 //! together they promise the fleet's drain). So the `k`-th producer refused while places
 //! are promised is told `base + (k − 1)/rate` (not `base` like every other), and one
-//! refused once the promises have passed gets `base` again. A producer is told the start
-//! of its place, rounded up: it comes back when its place can be open, never before.
+//! refused once the promises have been served gets `base` again. A producer is told the
+//! start of its place, rounded up: it comes back when its place can be open, never before.
 //!
 //! **By criticality**: a lower criticality is refused first and let in last (docs/
 //! fairness.md), so it waits behind every refusal at its level or above, and a higher one
@@ -31,9 +33,13 @@
 //! as they were refused. A random spread around the place would send half of them back
 //! before it opens (one more refusal each, the cost this is here to save).
 //!
-//! **Capped**: a wait is at most `max` (`SENDGATE_RETRY_AFTER_MAX_S`), and the promises
-//! are never pushed past `now + max`: the producers told `max` share its second, and the
-//! line does not run on beyond what anyone was told.
+//! **Capped**: a wait is at most `max` (`SENDGATE_RETRY_AFTER_MAX_S`), and no more is
+//! owed than `max` of drain: the producers told `max` share its second, and the line does
+//! not run on beyond what anyone was told.
+//!
+//! **What it cannot see**: a producer that ignores its wait and sends again is refused
+//! again and takes another place, pushing back those who wait as told; the places are
+//! promises, not reservations (the gate cannot tell a returning producer from a new one).
 //!
 //! With no drain rate measured the refusal's own answer stands (the time to the next read).
 //! Other refusals keep theirs: a tenant's share or quota is a wait for a round or a rate of
@@ -53,10 +59,27 @@ pub struct Pacing {
     lines: Mutex<Lines>,
 }
 
-/// The end of the last place promised at each criticality (`None`: none yet), indexed by
-/// [`level`].
+/// The places promised and not yet served at each criticality, indexed by [`level`].
 #[derive(Debug, Default)]
-struct Lines([Option<Instant>; 3]);
+struct Lines([Line; 3]);
+
+/// One level's promises: `owed` places (units) as of `at`.
+#[derive(Debug, Default, Clone, Copy)]
+struct Line {
+    owed: f64,
+    at: Option<Instant>,
+}
+
+impl Line {
+    /// What is still owed at `now`, served at `per_second` since the last refusal.
+    fn served_until(&mut self, now: Instant, per_second: f64) {
+        let elapsed = self
+            .at
+            .map_or(0.0, |at| now.saturating_duration_since(at).as_secs_f64());
+        self.owed = (self.owed - per_second * elapsed).max(0.0);
+        self.at = Some(now);
+    }
+}
 
 /// What one refusal's place is made of.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -87,14 +110,14 @@ impl Pacing {
             return refusal;
         };
         let wait = |base: Duration| {
-            let cost = Duration::try_from_secs_f64(ask.units.max(1) as f64 / per_second)
-                .unwrap_or(ask.max);
-            self.lines.lock().promise(
-                level(ask.criticality),
-                Instant::now(),
-                Place { base, cost },
-                ask.max,
-            )
+            let place = Place {
+                base,
+                units: ask.units.max(1) as f64,
+                per_second,
+            };
+            self.lines
+                .lock()
+                .promise(level(ask.criticality), Instant::now(), place, ask.max)
         };
         match refusal {
             Refusal::QueueFull {
@@ -128,27 +151,31 @@ impl Pacing {
     }
 }
 
-/// One refusal's place: when the first place opens, and how long its units take.
+/// One refusal's place: when the first place opens, its units, and the rate places open at.
 #[derive(Debug, Clone, Copy)]
 struct Place {
     base: Duration,
-    cost: Duration,
+    units: f64,
+    per_second: f64,
 }
 
 impl Lines {
-    /// The wait for a place at `level` (whole seconds, within `[1 s, max]`), pushing its
-    /// line and every lower level's by the place's cost.
+    /// The wait for a place at `level` (whole seconds, within `[1 s, max]`), adding the
+    /// place's units to its line and every lower level's.
     fn promise(&mut self, level: usize, now: Instant, place: Place, max: Duration) -> Duration {
         let one = Duration::from_secs(1);
         let max = Duration::from_secs(max.as_secs()).max(one);
-        let first = now + place.base.min(max);
-        let cap = now + max;
-        let start = self.0[level].map_or(first, |until| until.max(first));
+        let rate = place.per_second;
+        let base = place.base.min(max).as_secs_f64();
+        let most = max.as_secs_f64() * rate;
         for line in &mut self.0[..=level] {
-            let from = line.map_or(first, |until| until.max(first));
-            *line = Some((from + place.cost).min(cap));
+            line.served_until(now, rate);
         }
-        let wait = start.saturating_duration_since(now);
+        let wait = base.max(self.0[level].owed / rate);
+        for line in &mut self.0[..=level] {
+            line.owed = (line.owed.max(base * rate) + place.units).min(most);
+        }
+        let wait = Duration::try_from_secs_f64(wait).unwrap_or(max);
         let whole = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
         Duration::from_secs(whole).clamp(one, max)
     }
@@ -264,6 +291,22 @@ mod tests {
         // The 90 told 10 s share its second: 10 s on, the line is back to the base.
         tokio::time::advance(secs(10)).await;
         assert_eq!(capped(&p), secs(1));
+    }
+
+    /// Review of issue 39: the promises were fixed times, so a drain that stalled for a
+    /// few seconds (a measured rate of ~0.7/s) pushed every wait to the cap, and the waits
+    /// stayed there for the cap's length after the drain recovered. What is owed is
+    /// served at the rate measured now.
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_that_recovers_shortens_the_waits_at_once() {
+        let p = Pacing::default();
+        let slow = |p: &Pacing| wait(&p.pace(full(secs(1)), ask(Criticality::Default, 1, 0.7)));
+        let waits: Vec<u64> = (0..400).map(|_| slow(&p).as_secs()).collect();
+        assert_eq!(waits[399], 300, "a stalled drain: the cap");
+        tokio::time::advance(secs(1)).await;
+        // The drain is back at 100/s: what is owed (300 s of 0.7/s, 210 places) took 2.1 s
+        // from the last refusal, 1.1 s of it still to come.
+        assert_eq!(refuse(&p, Criticality::Default, 1), secs(2));
     }
 
     #[tokio::test(start_paused = true)]
