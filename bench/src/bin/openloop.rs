@@ -700,7 +700,12 @@ async fn drain_amqp(ctx: Arc<Ctx>, args: Args, plan: DrainPlan, stop: Arc<Atomic
     let sample = Duration::from_millis(get(&args, "sample-ms", Some(100)));
     let connection = Connection::connect(&url, ConnectionProperties::default())
         .await
-        .unwrap_or_else(|e| die(&format!("cannot connect to {}: {e}", without_password(&url))));
+        .unwrap_or_else(|e| {
+            die(&format!(
+                "cannot connect to {}: {e}",
+                without_password(&url)
+            ))
+        });
     let consumer = connection
         .create_channel()
         .await
