@@ -121,6 +121,7 @@ impl Metrics {
     ) -> String {
         let mut families = self.registry.gather();
         families.extend(state_families(dispatcher, lifecycle));
+        families.extend(rate_lease_families(dispatcher));
         families.extend(coordination_families(coordination));
         families.extend(connection_families(connections));
         families.extend(otel.map(otel_families).unwrap_or_default());
@@ -276,6 +277,25 @@ fn tenant_families(dispatcher: &Dispatcher) -> Vec<prometheus::proto::MetricFami
     families.extend(would_refuse.collect());
     families.extend(share.collect());
     families
+}
+
+/// `sendgate_rate_lease_failures_total`: the rate quotas' lease calls that failed (in a
+/// fleet, with a tenant that has a rate quota; one book for every queue).
+fn rate_lease_families(dispatcher: &Dispatcher) -> Vec<prometheus::proto::MetricFamily> {
+    let failures = dispatcher
+        .lanes()
+        .flat_map(|lane| lane.gates())
+        .find_map(|gate| gate.fairness()?.rate_lease_failures());
+    let Some(failures) = failures else {
+        return Vec::new();
+    };
+    let counter = prometheus::IntCounter::new(
+        "sendgate_rate_lease_failures_total",
+        "Calls leasing a tenant's rate quota from the fleet's Redis that failed (the replica then decides alone on its part of the rate).",
+    )
+    .expect("valid metric definition");
+    counter.inc_by(failures);
+    counter.collect()
 }
 
 /// The status as its three digits, without allocating on the hot path.

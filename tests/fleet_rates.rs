@@ -14,7 +14,7 @@ use sendgate::admission::tenants::{Quota, Rate, Tenant, TenantIndex, Tenants};
 use sendgate::coordination::fleet::{Fleet, IDLE, MEMBER_FOR};
 use sendgate::coordination::memory::MemoryLedger;
 use sendgate::coordination::port::Terms;
-use sendgate::coordination::rates::{MemoryRates, RateLedger};
+use sendgate::coordination::rates::{Grant, MemoryRates, RateError, RateLedger, RateTerms};
 
 const MS: Duration = Duration::from_millis(1);
 const RATED: TenantIndex = TenantIndex(0);
@@ -239,4 +239,121 @@ async fn give_backs_stay_in_the_lease_and_a_flush_costs_one_burst() {
     rates.lose_everything();
     send(&fleet[1], RATED, 2).await.unwrap();
     assert!(send(&fleet[0], RATED, 1).await.is_err());
+}
+
+/// The fleet's store of rates answering after `delay` (a slow or stalled Redis).
+struct Slow {
+    rates: MemoryRates,
+    delay: Duration,
+}
+
+#[async_trait::async_trait]
+impl RateLedger for Slow {
+    async fn lease(&self, tenant: &str, terms: RateTerms, want: u64) -> Result<Grant, RateError> {
+        tokio::time::sleep(self.delay).await;
+        self.rates.lease(tenant, terms, want).await
+    }
+}
+
+/// A store answering after `delay`, and one replica's book on it, joined to a fleet of
+/// 3, for a tenant of 1000 a second with a burst of 100 (a block of 10).
+async fn slow_book(delay: Duration) -> (Arc<Slow>, Arc<RateBook>) {
+    let slow = Arc::new(Slow {
+        rates: MemoryRates::default(),
+        delay,
+    });
+    let fleet = FleetRates {
+        ledger: Arc::clone(&slow) as Arc<dyn RateLedger>,
+        fleet: replica(&MemoryLedger::new(100 * MS), 3, true).await,
+    };
+    let book = RateBook::in_fleet(&tenants(rate(1000.0, 100)), fleet, Instant::now());
+    (slow, Arc::new(book))
+}
+
+/// `n` sends of `units` at once, each leased (as the gate leases) to its end.
+async fn at_once(book: &Arc<RateBook>, n: usize, units: u64) {
+    let sends: Vec<_> = (0..n)
+        .map(|_| {
+            let book = Arc::clone(book);
+            tokio::spawn(async move { book.lease(RATED, units).await })
+        })
+        .collect();
+    for send in sends {
+        send.await.unwrap();
+    }
+}
+
+/// Sends that find the lease short while a call is in flight wait for it and make none
+/// of their own: the replica holds one block, not a block per send; sends queued past
+/// what it holds get one more call, for all of them.
+#[tokio::test(start_paused = true)]
+async fn concurrent_sends_short_of_the_lease_make_one_call() {
+    let (slow, book) = slow_book(5 * MS).await;
+    at_once(&book, 8, 1).await;
+    assert_eq!(slow.rates.calls(), 1, "one call for the eight");
+    let held = |book: &RateBook| book.state(RATED, Instant::now()).unwrap().available;
+    assert_eq!(held(&book), 10, "one block");
+    at_once(&book, 3, 20).await;
+    assert_eq!(
+        slow.rates.calls(),
+        3,
+        "one call, then one for the two queued"
+    );
+    assert_eq!(held(&book), 60);
+}
+
+/// The client went away while the store answered: the units the fleet granted are the
+/// replica's lease all the same, not lost from the fleet's bucket.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_send_leaves_its_grant_in_the_lease() {
+    let (slow, book) = slow_book(5 * MS).await;
+    let dropped = tokio::time::timeout(MS, book.lease(RATED, 4)).await;
+    assert!(dropped.is_err(), "dropped while the store answers");
+    tokio::time::sleep(10 * MS).await;
+    assert_eq!(book.state(RATED, Instant::now()).unwrap().available, 10);
+    book.lease(RATED, 10).await;
+    assert_eq!(slow.rates.calls(), 1, "the next send spends it: no call");
+}
+
+/// Failed lease calls are said once when they start and once when they end (the
+/// health's turns), and each is counted for `/metrics`.
+#[tokio::test(start_paused = true)]
+async fn failed_lease_calls_are_reported_once_and_counted() {
+    let (slow, book) = slow_book(Duration::ZERO).await;
+    assert!(!book.lease_health().failing());
+    slow.rates.set_down(true);
+    book.lease(RATED, 1).await;
+    assert!(book.lease_health().failing());
+    tokio::time::sleep(ALONE_AFTER_FAILURE).await;
+    book.lease(RATED, 1).await;
+    assert_eq!(book.lease_health().failures(), 2);
+    slow.rates.set_down(false);
+    tokio::time::sleep(ALONE_AFTER_FAILURE).await;
+    book.lease(RATED, 1).await;
+    assert!(!book.lease_health().failing(), "recovered");
+    assert_eq!(book.lease_failures(), Some(2), "what /metrics counts");
+    let alone = RateBook::new(&[Quota::default()], Instant::now());
+    assert_eq!(alone.lease_failures(), None, "nothing leased: no series");
+}
+
+/// Redis stalls: the one call in flight fails at its deadline and the sends waiting on
+/// it are released with it, deciding alone; none makes a call of its own.
+#[tokio::test(start_paused = true)]
+async fn in_a_stall_every_waiting_send_waits_out_one_deadline_and_one_call_is_made() {
+    let (slow, book) = slow_book(100 * MS).await;
+    slow.rates.set_down(true);
+    let start = Instant::now();
+    at_once(&book, 8, 1).await;
+    assert_eq!(
+        Instant::now() - start,
+        100 * MS,
+        "each waits out the one deadline"
+    );
+    assert_eq!(slow.rates.calls(), 1);
+    assert!(book.lease_health().failing());
+    assert_eq!(
+        book.state(RATED, Instant::now()).unwrap().available,
+        33,
+        "alone: a third of the burst"
+    );
 }

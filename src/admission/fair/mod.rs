@@ -149,6 +149,12 @@ impl QueueFairness {
         }
     }
 
+    /// The rate quotas' failed lease calls, in a fleet (the book is the gateway's: every
+    /// queue answers the same).
+    pub fn rate_lease_failures(&self) -> Option<u64> {
+        self.quotas.as_ref()?.rates.lease_failures()
+    }
+
     /// The fair policy in force.
     pub fn policy(&self) -> FairPolicy {
         self.policy.load()

@@ -4,14 +4,17 @@
 //! each queue's gate. Asking takes nothing: only units the judge admits are taken, so a
 //! refusal (for a quota, a share or criticality) costs the tenant none of its quota.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::fleet_rate::{FleetRates, Leased};
+use super::fleet_rate::{Ask, FleetRates, LeaseHealth, Leased};
 pub use super::gcra::Gcra;
 use crate::admission::tenants::{Quota, Rate, TenantIndex, Tenants};
+use crate::coordination::rates::RateTerms;
 
 /// What a tenant's rate quota stands at, for the `RateLimit` headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,14 +91,76 @@ struct Bucket {
     /// The tenant's name: its key in the fleet's store.
     name: String,
     state: Mutex<RateBucket>,
+    /// Woken at each answer to a lease call (see [`Leased`]'s rounds).
+    answered: Notify,
+}
+
+impl Bucket {
+    fn new(rate: Rate, name: String, state: RateBucket) -> Arc<Self> {
+        Arc::new(Self {
+            rate,
+            name,
+            state: Mutex::new(state),
+            answered: Notify::new(),
+        })
+    }
+
+    /// Answers heard to its lease calls (never waited on alone by design).
+    fn round(&self) -> u64 {
+        match &*self.state.lock() {
+            RateBucket::Leased(leased) => leased.round(),
+            RateBucket::Alone(_) => u64::MAX,
+        }
+    }
+
+    /// Once the lease calls' answers reach `round`.
+    async fn heard(&self, round: u64) {
+        loop {
+            let answered = self.answered.notified();
+            tokio::pin!(answered);
+            // Listening before looking: an answer between the two is not missed.
+            answered.as_mut().enable();
+            if self.round() >= round {
+                return;
+            }
+            answered.await;
+        }
+    }
+}
+
+/// The lease calls for one tenant, `want` units first, until no send waits for another:
+/// a task of its own, so what the fleet grants reaches the lease even when the send that
+/// asked is dropped (its client went away) while the store answers.
+async fn ask_fleet(
+    bucket: Arc<Bucket>,
+    fleet: FleetRates,
+    health: Arc<LeaseHealth>,
+    mut want: u64,
+    terms: RateTerms,
+) {
+    loop {
+        let answer = fleet.ledger.lease(&bucket.name, terms, want).await;
+        health.heard(&bucket.name, &answer);
+        let joined = fleet.fleet.joined();
+        let next = match &mut *bucket.state.lock() {
+            RateBucket::Leased(leased) => leased.answered(&answer, Instant::now(), joined),
+            RateBucket::Alone(_) => None,
+        };
+        bucket.answered.notify_waiters();
+        match next {
+            Some(more) => want = more,
+            None => return,
+        }
+    }
 }
 
 /// Every tenant's rate bucket (index = [`TenantIndex`]; `None`: no rate quota), shared
 /// by every queue's gate and the HTTP edge's headers; in a fleet, leased from the fleet.
 #[derive(Default)]
 pub struct RateBook {
-    buckets: Vec<Option<Bucket>>,
+    buckets: Vec<Option<Arc<Bucket>>>,
     fleet: Option<FleetRates>,
+    health: Arc<LeaseHealth>,
 }
 
 impl std::fmt::Debug for RateBook {
@@ -111,15 +176,14 @@ impl RateBook {
     /// Full buckets at `now` for the tenants with a rate quota, kept by this process alone.
     pub fn new(quotas: &[Quota], now: Instant) -> Self {
         let buckets = quotas.iter().map(|q| {
-            q.rate.map(|rate| Bucket {
-                rate,
-                name: String::new(),
-                state: Mutex::new(RateBucket::Alone(Gcra::new(rate, now))),
+            q.rate.map(|rate| {
+                Bucket::new(rate, String::new(), RateBucket::Alone(Gcra::new(rate, now)))
             })
         });
         Self {
             buckets: buckets.collect(),
             fleet: None,
+            health: Arc::default(),
         }
     }
 
@@ -128,20 +192,21 @@ impl RateBook {
     pub fn in_fleet(tenants: &Tenants, fleet: FleetRates, now: Instant) -> Self {
         let max_replicas = fleet.fleet.max_replicas();
         let buckets = tenants.iter().map(|(_, tenant)| {
-            tenant.quota.rate.map(|rate| Bucket {
-                rate,
-                name: tenant.name.clone(),
-                state: Mutex::new(RateBucket::Leased(Leased::new(rate, max_replicas, now))),
+            tenant.quota.rate.map(|rate| {
+                let leased = Leased::new(rate, max_replicas, now);
+                Bucket::new(rate, tenant.name.clone(), RateBucket::Leased(leased))
             })
         });
         Self {
             buckets: buckets.collect(),
             fleet: Some(fleet),
+            health: Arc::default(),
         }
     }
 
     /// In a fleet, `tenant`'s lease topped up to `units` when it is short (a call to the
-    /// fleet's store); at once for a tenant without a rate quota, and alone by design.
+    /// fleet's store, or the one in flight and the next); at once for a tenant without a
+    /// rate quota, and alone by design.
     pub async fn lease(&self, tenant: TenantIndex, units: u64) {
         let Some(fleet) = &self.fleet else {
             return;
@@ -150,17 +215,36 @@ impl RateBook {
             return;
         };
         let joined = fleet.fleet.joined();
-        let asked = match &mut *bucket.state.lock() {
+        let ask = match &mut *bucket.state.lock() {
             RateBucket::Leased(leased) => leased.shortfall(units, Instant::now(), joined),
             RateBucket::Alone(_) => None,
         };
-        let Some((want, terms)) = asked else {
-            return;
+        let until = match ask {
+            None => return,
+            Some(Ask::Wait { until }) => until,
+            Some(Ask::Call { want, terms, until }) => {
+                let calls = ask_fleet(
+                    Arc::clone(bucket),
+                    fleet.clone(),
+                    Arc::clone(&self.health),
+                    want,
+                    terms,
+                );
+                tokio::spawn(calls);
+                until
+            }
         };
-        let answer = fleet.ledger.lease(&bucket.name, terms, want).await;
-        if let RateBucket::Leased(leased) = &mut *bucket.state.lock() {
-            leased.answered(answer, Instant::now());
-        }
+        bucket.heard(until).await;
+    }
+
+    /// How this replica's lease calls fare.
+    pub fn lease_health(&self) -> &LeaseHealth {
+        &self.health
+    }
+
+    /// Lease calls failed since start; `None` outside a fleet (nothing is leased).
+    pub fn lease_failures(&self) -> Option<u64> {
+        self.fleet.as_ref().map(|_| self.health.failures())
     }
 
     /// The tenant's rate and bucket, when it has a rate quota.
