@@ -41,7 +41,11 @@ async fn with_ceiling_5_exactly_5_of_8_sends_are_queued() {
     assert_eq!(refused.len(), 3);
     for body in &refused {
         assert_eq!(body["code"], "queue_full");
-        assert_eq!(body["backlog"], 5);
+        // The estimate: 5, or 6 when a read at the ceiling started while the fifth send was
+        // in flight and showed it (it stays counted on top until the next read: contract
+        // section 2, the double count). The queue itself holds 5 (below).
+        let backlog = body["backlog"].as_u64().unwrap();
+        assert!((5..=6).contains(&backlog), "{body}");
         assert_eq!(body["limit"], 5);
         assert!(body["request_id"].is_string() && body["message"].is_string());
     }
