@@ -1346,8 +1346,13 @@ impl Fleet {
             Short::Whole => BATCH,
             Short::SplitAndGiveBack | Short::Split => nths.len() as u8,
         };
-        // Every entry admitted at once, each with its own outcome (a short grant used whole,
-        // the rule off, names its last unit for the entries past it).
+        Self::admit_entries(rep, epoch, age, &nths, admitted);
+        admitted
+    }
+
+    /// Every entry of a batch admitted at once, each with its own outcome (a short grant
+    /// used whole, the rule off, names its last unit for the entries past it).
+    fn admit_entries(rep: &mut Replica, epoch: u8, age: u8, nths: &[u8], admitted: u8) {
         for i in 0..admitted as usize {
             rep.adms.push(Adm {
                 age: 0,
@@ -1359,7 +1364,6 @@ impl Fleet {
                 recounted: 0,
             });
         }
-        admitted
     }
 
     /// The `lease_read` script: a ticket, with the admin plane read at once.
