@@ -691,6 +691,33 @@ fn without_password(url: &str) -> String {
     }
 }
 
+/// The queue's depth every `sample`, by passive declares on a channel of its own, until
+/// `stop`.
+async fn sample_amqp_depths(
+    ctx: Arc<Ctx>,
+    sampler: lapin::Channel,
+    sample: Duration,
+    stop: Arc<AtomicBool>,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        let q = ctx.queue.as_str().into();
+        if let Ok(q) = sampler
+            .queue_declare(q, passive, FieldTable::default())
+            .await
+        {
+            let at = ctx.now();
+            lock(&ctx.log)
+                .depths
+                .push((at, u64::from(q.message_count())));
+        }
+        tokio::time::sleep(sample).await;
+    }
+}
+
 async fn drain_amqp(ctx: Arc<Ctx>, args: Args, plan: DrainPlan, stop: Arc<AtomicBool>) {
     let url: String = get(
         &args,
@@ -714,28 +741,12 @@ async fn drain_amqp(ctx: Arc<Ctx>, args: Args, plan: DrainPlan, stop: Arc<Atomic
         .create_channel()
         .await
         .unwrap_or_else(|e| die(&format!("{e}")));
-    let sampling = tokio::spawn({
-        let (ctx, stop) = (ctx.clone(), stop.clone());
-        async move {
-            while !stop.load(Ordering::Relaxed) {
-                let passive = QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                };
-                let q = ctx.queue.as_str().into();
-                if let Ok(q) = sampler
-                    .queue_declare(q, passive, FieldTable::default())
-                    .await
-                {
-                    let at = ctx.now();
-                    lock(&ctx.log)
-                        .depths
-                        .push((at, u64::from(q.message_count())));
-                }
-                tokio::time::sleep(sample).await;
-            }
-        }
-    });
+    let sampling = tokio::spawn(sample_amqp_depths(
+        ctx.clone(),
+        sampler,
+        sample,
+        stop.clone(),
+    ));
     let (mut owed, mut last) = (0.0f64, ctx.now());
     while !stop.load(Ordering::Relaxed) {
         let now = ctx.now();
@@ -1053,6 +1064,28 @@ fn summary(
 
 // ---------------------------------------------------------------------------------------
 
+/// The producers' retry policy (`--policy`).
+fn policy(args: &Args) -> Policy {
+    match get::<String>(args, "policy", Some("none".into())).as_str() {
+        "none" => Policy::None,
+        "naive" => Policy::Naive,
+        "honour" | "honor" => Policy::Honour,
+        "client" => Policy::Client,
+        other => die(&format!("--policy: unknown {other:?}")),
+    }
+}
+
+/// The consumer (`--drain`), until `stop`.
+async fn drain(ctx: Arc<Ctx>, args: Args, plan: DrainPlan, stop: Arc<AtomicBool>) {
+    let kind: String = get(&args, "drain", Some("none".into()));
+    match kind.as_str() {
+        "embedded" => drain_embedded(ctx, args, plan, stop).await,
+        "amqp" => drain_amqp(ctx, args, plan, stop).await,
+        "none" => {}
+        other => die(&format!("--drain: unknown {other:?}")),
+    }
+}
+
 async fn run(args: &Args) -> (Vec<Value>, Value) {
     let d: f64 = get(args, "drain-rate", Some(100.0));
     let ceiling: u64 = get(args, "ceiling", Some(0));
@@ -1063,13 +1096,7 @@ async fn run(args: &Args) -> (Vec<Value>, Value) {
     ));
     let tenants = tenants(&get::<String>(args, "tenants", None));
     let mix = pairs(&get::<String>(args, "mix", Some("key:100".into())));
-    let policy = match get::<String>(args, "policy", Some("none".into())).as_str() {
-        "none" => Policy::None,
-        "naive" => Policy::Naive,
-        "honour" | "honor" => Policy::Honour,
-        "client" => Policy::Client,
-        other => die(&format!("--policy: unknown {other:?}")),
-    };
+    let policy = policy(args);
     let give_up: f64 = get(args, "give-up-s", Some(120.0));
     let poisson = get::<String>(args, "arrivals", Some("poisson".into())) == "poisson";
     let arrivals = schedule(
@@ -1105,18 +1132,7 @@ async fn run(args: &Args) -> (Vec<Value>, Value) {
     });
     let plan = drain_plan(args, d);
     let stop = Arc::new(AtomicBool::new(false));
-    let drain = {
-        let (ctx, args, stop) = (ctx.clone(), args.clone(), stop.clone());
-        let kind: String = get(&args, "drain", Some("none".into()));
-        tokio::spawn(async move {
-            match kind.as_str() {
-                "embedded" => drain_embedded(ctx, args, plan, stop).await,
-                "amqp" => drain_amqp(ctx, args, plan, stop).await,
-                "none" => {}
-                other => die(&format!("--drain: unknown {other:?}")),
-            }
-        })
-    };
+    let drain = tokio::spawn(drain(ctx.clone(), args.clone(), plan, stop.clone()));
     let sched_end = phases.last().map_or(0.0, |p| p.start + p.secs);
     let end = sched_end + get::<f64>(args, "tail-s", Some(5.0));
     let tasks: Vec<_> = arrivals
