@@ -1086,6 +1086,40 @@ async fn drain(ctx: Arc<Ctx>, args: Args, plan: DrainPlan, stop: Arc<AtomicBool>
     }
 }
 
+/// What every message's task shares: the gateways, the connection cap, the producers'
+/// policy and the log.
+fn context(
+    args: &Args,
+    tenants: Vec<Tenant>,
+    mix: Vec<(String, f64)>,
+    policy: Policy,
+    give_up: f64,
+) -> Arc<Ctx> {
+    let addrs: Vec<String> = get::<String>(args, "addr", None)
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let mix_names: Vec<String> = mix.iter().map(|m| m.0.clone()).collect();
+    let clients = if policy == Policy::Client {
+        clients(args, &tenants, &mix_names, give_up)
+    } else {
+        Vec::new()
+    };
+    Arc::new(Ctx {
+        t0: Instant::now() + Duration::from_millis(500),
+        pools: addrs.iter().map(|_| Mutex::default()).collect(),
+        addrs,
+        conns: Semaphore::new(get(args, "max-conns", Some(1024))),
+        queue: get(args, "queue", None),
+        tenants,
+        mix: mix_names,
+        policy,
+        give_up,
+        log: Mutex::default(),
+        clients,
+    })
+}
+
 async fn run(args: &Args) -> (Vec<Value>, Value) {
     let d: f64 = get(args, "drain-rate", Some(100.0));
     let ceiling: u64 = get(args, "ceiling", Some(0));
@@ -1107,29 +1141,7 @@ async fn run(args: &Args) -> (Vec<Value>, Value) {
         &tenants,
         &mix,
     );
-    let addrs: Vec<String> = get::<String>(args, "addr", None)
-        .split(',')
-        .map(str::to_owned)
-        .collect();
-    let mix_names: Vec<String> = mix.iter().map(|m| m.0.clone()).collect();
-    let clients = if policy == Policy::Client {
-        clients(args, &tenants, &mix_names, give_up)
-    } else {
-        Vec::new()
-    };
-    let ctx = Arc::new(Ctx {
-        t0: Instant::now() + Duration::from_millis(500),
-        pools: addrs.iter().map(|_| Mutex::default()).collect(),
-        addrs,
-        conns: Semaphore::new(get(args, "max-conns", Some(1024))),
-        queue: get(args, "queue", None),
-        tenants,
-        mix: mix_names,
-        policy,
-        give_up,
-        log: Mutex::default(),
-        clients,
-    });
+    let ctx = context(args, tenants, mix, policy, give_up);
     let plan = drain_plan(args, d);
     let stop = Arc::new(AtomicBool::new(false));
     let drain = tokio::spawn(drain(ctx.clone(), args.clone(), plan, stop.clone()));
