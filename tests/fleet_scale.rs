@@ -20,8 +20,8 @@ use sendgate::config::{BackendKind, Fraction};
 use sendgate::coordination::fleet::Fleet;
 use sendgate::coordination::memory::MemoryLedger;
 use sendgate::coordination::port::{
-    Ask, Caller, LedgerError, LedgerPort, QueueRef, ReadOutcome, ReadTicket, ReserveAnswer, Settle,
-    View,
+    Ask, Caller, LedgerError, LedgerPort, QueueRef, ReadFor, ReadOutcome, ReadTicket,
+    ReserveAnswer, Settle, View,
 };
 use sendgate::coordination::redis_client::RedisClient;
 use sendgate::domain::QueueName;
@@ -112,9 +112,9 @@ impl LedgerPort for Timed {
         c: Caller<'_>,
         t: ReadTicket,
         o: ReadOutcome,
-        counts: bool,
+        f: ReadFor,
     ) -> Result<View, LedgerError> {
-        self.time(self.inner.publish_read(q, c, t, o, counts)).await
+        self.time(self.inner.publish_read(q, c, t, o, f)).await
     }
     async fn leave(
         &self,

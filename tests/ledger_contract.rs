@@ -12,8 +12,8 @@ use parking_lot::Mutex;
 use sendgate::config::BackendKind;
 use sendgate::coordination::memory::{MemoryLedger, Snapshot};
 use sendgate::coordination::port::{
-    Ask, Caller, Epoch, LedgerPort, QueueRef, ReadOutcome, ReadState, ReadTicket, ReserveAnswer,
-    Settle, Terms, View,
+    Ask, Caller, Epoch, LedgerPort, QueueRef, ReadFor, ReadOutcome, ReadState, ReadTicket,
+    ReserveAnswer, Settle, Terms, View,
 };
 use sendgate::coordination::redis_client::RedisClient;
 use sendgate::domain::QueueName;
@@ -21,6 +21,8 @@ use sendgate_testkit::ensure;
 use sendgate_testkit::local_redis::{settings, unique_prefix, Cleanup};
 
 const MS: Duration = Duration::from_millis(1);
+/// A read the TTL paces, made for sends.
+const FOR_SENDS: ReadFor = ReadFor::Ttl { in_streak: true };
 
 /// Short enough for real sleeps, long enough that a busy machine does not cross a boundary
 /// between two calls meant to fall on one side of it. Cases change what they test.
@@ -204,6 +206,7 @@ contract!(
     a_reads_age_counts_from_when_its_lease_was_taken_not_from_its_publish,
     a_failed_read_is_unknown_with_its_streak_and_a_disabled_queue_is_disabled,
     one_replica_at_a_time_holds_the_read_lease_until_it_ends,
+    a_read_at_the_ceiling_freshens_the_depth_and_no_count_of_the_ttls_reads,
     a_ticket_of_an_old_epoch_or_no_newer_than_the_last_published_is_dropped,
     a_ticket_whose_read_would_be_too_old_is_dropped,
     since_read_after_a_publish_is_the_completions_after_its_ticket,
@@ -346,7 +349,7 @@ impl<'a> Fleet<'a> {
         epoch: Epoch,
         ticket: ReadTicket,
         outcome: ReadOutcome,
-        counts: bool,
+        for_: ReadFor,
     ) -> View {
         let caller = Caller {
             replica: "reader",
@@ -355,7 +358,7 @@ impl<'a> Fleet<'a> {
         };
         self.rig
             .ledger()
-            .publish_read(self.q(), caller, ticket, outcome, counts)
+            .publish_read(self.q(), caller, ticket, outcome, for_)
             .await
             .expect("publish_read")
     }
@@ -364,7 +367,7 @@ impl<'a> Fleet<'a> {
     async fn read(&self, epoch: Epoch, outcome: ReadOutcome) -> View {
         let (ticket, _) = self.lease("reader", epoch, Duration::ZERO).await;
         let ticket = ticket.expect("nobody else holds the lease");
-        self.publish_with(epoch, ticket, outcome, true).await
+        self.publish_with(epoch, ticket, outcome, FOR_SENDS).await
     }
 
     async fn read_ok(&self, epoch: Epoch, backlog: u64) -> View {
@@ -734,7 +737,7 @@ async fn a_reads_age_counts_from_when_its_lease_was_taken_not_from_its_publish(r
         backlog: 0,
         send_disabled: false,
     };
-    let view = f.publish_with(e, ticket, ok, true).await;
+    let view = f.publish_with(e, ticket, ok, FOR_SENDS).await;
     assert!(view.read_age >= 200 * MS, "{view:?}");
     // 350 ms after the lease, 150 ms after the publish.
     sleep(150 * MS).await;
@@ -749,7 +752,12 @@ async fn a_failed_read_is_unknown_with_its_streak_and_a_disabled_queue_is_disabl
     assert_eq!((view.read, view.streak), (ReadState::Failed, 1));
     let (ticket, _) = f.lease("reader", e, Duration::ZERO).await;
     let view = f
-        .publish_with(e, ticket.unwrap(), ReadOutcome::Failed, false)
+        .publish_with(
+            e,
+            ticket.unwrap(),
+            ReadOutcome::Failed,
+            ReadFor::Ttl { in_streak: false },
+        )
         .await;
     assert_eq!(
         view.streak, 1,
@@ -781,16 +789,73 @@ async fn one_replica_at_a_time_holds_the_read_lease_until_it_ends(rig: &dyn Rig)
         None,
         "not even the holder twice"
     );
-    // Publishing does not give the lease back: it ends by itself.
+    sleep(400 * MS).await;
+    let (second, _) = f.lease("b", e, 300 * MS).await;
+    let second = second.expect("the lease ended");
+    assert!(second.seq > first.seq);
     let ok = ReadOutcome::Ok {
         backlog: 1,
         send_disabled: false,
     };
-    f.publish_with(e, first, ok, true).await;
-    assert_eq!(f.lease("b", e, 300 * MS).await.0, None);
-    sleep(400 * MS).await;
-    let (second, _) = f.lease("b", e, 300 * MS).await;
-    assert!(second.expect("the lease ended").seq > first.seq);
+    // An older ticket's read is published, and the newer lease stays held.
+    let view = f.publish_with(e, first, ok, FOR_SENDS).await;
+    assert_eq!(view.generation, 1);
+    assert_eq!(f.lease("a", e, 300 * MS).await.0, None);
+    // Publishing the newest ticket gives the lease back: the read it guarded is over.
+    f.publish_with(e, second, ok, FOR_SENDS).await;
+    let (third, _) = f.lease("a", e, 300 * MS).await;
+    assert!(third.expect("given back by the publish").seq > second.seq);
+}
+
+async fn a_read_at_the_ceiling_freshens_the_depth_and_no_count_of_the_ttls_reads(rig: &dyn Rig) {
+    let f = Fleet::new(rig);
+    let e = f.join("a").await;
+    let paced = f
+        .read(
+            e,
+            ReadOutcome::Ok {
+                backlog: 7,
+                send_disabled: false,
+            },
+        )
+        .await;
+    assert_eq!((paced.generation, paced.paced), (1, 1));
+    let (ticket, _) = f.lease("a", e, Duration::ZERO).await;
+    let view = f
+        .publish_with(
+            e,
+            ticket.expect("free"),
+            ReadOutcome::Ok {
+                backlog: 3,
+                send_disabled: false,
+            },
+            ReadFor::Ceiling,
+        )
+        .await;
+    assert_eq!(
+        view.read,
+        ReadState::Ok {
+            backlog: 3,
+            send_disabled: false
+        }
+    );
+    assert_eq!((view.generation, view.paced), (2, 1), "{view:?}");
+    // Failed, it counts in no streak (the seat does not publish one; the ledger would not
+    // count it either).
+    let (ticket, _) = f.lease("a", e, Duration::ZERO).await;
+    let view = f
+        .publish_with(
+            e,
+            ticket.expect("free"),
+            ReadOutcome::Failed,
+            ReadFor::Ceiling,
+        )
+        .await;
+    assert_eq!(
+        (view.streak, view.generation, view.paced),
+        (0, 3, 1),
+        "{view:?}"
+    );
 }
 
 async fn a_ticket_of_an_old_epoch_or_no_newer_than_the_last_published_is_dropped(rig: &dyn Rig) {
@@ -803,7 +868,7 @@ async fn a_ticket_of_an_old_epoch_or_no_newer_than_the_last_published_is_dropped
     let older = f.lease("a", e, Duration::ZERO).await.0.unwrap();
     let newer = f.lease("b", e, Duration::ZERO).await.0.unwrap();
     assert!(newer.seq > older.seq);
-    let view = f.publish_with(e, newer, ok(10), true).await;
+    let view = f.publish_with(e, newer, ok(10), FOR_SENDS).await;
     assert_eq!(
         (view.generation, view.read),
         (
@@ -814,22 +879,22 @@ async fn a_ticket_of_an_old_epoch_or_no_newer_than_the_last_published_is_dropped
             }
         )
     );
-    let view = f.publish_with(e, older, ok(99), true).await;
+    let view = f.publish_with(e, older, ok(99), FOR_SENDS).await;
     assert_eq!(view.generation, 1, "older news");
     assert_eq!(view.estimate(), Some(10));
-    let view = f.publish_with(e, newer, ok(98), true).await;
+    let view = f.publish_with(e, newer, ok(98), FOR_SENDS).await;
     assert_eq!(view.generation, 1, "published once");
     let never = ReadTicket {
         seq: newer.seq + 5,
         ..newer
     };
-    let view = f.publish_with(e, never, ok(97), true).await;
+    let view = f.publish_with(e, never, ok(97), FOR_SENDS).await;
     assert_eq!(view.estimate(), Some(10), "a ticket never issued");
     // A ticket of an epoch that is gone counted another state's completions.
     let stale = f.lease("a", e, Duration::ZERO).await.0.unwrap();
     rig.lose().await;
     let new = f.join("a").await;
-    let view = f.publish_with(new, stale, ok(5), true).await;
+    let view = f.publish_with(new, stale, ok(5), FOR_SENDS).await;
     assert_eq!((view.read, view.generation), (ReadState::Never, 0));
     // Even with a seq this epoch has issued.
     let fresh = f.lease("a", new, Duration::ZERO).await.0.unwrap();
@@ -837,7 +902,7 @@ async fn a_ticket_of_an_old_epoch_or_no_newer_than_the_last_published_is_dropped
         epoch: stale.epoch,
         ..fresh
     };
-    let view = f.publish_with(new, forged, ok(5), true).await;
+    let view = f.publish_with(new, forged, ok(5), FOR_SENDS).await;
     assert_eq!(view.read, ReadState::Never);
 }
 
@@ -849,7 +914,9 @@ async fn a_ticket_whose_read_would_be_too_old_is_dropped(rig: &dyn Rig) {
     let f = Fleet::with(rig, terms);
     let e = f.join("a").await;
     let on_time = f.lease("reader", e, Duration::ZERO).await.0.unwrap();
-    let view = f.publish_with(e, on_time, ReadOutcome::Failed, true).await;
+    let view = f
+        .publish_with(e, on_time, ReadOutcome::Failed, FOR_SENDS)
+        .await;
     assert_eq!((view.read, view.generation), (ReadState::Failed, 1));
     let stale = f.lease("reader", e, Duration::ZERO).await.0.unwrap();
     sleep(400 * MS).await;
@@ -861,7 +928,7 @@ async fn a_ticket_whose_read_would_be_too_old_is_dropped(rig: &dyn Rig) {
                 backlog: 0,
                 send_disabled: false,
             },
-            true,
+            FOR_SENDS,
         )
         .await;
     assert_eq!(
@@ -885,7 +952,7 @@ async fn since_read_after_a_publish_is_the_completions_after_its_ticket(rig: &dy
         backlog: 50,
         send_disabled: false,
     };
-    let view = f.publish_with(e, ticket, ok, true).await;
+    let view = f.publish_with(e, ticket, ok, FOR_SENDS).await;
     assert_eq!(view.since_read, 4, "the read shows the first three");
     assert_eq!(view.estimate(), Some(50 + 4 + 3));
 }
@@ -914,7 +981,7 @@ async fn completions_within_the_lag_stay_on_top_of_a_read_leased_then(rig: &dyn 
         backlog: 3,
         send_disabled: false,
     };
-    let view = f.publish_with(e, ticket, ok, true).await;
+    let view = f.publish_with(e, ticket, ok, FOR_SENDS).await;
     assert_eq!(view.since_read, 2);
 }
 

@@ -12,8 +12,8 @@ use sendgate::config::BackendKind;
 use sendgate::coordination::entra::REDIS_SCOPE;
 use sendgate::coordination::fleet::{IDLE, MEMBER_FOR};
 use sendgate::coordination::port::{
-    Ask, Caller, Epoch, LedgerError, LedgerPort, QueueRef, ReadOutcome, ReserveAnswer, Settle,
-    Terms, View,
+    Ask, Caller, Epoch, LedgerError, LedgerPort, QueueRef, ReadFor, ReadOutcome, ReserveAnswer,
+    Settle, Terms, View,
 };
 use sendgate::coordination::redis_client::{RedisClient, RedisError};
 use sendgate::domain::QueueName;
@@ -484,7 +484,13 @@ async fn a_failover_to_a_replica_that_missed_a_write_is_a_new_epoch_even_for_a_c
         send_disabled: false,
     };
     let b_saw = ledger
-        .publish_read(q, b(joined), ticket.expect("the lease is free"), ok, true)
+        .publish_read(
+            q,
+            b(joined),
+            ticket.expect("the lease is free"),
+            ok,
+            ReadFor::Ttl { in_streak: true },
+        )
         .await
         .unwrap()
         .epoch;
@@ -590,7 +596,13 @@ async fn the_lag_buckets_are_one_bounded_field_and_an_older_builds_bucket_fields
         send_disabled: false,
     };
     let view = ledger
-        .publish_read(q, me(seen), ticket.unwrap(), ok, true)
+        .publish_read(
+            q,
+            me(seen),
+            ticket.unwrap(),
+            ok,
+            ReadFor::Ttl { in_streak: true },
+        )
         .await
         .unwrap();
     seen = view.epoch;

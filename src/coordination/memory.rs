@@ -23,8 +23,8 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::port::{
-    Ask, Caller, Epoch, LedgerError, LedgerPort, QueueRef, ReadOutcome, ReadState, ReadTicket,
-    ReserveAnswer, Settle, Terms, View,
+    Ask, Caller, Epoch, LedgerError, LedgerPort, QueueRef, ReadFor, ReadOutcome, ReadState,
+    ReadTicket, ReserveAnswer, Settle, Terms, View,
 };
 
 /// As the prelude's `VERSION_KEPT_MS`: a replica's last version outlives its silence this
@@ -84,6 +84,7 @@ struct Queue {
     taken_ms: i64,
     streak: u64,
     generation: u64,
+    paced: u64,
     reads_ok: u64,
     reads_failed: u64,
     published_seq: u64,
@@ -125,6 +126,7 @@ impl Queue {
             taken_ms: 0,
             streak: 0,
             generation: 0,
+            paced: 0,
             reads_ok: 0,
             reads_failed: 0,
             published_seq: 0,
@@ -243,6 +245,7 @@ impl Queue {
             read_age: from_ms(read_age),
             streak: u32::try_from(self.streak).unwrap_or(u32::MAX),
             generation: self.generation,
+            paced: self.paced,
             since_read: self.since_read,
             reserved,
             carried,
@@ -398,7 +401,7 @@ impl World {
         c: &Caller<'_>,
         ticket: &ReadTicket,
         outcome: ReadOutcome,
-        counts_in_streak: bool,
+        for_: ReadFor,
         now: i64,
     ) -> View {
         let (q, _) = self.preamble(key, t, c, now);
@@ -407,6 +410,12 @@ impl World {
             _ => return q.view(now, t),
         };
         q.generation += 1;
+        if for_.paced() {
+            q.paced += 1;
+        }
+        if ticket.seq == q.ticket_seq {
+            q.lease_until = q.lease_until.min(now);
+        }
         q.published_seq = ticket.seq;
         q.taken_ms = taken;
         q.tickets.retain(|seq, _| *seq > ticket.seq);
@@ -425,7 +434,7 @@ impl World {
             }
             ReadOutcome::Failed => {
                 q.read = ReadState::Failed;
-                if counts_in_streak {
+                if for_.counts_in_streak() {
                     q.streak += 1;
                 }
                 q.reads_failed += 1;
@@ -645,7 +654,7 @@ impl LedgerPort for MemoryLedger {
         caller: Caller<'_>,
         ticket: ReadTicket,
         outcome: ReadOutcome,
-        counts_in_streak: bool,
+        for_: ReadFor,
     ) -> Result<View, LedgerError> {
         self.call(caller.replica, |w, now| {
             w.publish_read(
@@ -654,7 +663,7 @@ impl LedgerPort for MemoryLedger {
                 &caller,
                 &ticket,
                 outcome,
-                counts_in_streak,
+                for_,
                 now,
             )
         })

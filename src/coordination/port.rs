@@ -82,6 +82,27 @@ pub enum ReadState {
     Failed,
 }
 
+/// What a published read was made for, which decides the counts it moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadFor {
+    /// The read the TTL paces. A failure counts in the streak when `in_streak` (not for a
+    /// start-up read, nor for a send's second read: one send, one failed read at most).
+    Ttl { in_streak: bool },
+    /// Made again at the ceiling, to show room as soon as consumers make it: it freshens
+    /// the depth and nothing else (not the streak, not [`View::paced`]).
+    Ceiling,
+}
+
+impl ReadFor {
+    pub fn counts_in_streak(self) -> bool {
+        self == Self::Ttl { in_streak: true }
+    }
+
+    pub fn paced(self) -> bool {
+        matches!(self, Self::Ttl { .. })
+    }
+}
+
 /// What every reply carries: the queue's state as Redis had it in one instant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct View {
@@ -95,6 +116,9 @@ pub struct View {
     pub streak: u32,
     /// Bumped by every published read.
     pub generation: u64,
+    /// Bumped by every published read but one made again at the ceiling
+    /// ([`ReadFor::Ceiling`]): the reads the TTL paces, which number the share rounds.
+    pub paced: u64,
     /// Stored (or unknown-outcome) sends settled after the read's ticket.
     pub since_read: u64,
     /// Units held in live blocks, every replica's.
@@ -215,17 +239,18 @@ pub trait LedgerPort: Send + Sync + 'static {
         lease: Duration,
     ) -> Result<(Option<ReadTicket>, View), LedgerError>;
 
-    /// Publish a read taken with `ticket`; `counts_in_streak` is false for a start-up read.
-    /// Dropped (the view answered, nothing published) for a ticket of another epoch, one no
-    /// newer than the last published, or one taken more than `max_read_age` ago (its read
-    /// would be refused anyway).
+    /// Publish a read taken with `ticket`, made `for_` what it names (which counts it
+    /// moves). Dropped (the view answered, nothing published) for a ticket of another epoch,
+    /// one no newer than the last published, or one taken more than `max_read_age` ago (its
+    /// read would be refused anyway). Publishing the newest ticket ends the read lease: the
+    /// read it guarded is over.
     async fn publish_read(
         &self,
         queue: QueueRef<'_>,
         caller: Caller<'_>,
         ticket: ReadTicket,
         outcome: ReadOutcome,
-        counts_in_streak: bool,
+        for_: ReadFor,
     ) -> Result<View, LedgerError>;
 
     /// Settle `rows`, then forget the caller: its blocks, member and read lease (step 7).

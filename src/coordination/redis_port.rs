@@ -12,8 +12,8 @@ use async_trait::async_trait;
 use redis::{Script, ScriptInvocation, Value};
 
 use super::port::{
-    Ask, Caller, Epoch, LedgerError, LedgerPort, QueueRef, ReadOutcome, ReadState, ReadTicket,
-    ReserveAnswer, Settle, Terms, View,
+    Ask, Caller, Epoch, LedgerError, LedgerPort, QueueRef, ReadFor, ReadOutcome, ReadState,
+    ReadTicket, ReserveAnswer, Settle, Terms, View,
 };
 use super::redis_client::{exact, millis, RedisClient, RedisError};
 
@@ -145,7 +145,7 @@ impl LedgerPort for RedisClient {
         caller: Caller<'_>,
         ticket: ReadTicket,
         outcome: ReadOutcome,
-        counts_in_streak: bool,
+        for_: ReadFor,
     ) -> Result<View, LedgerError> {
         let (ok, backlog, send_disabled) = match outcome {
             ReadOutcome::Ok {
@@ -161,7 +161,8 @@ impl LedgerPort for RedisClient {
             .arg(u8::from(ok))
             .arg(exact(backlog))
             .arg(u8::from(send_disabled))
-            .arg(u8::from(counts_in_streak));
+            .arg(u8::from(for_.counts_in_streak()))
+            .arg(u8::from(for_.paced()));
         decode_view(&ints(self.run(&call).await?)?)
     }
 
@@ -228,10 +229,10 @@ fn ms(n: i64, what: &str) -> Result<Duration, LedgerError> {
     count(n, what).map(Duration::from_millis)
 }
 
-const VIEW_LEN: usize = 15;
+const VIEW_LEN: usize = 16;
 
 fn decode_view(v: &[i64]) -> Result<View, LedgerError> {
-    let [epoch, version, grace_left, state, backlog, send_disabled, read_age, streak, generation, since_read, reserved, carried, replicas, reads_ok, reads_failed] =
+    let [epoch, version, grace_left, state, backlog, send_disabled, read_age, streak, generation, paced, since_read, reserved, carried, replicas, reads_ok, reads_failed] =
         <[i64; VIEW_LEN]>::try_from(v).map_err(|_| {
             LedgerError::Unexpected(format!("a view has {VIEW_LEN} fields, got {}", v.len()))
         })?;
@@ -259,6 +260,7 @@ fn decode_view(v: &[i64]) -> Result<View, LedgerError> {
         // Past u32 it can only mean "failing for ever": saturate rather than refuse.
         streak: u32::try_from(count(streak, "streak")?).unwrap_or(u32::MAX),
         generation: count(generation, "generation")?,
+        paced: count(paced, "paced")?,
         since_read: count(since_read, "since_read")?,
         reserved: count(reserved, "reserved")?,
         carried: count(carried, "carried")?,
@@ -341,6 +343,7 @@ mod tests {
             1500,
             2,
             3,
+            2,
             5,
             7,
             11,
@@ -367,6 +370,7 @@ mod tests {
                 read_age: Duration::from_millis(1500),
                 streak: 2,
                 generation: 3,
+                paced: 2,
                 since_read: 5,
                 reserved: 7,
                 carried: 11,

@@ -96,7 +96,7 @@ const CEILING_READ_FLOOR: Duration = Duration::from_millis(20);
 
 /// An admitted send reads at the ceiling once the estimate is within `1 / NEAR_CEILING` of
 /// it (see [`LocalGate::is_near_full`]).
-const NEAR_CEILING: u64 = 10;
+pub(super) const NEAR_CEILING: u64 = 10;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum LastRead {

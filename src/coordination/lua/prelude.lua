@@ -6,7 +6,8 @@
 -- Fields: epoch (TIME µs when made), version (bumped by every write), born (ms), run (the
 -- run_id of the Redis process that made it);
 -- the published read: state ('ok' | 'failed' | absent = never), backlog, send_disabled,
--- taken_ms (when its lease was taken), streak, generation, reads_ok, reads_failed,
+-- taken_ms (when its lease was taken), streak, generation, paced (the published reads not
+-- made at the ceiling), reads_ok, reads_failed,
 -- published_seq; the read lease: lease_holder, lease_until, ticket_seq, t:<seq> = when
 -- ticket <seq>'s lease was taken; completed_total, since_read; lag_buckets = "n:count ..."
 -- (newest first), the stored sends settled in each 100 ms bucket n within the lag, in one
@@ -289,9 +290,9 @@ local function settle_rows(s, first)
   complete(s, stored_total)
 end
 
--- The view every reply carries, 15 integers (decoded in redis_port.rs):
+-- The view every reply carries, 16 integers (decoded in redis_port.rs):
 -- epoch, version, grace_left_ms, state (0 never, 1 ok, 2 failed), backlog, send_disabled,
--- read_age_ms, streak, generation, since_read, reserved, carried, replicas, reads_ok,
+-- read_age_ms, streak, generation, paced, since_read, reserved, carried, replicas, reads_ok,
 -- reads_failed.
 local function view(h, now)
   local reserved, carried, replicas = sums(h, now)
@@ -303,7 +304,7 @@ local function view(h, now)
   if state == 1 then backlog, disabled = num(h.backlog), num(h.send_disabled) end
   return {
     num(h.epoch), num(h.version), math.max(0, num(h.born) + GRACE - now), state, backlog,
-    disabled, age, num(h.streak), num(h.generation), num(h.since_read), reserved, carried,
+    disabled, age, num(h.streak), num(h.generation), num(h.paced), num(h.since_read), reserved, carried,
     replicas, num(h.reads_ok), num(h.reads_failed),
   }
 end

@@ -49,6 +49,9 @@ pub const USE_BLOCK_FOR: Duration = Duration::from_millis(500);
 const SETTLE_EVERY: Duration = Duration::from_millis(100);
 /// A replica tries a read ahead at most this often while another replica holds the lease.
 const AHEAD_RETRY: Duration = Duration::from_millis(10);
+/// The shortest age of the fleet's read before a read again at the ceiling: a settle's
+/// period, since `since_read` moves no faster.
+const CEILING_READ_FLOOR: Duration = SETTLE_EVERY;
 /// How often a replica waiting for another's read asks whether it was published.
 const WAIT_POLL: Duration = Duration::from_millis(10);
 /// The margin in the hold for what the other terms do not name (scheduling, rounding).
@@ -261,13 +264,15 @@ impl FleetSeat {
             estimate: estimate.saturating_sub(state.unused(now, limit)),
             limit,
             replicas: state.fleet_size.max(1),
-            round: policy.share_round(view.generation),
+            round: policy.share_round(view.paced),
         })
     }
 
-    /// The share round of the fleet's read in the view last seen.
+    /// The share round of the fleet's read in the view last seen: of the reads the TTL
+    /// paces, not those made again at the ceiling.
     pub fn share_round(&self) -> u64 {
-        self.policy.load().share_round(self.read_generation())
+        let paced = self.state.lock().last.map_or(0, |(view, _)| view.paced);
+        self.policy.load().share_round(paced)
     }
 
     /// The fleet's read generation in the view last seen (0 before any): it changes with

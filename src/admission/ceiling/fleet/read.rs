@@ -1,15 +1,17 @@
 //! The fleet's admin-plane read (docs/fleet.md, step 4): one replica per TTL takes the
-//! lease, reads and publishes; the others wait for it, or start it ahead of expiry.
+//! lease, reads and publishes; the others wait for it, or start it ahead of expiry. At the
+//! ceiling a replica reads again sooner, so room shows as soon as consumers make it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::super::local::NEAR_CEILING;
 use super::state::SeatState;
-use super::{FleetSeat, AHEAD_RETRY, WAIT_POLL};
+use super::{FleetSeat, AHEAD_RETRY, CEILING_READ_FLOOR, WAIT_POLL};
 use crate::backend::DepthError;
-use crate::coordination::port::{LedgerError, ReadOutcome, ReadTicket, View};
+use crate::coordination::port::{LedgerError, ReadFor, ReadOutcome, ReadState, ReadTicket, View};
 
 impl FleetSeat {
     /// Make the fleet's read fresh: read the admin plane if this replica gets the lease,
@@ -26,7 +28,7 @@ impl FleetSeat {
             return Ok(false);
         }
         self.look_past_grace(wait).await?;
-        if wait && self.fresh(&self.state.lock(), Instant::now()) {
+        if self.read_since(wait, Instant::now()) {
             return Ok(false); // another replica published while this one queued
         }
         let ledger = self.fleet.ledger();
@@ -37,7 +39,8 @@ impl FleetSeat {
         self.see(view);
         match ticket {
             Some(ticket) => {
-                self.read_for_the_fleet(ticket, counts).await?;
+                self.read_for_the_fleet(ticket, ReadFor::Ttl { in_streak: counts })
+                    .await?;
                 Ok(counts)
             }
             // A reader that died holds the lease until it ends: once one send waited that
@@ -48,6 +51,28 @@ impl FleetSeat {
             }
             None => Ok(false),
         }
+    }
+
+    /// Whether the read last seen makes this one needless: fresh, for a send waiting on
+    /// it; not yet within the lead of its TTL, for one ahead (the lease ends when a read is
+    /// published, so it alone does not keep a second read of the same TTL out).
+    fn read_since(&self, wait: bool, now: Instant) -> bool {
+        let state = self.state.lock();
+        if wait {
+            return self.fresh(&state, now);
+        }
+        let lead = self.ahead_lead(&state);
+        state.last.is_some_and(|(view, seen)| {
+            view.read != ReadState::Never
+                && view.read_age + (now - seen) + lead < self.policy.load().ttl
+        })
+    }
+
+    /// How long before the TTL's end a read is started ahead: twice the last read's
+    /// duration, at least [`AHEAD_RETRY`], at most half the TTL.
+    fn ahead_lead(&self, state: &SeatState) -> Duration {
+        let ttl = self.policy.load().ttl;
+        (state.last_read_took * 2).max(AHEAD_RETRY).min(ttl / 2)
     }
 
     /// See the fleet's state. When `wait` and a new epoch's grace is running (step 5: it
@@ -70,10 +95,10 @@ impl FleetSeat {
     async fn read_for_the_fleet(
         self: &Arc<Self>,
         ticket: ReadTicket,
-        counts: bool,
+        for_: ReadFor,
     ) -> Result<(), LedgerError> {
         let started = Instant::now();
-        let (published, error) = self.read_and_publish(ticket, counts).await?;
+        let (published, error) = self.read_and_publish(ticket, for_).await?;
         if let Some(error) = error {
             tracing::warn!(
                 event = "depth_read_failed",
@@ -88,18 +113,18 @@ impl FleetSeat {
         Ok(())
     }
 
-    /// Read the admin plane with `ticket` and publish what it found (counted in the streak
-    /// when `counts`): the view the publish answered, and why the read failed, if it did.
+    /// Read the admin plane with `ticket` and publish what it found, made `for_` what it
+    /// names: the view the publish answered, and why the read failed, if it did.
     async fn read_and_publish(
         &self,
         ticket: ReadTicket,
-        counts: bool,
+        for_: ReadFor,
     ) -> Result<(View, Option<DepthError>), LedgerError> {
         let (outcome, error) = self.read_admin_plane().await;
         let published = self
             .fleet
             .ledger()
-            .publish_read(self.queue_ref(), self.caller(), ticket, outcome, counts)
+            .publish_read(self.queue_ref(), self.caller(), ticket, outcome, for_)
             .await?;
         Self::count_read(&mut self.state.lock(), &outcome);
         Ok((published, error))
@@ -155,7 +180,9 @@ impl FleetSeat {
             .await?;
         self.see(view);
         if let Some(ticket) = ticket {
-            let (published, _) = self.read_and_publish(ticket, false).await?;
+            let (published, _) = self
+                .read_and_publish(ticket, ReadFor::Ttl { in_streak: false })
+                .await?;
             self.see(published);
         }
         Ok(())
@@ -177,9 +204,7 @@ impl FleetSeat {
         now: Instant,
     ) -> bool {
         let Some(age) = age else { return false };
-        let ttl = self.policy.load().ttl;
-        let lead = (state.last_read_took * 2).max(AHEAD_RETRY).min(ttl / 2);
-        if age + lead < ttl {
+        if age + self.ahead_lead(state) < self.policy.load().ttl {
             return false;
         }
         if state.running.read_ahead
@@ -220,5 +245,105 @@ impl FleetSeat {
             self.ahead_due(&mut state, age, now)
         };
         self.spawn_ahead(ahead);
+        self.read_at_ceiling_if_due();
+    }
+
+    /// At the ceiling, read again once the fleet's good read is a ceiling-read interval
+    /// old (docs/fleet.md, step 4, "again at the ceiling"): between the TTL's reads the
+    /// estimate credits none of what consumers took, so with a ceiling under a TTL's drain
+    /// room would show once per TTL while the queue runs dry. Called by a send refused
+    /// `queue_full`, by one admitted near the ceiling when it ends, and by one the judge
+    /// refused; the read
+    /// runs in the background, one at a time in this replica and, by the lease, in the fleet.
+    pub(super) fn read_at_ceiling_if_due(self: &Arc<Self>) {
+        if !self.ceiling_read_due(&mut self.state.lock(), Instant::now()) {
+            return;
+        }
+        let seat = Arc::clone(self);
+        self.runtime.spawn(async move {
+            let read = seat.read_at_ceiling().await;
+            seat.state.lock().running.ceiling_read = false;
+            if let Err(error) = read {
+                seat.fall_back(&error);
+            }
+        });
+    }
+
+    /// Whether a read at the ceiling is due: the last view has a good read whose estimate
+    /// is within a tenth of the ceiling (or at its last place), at least a ceiling-read
+    /// interval old, no such read runs here, and none failed since the TTL's last read.
+    fn ceiling_read_due(&self, state: &mut SeatState, now: Instant) -> bool {
+        let Some((view, seen)) = state.last else {
+            return false;
+        };
+        let Some(estimate) = view.estimate() else {
+            return false;
+        };
+        let limit = self.policy.load().limit;
+        let near = estimate.saturating_add((limit / NEAR_CEILING).max(1)) >= limit;
+        let age = view.read_age + now.saturating_duration_since(seen);
+        if !near
+            || state.running.ceiling_read
+            || state.ceiling_read_failed == Some(view.paced)
+            || age < self.ceiling_read_interval(state.last_read_took)
+        {
+            return false;
+        }
+        state.running.ceiling_read = true;
+        true
+    }
+
+    /// How old the fleet's read is before a read at the ceiling: twice the last read's
+    /// duration (the admin plane spends at most a third of its time on this queue), at
+    /// least [`CEILING_READ_FLOOR`] (a settle's period: `since_read` moves no faster), half
+    /// the lag of an admin plane whose counts trail (they move no faster), at most the TTL.
+    /// The read lease lasts as long: one such read per interval, fleet-wide.
+    fn ceiling_read_interval(&self, took: Duration) -> Duration {
+        (took * 2)
+            .max(CEILING_READ_FLOOR)
+            .max(self.backend.depth_lag() / 2)
+            .min(self.policy.load().ttl.max(CEILING_READ_FLOOR))
+    }
+
+    /// The read at the ceiling: taken with the lease when no other replica holds it, and
+    /// published only if good (it counts in neither the streak nor the share rounds). A
+    /// failed one leaves the fleet's read standing, and none is made again before the
+    /// TTL's next read.
+    ///
+    /// This replica's outcomes are settled first: a send stored before the read and
+    /// settled after its ticket is counted twice (in the read, and on top of it) until the
+    /// next read, and at the ceiling reads come often enough for that to be most of the
+    /// room they show.
+    async fn read_at_ceiling(self: &Arc<Self>) -> Result<(), LedgerError> {
+        let Ok(_turn) = self.read_turn.try_lock() else {
+            return Ok(()); // a read of the TTL's runs: it will show the room
+        };
+        self.settle_pending().await?;
+        let lease = self.ceiling_read_interval(self.state.lock().last_read_took);
+        let ledger = self.fleet.ledger();
+        let (ticket, view) = ledger
+            .lease_read(self.queue_ref(), self.caller(), lease)
+            .await?;
+        self.see(view);
+        let Some(ticket) = ticket else { return Ok(()) };
+        let started = Instant::now();
+        let (outcome, _) = self.read_admin_plane().await;
+        Self::count_read(&mut self.state.lock(), &outcome);
+        if outcome == ReadOutcome::Failed {
+            self.state.lock().ceiling_read_failed = Some(view.paced);
+            return Ok(());
+        }
+        let published = ledger
+            .publish_read(
+                self.queue_ref(),
+                self.caller(),
+                ticket,
+                outcome,
+                ReadFor::Ceiling,
+            )
+            .await?;
+        self.state.lock().last_read_took = started.elapsed();
+        self.see(published);
+        Ok(())
     }
 }

@@ -75,9 +75,18 @@ impl FleetSeat {
 
     /// [`Self::admit`] for `units` sends at once (a batch): all admitted under one
     /// [`Held`] (a block's units, or one reservation of exactly `units`: docs/fleet.md, a
-    /// batch), or none, the refusal saying how many would be (`room`).
+    /// batch), or none, the refusal saying how many would be (`room`). Refused at the
+    /// ceiling, the send starts a read at the ceiling when one is due (an admitted one
+    /// does when it ends: [`Self::finish`]).
     pub async fn admit_units(self: &Arc<Self>, units: u64) -> FleetAnswer {
-        let units = units.max(1);
+        let answer = self.decide_units(units.max(1)).await;
+        if matches!(answer, FleetAnswer::Refuse(Refusal::QueueFull { .. })) {
+            self.read_at_ceiling_if_due();
+        }
+        answer
+    }
+
+    async fn decide_units(self: &Arc<Self>, units: u64) -> FleetAnswer {
         let (fresh, ahead, released) = match self.before_reserving(units) {
             Before::Decided(answer) => return answer,
             Before::Reserve {

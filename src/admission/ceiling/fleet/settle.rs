@@ -17,8 +17,16 @@ type Rows = Vec<(String, u64, u64)>;
 
 impl FleetSeat {
     /// A send admitted through the fleet ended: its outcome is settled with the next batch,
-    /// and told to the window (an unknown one stays open there).
+    /// and told to the window (an unknown one stays open there). Near the ceiling it starts
+    /// a read at the ceiling when one is due: started at admission, the read could show
+    /// the send stored while its unit is still counted on top, one place taken twice until
+    /// the next read; now the read settles the outcome first.
     pub fn finish(self: &Arc<Self>, held: Held, effect: BacklogEffect) {
+        self.record_outcome(held, effect);
+        self.read_at_ceiling_if_due();
+    }
+
+    fn record_outcome(self: &Arc<Self>, held: Held, effect: BacklogEffect) {
         let stored = effect != BacklogEffect::NotStored;
         {
             let mut state = self.state.lock();

@@ -108,6 +108,8 @@ pub(super) struct Running {
     pub(super) settle: bool,
     /// A read started ahead of the fleet's read's expiry.
     pub(super) read_ahead: bool,
+    /// A read again at the ceiling.
+    pub(super) ceiling_read: bool,
 }
 
 /// The fleet said "full" on a read generation: sends are refused locally until `until`
@@ -161,6 +163,9 @@ pub(super) struct SeatState {
     /// The read generation another replica's read was last waited for in vain.
     pub(super) waited_out: Option<u64>,
     pub(super) last_read_took: Duration,
+    /// The fleet's paced reads ([`View::paced`]) when a read at the ceiling last failed:
+    /// none again before the TTL's next read.
+    pub(super) ceiling_read_failed: Option<u64>,
     /// Admin-plane reads this replica made for the fleet: (ok, failed).
     pub(super) own_reads: (u64, u64),
     pub(super) failclosed_logged: Option<u64>,
@@ -190,6 +195,7 @@ impl SeatState {
             ahead_tried_at: None,
             waited_out: None,
             last_read_took: Duration::ZERO,
+            ceiling_read_failed: None,
             own_reads: (0, 0),
             failclosed_logged: None,
             failclosed_unlogged: 0,

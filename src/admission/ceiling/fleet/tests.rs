@@ -18,8 +18,8 @@ use crate::config::Fraction;
 use crate::coordination::fleet::{Fleet, HEARTBEAT};
 use crate::coordination::memory::MemoryLedger;
 use crate::coordination::port::{
-    Ask, Caller, LedgerError, LedgerPort, QueueRef, ReadOutcome, ReadTicket, ReserveAnswer, Settle,
-    View,
+    Ask, Caller, LedgerError, LedgerPort, QueueRef, ReadFor, ReadOutcome, ReadTicket,
+    ReserveAnswer, Settle, View,
 };
 use crate::domain::QueueName;
 
@@ -703,11 +703,11 @@ impl LedgerPort for Recording {
         caller: Caller<'_>,
         ticket: ReadTicket,
         outcome: ReadOutcome,
-        counts_in_streak: bool,
+        for_: ReadFor,
     ) -> Result<View, LedgerError> {
         self.note();
         self.inner
-            .publish_read(queue, caller, ticket, outcome, counts_in_streak)
+            .publish_read(queue, caller, ticket, outcome, for_)
             .await
     }
     async fn leave(
@@ -1975,3 +1975,6 @@ async fn a_replica_paces_its_refusals_at_its_share_of_the_fleets_drain() {
     }
     assert_eq!(seat.drain_share(), Some(100.0));
 }
+
+#[path = "conserving_tests.rs"]
+mod conserving;
