@@ -40,6 +40,7 @@ use crate::config::Fraction;
 use crate::coordination::fleet::{Fleet, HEARTBEAT, IDLE, MEMBER_FOR};
 use crate::coordination::port::{Caller, LedgerError, QueueRef, ReadState, Terms};
 use crate::domain::QueueName;
+use state::FailClosedLog;
 pub use state::Held;
 use state::SeatState;
 
@@ -58,6 +59,8 @@ const WAIT_POLL: Duration = Duration::from_millis(10);
 const HOLD_MARGIN: Duration = Duration::from_secs(1);
 /// How often a cut-off seat looks whether its replica rejoined (an atomic read, no call).
 const REJOINED_POLL: Duration = Duration::from_millis(10);
+/// How often a replica cut off and failing closed logs `send_failclosed` again.
+const CUT_OFF_LOG_EVERY: Duration = Duration::from_secs(10);
 /// A reservation is asked again at most this many times for one send (a new epoch, a read
 /// to make, a grace to wait out).
 const ASKS: usize = 4;
@@ -231,21 +234,32 @@ impl FleetSeat {
     pub fn fall_back(&self, error: &LedgerError) -> bool {
         let cut_off = self.fleet.failed(error);
         if cut_off {
-            self.state.lock().last = None;
+            let mut state = self.state.lock();
+            if state.last.take().is_some() {
+                state.cut_off_at = Some(Instant::now());
+            }
         }
         cut_off
     }
 
     /// A fail-closed refusal is logged once per fleet read, with the count since the last
-    /// line (this one included).
+    /// line (this one included). Cut off there are no fleet reads: once when the replica
+    /// turned local, then once per [`CUT_OFF_LOG_EVERY`] while it stays so.
     pub fn failclosed_to_log(&self) -> Option<u64> {
         let mut state = self.state.lock();
-        let generation = state.last.map(|(view, _)| view.generation);
+        let key = match state.last {
+            Some((view, _)) => FailClosedLog::Read(view.generation),
+            None => {
+                let since = *state.cut_off_at.get_or_insert_with(Instant::now);
+                let periods = since.elapsed().as_secs() / CUT_OFF_LOG_EVERY.as_secs().max(1);
+                FailClosedLog::CutOff(since, periods)
+            }
+        };
         state.failclosed_unlogged += 1;
-        if state.failclosed_logged.is_some() && state.failclosed_logged == generation {
+        if state.failclosed_logged == Some(key) {
             return None;
         }
-        state.failclosed_logged = generation;
+        state.failclosed_logged = Some(key);
         Some(std::mem::take(&mut state.failclosed_unlogged))
     }
 

@@ -112,6 +112,14 @@ pub(super) struct Running {
     pub(super) ceiling_read: bool,
 }
 
+/// What a `send_failclosed` line is logged once for: a fleet read (its generation), or,
+/// cut off, a spell (since when the replica is local, and the log period within it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum FailClosedLog {
+    Read(u64),
+    CutOff(Instant, u64),
+}
+
 /// The fleet said "full" on a read generation: sends are refused locally until `until`
 /// while that read is the last seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,7 +176,11 @@ pub(super) struct SeatState {
     pub(super) ceiling_read_failed: Option<u64>,
     /// Admin-plane reads this replica made for the fleet: (ok, failed).
     pub(super) own_reads: (u64, u64),
-    pub(super) failclosed_logged: Option<u64>,
+    /// When the seat last lost its view to a cut-off: the spell `send_failclosed` is logged
+    /// per while there is no fleet read to log per.
+    pub(super) cut_off_at: Option<Instant>,
+    /// What the last `send_failclosed` line was logged for.
+    pub(super) failclosed_logged: Option<FailClosedLog>,
     pub(super) failclosed_unlogged: u64,
     /// The fleet said "full": refused locally until then.
     pub(super) full: Option<ToldFull>,
@@ -197,6 +209,7 @@ impl SeatState {
             last_read_took: Duration::ZERO,
             ceiling_read_failed: None,
             own_reads: (0, 0),
+            cut_off_at: None,
             failclosed_logged: None,
             failclosed_unlogged: 0,
             full: None,

@@ -867,7 +867,6 @@ async fn a_send_admitted_alone_counts_its_deadline_from_when_the_seat_counted_it
     let all = replicas(1, &ledger, &broker, policy(50, false)).await;
     ledger.set_down(true);
     tokio::time::sleep(Duration::from_secs(1)).await; // cut off by its heartbeat
-    assert!(!all[0].fleet.joined());
     *broker.read_takes.lock() = Duration::from_millis(400);
     let asked = Instant::now();
     let reservation = all[0].gate.admit().await.unwrap();
@@ -1978,3 +1977,50 @@ async fn a_replica_paces_its_refusals_at_its_share_of_the_fleets_drain() {
 
 #[path = "conserving_tests.rs"]
 mod conserving;
+
+/// Cut off and failing closed, a replica logs `send_failclosed` once when it turned local
+/// and then once per period, not once per refused send (there are no fleet reads to log
+/// once per).
+#[tokio::test(start_paused = true)]
+async fn cut_off_and_failing_closed_refusals_are_logged_once_per_period() {
+    let out = crate::telemetry::Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .with_writer(out.clone())
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let all = replicas(1, &ledger, &broker, policy(60, true)).await;
+    ledger.cut_off(all[0].fleet.replica(), true);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let end = Instant::now() + Duration::from_secs(25);
+    let mut refused = 0;
+    while Instant::now() < end {
+        assert!(matches!(
+            send(&all[0], &broker).await,
+            Err(Refusal::CapacityUnknown { .. })
+        ));
+        refused += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let counts: Vec<u64> = out
+        .text()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|line| line["fields"]["event"] == "send_failclosed")
+        .filter_map(|line| line["fields"]["refused_since_last_log"].as_u64())
+        .collect();
+    // 25 s cut off: the first refusal, then one line per 10 s, each with the count since.
+    assert_eq!(counts.len(), 3, "{counts:?}");
+    assert_eq!(counts[0], 1);
+    // A send takes two ledger deadlines here: ~50 a period.
+    assert!(
+        counts[1..].iter().all(|n| (45..=55).contains(n)),
+        "{counts:?}"
+    );
+    assert!(
+        counts.iter().sum::<u64>() <= refused,
+        "{counts:?} of {refused}"
+    );
+}
