@@ -262,7 +262,7 @@ impl CapacityGate {
         mut judging: Judging<'g>,
         units: u64,
     ) -> InFleet<'g> {
-        let reads = || seat.read_generation();
+        let reads = || seat.paced_reads();
         let judged = judging.in_fleet(|| fleet_view(seat));
         if let Err(refusal) = &judged {
             seat.read_ahead_if_due();

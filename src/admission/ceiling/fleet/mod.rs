@@ -285,8 +285,13 @@ impl FleetSeat {
     /// The share round of the fleet's read in the view last seen: of the reads the TTL
     /// paces, not those made again at the ceiling.
     pub fn share_round(&self) -> u64 {
-        let paced = self.state.lock().last.map_or(0, |(view, _)| view.paced);
-        self.policy.load().share_round(paced)
+        self.policy.load().share_round(self.paced_reads())
+    }
+
+    /// The fleet's reads the TTL paces in the view last seen (0 before any): what
+    /// once-per-read logs count by, so reads again at the ceiling add no lines.
+    pub fn paced_reads(&self) -> u64 {
+        self.state.lock().last.map_or(0, |(view, _)| view.paced)
     }
 
     /// The fleet's read generation in the view last seen (0 before any): it changes with
