@@ -49,6 +49,8 @@ const DEFAULT_FRAME_MAX: u32 = 16_384;
 /// Where a new connection's probe is published (default exchange, not mandatory): no client
 /// may declare a queue named `amq.*`, so it never routes and is dropped, yet confirmed.
 const PROBE_ROUTING_KEY: &str = "amq.sendgate.probe";
+/// How long the probe's channel waits to be closed (an alarm may hold the close frame).
+const PROBE_CLOSE_WAIT: Duration = Duration::from_secs(60);
 /// How often the probe looks whether the broker blocked the connection (lapin sets a flag
 /// when `connection.blocked` arrives).
 const BLOCKED_POLL: Duration = Duration::from_millis(5);
@@ -323,10 +325,18 @@ impl Link {
             generation: self.generations.fetch_add(1, Ordering::Relaxed) + 1,
         };
         self.ensure_queues(&session).await?;
-        let publisher = session.publishers[0].channel.read().clone();
-        probe(&session.connection, &publisher)
+        // On a channel of its own, closed after: no publisher channel keeps its confirm, and
+        // the channels' publish counts are the sends'.
+        let probing = open_publisher(&session.connection)
             .await
             .map_err(classify_connect_error)?;
+        let probed = probe(&session.connection, &probing).await;
+        tokio::spawn(async move {
+            // Written once the broker reads the connection again (after an alarm).
+            let _ =
+                tokio::time::timeout(PROBE_CLOSE_WAIT, probing.close(200, "probed".into())).await;
+        });
+        probed.map_err(classify_connect_error)?;
         Ok(Arc::new(session))
     }
 
