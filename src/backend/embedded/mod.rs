@@ -591,6 +591,65 @@ mod tests {
     }
 
     #[test]
+    fn a_full_disk_is_busy_and_any_other_write_error_a_failure() {
+        let sqlite = |code| {
+            StoreError::Sqlite(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(code),
+                None,
+            ))
+        };
+        for full in [
+            rusqlite::ffi::SQLITE_FULL,
+            rusqlite::ffi::SQLITE_IOERR_SHMSIZE,
+        ] {
+            assert!(matches!(
+                refusal(&sqlite(full)),
+                SendError::Busy { retry_after: Some(after), .. } if after == DISK_FULL_RETRY_AFTER
+            ));
+        }
+        for other in [
+            rusqlite::ffi::SQLITE_CONSTRAINT,
+            rusqlite::ffi::SQLITE_IOERR_READ,
+        ] {
+            assert!(matches!(refusal(&sqlite(other)), SendError::Failed(_)));
+        }
+    }
+
+    #[test]
+    fn the_store_condition_logs_a_run_of_failures_once_and_clears_at_the_next_commit() {
+        let condition = Condition::new();
+        let started = condition.0.lock().since;
+        assert!(
+            condition.failed("the disk is full".into()),
+            "a run starts: logged"
+        );
+        let failing = condition.0.lock().clone();
+        assert!(!failing.ok && failing.since >= started);
+        assert!(
+            !condition.failed("the disk is full".into()),
+            "the same run: not again"
+        );
+        assert_eq!(
+            condition.0.lock().since,
+            failing.since,
+            "since the run began"
+        );
+        assert!(
+            condition.failed("disk I/O error".into()),
+            "a new reason: logged"
+        );
+        condition.wrote();
+        let health = condition.0.lock().clone();
+        assert!(health.ok && health.error.is_none() && health.since >= failing.since);
+        condition.wrote();
+        assert_eq!(
+            condition.0.lock().since,
+            health.since,
+            "ok since the first good commit"
+        );
+    }
+
+    #[test]
     fn a_job_nobody_waits_for_takes_no_room_and_is_not_stored() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::open(dir.path()).unwrap();
