@@ -125,6 +125,16 @@ pub struct DepthLag {
     pub source: LagSource,
 }
 
+/// Whether the embedded store's last write went through (`/health/detailed`'s `store`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreHealth {
+    pub ok: bool,
+    /// Why the last write failed (`None` while `ok`).
+    pub error: Option<String>,
+    /// When the current state began: the first failure of a run, or the write after it.
+    pub since: std::time::SystemTime,
+}
+
 /// Why a send did not put the message on the queue (or may not have).
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum SendError {
@@ -213,6 +223,12 @@ pub trait Backend: Send + Sync + 'static {
     /// [`depth_lag`](Self::depth_lag) with where it comes from; `None` for an exact admin
     /// plane (embedded, RabbitMQ's `amqp` depth source).
     fn depth_lag_in_force(&self) -> Option<DepthLag> {
+        None
+    }
+
+    /// The state of the backend's own storage, for `/health/detailed`; `None` for a
+    /// backend that keeps none (a broker's storage is the broker's to report).
+    fn store_health(&self) -> Option<StoreHealth> {
         None
     }
 

@@ -103,8 +103,8 @@ pub async fn ready(
 /// `GET /health/detailed`'s body.
 #[derive(Serialize, ToSchema)]
 pub struct Detailed {
-    /// `degraded` when not running, a depth read is failing, or the primary's breaker is
-    /// not closed.
+    /// `degraded` when not running, a depth read is failing, the primary's breaker is
+    /// not closed, or its store's writes fail.
     #[schema(schema_with = schema::health_status)]
     status: &'static str,
     gateway_state: GatewayState,
@@ -300,6 +300,22 @@ pub struct BackendHealth {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(schema_with = schema::depth_lag_source)]
     depth_lag_source: Option<&'static str>,
+    /// The embedded store's writes (absent for a broker): failing while a commit fails
+    /// (a full disk: sends are `503 backend_busy`), back at the next one that goes through.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store: Option<StoreState>,
+}
+
+/// The embedded store, as its last commit left it.
+#[derive(Serialize, ToSchema)]
+pub struct StoreState {
+    ok: bool,
+    /// Why the last commit failed; `null` while `ok`.
+    error: Option<String>,
+    /// When the current state began (the first failure of a run, or the commit after it).
+    /// RFC 3339.
+    #[schema(format = DateTime)]
+    since: Option<String>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -350,8 +366,9 @@ pub(super) fn snapshot(state: &AppState) -> Detailed {
     let mut backends = BTreeMap::new();
     for lane in state.dispatcher.lanes() {
         let health = backend_health(lane, &state.dispatcher);
-        degraded |=
-            lane.role == BackendRole::Primary && health.breaker != BreakerState::Closed.as_str();
+        degraded |= lane.role == BackendRole::Primary
+            && (health.breaker != BreakerState::Closed.as_str()
+                || health.store.as_ref().is_some_and(|s| !s.ok));
         backends.insert(lane.role.as_str(), health);
     }
     let coordination = coordination_of(&state.control.coordination);
@@ -439,6 +456,11 @@ fn backend_health(lane: &Lane, dispatcher: &Dispatcher) -> BackendHealth {
         queues: (lane.role == BackendRole::Fallback).then(|| queues_of(lane)),
         depth_lag_ms: lag.map(|l| u64::try_from(l.lag.as_millis()).unwrap_or(u64::MAX)),
         depth_lag_source: lag.map(|l| l.source.as_str()),
+        store: lane.backend().store_health().map(|s| StoreState {
+            ok: s.ok,
+            error: s.error,
+            since: rfc3339(s.since),
+        }),
     }
 }
 

@@ -172,6 +172,10 @@ impl Backend for FaultyBackend {
         self.inner.depth_lag_in_force()
     }
 
+    fn store_health(&self) -> Option<sendgate::backend::StoreHealth> {
+        self.inner.store_health()
+    }
+
     async fn warm_up(&self, deadline: Instant) -> Result<(), String> {
         self.inner.warm_up(deadline).await
     }

@@ -29,7 +29,7 @@ pub use store::{
     DUPLICATE_WINDOW, MAX_LEASE,
 };
 
-use super::{Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt};
+use super::{Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt, StoreHealth};
 use crate::domain::{Attributes, QueueName};
 
 /// Most messages committed in one transaction. A job larger than this (a big batch) is
@@ -38,6 +38,47 @@ const MAX_BATCH: usize = 512;
 /// Jobs waiting for the writer before new ones wait for room.
 const QUEUE_ROOM: usize = 4096;
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
+/// What a client is told to wait while the disk is full: room comes back when a receiver
+/// or an operator frees it, on no schedule the gateway knows.
+const DISK_FULL_RETRY_AFTER: Duration = Duration::from_secs(5);
+
+/// Whether the writer's last commit went through, and why not: `/health/detailed`'s
+/// `store`. Kept by the writer thread, read by the health route.
+struct Condition(Mutex<StoreHealth>);
+
+impl Condition {
+    fn new() -> Self {
+        Self(Mutex::new(StoreHealth {
+            ok: true,
+            error: None,
+            since: std::time::SystemTime::now(),
+        }))
+    }
+
+    fn wrote(&self) {
+        let mut health = self.0.lock();
+        if !health.ok {
+            *health = StoreHealth {
+                ok: true,
+                error: None,
+                since: std::time::SystemTime::now(),
+            };
+        }
+    }
+
+    /// Record a failed commit; `true` when it starts a run of failures or changes its
+    /// reason (worth a log line: a full disk fails every send until room comes back).
+    fn failed(&self, why: String) -> bool {
+        let mut health = self.0.lock();
+        let news = health.ok || health.error.as_deref() != Some(why.as_str());
+        if health.ok {
+            health.since = std::time::SystemTime::now();
+        }
+        health.ok = false;
+        health.error = Some(why);
+        news
+    }
+}
 
 /// One message as the writer stores it, encoded on the sender's task beforehand: the one
 /// writer thread is what every send waits on, so it does as little as it can.
@@ -115,6 +156,7 @@ struct WriteJob {
 pub struct EmbeddedQueue {
     jobs: mpsc::Sender<WriteJob>,
     reader: Arc<Mutex<Store>>,
+    condition: Arc<Condition>,
 }
 
 impl EmbeddedQueue {
@@ -123,13 +165,16 @@ impl EmbeddedQueue {
         let writer = Store::open(data_dir)?;
         let reader = Store::open(data_dir)?;
         let (jobs, inbox) = mpsc::channel(QUEUE_ROOM);
+        let condition = Arc::new(Condition::new());
+        let kept = condition.clone();
         std::thread::Builder::new()
             .name("sendgate-embedded-writer".into())
-            .spawn(move || write_loop(writer, inbox))
+            .spawn(move || write_loop(writer, inbox, &kept))
             .map_err(StoreError::Output)?;
         Ok(Self {
             jobs,
             reader: Arc::new(Mutex::new(reader)),
+            condition,
         })
     }
 
@@ -165,7 +210,7 @@ impl EmbeddedQueue {
     }
 }
 
-fn write_loop(mut store: Store, mut inbox: mpsc::Receiver<WriteJob>) {
+fn write_loop(mut store: Store, mut inbox: mpsc::Receiver<WriteJob>, condition: &Condition) {
     let mut carried: Option<WriteJob> = None;
     let mut last_prune = std::time::Instant::now();
     loop {
@@ -174,7 +219,7 @@ fn write_loop(mut store: Store, mut inbox: mpsc::Receiver<WriteJob>) {
         };
         let (jobs, next) = gather(first, &mut inbox);
         carried = next;
-        commit(&mut store, jobs);
+        commit(&mut store, jobs, condition);
         if last_prune.elapsed() >= PRUNE_EVERY {
             last_prune = std::time::Instant::now();
             if let Err(e) = store.prune_seen_ids() {
@@ -208,8 +253,8 @@ fn gather(
     (jobs, None)
 }
 
-/// Store `jobs` in one transaction and answer each.
-fn commit(store: &mut Store, mut jobs: Vec<WriteJob>) {
+/// Store `jobs` in one transaction and answer each; `condition` keeps how it went.
+fn commit(store: &mut Store, mut jobs: Vec<WriteJob>, condition: &Condition) {
     // The caller gave up (deadline or disconnect): never store what nobody waits for.
     jobs.retain(|job| !job.reply.is_closed());
     if jobs.is_empty() {
@@ -223,6 +268,7 @@ fn commit(store: &mut Store, mut jobs: Vec<WriteJob>) {
     drop(rows);
     match outcome {
         Ok(duplicates) => {
+            condition.wrote();
             let mut duplicates = duplicates.into_iter();
             for job in jobs {
                 let mine = duplicates.by_ref().take(job.messages.len()).collect();
@@ -230,11 +276,37 @@ fn commit(store: &mut Store, mut jobs: Vec<WriteJob>) {
             }
         }
         Err(e) => {
-            tracing::error!(event = "embedded_write_failed", error = %e, "embedded queue write failed");
+            let answer = refusal(&e);
+            let why = if e.is_disk_full() {
+                format!("the disk is full ({e})")
+            } else {
+                e.to_string()
+            };
+            if condition.failed(why) {
+                tracing::error!(
+                    event = "embedded_write_failed",
+                    error = %e,
+                    disk_full = e.is_disk_full(),
+                    "embedded queue write failed (logged again when the reason changes)"
+                );
+            }
             for job in jobs {
-                let _ = job.reply.send(Err(SendError::Failed(e.to_string())));
+                let _ = job.reply.send(Err(answer.clone()));
             }
         }
+    }
+}
+
+/// A failed commit as the senders are answered. Nothing was stored either way; a full disk
+/// is busy (room may come back: `503 backend_busy`), anything else a failure.
+fn refusal(e: &StoreError) -> SendError {
+    if e.is_disk_full() {
+        SendError::Busy {
+            reason: format!("the embedded store's disk is full ({e})"),
+            retry_after: Some(DISK_FULL_RETRY_AFTER),
+        }
+    } else {
+        SendError::Failed(e.to_string())
     }
 }
 
@@ -274,6 +346,10 @@ impl Backend for EmbeddedQueue {
                 .collect(),
             Err(e) => vec![Err(e); count],
         }
+    }
+
+    fn store_health(&self) -> Option<StoreHealth> {
+        Some(self.condition.0.lock().clone())
     }
 
     async fn backlog(&self, queue: &QueueName, deadline: Instant) -> Result<Backlog, DepthError> {
@@ -515,6 +591,65 @@ mod tests {
     }
 
     #[test]
+    fn a_full_disk_is_busy_and_any_other_write_error_a_failure() {
+        let sqlite = |code| {
+            StoreError::Sqlite(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(code),
+                None,
+            ))
+        };
+        for full in [
+            rusqlite::ffi::SQLITE_FULL,
+            rusqlite::ffi::SQLITE_IOERR_SHMSIZE,
+        ] {
+            assert!(matches!(
+                refusal(&sqlite(full)),
+                SendError::Busy { retry_after: Some(after), .. } if after == DISK_FULL_RETRY_AFTER
+            ));
+        }
+        for other in [
+            rusqlite::ffi::SQLITE_CONSTRAINT,
+            rusqlite::ffi::SQLITE_IOERR_READ,
+        ] {
+            assert!(matches!(refusal(&sqlite(other)), SendError::Failed(_)));
+        }
+    }
+
+    #[test]
+    fn the_store_condition_logs_a_run_of_failures_once_and_clears_at_the_next_commit() {
+        let condition = Condition::new();
+        let started = condition.0.lock().since;
+        assert!(
+            condition.failed("the disk is full".into()),
+            "a run starts: logged"
+        );
+        let failing = condition.0.lock().clone();
+        assert!(!failing.ok && failing.since >= started);
+        assert!(
+            !condition.failed("the disk is full".into()),
+            "the same run: not again"
+        );
+        assert_eq!(
+            condition.0.lock().since,
+            failing.since,
+            "since the run began"
+        );
+        assert!(
+            condition.failed("disk I/O error".into()),
+            "a new reason: logged"
+        );
+        condition.wrote();
+        let health = condition.0.lock().clone();
+        assert!(health.ok && health.error.is_none() && health.since >= failing.since);
+        condition.wrote();
+        assert_eq!(
+            condition.0.lock().since,
+            health.since,
+            "ok since the first good commit"
+        );
+    }
+
+    #[test]
     fn a_job_nobody_waits_for_takes_no_room_and_is_not_stored() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::open(dir.path()).unwrap();
@@ -530,7 +665,7 @@ mod tests {
         assert!(carried.is_none());
         // The caller of a gathered job gives up before the commit: skipped whole.
         drop(first_answer);
-        commit(&mut store, jobs);
+        commit(&mut store, jobs, &Condition::new());
         assert_eq!(store.depth("q").unwrap(), 100);
         assert_eq!(kept_answer.try_recv().unwrap().unwrap().len(), 100);
     }

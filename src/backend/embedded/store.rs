@@ -281,6 +281,7 @@ impl Store {
         conn.busy_timeout(BUSY_TIMEOUT)?;
         enable_wal(&conn)?;
         conn.pragma_update(None, "synchronous", "FULL")?;
+        bound_the_log(&conn)?;
         conn.execute_batch(SCHEMA)?;
         migrate(&conn)?;
         Ok(Self {
@@ -565,6 +566,33 @@ fn enable_wal(conn: &Connection) -> Result<(), StoreError> {
     }
 }
 
+/// Pages written to the write-ahead log before a commit checkpoints it into the database
+/// (SQLite's default is 1,000: ~4 MiB, which a small disk ran out of for ~0.5 MiB of bodies).
+const WAL_AUTOCHECKPOINT_PAGES: i64 = 128;
+/// What the log is truncated to once checkpointed: a large batch may grow it past
+/// [`WAL_AUTOCHECKPOINT_PAGES`], and the room is given back after it.
+const WAL_SIZE_LIMIT_BYTES: i64 = 1024 * 1024;
+
+/// Checkpoint the log sooner and truncate it after, so it holds ~0.5 MiB, not ~4 MiB.
+fn bound_the_log(conn: &Connection) -> Result<(), StoreError> {
+    conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)?;
+    conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT_BYTES)?;
+    Ok(())
+}
+
+impl StoreError {
+    /// The disk (or the filesystem's quota) has no room: nothing was stored, and room may
+    /// come back. SQLite answers `SQLITE_FULL` for a write that met `ENOSPC`, and
+    /// `SQLITE_IOERR_SHMSIZE` when the log's index cannot grow.
+    pub fn is_disk_full(&self) -> bool {
+        let Self::Sqlite(rusqlite::Error::SqliteFailure(e, _)) = self else {
+            return false;
+        };
+        e.code == rusqlite::ErrorCode::DiskFull
+            || e.extended_code == rusqlite::ffi::SQLITE_IOERR_SHMSIZE
+    }
+}
+
 fn is_busy(e: &rusqlite::Error) -> bool {
     matches!(
         e.sqlite_error_code(),
@@ -819,6 +847,24 @@ mod tests {
         let next = lease(&mut store, 10, 1_000);
         assert_eq!(ids(&next), ["b", "c"]);
         assert!(next.iter().all(|l| l.message.delivery_count == 1));
+    }
+
+    /// 600 sends of 1 KiB, a commit each: the write-ahead log once reached ~4 MiB for them
+    /// (checkpointed every 1,000 pages, never truncated), taking a small disk's room.
+    #[test]
+    fn the_write_ahead_log_stays_small_however_many_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path()).unwrap();
+        let wal = PathBuf::from(format!("{}-wal", database_path(dir.path()).display()));
+        let body = vec![b'x'; 1024];
+        let mut largest = 0;
+        for i in 0..600 {
+            let id = format!("m-{i}");
+            store.insert_batch(&[msg(&id, &body)]).unwrap();
+            largest = largest.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
+        }
+        eprintln!("largest write-ahead log: {largest} bytes");
+        assert!(largest <= 1024 * 1024, "the log grew to {largest} bytes");
     }
 
     #[test]

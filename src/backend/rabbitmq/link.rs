@@ -9,15 +9,23 @@
 //! swapped for a fresh one and closed once the sends still waiting on it have ended.
 //! Reconnects are single-flight and back off exponentially, so a dead broker costs one
 //! connect attempt per backoff step, not one per send; sends in between fail fast.
+//!
+//! A broker in a resource alarm blocks a connection only once it publishes: the publish
+//! that trips the block never completes until the alarm clears, and only then does the
+//! connection report itself blocked. So a blocked connection is never taken for a wedged
+//! one (its timeouts are the alarm's, and a replacement would not know the broker blocks
+//! until it too had published real sends into the alarm), and a new connection publishes
+//! an unroutable probe before any send: it is handed out once the broker confirmed the
+//! probe, or blocked the connection (then every send is answered busy at once).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lapin::options::{ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::uri::AMQPUri;
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use parking_lot::{Mutex, RwLock};
 use sendgate_backoff::Doubling;
 use tokio::time::Instant;
@@ -38,6 +46,14 @@ const RECONNECT_BACKOFF: Doubling =
 const DEFAULT_HEARTBEAT_S: u16 = 10;
 /// Frame size asked for when the URL names none (`?frame_max=` in the URL overrides it).
 const DEFAULT_FRAME_MAX: u32 = 16_384;
+/// Where a new connection's probe is published (default exchange, not mandatory): no client
+/// may declare a queue named `amq.*`, so it never routes and is dropped, yet confirmed.
+const PROBE_ROUTING_KEY: &str = "amq.sendgate.probe";
+/// How long the probe's channel waits to be closed (an alarm may hold the close frame).
+const PROBE_CLOSE_WAIT: Duration = Duration::from_secs(60);
+/// How often the probe looks whether the broker blocked the connection (lapin sets a flag
+/// when `connection.blocked` arrives).
+const BLOCKED_POLL: Duration = Duration::from_millis(5);
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum LinkError {
@@ -141,6 +157,14 @@ impl Session {
 
     /// Ready messages in `queue`, by a passive declare: exact, needs no admin right.
     pub async fn ready_messages(&self, queue: &QueueName) -> Result<u64, lapin::Error> {
+        if self.connection.status().blocked() {
+            // The client writes nothing on a blocked connection: the declare would wait
+            // for the alarm to clear (or the read's deadline), holding the send behind it.
+            return Err(lapin::ErrorKind::IOError(Arc::new(std::io::Error::other(
+                "the broker blocks this connection (memory or disk alarm)",
+            )))
+            .into());
+        }
         let mut slot = self.declarer.lock().await;
         let channel = match slot.as_ref().filter(|c| c.status().connected()) {
             Some(c) => c.clone(),
@@ -250,6 +274,7 @@ impl Link {
                 tracing::info!(
                     event = "amqp_connected",
                     generation = session.generation,
+                    blocked = session.connection.status().blocked(),
                     "connected to RabbitMQ"
                 );
                 Ok(session)
@@ -300,6 +325,18 @@ impl Link {
             generation: self.generations.fetch_add(1, Ordering::Relaxed) + 1,
         };
         self.ensure_queues(&session).await?;
+        // On a channel of its own, closed after: no publisher channel keeps its confirm, and
+        // the channels' publish counts are the sends'.
+        let probing = open_publisher(&session.connection)
+            .await
+            .map_err(classify_connect_error)?;
+        let probed = probe(&session.connection, &probing).await;
+        tokio::spawn(async move {
+            // Written once the broker reads the connection again (after an alarm).
+            let _ =
+                tokio::time::timeout(PROBE_CLOSE_WAIT, probing.close(200, "probed".into())).await;
+        });
+        probed.map_err(classify_connect_error)?;
         Ok(Arc::new(session))
     }
 
@@ -337,6 +374,13 @@ impl Link {
         // wedged connection ends this way, one by one): its channels close with it. Counted,
         // it would charge the old connection's wedge to its successor and warn once per send.
         if !self.is_current(session) {
+            return;
+        }
+        // The broker blocks publishers (a memory or disk alarm): the send waited on the
+        // alarm, not on a wedged connection. A replacement would be as blocked without
+        // knowing it, and no channel can be opened on this one until the alarm clears
+        // (the abandoned confirm arrives then), so neither is done.
+        if session.connection.status().blocked() {
             return;
         }
         let n = self.timeouts_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
@@ -391,6 +435,34 @@ async fn open_publisher(connection: &Connection) -> Result<Channel, lapin::Error
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
     Ok(channel)
+}
+
+/// Publish an empty, unroutable message on `channel` and wait until the broker confirms it
+/// (it reads this connection: sends may go) or blocks the connection (an alarm: sends are
+/// answered busy until it unblocks), whichever comes first. Bounded by the connect attempt.
+async fn probe(connection: &Connection, channel: &Channel) -> Result<(), lapin::Error> {
+    let confirmed = async {
+        channel
+            .basic_publish(
+                "".into(),
+                PROBE_ROUTING_KEY.into(),
+                BasicPublishOptions::default(),
+                b"",
+                BasicProperties::default(),
+            )
+            .await?
+            .await
+            .map(|_| ())
+    };
+    let blocked = async {
+        while !connection.status().blocked() {
+            tokio::time::sleep(BLOCKED_POLL).await;
+        }
+    };
+    tokio::select! {
+        confirmed = confirmed => confirmed,
+        () = blocked => Ok(()),
+    }
 }
 
 /// 403 ACCESS_REFUSED (bad credentials, no permission) and 530 NOT_ALLOWED (no access to
