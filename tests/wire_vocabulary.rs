@@ -39,6 +39,7 @@ fn problem_for(code: ErrorCode) -> Problem {
         },
         ErrorCode::CapacityUnknown => Problem::CapacityUnknown {
             consecutive_failures: 3,
+            cause: sendgate::admission::ceiling::Unknown::AdminPlane,
         },
         ErrorCode::Saturated => Problem::Saturated,
         ErrorCode::BackendUnavailable => Problem::BackendUnavailable { retry_after: wait },

@@ -13,7 +13,7 @@ use actix_web::{HttpResponse, ResponseError};
 use sendgate_wire::{ErrorBody, ErrorCode};
 
 use super::headers::{CORRELATION_ID, SENDGATE_BACKEND};
-use crate::admission::ceiling::Refusal;
+use crate::admission::ceiling::{Refusal, Unknown};
 use crate::admission::drain::DrainRate;
 use crate::admission::tenants::{Criticality, QuotaKind};
 use crate::admission::{BackendRole, DispatchError};
@@ -103,8 +103,11 @@ pub enum Problem {
         attribute: &'static str,
         backend: &'static str,
     },
-    #[error("The queue's depth could not be read {consecutive_failures} times in a row; sends are refused until it can.")]
-    CapacityUnknown { consecutive_failures: u32 },
+    #[error("{}", capacity_unknown_detail(*consecutive_failures, *cause))]
+    CapacityUnknown {
+        consecutive_failures: u32,
+        cause: Unknown,
+    },
     #[error("Too many sends are in flight; try again in a moment.")]
     Saturated,
     #[error("The broker is failing; sends are refused until a trial send succeeds.")]
@@ -128,6 +131,17 @@ pub enum Problem {
         /// and carries the id to retry with.
         unknown_message_id: Option<String>,
     },
+}
+
+/// A `capacity_unknown`'s detail names the dependency that failed, so whoever reads it pages
+/// the right owners.
+fn capacity_unknown_detail(consecutive_failures: u32, cause: Unknown) -> String {
+    match cause {
+        Unknown::AdminPlane => format!(
+            "The queue's depth could not be read {consecutive_failures} times in a row; sends are refused until it can."
+        ),
+        Unknown::Ledger => "The fleet's ledger (Redis) does not answer, so the queue's room is unknown; sends are refused until it does.".to_owned(),
+    }
 }
 
 impl Problem {
@@ -383,8 +397,10 @@ impl Problem {
             },
             DispatchError::Refused(Refusal::CapacityUnknown {
                 consecutive_failures,
+                cause,
             }) => Problem::CapacityUnknown {
                 consecutive_failures,
+                cause,
             },
             DispatchError::Refused(Refusal::QueueDisabled) => Problem::QueueDisabled,
             // Named by a batch's answer only, as for the ceiling's refusal.
@@ -530,7 +546,11 @@ impl ApiError {
             }
             Problem::CapacityUnknown {
                 consecutive_failures,
-            } => b.consecutive_failures = Some(*consecutive_failures),
+                cause,
+            } => {
+                b.consecutive_failures = Some(*consecutive_failures);
+                b.reason = Some(cause.as_str().into());
+            }
             Problem::SendTimeout { message_id }
             | Problem::SendFailed {
                 unknown_message_id: Some(message_id),
@@ -618,6 +638,11 @@ mod tests {
             },
             Problem::CapacityUnknown {
                 consecutive_failures: 3,
+                cause: Unknown::AdminPlane,
+            },
+            Problem::CapacityUnknown {
+                consecutive_failures: 0,
+                cause: Unknown::Ledger,
             },
             Problem::Saturated,
             Problem::SettingsUnavailable {

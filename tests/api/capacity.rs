@@ -178,6 +178,7 @@ async fn gate_on_fails_closed_on_the_third_failed_read_and_recovers() {
     let body = body_json(response).await;
     assert_eq!(body["code"], "capacity_unknown");
     assert_eq!(body["consecutive_failures"], 3);
+    assert_eq!(body["reason"], "admin_plane", "the failing dependency is named");
     let health = app.detailed().await;
     assert_eq!(health["queues"]["requests"]["fail_closed"], true);
     assert_eq!(health["status"], "degraded");
@@ -188,6 +189,30 @@ async fn gate_on_fails_closed_on_the_third_failed_read_and_recovers() {
     assert_eq!(health["queues"]["requests"]["consecutive_failures"], 0);
     assert_eq!(health["queues"]["requests"]["fail_closed"], false);
     assert_eq!(app.stored("requests"), 3);
+}
+
+/// A replica whose Redis does not answer names the ledger, not the admin plane (which
+/// answers): the alert pages Redis's owners.
+#[tokio::test]
+async fn fail_closed_with_redis_unreachable_names_the_ledger_not_the_admin_plane() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let app = spawn_app_with(&[
+        ("SERVICEBUS_SEND_FAILCLOSED", "true"),
+        ("SENDGATE_COORDINATION", "redis"),
+        ("SENDGATE_REDIS_URL", url.as_str()),
+        ("SENDGATE_REDIS_TIMEOUT_MS", "100"),
+    ])
+    .await;
+    let response = app.send("requests", "{}").await;
+    assert_eq!(response.status(), 503);
+    let body = body_json(response).await;
+    assert_eq!(body["code"], "capacity_unknown");
+    assert_eq!(body["reason"], "ledger", "{body}");
+    let detail = body["message"].as_str().unwrap_or_default();
+    assert!(detail.contains("Redis"), "{body}");
+    assert!(!detail.contains("times in a row"), "{body}");
 }
 
 #[tokio::test]

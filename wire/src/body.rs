@@ -232,6 +232,8 @@ pub struct ErrorBody<'a> {
     /// `queue_full`: why, when not the ceiling itself: `tenant_share` (the caller's
     /// tenant is past its part of the room), `tenant_quota` (past one of its quotas) or
     /// `criticality` (the send's level is refused from its fraction of the ceiling).
+    /// `capacity_unknown`: the dependency that failed: `admin_plane` (the depth reads) or
+    /// `ledger` (the fleet's Redis).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub reason: Option<Cow<'a, str>>,

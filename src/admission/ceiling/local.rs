@@ -79,7 +79,8 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use super::policy::{
-    BacklogEffect, CapacityPolicy, CeilingView, DepthRead, GateSnapshot, Judge, PolicyCell, Refusal,
+    BacklogEffect, CapacityPolicy, CeilingView, DepthRead, GateSnapshot, Judge, PolicyCell,
+    Refusal, Unknown,
 };
 use crate::admission::drain::{DrainEstimator, DrainRate, Pair};
 use crate::backend::{Backend, Backlog, DepthError};
@@ -293,12 +294,14 @@ impl LocalGate {
             Some(refused_since_last_log),
             Err(Refusal::CapacityUnknown {
                 consecutive_failures,
+                ..
             }),
         ) = (log, &decision)
         {
             tracing::warn!(
                 event = "send_failclosed",
                 queue = %self.queue,
+                cause = Unknown::AdminPlane.as_str(),
                 consecutive_failures,
                 refused_since_last_log,
                 "queue depth unknown: refusing sends (fail-closed)"
@@ -585,6 +588,7 @@ impl LocalGate {
                 if policy.fail_closed && state.streak >= policy.streak_threshold {
                     return Err(Refusal::CapacityUnknown {
                         consecutive_failures: state.streak,
+                        cause: Unknown::AdminPlane,
                     });
                 }
             }

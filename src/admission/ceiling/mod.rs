@@ -38,7 +38,7 @@ use crate::domain::QueueName;
 pub use fleet::{FleetSeat, Goodbye, Held, USE_BLOCK_FOR};
 pub use local::LocalBounds;
 pub use policy::{
-    BacklogEffect, CapacityPolicy, GateSnapshot, PolicyCell, PolicyOverride, Refusal,
+    BacklogEffect, CapacityPolicy, GateSnapshot, PolicyCell, PolicyOverride, Refusal, Unknown,
 };
 pub use reservation::Reservation;
 
@@ -332,15 +332,21 @@ impl CapacityGate {
     fn log_failclosed(&self, seat: &FleetSeat, refusal: Refusal) -> Refusal {
         if let Refusal::CapacityUnknown {
             consecutive_failures,
+            cause,
         } = refusal
         {
             if let Some(refused_since_last_log) = seat.failclosed_to_log() {
                 tracing::warn!(
                     event = "send_failclosed",
                     queue = %self.queue(),
+                    cause = cause.as_str(),
                     consecutive_failures,
                     refused_since_last_log,
-                    "queue depth unknown: refusing sends (fail-closed)"
+                    "{}: refusing sends (fail-closed)",
+                    match cause {
+                        Unknown::AdminPlane => "queue depth unknown",
+                        Unknown::Ledger => "the fleet's ledger (Redis) does not answer",
+                    }
                 );
             }
         }

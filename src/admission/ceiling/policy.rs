@@ -158,6 +158,26 @@ impl From<CapacityPolicy> for Arc<PolicyCell> {
     }
 }
 
+/// Which dependency left the depth unknown: named in the answer and the log, so the alert
+/// pages the owners of what failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unknown {
+    /// The broker's admin plane: its depth reads failed (the streak counts them).
+    AdminPlane,
+    /// The fleet's ledger (Redis) did not answer: the replica is cut off, or could not
+    /// reserve, whatever the admin plane says.
+    Ledger,
+}
+
+impl Unknown {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AdminPlane => "admin_plane",
+            Self::Ledger => "ledger",
+        }
+    }
+}
+
 /// Why a send is refused before it reaches the broker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
@@ -173,6 +193,8 @@ pub enum Refusal {
     },
     CapacityUnknown {
         consecutive_failures: u32,
+        /// Which dependency left it unknown.
+        cause: Unknown,
     },
     /// The admin plane says the queue does not accept sends.
     QueueDisabled,

@@ -23,6 +23,7 @@ fn fail_closed_refusals_are_logged_once_per_depth_read_with_the_count_since() {
     let refused = || -> Result<(), Refusal> {
         Err(Refusal::CapacityUnknown {
             consecutive_failures: 3,
+            cause: crate::admission::ceiling::Unknown::AdminPlane,
         })
     };
     let mut state = gate.local.state.lock();
@@ -725,7 +726,8 @@ async fn gate_on_fails_closed_at_the_threshold_and_recovers() {
     assert_eq!(
         g.admit().await.err(),
         Some(Refusal::CapacityUnknown {
-            consecutive_failures: 3
+            consecutive_failures: 3,
+            cause: crate::admission::ceiling::Unknown::AdminPlane,
         })
     );
     assert!(g.snapshot().fail_closed);
@@ -746,7 +748,8 @@ async fn a_failed_start_up_read_does_not_start_the_streak() {
     assert_eq!(
         g.admit().await.err(),
         Some(Refusal::CapacityUnknown {
-            consecutive_failures: 3
+            consecutive_failures: 3,
+            cause: crate::admission::ceiling::Unknown::AdminPlane,
         }),
         "the contract's example: sends 1 and 2 queued, send 3 refused"
     );
@@ -784,7 +787,8 @@ async fn a_read_that_outlives_its_timeout_is_a_failure_and_ends_on_time() {
     assert_eq!(
         g.admit().await.err(),
         Some(Refusal::CapacityUnknown {
-            consecutive_failures: 1
+            consecutive_failures: 1,
+            cause: crate::admission::ceiling::Unknown::AdminPlane,
         }),
         "the timed-out read counts before the send is decided"
     );

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::super::local::LocalBounds;
-use super::super::policy::Refusal;
+use super::super::policy::{Refusal, Unknown};
 use super::super::window::ALONE;
 use super::{AloneAnswer, Counted, FleetSeat, USE_BLOCK_FOR};
 
@@ -46,6 +46,7 @@ impl FleetSeat {
         if policy.fail_closed {
             return AloneAnswer::Refuse(Refusal::CapacityUnknown {
                 consecutive_failures: state.last.map_or(0, |(view, _)| view.streak),
+                cause: Unknown::Ledger,
             });
         }
         let mut bucket = state.window.record(now, ALONE, span);

@@ -8,7 +8,7 @@ use std::time::Duration;
 use parking_lot::MutexGuard;
 use tokio::time::Instant;
 
-use super::super::policy::{CapacityPolicy, Refusal};
+use super::super::policy::{CapacityPolicy, Refusal, Unknown};
 use super::state::{Block, Held, SeatState, ToldFull, BLOCK_WANT, SHARE_DIVISOR};
 use super::{FleetAnswer, FleetSeat, ASKS, USE_BLOCK_FOR};
 use crate::coordination::port::{Ask, LedgerError, ReserveAnswer, View};
@@ -58,6 +58,7 @@ impl Reply {
     fn ask_again(&self) -> Step {
         Step::Again(FleetAnswer::Refuse(Refusal::CapacityUnknown {
             consecutive_failures: self.view.streak,
+            cause: Unknown::Ledger,
         }))
     }
 
@@ -120,6 +121,7 @@ impl FleetSeat {
         }
         let mut answer = FleetAnswer::Refuse(Refusal::CapacityUnknown {
             consecutive_failures: 0,
+            cause: Unknown::Ledger,
         });
         for _ in 0..ASKS {
             match self.reserve_once(&mut counted, units).await {
@@ -253,6 +255,7 @@ impl FleetSeat {
         }
         Step::Again(FleetAnswer::Refuse(Refusal::CapacityUnknown {
             consecutive_failures: 0,
+            cause: Unknown::Ledger,
         }))
     }
 
@@ -402,6 +405,7 @@ impl FleetSeat {
         if policy.fail_closed && streak >= policy.streak_threshold {
             return Step::Done(FleetAnswer::Refuse(Refusal::CapacityUnknown {
                 consecutive_failures: streak,
+                cause: Unknown::AdminPlane,
             }));
         }
         let epoch = reply.view.epoch.id;
@@ -421,6 +425,7 @@ impl FleetSeat {
         if policy.fail_closed {
             return FleetAnswer::Refuse(Refusal::CapacityUnknown {
                 consecutive_failures: streak,
+                cause: Unknown::AdminPlane,
             });
         }
         FleetAnswer::CutOff

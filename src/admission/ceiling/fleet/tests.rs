@@ -952,7 +952,8 @@ async fn a_send_that_waits_out_a_grace_counts_one_failed_read_in_the_streak() {
     assert!(matches!(
         send(&all[2], &broker).await,
         Err(Refusal::CapacityUnknown {
-            consecutive_failures: 3
+            consecutive_failures: 3,
+            cause: crate::admission::ceiling::Unknown::AdminPlane,
         })
     ));
 }

@@ -66,6 +66,7 @@ fn each_answer_counts_under_its_reason_and_refusals_about_no_room_count_for_no_o
     for none in [
         Refusal::CapacityUnknown {
             consecutive_failures: 3,
+            cause: crate::admission::ceiling::Unknown::AdminPlane,
         },
         Refusal::QueueDisabled,
         Refusal::Stopped,
