@@ -16,7 +16,8 @@
 //! Two rules open it. The rate rule (a share of a minute's outcomes) ignores sparse
 //! failures among successes, but after a long healthy spell it needs as many failures as
 //! there were successes: a primary failing every send was failed over only after ~15 s.
-//! The streak rule opens it once every send for `streak_for` has failed. A send that never
+//! The streak rule opens it once every send for `streak_for` has failed (`min_failures` at
+//! least: an operator's lenient breaker stays lenient). A send that never
 //! reached the broker (no connection: nothing was sent) is a failure that is certain and
 //! costs nothing to try again, so a streak of those opens it at once and for
 //! `unsent_open_for` only: the broker is tried again every second, not every 15 s.
@@ -40,11 +41,11 @@ pub struct BreakerPolicy {
     pub failure_rate: f64,
     /// How long it stays open before a trial send is let through.
     pub open_for: Duration,
-    /// Fewest failures in a row (no success between, the first within `window`) for the
-    /// streak rule.
-    pub streak_failures: u32,
-    /// How long such a streak must have lasted, from its first failure, to open it.
+    /// How long failures in a row (no success between, the first within `window`, at
+    /// least `min_failures` of them) must have lasted, from the first, to open it.
     pub streak_for: Duration,
+    /// Sends in a row that never reached the broker which open it at once.
+    pub unsent_in_a_row: u32,
     /// How long it stays open when the send that opened it never reached the broker.
     pub unsent_open_for: Duration,
 }
@@ -56,8 +57,8 @@ impl Default for BreakerPolicy {
             min_failures: 10,
             failure_rate: 0.5,
             open_for: Duration::from_secs(15),
-            streak_failures: 3,
             streak_for: Duration::from_secs(2),
+            unsent_in_a_row: 3,
             unsent_open_for: Duration::from_secs(1),
         }
     }
@@ -452,14 +453,13 @@ impl Breaker {
 
     /// Which rule, if any, opens a closed breaker now.
     fn should_open(&self, inner: &Inner, now: Instant) -> Option<&'static str> {
-        if let Some(s) = inner
-            .streak
-            .filter(|s| s.failures >= self.policy.streak_failures)
-        {
-            if s.all_unsent {
+        if let Some(s) = inner.streak {
+            if s.all_unsent && s.failures >= self.policy.unsent_in_a_row {
                 return Some("the broker could not be reached");
             }
-            if now.saturating_duration_since(s.first) >= self.policy.streak_for {
+            if s.failures >= self.policy.min_failures
+                && now.saturating_duration_since(s.first) >= self.policy.streak_for
+            {
                 return Some("every send failed for the streak time");
             }
         }
@@ -753,6 +753,24 @@ mod tests {
             outcome(&b, Outcome::Failure);
         }
         assert_eq!(b.state(), BreakerState::Closed, "50 at one instant");
+    }
+
+    /// The streak rule too needs `min_failures`: an operator's lenient breaker (1,000)
+    /// stays closed through 5 s of failures at 20 a second.
+    #[tokio::test(start_paused = true)]
+    async fn the_streak_rule_needs_min_failures_too() {
+        let b = Breaker::new(
+            "test",
+            BreakerPolicy {
+                min_failures: 1000,
+                ..BreakerPolicy::default()
+            },
+        );
+        for _ in 0..100 {
+            outcome(&b, Outcome::Failure);
+            tokio::time::advance(Duration::from_millis(50)).await;
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
     }
 
     /// Sends that never reached the broker (it could not be reached): three in a row open
