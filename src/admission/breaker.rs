@@ -17,10 +17,10 @@
 //! failures among successes, but after a long healthy spell it needs as many failures as
 //! there were successes: a primary failing every send was failed over only after ~15 s.
 //! The streak rule opens it once every send for `streak_for` has failed (`min_failures` at
-//! least: an operator's lenient breaker stays lenient). A send that never
-//! reached the broker (no connection: nothing was sent) is a failure that is certain and
-//! costs nothing to try again, so a streak of those opens it at once and for
-//! `unsent_open_for` only: the broker is tried again every second, not every 15 s.
+//! least: an operator's lenient breaker stays lenient). A send that never reached the
+//! broker (no connection: nothing was sent) is a failure that is certain and costs nothing
+//! to try again, so a few of those in a row open it at once, and for `unsent_open_for`
+//! only: the broker is tried again every second, not every 15 s.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -157,8 +157,9 @@ struct SecondBucket {
 struct Streak {
     first: Instant,
     failures: u32,
-    /// Every one of them never reached the broker.
-    all_unsent: bool,
+    /// The last of them that never reached the broker, in a row (the first failures of a
+    /// broker going down are often sends cut off mid-way: not unsent).
+    unsent_tail: u32,
 }
 
 #[derive(Debug)]
@@ -440,13 +441,17 @@ impl Breaker {
                 Some(Streak {
                     first: s.first,
                     failures: s.failures.saturating_add(1),
-                    all_unsent: s.all_unsent && unsent,
+                    unsent_tail: if unsent {
+                        s.unsent_tail.saturating_add(1)
+                    } else {
+                        0
+                    },
                 })
             }
             _ => Some(Streak {
                 first: now,
                 failures: 1,
-                all_unsent: unsent,
+                unsent_tail: u32::from(unsent),
             }),
         };
     }
@@ -454,7 +459,7 @@ impl Breaker {
     /// Which rule, if any, opens a closed breaker now.
     fn should_open(&self, inner: &Inner, now: Instant) -> Option<&'static str> {
         if let Some(s) = inner.streak {
-            if s.all_unsent && s.failures >= self.policy.unsent_in_a_row {
+            if s.unsent_tail >= self.policy.unsent_in_a_row {
                 return Some("the broker could not be reached");
             }
             if s.failures >= self.policy.min_failures
@@ -809,6 +814,22 @@ mod tests {
         trial.record(Outcome::Success);
         assert_eq!(b.state(), BreakerState::Closed);
         assert!(b.try_acquire().is_ok());
+    }
+
+    /// A broker going down first cuts off the sends under way (failures, not unsent): the
+    /// three unsent after them still open it at once.
+    #[tokio::test(start_paused = true)]
+    async fn unsent_sends_after_cut_off_ones_open_it_at_once() {
+        let b = breaker();
+        for _ in 0..4 {
+            outcome(&b, Outcome::Failure);
+        }
+        outcome(&b, Outcome::Unsent);
+        outcome(&b, Outcome::Unsent);
+        assert_eq!(b.state(), BreakerState::Closed);
+        outcome(&b, Outcome::Unsent);
+        assert_eq!(b.state(), BreakerState::Open);
+        assert_eq!(b.retry_after(), Duration::from_secs(1), "the unsent window");
     }
 
     /// Unsent sends among successes are failures like any other (the rate rule), and a
