@@ -168,6 +168,9 @@ impl Plan<'_> {
             min_failures: d.breaker_min_failures,
             failure_rate: d.breaker_failure_rate,
             open_for: d.breaker_open,
+            // The streak rule and the unsent window are not settings: fixed by the
+            // contract (section 1, step 7).
+            ..BreakerPolicy::default()
         }
     }
 }

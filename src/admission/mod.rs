@@ -374,7 +374,7 @@ impl Dispatcher {
                 tracing::warn!(event = "send_failed", backend = lane.role.as_str(), %error, held_back_since_last_log = held_back, "the backend did not take the message");
             }
         }
-        ticket.record(breaker_outcome(&result));
+        ticket.record(Outcome::of(&result));
         reservation.finish(backlog_effect(&result));
         result.map_err(DispatchError::Send)
     }
@@ -422,23 +422,13 @@ impl Dispatcher {
         } else {
             results
                 .iter()
-                .map(breaker_outcome)
-                .find(|o| *o == Outcome::Failure)
+                .map(Outcome::of)
+                .find(|o| o.failed())
                 .unwrap_or(Outcome::Neutral)
         };
         ticket.record(outcome);
         reservation.finish_each(results.iter().map(backlog_effect));
         results
-    }
-}
-
-/// What a send's result tells the breaker: the request's own fault, or the queue's
-/// configuration, is not the backend's health.
-fn breaker_outcome(result: &Result<SendReceipt, SendError>) -> Outcome {
-    match result {
-        Ok(_) => Outcome::Success,
-        Err(SendError::TooLarge | SendError::QueueDisabled) => Outcome::Neutral,
-        Err(_) => Outcome::Failure,
     }
 }
 

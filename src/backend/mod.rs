@@ -150,6 +150,11 @@ pub enum SendError {
     },
     #[error("the queue is disabled for sends at the broker")]
     QueueDisabled,
+    /// The queue is at its own length limit and the broker refused the message (RabbitMQ's
+    /// `x-overflow: reject-publish` nacks it): that queue's backpressure, nothing stored.
+    /// Other queues on the same broker are not concerned.
+    #[error("the queue is full at the broker (its length limit, overflow reject-publish)")]
+    QueueFull,
     #[error("the queue does not exist at the broker")]
     QueueNotFound,
     #[error("the broker refused the message as too large")]

@@ -33,8 +33,10 @@ fn note(group: Group) -> Option<&'static str> {
         Group::Process => "Logs and threads.",
         Group::Breaker => {
             "Request-path circuit breaker, per backend: it opens when at least MIN_FAILURES \
-             sends failed within WINDOW_S and they were at least FAILURE_RATE of the outcomes; \
-             it stays open OPEN_S, then one real send is the trial. Health probes never move it."
+             sends failed within WINDOW_S and they were at least FAILURE_RATE of the outcomes, \
+             or when every send has failed for 2 s (MIN_FAILURES at least); it stays open \
+             OPEN_S, then one real send is the trial. Opened by sends that never reached the \
+             broker (3 in a row), it stays open 1 s. Health probes never move it."
         }
         Group::Fallback => {
             "Optional fallback backend, used while the primary's circuit is open. Responses \

@@ -110,7 +110,7 @@ pub enum Problem {
     },
     #[error("Too many sends are in flight; try again in a moment.")]
     Saturated,
-    #[error("The broker is failing; sends are refused until a trial send succeeds.")]
+    #[error("The broker is failing or cannot be reached; nothing was sent. Try again after Retry-After.")]
     BackendUnavailable { retry_after: Duration },
     #[error("The broker did not confirm the send in time; the outcome is unknown. Retry with the same Idempotency-Key.")]
     SendTimeout { message_id: String },
@@ -455,6 +455,12 @@ impl Problem {
                     .unwrap_or(Duration::from_secs(1))
                     .min(MAX_BROKER_RETRY_AFTER),
             },
+            // Room comes back when a consumer takes a message, which nothing here can
+            // foresee: the shortest wait, and the breaker is not moved, so the retry is
+            // tried.
+            DispatchError::Send(SendError::QueueFull) => Problem::BackendBusy {
+                retry_after: Duration::from_secs(1),
+            },
             DispatchError::Send(SendError::QueueDisabled) => Problem::QueueDisabled,
             DispatchError::Send(SendError::TooLarge) => Problem::PayloadTooLarge {
                 limit: max_body_bytes,
@@ -463,12 +469,16 @@ impl Problem {
                 detail: e.to_string(),
                 unknown_message_id: Some(id()),
             },
-            DispatchError::Send(
-                e @ (SendError::QueueNotFound | SendError::Unavailable(_) | SendError::Failed(_)),
-            ) => Problem::SendFailed {
-                detail: e.to_string(),
-                unknown_message_id: None,
+            // Nothing reached the broker (no connection): retryable, like an open circuit.
+            DispatchError::Send(SendError::Unavailable(_)) => Problem::BackendUnavailable {
+                retry_after: Duration::from_secs(1),
             },
+            DispatchError::Send(e @ (SendError::QueueNotFound | SendError::Failed(_))) => {
+                Problem::SendFailed {
+                    detail: e.to_string(),
+                    unknown_message_id: None,
+                }
+            }
         }
     }
 }

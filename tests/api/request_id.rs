@@ -133,8 +133,8 @@ struct LoggingGateway {
 
 impl LoggingGateway {
     /// A servicebus gateway on a closed port. Failing closed on the first failed depth read,
-    /// every send is refused `capacity_unknown`; failing open, every send fails at the
-    /// broker (`send_failed`). Both log on the way.
+    /// every send is refused `capacity_unknown`; failing open, every send finds no broker
+    /// to send to (`503 backend_unavailable`, logged `send_failed`). Both log on the way.
     fn start(fail_closed: bool) -> Self {
         let endpoint = format!("http://127.0.0.1:{}", free_port());
         let env = env_of(&[&[
@@ -288,7 +288,11 @@ async fn a_failed_sends_log_events_carry_its_request_id() {
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status(), 502);
+    assert_eq!(
+        response.status(),
+        503,
+        "nothing reached the broker: retryable"
+    );
     let lines = gateway.lines_until("send_failed");
     let backend_detail = lines
         .iter()

@@ -278,14 +278,12 @@ impl RabbitMq {
                     SendError::Failed(format!("returned by the broker: {}", returned.reply_text))
                 })
             }
+            // RabbitMQ nacks a publish when the queue is at its `x-max-length` with
+            // `overflow=reject-publish` (or the queue's process failed): one queue's
+            // trouble, which must not take its broker's other queues down with it.
             Ok(Confirmation::Nack(_)) => {
                 self.link.note_success();
-                Err(SendError::Busy {
-                    reason:
-                        "the broker refused the message (queue full with overflow=reject-publish?)"
-                            .into(),
-                    retry_after: None,
-                })
+                Err(SendError::QueueFull)
             }
             Ok(Confirmation::NotRequested) => {
                 Err(SendError::Failed("publisher confirms are off".into()))
