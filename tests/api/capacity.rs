@@ -178,7 +178,10 @@ async fn gate_on_fails_closed_on_the_third_failed_read_and_recovers() {
     let body = body_json(response).await;
     assert_eq!(body["code"], "capacity_unknown");
     assert_eq!(body["consecutive_failures"], 3);
-    assert_eq!(body["reason"], "admin_plane", "the failing dependency is named");
+    assert_eq!(
+        body["reason"], "admin_plane",
+        "the failing dependency is named"
+    );
     let health = app.detailed().await;
     assert_eq!(health["queues"]["requests"]["fail_closed"], true);
     assert_eq!(health["status"], "degraded");

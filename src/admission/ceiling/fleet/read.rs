@@ -17,12 +17,34 @@ impl FleetSeat {
     /// Make the fleet's read fresh: read the admin plane if this replica gets the lease,
     /// otherwise (when `wait`) wait for the replica that holds it to publish. A read made
     /// here counts in the streak when `counts`; true if one that counts was published.
+    ///
+    /// A send that waited for its turn while another's refresh failed on Redis makes no
+    /// call of its own here (nothing published, `Ok(false)`) and goes on to reserve, a
+    /// call made beside the others': with Redis slower than its deadline, sends queued for
+    /// the turn would otherwise be answered one deadline apart, past a connection's limit.
     pub(super) async fn refresh(
         self: &Arc<Self>,
         wait: bool,
         counts: bool,
     ) -> Result<bool, LedgerError> {
+        let queued_at = self.state.lock().refreshes.0;
         let _turn = self.read_turn.lock().await;
+        let (finished, failed) = self.state.lock().refreshes;
+        if finished != queued_at && failed {
+            return Ok(false);
+        }
+        let refreshed = self.refresh_in_turn(wait, counts).await;
+        let mut state = self.state.lock();
+        state.refreshes = (state.refreshes.0 + 1, refreshed.is_err());
+        drop(state);
+        refreshed
+    }
+
+    async fn refresh_in_turn(
+        self: &Arc<Self>,
+        wait: bool,
+        counts: bool,
+    ) -> Result<bool, LedgerError> {
         // The send before this one in line made the read fresh: no Redis call.
         if wait && self.fresh(&self.state.lock(), Instant::now()) {
             return Ok(false);

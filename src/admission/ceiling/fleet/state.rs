@@ -179,6 +179,9 @@ pub(super) struct SeatState {
     /// When the seat last lost its view to a cut-off: the spell `send_failclosed` is logged
     /// per while there is no fleet read to log per.
     pub(super) cut_off_at: Option<Instant>,
+    /// Refreshes finished in this replica, and whether the last one failed on Redis: the
+    /// sends queued behind it then make no call of their own in turn.
+    pub(super) refreshes: (u64, bool),
     /// What the last `send_failclosed` line was logged for.
     pub(super) failclosed_logged: Option<FailClosedLog>,
     pub(super) failclosed_unlogged: u64,
@@ -210,6 +213,7 @@ impl SeatState {
             ceiling_read_failed: None,
             own_reads: (0, 0),
             cut_off_at: None,
+            refreshes: (0, false),
             failclosed_logged: None,
             failclosed_unlogged: 0,
             full: None,

@@ -2025,3 +2025,39 @@ async fn cut_off_and_failing_closed_refusals_are_logged_once_per_period() {
         "{counts:?} of {refused}"
     );
 }
+
+/// A Redis slower than its deadline does not serialise a replica's sends: the sends queued
+/// behind one whose read's call failed take that failure, rather than each waiting out a
+/// deadline of its own in turn (one timeout apart, past a connection's safety limit).
+#[tokio::test(start_paused = true)]
+async fn sends_queued_behind_a_failed_read_take_its_failure_not_a_deadline_each() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let all = Arc::new(replicas(1, &ledger, &broker, policy(1_000, true)).await);
+    send(&all[0], &broker).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await; // the read is stale
+    ledger.lose_replies(all[0].fleet.replica(), true);
+    let started = Instant::now();
+    let sending: Vec<_> = (0..30)
+        .map(|_| {
+            let (all, broker) = (Arc::clone(&all), Arc::clone(&broker));
+            tokio::spawn(async move {
+                let answer = send(&all[0], &broker).await;
+                (answer, started.elapsed())
+            })
+        })
+        .collect();
+    let mut slowest = Duration::ZERO;
+    for sent in sending {
+        let (answer, took) = sent.await.unwrap();
+        assert!(
+            matches!(answer, Err(Refusal::CapacityUnknown { .. })),
+            "{answer:?}"
+        );
+        slowest = slowest.max(took);
+    }
+    assert!(
+        slowest <= T * 6,
+        "the last of 30 was answered after {slowest:?}"
+    );
+}
