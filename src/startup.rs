@@ -465,7 +465,7 @@ impl Application {
         let control = control(&settings, coordination, &dispatcher)?;
         let lifecycle = Lifecycle::with_linger(settings.drain_linger);
         let state = web::Data::new(AppState {
-            openapi: crate::http::openapi::served(Mode::of(&auth)),
+            openapi: crate::http::openapi::served(Mode::of(&auth), settings.fallback.is_some()),
             edge: edge(&settings, auth),
             dispatcher,
             rates,

@@ -477,3 +477,81 @@ fn the_checks_catch_what_they_are_for() {
         ["x.md#y", "p.png"]
     );
 }
+
+/// The keys of a JSON object, and of each object in its arrays (`messages`), by path.
+fn key_paths(value: &serde_json::Value, at: &str, out: &mut BTreeSet<String>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, value) in map {
+                let path = format!("{at}/{key}");
+                key_paths(value, &path, out);
+                out.insert(path);
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for item in items {
+                key_paths(item, &format!("{at}[]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The README's sample `201 queued` bodies (a `# {"status":"queued",...}` comment, on one
+/// line or several; one elided with `…` between members is not a sample of every field)
+/// name the fields a real answer has: a single send's `Queued` and a batch's
+/// `BatchQueued`, each with its `traceparent` (issue 40, item 10).
+#[test]
+fn the_readmes_sample_201_bodies_have_every_field_of_the_answer() {
+    let readme = read(Path::new("README.md"));
+    let mut samples = Vec::new();
+    let mut lines = readme.lines();
+    while let Some(line) = lines.next() {
+        let Some(start) = line.trim_start().strip_prefix("# {\"status\":\"queued\"") else {
+            continue;
+        };
+        let mut text = format!("{{\"status\":\"queued\"{start}");
+        while serde_json::from_str::<serde_json::Value>(&text).is_err() {
+            match lines.next().and_then(|l| l.trim_start().strip_prefix("#")) {
+                Some(more) if !text.contains(",…") => text.push_str(more),
+                _ => break,
+            }
+        }
+        if let Ok(sample) = serde_json::from_str::<serde_json::Value>(&text) {
+            samples.push(sample);
+        }
+    }
+    let trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut single = sendgate_wire::Queued::new("q", "id", "r", false);
+    single.traceparent = Some(trace.into());
+    let message = sendgate_wire::BatchMessage {
+        message_id: "id".into(),
+        traceparent: trace.into(),
+        duplicate: false,
+    };
+    let batch = sendgate_wire::BatchQueued {
+        status: "queued".into(),
+        dry_run: false,
+        queue: "q".into(),
+        request_id: "r".into(),
+        count: 1,
+        messages: vec![message],
+    };
+    let keys = |value: serde_json::Value| {
+        let mut out = BTreeSet::new();
+        key_paths(&value, "", &mut out);
+        out
+    };
+    let single = keys(serde_json::to_value(single).unwrap());
+    let batch = keys(serde_json::to_value(batch).unwrap());
+    assert_eq!(samples.len(), 2, "{samples:?}");
+    for sample in samples {
+        let shown = keys(sample.clone());
+        let answer = if sample.get("messages").is_some() {
+            &batch
+        } else {
+            &single
+        };
+        assert_eq!(&shown, answer, "README.md's sample {sample}");
+    }
+}

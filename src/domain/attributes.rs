@@ -28,13 +28,13 @@ pub const MAX_TIME_TO_LIVE_S: u64 = 4_294_967;
 
 /// Property names the gateway writes itself (compared without case: consumers often
 /// look them up without).
-const RESERVED_NAMES: [&str; 3] = [
+pub const RESERVED_NAMES: [&str; 3] = [
     super::trace::TRACEPARENT,
     super::trace::TRACESTATE,
     "diagnostic-id",
 ];
 /// And every name under this prefix (without case).
-const RESERVED_PREFIX: &str = "sendgate.";
+pub const RESERVED_PREFIX: &str = "sendgate.";
 
 /// The attributes, each with its batch field's and its header's name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -126,8 +126,10 @@ pub async fn send_batch(
     )
 }
 
-/// The schema of the request body, for the OpenAPI document.
+/// The schema of the request body, for the OpenAPI document: an unknown member is refused
+/// (`Envelope`, `RawEntry`), so neither schema admits one.
 #[derive(utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 #[allow(dead_code)]
 pub struct BatchBodySchema {
     /// 1 to `SENDGATE_MAX_BATCH_MESSAGES` entries.
@@ -137,6 +139,7 @@ pub struct BatchBodySchema {
 
 /// One entry of a batch (the attributes as contract section 1, "Message attributes" defines them).
 #[derive(utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 #[allow(dead_code)]
 pub struct BatchEntrySchema {
     /// The message itself: any JSON value, delivered as its text.
@@ -145,21 +148,42 @@ pub struct BatchEntrySchema {
     idempotency_key: Option<String>,
     #[schema(min_length = 1, max_length = 128, pattern = r"^[ -~]{1,128}$")]
     correlation_id: Option<String>,
-    #[schema(min_length = 1, max_length = 1024)]
+    #[schema(
+        min_length = 1,
+        max_length = 1024,
+        pattern = r"^[^\x00-\x1f\x7f-\x9f]*$"
+    )]
     subject: Option<String>,
-    #[schema(min_length = 1, max_length = 128)]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = r"^[^\x00-\x1f\x7f-\x9f]*$"
+    )]
     session_id: Option<String>,
-    #[schema(min_length = 1, max_length = 128)]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = r"^[^\x00-\x1f\x7f-\x9f]*$"
+    )]
     partition_key: Option<String>,
     #[schema(minimum = 1, maximum = 4294967)]
     time_to_live_s: Option<u64>,
-    #[schema(format = DateTime)]
+    #[schema(schema_with = super::schema::scheduled_enqueue_time_or_null)]
     scheduled_enqueue_time: Option<String>,
-    #[schema(min_length = 1, max_length = 1024)]
+    #[schema(
+        min_length = 1,
+        max_length = 1024,
+        pattern = r"^[^\x00-\x1f\x7f-\x9f]*$"
+    )]
     reply_to: Option<String>,
-    #[schema(min_length = 1, max_length = 1024)]
+    #[schema(
+        min_length = 1,
+        max_length = 1024,
+        pattern = r"^[^\x00-\x1f\x7f-\x9f]*$"
+    )]
     to: Option<String>,
-    /// Application properties: string, number or boolean values.
+    /// Application properties (`MessageProperties`).
+    #[schema(schema_with = super::schema::message_properties_or_null)]
     properties: Option<HashMap<String, serde_json::Value>>,
 }
 

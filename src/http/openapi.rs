@@ -19,7 +19,10 @@ use super::auth::Authenticator;
 use utoipa::{Modify, OpenApi};
 
 use super::headers::spelling;
+use super::schema;
 use super::state::AppState;
+use crate::admission::BackendRole;
+use crate::domain::Field;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -118,18 +121,26 @@ impl Mode {
     }
 }
 
-/// The keys document as pretty JSON with a final newline: byte for byte
-/// `docs/openapi.json`.
+/// The keys document of a gateway without a fallback backend, as pretty JSON with a final
+/// newline: byte for byte `docs/openapi.json`.
 pub fn json() -> String {
     json_for(Mode::Keys)
 }
 
-/// The document of a gateway in `mode`, as pretty JSON with a final newline.
+/// The document of a gateway in `mode` without a fallback backend, as pretty JSON with a
+/// final newline.
+pub fn json_for(mode: Mode) -> String {
+    json_with(mode, false)
+}
+
+/// The document of a gateway in `mode`, with or without a `fallback` backend.
 ///
 /// Object keys come out sorted (serde_json's map), so the committed file diffs stably.
-pub fn json_for(mode: Mode) -> String {
+pub fn json_with(mode: Mode, fallback: bool) -> String {
     let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or(Value::Null);
     finish(&mut doc);
+    attribute_rules(&mut doc);
+    backends(&mut doc, fallback);
     match mode {
         Mode::Open => open(&mut doc),
         Mode::Keys => {}
@@ -278,6 +289,78 @@ fn finish(doc: &mut Value) {
     }
 }
 
+/// The attributes' rules the annotations cannot carry (contract section 1, "Message
+/// attributes"): `Message-Properties` holds JSON, so the parameter states it as `content`
+/// (OpenAPI 3.1 §4.8.12.1) with the `MessageProperties` schema, which a batch entry's
+/// `properties` names as well; `Message-Scheduled-Enqueue-Time`'s schema is a batch entry's
+/// `scheduled_enqueue_time`'s, pattern and all.
+fn attribute_rules(doc: &mut Value) {
+    if let Some(schemas) = doc
+        .pointer_mut("/components/schemas")
+        .and_then(Value::as_object_mut)
+    {
+        schemas.insert(
+            schema::MESSAGE_PROPERTIES.to_owned(),
+            schema::message_properties(),
+        );
+    }
+    let properties = serde_json::json!({"application/json": {"schema": {
+        "$ref": format!("#/components/schemas/{}", schema::MESSAGE_PROPERTIES),
+    }}});
+    let scheduled = serde_json::to_value(schema::scheduled_enqueue_time()).unwrap_or_default();
+    for param in parameters(doc, "/v1/queues/{queue}/messages", "post") {
+        let name = param.get("name").and_then(Value::as_str);
+        if name == Some(Field::Properties.header_name()) {
+            param.remove("schema");
+            param.insert("content".into(), properties.clone());
+        } else if name == Some(Field::ScheduledEnqueueTime.header_name()) {
+            param.insert("schema".into(), scheduled.clone());
+        }
+    }
+}
+
+/// The backends this gateway has: `fallback` is offered (to `force_backend`, to the
+/// breakers' route) only by a gateway with one, since any other gateway refuses it (400,
+/// 404): a client is not told of a value it cannot use.
+fn backends(doc: &mut Value, fallback: bool) {
+    let mut names = vec![Value::from(BackendRole::Primary.as_str())];
+    if fallback {
+        names.push(Value::from(BackendRole::Fallback.as_str()));
+    }
+    if let Some(force) = doc
+        .pointer_mut("/components/schemas/SettingsPatch/properties/force_backend")
+        .and_then(Value::as_object_mut)
+    {
+        let mut values = names.clone();
+        values.push(Value::Null);
+        force.insert("enum".into(), Value::Array(values));
+    }
+    for param in parameters(doc, "/admin/breakers/{backend}", "post") {
+        if param.get("name").and_then(Value::as_str) == Some("backend") {
+            param.insert(
+                "schema".into(),
+                serde_json::json!({"type": "string", "enum": names}),
+            );
+        }
+    }
+}
+
+/// The parameters of one operation, as objects.
+fn parameters<'d>(
+    doc: &'d mut Value,
+    path: &str,
+    method: &str,
+) -> impl Iterator<Item = &'d mut serde_json::Map<String, Value>> {
+    doc.get_mut("paths")
+        .and_then(|paths| paths.get_mut(path))
+        .and_then(|item| item.get_mut(method))
+        .and_then(|operation| operation.get_mut("parameters"))
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_object_mut)
+}
+
 /// The transport's answer to a head past `SENDGATE_MAX_HEAD_BYTES` or past the budget of
 /// all heads (docs/contract.md section 1): written before any route runs, so it has no
 /// body and no `X-Request-Id`, on every operation alike.
@@ -308,8 +391,8 @@ pub async fn openapi_json(state: web::Data<AppState>) -> HttpResponse {
 /// The document a gateway in `mode` serves, made once at start-up: the route is open and a
 /// document is ~100 KB, so each answer shares the one copy (a `Bytes` clone counts a
 /// reference; a `String`'s would copy it per request).
-pub fn served(mode: Mode) -> bytes::Bytes {
-    bytes::Bytes::from(json_for(mode))
+pub fn served(mode: Mode, fallback: bool) -> bytes::Bytes {
+    bytes::Bytes::from(json_with(mode, fallback))
 }
 
 #[cfg(test)]
@@ -319,9 +402,9 @@ mod tests {
     #[test]
     fn each_mode_serves_its_own_document() {
         for mode in [Mode::Open, Mode::Keys] {
-            assert_eq!(served(mode.clone()), json_for(mode).into_bytes());
+            assert_eq!(served(mode.clone(), false), json_for(mode).into_bytes());
         }
-        assert_ne!(served(Mode::Open), served(Mode::Keys));
+        assert_ne!(served(Mode::Open, false), served(Mode::Keys, false));
     }
 
     #[test]
@@ -405,6 +488,88 @@ mod tests {
             assert_eq!(doc["paths"], keys["paths"]);
             let text = serde_json::to_string(&doc).unwrap();
             assert_eq!(text.contains("\"bearer\""), and_keys, "{and_keys}");
+        }
+    }
+
+    /// Issue 40, item 10: schema-valid attributes the gateway refused (`Message-Properties:
+    /// ""`, `"scheduled_enqueue_time": ""`). The header's JSON is stated as `content`, with
+    /// the batch entry's schema; both scheduled times have the pattern.
+    #[test]
+    fn the_attributes_rules_are_stated_in_the_header_and_the_batch_entry_alike() {
+        let doc: Value = serde_json::from_str(&json()).unwrap();
+        let params = doc["paths"]["/v1/queues/{queue}/messages"]["post"]["parameters"]
+            .as_array()
+            .unwrap();
+        let param = |name: &str| params.iter().find(|p| p["name"] == name).unwrap();
+        let properties = param("Message-Properties");
+        assert!(properties.get("schema").is_none(), "{properties}");
+        let reference = "#/components/schemas/MessageProperties";
+        assert_eq!(
+            properties["content"]["application/json"]["schema"]["$ref"],
+            reference
+        );
+        let entry = &doc["components"]["schemas"]["BatchEntrySchema"]["properties"];
+        assert_eq!(entry["properties"]["oneOf"][0]["$ref"], reference);
+        assert_eq!(entry["properties"]["oneOf"][1]["type"], "null");
+        let schema = &doc["components"]["schemas"]["MessageProperties"];
+        assert_eq!(schema["type"], "object");
+        assert_eq!(schema["propertyNames"]["minLength"], 1);
+        let reserved = schema["propertyNames"]["not"]["pattern"].as_str().unwrap();
+        assert!(reserved.contains("^[tT][rR][aA][cC][eE][pP]"), "{reserved}");
+        assert!(
+            reserved.contains(r"|^[sS][eE][nN][dD][gG][aA][tT][eE]\."),
+            "{reserved}"
+        );
+        assert_eq!(
+            schema["additionalProperties"]["type"],
+            serde_json::json!(["string", "number", "boolean"])
+        );
+        let header = &param("Message-Scheduled-Enqueue-Time")["schema"];
+        assert_eq!(header["format"], "date-time");
+        assert_eq!(header["minLength"], 20);
+        assert!(header["pattern"].as_str().unwrap().starts_with('^'));
+        let field = &entry["scheduled_enqueue_time"];
+        assert_eq!(header["pattern"], field["pattern"]);
+        assert_eq!(header["minLength"], field["minLength"]);
+        assert_eq!(field["type"], serde_json::json!(["string", "null"]));
+        // No control character in a text attribute; no member the gateway does not know.
+        let no_control = r"^[^\x00-\x1f\x7f-\x9f]*$";
+        for field in [
+            Field::Subject,
+            Field::SessionId,
+            Field::PartitionKey,
+            Field::ReplyTo,
+            Field::To,
+        ] {
+            assert_eq!(param(field.header_name())["schema"]["pattern"], no_control);
+            assert_eq!(entry[field.json_name()]["pattern"], no_control, "{field}");
+        }
+        for body in ["BatchEntrySchema", "BatchBodySchema"] {
+            let schema = &doc["components"]["schemas"][body];
+            assert_eq!(schema["additionalProperties"], false, "{body}");
+        }
+    }
+
+    /// Issue 40, item 10: `force_backend: "fallback"` was schema-valid on a gateway without a
+    /// fallback, which refuses it (400). Only a gateway with one offers it.
+    #[test]
+    fn only_a_gateway_with_a_fallback_offers_it() {
+        for (doc, names) in [
+            (json(), serde_json::json!(["primary"])),
+            (
+                json_with(Mode::Keys, true),
+                serde_json::json!(["primary", "fallback"]),
+            ),
+        ] {
+            let doc: Value = serde_json::from_str(&doc).unwrap();
+            let force = &doc["components"]["schemas"]["SettingsPatch"]["properties"]
+                ["force_backend"]["enum"];
+            let mut values = names.as_array().unwrap().clone();
+            values.push(Value::Null);
+            assert_eq!(*force, Value::Array(values));
+            let breaker = &doc["paths"]["/admin/breakers/{backend}"]["post"]["parameters"][0];
+            assert_eq!(breaker["name"], "backend");
+            assert_eq!(breaker["schema"]["enum"], names);
         }
     }
 
