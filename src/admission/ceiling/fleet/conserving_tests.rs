@@ -146,3 +146,35 @@ async fn far_from_the_ceiling_only_the_ttls_reads_are_made() {
     assert!(broker.stored() > 100);
     assert!(seat(&all[0]).read_generation() - generation <= 1);
 }
+
+/// Review (issue 39, item 3): reads again at the ceiling keep the fleet's read younger than
+/// the TTL, so while the fleet sits at the ceiling the TTL's own read is never due and
+/// `paced` (the share rounds, the once-per-paced-read logs) stops. docs/fleet.md step 4
+/// says the share rounds count the TTL's reads: they must still come once per TTL.
+#[tokio::test(start_paused = true)]
+async fn at_the_ceiling_the_ttls_paced_reads_still_come_once_per_ttl() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let all = replicas(2, &ledger, &broker, policy(20, false)).await; // TTL 1 s
+    fill(&all, &broker, 25).await; // past the new epoch's grace, to the ceiling
+    assert_eq!(broker.stored(), 20, "full");
+    let paced = seat(&all[0]).paced_reads();
+    let generation = seat(&all[0]).read_generation();
+    // 5 s at the ceiling, sends refused queue_full all along: 5 TTLs.
+    offer(
+        &all,
+        &broker,
+        20,
+        Duration::from_millis(20),
+        Duration::from_secs(5),
+    )
+    .await;
+    let reads = seat(&all[0]).read_generation() - generation;
+    let paced_now = seat(&all[0]).paced_reads() - paced;
+    assert!(
+        paced_now >= 3,
+        "5 TTLs at the ceiling: {paced_now} paced reads (of {reads} reads); the share \
+         round stays at {}",
+        seat(&all[0]).share_round()
+    );
+}
