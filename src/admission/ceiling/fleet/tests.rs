@@ -2061,3 +2061,73 @@ async fn sends_queued_behind_a_failed_read_take_its_failure_not_a_deadline_each(
         "the last of 30 was answered after {slowest:?}"
     );
 }
+
+/// Review (issue 39, item 3): with the share round frozen at the ceiling (reads again at
+/// the ceiling keep the TTL's paced reads from coming), a tenant's counts never roll: one
+/// that was greedy a while ago stays behind the other for as long as the fleet sits at the
+/// ceiling, though it now asks far less than its half. Two tenants of equal weight, a
+/// ceiling of 40 drained at 50/s: tenant 0 greedy for 5 s, then tenant 1 greedy while
+/// tenant 0 sends 10 a second (a fifth of the drain, under its half of it).
+#[tokio::test(start_paused = true)]
+async fn a_tenant_greedy_earlier_gets_its_modest_sends_once_the_round_rolls() {
+    use crate::admission::fair::share::ShareMode;
+    use crate::admission::fair::Asker;
+    use crate::admission::tenants::{Criticality, TenantIndex};
+
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let mut p = policy(40, false);
+    p.ttl = Duration::from_millis(250);
+    let all = start_with(
+        2,
+        &ledger,
+        &broker,
+        p,
+        greedy_and_modest(ShareMode::Enforce),
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let consumer = consume_every_20_ms(&broker);
+    let asker = |tenant| Asker {
+        tenant: TenantIndex(tenant),
+        criticality: Criticality::Default,
+    };
+    let round_at_start = all[0].gate.seat.as_ref().unwrap().share_round();
+    let mut most = 0;
+    let mut step = 0u64;
+    let (mut sent, mut admitted) = (0u64, 0u64);
+    let switch = Instant::now() + Duration::from_secs(5);
+    let end = switch + Duration::from_secs(5);
+    while Instant::now() < end {
+        let (greedy, modest) = if Instant::now() < switch {
+            (0, 1)
+        } else {
+            (1, 0)
+        };
+        for r in &all {
+            if let Ok(reservation) = r.gate.admit_units_for(asker(greedy), 1).await {
+                broker.stored.lock().push(Instant::now());
+                reservation.finish(BacklogEffect::Stored);
+            }
+        }
+        if Instant::now() >= switch && step.is_multiple_of(20) {
+            sent += 1;
+            if let Ok(reservation) = all[1].gate.admit_units_for(asker(modest), 1).await {
+                broker.stored.lock().push(Instant::now());
+                reservation.finish(BacklogEffect::Stored);
+                admitted += 1;
+            }
+        }
+        most = most.max(broker.stored());
+        step += 1;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    consumer.abort();
+    assert!(most <= 40, "the ceiling held: at most {most}");
+    let got = admitted as f64 / sent as f64;
+    assert!(
+        got >= 0.85,
+        "tenant 0, now modest, got {got:.3} of its sends ({admitted} of {sent}); share \
+         rounds {round_at_start} -> {} in 10 s of a 250 ms TTL",
+        all[0].gate.seat.as_ref().unwrap().share_round()
+    );
+}
