@@ -22,7 +22,10 @@ use sendgate_testkit::local_redis::{settings, unique_prefix, Cleanup};
 
 const MS: Duration = Duration::from_millis(1);
 /// A read the TTL paces, made for sends.
-const FOR_SENDS: ReadFor = ReadFor::Ttl { in_streak: true };
+const FOR_SENDS: ReadFor = ReadFor::Ttl {
+    in_streak: true,
+    ends_lease: true,
+};
 
 /// Short enough for real sleeps, long enough that a busy machine does not cross a boundary
 /// between two calls meant to fall on one side of it. Cases change what they test.
@@ -756,7 +759,10 @@ async fn a_failed_read_is_unknown_with_its_streak_and_a_disabled_queue_is_disabl
             e,
             ticket.unwrap(),
             ReadOutcome::Failed,
-            ReadFor::Ttl { in_streak: false },
+            ReadFor::Ttl {
+                in_streak: false,
+                ends_lease: true,
+            },
         )
         .await;
     assert_eq!(
@@ -804,7 +810,15 @@ async fn one_replica_at_a_time_holds_the_read_lease_until_it_ends(rig: &dyn Rig)
     // Publishing the newest ticket gives the lease back: the read it guarded is over.
     f.publish_with(e, second, ok, FOR_SENDS).await;
     let (third, _) = f.lease("a", e, 300 * MS).await;
-    assert!(third.expect("given back by the publish").seq > second.seq);
+    let third = third.expect("given back by the publish");
+    assert!(third.seq > second.seq);
+    // Unless the read says otherwise: then the lease runs out its time.
+    let keeps = ReadFor::Ttl {
+        in_streak: true,
+        ends_lease: false,
+    };
+    f.publish_with(e, third, ok, keeps).await;
+    assert_eq!(f.lease("b", e, 300 * MS).await.0, None, "kept to its end");
 }
 
 async fn a_read_at_the_ceiling_freshens_the_depth_and_no_count_of_the_ttls_reads(rig: &dyn Rig) {

@@ -489,7 +489,10 @@ async fn a_failover_to_a_replica_that_missed_a_write_is_a_new_epoch_even_for_a_c
             b(joined),
             ticket.expect("the lease is free"),
             ok,
-            ReadFor::Ttl { in_streak: true },
+            ReadFor::Ttl {
+                in_streak: true,
+                ends_lease: true,
+            },
         )
         .await
         .unwrap()
@@ -601,7 +604,10 @@ async fn the_lag_buckets_are_one_bounded_field_and_an_older_builds_bucket_fields
             me(seen),
             ticket.unwrap(),
             ok,
-            ReadFor::Ttl { in_streak: true },
+            ReadFor::Ttl {
+                in_streak: true,
+                ends_lease: true,
+            },
         )
         .await
         .unwrap();

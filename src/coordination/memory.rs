@@ -82,6 +82,8 @@ struct Queue {
     born: i64,
     read: ReadState,
     taken_ms: i64,
+    /// When the last paced read's lease was taken.
+    paced_ms: i64,
     streak: u64,
     generation: u64,
     paced: u64,
@@ -124,6 +126,7 @@ impl Queue {
             born: now,
             read: ReadState::Never,
             taken_ms: 0,
+            paced_ms: 0,
             streak: 0,
             generation: 0,
             paced: 0,
@@ -234,15 +237,16 @@ impl Queue {
 
     fn view(&self, now: i64, t: &Terms) -> View {
         let (reserved, carried, replicas) = self.sums(now);
-        let read_age = match self.read {
-            ReadState::Never => 0,
-            _ => (now - self.taken_ms).max(0),
+        let (read_age, paced_age) = match self.read {
+            ReadState::Never => (0, 0),
+            _ => ((now - self.taken_ms).max(0), (now - self.paced_ms).max(0)),
         };
         View {
             epoch: self.seen(),
             grace_left: from_ms((self.born + ms(t.grace) - now).max(0)),
             read: self.read,
             read_age: from_ms(read_age),
+            paced_age: from_ms(paced_age),
             streak: u32::try_from(self.streak).unwrap_or(u32::MAX),
             generation: self.generation,
             paced: self.paced,
@@ -412,8 +416,9 @@ impl World {
         q.generation += 1;
         if for_.paced() {
             q.paced += 1;
+            q.paced_ms = taken;
         }
-        if ticket.seq == q.ticket_seq {
+        if for_.ends_lease() && ticket.seq == q.ticket_seq {
             q.lease_until = q.lease_until.min(now);
         }
         q.published_seq = ticket.seq;

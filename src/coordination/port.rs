@@ -87,7 +87,10 @@ pub enum ReadState {
 pub enum ReadFor {
     /// The read the TTL paces. A failure counts in the streak when `in_streak` (not for a
     /// start-up read, nor for a send's second read: one send, one failed read at most).
-    Ttl { in_streak: bool },
+    /// Published, it ends the lease when `ends_lease` (a queue read again at the ceiling:
+    /// its reads at the ceiling may follow at once); else the lease runs its TTL, which
+    /// also keeps a second read of the same TTL out.
+    Ttl { in_streak: bool, ends_lease: bool },
     /// Made again at the ceiling, to show room as soon as consumers make it: it freshens
     /// the depth and nothing else (not the streak, not [`View::paced`]).
     Ceiling,
@@ -95,7 +98,24 @@ pub enum ReadFor {
 
 impl ReadFor {
     pub fn counts_in_streak(self) -> bool {
-        self == Self::Ttl { in_streak: true }
+        matches!(
+            self,
+            Self::Ttl {
+                in_streak: true,
+                ..
+            }
+        )
+    }
+
+    pub fn ends_lease(self) -> bool {
+        matches!(
+            self,
+            Self::Ceiling
+                | Self::Ttl {
+                    ends_lease: true,
+                    ..
+                }
+        )
     }
 
     pub fn paced(self) -> bool {
@@ -112,6 +132,9 @@ pub struct View {
     pub read: ReadState,
     /// Since the published read's lease was taken (zero for `Never`).
     pub read_age: Duration,
+    /// Since the lease of the last read the TTL paces was taken (zero for `Never`): what
+    /// says when the TTL's next read is due, however often reads at the ceiling come.
+    pub paced_age: Duration,
     /// Consecutive failed reads that count (reads made for sends).
     pub streak: u32,
     /// Bumped by every published read.
@@ -242,8 +265,8 @@ pub trait LedgerPort: Send + Sync + 'static {
     /// Publish a read taken with `ticket`, made `for_` what it names (which counts it
     /// moves). Dropped (the view answered, nothing published) for a ticket of another epoch,
     /// one no newer than the last published, or one taken more than `max_read_age` ago (its
-    /// read would be refused anyway). Publishing the newest ticket ends the read lease: the
-    /// read it guarded is over.
+    /// read would be refused anyway). Publishing the newest ticket ends the read lease when
+    /// [`ReadFor::ends_lease`]: the read it guarded is over.
     async fn publish_read(
         &self,
         queue: QueueRef<'_>,

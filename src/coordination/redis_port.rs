@@ -162,7 +162,8 @@ impl LedgerPort for RedisClient {
             .arg(exact(backlog))
             .arg(u8::from(send_disabled))
             .arg(u8::from(for_.counts_in_streak()))
-            .arg(u8::from(for_.paced()));
+            .arg(u8::from(for_.paced()))
+            .arg(u8::from(for_.ends_lease()));
         decode_view(&ints(self.run(&call).await?)?)
     }
 
@@ -229,10 +230,10 @@ fn ms(n: i64, what: &str) -> Result<Duration, LedgerError> {
     count(n, what).map(Duration::from_millis)
 }
 
-const VIEW_LEN: usize = 16;
+const VIEW_LEN: usize = 17;
 
 fn decode_view(v: &[i64]) -> Result<View, LedgerError> {
-    let [epoch, version, grace_left, state, backlog, send_disabled, read_age, streak, generation, paced, since_read, reserved, carried, replicas, reads_ok, reads_failed] =
+    let [epoch, version, grace_left, state, backlog, send_disabled, read_age, paced_age, streak, generation, paced, since_read, reserved, carried, replicas, reads_ok, reads_failed] =
         <[i64; VIEW_LEN]>::try_from(v).map_err(|_| {
             LedgerError::Unexpected(format!("a view has {VIEW_LEN} fields, got {}", v.len()))
         })?;
@@ -257,6 +258,7 @@ fn decode_view(v: &[i64]) -> Result<View, LedgerError> {
         grace_left: ms(grace_left, "grace_left")?,
         read,
         read_age: ms(read_age, "read_age")?,
+        paced_age: ms(paced_age, "paced_age")?,
         // Past u32 it can only mean "failing for ever": saturate rather than refuse.
         streak: u32::try_from(count(streak, "streak")?).unwrap_or(u32::MAX),
         generation: count(generation, "generation")?,
@@ -341,6 +343,7 @@ mod tests {
             40,
             0,
             1500,
+            1700,
             2,
             3,
             2,
@@ -368,6 +371,7 @@ mod tests {
                     send_disabled: false
                 },
                 read_age: Duration::from_millis(1500),
+                paced_age: Duration::from_millis(1700),
                 streak: 2,
                 generation: 3,
                 paced: 2,
@@ -470,7 +474,7 @@ mod tests {
     #[test]
     fn a_huge_streak_saturates_rather_than_fails() {
         let mut fields = view_fields();
-        fields[7] = i64::from(u32::MAX) + 10;
+        fields[8] = i64::from(u32::MAX) + 10;
         assert_eq!(decode_view(&fields).unwrap().streak, u32::MAX);
     }
 }

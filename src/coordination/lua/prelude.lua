@@ -7,7 +7,8 @@
 -- run_id of the Redis process that made it);
 -- the published read: state ('ok' | 'failed' | absent = never), backlog, send_disabled,
 -- taken_ms (when its lease was taken), streak, generation, paced (the published reads not
--- made at the ceiling), reads_ok, reads_failed,
+-- made at the ceiling) and paced_ms (when the last one's lease was taken), reads_ok,
+-- reads_failed,
 -- published_seq; the read lease: lease_holder, lease_until, ticket_seq, t:<seq> = when
 -- ticket <seq>'s lease was taken; completed_total, since_read; lag_buckets = "n:count ..."
 -- (newest first), the stored sends settled in each 100 ms bucket n within the lag, in one
@@ -290,21 +291,24 @@ local function settle_rows(s, first)
   complete(s, stored_total)
 end
 
--- The view every reply carries, 16 integers (decoded in redis_port.rs):
+-- The view every reply carries, 17 integers (decoded in redis_port.rs):
 -- epoch, version, grace_left_ms, state (0 never, 1 ok, 2 failed), backlog, send_disabled,
--- read_age_ms, streak, generation, paced, since_read, reserved, carried, replicas, reads_ok,
+-- read_age_ms, paced_age_ms, streak, generation, paced, since_read, reserved, carried, replicas, reads_ok,
 -- reads_failed.
 local function view(h, now)
   local reserved, carried, replicas = sums(h, now)
   local state = 0
   if h.state == 'ok' then state = 1 elseif h.state == 'failed' then state = 2 end
-  local age = 0
-  if state ~= 0 then age = math.max(0, now - num(h.taken_ms)) end
+  local age, paced_age = 0, 0
+  if state ~= 0 then
+    age = math.max(0, now - num(h.taken_ms))
+    paced_age = math.max(0, now - num(h.paced_ms or h.taken_ms))
+  end
   local backlog, disabled = 0, 0
   if state == 1 then backlog, disabled = num(h.backlog), num(h.send_disabled) end
   return {
     num(h.epoch), num(h.version), math.max(0, num(h.born) + GRACE - now), state, backlog,
-    disabled, age, num(h.streak), num(h.generation), num(h.paced), num(h.since_read), reserved, carried,
+    disabled, age, paced_age, num(h.streak), num(h.generation), num(h.paced), num(h.since_read), reserved, carried,
     replicas, num(h.reads_ok), num(h.reads_failed),
   }
 end

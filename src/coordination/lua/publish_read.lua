@@ -1,7 +1,7 @@
 -- Publish a read taken with a ticket (docs/fleet.md, step 4).
 -- ARGV from 11: ticket epoch, ticket seq, completed_at_start, ok (1|0), backlog,
 -- send_disabled (1|0), counts_in_streak (1|0), paced (1|0: not a read made again at the
--- ceiling). Reply: the view.
+-- ceiling), ends_lease (1|0). Reply: the view.
 local s = preamble()
 local h, now = s.h, s.now
 local seq = num(ARGV[12])
@@ -13,10 +13,15 @@ if num(ARGV[11]) ~= num(h.epoch) or seq <= num(h.published_seq) or not taken the
   return view(h, now)
 end
 hset(s, 'generation', int(num(h.generation) + 1))
-if ARGV[18] == '1' then hset(s, 'paced', int(num(h.paced) + 1)) end
+if ARGV[18] == '1' then
+  hset(s, 'paced', int(num(h.paced) + 1))
+  hset(s, 'paced_ms', taken)
+end
 -- The newest ticket's read is over: its lease guarded nothing more, and a read at the
 -- ceiling may be taken as soon as it is due.
-if seq == num(h.ticket_seq) and num(h.lease_until) > now then hset(s, 'lease_until', int(now)) end
+if ARGV[19] == '1' and seq == num(h.ticket_seq) and num(h.lease_until) > now then
+  hset(s, 'lease_until', int(now))
+end
 hset(s, 'published_seq', int(seq))
 hset(s, 'taken_ms', taken)
 -- No ticket up to this one can be published any more.

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::super::local::NEAR_CEILING;
 use super::state::SeatState;
-use super::{FleetSeat, AHEAD_RETRY, CEILING_READ_FLOOR, WAIT_POLL};
+use super::{CeilingReads, FleetSeat, AHEAD_RETRY, CEILING_READ_FLOOR, WAIT_POLL};
 use crate::backend::DepthError;
 use crate::coordination::port::{LedgerError, ReadFor, ReadOutcome, ReadState, ReadTicket, View};
 
@@ -61,7 +61,7 @@ impl FleetSeat {
         self.see(view);
         match ticket {
             Some(ticket) => {
-                self.read_for_the_fleet(ticket, ReadFor::Ttl { in_streak: counts })
+                self.read_for_the_fleet(ticket, self.ttl_read(counts))
                     .await?;
                 Ok(counts)
             }
@@ -72,6 +72,15 @@ impl FleetSeat {
                 Ok(false)
             }
             None => Ok(false),
+        }
+    }
+
+    /// A read the TTL paces, in the streak when `in_streak`; it ends its lease where reads
+    /// again at the ceiling are made, to let them follow.
+    fn ttl_read(&self, in_streak: bool) -> ReadFor {
+        ReadFor::Ttl {
+            in_streak,
+            ends_lease: self.ceiling_reads == CeilingReads::Again,
         }
     }
 
@@ -86,7 +95,7 @@ impl FleetSeat {
         let lead = self.ahead_lead(&state);
         state.last.is_some_and(|(view, seen)| {
             view.read != ReadState::Never
-                && view.read_age + (now - seen) + lead < self.policy.load().ttl
+                && view.paced_age + (now - seen) + lead < self.policy.load().ttl
         })
     }
 
@@ -202,9 +211,7 @@ impl FleetSeat {
             .await?;
         self.see(view);
         if let Some(ticket) = ticket {
-            let (published, _) = self
-                .read_and_publish(ticket, ReadFor::Ttl { in_streak: false })
-                .await?;
+            let (published, _) = self.read_and_publish(ticket, self.ttl_read(false)).await?;
             self.see(published);
         }
         Ok(())
@@ -263,7 +270,7 @@ impl FleetSeat {
         let now = Instant::now();
         let ahead = {
             let mut state = self.state.lock();
-            let age = state.last.map(|(view, seen)| view.read_age + (now - seen));
+            let age = state.last.map(|(view, seen)| view.paced_age + (now - seen));
             self.ahead_due(&mut state, age, now)
         };
         self.spawn_ahead(ahead);
@@ -295,6 +302,9 @@ impl FleetSeat {
     /// is within a tenth of the ceiling (or at its last place), at least a ceiling-read
     /// interval old, no such read runs here, and none failed since the TTL's last read.
     fn ceiling_read_due(&self, state: &mut SeatState, now: Instant) -> bool {
+        if self.ceiling_reads == CeilingReads::OncePerTtl {
+            return false;
+        }
         let Some((view, seen)) = state.last else {
             return false;
         };

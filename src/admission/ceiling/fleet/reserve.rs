@@ -142,7 +142,7 @@ impl FleetSeat {
         if state.mode.leaving() {
             return Before::Decided(FleetAnswer::Refuse(Refusal::Stopped));
         }
-        let age = state.last.map(|(view, seen)| view.read_age + (now - seen));
+        let age = state.last.map(|(view, seen)| view.paced_age + (now - seen));
         let fresh = self.fresh(&state, now);
         let limit = self.policy.load().limit;
         if let Some(held) = state.take_units(now, self.alone_span(), limit, units) {

@@ -9,8 +9,8 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use crate::admission::ceiling::{
-    BacklogEffect, CapacityGate, CapacityPolicy, FleetSeat, GateParts, PolicyCell, PolicyOverride,
-    Refusal, Reservation, USE_BLOCK_FOR,
+    BacklogEffect, CapacityGate, CapacityPolicy, CeilingReads, FleetSeat, GateParts, PolicyCell,
+    PolicyOverride, Refusal, Reservation, USE_BLOCK_FOR,
 };
 use crate::admission::fair::QueueFairness;
 use crate::backend::{Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt};
@@ -179,6 +179,11 @@ fn seated_gate(
         Arc::clone(&policy),
         Arc::clone(&backend),
         SEND,
+        if fairness.is_some() {
+            CeilingReads::OncePerTtl
+        } else {
+            CeilingReads::Again
+        },
     );
     CapacityGate::new(GateParts {
         fairness,
@@ -1961,6 +1966,7 @@ async fn a_replica_paces_its_refusals_at_its_share_of_the_fleets_drain() {
         PolicyCell::new(policy(50, false)),
         backend,
         SEND,
+        CeilingReads::Again,
     );
     assert_eq!(seat.drain_share(), None, "no drain measured");
     {
@@ -2123,11 +2129,15 @@ async fn a_tenant_greedy_earlier_gets_its_modest_sends_once_the_round_rolls() {
     }
     consumer.abort();
     assert!(most <= 40, "the ceiling held: at most {most}");
+    let rounds = all[0].gate.seat.as_ref().unwrap().share_round() - round_at_start;
+    assert!(rounds >= 8, "the share round rolled {rounds} times in 10 s");
+    // Measured 0.80 with reads again at the ceiling and without them (c42e869): what the
+    // greedy spell left it carrying costs it a fifth of its sends for a while (issue 39's
+    // note); frozen rounds gave it none.
     let got = admitted as f64 / sent as f64;
     assert!(
-        got >= 0.85,
-        "tenant 0, now modest, got {got:.3} of its sends ({admitted} of {sent}); share \
-         rounds {round_at_start} -> {} in 10 s of a 250 ms TTL",
-        all[0].gate.seat.as_ref().unwrap().share_round()
+        got >= 0.75,
+        "tenant 0, now modest, got {got:.3} of its sends ({admitted} of {sent}); {rounds} \
+         share rounds in 10 s of a 250 ms TTL"
     );
 }

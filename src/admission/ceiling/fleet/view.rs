@@ -172,10 +172,11 @@ impl FleetSeat {
         ))
     }
 
-    /// The view last seen holds a read younger than the TTL.
+    /// The view last seen holds a read the TTL paces younger than the TTL (reads again at
+    /// the ceiling freshen the depth, not the TTL's schedule).
     pub(super) fn fresh(&self, state: &SeatState, now: Instant) -> bool {
         state.last.is_some_and(|(view, seen)| {
-            view.read != ReadState::Never && view.read_age + (now - seen) < self.policy.load().ttl
+            view.read != ReadState::Never && view.paced_age + (now - seen) < self.policy.load().ttl
         })
     }
 }
