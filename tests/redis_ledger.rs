@@ -641,7 +641,9 @@ async fn the_lag_buckets_are_one_bounded_field_and_an_older_builds_bucket_fields
     let (buckets, fields): (String, u64) = ledger.query(&pipe).await.unwrap();
     let kept = buckets.split(' ').count();
     assert!((3..=15).contains(&kept), "{kept} buckets kept: {buckets}");
-    assert!(fields < 25, "{fields} fields in the hash");
+    // The fixed fields (the paced read's count and time among them) and a few blocks: not
+    // one field per bucket.
+    assert!(fields < 27, "{fields} fields in the hash");
 
     // Past the lag: none of those is left out of a ticket. An older build's bucket of now,
     // and one of 10 s ago.
