@@ -752,7 +752,11 @@ async fn a_failed_read_is_unknown_with_its_streak_and_a_disabled_queue_is_disabl
     let e = f.join("a").await;
     f.read_ok(e, 5).await;
     let view = f.read(e, ReadOutcome::Failed).await;
-    assert_eq!((view.read, view.streak), (ReadState::Failed, 1));
+    assert_eq!(
+        (view.read, view.streak),
+        (ReadState::Failed { standing: Some(5) }, 1),
+        "the last good read stands"
+    );
     let (ticket, _) = f.lease("reader", e, Duration::ZERO).await;
     let view = f
         .publish_with(
@@ -771,6 +775,12 @@ async fn a_failed_read_is_unknown_with_its_streak_and_a_disabled_queue_is_disabl
     );
     assert_eq!((view.reads_ok, view.reads_failed), (1, 2));
     assert_eq!(view.estimate(), None);
+    assert_eq!(
+        view.read,
+        ReadState::Failed { standing: Some(5) },
+        "a second failure leaves the same read standing"
+    );
+    assert_eq!(view.standing_estimate(), Some(5 + view.since_read));
     let (answer, view) = f.reserve(e, "a:1", 1, 100).await;
     assert_eq!(answer, ReserveAnswer::Unknown);
     assert_eq!(view.reserved, 0);
@@ -931,7 +941,10 @@ async fn a_ticket_whose_read_would_be_too_old_is_dropped(rig: &dyn Rig) {
     let view = f
         .publish_with(e, on_time, ReadOutcome::Failed, FOR_SENDS)
         .await;
-    assert_eq!((view.read, view.generation), (ReadState::Failed, 1));
+    assert_eq!(
+        (view.read, view.generation),
+        (ReadState::Failed { standing: None }, 1)
+    );
     let stale = f.lease("reader", e, Duration::ZERO).await.0.unwrap();
     sleep(400 * MS).await;
     let view = f
@@ -947,7 +960,7 @@ async fn a_ticket_whose_read_would_be_too_old_is_dropped(rig: &dyn Rig) {
         .await;
     assert_eq!(
         (view.read, view.generation),
-        (ReadState::Failed, 1),
+        (ReadState::Failed { standing: None }, 1),
         "{view:?}"
     );
 }

@@ -332,7 +332,7 @@ impl World {
             let backlog = match q.read {
                 ReadState::Never => break 'decide ReserveAnswer::Unread,
                 _ if now - q.taken_ms > ms(t.max_read_age) => break 'decide ReserveAnswer::Unread,
-                ReadState::Failed => break 'decide ReserveAnswer::Unknown,
+                ReadState::Failed { .. } => break 'decide ReserveAnswer::Unknown,
                 ReadState::Ok {
                     send_disabled: true,
                     ..
@@ -438,7 +438,12 @@ impl World {
                 q.since_read = q.completed_total.saturating_sub(ticket.completed_at_start);
             }
             ReadOutcome::Failed => {
-                q.read = ReadState::Failed;
+                let standing = match q.read {
+                    ReadState::Ok { backlog, .. } => Some(backlog),
+                    ReadState::Failed { standing } => standing,
+                    ReadState::Never => None,
+                };
+                q.read = ReadState::Failed { standing };
                 if for_.counts_in_streak() {
                     q.streak += 1;
                 }

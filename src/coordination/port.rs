@@ -79,7 +79,12 @@ pub enum ReadState {
         backlog: u64,
         send_disabled: bool,
     },
-    Failed,
+    /// The last read failed. `standing` is the backlog of the epoch's last good read, which
+    /// with every send counted since still bounds the queue: what a replica may admit while
+    /// the streak builds (None: no good read in this epoch).
+    Failed {
+        standing: Option<u64>,
+    },
 }
 
 /// What a published read was made for, which decides the counts it moves.
@@ -160,6 +165,21 @@ impl View {
         match self.read {
             ReadState::Ok { backlog, .. } => Some(
                 backlog
+                    .saturating_add(self.since_read)
+                    .saturating_add(self.reserved)
+                    .saturating_add(self.carried),
+            ),
+            _ => None,
+        }
+    }
+
+    /// The estimate on what is known with the last read failed: the standing backlog
+    /// (none: an empty queue) and everything counted since.
+    pub fn standing_estimate(&self) -> Option<u64> {
+        match self.read {
+            ReadState::Failed { standing } => Some(
+                standing
+                    .unwrap_or(0)
                     .saturating_add(self.since_read)
                     .saturating_add(self.reserved)
                     .saturating_add(self.carried),

@@ -243,7 +243,10 @@ fn decode_view(v: &[i64]) -> Result<View, LedgerError> {
             backlog: count(backlog, "backlog")?,
             send_disabled: flag(send_disabled, "send_disabled")?,
         },
-        2 => ReadState::Failed,
+        2 => ReadState::Failed { standing: None },
+        3 => ReadState::Failed {
+            standing: Some(count(backlog, "backlog")?),
+        },
         other => {
             return Err(LedgerError::Unexpected(format!(
                 "unknown read state {other}"
@@ -431,13 +434,26 @@ mod tests {
         ] {
             assert!(ints(v.clone()).is_err(), "{v:?}");
         }
+        let failed = |state: i64, backlog: i64| {
+            let mut fields = view_fields();
+            fields[3] = state;
+            fields[4] = backlog;
+            decode_view(&fields).map(|v| v.read)
+        };
+        assert_eq!(failed(2, 0).unwrap(), ReadState::Failed { standing: None });
+        assert_eq!(
+            failed(3, 7).unwrap(),
+            ReadState::Failed { standing: Some(7) },
+            "the last good read's backlog stands"
+        );
+        assert!(failed(3, -5).is_err());
         let mut short = view_fields();
         short.pop();
         assert!(decode_view(&short).is_err());
         let mut long = view_fields();
         long.push(0);
         assert!(decode_view(&long).is_err());
-        for (index, value) in [(0, -1), (1, -1), (2, -1), (3, 3), (4, -5), (5, 2), (6, -1)] {
+        for (index, value) in [(0, -1), (1, -1), (2, -1), (3, 4), (4, -5), (5, 2), (6, -1)] {
             let mut fields = view_fields();
             fields[index] = value;
             assert!(decode_view(&fields).is_err(), "field {index} = {value}");

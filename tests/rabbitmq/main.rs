@@ -172,6 +172,50 @@ async fn losing_the_management_tag_fails_closed_and_getting_it_back_recovers() {
     rabbit::delete(&queue).await;
 }
 
+/// Contract section 2: while the streak builds, what is known still bounds the sends: a
+/// queue read at 20 under a ceiling of 25 takes 5 more, however many arrive in the
+/// streak's seconds (not a TTL's worth of blind sends per failed read).
+#[tokio::test]
+async fn while_the_streak_builds_the_last_good_read_bounds_the_sends() {
+    let queue = rabbit::unique("sg-claim-bound");
+    rabbit::declare(&queue, &[]).await;
+    rabbit::fill(&queue, 20).await;
+    rabbit::wait_for_management_count(&queue, 20).await;
+    let user = rabbit::TempUser::new(&["monitoring"]);
+    let app = spawn(
+        &queue,
+        &[
+            ("SENDGATE_RABBITMQ_MANAGEMENT_USER", &user.name),
+            ("SENDGATE_RABBITMQ_MANAGEMENT_PASSWORD", &user.password),
+            ("SERVICEBUS_SEND_FAILCLOSED", "true"),
+            ("SERVICEBUS_SEND_FAILCLOSED_STREAK", "3"),
+            ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "25"),
+            ("SENDGATE_DEPTH_TTL_MS", "1000"),
+        ],
+    )
+    .await;
+    assert_eq!(app.status("{}").await, 201, "read 20: 21 now");
+    user.set_tags(&[]); // the management API now answers 401
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut codes = std::collections::BTreeMap::<u16, u32>::new();
+    for _ in 0..100 {
+        *codes.entry(app.status("{}").await).or_default() += 1;
+    }
+    let detailed = app.detailed().await;
+    assert_eq!(
+        detailed["queues"][&queue]["consecutive_failures"], 1,
+        "one failed read: the streak is still building"
+    );
+    assert_eq!(
+        codes.get(&201).copied(),
+        Some(4),
+        "21 known, 4 to the ceiling of 25: {codes:?}"
+    );
+    assert_eq!(codes.get(&429).copied(), Some(96), "{codes:?}");
+    assert_eq!(rabbit::ready(&queue).await, 25);
+    rabbit::delete(&queue).await;
+}
+
 #[tokio::test]
 async fn without_the_gate_every_send_is_queued_while_the_admin_plane_refuses() {
     let queue = rabbit::unique("sg-claim-off");

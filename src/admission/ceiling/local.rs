@@ -109,6 +109,9 @@ enum LastRead {
     },
     Failed {
         at: Instant,
+        /// The last good read's backlog and time, which still bounds what is admitted while
+        /// the streak builds: the queue holds at most that and every send counted since.
+        standing: Option<(u64, Instant)>,
     },
 }
 
@@ -348,7 +351,7 @@ impl LocalGate {
     fn is_fresh(&self, state: &GateState, now: Instant) -> bool {
         match state.last_read {
             LastRead::Never => false,
-            LastRead::Ok { at, .. } | LastRead::Failed { at } => {
+            LastRead::Ok { at, .. } | LastRead::Failed { at, .. } => {
                 // A read made before the replica last turned local is from before a spell in
                 // the fleet, whose admissions it does not count: never reused.
                 now < at + self.policy.load().ttl && Self::comparable(state, at)
@@ -364,7 +367,7 @@ impl LocalGate {
     /// has ended one way or the other; a read made before a spell in the fleet is never
     /// reused.
     fn is_being_refreshed(&self, state: &GateState, now: Instant) -> bool {
-        let (LastRead::Ok { at, .. } | LastRead::Failed { at }) = state.last_read else {
+        let (LastRead::Ok { at, .. } | LastRead::Failed { at, .. }) = state.last_read else {
             return false;
         };
         state.reading_in_background
@@ -390,7 +393,7 @@ impl LocalGate {
     /// When the TTL's next read is due ahead of the cached read's expiry: its refresh lead
     /// (twice the last read's duration, at most half the TTL) before it.
     fn read_ahead_from(&self, state: &GateState) -> Option<Instant> {
-        let (LastRead::Ok { at, .. } | LastRead::Failed { at }) = state.last_read else {
+        let (LastRead::Ok { at, .. } | LastRead::Failed { at, .. }) = state.last_read else {
             return None;
         };
         let ttl = self.policy.load().ttl;
@@ -484,7 +487,8 @@ impl LocalGate {
                     state.ceiling_read_after = None;
                 } else {
                     state.generation += 1;
-                    state.last_read = LastRead::Failed { at: now };
+                    let standing = Self::standing(&state);
+                    state.last_read = LastRead::Failed { at: now, standing };
                 }
                 if kind == Read::ForSend {
                     state.streak = state.streak.saturating_add(1);
@@ -584,17 +588,65 @@ impl LocalGate {
             LastRead::Ok { backlog, at, .. } => {
                 Self::decide_by_read(state, &policy, (backlog, at), bounds, units, judge)?;
             }
-            LastRead::Failed { .. } | LastRead::Never => {
-                if policy.fail_closed && state.streak >= policy.streak_threshold {
-                    return Err(Refusal::CapacityUnknown {
-                        consecutive_failures: state.streak,
-                        cause: Unknown::AdminPlane,
-                    });
-                }
+            LastRead::Failed { at, standing } => {
+                Self::decide_unknown(state, &policy, (at, standing), bounds, units)?;
+            }
+            LastRead::Never => {
+                Self::decide_unknown(state, &policy, (Instant::now(), None), bounds, units)?
             }
         }
         state.in_flight += units;
         Ok(())
+    }
+
+    /// The last good read whose count of sends since is still whole: the backlog it read
+    /// and when (a read from before a spell in the fleet counts none of the fleet's sends).
+    fn standing(state: &GateState) -> Option<(u64, Instant)> {
+        let read = match state.last_read {
+            LastRead::Ok { backlog, at, .. } => Some((backlog, at)),
+            LastRead::Failed { standing, .. } => standing,
+            LastRead::Never => None,
+        };
+        read.filter(|(_, at)| Self::comparable(state, *at))
+    }
+
+    /// With the backlog unknown (the last read, failed at `failed_at`): open with the gate
+    /// off; with it on, closed at the streak, and while the streak builds, open only as far
+    /// as what is known allows: the last good read (none: an empty queue) with every send
+    /// counted since stays under the ceiling with these `units`. So the sends admitted blind
+    /// are at most the room the last good read left, and never more than the ceiling.
+    fn decide_unknown(
+        state: &GateState,
+        policy: &CapacityPolicy,
+        (failed_at, standing): (Instant, Option<(u64, Instant)>),
+        bounds: Option<LocalBounds>,
+        units: u64,
+    ) -> Result<(), Refusal> {
+        if !policy.fail_closed {
+            return Ok(());
+        }
+        let unknown = Refusal::CapacityUnknown {
+            consecutive_failures: state.streak,
+            cause: Unknown::AdminPlane,
+        };
+        if state.streak >= policy.streak_threshold {
+            return Err(unknown);
+        }
+        let standing = standing.filter(|(_, at)| Self::comparable(state, *at));
+        let estimate = Self::estimate_before(state, standing.map_or(0, |(b, _)| b), bounds, units);
+        let weight = bounds.map_or(1, |b| b.replicas.max(1));
+        let rest = units.saturating_sub(1).saturating_mul(weight);
+        if estimate.saturating_add(rest) < policy.limit {
+            return Ok(());
+        }
+        match standing {
+            Some(_) => {
+                let until_next_read =
+                    (failed_at + policy.ttl).saturating_duration_since(Instant::now());
+                Err(policy.queue_full(estimate, state.drain.rate(), until_next_read))
+            }
+            None => Err(unknown),
+        }
     }
 
     /// With a good read (`backlog` read `at`): under the ceiling with all `units`, then

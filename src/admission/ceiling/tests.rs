@@ -737,6 +737,103 @@ async fn gate_on_fails_closed_at_the_threshold_and_recovers() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn while_the_streak_builds_the_last_good_read_still_bounds_what_is_admitted() {
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(20), down()], Duration::ZERO));
+    let g = gate(policy(25, 1000, true, 3), &backend);
+    g.admit().await.unwrap().finish(BacklogEffect::Stored);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let mut admitted = 0;
+    let mut refusal = None;
+    for _ in 0..200 {
+        match g.admit().await {
+            Ok(admission) => {
+                admitted += 1;
+                admission.finish(BacklogEffect::Stored);
+            }
+            Err(refused) => {
+                refusal = Some(refused);
+                break;
+            }
+        }
+    }
+    assert_eq!(
+        g.snapshot().consecutive_failures,
+        1,
+        "the failed read counts"
+    );
+    assert_eq!(
+        admitted, 4,
+        "read 20, 1 stored since: 4 more reach the ceiling of 25"
+    );
+    match refusal {
+        Some(Refusal::QueueFull { backlog, limit, .. }) => assert_eq!((backlog, limit), (25, 25)),
+        other => panic!("expected queue_full on what is known, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_no_good_read_the_streak_admits_at_most_the_ceiling_blind() {
+    let backend = Arc::new(ScriptedDepth::new(vec![down()], Duration::ZERO));
+    let g = gate(policy(10, 1000, true, 3), &backend);
+    let mut admitted = 0;
+    let mut refusal = None;
+    for _ in 0..200 {
+        match g.admit().await {
+            Ok(admission) => {
+                admitted += 1;
+                admission.finish(BacklogEffect::Stored);
+            }
+            Err(refused) => {
+                refusal = Some(refused);
+                break;
+            }
+        }
+    }
+    assert_eq!(admitted, 10);
+    assert_eq!(
+        refusal,
+        Some(Refusal::CapacityUnknown {
+            consecutive_failures: 1,
+            cause: crate::admission::ceiling::Unknown::AdminPlane,
+        })
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_standing_read_from_before_a_spell_in_the_fleet_bounds_nothing() {
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(9), down()], Duration::ZERO));
+    let g = gate(policy(10, 1000, true, 3), &backend);
+    g.admit().await.unwrap().finish(BacklogEffect::Stored);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(matches!(g.admit().await, Err(Refusal::QueueFull { .. })));
+    g.local.forget_reads_before(Instant::now());
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let mut admitted = 0;
+    while let Ok(admission) = g.admit().await {
+        admitted += 1;
+        admission.finish(BacklogEffect::Stored);
+        if admitted > 100 {
+            break;
+        }
+    }
+    assert_eq!(
+        admitted, 9,
+        "the read of 9 is not this spell's: the 1 stored since counts from an empty queue"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn gate_off_admits_past_the_ceiling_while_the_depth_is_unknown() {
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(0), down()], Duration::ZERO));
+    let g = gate(policy(3, 1000, false, 3), &backend);
+    g.admit().await.unwrap().finish(BacklogEffect::Stored);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    for _ in 0..10 {
+        g.admit().await.unwrap().finish(BacklogEffect::Stored);
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_failed_start_up_read_does_not_start_the_streak() {
     let backend = Arc::new(ScriptedDepth::new(vec![down()], Duration::ZERO));
     let g = gate(policy(100, 0, true, 3), &backend);

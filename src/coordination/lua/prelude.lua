@@ -5,7 +5,8 @@
 --
 -- Fields: epoch (TIME µs when made), version (bumped by every write), born (ms), run (the
 -- run_id of the Redis process that made it);
--- the published read: state ('ok' | 'failed' | absent = never), backlog, send_disabled,
+-- the published read: state ('ok' | 'failed' | absent = never), backlog (the last good read's,
+-- left standing by a failed one), send_disabled,
 -- taken_ms (when its lease was taken), streak, generation, paced (the published reads not
 -- made at the ceiling) and paced_ms (when the last one's lease was taken), reads_ok,
 -- reads_failed,
@@ -292,13 +293,14 @@ local function settle_rows(s, first)
 end
 
 -- The view every reply carries, 17 integers (decoded in redis_port.rs):
--- epoch, version, grace_left_ms, state (0 never, 1 ok, 2 failed), backlog, send_disabled,
+-- epoch, version, grace_left_ms, state (0 never, 1 ok, 2 failed, 3 failed with the last good
+-- read's backlog standing), backlog, send_disabled,
 -- read_age_ms, paced_age_ms, streak, generation, paced, since_read, reserved, carried, replicas, reads_ok,
 -- reads_failed.
 local function view(h, now)
   local reserved, carried, replicas = sums(h, now)
   local state = 0
-  if h.state == 'ok' then state = 1 elseif h.state == 'failed' then state = 2 end
+  if h.state == 'ok' then state = 1 elseif h.state == 'failed' then state = h.backlog and 3 or 2 end
   local age, paced_age = 0, 0
   if state ~= 0 then
     age = math.max(0, now - num(h.taken_ms))
@@ -306,6 +308,7 @@ local function view(h, now)
   end
   local backlog, disabled = 0, 0
   if state == 1 then backlog, disabled = num(h.backlog), num(h.send_disabled) end
+  if state == 3 then backlog = num(h.backlog) end
   return {
     num(h.epoch), num(h.version), math.max(0, num(h.born) + GRACE - now), state, backlog,
     disabled, age, paced_age, num(h.streak), num(h.generation), num(h.paced), num(h.since_read), reserved, carried,

@@ -39,9 +39,10 @@ if ARGV[14] == '1' then
   -- Only completions after the ticket are on top of this depth.
   hset(s, 'since_read', int(math.max(0, num(h.completed_total) - num(ARGV[13]))))
 else
-  -- A failed read leaves no depth behind, only its time.
+  -- A failed read leaves its time, and the last good read's backlog standing (with every
+  -- send counted since, it still bounds the queue while the streak builds).
   hset(s, 'state', 'failed')
-  hdel(s, { 'backlog', 'send_disabled' })
+  hdel(s, { 'send_disabled' })
   if ARGV[17] == '1' then hset(s, 'streak', int(num(h.streak) + 1)) end
   hset(s, 'reads_failed', int(num(h.reads_failed) + 1))
 end

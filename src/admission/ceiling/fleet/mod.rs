@@ -346,7 +346,7 @@ impl FleetSeat {
                 backlog,
                 age: view.read_age + seen.elapsed(),
             }),
-            ReadState::Never | ReadState::Failed => None,
+            ReadState::Never | ReadState::Failed { .. } => None,
         };
         Some(GateSnapshot {
             backlog,

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::super::policy::{CapacityPolicy, Refusal, Unknown};
 use super::state::{Block, Held, SeatState, ToldFull, BLOCK_WANT, SHARE_DIVISOR};
 use super::{FleetAnswer, FleetSeat, ASKS, USE_BLOCK_FOR};
-use crate::coordination::port::{Ask, LedgerError, ReserveAnswer, View};
+use crate::coordination::port::{Ask, LedgerError, ReadState, ReserveAnswer, View};
 
 /// One reservation's result: decided, or ask again (with the answer should no ask remain).
 pub(super) enum Step {
@@ -395,20 +395,43 @@ impl FleetSeat {
     }
 
     /// The fleet's last read failed: refused at the streak on a fail-closed gate, else
-    /// admitted open, in no block, and counted in the carry until settled.
+    /// admitted open, in no block, and counted in the carry until settled. While the streak
+    /// builds on a fail-closed gate, open only as far as what is known allows (contract
+    /// section 2): the epoch's last good read (none: an empty queue) with every send the
+    /// fleet counted since, and this replica's open sends weighed by the fleet's size (the
+    /// others' not yet reported are bounded the same way on their replicas).
     fn read_failed(&self, reply: &Reply) -> Step {
         let mut state = match self.still_current(reply, None) {
             Ok(state) => state,
             Err(instead) => return instead,
         };
         let (policy, streak) = (&reply.policy, reply.view.streak);
-        if policy.fail_closed && streak >= policy.streak_threshold {
-            return Step::Done(FleetAnswer::Refuse(Refusal::CapacityUnknown {
+        let epoch = reply.view.epoch.id;
+        if policy.fail_closed {
+            let unknown = Refusal::CapacityUnknown {
                 consecutive_failures: streak,
                 cause: Unknown::AdminPlane,
-            }));
+            };
+            if streak >= policy.streak_threshold {
+                return Step::Done(FleetAnswer::Refuse(unknown));
+            }
+            let open = state.open.get(&epoch).copied().unwrap_or(0);
+            let weight = reply.view.replicas.max(state.fleet_size).max(1);
+            let estimate = reply
+                .view
+                .standing_estimate()
+                .unwrap_or(0)
+                .saturating_add(open.saturating_mul(weight));
+            if estimate.saturating_add(reply.units.saturating_mul(weight)) > policy.limit {
+                let refusal = match reply.view.read {
+                    ReadState::Failed { standing: Some(_) } => {
+                        policy.queue_full(estimate, state.drain.rate(), reply.ttl_left())
+                    }
+                    _ => unknown,
+                };
+                return Step::Done(FleetAnswer::Refuse(refusal));
+            }
         }
-        let epoch = reply.view.epoch.id;
         let bucket =
             state
                 .window

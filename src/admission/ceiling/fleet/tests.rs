@@ -927,6 +927,76 @@ fn the_grace_outlasts_a_heartbeat_and_a_rejoin_probe_with_their_deadlines() {
     }
 }
 
+/// Contract section 2: while the streak builds on a fail-closed gate, the fleet admits open
+/// only as far as the last good read and what it counted since allow, not whatever the
+/// producers send in a streak of TTLs.
+#[tokio::test(start_paused = true)]
+async fn while_the_streak_builds_the_last_good_read_still_bounds_the_fleet() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let p = CapacityPolicy {
+        streak_threshold: 3,
+        ..policy(25, true)
+    };
+    let all = replicas(3, &ledger, &broker, p).await;
+    let (first, _) = fill(&all, &broker, 4).await;
+    assert_eq!(first, 12);
+    tokio::time::sleep(Duration::from_millis(1500)).await; // a good read of 12 stands
+    let (read, _) = fill(&all, &broker, 1).await;
+    assert_eq!((read, broker.stored()), (3, 15));
+    broker.set_down(true);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (open, refused) = fill(&all, &broker, 30).await;
+    let terms = all[0].gate.seat.as_ref().unwrap().terms();
+    let view = ledger
+        .look(QueueRef { key: KEY, terms })
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(view.streak < 3, "still building: {view:?}");
+    assert!(
+        broker.stored() <= 25,
+        "{open} admitted open: {} stored",
+        broker.stored()
+    );
+    assert!(open >= 1, "open up to what is known: {refused:?}");
+    assert!(
+        refused
+            .iter()
+            .all(|r| matches!(r, Refusal::QueueFull { .. })),
+        "the last good read shows the queue full: {refused:?}"
+    );
+}
+
+/// With no good read in the epoch, what the fleet admits blind while the streak builds is
+/// at most the ceiling.
+#[tokio::test(start_paused = true)]
+async fn with_no_good_read_the_fleet_admits_at_most_the_ceiling_blind() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    broker.set_down(true);
+    let p = CapacityPolicy {
+        streak_threshold: 3,
+        ..policy(12, true)
+    };
+    let all = replicas(3, &ledger, &broker, p).await;
+    let (open, refused) = fill(&all, &broker, 30).await;
+    assert!(
+        open >= 1 && broker.stored() <= 12,
+        "{open} admitted, {refused:?}"
+    );
+    assert!(
+        refused.iter().any(|r| matches!(
+            r,
+            Refusal::CapacityUnknown {
+                consecutive_failures: 1..=2,
+                ..
+            }
+        )),
+        "refused before the streak closes: {refused:?}"
+    );
+}
+
 /// Contract section 2: with the gate on at a streak of 3 and the admin plane down, sends 1
 /// and 2 fail open and send 3 is refused, one failed read each. A send that meets a new
 /// epoch reads, waits out the grace, and finds its read too old to reserve against: the
