@@ -210,6 +210,7 @@ contract!(
     a_failed_read_is_unknown_with_its_streak_and_a_disabled_queue_is_disabled,
     one_replica_at_a_time_holds_the_read_lease_until_it_ends,
     a_read_at_the_ceiling_freshens_the_depth_and_no_count_of_the_ttls_reads,
+    a_read_at_the_ceiling_that_shows_no_less_than_the_read_in_force_is_not_published,
     a_ticket_of_an_old_epoch_or_no_newer_than_the_last_published_is_dropped,
     a_ticket_whose_read_would_be_too_old_is_dropped,
     since_read_after_a_publish_is_the_completions_after_its_ticket,
@@ -879,6 +880,74 @@ async fn a_read_at_the_ceiling_freshens_the_depth_and_no_count_of_the_ttls_reads
         (view.streak, view.generation, view.paced),
         (0, 3, 1),
         "{view:?}"
+    );
+}
+
+/// Both reads bound the queue from above; the higher one only by the sends it counts twice
+/// (stored before it, settled after its ticket). A read at the ceiling that shows no less
+/// than the read in force, counted forward, leaves that read in force (its ticket spent).
+async fn a_read_at_the_ceiling_that_shows_no_less_than_the_read_in_force_is_not_published(
+    rig: &dyn Rig,
+) {
+    let f = Fleet::new(rig);
+    let e = f.join("a").await;
+    let ok = |backlog| ReadOutcome::Ok {
+        backlog,
+        send_disabled: false,
+    };
+    let first = f.read(e, ok(7)).await;
+    let (ticket, _) = f.lease("a", e, Duration::ZERO).await;
+    let ticket = ticket.expect("free");
+    let view = f.publish_with(e, ticket, ok(7), ReadFor::Ceiling).await;
+    assert_eq!(
+        (view.read, view.generation),
+        (first.read, first.generation),
+        "as high as the read in force: {view:?}"
+    );
+    let view = f.publish_with(e, ticket, ok(2), ReadFor::Ceiling).await;
+    assert_eq!(view.generation, first.generation, "its ticket is spent");
+    let (ticket, _) = f.lease("a", e, Duration::ZERO).await;
+    let view = f
+        .publish_with(e, ticket.expect("free"), ok(6), ReadFor::Ceiling)
+        .await;
+    assert_eq!(
+        (view.read, view.generation),
+        (
+            ReadState::Ok {
+                backlog: 6,
+                send_disabled: false
+            },
+            first.generation + 1
+        ),
+        "lower: published"
+    );
+    let (ticket, _) = f.lease("a", e, Duration::ZERO).await;
+    let view = f
+        .publish_with(e, ticket.expect("free"), ok(9), FOR_SENDS)
+        .await;
+    assert_eq!(
+        view.read,
+        ReadState::Ok {
+            backlog: 9,
+            send_disabled: false
+        },
+        "a read the TTL paces is published whatever it shows"
+    );
+    let (ticket, _) = f.lease("a", e, Duration::ZERO).await;
+    let disabled = ReadOutcome::Ok {
+        backlog: 9,
+        send_disabled: true,
+    };
+    let view = f
+        .publish_with(e, ticket.expect("free"), disabled, ReadFor::Ceiling)
+        .await;
+    assert_eq!(
+        view.read,
+        ReadState::Ok {
+            backlog: 9,
+            send_disabled: true
+        },
+        "a queue disabled is news whatever the count"
     );
 }
 

@@ -413,6 +413,27 @@ impl World {
             Some(taken) if ticket.epoch == q.epoch && ticket.seq > q.published_seq => *taken,
             _ => return q.view(now, t),
         };
+        if let (
+            false,
+            ReadOutcome::Ok {
+                backlog,
+                send_disabled: false,
+            },
+            ReadState::Ok {
+                backlog: standing, ..
+            },
+        ) = (for_.paced(), outcome, q.read)
+        {
+            let shown = backlog + q.completed_total.saturating_sub(ticket.completed_at_start);
+            if shown >= standing + q.since_read {
+                if for_.ends_lease() && ticket.seq == q.ticket_seq {
+                    q.lease_until = q.lease_until.min(now);
+                }
+                q.published_seq = ticket.seq;
+                q.tickets.retain(|seq, _| *seq > ticket.seq);
+                return q.view(now, t);
+            }
+        }
         q.generation += 1;
         if for_.paced() {
             q.paced += 1;

@@ -12,6 +12,23 @@ local taken = h['t:' .. int(seq)]
 if num(ARGV[11]) ~= num(h.epoch) or seq <= num(h.published_seq) or not taken then
   return view(h, now)
 end
+-- A read made again at the ceiling that shows no less than the read in force counted
+-- forward (both bound the queue from above: the higher only by sends it counts twice, in
+-- flight across it) is not published: it spends its ticket and ends its lease, nothing more.
+if ARGV[18] ~= '1' and ARGV[14] == '1' and h.state == 'ok' and ARGV[16] ~= '1' and
+    num(ARGV[15]) + math.max(0, num(h.completed_total) - num(ARGV[13])) >=
+    num(h.backlog) + num(h.since_read) then
+  if ARGV[19] == '1' and seq == num(h.ticket_seq) and num(h.lease_until) > now then
+    hset(s, 'lease_until', int(now))
+  end
+  hset(s, 'published_seq', int(seq))
+  local spent = {}
+  for f in pairs(h) do
+    if string.sub(f, 1, 2) == 't:' and num(string.sub(f, 3)) <= seq then spent[#spent + 1] = f end
+  end
+  hdel(s, spent)
+  return view(h, now)
+end
 hset(s, 'generation', int(num(h.generation) + 1))
 if ARGV[18] == '1' then
   hset(s, 'paced', int(num(h.paced) + 1))

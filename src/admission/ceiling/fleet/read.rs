@@ -53,6 +53,9 @@ impl FleetSeat {
         if self.read_since(wait, Instant::now()) {
             return Ok(false); // another replica published while this one queued
         }
+        // This replica's outcomes first, as for a read at the ceiling: a send stored before
+        // the read and settled after its ticket is counted twice until the next read.
+        self.settle_pending().await?;
         let ledger = self.fleet.ledger();
         let lease = self.policy.load().ttl.max(Duration::from_millis(1));
         let (ticket, view) = ledger
