@@ -833,6 +833,36 @@ async fn gate_off_admits_past_the_ceiling_while_the_depth_is_unknown() {
     }
 }
 
+/// Contract section 2, `SENDGATE_RESUME_BELOW`: once a queue refuses at the ceiling it keeps
+/// refusing until the backlog is at or below the resume level. A read that fails while the
+/// queue refuses above that level leaves the last good read standing (23 here, resume 20),
+/// and that read still says to refuse: the streak must not reopen what the read closed.
+#[tokio::test(start_paused = true)]
+async fn a_failed_read_while_refusing_above_the_resume_level_keeps_refusing() {
+    let backend = Arc::new(ScriptedDepth::new(
+        vec![Ok(25), Ok(23), down()],
+        Duration::ZERO,
+    ));
+    let p = CapacityPolicy {
+        resume_below: Fraction::new(0.8).unwrap(),
+        ..policy(25, 1000, true, 3)
+    };
+    let g = gate(p, &backend);
+    for backlog in [25, 23] {
+        assert!(
+            matches!(g.admit().await, Err(Refusal::QueueFull { backlog: b, .. }) if b == backlog),
+            "{backlog} is over the resume level of 20"
+        );
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    let got = g.admit().await.map(|a| a.finish(BacklogEffect::Stored));
+    assert_eq!(g.snapshot().consecutive_failures, 1, "the read failed");
+    assert!(
+        matches!(got, Err(Refusal::QueueFull { backlog: 23, .. })),
+        "last good read 23, over the resume level 20: still refusing, got {got:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_failed_start_up_read_does_not_start_the_streak() {
     let backend = Arc::new(ScriptedDepth::new(vec![down()], Duration::ZERO));

@@ -995,6 +995,46 @@ async fn while_the_streak_builds_the_last_good_read_still_bounds_the_fleet() {
     );
 }
 
+/// docs/fleet.md, Bounds ("the admin plane fails, fail-closed on": `L + U + K`): Redis losing
+/// the queue's state while the admin plane is down must not reopen the ceiling. The new
+/// epoch has no good read and a streak of 0, so it is taken for an empty queue and up to
+/// the ceiling again is admitted blind on top of what the queue already holds (live, 3
+/// replicas on Redis and RabbitMQ, 20 queued, ceiling 25: the queue held 44).
+#[tokio::test(start_paused = true)]
+async fn redis_losing_the_queue_while_the_admin_plane_is_down_keeps_the_ceiling() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let p = CapacityPolicy {
+        streak_threshold: 3,
+        ..policy(25, true)
+    };
+    // 20 messages stored by producers before the fleet, or by it longer ago than any carry
+    // or recount reaches: only a read can show them.
+    broker.stored.lock().extend([Instant::now(); 20]);
+    let all = replicas(3, &ledger, &broker, p).await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    fill(&all, &broker, 1).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await; // a good read stands
+    fill(&all, &broker, 1).await;
+    broker.set_down(true);
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        fill(&all, &broker, 10).await;
+    }
+    let before = broker.stored();
+    assert!(before <= 25, "{before} stored while the streak built");
+    ledger.lose(KEY);
+    for _ in 0..10 {
+        fill(&all, &broker, 10).await;
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+    }
+    assert!(
+        broker.stored() <= 25,
+        "{before} stored before Redis lost the queue, {} after",
+        broker.stored()
+    );
+}
+
 /// With no good read in the epoch, what the fleet admits blind while the streak builds is
 /// at most the ceiling.
 #[tokio::test(start_paused = true)]
