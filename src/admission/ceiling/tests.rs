@@ -863,6 +863,24 @@ async fn a_failed_read_while_refusing_above_the_resume_level_keeps_refusing() {
     );
 }
 
+/// Contract section 3: a batch refused `queue_full` says in `room` how many entries would be
+/// admitted now. While the streak builds, the last good read (20, one stored since, ceiling
+/// 25) leaves room for 4: a batch of 5 is refused naming that room, and 4 are then admitted
+/// (live, RabbitMQ: the 429 said `"room":0` and the batch of 4 that followed was a 201).
+#[tokio::test(start_paused = true)]
+async fn while_the_streak_builds_a_refused_batch_names_the_room_there_is() {
+    let backend = Arc::new(ScriptedDepth::new(vec![Ok(20), down()], Duration::ZERO));
+    let g = gate(policy(25, 1000, true, 3), &backend);
+    g.admit().await.unwrap().finish(BacklogEffect::Stored);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let got = g.admit_units(5).await.map(|_| ());
+    assert_eq!(g.snapshot().consecutive_failures, 1, "the read failed");
+    assert!(
+        matches!(got, Err(Refusal::QueueFull { room: 4, .. })),
+        "4 of the 5 fit under the ceiling: {got:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_failed_start_up_read_does_not_start_the_streak() {
     let backend = Arc::new(ScriptedDepth::new(vec![down()], Duration::ZERO));
