@@ -616,7 +616,7 @@ impl LocalGate {
     /// counted since stays under the ceiling with these `units`. So the sends admitted blind
     /// are at most the room the last good read left, and never more than the ceiling.
     fn decide_unknown(
-        state: &GateState,
+        state: &mut GateState,
         policy: &CapacityPolicy,
         (failed_at, standing): (Instant, Option<(u64, Instant)>),
         bounds: Option<LocalBounds>,
@@ -634,19 +634,27 @@ impl LocalGate {
         }
         let standing = standing.filter(|(_, at)| Self::comparable(state, *at));
         let estimate = Self::estimate_before(state, standing.map_or(0, |(b, _)| b), bounds, units);
+        // The hysteresis as with a good read: what is known still says whether the queue
+        // refuses until it is back at or below the resume level.
+        state.refusing = if state.refusing {
+            estimate > policy.resume_at()
+        } else {
+            estimate >= policy.limit
+        };
         let weight = bounds.map_or(1, |b| b.replicas.max(1));
         let rest = units.saturating_sub(1).saturating_mul(weight);
-        if estimate.saturating_add(rest) < policy.limit {
+        if !state.refusing && estimate.saturating_add(rest) < policy.limit {
             return Ok(());
         }
-        match standing {
-            Some(_) => {
-                let until_next_read =
-                    (failed_at + policy.ttl).saturating_duration_since(Instant::now());
-                Err(policy.queue_full(estimate, state.drain.rate(), until_next_read))
-            }
-            None => Err(unknown),
+        let Some(_) = standing else {
+            return Err(unknown);
+        };
+        let until_next_read = (failed_at + policy.ttl).saturating_duration_since(Instant::now());
+        let full = policy.queue_full(estimate, state.drain.rate(), until_next_read);
+        if state.refusing {
+            return Err(full);
         }
+        Err(full.with_room(policy.limit.saturating_sub(estimate).div_ceil(weight)))
     }
 
     /// With a good read (`backlog` read `at`): under the ceiling with all `units`, then

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use super::super::policy::{CapacityPolicy, Refusal, Unknown};
 use super::state::{Block, Held, SeatState, ToldFull, BLOCK_WANT, SHARE_DIVISOR};
 use super::{FleetAnswer, FleetSeat, ASKS, USE_BLOCK_FOR};
+use crate::config::Fraction;
 use crate::coordination::port::{Ask, LedgerError, ReadState, ReserveAnswer, View};
 
 /// One reservation's result: decided, or ask again (with the answer should no ask remain).
@@ -396,41 +397,16 @@ impl FleetSeat {
 
     /// The fleet's last read failed: refused at the streak on a fail-closed gate, else
     /// admitted open, in no block, and counted in the carry until settled. While the streak
-    /// builds on a fail-closed gate, open only as far as what is known allows (contract
-    /// section 2): the epoch's last good read (none: an empty queue) with every send the
-    /// fleet counted since, and this replica's open sends weighed by the fleet's size (the
-    /// others' not yet reported are bounded the same way on their replicas).
+    /// builds on a fail-closed gate, open only as far as what is known allows (see
+    /// [`Self::open_bound`]).
     fn read_failed(&self, reply: &Reply) -> Step {
         let mut state = match self.still_current(reply, None) {
             Ok(state) => state,
             Err(instead) => return instead,
         };
-        let (policy, streak) = (&reply.policy, reply.view.streak);
         let epoch = reply.view.epoch.id;
-        if policy.fail_closed {
-            let unknown = Refusal::CapacityUnknown {
-                consecutive_failures: streak,
-                cause: Unknown::AdminPlane,
-            };
-            if streak >= policy.streak_threshold {
-                return Step::Done(FleetAnswer::Refuse(unknown));
-            }
-            let open = state.open.get(&epoch).copied().unwrap_or(0);
-            let weight = reply.view.replicas.max(state.fleet_size).max(1);
-            let estimate = reply
-                .view
-                .standing_estimate()
-                .unwrap_or(0)
-                .saturating_add(open.saturating_mul(weight));
-            if estimate.saturating_add(reply.units.saturating_mul(weight)) > policy.limit {
-                let refusal = match reply.view.read {
-                    ReadState::Failed { standing: Some(_) } => {
-                        policy.queue_full(estimate, state.drain.rate(), reply.ttl_left())
-                    }
-                    _ => unknown,
-                };
-                return Step::Done(FleetAnswer::Refuse(refusal));
-            }
+        if let Some(refusal) = Self::open_bound(&mut state, reply) {
+            return Step::Done(FleetAnswer::Refuse(refusal));
         }
         let bucket =
             state
@@ -438,6 +414,56 @@ impl FleetSeat {
                 .record_units(reply.answered, epoch, self.alone_span(), reply.units);
         *state.open.entry(epoch).or_default() += reply.units;
         Step::Done(FleetAnswer::Admit(Held::Open { epoch, bucket }))
+    }
+
+    /// A fail-closed gate's refusal of sends with the fleet's read failed (contract section
+    /// 2): at the streak; else past what is known, the epoch's last good read (none: the
+    /// fleet's estimate this replica last knew, from before Redis lost the queue, or an
+    /// empty queue) with every send the fleet counted since, and this replica's open sends
+    /// weighed by the fleet's size (the others' not yet reported are bounded the same way
+    /// on their replicas); past the resume level while refusing, as with a good read.
+    fn open_bound(state: &mut SeatState, reply: &Reply) -> Option<Refusal> {
+        let (policy, view) = (&reply.policy, &reply.view);
+        if !policy.fail_closed {
+            return None;
+        }
+        let unknown = Refusal::CapacityUnknown {
+            consecutive_failures: view.streak,
+            cause: Unknown::AdminPlane,
+        };
+        if view.streak >= policy.streak_threshold {
+            return Some(unknown);
+        }
+        let known = match view.read {
+            ReadState::Failed { standing: Some(_) } => Some(0),
+            _ => state.estimate.map(|(estimate, _)| estimate),
+        };
+        let open = state.open.get(&view.epoch.id).copied().unwrap_or(0);
+        let weight = view.replicas.max(state.fleet_size).max(1);
+        let estimate = view
+            .standing_estimate()
+            .unwrap_or(0)
+            .saturating_add(known.unwrap_or(0))
+            .saturating_add(open.saturating_mul(weight));
+        let refusing = state.mode.refusing()
+            && policy.resume_below < Fraction::ONE
+            && estimate > policy.resume_at();
+        if !refusing && estimate.saturating_add(reply.units.saturating_mul(weight)) <= policy.limit
+        {
+            return None;
+        }
+        if known.is_none() {
+            return Some(unknown);
+        }
+        if estimate >= policy.limit {
+            state.mode.told_full();
+        }
+        let room = match refusing {
+            true => 0,
+            false => policy.limit.saturating_sub(estimate) / weight,
+        };
+        let full = policy.queue_full(estimate, state.drain.rate(), reply.ttl_left());
+        Some(full.with_room(room))
     }
 
     /// No read could be made for the fleet (no replica published one in time): the depth

@@ -114,6 +114,10 @@ impl FleetSeat {
         if view.replicas > 0 {
             state.fleet_size = view.replicas;
         }
+        if let ReadState::Failed { standing: Some(_) } = view.read {
+            // What the last good read and the counts since still say (contract section 2).
+            state.estimate = view.standing_estimate().map(|estimate| (estimate, now));
+        }
         let ReadState::Ok { backlog, .. } = view.read else {
             return;
         };
