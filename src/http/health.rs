@@ -90,11 +90,7 @@ pub async fn ready(
     let why = match gateway_state {
         GatewayState::Starting => NotAdmitting::Starting,
         _ => NotAdmitting::Draining {
-            retry_after: state
-                .lifecycle
-                .drain_status()
-                .map(|d| d.remaining)
-                .unwrap_or_default(),
+            retry_after: state.lifecycle.drain_retry_after(),
         },
     };
     Err(context.error(why.into()))
