@@ -8,8 +8,10 @@
 //! (connect the backends, read each queue's depth once) is bounded by a time budget, after
 //! which the gateway runs anyway and the capacity rules decide what happens to sends.
 //!
-//! While draining, new sends are refused with `Retry-After` set to the seconds left in the
-//! drain window, and sends already admitted run to completion. The drain ends when no send
+//! While draining, new sends are refused with a `Retry-After` of about how long the restart
+//! takes: until the drain is expected to end (the linger left; while sends are in flight,
+//! the longest they can still take), never past the window, plus a second for the
+//! replacement to start listening. Sends already admitted run to completion. The drain ends when no send
 //! is in flight **and** the linger has passed since it began, or when the window closes,
 //! whichever is first. The linger keeps the listener answering `503 draining` (and readiness
 //! 503) for a while even when nothing is in flight: a load balancer keeps routing to a
@@ -54,17 +56,40 @@ struct Inner {
     state: AtomicU8,
     /// Shortest drain, even with nothing in flight (cut to the window at each drain).
     linger: Duration,
+    /// The longest a send admitted before a drain can still take (its body's deadline and
+    /// its send's): what a refused producer is told to wait for while sends are in flight.
+    longest_send: Duration,
     drain: Mutex<Option<DrainTimes>>,
     sends: AtomicUsize,
     idle: Notify,
     changed: Notify,
 }
 
-/// When the current drain's window closes and when its linger ends (never after the window).
+/// When the current drain's window closes, when its linger ends and when the sends admitted
+/// before it must have ended (neither after the window).
 #[derive(Debug, Clone, Copy)]
 struct DrainTimes {
     deadline: Instant,
     linger_until: Instant,
+    sends_until: Instant,
+}
+
+/// What a refused producer waits on top of the drain's expected end: the replacement's start
+/// (a new process listens well within a second of the old one's exit).
+pub const RESTART_MARGIN: Duration = Duration::from_secs(1);
+
+impl DrainTimes {
+    /// The `Retry-After` of a send refused at `now` with `others` sends in flight: the drain's
+    /// expected end (the linger's, or the sends' bound while any is in flight; never past the
+    /// window) plus [`RESTART_MARGIN`].
+    fn retry_after(&self, now: Instant, others: usize) -> Duration {
+        let end = if others == 0 {
+            self.linger_until
+        } else {
+            self.linger_until.max(self.sends_until)
+        };
+        end.min(self.deadline).saturating_duration_since(now) + RESTART_MARGIN
+    }
 }
 
 /// Counts one send as in flight for the drain until dropped.
@@ -104,10 +129,17 @@ impl Lifecycle {
     /// A lifecycle whose drains last at least `linger` (`SENDGATE_DRAIN_LINGER_S`), or
     /// their whole window when that is shorter.
     pub fn with_linger(linger: Duration) -> Self {
+        Self::with_drain(linger, Duration::ZERO)
+    }
+
+    /// [`Lifecycle::with_linger`], knowing that a send admitted before a drain ends within
+    /// `longest_send` of it (what a producer refused while one is in flight is told to wait).
+    pub fn with_drain(linger: Duration, longest_send: Duration) -> Self {
         Self {
             inner: Arc::new(Inner {
                 state: AtomicU8::new(0),
                 linger,
+                longest_send,
                 drain: Mutex::new(None),
                 sends: AtomicUsize::new(0),
                 idle: Notify::new(),
@@ -142,11 +174,11 @@ impl Lifecycle {
         }
         let now = Instant::now();
         let deadline = now + window;
+        let within = |d: Duration| now.checked_add(d).map_or(deadline, |t| t.min(deadline));
         *drain = Some(DrainTimes {
             deadline,
-            linger_until: now
-                .checked_add(self.inner.linger)
-                .map_or(deadline, |t| t.min(deadline)),
+            linger_until: within(self.inner.linger),
+            sends_until: within(self.inner.longest_send),
         });
         self.inner.state.store(2, Ordering::SeqCst);
         self.inner.changed.notify_waiters();
@@ -179,12 +211,23 @@ impl Lifecycle {
             GatewayState::Starting => Err(NotAdmitting::Starting),
             GatewayState::Stopped => Err(NotAdmitting::Stopped),
             GatewayState::Draining => {
-                let remaining = self.drain_status().map(|d| d.remaining).unwrap_or_default();
+                // This send counted itself above: the others are what the drain waits for.
+                let others = self.sends_in_flight().saturating_sub(1);
                 Err(NotAdmitting::Draining {
-                    retry_after: remaining,
+                    retry_after: self.retry_after_with(others),
                 })
             }
         }
+    }
+
+    /// The `Retry-After` of a request refused while draining (readiness too): about as long
+    /// as the restart takes (see the module doc).
+    pub fn drain_retry_after(&self) -> Duration {
+        self.retry_after_with(self.sends_in_flight())
+    }
+
+    fn retry_after_with(&self, others: usize) -> Duration {
+        (*self.inner.drain.lock()).map_or(RESTART_MARGIN, |t| t.retry_after(Instant::now(), others))
     }
 
     /// Sends admitted and not yet finished.
@@ -302,12 +345,57 @@ mod tests {
             "one drain at a time"
         );
         tokio::time::advance(Duration::from_secs(10)).await;
-        assert_eq!(
-            life.admit_send().err(),
-            Some(NotAdmitting::Draining {
-                retry_after: Duration::from_secs(20)
-            })
+        assert!(
+            matches!(life.admit_send(), Err(NotAdmitting::Draining { .. })),
+            "refused while draining"
         );
+    }
+
+    fn refused_for(life: &Lifecycle) -> Duration {
+        match life.admit_send() {
+            Err(NotAdmitting::Draining { retry_after }) => retry_after,
+            other => panic!("expected a draining refusal, got {:?}", other.err()),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_after_is_the_linger_left_plus_the_restart_not_the_window() {
+        let life = Lifecycle::with_drain(Duration::from_secs(5), Duration::from_secs(12));
+        life.set_running();
+        assert!(life.begin_drain(Duration::from_secs(30)));
+        assert_eq!(refused_for(&life), Duration::from_secs(6));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(refused_for(&life), Duration::from_secs(4));
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert_eq!(
+            refused_for(&life),
+            RESTART_MARGIN,
+            "past the linger: the restart"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn while_sends_are_in_flight_retry_after_is_their_bound_within_the_window() {
+        let life = Lifecycle::with_drain(Duration::from_secs(5), Duration::from_secs(12));
+        life.set_running();
+        let held = life.admit_send().unwrap();
+        assert!(life.begin_drain(Duration::from_secs(30)));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(refused_for(&life), Duration::from_secs(11));
+        assert_eq!(life.drain_retry_after(), Duration::from_secs(11));
+        drop(held);
+        assert_eq!(
+            refused_for(&life),
+            Duration::from_secs(4),
+            "only the linger left"
+        );
+
+        // The window bounds both.
+        let life = Lifecycle::with_drain(Duration::from_secs(5), Duration::from_secs(60));
+        life.set_running();
+        let _held = life.admit_send().unwrap();
+        assert!(life.begin_drain(Duration::from_secs(20)));
+        assert_eq!(refused_for(&life), Duration::from_secs(21));
     }
 
     #[tokio::test(start_paused = true)]

@@ -463,7 +463,9 @@ impl Application {
         let auth = authenticator(&settings)?;
         let (dispatcher, coordination, rates) = Self::dispatcher(&settings, backends, &auth);
         let control = control(&settings, coordination, &dispatcher)?;
-        let lifecycle = Lifecycle::with_linger(settings.drain_linger);
+        // A send admitted before a drain has its body's deadline, then its send's.
+        let longest_send = settings.body_timeout + settings.send_timeout;
+        let lifecycle = Lifecycle::with_drain(settings.drain_linger, longest_send);
         let state = web::Data::new(AppState {
             openapi: crate::http::openapi::served(Mode::of(&auth), settings.fallback.is_some()),
             edge: edge(&settings, auth),

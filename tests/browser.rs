@@ -457,6 +457,19 @@ async fn a_ceiling_lowered_in_the_settings_form_refuses_the_next_send_over_it() 
         now.contains("In force: 3") && now.contains("overridden by anonymous"),
         "{now}"
     );
+    // The Runtime overrides card (drawn by the script from /health/detailed) says it is in
+    // force over the configured value.
+    browser
+        .wait_text(
+            "[data-field=overriding]",
+            "the override over the configuration",
+            |t| {
+                t.contains(
+                    "queues.requests.max_queue_depth = 3 over the configured 2000 (by anonymous)",
+                )
+            },
+        )
+        .await;
 
     if std::env::var_os("SENDGATE_SCREENSHOT").is_some_and(|v| v == "1") {
         browser

@@ -863,3 +863,60 @@ async fn a_greedy_tenant_on_every_replica_leaves_a_modest_tenant_on_one_its_send
     rabbit::delete(&queue).await;
     forget_prefix(&prefix);
 }
+
+/// One replica on the embedded queue `q` in `dir`, of the fleet under `prefix`, with
+/// `SERVICEBUS_SEND_MAX_QUEUE_DEPTH=ceiling`; in the fleet before it is returned.
+async fn embedded_replica(dir: &std::path::Path, prefix: &str, ceiling: &str) -> GatewayProcess {
+    let gw = GatewayProcess::start(&[
+        ("SENDGATE_BACKEND", "embedded"),
+        ("SENDGATE_DATA_DIR", dir.to_str().unwrap()),
+        ("SENDGATE_QUEUES", "q"),
+        ("SENDGATE_WORKERS", "1"),
+        ("SENDGATE_COORDINATION", "redis"),
+        ("SENDGATE_REDIS_URL", REDIS),
+        ("SENDGATE_REDIS_PREFIX", prefix),
+        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", ceiling),
+    ])
+    .await;
+    wait_for_mode(&gw, "redis").await;
+    gw
+}
+
+/// Issue 41 item 3 on the fleet's store: the Redis hash outlives every replica, so an
+/// override made against one deployment lapses at the first start-up of another (the
+/// default, `SENDGATE_OVERRIDES_LAPSE=config_change`), and is dropped from the hash.
+#[tokio::test]
+async fn an_override_in_the_fleets_hash_lapses_when_the_deployment_changes_its_variable() {
+    ensure::redis();
+    let prefix = local_redis::unique_prefix();
+    let _cleanup = local_redis::Cleanup(prefix.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let hash = format!("{prefix}:settings");
+    let setting = "queues.q.max_queue_depth";
+
+    let mut first = embedded_replica(dir.path(), &prefix, "500").await;
+    let body = r#"{"queues": {"q": {"max_queue_depth": 3}}}"#;
+    assert_eq!(patch_settings(&first, body).await, 200);
+    first.signal("TERM");
+    assert_eq!(first.exit(Duration::from_secs(20)).await.0, 0);
+    let stored = local_redis::cli(&["HGET", &hash, setting]);
+    assert!(stored.contains("\"configured\":500"), "{stored}");
+
+    // The same deployment again: the override is in force, and shown over the 500.
+    let mut same = embedded_replica(dir.path(), &prefix, "500").await;
+    let d = same.detailed().await;
+    assert_eq!(d["queues"]["q"]["limit"], 3);
+    assert_eq!(d["settings"]["overridden"][setting]["configured"], 500);
+    assert_eq!(d["settings"]["overridden"][setting]["differs"], true);
+    same.signal("TERM");
+    assert_eq!(same.exit(Duration::from_secs(20)).await.0, 0);
+
+    // A deployment with another ceiling: it wins, and the hash no longer holds the override.
+    let raised = embedded_replica(dir.path(), &prefix, "600").await;
+    let d = raised.detailed().await;
+    assert_eq!(d["queues"]["q"]["limit"], 600, "the deployment wins: {d}");
+    assert_eq!(d["settings"]["lapsed"][setting]["made_against"], 500);
+    assert_eq!(d["settings"]["lapsed"][setting]["configured"], 600);
+    let stored = local_redis::cli(&["HGET", &hash, setting]);
+    assert!(stored.trim().is_empty(), "still in the hash: {stored}");
+}

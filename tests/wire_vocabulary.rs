@@ -60,6 +60,7 @@ fn problem_for(code: ErrorCode) -> Problem {
             attribute: "scheduled_enqueue_time",
             backend: "rabbitmq",
         },
+        ErrorCode::IdempotencyKeyReused => Problem::IdempotencyKeyReused,
     }
 }
 
@@ -91,6 +92,7 @@ fn is_covered(p: &Problem) -> bool {
         | Problem::BackendAuthFailed
         | Problem::BackendBusy { .. }
         | Problem::QueueDisabled
+        | Problem::IdempotencyKeyReused
         | Problem::SendFailed { .. }
         | Problem::SettingsUnavailable { .. }
         | Problem::UnsupportedAttribute { .. } => true,

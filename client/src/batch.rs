@@ -626,7 +626,7 @@ fn status_of(code: &AnyCode) -> u16 {
         ) => 503,
         Some(C::SendTimeout) => 504,
         Some(C::QueueDisabled) => 409,
-        Some(C::UnsupportedAttribute) => 422,
+        Some(C::UnsupportedAttribute | C::IdempotencyKeyReused) => 422,
         Some(C::BackendAuthFailed | C::SendFailed) | None => 502,
     }
 }

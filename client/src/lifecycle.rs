@@ -54,8 +54,9 @@ pub enum Verdict {
     /// Send now.
     Go,
     /// Wait until `until`, then ask again; `state` is what the gateway said.
-    /// `drain_ends` is when the drain window announced by the gateway closes (its
-    /// `remaining_s`, or a `503 draining`'s `Retry-After`): a send's deadline follows it.
+    /// `drain_ends` is when the gateway announced the drain ends (its window's
+    /// `remaining_s`, or a `503 draining`'s `Retry-After`, the restart's expected end): a
+    /// send's deadline follows it.
     /// The drain may end sooner; `until` is at most 1 s away so that is noticed.
     Defer {
         until: Instant,

@@ -185,6 +185,7 @@ async fn refusals_and_auth_errors_are_final_after_one_attempt() {
         (409, ErrorCode::QueueDisabled),
         (413, ErrorCode::PayloadTooLarge),
         (415, ErrorCode::UnsupportedMediaType),
+        (422, ErrorCode::IdempotencyKeyReused),
     ] {
         let t = Scripted::new(vec![answer(status, code, None), created("x")]);
         let outcome = client(&t, config()).send("requests", "{}", None).await;

@@ -94,17 +94,18 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// What a send's result tells the breaker. The request's own fault (too large), the
-    /// queue's configuration (disabled) and one queue at its own length limit (the broker
-    /// nacked it: that queue's backpressure) say nothing about the backend: another queue
-    /// on the same broker is taking sends. A busy backend (throttling, a memory or disk
-    /// alarm, a full disk) answered, at once and with a wait: it is working, and opening
-    /// the circuit would turn its honest `backend_busy` into `backend_unavailable`.
+    /// What a send's result tells the breaker. The request's own fault (too large, a key
+    /// reused for another message), the queue's configuration (disabled) and one queue at
+    /// its own length limit (the broker nacked it: that queue's backpressure) say nothing
+    /// about the backend: another queue on the same broker is taking sends. A busy backend
+    /// (throttling, a memory or disk alarm, a full disk) answered, at once and with a wait:
+    /// it is working, and opening the circuit would turn its honest `backend_busy` into `backend_unavailable`.
     pub fn of(result: &Result<SendReceipt, SendError>) -> Self {
         match result {
             Ok(_) => Self::Success,
             Err(
                 SendError::TooLarge
+                | SendError::KeyReused
                 | SendError::QueueDisabled
                 | SendError::QueueFull
                 | SendError::Busy { .. },
@@ -870,6 +871,7 @@ mod tests {
         assert_eq!(of(Err(SendError::QueueFull)), Outcome::Neutral);
         assert_eq!(of(Err(SendError::TooLarge)), Outcome::Neutral);
         assert_eq!(of(Err(SendError::QueueDisabled)), Outcome::Neutral);
+        assert_eq!(of(Err(SendError::KeyReused)), Outcome::Neutral);
         let alarm = SendError::Busy {
             reason: "the broker blocked publishers (memory alarm)".into(),
             retry_after: None,

@@ -159,6 +159,11 @@ pub enum SendError {
     QueueNotFound,
     #[error("the broker refused the message as too large")]
     TooLarge,
+    /// The message id (the idempotency key) was used inside the duplicate window for
+    /// another message (another body or other attributes): nothing stored. Only a backend
+    /// that keeps what each id stood for can say so (the embedded queue).
+    #[error("the message id was already used for another message")]
+    KeyReused,
     /// The message never reached the broker (no connection, backing off, no credential).
     #[error("the broker could not be reached: {0}")]
     Unavailable(String),

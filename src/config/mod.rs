@@ -151,6 +151,8 @@ pub struct Settings {
     pub drain_timeout: Duration,
     /// Shortest drain, even with nothing in flight; never longer than `drain_timeout`.
     pub drain_linger: Duration,
+    /// When a runtime override lapses (`SENDGATE_OVERRIDES_LAPSE`).
+    pub overrides_lapse: OverridesLapse,
     pub auth: AuthSettings,
     pub log_format: LogFormat,
     pub workers: Option<usize>,
@@ -239,6 +241,7 @@ impl Settings {
             connections,
             drain_timeout,
             drain_linger: drain_linger(layers, drain_timeout)?,
+            overrides_lapse: parse_overrides_lapse(layers)?,
             auth,
             log_format,
             workers: layers.whole(&v::WORKERS)?.map(|n| n as usize),
@@ -258,6 +261,23 @@ impl Settings {
                 _ => None,
             })
     }
+}
+
+/// When a runtime override lapses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverridesLapse {
+    /// The deployment wins: an override made against a variable's value that has changed
+    /// since is dropped at start-up.
+    ConfigChange,
+    /// An override stays until it is set to `null`, whatever the deployment says.
+    Never,
+}
+
+fn parse_overrides_lapse(layers: &Layers) -> Result<OverridesLapse, ConfigError> {
+    Ok(match layers.choice(&v::OVERRIDES_LAPSE)? {
+        Some("never") => OverridesLapse::Never,
+        _ => OverridesLapse::ConfigChange,
+    })
 }
 
 fn parse_log_format(layers: &Layers) -> Result<LogFormat, ConfigError> {

@@ -331,6 +331,13 @@ pub const DEPTH_TTL_MS: Var = Var::server(
 )
 .default("1000")
 .unit(Unit::Millis);
+pub const OVERRIDES_LAPSE: Var = Var::server(
+    "SENDGATE_OVERRIDES_LAPSE",
+    G::Capacity,
+    K::Choice(&["config_change", "never"]),
+    "When a runtime override (PATCH /admin/settings) lapses: config_change (the deployment wins: an override is dropped at start-up once the variable's value it was made against has changed) or never (kept until set to null).",
+)
+.default("config_change");
 pub const ADMIN_TIMEOUT_MS: Var = Var::server(
     "SENDGATE_ADMIN_TIMEOUT_MS",
     G::Capacity,
@@ -938,6 +945,7 @@ pub const VARIABLES: &[&Var] = &[
     &SERVICEBUS_SEND_FAILCLOSED,
     &SERVICEBUS_SEND_FAILCLOSED_STREAK,
     &DEPTH_TTL_MS,
+    &OVERRIDES_LAPSE,
     &ADMIN_TIMEOUT_MS,
     &RETRY_AFTER_MAX_S,
     &RESUME_BELOW,

@@ -71,7 +71,7 @@ const PARTIAL: &str = BatchPartial::STATUS;
         (status = 409, description = "`queue_disabled` at the broker.", body = sendgate_wire::ErrorBody),
         (status = 413, description = "`payload_too_large`: the request is over `SENDGATE_MAX_BATCH_BYTES` (`limit_bytes`).", body = sendgate_wire::ErrorBody),
         (status = 415, description = "`unsupported_media_type`: not `application/json`.", body = sendgate_wire::ErrorBody),
-        (status = 422, description = "`unsupported_attribute`: an entry has an attribute the backend it would go to cannot carry (`attribute`, `backend`); nothing was sent.", body = sendgate_wire::ErrorBody),
+        (status = 422, description = "`unsupported_attribute`: an entry has an attribute the backend it would go to cannot carry (`attribute`, `backend`); nothing was sent. (An entry whose `idempotency_key` was used for another message, on the embedded backend, is refused in a `207` as `idempotency_key_reused`.)", body = sendgate_wire::ErrorBody),
         (status = 429, description = "`queue_full`: the whole batch does not fit under the ceiling (or its criticality's cut, its tenant's share or quota: `reason`); `room` says how many entries would be admitted now (as a single send's 429 otherwise).", body = sendgate_wire::ErrorBody,
             headers(
                 ("Retry-After" = u64, description = "Whole seconds to wait, at least 1."),

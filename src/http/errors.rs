@@ -120,6 +120,8 @@ pub enum Problem {
     BackendBusy { retry_after: Duration },
     #[error("The queue is disabled at the broker.")]
     QueueDisabled,
+    #[error("This Idempotency-Key was already used for another message (another body or other attributes) inside the duplicate-detection window; nothing was sent. A retry must repeat the message exactly; a new message needs a new key.")]
+    IdempotencyKeyReused,
     #[error("No backend {backend:?} here: primary, or fallback when one is configured.")]
     UnknownBackend { backend: String },
     #[error("The change could not be stored, so it is not in force: {detail}")]
@@ -167,6 +169,7 @@ impl Problem {
                 | Self::BackendAuthFailed
                 | Self::BackendBusy { .. }
                 | Self::QueueDisabled
+                | Self::IdempotencyKeyReused
         )
     }
 
@@ -196,6 +199,7 @@ impl Problem {
             Self::BackendAuthFailed => ErrorCode::BackendAuthFailed,
             Self::BackendBusy { .. } => ErrorCode::BackendBusy,
             Self::QueueDisabled => ErrorCode::QueueDisabled,
+            Self::IdempotencyKeyReused => ErrorCode::IdempotencyKeyReused,
             Self::SendFailed { .. } => ErrorCode::SendFailed,
             Self::UnknownBackend { .. } => ErrorCode::NotFound,
             Self::SettingsUnavailable { .. } => ErrorCode::SettingsUnavailable,
@@ -229,7 +233,9 @@ impl Problem {
             Self::SendTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::BackendAuthFailed | Self::SendFailed { .. } => StatusCode::BAD_GATEWAY,
             Self::QueueDisabled => StatusCode::CONFLICT,
-            Self::UnsupportedAttribute { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::UnsupportedAttribute { .. } | Self::IdempotencyKeyReused => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
         }
     }
 
@@ -462,6 +468,7 @@ impl Problem {
                 retry_after: Duration::from_secs(1),
             },
             DispatchError::Send(SendError::QueueDisabled) => Problem::QueueDisabled,
+            DispatchError::Send(SendError::KeyReused) => Problem::IdempotencyKeyReused,
             DispatchError::Send(SendError::TooLarge) => Problem::PayloadTooLarge {
                 limit: max_body_bytes,
             },

@@ -24,10 +24,11 @@ use crate::admission::drain::DrainRate;
 use crate::admission::fair::tally::{Reason, WINDOW_S};
 use crate::admission::fair::TenantView;
 use crate::admission::{BackendRole, Dispatcher, Lane};
+use crate::config::OverridesLapse;
 use crate::coordination::Coordination;
 use crate::lifecycle::{GatewayState, NotAdmitting};
 use crate::settings::overrides::Key;
-use crate::settings::RuntimeSettings;
+use crate::settings::{default_value, RuntimeSettings};
 use sendgate_wire::{Drain, ErrorBody};
 
 /// `GET /health/live`'s body.
@@ -90,11 +91,7 @@ pub async fn ready(
     let why = match gateway_state {
         GatewayState::Starting => NotAdmitting::Starting,
         _ => NotAdmitting::Draining {
-            retry_after: state
-                .lifecycle
-                .drain_status()
-                .map(|d| d.remaining)
-                .unwrap_or_default(),
+            retry_after: state.lifecycle.drain_retry_after(),
         },
     };
     Err(context.error(why.into()))
@@ -132,30 +129,80 @@ pub struct SettingsState {
     /// last saw.
     ok: bool,
     last_error: Option<String>,
+    /// `SENDGATE_OVERRIDES_LAPSE`: `config_change` (an override lapses at the first start-up
+    /// with another value of its variable) or `never`.
+    #[schema(schema_with = schema::overrides_lapse)]
+    lapse: &'static str,
     /// Every value overridden at runtime, by setting (`queues.{queue}.{field}`,
-    /// `force_backend`): its value, the variable it overrides, the key that set it and when.
+    /// `force_backend`): its value, the variable it overrides, the variable's value now and
+    /// when it was made, the key that set it and when.
     overridden: BTreeMap<String, OverriddenValue>,
+    /// The overrides this start-up dropped because their variable's value had changed.
+    lapsed: BTreeMap<String, LapsedValue>,
 }
 
-/// What `/health/detailed` says of the overrides: `setting → {value, variable, by, at}`.
-fn overridden(settings: &RuntimeSettings) -> BTreeMap<String, OverriddenValue> {
+/// What `/health/detailed` says of the overrides: `setting → {value, variable, configured,
+/// made_against, differs, by, at}`.
+fn overridden(
+    settings: &RuntimeSettings,
+    dispatcher: &Dispatcher,
+) -> BTreeMap<String, OverriddenValue> {
     settings
         .overrides()
         .to_flat()
         .into_iter()
-        .map(|(name, stored)| {
-            let variable = Key::parse_flat(&name).map_or("", |k| k.variable().name);
-            (
+        .filter_map(|(name, stored)| {
+            let key = Key::parse_flat(&name)?;
+            let configured = default_value(&key, dispatcher);
+            Some((
                 name,
                 OverriddenValue {
+                    differs: stored.value != configured,
                     value: stored.value,
-                    variable,
+                    variable: key.variable().name,
+                    configured,
+                    made_against: stored.configured,
                     by: stored.by,
                     at: stored.at,
+                },
+            ))
+        })
+        .collect()
+}
+
+fn lapsed(settings: &RuntimeSettings) -> BTreeMap<String, LapsedValue> {
+    settings
+        .lapsed()
+        .into_iter()
+        .map(|l| {
+            (
+                l.key.flat(),
+                LapsedValue {
+                    value: l.value,
+                    variable: l.key.variable().name,
+                    configured: l.configured,
+                    made_against: l.stamp.configured.unwrap_or(Value::Null),
+                    by: l.stamp.by,
+                    at: l.stamp.at,
                 },
             )
         })
         .collect()
+}
+
+/// One override dropped at start-up on `/health/detailed`.
+#[derive(Serialize, ToSchema)]
+pub struct LapsedValue {
+    /// The override's value.
+    value: Value,
+    variable: &'static str,
+    /// The variable's value now.
+    configured: Value,
+    /// The variable's value when the override was made.
+    made_against: Value,
+    by: String,
+    #[schema(format = DateTime)]
+    at: String,
 }
 
 /// One overridden value on `/health/detailed`.
@@ -164,6 +211,13 @@ pub struct OverriddenValue {
     value: Value,
     /// The variable it overrides.
     variable: &'static str,
+    /// The variable's value now: what removing the override restores.
+    configured: Value,
+    /// Whether the override's value differs from `configured`.
+    differs: bool,
+    /// The variable's value when the override was made (`null` when stored by a build that
+    /// did not keep it: such an override never lapses).
+    made_against: Option<Value>,
     /// The API key's name that set it (`anonymous` without keys).
     by: String,
     /// RFC 3339.
@@ -379,7 +433,12 @@ pub(super) fn snapshot(state: &AppState) -> Detailed {
         store: runtime.store_kind(),
         ok: store.ok,
         last_error: store.last_error,
-        overridden: overridden(runtime),
+        lapse: match runtime.lapse() {
+            OverridesLapse::ConfigChange => "config_change",
+            OverridesLapse::Never => "never",
+        },
+        overridden: overridden(runtime, &state.dispatcher),
+        lapsed: lapsed(runtime),
     };
     let drain = state.lifecycle.drain_status().map(|d| Drain {
         remaining_s: (d.remaining.as_secs_f64() * 10.0).round() / 10.0,

@@ -39,6 +39,10 @@ pub fn settings_store() -> Object {
     words(["file", "redis"])
 }
 
+pub fn overrides_lapse() -> Object {
+    words(["config_change", "never"])
+}
+
 pub fn breaker_action() -> Object {
     words(["open", "close", "reset"])
 }

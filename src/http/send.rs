@@ -95,7 +95,7 @@ enum Taken {
         (status = 409, description = "`queue_disabled` at the broker.", body = ErrorBody),
         (status = 413, description = "`payload_too_large`, with `limit_bytes`.", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`: not `application/json`.", body = ErrorBody),
-        (status = 422, description = "`unsupported_attribute`: the backend the send would go to cannot carry one of its attributes (`attribute`, `backend`); nothing was sent.", body = ErrorBody),
+        (status = 422, description = "`unsupported_attribute`: the backend the send would go to cannot carry one of its attributes (`attribute`, `backend`); nothing was sent. `idempotency_key_reused` (embedded backend): the `Idempotency-Key` was used inside the duplicate-detection window for another body or other attributes; nothing was sent, and the same request is refused again.", body = ErrorBody),
         (status = 429, description = "`queue_full`: the backlog is at or over its ceiling (or, with `reason`, the send's criticality is refused from its level's share of it, `criticality`; or its tenant is past its part of a contended queue's room, `tenant_share` with `share`; or past one of its quotas, `tenant_quota` with `quota`: `rate` or `max_share`), or, with `SENDGATE_RESUME_BELOW`, not yet back at the resume level (`backlog`, `limit`, `retry_after_s`: the header's value, `drain_rate_per_s`: the measured drain rate or null).", body = ErrorBody,
             headers(
                 ("Retry-After" = u64, description = "Whole seconds to wait, at least 1."),

@@ -7,19 +7,27 @@
 //! under `SENDGATE_REDIS_PREFIX`, read by every replica every [`POLL_EVERY`], so a change
 //! made on one replica is in force on all within 2 s. A replica that cannot read the hash
 //! keeps the overrides it last saw.
+//!
+//! Each override keeps the variable's value it was made against. At start-up (a fleet
+//! replica: at its first read of the hash) every override whose variable has changed since
+//! lapses under `SENDGATE_OVERRIDES_LAPSE=config_change` (the default: the deployment wins)
+//! and is dropped from the store (`settings_lapsed`); every override still in force over a
+//! different configured value is logged (`settings_overriding`). `/health/detailed` shows
+//! both.
 
 pub mod overrides;
 pub mod store;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use parking_lot::Mutex;
 use serde_json::Value;
 
 use crate::admission::Dispatcher;
-use crate::config::Settings;
+use crate::config::{OverridesLapse, Settings};
 use crate::coordination::Coordination;
-use overrides::{Changed, Overrides, Patch, PatchError, Scope, Stamp};
+use overrides::{Changed, Key, Overrides, Patch, PatchError, Scope, Stamp};
 use sendgate_wire::FieldError;
 use store::{SettingsStoreError, Store, Write};
 
@@ -42,9 +50,25 @@ pub struct StoreHealth {
     pub last_error: Option<String>,
 }
 
+/// An override dropped at start-up because its variable's value changed since it was made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lapsed {
+    pub key: Key,
+    pub value: Value,
+    /// Who made it, when, and against which value.
+    pub stamp: Stamp,
+    /// The variable's value now.
+    pub configured: Value,
+}
+
 pub struct RuntimeSettings {
     scope: Scope,
     store: Store,
+    lapse: OverridesLapse,
+    /// Whether the start-up check ([`RuntimeSettings::sync`]'s first success) has run.
+    checked: AtomicBool,
+    /// What the start-up check dropped, for `/health/detailed`.
+    lapsed: Mutex<Vec<Lapsed>>,
     /// The overrides in force. Read by the admin and health routes only: sends read the
     /// gates' policies, which are swapped when this changes.
     current: Mutex<Overrides>,
@@ -96,6 +120,9 @@ impl RuntimeSettings {
         Ok(Self {
             scope,
             store,
+            lapse: settings.overrides_lapse,
+            checked: AtomicBool::new(false),
+            lapsed: Mutex::new(Vec::new()),
             current: Mutex::new(current),
             writing: tokio::sync::Mutex::new(()),
             health: Mutex::new(StoreHealth {
@@ -126,6 +153,16 @@ impl RuntimeSettings {
         self.health.lock().clone()
     }
 
+    /// `SENDGATE_OVERRIDES_LAPSE`.
+    pub fn lapse(&self) -> OverridesLapse {
+        self.lapse
+    }
+
+    /// The overrides the start-up check dropped.
+    pub fn lapsed(&self) -> Vec<Lapsed> {
+        self.lapsed.lock().clone()
+    }
+
     /// Put the overrides in force on every lane's gates and on routing.
     pub fn apply(&self, dispatcher: &Dispatcher) {
         let current = self.current.lock().clone();
@@ -150,29 +187,18 @@ impl RuntimeSettings {
         let stamp = Stamp {
             by: by.to_owned(),
             at: now_rfc3339(),
+            configured: None,
         };
         let changed = next.apply(patch, &stamp);
+        for c in changed.iter().filter(|c| c.new.is_some()) {
+            next.made_against(&c.key, default_value(&c.key, dispatcher));
+        }
         let crossed = crossed_levels(&next, patch, dispatcher);
         if !crossed.is_empty() {
             return Err(PatchError::Invalid(crossed).into());
         }
         if !changed.is_empty() {
-            let all = next.to_flat();
-            let mut write = Write::default();
-            for c in &changed {
-                let name = c.key.flat();
-                match all.get(&name) {
-                    Some(value) => {
-                        write.set.insert(name, value.clone());
-                    }
-                    None => write.removed.push(name),
-                }
-            }
-            if let Err(e) = self.store.write(&all, &write).await {
-                self.mark(Err(&e));
-                return Err(e.into());
-            }
-            self.mark(Ok(()));
+            self.store_changes(&next, &changed).await?;
         }
         apply(&next, dispatcher);
         *self.current.lock() = next;
@@ -193,27 +219,146 @@ impl RuntimeSettings {
         Ok(changed)
     }
 
+    /// Store `changed` as `next` has them: the file whole, the hash's changed fields.
+    async fn store_changes(
+        &self,
+        next: &Overrides,
+        changed: &[Changed],
+    ) -> Result<(), SettingsStoreError> {
+        let all = next.to_flat();
+        let mut write = Write::default();
+        for c in changed {
+            let name = c.key.flat();
+            match all.get(&name) {
+                Some(value) => {
+                    write.set.insert(name, value.clone());
+                }
+                None => write.removed.push(name),
+            }
+        }
+        let written = self.store.write(&all, &write).await;
+        self.mark(written.as_ref().map(|_| ()));
+        written
+    }
+
     /// Fleet mode: read the shared overrides and put them in force when they changed.
     /// On failure the replica keeps the overrides it last saw. Returns whether the read
-    /// succeeded (local mode: always).
+    /// succeeded (local mode: always). The first success (local mode: the first call) is the
+    /// start-up check: overrides made against another configured value lapse or are logged.
     pub async fn sync(&self, dispatcher: &Dispatcher) -> bool {
-        if !self.is_fleet() {
+        let checked = self.checked.load(Ordering::SeqCst);
+        if checked && !self.is_fleet() {
             return true;
         }
-        let Ok(_turn) = self.writing.try_lock() else {
-            return true; // a change is being made here; it puts its result in force
-        };
-        match self.read_shared().await {
-            Ok(shared) => {
-                let changed = *self.current.lock() != shared;
-                if changed {
-                    apply(&shared, dispatcher);
-                    *self.current.lock() = shared;
-                }
-                true
+        let _turn = if checked {
+            match self.writing.try_lock() {
+                Ok(turn) => turn,
+                Err(_) => return true, // a change is being made here; it puts its result in force
             }
-            Err(_) => false,
+        } else {
+            self.writing.lock().await
+        };
+        let read = match &self.store {
+            Store::Redis { .. } => self.read_shared().await,
+            Store::File(_) => Ok(self.current.lock().clone()),
+        };
+        let Ok(mut shared) = read else {
+            return false;
+        };
+        if !self.checked.load(Ordering::SeqCst) {
+            let Ok(kept) = self.check_at_start(shared, dispatcher).await else {
+                return false;
+            };
+            shared = kept;
+            self.checked.store(true, Ordering::SeqCst);
         }
+        let changed = *self.current.lock() != shared;
+        if changed {
+            apply(&shared, dispatcher);
+            *self.current.lock() = shared;
+        }
+        true
+    }
+
+    /// The start-up check of `overrides`: those whose variable's value changed since they
+    /// were made lapse (under `config_change`: dropped here and from the store); those in
+    /// force over another value are logged. Returns what stays in force; an error when the
+    /// store could not drop what lapsed (the next read tries again).
+    async fn check_at_start(
+        &self,
+        mut overrides: Overrides,
+        dispatcher: &Dispatcher,
+    ) -> Result<Overrides, SettingsStoreError> {
+        let mut lapsed = Vec::new();
+        for key in overrides.keys() {
+            let Some((value, stamp)) = overrides.get(&key).map(|(v, s)| (v, s.clone())) else {
+                continue;
+            };
+            let configured = default_value(&key, dispatcher);
+            let made_against = stamp.configured.clone().unwrap_or_default();
+            let moved = stamp.configured.as_ref().is_some_and(|c| *c != configured);
+            if moved && self.lapse == OverridesLapse::ConfigChange {
+                overrides.remove(&key);
+                lapsed.push(Lapsed {
+                    key,
+                    value,
+                    stamp,
+                    configured,
+                });
+            } else if value != configured {
+                tracing::warn!(
+                    event = "settings_overriding",
+                    setting = %key.flat(),
+                    variable = key.variable().name,
+                    value = %value,
+                    configured = %configured,
+                    made_against = %made_against,
+                    by = %stamp.by,
+                    at = %stamp.at,
+                    store = self.store.kind(),
+                    "a runtime override is in force over the configured value (PATCH it to null to restore the variable's)"
+                );
+            }
+        }
+        if !lapsed.is_empty() {
+            self.drop_lapsed(&overrides, &lapsed).await?;
+        }
+        for l in &lapsed {
+            let made_against = l.stamp.configured.clone().unwrap_or_default();
+            tracing::warn!(
+                event = "settings_lapsed",
+                setting = %l.key.flat(),
+                variable = l.key.variable().name,
+                value = %l.value,
+                made_against = %made_against,
+                configured = %l.configured,
+                by = %l.stamp.by,
+                at = %l.stamp.at,
+                store = self.store.kind(),
+                "a runtime override lapsed: the variable's value it was made against has changed (SENDGATE_OVERRIDES_LAPSE=config_change)"
+            );
+        }
+        *self.lapsed.lock() = lapsed;
+        Ok(overrides)
+    }
+
+    /// Remove what lapsed from the store. The hash's fields are removed only while they still
+    /// hold the override read (same `at`), so a change another replica made since survives.
+    async fn drop_lapsed(
+        &self,
+        kept: &Overrides,
+        lapsed: &[Lapsed],
+    ) -> Result<(), SettingsStoreError> {
+        let dropped: Vec<(String, String)> = lapsed
+            .iter()
+            .map(|l| (l.key.flat(), l.stamp.at.clone()))
+            .collect();
+        let result = self
+            .store
+            .drop_if_unchanged(&kept.to_flat(), &dropped)
+            .await;
+        self.mark(result.as_ref().map(|_| ()));
+        result
     }
 
     async fn read_shared(&self) -> Result<Overrides, SettingsStoreError> {

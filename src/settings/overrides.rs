@@ -72,11 +72,14 @@ impl QueueField {
 
 pub const FORCE_BACKEND: &str = "force_backend";
 
-/// Who set a value (the API key's name, `open` without keys) and when (RFC 3339).
+/// Who set a value (the API key's name, `open` without keys), when (RFC 3339), and the
+/// variable's value it was made against (`None` when stored by a build that did not keep
+/// it): a start-up with another value drops it under `SENDGATE_OVERRIDES_LAPSE=config_change`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stamp {
     pub by: String,
     pub at: String,
+    pub configured: Option<Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -541,7 +544,51 @@ impl Overrides {
         }
     }
 
-    fn remove(&mut self, key: &Key) {
+    /// Every key with an override, in key order.
+    pub fn keys(&self) -> Vec<Key> {
+        self.queues
+            .iter()
+            .flat_map(|(q, o)| {
+                QueueField::ALL
+                    .into_iter()
+                    .filter(|f| o.get(*f).is_some())
+                    .map(|f| Key::Queue(q.clone(), f))
+            })
+            .chain(self.force_backend.as_ref().map(|_| Key::ForceBackend))
+            .collect()
+    }
+
+    /// Record the variable's value `key`'s override was made against.
+    pub fn made_against(&mut self, key: &Key, configured: Value) {
+        if let Some(stamp) = self.stamp_mut(key) {
+            stamp.configured = Some(configured);
+        }
+    }
+
+    fn stamp_mut(&mut self, key: &Key) -> Option<&mut Stamp> {
+        match key {
+            Key::ForceBackend => self.force_backend.as_mut().map(|s| &mut s.stamp),
+            Key::Queue(queue, field) => {
+                let q = self.queues.get_mut(queue)?;
+                match field {
+                    QueueField::MaxQueueDepth => q.max_queue_depth.as_mut().map(|s| &mut s.stamp),
+                    QueueField::FailClosed => q.fail_closed.as_mut().map(|s| &mut s.stamp),
+                    QueueField::FailClosedStreak => {
+                        q.fail_closed_streak.as_mut().map(|s| &mut s.stamp)
+                    }
+                    QueueField::DepthTtlMs => q.depth_ttl_ms.as_mut().map(|s| &mut s.stamp),
+                    QueueField::ShedAtSheddable => {
+                        q.shed_at_sheddable.as_mut().map(|s| &mut s.stamp)
+                    }
+                    QueueField::ShedAtDefault => q.shed_at_default.as_mut().map(|s| &mut s.stamp),
+                    QueueField::FairShareAt => q.fair_share_at.as_mut().map(|s| &mut s.stamp),
+                }
+            }
+        }
+    }
+
+    /// Drop `key`'s override.
+    pub fn remove(&mut self, key: &Key) {
         match key {
             Key::ForceBackend => self.force_backend = None,
             Key::Queue(queue, field) => {
@@ -571,6 +618,7 @@ impl Overrides {
                         value,
                         by: stamp.by.clone(),
                         at: stamp.at.clone(),
+                        configured: stamp.configured.clone(),
                     },
                 );
             }
@@ -633,6 +681,7 @@ impl Overrides {
                 Stamp {
                     by: stored.by.clone(),
                     at: stored.at.clone(),
+                    configured: stored.configured.clone(),
                 },
             );
         }
@@ -665,6 +714,9 @@ pub struct StoredValue {
     pub value: Value,
     pub by: String,
     pub at: String,
+    /// The variable's value when the override was made (absent from what older builds stored).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configured: Option<Value>,
 }
 
 #[cfg(test)]
@@ -800,6 +852,7 @@ mod tests {
         Stamp {
             by: by.into(),
             at: "2026-12-01T08:00:00Z".into(),
+            configured: None,
         }
     }
 
@@ -921,6 +974,7 @@ mod tests {
                 value: json!(5),
                 by: "x".into(),
                 at: "y".into(),
+                configured: None,
             },
         );
         let (_, skipped) = Overrides::from_flat(&other, &scope(true)).unwrap();
@@ -933,6 +987,7 @@ mod tests {
                 value: json!(0),
                 by: "x".into(),
                 at: "y".into(),
+                configured: None,
             },
         );
         let error = Overrides::from_flat(&bad, &scope(true)).unwrap_err();
@@ -956,6 +1011,7 @@ mod tests {
                 value: json!("fallback"),
                 by: "x".into(),
                 at: "y".into(),
+                configured: None,
             },
         )]);
         assert!(Overrides::from_flat(&pinned, &scope(false)).is_err());

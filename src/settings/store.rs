@@ -150,6 +150,50 @@ impl Store {
     }
 }
 
+/// Removes a hash's field only while it still holds the override written at `ARGV[2]`.
+const DROP_IF_UNCHANGED: &str = r#"
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+if current and cjson.decode(current)['at'] == ARGV[2] then
+  return redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0
+"#;
+
+impl Store {
+    /// Drop the overrides `dropped` (flat name, the `at` they were read with). The file is
+    /// rewritten whole as `kept`; each hash field is removed only while it still holds what
+    /// was read, so a change made since (on another replica) is not lost.
+    pub async fn drop_if_unchanged(
+        &self,
+        kept: &Flat,
+        dropped: &[(String, String)],
+    ) -> Result<(), SettingsStoreError> {
+        match self {
+            Self::File(_) => {
+                let write = Write {
+                    set: Flat::new(),
+                    removed: dropped.iter().map(|(name, _)| name.clone()).collect(),
+                };
+                self.write(kept, &write).await
+            }
+            Self::Redis { client, key } => {
+                let mut pipe = redis::pipe();
+                for (field, at) in dropped {
+                    pipe.cmd("EVAL")
+                        .arg(DROP_IF_UNCHANGED)
+                        .arg(1)
+                        .arg(key)
+                        .arg(field)
+                        .arg(at)
+                        .ignore();
+                }
+                let () = client.query(&pipe).await?;
+                Ok(())
+            }
+        }
+    }
+}
+
 /// The file's overrides (none when there is no file).
 pub fn read_file(path: &Path) -> Result<Flat, SettingsStoreError> {
     let text = match std::fs::read_to_string(path) {
@@ -218,6 +262,7 @@ mod tests {
             value: n.into(),
             by: "ops".into(),
             at: "2026-12-01T08:00:00Z".into(),
+            configured: None,
         }
     }
 

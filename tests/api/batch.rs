@@ -224,6 +224,32 @@ async fn an_entry_the_broker_refuses_is_named_in_a_207_and_its_retry_stores_it_o
     assert_eq!(app.stored("requests"), 3);
 }
 
+/// Issue 41 item 5 in a batch: an entry whose key was used for another message is refused
+/// in the `207` (`idempotency_key_reused`), the others are queued or duplicates.
+#[tokio::test]
+async fn an_entry_reusing_a_key_for_another_body_is_refused_in_a_207() {
+    let app = spawn_app_with(&[]).await;
+    let first = json!({"messages": [
+        {"body": 0, "idempotency_key": "k-0"},
+        {"body": 1, "idempotency_key": "k-1"},
+    ]});
+    assert_eq!(batch(&app, &first, &[]).await.status(), 201);
+    let again = json!({"messages": [
+        {"body": 0, "idempotency_key": "k-0"},
+        {"body": "other", "idempotency_key": "k-1"},
+        {"body": 2, "idempotency_key": "k-2"},
+    ]});
+    let response = batch(&app, &again, &[]).await;
+    assert_eq!(response.status(), 207);
+    let answer = body_json(response).await;
+    let results = answer["results"].as_array().unwrap();
+    assert_eq!(results[1]["status"], "failed", "{answer}");
+    assert_eq!(results[1]["code"], "idempotency_key_reused", "{answer}");
+    assert_eq!(results[0]["status"], "queued");
+    assert_eq!(results[2]["status"], "queued");
+    assert_eq!(app.stored("requests"), 3);
+}
+
 #[tokio::test]
 async fn a_batch_whose_send_times_out_says_unknown_for_each_and_its_retry_stores_each_once() {
     let app = spawn_app_with(&[("SENDGATE_SEND_TIMEOUT_MS", "300")]).await;

@@ -1,7 +1,9 @@
 //! The drain as a load balancer and a producer see it (`SENDGATE_DRAIN_LINGER_S`): after
 //! SIGTERM the listener keeps answering `503 draining` (readiness 503) for the linger even
 //! with nothing in flight, so traffic still routed here meets a `Retry-After` instead of a
-//! refused connection; then the process exits 0.
+//! refused connection; then the process exits 0. A refused producer's `Retry-After` is
+//! about as long as the restart takes (the linger left, or the sends in flight's bound, plus
+//! a second), not the whole window: a plain HTTP client honouring it is back in seconds.
 
 use std::time::{Duration, Instant};
 
@@ -61,8 +63,8 @@ async fn drain_with_nothing_in_flight_answers_503_draining_for_the_linger_then_e
     assert_eq!(late.headers()["connection"], "close");
     let after = retry_after(&late).expect("Retry-After");
     assert!(
-        (18..=20).contains(&after),
-        "Retry-After {after} is the window left"
+        (2..=4).contains(&after),
+        "Retry-After {after} is the 3 s linger left and a second for the restart, not the 20 s window"
     );
     let body = body_json(late).await;
     assert_eq!(body["code"], "draining");
@@ -126,11 +128,21 @@ async fn drain_waits_for_a_send_longer_than_the_linger_and_ends_with_it() {
     let app = spawn_app_with(&[
         ("SENDGATE_DRAIN_TIMEOUT_S", "60"),
         ("SENDGATE_DRAIN_LINGER_S", "1"),
+        ("SENDGATE_SEND_TIMEOUT_MS", "8000"),
+        ("SENDGATE_BODY_TIMEOUT_MS", "2000"),
     ])
     .await;
     app.faults().hold_sends(true);
     let held = app.hold_one_send().await;
     assert!(app.handle.lifecycle.begin_drain(Duration::from_secs(60)));
+
+    // The send in flight may take its body's 2 s and its send's 8 s: a producer refused now
+    // is told that and the restart's second, not the 60 s window.
+    let refused = app.send("requests", "{}").await;
+    assert_eq!(refused.status(), 503);
+    let after = retry_after(&refused).expect("Retry-After");
+    assert!((10..=11).contains(&after), "Retry-After {after}");
+    assert_eq!(body_json(refused).await["retry_after_s"], after);
 
     // Past the linger, the send still holds the drain open.
     tokio::time::sleep(Duration::from_millis(1500)).await;

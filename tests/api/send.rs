@@ -51,6 +51,39 @@ async fn the_idempotency_key_becomes_the_message_id_and_a_retry_stores_nothing_n
     assert_eq!(stored[0].message_id, "order-42");
 }
 
+/// Issue 41 item 5: where the gateway can know (the embedded queue keeps a digest of each
+/// id's body and attributes for the duplicate window), a key reused for another message is
+/// refused, as Stripe refuses a key reused with other parameters: `422
+/// idempotency_key_reused`, nothing stored, the first message kept; a true retry is still a
+/// duplicate.
+#[tokio::test]
+async fn the_same_idempotency_key_with_another_body_is_refused_and_nothing_is_stored() {
+    let app = spawn_app().await;
+    let key = [("Idempotency-Key", "order-43")];
+    assert_eq!(app.send_with("requests", "[1,2]", &key).await.status(), 201);
+
+    let reused = app.send_with("requests", "[1,3]", &key).await;
+    assert_eq!(reused.status(), 422);
+    assert!(
+        reused.headers().get("retry-after").is_none(),
+        "final, not a wait"
+    );
+    let body = body_json(reused).await;
+    assert_eq!(body["code"], "idempotency_key_reused", "{body}");
+
+    let retry = app.send_with("requests", "[1,2]", &key).await;
+    assert_eq!(retry.status(), 201);
+    assert_eq!(body_json(retry).await["duplicate"], true);
+    let stored = app.receive_all("requests");
+    assert_eq!(stored.len(), 1, "the reused key stored nothing");
+    assert_eq!(stored[0].body, b"[1,2]", "the first message is kept");
+    assert_eq!(
+        app.detailed().await["backends"]["primary"]["breaker"],
+        "closed",
+        "the caller's mistake says nothing about the backend"
+    );
+}
+
 #[tokio::test]
 async fn the_body_is_stored_byte_for_byte_and_survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();

@@ -533,3 +533,123 @@ async fn each_change_logs_settings_changed_with_old_and_new_and_the_key_never_it
     );
     assert_eq!(field(second, "overridden"), "false");
 }
+
+/// The binary on `data` with `SERVICEBUS_SEND_MAX_QUEUE_DEPTH=ceiling` and `vars`, logging
+/// JSON lines to `log`.
+async fn restarted(
+    data: &str,
+    ceiling: &str,
+    vars: &[(&str, &str)],
+    log: &std::path::Path,
+) -> GatewayProcess {
+    let mut all = vec![
+        ("SENDGATE_DATA_DIR", data),
+        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", ceiling),
+        ("SENDGATE_LOG_FORMAT", "json"),
+    ];
+    all.extend_from_slice(vars);
+    GatewayProcess::start_logging_to(&all, std::fs::File::create(log).unwrap()).await
+}
+
+/// The log lines of `event` in `log`, waited for (at most 5 s) until there is one.
+async fn logged(log: &std::path::Path, event: &str) -> Vec<Value> {
+    let started = std::time::Instant::now();
+    loop {
+        let lines: Vec<Value> = std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|l| l["event"] == event)
+            .collect();
+        if !lines.is_empty() || started.elapsed() > Duration::from_secs(5) {
+            return lines;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn stop(mut gw: GatewayProcess) {
+    gw.signal("TERM");
+    assert_eq!(gw.exit(Duration::from_secs(20)).await.0, 0);
+}
+
+/// Issue 41 item 3: an override in force over the deployment's value is said at start-up
+/// and on `/health/detailed`; by default it lapses once the deployment changes the value it
+/// was made against (`SENDGATE_OVERRIDES_LAPSE=config_change`); `never` keeps it.
+#[tokio::test]
+async fn a_restart_with_an_override_in_force_says_so_and_a_changed_deployment_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data").display().to_string();
+    let log = dir.path().join("sendgate.log");
+    let setting = "queues.requests.max_queue_depth";
+
+    let first = restarted(&data, "500", &[], &log).await;
+    let response = first
+        .client
+        .patch(first.url("/admin/settings"))
+        .header("Content-Type", "application/json")
+        .body(r#"{"queues": {"requests": {"max_queue_depth": 3}}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    stop(first).await;
+
+    // The same deployment: the override stays, and is said.
+    let same = restarted(&data, "500", &[], &log).await;
+    let d = same.detailed().await;
+    assert_eq!(d["queues"]["requests"]["limit"], 3);
+    let o = &d["settings"]["overridden"][setting];
+    assert_eq!(
+        (&o["configured"], &o["made_against"]),
+        (&json!(500), &json!(500))
+    );
+    assert_eq!(o["differs"], true);
+    assert_eq!(d["settings"]["lapse"], "config_change");
+    let said = logged(&log, "settings_overriding").await;
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert_eq!(said[0]["setting"], setting);
+    assert_eq!(said[0]["value"].to_string().trim_matches('"'), "3");
+    assert_eq!(said[0]["configured"].to_string().trim_matches('"'), "500");
+    stop(same).await;
+
+    // The deployment raised the ceiling: the override lapses, from the file too.
+    let raised = restarted(&data, "600", &[], &log).await;
+    let d = raised.detailed().await;
+    assert_eq!(d["queues"]["requests"]["limit"], 600, "the deployment wins");
+    assert!(d["settings"]["overridden"].get(setting).is_none(), "{d}");
+    let lapsed = &d["settings"]["lapsed"][setting];
+    assert_eq!(
+        (
+            &lapsed["value"],
+            &lapsed["made_against"],
+            &lapsed["configured"]
+        ),
+        (&json!(3), &json!(500), &json!(600))
+    );
+    assert_eq!(logged(&log, "settings_lapsed").await.len(), 1);
+    let file = std::fs::read_to_string(dir.path().join("data/settings.json")).unwrap();
+    assert!(!file.contains(setting), "dropped from the store: {file}");
+    // An override made now is made against 600.
+    let response = raised
+        .client
+        .patch(raised.url("/admin/settings"))
+        .header("Content-Type", "application/json")
+        .body(r#"{"queues": {"requests": {"max_queue_depth": 3}}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    stop(raised).await;
+
+    // `never`: the override outlives a changed deployment, and says so.
+    let kept = restarted(&data, "700", &[("SENDGATE_OVERRIDES_LAPSE", "never")], &log).await;
+    let d = kept.detailed().await;
+    assert_eq!(d["queues"]["requests"]["limit"], 3);
+    assert_eq!(d["settings"]["lapse"], "never");
+    assert_eq!(d["settings"]["overridden"][setting]["made_against"], 600);
+    assert_eq!(d["settings"]["overridden"][setting]["configured"], 700);
+    assert_eq!(logged(&log, "settings_overriding").await.len(), 1);
+    assert!(logged(&log, "settings_lapsed").await.is_empty());
+    stop(kept).await;
+}

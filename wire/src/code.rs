@@ -45,6 +45,10 @@ pub enum ErrorCode {
     /// The backend the send would go to cannot carry one of its attributes faithfully (a
     /// scheduled enqueue on RabbitMQ): refused rather than sent without it.
     UnsupportedAttribute,
+    /// The `Idempotency-Key` was used inside the duplicate-detection window for another
+    /// message (another body or other attributes): nothing was sent, and repeating the
+    /// request is refused again.
+    IdempotencyKeyReused,
 }
 
 /// A code this version does not know.
@@ -54,7 +58,7 @@ pub struct UnknownCode(pub String);
 
 impl ErrorCode {
     /// Every code, in the contract's order.
-    pub const ALL: [ErrorCode; 23] = [
+    pub const ALL: [ErrorCode; 24] = [
         Self::NotFound,
         Self::MethodNotAllowed,
         Self::UnknownQueue,
@@ -78,6 +82,7 @@ impl ErrorCode {
         Self::SendFailed,
         Self::SettingsUnavailable,
         Self::UnsupportedAttribute,
+        Self::IdempotencyKeyReused,
     ];
 
     /// The code as it appears in a body (and as a metric label): static, so the server's
@@ -107,6 +112,7 @@ impl ErrorCode {
             Self::SendFailed => "send_failed",
             Self::SettingsUnavailable => "settings_unavailable",
             Self::UnsupportedAttribute => "unsupported_attribute",
+            Self::IdempotencyKeyReused => "idempotency_key_reused",
         }
     }
 

@@ -11,6 +11,10 @@
 //!
 //! Every attribute is stored with its message and honoured there (store.rs: scheduling,
 //! expiry); the trace properties the gateway adds are stored beside them.
+//!
+//! A message id seen inside the duplicate window is not stored again: a retry (the same
+//! body and attributes) is answered as a duplicate, another message under the same id is
+//! refused ([`SendError::KeyReused`]).
 
 mod store;
 
@@ -25,8 +29,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 pub use store::{
-    database_path, system_clock, unix_ms, Clock, LeasedMessage, Store, StoreError, StoredMessage,
-    DUPLICATE_WINDOW, MAX_LEASE,
+    database_path, system_clock, unix_ms, Clock, LeasedMessage, Store, StoreError, Stored,
+    StoredMessage, DUPLICATE_WINDOW, MAX_LEASE,
 };
 
 use super::{Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt, StoreHealth};
@@ -149,8 +153,8 @@ fn wire_attributes(a: &Attributes) -> MessageAttributes {
 /// Messages stored in one transaction, and where to say how it went.
 struct WriteJob {
     messages: Vec<Prepared>,
-    /// Per message, whether it was a duplicate; or why none of them was stored.
-    reply: oneshot::Sender<Result<Vec<bool>, SendError>>,
+    /// Per message, what became of it; or why none of them was stored.
+    reply: oneshot::Sender<Result<Vec<Stored>, SendError>>,
 }
 
 pub struct EmbeddedQueue {
@@ -183,7 +187,7 @@ impl EmbeddedQueue {
         &self,
         messages: Vec<Prepared>,
         deadline: Instant,
-    ) -> Result<Vec<bool>, SendError> {
+    ) -> Result<Vec<Stored>, SendError> {
         let count = messages.len();
         let write = async {
             let (reply, answer) = oneshot::channel();
@@ -267,11 +271,11 @@ fn commit(store: &mut Store, mut jobs: Vec<WriteJob>, condition: &Condition) {
     let outcome = store.insert_batch(&rows);
     drop(rows);
     match outcome {
-        Ok(duplicates) => {
+        Ok(results) => {
             condition.wrote();
-            let mut duplicates = duplicates.into_iter();
+            let mut results = results.into_iter();
             for job in jobs {
-                let mine = duplicates.by_ref().take(job.messages.len()).collect();
+                let mine = results.by_ref().take(job.messages.len()).collect();
                 let _ = job.reply.send(Ok(mine));
             }
         }
@@ -294,6 +298,15 @@ fn commit(store: &mut Store, mut jobs: Vec<WriteJob>, condition: &Condition) {
                 let _ = job.reply.send(Err(answer.clone()));
             }
         }
+    }
+}
+
+/// One message's answer: stored, a duplicate (a retry), or its id reused for another message.
+fn receipt(stored: Stored) -> Result<SendReceipt, SendError> {
+    match stored {
+        Stored::New => Ok(SendReceipt { duplicate: false }),
+        Stored::Duplicate => Ok(SendReceipt { duplicate: true }),
+        Stored::KeyReused => Err(SendError::KeyReused),
     }
 }
 
@@ -321,10 +334,8 @@ impl Backend for EmbeddedQueue {
         message: OutgoingMessage,
         deadline: Instant,
     ) -> Result<SendReceipt, SendError> {
-        let duplicates = self.write(vec![Prepared::new(message)], deadline).await?;
-        Ok(SendReceipt {
-            duplicate: duplicates[0],
-        })
+        let results = self.write(vec![Prepared::new(message)], deadline).await?;
+        receipt(results[0])
     }
 
     /// One job, so one transaction: every message is stored, or none is (each then fails
@@ -340,10 +351,7 @@ impl Backend for EmbeddedQueue {
         }
         let prepared = messages.into_iter().map(Prepared::new).collect();
         match self.write(prepared, deadline).await {
-            Ok(duplicates) => duplicates
-                .into_iter()
-                .map(|duplicate| Ok(SendReceipt { duplicate }))
-                .collect(),
+            Ok(results) => results.into_iter().map(receipt).collect(),
             Err(e) => vec![Err(e); count],
         }
     }
@@ -499,6 +507,25 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_id_reused_for_another_body_is_refused_and_a_retry_is_a_duplicate() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = EmbeddedQueue::open(dir.path()).unwrap();
+        queue.send(message("k"), soon()).await.unwrap();
+        let other = OutgoingMessage::new(
+            QueueName::parse("q").unwrap(),
+            MessageId::parse("k").unwrap(),
+            None,
+            Bytes::from_static(b"[]"),
+        );
+        assert_eq!(queue.send(other, soon()).await, Err(SendError::KeyReused));
+        assert_eq!(
+            queue.send(message("k"), soon()).await,
+            Ok(SendReceipt { duplicate: true })
+        );
+        assert_eq!(queue.reader.lock().depth("q").unwrap(), 1);
+    }
+
+    #[tokio::test]
     async fn a_batch_reports_each_duplicate_as_single_sends_do() {
         let dir = tempfile::tempdir().unwrap();
         let queue = EmbeddedQueue::open(dir.path()).unwrap();
@@ -550,7 +577,7 @@ mod tests {
         assert_eq!(queue.reader.lock().depth("q").unwrap(), size as u64);
     }
 
-    fn job(size: usize) -> (WriteJob, oneshot::Receiver<Result<Vec<bool>, SendError>>) {
+    fn job(size: usize) -> (WriteJob, oneshot::Receiver<Result<Vec<Stored>, SendError>>) {
         let (reply, answer) = oneshot::channel();
         let messages = (0..size)
             .map(|i| Prepared::new(message(&format!("m-{size}-{i}"))))

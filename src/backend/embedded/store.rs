@@ -83,8 +83,10 @@ CREATE TABLE IF NOT EXISTS seen_ids (
 CREATE INDEX IF NOT EXISTS seen_ids_by_age ON seen_ids (seen_at_ms);
 ";
 
-/// One schema change: the column that shows it was made, and the statements that make it.
+/// One schema change: the column (of `table`) that shows it was made, and the statements
+/// that make it.
 struct Migration {
+    table: &'static str,
     marker_column: &'static str,
     statements: &'static [&'static str],
 }
@@ -93,6 +95,7 @@ struct Migration {
 const MIGRATIONS: &[Migration] = &[
     // Version 1: leases.
     Migration {
+        table: "messages",
         marker_column: "lock_token",
         statements: &[
             "ALTER TABLE messages ADD COLUMN locked_until_ms INTEGER NOT NULL DEFAULT 0",
@@ -106,6 +109,7 @@ const MIGRATIONS: &[Migration] = &[
     // newer message (adding a column with a constant default rewrites no row).
     // `messages_by_queue (queue, seq)` gives way to the order receives now take.
     Migration {
+        table: "messages",
         marker_column: "visible_at_ms",
         statements: &[
             "ALTER TABLE messages ADD COLUMN attributes TEXT",
@@ -118,6 +122,14 @@ const MIGRATIONS: &[Migration] = &[
                  WHERE expires_at_ms IS NOT NULL",
             "DROP INDEX IF EXISTS messages_by_queue",
         ],
+    },
+    // Version 3: the digest of what was sent under an id, so the same id with another body
+    // or other attributes is told apart from a retry. An id remembered before has none: it
+    // is a duplicate whatever comes with it, as before.
+    Migration {
+        table: "seen_ids",
+        marker_column: "digest",
+        statements: &["ALTER TABLE seen_ids ADD COLUMN digest BLOB"],
     },
 ];
 
@@ -198,6 +210,30 @@ pub struct NewMessage<'a> {
     pub scheduled_at_ms: Option<i64>,
     /// Expires this long after it becomes receivable.
     pub time_to_live_ms: Option<i64>,
+}
+
+/// What became of one message of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    /// Stored.
+    New,
+    /// Its id was stored inside the window with the same body and attributes: a retry,
+    /// acknowledged and not stored again.
+    Duplicate,
+    /// Its id was stored inside the window with another body or other attributes: not
+    /// stored, and refused (Stripe's rule for a key reused with other parameters).
+    KeyReused,
+}
+
+/// SHA-256 of what a message's id stands for: its body and its attributes (not the trace
+/// properties, which each attempt makes anew).
+fn digest(m: &NewMessage<'_>) -> Vec<u8> {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    hash.update((m.body.len() as u64).to_le_bytes());
+    hash.update(m.body);
+    hash.update(m.attributes.unwrap_or("").as_bytes());
+    hash.finalize().to_vec()
 }
 
 /// The attributes as the `attributes` column holds them; `None` when there are none.
@@ -304,20 +340,22 @@ impl Store {
     }
 
     /// Store a batch in one transaction (all of it or, on an error, none); one result per
-    /// message: `true` when it was a duplicate inside the window and so was not stored
-    /// again (a second message with one id in the same batch included).
-    pub fn insert_batch(&mut self, batch: &[NewMessage<'_>]) -> Result<Vec<bool>, StoreError> {
+    /// message: an id already stored inside the window (by an earlier message of the same
+    /// batch too) is not stored again, a [`Stored::Duplicate`] when it came with the same
+    /// body and attributes, else [`Stored::KeyReused`].
+    pub fn insert_batch(&mut self, batch: &[NewMessage<'_>]) -> Result<Vec<Stored>, StoreError> {
         let now_ms = self.now_ms();
         let window_start = now_ms - DUPLICATE_WINDOW.as_millis() as i64;
         let tx = self.write()?;
-        let mut duplicates = Vec::with_capacity(batch.len());
+        let mut results = Vec::with_capacity(batch.len());
         {
             let mut seen = tx.prepare_cached(
-                "SELECT seen_at_ms FROM seen_ids WHERE queue = ?1 AND message_id = ?2",
+                "SELECT seen_at_ms, digest FROM seen_ids WHERE queue = ?1 AND message_id = ?2",
             )?;
             let mut remember = tx.prepare_cached(
-                "INSERT INTO seen_ids (queue, message_id, seen_at_ms) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (queue, message_id) DO UPDATE SET seen_at_ms = excluded.seen_at_ms",
+                "INSERT INTO seen_ids (queue, message_id, seen_at_ms, digest) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (queue, message_id)
+                 DO UPDATE SET seen_at_ms = excluded.seen_at_ms, digest = excluded.digest",
             )?;
             let mut insert = tx.prepare_cached(
                 "INSERT INTO messages (queue, message_id, correlation_id, body, enqueued_at_ms,
@@ -325,11 +363,17 @@ impl Store {
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             )?;
             for m in batch {
-                let seen_at: Option<i64> = seen
-                    .query_row(params![m.queue, m.message_id], |r| r.get(0))
+                let digest = digest(m);
+                let seen: Option<(i64, Option<Vec<u8>>)> = seen
+                    .query_row(params![m.queue, m.message_id], |r| {
+                        Ok((r.get(0)?, r.get(1)?))
+                    })
                     .optional()?;
-                if seen_at.is_some_and(|t| t >= window_start) {
-                    duplicates.push(true);
+                if let Some((_, was)) = seen.filter(|(at, _)| *at >= window_start) {
+                    results.push(match was {
+                        Some(was) if was != digest => Stored::KeyReused,
+                        _ => Stored::Duplicate,
+                    });
                     continue;
                 }
                 // A time already past schedules nothing: the message is enqueued now.
@@ -337,7 +381,7 @@ impl Store {
                 let expires_at_ms = m
                     .time_to_live_ms
                     .map(|ttl| visible_at_ms.saturating_add(ttl));
-                remember.execute(params![m.queue, m.message_id, now_ms])?;
+                remember.execute(params![m.queue, m.message_id, now_ms, digest])?;
                 insert.execute(params![
                     m.queue,
                     m.message_id,
@@ -349,11 +393,11 @@ impl Store {
                     visible_at_ms,
                     expires_at_ms,
                 ])?;
-                duplicates.push(false);
+                results.push(Stored::New);
             }
         }
         tx.commit()?;
-        Ok(duplicates)
+        Ok(results)
     }
 
     /// Forget message ids older than the duplicate window.
@@ -613,8 +657,8 @@ fn migrate(conn: &Connection) -> Result<(), StoreError> {
             // Another process may have migrated while this one waited for the lock: each
             // change is made only where its column is missing.
             let made = conn
-                .prepare("SELECT 1 FROM pragma_table_info('messages') WHERE name = ?1")?
-                .exists([migration.marker_column])?;
+                .prepare("SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2")?
+                .exists([migration.table, migration.marker_column])?;
             if !made {
                 for statement in migration.statements {
                     conn.execute_batch(statement)?;
@@ -763,7 +807,7 @@ mod tests {
         let dups = store
             .insert_batch(&[msg("a", b"1"), msg("b", b"2"), msg("c", b"3")])
             .unwrap();
-        assert_eq!(dups, vec![false, false, false]);
+        assert_eq!(dups, vec![Stored::New; 3]);
         assert_eq!(store.depth("q").unwrap(), 3);
         assert_eq!(store.depth("other").unwrap(), 0);
         let mut got = Vec::new();
@@ -786,14 +830,52 @@ mod tests {
             store
                 .insert_batch(&[msg("k", b"1"), msg("k", b"1")])
                 .unwrap(),
-            vec![false, true]
+            vec![Stored::New, Stored::Duplicate]
         );
         clock.set(2_000);
-        assert_eq!(store.insert_batch(&[msg("k", b"1")]).unwrap(), vec![true]);
+        assert_eq!(
+            store.insert_batch(&[msg("k", b"1")]).unwrap(),
+            vec![Stored::Duplicate]
+        );
         assert_eq!(store.depth("q").unwrap(), 1);
         clock.set(2_000 + DUPLICATE_WINDOW.as_millis() as i64 + 1);
-        assert_eq!(store.insert_batch(&[msg("k", b"1")]).unwrap(), vec![false]);
+        assert_eq!(
+            store.insert_batch(&[msg("k", b"1")]).unwrap(),
+            vec![Stored::New]
+        );
         assert_eq!(store.depth("q").unwrap(), 2);
+    }
+
+    #[test]
+    fn an_id_reused_with_another_body_or_other_attributes_is_told_apart_from_a_retry() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = TestClock::at(1_000);
+        let mut store = open(dir.path(), &clock);
+        let attributed = |body: &'static [u8], attributes: &'static str| NewMessage {
+            attributes: Some(attributes),
+            ..msg("k", body)
+        };
+        assert_eq!(
+            store
+                .insert_batch(&[msg("k", b"1"), msg("k", b"2")])
+                .unwrap(),
+            vec![Stored::New, Stored::KeyReused],
+            "within one batch too"
+        );
+        clock.set(2_000);
+        assert_eq!(
+            store
+                .insert_batch(&[msg("k", b"1"), msg("k", b"12"), attributed(b"1", "{}")])
+                .unwrap(),
+            vec![Stored::Duplicate, Stored::KeyReused, Stored::KeyReused]
+        );
+        assert_eq!(store.depth("q").unwrap(), 1, "nothing reused was stored");
+        // Past the window the id is free again, with any body.
+        clock.set(2_000 + DUPLICATE_WINDOW.as_millis() as i64 + 1);
+        assert_eq!(
+            store.insert_batch(&[msg("k", b"2")]).unwrap(),
+            vec![Stored::New]
+        );
     }
 
     #[test]
@@ -1026,7 +1108,7 @@ mod tests {
             .conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 2);
+        assert_eq!(version, SCHEMA_VERSION);
         let indexes: Vec<String> = store
             .conn
             .prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'messages' ORDER BY name")
@@ -1059,7 +1141,11 @@ mod tests {
         // The old lease holds and completes as before.
         assert_eq!(store.complete("q", &["t"]).unwrap(), [true]);
         // Duplicate detection remembers the old ids.
-        assert_eq!(store.insert_batch(&[msg("old-1", b"1")]).unwrap(), [true]);
+        // An id remembered without a digest is a duplicate whatever comes with it.
+        assert_eq!(
+            store.insert_batch(&[msg("old-1", b"1")]).unwrap(),
+            [Stored::Duplicate]
+        );
         assert_eq!(store.depth("q").unwrap(), 2);
         drop(store);
         // Opening again is a no-op: the messages are still there, leased as they were.
@@ -1296,7 +1382,7 @@ mod tests {
         store.conn.execute_batch("DROP TRIGGER refuse").unwrap();
         assert_eq!(
             store.insert_batch(&batch).unwrap(),
-            [false, false, false],
+            [Stored::New; 3],
             "nothing of the failed batch was remembered as seen"
         );
         assert_eq!(store.depth("q").unwrap(), 3);
@@ -1310,12 +1396,13 @@ mod tests {
         let dups = store
             .insert_batch(&[
                 msg("a", b"1"),
-                msg("earlier", b"2"),
-                msg("a", b"3"),
+                msg("earlier", b"0"),
+                msg("a", b"1"),
                 msg("b", b"4"),
             ])
             .unwrap();
-        assert_eq!(dups, [false, true, true, false]);
+        use Stored::{Duplicate, New};
+        assert_eq!(dups, [New, Duplicate, Duplicate, New]);
         assert_eq!(store.depth("q").unwrap(), 3);
         let bodies: Vec<Vec<u8>> = lease(&mut store, 10, 1_000)
             .into_iter()

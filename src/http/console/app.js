@@ -330,7 +330,8 @@
             el("dt", {}, "Last error"),
             el("dd", { "data-field": "coordination_error" }, orText(c.last_error, "none"))
           )
-        )
+        ),
+        overridesCard(d.settings || {})
       ),
     ];
     var backends = d.backends || {};
@@ -341,6 +342,57 @@
         nodes.push(backendSection(role, backends[role], queues || {}, (d.settings || {}).overridden || {}));
       });
     statusRegion.replaceChildren.apply(statusRegion, nodes);
+  }
+
+  // The overrides in force over another configured value, and those that lapsed at start-up
+  // (render.rs's `overrides`).
+  function overridesCard(s) {
+    var overridden = s.overridden || {};
+    var lapsed = s.lapsed || {};
+    var differing = Object.keys(overridden)
+      .sort()
+      .filter(function (name) {
+        return overridden[name].differs === true;
+      });
+    var lapsedNames = Object.keys(lapsed).sort();
+    return el(
+      "section",
+      { class: "card", "aria-labelledby": "overrides-title" },
+      el("h2", { id: "overrides-title" }, "Runtime overrides"),
+      el("p", { "data-field": "overrides_lapse" }, "Lapse: " + word(s.lapse)),
+      differing.length === 0
+        ? el("p", { "data-field": "overriding" }, "None in force over the configuration.")
+        : el(
+            "ul",
+            { "data-field": "overriding" },
+            differing.map(function (name) {
+                var o = overridden[name];
+                return el(
+                  "li",
+                  {},
+                  el("code", {}, name),
+                  " = " + JSON.stringify(o.value) + " over the configured " + JSON.stringify(o.configured) +
+                    " (by " + word(o.by) + ")"
+                );
+              })
+          ),
+      lapsedNames.length === 0
+        ? null
+        : el(
+            "ul",
+            { "data-field": "lapsed" },
+            lapsedNames.map(function (name) {
+                var l = lapsed[name];
+                return el(
+                  "li",
+                  {},
+                  el("code", {}, name),
+                  " = " + JSON.stringify(l.value) + " lapsed at start-up: made against " +
+                    JSON.stringify(l.made_against) + ", configured now " + JSON.stringify(l.configured)
+                );
+              })
+          )
+    );
   }
 
   function probeText(p) {

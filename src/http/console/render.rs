@@ -220,6 +220,10 @@ fn body(d: &Value, now: &str) -> Markup {
                 h2 #coordination-title { "Coordination" }
                 (coordination(&d["coordination"]))
             }
+            section.card aria-labelledby="overrides-title" {
+                h2 #overrides-title { "Runtime overrides" }
+                (overrides(&d["settings"]))
+            }
         }
         @if let Some(backends) = d["backends"].as_object() {
             @for (role, backend) in backends {
@@ -235,6 +239,44 @@ fn queues_of<'a>(d: &'a Value, role: &str, backend: &'a Value) -> &'a Value {
         &d["queues"]
     } else {
         &backend["queues"]
+    }
+}
+
+/// The overrides in force over another configured value, and those that lapsed at start-up.
+fn overrides(s: &Value) -> Markup {
+    let listed = |field: &str| {
+        s[field]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(name, o)| (name.clone(), o.clone()))
+            .collect::<Vec<_>>()
+    };
+    let differing: Vec<_> = listed("overridden")
+        .into_iter()
+        .filter(|(_, o)| o["differs"].as_bool() == Some(true))
+        .collect();
+    let lapsed = listed("lapsed");
+    html! {
+        p data-field="overrides_lapse" { "Lapse: " (word(&s["lapse"])) }
+        @if differing.is_empty() {
+            p data-field="overriding" { "None in force over the configuration." }
+        } @else {
+            ul data-field="overriding" {
+                @for (name, o) in &differing {
+                    li { code { (name) } " = " (o["value"].to_string()) " over the configured "
+                        (o["configured"].to_string()) " (by " (word(&o["by"])) ")" }
+                }
+            }
+        }
+        @if !lapsed.is_empty() {
+            ul data-field="lapsed" {
+                @for (name, l) in &lapsed {
+                    li { code { (name) } " = " (l["value"].to_string()) " lapsed at start-up: made against "
+                        (l["made_against"].to_string()) ", configured now " (l["configured"].to_string()) }
+                }
+            }
+        }
     }
 }
 
@@ -534,6 +576,36 @@ mod tests {
             html.contains(r#"data-field="limit_overridden">(runtime setting by ops)<"#),
             "{html}"
         );
+    }
+
+    #[test]
+    fn overrides_over_the_configuration_and_lapsed_ones_are_listed() {
+        let mut d = sample();
+        d["settings"] = serde_json::json!({"store": "file", "ok": true, "last_error": null,
+            "lapse": "config_change",
+            "overridden": {
+                "queues.requests.max_queue_depth": {"value": 3, "configured": 500,
+                    "differs": true, "made_against": 500, "by": "ops", "at": "t",
+                    "variable": "SERVICEBUS_SEND_MAX_QUEUE_DEPTH"},
+                "queues.requests.fail_closed": {"value": false, "configured": false,
+                    "differs": false, "made_against": true, "by": "ops", "at": "t",
+                    "variable": "SERVICEBUS_SEND_FAILCLOSED"}},
+            "lapsed": {"queues.requests.depth_ttl_ms": {"value": 50, "configured": 900,
+                "made_against": 1000, "by": "ops", "at": "t",
+                "variable": "SENDGATE_DEPTH_TTL_MS"}}});
+        let html = page(Mode::Open, Some(&d), "now").into_string();
+        assert!(
+            html.contains(
+                "<code>queues.requests.max_queue_depth</code> = 3 over the configured 500 (by ops)"
+            ),
+            "{html}"
+        );
+        assert!(
+            !html.contains("<code>queues.requests.fail_closed</code>"),
+            "equal to the configuration: not listed"
+        );
+        assert!(html.contains("<code>queues.requests.depth_ttl_ms</code> = 50 lapsed at start-up: made against 1000, configured now 900"), "{html}");
+        assert!(html.contains(r#"data-field="overrides_lapse">Lapse: config_change<"#));
     }
 
     #[test]
