@@ -1035,6 +1035,40 @@ async fn redis_losing_the_queue_while_the_admin_plane_is_down_keeps_the_ceiling(
     );
 }
 
+/// Contract sections 2 and 3: in a fleet too, while the streak builds a batch refused on
+/// the last good read says how many of its entries fit, and they are then admitted.
+#[tokio::test(start_paused = true)]
+async fn while_the_streak_builds_a_batch_refused_in_the_fleet_names_the_room() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let p = CapacityPolicy {
+        streak_threshold: 3,
+        ..policy(25, true)
+    };
+    broker.stored.lock().extend([Instant::now(); 20]);
+    let all = replicas(1, &ledger, &broker, p).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    send(&all[0], &broker).await.expect("a good read of 20: 21 now");
+    tokio::time::sleep(Duration::from_millis(100)).await; // settled
+    broker.set_down(true);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let refused = all[0].gate.admit_units(5).await.map(|_| ());
+    assert!(
+        matches!(refused, Err(Refusal::QueueFull { room: 4, .. })),
+        "4 of the 5 fit: {refused:?}"
+    );
+    let batch = all[0].gate.admit_units(4).await.expect("the 4 that fit");
+    for _ in 0..4 {
+        broker.stored.lock().push(Instant::now());
+    }
+    batch.finish(BacklogEffect::Stored);
+    assert!(matches!(
+        send(&all[0], &broker).await,
+        Err(Refusal::QueueFull { .. })
+    ));
+    assert_eq!(broker.stored(), 25);
+}
+
 /// With no good read in the epoch, what the fleet admits blind while the streak builds is
 /// at most the ceiling.
 #[tokio::test(start_paused = true)]
