@@ -220,16 +220,11 @@ pub fn assert_sas_verifies(authorization: &str, key: &str) -> SasFields {
     f
 }
 
-/// The one message of a send, read by the documented batch form (a single send is a batch
-/// of one).
+/// The one message of a send, read by the documented form it took.
 pub fn only_message(send: &Recorded) -> StubMessage {
     let mut messages = send
-        .batch()
-        .unwrap_or_else(|why| panic!("not the documented batch form: {why}"));
-    assert_eq!(
-        messages.len(),
-        1,
-        "a single send is a batch of one: {messages:?}"
-    );
+        .messages()
+        .unwrap_or_else(|why| panic!("not a documented send form: {why}"));
+    assert_eq!(messages.len(), 1, "one message: {messages:?}");
     messages.remove(0)
 }

@@ -4,11 +4,13 @@
 //! - the endpoint and one credential per plane come resolved from `config::servicebus`;
 //! - `auth`: SAS tokens (HMAC-SHA256) and Entra ID tokens, cached;
 //! - `rest`: the pooled HTTP client, the two calls, status → error mapping;
-//! - `batch`: the Send Message Batch form every send takes, and how a batch is split;
+//! - `single`: the Send Message form, for a single send without application properties
+//!   (the one form that carries a content type);
+//! - `batch`: the Send Message Batch form every other send takes, and how a batch is split;
 //! - `atom`: the management endpoint's XML, parsed defensively.
 //!
-//! Sends are `POST {endpoint}/{queue}/messages` in the batch form (a single send is a
-//! batch of one); the backlog is read from
+//! Sends are `POST {endpoint}/{queue}/messages`, in the single form when the message fits
+//! it, else in the batch form (a single send then a batch of one); the backlog is read from
 //! `GET {endpoint}/{queue}?api-version=2021-05` (`CountDetails`), with the management
 //! credential when one is set apart from the send credential.
 
@@ -16,6 +18,7 @@ pub mod atom;
 pub mod auth;
 pub mod batch;
 pub mod rest;
+pub mod single;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -168,16 +171,23 @@ impl ServiceBus {
         if Instant::now() >= calls.deadline {
             return Err(SendError::Timeout);
         }
-        let body = batch::body(call.iter().map(|&at| calls.entries[at].as_slice()));
-        let result = self
-            .rest
-            .send_batch(
-                &self.messages_url(&first.queue),
-                &authorization,
-                body,
-                calls.deadline,
-            )
-            .await;
+        let url = self.messages_url(&first.queue);
+        let result = match call {
+            [only] if calls.single_form && single::fits(first) => match single::request(first) {
+                Ok(request) => {
+                    self.rest
+                        .send_single(&url, &authorization, request, calls.deadline)
+                        .await
+                }
+                Err(e) => Err(SendError::Failed(format!("broker properties: {e}"))),
+            },
+            _ => {
+                let body = batch::body(call.iter().map(|&at| calls.entries[at].as_slice()));
+                self.rest
+                    .send_batch(&url, &authorization, body, calls.deadline)
+                    .await
+            }
+        };
         if let Err(error) = &result {
             tracing::warn!(
                 event = "servicebus_send_failed",
@@ -189,6 +199,45 @@ impl ServiceBus {
             );
         }
         result
+    }
+
+    /// As few calls as Service Bus allows: one per queue and ordering key (session id,
+    /// else partition key), each within `max_batch_bytes`; the calls of one key one after
+    /// another (their messages enqueued in the caller's order), those of different keys up
+    /// to [`MAX_CALLS_AT_ONCE`] at once, all under the one deadline. A call is atomic, so
+    /// its answer is each of its messages' result. `single_form`: a single send, which may
+    /// take the single form.
+    async fn send_messages(
+        &self,
+        messages: Vec<OutgoingMessage>,
+        deadline: Instant,
+        single_form: bool,
+    ) -> Vec<Result<SendReceipt, SendError>> {
+        let mut results: Vec<Option<Result<SendReceipt, SendError>>> = vec![None; messages.len()];
+        let (candidates, entries) = written_entries(&messages, &mut results);
+        let plan = plan_calls(&messages, &candidates, &entries, self.max_batch_bytes);
+        for &at in &plan.too_large {
+            results[candidates[at]] = Some(Err(SendError::TooLarge));
+        }
+        let calls = Calls {
+            messages: &messages,
+            candidates: &candidates,
+            entries: &entries,
+            permits: Semaphore::new(MAX_CALLS_AT_ONCE),
+            deadline,
+            single_form,
+        };
+        for (call, result) in self.call_groups(&calls, &plan.groups).await {
+            for &at in call {
+                results[candidates[at]] = Some(result.clone());
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| Err(SendError::Failed("the message was not planned".into())))
+            })
+            .collect()
     }
 
     fn description_url(&self, queue: &QueueName) -> String {
@@ -251,6 +300,8 @@ struct Calls<'a> {
     entries: &'a [Vec<u8>],
     permits: Semaphore,
     deadline: Instant,
+    /// A single send: its call may take the single form (`single::fits`).
+    single_form: bool,
 }
 
 #[async_trait]
@@ -264,51 +315,25 @@ impl Backend for ServiceBus {
         message: OutgoingMessage,
         deadline: Instant,
     ) -> Result<SendReceipt, SendError> {
-        // A single send is a batch of one: the one form that keeps property names' case
-        // and values' types (see `batch`).
-        self.send_batch(vec![message], deadline)
+        // Planned as a batch of one (its size counted as the batch form counts it), then
+        // sent in the single form when the message fits it (see `single`).
+        self.send_messages(vec![message], deadline, true)
             .await
             .pop()
             .unwrap_or_else(|| Err(SendError::Failed("no result for the message".into())))
     }
 
-    /// As few Send Message Batch calls as Service Bus allows: one per queue and ordering
-    /// key (session id, else partition key), each within `max_batch_bytes`; the calls of
-    /// one key one after another (their messages enqueued in the caller's order), those of
-    /// different keys up to [`MAX_CALLS_AT_ONCE`] at once, all under the one deadline. A
-    /// call is atomic, so its answer is each of its messages' result.
+    /// Send Message Batch calls, never the single form (see `send_messages`).
     async fn send_batch(
         &self,
         messages: Vec<OutgoingMessage>,
         deadline: Instant,
     ) -> Vec<Result<SendReceipt, SendError>> {
-        let mut results: Vec<Option<Result<SendReceipt, SendError>>> = vec![None; messages.len()];
-        let (candidates, entries) = written_entries(&messages, &mut results);
-        let plan = plan_calls(&messages, &candidates, &entries, self.max_batch_bytes);
-        for &at in &plan.too_large {
-            results[candidates[at]] = Some(Err(SendError::TooLarge));
-        }
-        let calls = Calls {
-            messages: &messages,
-            candidates: &candidates,
-            entries: &entries,
-            permits: Semaphore::new(MAX_CALLS_AT_ONCE),
-            deadline,
-        };
-        for (call, result) in self.call_groups(&calls, &plan.groups).await {
-            for &at in call {
-                results[candidates[at]] = Some(result.clone());
-            }
-        }
-        results
-            .into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| Err(SendError::Failed("the message was not planned".into())))
-            })
-            .collect()
+        self.send_messages(messages, deadline, false).await
     }
 
-    /// Service Bus carries every attribute (contract section 1.2), through the batch form.
+    /// Service Bus carries every attribute (contract section 1.2): a message with
+    /// application properties through the batch form.
     fn unsupported(&self, _attributes: &Attributes) -> Option<Field> {
         None
     }

@@ -1,5 +1,5 @@
-//! The HTTP side of the Service Bus backend: one pooled client, the two calls sendgate
-//! makes (send a batch of messages; read a queue's description), and how each answer maps onto
+//! The HTTP side of the Service Bus backend: one pooled client, the calls sendgate makes
+//! (send a message or a batch of messages; read a queue's description), and how each answer maps onto
 //! [`SendError`] / [`DepthError`].
 //!
 //! Every call is bounded by the caller's deadline twice: reqwest's per-request timeout
@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use super::atom::{self, QueueDescription, QueueRuntime, MAX_DOCUMENT_BYTES};
 use super::batch;
+use super::single::SingleSend;
 use crate::backend::{DepthError, SendError, SendReceipt};
 
 /// Idle pooled connections are closed after this, before the Azure front end (or a NAT
@@ -88,6 +89,33 @@ impl RestClient {
             .header(AUTHORIZATION, authorization)
             .header(CONTENT_TYPE, batch::CONTENT_TYPE)
             .body(body);
+        self.send(request, deadline).await
+    }
+
+    /// `POST {url}` in the single form (see `single`): one message, its content type,
+    /// broker properties and trace headers.
+    pub async fn send_single(
+        &self,
+        url: &str,
+        authorization: &str,
+        send: SingleSend,
+        deadline: Instant,
+    ) -> Result<SendReceipt, SendError> {
+        let mut request = self
+            .client()
+            .post(url)
+            .header(AUTHORIZATION, authorization);
+        for (name, value) in send.headers {
+            request = request.header(name, value);
+        }
+        self.send(request.body(send.body), deadline).await
+    }
+
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+        deadline: Instant,
+    ) -> Result<SendReceipt, SendError> {
         match self.call(request, deadline, MAX_ERROR_BODY).await {
             Ok(answer) => {
                 let detail = answer.body.as_deref().map(detail).unwrap_or_default();
