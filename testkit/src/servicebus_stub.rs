@@ -339,25 +339,24 @@ impl StubMessage {
 fn check_broker(broker: &Map<String, Value>) -> Result<(), String> {
     for (name, value) in broker {
         let Some((_, kind)) = BROKER_PROPERTIES.iter().find(|(n, _)| n == name) else {
-        return Err(format!("{name:?} is not a broker property a sender sets"));
+            return Err(format!("{name:?} is not a broker property a sender sets"));
         };
         let fits = match kind {
-        JsonType::String => value.is_string(),
-        JsonType::Bool => value.is_boolean(),
-        JsonType::Number => value.is_number(),
-        JsonType::HttpDate => value.as_str().is_some_and(is_http_date),
+            JsonType::String => value.is_string(),
+            JsonType::Bool => value.is_boolean(),
+            JsonType::Number => value.is_number(),
+            JsonType::HttpDate => value.as_str().is_some_and(is_http_date),
         };
         if !fits {
-        return Err(format!(
-            "BrokerProperties.{name} is not a {kind:?}: {value}"
-        ));
+            return Err(format!(
+                "BrokerProperties.{name} is not a {kind:?}: {value}"
+            ));
         }
     }
-    if let (Some(session), Some(partition)) =
-        (broker.get("SessionId"), broker.get("PartitionKey"))
+    if let (Some(session), Some(partition)) = (broker.get("SessionId"), broker.get("PartitionKey"))
     {
         if session != partition {
-        return Err("SessionId and PartitionKey must be the same value".into());
+            return Err("SessionId and PartitionKey must be the same value".into());
         }
     }
     Ok(())
@@ -718,7 +717,7 @@ impl Drop for Answered {
 }
 
 /// Read one request off the connection; `None` when the peer closed it or sent garbage.
-async fn read_request(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<Recorded> {
+pub(crate) async fn read_request(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<Recorded> {
     let head_end = loop {
         if let Some(at) = find(buffer, b"\r\n\r\n") {
             break at;
@@ -779,7 +778,7 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
-fn reason(status: u16) -> &'static str {
+pub(crate) fn reason(status: u16) -> &'static str {
     match status {
         200 => "OK",
         201 => "Created",

@@ -83,7 +83,7 @@ pub fn backend_on(
 }
 
 /// The servicebus backend on `stub` with the send connection string, `vars` on top.
-fn settings_on(stub: &ServiceBusStub, vars: &[(&str, &str)]) -> sendgate::config::Settings {
+pub fn settings_on(stub: &ServiceBusStub, vars: &[(&str, &str)]) -> sendgate::config::Settings {
     let endpoint = stub.endpoint();
     let send = connection_string("send", SEND_KEY);
     settings_of(&[

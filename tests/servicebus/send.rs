@@ -10,8 +10,7 @@ use sendgate_testkit::gateway::body_json;
 use sendgate_testkit::servicebus_stub::BATCH_CONTENT_TYPE;
 
 #[tokio::test]
-async fn a_send_without_properties_is_one_send_message_whose_content_type_consumers_read_as_json(
-) {
+async fn a_send_without_properties_is_one_send_message_whose_content_type_consumers_read_as_json() {
     let app = spawn_with(&[]).await;
     // Whitespace, key order and escapes that a re-serialisation would change.
     let body =
@@ -32,7 +31,11 @@ async fn a_send_without_properties_is_one_send_message_whose_content_type_consum
 
     let sends = app.stub.sends();
     assert_eq!(sends.len(), 1, "{sends:?}");
-    assert!(app.stub.violations().is_empty(), "{:?}", app.stub.violations());
+    assert!(
+        app.stub.violations().is_empty(),
+        "{:?}",
+        app.stub.violations()
+    );
     let send = &sends[0];
     assert_eq!(send.request_line(), "POST /requests/messages HTTP/1.1");
     // Send Message: the only form whose message has a ContentType (Message Headers and
@@ -92,7 +95,10 @@ async fn a_send_with_properties_is_a_batch_of_one_whose_consumers_read_no_conten
         message.is_body_base64,
         "bytes travel as base64, the documented flag set"
     );
-    assert_eq!(message.user["Attempt"], 3, "the name's case and the value's type");
+    assert_eq!(
+        message.user["Attempt"], 3,
+        "the name's case and the value's type"
+    );
     assert!(app.stub.violations().is_empty());
 }
 

@@ -7,13 +7,16 @@
 //! - `single`: the Send Message form, for a single send without application properties
 //!   (the one form that carries a content type);
 //! - `batch`: the Send Message Batch form every other send takes, and how a batch is split;
-//! - `atom`: the management endpoint's XML, parsed defensively.
+//! - `atom`: the management endpoint's XML, parsed defensively;
+//! - `arm`: the ARM depth source's queue resource (Reader suffices), parsed defensively.
 //!
 //! Sends are `POST {endpoint}/{queue}/messages`, in the single form when the message fits
 //! it, else in the batch form (a single send then a batch of one); the backlog is read from
 //! `GET {endpoint}/{queue}?api-version=2021-05` (`CountDetails`), with the management
-//! credential when one is set apart from the send credential.
+//! credential when one is set apart from the send credential, or with the ARM depth source
+//! from `GET {arm}{namespace id}/queues/{queue}` (`countDetails`) with a token for ARM.
 
+pub mod arm;
 pub mod atom;
 pub mod auth;
 pub mod batch;
@@ -30,7 +33,7 @@ use tokio::time::Instant;
 use super::{
     Backend, Backlog, DepthError, DepthLag, LagSource, OutgoingMessage, SendError, SendReceipt,
 };
-use crate::config::{CredentialPlan, ServiceBusSettings};
+use crate::config::{CredentialPlan, ServiceBusDepthSource, ServiceBusSettings};
 use crate::domain::{Attributes, Field, QueueName};
 use atom::EntityStatus;
 use auth::{Credential, CredentialChain, EntraCredential, SasCredential, TokenError};
@@ -61,49 +64,65 @@ pub struct ServiceBus {
     endpoint: String,
     rest: RestClient,
     send_credential: Credential,
-    manage_credential: Credential,
+    depth: DepthReader,
     /// One call's JSON body at most (the tier's batch limit).
     max_batch_bytes: usize,
 }
 
+/// Where and with what a queue's backlog is read.
+enum DepthReader {
+    /// The namespace's management endpoint, with the management plane's credential.
+    Management(Credential),
+    /// Azure Resource Manager: `{queues_url}/{queue}`, a bearer for ARM's scope.
+    Arm {
+        queues_url: String,
+        credential: Arc<EntraCredential>,
+    },
+}
+
+impl DepthReader {
+    fn describe(&self) -> String {
+        match self {
+            Self::Management(credential) => format!("management ({})", credential.describe()),
+            Self::Arm { queues_url, .. } => format!("arm ({queues_url})"),
+        }
+    }
+}
+
 impl ServiceBus {
-    /// Set up the client from the resolved plan; nothing here touches the network.
+    /// Set up the client from the resolved plan; nothing here touches the network. Entra ID
+    /// tokens come from the environment's chain (workload identity, managed identity, the
+    /// Azure CLI).
     pub fn new(plan: &ServiceBusSettings) -> Result<Self, ServiceBusError> {
+        let client_id = plan.managed_identity_client_id.clone();
+        Self::with_entra(plan, move |scope| {
+            CredentialChain::from_environment(scope, client_id.as_deref())
+        })
+    }
+
+    /// As [`Self::new`], with `entra` making the Entra ID credential chain for a token
+    /// scope (Service Bus's, and ARM's for the ARM depth source).
+    pub fn with_entra(
+        plan: &ServiceBusSettings,
+        entra: impl Fn(String) -> Result<CredentialChain, String>,
+    ) -> Result<Self, ServiceBusError> {
         let rest = RestClient::new().map_err(|e| ServiceBusError(e.to_string()))?;
-        let needs_entra = [&plan.send, &plan.manage].contains(&&CredentialPlan::EntraId);
-        // One Entra credential (and one token cache) for both planes: the scope is the same.
-        let entra = if needs_entra {
-            let chain = CredentialChain::from_environment(
-                auth::ENTRA_SCOPE,
-                plan.managed_identity_client_id.as_deref(),
-            )
-            .map_err(ServiceBusError)?;
-            Some(Arc::new(EntraCredential::new(chain)))
-        } else {
-            None
-        };
-        // The send plane's SAS signer, shared with the management plane when it signs with
-        // the same key: two caches would sign two tokens for the same calls (a depth read
-        // and a send a second apart got tokens of different expiries).
-        let send_sas = match &plan.send {
-            CredentialPlan::Sas(connection) => {
-                Some((connection, Arc::new(SasCredential::new(connection))))
-            }
-            CredentialPlan::EntraId => None,
-        };
-        let credential = |plan: &CredentialPlan| match (plan, &entra) {
-            (CredentialPlan::Sas(connection), _) => Ok(Credential::Sas(match &send_sas {
-                Some((shared, sas)) if *shared == connection => Arc::clone(sas),
-                _ => Arc::new(SasCredential::new(connection)),
-            })),
-            (CredentialPlan::EntraId, Some(entra)) => Ok(Credential::Entra(entra.clone())),
-            (CredentialPlan::EntraId, None) => Err(ServiceBusError(
-                "Entra ID was planned but not set up".into(),
-            )),
+        let (send_credential, manage_credential) = plane_credentials(plan, &entra)?;
+        let depth = match &plan.depth_source {
+            ServiceBusDepthSource::Management => DepthReader::Management(manage_credential),
+            ServiceBusDepthSource::Arm {
+                endpoint,
+                namespace_id,
+            } => DepthReader::Arm {
+                queues_url: format!("{endpoint}{namespace_id}/queues"),
+                credential: Arc::new(EntraCredential::new(
+                    entra(format!("{endpoint}/.default")).map_err(ServiceBusError)?,
+                )),
+            },
         };
         let bus = Self {
-            send_credential: credential(&plan.send)?,
-            manage_credential: credential(&plan.manage)?,
+            send_credential,
+            depth,
             endpoint: plan.endpoint.clone(),
             max_batch_bytes: plan.max_batch_bytes,
             rest,
@@ -112,7 +131,7 @@ impl ServiceBus {
             event = "servicebus_configured",
             endpoint = %bus.endpoint,
             send_credential = %bus.send_credential.describe(),
-            manage_credential = %bus.manage_credential.describe(),
+            depth_source = %bus.depth.describe(),
             max_batch_bytes = bus.max_batch_bytes,
             "Service Bus backend ready"
         );
@@ -249,6 +268,41 @@ impl ServiceBus {
     }
 }
 
+/// The send plane's and the management plane's credentials. One Entra credential (and one
+/// token cache) for both planes: the scope is the same. The send plane's SAS signer is
+/// shared with the management plane when it signs with the same key: two caches would sign
+/// two tokens for the same calls (a depth read and a send a second apart got tokens of
+/// different expiries).
+fn plane_credentials(
+    plan: &ServiceBusSettings,
+    entra: &impl Fn(String) -> Result<CredentialChain, String>,
+) -> Result<(Credential, Credential), ServiceBusError> {
+    let needs_entra = [&plan.send, &plan.manage].contains(&&CredentialPlan::EntraId);
+    let entra = if needs_entra {
+        let chain = entra(auth::ENTRA_SCOPE.to_owned()).map_err(ServiceBusError)?;
+        Some(Arc::new(EntraCredential::new(chain)))
+    } else {
+        None
+    };
+    let send_sas = match &plan.send {
+        CredentialPlan::Sas(connection) => {
+            Some((connection, Arc::new(SasCredential::new(connection))))
+        }
+        CredentialPlan::EntraId => None,
+    };
+    let credential = |plan: &CredentialPlan| match (plan, &entra) {
+        (CredentialPlan::Sas(connection), _) => Ok(Credential::Sas(match &send_sas {
+            Some((shared, sas)) if *shared == connection => Arc::clone(sas),
+            _ => Arc::new(SasCredential::new(connection)),
+        })),
+        (CredentialPlan::EntraId, Some(entra)) => Ok(Credential::Entra(entra.clone())),
+        (CredentialPlan::EntraId, None) => Err(ServiceBusError(
+            "Entra ID was planned but not set up".into(),
+        )),
+    };
+    Ok((credential(&plan.send)?, credential(&plan.manage)?))
+}
+
 /// The messages that could be written as entries (all of them: serializing these types
 /// cannot fail, but a failure would be that message's alone): each one's index in
 /// `messages`, and its entry.
@@ -339,18 +393,35 @@ impl Backend for ServiceBus {
     }
 
     async fn backlog(&self, queue: &QueueName, deadline: Instant) -> Result<Backlog, DepthError> {
-        let authorization = self
-            .manage_credential
-            .authorization(queue, deadline)
-            .await
-            .map_err(|e| match e {
-                TokenError::Timeout => DepthError::Timeout,
-                TokenError::Unavailable(why) => DepthError::Unauthorized(why),
-            })?;
-        let runtime = self
-            .rest
-            .queue_runtime(&self.description_url(queue), &authorization, deadline)
-            .await?;
+        let token_error = |e| match e {
+            TokenError::Timeout => DepthError::Timeout,
+            TokenError::Unavailable(why) => DepthError::Unauthorized(why),
+        };
+        let runtime = match &self.depth {
+            DepthReader::Management(credential) => {
+                let authorization = credential
+                    .authorization(queue, deadline)
+                    .await
+                    .map_err(token_error)?;
+                self.rest
+                    .queue_runtime(&self.description_url(queue), &authorization, deadline)
+                    .await?
+            }
+            DepthReader::Arm {
+                queues_url,
+                credential,
+            } => {
+                let token = credential.token(deadline).await.map_err(token_error)?;
+                // Queue names need no escaping (QueueName's characters).
+                let url = format!(
+                    "{queues_url}/{}?api-version={}",
+                    queue.as_str(),
+                    arm::API_VERSION
+                );
+                let authorization = format!("Bearer {}", token.secret());
+                self.rest.arm_queue(&url, &authorization, deadline).await?
+            }
+        };
         Ok(Backlog {
             messages: runtime.backlog(),
             send_disabled: runtime.status == EntityStatus::SendDisabled,

@@ -123,13 +123,20 @@ mod tests {
         );
         assert_eq!(values[0], "application/json");
         assert!(values[1].is_ascii(), "{}", values[1]);
-        assert!(values[1].contains(r"caf\u00e9 \ud83d\ude00"), "{}", values[1]);
+        assert!(
+            values[1].contains(r"caf\u00e9 \ud83d\ude00"),
+            "{}",
+            values[1]
+        );
         let broker: Value = serde_json::from_str(&values[1]).unwrap();
         assert_eq!(
             broker,
             json!({"MessageId": "m-1", "Label": "caf\u{e9} \u{1F600}", "TimeToLive": 90})
         );
-        assert_eq!(values[2..], [traceparent.clone(), "a=1".into(), traceparent]);
+        assert_eq!(
+            values[2..],
+            [traceparent.clone(), "a=1".into(), traceparent]
+        );
         assert_eq!(&request.body[..], b"{ \"a\" : 1 }");
     }
 }
