@@ -192,7 +192,7 @@ impl ServiceBus {
         }
         let url = self.messages_url(&first.queue);
         let result = match call {
-            [only] if calls.single_form && single::fits(first) => match single::request(first) {
+            [_] if calls.single_form && single::fits(first) => match single::request(first) {
                 Ok(request) => {
                     self.rest
                         .send_single(&url, &authorization, request, calls.deadline)
