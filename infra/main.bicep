@@ -64,7 +64,7 @@ param messageTimeToLive string = 'P14D'
 ])
 param maxQueueSizeInMegabytes int = 1024
 
-@description('Grant the identity "Azure Service Bus Data Owner" on each queue so sendgate can read the backlog (ActiveMessageCount) and enforce the ceiling. Reading an entity\'s counts needs the Manage right, which no narrower built-in role carries. false: sends only; the ceiling is never enforced and SERVICEBUS_SEND_FAILCLOSED must stay off.')
+@description('Read the backlog so sendgate can enforce the ceiling: the identity gets "Reader" on each queue and sendgate reads the counts from Azure Resource Manager (SENDGATE_SERVICEBUS_DEPTH_SOURCE=arm), with no data-plane right beyond Data Sender. false: sends only; the ceiling is never enforced and SERVICEBUS_SEND_FAILCLOSED must stay off. Turning it off later leaves the Reader assignments in place (ARM incremental mode; infra/README.md).')
 param readDepth bool = true
 
 // --- sendgate settings ---
@@ -115,7 +115,7 @@ param grantKeyVaultAccess bool = true
 
 // --- Container App ---
 
-@description('true: ingress reachable from the internet (HTTPS only). false: reachable only inside the Container Apps environment (or its virtual network, with infrastructureSubnetId).')
+@description('true: ingress reachable from the internet (HTTPS only). false: without infrastructureSubnetId, reachable only inside the Container Apps environment; with it, the environment is internal (an internal load balancer in that virtual network) and the app is reachable from the virtual network (and networks peered with it), not from the internet. Fixed once the environment exists in a virtual network.')
 param externalIngress bool = true
 
 @description('Optional: subnet (resource id, delegated to Microsoft.App/environments, /23 or larger for a Consumption-only environment) for the Container Apps environment. With externalIngress=false the environment gets an internal load balancer in that virtual network.')
@@ -236,10 +236,6 @@ var environmentName = '${namePrefix}-env'
 var appName = take(namePrefix, 32)
 var redisName = take('${namePrefix}-redis-${suffix}', 60)
 
-// Built-in roles.
-var serviceBusDataSenderRoleId = '69a216fc-b8fb-44d8-bc22-1f3c2cd27a39'
-var serviceBusDataOwnerRoleId = '090c5cfd-751d-490a-894a-3ce6f1109419'
-var acrPullRoleId = '7f951dda-4ed3-4680-a7ca-43fe172d538d'
 
 var containerPort = 8080
 var apiKeysMountPath = '/etc/sendgate'
@@ -296,7 +292,7 @@ var apiKeysSecretUri = 'https://${keyVaultName}${environment().suffixes.keyvault
 // (every depth read fails, so after the streak every send answers 503). ARM evaluates only
 // the branch taken, so this errors at deployment time only for that combination, with the
 // message below in the error.
-var failClosedGuard = 'failClosed=true needs readDepth=true: without Data Owner every depth read fails and every send would fail closed'
+var failClosedGuard = 'failClosed=true needs readDepth=true: without Reader every depth read fails and every send would fail closed'
 var failClosedSetting = failClosed ? (readDepth ? 'true' : string(int(failClosedGuard))) : 'false'
 
 // Guard, as above: a tenant without an audience would accept no token at all (the gateway
@@ -320,6 +316,18 @@ var entraEnv = useEntra ? concat([
 ]) : []
 
 // The service name the spans carry (the agent adds the endpoint, not the name).
+// The depth source Reader can read (see queueReader).
+var depthEnv = readDepth ? [
+  {
+    name: 'SENDGATE_SERVICEBUS_DEPTH_SOURCE'
+    value: 'arm'
+  }
+  {
+    name: 'SENDGATE_SERVICEBUS_ARM_NAMESPACE_ID'
+    value: serviceBus.id
+  }
+] : []
+
 var telemetryEnv = deployAppInsights ? [
   {
     name: 'OTEL_SERVICE_NAME'
@@ -376,32 +384,35 @@ resource queues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = [
   }
 ]
 
-// Sends: "Azure Service Bus Data Sender", scoped to each queue (not the namespace).
-resource queueSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = [
+// Sends: "Azure Service Bus Data Sender", scoped to each queue (not the namespace). Each
+// assignment is named from the identity's principal id (in a module: see
+// modules/queue-role.bicep), so a recreated identity gets assignments of its own.
+module queueSender 'modules/queue-role.bicep' = [
   for (queueName, i) in queueNames: {
-    name: guid(queues[i].id, identity.id, serviceBusDataSenderRoleId)
-    scope: queues[i]
-    properties: {
-      roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataSenderRoleId)
+    name: take('${namePrefix}-send-${i}-${uniqueString(queueName)}', 64)
+    params: {
+      namespaceName: serviceBus.name
+      queueName: queues[i].name
       principalId: identity.properties.principalId
-      principalType: 'ServicePrincipal'
-      description: 'sendgate: send messages to this queue'
+      right: 'send'
+      purpose: 'sendgate: send messages to this queue'
     }
   }
 ]
 
-// Depth reads (GET {namespace}/{queue}: CountDetails.ActiveMessageCount) need the Manage
-// right; among built-in roles only "Azure Service Bus Data Owner" carries it. Scoped to each
-// queue, the narrowest scope Azure RBAC offers for Service Bus. Only when readDepth.
-resource queueOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = [
+// Depth reads from Azure Resource Manager's queue resource (properties.countDetails): the
+// "Reader" role on each queue, no data-plane right. The namespace's own management endpoint
+// would need the Manage right, which only "Azure Service Bus Data Owner" carries (purge,
+// reconfigure): never granted here. Only when readDepth.
+module queueReader 'modules/queue-role.bicep' = [
   for (queueName, i) in queueNames: if (readDepth) {
-    name: guid(queues[i].id, identity.id, serviceBusDataOwnerRoleId)
-    scope: queues[i]
-    properties: {
-      roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataOwnerRoleId)
+    name: take('${namePrefix}-read-${i}-${uniqueString(queueName)}', 64)
+    params: {
+      namespaceName: serviceBus.name
+      queueName: queues[i].name
       principalId: identity.properties.principalId
-      principalType: 'ServicePrincipal'
-      description: 'sendgate: read this queue\'s message counts (backlog ceiling)'
+      right: 'read'
+      purpose: 'sendgate: read this queue\'s message counts (backlog ceiling)'
     }
   }
 ]
@@ -575,18 +586,11 @@ var coordinationEnv = useRedis ? [
 // Container registry (optional): pull the image with the identity
 // ---------------------------------------------------------------------------------------
 
-resource registry 'Microsoft.ContainerRegistry/registries@2023-07-01' existing = if (!empty(containerRegistryName)) {
-  name: containerRegistryName
-}
-
-resource registryPull 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(containerRegistryName)) {
-  name: guid(registry.id, identity.id, acrPullRoleId)
-  scope: registry
-  properties: {
-    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', acrPullRoleId)
+module registryPull 'modules/registry-pull.bicep' = if (!empty(containerRegistryName)) {
+  name: '${namePrefix}-acr-pull'
+  params: {
+    registryName: containerRegistryName
     principalId: identity.properties.principalId
-    principalType: 'ServicePrincipal'
-    description: 'sendgate: pull the container image'
   }
 }
 
@@ -676,7 +680,10 @@ resource app 'Microsoft.App/containerApps@2024-03-01' = {
     configuration: {
       activeRevisionsMode: 'Single'
       ingress: {
-        external: externalIngress
+        // In an internal environment (a virtual network, externalIngress=false) "external"
+        // means the virtual network: internal ingress would reach only the environment's
+        // own apps, not the network the parameter promises.
+        external: externalIngress || !empty(infrastructureSubnetId)
         targetPort: containerPort
         transport: 'auto'
         // HTTPS only: plain HTTP is redirected, never served.
@@ -780,7 +787,7 @@ resource app 'Microsoft.App/containerApps@2024-03-01' = {
               name: 'SENDGATE_API_KEYS_FILE'
               value: '${apiKeysMountPath}/${apiKeysFileName}'
             }
-          ], coordinationEnv, entraEnv, telemetryEnv)
+          ], depthEnv, coordinationEnv, entraEnv, telemetryEnv)
           volumeMounts: [
             {
               volumeName: 'api-keys'
@@ -863,7 +870,7 @@ resource app 'Microsoft.App/containerApps@2024-03-01' = {
     apiKeysSecretAccess
     registryPull
     queueSender
-    queueOwner
+    queueReader
     redisAccess
     redisEndpointDns
   ]

@@ -5,7 +5,9 @@
 #   1. Bicep parses: tree-sitter-bicep (a second parser besides checkov's) finds no error
 #      node in any infra/**/*.bicep.
 #   2. Every environment variable infra/ sets on the container is one sendgate reads
-#      (src/config/vars.rs, via .env.example), or AZURE_CLIENT_ID.
+#      (src/config/vars.rs, via .env.example), or AZURE_CLIENT_ID; and every Container App
+#      ingress reaches the virtual network it is deployed into (external whenever
+#      infrastructureSubnetId is set: internal ingress there reaches only the environment).
 #   3. checkov over infra/ (built-in checks + the project's policies in infra/checkov/)
 #      and over the Dockerfile, with CKV_PARSE_ERROR_FAIL=true.
 #   4. The project's policies themselves: each CKV_SENDGATE_* check must pass on at least
@@ -76,9 +78,34 @@ for path in files:
         if name not in known:
             print(f"{path}: sets {name}, which sendgate does not read (src/config/vars.rs)")
             bad += 1
+
+# A project policy checkov cannot hold (it sees parameters replaced by their defaults, so
+# `external: externalIngress` reads as true): in an internal Container Apps environment
+# (a virtual network, an internal load balancer) an app with internal ingress is reachable
+# only from the environment's own apps; the virtual network reaches it only with
+# `external: true`. So every ingress `external:` is literally true or an expression true
+# whenever the environment's subnet (infrastructureSubnetId) is set.
+ingress = 0
+for path in files:
+    if "checkov" in path.parts:
+        continue
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        match = re.match(r"\s*external:\s*(.+?)\s*(//.*)?$", line)
+        if not match:
+            continue
+        ingress += 1
+        expression = match.group(1)
+        if expression != "true" and not re.search(r"\|\|\s*!\s*empty\(infrastructureSubnetId\)", expression):
+            print(f"{path}:{number}: ingress external: {expression}: with a virtual network the app "
+                  "would be reachable only inside its environment (needs external ingress there)")
+            bad += 1
+if not ingress:
+    print("no Container App ingress (external:) found under infra/")
+    bad += 1
 if bad:
     sys.exit(1)
-print(f"{len(files)} bicep files parse; the {len(used)} container variables are all read by sendgate")
+print(f"{len(files)} bicep files parse; the {len(used)} container variables are all read by sendgate; "
+      f"{ingress} ingress reaches its virtual network")
 PY
 
 export CKV_PARSE_ERROR_FAIL=true

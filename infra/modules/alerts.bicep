@@ -55,9 +55,6 @@ param serverErrorsPer5Min int = 20
 // Constants
 // ---------------------------------------------------------------------------------------
 
-// Log Analytics Reader: query the workspace, nothing else.
-var logAnalyticsReaderRoleId = '73c42c96-874c-492b-b04d-ab87d138a893'
-
 // Azure Monitor severities: 0 critical, 1 error, 2 warning, 3 informational.
 var sevError = 1
 var sevWarning = 2
@@ -116,14 +113,12 @@ resource alertsIdentity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-0
   tags: tags
 }
 
-resource alertsReader 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(workspace.id, alertsIdentity.id, logAnalyticsReaderRoleId)
-  scope: workspace
-  properties: {
-    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', logAnalyticsReaderRoleId)
+// Named from the identity's principal id (in a module: see queue-role.bicep).
+module alertsReader 'workspace-reader.bicep' = {
+  name: '${namePrefix}-alerts-reader'
+  params: {
+    workspaceName: workspace.name
     principalId: alertsIdentity.properties.principalId
-    principalType: 'ServicePrincipal'
-    description: 'sendgate alerts: run the log alert queries on this workspace'
   }
 }
 

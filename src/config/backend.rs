@@ -142,6 +142,11 @@ pub fn parse(
                     .map(|s| s.value),
                 max_batch_bytes: layers.count(scoped.pick(|v| v.servicebus_max_batch_bytes))?,
                 namespace_var: scoped.pick(|v| v.servicebus_namespace),
+                arm_depth: layers.choice(scoped.pick(|v| v.servicebus_depth_source))?
+                    == Some("arm"),
+                arm_namespace_id: scoped.sourced(|v| v.servicebus_arm_namespace_id),
+                arm_endpoint: scoped.sourced(|v| v.servicebus_arm_endpoint),
+                arm_namespace_id_var: scoped.pick(|v| v.servicebus_arm_namespace_id),
             };
             BackendSettings::ServiceBus(servicebus::resolve(&input, queues)?)
         }

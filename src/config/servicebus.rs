@@ -17,13 +17,31 @@ pub struct ServiceBusSettings {
     pub endpoint: String,
     /// Sends (the data plane): needs the Send right.
     pub send: CredentialPlan,
-    /// Depth reads (the management plane): needs Manage, or the Data Owner role.
+    /// Depth reads on the management plane: needs Manage, or the Data Owner role. Unused
+    /// with the ARM depth source.
     pub manage: CredentialPlan,
+    /// Where the backlog is read.
+    pub depth_source: ServiceBusDepthSource,
     /// A user-assigned managed identity, when Entra ID is used.
     pub managed_identity_client_id: Option<String>,
     /// The largest JSON body of one batch send (`SENDGATE_SERVICEBUS_MAX_BATCH_BYTES`): the
     /// tier's batch limit, which the namespace does not tell a sender over REST.
     pub max_batch_bytes: usize,
+}
+
+/// Where a queue's backlog is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServiceBusDepthSource {
+    /// The namespace's management endpoint (ATOM `CountDetails`), with [`ServiceBusSettings::manage`].
+    Management,
+    /// Azure Resource Manager's queue resource, `{endpoint}{namespace_id}/queues/{queue}`,
+    /// with an Entra ID token for `{endpoint}/.default`: Reader on the queue suffices.
+    Arm {
+        /// `https://management.azure.com`, without a trailing slash.
+        endpoint: String,
+        /// `/subscriptions/{id}/resourceGroups/{group}/providers/Microsoft.ServiceBus/namespaces/{name}`.
+        namespace_id: String,
+    },
 }
 
 /// A connection string's key never shows: it is a `Secret`.
@@ -49,6 +67,13 @@ pub struct ServiceBusInput<'a> {
     pub managed_identity_client_id: Option<&'a str>,
     /// Already within its variable's bounds (the layers check them).
     pub max_batch_bytes: u64,
+    /// `arm` when the ARM depth source is chosen (the layers checked the word).
+    pub arm_depth: bool,
+    pub arm_namespace_id: Option<Sourced<'a>>,
+    /// Set or defaulted.
+    pub arm_endpoint: Option<Sourced<'a>>,
+    /// Named in the "needs a namespace id" error.
+    pub arm_namespace_id_var: &'static Var,
     /// Named in the "needs a namespace" error.
     pub namespace_var: &'static Var,
 }
@@ -119,14 +144,90 @@ pub fn resolve(
         (None, None) => CredentialPlan::EntraId,
     };
     let send = send.map_or(CredentialPlan::EntraId, |c| CredentialPlan::Sas(c.parsed));
+    let depth_source = depth_source(input, &endpoint)?;
     Ok(ServiceBusSettings {
         endpoint,
         send,
         manage,
+        depth_source,
         managed_identity_client_id: input.managed_identity_client_id.map(str::to_owned),
         // At most 1 MiB (its bounds): it fits a usize on every target.
         max_batch_bytes: usize::try_from(input.max_batch_bytes).unwrap_or(usize::MAX),
     })
+}
+
+/// The ARM depth source needs the namespace's resource id, and it must name the namespace
+/// the sends go to when that can be told (a `*.servicebus.*` host).
+fn depth_source(
+    input: &ServiceBusInput<'_>,
+    endpoint: &str,
+) -> Result<ServiceBusDepthSource, ConfigError> {
+    if !input.arm_depth {
+        return Ok(ServiceBusDepthSource::Management);
+    }
+    let Some(id) = input.arm_namespace_id else {
+        return Err(ConfigError::other(
+            input.arm_namespace_id_var,
+            "the arm depth source needs the namespace's resource id, e.g. /subscriptions/{id}/resourceGroups/{group}/providers/Microsoft.ServiceBus/namespaces/{name}",
+        ));
+    };
+    let name = arm_namespace_name(id.value).ok_or_else(|| {
+        ConfigError::invalid(
+            id.var,
+            id.value,
+            "expected /subscriptions/{id}/resourceGroups/{group}/providers/Microsoft.ServiceBus/namespaces/{name}",
+        )
+    })?;
+    let host = endpoint
+        .split_once("://")
+        .map_or(endpoint, |(_, rest)| rest)
+        .to_ascii_lowercase();
+    if let Some((first, _)) = host.split_once(".servicebus.") {
+        if !first.eq_ignore_ascii_case(name) {
+            return Err(ConfigError::other(
+                id.var,
+                format!("it names the namespace {name:?}, but the sends go to {host}"),
+            ));
+        }
+    }
+    let endpoint = match input.arm_endpoint {
+        Some(source) => normalize_endpoint(source)?,
+        None => "https://management.azure.com".to_owned(),
+    };
+    Ok(ServiceBusDepthSource::Arm {
+        endpoint,
+        namespace_id: id.value.trim().to_owned(),
+    })
+}
+
+/// The namespace's name in its ARM resource id; `None` when the id is not of that shape.
+/// Segment names are compared without case (ARM's are case-insensitive); the values are
+/// ARM's characters: letters, digits and `-._()`.
+pub fn arm_namespace_name(id: &str) -> Option<&str> {
+    let parts: Vec<&str> = id.trim().split('/').collect();
+    let [empty, subscriptions, subscription, groups, group, providers, namespace_type, namespaces, name] =
+        parts.as_slice()
+    else {
+        return None;
+    };
+    let fixed = [
+        (*subscriptions, "subscriptions"),
+        (*groups, "resourceGroups"),
+        (*providers, "providers"),
+        (*namespace_type, "Microsoft.ServiceBus"),
+        (*namespaces, "namespaces"),
+    ];
+    let valid = |v: &str| {
+        !v.is_empty()
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '(' | ')'))
+    };
+    (empty.is_empty()
+        && fixed
+            .iter()
+            .all(|(got, want)| got.eq_ignore_ascii_case(want))
+        && [subscription, group, name].iter().all(|v| valid(v)))
+    .then_some(*name)
 }
 
 /// A key signs for its own namespace only, and a queue-scoped key for its queue only: a

@@ -846,6 +846,78 @@ mod servicebus {
         }
     }
 
+    const NS_ID: &str =
+        "/subscriptions/sub-1/resourceGroups/rg.one/providers/Microsoft.ServiceBus/namespaces/myns";
+
+    #[test]
+    fn the_depth_source_is_management_unless_arm_is_chosen_with_the_namespace_id() {
+        let ns = ("SERVICEBUS_NAMESPACE", "myns");
+        let p = plan_of(&[ns]).unwrap();
+        assert_eq!(p.depth_source, ServiceBusDepthSource::Management);
+        let arm = ("SENDGATE_SERVICEBUS_DEPTH_SOURCE", "ARM");
+        let p = plan_of(&[ns, arm, ("SENDGATE_SERVICEBUS_ARM_NAMESPACE_ID", NS_ID)]).unwrap();
+        assert_eq!(
+            p.depth_source,
+            ServiceBusDepthSource::Arm {
+                endpoint: "https://management.azure.com".into(),
+                namespace_id: NS_ID.into(),
+            }
+        );
+        let lower = NS_ID.to_ascii_lowercase();
+        let p = plan_of(&[
+            ns,
+            arm,
+            ("SENDGATE_SERVICEBUS_ARM_NAMESPACE_ID", &lower),
+            (
+                "SENDGATE_SERVICEBUS_ARM_ENDPOINT",
+                "https://management.usgovcloudapi.net/",
+            ),
+        ])
+        .unwrap();
+        assert_eq!(
+            p.depth_source,
+            ServiceBusDepthSource::Arm {
+                endpoint: "https://management.usgovcloudapi.net".into(),
+                namespace_id: lower,
+            }
+        );
+    }
+
+    #[test]
+    fn the_arm_depth_source_refuses_a_missing_malformed_or_other_namespace_id() {
+        let ns = ("SERVICEBUS_NAMESPACE", "myns");
+        let arm = ("SENDGATE_SERVICEBUS_DEPTH_SOURCE", "arm");
+        let err = plan_of(&[ns, arm]).unwrap_err();
+        assert_eq!(err.variable(), Some("SENDGATE_SERVICEBUS_ARM_NAMESPACE_ID"));
+        let other = NS_ID.replace("/myns", "/otherns");
+        for bad in [
+            "myns",
+            "/subscriptions/s/resourceGroups/g/providers/Microsoft.EventHub/namespaces/myns",
+            "/subscriptions/s/resourceGroups/g/providers/Microsoft.ServiceBus/namespaces/myns/queues/q",
+            "/subscriptions//resourceGroups/g/providers/Microsoft.ServiceBus/namespaces/myns",
+            "/subscriptions/s/resourceGroups/g/providers/Microsoft.ServiceBus/namespaces/my ns",
+            "subscriptions/s/resourceGroups/g/providers/Microsoft.ServiceBus/namespaces/myns/",
+            other.as_str(),
+        ] {
+            let err =
+                plan_of(&[ns, arm, ("SENDGATE_SERVICEBUS_ARM_NAMESPACE_ID", bad)]).unwrap_err();
+            assert_eq!(
+                err.variable(),
+                Some("SENDGATE_SERVICEBUS_ARM_NAMESPACE_ID"),
+                "{bad}"
+            );
+        }
+        let err = plan_of(&[ns, ("SENDGATE_SERVICEBUS_DEPTH_SOURCE", "atom")]).unwrap_err();
+        assert_eq!(err.variable(), Some("SENDGATE_SERVICEBUS_DEPTH_SOURCE"));
+        // A test's endpoint names no namespace: any id of the right shape goes.
+        let p = plan_of(&[
+            ("SERVICEBUS_ENDPOINT", "http://127.0.0.1:9"),
+            arm,
+            ("SENDGATE_SERVICEBUS_ARM_NAMESPACE_ID", &other),
+        ]);
+        assert!(p.is_ok(), "{p:?}");
+    }
+
     #[test]
     fn nothing_set_is_an_error_naming_servicebus_namespace() {
         let err = plan_of(&[]).unwrap_err();

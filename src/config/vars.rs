@@ -299,6 +299,28 @@ pub const SERVICEBUS_MAX_BATCH_BYTES: Var = Var::server(
 .default("262144")
 .unit(Unit::Bytes);
 
+pub const SERVICEBUS_DEPTH_SOURCE: Var = Var::server(
+    "SENDGATE_SERVICEBUS_DEPTH_SOURCE",
+    G::ServiceBus,
+    K::Choice(&["management", "arm"]),
+    "Where a queue's backlog is read. management: the namespace's management endpoint (GET {queue}, CountDetails), which needs the Manage right (SAS) or Azure Service Bus Data Owner. arm: Azure Resource Manager's queue resource (properties.countDetails), which needs only Reader on the queue, with an Entra ID token from the same identity chain (SENDGATE_SERVICEBUS_ARM_NAMESPACE_ID names the namespace); ARM throttles reads per subscription, so keep SENDGATE_DEPTH_TTL_MS at a second or more.",
+)
+.default("management");
+pub const SERVICEBUS_ARM_NAMESPACE_ID: Var = Var::server(
+    "SENDGATE_SERVICEBUS_ARM_NAMESPACE_ID",
+    G::ServiceBus,
+    K::Text,
+    "The namespace's Azure resource id, /subscriptions/{id}/resourceGroups/{group}/providers/Microsoft.ServiceBus/namespaces/{name}: the arm depth source reads {this}/queues/{queue}.",
+)
+.unset("required with SENDGATE_SERVICEBUS_DEPTH_SOURCE=arm");
+pub const SERVICEBUS_ARM_ENDPOINT: Var = Var::server(
+    "SENDGATE_SERVICEBUS_ARM_ENDPOINT",
+    G::ServiceBus,
+    K::HttpUrl,
+    "Azure Resource Manager's base URL for the arm depth source (another cloud's, or a test's); its token scope is this URL's /.default.",
+)
+.default("https://management.azure.com");
+
 pub const SERVICEBUS_SEND_MAX_QUEUE_DEPTH: Var = Var::server(
     "SERVICEBUS_SEND_MAX_QUEUE_DEPTH",
     G::Capacity,
@@ -707,6 +729,19 @@ pub const FALLBACK_SERVICEBUS_MAX_BATCH_BYTES: Var = Var::fallback(
     &SERVICEBUS_MAX_BATCH_BYTES,
 );
 
+pub const FALLBACK_SERVICEBUS_DEPTH_SOURCE: Var = Var::fallback(
+    "SENDGATE_FALLBACK_SERVICEBUS_DEPTH_SOURCE",
+    &SERVICEBUS_DEPTH_SOURCE,
+);
+pub const FALLBACK_SERVICEBUS_ARM_NAMESPACE_ID: Var = Var::fallback(
+    "SENDGATE_FALLBACK_SERVICEBUS_ARM_NAMESPACE_ID",
+    &SERVICEBUS_ARM_NAMESPACE_ID,
+);
+pub const FALLBACK_SERVICEBUS_ARM_ENDPOINT: Var = Var::fallback(
+    "SENDGATE_FALLBACK_SERVICEBUS_ARM_ENDPOINT",
+    &SERVICEBUS_ARM_ENDPOINT,
+);
+
 pub const COORDINATION: Var = Var::server(
     "SENDGATE_COORDINATION",
     G::Coordination,
@@ -941,6 +976,9 @@ pub const VARIABLES: &[&Var] = &[
     &SERVICEBUS_MANAGE_CONNECTION_STRING,
     &SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID,
     &SERVICEBUS_MAX_BATCH_BYTES,
+    &SERVICEBUS_DEPTH_SOURCE,
+    &SERVICEBUS_ARM_NAMESPACE_ID,
+    &SERVICEBUS_ARM_ENDPOINT,
     &SERVICEBUS_SEND_MAX_QUEUE_DEPTH,
     &SERVICEBUS_SEND_FAILCLOSED,
     &SERVICEBUS_SEND_FAILCLOSED_STREAK,
@@ -996,6 +1034,9 @@ pub const VARIABLES: &[&Var] = &[
     &FALLBACK_SERVICEBUS_MANAGE_CONNECTION_STRING,
     &FALLBACK_SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID,
     &FALLBACK_SERVICEBUS_MAX_BATCH_BYTES,
+    &FALLBACK_SERVICEBUS_DEPTH_SOURCE,
+    &FALLBACK_SERVICEBUS_ARM_NAMESPACE_ID,
+    &FALLBACK_SERVICEBUS_ARM_ENDPOINT,
     &COORDINATION,
     &REDIS_URL,
     &REDIS_AUTH,
@@ -1043,6 +1084,9 @@ pub struct BackendVars {
     pub servicebus_manage_connection_string: &'static Var,
     pub servicebus_managed_identity_client_id: &'static Var,
     pub servicebus_max_batch_bytes: &'static Var,
+    pub servicebus_depth_source: &'static Var,
+    pub servicebus_arm_namespace_id: &'static Var,
+    pub servicebus_arm_endpoint: &'static Var,
 }
 
 pub const PRIMARY_VARS: BackendVars = BackendVars {
@@ -1060,6 +1104,9 @@ pub const PRIMARY_VARS: BackendVars = BackendVars {
     servicebus_manage_connection_string: &SERVICEBUS_MANAGE_CONNECTION_STRING,
     servicebus_managed_identity_client_id: &SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID,
     servicebus_max_batch_bytes: &SERVICEBUS_MAX_BATCH_BYTES,
+    servicebus_depth_source: &SERVICEBUS_DEPTH_SOURCE,
+    servicebus_arm_namespace_id: &SERVICEBUS_ARM_NAMESPACE_ID,
+    servicebus_arm_endpoint: &SERVICEBUS_ARM_ENDPOINT,
 };
 
 pub const FALLBACK_VARS: BackendVars = BackendVars {
@@ -1077,6 +1124,9 @@ pub const FALLBACK_VARS: BackendVars = BackendVars {
     servicebus_manage_connection_string: &FALLBACK_SERVICEBUS_MANAGE_CONNECTION_STRING,
     servicebus_managed_identity_client_id: &FALLBACK_SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID,
     servicebus_max_batch_bytes: &FALLBACK_SERVICEBUS_MAX_BATCH_BYTES,
+    servicebus_depth_source: &FALLBACK_SERVICEBUS_DEPTH_SOURCE,
+    servicebus_arm_namespace_id: &FALLBACK_SERVICEBUS_ARM_NAMESPACE_ID,
+    servicebus_arm_endpoint: &FALLBACK_SERVICEBUS_ARM_ENDPOINT,
 };
 
 /// The declared variable of this name, if any.
@@ -1111,6 +1161,9 @@ mod tests {
                 set.servicebus_manage_connection_string,
                 set.servicebus_managed_identity_client_id,
                 set.servicebus_max_batch_bytes,
+                set.servicebus_depth_source,
+                set.servicebus_arm_namespace_id,
+                set.servicebus_arm_endpoint,
             ] {
                 assert!(seen.contains(v.name), "{} is not in VARIABLES", v.name);
             }

@@ -9,10 +9,12 @@
 //! - The keys file every suite with API keys writes: [`keys`].
 //! - Services on this machine: [`ensure`] starts them; [`rabbit`], [`local_redis`] and
 //!   [`redis_server`] talk to them; [`fault_proxy`] sits between sendgate and one.
-//! - Stand-ins for what a test cannot run itself: [`servicebus_stub`], [`oidc`] (Entra ID's
+//! - Stand-ins for what a test cannot run itself: [`servicebus_stub`], [`arm_stub`] (Azure
+//!   Resource Manager's queue resource), [`oidc`] (Entra ID's
 //!   OpenID provider), [`entra`] (a token credential), [`otlp`] (a collector), [`browser`]
 //!   (headless Chromium).
 
+pub mod arm_stub;
 pub mod browser;
 pub mod embedded;
 pub mod ensure;

@@ -8,12 +8,20 @@
 //!
 //! Routes: `POST …/messages` is a send; any `GET` is a depth read; anything else is 404.
 //!
-//! A send must be Microsoft's documented Send Message Batch form (the only form the
-//! gateway uses): `Content-Type: application/vnd.microsoft.servicebus.json` exactly, a
-//! JSON array of `{"Body", "IsBodyBase64"?, "BrokerProperties"?, "UserProperties"?}`, the
-//! broker properties by their documented names and types ([`Recorded::batch`] checks it).
-//! Anything else is answered `400` as Service Bus would, and its reason kept
-//! ([`ServiceBusStub::violations`]), so a test fails on it either way.
+//! A send must be one of Microsoft's two documented forms ([`Recorded::messages`] reads it):
+//! - Send Message Batch: `Content-Type: application/vnd.microsoft.servicebus.json`
+//!   exactly, a JSON array of `{"Body", "IsBodyBase64"?, "BrokerProperties"?,
+//!   "UserProperties"?}`. The form documents no content type for its messages (Message
+//!   Headers and Properties maps `ContentType` to the single form's `Content-Type` header
+//!   only, and ignores broker properties it does not list): such a message has none.
+//! - Send Message: the body is the message, its `Content-Type` header the message's
+//!   `ContentType` ("Set the appropriate content type for the posted entity body"; a send
+//!   without one is refused here), the `BrokerProperties` header a JSON object, and each
+//!   other header not of HTTP itself a custom property, its value as text.
+//!
+//! In both, the broker properties by their documented names and types. Anything else is
+//! answered `400` as Service Bus would, and its reason kept ([`ServiceBusStub::violations`]),
+//! so a test fails on it either way.
 //!
 //! Script the stub before the application starts when the start-up depth read (one per
 //! served queue, made while the gateway is `starting`) must get the scripted answer.
@@ -114,15 +122,63 @@ impl Recorded {
             .count()
     }
 
-    /// The messages of a send, read strictly by the documented batch form; why not, if
-    /// the request is not of that form.
-    pub fn batch(&self) -> Result<Vec<StubMessage>, String> {
-        let content_type = self.header("Content-Type");
-        if content_type != Some(BATCH_CONTENT_TYPE) {
-            return Err(format!(
-                "Content-Type must be exactly {BATCH_CONTENT_TYPE} (no parameters): {content_type:?}"
-            ));
+    /// The messages of a send, read strictly by the documented form it takes (the batch
+    /// form when its content type says so, else the single form); why not, if the request
+    /// is not of that form.
+    pub fn messages(&self) -> Result<Vec<StubMessage>, String> {
+        match self.header("Content-Type") {
+            Some(BATCH_CONTENT_TYPE) => self.batch(),
+            Some(t) if t.starts_with(BATCH_CONTENT_TYPE) => Err(format!(
+                "Content-Type must be exactly {BATCH_CONTENT_TYPE} (no parameters): {t:?}"
+            )),
+            _ => self.single().map(|m| vec![m]),
         }
+    }
+
+    /// Whether the send took the single form (Send Message).
+    pub fn is_single_form(&self) -> bool {
+        self.header("Content-Type")
+            .is_some_and(|t| !t.starts_with(BATCH_CONTENT_TYPE))
+    }
+
+    /// A Send Message request: one message, its content type the `Content-Type` header.
+    fn single(&self) -> Result<StubMessage, String> {
+        let Some(content_type) = self.header("Content-Type") else {
+            return Err("a single send sets the message's Content-Type".into());
+        };
+        if self.header_count("BrokerProperties") > 1 {
+            return Err("BrokerProperties given twice".into());
+        }
+        let broker = match self.header("BrokerProperties") {
+            None => Map::new(),
+            Some(text) => match serde_json::from_str(text) {
+                Ok(Value::Object(map)) => map,
+                Ok(other) => return Err(format!("BrokerProperties is not an object: {other}")),
+                Err(e) => return Err(format!("BrokerProperties is not JSON: {e}")),
+            },
+        };
+        check_broker(&broker)?;
+        let user = self
+            .headers
+            .iter()
+            .filter(|(name, _)| {
+                !HTTP_HEADERS
+                    .iter()
+                    .any(|h| h.eq_ignore_ascii_case(name.as_str()))
+            })
+            .map(|(name, value)| (name.clone(), Value::String(value.clone())))
+            .collect();
+        Ok(StubMessage {
+            body: self.body.clone(),
+            is_body_base64: false,
+            content_type: Some(content_type.to_owned()),
+            broker,
+            user,
+        })
+    }
+
+    /// A Send Message Batch request.
+    fn batch(&self) -> Result<Vec<StubMessage>, String> {
         if self.header_count("BrokerProperties") > 0 {
             return Err("a batch's broker properties go in its body, not a header".into());
         }
@@ -143,7 +199,7 @@ impl Recorded {
 
     /// The `MessageId`s of a send's messages, in their order (empty if not a batch).
     pub fn message_ids(&self) -> Vec<String> {
-        self.batch()
+        self.messages()
             .unwrap_or_default()
             .iter()
             .map(|m| m.message_id().to_owned())
@@ -164,6 +220,21 @@ impl Recorded {
 /// The batch form's content type (Send Message Batch: "Set to
 /// application/vnd.microsoft.servicebus.json, without parameters such as charset=utf-8").
 pub const BATCH_CONTENT_TYPE: &str = "application/vnd.microsoft.servicebus.json";
+
+/// Headers of the request itself, not custom properties of a single send's message.
+const HTTP_HEADERS: [&str; 11] = [
+    "Host",
+    "Authorization",
+    "Content-Type",
+    "Content-Length",
+    "BrokerProperties",
+    "x-ms-retrypolicy",
+    "Accept",
+    "Accept-Encoding",
+    "User-Agent",
+    "Connection",
+    "Expect",
+];
 
 /// The broker properties a sender may set, as Message Headers and Properties lists them,
 /// and the JSON type of each.
@@ -198,6 +269,9 @@ pub struct StubMessage {
     /// The message's bytes: `Body` decoded from base64 when `IsBodyBase64` is true.
     pub body: Vec<u8>,
     pub is_body_base64: bool,
+    /// `ContentType` as Service Bus stores it: the single form's `Content-Type` header;
+    /// `None` for a batch entry (that form documents none).
+    pub content_type: Option<String>,
     pub broker: Map<String, Value>,
     pub user: Map<String, Value>,
 }
@@ -236,29 +310,7 @@ impl StubMessage {
         };
         let broker = object("BrokerProperties")?;
         let user = object("UserProperties")?;
-        for (name, value) in &broker {
-            let Some((_, kind)) = BROKER_PROPERTIES.iter().find(|(n, _)| n == name) else {
-                return Err(format!("{name:?} is not a broker property a sender sets"));
-            };
-            let fits = match kind {
-                JsonType::String => value.is_string(),
-                JsonType::Bool => value.is_boolean(),
-                JsonType::Number => value.is_number(),
-                JsonType::HttpDate => value.as_str().is_some_and(is_http_date),
-            };
-            if !fits {
-                return Err(format!(
-                    "BrokerProperties.{name} is not a {kind:?}: {value}"
-                ));
-            }
-        }
-        if let (Some(session), Some(partition)) =
-            (broker.get("SessionId"), broker.get("PartitionKey"))
-        {
-            if session != partition {
-                return Err("SessionId and PartitionKey must be the same value".into());
-            }
-        }
+        check_broker(&broker)?;
         for (name, value) in &user {
             if !(value.is_string() || value.is_number() || value.is_boolean()) {
                 return Err(format!(
@@ -269,6 +321,7 @@ impl StubMessage {
         Ok(Self {
             body,
             is_body_base64,
+            content_type: None,
             broker,
             user,
         })
@@ -280,6 +333,33 @@ impl StubMessage {
             .and_then(Value::as_str)
             .unwrap_or_default()
     }
+}
+
+/// The broker properties by their documented names and JSON types.
+fn check_broker(broker: &Map<String, Value>) -> Result<(), String> {
+    for (name, value) in broker {
+        let Some((_, kind)) = BROKER_PROPERTIES.iter().find(|(n, _)| n == name) else {
+            return Err(format!("{name:?} is not a broker property a sender sets"));
+        };
+        let fits = match kind {
+            JsonType::String => value.is_string(),
+            JsonType::Bool => value.is_boolean(),
+            JsonType::Number => value.is_number(),
+            JsonType::HttpDate => value.as_str().is_some_and(is_http_date),
+        };
+        if !fits {
+            return Err(format!(
+                "BrokerProperties.{name} is not a {kind:?}: {value}"
+            ));
+        }
+    }
+    if let (Some(session), Some(partition)) = (broker.get("SessionId"), broker.get("PartitionKey"))
+    {
+        if session != partition {
+            return Err("SessionId and PartitionKey must be the same value".into());
+        }
+    }
+    Ok(())
 }
 
 /// `Sun, 06 Nov 1994 08:49:37 GMT` (RFC 1123, the form RFC 2616 prefers), its weekday
@@ -552,7 +632,7 @@ async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) {
         let reply = {
             let mut state = state.lock();
             let reply = match request.route() {
-                Route::Send => match request.batch() {
+                Route::Send => match request.messages() {
                     Err(why) => {
                         state.violations.push(why.clone());
                         Reply::status(400).body(why.as_bytes())
@@ -637,7 +717,7 @@ impl Drop for Answered {
 }
 
 /// Read one request off the connection; `None` when the peer closed it or sent garbage.
-async fn read_request(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<Recorded> {
+pub(crate) async fn read_request(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<Recorded> {
     let head_end = loop {
         if let Some(at) = find(buffer, b"\r\n\r\n") {
             break at;
@@ -698,7 +778,7 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
-fn reason(status: u16) -> &'static str {
+pub(crate) fn reason(status: u16) -> &'static str {
     match status {
         200 => "OK",
         201 => "Created",

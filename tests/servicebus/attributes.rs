@@ -1,6 +1,7 @@
 //! Every attribute of a single send (its `Message-*` headers) and its trace context, as
-//! Service Bus receives them: the documented batch form's `BrokerProperties` (names, JSON
-//! types, the date form) and `UserProperties` (names' case, JSON types).
+//! Service Bus receives them: `BrokerProperties` (names, JSON types, the date form) in
+//! either form, and, with application properties, the batch form's `UserProperties`
+//! (names' case, JSON types).
 
 use serde_json::json;
 
@@ -133,10 +134,13 @@ async fn without_attributes_or_a_request_trace_the_message_carries_a_trace_of_it
         json!({"MessageId": "k"}),
         "no broker property the request did not set"
     );
-    // A tracestate without a traceparent means nothing (W3C): dropped, a new trace.
+    // A tracestate without a traceparent means nothing (W3C): dropped, a new trace. No
+    // application properties: the single form, its trace properties as headers (HTTP
+    // names, which travel lowercased) and its content type.
+    assert_eq!(message.content_type.as_deref(), Some("application/json"));
     assert_eq!(
         serde_json::Value::Object(message.user),
-        json!({"traceparent": traceparent, "Diagnostic-Id": traceparent})
+        json!({"traceparent": traceparent, "diagnostic-id": traceparent})
     );
     assert!(traceparent.ends_with("-00"), "a trace nothing sampled");
 }

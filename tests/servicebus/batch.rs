@@ -91,7 +91,7 @@ async fn one_call_per_session_or_partition_key_with_the_callers_order_kept() {
     );
     assert!(stub.violations().is_empty(), "{:?}", stub.violations());
     for send in stub.sends() {
-        let messages = send.batch().unwrap();
+        let messages = send.messages().unwrap();
         // The key a call shares: the session id, else the partition key (a session's
         // partition key is its session id).
         let keys: BTreeSet<Option<String>> = messages

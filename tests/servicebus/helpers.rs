@@ -83,7 +83,7 @@ pub fn backend_on(
 }
 
 /// The servicebus backend on `stub` with the send connection string, `vars` on top.
-fn settings_on(stub: &ServiceBusStub, vars: &[(&str, &str)]) -> sendgate::config::Settings {
+pub fn settings_on(stub: &ServiceBusStub, vars: &[(&str, &str)]) -> sendgate::config::Settings {
     let endpoint = stub.endpoint();
     let send = connection_string("send", SEND_KEY);
     settings_of(&[
@@ -220,16 +220,11 @@ pub fn assert_sas_verifies(authorization: &str, key: &str) -> SasFields {
     f
 }
 
-/// The one message of a send, read by the documented batch form (a single send is a batch
-/// of one).
+/// The one message of a send, read by the documented form it took.
 pub fn only_message(send: &Recorded) -> StubMessage {
     let mut messages = send
-        .batch()
-        .unwrap_or_else(|why| panic!("not the documented batch form: {why}"));
-    assert_eq!(
-        messages.len(),
-        1,
-        "a single send is a batch of one: {messages:?}"
-    );
+        .messages()
+        .unwrap_or_else(|why| panic!("not a documented send form: {why}"));
+    assert_eq!(messages.len(), 1, "one message: {messages:?}");
     messages.remove(0)
 }

@@ -2,6 +2,7 @@
 //! port, its backend pointed at a local stub of the Service Bus REST endpoints that
 //! serves the recorded bodies (tests/data/servicebus) and records every request.
 
+mod arm_depth;
 mod attributes;
 mod batch;
 mod depth;

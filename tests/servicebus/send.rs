@@ -10,8 +10,7 @@ use sendgate_testkit::gateway::body_json;
 use sendgate_testkit::servicebus_stub::BATCH_CONTENT_TYPE;
 
 #[tokio::test]
-async fn a_send_is_one_post_of_a_batch_of_one_with_the_body_byte_for_byte_and_its_broker_properties(
-) {
+async fn a_send_without_properties_is_one_send_message_whose_content_type_consumers_read_as_json() {
     let app = spawn_with(&[]).await;
     // Whitespace, key order and escapes that a re-serialisation would change.
     let body =
@@ -28,32 +27,77 @@ async fn a_send_is_one_post_of_a_batch_of_one_with_the_body_byte_for_byte_and_it
     assert_eq!(response.status(), 201);
     let answer = body_json(response).await;
     assert_eq!(answer["message_id"], "order-1");
+    let traceparent = answer["traceparent"].as_str().unwrap().to_owned();
 
     let sends = app.stub.sends();
     assert_eq!(sends.len(), 1, "{sends:?}");
+    assert!(
+        app.stub.violations().is_empty(),
+        "{:?}",
+        app.stub.violations()
+    );
     let send = &sends[0];
     assert_eq!(send.request_line(), "POST /requests/messages HTTP/1.1");
-    // Send Message Batch: the content type without parameters, no BrokerProperties header.
-    assert_eq!(send.header("Content-Type"), Some(BATCH_CONTENT_TYPE));
-    assert_eq!(send.header_count("BrokerProperties"), 0);
+    // Send Message: the only form whose message has a ContentType (Message Headers and
+    // Properties maps it to this request's Content-Type header).
+    assert!(send.is_single_form(), "{:?}", send.header("Content-Type"));
     let message = only_message(send);
+    assert_eq!(
+        message.content_type.as_deref(),
+        Some("application/json"),
+        "an azure-servicebus consumer reads content_type"
+    );
     assert_eq!(
         message.body,
         body.as_bytes(),
         "the body arrives byte for byte"
     );
-    assert!(
-        message.is_body_base64,
-        "bytes travel as base64, the documented flag set"
-    );
     assert_eq!(
         serde_json::Value::Object(message.broker),
         serde_json::json!({"MessageId": "order-1", "CorrelationId": "corr-9"})
+    );
+    // The trace context as custom-property headers, values as text.
+    let user: Vec<(String, String)> = message
+        .user
+        .iter()
+        .map(|(k, v)| (k.to_ascii_lowercase(), v.as_str().unwrap().to_owned()))
+        .collect();
+    assert_eq!(
+        user,
+        [
+            ("diagnostic-id".to_owned(), traceparent.clone()),
+            ("traceparent".to_owned(), traceparent),
+        ]
     );
     let authorization = send.header("Authorization").unwrap();
     assert!(
         authorization.starts_with("SharedAccessSignature sr="),
         "{authorization}"
+    );
+}
+
+#[tokio::test]
+async fn a_send_with_properties_is_a_batch_of_one_whose_consumers_read_no_content_type() {
+    let app = spawn_with(&[]).await;
+    let body = "{\"a\": 1}";
+    let response = app
+        .send_with(body, &[("Message-Properties", r#"{"Attempt":3}"#)])
+        .await;
+    assert_eq!(response.status(), 201);
+    let send = &app.stub.sends()[0];
+    // Send Message Batch: the content type without parameters, no BrokerProperties header.
+    assert_eq!(send.header("Content-Type"), Some(BATCH_CONTENT_TYPE));
+    assert_eq!(send.header_count("BrokerProperties"), 0);
+    let message = only_message(send);
+    assert_eq!(message.content_type, None, "the batch form documents none");
+    assert_eq!(message.body, body.as_bytes());
+    assert!(
+        message.is_body_base64,
+        "bytes travel as base64, the documented flag set"
+    );
+    assert_eq!(
+        message.user["Attempt"], 3,
+        "the name's case and the value's type"
     );
     assert!(app.stub.violations().is_empty());
 }

@@ -61,6 +61,22 @@ resource ownerEverywhere 'Microsoft.Authorization/roleAssignments@2022-04-01' = 
   }
 }
 
+resource fixtureIdentity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = {
+  name: 'fixture-id'
+  location: 'westeurope'
+}
+
+// Data Owner (the Manage right) on a queue, named from the identity's resource id.
+resource queueOwnerById 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(queueNoDedup.id, fixtureIdentity.id, '090c5cfd-751d-490a-894a-3ce6f1109419')
+  scope: queueNoDedup
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', '090c5cfd-751d-490a-894a-3ce6f1109419')
+    principalId: fixtureIdentity.properties.principalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
 resource redisOpen 'Microsoft.Cache/redisEnterprise@2025-07-01' = if (useRedis) {
   name: 'fixture-redis'
   location: 'westeurope'

@@ -1,12 +1,14 @@
-//! The one form every send takes: Microsoft's Send Message Batch
-//! (learn.microsoft.com/rest/api/servicebus/send-message-batch), a single send being a
-//! batch of one, and how a batch is split into as few of those calls as Service Bus allows.
+//! Microsoft's Send Message Batch form
+//! (learn.microsoft.com/rest/api/servicebus/send-message-batch), which every batch and
+//! every message with application properties takes (a single send being a batch of one),
+//! and how a batch is split into as few of those calls as Service Bus allows.
 //!
-//! Why the batch form even for one message: application property names are
-//! case-sensitive at Service Bus (`Diagnostic-Id`), HTTP header names are not (our client
-//! sends them lowercased), and the single form's custom-property headers carry every
-//! value as text whose type the broker guesses. A batch entry's `UserProperties` object
-//! keeps both the name's case and the value's JSON type.
+//! Why the batch form for a message with application properties: property names are
+//! case-sensitive at Service Bus, HTTP header names are not (our client sends them
+//! lowercased), and the single form's custom-property headers carry every value as text
+//! whose type the page does not state. A batch entry's `UserProperties` object keeps both
+//! the name's case and the value's JSON type. What it cannot carry is a content type: see
+//! `single`.
 //!
 //! The documented form: `POST https://{ns}/{queue}/messages`, `Content-Type:
 //! application/vnd.microsoft.servicebus.json` ("without parameters such as
@@ -112,27 +114,37 @@ impl Serialize for UserProperties<'_> {
 
 /// `message` as its JSON entry (the bytes that go between the batch's `[`, `,` and `]`).
 pub fn entry(message: &OutgoingMessage) -> Result<Vec<u8>, serde_json::Error> {
-    let attributes = &message.attributes;
     let entry = Entry {
         body: base64::engine::general_purpose::STANDARD.encode(&message.body),
         is_body_base64: true,
-        broker: BrokerProperties {
-            message_id: message.message_id.as_str(),
-            correlation_id: message.correlation_id.as_ref().map(|c| c.as_str()),
-            label: attributes.subject.as_ref().map(|t| t.as_str()),
-            session_id: attributes.session_id.as_ref().map(|t| t.as_str()),
-            partition_key: attributes.partition_key.as_ref().map(|t| t.as_str()),
-            time_to_live: attributes.time_to_live.map(|d| d.as_secs()),
-            scheduled_enqueue_time_utc: attributes.scheduled_enqueue_time.map(http_date),
-            reply_to: attributes.reply_to.as_ref().map(|t| t.as_str()),
-            to: attributes.to.as_ref().map(|t| t.as_str()),
-        },
+        broker: broker_properties(message),
         user: UserProperties {
             message,
             trace: message.trace_properties(),
         },
     };
     serde_json::to_vec(&entry)
+}
+
+/// `message`'s broker properties as the JSON object both forms carry (the single form in
+/// its `BrokerProperties` header).
+pub fn broker_properties_json(message: &OutgoingMessage) -> Result<String, serde_json::Error> {
+    serde_json::to_string(&broker_properties(message))
+}
+
+fn broker_properties(message: &OutgoingMessage) -> BrokerProperties<'_> {
+    let attributes = &message.attributes;
+    BrokerProperties {
+        message_id: message.message_id.as_str(),
+        correlation_id: message.correlation_id.as_ref().map(|c| c.as_str()),
+        label: attributes.subject.as_ref().map(|t| t.as_str()),
+        session_id: attributes.session_id.as_ref().map(|t| t.as_str()),
+        partition_key: attributes.partition_key.as_ref().map(|t| t.as_str()),
+        time_to_live: attributes.time_to_live.map(|d| d.as_secs()),
+        scheduled_enqueue_time_utc: attributes.scheduled_enqueue_time.map(http_date),
+        reply_to: attributes.reply_to.as_ref().map(|t| t.as_str()),
+        to: attributes.to.as_ref().map(|t| t.as_str()),
+    }
 }
 
 /// `Sun, 06 Nov 1994 08:49:37 GMT` (RFC 1123's form of an HTTP date), in UTC. The form has

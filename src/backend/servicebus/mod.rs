@@ -4,18 +4,24 @@
 //! - the endpoint and one credential per plane come resolved from `config::servicebus`;
 //! - `auth`: SAS tokens (HMAC-SHA256) and Entra ID tokens, cached;
 //! - `rest`: the pooled HTTP client, the two calls, status → error mapping;
-//! - `batch`: the Send Message Batch form every send takes, and how a batch is split;
-//! - `atom`: the management endpoint's XML, parsed defensively.
+//! - `single`: the Send Message form, for a single send without application properties
+//!   (the one form that carries a content type);
+//! - `batch`: the Send Message Batch form every other send takes, and how a batch is split;
+//! - `atom`: the management endpoint's XML, parsed defensively;
+//! - `arm`: the ARM depth source's queue resource (Reader suffices), parsed defensively.
 //!
-//! Sends are `POST {endpoint}/{queue}/messages` in the batch form (a single send is a
-//! batch of one); the backlog is read from
+//! Sends are `POST {endpoint}/{queue}/messages`, in the single form when the message fits
+//! it, else in the batch form (a single send then a batch of one); the backlog is read from
 //! `GET {endpoint}/{queue}?api-version=2021-05` (`CountDetails`), with the management
-//! credential when one is set apart from the send credential.
+//! credential when one is set apart from the send credential, or with the ARM depth source
+//! from `GET {arm}{namespace id}/queues/{queue}` (`countDetails`) with a token for ARM.
 
+pub mod arm;
 pub mod atom;
 pub mod auth;
 pub mod batch;
 pub mod rest;
+pub mod single;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,7 +33,7 @@ use tokio::time::Instant;
 use super::{
     Backend, Backlog, DepthError, DepthLag, LagSource, OutgoingMessage, SendError, SendReceipt,
 };
-use crate::config::{CredentialPlan, ServiceBusSettings};
+use crate::config::{CredentialPlan, ServiceBusDepthSource, ServiceBusSettings};
 use crate::domain::{Attributes, Field, QueueName};
 use atom::EntityStatus;
 use auth::{Credential, CredentialChain, EntraCredential, SasCredential, TokenError};
@@ -58,49 +64,65 @@ pub struct ServiceBus {
     endpoint: String,
     rest: RestClient,
     send_credential: Credential,
-    manage_credential: Credential,
+    depth: DepthReader,
     /// One call's JSON body at most (the tier's batch limit).
     max_batch_bytes: usize,
 }
 
+/// Where and with what a queue's backlog is read.
+enum DepthReader {
+    /// The namespace's management endpoint, with the management plane's credential.
+    Management(Credential),
+    /// Azure Resource Manager: `{queues_url}/{queue}`, a bearer for ARM's scope.
+    Arm {
+        queues_url: String,
+        credential: Arc<EntraCredential>,
+    },
+}
+
+impl DepthReader {
+    fn describe(&self) -> String {
+        match self {
+            Self::Management(credential) => format!("management ({})", credential.describe()),
+            Self::Arm { queues_url, .. } => format!("arm ({queues_url})"),
+        }
+    }
+}
+
 impl ServiceBus {
-    /// Set up the client from the resolved plan; nothing here touches the network.
+    /// Set up the client from the resolved plan; nothing here touches the network. Entra ID
+    /// tokens come from the environment's chain (workload identity, managed identity, the
+    /// Azure CLI).
     pub fn new(plan: &ServiceBusSettings) -> Result<Self, ServiceBusError> {
+        let client_id = plan.managed_identity_client_id.clone();
+        Self::with_entra(plan, move |scope| {
+            CredentialChain::from_environment(scope, client_id.as_deref())
+        })
+    }
+
+    /// As [`Self::new`], with `entra` making the Entra ID credential chain for a token
+    /// scope (Service Bus's, and ARM's for the ARM depth source).
+    pub fn with_entra(
+        plan: &ServiceBusSettings,
+        entra: impl Fn(String) -> Result<CredentialChain, String>,
+    ) -> Result<Self, ServiceBusError> {
         let rest = RestClient::new().map_err(|e| ServiceBusError(e.to_string()))?;
-        let needs_entra = [&plan.send, &plan.manage].contains(&&CredentialPlan::EntraId);
-        // One Entra credential (and one token cache) for both planes: the scope is the same.
-        let entra = if needs_entra {
-            let chain = CredentialChain::from_environment(
-                auth::ENTRA_SCOPE,
-                plan.managed_identity_client_id.as_deref(),
-            )
-            .map_err(ServiceBusError)?;
-            Some(Arc::new(EntraCredential::new(chain)))
-        } else {
-            None
-        };
-        // The send plane's SAS signer, shared with the management plane when it signs with
-        // the same key: two caches would sign two tokens for the same calls (a depth read
-        // and a send a second apart got tokens of different expiries).
-        let send_sas = match &plan.send {
-            CredentialPlan::Sas(connection) => {
-                Some((connection, Arc::new(SasCredential::new(connection))))
-            }
-            CredentialPlan::EntraId => None,
-        };
-        let credential = |plan: &CredentialPlan| match (plan, &entra) {
-            (CredentialPlan::Sas(connection), _) => Ok(Credential::Sas(match &send_sas {
-                Some((shared, sas)) if *shared == connection => Arc::clone(sas),
-                _ => Arc::new(SasCredential::new(connection)),
-            })),
-            (CredentialPlan::EntraId, Some(entra)) => Ok(Credential::Entra(entra.clone())),
-            (CredentialPlan::EntraId, None) => Err(ServiceBusError(
-                "Entra ID was planned but not set up".into(),
-            )),
+        let (send_credential, manage_credential) = plane_credentials(plan, &entra)?;
+        let depth = match &plan.depth_source {
+            ServiceBusDepthSource::Management => DepthReader::Management(manage_credential),
+            ServiceBusDepthSource::Arm {
+                endpoint,
+                namespace_id,
+            } => DepthReader::Arm {
+                queues_url: format!("{endpoint}{namespace_id}/queues"),
+                credential: Arc::new(EntraCredential::new(
+                    entra(format!("{endpoint}/.default")).map_err(ServiceBusError)?,
+                )),
+            },
         };
         let bus = Self {
-            send_credential: credential(&plan.send)?,
-            manage_credential: credential(&plan.manage)?,
+            send_credential,
+            depth,
             endpoint: plan.endpoint.clone(),
             max_batch_bytes: plan.max_batch_bytes,
             rest,
@@ -109,7 +131,7 @@ impl ServiceBus {
             event = "servicebus_configured",
             endpoint = %bus.endpoint,
             send_credential = %bus.send_credential.describe(),
-            manage_credential = %bus.manage_credential.describe(),
+            depth_source = %bus.depth.describe(),
             max_batch_bytes = bus.max_batch_bytes,
             "Service Bus backend ready"
         );
@@ -168,16 +190,23 @@ impl ServiceBus {
         if Instant::now() >= calls.deadline {
             return Err(SendError::Timeout);
         }
-        let body = batch::body(call.iter().map(|&at| calls.entries[at].as_slice()));
-        let result = self
-            .rest
-            .send_batch(
-                &self.messages_url(&first.queue),
-                &authorization,
-                body,
-                calls.deadline,
-            )
-            .await;
+        let url = self.messages_url(&first.queue);
+        let result = match call {
+            [_] if calls.single_form && single::fits(first) => match single::request(first) {
+                Ok(request) => {
+                    self.rest
+                        .send_single(&url, &authorization, request, calls.deadline)
+                        .await
+                }
+                Err(e) => Err(SendError::Failed(format!("broker properties: {e}"))),
+            },
+            _ => {
+                let body = batch::body(call.iter().map(|&at| calls.entries[at].as_slice()));
+                self.rest
+                    .send_batch(&url, &authorization, body, calls.deadline)
+                    .await
+            }
+        };
         if let Err(error) = &result {
             tracing::warn!(
                 event = "servicebus_send_failed",
@@ -191,6 +220,45 @@ impl ServiceBus {
         result
     }
 
+    /// As few calls as Service Bus allows: one per queue and ordering key (session id,
+    /// else partition key), each within `max_batch_bytes`; the calls of one key one after
+    /// another (their messages enqueued in the caller's order), those of different keys up
+    /// to [`MAX_CALLS_AT_ONCE`] at once, all under the one deadline. A call is atomic, so
+    /// its answer is each of its messages' result. `single_form`: a single send, which may
+    /// take the single form.
+    async fn send_messages(
+        &self,
+        messages: Vec<OutgoingMessage>,
+        deadline: Instant,
+        single_form: bool,
+    ) -> Vec<Result<SendReceipt, SendError>> {
+        let mut results: Vec<Option<Result<SendReceipt, SendError>>> = vec![None; messages.len()];
+        let (candidates, entries) = written_entries(&messages, &mut results);
+        let plan = plan_calls(&messages, &candidates, &entries, self.max_batch_bytes);
+        for &at in &plan.too_large {
+            results[candidates[at]] = Some(Err(SendError::TooLarge));
+        }
+        let calls = Calls {
+            messages: &messages,
+            candidates: &candidates,
+            entries: &entries,
+            permits: Semaphore::new(MAX_CALLS_AT_ONCE),
+            deadline,
+            single_form,
+        };
+        for (call, result) in self.call_groups(&calls, &plan.groups).await {
+            for &at in call {
+                results[candidates[at]] = Some(result.clone());
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| Err(SendError::Failed("the message was not planned".into())))
+            })
+            .collect()
+    }
+
     fn description_url(&self, queue: &QueueName) -> String {
         format!(
             "{}/{}?api-version={API_VERSION}",
@@ -198,6 +266,41 @@ impl ServiceBus {
             queue.as_str()
         )
     }
+}
+
+/// The send plane's and the management plane's credentials. One Entra credential (and one
+/// token cache) for both planes: the scope is the same. The send plane's SAS signer is
+/// shared with the management plane when it signs with the same key: two caches would sign
+/// two tokens for the same calls (a depth read and a send a second apart got tokens of
+/// different expiries).
+fn plane_credentials(
+    plan: &ServiceBusSettings,
+    entra: &impl Fn(String) -> Result<CredentialChain, String>,
+) -> Result<(Credential, Credential), ServiceBusError> {
+    let needs_entra = [&plan.send, &plan.manage].contains(&&CredentialPlan::EntraId);
+    let entra = if needs_entra {
+        let chain = entra(auth::ENTRA_SCOPE.to_owned()).map_err(ServiceBusError)?;
+        Some(Arc::new(EntraCredential::new(chain)))
+    } else {
+        None
+    };
+    let send_sas = match &plan.send {
+        CredentialPlan::Sas(connection) => {
+            Some((connection, Arc::new(SasCredential::new(connection))))
+        }
+        CredentialPlan::EntraId => None,
+    };
+    let credential = |plan: &CredentialPlan| match (plan, &entra) {
+        (CredentialPlan::Sas(connection), _) => Ok(Credential::Sas(match &send_sas {
+            Some((shared, sas)) if *shared == connection => Arc::clone(sas),
+            _ => Arc::new(SasCredential::new(connection)),
+        })),
+        (CredentialPlan::EntraId, Some(entra)) => Ok(Credential::Entra(entra.clone())),
+        (CredentialPlan::EntraId, None) => Err(ServiceBusError(
+            "Entra ID was planned but not set up".into(),
+        )),
+    };
+    Ok((credential(&plan.send)?, credential(&plan.manage)?))
 }
 
 /// The messages that could be written as entries (all of them: serializing these types
@@ -251,6 +354,8 @@ struct Calls<'a> {
     entries: &'a [Vec<u8>],
     permits: Semaphore,
     deadline: Instant,
+    /// A single send: its call may take the single form (`single::fits`).
+    single_form: bool,
 }
 
 #[async_trait]
@@ -264,68 +369,59 @@ impl Backend for ServiceBus {
         message: OutgoingMessage,
         deadline: Instant,
     ) -> Result<SendReceipt, SendError> {
-        // A single send is a batch of one: the one form that keeps property names' case
-        // and values' types (see `batch`).
-        self.send_batch(vec![message], deadline)
+        // Planned as a batch of one (its size counted as the batch form counts it), then
+        // sent in the single form when the message fits it (see `single`).
+        self.send_messages(vec![message], deadline, true)
             .await
             .pop()
             .unwrap_or_else(|| Err(SendError::Failed("no result for the message".into())))
     }
 
-    /// As few Send Message Batch calls as Service Bus allows: one per queue and ordering
-    /// key (session id, else partition key), each within `max_batch_bytes`; the calls of
-    /// one key one after another (their messages enqueued in the caller's order), those of
-    /// different keys up to [`MAX_CALLS_AT_ONCE`] at once, all under the one deadline. A
-    /// call is atomic, so its answer is each of its messages' result.
+    /// Send Message Batch calls, never the single form (see `send_messages`).
     async fn send_batch(
         &self,
         messages: Vec<OutgoingMessage>,
         deadline: Instant,
     ) -> Vec<Result<SendReceipt, SendError>> {
-        let mut results: Vec<Option<Result<SendReceipt, SendError>>> = vec![None; messages.len()];
-        let (candidates, entries) = written_entries(&messages, &mut results);
-        let plan = plan_calls(&messages, &candidates, &entries, self.max_batch_bytes);
-        for &at in &plan.too_large {
-            results[candidates[at]] = Some(Err(SendError::TooLarge));
-        }
-        let calls = Calls {
-            messages: &messages,
-            candidates: &candidates,
-            entries: &entries,
-            permits: Semaphore::new(MAX_CALLS_AT_ONCE),
-            deadline,
-        };
-        for (call, result) in self.call_groups(&calls, &plan.groups).await {
-            for &at in call {
-                results[candidates[at]] = Some(result.clone());
-            }
-        }
-        results
-            .into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| Err(SendError::Failed("the message was not planned".into())))
-            })
-            .collect()
+        self.send_messages(messages, deadline, false).await
     }
 
-    /// Service Bus carries every attribute (contract section 1.2), through the batch form.
+    /// Service Bus carries every attribute (contract section 1.2): a message with
+    /// application properties through the batch form.
     fn unsupported(&self, _attributes: &Attributes) -> Option<Field> {
         None
     }
 
     async fn backlog(&self, queue: &QueueName, deadline: Instant) -> Result<Backlog, DepthError> {
-        let authorization = self
-            .manage_credential
-            .authorization(queue, deadline)
-            .await
-            .map_err(|e| match e {
-                TokenError::Timeout => DepthError::Timeout,
-                TokenError::Unavailable(why) => DepthError::Unauthorized(why),
-            })?;
-        let runtime = self
-            .rest
-            .queue_runtime(&self.description_url(queue), &authorization, deadline)
-            .await?;
+        let token_error = |e| match e {
+            TokenError::Timeout => DepthError::Timeout,
+            TokenError::Unavailable(why) => DepthError::Unauthorized(why),
+        };
+        let runtime = match &self.depth {
+            DepthReader::Management(credential) => {
+                let authorization = credential
+                    .authorization(queue, deadline)
+                    .await
+                    .map_err(token_error)?;
+                self.rest
+                    .queue_runtime(&self.description_url(queue), &authorization, deadline)
+                    .await?
+            }
+            DepthReader::Arm {
+                queues_url,
+                credential,
+            } => {
+                let token = credential.token(deadline).await.map_err(token_error)?;
+                // Queue names need no escaping (QueueName's characters).
+                let url = format!(
+                    "{queues_url}/{}?api-version={}",
+                    queue.as_str(),
+                    arm::API_VERSION
+                );
+                let authorization = format!("Bearer {}", token.secret());
+                self.rest.arm_queue(&url, &authorization, deadline).await?
+            }
+        };
         Ok(Backlog {
             messages: runtime.backlog(),
             send_disabled: runtime.status == EntityStatus::SendDisabled,

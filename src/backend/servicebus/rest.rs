@@ -1,5 +1,5 @@
-//! The HTTP side of the Service Bus backend: one pooled client, the two calls sendgate
-//! makes (send a batch of messages; read a queue's description), and how each answer maps onto
+//! The HTTP side of the Service Bus backend: one pooled client, the calls sendgate makes
+//! (send a message or a batch of messages; read a queue's description), and how each answer maps onto
 //! [`SendError`] / [`DepthError`].
 //!
 //! Every call is bounded by the caller's deadline twice: reqwest's per-request timeout
@@ -15,8 +15,10 @@ use reqwest::header::{HeaderMap, ACCEPT, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTE
 use reqwest::StatusCode;
 use tokio::time::Instant;
 
+use super::arm;
 use super::atom::{self, QueueDescription, QueueRuntime, MAX_DOCUMENT_BYTES};
 use super::batch;
+use super::single::SingleSend;
 use crate::backend::{DepthError, SendError, SendReceipt};
 
 /// Idle pooled connections are closed after this, before the Azure front end (or a NAT
@@ -88,6 +90,30 @@ impl RestClient {
             .header(AUTHORIZATION, authorization)
             .header(CONTENT_TYPE, batch::CONTENT_TYPE)
             .body(body);
+        self.send(request, deadline).await
+    }
+
+    /// `POST {url}` in the single form (see `single`): one message, its content type,
+    /// broker properties and trace headers.
+    pub async fn send_single(
+        &self,
+        url: &str,
+        authorization: &str,
+        send: SingleSend,
+        deadline: Instant,
+    ) -> Result<SendReceipt, SendError> {
+        let mut request = self.client().post(url).header(AUTHORIZATION, authorization);
+        for (name, value) in send.headers {
+            request = request.header(name, value);
+        }
+        self.send(request.body(send.body), deadline).await
+    }
+
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+        deadline: Instant,
+    ) -> Result<SendReceipt, SendError> {
         match self.call(request, deadline, MAX_ERROR_BODY).await {
             Ok(answer) => {
                 let detail = answer.body.as_deref().map(detail).unwrap_or_default();
@@ -117,6 +143,27 @@ impl RestClient {
             Err(CallError::Timeout) => Err(DepthError::Timeout),
             Err(CallError::Transport(e) | CallError::Unsent(e) | CallError::Request(e)) => Err(
                 DepthError::Failed(format!("the admin plane could not be reached: {e}")),
+            ),
+        }
+    }
+
+    /// `GET {url}` (the queue's ARM resource, see `arm`) and its runtime counts.
+    pub async fn arm_queue(
+        &self,
+        url: &str,
+        authorization: &str,
+        deadline: Instant,
+    ) -> Result<QueueRuntime, DepthError> {
+        let request = self
+            .client()
+            .get(url)
+            .header(AUTHORIZATION, authorization)
+            .header(ACCEPT, "application/json");
+        match self.call(request, deadline, arm::MAX_BODY_BYTES).await {
+            Ok(answer) => arm_outcome(answer.status, answer.body),
+            Err(CallError::Timeout) => Err(DepthError::Timeout),
+            Err(CallError::Transport(e) | CallError::Unsent(e) | CallError::Request(e)) => Err(
+                DepthError::Failed(format!("Azure Resource Manager could not be reached: {e}")),
             ),
         }
     }
@@ -354,6 +401,31 @@ fn depth_outcome(
     }
 }
 
+/// What an ARM queue read's answer means: 200 the resource; 401/403 no Reader right (or
+/// a token ARM refuses); 404 no such queue (or namespace); anything else, a 429 throttle
+/// included, a failed read.
+fn arm_outcome(
+    status: StatusCode,
+    body: Result<Bytes, String>,
+) -> Result<QueueRuntime, DepthError> {
+    let detail_of = |body: &Result<Bytes, String>| match body {
+        Ok(b) => arm::error_detail(b).unwrap_or_else(|| detail(b)),
+        Err(e) => e.clone(),
+    };
+    match status.as_u16() {
+        200 => {
+            let body = body.map_err(|e| DepthError::Failed(format!("queue resource: {e}")))?;
+            arm::parse_queue(&body).map_err(|e| DepthError::Failed(e.to_string()))
+        }
+        401 | 403 => Err(DepthError::Unauthorized(describe(
+            status,
+            &detail_of(&body),
+        ))),
+        404 => Err(DepthError::QueueNotFound),
+        _ => Err(DepthError::Failed(describe(status, &detail_of(&body)))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -508,6 +580,42 @@ mod tests {
         assert!(matches!(
             depth_outcome(status(503), ok("busy")),
             Err(DepthError::Failed(d)) if d == "HTTP 503: busy"
+        ));
+    }
+
+    #[test]
+    fn arm_answers_map_to_backlog_or_a_clean_failure() {
+        const QUEUE: &str = include_str!("../../../tests/data/servicebus/arm_queue_get_200.json");
+        let ok = |s: &str| Ok(Bytes::from(s.to_owned()));
+        assert_eq!(arm_outcome(status(200), ok(QUEUE)).unwrap().backlog(), 0);
+        let denied = r#"{"error":{"code":"AuthorizationFailed","message":"no read"}}"#;
+        for code in [401, 403] {
+            assert_eq!(
+                arm_outcome(status(code), ok(denied)),
+                Err(DepthError::Unauthorized(format!(
+                    "HTTP {code}: AuthorizationFailed: no read"
+                )))
+            );
+        }
+        assert_eq!(
+            arm_outcome(status(404), ok(r#"{"error":{"code":"NotFound"}}"#)),
+            Err(DepthError::QueueNotFound)
+        );
+        assert_eq!(
+            arm_outcome(status(429), ok(r#"{"error":{"code":"TooManyRequests"}}"#)),
+            Err(DepthError::Failed("HTTP 429: TooManyRequests".into()))
+        );
+        assert_eq!(
+            arm_outcome(status(503), ok("busy")),
+            Err(DepthError::Failed("HTTP 503: busy".into()))
+        );
+        assert!(matches!(
+            arm_outcome(status(200), ok("{}")),
+            Err(DepthError::Failed(d)) if d.contains("countDetails")
+        ));
+        assert!(matches!(
+            arm_outcome(status(200), Err("the body is larger than 1048576 bytes".into())),
+            Err(DepthError::Failed(d)) if d.contains("larger than")
         ));
     }
 

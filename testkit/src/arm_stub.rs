@@ -1,0 +1,219 @@
+//! A local stand-in for Azure Resource Manager's Service Bus queue resource ("Queues - Get"),
+//! on 127.0.0.1 and a random port: the ARM depth source's peer.
+//!
+//! It checks what the REST reference says a caller sends: `GET
+//! /subscriptions/{sub}/resourceGroups/{group}/providers/Microsoft.ServiceBus/namespaces/{ns}/queues/{queue}`
+//! with an `api-version` query and an `Authorization: Bearer …` header; anything else is
+//! answered as ARM would (`400`, `401`) and its reason kept ([`ArmStub::violations`]). A
+//! good read is answered with the documented queue resource
+//! (`tests/data/servicebus/arm_queue_get_200.json`), its counts and status rewritten by the
+//! test, or the test's scripted reply.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::servicebus_stub::{read_request, reason, Recorded, Reply};
+
+/// The documented queue resource: counts zero, status Active.
+pub const QUEUE: &str = include_str!("../../tests/data/servicebus/arm_queue_get_200.json");
+
+/// ARM's refusal of a principal without a read right on the scope (its error envelope).
+pub const AUTHORIZATION_FAILED_403: &str = r#"{"error":{"code":"AuthorizationFailed","message":"The client 'c' with object id 'o' does not have authorization to perform action 'Microsoft.ServiceBus/namespaces/queues/read' over scope '/subscriptions/s/resourceGroups/g/providers/Microsoft.ServiceBus/namespaces/test/queues/requests' or the scope is invalid. If access was recently granted, please refresh your credentials."}}"#;
+
+/// The documented resource with its counts and status rewritten.
+pub fn queue(active: u64, dead_letters: u64, scheduled: u64, status: &str) -> String {
+    let rewritten = QUEUE
+        .replace(
+            "\"activeMessageCount\": 0",
+            &format!("\"activeMessageCount\": {active}"),
+        )
+        .replace(
+            "\"deadLetterMessageCount\": 0",
+            &format!("\"deadLetterMessageCount\": {dead_letters}"),
+        )
+        .replace(
+            "\"scheduledMessageCount\": 0",
+            &format!("\"scheduledMessageCount\": {scheduled}"),
+        )
+        .replace(
+            "\"status\": \"Active\"",
+            &format!("\"status\": \"{status}\""),
+        );
+    assert!(
+        rewritten.contains(&format!("\"activeMessageCount\": {active}"))
+            && rewritten.contains(&format!("\"status\": \"{status}\"")),
+        "the documented body changed shape"
+    );
+    rewritten
+}
+
+/// A JSON answer, as ARM sends it.
+pub fn json(status: u16, body: &str) -> Reply {
+    Reply::status(status)
+        .header("Content-Type", "application/json; charset=utf-8")
+        .body(body.as_bytes())
+}
+
+struct State {
+    /// Standing answers per queue name; a queue without one gets [`QUEUE`].
+    replies: HashMap<String, Reply>,
+    requests: Vec<Recorded>,
+    violations: Vec<String>,
+}
+
+pub struct ArmStub {
+    addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ArmStub {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+impl ArmStub {
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(Mutex::new(State {
+            replies: HashMap::new(),
+            requests: Vec::new(),
+            violations: Vec::new(),
+        }));
+        let shared = state.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(serve(stream, shared.clone()));
+            }
+        });
+        Self {
+            addr,
+            state,
+            accept,
+        }
+    }
+
+    /// The base URL, in place of `https://management.azure.com`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Every read of `queue` from now on gets `reply`.
+    pub fn on_queue(&self, queue: &str, reply: Reply) {
+        self.state.lock().replies.insert(queue.to_owned(), reply);
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.state.lock().requests.clone()
+    }
+
+    /// Why requests were refused as not of the documented form, in order.
+    pub fn violations(&self) -> Vec<String> {
+        self.state.lock().violations.clone()
+    }
+}
+
+/// The queue a request reads, or why it is not a documented Queues - Get.
+fn queue_of(request: &Recorded) -> Result<(String, u16), (String, u16)> {
+    if request.method != "GET" {
+        return Err((format!("{} is not a read", request.method), 400));
+    }
+    let (path, query) = request
+        .target
+        .split_once('?')
+        .unwrap_or((&request.target, ""));
+    if !query
+        .split('&')
+        .any(|p| p.starts_with("api-version=") && p.len() > 12)
+    {
+        return Err(("no api-version".into(), 400));
+    }
+    let parts: Vec<&str> = path.split('/').collect();
+    let shape = [
+        "",
+        "subscriptions",
+        "*",
+        "resourceGroups",
+        "*",
+        "providers",
+        "Microsoft.ServiceBus",
+        "namespaces",
+        "*",
+        "queues",
+        "*",
+    ];
+    let fits = parts.len() == shape.len()
+        && parts.iter().zip(shape).all(|(got, want)| {
+            if want == "*" {
+                !got.is_empty()
+            } else {
+                got.eq_ignore_ascii_case(want)
+            }
+        });
+    if !fits {
+        return Err((format!("not a queue resource: {path}"), 404));
+    }
+    match request.header("Authorization") {
+        Some(v) if v.starts_with("Bearer ") && v.len() > 7 => Ok((parts[10].to_owned(), 200)),
+        other => Err((format!("no bearer token: {other:?}"), 401)),
+    }
+}
+
+async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) {
+    let mut buffer = Vec::new();
+    loop {
+        let Some(request) = read_request(&mut stream, &mut buffer).await else {
+            return;
+        };
+        let reply = {
+            let mut state = state.lock();
+            let reply = match queue_of(&request) {
+                Ok((queue, _)) => state
+                    .replies
+                    .get(&queue)
+                    .cloned()
+                    .unwrap_or_else(|| json(200, QUEUE)),
+                Err((why, status)) => {
+                    state.violations.push(why.clone());
+                    json(
+                        status,
+                        &format!(r#"{{"error":{{"code":"Stub","message":"{why}"}}}}"#),
+                    )
+                }
+            };
+            state.requests.push(request);
+            reply
+        };
+        let Reply::Respond {
+            status,
+            headers,
+            body,
+            delay,
+        } = reply
+        else {
+            return;
+        };
+        tokio::time::sleep(delay).await;
+        let mut head = format!(
+            "HTTP/1.1 {status} {}\r\nContent-Length: {}\r\n",
+            reason(status),
+            body.len()
+        );
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        let mut bytes = head.into_bytes();
+        bytes.extend_from_slice(&body);
+        if stream.write_all(&bytes).await.is_err() {
+            return;
+        }
+    }
+}
