@@ -126,21 +126,13 @@ impl Metrics {
             &["backend", "queue", "result"],
             &LATENCY_BUCKETS,
         );
-        let build_info = gauge_vec(
-            "sendgate_build_info",
-            "1, with the version and the git commit (unknown when the build did not say) as labels.",
-            &["version", "git_sha"],
-        );
-        build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION"), GIT_SHA])
-            .set(1);
         for collector in [
             Box::new(requests.clone()) as Box<dyn Collector>,
             Box::new(send_seconds.clone()),
             Box::new(request_seconds.clone()),
             Box::new(retry_after.clone()),
             Box::new(depth_read_seconds.clone()),
-            Box::new(build_info),
+            Box::new(build_info()),
         ] {
             registry.register(collector).expect("registered once");
         }
@@ -224,6 +216,18 @@ impl Metrics {
         let _ = TextEncoder::new().encode(&families, &mut out);
         String::from_utf8(out).unwrap_or_default()
     }
+}
+
+/// `sendgate_build_info{version,git_sha}`: 1.
+fn build_info() -> IntGaugeVec {
+    let info = gauge_vec(
+        "sendgate_build_info",
+        "1, with the version and the git commit (unknown when the build did not say) as labels.",
+        &["version", "git_sha"],
+    );
+    info.with_label_values(&[env!("CARGO_PKG_VERSION"), GIT_SHA])
+        .set(1);
+    info
 }
 
 /// The process's own series (`process_cpu_seconds_total`, `process_resident_memory_bytes`,

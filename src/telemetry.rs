@@ -521,6 +521,7 @@ mod tests {
         let out = Captured::default();
         let subscriber = tracing_subscriber::fmt()
             .with_writer(out.clone())
+            .with_ansi(false)
             .with_env_filter(filter(None))
             .finish()
             .with(no_payloads())
