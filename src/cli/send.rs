@@ -453,13 +453,7 @@ async fn send_all(
     let batch_size = options.batch_size.max(1);
     let mut lines = read_lines(input, options.concurrency.max(batch_size) * 2);
     let mut report = Report::new(std::io::stderr().is_terminal());
-    // Without the bar, a run waiting at a full queue (or a drain) still says so.
-    let waiting = report.bar.is_none().then(|| {
-        tokio::spawn(say_while_waiting(
-            Arc::clone(&report.progress),
-            client.clone(),
-        ))
-    });
+    let _waiting = WaitingLine::start(&report, &client);
     let mut dispatcher = Dispatcher::new(client.clone(), queue, batch_size, options.concurrency);
     let mut read_error = None;
     let mut stopped = false;
@@ -503,9 +497,6 @@ async fn send_all(
     }
     drop(lines);
     dispatcher.wait_all(&mut report).await;
-    if let Some(task) = waiting {
-        task.abort();
-    }
     report.summary(client.stats(), read_error)
 }
 
@@ -558,6 +549,29 @@ impl Progress {
             stats.retries,
             stats.deferrals
         ))
+    }
+}
+
+/// The task that writes the waiting line, stopped when the run ends (dropped).
+struct WaitingLine(Option<tokio::task::JoinHandle<()>>);
+
+impl WaitingLine {
+    /// Without the bar only: a run waiting at a full queue (or a drain) still says so.
+    fn start(report: &Report, client: &Client) -> Self {
+        Self(report.bar.is_none().then(|| {
+            tokio::spawn(say_while_waiting(
+                Arc::clone(&report.progress),
+                client.clone(),
+            ))
+        }))
+    }
+}
+
+impl Drop for WaitingLine {
+    fn drop(&mut self) {
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
     }
 }
 
