@@ -96,7 +96,7 @@ fn new_key(command: KeysCommand) -> Result<String, KeysError> {
     let path = keys_file.display().to_string();
     let existing = read_if_any(&keys_file, &path)?;
     let keys = key_names_and_entries(&existing, &path)?;
-    if keys.0.iter().any(|n| *n == name) {
+    if keys.0.contains(&name) {
         return Err(KeysError::Duplicate { name, path });
     }
     let token = new_token();
