@@ -2,7 +2,7 @@
 #
 # sendgate container image.
 #
-#   docker build -t sendgate:dev .
+#   docker build -t sendgate:dev --build-arg SENDGATE_GIT_SHA=$(git rev-parse HEAD) .
 #   docker run --rm -p 8080:8080 -e SENDGATE_AUTH=none sendgate:dev        # embedded queue, no keys
 #
 # Two stages: a Rust builder that compiles the release binary (dependencies in their own
@@ -52,6 +52,9 @@ COPY client/src ./client/src
 COPY wire/src ./wire/src
 COPY entra/src ./entra/src
 COPY backoff/src ./backoff/src
+# The commit, for /metrics' sendgate_build_info{git_sha} (compiled in; "unknown" unless
+# given: docker build --build-arg SENDGATE_GIT_SHA=$(git rev-parse HEAD) .).
+ARG SENDGATE_GIT_SHA=unknown
 RUN cargo build --release --locked --bin sendgate \
     && install -D -m 0755 target/release/sendgate /out/sendgate
 

@@ -315,7 +315,6 @@ var entraEnv = useEntra ? concat([
   }
 ]) : []
 
-// The service name the spans carry (the agent adds the endpoint, not the name).
 // The depth source Reader can read (see queueReader).
 var depthEnv = readDepth ? [
   {
@@ -328,10 +327,16 @@ var depthEnv = readDepth ? [
   }
 ] : []
 
+// The service name the spans carry (the agent adds the endpoint, not the name); no metrics
+// export: the agent's Application Insights destination takes none (each export would fail).
 var telemetryEnv = deployAppInsights ? [
   {
     name: 'OTEL_SERVICE_NAME'
     value: appName
+  }
+  {
+    name: 'OTEL_METRICS_EXPORTER'
+    value: 'none'
   }
 ] : []
 

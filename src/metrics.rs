@@ -1,13 +1,21 @@
 //! `GET /metrics`: Prometheus text format.
 //!
 //! Two kinds of series. Those the hot path must count as they happen (requests by queue,
-//! status, code and backend; the send-latency histogram) live in a per-application
-//! registry — per application, not global, so several gateways in one process (tests)
-//! never share counts. Everything that is state (backlog, streak, breaker, in-flight,
-//! lifecycle, depth reads) is read from its owner at scrape time, so the request path pays
-//! nothing for it.
+//! status, code and backend; the send-latency, request-latency, `Retry-After` and
+//! depth-read histograms) live in a per-application registry — per application, not
+//! global, so several gateways in one process (tests) never share counts; the process's
+//! own (`process_*`) and `sendgate_build_info` are in it too. Everything that is state
+//! (backlog, streak, breaker, in-flight, lifecycle, depth reads, the drain rate) is read
+//! from its owner at scrape time, so the request path pays nothing for it.
+//!
+//! The depth reads are timed by [`TimedReads`], a decorator start-up puts around each
+//! backend: every read the gates and the probes make goes through it.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
 
 use crate::coordination::Coordination;
 use prometheus::core::Collector;
@@ -20,6 +28,10 @@ use actix_web::http::StatusCode;
 
 use crate::admission::breaker::BreakerState;
 use crate::admission::{BackendRole, Dispatcher};
+use crate::backend::{
+    Backend, Backlog, DepthError, DepthLag, OutgoingMessage, SendError, SendReceipt, StoreHealth,
+};
+use crate::domain::{Attributes, Field, QueueName};
 use crate::lifecycle::{GatewayState, Lifecycle};
 use crate::otel::SpanCounts;
 use crate::transport::Connections;
@@ -50,7 +62,28 @@ pub struct Metrics {
     registry: Registry,
     requests: IntCounterVec,
     send_seconds: HistogramVec,
+    request_seconds: HistogramVec,
+    retry_after: HistogramVec,
+    depth_read_seconds: HistogramVec,
 }
+
+/// The latency buckets (seconds) of the send, request and depth-read histograms.
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// The buckets (whole seconds) of the `Retry-After` values given: 1 s up to the longest
+/// `SENDGATE_RETRY_AFTER_MAX_S` and drain window a deployment is likely to set.
+const RETRY_AFTER_BUCKETS: [f64; 11] = [
+    1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
+/// The commit the binary was built from, when the build said (`SENDGATE_GIT_SHA` in the
+/// build's environment, as the Dockerfile passes it); `unknown` otherwise.
+pub const GIT_SHA: &str = match option_env!("SENDGATE_GIT_SHA") {
+    Some(sha) if !sha.is_empty() => sha,
+    _ => "unknown",
+};
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -69,28 +102,48 @@ impl Metrics {
             &["queue", "status", "code", "backend"],
         )
         .expect("valid metric definition");
-        let send_seconds = HistogramVec::new(
-            HistogramOpts::new(
-                "sendgate_send_duration_seconds",
-                "Time the backend took to take a message, by backend.",
-            )
-            .buckets(vec![
-                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                10.0,
-            ]),
+        let send_seconds = histogram_vec(
+            "sendgate_send_duration_seconds",
+            "Time the backend took to take a message, by backend.",
             &["backend"],
-        )
-        .expect("valid metric definition");
-        registry
-            .register(Box::new(requests.clone()))
-            .expect("registered once");
-        registry
-            .register(Box::new(send_seconds.clone()))
-            .expect("registered once");
+            &LATENCY_BUCKETS,
+        );
+        let request_seconds = histogram_vec(
+            "sendgate_request_duration_seconds",
+            "Time from a send request reaching its route to its answer (the body read, admission, the send), by queue, route (message, batch) and HTTP status.",
+            &["queue", "route", "status"],
+            &LATENCY_BUCKETS,
+        );
+        let retry_after = histogram_vec(
+            "sendgate_retry_after_seconds",
+            "The Retry-After (whole seconds) given on the send routes' refusals, by queue and code.",
+            &["queue", "code"],
+            &RETRY_AFTER_BUCKETS,
+        );
+        let depth_read_seconds = histogram_vec(
+            "sendgate_depth_read_duration_seconds",
+            "Time one depth read took at the admin plane (the gates' reads and the probes'), by backend, queue and result (ok, failed: an error, or its deadline passed).",
+            &["backend", "queue", "result"],
+            &LATENCY_BUCKETS,
+        );
+        for collector in [
+            Box::new(requests.clone()) as Box<dyn Collector>,
+            Box::new(send_seconds.clone()),
+            Box::new(request_seconds.clone()),
+            Box::new(retry_after.clone()),
+            Box::new(depth_read_seconds.clone()),
+            Box::new(build_info()),
+        ] {
+            registry.register(collector).expect("registered once");
+        }
+        register_process_collector(&registry);
         Self {
             registry,
             requests,
             send_seconds,
+            request_seconds,
+            retry_after,
+            depth_read_seconds,
         }
     }
 
@@ -110,6 +163,35 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
+    /// One send request answered: how long it took from its route to its answer.
+    pub fn request_latency(&self, queue: &str, route: &str, status: u16, took: Duration) {
+        let mut buf = [0u8; 3];
+        self.request_seconds
+            .with_label_values(&[queue, route, status_str(status, &mut buf)])
+            .observe(took.as_secs_f64());
+    }
+
+    /// A refusal on a send route told its client to wait `seconds` (its `Retry-After`).
+    pub fn retry_after_given(&self, queue: &str, code: &str, seconds: u64) {
+        self.retry_after
+            .with_label_values(&[queue, code])
+            .observe(seconds as f64);
+    }
+
+    /// `backend`, with each of its depth reads timed into
+    /// `sendgate_depth_read_duration_seconds` under `role`.
+    pub fn time_depth_reads(
+        &self,
+        backend: Arc<dyn Backend>,
+        role: BackendRole,
+    ) -> Arc<dyn Backend> {
+        Arc::new(TimedReads {
+            inner: backend,
+            role,
+            seconds: self.depth_read_seconds.clone(),
+        })
+    }
+
     /// The whole exposition: the registry's series plus the state read now.
     pub fn render(
         &self,
@@ -121,6 +203,7 @@ impl Metrics {
     ) -> String {
         let mut families = self.registry.gather();
         families.extend(state_families(dispatcher, lifecycle));
+        families.extend(drain_families(dispatcher));
         families.extend(rate_lease_families(dispatcher));
         families.extend(coordination_families(coordination));
         families.extend(connection_families(connections));
@@ -132,6 +215,136 @@ impl Metrics {
         // Encoding into a Vec cannot fail for well-formed families.
         let _ = TextEncoder::new().encode(&families, &mut out);
         String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+/// `sendgate_build_info{version,git_sha}`: 1.
+fn build_info() -> IntGaugeVec {
+    let info = gauge_vec(
+        "sendgate_build_info",
+        "1, with the version and the git commit (unknown when the build did not say) as labels.",
+        &["version", "git_sha"],
+    );
+    info.with_label_values(&[env!("CARGO_PKG_VERSION"), GIT_SHA])
+        .set(1);
+    info
+}
+
+/// The process's own series (`process_cpu_seconds_total`, `process_resident_memory_bytes`,
+/// `process_open_fds`, `process_start_time_seconds`, ...): the prometheus crate's collector,
+/// which reads `/proc` (Linux only; elsewhere there are none).
+#[cfg(target_os = "linux")]
+fn register_process_collector(registry: &Registry) {
+    let collector = prometheus::process_collector::ProcessCollector::for_self();
+    // Its descriptions are fixed and registered once per registry: this cannot fail.
+    let _ = registry.register(Box::new(collector));
+}
+
+#[cfg(not(target_os = "linux"))]
+fn register_process_collector(_: &Registry) {}
+
+/// `sendgate_drain_rate_per_second{backend,queue}`: the drain rate the gate measured (what a
+/// `429 queue_full`'s `Retry-After` is made from); no series until a drain was measured.
+fn drain_families(dispatcher: &Dispatcher) -> Vec<prometheus::proto::MetricFamily> {
+    let rate = prometheus::GaugeVec::new(
+        Opts::new(
+            "sendgate_drain_rate_per_second",
+            "Messages a second the consumers were measured to take from the queue (between depth reads); absent until measured.",
+        ),
+        &["backend", "queue"],
+    )
+    .expect("valid metric definition");
+    for lane in dispatcher.lanes() {
+        for gate in lane.gates() {
+            if let Some(r) = gate.snapshot().drain_rate {
+                rate.with_label_values(&[lane.role.as_str(), gate.queue().as_str()])
+                    .set(r.per_second());
+            }
+        }
+    }
+    rate.collect()
+}
+
+/// A backend whose depth reads are timed (everything else passes through as it is).
+struct TimedReads {
+    inner: Arc<dyn Backend>,
+    role: BackendRole,
+    seconds: HistogramVec,
+}
+
+/// One depth read on its way: observed when it ends, or when it is dropped unfinished
+/// (its deadline passed around it), then as `failed`.
+struct ReadTimer<'a> {
+    seconds: &'a HistogramVec,
+    role: BackendRole,
+    queue: &'a QueueName,
+    started: Instant,
+    result: &'static str,
+}
+
+impl Drop for ReadTimer<'_> {
+    fn drop(&mut self) {
+        self.seconds
+            .with_label_values(&[self.role.as_str(), self.queue.as_str(), self.result])
+            .observe(self.started.elapsed().as_secs_f64());
+    }
+}
+
+#[async_trait]
+impl Backend for TimedReads {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    async fn send(
+        &self,
+        message: OutgoingMessage,
+        deadline: Instant,
+    ) -> Result<SendReceipt, SendError> {
+        self.inner.send(message, deadline).await
+    }
+
+    async fn send_batch(
+        &self,
+        messages: Vec<OutgoingMessage>,
+        deadline: Instant,
+    ) -> Vec<Result<SendReceipt, SendError>> {
+        self.inner.send_batch(messages, deadline).await
+    }
+
+    fn unsupported(&self, attributes: &Attributes) -> Option<Field> {
+        self.inner.unsupported(attributes)
+    }
+
+    async fn backlog(&self, queue: &QueueName, deadline: Instant) -> Result<Backlog, DepthError> {
+        let mut timer = ReadTimer {
+            seconds: &self.seconds,
+            role: self.role,
+            queue,
+            started: Instant::now(),
+            result: "failed",
+        };
+        let read = self.inner.backlog(queue, deadline).await;
+        if read.is_ok() {
+            timer.result = "ok";
+        }
+        read
+    }
+
+    fn depth_lag(&self) -> Duration {
+        self.inner.depth_lag()
+    }
+
+    fn depth_lag_in_force(&self) -> Option<DepthLag> {
+        self.inner.depth_lag_in_force()
+    }
+
+    fn store_health(&self) -> Option<StoreHealth> {
+        self.inner.store_health()
+    }
+
+    async fn warm_up(&self, deadline: Instant) -> Result<(), String> {
+        self.inner.warm_up(deadline).await
     }
 }
 
@@ -313,6 +526,14 @@ fn gauge_vec(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
 
 fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric definition")
+}
+
+fn histogram_vec(name: &str, help: &str, labels: &[&str], buckets: &[f64]) -> HistogramVec {
+    HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        labels,
+    )
+    .expect("valid metric definition")
 }
 
 fn state_families(

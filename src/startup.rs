@@ -252,6 +252,17 @@ impl Backends {
         };
         Ok(Self { primary, fallback })
     }
+
+    /// Each backend with its depth reads timed into `metrics` (whoever opened it).
+    fn with_depth_reads_timed(self, metrics: &crate::metrics::Metrics) -> Self {
+        use crate::admission::BackendRole;
+        Self {
+            primary: metrics.time_depth_reads(self.primary, BackendRole::Primary),
+            fallback: self
+                .fallback
+                .map(|f| metrics.time_depth_reads(f, BackendRole::Fallback)),
+        }
+    }
 }
 
 fn open_backend(
@@ -376,9 +387,12 @@ fn edge(settings: &Settings, auth: Authenticator) -> Edge {
     }
 }
 
-fn observability(settings: &Settings) -> Result<Observability, StartupError> {
+fn observability(
+    settings: &Settings,
+    metrics: crate::metrics::Metrics,
+) -> Result<Observability, StartupError> {
     Ok(Observability {
-        metrics: crate::metrics::Metrics::new(),
+        metrics,
         otel: crate::otel::Otel::build(&settings.otel)?.map(Arc::new),
         connections: crate::transport::Connections::new(settings.connections),
     })
@@ -461,6 +475,8 @@ impl Application {
     /// listener and start warming up. Needs a Tokio runtime.
     pub fn build_with(settings: Settings, backends: Backends) -> Result<Self, StartupError> {
         let auth = authenticator(&settings)?;
+        let metrics = crate::metrics::Metrics::new();
+        let backends = backends.with_depth_reads_timed(&metrics);
         let (dispatcher, coordination, rates) = Self::dispatcher(&settings, backends, &auth);
         let control = control(&settings, coordination, &dispatcher)?;
         // A send admitted before a drain has its body's deadline, then its send's.
@@ -473,7 +489,7 @@ impl Application {
             rates,
             lifecycle: lifecycle.clone(),
             control,
-            observability: observability(&settings)?,
+            observability: observability(&settings, metrics)?,
         });
         let (server, port) = bind_and_serve(&settings, &state)?;
         spawn_background(&settings, &state);

@@ -51,11 +51,13 @@ pub fn init(format: LogFormat) {
             .event_format(FlatJson)
             .finish()
             .with(no_payloads())
+            .with(QuietNotFound)
             .try_init(),
         LogFormat::Text => builder
             .event_format(TextLine::<SystemTime>::default())
             .finish()
             .with(no_payloads())
+            .with(QuietNotFound)
             .try_init(),
     };
 }
@@ -266,6 +268,46 @@ fn no_payloads() -> Targets {
         .with_target("lapin::frames", LevelFilter::DEBUG)
 }
 
+/// The AMQP client logs every channel the broker closes with an error at ERROR, a
+/// `NOT_FOUND` (404) too. sendgate meets one on every first start: the check before it
+/// declares a queue is a passive declare, which the broker answers so when the queue does
+/// not exist yet. Every other `NOT_FOUND` is a depth read's (the queue deleted under the
+/// `amqp` depth source), which sendgate logs itself (`depth_read_failed`, the queue not
+/// found) as it does the declare (`queue_declared`): the client's line only repeats it, as
+/// an ERROR where nothing failed. Its other channel errors (an access refused, a
+/// precondition failed) are left as they are.
+struct QuietNotFound;
+
+impl<S: Subscriber> tracing_subscriber::Layer<S> for QuietNotFound {
+    fn event_enabled(
+        &self,
+        event: &Event<'_>,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        !is_channel_not_found(event)
+    }
+}
+
+/// The AMQP client's "Channel closed" ERROR for a `NOT_FOUND`.
+fn is_channel_not_found(event: &Event<'_>) -> bool {
+    /// Whether the event's `error` field is the soft error `NOTFOUND`.
+    struct NotFound(bool);
+    impl Visit for NotFound {
+        fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+            if field.name() == "error" {
+                self.0 = format!("{value:?}").contains("Soft(NOTFOUND)");
+            }
+        }
+    }
+    let meta = event.metadata();
+    if meta.target() != "lapin::channel" || *meta.level() != tracing::Level::ERROR {
+        return false;
+    }
+    let mut found = NotFound(false);
+    event.record(&mut found);
+    found.0
+}
+
 /// One JSON object per event: `timestamp`, `level`, `target`, the current request's
 /// fields, the fields of the spans it happened in (outermost first) and the event's own
 /// fields, all at the top level. On a name clash the event's field wins, then the
@@ -466,6 +508,51 @@ mod tests {
             "one line, saying six were held back"
         );
         assert_eq!(every.admit(), None);
+    }
+
+    /// The AMQP client's channel-closed ERRORs, as it writes them: a `NOT_FOUND` is left
+    /// out (sendgate says what it means), any other error stays.
+    #[test]
+    fn the_amqp_clients_not_found_channel_close_is_left_out_and_other_errors_stay() {
+        let not_found = Printed("AMQPError { kind: Soft(NOTFOUND), message: ShortString(\"NOT_FOUND - no queue 'q' in vhost '/'\") }");
+        let refused = Printed(
+            "AMQPError { kind: Soft(ACCESSREFUSED), message: ShortString(\"ACCESS_REFUSED\") }",
+        );
+        let out = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(out.clone())
+            .with_ansi(false)
+            .with_env_filter(filter(None))
+            .finish()
+            .with(no_payloads())
+            .with(QuietNotFound);
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::error!(target: "lapin::channel", channel = 5, error = ?not_found, "Channel closed");
+            tracing::error!(target: "lapin::channel", channel = 6, error = ?refused, "Channel closed");
+            tracing::error!(target: "lapin::channel", channel = 7, "Channel closed");
+            tracing::error!(target: "lapin::channel", channel = 8, reason = ?not_found, "Channel closed");
+            tracing::error!(target: "sendgate", error = ?not_found, "ours, the same words");
+            tracing::warn!(target: "lapin::channel", error = ?not_found, "a warning");
+        });
+        let text = out.text();
+        assert!(!text.contains("channel=5"), "{text}");
+        for kept in [
+            "channel=6",
+            "channel=7",
+            "channel=8",
+            "ours, the same words",
+            "a warning",
+        ] {
+            assert!(text.contains(kept), "{kept}: {text}");
+        }
+    }
+
+    /// A value whose `Debug` is the text given (a foreign type's, as it prints).
+    struct Printed(&'static str);
+    impl fmt::Debug for Printed {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(self.0)
+        }
     }
 
     /// What a subscriber filtered by `RUST_LOG=rust_log` writes for one event per target.

@@ -14,7 +14,7 @@
 //! time to live expires.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -26,7 +26,7 @@ use time::OffsetDateTime;
 
 use sendgate_wire::MessageAttributes;
 
-use crate::backend::embedded::{LeasedMessage, Store, StoreError, StoredMessage};
+use crate::backend::embedded::{database_path, LeasedMessage, Store, StoreError, StoredMessage};
 use crate::config::Settings;
 use crate::domain::QueueName;
 
@@ -43,9 +43,8 @@ pub enum QueueCommand {
         /// lock token each, instead of deleting them; `queue complete` deletes them.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..=300))]
         lock_s: Option<u64>,
-        /// Defaults to the embedded backend's SENDGATE_DATA_DIR (or SENDGATE_FALLBACK_DATA_DIR).
-        #[arg(long)]
-        data_dir: Option<PathBuf>,
+        #[command(flatten)]
+        store: StoreArgs,
     },
     /// Delete messages received with `--lock-s`, by lock token, while their lease holds.
     Complete {
@@ -54,16 +53,29 @@ pub enum QueueCommand {
         /// One or more lock tokens, as `receive --lock-s` printed them.
         #[arg(long = "lock-token", required = true, num_args = 1..)]
         lock_tokens: Vec<String>,
-        #[arg(long)]
-        data_dir: Option<PathBuf>,
+        #[command(flatten)]
+        store: StoreArgs,
     },
     /// Print how many messages are in a queue (leased ones included, until completed).
     Depth {
         #[arg(long)]
         queue: String,
-        #[arg(long)]
-        data_dir: Option<PathBuf>,
+        #[command(flatten)]
+        store: StoreArgs,
     },
+}
+
+/// Which embedded store a command reads.
+#[derive(clap::Args)]
+pub struct StoreArgs {
+    /// The store's directory; defaults to the embedded backend's SENDGATE_DATA_DIR (or
+    /// SENDGATE_FALLBACK_DATA_DIR), itself ./sendgate-data when unset.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Make an empty store there if there is none. Without it a directory holding no
+    /// store is refused: a wrong one would read as an empty queue.
+    #[arg(long)]
+    create: bool,
 }
 
 #[derive(Serialize)]
@@ -95,28 +107,13 @@ pub fn run(command: QueueCommand) -> ExitCode {
 }
 
 fn execute(command: QueueCommand) -> Result<(), (u8, String)> {
-    let (queue, data_dir) = match &command {
-        QueueCommand::Receive {
-            queue, data_dir, ..
-        }
-        | QueueCommand::Complete {
-            queue, data_dir, ..
-        }
-        | QueueCommand::Depth { queue, data_dir } => (queue, data_dir),
+    let (queue, store_args) = match &command {
+        QueueCommand::Receive { queue, store, .. }
+        | QueueCommand::Complete { queue, store, .. }
+        | QueueCommand::Depth { queue, store } => (queue, store),
     };
     let queue = QueueName::parse(queue).map_err(|e| (2, format!("--queue: {e}")))?;
-    let data_dir = match data_dir {
-        Some(d) => d.clone(),
-        None => Settings::from_env()
-            .map_err(|e| (2, e.to_string()))?
-            .embedded_data_dir()
-            .ok_or((
-                2,
-                "no embedded backend is configured: pass --data-dir".to_owned(),
-            ))?
-            .to_owned(),
-    };
-    let mut store = Store::open(&data_dir).map_err(|e| (1, e.to_string()))?;
+    let mut store = open_store(store_args)?;
     match command {
         QueueCommand::Depth { .. } => {
             let n = store
@@ -141,6 +138,46 @@ fn execute(command: QueueCommand) -> Result<(), (u8, String)> {
         QueueCommand::Complete { lock_tokens, .. } => complete(&mut store, &queue, &lock_tokens)?,
     }
     Ok(())
+}
+
+/// Where the store is: `--data-dir`, else the settings' embedded data directory, and
+/// whether that is the variable's default (said on stderr, as no one chose it).
+fn store_dir(args: &StoreArgs) -> Result<(PathBuf, bool), (u8, String)> {
+    if let Some(dir) = &args.data_dir {
+        return Ok((dir.clone(), false));
+    }
+    let settings = Settings::from_env().map_err(|e| (2, e.to_string()))?;
+    let dir = settings.embedded_data_dir().ok_or((
+        2,
+        "no embedded backend is configured: pass --data-dir".to_owned(),
+    ))?;
+    let default = crate::config::vars::DATA_DIR
+        .default
+        .is_some_and(|d| Path::new(d) == dir);
+    Ok((dir.to_owned(), default))
+}
+
+/// The store the command reads: refused where there is none, unless `--create`.
+fn open_store(args: &StoreArgs) -> Result<Store, (u8, String)> {
+    let (dir, default) = store_dir(args)?;
+    let shown = dir.display();
+    let whose = if default {
+        " (SENDGATE_DATA_DIR is not set: its default)"
+    } else {
+        ""
+    };
+    if !args.create && !database_path(&dir).is_file() {
+        return Err((
+            1,
+            format!(
+                "no embedded store at {shown}{whose}: point SENDGATE_DATA_DIR or --data-dir at the gateway's, or pass --create to make an empty one"
+            ),
+        ));
+    }
+    if default {
+        eprintln!("sendgate: the embedded store at {shown}{whose}");
+    }
+    Store::open(&dir).map_err(|e| (1, e.to_string()))
 }
 
 fn peek_lock(

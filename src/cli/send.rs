@@ -2,7 +2,8 @@
 //! client (the `sendgate-client` crate): in batch requests of `--batch-size` lines (each
 //! line alone on the single-send route with `--batch-size 1`), a line a bare body or, with
 //! `--envelope`, a batch entry (`body`, ids, attributes); bounded concurrency, a progress
-//! bar on a terminal and plain lines otherwise, a summary on stderr, and the exit status
+//! bar on a terminal and plain lines otherwise (with a line every [`QUIET_AT_MOST`] while
+//! messages wait and nothing else was said), a summary on stderr, and the exit status
 //! of the contract (section 7): 0 every message queued, 1 some not, 2 a terminal
 //! authentication error (or a usage error, like every other sendgate command).
 
@@ -11,6 +12,8 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, IsTerminal, Read};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -328,7 +331,7 @@ fn parse_line(report: &mut Report, number: u64, raw: &[u8], enveloped: bool) -> 
     if text.is_empty() {
         return None;
     }
-    report.read += 1;
+    report.note_read();
     if enveloped {
         return match envelope(text) {
             Ok(message) => Some(message),
@@ -450,6 +453,7 @@ async fn send_all(
     let batch_size = options.batch_size.max(1);
     let mut lines = read_lines(input, options.concurrency.max(batch_size) * 2);
     let mut report = Report::new(std::io::stderr().is_terminal());
+    let _waiting = WaitingLine::start(&report, &client);
     let mut dispatcher = Dispatcher::new(client.clone(), queue, batch_size, options.concurrency);
     let mut read_error = None;
     let mut stopped = false;
@@ -494,6 +498,93 @@ async fn send_all(
     drop(lines);
     dispatcher.wait_all(&mut report).await;
     report.summary(client.stats(), read_error)
+}
+
+/// The longest a run stays silent on stderr (no bar) while messages wait for an answer:
+/// a full queue's 429s, a drain, retries may hold one for minutes (`--deadline`).
+const QUIET_AT_MOST: Duration = Duration::from_secs(5);
+
+/// What the waiting line reads: messages read and answered, and when a line was last said.
+struct Progress {
+    started: std::time::Instant,
+    read: AtomicU64,
+    answered: AtomicU64,
+    /// Milliseconds from `started` to the last line written.
+    said_at_ms: AtomicU64,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Self {
+            started: std::time::Instant::now(),
+            read: AtomicU64::new(0),
+            answered: AtomicU64::new(0),
+            said_at_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// A line was written now.
+    fn said(&self) {
+        self.said_at_ms.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// The line to write now, if messages wait and nothing was said for [`QUIET_AT_MOST`].
+    fn waiting_line(&self, stats: &ClientStats) -> Option<String> {
+        let now = self.now_ms();
+        let read = self.read.load(Ordering::Relaxed);
+        let waiting = read.saturating_sub(self.answered.load(Ordering::Relaxed));
+        let quiet = now.saturating_sub(self.said_at_ms.load(Ordering::Relaxed));
+        if waiting == 0 || u128::from(quiet) < QUIET_AT_MOST.as_millis() {
+            return None;
+        }
+        Some(format!(
+            "waiting: {waiting} of {read} message{} not answered yet after {} s ({} requests, {} retries, {} waits for a drain so far)",
+            if read == 1 { "" } else { "s" },
+            now / 1000,
+            stats.requests,
+            stats.retries,
+            stats.deferrals
+        ))
+    }
+}
+
+/// The task that writes the waiting line, stopped when the run ends (dropped).
+struct WaitingLine(Option<tokio::task::JoinHandle<()>>);
+
+impl WaitingLine {
+    /// Without the bar only: a run waiting at a full queue (or a drain) still says so.
+    fn start(report: &Report, client: &Client) -> Self {
+        Self(report.bar.is_none().then(|| {
+            tokio::spawn(say_while_waiting(
+                Arc::clone(&report.progress),
+                client.clone(),
+            ))
+        }))
+    }
+}
+
+impl Drop for WaitingLine {
+    fn drop(&mut self) {
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// Every second, the waiting line when one is due (see [`Progress::waiting_line`]).
+async fn say_while_waiting(progress: Arc<Progress>, client: Client) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        if let Some(line) = progress.waiting_line(&client.stats()) {
+            eprintln!("{line}");
+            progress.said();
+        }
+    }
 }
 
 /// The batch being filled: its lines, whether the next line is already in memory, and
@@ -575,6 +666,8 @@ struct Report {
     auth: Option<String>,
     /// Why the token source gave no token: the run stops on it too.
     no_token: Option<String>,
+    /// Shared with the waiting line's task.
+    progress: Arc<Progress>,
 }
 
 impl Report {
@@ -597,7 +690,14 @@ impl Report {
             failed: BTreeMap::new(),
             auth: None,
             no_token: None,
+            progress: Arc::new(Progress::new()),
         }
+    }
+
+    /// A line of input that is a message (or meant as one).
+    fn note_read(&mut self) {
+        self.read += 1;
+        self.progress.read.store(self.read, Ordering::Relaxed);
     }
 
     /// A task ended (or panicked, which the client does not do on any input).
@@ -679,6 +779,10 @@ impl Report {
     /// On a terminal, problems are printed above the bar and successes only move it;
     /// otherwise every message gets a plain line.
     fn line(&self, text: &str, problem: bool) {
+        let answered =
+            self.queued + self.refused.values().sum::<u64>() + self.failed.values().sum::<u64>();
+        self.progress.answered.store(answered, Ordering::Relaxed);
+        self.progress.said();
         match &self.bar {
             Some(bar) => {
                 bar.inc(1);
@@ -756,6 +860,51 @@ impl Report {
 mod tests {
     use super::*;
     use sendgate_client::MessageAttributes;
+
+    /// A run `ago` old, with `read` messages read and `answered` answered.
+    fn progress(ago: Duration, read: u64, answered: u64) -> Progress {
+        Progress {
+            started: std::time::Instant::now()
+                .checked_sub(ago)
+                .expect("the clock goes back that far"),
+            read: AtomicU64::new(read),
+            answered: AtomicU64::new(answered),
+            said_at_ms: AtomicU64::new(0),
+        }
+    }
+
+    #[test]
+    fn a_waiting_line_is_due_only_while_messages_wait_after_a_quiet_spell() {
+        let stats = ClientStats {
+            requests: 4,
+            retries: 3,
+            deferrals: 1,
+            ..ClientStats::default()
+        };
+        let quiet = progress(Duration::from_millis(5_100), 3, 1);
+        assert_eq!(
+            quiet.waiting_line(&stats).as_deref(),
+            Some("waiting: 2 of 3 messages not answered yet after 5 s (4 requests, 3 retries, 1 waits for a drain so far)")
+        );
+        quiet.said();
+        assert_eq!(quiet.waiting_line(&stats), None, "just said");
+        let one = progress(Duration::from_secs(12), 1, 0);
+        assert!(one
+            .waiting_line(&stats)
+            .is_some_and(|l| l.starts_with("waiting: 1 of 1 message not answered yet after 12 s")));
+        assert_eq!(
+            progress(Duration::from_secs(12), 3, 3).waiting_line(&stats),
+            None,
+            "nothing waits"
+        );
+        assert_eq!(
+            progress(Duration::from_millis(4_900), 3, 0).waiting_line(&stats),
+            None,
+            "not quiet long enough"
+        );
+        let at_five = progress(QUIET_AT_MOST, 1, 0);
+        assert!(at_five.waiting_line(&stats).is_some(), "due at 5 s");
+    }
 
     #[test]
     fn the_envelope_fields_are_a_batch_entrys() {

@@ -81,6 +81,7 @@ impl OtelSettings {
 
 pub(super) fn parse(layers: &Layers) -> Result<OtelSettings, ConfigError> {
     let disabled = layers.choice(&v::OTEL_SDK_DISABLED)? == Some("true");
+    let no_metrics = layers.choice(&v::OTEL_METRICS_EXPORTER)? == Some("none");
     let base = http_url(layers, &v::OTEL_EXPORTER_OTLP_ENDPOINT)?;
     let (traces_protocol, metrics_protocol, unsupported_protocols) = protocols(layers);
     let common = Common {
@@ -95,12 +96,15 @@ pub(super) fn parse(layers: &Layers) -> Result<OtelSettings, ConfigError> {
         traces_protocol,
         &v::OTEL_EXPORTER_OTLP_TRACES_HEADERS,
     )?;
-    let metrics = common.signal(
-        &v::OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
-        "/v1/metrics",
-        metrics_protocol,
-        &v::OTEL_EXPORTER_OTLP_METRICS_HEADERS,
-    )?;
+    // Its endpoint and headers are checked even when no metrics are exported.
+    let metrics = common
+        .signal(
+            &v::OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
+            "/v1/metrics",
+            metrics_protocol,
+            &v::OTEL_EXPORTER_OTLP_METRICS_HEADERS,
+        )?
+        .filter(|_| !no_metrics);
     let queue_size = layers.count(&v::OTEL_BSP_MAX_QUEUE_SIZE)? as usize;
     Ok(OtelSettings {
         traces,

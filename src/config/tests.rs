@@ -1437,3 +1437,30 @@ fn otlp_export_is_enabled_by_either_signal_and_an_endpoint_needs_a_host() {
     }
     assert!(otel(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "HTTPS://c")]).is_ok());
 }
+
+/// Issue 41: `OTEL_METRICS_EXPORTER=none` (the specification's) exports no metrics, the
+/// spans still; `otlp` is the default; any other value is a wrong setting, named.
+#[test]
+fn otel_metrics_exporter_none_turns_the_metrics_export_off_and_leaves_the_spans() {
+    let otel = |pairs: &[(&str, &str)]| Settings::from_vars(&vars(pairs)).map(|s| s.otel);
+    let base = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317");
+    let none = otel(&[base, ("OTEL_METRICS_EXPORTER", "none")]).unwrap();
+    assert!(none.metrics.is_none() && none.traces.is_some(), "{none:?}");
+    assert!(none.enabled(), "the spans are still exported");
+    let own = otel(&[
+        (
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+            "http://c:4318/v1/metrics",
+        ),
+        ("OTEL_METRICS_EXPORTER", "NONE"),
+    ])
+    .unwrap();
+    assert!(own.metrics.is_none() && !own.enabled(), "{own:?}");
+    for otlp in [&[base][..], &[base, ("OTEL_METRICS_EXPORTER", "otlp")]] {
+        assert!(otel(otlp).unwrap().metrics.is_some(), "{otlp:?}");
+    }
+    let err = otel(&[base, ("OTEL_METRICS_EXPORTER", "prometheus")])
+        .expect_err("not built in")
+        .to_string();
+    assert!(err.contains("OTEL_METRICS_EXPORTER"), "{err}");
+}

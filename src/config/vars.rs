@@ -897,6 +897,12 @@ pub const OTEL_TRACES_SAMPLER_ARG: Var = otel(
     "The ratio of the traceidratio samplers, 0 to 1; read by the OpenTelemetry SDK.",
 )
 .unset("1.0");
+pub const OTEL_METRICS_EXPORTER: Var = otel(
+    "OTEL_METRICS_EXPORTER",
+    K::Choice(&["otlp", "none"]),
+    "otlp: the metrics go where the endpoints say; none: no metrics are exported (the spans still are), for a collector that takes no metrics, as the Container Apps managed agent's Application Insights destination. /metrics (Prometheus) is served either way.",
+)
+.default("otlp");
 pub const OTEL_METRIC_EXPORT_INTERVAL: Var = otel(
     "OTEL_METRIC_EXPORT_INTERVAL",
     K::Duration {
@@ -1047,6 +1053,7 @@ pub const VARIABLES: &[&Var] = &[
     &OTEL_EXPORTER_OTLP_ENDPOINT,
     &OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
     &OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
+    &OTEL_METRICS_EXPORTER,
     &OTEL_EXPORTER_OTLP_PROTOCOL,
     &OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,
     &OTEL_EXPORTER_OTLP_METRICS_PROTOCOL,

@@ -327,6 +327,9 @@ impl ResponseError for ApiError {
         if let Some(after) = self.problem.retry_after() {
             response.insert_header((RETRY_AFTER, HeaderValue::from(whole_seconds(after))));
         }
+        // For the metrics of the send routes (`http/metrics.rs`): the code, beside the
+        // header, on the answer itself (a 429 may leave here as a response, not an error).
+        response.extensions_mut().insert(self.problem.code());
         match &self.problem {
             // RFC 6750 §3: no token, a bare challenge; a token that proves nothing (an
             // unknown key, an Entra ID token that does not verify), `invalid_token` and

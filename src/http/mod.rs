@@ -34,11 +34,17 @@ pub use state::AppState;
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.service(
         web::resource("/v1/queues/{queue}/messages")
+            .wrap(actix_web::middleware::from_fn(|req, next| {
+                metrics::observe_send("message", req, next)
+            }))
             .route(web::post().to(send::send_message))
             .default_service(web::to(fallback::only_post)),
     )
     .service(
         web::resource("/v1/queues/{queue}/messages/batch")
+            .wrap(actix_web::middleware::from_fn(|req, next| {
+                metrics::observe_send("batch", req, next)
+            }))
             .route(web::post().to(batch::send_batch))
             .default_service(web::to(fallback::only_post)),
     )

@@ -214,31 +214,65 @@ async fn peek_lock_leases_hides_and_completes_by_lock_token() {
     assert_eq!(too_long.status.code(), Some(2), "{}", stderr(&too_long));
 }
 
+/// Issue 41: stdout carries the token alone; the entry (only its hash) goes to the keys
+/// file, with the tenant and weight asked; a name already in the file is refused.
 #[tokio::test]
-async fn keys_new_prints_a_working_token_and_an_entry_holding_only_its_hash() {
-    let out = sendgate(
-        &[
-            "keys", "new", "--name", "batch", "--role", "sender", "--queue", "requests",
-        ],
-        &[],
-    );
-    assert!(out.status.success(), "{}", stderr(&out));
-    let token = stderr(&out).lines().last().unwrap().trim().to_owned();
-    assert!(token.starts_with("sg_"));
-    let entry = String::from_utf8(out.stdout).unwrap();
-    assert!(
-        !entry.contains(&token),
-        "the keys file entry never holds the token"
-    );
-
+async fn keys_new_prints_only_the_token_and_appends_an_entry_holding_only_its_hash() {
     let dir = tempfile::tempdir().unwrap();
     let keys = dir.path().join("keys.toml");
-    std::fs::write(&keys, &entry).unwrap();
-    let app = sendgate_testkit::embedded::spawn_app_with(&[(
-        "SENDGATE_API_KEYS_FILE",
-        keys.to_str().unwrap(),
-    )])
-    .await;
+    let file = keys.to_str().unwrap();
+    let new = |args: &[&str]| {
+        let mut all = vec!["keys", "new", "--keys-file", file];
+        all.extend_from_slice(args);
+        sendgate(&all, &[])
+    };
+    let out = new(&[
+        "--name", "batch", "--role", "sender", "--queue", "requests", "--tenant", "jobs",
+        "--weight", "3",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8(out.stdout.clone()).unwrap();
+    assert_eq!(stdout.lines().count(), 1, "the token alone: {stdout:?}");
+    let token = stdout.trim_end().to_owned();
+    assert!(token.starts_with("sg_") && !token.contains(' '), "{token}");
+    assert_eq!(stdout, format!("{token}\n"));
+    assert!(stderr(&out).contains(file), "says where: {}", stderr(&out));
+    assert!(!stderr(&out).contains(&token), "{}", stderr(&out));
+
+    // A second key of the tenant, another weight: the gateway would refuse that file.
+    let other_weight = new(&[
+        "--name", "batch-2", "--role", "sender", "--tenant", "jobs", "--weight", "2",
+    ]);
+    assert_eq!(
+        other_weight.status.code(),
+        Some(2),
+        "{}",
+        stderr(&other_weight)
+    );
+    assert!(other_weight.stdout.is_empty());
+    let again = new(&["--name", "batch", "--role", "observer"]);
+    assert_eq!(
+        again.status.code(),
+        Some(2),
+        "a name twice: {}",
+        stderr(&again)
+    );
+    assert!(stderr(&again).contains("\"batch\""), "{}", stderr(&again));
+    assert!(again.stdout.is_empty(), "no token for a key not made");
+    let observer = new(&["--name", "ops", "--role", "observer"]);
+    assert!(observer.status.success(), "{}", stderr(&observer));
+
+    let entries = std::fs::read_to_string(&keys).unwrap();
+    assert!(
+        !entries.contains(&token),
+        "the keys file never holds the token"
+    );
+    assert_eq!(entries.matches("[[keys]]").count(), 2, "{entries}");
+    assert!(
+        entries.contains("tenant = \"jobs\"") && entries.contains("weight = 3"),
+        "{entries}"
+    );
+    let app = sendgate_testkit::embedded::spawn_app_with(&[("SENDGATE_API_KEYS_FILE", file)]).await;
     let auth = format!("Bearer {token}");
     assert_eq!(
         app.send_with("requests", "{}", &[("Authorization", auth.as_str())])
@@ -247,9 +281,69 @@ async fn keys_new_prints_a_working_token_and_an_entry_holding_only_its_hash() {
         201
     );
     assert_eq!(app.send("requests", "{}").await.status(), 401);
+    let detailed = app
+        .client
+        .get(app.url("/health/detailed"))
+        .header("Authorization", auth.as_str())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(detailed.status(), 403, "a sender key, not an observer");
 
-    let bad = sendgate(&["keys", "new", "--name", "x", "--role", "root"], &[]);
+    let bad = new(&["--name", "x", "--role", "root"]);
     assert_eq!(bad.status.code(), Some(2));
+    let unweighable = new(&["--name", "y", "--role", "sender", "--weight", "0"]);
+    assert_eq!(unweighable.status.code(), Some(2));
+}
+
+/// Issue 41: `queue depth` says where it looks, and a directory holding no store is
+/// refused, not read as an empty queue (nor made), unless `--create` asks for one.
+#[test]
+fn queue_depth_refuses_a_missing_store_and_says_where_it_looked() {
+    let cwd = tempfile::tempdir().unwrap();
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let env = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let mut all = vec!["queue", "depth", "--queue", "requests"];
+        all.extend_from_slice(args);
+        sendgate_testkit::gateway::binary(&all, &env)
+            .current_dir(cwd.path())
+            .output()
+            .unwrap()
+    };
+    let out = run(&[], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(out.stdout.is_empty(), "no depth printed");
+    let err = stderr(&out);
+    assert!(
+        err.contains("./sendgate-data")
+            && err.contains("SENDGATE_DATA_DIR")
+            && err.contains("--create"),
+        "{err}"
+    );
+    assert!(!cwd.path().join("sendgate-data").exists(), "nothing made");
+
+    let elsewhere = cwd.path().join("elsewhere");
+    let shown = elsewhere.to_str().unwrap();
+    let out = run(&[], &[("SENDGATE_DATA_DIR", shown)]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains(shown), "{}", stderr(&out));
+    let out = run(&["--data-dir", shown], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+
+    let out = run(&["--create"], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "0\n");
+    assert!(
+        stderr(&out).contains("./sendgate-data"),
+        "the default said: {}",
+        stderr(&out)
+    );
+    let out = run(&[], &[]);
+    assert!(out.status.success(), "now there is one: {}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "0\n");
 }
 
 #[test]
@@ -362,7 +456,7 @@ fn a_variable_that_is_not_utf8_never_panics_the_binary() {
     let data = dir.path().to_str().unwrap().to_owned();
     let run = |name: &str, value: &[u8]| {
         let mut cmd = sendgate_testkit::gateway::binary(
-            &["queue", "depth", "--queue", "requests"],
+            &["queue", "depth", "--queue", "requests", "--create"],
             &[("SENDGATE_DATA_DIR".to_owned(), data.clone())].into(),
         );
         cmd.env(name, std::ffi::OsStr::from_bytes(value));

@@ -117,3 +117,168 @@ async fn metrics_count_requests_reads_and_state() {
     );
     assert_eq!(app.backend_calls(), 2, "scraping touched no backend");
 }
+
+/// The series' lines of family `name` (its samples, any labels).
+fn samples<'t>(text: &'t str, name: &str) -> Vec<&'t str> {
+    text.lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .collect()
+}
+
+async fn scrape(app: &sendgate_testkit::embedded::TestApp) -> String {
+    let response = app.client.get(app.url("/metrics")).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    response.text().await.unwrap()
+}
+
+/// Issue 41: what operators look for — a send's end-to-end latency, the `Retry-After`
+/// values given, the depth reads' latency, the process's own series and the build.
+#[tokio::test]
+async fn metrics_time_requests_and_depth_reads_and_count_the_retry_after_given() {
+    let app = spawn_app_with(&[
+        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "1"),
+        ("SENDGATE_DEPTH_TTL_MS", "60000"),
+    ])
+    .await;
+    assert_eq!(app.send("requests", "{}").await.status(), 201);
+    let full = app.send("requests", "{}").await;
+    assert_eq!(full.status(), 429);
+    let given: u64 = full.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let text = scrape(&app).await;
+
+    assert_eq!(
+        value(
+            &text,
+            r#"sendgate_request_duration_seconds_count{queue="requests",route="message",status="201"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &text,
+            r#"sendgate_request_duration_seconds_count{queue="requests",route="message",status="429"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &text,
+            r#"sendgate_retry_after_seconds_count{code="queue_full",queue="requests"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &text,
+            r#"sendgate_retry_after_seconds_sum{code="queue_full",queue="requests"}"#
+        ),
+        given as f64,
+        "the seconds the header said"
+    );
+    assert!(
+        value(
+            &text,
+            r#"sendgate_depth_read_duration_seconds_count{backend="primary",queue="requests",result="ok"}"#
+        ) >= 1.0,
+        "the start-up read (and the probes')"
+    );
+    assert!(value(&text, "process_cpu_seconds_total") >= 0.0);
+    for family in [
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_start_time_seconds",
+    ] {
+        assert!(value(&text, family) > 0.0, "{family}");
+    }
+    let info = format!(
+        r#"sendgate_build_info{{git_sha="unknown",version="{}"}}"#,
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(value(&text, &info), 1.0);
+
+    // A batch is timed under its own route; a refusal without Retry-After gives none.
+    let batch = app
+        .client
+        .post(app.url("/v1/queues/requests/messages/batch"))
+        .header("Content-Type", "application/json")
+        .body(r#"{"messages":[{"body":1}]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(batch.status(), 429);
+    let unknown = app.send("nope", "{}").await;
+    assert_eq!(unknown.status(), 404);
+    let text = scrape(&app).await;
+    assert_eq!(
+        value(
+            &text,
+            r#"sendgate_request_duration_seconds_count{queue="requests",route="batch",status="429"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &text,
+            r#"sendgate_request_duration_seconds_count{queue="unknown",route="message",status="404"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &text,
+            r#"sendgate_retry_after_seconds_count{code="queue_full",queue="requests"}"#
+        ),
+        2.0
+    );
+    assert!(
+        samples(&text, "sendgate_retry_after_seconds_count")
+            .iter()
+            .all(|l| !l.contains("unknown_queue")),
+        "{text}"
+    );
+}
+
+/// Issue 41: the drain rate the gate measured, per queue, once consumers took messages
+/// between depth reads (none before).
+#[tokio::test]
+async fn metrics_show_the_measured_drain_rate_per_queue() {
+    let app = spawn_app_with(&[
+        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "1000"),
+        ("SENDGATE_DEPTH_TTL_MS", "50"),
+    ])
+    .await;
+    for _ in 0..40 {
+        assert_eq!(app.send("requests", "{}").await.status(), 201);
+    }
+    let text = scrape(&app).await;
+    assert!(
+        samples(&text, "sendgate_drain_rate_per_second").is_empty(),
+        "nothing drained yet: {text}"
+    );
+    // A consumer takes 2 messages every 100 ms while a producer sends 1: the reads the
+    // sends make see the backlog fall.
+    let mut store = sendgate::backend::embedded::Store::open(&app.data_dir).unwrap();
+    let started = std::time::Instant::now();
+    while started.elapsed() < std::time::Duration::from_millis(2500) {
+        store.receive("requests", 2, |_| Ok(())).unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert_eq!(app.send("requests", "{}").await.status(), 201);
+    }
+    let text = scrape(&app).await;
+    let rate = value(
+        &text,
+        r#"sendgate_drain_rate_per_second{backend="primary",queue="requests"}"#,
+    );
+    let shown = app.detailed().await["queues"]["requests"]["drain_rate_per_s"]
+        .as_f64()
+        .expect("measured");
+    assert!(rate > 1.0, "{rate}");
+    assert!(
+        (rate - shown).abs() < 0.01 * rate + 0.001,
+        "{rate} vs {shown}"
+    );
+}

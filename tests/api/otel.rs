@@ -409,6 +409,31 @@ async fn over_grpc_as_the_container_apps_agent_takes_them_spans_and_metrics_arri
     );
 }
 
+/// Issue 41: the managed agent's Application Insights destination takes no metrics, so the
+/// infra sets `OTEL_METRICS_EXPORTER=none`: the spans still arrive, no metrics call is made.
+#[tokio::test]
+async fn with_otel_metrics_exporter_none_spans_arrive_and_no_metrics_are_sent() {
+    let receiver = Receiver::grpc().await;
+    let app = exporting_to(
+        &receiver,
+        &[
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_METRICS_EXPORTER", "none"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "50"),
+        ],
+    )
+    .await;
+    assert_eq!(app.send("requests", "{}").await.status(), 201);
+    let spans = receiver.wait_spans(WAIT, |s| !s.is_empty()).await;
+    assert_eq!(spans.len(), 1, "{spans:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(receiver.metrics().is_empty(), "ten intervals, no metrics");
+    assert!(
+        receiver.header(GRPC_METRICS, "content-type").is_empty(),
+        "no metrics call at all"
+    );
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

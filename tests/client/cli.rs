@@ -155,6 +155,50 @@ async fn an_empty_retry_budget_fails_a_full_queues_refusals_at_once() {
     assert_eq!(app.stored("requests"), 3);
 }
 
+/// Issue 41: with stderr not a terminal (no bar), a message waiting at a full queue is
+/// said every few seconds, not only when it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_waiting_at_a_full_queue_is_said_every_few_seconds() {
+    let app = spawn_app_with(&[
+        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "1"),
+        ("SENDGATE_DEPTH_TTL_MS", "3000"),
+    ])
+    .await;
+    assert_eq!(app.send("requests", "{}").await.status(), 201);
+    let started = std::time::Instant::now();
+    let out = sendgate_send(
+        &[
+            "--url",
+            &app.address,
+            "--queue",
+            "requests",
+            "--deadline",
+            "12",
+            "--max-attempts",
+            "20",
+            "-",
+        ],
+        &[],
+        Some(&lines(1)),
+    )
+    .await;
+    let took = started.elapsed();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let waiting: Vec<&str> = err.lines().filter(|l| l.starts_with("waiting: ")).collect();
+    assert!(
+        !waiting.is_empty() && waiting.len() <= 3,
+        "a line every 5 s of {took:?}: {err}"
+    );
+    assert!(
+        waiting[0].starts_with("waiting: 1 of 1 message not answered yet after ")
+            && waiting[0].contains(" requests, "),
+        "{err}"
+    );
+    let summary = err.find("summary:").expect("a summary");
+    assert!(err.find("waiting: ").unwrap() < summary, "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_line_is_refused_locally_and_exits_1() {
     // Alone, three requests; in a batch, one request of three entries.

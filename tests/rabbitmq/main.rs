@@ -734,3 +734,28 @@ async fn sends_timing_out_on_a_replaced_connection_neither_warn_nor_count_agains
     drop(gw);
     rabbit::delete(&queue).await;
 }
+
+/// Issue 41: a normal first start, on a queue that does not exist yet, logs no ERROR (the
+/// check that runs before the queue is declared finds it missing: that is expected).
+#[tokio::test]
+async fn a_first_start_on_a_queue_not_yet_declared_logs_no_error() {
+    ensure::rabbitmq();
+    let queue = rabbit::unique("sg-first-start");
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let gw = gateway::GatewayProcess::start_logging_to(
+        &[
+            ("SENDGATE_BACKEND", "rabbitmq"),
+            ("SENDGATE_QUEUES", &queue),
+            ("SENDGATE_WORKERS", "1"),
+        ],
+        log.reopen().unwrap(),
+    )
+    .await;
+    assert_eq!(gw.send(&queue, "{}").await.unwrap(), 201);
+    drop(gw);
+    let text = std::fs::read_to_string(log.path()).unwrap();
+    assert!(text.contains("queue_declared"), "declared at start: {text}");
+    let errors: Vec<&str> = text.lines().filter(|l| l.contains(" ERROR ")).collect();
+    assert!(errors.is_empty(), "ERROR lines on a first start:\n{text}");
+    rabbit::delete(&queue).await;
+}
