@@ -61,6 +61,9 @@ struct Inner {
     longest_send: Duration,
     drain: Mutex<Option<DrainTimes>>,
     sends: AtomicUsize,
+    /// The sends among them that were admitted (not those being refused): what a refused
+    /// producer waits for. Concurrent refusals, counted a moment in `sends`, are not.
+    admitted: AtomicUsize,
     idle: Notify,
     changed: Notify,
 }
@@ -95,10 +98,14 @@ impl DrainTimes {
 /// Counts one send as in flight for the drain until dropped.
 pub struct SendGuard {
     inner: Arc<Inner>,
+    admitted: bool,
 }
 
 impl Drop for SendGuard {
     fn drop(&mut self) {
+        if self.admitted {
+            self.inner.admitted.fetch_sub(1, Ordering::SeqCst);
+        }
         if self.inner.sends.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.inner.idle.notify_waiters();
         }
@@ -142,6 +149,7 @@ impl Lifecycle {
                 longest_send,
                 drain: Mutex::new(None),
                 sends: AtomicUsize::new(0),
+                admitted: AtomicUsize::new(0),
                 idle: Notify::new(),
                 changed: Notify::new(),
             }),
@@ -203,27 +211,33 @@ impl Lifecycle {
         // Count first, then check (both sequentially consistent, as the drain sets the state
         // then reads the count): a drain that starts in between sees this send and waits.
         self.inner.sends.fetch_add(1, Ordering::SeqCst);
-        let guard = SendGuard {
+        let mut guard = SendGuard {
             inner: self.inner.clone(),
+            admitted: false,
         };
         match self.state() {
-            GatewayState::Running => Ok(guard),
+            GatewayState::Running => {
+                self.inner.admitted.fetch_add(1, Ordering::SeqCst);
+                guard.admitted = true;
+                Ok(guard)
+            }
             GatewayState::Starting => Err(NotAdmitting::Starting),
             GatewayState::Stopped => Err(NotAdmitting::Stopped),
-            GatewayState::Draining => {
-                // This send counted itself above: the others are what the drain waits for.
-                let others = self.sends_in_flight().saturating_sub(1);
-                Err(NotAdmitting::Draining {
-                    retry_after: self.retry_after_with(others),
-                })
-            }
+            GatewayState::Draining => Err(NotAdmitting::Draining {
+                retry_after: self.retry_after_with(self.admitted_in_flight()),
+            }),
         }
     }
 
     /// The `Retry-After` of a request refused while draining (readiness too): about as long
     /// as the restart takes (see the module doc).
     pub fn drain_retry_after(&self) -> Duration {
-        self.retry_after_with(self.sends_in_flight())
+        self.retry_after_with(self.admitted_in_flight())
+    }
+
+    /// Sends admitted and not yet finished, without those being refused this moment.
+    fn admitted_in_flight(&self) -> usize {
+        self.inner.admitted.load(Ordering::SeqCst)
     }
 
     fn retry_after_with(&self, others: usize) -> Duration {
@@ -371,6 +385,39 @@ mod tests {
             refused_for(&life),
             RESTART_MARGIN,
             "past the linger: the restart"
+        );
+    }
+
+    /// Requests refused at the same moment are not sends in flight to one another: each is
+    /// told the linger left, not the sends' bound (16 s at the defaults, at random under
+    /// load, when each refusal counted the others).
+    #[test]
+    fn concurrent_refusals_do_not_count_one_another_as_sends_in_flight() {
+        let life = Lifecycle::with_drain(Duration::from_secs(5), Duration::from_secs(60));
+        life.set_running();
+        assert!(life.begin_drain(Duration::from_secs(120)));
+        let longest = std::thread::scope(|scope| {
+            let refusing: Vec<_> = (0..4)
+                .map(|_| {
+                    scope.spawn(|| {
+                        (0..20_000)
+                            .map(|_| match life.admit_send() {
+                                Err(NotAdmitting::Draining { retry_after }) => retry_after,
+                                other => panic!("expected draining, got {:?}", other.err()),
+                            })
+                            .max()
+                            .unwrap_or_default()
+                    })
+                })
+                .collect();
+            refusing
+                .into_iter()
+                .map(|t| t.join().expect("no panic"))
+                .max()
+        });
+        assert!(
+            longest <= Some(Duration::from_secs(6)),
+            "told {longest:?}: the linger left and the restart, nothing in flight"
         );
     }
 

@@ -235,6 +235,63 @@ impl Queue {
         self.complete(now, lag, stored_total);
     }
 
+    /// A published read's outcome: a good one replaces the read, a failed one leaves the
+    /// last good read's backlog standing.
+    fn land(&mut self, ticket: &ReadTicket, outcome: ReadOutcome, for_: ReadFor) {
+        match outcome {
+            ReadOutcome::Ok {
+                backlog,
+                send_disabled,
+            } => {
+                self.read = ReadState::Ok {
+                    backlog,
+                    send_disabled,
+                };
+                self.streak = 0;
+                self.reads_ok += 1;
+                self.since_read = self
+                    .completed_total
+                    .saturating_sub(ticket.completed_at_start);
+            }
+            ReadOutcome::Failed => {
+                let standing = match self.read {
+                    ReadState::Ok { backlog, .. } => Some(backlog),
+                    ReadState::Failed { standing } => standing,
+                    ReadState::Never => None,
+                };
+                self.read = ReadState::Failed { standing };
+                if for_.counts_in_streak() {
+                    self.streak += 1;
+                }
+                self.reads_failed += 1;
+            }
+        }
+    }
+
+    /// A read made again at the ceiling that shows no less than the read in force counted
+    /// forward: both bound the queue from above, the higher only by sends it counts twice,
+    /// so it is not published (publish_read.lua).
+    fn shows_no_less(&self, ticket: &ReadTicket, outcome: ReadOutcome, for_: ReadFor) -> bool {
+        match (for_.paced(), outcome, self.read) {
+            (
+                false,
+                ReadOutcome::Ok {
+                    backlog,
+                    send_disabled: false,
+                },
+                ReadState::Ok {
+                    backlog: standing, ..
+                },
+            ) => {
+                let since = self
+                    .completed_total
+                    .saturating_sub(ticket.completed_at_start);
+                backlog.saturating_add(since) >= standing.saturating_add(self.since_read)
+            }
+            _ => false,
+        }
+    }
+
     fn view(&self, now: i64, t: &Terms) -> View {
         let (reserved, carried, replicas) = self.sums(now);
         let (read_age, paced_age) = match self.read {
@@ -413,63 +470,20 @@ impl World {
             Some(taken) if ticket.epoch == q.epoch && ticket.seq > q.published_seq => *taken,
             _ => return q.view(now, t),
         };
-        if let (
-            false,
-            ReadOutcome::Ok {
-                backlog,
-                send_disabled: false,
-            },
-            ReadState::Ok {
-                backlog: standing, ..
-            },
-        ) = (for_.paced(), outcome, q.read)
-        {
-            let shown = backlog + q.completed_total.saturating_sub(ticket.completed_at_start);
-            if shown >= standing + q.since_read {
-                if for_.ends_lease() && ticket.seq == q.ticket_seq {
-                    q.lease_until = q.lease_until.min(now);
-                }
-                q.published_seq = ticket.seq;
-                q.tickets.retain(|seq, _| *seq > ticket.seq);
-                return q.view(now, t);
-            }
-        }
-        q.generation += 1;
-        if for_.paced() {
-            q.paced += 1;
-            q.paced_ms = taken;
-        }
+        let published = !q.shows_no_less(ticket, outcome, for_);
         if for_.ends_lease() && ticket.seq == q.ticket_seq {
             q.lease_until = q.lease_until.min(now);
         }
         q.published_seq = ticket.seq;
-        q.taken_ms = taken;
         q.tickets.retain(|seq, _| *seq > ticket.seq);
-        match outcome {
-            ReadOutcome::Ok {
-                backlog,
-                send_disabled,
-            } => {
-                q.read = ReadState::Ok {
-                    backlog,
-                    send_disabled,
-                };
-                q.streak = 0;
-                q.reads_ok += 1;
-                q.since_read = q.completed_total.saturating_sub(ticket.completed_at_start);
+        if published {
+            q.generation += 1;
+            if for_.paced() {
+                q.paced += 1;
+                q.paced_ms = taken;
             }
-            ReadOutcome::Failed => {
-                let standing = match q.read {
-                    ReadState::Ok { backlog, .. } => Some(backlog),
-                    ReadState::Failed { standing } => standing,
-                    ReadState::Never => None,
-                };
-                q.read = ReadState::Failed { standing };
-                if for_.counts_in_streak() {
-                    q.streak += 1;
-                }
-                q.reads_failed += 1;
-            }
+            q.taken_ms = taken;
+            q.land(ticket, outcome, for_);
         }
         q.view(now, t)
     }

@@ -1048,7 +1048,9 @@ async fn while_the_streak_builds_a_batch_refused_in_the_fleet_names_the_room() {
     broker.stored.lock().extend([Instant::now(); 20]);
     let all = replicas(1, &ledger, &broker, p).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    send(&all[0], &broker).await.expect("a good read of 20: 21 now");
+    send(&all[0], &broker)
+        .await
+        .expect("a good read of 20: 21 now");
     tokio::time::sleep(Duration::from_millis(100)).await; // settled
     broker.set_down(true);
     tokio::time::sleep(Duration::from_millis(1500)).await;
