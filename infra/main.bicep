@@ -80,8 +80,8 @@ param failClosed bool = false
 @minValue(1)
 param failClosedStreak int = 3
 
-@description('SENDGATE_DEPTH_TTL_MS: reuse a depth read this long. A depth read costs 10 of a Standard namespace\'s 1,000 throttling credits per second per replica: raise it with many replicas.')
-@minValue(0)
+@description('SENDGATE_DEPTH_TTL_MS: reuse a depth read this long. With readDepth the read is Azure Resource Manager\'s (one per TTL for the whole fleet, within ARM\'s read throttling); at least 1000.')
+@minValue(1000)
 param depthTtlMs int = 1000
 
 @description('SENDGATE_DRAIN_TIMEOUT_S: longest drain after SIGTERM (sends in flight finish, new sends get 503 draining).')
