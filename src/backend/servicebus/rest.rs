@@ -133,18 +133,13 @@ impl RestClient {
         authorization: &str,
         deadline: Instant,
     ) -> Result<QueueRuntime, DepthError> {
-        let request = self
-            .client()
-            .get(url)
-            .header(AUTHORIZATION, authorization)
-            .header(ACCEPT, "application/xml");
-        match self.call(request, deadline, MAX_DOCUMENT_BYTES).await {
-            Ok(answer) => depth_outcome(answer.status, answer.body),
-            Err(CallError::Timeout) => Err(DepthError::Timeout),
-            Err(CallError::Transport(e) | CallError::Unsent(e) | CallError::Request(e)) => Err(
-                DepthError::Failed(format!("the admin plane could not be reached: {e}")),
-            ),
-        }
+        let read = DepthGet {
+            accept: "application/xml",
+            body_cap: MAX_DOCUMENT_BYTES,
+            plane: "the admin plane",
+            outcome: depth_outcome,
+        };
+        self.depth_get(url, authorization, deadline, read).await
     }
 
     /// `GET {url}` (the queue's ARM resource, see `arm`) and its runtime counts.
@@ -154,16 +149,33 @@ impl RestClient {
         authorization: &str,
         deadline: Instant,
     ) -> Result<QueueRuntime, DepthError> {
+        let read = DepthGet {
+            accept: "application/json",
+            body_cap: arm::MAX_BODY_BYTES,
+            plane: "Azure Resource Manager",
+            outcome: arm_outcome,
+        };
+        self.depth_get(url, authorization, deadline, read).await
+    }
+
+    /// One depth read's `GET`, its answer read as `read.outcome` says.
+    async fn depth_get(
+        &self,
+        url: &str,
+        authorization: &str,
+        deadline: Instant,
+        read: DepthGet,
+    ) -> Result<QueueRuntime, DepthError> {
         let request = self
             .client()
             .get(url)
             .header(AUTHORIZATION, authorization)
-            .header(ACCEPT, "application/json");
-        match self.call(request, deadline, arm::MAX_BODY_BYTES).await {
-            Ok(answer) => arm_outcome(answer.status, answer.body),
+            .header(ACCEPT, read.accept);
+        match self.call(request, deadline, read.body_cap).await {
+            Ok(answer) => (read.outcome)(answer.status, answer.body),
             Err(CallError::Timeout) => Err(DepthError::Timeout),
             Err(CallError::Transport(e) | CallError::Unsent(e) | CallError::Request(e)) => Err(
-                DepthError::Failed(format!("Azure Resource Manager could not be reached: {e}")),
+                DepthError::Failed(format!("{} could not be reached: {e}", read.plane)),
             ),
         }
     }
@@ -370,6 +382,15 @@ fn says_quota_exceeded(text: &str) -> bool {
 
 fn says_disabled(text: &str) -> bool {
     text.contains("disabled")
+}
+
+/// How one depth source's `GET` is asked and read: what it accepts, the most of its body
+/// read, the plane named when it cannot be reached, and what its answer means.
+struct DepthGet {
+    accept: &'static str,
+    body_cap: usize,
+    plane: &'static str,
+    outcome: fn(StatusCode, Result<Bytes, String>) -> Result<QueueRuntime, DepthError>,
 }
 
 /// What a depth read's answer means. A 200 may still be "not found": an empty ATOM feed.
