@@ -13,13 +13,14 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use sendgate_testkit::gateway::{free_port, GatewayProcess};
+use sendgate_testkit::gateway::GatewayProcess;
+use sendgate_testkit::rabbit_node::RabbitNode;
 
 const SENDERS: usize = 8;
 const SEND_TIMEOUT_MS: u64 = 3000;
@@ -27,104 +28,6 @@ const ALARM: Duration = Duration::from_secs(10);
 const ALARMS: usize = 3;
 /// How long past the send's deadline a request may go unanswered before it is counted so.
 const UNANSWERED: Duration = Duration::from_secs(5);
-
-/// A RabbitMQ node of the test's own, stopped and deleted when dropped.
-struct PrivateNode {
-    dir: PathBuf,
-    name: String,
-    port: u16,
-}
-
-impl PrivateNode {
-    fn start() -> Self {
-        sendgate_testkit::ensure::rabbitmq(); // the package is installed
-        let id = &uuid::Uuid::new_v4().simple().to_string()[..8];
-        let dir = std::env::temp_dir().join(format!("sg-node-{id}"));
-        for sub in ["home", "mnesia", "log"] {
-            std::fs::create_dir_all(dir.join(sub)).unwrap();
-        }
-        let port = free_port();
-        std::fs::write(
-            dir.join("rabbitmq.conf"),
-            format!("listeners.tcp.local = 127.0.0.1:{port}\nloopback_users = none\n"),
-        )
-        .unwrap();
-        std::fs::write(dir.join("enabled_plugins"), "[].\n").unwrap();
-        let node = Self {
-            name: format!("sgtest{id}@localhost"),
-            dir,
-            port,
-        };
-        let started = node
-            .command("rabbitmq-server")
-            .arg("-detached")
-            .env("RABBITMQ_CONFIG_FILE", node.dir.join("rabbitmq.conf"))
-            .env(
-                "RABBITMQ_ENABLED_PLUGINS_FILE",
-                node.dir.join("enabled_plugins"),
-            )
-            .env("RABBITMQ_MNESIA_BASE", node.dir.join("mnesia"))
-            .env("RABBITMQ_LOG_BASE", node.dir.join("log"))
-            .env("RABBITMQ_DIST_PORT", free_port().to_string())
-            .env("RABBITMQ_PID_FILE", node.dir.join("pid"))
-            .status()
-            .unwrap();
-        assert!(started.success(), "the private node did not start");
-        let since = Instant::now();
-        while !node.ctl(&["await_startup"]) {
-            assert!(since.elapsed() < Duration::from_secs(60), "node never up");
-            std::thread::sleep(Duration::from_millis(300));
-        }
-        node
-    }
-
-    fn command(&self, tool: &str) -> Command {
-        let mut c = Command::new(format!("/usr/lib/rabbitmq/bin/{tool}"));
-        c.env("HOME", self.dir.join("home"))
-            .env("RABBITMQ_NODENAME", &self.name)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        c
-    }
-
-    fn ctl(&self, args: &[&str]) -> bool {
-        self.command("rabbitmqctl")
-            .args(["-q", "-n", &self.name])
-            .args(args)
-            .status()
-            .is_ok_and(|s| s.success())
-    }
-
-    fn alarm(&self, on: bool) {
-        let mark = if on { "0.0000001" } else { "0.4" };
-        assert!(self.ctl(&["set_vm_memory_high_watermark", mark]));
-    }
-
-    fn url(&self) -> String {
-        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
-    }
-
-    fn ready(&self, queue: &str) -> u64 {
-        let out = self
-            .command("rabbitmqctl")
-            .args(["-q", "-n", &self.name, "list_queues", "name", "messages"])
-            .stdout(Stdio::piped())
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.split_once('\t'))
-            .find(|(name, _)| *name == queue)
-            .map_or(0, |(_, n)| n.trim().parse().unwrap())
-    }
-}
-
-impl Drop for PrivateNode {
-    fn drop(&mut self) {
-        self.ctl(&["stop"]);
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 /// One answer: when the request started (since the test began), how long it took, the
 /// status and the body's code.
@@ -184,13 +87,13 @@ async fn sender(
 }
 
 /// sendgate as a process on `node`, serving `queue`, logging to `log`.
-async fn start_gateway(node: &PrivateNode, queue: &str, log: &PathBuf) -> GatewayProcess {
+async fn start_gateway(node: &RabbitNode, queue: &str, log: &PathBuf) -> GatewayProcess {
     let timeout = SEND_TIMEOUT_MS.to_string();
     GatewayProcess::start_logging_to(
         &[
             ("SENDGATE_BACKEND", "rabbitmq"),
             ("SENDGATE_QUEUES", queue),
-            ("SENDGATE_RABBITMQ_URL", &node.url()),
+            ("SENDGATE_RABBITMQ_URL", &node.amqp_url()),
             ("SENDGATE_RABBITMQ_DEPTH_SOURCE", "amqp"),
             ("SENDGATE_SEND_TIMEOUT_MS", &timeout),
             ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "1000000"),
@@ -212,7 +115,7 @@ fn by_code<'a>(answers: impl Iterator<Item = &'a Answer>) -> BTreeMap<String, us
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_memory_alarm_under_load_is_503_backend_busy_throughout_never_a_wedge() {
-    let node = PrivateNode::start();
+    let node = RabbitNode::start();
     let queue = format!(
         "sg-alarm-{}",
         &uuid::Uuid::new_v4().simple().to_string()[..8]
@@ -280,7 +183,7 @@ async fn a_memory_alarm_under_load_is_503_backend_busy_throughout_never_a_wedge(
         .unwrap()
         .matches("amqp_wedged")
         .count();
-    let stored = node.ready(&queue);
+    let stored = node.messages(&queue);
     let mut report = String::new();
     let mut failures = Vec::new();
     for (i, (raise, on, off)) in alarms.iter().enumerate() {
@@ -357,7 +260,7 @@ async fn a_memory_alarm_under_load_is_503_backend_busy_throughout_never_a_wedge(
 /// stored without its 201), and the first send after the alarm is taken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_made_during_an_alarm_publishes_no_send_into_it() {
-    let node = PrivateNode::start();
+    let node = RabbitNode::start();
     node.alarm(true);
     let queue = format!(
         "sg-alarm-{}",
@@ -407,7 +310,7 @@ async fn a_connection_made_during_an_alarm_publishes_no_send_into_it() {
     for _ in 0..5 {
         created += u64::from(send().await.unwrap().status() == 201);
     }
-    let stored = node.ready(&queue);
+    let stored = node.messages(&queue);
     eprintln!("during the alarm: {during:?}; first 201 {first:?} after the clearing command began");
     for (status, code, after, took) in &during {
         assert_eq!(

@@ -5,16 +5,17 @@
 //! broker, each on queues of its own. Each prints what it measured (`--nocapture`).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lapin::types::AMQPValue;
 use parking_lot::Mutex;
 use sendgate_testkit::fault_proxy::{Fault, FaultProxy};
-use sendgate_testkit::gateway::{binary, free_port, retry_after, Gateway};
+use sendgate_testkit::gateway::{binary, retry_after, Gateway};
 use sendgate_testkit::rabbit;
+use sendgate_testkit::rabbit_node::RabbitNode;
 use sendgate_testkit::rabbitmq_app::spawn;
 use tokio::io::AsyncWriteExt;
 
@@ -183,129 +184,13 @@ async fn a_primary_failing_every_send_is_failed_over_within_5_s_of_its_first_fai
     rabbit::delete(&queue).await;
 }
 
-/// A RabbitMQ node of the test's own, on ports of its own, its files in a temporary folder
-/// (owned by the `rabbitmq` user, as the server script runs as it); stopped and removed on
-/// drop.
-struct PrivateNode {
-    name: String,
-    port: u16,
-    dir: PathBuf,
-}
-
-impl PrivateNode {
-    fn start() -> Self {
-        sendgate_testkit::ensure::rabbitmq();
-        let port = free_port();
-        let name = format!("sg-{}@localhost", rabbit::unique("node"));
-        let dir = std::env::temp_dir().join(rabbit::unique("sg-node"));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("env.conf"), "ERL_EPMD_ADDRESS=127.0.0.1\n").unwrap();
-        std::fs::write(dir.join("plugins"), "[].\n").unwrap();
-        std::fs::write(
-            dir.join("rabbitmq.conf"),
-            format!("listeners.tcp.local = 127.0.0.1:{port}\n"),
-        )
-        .unwrap();
-        let node = Self { name, port, dir };
-        let chown = Command::new("chown")
-            .args(["-R", "rabbitmq:rabbitmq"])
-            .arg(&node.dir)
-            .status()
-            .unwrap();
-        assert!(chown.success());
-        let started = node
-            .command("rabbitmq-server")
-            .arg("-detached")
-            .status()
-            .unwrap();
-        assert!(started.success(), "the private node starts");
-        node.wait_listening(Duration::from_secs(90));
-        node.ctl(&["await_startup"]);
-        node
-    }
-
-    fn command(&self, program: &str) -> Command {
-        let d = |leaf: &str| self.dir.join(leaf);
-        let mut c = Command::new(program);
-        c.env("RABBITMQ_CONF_ENV_FILE", d("env.conf"))
-            .env("RABBITMQ_NODENAME", &self.name)
-            .env("RABBITMQ_NODE_PORT", self.port.to_string())
-            .env("RABBITMQ_DIST_PORT", free_port().to_string())
-            .env("RABBITMQ_MNESIA_BASE", d("mnesia"))
-            .env("RABBITMQ_LOG_BASE", d("log"))
-            .env("RABBITMQ_ENABLED_PLUGINS_FILE", d("plugins"))
-            .env("RABBITMQ_CONFIG_FILE", d("rabbitmq"))
-            .env("RABBITMQ_PID_FILE", d("pid"))
-            .env("ERL_FLAGS", "-kernel inet_dist_use_interface {127,0,0,1}")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        c
-    }
-
-    fn ctl(&self, args: &[&str]) {
-        let status = self
-            .command("rabbitmqctl")
-            .args(["-q", "-n", &self.name])
-            .args(args)
-            .status()
-            .unwrap();
-        assert!(status.success(), "rabbitmqctl {args:?}");
-    }
-
-    fn listening(&self) -> bool {
-        std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
-    }
-
-    fn wait_listening(&self, limit: Duration) {
-        let started = Instant::now();
-        while !self.listening() {
-            assert!(started.elapsed() < limit, "the private node never listened");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn amqp_url(&self) -> String {
-        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
-    }
-
-    async fn ready(&self, queue: &str) -> u32 {
-        let conn = lapin::Connection::connect(&self.amqp_url(), Default::default())
-            .await
-            .unwrap();
-        let ch = conn.create_channel().await.unwrap();
-        let q = ch
-            .queue_declare(
-                queue.into(),
-                lapin::options::QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                Default::default(),
-            )
-            .await
-            .unwrap();
-        let _ = conn.close(200, "bye".into()).await;
-        q.message_count()
-    }
-}
-
-impl Drop for PrivateNode {
-    fn drop(&mut self) {
-        let _ = self
-            .command("rabbitmqctl")
-            .args(["-q", "-n", &self.name, "stop"])
-            .status();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// Item 6: the broker stopped for 5 s (connections refused: nothing is sent) under
 /// `sendgate send` streaming 1,500 messages at 100 a second. Every send during the stop is
 /// a retryable `503` with a `Retry-After`, so the producer retries, and the gateway takes
 /// sends again within seconds of the broker's return: every message ends queued.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_stop_under_sendgate_send_ends_with_every_message_queued() {
-    let node = PrivateNode::start();
+    let node = RabbitNode::start();
     let queue = rabbit::unique("sg-stop");
     let probe = rabbit::unique("sg-probe");
     let queues = format!("{queue},{probe}");
@@ -374,11 +259,10 @@ async fn a_broker_stop_under_sendgate_send_ends_with_every_message_queued() {
     };
     tokio::time::sleep(Duration::from_secs(4)).await;
     let stop = tokio::task::spawn_blocking(move || {
-        node.ctl(&["stop_app"]);
+        node.stop_app();
         let stopped = Instant::now();
         std::thread::sleep(Duration::from_secs(5));
-        node.ctl(&["start_app"]);
-        node.wait_listening(Duration::from_secs(60));
+        node.start_app();
         (node, stopped, Instant::now())
     });
     let (node, stopped, back) = stop.await.unwrap();
@@ -404,7 +288,7 @@ async fn a_broker_stop_under_sendgate_send_ends_with_every_message_queued() {
         .skip_while(|l| !l.starts_with("summary:"))
         .collect::<Vec<_>>()
         .join("\n");
-    let stored = node.ready(&queue).await;
+    let stored = node.messages(&queue);
     println!(
         "during the stop: {during:?}; first 201 {first_201:?} after the broker was back; \
          stored {stored}; sendgate send: {:?}\n{summary}",

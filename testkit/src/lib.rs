@@ -8,7 +8,8 @@
 //!   [`faulty_backend`] (the backend decorator that counts calls and injects faults).
 //! - The keys file every suite with API keys writes: [`keys`].
 //! - Services on this machine: [`ensure`] starts them; [`rabbit`], [`local_redis`] and
-//!   [`redis_server`] talk to them; [`fault_proxy`] sits between sendgate and one.
+//!   [`redis_server`] talk to them; [`fault_proxy`] sits between sendgate and one;
+//!   [`rabbit_node`] is a RabbitMQ node of a test's own, to alarm, stop or restart.
 //! - Stand-ins for what a test cannot run itself: [`servicebus_stub`], [`arm_stub`] (Azure
 //!   Resource Manager's queue resource), [`oidc`] (Entra ID's
 //!   OpenID provider), [`entra`] (a token credential), [`otlp`] (a collector), [`browser`]
@@ -28,6 +29,7 @@ pub mod local_redis;
 pub mod oidc;
 pub mod otlp;
 pub mod rabbit;
+pub mod rabbit_node;
 pub mod rabbitmq_app;
 pub mod redis_server;
 pub mod servicebus_stub;
