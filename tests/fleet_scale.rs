@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use sendgate::admission::ceiling::{
-    BacklogEffect, CapacityGate, CapacityPolicy, CeilingReads, FleetSeat, GateParts, PolicyCell,
+    BacklogEffect, CapacityGate, CapacityPolicy, FleetSeat, GateParts, PolicyCell,
 };
 use sendgate::backend::{Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt};
 use sendgate::config::{BackendKind, Fraction};
@@ -168,7 +168,6 @@ async fn simulate(ledgers: Vec<Arc<dyn LedgerPort>>, key: &str) -> Outcome {
             Arc::clone(&cell),
             Arc::clone(&backend),
             Duration::from_secs(2),
-            CeilingReads::Again,
         );
         let gate = CapacityGate::new(GateParts {
             seat: Some(seat),

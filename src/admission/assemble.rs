@@ -8,9 +8,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::breaker::BreakerPolicy;
-use super::ceiling::{
-    CapacityGate, CapacityPolicy, CeilingReads, FleetSeat, GateParts, PolicyCell,
-};
+use super::ceiling::{CapacityGate, CapacityPolicy, FleetSeat, GateParts, PolicyCell};
 use super::fair::fleet_rate::FleetRates;
 use super::fair::quota::{QueueQuotas, RateBook};
 use super::fair::share::ShareMode;
@@ -152,7 +150,6 @@ impl Plan<'_> {
                 Arc::clone(&policy),
                 Arc::clone(backend),
                 self.settings.send_timeout,
-                self.ceiling_reads(),
             )
         });
         CapacityGate::new(GateParts {
@@ -162,16 +159,6 @@ impl Plan<'_> {
             fairness: Some(fairness),
             seat,
         })
-    }
-
-    /// A fleet reads again at the ceiling unless the queue's room is shared by weight
-    /// (two tenants or more, shares not off): see [`CeilingReads::OncePerTtl`].
-    fn ceiling_reads(&self) -> CeilingReads {
-        if self.tenants.len() >= 2 && self.fair.mode != ShareMode::Off {
-            CeilingReads::OncePerTtl
-        } else {
-            CeilingReads::Again
-        }
     }
 
     fn breaker(&self) -> BreakerPolicy {

@@ -35,7 +35,7 @@ use crate::backend::Backend;
 use crate::coordination::redis_client::CONNECT_DEADLINE;
 use crate::domain::QueueName;
 
-pub use fleet::{CeilingReads, FleetSeat, Goodbye, Held, USE_BLOCK_FOR};
+pub use fleet::{FleetSeat, Goodbye, Held, USE_BLOCK_FOR};
 pub use local::LocalBounds;
 pub use policy::{
     BacklogEffect, CapacityPolicy, GateSnapshot, PolicyCell, PolicyOverride, Refusal, Unknown,

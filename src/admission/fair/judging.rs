@@ -122,8 +122,10 @@ impl<'a> Judging<'a> {
             .min(limit.saturating_sub(units));
         // Every replica sees the same room until the next reply shows what the others took:
         // judged as this replica's share of it, a tenant over its part cannot take, on each
-        // replica, the room owed to another.
-        let room = (limit - estimate).div_ceil(replicas).max(units);
+        // replica, the room owed to another. Rounded down: reads at the ceiling show room a
+        // few units at a time, and each replica rounding up hands a tenant over its part up
+        // to a unit per replica of every such read, the unit owed to another.
+        let room = ((limit - estimate) / replicas).max(units);
         let view = CeilingView {
             round,
             units,

@@ -65,17 +65,6 @@ const CUT_OFF_LOG_EVERY: Duration = Duration::from_secs(10);
 /// to make, a grace to wait out).
 const ASKS: usize = 4;
 
-/// Whether the seat reads again at the ceiling (docs/fleet.md, step 4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CeilingReads {
-    /// Sooner than the TTL, so room shows as soon as consumers make it.
-    Again,
-    /// Only the TTL's reads: for a queue whose room is shared by weight between tenants,
-    /// where room opened between share rounds would go to whichever replica's sends ask
-    /// first, not by the weights (each replica judges shares on its last view).
-    OncePerTtl,
-}
-
 /// The fleet's answer for one send.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FleetAnswer {
@@ -141,7 +130,6 @@ pub struct FleetSeat {
     /// Whose admin plane is read: the lane's backend.
     backend: Arc<dyn Backend>,
     send_timeout: Duration,
-    ceiling_reads: CeilingReads,
     state: Mutex<SeatState>,
     /// One read attempt at a time in this replica.
     read_turn: tokio::sync::Mutex<()>,
@@ -160,10 +148,8 @@ impl FleetSeat {
         policy: Arc<PolicyCell>,
         backend: Arc<dyn Backend>,
         send_timeout: Duration,
-        ceiling_reads: CeilingReads,
     ) -> Arc<Self> {
         let seat = Arc::new(Self {
-            ceiling_reads,
             state: Mutex::new(SeatState::new(backend.depth_lag())),
             fleet,
             key,

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::super::local::NEAR_CEILING;
 use super::state::SeatState;
-use super::{CeilingReads, FleetSeat, AHEAD_RETRY, CEILING_READ_FLOOR, WAIT_POLL};
+use super::{FleetSeat, AHEAD_RETRY, CEILING_READ_FLOOR, WAIT_POLL};
 use crate::backend::DepthError;
 use crate::coordination::port::{LedgerError, ReadFor, ReadOutcome, ReadState, ReadTicket, View};
 
@@ -64,7 +64,7 @@ impl FleetSeat {
         self.see(view);
         match ticket {
             Some(ticket) => {
-                self.read_for_the_fleet(ticket, self.ttl_read(counts))
+                self.read_for_the_fleet(ticket, Self::ttl_read(counts))
                     .await?;
                 Ok(counts)
             }
@@ -78,12 +78,13 @@ impl FleetSeat {
         }
     }
 
-    /// A read the TTL paces, in the streak when `in_streak`; it ends its lease where reads
-    /// again at the ceiling are made, to let them follow.
-    fn ttl_read(&self, in_streak: bool) -> ReadFor {
+    /// A read the TTL paces, in the streak when `in_streak`; it ends its lease, to let the
+    /// reads at the ceiling follow (the ledger still takes one that does not: a replica of
+    /// the build before, which read a queue shared by weight once per TTL).
+    fn ttl_read(in_streak: bool) -> ReadFor {
         ReadFor::Ttl {
             in_streak,
-            ends_lease: self.ceiling_reads == CeilingReads::Again,
+            ends_lease: true,
         }
     }
 
@@ -214,7 +215,7 @@ impl FleetSeat {
             .await?;
         self.see(view);
         if let Some(ticket) = ticket {
-            let (published, _) = self.read_and_publish(ticket, self.ttl_read(false)).await?;
+            let (published, _) = self.read_and_publish(ticket, Self::ttl_read(false)).await?;
             self.see(published);
         }
         Ok(())
@@ -305,9 +306,6 @@ impl FleetSeat {
     /// is within a tenth of the ceiling (or at its last place), at least a ceiling-read
     /// interval old, no such read runs here, and none failed since the TTL's last read.
     fn ceiling_read_due(&self, state: &mut SeatState, now: Instant) -> bool {
-        if self.ceiling_reads == CeilingReads::OncePerTtl {
-            return false;
-        }
         let Some((view, seen)) = state.last else {
             return false;
         };

@@ -9,8 +9,8 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use crate::admission::ceiling::{
-    BacklogEffect, CapacityGate, CapacityPolicy, CeilingReads, FleetSeat, GateParts, PolicyCell,
-    PolicyOverride, Refusal, Reservation, USE_BLOCK_FOR,
+    BacklogEffect, CapacityGate, CapacityPolicy, FleetSeat, GateParts, PolicyCell, PolicyOverride,
+    Refusal, Reservation, USE_BLOCK_FOR,
 };
 use crate::admission::fair::QueueFairness;
 use crate::backend::{Backend, Backlog, DepthError, OutgoingMessage, SendError, SendReceipt};
@@ -127,20 +127,7 @@ async fn replicas_with(
     p: CapacityPolicy,
     fairness: impl Fn(usize) -> Option<QueueFairness>,
 ) -> Vec<Replica> {
-    replicas_reading(n, ledger, broker, p, fairness, None).await
-}
-
-/// As [`replicas_with`], reading at the ceiling as `reads` says (`None`: as assembled, once
-/// per TTL for a queue shared by weight).
-async fn replicas_reading(
-    n: usize,
-    ledger: &MemoryLedger,
-    broker: &Arc<Broker>,
-    p: CapacityPolicy,
-    fairness: impl Fn(usize) -> Option<QueueFairness>,
-    reads: Option<CeilingReads>,
-) -> Vec<Replica> {
-    let all = start_reading(n, ledger, broker, p, fairness, reads);
+    let all = start_with(n, ledger, broker, p, fairness);
     // Joined once the rejoin probe saw the queue's state.
     for _ in 0..100 {
         if all.iter().all(|r| r.fleet.joined()) {
@@ -165,38 +152,24 @@ fn start_with(
     p: CapacityPolicy,
     fairness: impl Fn(usize) -> Option<QueueFairness>,
 ) -> Vec<Replica> {
-    start_reading(n, ledger, broker, p, fairness, None)
-}
-
-/// As [`start_with`], reading at the ceiling as `reads` says (see [`replicas_reading`]).
-fn start_reading(
-    n: usize,
-    ledger: &MemoryLedger,
-    broker: &Arc<Broker>,
-    p: CapacityPolicy,
-    fairness: impl Fn(usize) -> Option<QueueFairness>,
-    reads: Option<CeilingReads>,
-) -> Vec<Replica> {
     let queue = QueueName::parse("requests").unwrap();
     let mut all = Vec::new();
     for i in 0..n {
         let fleet = Fleet::start(Arc::new(ledger.clone()), n as u64);
         let backend: Arc<dyn Backend> = broker.clone();
-        let gate = seated_gate(&fleet, &queue, p.clone(), backend, fairness(i), reads);
+        let gate = seated_gate(&fleet, &queue, p.clone(), backend, fairness(i));
         all.push(Replica { fleet, gate });
     }
     all
 }
 
-/// A gate for `queue` whose seat in `fleet` shares its policy; its seat reads at the ceiling
-/// as `reads` says (`None`: as assembled).
+/// A gate for `queue` whose seat in `fleet` shares its policy.
 fn seated_gate(
     fleet: &Arc<Fleet>,
     queue: &QueueName,
     p: CapacityPolicy,
     backend: Arc<dyn Backend>,
     fairness: Option<QueueFairness>,
-    reads: Option<CeilingReads>,
 ) -> Arc<CapacityGate> {
     let policy = PolicyCell::new(p);
     let seat = FleetSeat::new(
@@ -206,11 +179,6 @@ fn seated_gate(
         Arc::clone(&policy),
         Arc::clone(&backend),
         SEND,
-        reads.unwrap_or(if fairness.is_some() {
-            CeilingReads::OncePerTtl
-        } else {
-            CeilingReads::Again
-        }),
     );
     CapacityGate::new(GateParts {
         fairness,
@@ -770,7 +738,7 @@ async fn a_seat_is_heard_from_within_a_heartbeat_of_its_last_call_whatever_made_
     let queue = QueueName::parse("requests").unwrap();
     let broker = Broker::new(Duration::ZERO);
     let backend: Arc<dyn Backend> = broker.clone();
-    let gate = seated_gate(&fleet, &queue, policy(50, false), backend, None, None);
+    let gate = seated_gate(&fleet, &queue, policy(50, false), backend, None);
     while !fleet.joined() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -1348,7 +1316,7 @@ async fn recorded_replica(
     let fleet = Fleet::start(Arc::clone(recording) as Arc<dyn LedgerPort>, 1);
     let queue = QueueName::parse("requests").unwrap();
     let backend: Arc<dyn Backend> = broker.clone();
-    let gate = seated_gate(&fleet, &queue, p, backend, None, None);
+    let gate = seated_gate(&fleet, &queue, p, backend, None);
     let r = Replica { fleet, gate };
     while !r.fleet.joined() {
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -1950,28 +1918,17 @@ async fn issue_scenario(
     mode: crate::admission::fair::share::ShareMode,
     seconds: u64,
 ) -> (Sent, Sent, u64) {
-    issue_scenario_reading(n, mode, seconds, None).await
-}
-
-/// As [`issue_scenario`], reading at the ceiling as `reads` says.
-async fn issue_scenario_reading(
-    n: usize,
-    mode: crate::admission::fair::share::ShareMode,
-    seconds: u64,
-    reads: Option<CeilingReads>,
-) -> (Sent, Sent, u64) {
     use crate::admission::fair::Asker;
     use crate::admission::tenants::{Criticality, TenantIndex};
 
     let ledger = MemoryLedger::new(T);
     let broker = Broker::new(Duration::ZERO);
-    let all = replicas_reading(
+    let all = replicas_with(
         n,
         &ledger,
         &broker,
         policy(40, false),
         greedy_and_modest(mode),
-        reads,
     );
     let all = Arc::new(all.await);
     for r in all.iter() {
@@ -2069,10 +2026,14 @@ async fn three_replicas_sending_at_once_leave_the_modest_tenant_its_sends() {
     assert!(got < 0.5, "without shares the modest tenant got {got:.3}");
     assert!(most <= 40);
     // What the rule costs the queue's consumers: the room each replica keeps back for what
-    // the others are owed is left at each round's end (0.93 of the rule off, measured).
+    // the others are owed is left until the next read at the ceiling. The rule off admits
+    // about what the consumers take (50 a second); with it, 0.89 of that, measured (0.73
+    // when a queue shared by weight was read only once per TTL).
     let unshared = greedy.admitted + modest.admitted;
+    eprintln!("{shared} admitted with shares, {unshared} without");
+    assert!(unshared >= 48 * 30, "{unshared} admitted without shares");
     assert!(
-        shared as f64 >= 0.9 * unshared as f64,
+        shared as f64 >= 0.85 * unshared as f64,
         "{shared} admitted with shares, {unshared} without"
     );
 }
@@ -2096,8 +2057,7 @@ async fn sends_the_seat_has_not_answered_count_in_the_judges_estimate() {
 #[tokio::test(start_paused = true)]
 async fn reads_again_at_the_ceiling_leave_a_modest_tenant_its_sends() {
     use crate::admission::fair::share::ShareMode;
-    let (_, modest, most) =
-        issue_scenario_reading(1, ShareMode::Enforce, 30, Some(CeilingReads::Again)).await;
+    let (_, modest, most) = issue_scenario(1, ShareMode::Enforce, 30).await;
     let got = modest.admitted as f64 / modest.sent as f64;
     assert!(got >= 0.95, "the modest tenant got {got:.3} of its sends");
     assert!(most <= 40);
@@ -2164,7 +2124,6 @@ async fn a_replica_paces_its_refusals_at_its_share_of_the_fleets_drain() {
         PolicyCell::new(policy(50, false)),
         backend,
         SEND,
-        CeilingReads::Again,
     );
     assert_eq!(seat.drain_share(), None, "no drain measured");
     {
