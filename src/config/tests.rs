@@ -1439,7 +1439,9 @@ fn otlp_export_is_enabled_by_either_signal_and_an_endpoint_needs_a_host() {
 }
 
 /// Issue 41: `OTEL_METRICS_EXPORTER=none` (the specification's) exports no metrics, the
-/// spans still; `otlp` is the default; any other value is a wrong setting, named.
+/// spans still; `otlp` is the default; any other value is kept for a warning and ignored
+/// (the specification: an unrecognised enum value MUST be warned about and ignored), so the
+/// metrics go out over OTLP and start-up goes on.
 #[test]
 fn otel_metrics_exporter_none_turns_the_metrics_export_off_and_leaves_the_spans() {
     let otel = |pairs: &[(&str, &str)]| Settings::from_vars(&vars(pairs)).map(|s| s.otel);
@@ -1456,11 +1458,20 @@ fn otel_metrics_exporter_none_turns_the_metrics_export_off_and_leaves_the_spans(
     ])
     .unwrap();
     assert!(own.metrics.is_none() && !own.enabled(), "{own:?}");
+    assert_eq!(none.unsupported_metrics_exporter, None);
     for otlp in [&[base][..], &[base, ("OTEL_METRICS_EXPORTER", "otlp")]] {
-        assert!(otel(otlp).unwrap().metrics.is_some(), "{otlp:?}");
+        let otlp = otel(otlp).unwrap();
+        assert!(otlp.metrics.is_some(), "{otlp:?}");
+        assert_eq!(otlp.unsupported_metrics_exporter, None);
     }
-    let err = otel(&[base, ("OTEL_METRICS_EXPORTER", "prometheus")])
-        .expect_err("not built in")
-        .to_string();
-    assert!(err.contains("OTEL_METRICS_EXPORTER"), "{err}");
+    for unknown in ["prometheus", "otlp,console", " Zipkin "] {
+        let ignored = otel(&[base, ("OTEL_METRICS_EXPORTER", unknown)])
+            .unwrap_or_else(|e| panic!("{unknown:?} stopped start-up: {e}"));
+        assert!(ignored.metrics.is_some(), "{unknown:?}: as otlp");
+        assert_eq!(
+            ignored.unsupported_metrics_exporter.as_deref(),
+            Some(unknown.trim()),
+            "the value as given, for the warning"
+        );
+    }
 }
