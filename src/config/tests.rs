@@ -860,7 +860,7 @@ mod servicebus {
             p.depth_source,
             ServiceBusDepthSource::Arm {
                 endpoint: "https://management.azure.com".into(),
-                namespace_id: NS_ID.into(),
+                namespace_id: ArmNamespaceId::parse(NS_ID).unwrap(),
             }
         );
         let lower = NS_ID.to_ascii_lowercase();
@@ -878,7 +878,7 @@ mod servicebus {
             p.depth_source,
             ServiceBusDepthSource::Arm {
                 endpoint: "https://management.usgovcloudapi.net".into(),
-                namespace_id: lower,
+                namespace_id: ArmNamespaceId::parse(&lower).unwrap(),
             }
         );
     }
@@ -897,6 +897,12 @@ mod servicebus {
             "/subscriptions//resourceGroups/g/providers/Microsoft.ServiceBus/namespaces/myns",
             "/subscriptions/s/resourceGroups/g/providers/Microsoft.ServiceBus/namespaces/my ns",
             "subscriptions/s/resourceGroups/g/providers/Microsoft.ServiceBus/namespaces/myns/",
+            // A dot segment would walk the URL to another resource: never an ARM name.
+            "/subscriptions/../resourceGroups/g/providers/Microsoft.ServiceBus/namespaces/myns",
+            "/subscriptions/s/resourceGroups/./providers/Microsoft.ServiceBus/namespaces/myns",
+            "/subscriptions/s/resourceGroups/../providers/Microsoft.ServiceBus/namespaces/myns",
+            "/subscriptions/s/resourceGroups/g/providers/Microsoft.ServiceBus/namespaces/..",
+            "/subscriptions/s/resourceGroups/g/providers/Microsoft.ServiceBus/namespaces/.",
             other.as_str(),
         ] {
             let err =
@@ -916,6 +922,31 @@ mod servicebus {
             ("SENDGATE_SERVICEBUS_ARM_NAMESPACE_ID", &other),
         ]);
         assert!(p.is_ok(), "{p:?}");
+    }
+
+    /// A bad ARM endpoint's error shows ARM's URL as the example, not a namespace's.
+    #[test]
+    fn a_bad_arm_endpoint_is_refused_with_arms_own_example() {
+        let ns = ("SERVICEBUS_NAMESPACE", "myns");
+        let arm = ("SENDGATE_SERVICEBUS_DEPTH_SOURCE", "arm");
+        let id = ("SENDGATE_SERVICEBUS_ARM_NAMESPACE_ID", NS_ID);
+        for bad in [
+            "ftp://management.azure.com",
+            "https://management.azure.com/?x=1",
+        ] {
+            let err =
+                plan_of(&[ns, arm, id, ("SENDGATE_SERVICEBUS_ARM_ENDPOINT", bad)]).unwrap_err();
+            assert_eq!(err.variable(), Some("SENDGATE_SERVICEBUS_ARM_ENDPOINT"));
+            let text = err.to_string();
+            assert!(text.contains("e.g. https://management.azure.com"), "{text}");
+            assert!(!text.contains("servicebus.windows.net"), "{text}");
+        }
+        let err = plan_of(&[("SERVICEBUS_ENDPOINT", "ftp://myns")]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("e.g. https://myns.servicebus.windows.net"),
+            "{err}"
+        );
     }
 
     #[test]

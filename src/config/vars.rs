@@ -317,7 +317,7 @@ pub const SERVICEBUS_ARM_ENDPOINT: Var = Var::server(
     "SENDGATE_SERVICEBUS_ARM_ENDPOINT",
     G::ServiceBus,
     K::HttpUrl,
-    "Azure Resource Manager's base URL for the arm depth source (another cloud's, or a test's); its token scope is this URL's /.default.",
+    "Azure Resource Manager's base URL for the arm depth source; its token scope is this URL's /.default. The default is the public cloud's: in a sovereign cloud set it (https://management.usgovcloudapi.net for Azure Government, https://management.chinacloudapi.cn for Azure China).",
 )
 .default("https://management.azure.com");
 
