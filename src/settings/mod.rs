@@ -286,17 +286,23 @@ impl RuntimeSettings {
         let Ok(mut shared) = read else {
             return false;
         };
-        if !self.checked.load(Ordering::SeqCst) {
+        // Read again under the turn: another call may have made the check while this one
+        // waited for it.
+        let first = !self.checked.load(Ordering::SeqCst);
+        if first {
             shared = self.check_at_start(shared, dispatcher);
-            self.checked.store(true, Ordering::SeqCst);
         }
         let shared = self.without_undropped(shared);
-        self.drop_lapsed(&shared).await;
-        let changed = *self.current.lock() != shared;
-        if changed {
+        if *self.current.lock() != shared {
             apply(&shared, dispatcher);
-            *self.current.lock() = shared;
+            *self.current.lock() = shared.clone();
         }
+        // Checked only once in force: a call that finds the turn taken and `checked` set
+        // returns at once, counting on what is in force.
+        if first {
+            self.checked.store(true, Ordering::SeqCst);
+        }
+        self.drop_lapsed(&shared).await;
         true
     }
 
