@@ -105,6 +105,10 @@ async fn a_lapsed_override_the_file_cannot_drop_is_not_in_force_and_dropped_late
         .is_none());
     assert_eq!(raised.lapsed().len(), 1, "{:?}", raised.lapsed());
     assert!(!raised.health().ok, "the store's failure is shown");
+    assert!(
+        raised.needs_sync(),
+        "local mode: the drop is still to be retried"
+    );
     let text = out.text();
     assert!(text.contains("\"settings_lapse_drop_failed\""), "{text}");
     assert!(text.contains(SETTING), "{text}");
@@ -119,4 +123,5 @@ async fn a_lapsed_override_the_file_cannot_drop_is_not_in_force_and_dropped_late
     assert!(!file.contains(SETTING), "dropped at the next read: {file}");
     assert!(raised.health().ok);
     assert_eq!(limit(&dispatcher), 600);
+    assert!(!raised.needs_sync(), "local mode: nothing left to poll for");
 }
