@@ -122,7 +122,7 @@ impl Metrics {
         );
         let depth_read_seconds = histogram_vec(
             "sendgate_depth_read_duration_seconds",
-            "Time one depth read took at the admin plane (the gates' reads and the probes'), by backend, queue and result (ok, failed: an error, or its deadline passed).",
+            "Time one depth read took at the admin plane (the gates' reads and the probes'), by backend, queue and result (ok, failed: an error, or its deadline passed; a read its caller stopped waiting for before its deadline is not timed).",
             &["backend", "queue", "result"],
             &LATENCY_BUCKETS,
         );
@@ -272,21 +272,31 @@ struct TimedReads {
     seconds: HistogramVec,
 }
 
-/// One depth read on its way: observed when it ends, or when it is dropped unfinished
-/// (its deadline passed around it), then as `failed`.
+/// One depth read on its way: observed when it ends, or when it is dropped unfinished at
+/// or past its deadline (a `timeout_at` around a backend that overran it), then as
+/// `failed`. Dropped before its deadline, its caller stopped waiting (a request gone, a
+/// start-up budget spent): not a read that failed, so not observed at all.
 struct ReadTimer<'a> {
     seconds: &'a HistogramVec,
     role: BackendRole,
     queue: &'a QueueName,
     started: Instant,
-    result: &'static str,
+    deadline: Instant,
+    /// `None` while the read is on its way.
+    result: Option<&'static str>,
 }
 
 impl Drop for ReadTimer<'_> {
     fn drop(&mut self) {
+        let now = Instant::now();
+        let result = match self.result {
+            Some(result) => result,
+            None if now >= self.deadline => "failed",
+            None => return,
+        };
         self.seconds
-            .with_label_values(&[self.role.as_str(), self.queue.as_str(), self.result])
-            .observe(self.started.elapsed().as_secs_f64());
+            .with_label_values(&[self.role.as_str(), self.queue.as_str(), result])
+            .observe(now.duration_since(self.started).as_secs_f64());
     }
 }
 
@@ -322,12 +332,11 @@ impl Backend for TimedReads {
             role: self.role,
             queue,
             started: Instant::now(),
-            result: "failed",
+            deadline,
+            result: None,
         };
         let read = self.inner.backlog(queue, deadline).await;
-        if read.is_ok() {
-            timer.result = "ok";
-        }
+        timer.result = Some(if read.is_ok() { "ok" } else { "failed" });
         read
     }
 
@@ -706,6 +715,50 @@ mod tests {
             .with_label_values(&["requests", "429", "queue_full", "primary"])
             .get();
         assert_eq!(count, 2);
+    }
+
+    /// A broker whose depth reads never end (and ignore their deadline).
+    struct Hung;
+
+    #[async_trait]
+    impl Backend for Hung {
+        fn kind(&self) -> &'static str {
+            "hung"
+        }
+        async fn send(&self, _: OutgoingMessage, _: Instant) -> Result<SendReceipt, SendError> {
+            std::future::pending().await
+        }
+        async fn backlog(&self, _: &QueueName, _: Instant) -> Result<Backlog, DepthError> {
+            std::future::pending().await
+        }
+    }
+
+    fn timed_reads(metrics: &Metrics, result: &str) -> u64 {
+        metrics
+            .depth_read_seconds
+            .with_label_values(&["primary", "q", result])
+            .get_sample_count()
+    }
+
+    /// Issue 41's review: a read its caller stops waiting for before its deadline (the
+    /// future dropped) is no failed read; one dropped at its deadline (the gate's
+    /// `timeout_at` around a backend that overran it) is.
+    #[tokio::test(start_paused = true)]
+    async fn an_abandoned_depth_read_is_not_timed_as_failed_and_an_overrun_one_is() {
+        let metrics = Metrics::new();
+        let backend = metrics.time_depth_reads(Arc::new(Hung), BackendRole::Primary);
+        let queue = QueueName::parse("q").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+
+        let abandoned =
+            tokio::time::timeout(Duration::from_secs(1), backend.backlog(&queue, deadline)).await;
+        assert!(abandoned.is_err(), "the caller stopped waiting");
+        assert_eq!(timed_reads(&metrics, "failed"), 0, "abandoned, not failed");
+        assert_eq!(timed_reads(&metrics, "ok"), 0);
+
+        let overrun = tokio::time::timeout_at(deadline, backend.backlog(&queue, deadline)).await;
+        assert!(overrun.is_err());
+        assert_eq!(timed_reads(&metrics, "failed"), 1, "its deadline passed");
     }
 
     #[test]

@@ -310,16 +310,14 @@ async fn probe_forever(state: web::Data<AppState>, every: Duration, timeout: Dur
     }
 }
 
-/// Fleet mode: [`RuntimeSettings::sync`] every [`crate::settings::POLL_EVERY`], for ever,
-/// so an override made on another replica is in force here too.
+/// [`RuntimeSettings::sync`] every [`crate::settings::POLL_EVERY`]: in a fleet for ever, so
+/// an override made on another replica is in force here too; in local mode until the
+/// start-up check has run and what lapsed is dropped from the file (a failed drop retried).
 async fn poll_settings_forever(state: web::Data<AppState>) {
     let settings = &state.control.settings;
-    if !settings.is_fleet() {
-        return;
-    }
     let mut tick = tokio::time::interval(crate::settings::POLL_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
+    while settings.needs_sync() {
         tick.tick().await;
         settings.sync(&state.dispatcher).await;
     }

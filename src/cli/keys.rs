@@ -1,7 +1,14 @@
 //! `sendgate keys new`: a fresh token, and its keys-file entry (holding only its SHA-256)
 //! appended to the keys file. Stdout carries the token alone, so a script takes it as it
 //! is (`TOKEN=$(sendgate keys new ...)`); what was done is said on stderr.
+//!
+//! Several `keys new` may run at once on one file (a script making a team's keys in
+//! parallel): each holds an exclusive lock on the file's directory from its read to its
+//! rename, so none writes over an entry another added, nor makes a name another just made.
+//! The file is replaced whole (a temporary file beside it, synced, renamed over it), so a
+//! reader (the gateway at start-up) never sees half an entry.
 
+use std::fs::File;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -63,15 +70,38 @@ enum KeysError {
 
 pub fn run(command: KeysCommand) -> ExitCode {
     match new_key(command) {
-        Ok(token) => {
-            println!("{token}");
-            ExitCode::SUCCESS
-        }
+        Ok(token) => print_token(&token),
         Err(e) => {
-            eprintln!("sendgate: {e}");
+            say(&format!("sendgate: {e}"));
             ExitCode::from(2)
         }
     }
+}
+
+/// The token on stdout. A stdout that cannot take it (closed: `| head -0`) is said on
+/// stderr and exits 1 (the environment failed us), never a panic: the entry is in the
+/// file, but nobody has its token.
+fn print_token(token: &str) -> ExitCode {
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{token}").and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let why = if e.kind() == std::io::ErrorKind::BrokenPipe {
+                "stdout was closed".to_owned()
+            } else {
+                e.to_string()
+            };
+            say(&format!(
+                "sendgate: the token could not be written to stdout ({why}); its entry is in the keys file but nobody has the token: remove the entry and make the key again"
+            ));
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// A line on stderr; a stderr that cannot take it is no reason to panic either.
+fn say(line: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 /// Check the key and the file, append the entry; the token.
@@ -94,6 +124,12 @@ fn new_key(command: KeysCommand) -> Result<String, KeysError> {
         })?;
     }
     let path = keys_file.display().to_string();
+    let io = |source| KeysError::Io {
+        path: path.clone(),
+        source,
+    };
+    // Held until the file is replaced: the read below is of the file this process changes.
+    let _lock = lock_directory(&keys_file).map_err(io)?;
     let existing = read_if_any(&keys_file, &path)?;
     let keys = key_names_and_entries(&existing, &path)?;
     if keys.0.contains(&name) {
@@ -109,14 +145,11 @@ fn new_key(command: KeysCommand) -> Result<String, KeysError> {
             why,
         }
     })?;
-    append(&keys_file, &existing, &entry).map_err(|source| KeysError::Io {
-        path: path.clone(),
-        source,
-    })?;
+    replace(&keys_file, &appended(&existing, &entry)).map_err(io)?;
     let tenant = tenant.as_deref().unwrap_or(&name);
-    eprintln!(
+    say(&format!(
         "sendgate: key {name:?} (tenant {tenant:?}) appended to {path}; its token, on stdout, is shown once and stored nowhere"
-    );
+    ));
     Ok(token)
 }
 
@@ -187,17 +220,99 @@ fn entry(
     entry
 }
 
-/// `entry` at the end of the file, a blank line before it when the file has text.
-fn append(file: &Path, existing: &str, entry: &str) -> std::io::Result<()> {
-    let mut out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(file)?;
+/// The directory holding `file`, locked exclusively (waiting for another `keys new`). The
+/// directory, not the file: the file is replaced by a rename, so a lock on it would be on
+/// the old file, which a waiting process would then read, stale; and a file that does not
+/// exist yet is not made for a key that may be refused.
+fn lock_directory(file: &Path) -> std::io::Result<File> {
+    let dir = directory_of(file);
+    let handle = File::open(dir)?;
+    handle.lock()?;
+    Ok(handle)
+}
+
+/// Where `file` is: its parent, or the working directory for a bare name.
+fn directory_of(file: &Path) -> &Path {
+    match file.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    }
+}
+
+/// `existing` with `entry` at its end, a blank line before it when there is text.
+fn appended(existing: &str, entry: &str) -> String {
     let gap = match existing {
         "" => "",
         text if text.ends_with('\n') => "\n",
         _ => "\n\n",
     };
-    write!(out, "{gap}{entry}")?;
-    out.sync_all()
+    format!("{existing}{gap}{entry}")
+}
+
+/// `file` replaced by `text`: a temporary file in the same directory (the existing file's
+/// permissions, so a key file kept private stays so), synced, renamed over it, and the
+/// rename synced with the directory.
+fn replace(file: &Path, text: &str) -> std::io::Result<()> {
+    let dir = directory_of(file);
+    let name = file
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let temp = dir.join(format!(
+        ".{name}.{}.{}.tmp",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    let written = (|| {
+        let mut out = File::create_new(&temp)?;
+        if let Ok(existing) = std::fs::metadata(file) {
+            out.set_permissions(existing.permissions())?;
+        }
+        out.write_all(text.as_bytes())?;
+        out.sync_all()?;
+        std::fs::rename(&temp, file)
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&temp);
+        return Err(e);
+    }
+    File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_follows_the_text_after_one_blank_line() {
+        assert_eq!(appended("", "[[keys]]\n"), "[[keys]]\n");
+        assert_eq!(appended("a = 1\n", "[[keys]]\n"), "a = 1\n\n[[keys]]\n");
+        assert_eq!(appended("a = 1", "[[keys]]\n"), "a = 1\n\n[[keys]]\n");
+    }
+
+    #[test]
+    fn a_bare_file_name_is_in_the_working_directory() {
+        assert_eq!(directory_of(Path::new("keys.toml")), Path::new("."));
+        assert_eq!(directory_of(Path::new("a/keys.toml")), Path::new("a"));
+        assert_eq!(directory_of(Path::new("/keys.toml")), Path::new("/"));
+    }
+
+    /// The file keeps its permissions, and nothing else is left in its directory.
+    #[test]
+    fn the_file_is_replaced_whole_keeping_its_permissions() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("keys.toml");
+        std::fs::write(&file, "old\n").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        replace(&file, "new\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "new\n");
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["keys.toml"]);
+    }
 }

@@ -42,7 +42,7 @@ pub use forgiving::{forgiving_flag, forgiving_max_depth, forgiving_streak};
 pub use layers::{one_of, servicebus_near_misses, Fraction};
 pub use otel::{ExportHeaders, OtelSettings, Protocol as OtlpProtocol, SignalExport};
 pub use secret::Secret;
-pub use servicebus::{CredentialPlan, ServiceBusDepthSource, ServiceBusSettings};
+pub use servicebus::{ArmNamespaceId, CredentialPlan, ServiceBusDepthSource, ServiceBusSettings};
 pub use vars::{Var, VARIABLES};
 
 use crate::domain::QueueName;

@@ -23,6 +23,9 @@ pub struct OtelSettings {
     /// The protocol variables' values that name no protocol built in, each with its
     /// variable's name: logged at start-up and ignored, as the specification asks.
     pub unsupported_protocols: Vec<(&'static str, String)>,
+    /// `OTEL_METRICS_EXPORTER`'s value when it names no exporter built in (neither `otlp`
+    /// nor `none`), as given: logged at start-up and ignored (the metrics go over OTLP).
+    pub unsupported_metrics_exporter: Option<String>,
     /// `OTEL_EXPORTER_OTLP_COMPRESSION` when set: none is built in.
     pub compression: Option<String>,
     /// One export request's deadline (`OTEL_EXPORTER_OTLP_TIMEOUT`).
@@ -81,7 +84,7 @@ impl OtelSettings {
 
 pub(super) fn parse(layers: &Layers) -> Result<OtelSettings, ConfigError> {
     let disabled = layers.choice(&v::OTEL_SDK_DISABLED)? == Some("true");
-    let no_metrics = layers.choice(&v::OTEL_METRICS_EXPORTER)? == Some("none");
+    let (no_metrics, unsupported_metrics_exporter) = metrics_exporter(layers);
     let base = http_url(layers, &v::OTEL_EXPORTER_OTLP_ENDPOINT)?;
     let (traces_protocol, metrics_protocol, unsupported_protocols) = protocols(layers);
     let common = Common {
@@ -110,6 +113,7 @@ pub(super) fn parse(layers: &Layers) -> Result<OtelSettings, ConfigError> {
         traces,
         metrics,
         unsupported_protocols,
+        unsupported_metrics_exporter,
         compression: layers.text(&v::OTEL_EXPORTER_OTLP_COMPRESSION),
         request_timeout: layers.duration(&v::OTEL_EXPORTER_OTLP_TIMEOUT)?,
         metric_interval: layers.duration(&v::OTEL_METRIC_EXPORT_INTERVAL)?,
@@ -119,6 +123,22 @@ pub(super) fn parse(layers: &Layers) -> Result<OtelSettings, ConfigError> {
         schedule_delay: layers.duration(&v::OTEL_BSP_SCHEDULE_DELAY)?,
         export_timeout: layers.duration(&v::OTEL_BSP_EXPORT_TIMEOUT)?,
     })
+}
+
+/// Whether `OTEL_METRICS_EXPORTER` turns the metrics off (`none`, any case), and its value
+/// when it names no exporter built in. The specification asks that an unrecognised value be
+/// warned about and ignored, not refused: such a value exports as the default, `otlp`.
+fn metrics_exporter(layers: &Layers) -> (bool, Option<String>) {
+    let Some(value) = layers.value(&v::OTEL_METRICS_EXPORTER).map(str::trim) else {
+        return (false, None);
+    };
+    if value.eq_ignore_ascii_case("none") {
+        (true, None)
+    } else if value.eq_ignore_ascii_case("otlp") {
+        (false, None)
+    } else {
+        (false, Some(value.to_owned()))
+    }
 }
 
 /// The traces' and the metrics' protocols (a signal's own, else the common one, else

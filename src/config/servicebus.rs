@@ -39,9 +39,81 @@ pub enum ServiceBusDepthSource {
     Arm {
         /// `https://management.azure.com`, without a trailing slash.
         endpoint: String,
-        /// `/subscriptions/{id}/resourceGroups/{group}/providers/Microsoft.ServiceBus/namespaces/{name}`.
-        namespace_id: String,
+        namespace_id: ArmNamespaceId,
     },
+}
+
+/// A Service Bus namespace's Azure resource id,
+/// `/subscriptions/{id}/resourceGroups/{group}/providers/Microsoft.ServiceBus/namespaces/{name}`,
+/// parsed once: the depth reads' URLs are built from it as it is, so a value that would
+/// read another resource cannot be one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArmNamespaceId(String);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ArmNamespaceIdError {
+    #[error("expected /subscriptions/{{id}}/resourceGroups/{{group}}/providers/Microsoft.ServiceBus/namespaces/{{name}}")]
+    Shape,
+    /// A URL resolves `.` and `..` away: `/subscriptions/../x` would read another path.
+    #[error("a segment is {0:?}, which a URL resolves to another resource's path")]
+    DotSegment(&'static str),
+}
+
+impl ArmNamespaceId {
+    /// Segment names are compared without case (ARM's are case-insensitive); the values are
+    /// ARM's characters (letters, digits and `-._()`), none of them `.` or `..`.
+    pub fn parse(text: &str) -> Result<Self, ArmNamespaceIdError> {
+        let id = text.trim();
+        let parts: Vec<&str> = id.split('/').collect();
+        let [empty, subscriptions, subscription, groups, group, providers, namespace_type, namespaces, name] =
+            parts.as_slice()
+        else {
+            return Err(ArmNamespaceIdError::Shape);
+        };
+        let fixed = [
+            (*subscriptions, "subscriptions"),
+            (*groups, "resourceGroups"),
+            (*providers, "providers"),
+            (*namespace_type, "Microsoft.ServiceBus"),
+            (*namespaces, "namespaces"),
+        ];
+        let valid = |v: &str| {
+            !v.is_empty()
+                && v.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '(' | ')'))
+        };
+        let shaped = empty.is_empty()
+            && fixed
+                .iter()
+                .all(|(got, want)| got.eq_ignore_ascii_case(want))
+            && [subscription, group, name].iter().all(|v| valid(v));
+        if !shaped {
+            return Err(ArmNamespaceIdError::Shape);
+        }
+        for value in [subscription, group, name] {
+            match *value {
+                "." => return Err(ArmNamespaceIdError::DotSegment(".")),
+                ".." => return Err(ArmNamespaceIdError::DotSegment("..")),
+                _ => {}
+            }
+        }
+        Ok(Self(id.to_owned()))
+    }
+
+    /// The namespace's name: the last segment.
+    pub fn name(&self) -> &str {
+        self.0.rsplit('/').next().unwrap_or_default()
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for ArmNamespaceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 /// A connection string's key never shows: it is a `Secret`.
@@ -122,7 +194,7 @@ pub fn resolve(
     }
 
     let endpoint = match input.endpoint {
-        Some(source) => normalize_endpoint(source)?,
+        Some(source) => normalize_endpoint(source, NAMESPACE_EXAMPLE)?,
         None => {
             let host = namespace
                 .map(|(_, host)| host)
@@ -171,13 +243,9 @@ fn depth_source(
             "the arm depth source needs the namespace's resource id, e.g. /subscriptions/{id}/resourceGroups/{group}/providers/Microsoft.ServiceBus/namespaces/{name}",
         ));
     };
-    let name = arm_namespace_name(id.value).ok_or_else(|| {
-        ConfigError::invalid(
-            id.var,
-            id.value,
-            "expected /subscriptions/{id}/resourceGroups/{group}/providers/Microsoft.ServiceBus/namespaces/{name}",
-        )
-    })?;
+    let namespace_id = ArmNamespaceId::parse(id.value)
+        .map_err(|e| ConfigError::invalid(id.var, id.value, e.to_string()))?;
+    let name = namespace_id.name();
     let host = endpoint
         .split_once("://")
         .map_or(endpoint, |(_, rest)| rest)
@@ -191,43 +259,13 @@ fn depth_source(
         }
     }
     let endpoint = match input.arm_endpoint {
-        Some(source) => normalize_endpoint(source)?,
-        None => "https://management.azure.com".to_owned(),
+        Some(source) => normalize_endpoint(source, PUBLIC_CLOUD_ARM)?,
+        None => PUBLIC_CLOUD_ARM.to_owned(),
     };
     Ok(ServiceBusDepthSource::Arm {
         endpoint,
-        namespace_id: id.value.trim().to_owned(),
+        namespace_id,
     })
-}
-
-/// The namespace's name in its ARM resource id; `None` when the id is not of that shape.
-/// Segment names are compared without case (ARM's are case-insensitive); the values are
-/// ARM's characters: letters, digits and `-._()`.
-pub fn arm_namespace_name(id: &str) -> Option<&str> {
-    let parts: Vec<&str> = id.trim().split('/').collect();
-    let [empty, subscriptions, subscription, groups, group, providers, namespace_type, namespaces, name] =
-        parts.as_slice()
-    else {
-        return None;
-    };
-    let fixed = [
-        (*subscriptions, "subscriptions"),
-        (*groups, "resourceGroups"),
-        (*providers, "providers"),
-        (*namespace_type, "Microsoft.ServiceBus"),
-        (*namespaces, "namespaces"),
-    ];
-    let valid = |v: &str| {
-        !v.is_empty()
-            && v.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '(' | ')'))
-    };
-    (empty.is_empty()
-        && fixed
-            .iter()
-            .all(|(got, want)| got.eq_ignore_ascii_case(want))
-        && [subscription, group, name].iter().all(|v| valid(v)))
-    .then_some(*name)
 }
 
 /// A key signs for its own namespace only, and a queue-scoped key for its queue only: a
@@ -293,15 +331,18 @@ fn normalize_namespace(source: Sourced<'_>) -> Result<String, ConfigError> {
     })
 }
 
-/// An `http(s)://host[:port][/path]` URL, without its trailing slash.
-fn normalize_endpoint(source: Sourced<'_>) -> Result<String, ConfigError> {
+/// The example a bad namespace endpoint's error shows.
+const NAMESPACE_EXAMPLE: &str = "https://myns.servicebus.windows.net";
+/// The public cloud's Resource Manager: the default, and the example a bad ARM endpoint's
+/// error shows.
+const PUBLIC_CLOUD_ARM: &str = "https://management.azure.com";
+
+/// An `http(s)://host[:port][/path]` URL, without its trailing slash; an error shows
+/// `example`, a URL of the variable's own kind.
+fn normalize_endpoint(source: Sourced<'_>, example: &str) -> Result<String, ConfigError> {
     let raw = source.value;
     let bad = |why: &str| {
-        ConfigError::invalid(
-            source.var,
-            raw,
-            format!("{why}; expected e.g. https://myns.servicebus.windows.net"),
-        )
+        ConfigError::invalid(source.var, raw, format!("{why}; expected e.g. {example}"))
     };
     let url = reqwest::Url::parse(raw.trim()).map_err(|e| bad(&e.to_string()))?;
     if !matches!(url.scheme(), "http" | "https") {
@@ -314,7 +355,7 @@ fn normalize_endpoint(source: Sourced<'_>) -> Result<String, ConfigError> {
         // Not echoed: it holds credentials.
         return Err(ConfigError::other(
             source.var,
-            "no credentials allowed in the URL; expected e.g. https://myns.servicebus.windows.net",
+            format!("no credentials allowed in the URL; expected e.g. {example}"),
         ));
     }
     if url.query().is_some() || url.fragment().is_some() {

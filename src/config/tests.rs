@@ -860,7 +860,7 @@ mod servicebus {
             p.depth_source,
             ServiceBusDepthSource::Arm {
                 endpoint: "https://management.azure.com".into(),
-                namespace_id: NS_ID.into(),
+                namespace_id: ArmNamespaceId::parse(NS_ID).unwrap(),
             }
         );
         let lower = NS_ID.to_ascii_lowercase();
@@ -878,7 +878,7 @@ mod servicebus {
             p.depth_source,
             ServiceBusDepthSource::Arm {
                 endpoint: "https://management.usgovcloudapi.net".into(),
-                namespace_id: lower,
+                namespace_id: ArmNamespaceId::parse(&lower).unwrap(),
             }
         );
     }
@@ -897,6 +897,12 @@ mod servicebus {
             "/subscriptions//resourceGroups/g/providers/Microsoft.ServiceBus/namespaces/myns",
             "/subscriptions/s/resourceGroups/g/providers/Microsoft.ServiceBus/namespaces/my ns",
             "subscriptions/s/resourceGroups/g/providers/Microsoft.ServiceBus/namespaces/myns/",
+            // A dot segment would walk the URL to another resource: never an ARM name.
+            "/subscriptions/../resourceGroups/g/providers/Microsoft.ServiceBus/namespaces/myns",
+            "/subscriptions/s/resourceGroups/./providers/Microsoft.ServiceBus/namespaces/myns",
+            "/subscriptions/s/resourceGroups/../providers/Microsoft.ServiceBus/namespaces/myns",
+            "/subscriptions/s/resourceGroups/g/providers/Microsoft.ServiceBus/namespaces/..",
+            "/subscriptions/s/resourceGroups/g/providers/Microsoft.ServiceBus/namespaces/.",
             other.as_str(),
         ] {
             let err =
@@ -916,6 +922,31 @@ mod servicebus {
             ("SENDGATE_SERVICEBUS_ARM_NAMESPACE_ID", &other),
         ]);
         assert!(p.is_ok(), "{p:?}");
+    }
+
+    /// A bad ARM endpoint's error shows ARM's URL as the example, not a namespace's.
+    #[test]
+    fn a_bad_arm_endpoint_is_refused_with_arms_own_example() {
+        let ns = ("SERVICEBUS_NAMESPACE", "myns");
+        let arm = ("SENDGATE_SERVICEBUS_DEPTH_SOURCE", "arm");
+        let id = ("SENDGATE_SERVICEBUS_ARM_NAMESPACE_ID", NS_ID);
+        for bad in [
+            "ftp://management.azure.com",
+            "https://management.azure.com/?x=1",
+        ] {
+            let err =
+                plan_of(&[ns, arm, id, ("SENDGATE_SERVICEBUS_ARM_ENDPOINT", bad)]).unwrap_err();
+            assert_eq!(err.variable(), Some("SENDGATE_SERVICEBUS_ARM_ENDPOINT"));
+            let text = err.to_string();
+            assert!(text.contains("e.g. https://management.azure.com"), "{text}");
+            assert!(!text.contains("servicebus.windows.net"), "{text}");
+        }
+        let err = plan_of(&[("SERVICEBUS_ENDPOINT", "ftp://myns")]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("e.g. https://myns.servicebus.windows.net"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -1439,7 +1470,9 @@ fn otlp_export_is_enabled_by_either_signal_and_an_endpoint_needs_a_host() {
 }
 
 /// Issue 41: `OTEL_METRICS_EXPORTER=none` (the specification's) exports no metrics, the
-/// spans still; `otlp` is the default; any other value is a wrong setting, named.
+/// spans still; `otlp` is the default; any other value is kept for a warning and ignored
+/// (the specification: an unrecognised enum value MUST be warned about and ignored), so the
+/// metrics go out over OTLP and start-up goes on.
 #[test]
 fn otel_metrics_exporter_none_turns_the_metrics_export_off_and_leaves_the_spans() {
     let otel = |pairs: &[(&str, &str)]| Settings::from_vars(&vars(pairs)).map(|s| s.otel);
@@ -1456,11 +1489,20 @@ fn otel_metrics_exporter_none_turns_the_metrics_export_off_and_leaves_the_spans(
     ])
     .unwrap();
     assert!(own.metrics.is_none() && !own.enabled(), "{own:?}");
+    assert_eq!(none.unsupported_metrics_exporter, None);
     for otlp in [&[base][..], &[base, ("OTEL_METRICS_EXPORTER", "otlp")]] {
-        assert!(otel(otlp).unwrap().metrics.is_some(), "{otlp:?}");
+        let otlp = otel(otlp).unwrap();
+        assert!(otlp.metrics.is_some(), "{otlp:?}");
+        assert_eq!(otlp.unsupported_metrics_exporter, None);
     }
-    let err = otel(&[base, ("OTEL_METRICS_EXPORTER", "prometheus")])
-        .expect_err("not built in")
-        .to_string();
-    assert!(err.contains("OTEL_METRICS_EXPORTER"), "{err}");
+    for unknown in ["prometheus", "otlp,console", " Zipkin "] {
+        let ignored = otel(&[base, ("OTEL_METRICS_EXPORTER", unknown)])
+            .unwrap_or_else(|e| panic!("{unknown:?} stopped start-up: {e}"));
+        assert!(ignored.metrics.is_some(), "{unknown:?}: as otlp");
+        assert_eq!(
+            ignored.unsupported_metrics_exporter.as_deref(),
+            Some(unknown.trim()),
+            "the value as given, for the warning"
+        );
+    }
 }

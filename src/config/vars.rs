@@ -317,7 +317,7 @@ pub const SERVICEBUS_ARM_ENDPOINT: Var = Var::server(
     "SENDGATE_SERVICEBUS_ARM_ENDPOINT",
     G::ServiceBus,
     K::HttpUrl,
-    "Azure Resource Manager's base URL for the arm depth source (another cloud's, or a test's); its token scope is this URL's /.default.",
+    "Azure Resource Manager's base URL for the arm depth source; its token scope is this URL's /.default. The default is the public cloud's: in a sovereign cloud set it (https://management.usgovcloudapi.net for Azure Government, https://management.chinacloudapi.cn for Azure China).",
 )
 .default("https://management.azure.com");
 
@@ -900,7 +900,7 @@ pub const OTEL_TRACES_SAMPLER_ARG: Var = otel(
 pub const OTEL_METRICS_EXPORTER: Var = otel(
     "OTEL_METRICS_EXPORTER",
     K::Choice(&["otlp", "none"]),
-    "otlp: the metrics go where the endpoints say; none: no metrics are exported (the spans still are), for a collector that takes no metrics, as the Container Apps managed agent's Application Insights destination. /metrics (Prometheus) is served either way.",
+    "otlp: the metrics go where the endpoints say; none: no metrics are exported (the spans still are), for a collector that takes no metrics, as the Container Apps managed agent's Application Insights destination. Another value (prometheus) is logged at start-up (otel_metrics_exporter_unsupported) and ignored, as the specification asks: the metrics go over OTLP. /metrics (Prometheus) is served either way.",
 )
 .default("otlp");
 pub const OTEL_METRIC_EXPORT_INTERVAL: Var = otel(

@@ -190,6 +190,13 @@ fn warn_unsupported(settings: &OtelSettings) {
             "only grpc and http/protobuf are built in; the variable is ignored"
         );
     }
+    if let Some(exporter) = &settings.unsupported_metrics_exporter {
+        tracing::warn!(
+            event = "otel_metrics_exporter_unsupported",
+            exporter = exporter.as_str(),
+            "OTEL_METRICS_EXPORTER: only otlp and none are built in; the value is ignored and the metrics are exported over OTLP"
+        );
+    }
     if let Some(compression) = settings
         .compression
         .as_deref()
@@ -664,6 +671,41 @@ mod tests {
             "a path's @"
         );
         assert_eq!(without_user_info("http://a:b@c@h?x"), "http://h?x");
+    }
+
+    /// Issue 41's review: an `OTEL_METRICS_EXPORTER` not built in is said at start-up, with
+    /// the value as given, and the metrics are exported over OTLP as by default.
+    #[test]
+    fn an_unknown_metrics_exporter_is_warned_about_and_otlp_exports() {
+        let env = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9"),
+            ("OTEL_METRICS_EXPORTER", "prometheus"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let settings = crate::config::Settings::from_vars(&env).expect("settings");
+        let out = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .with_writer(out.clone())
+            .finish();
+        let otel = tracing::subscriber::with_default(subscriber, || {
+            Otel::build(&settings.otel).expect("builds")
+        });
+        drop(otel);
+        let warned: Vec<serde_json::Value> = out
+            .text()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .filter(|l: &serde_json::Value| {
+                l["fields"]["event"] == "otel_metrics_exporter_unsupported"
+            })
+            .collect();
+        assert_eq!(warned.len(), 1, "{}", out.text());
+        assert_eq!(warned[0]["level"], "WARN");
+        assert_eq!(warned[0]["fields"]["exporter"], "prometheus");
+        assert!(settings.otel.metrics.is_some(), "exported over OTLP");
     }
 
     fn instance_id(r: &opentelemetry_proto::tonic::resource::v1::Resource) -> Vec<String> {

@@ -13,7 +13,9 @@
 //! lapses under `SENDGATE_OVERRIDES_LAPSE=config_change` (the default: the deployment wins)
 //! and is dropped from the store (`settings_lapsed`); every override still in force over a
 //! different configured value is logged (`settings_overriding`). `/health/detailed` shows
-//! both.
+//! both. A lapsed override the store fails to drop (`settings_lapse_drop_failed`) is still
+//! out of force here: the deployment wins whatever the store's state, and each later read
+//! (local mode: every [`POLL_EVERY`] until it succeeds) tries the drop again.
 
 pub mod overrides;
 pub mod store;
@@ -69,6 +71,11 @@ pub struct RuntimeSettings {
     checked: AtomicBool,
     /// What the start-up check dropped, for `/health/detailed`.
     lapsed: Mutex<Vec<Lapsed>>,
+    /// The lapsed overrides the store still holds (flat name, the `at` read): kept out of
+    /// force at every read until a drop succeeds.
+    undropped: Mutex<Vec<(String, String)>>,
+    /// Whether the last drop failed, so a failing store is logged once, not at every retry.
+    drop_failing: AtomicBool,
     /// The overrides in force. Read by the admin and health routes only: sends read the
     /// gates' policies, which are swapped when this changes.
     current: Mutex<Overrides>,
@@ -123,6 +130,8 @@ impl RuntimeSettings {
             lapse: settings.overrides_lapse,
             checked: AtomicBool::new(false),
             lapsed: Mutex::new(Vec::new()),
+            undropped: Mutex::new(Vec::new()),
+            drop_failing: AtomicBool::new(false),
             current: Mutex::new(current),
             writing: tokio::sync::Mutex::new(()),
             health: Mutex::new(StoreHealth {
@@ -143,6 +152,12 @@ impl RuntimeSettings {
 
     pub fn is_fleet(&self) -> bool {
         matches!(self.store, Store::Redis { .. })
+    }
+
+    /// Whether [`RuntimeSettings::sync`] has work left: in a fleet always (the hash is read
+    /// again); in local mode until the start-up check ran and what lapsed left the file.
+    pub fn needs_sync(&self) -> bool {
+        self.is_fleet() || !self.checked.load(Ordering::SeqCst) || !self.undropped.lock().is_empty()
     }
 
     pub fn overrides(&self) -> Overrides {
@@ -181,7 +196,7 @@ impl RuntimeSettings {
         // In a fleet, change the latest shared values (another replica may have changed
         // some within the last poll), so the old values logged are the real ones.
         let mut next = match &self.store {
-            Store::Redis { .. } => self.read_shared().await?,
+            Store::Redis { .. } => self.without_undropped(self.read_shared().await?),
             Store::File(_) => self.current.lock().clone(),
         };
         let stamp = Stamp {
@@ -238,6 +253,11 @@ impl RuntimeSettings {
         }
         let written = self.store.write(&all, &write).await;
         self.mark(written.as_ref().map(|_| ()));
+        if written.is_ok() && matches!(self.store, Store::File(_)) {
+            // The file was rewritten whole from overrides that hold nothing lapsed.
+            self.undropped.lock().clear();
+            self.drop_failing.store(false, Ordering::SeqCst);
+        }
         written
     }
 
@@ -245,11 +265,12 @@ impl RuntimeSettings {
     /// On failure the replica keeps the overrides it last saw. Returns whether the read
     /// succeeded (local mode: always). The first success (local mode: the first call) is the
     /// start-up check: overrides made against another configured value lapse or are logged.
+    /// What lapsed and the store still holds is never put in force, and is dropped again.
     pub async fn sync(&self, dispatcher: &Dispatcher) -> bool {
-        let checked = self.checked.load(Ordering::SeqCst);
-        if checked && !self.is_fleet() {
+        if !self.needs_sync() {
             return true;
         }
+        let checked = self.checked.load(Ordering::SeqCst);
         let _turn = if checked {
             match self.writing.try_lock() {
                 Ok(turn) => turn,
@@ -265,30 +286,30 @@ impl RuntimeSettings {
         let Ok(mut shared) = read else {
             return false;
         };
-        if !self.checked.load(Ordering::SeqCst) {
-            let Ok(kept) = self.check_at_start(shared, dispatcher).await else {
-                return false;
-            };
-            shared = kept;
+        // Read again under the turn: another call may have made the check while this one
+        // waited for it.
+        let first = !self.checked.load(Ordering::SeqCst);
+        if first {
+            shared = self.check_at_start(shared, dispatcher);
+        }
+        let shared = self.without_undropped(shared);
+        if *self.current.lock() != shared {
+            apply(&shared, dispatcher);
+            *self.current.lock() = shared.clone();
+        }
+        // Checked only once in force: a call that finds the turn taken and `checked` set
+        // returns at once, counting on what is in force.
+        if first {
             self.checked.store(true, Ordering::SeqCst);
         }
-        let changed = *self.current.lock() != shared;
-        if changed {
-            apply(&shared, dispatcher);
-            *self.current.lock() = shared;
-        }
+        self.drop_lapsed(&shared).await;
         true
     }
 
     /// The start-up check of `overrides`: those whose variable's value changed since they
-    /// were made lapse (under `config_change`: dropped here and from the store); those in
-    /// force over another value are logged. Returns what stays in force; an error when the
-    /// store could not drop what lapsed (the next read tries again).
-    async fn check_at_start(
-        &self,
-        mut overrides: Overrides,
-        dispatcher: &Dispatcher,
-    ) -> Result<Overrides, SettingsStoreError> {
+    /// were made lapse (under `config_change`: dropped here, and marked for the store to
+    /// drop); those in force over another value are logged. Returns what stays in force.
+    fn check_at_start(&self, mut overrides: Overrides, dispatcher: &Dispatcher) -> Overrides {
         let mut lapsed = Vec::new();
         for key in overrides.keys() {
             let Some((value, stamp)) = overrides.get(&key).map(|(v, s)| (v, s.clone())) else {
@@ -320,9 +341,9 @@ impl RuntimeSettings {
                 );
             }
         }
-        if !lapsed.is_empty() {
-            self.drop_lapsed(&overrides, &lapsed).await?;
-        }
+        self.undropped
+            .lock()
+            .extend(lapsed.iter().map(|l| (l.key.flat(), l.stamp.at.clone())));
         for l in &lapsed {
             let made_against = l.stamp.configured.clone().unwrap_or_default();
             tracing::warn!(
@@ -339,26 +360,58 @@ impl RuntimeSettings {
             );
         }
         *self.lapsed.lock() = lapsed;
-        Ok(overrides)
+        overrides
     }
 
-    /// Remove what lapsed from the store. The hash's fields are removed only while they still
-    /// hold the override read (same `at`), so a change another replica made since survives.
-    async fn drop_lapsed(
-        &self,
-        kept: &Overrides,
-        lapsed: &[Lapsed],
-    ) -> Result<(), SettingsStoreError> {
-        let dropped: Vec<(String, String)> = lapsed
-            .iter()
-            .map(|l| (l.key.flat(), l.stamp.at.clone()))
-            .collect();
+    /// `overrides` without those that lapsed here and the store may still hold: the same
+    /// flat name and `at`. A change made since (another `at`) is a new override, in force.
+    fn without_undropped(&self, mut overrides: Overrides) -> Overrides {
+        for (name, at) in self.undropped.lock().iter() {
+            let Some(key) = Key::parse_flat(name) else {
+                continue;
+            };
+            if overrides
+                .get(&key)
+                .is_some_and(|(_, stamp)| stamp.at == *at)
+            {
+                overrides.remove(&key);
+            }
+        }
+        overrides
+    }
+
+    /// Remove what lapsed from the store, `kept` being what stays in force. The hash's
+    /// fields are removed only while they still hold the override read (same `at`), so a
+    /// change another replica made since survives. A failure is logged once until a drop
+    /// succeeds; the next read tries again.
+    async fn drop_lapsed(&self, kept: &Overrides) {
+        let dropped = self.undropped.lock().clone();
+        if dropped.is_empty() {
+            return;
+        }
         let result = self
             .store
             .drop_if_unchanged(&kept.to_flat(), &dropped)
             .await;
         self.mark(result.as_ref().map(|_| ()));
-        result
+        match result {
+            Ok(()) => {
+                self.undropped.lock().retain(|d| !dropped.contains(d));
+                self.drop_failing.store(false, Ordering::SeqCst);
+            }
+            Err(e) if !self.drop_failing.swap(true, Ordering::SeqCst) => {
+                let settings: Vec<&str> = dropped.iter().map(|(name, _)| name.as_str()).collect();
+                tracing::warn!(
+                    event = "settings_lapse_drop_failed",
+                    settings = ?settings,
+                    store = self.store.kind(),
+                    location = %self.store.location(),
+                    error = %e,
+                    "lapsed runtime overrides could not be dropped from the store; they are not in force here, and the drop is tried again at the next read"
+                );
+            }
+            Err(_) => {}
+        }
     }
 
     async fn read_shared(&self) -> Result<Overrides, SettingsStoreError> {
@@ -505,3 +558,6 @@ pub fn rfc3339(t: SystemTime) -> String {
         .format(&Rfc3339)
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests;

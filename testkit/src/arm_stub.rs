@@ -10,14 +10,12 @@
 //! test, or the test's scripted reply.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
-use crate::servicebus_stub::{read_request, reason, Recorded, Reply};
+use crate::http_stub::{answer, listen, read_request, Listening, Recorded, Reply};
 
 /// The documented queue resource: counts zero, status Active.
 pub const QUEUE: &str = include_str!("../../tests/data/servicebus/arm_queue_get_200.json");
@@ -67,42 +65,25 @@ struct State {
 }
 
 pub struct ArmStub {
-    addr: SocketAddr,
+    listening: Listening,
     state: Arc<Mutex<State>>,
-    accept: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for ArmStub {
-    fn drop(&mut self) {
-        self.accept.abort();
-    }
 }
 
 impl ArmStub {
     pub async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let state = Arc::new(Mutex::new(State {
             replies: HashMap::new(),
             requests: Vec::new(),
             violations: Vec::new(),
         }));
         let shared = state.clone();
-        let accept = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(serve(stream, shared.clone()));
-            }
-        });
-        Self {
-            addr,
-            state,
-            accept,
-        }
+        let listening = listen(move |stream| serve(stream, shared.clone())).await;
+        Self { listening, state }
     }
 
     /// The base URL, in place of `https://management.azure.com`.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("http://{}", self.listening.addr)
     }
 
     /// Every read of `queue` from now on gets `reply`.
@@ -168,52 +149,31 @@ fn queue_of(request: &Recorded) -> Result<(String, u16), (String, u16)> {
 
 async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) {
     let mut buffer = Vec::new();
-    loop {
-        let Some(request) = read_request(&mut stream, &mut buffer).await else {
-            return;
-        };
-        let reply = {
-            let mut state = state.lock();
-            let reply = match queue_of(&request) {
-                Ok((queue, _)) => state
-                    .replies
-                    .get(&queue)
-                    .cloned()
-                    .unwrap_or_else(|| json(200, QUEUE)),
-                Err((why, status)) => {
-                    state.violations.push(why.clone());
-                    json(
-                        status,
-                        &format!(r#"{{"error":{{"code":"Stub","message":"{why}"}}}}"#),
-                    )
-                }
-            };
-            state.requests.push(request);
-            reply
-        };
-        let Reply::Respond {
-            status,
-            headers,
-            body,
-            delay,
-        } = reply
-        else {
-            return;
-        };
-        tokio::time::sleep(delay).await;
-        let mut head = format!(
-            "HTTP/1.1 {status} {}\r\nContent-Length: {}\r\n",
-            reason(status),
-            body.len()
-        );
-        for (k, v) in headers {
-            head.push_str(&format!("{k}: {v}\r\n"));
-        }
-        head.push_str("\r\n");
-        let mut bytes = head.into_bytes();
-        bytes.extend_from_slice(&body);
-        if stream.write_all(&bytes).await.is_err() {
+    while let Some(request) = read_request(&mut stream, &mut buffer).await {
+        let reply = record(&mut state.lock(), request);
+        if !answer(&mut stream, reply).await {
             return;
         }
     }
+}
+
+/// Keep `request` and pick its answer: the queue's scripted one, else the documented
+/// resource; a request not of the documented form is refused as ARM would, its reason kept.
+fn record(state: &mut State, request: Recorded) -> Reply {
+    let reply = match queue_of(&request) {
+        Ok((queue, _)) => state
+            .replies
+            .get(&queue)
+            .cloned()
+            .unwrap_or_else(|| json(200, QUEUE)),
+        Err((why, status)) => {
+            state.violations.push(why.clone());
+            json(
+                status,
+                &format!(r#"{{"error":{{"code":"Stub","message":"{why}"}}}}"#),
+            )
+        }
+    };
+    state.requests.push(request);
+    reply
 }

@@ -11,7 +11,7 @@
 //!   [`redis_server`] talk to them; [`fault_proxy`] sits between sendgate and one;
 //!   [`rabbit_node`] is a RabbitMQ node of a test's own, to alarm, stop or restart.
 //! - Stand-ins for what a test cannot run itself: [`servicebus_stub`], [`arm_stub`] (Azure
-//!   Resource Manager's queue resource), [`oidc`] (Entra ID's
+//!   Resource Manager's queue resource), both served by [`http_stub`]; [`oidc`] (Entra ID's
 //!   OpenID provider), [`entra`] (a token credential), [`otlp`] (a collector), [`browser`]
 //!   (headless Chromium).
 
@@ -24,6 +24,7 @@ pub mod fault_proxy;
 pub mod faulty_backend;
 pub mod fleet;
 pub mod gateway;
+pub mod http_stub;
 pub mod keys;
 pub mod local_redis;
 pub mod oidc;

@@ -1,8 +1,7 @@
 //! A local stand-in for the Service Bus REST endpoints, on 127.0.0.1 and a random port.
 //!
-//! Plain tokio TCP and a tiny HTTP/1.1 parser (request line, headers, a `Content-Length`
-//! body; keep-alive), so a test sees the request exactly as it went over the wire. It
-//! records every request (method, path and query, headers, body) as soon as it has read
+//! Served by [`crate::http_stub`] (plain tokio TCP and a tiny HTTP/1.1 reader), so a test
+//! sees the request exactly as it went over the wire. It records every request (method, path and query, headers, body) as soon as it has read
 //! it, then answers from the test's script: a scripted status, headers and body after an
 //! optional delay, no answer at all, or a closed connection.
 //!
@@ -27,15 +26,15 @@
 //! served queue, made while the gateway is `starting`) must get the scripted answer.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use base64::Engine as _;
 use parking_lot::Mutex;
 use serde_json::{Map, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
+
+use crate::http_stub::{answer, listen, read_request, Listening};
+pub use crate::http_stub::{Recorded, Reply};
 
 /// The recorded description, counts zero, status Active.
 pub const DESCRIPTION: &str =
@@ -69,34 +68,7 @@ pub fn description(active: u64, dead_letters: u64, scheduled: u64, status: &str)
     rewritten
 }
 
-/// One request as the stub read it.
-#[derive(Debug, Clone)]
-pub struct Recorded {
-    pub method: String,
-    /// Path and query, as on the request line.
-    pub target: String,
-    pub version: String,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-    /// When the stub had read it whole.
-    pub received_at: std::time::Instant,
-    /// When the stub had written its answer (`None`: not answered, or not yet).
-    pub answered_at: Option<std::time::Instant>,
-}
-
 impl Recorded {
-    pub fn request_line(&self) -> String {
-        format!("{} {} {}", self.method, self.target, self.version)
-    }
-
-    /// The value of a header (names compared without case); `None` if absent.
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
     /// The queue the request is for: the first path segment (`/requests?…` and
     /// `/requests/messages` are both `requests`).
     pub fn queue(&self) -> &str {
@@ -113,13 +85,6 @@ impl Recorded {
 
     pub fn is_depth_read(&self) -> bool {
         self.route() == Route::Depth
-    }
-
-    pub fn header_count(&self, name: &str) -> usize {
-        self.headers
-            .iter()
-            .filter(|(k, _)| k.eq_ignore_ascii_case(name))
-            .count()
     }
 
     /// The messages of a send, read strictly by the documented form it takes (the batch
@@ -417,60 +382,6 @@ enum Route {
     Other,
 }
 
-/// How the stub answers one request.
-#[derive(Debug, Clone)]
-pub enum Reply {
-    Respond {
-        status: u16,
-        headers: Vec<(String, String)>,
-        body: Vec<u8>,
-        delay: Duration,
-    },
-    /// Read the request, never answer, keep the connection open.
-    Hang,
-    /// Close the connection without a byte of answer.
-    Close,
-}
-
-impl Reply {
-    pub fn status(status: u16) -> Self {
-        Self::Respond {
-            status,
-            headers: Vec::new(),
-            body: Vec::new(),
-            delay: Duration::ZERO,
-        }
-    }
-
-    /// An XML body, as the management endpoint sends it.
-    pub fn xml(status: u16, body: &str) -> Self {
-        Self::status(status)
-            .header("Content-Type", "application/xml; charset=utf-8")
-            .body(body.as_bytes())
-    }
-
-    pub fn header(mut self, name: &str, value: &str) -> Self {
-        if let Self::Respond { headers, .. } = &mut self {
-            headers.push((name.into(), value.into()));
-        }
-        self
-    }
-
-    pub fn body(mut self, bytes: &[u8]) -> Self {
-        if let Self::Respond { body, .. } = &mut self {
-            *body = bytes.to_vec();
-        }
-        self
-    }
-
-    pub fn after(mut self, wait: Duration) -> Self {
-        if let Self::Respond { delay, .. } = &mut self {
-            *delay = wait;
-        }
-        self
-    }
-}
-
 /// Answers for one route: one-shot answers first, then the standing one.
 struct Script {
     once: VecDeque<Reply>,
@@ -501,22 +412,13 @@ struct State {
 }
 
 pub struct ServiceBusStub {
-    addr: SocketAddr,
+    listening: Listening,
     state: Arc<Mutex<State>>,
-    accept: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for ServiceBusStub {
-    fn drop(&mut self) {
-        self.accept.abort();
-    }
 }
 
 impl ServiceBusStub {
     /// Sends answer 201; depth reads answer the recorded description (backlog 0).
     pub async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let state = Arc::new(Mutex::new(State {
             sends: Script {
                 once: VecDeque::new(),
@@ -538,21 +440,16 @@ impl ServiceBusStub {
             max_sends_in_flight: 0,
         }));
         let shared = state.clone();
-        let accept = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                shared.lock().connections += 1;
-                tokio::spawn(serve(stream, shared.clone()));
-            }
-        });
-        Self {
-            addr,
-            state,
-            accept,
-        }
+        let listening = listen(move |stream| {
+            shared.lock().connections += 1;
+            serve(stream, shared.clone())
+        })
+        .await;
+        Self { listening, state }
     }
 
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("http://{}", self.listening.addr)
     }
 
     /// Every send from now on gets `reply`.
@@ -625,79 +522,59 @@ impl ServiceBusStub {
 
 async fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) {
     let mut buffer = Vec::new();
-    loop {
-        let Some(request) = read_request(&mut stream, &mut buffer).await else {
-            return;
-        };
-        let reply = {
-            let mut state = state.lock();
-            let reply = match request.route() {
-                Route::Send => match request.messages() {
-                    Err(why) => {
-                        state.violations.push(why.clone());
-                        Reply::status(400).body(why.as_bytes())
-                    }
-                    Ok(messages) => {
-                        let holding = state
-                            .send_holding
-                            .iter()
-                            .find(|(id, _)| messages.iter().any(|m| m.message_id() == id.as_str()));
-                        match holding {
-                            Some((_, reply)) => reply.clone(),
-                            None => state.sends.next(),
-                        }
-                    }
-                },
-                Route::Depth => match state.depth_for.get(request.queue()) {
-                    Some(reply) => reply.clone(),
-                    None => state.depth.next(),
-                },
-                Route::Other => Reply::status(404),
-            };
-            let is_send = request.is_send();
-            if is_send {
-                state.sends_in_flight += 1;
-                state.max_sends_in_flight = state.max_sends_in_flight.max(state.sends_in_flight);
-            }
-            state.requests.push(request);
-            (reply, state.requests.len() - 1, is_send)
-        };
-        let (reply, index, is_send) = reply;
+    while let Some(request) = read_request(&mut stream, &mut buffer).await {
+        let is_send = request.is_send();
+        let (reply, index) = record(&mut state.lock(), request);
         // Whatever happens to this answer (written, or the connection gone), the request
         // is no longer held.
         let _done = Answered {
             state: state.clone(),
             is_send,
         };
-        match reply {
-            Reply::Hang => {
-                std::future::pending::<()>().await;
-            }
-            Reply::Close => return,
-            Reply::Respond {
-                status,
-                headers,
-                body,
-                delay,
-            } => {
-                tokio::time::sleep(delay).await;
-                let mut head = format!(
-                    "HTTP/1.1 {status} {}\r\nContent-Length: {}\r\n",
-                    reason(status),
-                    body.len()
-                );
-                for (k, v) in headers {
-                    head.push_str(&format!("{k}: {v}\r\n"));
-                }
-                head.push_str("\r\n");
-                let mut bytes = head.into_bytes();
-                bytes.extend_from_slice(&body);
-                if stream.write_all(&bytes).await.is_err() {
-                    return;
-                }
-                state.lock().requests[index].answered_at = Some(std::time::Instant::now());
-            }
+        if !answer(&mut stream, reply).await {
+            return;
         }
+        state.lock().requests[index].answered_at = Some(std::time::Instant::now());
+    }
+}
+
+/// Keep `request` (a send counted in flight) and pick its answer; its index among the
+/// requests recorded.
+fn record(state: &mut State, request: Recorded) -> (Reply, usize) {
+    let reply = reply_to(state, &request);
+    if request.is_send() {
+        state.sends_in_flight += 1;
+        state.max_sends_in_flight = state.max_sends_in_flight.max(state.sends_in_flight);
+    }
+    state.requests.push(request);
+    (reply, state.requests.len() - 1)
+}
+
+/// The scripted answer to `request` by its route; a send not of a documented form is
+/// refused `400` and its reason kept.
+fn reply_to(state: &mut State, request: &Recorded) -> Reply {
+    match request.route() {
+        Route::Send => match request.messages() {
+            Err(why) => {
+                state.violations.push(why.clone());
+                Reply::status(400).body(why.as_bytes())
+            }
+            Ok(messages) => {
+                let holding = state
+                    .send_holding
+                    .iter()
+                    .find(|(id, _)| messages.iter().any(|m| m.message_id() == id.as_str()));
+                match holding {
+                    Some((_, reply)) => reply.clone(),
+                    None => state.sends.next(),
+                }
+            }
+        },
+        Route::Depth => match state.depth_for.get(request.queue()) {
+            Some(reply) => reply.clone(),
+            None => state.depth.next(),
+        },
+        Route::Other => Reply::status(404),
     }
 }
 
@@ -716,81 +593,12 @@ impl Drop for Answered {
     }
 }
 
-/// Read one request off the connection; `None` when the peer closed it or sent garbage.
-pub(crate) async fn read_request(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<Recorded> {
-    let head_end = loop {
-        if let Some(at) = find(buffer, b"\r\n\r\n") {
-            break at;
-        }
-        assert!(buffer.len() < 64 * 1024, "request head too large");
-        let mut chunk = [0u8; 8192];
-        let n = stream.read(&mut chunk).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        buffer.extend_from_slice(&chunk[..n]);
-    };
-    let head = String::from_utf8(buffer[..head_end].to_vec()).ok()?;
-    let mut lines = head.split("\r\n");
-    let mut request_line = lines.next()?.split(' ');
-    let (method, target, version) = (
-        request_line.next()?.to_owned(),
-        request_line.next()?.to_owned(),
-        request_line.next()?.to_owned(),
-    );
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
-        .collect();
-    let length: usize = headers
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
-        .map_or(0, |(_, v)| v.parse().unwrap());
-    assert!(
-        !headers
-            .iter()
-            .any(|(k, _)| k.eq_ignore_ascii_case("transfer-encoding")),
-        "the stub reads Content-Length bodies only"
-    );
-    let body_start = head_end + 4;
-    while buffer.len() < body_start + length {
-        let mut chunk = [0u8; 8192];
-        let n = stream.read(&mut chunk).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        buffer.extend_from_slice(&chunk[..n]);
-    }
-    let body = buffer[body_start..body_start + length].to_vec();
-    buffer.drain(..body_start + length);
-    Some(Recorded {
-        method,
-        target,
-        version,
-        headers,
-        body,
-        received_at: std::time::Instant::now(),
-        answered_at: None,
-    })
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-pub(crate) fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        201 => "Created",
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        403 => "Forbidden",
-        404 => "Not Found",
-        410 => "Gone",
-        413 => "Request Entity Too Large",
-        429 => "Too Many Requests",
-        500 => "Internal Server Error",
-        503 => "Service Unavailable",
-        _ => "Status",
+/// The management endpoint's answers.
+impl Reply {
+    /// An XML body, as the management endpoint sends it.
+    pub fn xml(status: u16, body: &str) -> Self {
+        Self::status(status)
+            .header("Content-Type", "application/xml; charset=utf-8")
+            .body(body.as_bytes())
     }
 }

@@ -3,7 +3,7 @@
 use std::process::Output;
 
 use sendgate_testkit::embedded::spawn_in;
-use sendgate_testkit::gateway::{run_binary, stderr};
+use sendgate_testkit::gateway::{binary, run_binary, stderr};
 
 fn sendgate(args: &[&str], env: &[(&str, &str)]) -> Output {
     run_binary(args, env)
@@ -294,6 +294,101 @@ async fn keys_new_prints_only_the_token_and_appends_an_entry_holding_only_its_ha
     assert_eq!(bad.status.code(), Some(2));
     let unweighable = new(&["--name", "y", "--role", "sender", "--weight", "0"]);
     assert_eq!(unweighable.status.code(), Some(2));
+}
+
+/// Issue 41's review: `keys new` run many times at once on one keys file (a script making
+/// a team's keys in parallel) loses no entry, and of two at once under one name exactly one
+/// makes the key: each read-modify-write of the file holds it alone.
+#[test]
+fn concurrent_keys_new_lose_no_entry_and_make_a_name_once() {
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.toml");
+    let file = keys.to_str().unwrap();
+    let spawn = |name: &str| {
+        binary(
+            &[
+                "keys",
+                "new",
+                "--keys-file",
+                file,
+                "--name",
+                name,
+                "--role",
+                "sender",
+            ],
+            &Default::default(),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+    };
+    const MANY: usize = 24;
+    let names: Vec<String> = (0..MANY).map(|i| format!("key-{i}")).collect();
+    let mut children: Vec<_> = names.iter().map(|n| spawn(n)).collect();
+    // The same name twice more, at once with the others.
+    children.push(spawn("twice"));
+    children.push(spawn("twice"));
+    let outputs: Vec<Output> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    for out in &outputs[..MANY] {
+        assert!(out.status.success(), "{}", stderr(out));
+    }
+    let twice: Vec<_> = outputs[MANY..].iter().map(|o| o.status.code()).collect();
+    assert!(
+        twice.contains(&Some(0)) && twice.contains(&Some(2)),
+        "one made, one refused: {twice:?}"
+    );
+    let entries = std::fs::read_to_string(&keys).unwrap();
+    for name in names.iter().map(String::as_str).chain(["twice"]) {
+        assert_eq!(
+            entries.matches(&format!("name = \"{name}\"\n")).count(),
+            1,
+            "{name}: {entries}"
+        );
+    }
+    assert_eq!(entries.matches("[[keys]]").count(), MANY + 1, "{entries}");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["keys.toml"], "no temporary file left behind");
+}
+
+/// Issue 41's review: a closed stdout (`sendgate keys new ... | head -0`) is an error said
+/// on stderr with a plain exit, never a panic.
+#[test]
+fn keys_new_into_a_closed_pipe_exits_without_a_panic() {
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.toml");
+    let mut child = binary(
+        &[
+            "keys",
+            "new",
+            "--keys-file",
+            keys.to_str().unwrap(),
+            "--name",
+            "piped",
+            "--role",
+            "sender",
+        ],
+        &Default::default(),
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    // The reading end closed before the token is written: a real broken pipe.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let said = stderr(&out);
+    assert!(!said.contains("panicked"), "{said}");
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("stdout"), "says what failed: {said}");
 }
 
 /// Issue 41: `queue depth` says where it looks, and a directory holding no store is
