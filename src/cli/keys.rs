@@ -315,4 +315,54 @@ mod tests {
             .collect();
         assert_eq!(left, ["keys.toml"]);
     }
+
+    fn command(name: &str, keys_file: &Path) -> KeysCommand {
+        KeysCommand::New {
+            name: name.to_owned(),
+            roles: vec!["sender".to_owned()],
+            queues: vec!["*".to_owned()],
+            tenant: None,
+            weight: None,
+            keys_file: keys_file.to_owned(),
+        }
+    }
+
+    /// A keys file kept behind a symbolic link (a mounted secret, a configuration
+    /// manager's file) gets the entry where the link points; the link stays a link.
+    #[test]
+    fn a_keys_file_behind_a_symlink_gets_the_entry_and_the_link_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("real")).unwrap();
+        let target = dir.path().join("real").join("keys.toml");
+        std::fs::write(&target, "").unwrap();
+        let link = dir.path().join("keys.toml");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        new_key(command("web", &link)).expect("a key");
+        let meta = std::fs::symlink_metadata(&link).unwrap();
+        assert!(
+            meta.file_type().is_symlink(),
+            "the link was replaced by a file"
+        );
+        assert!(std::fs::read_to_string(&target)
+            .unwrap()
+            .contains("name = \"web\""));
+    }
+
+    /// The file keeps its owner and group, not only its mode: a file `root:sendgate`
+    /// 0640 made `root:root` 0640 by `sudo sendgate keys new` is one the gateway can no
+    /// longer read. (Needs the right to give a file away: skipped without it.)
+    #[test]
+    fn the_file_keeps_its_owner_and_group() {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("keys.toml");
+        std::fs::write(&file, "").unwrap();
+        if std::os::unix::fs::chown(&file, Some(4242), Some(4343)).is_err() {
+            eprintln!("skipped: files cannot be given away here");
+            return;
+        }
+        new_key(command("web", &file)).expect("a key");
+        let meta = std::fs::metadata(&file).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (4242, 4343));
+    }
 }
