@@ -6,7 +6,8 @@
 //! parallel): each holds an exclusive lock on the file's directory from its read to its
 //! rename, so none writes over an entry another added, nor makes a name another just made.
 //! The file is replaced whole (a temporary file beside it, synced, renamed over it), so a
-//! reader (the gateway at start-up) never sees half an entry.
+//! reader (the gateway at start-up) never sees half an entry; it keeps its owner, group and
+//! mode, and a symbolic link's target is the file replaced (the link stays).
 
 use std::fs::File;
 use std::io::Write as _;
@@ -128,6 +129,8 @@ fn new_key(command: KeysCommand) -> Result<String, KeysError> {
         path: path.clone(),
         source,
     };
+    // A link's target is the file changed (the link stays a link).
+    let keys_file = through_links(&keys_file).map_err(io)?;
     // Held until the file is replaced: the read below is of the file this process changes.
     let _lock = lock_directory(&keys_file).map_err(io)?;
     let existing = read_if_any(&keys_file, &path)?;
@@ -231,6 +234,17 @@ fn lock_directory(file: &Path) -> std::io::Result<File> {
     Ok(handle)
 }
 
+/// The file `file` names: a symbolic link's target, followed all the way, so the entry goes
+/// where the link points (a mounted secret, a configuration manager's file) and the rename
+/// does not put a regular file in the link's place; `file` as given when there is none yet.
+fn through_links(file: &Path) -> std::io::Result<PathBuf> {
+    match std::fs::canonicalize(file) {
+        Ok(real) => Ok(real),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(file.to_owned()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Where `file` is: its parent, or the working directory for a bare name.
 fn directory_of(file: &Path) -> &Path {
     match file.parent() {
@@ -250,8 +264,10 @@ fn appended(existing: &str, entry: &str) -> String {
 }
 
 /// `file` replaced by `text`: a temporary file in the same directory (the existing file's
-/// permissions, so a key file kept private stays so), synced, renamed over it, and the
-/// rename synced with the directory.
+/// owner, group and permissions, so a key file kept private stays so and the gateway's
+/// group can still read it), synced, renamed over it, and the rename synced with the
+/// directory. An owner or group that cannot be kept (no right to give a file away) is said
+/// on stderr.
 fn replace(file: &Path, text: &str) -> std::io::Result<()> {
     let dir = directory_of(file);
     let name = file
@@ -266,6 +282,7 @@ fn replace(file: &Path, text: &str) -> std::io::Result<()> {
     let written = (|| {
         let mut out = File::create_new(&temp)?;
         if let Ok(existing) = std::fs::metadata(file) {
+            keep_owner(&out, &existing, file);
             out.set_permissions(existing.permissions())?;
         }
         out.write_all(text.as_bytes())?;
@@ -277,6 +294,22 @@ fn replace(file: &Path, text: &str) -> std::io::Result<()> {
         return Err(e);
     }
     File::open(dir)?.sync_all()
+}
+
+/// `out` given `existing`'s owner and group, or said on stderr when it cannot be.
+fn keep_owner(out: &File, existing: &std::fs::Metadata, file: &Path) {
+    use std::os::unix::fs::MetadataExt as _;
+    let (uid, gid) = (existing.uid(), existing.gid());
+    if let Err(e) = std::os::unix::fs::fchown(out, Some(uid), Some(gid)) {
+        let now = out
+            .metadata()
+            .map(|m| format!("{}:{}", m.uid(), m.gid()))
+            .unwrap_or_else(|_| "this user's".to_owned());
+        say(&format!(
+            "sendgate: warning: {} was owned by {uid}:{gid} and is now {now} ({e}); give it back its owner if the gateway reads it as another user",
+            file.display()
+        ));
+    }
 }
 
 #[cfg(test)]
@@ -314,5 +347,55 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(left, ["keys.toml"]);
+    }
+
+    fn command(name: &str, keys_file: &Path) -> KeysCommand {
+        KeysCommand::New {
+            name: name.to_owned(),
+            roles: vec!["sender".to_owned()],
+            queues: vec!["*".to_owned()],
+            tenant: None,
+            weight: None,
+            keys_file: keys_file.to_owned(),
+        }
+    }
+
+    /// A keys file kept behind a symbolic link (a mounted secret, a configuration
+    /// manager's file) gets the entry where the link points; the link stays a link.
+    #[test]
+    fn a_keys_file_behind_a_symlink_gets_the_entry_and_the_link_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("real")).unwrap();
+        let target = dir.path().join("real").join("keys.toml");
+        std::fs::write(&target, "").unwrap();
+        let link = dir.path().join("keys.toml");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        new_key(command("web", &link)).expect("a key");
+        let meta = std::fs::symlink_metadata(&link).unwrap();
+        assert!(
+            meta.file_type().is_symlink(),
+            "the link was replaced by a file"
+        );
+        assert!(std::fs::read_to_string(&target)
+            .unwrap()
+            .contains("name = \"web\""));
+    }
+
+    /// The file keeps its owner and group, not only its mode: a file `root:sendgate`
+    /// 0640 made `root:root` 0640 by `sudo sendgate keys new` is one the gateway can no
+    /// longer read. (Needs the right to give a file away: skipped without it.)
+    #[test]
+    fn the_file_keeps_its_owner_and_group() {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("keys.toml");
+        std::fs::write(&file, "").unwrap();
+        if std::os::unix::fs::chown(&file, Some(4242), Some(4343)).is_err() {
+            eprintln!("skipped: files cannot be given away here");
+            return;
+        }
+        new_key(command("web", &file)).expect("a key");
+        let meta = std::fs::metadata(&file).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (4242, 4343));
     }
 }
