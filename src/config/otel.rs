@@ -125,20 +125,28 @@ pub(super) fn parse(layers: &Layers) -> Result<OtelSettings, ConfigError> {
     })
 }
 
-/// Whether `OTEL_METRICS_EXPORTER` turns the metrics off (`none`, any case), and its value
-/// when it names no exporter built in. The specification asks that an unrecognised value be
-/// warned about and ignored, not refused: such a value exports as the default, `otlp`.
+/// Whether `OTEL_METRICS_EXPORTER` turns the metrics off, and the names in it of exporters
+/// not built in (comma-separated, for the warning). The specification: the value is a
+/// comma-separated list, empty is as if unset, `none` alone exports nothing, and an
+/// unrecognised name is warned about and ignored, not refused: the default, `otlp`, then
+/// exports.
 fn metrics_exporter(layers: &Layers) -> (bool, Option<String>) {
-    let Some(value) = layers.value(&v::OTEL_METRICS_EXPORTER).map(str::trim) else {
-        return (false, None);
-    };
-    if value.eq_ignore_ascii_case("none") {
-        (true, None)
-    } else if value.eq_ignore_ascii_case("otlp") {
-        (false, None)
-    } else {
-        (false, Some(value.to_owned()))
-    }
+    let names: Vec<&str> = layers
+        .value(&v::OTEL_METRICS_EXPORTER)
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+        .collect();
+    let is = |name: &str, known: &str| name.eq_ignore_ascii_case(known);
+    let unsupported: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|name| !is(name, "otlp") && !is(name, "none"))
+        .collect();
+    let off = !names.is_empty() && names.iter().all(|name| is(name, "none"));
+    let unsupported = (!unsupported.is_empty()).then(|| unsupported.join(","));
+    (off, unsupported)
 }
 
 /// The traces' and the metrics' protocols (a signal's own, else the common one, else

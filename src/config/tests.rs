@@ -1495,14 +1495,27 @@ fn otel_metrics_exporter_none_turns_the_metrics_export_off_and_leaves_the_spans(
         assert!(otlp.metrics.is_some(), "{otlp:?}");
         assert_eq!(otlp.unsupported_metrics_exporter, None);
     }
-    for unknown in ["prometheus", "otlp,console", " Zipkin "] {
-        let ignored = otel(&[base, ("OTEL_METRICS_EXPORTER", unknown)])
-            .unwrap_or_else(|e| panic!("{unknown:?} stopped start-up: {e}"));
-        assert!(ignored.metrics.is_some(), "{unknown:?}: as otlp");
+    // The specification: an empty value is as if unset; the value is a comma-separated list.
+    for unset in ["", "  ", " , "] {
+        let otlp = otel(&[base, ("OTEL_METRICS_EXPORTER", unset)]).unwrap();
+        assert!(otlp.metrics.is_some(), "{unset:?}");
+        assert_eq!(otlp.unsupported_metrics_exporter, None, "{unset:?}");
+    }
+    for (value, unsupported) in [
+        ("prometheus", "prometheus"),
+        ("otlp,console", "console"),
+        (" Zipkin ", "Zipkin"),
+        ("otlp, prometheus ,console", "prometheus,console"),
+    ] {
+        let ignored = otel(&[base, ("OTEL_METRICS_EXPORTER", value)])
+            .unwrap_or_else(|e| panic!("{value:?} stopped start-up: {e}"));
+        assert!(ignored.metrics.is_some(), "{value:?}: as otlp");
         assert_eq!(
             ignored.unsupported_metrics_exporter.as_deref(),
-            Some(unknown.trim()),
-            "the value as given, for the warning"
+            Some(unsupported),
+            "the names not built in, for the warning"
         );
     }
+    let both = otel(&[base, ("OTEL_METRICS_EXPORTER", "otlp,none")]).unwrap();
+    assert!(both.metrics.is_some(), "otlp named: exported");
 }

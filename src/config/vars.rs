@@ -900,7 +900,7 @@ pub const OTEL_TRACES_SAMPLER_ARG: Var = otel(
 pub const OTEL_METRICS_EXPORTER: Var = otel(
     "OTEL_METRICS_EXPORTER",
     K::Choice(&["otlp", "none"]),
-    "otlp: the metrics go where the endpoints say; none: no metrics are exported (the spans still are), for a collector that takes no metrics, as the Container Apps managed agent's Application Insights destination. Another value (prometheus) is logged at start-up (otel_metrics_exporter_unsupported) and ignored, as the specification asks: the metrics go over OTLP. /metrics (Prometheus) is served either way.",
+    "otlp: the metrics go where the endpoints say; none: no metrics are exported (the spans still are), for a collector that takes no metrics, as the Container Apps managed agent's Application Insights destination. A comma-separated list, as the specification has it: empty is the default; a name other than otlp and none (prometheus) is logged at start-up (otel_metrics_exporter_unsupported) and ignored, as the specification asks, and the metrics go over OTLP. /metrics (Prometheus) is served either way.",
 )
 .default("otlp");
 pub const OTEL_METRIC_EXPORT_INTERVAL: Var = otel(
