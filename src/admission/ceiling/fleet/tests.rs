@@ -36,6 +36,8 @@ struct Broker {
     lag: Duration,
     down: std::sync::atomic::AtomicBool,
     read_takes: Mutex<Duration>,
+    /// Depth reads answered.
+    reads: std::sync::atomic::AtomicU64,
 }
 
 impl Broker {
@@ -45,6 +47,7 @@ impl Broker {
             lag,
             down: std::sync::atomic::AtomicBool::new(false),
             read_takes: Mutex::new(Duration::ZERO),
+            reads: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -81,6 +84,7 @@ impl Backend for Broker {
         if self.down.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(DepthError::Timeout);
         }
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let now = Instant::now();
         let seen = self
             .stored
@@ -2297,4 +2301,32 @@ async fn a_tenant_greedy_earlier_gets_its_modest_sends_once_the_round_rolls() {
         "tenant 0, now modest, got {got:.3} of its sends ({admitted} of {sent}); {rounds} \
          share rounds in 10 s of a 250 ms TTL"
     );
+}
+
+/// A read at the ceiling is made only near it: a send ending with the fleet's estimate
+/// within a tenth of the ceiling starts one (once the read is an interval old); one ending
+/// further from it leaves the TTL's reads alone.
+#[tokio::test(start_paused = true)]
+async fn only_sends_within_a_tenth_of_the_ceiling_read_again() {
+    use std::sync::atomic::Ordering::SeqCst;
+    // Depth reads made during 900 ms of sends 100 ms apart, the queue holding `held` of 100.
+    async fn reads_while_sending_at(held: usize) -> u64 {
+        let ledger = MemoryLedger::new(T);
+        let broker = Broker::new(Duration::ZERO);
+        broker.stored.lock().extend(vec![Instant::now(); held]);
+        let all = replicas(1, &ledger, &broker, policy(100, false)).await;
+        send(&all[0], &broker).await.expect("room");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let before = broker.reads.load(SeqCst);
+        for _ in 0..8 {
+            send(&all[0], &broker).await.expect("room");
+            // The sends leave the queue as they came: the estimate stays where it is.
+            broker.stored.lock().pop();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        broker.reads.load(SeqCst) - before
+    }
+    assert_eq!(reads_while_sending_at(50).await, 0, "far from the ceiling");
+    let near = reads_while_sending_at(92).await;
+    assert!(near >= 3, "{near} reads within a tenth of the ceiling");
 }
