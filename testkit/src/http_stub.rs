@@ -176,10 +176,13 @@ pub async fn read_request(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Optio
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
         .collect();
-    let length: usize = headers
+    let length: usize = match headers
         .iter()
         .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
-        .map_or(0, |(_, v)| v.parse().unwrap());
+    {
+        Some((_, v)) => v.parse().ok()?,
+        None => 0,
+    };
     assert!(
         !headers
             .iter()
