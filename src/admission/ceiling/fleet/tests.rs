@@ -2309,8 +2309,8 @@ async fn a_tenant_greedy_earlier_gets_its_modest_sends_once_the_round_rolls() {
 #[tokio::test(start_paused = true)]
 async fn only_sends_within_a_tenth_of_the_ceiling_read_again() {
     use std::sync::atomic::Ordering::SeqCst;
-    // Depth reads made during 900 ms of sends 100 ms apart, the queue holding `held` of 100.
-    async fn reads_while_sending_at(held: usize) -> u64 {
+    // Depth reads made during 8 sends `apart`, the queue holding `held` of 100.
+    async fn reads_while_sending_at(held: usize, apart: Duration) -> u64 {
         let ledger = MemoryLedger::new(T);
         let broker = Broker::new(Duration::ZERO);
         broker.stored.lock().extend(vec![Instant::now(); held]);
@@ -2322,11 +2322,22 @@ async fn only_sends_within_a_tenth_of_the_ceiling_read_again() {
             send(&all[0], &broker).await.expect("room");
             // The sends leave the queue as they came: the estimate stays where it is.
             broker.stored.lock().pop();
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(apart).await;
         }
         broker.reads.load(SeqCst) - before
     }
-    assert_eq!(reads_while_sending_at(50).await, 0, "far from the ceiling");
-    let near = reads_while_sending_at(92).await;
-    assert!(near >= 3, "{near} reads within a tenth of the ceiling");
+    let apart = Duration::from_millis(100);
+    assert_eq!(
+        reads_while_sending_at(50, apart).await,
+        0,
+        "far from the ceiling"
+    );
+    let near = reads_while_sending_at(92, apart).await;
+    // One per send: each comes a ceiling-read interval (a settle's period, 100 ms) after
+    // the read before, as soon as one is due.
+    assert_eq!(near, 8, "reads within a tenth of the ceiling");
+    // Sends 10 ms apart: reads come no faster than their interval (at least a settle's
+    // period, 100 ms), not one per send.
+    let close = reads_while_sending_at(92, Duration::from_millis(10)).await;
+    assert!((1..=2).contains(&close), "{close} reads in 80 ms of sends");
 }
