@@ -90,6 +90,17 @@ async fn the_page_shows_the_backlog_and_ceiling_health_detailed_reports_and_foll
         share.parse::<f64>().is_ok_and(|s| (0.0..=1.0).contains(&s)),
         "{share}"
     );
+    // The tenants' table stays inside its queue's card (it scrolls within it if it must).
+    let overflow = browser
+        .eval(
+            r#"var card = document.querySelector('article[data-queue="requests"]');
+               return card.scrollWidth - card.clientWidth;"#,
+        )
+        .await;
+    assert!(
+        overflow.as_f64().is_some_and(|px| px <= 0.0),
+        "the tenants' table draws {overflow} px past its card"
+    );
 
     // The script redraws from /health/detailed: more sends show up without a reload, and
     // the chart (drawn only by the script) has its line.
