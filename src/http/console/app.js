@@ -512,7 +512,8 @@
     function th(text) {
       return el("th", { scope: "col" }, text);
     }
-    return el(
+    // Six columns outgrow a narrow card: they scroll within it, not past its edge.
+    return el("div", { class: "scroll" }, el(
       "table",
       { class: "tenants", "data-field": "tenants" },
       el("caption", {}, "Tenants of " + queue + ", per second over the last 10 s"),
@@ -544,7 +545,7 @@
           );
         })
       )
-    );
+    ));
   }
 
   function rate(v) {
