@@ -545,10 +545,20 @@ fn histogram_vec(name: &str, help: &str, labels: &[&str], buckets: &[f64]) -> Hi
     .expect("valid metric definition")
 }
 
+/// The gateway's state at the scrape: its queues', its lanes' and its lifecycle's.
 fn state_families(
     dispatcher: &Dispatcher,
     lifecycle: &Lifecycle,
 ) -> Vec<prometheus::proto::MetricFamily> {
+    let mut families = tenant_families(dispatcher);
+    families.extend(gate_families(dispatcher));
+    families.extend(lane_families(dispatcher));
+    families.extend(lifecycle_families(dispatcher, lifecycle));
+    families
+}
+
+/// Each queue's gate: its backlog, ceiling, read streak, fail-closed flag and reads.
+fn gate_families(dispatcher: &Dispatcher) -> Vec<prometheus::proto::MetricFamily> {
     use prometheus::core::Collector;
 
     let backlog = gauge_vec(
@@ -576,34 +586,6 @@ fn state_families(
         "Depth reads from the admin plane, by result.",
         &["backend", "queue", "result"],
     );
-    let breaker = gauge_vec(
-        "sendgate_breaker_state",
-        "1 for the breaker's current state.",
-        &["backend", "kind", "state"],
-    );
-    let opened = counter_vec(
-        "sendgate_breaker_opened_total",
-        "Times the breaker opened.",
-        &["backend"],
-    );
-    let probe_ok = gauge_vec(
-        "sendgate_probe_ok",
-        "1 when the last admin-plane probe passed.",
-        &["backend"],
-    );
-    let state = gauge_vec(
-        "sendgate_gateway_state",
-        "1 for the gateway's lifecycle state.",
-        &["state"],
-    );
-    let in_flight = IntGauge::new(
-        "sendgate_sends_in_flight",
-        "Backend sends holding an in-flight slot.",
-    )
-    .expect("valid");
-    let max_in_flight =
-        IntGauge::new("sendgate_sends_in_flight_max", "The in-flight limit.").expect("valid");
-
     for lane in dispatcher.lanes() {
         let role = lane.role.as_str();
         for gate in lane.gates() {
@@ -628,6 +610,36 @@ fn state_families(
                 .with_label_values(&[role, q, "failed"])
                 .inc_by(s.reads_failed);
         }
+    }
+    let mut families = Vec::new();
+    for c in [&backlog, &limit, &streak, &fail_closed] {
+        families.extend(c.collect());
+    }
+    families.extend(reads.collect());
+    families
+}
+
+/// Each backend lane: its breaker's state and openings, and its last probe.
+fn lane_families(dispatcher: &Dispatcher) -> Vec<prometheus::proto::MetricFamily> {
+    use prometheus::core::Collector;
+
+    let breaker = gauge_vec(
+        "sendgate_breaker_state",
+        "1 for the breaker's current state.",
+        &["backend", "kind", "state"],
+    );
+    let opened = counter_vec(
+        "sendgate_breaker_opened_total",
+        "Times the breaker opened.",
+        &["backend"],
+    );
+    let probe_ok = gauge_vec(
+        "sendgate_probe_ok",
+        "1 when the last admin-plane probe passed.",
+        &["backend"],
+    );
+    for lane in dispatcher.lanes() {
+        let role = lane.role.as_str();
         let current = lane.breaker.state();
         for st in [
             BreakerState::Closed,
@@ -645,6 +657,31 @@ fn state_families(
             probe_ok.with_label_values(&[role]).set(i64::from(p.ok));
         }
     }
+    let mut families = breaker.collect();
+    families.extend(probe_ok.collect());
+    families.extend(opened.collect());
+    families
+}
+
+/// The gateway's lifecycle state and its sends in flight against their limit.
+fn lifecycle_families(
+    dispatcher: &Dispatcher,
+    lifecycle: &Lifecycle,
+) -> Vec<prometheus::proto::MetricFamily> {
+    use prometheus::core::Collector;
+
+    let state = gauge_vec(
+        "sendgate_gateway_state",
+        "1 for the gateway's lifecycle state.",
+        &["state"],
+    );
+    let in_flight = IntGauge::new(
+        "sendgate_sends_in_flight",
+        "Backend sends holding an in-flight slot.",
+    )
+    .expect("valid");
+    let max_in_flight =
+        IntGauge::new("sendgate_sends_in_flight_max", "The in-flight limit.").expect("valid");
     let current = lifecycle.state();
     for st in [
         GatewayState::Starting,
@@ -658,22 +695,7 @@ fn state_families(
     }
     in_flight.set(dispatcher.in_flight().current() as i64);
     max_in_flight.set(dispatcher.in_flight().max() as i64);
-
-    let mut families = Vec::new();
-    families.extend(tenant_families(dispatcher));
-    for c in [
-        &backlog,
-        &limit,
-        &streak,
-        &fail_closed,
-        &breaker,
-        &probe_ok,
-        &state,
-    ] {
-        families.extend(c.collect());
-    }
-    families.extend(reads.collect());
-    families.extend(opened.collect());
+    let mut families = state.collect();
     families.extend(in_flight.collect());
     families.extend(max_in_flight.collect());
     families
