@@ -382,72 +382,12 @@ impl Problem {
         message_id: Option<&MessageId>,
         max_body_bytes: usize,
     ) -> Self {
-        // Only a send that reached the backend (`DispatchError::Send`) names its id, and
-        // such a send's message was made.
-        let id = || message_id.map(ToString::to_string).unwrap_or_default();
         match e {
-            DispatchError::Refused(Refusal::QueueFull {
-                backlog,
-                limit,
-                retry_after,
-                drain_rate,
-                room: _,
-            }) => Problem::QueueFull {
-                backlog,
-                limit,
-                retry_after,
-                drain_rate,
-                // Named by a batch's answer only (a single send has none when refused).
-                room: None,
-            },
+            DispatchError::Refused(refusal) => Self::from_refusal(refusal),
+            DispatchError::Send(e) => Self::from_send(e, message_id, max_body_bytes),
             DispatchError::Unsupported { attribute, backend } => Problem::UnsupportedAttribute {
                 attribute: attribute.json_name(),
                 backend,
-            },
-            DispatchError::Refused(Refusal::CapacityUnknown {
-                consecutive_failures,
-                cause,
-            }) => Problem::CapacityUnknown {
-                consecutive_failures,
-                cause,
-            },
-            DispatchError::Refused(Refusal::QueueDisabled) => Problem::QueueDisabled,
-            // Named by a batch's answer only, as for the ceiling's refusal.
-            DispatchError::Refused(Refusal::Shed {
-                criticality,
-                backlog,
-                cut,
-                retry_after,
-                room: _,
-            }) => Problem::Shed {
-                criticality,
-                backlog,
-                cut,
-                retry_after,
-                room: None,
-            },
-            DispatchError::Refused(Refusal::TenantShare {
-                share_milli,
-                retry_after,
-                room: _,
-            }) => Problem::TenantShare {
-                share_milli,
-                retry_after,
-                room: None,
-            },
-            DispatchError::Refused(Refusal::TenantQuota {
-                quota,
-                retry_after,
-                room: _,
-            }) => Problem::TenantQuota {
-                quota,
-                retry_after,
-                room: None,
-            },
-            // A send that reached the gate after the drain (its seat left the fleet): as
-            // one refused by the lifecycle once stopped.
-            DispatchError::Refused(Refusal::Stopped) => Problem::Draining {
-                retry_after: Duration::from_secs(1),
             },
             DispatchError::Saturated => Problem::Saturated,
             DispatchError::BackendUnavailable { retry_after } => {
@@ -457,9 +397,81 @@ impl Problem {
                 detail: "no route to this queue".into(),
                 unknown_message_id: None,
             },
-            DispatchError::Send(SendError::Timeout) => Problem::SendTimeout { message_id: id() },
-            DispatchError::Send(SendError::AuthFailed(_)) => Problem::BackendAuthFailed,
-            DispatchError::Send(SendError::Busy { retry_after, .. }) => Problem::BackendBusy {
+        }
+    }
+
+    /// A send the gate refused. A refusal's `room` is named by a batch's answer only (a
+    /// single send has none when refused).
+    fn from_refusal(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::QueueFull {
+                backlog,
+                limit,
+                retry_after,
+                drain_rate,
+                room: _,
+            } => Problem::QueueFull {
+                backlog,
+                limit,
+                retry_after,
+                drain_rate,
+                room: None,
+            },
+            Refusal::CapacityUnknown {
+                consecutive_failures,
+                cause,
+            } => Problem::CapacityUnknown {
+                consecutive_failures,
+                cause,
+            },
+            Refusal::QueueDisabled => Problem::QueueDisabled,
+            Refusal::Shed {
+                criticality,
+                backlog,
+                cut,
+                retry_after,
+                room: _,
+            } => Problem::Shed {
+                criticality,
+                backlog,
+                cut,
+                retry_after,
+                room: None,
+            },
+            Refusal::TenantShare {
+                share_milli,
+                retry_after,
+                room: _,
+            } => Problem::TenantShare {
+                share_milli,
+                retry_after,
+                room: None,
+            },
+            Refusal::TenantQuota {
+                quota,
+                retry_after,
+                room: _,
+            } => Problem::TenantQuota {
+                quota,
+                retry_after,
+                room: None,
+            },
+            // A send that reached the gate after the drain (its seat left the fleet): as
+            // one refused by the lifecycle once stopped.
+            Refusal::Stopped => Problem::Draining {
+                retry_after: Duration::from_secs(1),
+            },
+        }
+    }
+
+    /// A send that reached the backend and failed there: only such a send names its id,
+    /// and its message was made.
+    fn from_send(e: SendError, message_id: Option<&MessageId>, max_body_bytes: usize) -> Self {
+        let id = || message_id.map(ToString::to_string).unwrap_or_default();
+        match e {
+            SendError::Timeout => Problem::SendTimeout { message_id: id() },
+            SendError::AuthFailed(_) => Problem::BackendAuthFailed,
+            SendError::Busy { retry_after, .. } => Problem::BackendBusy {
                 retry_after: retry_after
                     .unwrap_or(Duration::from_secs(1))
                     .min(MAX_BROKER_RETRY_AFTER),
@@ -467,28 +479,26 @@ impl Problem {
             // Room comes back when a consumer takes a message, which nothing here can
             // foresee: the shortest wait, and the breaker is not moved, so the retry is
             // tried.
-            DispatchError::Send(SendError::QueueFull) => Problem::BackendBusy {
+            SendError::QueueFull => Problem::BackendBusy {
                 retry_after: Duration::from_secs(1),
             },
-            DispatchError::Send(SendError::QueueDisabled) => Problem::QueueDisabled,
-            DispatchError::Send(SendError::KeyReused) => Problem::IdempotencyKeyReused,
-            DispatchError::Send(SendError::TooLarge) => Problem::PayloadTooLarge {
+            SendError::QueueDisabled => Problem::QueueDisabled,
+            SendError::KeyReused => Problem::IdempotencyKeyReused,
+            SendError::TooLarge => Problem::PayloadTooLarge {
                 limit: max_body_bytes,
             },
-            DispatchError::Send(e @ SendError::Uncertain(_)) => Problem::SendFailed {
+            e @ SendError::Uncertain(_) => Problem::SendFailed {
                 detail: e.to_string(),
                 unknown_message_id: Some(id()),
             },
             // Nothing reached the broker (no connection): retryable, like an open circuit.
-            DispatchError::Send(SendError::Unavailable(_)) => Problem::BackendUnavailable {
+            SendError::Unavailable(_) => Problem::BackendUnavailable {
                 retry_after: Duration::from_secs(1),
             },
-            DispatchError::Send(e @ (SendError::QueueNotFound | SendError::Failed(_))) => {
-                Problem::SendFailed {
-                    detail: e.to_string(),
-                    unknown_message_id: None,
-                }
-            }
+            e @ (SendError::QueueNotFound | SendError::Failed(_)) => Problem::SendFailed {
+                detail: e.to_string(),
+                unknown_message_id: None,
+            },
         }
     }
 }
