@@ -365,7 +365,11 @@ fn keys_new_into_a_closed_pipe_exits_without_a_panic() {
     use std::process::Stdio;
     let dir = tempfile::tempdir().unwrap();
     let keys = dir.path().join("keys.toml");
-    let mut child = binary(
+    // The reading end closed before the command starts: a real broken pipe, whenever the
+    // token is written.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let child = binary(
         &[
             "keys",
             "new",
@@ -378,12 +382,10 @@ fn keys_new_into_a_closed_pipe_exits_without_a_panic() {
         ],
         &Default::default(),
     )
-    .stdout(Stdio::piped())
+    .stdout(writer)
     .stderr(Stdio::piped())
     .spawn()
     .unwrap();
-    // The reading end closed before the token is written: a real broken pipe.
-    drop(child.stdout.take());
     let out = child.wait_with_output().unwrap();
     let said = stderr(&out);
     assert!(!said.contains("panicked"), "{said}");
