@@ -1192,6 +1192,107 @@ async fn a_retry_storm_at_five_times_the_drain_costs_at_most_1_2_attempts_per_me
     assert!(calm_posts <= 1_000 + 10, "{calm_posts}");
 }
 
+/// A gateway whose `Retry-After` is honest: a queue drained at `per_second`, each second
+/// holding that many places. A fresh send takes a place in the current second if one is
+/// left; if not it is refused `429 queue_full` and told to come back at the first second
+/// with a place, which is kept for it: its retry, coming at or after that second, gets in.
+/// The most a refused message's retry can be told (the gateway of issue 39).
+struct Honest {
+    per_second: u64,
+    start: Instant,
+    line: Mutex<HonestLine>,
+}
+
+#[derive(Default)]
+struct HonestLine {
+    /// Places taken, by second since the start.
+    taken: std::collections::HashMap<u64, u64>,
+    /// The second kept for each refused key.
+    kept: std::collections::HashMap<String, u64>,
+    posts: u64,
+}
+
+impl Honest {
+    fn new(per_second: u64) -> Arc<Self> {
+        Arc::new(Self {
+            per_second,
+            start: Instant::now(),
+            line: Mutex::new(HonestLine::default()),
+        })
+    }
+}
+
+#[async_trait]
+impl Transport for Honest {
+    async fn post(&self, _queue: &str, message: &Outgoing) -> Reply {
+        let elapsed = Instant::now() - self.start;
+        let now = elapsed.as_secs();
+        let key = message.key.to_string();
+        let mut line = self.line.lock();
+        line.posts += 1;
+        if let Some(second) = line.kept.get(&key).copied() {
+            if second <= now {
+                line.kept.remove(&key);
+                return created(&key);
+            }
+            return answer(429, ErrorCode::QueueFull, Some(second - now));
+        }
+        let mut second = now;
+        while line.taken.get(&second).copied().unwrap_or(0) >= self.per_second {
+            second += 1;
+        }
+        *line.taken.entry(second).or_default() += 1;
+        if second == now {
+            return created(&key);
+        }
+        line.kept.insert(key, second);
+        let wait = Duration::from_secs(second) - elapsed;
+        answer(
+            429,
+            ErrorCode::QueueFull,
+            Some(wait.as_secs_f64().ceil() as u64),
+        )
+    }
+
+    async fn post_batch(&self, _: &str, _: &OutgoingBatch) -> BatchReply {
+        Err(TransportError::Unknown("not in this test".into()))
+    }
+
+    async fn probe(&self) -> ProbeAnswer {
+        running()
+    }
+}
+
+/// The storm at 5× the drain against a gateway whose `Retry-After` keeps each refused
+/// message a place: every retry that keeps its appointment gets in. Such a retry is what a
+/// `Retry-After` is for, not amplification, so it gets its tokens back: all 10,000
+/// messages are queued at the least a 5× storm can cost, one refusal and one admission
+/// for each refused message. Were a refused message's retry that gets in paid for like
+/// one refused again (1.01 attempts a message), the budget would fail 9,800 of them at
+/// once: the AWS SDKs refund a retry that succeeds for the same reason.
+#[tokio::test(start_paused = true)]
+async fn a_storm_against_an_honest_retry_after_queues_every_message_at_one_retry_each() {
+    let gate = Honest::new(100);
+    let mut config = config();
+    config.max_concurrent_requests = 1024;
+    let c = Client::with_transport(config, gate.clone());
+    let storm = arrivals(&c, "storm", 10_000, Duration::from_millis(2)).await;
+    let mut queued = 0;
+    for send in storm {
+        queued += usize::from(matches!(send.await.unwrap(), SendOutcome::Queued { .. }));
+    }
+    let posts = gate.line.lock().posts;
+    let stats = c.stats();
+    eprintln!("honest storm: {posts} posts, {queued} queued, {stats:?}");
+    assert_eq!(queued, 10_000);
+    assert_eq!(
+        posts,
+        10_000 + 9_900,
+        "the first second's 100 clean, one retry for each other"
+    );
+    assert_eq!(stats.budget_refusals, 0);
+}
+
 /// The same bound at a gateway that admits exactly one send in five, 1024 messages sent
 /// at once: before, each message was resent until its turn came (about five attempts
 /// each); now the budget's 500 tokens and the one-token refunds of clean successes pay
