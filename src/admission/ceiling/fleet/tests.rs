@@ -2029,15 +2029,18 @@ async fn three_replicas_sending_at_once_leave_the_modest_tenant_its_sends() {
     eprintln!("3 replicas, shares off: modest {got:.3} {modest:?}, greedy {greedy:?}");
     assert!(got < 0.5, "without shares the modest tenant got {got:.3}");
     assert!(most <= 40);
-    // What the rule costs the queue's consumers: the room each replica keeps back for what
-    // the others are owed is left until the next read at the ceiling. The rule off admits
-    // about what the consumers take (50 a second); with it, 0.89 of that, measured (0.73
-    // when a queue shared by weight was read only once per TTL).
+    // What the rule costs the queue's consumers. The rule off admits about what they take
+    // (50 a second). With it each replica's judge shares out its part of the room,
+    // ⌊(L − E)/N⌋, and keeps back what the others are owed: the fleet reads again once
+    // that part is within a tenth of the ceiling, so the room consumers make shows before
+    // the queue runs dry. 0.99 of the rule off, measured; 0.89 when the fleet read again
+    // only within a tenth of the whole ceiling (0.73 when a queue shared by weight was read
+    // only once per TTL).
     let unshared = greedy.admitted + modest.admitted;
     eprintln!("{shared} admitted with shares, {unshared} without");
     assert!(unshared >= 48 * 30, "{unshared} admitted without shares");
     assert!(
-        shared as f64 >= 0.85 * unshared as f64,
+        shared as f64 >= 0.97 * unshared as f64,
         "{shared} admitted with shares, {unshared} without"
     );
 }
@@ -2305,39 +2308,68 @@ async fn a_tenant_greedy_earlier_gets_its_modest_sends_once_the_round_rolls() {
 
 /// A read at the ceiling is made only near it: a send ending with the fleet's estimate
 /// within a tenth of the ceiling starts one (once the read is an interval old); one ending
-/// further from it leaves the TTL's reads alone.
+/// further from it leaves the TTL's reads alone. In a fleet of `N`, near is a replica's
+/// part of the room, `⌊(L − E)/N⌋`, within a tenth of the ceiling, and never more than
+/// half the ceiling free.
 #[tokio::test(start_paused = true)]
 async fn only_sends_within_a_tenth_of_the_ceiling_read_again() {
-    use std::sync::atomic::Ordering::SeqCst;
-    // Depth reads made during 8 sends `apart`, the queue holding `held` of 100.
-    async fn reads_while_sending_at(held: usize, apart: Duration) -> u64 {
-        let ledger = MemoryLedger::new(T);
-        let broker = Broker::new(Duration::ZERO);
-        broker.stored.lock().extend(vec![Instant::now(); held]);
-        let all = replicas(1, &ledger, &broker, policy(100, false)).await;
-        send(&all[0], &broker).await.expect("room");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let before = broker.reads.load(SeqCst);
-        for _ in 0..8 {
-            send(&all[0], &broker).await.expect("room");
-            // The sends leave the queue as they came: the estimate stays where it is.
-            broker.stored.lock().pop();
-            tokio::time::sleep(apart).await;
-        }
-        broker.reads.load(SeqCst) - before
-    }
     let apart = Duration::from_millis(100);
     assert_eq!(
-        reads_while_sending_at(50, apart).await,
+        reads_while_sending_at(1, 50, apart).await,
         0,
         "far from the ceiling"
     );
-    let near = reads_while_sending_at(92, apart).await;
+    let near = reads_while_sending_at(1, 92, apart).await;
     // One per send: each comes a ceiling-read interval (a settle's period, 100 ms) after
     // the read before, as soon as one is due.
     assert_eq!(near, 8, "reads within a tenth of the ceiling");
     // Sends 10 ms apart: reads come no faster than their interval (at least a settle's
     // period, 100 ms), not one per send.
-    let close = reads_while_sending_at(92, Duration::from_millis(10)).await;
+    let close = reads_while_sending_at(1, 92, Duration::from_millis(10)).await;
     assert!((1..=2).contains(&close), "{close} reads in 80 ms of sends");
+}
+
+/// Three replicas: each judges by a third of the room, so a send ending with 72 of 100
+/// held (a part of ⌊28/3⌋ = 9) reads again, one with 68 held (a part of 10) too, one with
+/// 60 (13) does not. Ten replicas: never with more than half the ceiling free.
+#[tokio::test(start_paused = true)]
+async fn in_a_fleet_a_replicas_part_of_the_room_near_a_tenth_of_the_ceiling_reads_again() {
+    let apart = Duration::from_millis(100);
+    assert_eq!(reads_while_sending_at(3, 72, apart).await, 8, "a part of 9");
+    assert_eq!(
+        reads_while_sending_at(3, 70, apart).await,
+        8,
+        "a part of 10"
+    );
+    assert_eq!(
+        reads_while_sending_at(3, 60, apart).await,
+        0,
+        "a part of 13"
+    );
+    assert_eq!(reads_while_sending_at(10, 50, apart).await, 8, "half free");
+    assert_eq!(
+        reads_while_sending_at(10, 40, apart).await,
+        0,
+        "past half free"
+    );
+}
+
+/// Depth reads made during 8 sends `apart` through the first of `n` replicas, the queue
+/// holding `held` of 100 (the sends leave it as they came).
+async fn reads_while_sending_at(n: usize, held: usize, apart: Duration) -> u64 {
+    use std::sync::atomic::Ordering::SeqCst;
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    broker.stored.lock().extend(vec![Instant::now(); held]);
+    let all = replicas(n, &ledger, &broker, policy(100, false)).await;
+    send(&all[0], &broker).await.expect("room");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = broker.reads.load(SeqCst);
+    for _ in 0..8 {
+        send(&all[0], &broker).await.expect("room");
+        // The sends leave the queue as they came: the estimate stays where it is.
+        broker.stored.lock().pop();
+        tokio::time::sleep(apart).await;
+    }
+    broker.reads.load(SeqCst) - before
 }
