@@ -302,9 +302,9 @@ impl FleetSeat {
         });
     }
 
-    /// Whether a read at the ceiling is due: the last view has a good read whose estimate
-    /// is within a tenth of the ceiling (or at its last place), at least a ceiling-read
-    /// interval old, no such read runs here, and none failed since the TTL's last read.
+    /// Whether a read at the ceiling is due: the last view has a good read that leaves
+    /// this replica near the ceiling ([`near_ceiling`]), at least a ceiling-read interval
+    /// old, no such read runs here, and none failed since the TTL's last read.
     fn ceiling_read_due(&self, state: &mut SeatState, now: Instant) -> bool {
         let Some((view, seen)) = state.last else {
             return false;
@@ -312,8 +312,7 @@ impl FleetSeat {
         let Some(estimate) = view.estimate() else {
             return false;
         };
-        let limit = self.policy.load().limit;
-        let near = estimate.saturating_add((limit / NEAR_CEILING).max(1)) >= limit;
+        let near = near_ceiling(estimate, self.policy.load().limit, view.replicas);
         let age = view.read_age + now.saturating_duration_since(seen);
         if !near
             || state.running.ceiling_read
@@ -379,4 +378,18 @@ impl FleetSeat {
         self.see(published);
         Ok(())
     }
+}
+
+/// Near the ceiling, for reading again: a replica's part of the room, `⌊(L − E)/N⌋` of the
+/// `L − E` left among `N` replicas, within a tenth of the ceiling (alone: the estimate
+/// within a tenth of it). A replica's judge shares out that part, keeping back what the
+/// other tenants are owed, so it refuses sends while the whole room is still a few tenths
+/// of the ceiling, and between reads the estimate credits none of what consumers took:
+/// read only within a tenth of the whole ceiling, the queue ran dry while sends were
+/// refused for their share (the fleet admitted 0.89 of what it did with shares off). Never
+/// with more than half the ceiling free: one read a TTL shows room enough there, however
+/// many replicas share it.
+fn near_ceiling(estimate: u64, limit: u64, replicas: u64) -> bool {
+    let room = limit.saturating_sub(estimate);
+    room / replicas.max(1) <= (limit / NEAR_CEILING).max(1) && room <= limit / 2
 }
