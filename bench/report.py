@@ -2110,7 +2110,7 @@ if sel("fair") or sel("fair_levels") or sel("fair_cost_ir") or sel("fair_cost_wa
     if sel("fair"):
         p(
             "| side | tenant | requests | admitted | admitted ÷ requests | admitted/s | 429 by reason | "
-            "errors | consumed | admitted total ÷ consumed | worker found it empty | depth max / mean | load |"
+            "errors | consumed | admitted total ÷ consumed | worker found it empty (after its first take) | depth max / mean | load |"
         )
         p("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for side, label in FAIR_SIDES:
