@@ -389,7 +389,7 @@ impl FleetSeat {
 /// refused for their share (the fleet admitted 0.89 of what it did with shares off). Never
 /// with more than half the ceiling free: one read a TTL shows room enough there, however
 /// many replicas share it.
-fn near_ceiling(estimate: u64, limit: u64, replicas: u64) -> bool {
+pub(super) fn near_ceiling(estimate: u64, limit: u64, replicas: u64) -> bool {
     let room = limit.saturating_sub(estimate);
     room / replicas.max(1) <= (limit / NEAR_CEILING).max(1) && room <= limit / 2
 }

@@ -2350,6 +2350,29 @@ async fn in_a_fleet_a_replicas_part_of_the_room_near_a_tenth_of_the_ceiling_read
     );
 }
 
+/// Near the ceiling's edges, exactly: a part of `⌊(L − E)/N⌋` up to a tenth of the ceiling
+/// (at least 1), with at most half of it free.
+#[test]
+fn near_the_ceiling_is_a_replicas_part_within_a_tenth_and_at_most_half_free() {
+    use super::read::near_ceiling;
+    assert!(
+        near_ceiling(90, 100, 1),
+        "alone: the estimate within a tenth"
+    );
+    assert!(!near_ceiling(89, 100, 1));
+    assert!(near_ceiling(69, 100, 3), "⌊31/3⌋ = 10");
+    assert!(!near_ceiling(67, 100, 3), "⌊33/3⌋ = 11");
+    assert!(near_ceiling(50, 100, 10), "half free, a part of 5");
+    assert!(!near_ceiling(49, 100, 10), "past half free");
+    assert!(
+        near_ceiling(90, 100, 0),
+        "no replicas heard of counts as one"
+    );
+    assert!(near_ceiling(4, 5, 1), "a tenth of a small ceiling is one");
+    assert!(!near_ceiling(3, 5, 1));
+    assert!(near_ceiling(120, 100, 3), "over the ceiling");
+}
+
 /// Depth reads made during 8 sends `apart` through the first of `n` replicas, the queue
 /// holding `held` of 100 (the sends leave it as they came).
 async fn reads_while_sending_at(n: usize, held: usize, apart: Duration) -> u64 {
