@@ -306,3 +306,91 @@ async fn a_broker_stop_under_sendgate_send_ends_with_every_message_queued() {
     let first_201 = first_201.expect("never took a send after the broker was back");
     assert!(first_201 < Duration::from_secs(7), "{first_201:?}");
 }
+
+/// Sends at a steady pace for `how_long`: when each was answered, its status, code and the
+/// backend that answered (`X-Sendgate-Backend`).
+async fn produce(
+    app: Arc<sendgate_testkit::rabbitmq_app::RabbitApp>,
+    how_long: Duration,
+) -> Vec<(Instant, u16, String, Option<String>)> {
+    let mut seen = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < how_long {
+        let r = app.send("{}").await;
+        let status = r.status().as_u16();
+        let via = r
+            .headers()
+            .get("X-Sendgate-Backend")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let body: serde_json::Value = r.json().await.unwrap_or_default();
+        let code = body["code"].as_str().unwrap_or("-").to_owned();
+        seen.push((Instant::now(), status, code, via));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    seen
+}
+
+/// Leftover of issue 40: the primary's broker stopped (connections refused: nothing is
+/// sent) under a gateway with an embedded fallback. Every send while it is down is taken by
+/// the fallback, the primary's trial each second too: it reached no broker, so it is sent
+/// on rather than answered `503`. The primary takes sends again once its broker is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_primarys_broker_is_stopped_every_send_is_taken_by_the_fallback_trials_too() {
+    let node = RabbitNode::start();
+    let queue = rabbit::unique("sg-trial");
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap().to_owned();
+    let amqp = node.amqp_url();
+    let app = Arc::new(
+        spawn(
+            &queue,
+            &[
+                ("SENDGATE_RABBITMQ_URL", amqp.as_str()),
+                ("SENDGATE_RABBITMQ_DEPTH_SOURCE", "amqp"),
+                ("SENDGATE_SEND_TIMEOUT_MS", "2000"),
+                ("SENDGATE_FALLBACK_BACKEND", "embedded"),
+                ("SENDGATE_FALLBACK_DATA_DIR", data.as_str()),
+            ],
+        )
+        .await,
+    );
+    assert_eq!(app.status("{}").await, 201);
+    let producing = tokio::spawn(produce(Arc::clone(&app), Duration::from_secs(20)));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stop = tokio::task::spawn_blocking(move || {
+        node.stop_app();
+        let stopped = Instant::now();
+        std::thread::sleep(Duration::from_secs(6));
+        let restarting = Instant::now();
+        node.start_app();
+        (node, stopped, restarting, Instant::now())
+    });
+    let (_node, stopped, restarting, back) = stop.await.unwrap();
+    let seen = producing.await.unwrap();
+    // The sends under way as the connection closed end as they may (their outcome unknown).
+    let down = stopped + Duration::from_millis(500);
+    let mut during = BTreeMap::<String, u32>::new();
+    for (_, status, code, via) in seen.iter().filter(|s| s.0 >= down && s.0 < restarting) {
+        *during
+            .entry(format!("{status} {code} via {via:?}"))
+            .or_default() += 1;
+    }
+    let primary_again = seen
+        .iter()
+        .find(|s| s.0 >= back && s.1 == 201 && s.3.as_deref() == Some("primary"))
+        .map(|s| s.0 - back);
+    println!(
+        "while the broker was stopped: {during:?}; first 201 on the primary \
+         {primary_again:?} after it was back"
+    );
+    assert_eq!(
+        during.keys().collect::<Vec<_>>(),
+        ["201 - via Some(\"fallback\")"],
+        "every send while the primary's broker was stopped"
+    );
+    assert!(
+        primary_again.is_some(),
+        "the primary never took a send again"
+    );
+}

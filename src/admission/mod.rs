@@ -717,6 +717,130 @@ mod tests {
         );
     }
 
+    /// A broker no send reaches (connection refused: nothing is sent), or one that answers
+    /// `error` to every send.
+    struct Unreachable {
+        error: SendError,
+    }
+
+    #[async_trait]
+    impl Backend for Unreachable {
+        fn kind(&self) -> &'static str {
+            "unreachable"
+        }
+        async fn send(&self, _: OutgoingMessage, _: Instant) -> Result<SendReceipt, SendError> {
+            Err(self.error.clone())
+        }
+        async fn backlog(&self, _: &QueueName, _: Instant) -> Result<Backlog, DepthError> {
+            Ok(Backlog::of(0))
+        }
+    }
+
+    /// A primary whose sends fail with `error`, a healthy fallback, `force` pinned.
+    fn failing_primary(error: SendError, force: Option<ForceBackend>) -> (Dispatcher, QueueName) {
+        let queue = QueueName::parse("q").unwrap();
+        let capacity = CapacitySettings {
+            max_queue_depth: 1000,
+            fail_closed: false,
+            fail_closed_streak: 3,
+            depth_ttl: Duration::from_secs(60),
+            admin_timeout: Duration::from_secs(1),
+            retry_after_max: Duration::from_secs(300),
+            resume_below: crate::config::Fraction::ONE,
+        };
+        let queues = std::slice::from_ref(&queue);
+        let lane = |role, backend: Arc<dyn Backend>| {
+            lane(role, backend, queues, &capacity, BreakerPolicy::default())
+        };
+        let d = Dispatcher::new(
+            lane(BackendRole::Primary, Arc::new(Unreachable { error })),
+            Some(lane(BackendRole::Fallback, Arc::new(Healthy))),
+            force,
+            InFlight::new(8),
+            Duration::from_secs(5),
+        );
+        (d, queue)
+    }
+
+    /// While the primary's broker cannot be reached, every send is taken by the fallback:
+    /// the few that find the primary's circuit still closed, and the trial each second
+    /// (which keeps the circuit open: the primary's broker is still down).
+    #[tokio::test(start_paused = true)]
+    async fn a_send_the_primary_never_got_goes_to_the_fallback_the_trial_too() {
+        let refused = SendError::Unavailable("connection refused".into());
+        let (d, queue) = failing_primary(refused, None);
+        for n in 0..3 {
+            let sent = d.send(message(&queue)).await;
+            assert_eq!(
+                (sent.via, sent.result),
+                (
+                    Some(BackendRole::Fallback),
+                    Ok(SendReceipt { duplicate: false })
+                ),
+                "send {n}, before the circuit opened"
+            );
+        }
+        assert_eq!(d.primary().breaker.state(), breaker::BreakerState::Open);
+        for second in 1..=3 {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            assert!(d.primary().breaker.would_allow(), "the trial is due");
+            let sent = d.send(message(&queue)).await;
+            assert_eq!(
+                (sent.via, sent.result),
+                (
+                    Some(BackendRole::Fallback),
+                    Ok(SendReceipt { duplicate: false })
+                ),
+                "the trial at {second} s"
+            );
+            assert_eq!(
+                d.primary().breaker.state(),
+                breaker::BreakerState::Open,
+                "the failed trial keeps it open"
+            );
+        }
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let attributes = Attributes::default();
+        let batch = d
+            .send_batch(&queue, &[&attributes, &attributes], Asker::OPEN, || {
+                vec![message(&queue), message(&queue)]
+            })
+            .await;
+        assert_eq!(
+            (batch.via, batch.result),
+            (
+                Some(BackendRole::Fallback),
+                Ok(vec![Ok(SendReceipt { duplicate: false }); 2])
+            ),
+            "a batch as the trial"
+        );
+    }
+
+    /// A send that may have reached the primary's broker (its outcome unknown, or the
+    /// broker answered) is never sent again elsewhere: it could be stored twice. Nor is one
+    /// pinned to the primary.
+    #[tokio::test(start_paused = true)]
+    async fn a_send_the_primary_may_have_got_or_a_pinned_one_is_not_sent_to_the_fallback() {
+        let cases = [
+            (SendError::Uncertain("connection lost".into()), None),
+            (SendError::Timeout, None),
+            (SendError::Failed("returned".into()), None),
+            (
+                SendError::Unavailable("connection refused".into()),
+                Some(ForceBackend::Primary),
+            ),
+        ];
+        for (error, force) in cases {
+            let (d, queue) = failing_primary(error.clone(), force);
+            let sent = d.send(message(&queue)).await;
+            assert_eq!(
+                (sent.via, sent.result),
+                (Some(BackendRole::Primary), Err(DispatchError::Send(error))),
+                "forced {force:?}"
+            );
+        }
+    }
+
     #[tokio::test]
     async fn a_forced_backend_set_at_runtime_routes_the_next_send_and_none_restores_the_default() {
         let queue = QueueName::parse("q").unwrap();
