@@ -210,9 +210,15 @@ impl Dispatcher {
         asker: Asker,
         messages: impl FnOnce() -> Vec<OutgoingMessage>,
     ) -> DispatchedBatch {
-        self.route(queue, attributes, asker, |lane, admitted| async move {
-            Ok(self.deliver_batch(lane, admitted, messages()).await)
-        })
+        self.route(
+            queue,
+            attributes,
+            asker,
+            messages,
+            |lane, admitted, messages| async move {
+                Ok(self.deliver_batch(lane, admitted, messages).await)
+            },
+        )
         .await
     }
 
@@ -226,24 +232,32 @@ impl Dispatcher {
         asker: Asker,
         message: impl FnOnce() -> OutgoingMessage,
     ) -> Dispatched {
-        self.route(queue, &[attributes], asker, |lane, admitted| {
-            self.deliver(lane, admitted, message())
-        })
+        self.route(
+            queue,
+            &[attributes],
+            asker,
+            message,
+            |lane, admitted, message| self.deliver(lane, admitted, message),
+        )
         .await
     }
 
-    /// Admitted on a lane (what [`Self::admit_routed`] asks), then `deliver`ed there, timed.
-    async fn route<'d, T, F>(
+    /// Admitted on a lane (what [`Self::admit_routed`] asks), then what `make` makes is
+    /// `deliver`ed there, timed; sent on to the fallback when the primary never got it.
+    async fn route<'d, T, M, F>(
         &'d self,
         queue: &QueueName,
         attributes: &[&Attributes],
         asker: Asker,
-        deliver: impl FnOnce(&'d Lane, Admitted) -> F,
+        make: impl FnOnce() -> M,
+        deliver: impl Fn(&'d Lane, Admitted, M) -> F,
     ) -> Routed<T>
     where
+        M: Clone,
         F: std::future::Future<Output = Result<T, DispatchError>>,
+        Result<T, DispatchError>: NeverSent,
     {
-        let (lane, admitted) = match self.admit_routed(queue, attributes, asker).await {
+        let (mut lane, admitted) = match self.admit_routed(queue, attributes, asker).await {
             Ok(routed) => routed,
             Err((via, e)) => {
                 return Routed {
@@ -254,12 +268,51 @@ impl Dispatcher {
             }
         };
         let started = Instant::now();
-        let result = deliver(lane, admitted).await;
+        let first_admitted_at = admitted.admitted_at;
+        let made = make();
+        let spare = self.may_send_on(lane).then(|| made.clone());
+        let mut result = deliver(lane, admitted, made).await;
+        if let (Some(made), true) = (spare, result.never_sent()) {
+            if let Some((fallback, mut again)) =
+                self.admit_on_fallback(queue, attributes, asker).await
+            {
+                // One request, one deadline: the second send ends when the first would have.
+                again.admitted_at = again.admitted_at.min(first_admitted_at);
+                lane = fallback;
+                result = deliver(lane, again, made).await;
+            }
+        }
         Routed {
             via: Some(lane.role),
             result,
             send_time: Some(started.elapsed()),
         }
+    }
+
+    /// Whether a send on `lane` that never reached its broker may go on to the fallback:
+    /// the primary's, with a fallback, routing not pinned.
+    fn may_send_on(&self, lane: &Lane) -> bool {
+        lane.role == BackendRole::Primary && self.fallback.is_some() && self.force().is_none()
+    }
+
+    /// The fallback's admission (steps 5 to 7) for a send the primary never got: nothing
+    /// reached the primary's broker, so sending it elsewhere cannot store it twice. The
+    /// primary's trial among them: one a second while its broker cannot be reached, each of
+    /// which a healthy fallback can take. `None` when the fallback does not admit it (the
+    /// primary's answer stands).
+    async fn admit_on_fallback(
+        &self,
+        queue: &QueueName,
+        attributes: &[&Attributes],
+        asker: Asker,
+    ) -> Option<(&Lane, Admitted)> {
+        let fallback = self.fallback.as_ref()?;
+        if !fallback.breaker.would_allow() {
+            return None;
+        }
+        let admitted = self.admit(fallback, queue, attributes, asker).await.ok()?;
+        tracing::debug!(event = "fallback_selected", queue = %queue, "the primary's broker could not be reached: using the fallback");
+        Some((fallback, admitted))
     }
 
     /// Step 5 and on up to the send: the lane, then what [`Self::admit`] asks of it. With
@@ -439,6 +492,26 @@ fn backlog_effect(result: &Result<SendReceipt, SendError>) -> BacklogEffect {
         Ok(_) => BacklogEffect::Stored,
         Err(SendError::Timeout | SendError::Uncertain(_)) => BacklogEffect::Unknown,
         Err(_) => BacklogEffect::NotStored,
+    }
+}
+
+/// Whether nothing of a dispatch reached the broker (no connection: nothing was sent), so
+/// it may be sent elsewhere.
+trait NeverSent {
+    fn never_sent(&self) -> bool;
+}
+
+impl NeverSent for Result<SendReceipt, DispatchError> {
+    fn never_sent(&self) -> bool {
+        matches!(self, Err(DispatchError::Send(SendError::Unavailable(_))))
+    }
+}
+
+/// A batch: when none of its messages reached the broker.
+impl NeverSent for Result<Vec<Result<SendReceipt, SendError>>, DispatchError> {
+    fn never_sent(&self) -> bool {
+        matches!(self, Ok(results) if !results.is_empty()
+            && results.iter().all(|r| matches!(r, Err(SendError::Unavailable(_)))))
     }
 }
 
@@ -814,6 +887,76 @@ mod tests {
             ),
             "a batch as the trial"
         );
+    }
+
+    /// A broker that answers every send, after `after`, that it could not be reached (a
+    /// connect attempt that timed out).
+    struct SlowToRefuse {
+        after: Duration,
+    }
+
+    #[async_trait]
+    impl Backend for SlowToRefuse {
+        fn kind(&self) -> &'static str {
+            "slow"
+        }
+        async fn send(&self, _: OutgoingMessage, _: Instant) -> Result<SendReceipt, SendError> {
+            tokio::time::sleep(self.after).await;
+            Err(SendError::Unavailable("connect timed out".into()))
+        }
+        async fn backlog(&self, _: &QueueName, _: Instant) -> Result<Backlog, DepthError> {
+            Ok(Backlog::of(0))
+        }
+    }
+
+    /// The fallback's send ends when the primary's would have: one request, one deadline
+    /// (here 5 s, of which the primary took 4).
+    #[tokio::test(start_paused = true)]
+    async fn a_send_sent_on_to_the_fallback_keeps_the_requests_deadline() {
+        let queue = QueueName::parse("q").unwrap();
+        let capacity = CapacitySettings {
+            max_queue_depth: 1000,
+            fail_closed: false,
+            fail_closed_streak: 3,
+            depth_ttl: Duration::from_secs(60),
+            admin_timeout: Duration::from_secs(1),
+            retry_after_max: Duration::from_secs(300),
+            resume_below: crate::config::Fraction::ONE,
+        };
+        let queues = std::slice::from_ref(&queue);
+        let slow = SlowToRefuse {
+            after: Duration::from_secs(4),
+        };
+        let d = Dispatcher::new(
+            lane(
+                BackendRole::Primary,
+                Arc::new(slow),
+                queues,
+                &capacity,
+                BreakerPolicy::default(),
+            ),
+            Some(lane(
+                BackendRole::Fallback,
+                Arc::new(Hung),
+                queues,
+                &capacity,
+                BreakerPolicy::default(),
+            )),
+            None,
+            InFlight::new(8),
+            Duration::from_secs(5),
+        );
+        let started = Instant::now();
+        let sent = d.send(message(&queue)).await;
+        assert_eq!(
+            (sent.via, sent.result),
+            (
+                Some(BackendRole::Fallback),
+                Err(DispatchError::Send(SendError::Timeout))
+            )
+        );
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+        assert_eq!(d.in_flight().current(), 0, "both slots given back");
     }
 
     /// A send that may have reached the primary's broker (its outcome unknown, or the
