@@ -475,3 +475,67 @@ fn classify_connect_error(e: lapin::Error) -> LinkError {
     }
     LinkError::Unreachable(e.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A link to a port of this machine that `listen` serves (or nothing does, `None`).
+    fn link_to(port: u16) -> Link {
+        let uri = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
+        Link::new(uri.parse().expect("a valid URI"), Vec::new())
+    }
+
+    /// A port nothing listens on: connects to it are refused.
+    fn closed_port() -> u16 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        listener.local_addr().expect("its address").port()
+    }
+
+    /// How long the link will wait before its next connect attempt (from the failure), after
+    /// one more attempt made now with `failures` failed in a row before it.
+    async fn pause_after_another_failure(link: &Link, failures: u32) -> (LinkError, Duration) {
+        *link.backoff.lock() = ReconnectBackoff {
+            failures,
+            ..ReconnectBackoff::default()
+        };
+        let deadline = Instant::now() + Duration::from_millis(500);
+        let error = match link.session(deadline).await {
+            Ok(_) => panic!("connected to a broker that is not there"),
+            Err(e) => e,
+        };
+        let next = link.backoff.lock().next_attempt.expect("backing off");
+        (error, next.saturating_duration_since(Instant::now()))
+    }
+
+    /// Nothing listening (a broker restarting) is cheap to try again: however many connects
+    /// were refused before, the next attempt is at most a second away, so the gateway is
+    /// back within about a second of its broker.
+    #[tokio::test]
+    async fn a_refused_connect_is_tried_again_within_a_second_however_many_came_before() {
+        let link = link_to(closed_port());
+        for failures in [0, 3, 10, 100] {
+            let (error, pause) = pause_after_another_failure(&link, failures).await;
+            assert!(
+                pause <= Duration::from_secs(1),
+                "{pause:?} after {failures} refused before ({error})"
+            );
+        }
+    }
+
+    /// A connect that does not complete (a listener that never speaks AMQP: a hung broker)
+    /// keeps the longer backoff, up to 5 s.
+    #[tokio::test]
+    async fn a_connect_that_times_out_backs_off_up_to_five_seconds() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a free port");
+        let link = link_to(listener.local_addr().expect("its address").port());
+        let (error, pause) = pause_after_another_failure(&link, 10).await;
+        assert_eq!(error, LinkError::Timeout);
+        assert!(
+            (Duration::from_millis(4900)..=Duration::from_secs(5)).contains(&pause),
+            "{pause:?}"
+        );
+    }
+}
