@@ -1,4 +1,6 @@
-//! One long-lived AMQP connection with a few publisher channels, replaced when it dies.
+//! One long-lived AMQP connection with a few publisher channels, replaced when it dies; or,
+//! a reader's link, one for depth reads alone (no publisher, no probe: it never publishes,
+//! so a broker in a resource alarm never blocks it).
 //!
 //! The link hands out a [`Session`] (connection + channels). A session is dropped and a
 //! new one made when the connection reports an error, when a channel closes, or after
@@ -51,6 +53,9 @@ const REFUSED_BACKOFF: Doubling = Doubling::new(Duration::from_millis(100), Dura
 const DEFAULT_HEARTBEAT_S: u16 = 10;
 /// Frame size asked for when the URL names none (`?frame_max=` in the URL overrides it).
 const DEFAULT_FRAME_MAX: u32 = 16_384;
+/// A reading connection's frame size, AMQP's least: a passive declare's frames are tiny,
+/// and lapin's buffers are sized by it.
+const READ_FRAME_MAX: u32 = 4096;
 /// Where a new connection's probe is published (default exchange, not mandatory): no client
 /// may declare a queue named `amq.*`, so it never routes and is dropped, yet confirmed.
 const PROBE_ROUTING_KEY: &str = "amq.sendgate.probe";
@@ -73,6 +78,27 @@ pub enum LinkError {
     BackingOff(Duration),
     #[error("the operation ran out of time")]
     Timeout,
+}
+
+/// What a link's connection is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// Sends: publisher channels in confirm mode, the served queues declared, a probe
+    /// published before the first send.
+    Publish,
+    /// Depth reads (passive declares) only. It never publishes, so a broker in a resource
+    /// alarm never blocks it (RabbitMQ blocks a connection once it publishes): the reads go
+    /// on while the publishing connection is blocked.
+    Read,
+}
+
+impl Purpose {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Publish => "publish",
+            Self::Read => "read",
+        }
+    }
 }
 
 pub struct Session {
@@ -98,7 +124,7 @@ pub struct Publisher {
 }
 
 impl Session {
-    /// A publisher channel, round robin.
+    /// A publisher channel, round robin (a publishing link's session: a reading one has none).
     pub fn publisher(&self) -> Publisher {
         let slot = self.next.fetch_add(1, Ordering::Relaxed) % self.publishers.len();
         Publisher {
@@ -210,6 +236,7 @@ struct ReconnectBackoff {
 }
 
 pub struct Link {
+    purpose: Purpose,
     uri: AMQPUri,
     queues: Vec<QueueName>,
     current: RwLock<Option<Arc<Session>>>,
@@ -220,7 +247,18 @@ pub struct Link {
 }
 
 impl Link {
-    pub fn new(mut uri: AMQPUri, queues: Vec<QueueName>) -> Self {
+    /// The publishing link: it declares `queues` (unless they exist) on each connection.
+    pub fn new(uri: AMQPUri, queues: Vec<QueueName>) -> Self {
+        Self::for_purpose(Purpose::Publish, uri, queues)
+    }
+
+    /// A link for depth reads alone, on a connection of its own.
+    pub fn reader(mut uri: AMQPUri) -> Self {
+        uri.query.frame_max = Some(READ_FRAME_MAX);
+        Self::for_purpose(Purpose::Read, uri, Vec::new())
+    }
+
+    fn for_purpose(purpose: Purpose, mut uri: AMQPUri, queues: Vec<QueueName>) -> Self {
         if uri.query.heartbeat.is_none() {
             uri.query.heartbeat = Some(DEFAULT_HEARTBEAT_S);
         }
@@ -233,6 +271,7 @@ impl Link {
             uri.query.frame_max = Some(DEFAULT_FRAME_MAX);
         }
         Self {
+            purpose,
             uri,
             queues,
             current: RwLock::new(None),
@@ -281,6 +320,7 @@ impl Link {
                 *self.current.write() = Some(session.clone());
                 tracing::info!(
                     event = "amqp_connected",
+                    purpose = self.purpose.as_str(),
                     generation = session.generation,
                     blocked = session.connection.status().blocked(),
                     "connected to RabbitMQ"
@@ -297,6 +337,7 @@ impl Link {
                 backoff.next_attempt = Some(Instant::now() + pause);
                 tracing::warn!(
                     event = "amqp_connect_failed",
+                    purpose = self.purpose.as_str(),
                     error = %e,
                     retry_in_ms = pause.as_millis() as u64,
                     "cannot connect to RabbitMQ"
@@ -315,19 +356,27 @@ impl Link {
     async fn connect(&self) -> Result<Arc<Session>, LinkError> {
         let connection = Connection::connect_uri(
             self.uri.clone(),
-            ConnectionProperties::default().with_connection_name("sendgate".into()),
+            ConnectionProperties::default().with_connection_name(
+                match self.purpose {
+                    Purpose::Publish => "sendgate",
+                    Purpose::Read => "sendgate-depth",
+                }
+                .into(),
+            ),
         )
         .await
         .map_err(classify_connect_error)?;
         let mut publishers = Vec::with_capacity(PUBLISH_CHANNELS);
-        for _ in 0..PUBLISH_CHANNELS {
-            let channel = open_publisher(&connection)
-                .await
-                .map_err(classify_connect_error)?;
-            publishers.push(PublisherSlot {
-                channel: RwLock::new(channel),
-                recycling: AtomicBool::new(false),
-            });
+        if self.purpose == Purpose::Publish {
+            for _ in 0..PUBLISH_CHANNELS {
+                let channel = open_publisher(&connection)
+                    .await
+                    .map_err(classify_connect_error)?;
+                publishers.push(PublisherSlot {
+                    channel: RwLock::new(channel),
+                    recycling: AtomicBool::new(false),
+                });
+            }
         }
         let session = Session {
             connection,
@@ -336,19 +385,10 @@ impl Link {
             declarer: tokio::sync::Mutex::new(None),
             generation: self.generations.fetch_add(1, Ordering::Relaxed) + 1,
         };
-        self.ensure_queues(&session).await?;
-        // On a channel of its own, closed after: no publisher channel keeps its confirm, and
-        // the channels' publish counts are the sends'.
-        let probing = open_publisher(&session.connection)
-            .await
-            .map_err(classify_connect_error)?;
-        let probed = probe(&session.connection, &probing).await;
-        tokio::spawn(async move {
-            // Written once the broker reads the connection again (after an alarm).
-            let _ =
-                tokio::time::timeout(PROBE_CLOSE_WAIT, probing.close(200, "probed".into())).await;
-        });
-        probed.map_err(classify_connect_error)?;
+        if self.purpose == Purpose::Publish {
+            self.ensure_queues(&session).await?;
+            probe_before_sends(&session.connection).await?;
+        }
         Ok(Arc::new(session))
     }
 
@@ -438,6 +478,20 @@ impl Link {
             }
         }
     }
+}
+
+/// The new connection's probe (see [`probe`]), on a channel of its own closed after: no
+/// publisher channel keeps its confirm, and the channels' publish counts are the sends'.
+async fn probe_before_sends(connection: &Connection) -> Result<(), LinkError> {
+    let probing = open_publisher(connection)
+        .await
+        .map_err(classify_connect_error)?;
+    let probed = probe(connection, &probing).await;
+    tokio::spawn(async move {
+        // Written once the broker reads the connection again (after an alarm).
+        let _ = tokio::time::timeout(PROBE_CLOSE_WAIT, probing.close(200, "probed".into())).await;
+    });
+    probed.map_err(classify_connect_error)
 }
 
 /// A channel in confirm mode, for publishing.
