@@ -2193,6 +2193,81 @@ async fn cut_off_and_failing_closed_refusals_are_logged_once_per_period() {
     );
 }
 
+/// The `send_failclosed` lines a JSON log holds, each one's count of refusals since the last.
+fn failclosed_lines(out: &crate::telemetry::Captured) -> Vec<u64> {
+    out.text()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|line| line["fields"]["event"] == "send_failclosed")
+        .filter_map(|line| line["fields"]["refused_since_last_log"].as_u64())
+        .collect()
+}
+
+/// Sends to `r` every 100 ms for `how_long`, each refused.
+async fn refuse_for(r: &Replica, broker: &Broker, how_long: Duration) {
+    let end = Instant::now() + how_long;
+    while Instant::now() < end {
+        let answer = send(r, broker).await;
+        assert!(
+            matches!(answer, Err(Refusal::CapacityUnknown { .. })),
+            "{answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A replica cut off again at once after it rejoined (Redis flapping: no fleet read seen
+/// between) logs from the new spell's start: a line at its first refusal, the next a whole
+/// period later, not on the first spell's schedule (whose period in force had its line).
+#[tokio::test(start_paused = true)]
+async fn a_later_cut_off_spell_is_logged_from_its_own_start() {
+    let out = crate::telemetry::Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .with_writer(out.clone())
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let all = replicas(1, &ledger, &broker, policy(60, true)).await;
+    let replica = &all[0];
+    ledger.cut_off(replica.fleet.replica(), true);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    refuse_for(replica, &broker, Duration::from_secs(12)).await;
+    assert_eq!(failclosed_lines(&out).len(), 2, "the first spell's lines");
+    ledger.cut_off(replica.fleet.replica(), false);
+    while !replica.fleet.joined() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    ledger.cut_off(replica.fleet.replica(), true);
+    let mut answers = Vec::new();
+    while replica.fleet.joined() {
+        answers.push(send(replica, &broker).await);
+        assert!(answers.len() < 10, "never cut off again: {answers:?}");
+    }
+    refuse_for(replica, &broker, Duration::from_secs(1)).await;
+    assert_eq!(
+        failclosed_lines(&out).len(),
+        3,
+        "a line when cut off again: {:?}",
+        failclosed_lines(&out)
+    );
+    refuse_for(replica, &broker, Duration::from_secs(7)).await;
+    assert_eq!(
+        failclosed_lines(&out).len(),
+        3,
+        "none again within its first period: {:?}",
+        failclosed_lines(&out)
+    );
+    refuse_for(replica, &broker, Duration::from_secs(3)).await;
+    assert_eq!(
+        failclosed_lines(&out).len(),
+        4,
+        "one a period: {:?}",
+        failclosed_lines(&out)
+    );
+}
+
 /// A Redis slower than its deadline does not serialise a replica's sends: the sends queued
 /// behind one whose read's call failed take that failure, rather than each waiting out a
 /// deadline of its own in turn (one timeout apart, past a connection's safety limit).
