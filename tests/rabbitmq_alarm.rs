@@ -86,21 +86,25 @@ async fn sender(
     }
 }
 
-/// sendgate as a process on `node`, serving `queue`, logging to `log`.
-async fn start_gateway(node: &RabbitNode, queue: &str, log: &PathBuf) -> GatewayProcess {
+/// sendgate as a process on `node`, serving `queue`, logging to `log`, with `more` variables.
+async fn start_gateway(
+    node: &RabbitNode,
+    queue: &str,
+    log: &PathBuf,
+    more: &[(&str, &str)],
+) -> GatewayProcess {
     let timeout = SEND_TIMEOUT_MS.to_string();
-    GatewayProcess::start_logging_to(
-        &[
-            ("SENDGATE_BACKEND", "rabbitmq"),
-            ("SENDGATE_QUEUES", queue),
-            ("SENDGATE_RABBITMQ_URL", &node.amqp_url()),
-            ("SENDGATE_RABBITMQ_DEPTH_SOURCE", "amqp"),
-            ("SENDGATE_SEND_TIMEOUT_MS", &timeout),
-            ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "1000000"),
-        ],
-        std::fs::File::create(log).unwrap(),
-    )
-    .await
+    let url = node.amqp_url();
+    let mut vars = vec![
+        ("SENDGATE_BACKEND", "rabbitmq"),
+        ("SENDGATE_QUEUES", queue),
+        ("SENDGATE_RABBITMQ_URL", url.as_str()),
+        ("SENDGATE_RABBITMQ_DEPTH_SOURCE", "amqp"),
+        ("SENDGATE_SEND_TIMEOUT_MS", timeout.as_str()),
+        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "1000000"),
+    ];
+    vars.extend_from_slice(more);
+    GatewayProcess::start_logging_to(&vars, std::fs::File::create(log).unwrap()).await
 }
 
 fn by_code<'a>(answers: impl Iterator<Item = &'a Answer>) -> BTreeMap<String, usize> {
@@ -122,7 +126,7 @@ async fn a_memory_alarm_under_load_is_503_backend_busy_throughout_never_a_wedge(
     );
     // Outside the node's folder, so a failed run leaves it to read.
     let log = std::env::temp_dir().join(format!("{queue}-gateway.log"));
-    let gateway = Arc::new(start_gateway(&node, &queue, &log).await);
+    let gateway = Arc::new(start_gateway(&node, &queue, &log, &[]).await);
     let epoch = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
     let answers = Arc::new(Mutex::new(Vec::new()));
@@ -267,7 +271,7 @@ async fn a_connection_made_during_an_alarm_publishes_no_send_into_it() {
         &uuid::Uuid::new_v4().simple().to_string()[..8]
     );
     let log = std::env::temp_dir().join(format!("{queue}-gateway.log"));
-    let gateway = start_gateway(&node, &queue, &log).await;
+    let gateway = start_gateway(&node, &queue, &log, &[]).await;
     let url = gateway.url(&format!("/v1/queues/{queue}/messages"));
     let send = || {
         gateway
@@ -321,5 +325,82 @@ async fn a_connection_made_during_an_alarm_publishes_no_send_into_it() {
         assert!(*took < Duration::from_secs(1), "{during:?}");
     }
     assert_eq!(stored, created, "nothing stored without its 201");
+    let _ = std::fs::remove_file(&log);
+}
+
+/// Leftover of issue 40: the exact depth source (`amqp`, a passive declare) with fail-closed
+/// on. An alarm is `503 backend_busy` throughout, never `503 capacity_unknown`: the broker
+/// blocks only a connection that publishes, and the depth is read on one that never does,
+/// so the reads go on during the alarm (the queue's streak of failed reads stays 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_amqp_depth_and_fail_closed_an_alarm_is_busy_throughout_and_the_depth_still_read()
+{
+    let node = RabbitNode::start();
+    let queue = format!(
+        "sg-alarm-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let log = std::env::temp_dir().join(format!("{queue}-gateway.log"));
+    let gateway = start_gateway(
+        &node,
+        &queue,
+        &log,
+        &[("SERVICEBUS_SEND_FAILCLOSED", "true")],
+    )
+    .await;
+    let url = gateway.url(&format!("/v1/queues/{queue}/messages"));
+    let send = || {
+        gateway
+            .client
+            .post(&url)
+            .header("Content-Type", "application/json")
+            .body("{}")
+            .send()
+    };
+    assert_eq!(send().await.unwrap().status(), 201);
+    node.alarm(true);
+    let on = Instant::now();
+    let mut answers = Vec::new();
+    let mut most_failures = 0;
+    while on.elapsed() < Duration::from_secs(8) {
+        let response = send().await.unwrap();
+        let status = response.status().as_u16();
+        let body: serde_json::Value = response.json().await.unwrap_or_default();
+        answers.push((status, body["code"].as_str().unwrap_or("").to_owned()));
+        let detailed = gateway.detailed().await;
+        let failures = detailed["queues"][&queue]["consecutive_failures"]
+            .as_u64()
+            .unwrap_or(u64::MAX);
+        most_failures = most_failures.max(failures);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    node.alarm(false);
+    let cleared = Instant::now();
+    while send().await.unwrap().status() != 201 {
+        assert!(
+            cleared.elapsed() < Duration::from_secs(15),
+            "no 201 after the alarm"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut counts = BTreeMap::<String, usize>::new();
+    for (status, code) in &answers {
+        *counts.entry(format!("{status} {code}")).or_insert(0) += 1;
+    }
+    eprintln!(
+        "during the alarm: {counts:?}; the most failed depth reads in a row {most_failures}; \
+         first 201 {:?} after the clearing command returned",
+        cleared.elapsed()
+    );
+    // The first send publishes into the alarm and ends at its deadline (504): the broker
+    // tells a connection it blocks only once it publishes. Every other is busy.
+    let after_first = &answers[1..];
+    assert!(
+        after_first
+            .iter()
+            .all(|(status, code)| (*status, code.as_str()) == (503, "backend_busy")),
+        "{counts:?}"
+    );
+    assert_eq!(most_failures, 0, "a depth read failed during the alarm");
     let _ = std::fs::remove_file(&log);
 }

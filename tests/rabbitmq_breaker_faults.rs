@@ -306,3 +306,152 @@ async fn a_broker_stop_under_sendgate_send_ends_with_every_message_queued() {
     let first_201 = first_201.expect("never took a send after the broker was back");
     assert!(first_201 < Duration::from_secs(7), "{first_201:?}");
 }
+
+/// One answer: when it came, its status, code and the backend that answered
+/// (`X-Sendgate-Backend`).
+type Seen = (Instant, u16, String, Option<String>);
+
+/// Sends at a steady pace until `stop` is set; every answer.
+async fn produce(
+    app: Arc<sendgate_testkit::rabbitmq_app::RabbitApp>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<Seen> {
+    let mut seen = Vec::new();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let r = app.send("{}").await;
+        let status = r.status().as_u16();
+        let via = r
+            .headers()
+            .get("X-Sendgate-Backend")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let body: serde_json::Value = r.json().await.unwrap_or_default();
+        let code = body["code"].as_str().unwrap_or("-").to_owned();
+        seen.push((Instant::now(), status, code, via));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    seen
+}
+
+/// Leftover of issue 40: the primary's broker stopped (connections refused: nothing is
+/// sent) under a gateway with an embedded fallback. Every send while it is down is taken by
+/// the fallback, the primary's trial each second too: it reached no broker, so it is sent
+/// on rather than answered `503`. The primary takes sends again once its broker is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_primarys_broker_is_stopped_every_send_is_taken_by_the_fallback_trials_too() {
+    let node = RabbitNode::start();
+    let queue = rabbit::unique("sg-trial");
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap().to_owned();
+    let amqp = node.amqp_url();
+    let app = Arc::new(
+        spawn(
+            &queue,
+            &[
+                ("SENDGATE_RABBITMQ_URL", amqp.as_str()),
+                ("SENDGATE_RABBITMQ_DEPTH_SOURCE", "amqp"),
+                ("SENDGATE_SEND_TIMEOUT_MS", "2000"),
+                ("SENDGATE_FALLBACK_BACKEND", "embedded"),
+                ("SENDGATE_FALLBACK_DATA_DIR", data.as_str()),
+            ],
+        )
+        .await,
+    );
+    assert_eq!(app.status("{}").await, 201);
+    let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producing = tokio::spawn(produce(Arc::clone(&app), Arc::clone(&stopping)));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stop = tokio::task::spawn_blocking(move || {
+        node.stop_app();
+        let stopped = Instant::now();
+        std::thread::sleep(Duration::from_secs(6));
+        let restarting = Instant::now();
+        node.start_app();
+        (node, stopped, restarting, Instant::now())
+    });
+    let (_node, stopped, restarting, back) = stop.await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stopping.store(true, std::sync::atomic::Ordering::Relaxed);
+    let seen = producing.await.unwrap();
+    // The sends under way as the connection closed end as they may (their outcome unknown).
+    let down = stopped + Duration::from_millis(500);
+    let mut during = BTreeMap::<String, u32>::new();
+    for (_, status, code, via) in seen.iter().filter(|s| s.0 >= down && s.0 < restarting) {
+        *during
+            .entry(format!("{status} {code} via {via:?}"))
+            .or_default() += 1;
+    }
+    let primary_again = seen
+        .iter()
+        .find(|s| s.0 >= back && s.1 == 201 && s.3.as_deref() == Some("primary"))
+        .map(|s| s.0 - back);
+    println!(
+        "while the broker was stopped: {during:?}; first 201 on the primary \
+         {primary_again:?} after it was back"
+    );
+    assert_eq!(
+        during.keys().collect::<Vec<_>>(),
+        ["201 - via Some(\"fallback\")"],
+        "every send while the primary's broker was stopped"
+    );
+    assert!(
+        primary_again.is_some(),
+        "the primary never took a send again"
+    );
+}
+
+/// Leftover of issue 40: the broker's application stopped for 10 s (connections refused:
+/// nothing listens), three times, under a send every 50 ms. A refused connect is tried
+/// again at least once a second, so the first 201 comes within about a second of the
+/// broker listening again, not after the up-to-5-s backoff other connect failures keep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_broker_restart_sends_are_taken_within_about_a_second() {
+    let node = Arc::new(RabbitNode::start());
+    let queue = rabbit::unique("sg-back");
+    let amqp = node.amqp_url();
+    let app = Arc::new(
+        spawn(
+            &queue,
+            &[
+                ("SENDGATE_RABBITMQ_URL", amqp.as_str()),
+                ("SENDGATE_RABBITMQ_DEPTH_SOURCE", "amqp"),
+                ("SENDGATE_SEND_TIMEOUT_MS", "2000"),
+            ],
+        )
+        .await,
+    );
+    assert_eq!(app.status("{}").await, 201);
+    let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producing = tokio::spawn(produce(Arc::clone(&app), Arc::clone(&stopping)));
+    let mut backs = Vec::new();
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let node = Arc::clone(&node);
+        let back = tokio::task::spawn_blocking(move || {
+            node.stop_app();
+            std::thread::sleep(Duration::from_secs(10));
+            node.start_app();
+            Instant::now()
+        });
+        backs.push(back.await.unwrap());
+        // Longer than the backoff's cap: the first 201 is measured however late it is.
+        tokio::time::sleep(Duration::from_secs(7)).await;
+    }
+    stopping.store(true, std::sync::atomic::Ordering::Relaxed);
+    let seen = producing.await.unwrap();
+    let first_201s: Vec<Option<Duration>> = backs
+        .iter()
+        .map(|back| {
+            seen.iter()
+                .find(|s| s.0 >= *back && s.1 == 201)
+                .map(|s| s.0 - *back)
+        })
+        .collect();
+    println!("first 201 after the broker listened again: {first_201s:?}");
+    for first in &first_201s {
+        assert!(
+            first.is_some_and(|f| f <= Duration::from_millis(1500)),
+            "{first_201s:?}"
+        );
+    }
+}

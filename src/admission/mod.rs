@@ -210,9 +210,15 @@ impl Dispatcher {
         asker: Asker,
         messages: impl FnOnce() -> Vec<OutgoingMessage>,
     ) -> DispatchedBatch {
-        self.route(queue, attributes, asker, |lane, admitted| async move {
-            Ok(self.deliver_batch(lane, admitted, messages()).await)
-        })
+        self.route(
+            queue,
+            attributes,
+            asker,
+            messages,
+            |lane, admitted, messages| async move {
+                Ok(self.deliver_batch(lane, admitted, messages).await)
+            },
+        )
         .await
     }
 
@@ -226,24 +232,32 @@ impl Dispatcher {
         asker: Asker,
         message: impl FnOnce() -> OutgoingMessage,
     ) -> Dispatched {
-        self.route(queue, &[attributes], asker, |lane, admitted| {
-            self.deliver(lane, admitted, message())
-        })
+        self.route(
+            queue,
+            &[attributes],
+            asker,
+            message,
+            |lane, admitted, message| self.deliver(lane, admitted, message),
+        )
         .await
     }
 
-    /// Admitted on a lane (what [`Self::admit_routed`] asks), then `deliver`ed there, timed.
-    async fn route<'d, T, F>(
+    /// Admitted on a lane (what [`Self::admit_routed`] asks), then what `make` makes is
+    /// `deliver`ed there, timed; sent on to the fallback when the primary never got it.
+    async fn route<'d, T, M, F>(
         &'d self,
         queue: &QueueName,
         attributes: &[&Attributes],
         asker: Asker,
-        deliver: impl FnOnce(&'d Lane, Admitted) -> F,
+        make: impl FnOnce() -> M,
+        deliver: impl Fn(&'d Lane, Admitted, M) -> F,
     ) -> Routed<T>
     where
+        M: Clone,
         F: std::future::Future<Output = Result<T, DispatchError>>,
+        Result<T, DispatchError>: NeverSent,
     {
-        let (lane, admitted) = match self.admit_routed(queue, attributes, asker).await {
+        let (mut lane, admitted) = match self.admit_routed(queue, attributes, asker).await {
             Ok(routed) => routed,
             Err((via, e)) => {
                 return Routed {
@@ -254,12 +268,51 @@ impl Dispatcher {
             }
         };
         let started = Instant::now();
-        let result = deliver(lane, admitted).await;
+        let first_admitted_at = admitted.admitted_at;
+        let made = make();
+        let spare = self.may_send_on(lane).then(|| made.clone());
+        let mut result = deliver(lane, admitted, made).await;
+        if let (Some(made), true) = (spare, result.never_sent()) {
+            if let Some((fallback, mut again)) =
+                self.admit_on_fallback(queue, attributes, asker).await
+            {
+                // One request, one deadline: the second send ends when the first would have.
+                again.admitted_at = again.admitted_at.min(first_admitted_at);
+                lane = fallback;
+                result = deliver(lane, again, made).await;
+            }
+        }
         Routed {
             via: Some(lane.role),
             result,
             send_time: Some(started.elapsed()),
         }
+    }
+
+    /// Whether a send on `lane` that never reached its broker may go on to the fallback:
+    /// the primary's, with a fallback, routing not pinned.
+    fn may_send_on(&self, lane: &Lane) -> bool {
+        lane.role == BackendRole::Primary && self.fallback.is_some() && self.force().is_none()
+    }
+
+    /// The fallback's admission (steps 5 to 7) for a send the primary never got: nothing
+    /// reached the primary's broker, so sending it elsewhere cannot store it twice. The
+    /// primary's trial among them: one a second while its broker cannot be reached, each of
+    /// which a healthy fallback can take. `None` when the fallback does not admit it (the
+    /// primary's answer stands).
+    async fn admit_on_fallback(
+        &self,
+        queue: &QueueName,
+        attributes: &[&Attributes],
+        asker: Asker,
+    ) -> Option<(&Lane, Admitted)> {
+        let fallback = self.fallback.as_ref()?;
+        if !fallback.breaker.would_allow() {
+            return None;
+        }
+        let admitted = self.admit(fallback, queue, attributes, asker).await.ok()?;
+        tracing::debug!(event = "fallback_selected", queue = %queue, "the primary's broker could not be reached: using the fallback");
+        Some((fallback, admitted))
     }
 
     /// Step 5 and on up to the send: the lane, then what [`Self::admit`] asks of it. With
@@ -439,6 +492,26 @@ fn backlog_effect(result: &Result<SendReceipt, SendError>) -> BacklogEffect {
         Ok(_) => BacklogEffect::Stored,
         Err(SendError::Timeout | SendError::Uncertain(_)) => BacklogEffect::Unknown,
         Err(_) => BacklogEffect::NotStored,
+    }
+}
+
+/// Whether nothing of a dispatch reached the broker (no connection: nothing was sent), so
+/// it may be sent elsewhere.
+trait NeverSent {
+    fn never_sent(&self) -> bool;
+}
+
+impl NeverSent for Result<SendReceipt, DispatchError> {
+    fn never_sent(&self) -> bool {
+        matches!(self, Err(DispatchError::Send(SendError::Unavailable(_))))
+    }
+}
+
+/// A batch: when none of its messages reached the broker.
+impl NeverSent for Result<Vec<Result<SendReceipt, SendError>>, DispatchError> {
+    fn never_sent(&self) -> bool {
+        matches!(self, Ok(results) if !results.is_empty()
+            && results.iter().all(|r| matches!(r, Err(SendError::Unavailable(_)))))
     }
 }
 
@@ -715,6 +788,200 @@ mod tests {
             ],
             "one send is the primary's trial (it hangs to its deadline); the other is not refused"
         );
+    }
+
+    /// A broker no send reaches (connection refused: nothing is sent), or one that answers
+    /// `error` to every send.
+    struct Unreachable {
+        error: SendError,
+    }
+
+    #[async_trait]
+    impl Backend for Unreachable {
+        fn kind(&self) -> &'static str {
+            "unreachable"
+        }
+        async fn send(&self, _: OutgoingMessage, _: Instant) -> Result<SendReceipt, SendError> {
+            Err(self.error.clone())
+        }
+        async fn backlog(&self, _: &QueueName, _: Instant) -> Result<Backlog, DepthError> {
+            Ok(Backlog::of(0))
+        }
+    }
+
+    /// A primary whose sends fail with `error`, a healthy fallback, `force` pinned.
+    fn failing_primary(error: SendError, force: Option<ForceBackend>) -> (Dispatcher, QueueName) {
+        let queue = QueueName::parse("q").unwrap();
+        let capacity = CapacitySettings {
+            max_queue_depth: 1000,
+            fail_closed: false,
+            fail_closed_streak: 3,
+            depth_ttl: Duration::from_secs(60),
+            admin_timeout: Duration::from_secs(1),
+            retry_after_max: Duration::from_secs(300),
+            resume_below: crate::config::Fraction::ONE,
+        };
+        let queues = std::slice::from_ref(&queue);
+        let lane = |role, backend: Arc<dyn Backend>| {
+            lane(role, backend, queues, &capacity, BreakerPolicy::default())
+        };
+        let d = Dispatcher::new(
+            lane(BackendRole::Primary, Arc::new(Unreachable { error })),
+            Some(lane(BackendRole::Fallback, Arc::new(Healthy))),
+            force,
+            InFlight::new(8),
+            Duration::from_secs(5),
+        );
+        (d, queue)
+    }
+
+    /// While the primary's broker cannot be reached, every send is taken by the fallback:
+    /// the few that find the primary's circuit still closed, and the trial each second
+    /// (which keeps the circuit open: the primary's broker is still down).
+    #[tokio::test(start_paused = true)]
+    async fn a_send_the_primary_never_got_goes_to_the_fallback_the_trial_too() {
+        let refused = SendError::Unavailable("connection refused".into());
+        let (d, queue) = failing_primary(refused, None);
+        for n in 0..3 {
+            let sent = d.send(message(&queue)).await;
+            assert_eq!(
+                (sent.via, sent.result),
+                (
+                    Some(BackendRole::Fallback),
+                    Ok(SendReceipt { duplicate: false })
+                ),
+                "send {n}, before the circuit opened"
+            );
+        }
+        assert_eq!(d.primary().breaker.state(), breaker::BreakerState::Open);
+        for second in 1..=3 {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            assert!(d.primary().breaker.would_allow(), "the trial is due");
+            let sent = d.send(message(&queue)).await;
+            assert_eq!(
+                (sent.via, sent.result),
+                (
+                    Some(BackendRole::Fallback),
+                    Ok(SendReceipt { duplicate: false })
+                ),
+                "the trial at {second} s"
+            );
+            assert_eq!(
+                d.primary().breaker.state(),
+                breaker::BreakerState::Open,
+                "the failed trial keeps it open"
+            );
+        }
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let attributes = Attributes::default();
+        let batch = d
+            .send_batch(&queue, &[&attributes, &attributes], Asker::OPEN, || {
+                vec![message(&queue), message(&queue)]
+            })
+            .await;
+        assert_eq!(
+            (batch.via, batch.result),
+            (
+                Some(BackendRole::Fallback),
+                Ok(vec![Ok(SendReceipt { duplicate: false }); 2])
+            ),
+            "a batch as the trial"
+        );
+    }
+
+    /// A broker that answers every send, after `after`, that it could not be reached (a
+    /// connect attempt that timed out).
+    struct SlowToRefuse {
+        after: Duration,
+    }
+
+    #[async_trait]
+    impl Backend for SlowToRefuse {
+        fn kind(&self) -> &'static str {
+            "slow"
+        }
+        async fn send(&self, _: OutgoingMessage, _: Instant) -> Result<SendReceipt, SendError> {
+            tokio::time::sleep(self.after).await;
+            Err(SendError::Unavailable("connect timed out".into()))
+        }
+        async fn backlog(&self, _: &QueueName, _: Instant) -> Result<Backlog, DepthError> {
+            Ok(Backlog::of(0))
+        }
+    }
+
+    /// The fallback's send ends when the primary's would have: one request, one deadline
+    /// (here 5 s, of which the primary took 4).
+    #[tokio::test(start_paused = true)]
+    async fn a_send_sent_on_to_the_fallback_keeps_the_requests_deadline() {
+        let queue = QueueName::parse("q").unwrap();
+        let capacity = CapacitySettings {
+            max_queue_depth: 1000,
+            fail_closed: false,
+            fail_closed_streak: 3,
+            depth_ttl: Duration::from_secs(60),
+            admin_timeout: Duration::from_secs(1),
+            retry_after_max: Duration::from_secs(300),
+            resume_below: crate::config::Fraction::ONE,
+        };
+        let queues = std::slice::from_ref(&queue);
+        let slow = SlowToRefuse {
+            after: Duration::from_secs(4),
+        };
+        let d = Dispatcher::new(
+            lane(
+                BackendRole::Primary,
+                Arc::new(slow),
+                queues,
+                &capacity,
+                BreakerPolicy::default(),
+            ),
+            Some(lane(
+                BackendRole::Fallback,
+                Arc::new(Hung),
+                queues,
+                &capacity,
+                BreakerPolicy::default(),
+            )),
+            None,
+            InFlight::new(8),
+            Duration::from_secs(5),
+        );
+        let started = Instant::now();
+        let sent = d.send(message(&queue)).await;
+        assert_eq!(
+            (sent.via, sent.result),
+            (
+                Some(BackendRole::Fallback),
+                Err(DispatchError::Send(SendError::Timeout))
+            )
+        );
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+        assert_eq!(d.in_flight().current(), 0, "both slots given back");
+    }
+
+    /// A send that may have reached the primary's broker (its outcome unknown, or the
+    /// broker answered) is never sent again elsewhere: it could be stored twice. Nor is one
+    /// pinned to the primary.
+    #[tokio::test(start_paused = true)]
+    async fn a_send_the_primary_may_have_got_or_a_pinned_one_is_not_sent_to_the_fallback() {
+        let cases = [
+            (SendError::Uncertain("connection lost".into()), None),
+            (SendError::Timeout, None),
+            (SendError::Failed("returned".into()), None),
+            (
+                SendError::Unavailable("connection refused".into()),
+                Some(ForceBackend::Primary),
+            ),
+        ];
+        for (error, force) in cases {
+            let (d, queue) = failing_primary(error.clone(), force);
+            let sent = d.send(message(&queue)).await;
+            assert_eq!(
+                (sent.via, sent.result),
+                (Some(BackendRole::Primary), Err(DispatchError::Send(error))),
+                "forced {force:?}"
+            );
+        }
     }
 
     #[tokio::test]

@@ -666,11 +666,19 @@ async fn a_publish_that_timed_out_has_its_channel_recycled_without_losing_the_co
     let text = std::fs::read_to_string(log.path()).unwrap();
     assert_eq!(recycled(), 2, "one recycle per timed-out publish:\n{text}");
     assert_eq!(
-        text.matches("amqp_connected").count(),
+        publishing_connects(&text),
         1,
         "sporadic timeouts keep the connection:\n{text}"
     );
     rabbit::delete(&queue).await;
+}
+
+/// The publishing connections a gateway's log says it made (a queue's depth may be read
+/// on a connection of its own, logged with `purpose` `read`).
+fn publishing_connects(log: &str) -> usize {
+    log.lines()
+        .filter(|l| l.contains("amqp_connected") && l.contains("publish"))
+        .count()
 }
 
 #[tokio::test]
@@ -730,7 +738,7 @@ async fn sends_timing_out_on_a_replaced_connection_neither_warn_nor_count_agains
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let text = std::fs::read_to_string(log.path()).unwrap();
-    assert_eq!(count("amqp_connected"), 2, "{text}");
+    assert_eq!(publishing_connects(&text), 2, "{text}");
     drop(gw);
     rabbit::delete(&queue).await;
 }

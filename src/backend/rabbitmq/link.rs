@@ -1,4 +1,6 @@
-//! One long-lived AMQP connection with a few publisher channels, replaced when it dies.
+//! One long-lived AMQP connection with a few publisher channels, replaced when it dies; or,
+//! a reader's link, one for depth reads alone (no publisher, no probe: it never publishes,
+//! so a broker in a resource alarm never blocks it).
 //!
 //! The link hands out a [`Session`] (connection + channels). A session is dropped and a
 //! new one made when the connection reports an error, when a channel closes, or after
@@ -8,7 +10,9 @@
 //! in the AMQP client's per-channel state until that channel closes, so the channel is
 //! swapped for a fresh one and closed once the sends still waiting on it have ended.
 //! Reconnects are single-flight and back off exponentially, so a dead broker costs one
-//! connect attempt per backoff step, not one per send; sends in between fail fast.
+//! connect attempt per backoff step, not one per send; sends in between fail fast. A
+//! refused connect (nothing listening: a broker restarting) backs off to 1 s at most, other
+//! failures to 5 s.
 //!
 //! A broker in a resource alarm blocks a connection only once it publishes: the publish
 //! that trips the block never completes until the alarm clears, and only then does the
@@ -39,13 +43,19 @@ const PUBLISH_CHANNELS: usize = 4;
 pub const TIMEOUTS_BEFORE_REPLACE: u32 = 3;
 /// Longest one connect attempt may take (further bounded by the caller's deadline).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// The pause after the `n`-th failed connect in a row.
+/// The pause after the `n`-th failed connect in a row (a timeout, TLS, a refused credential).
 const RECONNECT_BACKOFF: Doubling =
     Doubling::new(Duration::from_millis(100), Duration::from_secs(5));
+/// The same when nothing listens at the broker's address (a broker restarting): a refused
+/// connect costs the broker nothing, and the gateway is back within about a second of it.
+const REFUSED_BACKOFF: Doubling = Doubling::new(Duration::from_millis(100), Duration::from_secs(1));
 /// Heartbeat asked for when the URL names none: a dead peer is noticed within ~2 of these.
 const DEFAULT_HEARTBEAT_S: u16 = 10;
 /// Frame size asked for when the URL names none (`?frame_max=` in the URL overrides it).
 const DEFAULT_FRAME_MAX: u32 = 16_384;
+/// A reading connection's frame size, AMQP's least: a passive declare's frames are tiny,
+/// and lapin's buffers are sized by it.
+const READ_FRAME_MAX: u32 = 4096;
 /// Where a new connection's probe is published (default exchange, not mandatory): no client
 /// may declare a queue named `amq.*`, so it never routes and is dropped, yet confirmed.
 const PROBE_ROUTING_KEY: &str = "amq.sendgate.probe";
@@ -61,10 +71,34 @@ pub enum LinkError {
     AccessRefused(String),
     #[error("cannot reach the broker: {0}")]
     Unreachable(String),
+    /// Nothing listens at the broker's address: the connection was refused.
+    #[error("the broker refused the connection (nothing listening): {0}")]
+    Refused(String),
     #[error("reconnecting to the broker (next attempt in {0:?})")]
     BackingOff(Duration),
     #[error("the operation ran out of time")]
     Timeout,
+}
+
+/// What a link's connection is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// Sends: publisher channels in confirm mode, the served queues declared, a probe
+    /// published before the first send.
+    Publish,
+    /// Depth reads (passive declares) only. It never publishes, so a broker in a resource
+    /// alarm never blocks it (RabbitMQ blocks a connection once it publishes): the reads go
+    /// on while the publishing connection is blocked.
+    Read,
+}
+
+impl Purpose {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Publish => "publish",
+            Self::Read => "read",
+        }
+    }
 }
 
 pub struct Session {
@@ -90,7 +124,7 @@ pub struct Publisher {
 }
 
 impl Session {
-    /// A publisher channel, round robin.
+    /// A publisher channel, round robin (a publishing link's session: a reading one has none).
     pub fn publisher(&self) -> Publisher {
         let slot = self.next.fetch_add(1, Ordering::Relaxed) % self.publishers.len();
         Publisher {
@@ -202,6 +236,7 @@ struct ReconnectBackoff {
 }
 
 pub struct Link {
+    purpose: Purpose,
     uri: AMQPUri,
     queues: Vec<QueueName>,
     current: RwLock<Option<Arc<Session>>>,
@@ -212,7 +247,18 @@ pub struct Link {
 }
 
 impl Link {
-    pub fn new(mut uri: AMQPUri, queues: Vec<QueueName>) -> Self {
+    /// The publishing link: it declares `queues` (unless they exist) on each connection.
+    pub fn new(uri: AMQPUri, queues: Vec<QueueName>) -> Self {
+        Self::for_purpose(Purpose::Publish, uri, queues)
+    }
+
+    /// A link for depth reads alone, on a connection of its own.
+    pub fn reader(mut uri: AMQPUri) -> Self {
+        uri.query.frame_max = Some(READ_FRAME_MAX);
+        Self::for_purpose(Purpose::Read, uri, Vec::new())
+    }
+
+    fn for_purpose(purpose: Purpose, mut uri: AMQPUri, queues: Vec<QueueName>) -> Self {
         if uri.query.heartbeat.is_none() {
             uri.query.heartbeat = Some(DEFAULT_HEARTBEAT_S);
         }
@@ -225,6 +271,7 @@ impl Link {
             uri.query.frame_max = Some(DEFAULT_FRAME_MAX);
         }
         Self {
+            purpose,
             uri,
             queues,
             current: RwLock::new(None),
@@ -273,6 +320,7 @@ impl Link {
                 *self.current.write() = Some(session.clone());
                 tracing::info!(
                     event = "amqp_connected",
+                    purpose = self.purpose.as_str(),
                     generation = session.generation,
                     blocked = session.connection.status().blocked(),
                     "connected to RabbitMQ"
@@ -281,10 +329,15 @@ impl Link {
             }
             Err(e) => {
                 backoff.failures = backoff.failures.saturating_add(1);
-                let pause = RECONNECT_BACKOFF.wait(backoff.failures, 0.0);
+                let pause = match e {
+                    LinkError::Refused(_) => REFUSED_BACKOFF,
+                    _ => RECONNECT_BACKOFF,
+                }
+                .wait(backoff.failures, 0.0);
                 backoff.next_attempt = Some(Instant::now() + pause);
                 tracing::warn!(
                     event = "amqp_connect_failed",
+                    purpose = self.purpose.as_str(),
                     error = %e,
                     retry_in_ms = pause.as_millis() as u64,
                     "cannot connect to RabbitMQ"
@@ -303,19 +356,27 @@ impl Link {
     async fn connect(&self) -> Result<Arc<Session>, LinkError> {
         let connection = Connection::connect_uri(
             self.uri.clone(),
-            ConnectionProperties::default().with_connection_name("sendgate".into()),
+            ConnectionProperties::default().with_connection_name(
+                match self.purpose {
+                    Purpose::Publish => "sendgate",
+                    Purpose::Read => "sendgate-depth",
+                }
+                .into(),
+            ),
         )
         .await
         .map_err(classify_connect_error)?;
         let mut publishers = Vec::with_capacity(PUBLISH_CHANNELS);
-        for _ in 0..PUBLISH_CHANNELS {
-            let channel = open_publisher(&connection)
-                .await
-                .map_err(classify_connect_error)?;
-            publishers.push(PublisherSlot {
-                channel: RwLock::new(channel),
-                recycling: AtomicBool::new(false),
-            });
+        if self.purpose == Purpose::Publish {
+            for _ in 0..PUBLISH_CHANNELS {
+                let channel = open_publisher(&connection)
+                    .await
+                    .map_err(classify_connect_error)?;
+                publishers.push(PublisherSlot {
+                    channel: RwLock::new(channel),
+                    recycling: AtomicBool::new(false),
+                });
+            }
         }
         let session = Session {
             connection,
@@ -324,19 +385,10 @@ impl Link {
             declarer: tokio::sync::Mutex::new(None),
             generation: self.generations.fetch_add(1, Ordering::Relaxed) + 1,
         };
-        self.ensure_queues(&session).await?;
-        // On a channel of its own, closed after: no publisher channel keeps its confirm, and
-        // the channels' publish counts are the sends'.
-        let probing = open_publisher(&session.connection)
-            .await
-            .map_err(classify_connect_error)?;
-        let probed = probe(&session.connection, &probing).await;
-        tokio::spawn(async move {
-            // Written once the broker reads the connection again (after an alarm).
-            let _ =
-                tokio::time::timeout(PROBE_CLOSE_WAIT, probing.close(200, "probed".into())).await;
-        });
-        probed.map_err(classify_connect_error)?;
+        if self.purpose == Purpose::Publish {
+            self.ensure_queues(&session).await?;
+            probe_before_sends(&session.connection).await?;
+        }
         Ok(Arc::new(session))
     }
 
@@ -428,6 +480,20 @@ impl Link {
     }
 }
 
+/// The new connection's probe (see [`probe`]), on a channel of its own closed after: no
+/// publisher channel keeps its confirm, and the channels' publish counts are the sends'.
+async fn probe_before_sends(connection: &Connection) -> Result<(), LinkError> {
+    let probing = open_publisher(connection)
+        .await
+        .map_err(classify_connect_error)?;
+    let probed = probe(connection, &probing).await;
+    tokio::spawn(async move {
+        // Written once the broker reads the connection again (after an alarm).
+        let _ = tokio::time::timeout(PROBE_CLOSE_WAIT, probing.close(200, "probed".into())).await;
+    });
+    probed.map_err(classify_connect_error)
+}
+
 /// A channel in confirm mode, for publishing.
 async fn open_publisher(connection: &Connection) -> Result<Channel, lapin::Error> {
     let channel = connection.create_channel().await?;
@@ -466,12 +532,81 @@ async fn probe(connection: &Connection, channel: &Channel) -> Result<(), lapin::
 }
 
 /// 403 ACCESS_REFUSED (bad credentials, no permission) and 530 NOT_ALLOWED (no access to
-/// the vhost) are the credential's fault; everything else is reachability.
+/// the vhost) are the credential's fault; a refused TCP connect is nothing listening;
+/// everything else is reachability.
 fn classify_connect_error(e: lapin::Error) -> LinkError {
-    if let lapin::ErrorKind::ProtocolError(amqp) = e.kind() {
-        if matches!(amqp.get_id(), 403 | 530) {
-            return LinkError::AccessRefused(amqp.get_message().to_string());
+    match e.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) if matches!(amqp.get_id(), 403 | 530) => {
+            LinkError::AccessRefused(amqp.get_message().to_string())
+        }
+        lapin::ErrorKind::IOError(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            LinkError::Refused(e.to_string())
+        }
+        _ => LinkError::Unreachable(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A link to a port of this machine that `listen` serves (or nothing does, `None`).
+    fn link_to(port: u16) -> Link {
+        let uri = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
+        Link::new(uri.parse().expect("a valid URI"), Vec::new())
+    }
+
+    /// A port nothing listens on: connects to it are refused.
+    fn closed_port() -> u16 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        listener.local_addr().expect("its address").port()
+    }
+
+    /// How long the link will wait before its next connect attempt (from the failure), after
+    /// one more attempt made now with `failures` failed in a row before it.
+    async fn pause_after_another_failure(link: &Link, failures: u32) -> (LinkError, Duration) {
+        *link.backoff.lock() = ReconnectBackoff {
+            failures,
+            ..ReconnectBackoff::default()
+        };
+        let deadline = Instant::now() + Duration::from_millis(500);
+        let error = match link.session(deadline).await {
+            Ok(_) => panic!("connected to a broker that is not there"),
+            Err(e) => e,
+        };
+        let next = link.backoff.lock().next_attempt.expect("backing off");
+        (error, next.saturating_duration_since(Instant::now()))
+    }
+
+    /// Nothing listening (a broker restarting) is cheap to try again: however many connects
+    /// were refused before, the next attempt is at most a second away, so the gateway is
+    /// back within about a second of its broker.
+    #[tokio::test]
+    async fn a_refused_connect_is_tried_again_within_a_second_however_many_came_before() {
+        let link = link_to(closed_port());
+        for failures in [0, 3, 10, 100] {
+            let (error, pause) = pause_after_another_failure(&link, failures).await;
+            assert!(matches!(error, LinkError::Refused(_)), "{error:?}");
+            assert!(
+                pause <= Duration::from_secs(1),
+                "{pause:?} after {failures} refused before ({error})"
+            );
         }
     }
-    LinkError::Unreachable(e.to_string())
+
+    /// A connect that does not complete (a listener that never speaks AMQP: a hung broker)
+    /// keeps the longer backoff, up to 5 s.
+    #[tokio::test]
+    async fn a_connect_that_times_out_backs_off_up_to_five_seconds() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a free port");
+        let link = link_to(listener.local_addr().expect("its address").port());
+        let (error, pause) = pause_after_another_failure(&link, 10).await;
+        assert_eq!(error, LinkError::Timeout);
+        assert!(
+            (Duration::from_millis(4900)..=Duration::from_secs(5)).contains(&pause),
+            "{pause:?}"
+        );
+    }
 }

@@ -1,5 +1,5 @@
 //! The RabbitMQ backend: AMQP 0.9.1 for sends, the management HTTP API (or a passive
-//! declare) for the depth.
+//! declare, on a connection that never publishes) for the depth.
 //!
 //! Sends are persistent messages published to the default exchange with the queue as
 //! routing key, `mandatory` (an unroutable publish comes back as an error instead of being
@@ -38,6 +38,9 @@ const BLOCKED_RETRY_AFTER: Duration = Duration::from_secs(5);
 
 pub struct RabbitMq {
     link: Link,
+    /// Depth reads by passive declare, on a connection of their own: the broker blocks the
+    /// publishing one in a resource alarm, and the reads must go on through it.
+    reader: Link,
     management: Arc<Management>,
     depth_source: DepthSource,
     /// The management source's lag in force, kept measured by `measuring`.
@@ -133,6 +136,7 @@ impl RabbitMq {
         )
         .map_err(|e| RabbitInitError(e.to_string()))?;
         Ok(Self {
+            reader: Link::reader(uri.clone()),
             link: Link::new(uri, queues.to_vec()),
             management: Arc::new(management),
             depth_source: settings.depth_source,
@@ -161,7 +165,7 @@ impl RabbitMq {
     ) -> Result<u64, DepthError> {
         let read = async {
             let session = self
-                .link
+                .reader
                 .session(deadline)
                 .await
                 .map_err(|e| DepthError::Failed(e.to_string()))?;
