@@ -959,6 +959,70 @@ mod tests {
         assert_eq!(d.in_flight().current(), 0, "both slots given back");
     }
 
+    /// A broker whose connect attempt runs out with the send's deadline (a broker that
+    /// drops packets: the connect times out): nothing was sent, answered at the deadline.
+    struct RefusedAtDeadline;
+
+    #[async_trait]
+    impl Backend for RefusedAtDeadline {
+        fn kind(&self) -> &'static str {
+            "black-holed"
+        }
+        async fn send(
+            &self,
+            _: OutgoingMessage,
+            deadline: Instant,
+        ) -> Result<SendReceipt, SendError> {
+            tokio::time::sleep_until(deadline).await;
+            Err(SendError::Unavailable(
+                "the operation ran out of time".into(),
+            ))
+        }
+        async fn backlog(&self, _: &QueueName, _: Instant) -> Result<Backlog, DepthError> {
+            Ok(Backlog::of(0))
+        }
+    }
+
+    /// A send the primary never got, answered only at its deadline, has no time left for
+    /// the fallback: it is answered as the primary's (503 backend_unavailable: nothing was
+    /// stored, retry), not 504 send_timeout (outcome unknown) from a fallback it never
+    /// reached, and the fallback's slot, ceiling and breaker are not taken for it.
+    #[tokio::test(start_paused = true)]
+    async fn a_send_the_primary_never_got_with_no_time_left_is_not_sent_on() {
+        let queue = QueueName::parse("q").unwrap();
+        let capacity = CapacitySettings {
+            max_queue_depth: 1000,
+            fail_closed: false,
+            fail_closed_streak: 3,
+            depth_ttl: Duration::from_secs(60),
+            admin_timeout: Duration::from_secs(1),
+            retry_after_max: Duration::from_secs(300),
+            resume_below: crate::config::Fraction::ONE,
+        };
+        let queues = std::slice::from_ref(&queue);
+        let lane = |role, backend: Arc<dyn Backend>| {
+            lane(role, backend, queues, &capacity, BreakerPolicy::default())
+        };
+        let d = Dispatcher::new(
+            lane(BackendRole::Primary, Arc::new(RefusedAtDeadline)),
+            Some(lane(BackendRole::Fallback, Arc::new(Healthy))),
+            None,
+            InFlight::new(8),
+            Duration::from_secs(5),
+        );
+        let sent = d.send(message(&queue)).await;
+        assert_eq!(
+            (sent.via, sent.result),
+            (
+                Some(BackendRole::Primary),
+                Err(DispatchError::Send(SendError::Unavailable(
+                    "the operation ran out of time".into()
+                )))
+            )
+        );
+        assert_eq!(d.in_flight().current(), 0);
+    }
+
     /// A send that may have reached the primary's broker (its outcome unknown, or the
     /// broker answered) is never sent again elsewhere: it could be stored twice. Nor is one
     /// pinned to the primary.
