@@ -273,10 +273,12 @@ impl Dispatcher {
         let spare = self.may_send_on(lane).then(|| made.clone());
         let mut result = deliver(lane, admitted, made).await;
         if let (Some(made), true) = (spare, result.never_sent()) {
-            if let Some((fallback, mut again)) =
-                self.admit_on_fallback(queue, attributes, asker).await
+            // One request, one deadline: the second send ends when the first would have.
+            let deadline = first_admitted_at + self.send_timeout;
+            if let Some((fallback, mut again)) = self
+                .admit_on_fallback(queue, attributes, asker, deadline)
+                .await
             {
-                // One request, one deadline: the second send ends when the first would have.
                 again.admitted_at = again.admitted_at.min(first_admitted_at);
                 lane = fallback;
                 result = deliver(lane, again, made).await;
@@ -298,19 +300,26 @@ impl Dispatcher {
     /// The fallback's admission (steps 5 to 7) for a send the primary never got: nothing
     /// reached the primary's broker, so sending it elsewhere cannot store it twice. The
     /// primary's trial among them: one a second while its broker cannot be reached, each of
-    /// which a healthy fallback can take. `None` when the fallback does not admit it (the
-    /// primary's answer stands).
+    /// which a healthy fallback can take. `None` when the fallback does not admit it, or
+    /// the request's `deadline` has passed (before or during the admission: its slot, place
+    /// and ticket are given back): the primary's answer stands, `503 backend_unavailable`
+    /// (nothing stored), never a `504` (outcome unknown) from a fallback never reached.
     async fn admit_on_fallback(
         &self,
         queue: &QueueName,
         attributes: &[&Attributes],
         asker: Asker,
+        deadline: Instant,
     ) -> Option<(&Lane, Admitted)> {
         let fallback = self.fallback.as_ref()?;
-        if !fallback.breaker.would_allow() {
+        if !fallback.breaker.would_allow() || Instant::now() >= deadline {
             return None;
         }
         let admitted = self.admit(fallback, queue, attributes, asker).await.ok()?;
+        if Instant::now() >= deadline {
+            admitted.unsent();
+            return None;
+        }
         tracing::debug!(event = "fallback_selected", queue = %queue, "the primary's broker could not be reached: using the fallback");
         Some((fallback, admitted))
     }
@@ -530,6 +539,15 @@ struct Admitted {
     admitted_at: Instant,
     _slot: inflight::Slot,
     ticket: breaker::Ticket,
+}
+
+impl Admitted {
+    /// Nothing was sent: the place under the ceiling is freed (not counted as maybe
+    /// stored, as a drop would), the ticket says nothing of the backend's health.
+    fn unsent(self) {
+        self.ticket.record(Outcome::Neutral);
+        self.reservation.finish(BacklogEffect::NotStored);
+    }
 }
 
 #[cfg(test)]
