@@ -977,6 +977,40 @@ mod tests {
         assert_eq!(d.in_flight().current(), 0, "both slots given back");
     }
 
+    /// The latency a send sent on is timed by (the `sendgate_send_duration` of the backend
+    /// it names) is the fallback's send: not the 4 s the primary's broker took to say it
+    /// could not be reached.
+    #[tokio::test(start_paused = true)]
+    async fn a_send_sent_on_is_timed_as_the_fallbacks_send_alone() {
+        let queue = QueueName::parse("q").unwrap();
+        let capacity = CapacitySettings {
+            max_queue_depth: 1000,
+            fail_closed: false,
+            fail_closed_streak: 3,
+            depth_ttl: Duration::from_secs(60),
+            admin_timeout: Duration::from_secs(1),
+            retry_after_max: Duration::from_secs(300),
+            resume_below: crate::config::Fraction::ONE,
+        };
+        let queues = std::slice::from_ref(&queue);
+        let lane = |role, backend: Arc<dyn Backend>| {
+            lane(role, backend, queues, &capacity, BreakerPolicy::default())
+        };
+        let slow = SlowToRefuse {
+            after: Duration::from_secs(4),
+        };
+        let d = Dispatcher::new(
+            lane(BackendRole::Primary, Arc::new(slow)),
+            Some(lane(BackendRole::Fallback, Arc::new(Healthy))),
+            None,
+            InFlight::new(8),
+            Duration::from_secs(5),
+        );
+        let sent = d.send(message(&queue)).await;
+        assert_eq!(sent.via, Some(BackendRole::Fallback));
+        assert_eq!(sent.send_time, Some(Duration::ZERO));
+    }
+
     /// A broker whose connect attempt runs out with the send's deadline (a broker that
     /// drops packets: the connect times out): nothing was sent, answered at the deadline.
     struct RefusedAtDeadline;
