@@ -267,7 +267,7 @@ impl Dispatcher {
                 }
             }
         };
-        let started = Instant::now();
+        let mut started = Instant::now();
         let first_admitted_at = admitted.admitted_at;
         let made = make();
         let spare = self.may_send_on(lane).then(|| made.clone());
@@ -281,6 +281,8 @@ impl Dispatcher {
             {
                 again.admitted_at = again.admitted_at.min(first_admitted_at);
                 lane = fallback;
+                // Timed as the backend it names: the fallback's send, not the primary's try.
+                started = Instant::now();
                 result = deliver(lane, again, made).await;
             }
         }
