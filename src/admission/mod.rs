@@ -979,6 +979,64 @@ mod tests {
         assert_eq!(d.in_flight().current(), 0, "both slots given back");
     }
 
+    /// A fallback whose queue is at its ceiling.
+    struct FullFallback;
+
+    #[async_trait]
+    impl Backend for FullFallback {
+        fn kind(&self) -> &'static str {
+            "full"
+        }
+        async fn send(&self, _: OutgoingMessage, _: Instant) -> Result<SendReceipt, SendError> {
+            Ok(SendReceipt { duplicate: false })
+        }
+        async fn backlog(&self, _: &QueueName, _: Instant) -> Result<Backlog, DepthError> {
+            Ok(Backlog::of(1000))
+        }
+    }
+
+    /// A send the primary never got that the fallback refuses at its gates (here its
+    /// ceiling) is answered as the primary's: 503 backend_unavailable, not the fallback's 429
+    /// (contract §1 step 8 says so).
+    #[tokio::test(start_paused = true)]
+    async fn a_send_the_fallback_refuses_at_its_gates_keeps_the_primarys_answer() {
+        let queue = QueueName::parse("q").unwrap();
+        let capacity = CapacitySettings {
+            max_queue_depth: 1000,
+            fail_closed: false,
+            fail_closed_streak: 3,
+            depth_ttl: Duration::from_secs(60),
+            admin_timeout: Duration::from_secs(1),
+            retry_after_max: Duration::from_secs(300),
+            resume_below: crate::config::Fraction::ONE,
+        };
+        let queues = std::slice::from_ref(&queue);
+        let lane = |role, backend: Arc<dyn Backend>| {
+            lane(role, backend, queues, &capacity, BreakerPolicy::default())
+        };
+        let refused = SendError::Unavailable("connection refused".into());
+        let d = Dispatcher::new(
+            lane(
+                BackendRole::Primary,
+                Arc::new(Unreachable {
+                    error: refused.clone(),
+                }),
+            ),
+            Some(lane(BackendRole::Fallback, Arc::new(FullFallback))),
+            None,
+            InFlight::new(8),
+            Duration::from_secs(5),
+        );
+        let sent = d.send(message(&queue)).await;
+        assert_eq!(
+            (sent.via, sent.result),
+            (
+                Some(BackendRole::Primary),
+                Err(DispatchError::Send(refused))
+            )
+        );
+    }
+
     /// The latency a send sent on is timed by (the `sendgate_send_duration` of the backend
     /// it names) is the fallback's send: not the 4 s the primary's broker took to say it
     /// could not be reached.
