@@ -529,3 +529,25 @@ fn the_map_stays_at_most_twenty_thousand_characters() {
         "ARCHITECTURE.md is {characters} characters: a map, not a file-by-file listing"
     );
 }
+
+/// Build output is never committed: the workspaces' `target/` folders (the server's, and
+/// bench/'s and fuzz/'s, workspaces of their own) are made by cargo, not written by anyone.
+#[test]
+fn no_build_output_is_tracked() {
+    let listed = std::process::Command::new("git")
+        .args(["ls-files", "-z"])
+        .current_dir(ROOT)
+        .output()
+        .expect("git runs");
+    if !listed.status.success() {
+        // Not a checkout (a source archive): nothing is tracked.
+        return;
+    }
+    let tracked: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+        .split('\0')
+        .filter(|path| path.split('/').any(|part| part == "target"))
+        .take(5)
+        .map(str::to_string)
+        .collect();
+    assert!(tracked.is_empty(), "build output tracked: {tracked:?}");
+}

@@ -267,18 +267,22 @@ impl Dispatcher {
                 }
             }
         };
-        let started = Instant::now();
+        let mut started = Instant::now();
         let first_admitted_at = admitted.admitted_at;
         let made = make();
         let spare = self.may_send_on(lane).then(|| made.clone());
         let mut result = deliver(lane, admitted, made).await;
         if let (Some(made), true) = (spare, result.never_sent()) {
-            if let Some((fallback, mut again)) =
-                self.admit_on_fallback(queue, attributes, asker).await
+            // One request, one deadline: the second send ends when the first would have.
+            let deadline = first_admitted_at + self.send_timeout;
+            if let Some((fallback, mut again)) = self
+                .admit_on_fallback(queue, attributes, asker, deadline)
+                .await
             {
-                // One request, one deadline: the second send ends when the first would have.
                 again.admitted_at = again.admitted_at.min(first_admitted_at);
                 lane = fallback;
+                // Timed as the backend it names: the fallback's send, not the primary's try.
+                started = Instant::now();
                 result = deliver(lane, again, made).await;
             }
         }
@@ -298,19 +302,26 @@ impl Dispatcher {
     /// The fallback's admission (steps 5 to 7) for a send the primary never got: nothing
     /// reached the primary's broker, so sending it elsewhere cannot store it twice. The
     /// primary's trial among them: one a second while its broker cannot be reached, each of
-    /// which a healthy fallback can take. `None` when the fallback does not admit it (the
-    /// primary's answer stands).
+    /// which a healthy fallback can take. `None` when the fallback does not admit it, or
+    /// the request's `deadline` has passed (before or during the admission: its slot, place
+    /// and ticket are given back): the primary's answer stands, `503 backend_unavailable`
+    /// (nothing stored), never a `504` (outcome unknown) from a fallback never reached.
     async fn admit_on_fallback(
         &self,
         queue: &QueueName,
         attributes: &[&Attributes],
         asker: Asker,
+        deadline: Instant,
     ) -> Option<(&Lane, Admitted)> {
         let fallback = self.fallback.as_ref()?;
-        if !fallback.breaker.would_allow() {
+        if !fallback.breaker.would_allow() || Instant::now() >= deadline {
             return None;
         }
         let admitted = self.admit(fallback, queue, attributes, asker).await.ok()?;
+        if Instant::now() >= deadline {
+            admitted.unsent();
+            return None;
+        }
         tracing::debug!(event = "fallback_selected", queue = %queue, "the primary's broker could not be reached: using the fallback");
         Some((fallback, admitted))
     }
@@ -530,6 +541,15 @@ struct Admitted {
     admitted_at: Instant,
     _slot: inflight::Slot,
     ticket: breaker::Ticket,
+}
+
+impl Admitted {
+    /// Nothing was sent: the place under the ceiling is freed (not counted as maybe
+    /// stored, as a drop would), the ticket says nothing of the backend's health.
+    fn unsent(self) {
+        self.ticket.record(Outcome::Neutral);
+        self.reservation.finish(BacklogEffect::NotStored);
+    }
 }
 
 #[cfg(test)]
@@ -957,6 +977,162 @@ mod tests {
         );
         assert_eq!(started.elapsed(), Duration::from_secs(5));
         assert_eq!(d.in_flight().current(), 0, "both slots given back");
+    }
+
+    /// A fallback whose queue is at its ceiling.
+    struct FullFallback;
+
+    #[async_trait]
+    impl Backend for FullFallback {
+        fn kind(&self) -> &'static str {
+            "full"
+        }
+        async fn send(&self, _: OutgoingMessage, _: Instant) -> Result<SendReceipt, SendError> {
+            Ok(SendReceipt { duplicate: false })
+        }
+        async fn backlog(&self, _: &QueueName, _: Instant) -> Result<Backlog, DepthError> {
+            Ok(Backlog::of(1000))
+        }
+    }
+
+    /// A send the primary never got that the fallback refuses at its gates (here its
+    /// ceiling) is answered as the primary's: 503 backend_unavailable, not the fallback's 429
+    /// (contract §1 step 8 says so).
+    #[tokio::test(start_paused = true)]
+    async fn a_send_the_fallback_refuses_at_its_gates_keeps_the_primarys_answer() {
+        let queue = QueueName::parse("q").unwrap();
+        let capacity = CapacitySettings {
+            max_queue_depth: 1000,
+            fail_closed: false,
+            fail_closed_streak: 3,
+            depth_ttl: Duration::from_secs(60),
+            admin_timeout: Duration::from_secs(1),
+            retry_after_max: Duration::from_secs(300),
+            resume_below: crate::config::Fraction::ONE,
+        };
+        let queues = std::slice::from_ref(&queue);
+        let lane = |role, backend: Arc<dyn Backend>| {
+            lane(role, backend, queues, &capacity, BreakerPolicy::default())
+        };
+        let refused = SendError::Unavailable("connection refused".into());
+        let d = Dispatcher::new(
+            lane(
+                BackendRole::Primary,
+                Arc::new(Unreachable {
+                    error: refused.clone(),
+                }),
+            ),
+            Some(lane(BackendRole::Fallback, Arc::new(FullFallback))),
+            None,
+            InFlight::new(8),
+            Duration::from_secs(5),
+        );
+        let sent = d.send(message(&queue)).await;
+        assert_eq!(
+            (sent.via, sent.result),
+            (
+                Some(BackendRole::Primary),
+                Err(DispatchError::Send(refused))
+            )
+        );
+    }
+
+    /// The latency a send sent on is timed by (the `sendgate_send_duration` of the backend
+    /// it names) is the fallback's send: not the 4 s the primary's broker took to say it
+    /// could not be reached.
+    #[tokio::test(start_paused = true)]
+    async fn a_send_sent_on_is_timed_as_the_fallbacks_send_alone() {
+        let queue = QueueName::parse("q").unwrap();
+        let capacity = CapacitySettings {
+            max_queue_depth: 1000,
+            fail_closed: false,
+            fail_closed_streak: 3,
+            depth_ttl: Duration::from_secs(60),
+            admin_timeout: Duration::from_secs(1),
+            retry_after_max: Duration::from_secs(300),
+            resume_below: crate::config::Fraction::ONE,
+        };
+        let queues = std::slice::from_ref(&queue);
+        let lane = |role, backend: Arc<dyn Backend>| {
+            lane(role, backend, queues, &capacity, BreakerPolicy::default())
+        };
+        let slow = SlowToRefuse {
+            after: Duration::from_secs(4),
+        };
+        let d = Dispatcher::new(
+            lane(BackendRole::Primary, Arc::new(slow)),
+            Some(lane(BackendRole::Fallback, Arc::new(Healthy))),
+            None,
+            InFlight::new(8),
+            Duration::from_secs(5),
+        );
+        let sent = d.send(message(&queue)).await;
+        assert_eq!(sent.via, Some(BackendRole::Fallback));
+        assert_eq!(sent.send_time, Some(Duration::ZERO));
+    }
+
+    /// A broker whose connect attempt runs out with the send's deadline (a broker that
+    /// drops packets: the connect times out): nothing was sent, answered at the deadline.
+    struct RefusedAtDeadline;
+
+    #[async_trait]
+    impl Backend for RefusedAtDeadline {
+        fn kind(&self) -> &'static str {
+            "black-holed"
+        }
+        async fn send(
+            &self,
+            _: OutgoingMessage,
+            deadline: Instant,
+        ) -> Result<SendReceipt, SendError> {
+            tokio::time::sleep_until(deadline).await;
+            Err(SendError::Unavailable(
+                "the operation ran out of time".into(),
+            ))
+        }
+        async fn backlog(&self, _: &QueueName, _: Instant) -> Result<Backlog, DepthError> {
+            Ok(Backlog::of(0))
+        }
+    }
+
+    /// A send the primary never got, answered only at its deadline, has no time left for
+    /// the fallback: it is answered as the primary's (503 backend_unavailable: nothing was
+    /// stored, retry), not 504 send_timeout (outcome unknown) from a fallback it never
+    /// reached, and the fallback's slot, ceiling and breaker are not taken for it.
+    #[tokio::test(start_paused = true)]
+    async fn a_send_the_primary_never_got_with_no_time_left_is_not_sent_on() {
+        let queue = QueueName::parse("q").unwrap();
+        let capacity = CapacitySettings {
+            max_queue_depth: 1000,
+            fail_closed: false,
+            fail_closed_streak: 3,
+            depth_ttl: Duration::from_secs(60),
+            admin_timeout: Duration::from_secs(1),
+            retry_after_max: Duration::from_secs(300),
+            resume_below: crate::config::Fraction::ONE,
+        };
+        let queues = std::slice::from_ref(&queue);
+        let lane = |role, backend: Arc<dyn Backend>| {
+            lane(role, backend, queues, &capacity, BreakerPolicy::default())
+        };
+        let d = Dispatcher::new(
+            lane(BackendRole::Primary, Arc::new(RefusedAtDeadline)),
+            Some(lane(BackendRole::Fallback, Arc::new(Healthy))),
+            None,
+            InFlight::new(8),
+            Duration::from_secs(5),
+        );
+        let sent = d.send(message(&queue)).await;
+        assert_eq!(
+            (sent.via, sent.result),
+            (
+                Some(BackendRole::Primary),
+                Err(DispatchError::Send(SendError::Unavailable(
+                    "the operation ran out of time".into()
+                )))
+            )
+        );
+        assert_eq!(d.in_flight().current(), 0);
     }
 
     /// A send that may have reached the primary's broker (its outcome unknown, or the

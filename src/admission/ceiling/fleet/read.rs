@@ -391,5 +391,7 @@ impl FleetSeat {
 /// many replicas share it.
 pub(super) fn near_ceiling(estimate: u64, limit: u64, replicas: u64) -> bool {
     let room = limit.saturating_sub(estimate);
-    room / replicas.max(1) <= (limit / NEAR_CEILING).max(1) && room <= limit / 2
+    let tenth = (limit / NEAR_CEILING).max(1);
+    // Half rounded down, but never under the tenth (alone with a ceiling of 1: one).
+    room / replicas.max(1) <= tenth && room <= (limit / 2).max(tenth)
 }

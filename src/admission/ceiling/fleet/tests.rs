@@ -2370,6 +2370,10 @@ fn near_the_ceiling_is_a_replicas_part_within_a_tenth_and_at_most_half_free() {
     );
     assert!(near_ceiling(4, 5, 1), "a tenth of a small ceiling is one");
     assert!(!near_ceiling(3, 5, 1));
+    assert!(
+        near_ceiling(0, 1, 1),
+        "a ceiling of 1 with its one place free: within a tenth (one), as before"
+    );
     assert!(near_ceiling(120, 100, 3), "over the ceiling");
 }
 
