@@ -705,10 +705,8 @@ async fn sample_amqp_depths(
             ..QueueDeclareOptions::default()
         };
         let q = ctx.queue.as_str().into();
-        if let Ok(q) = sampler
-            .queue_declare(q, passive, FieldTable::default())
-            .await
-        {
+        let read = sampler.queue_declare(q, passive, FieldTable::default());
+        if let Ok(Ok(q)) = tokio::time::timeout(AMQP_CALL, read).await {
             let at = ctx.now();
             lock(&ctx.log)
                 .depths
@@ -754,10 +752,9 @@ async fn drain_amqp(ctx: Arc<Ctx>, args: Args, plan: DrainPlan, stop: Arc<Atomic
         owed = (owed + rate * (now - last)).min(rate.max(1.0));
         last = now;
         while owed >= 1.0 {
-            let got = consumer
-                .basic_get(ctx.queue.as_str().into(), BasicGetOptions { no_ack: true })
-                .await;
-            let found = matches!(got, Ok(Some(_)));
+            let get =
+                consumer.basic_get(ctx.queue.as_str().into(), BasicGetOptions { no_ack: true });
+            let found = matches!(tokio::time::timeout(AMQP_CALL, get).await, Ok(Ok(Some(_))));
             let at = ctx.now();
             lock(&ctx.log).polls.push(Poll {
                 at,
@@ -774,8 +771,13 @@ async fn drain_amqp(ctx: Arc<Ctx>, args: Args, plan: DrainPlan, stop: Arc<Atomic
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let _ = sampling.await;
-    let _ = connection.close(200, "done".into()).await;
+    let _ = tokio::time::timeout(AMQP_CALL, connection.close(200, "done".into())).await;
 }
+
+/// The longest an AMQP call of the drain may take: lapin leaves a call on a connection the
+/// broker closed (a missed heartbeat on a loaded machine) waiting for ever, and the run
+/// with it.
+const AMQP_CALL: Duration = Duration::from_secs(5);
 
 // ---------------------------------------------------------------------------------------
 // The report.
