@@ -578,6 +578,19 @@ mod tests {
         }
     }
 
+    /// A ceiling of 1000 nobody reaches, fail-open, its depth read again after `depth_ttl`.
+    fn capacity(depth_ttl: Duration) -> CapacitySettings {
+        CapacitySettings {
+            max_queue_depth: 1000,
+            fail_closed: false,
+            fail_closed_streak: 3,
+            depth_ttl,
+            admin_timeout: Duration::from_secs(1),
+            retry_after_max: Duration::from_secs(300),
+            resume_below: crate::config::Fraction::ONE,
+        }
+    }
+
     /// A lane over `backend` whose gates decide alone, without tenants.
     fn lane(
         role: BackendRole,
@@ -597,15 +610,7 @@ mod tests {
 
     fn dispatcher(max: usize) -> (Arc<Dispatcher>, QueueName) {
         let queue = QueueName::parse("q").unwrap();
-        let capacity = CapacitySettings {
-            max_queue_depth: 1000,
-            fail_closed: false,
-            fail_closed_streak: 3,
-            depth_ttl: Duration::from_secs(60),
-            admin_timeout: Duration::from_secs(1),
-            retry_after_max: Duration::from_secs(300),
-            resume_below: crate::config::Fraction::ONE,
-        };
+        let capacity = capacity(Duration::from_secs(60));
         let lane = lane(
             BackendRole::Primary,
             Arc::new(Hung),
@@ -730,15 +735,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_send_that_loses_the_primarys_trial_goes_to_the_fallback_not_to_a_503() {
         let queue = QueueName::parse("q").unwrap();
-        let capacity = CapacitySettings {
-            max_queue_depth: 1000,
-            fail_closed: false,
-            fail_closed_streak: 3,
-            depth_ttl: Duration::ZERO,
-            admin_timeout: Duration::from_secs(1),
-            retry_after_max: Duration::from_secs(300),
-            resume_below: crate::config::Fraction::ONE,
-        };
+        let capacity = capacity(Duration::ZERO);
         let flaky = Arc::new(Flaky {
             healed: false.into(),
         });
@@ -832,15 +829,7 @@ mod tests {
     /// A primary whose sends fail with `error`, a healthy fallback, `force` pinned.
     fn failing_primary(error: SendError, force: Option<ForceBackend>) -> (Dispatcher, QueueName) {
         let queue = QueueName::parse("q").unwrap();
-        let capacity = CapacitySettings {
-            max_queue_depth: 1000,
-            fail_closed: false,
-            fail_closed_streak: 3,
-            depth_ttl: Duration::from_secs(60),
-            admin_timeout: Duration::from_secs(1),
-            retry_after_max: Duration::from_secs(300),
-            resume_below: crate::config::Fraction::ONE,
-        };
+        let capacity = capacity(Duration::from_secs(60));
         let queues = std::slice::from_ref(&queue);
         let lane = |role, backend: Arc<dyn Backend>| {
             lane(role, backend, queues, &capacity, BreakerPolicy::default())
@@ -934,15 +923,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_send_sent_on_to_the_fallback_keeps_the_requests_deadline() {
         let queue = QueueName::parse("q").unwrap();
-        let capacity = CapacitySettings {
-            max_queue_depth: 1000,
-            fail_closed: false,
-            fail_closed_streak: 3,
-            depth_ttl: Duration::from_secs(60),
-            admin_timeout: Duration::from_secs(1),
-            retry_after_max: Duration::from_secs(300),
-            resume_below: crate::config::Fraction::ONE,
-        };
+        let capacity = capacity(Duration::from_secs(60));
         let queues = std::slice::from_ref(&queue);
         let slow = SlowToRefuse {
             after: Duration::from_secs(4),
@@ -1001,15 +982,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_send_the_fallback_refuses_at_its_gates_keeps_the_primarys_answer() {
         let queue = QueueName::parse("q").unwrap();
-        let capacity = CapacitySettings {
-            max_queue_depth: 1000,
-            fail_closed: false,
-            fail_closed_streak: 3,
-            depth_ttl: Duration::from_secs(60),
-            admin_timeout: Duration::from_secs(1),
-            retry_after_max: Duration::from_secs(300),
-            resume_below: crate::config::Fraction::ONE,
-        };
+        let capacity = capacity(Duration::from_secs(60));
         let queues = std::slice::from_ref(&queue);
         let lane = |role, backend: Arc<dyn Backend>| {
             lane(role, backend, queues, &capacity, BreakerPolicy::default())
@@ -1043,15 +1016,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_send_sent_on_is_timed_as_the_fallbacks_send_alone() {
         let queue = QueueName::parse("q").unwrap();
-        let capacity = CapacitySettings {
-            max_queue_depth: 1000,
-            fail_closed: false,
-            fail_closed_streak: 3,
-            depth_ttl: Duration::from_secs(60),
-            admin_timeout: Duration::from_secs(1),
-            retry_after_max: Duration::from_secs(300),
-            resume_below: crate::config::Fraction::ONE,
-        };
+        let capacity = capacity(Duration::from_secs(60));
         let queues = std::slice::from_ref(&queue);
         let lane = |role, backend: Arc<dyn Backend>| {
             lane(role, backend, queues, &capacity, BreakerPolicy::default())
@@ -1102,15 +1067,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_send_the_primary_never_got_with_no_time_left_is_not_sent_on() {
         let queue = QueueName::parse("q").unwrap();
-        let capacity = CapacitySettings {
-            max_queue_depth: 1000,
-            fail_closed: false,
-            fail_closed_streak: 3,
-            depth_ttl: Duration::from_secs(60),
-            admin_timeout: Duration::from_secs(1),
-            retry_after_max: Duration::from_secs(300),
-            resume_below: crate::config::Fraction::ONE,
-        };
+        let capacity = capacity(Duration::from_secs(60));
         let queues = std::slice::from_ref(&queue);
         let lane = |role, backend: Arc<dyn Backend>| {
             lane(role, backend, queues, &capacity, BreakerPolicy::default())
@@ -1163,15 +1120,7 @@ mod tests {
     #[tokio::test]
     async fn a_forced_backend_set_at_runtime_routes_the_next_send_and_none_restores_the_default() {
         let queue = QueueName::parse("q").unwrap();
-        let capacity = CapacitySettings {
-            max_queue_depth: 1000,
-            fail_closed: false,
-            fail_closed_streak: 3,
-            depth_ttl: Duration::from_secs(60),
-            admin_timeout: Duration::from_secs(1),
-            retry_after_max: Duration::from_secs(300),
-            resume_below: crate::config::Fraction::ONE,
-        };
+        let capacity = capacity(Duration::from_secs(60));
         let queues = std::slice::from_ref(&queue);
         let lane = |role| {
             lane(
