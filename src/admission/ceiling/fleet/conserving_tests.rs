@@ -178,3 +178,32 @@ async fn at_the_ceiling_the_ttls_paced_reads_still_come_once_per_ttl() {
         seat(&all[0]).share_round()
     );
 }
+
+/// Sends that waited out a new fleet's grace ask at once when it ends. Asking at once they
+/// split a share of the room, and one told full takes a unit a sibling's grant left, so
+/// the burst fills the empty queue to within what the replicas' first asks hold unused
+/// (each took a whole share: 25 admitted of 50 when every ask took one).
+#[tokio::test(start_paused = true)]
+async fn a_burst_at_the_end_of_the_grace_fills_the_empty_queue_near_its_ceiling() {
+    let ledger = MemoryLedger::new(T);
+    let broker = Broker::new(Duration::ZERO);
+    let all = Arc::new(replicas(3, &ledger, &broker, policy(50, false)).await);
+    for r in all.iter() {
+        ledger.delay(r.fleet.replica(), Duration::from_millis(2));
+    }
+    let sends: Vec<_> = (0..66)
+        .map(|i| {
+            let (all, broker) = (Arc::clone(&all), Arc::clone(&broker));
+            tokio::spawn(async move { send(&all[i % 3], &broker).await.is_ok() })
+        })
+        .collect();
+    let mut admitted = 0;
+    for s in sends {
+        admitted += u64::from(s.await.unwrap());
+    }
+    assert_eq!(admitted, broker.stored());
+    assert!(
+        (44..=50).contains(&admitted),
+        "{admitted} of an empty queue's ceiling of 50"
+    );
+}

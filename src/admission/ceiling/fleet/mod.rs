@@ -21,6 +21,7 @@
 //! reply says (step 5's epochs, the heartbeat), `alone.rs` a replica cut off (step 6).
 
 mod alone;
+mod outstanding;
 mod read;
 mod reserve;
 mod settle;
@@ -135,6 +136,8 @@ pub struct FleetSeat {
     read_turn: tokio::sync::Mutex<()>,
     /// Held by a reservation asked for ahead while it is out, so that a leave waits for it.
     next_block_turn: tokio::sync::Mutex<()>,
+    /// This replica's reservations out at Redis.
+    outstanding: outstanding::Outstanding,
     /// The process's runtime, where the seat's own tasks run: a send may end on an HTTP
     /// worker's runtime, which the server drops when it stops.
     runtime: tokio::runtime::Handle,
@@ -159,6 +162,7 @@ impl FleetSeat {
             send_timeout,
             read_turn: tokio::sync::Mutex::new(()),
             next_block_turn: tokio::sync::Mutex::new(()),
+            outstanding: outstanding::Outstanding::default(),
             runtime: tokio::runtime::Handle::current(),
         });
         seat.fleet.register(seat.key.clone(), seat.terms());

@@ -181,10 +181,14 @@ impl FleetSeat {
 
     /// Step 1's terms for `units` sends: a single send asks for a block it takes one unit
     /// of (a share of the room), a batch for exactly its size (divisor 1: all of the room
-    /// if need be, never more).
-    fn ask<'a>(&self, block_id: &'a str, units: u64, limit: u64) -> Ask<'a> {
+    /// if need be, never more). A send that asks while `others` of this replica's
+    /// reservations are out asks for a share `others + 1` times smaller: sends asking at
+    /// once (a grace's end frees them all) would each take an eighth of what the last left,
+    /// and the replica would hold most of the room unused while the others' sends are
+    /// refused.
+    fn ask<'a>(&self, block_id: &'a str, units: u64, limit: u64, others: u64) -> Ask<'a> {
         let (want, divisor) = if units == 1 {
-            (BLOCK_WANT, SHARE_DIVISOR)
+            (BLOCK_WANT, SHARE_DIVISOR.saturating_mul(others + 1))
         } else {
             (units, 1)
         };
@@ -201,10 +205,11 @@ impl FleetSeat {
     /// (`counted`: see [`FleetSeat::admit_units`]), each answer taken by the step that
     /// names it.
     async fn reserve_once(self: &Arc<Self>, counted: &mut bool, units: u64) -> Step {
+        let out = self.outstanding.start();
         let asked = Instant::now();
         let (turn, block_id) = self.next_turn();
         let policy = self.policy.load_full();
-        let ask = self.ask(&block_id, units, policy.limit);
+        let ask = self.ask(&block_id, units, policy.limit, out.others());
         let reply = self
             .fleet
             .ledger()
@@ -233,8 +238,14 @@ impl FleetSeat {
             return reply.ask_again();
         }
         match answer {
-            ReserveAnswer::Unread => self.read_first(counted, &reply.policy).await,
-            ReserveAnswer::Recovering => self.wait_out_grace(&reply).await,
+            ReserveAnswer::Unread => {
+                drop(out);
+                self.read_first(counted, &reply.policy).await
+            }
+            ReserveAnswer::Recovering => {
+                drop(out);
+                self.wait_out_grace(&reply).await
+            }
             // Step 1: the caller named another epoch; `see` adopted the reply's.
             ReserveAnswer::NewEpoch => reply.ask_again(),
             ReserveAnswer::Granted { granted } => self.use_grant(&reply, granted),
@@ -375,7 +386,9 @@ impl FleetSeat {
     }
 
     /// Step 1 found no room. The refusal is cached at most a block's use (headroom others
-    /// hold unused comes back within that), and the seat turns refusing.
+    /// hold unused comes back within that), and the seat turns refusing. A unit of a block
+    /// this replica holds, which another send's grant left while this one's call was out,
+    /// still admits the send: it is counted in the estimate that said full.
     fn told_full(&self, reply: &Reply, estimate: u64) -> Step {
         let mut state = match self.still_current(reply, None) {
             Ok(state) => state,
@@ -389,6 +402,11 @@ impl FleetSeat {
         });
         state.mode.told_full();
         state.whole_under = None;
+        let limit = self.policy.load().limit;
+        if let Some(held) = state.take_units(Instant::now(), self.alone_span(), limit, reply.units)
+        {
+            return Step::Done(FleetAnswer::Admit(held));
+        }
         let refusal = reply
             .policy
             .queue_full(estimate, state.drain.rate(), ttl_left);
@@ -501,10 +519,11 @@ impl FleetSeat {
         if self.state.lock().mode.leaving() {
             return;
         }
+        let out = self.outstanding.start();
         let asked = Instant::now();
         let (turn, block_id) = self.next_turn();
         let limit = self.policy.load().limit;
-        let ask = self.ask(&block_id, 1, limit);
+        let ask = self.ask(&block_id, 1, limit, out.others());
         let reply = self
             .fleet
             .ledger()
