@@ -213,6 +213,7 @@ run_one() { # backend, scenario, side, ceiling, openloop args...
   gateway_up "$backend" "$ceiling" "$name"
   local line
   line=$(timeout 900 "$BIN/openloop" --addr "$GW_ADDR" --queue $Q --ceiling "$ceiling" \
+    --timeline "$OUT/timeline-$name.csv" \
     "${DRAIN_ARGS[@]}" "$@" 2>"$OUT/openloop-$name.log" | tail -1 || true)
   gateway_down "$backend"
   if ! echo "$line" | jq -e '.summary == true' >/dev/null 2>&1; then

@@ -13,7 +13,7 @@
 //!          [--drain embedded|amqp|none] [--drain-phases R:S,R:S]  # D over time
 //!          [--sendgate BIN --data-dir D] [--tick-ms 100]        # --drain embedded
 //!          [--amqp-url amqp://...] [--sample-ms 100]            # --drain amqp
-//!          [--max-conns 1024]
+//!          [--max-conns 1024] [--timeline FILE]                    # every event, CSV
 //! ```
 //!
 //! Producers' retry policies: `none` (a refusal is dropped), `naive` (three immediate
@@ -348,11 +348,39 @@ impl HttpConn {
     }
 }
 
+/// Every poll, depth read and answered attempt in time order, one CSV row each (`--timeline
+/// FILE`): for reading what a per-second summary hides, such as which poll came up short
+/// and how long after the last refusal.
+fn write_timeline(path: &str, log: &Log) {
+    let mut rows: Vec<(f64, String)> = Vec::new();
+    rows.extend(
+        log.polls
+            .iter()
+            .map(|p| (p.at, format!("poll,{},{}", p.want, p.got))),
+    );
+    rows.extend(log.depths.iter().map(|d| (d.0, format!("depth,{},", d.1))));
+    rows.extend(
+        log.attempts
+            .iter()
+            .map(|a| (a.done, format!("answer,{},{}", a.status, a.reason))),
+    );
+    rows.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut out = String::from("t,kind,a,b\n");
+    for (t, row) in rows {
+        out.push_str(&format!("{t:.4},{row}\n"));
+    }
+    if let Err(e) = std::fs::write(path, out) {
+        eprintln!("openloop: --timeline {path}: {e}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // What happened: every attempt, every message, every poll, every depth read.
 
 #[derive(Clone)]
 struct Attempt {
+    /// The message's arrival id.
+    msg: u64,
     intended: f64,
     done: f64,
     /// 0: the connection failed.
@@ -521,6 +549,7 @@ async fn message(ctx: Arc<Ctx>, a: Arrival) {
             None => (0, "connection".into()),
         };
         lock(&ctx.log).attempts.push(Attempt {
+            msg: a.id,
             intended,
             done,
             status,
@@ -554,6 +583,7 @@ async fn client_message(ctx: Arc<Ctx>, a: Arrival) {
     let admitted_at = matches!(outcome, SendOutcome::Queued { .. }).then(|| ctx.now());
     if let Some(done) = admitted_at {
         lock(&ctx.log).attempts.push(Attempt {
+            msg: a.id,
             intended: a.at,
             done,
             status: 201,
@@ -984,23 +1014,103 @@ fn pct(a: usize, b: usize) -> Option<f64> {
     (b > 0).then(|| 100.0 * a as f64 / b as f64)
 }
 
-/// The consumer's short polls in the seconds some send was refused for the queue (a
-/// `429 queue_full`, any reason but a tenant's quota).
+/// How near a refusal a poll must be to count as taken while refusing: the embedded
+/// consumer's tick, ten of the AMQP consumer's takes at D = 100/s.
+const NEAR_REFUSAL_S: f64 = 0.1;
+
+/// The consumer's short polls while some send was refused for the queue (a `429`, any reason
+/// but a tenant's quota): those with such a refusal answered within [`NEAR_REFUSAL_S`]
+/// either side. `by_second` counts instead every poll in a second with a refusal in it,
+/// which also takes in a second's polls from before its first refusal (a fleet's start:
+/// polls while the sends wait out its grace, then the burst refused at its end).
 fn short_while_refusing(log: &Log) -> Value {
-    let refusing: std::collections::HashSet<i64> = log
+    let mut refusals: Vec<f64> = log
         .attempts
         .iter()
         .filter(|a| is_refusal(a) && a.reason != "tenant_quota")
-        .map(|a| a.done.floor() as i64)
+        .map(|a| a.done)
         .collect();
-    let polls: Vec<&Poll> = log
+    refusals.sort_by(f64::total_cmp);
+    let near = |t: f64| {
+        let i = refusals.partition_point(|r| *r < t - NEAR_REFUSAL_S);
+        refusals.get(i).is_some_and(|r| *r <= t + NEAR_REFUSAL_S)
+    };
+    let seconds: std::collections::HashSet<i64> =
+        refusals.iter().map(|t| t.floor() as i64).collect();
+    let count = |polls: Vec<&Poll>| {
+        let short = polls.iter().filter(|p| p.got < p.want).count();
+        json!({"polls": polls.len(), "short": short, "short_pct": pct(short, polls.len()),
+               "empty": polls.iter().filter(|p| p.got == 0).count()})
+    };
+    let mut out = count(log.polls.iter().filter(|p| near(p.at)).collect());
+    out["by_second"] = count(
+        log.polls
+            .iter()
+            .filter(|p| seconds.contains(&(p.at.floor() as i64)))
+            .collect(),
+    );
+    out
+}
+
+/// Each refusal's `Retry-After` against the wait its producer needed: the time until the
+/// consumer had taken as many messages as were in line at the refusal, up to and including
+/// this one (a message is in line from its first refusal until it is admitted or its
+/// producer gives up; the line is served in the order of first refusals). That is the wait
+/// the places that actually opened allowed, whatever the gateway told anyone; refusals whose
+/// wait the run's takes never covered are counted apart. Meaningful for the `honour` policy.
+fn retry_after_vs_needed(log: &Log) -> Value {
+    let mut first: HashMap<u64, f64> = HashMap::new();
+    let mut last: HashMap<u64, f64> = HashMap::new();
+    for a in &log.attempts {
+        if is_refusal(a) {
+            first.entry(a.msg).or_insert(a.done);
+        }
+        let end = last.entry(a.msg).or_insert(a.done);
+        *end = end.max(a.done);
+    }
+    // A message leaves the line at its last answer: its admission, or the refusal it gave up on.
+    let line: Vec<(f64, f64)> = first.iter().map(|(m, t)| (*t, last[m])).collect();
+    let mut takes: Vec<(f64, u64)> = log
         .polls
         .iter()
-        .filter(|p| refusing.contains(&(p.at.floor() as i64)))
+        .filter(|p| p.got > 0)
+        .map(|p| (p.at, p.got))
         .collect();
-    let short = polls.iter().filter(|p| p.got < p.want).count();
-    json!({"polls": polls.len(), "short": short, "short_pct": pct(short, polls.len()),
-           "empty": polls.iter().filter(|p| p.got == 0).count()})
+    takes.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut advertised = Vec::new();
+    let mut needed = Vec::new();
+    let mut ratios = Vec::new();
+    let mut uncovered = 0usize;
+    for a in log
+        .attempts
+        .iter()
+        .filter(|a| is_refusal(a) && a.reason != "tenant_quota")
+    {
+        let Some(ra) = a.retry_after else { continue };
+        let mine = first[&a.msg];
+        let place = line
+            .iter()
+            .filter(|(f, end)| *f <= mine && *end >= a.done)
+            .count() as u64;
+        let mut taken = 0u64;
+        let wait = takes.iter().filter(|t| t.0 > a.done).find_map(|t| {
+            taken += t.1;
+            (taken >= place).then_some(t.0 - a.done)
+        });
+        match wait {
+            Some(w) => {
+                advertised.push(ra as f64);
+                needed.push(w);
+                ratios.push(ra as f64 / w.max(1e-3));
+            }
+            None => uncovered += 1,
+        }
+    }
+    let within = ratios.iter().filter(|r| (0.8..=1.2).contains(*r)).count();
+    json!({"refusals": ratios.len(), "uncovered": uncovered,
+           "advertised_p50_s": percentile(&mut advertised, 0.5), "needed_p50_s": percentile(&mut needed.clone(), 0.5),
+           "needed_p90_s": percentile(&mut needed, 0.9),
+           "ratio_p50": percentile(&mut ratios, 0.5), "within_20pct": pct(within, ratios.len())})
 }
 
 fn summary(
@@ -1057,6 +1167,7 @@ fn summary(
         "max_attempts_per_message": log.messages.iter().map(|m| m.attempts).max(),
         "settle": settle_times(series, phases), "refusals_stop": refusal_stops(log, phases),
         "tiers": tiers(log, ctx, phases), "short_polls_while_refusing": short_while_refusing(log),
+        "retry_after_vs_needed": retry_after_vs_needed(log),
         "refused_latency": lat_json(&mut refused_lat),
         "retry_after_p50_s": percentile(&mut ras.clone(), 0.5), "retry_after_p99_s": percentile(&mut ras.clone(), 0.99),
         "backlog_max": max_backlog, "depth_samples": log.depths.len(), "depth_samples_over_ceiling": over,
@@ -1160,6 +1271,9 @@ async fn run(args: &Args) -> (Vec<Value>, Value) {
         t.abort();
     }
     let log = std::mem::take(&mut *lock(&ctx.log));
+    if let Some(path) = args.get("timeline") {
+        write_timeline(path, &log);
+    }
     let plan = drain_plan(args, d);
     let series = series(&log, &arrivals, &phases, &plan, end);
     let summary = summary(&ctx, &log, &arrivals, &phases, &series, ceiling, end);
