@@ -18,7 +18,8 @@
 //! refusing or leaving, its blocks and what it owes), and a file per part of the protocol:
 //! `reserve.rs` a send (steps 1 and 2, one function per answer), `read.rs` the fleet's read
 //! (step 4), `settle.rs` the outcomes and the goodbye (steps 3 and 7), `view.rs` what each
-//! reply says (step 5's epochs, the heartbeat), `alone.rs` a replica cut off (step 6).
+//! reply says (step 5's epochs, the heartbeat), `alone.rs` a replica cut off (step 6),
+//! `outstanding.rs` the reservations out at once (step 1's divisor).
 
 mod alone;
 mod outstanding;

@@ -47,6 +47,8 @@ struct Reply {
     policy: Arc<CapacityPolicy>,
     /// The sends it is for (a batch's entries).
     units: u64,
+    /// Other reservations of this replica out when it was asked (its divisor was split).
+    others: u64,
 }
 
 impl Reply {
@@ -227,6 +229,7 @@ impl FleetSeat {
             view,
             policy,
             units,
+            others: out.others(),
         };
         if reply.late() {
             return self.release_late(&reply, answer);
@@ -366,7 +369,7 @@ impl FleetSeat {
                 .window
                 .record_units(reply.answered, epoch, self.alone_span(), reply.units);
         if reply.units == 1 {
-            state.whole_under = (granted >= BLOCK_WANT).then_some(limit);
+            state.note_grant(granted, limit, reply.others > 0);
         }
         let rest = granted.saturating_sub(reply.units);
         if rest > 0 {
@@ -559,7 +562,7 @@ impl FleetSeat {
             state.give_back(epoch, turn, granted);
             return;
         }
-        state.whole_under = (granted >= BLOCK_WANT).then_some(limit);
+        state.note_grant(granted, limit, out.others() > 0);
         if granted > 0 {
             state.blocks.push_back(Block {
                 epoch,

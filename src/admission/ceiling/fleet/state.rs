@@ -283,6 +283,18 @@ impl SeatState {
             .sum()
     }
 
+    /// What a single send's grant says of the distance to the ceiling `limit`: whole
+    /// ([`BLOCK_WANT`]), far from it; less, near it. A `split` ask's grant (step 1: others
+    /// of this replica were out) is small by design, so it may mark the ceiling far but
+    /// never near: else a burst far from the ceiling would stop the next block being
+    /// asked for ahead.
+    pub(super) fn note_grant(&mut self, granted: u64, limit: u64, split: bool) {
+        let whole = granted >= BLOCK_WANT;
+        if whole || !split {
+            self.whole_under = whole.then_some(limit);
+        }
+    }
+
     /// Whether the next block should be asked for now (see [`NEXT_BLOCK_BELOW`]); if so, it
     /// is marked asked. Not once a lower ceiling is in force than the whole grant's.
     pub(super) fn next_block_due(&mut self, now: Instant, limit: u64) -> bool {

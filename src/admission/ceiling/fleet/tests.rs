@@ -638,6 +638,8 @@ struct Recording {
     inner: MemoryLedger,
     calls: Mutex<Vec<Instant>>,
     reserves: Mutex<usize>,
+    /// Every reservation's `(want, divisor)`, in the order asked.
+    asks: Mutex<Vec<(u64, u64)>>,
     /// A reservation reaches the ledger this long after it was made (zero: at once).
     reserve_runs_after: Mutex<Duration>,
 }
@@ -648,6 +650,7 @@ impl Recording {
             inner: MemoryLedger::new(T),
             calls: Mutex::new(Vec::new()),
             reserves: Mutex::new(0),
+            asks: Mutex::new(Vec::new()),
             reserve_runs_after: Mutex::new(Duration::ZERO),
         })
     }
@@ -669,6 +672,7 @@ impl LedgerPort for Recording {
     ) -> Result<(ReserveAnswer, View), LedgerError> {
         self.note();
         *self.reserves.lock() += 1;
+        self.asks.lock().push((ask.want, ask.divisor));
         let after = *self.reserve_runs_after.lock();
         if !after.is_zero() {
             tokio::time::sleep(after).await;
@@ -2148,6 +2152,9 @@ async fn a_replica_paces_its_refusals_at_its_share_of_the_fleets_drain() {
 
 #[path = "conserving_tests.rs"]
 mod conserving;
+
+#[path = "concurrent_asks_tests.rs"]
+mod concurrent_asks;
 
 /// Cut off and failing closed, a replica logs `send_failclosed` once when it turned local
 /// and then once per period, not once per refused send (there are no fleet reads to log
