@@ -154,9 +154,13 @@ def target_rows(rows):
         if drop:
             rn = ra_needed(drop)
             ratio = rn.get("ratio_p50")
+            needed = rn.get("needed_p50_s")
+            nearest = None if needed is None else max(1, round(needed))
             out.append(("capacity drop: Retry-After within ±20 % (p50) of the wait a refused producer needs", b,
-                        f"p50 {f(rn.get('advertised_p50_s'), 0, ' s')} told, {f(rn.get('needed_p50_s'), 2, ' s')} needed; "
-                        f"told ÷ needed p50 {f(ratio, 2)}, {f(rn.get('within_20pct'), 0, ' %')} within ±20 %",
+                        f"p50 {f(rn.get('advertised_p50_s'), 0, ' s')} told, {f(needed, 2, ' s')} needed"
+                        + ("" if nearest is None else f" (the nearest whole second, {nearest} s, is {f(nearest / needed, 2)} of it)")
+                        + f"; median of told ÷ needed per refusal {f(ratio, 2)}, {f(rn.get('within_20pct'), 0, ' %')} within ±20 %"
+                        + (f", {rn.get('uncovered')} refusals past the run's takes" if rn.get('uncovered') else ""),
                         verdict(None if ratio is None else 0.8 <= ratio <= 1.2)))
         prio = one(rows, "priority", b)
         if prio:

@@ -1058,11 +1058,13 @@ fn short_while_refusing(log: &Log) -> Value {
 /// producer gives up; the line is served in the order of first refusals). That is the wait
 /// the places that actually opened allowed, whatever the gateway told anyone; refusals whose
 /// wait the run's takes never covered are counted apart. Meaningful for the `honour` policy.
+/// A lower bound where fresh sends take opened places (they are not in the line), and a
+/// message that gives up is counted in line until it does.
 fn retry_after_vs_needed(log: &Log) -> Value {
     let mut first: HashMap<u64, f64> = HashMap::new();
     let mut last: HashMap<u64, f64> = HashMap::new();
     for a in &log.attempts {
-        if is_refusal(a) {
+        if is_refusal(a) && a.reason != "tenant_quota" {
             first.entry(a.msg).or_insert(a.done);
         }
         let end = last.entry(a.msg).or_insert(a.done);
