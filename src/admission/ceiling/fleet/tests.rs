@@ -1245,6 +1245,28 @@ async fn near_the_ceiling_every_reservation_is_made_by_a_send_that_found_no_unit
     assert_eq!(*recording.reserves.lock(), by_sends, "none asked for ahead");
 }
 
+/// Coming from far below the ceiling, the first grant short of a whole block marks the
+/// ceiling near: from then on nothing is asked for ahead, though grants were whole before.
+#[tokio::test(start_paused = true)]
+async fn from_far_below_the_first_short_grant_stops_the_asks_ahead() {
+    let recording = Recording::new();
+    let broker = Broker::new(Duration::ZERO);
+    let r = recorded_replica(&recording, &broker, policy(1_200, false)).await;
+    // Room for a whole block (⌊room/8⌋ ≥ 128) ends by 176 counted, blocks held included.
+    let mut ahead_near = 0;
+    for _ in 0..1_300 {
+        let before = *recording.reserves.lock();
+        let _ = send(&r, &broker).await;
+        let by_send = *recording.reserves.lock() - before;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        if broker.stored() > 400 {
+            ahead_near += *recording.reserves.lock() - before - by_send;
+        }
+    }
+    assert_eq!(broker.stored(), 1_200);
+    assert_eq!(ahead_near, 0, "asked for ahead near the ceiling");
+}
+
 /// A lower ceiling in force gives back what the blocks granted under the higher one did not
 /// hand out within a heartbeat, before their use ends.
 #[tokio::test(start_paused = true)]
