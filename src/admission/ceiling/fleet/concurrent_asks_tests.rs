@@ -160,6 +160,48 @@ async fn a_burst_of_singles_beside_batches_keeps_the_ceiling() {
     }
 }
 
+/// Two replicas past the grace and their warm-up blocks (used up, their leftovers given
+/// back), the ceiling 40 with hysteresis down to half and a TTL of 5 s.
+async fn two_replicas_with_hysteresis(
+    ledger: &MemoryLedger,
+    broker: &Arc<Broker>,
+) -> Arc<Vec<Replica>> {
+    let mut p = policy(40, false);
+    p.resume_below = Fraction::new(0.5).unwrap();
+    p.ttl = Duration::from_secs(5);
+    let all = Arc::new(replicas(2, ledger, broker, p).await);
+    fill(&all, broker, 1).await; // past the grace
+    tokio::time::sleep(Duration::from_millis(600)).await; // the warm-up blocks' use is over
+    fill(&all, broker, 1).await; // their leftovers given back
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    all
+}
+
+/// Replica `i` takes every unit the fleet has left with one batch.
+async fn take_the_room(all: &[Replica], ledger: &MemoryLedger, broker: &Broker, i: usize) {
+    let queue = QueueRef {
+        key: KEY,
+        terms: seat_of(&all[i]).terms(),
+    };
+    let view = ledger.look(queue).await.unwrap().unwrap();
+    let room = 40 - view.estimate().unwrap();
+    assert!(room > 0);
+    send_units(&all[i], broker, room).await.unwrap();
+}
+
+/// Sends on `r` until one is refused `queue_full`: how many were admitted first.
+async fn admitted_until_full(r: &Replica, broker: &Broker) -> u64 {
+    let mut admitted = 0;
+    loop {
+        match send(r, broker).await {
+            Ok(()) => admitted += 1,
+            Err(Refusal::QueueFull { .. }) => return admitted,
+            Err(other) => panic!("{other:?}"),
+        }
+        assert!(admitted < 40);
+    }
+}
+
 /// With hysteresis on, a send told full that takes a unit a sibling's grant left: the seat
 /// is refusing with the fleet's "full" cached, hands out the rest of that block (as any
 /// send that finds a unit does) and then refuses until the queue is back at the resume
@@ -168,35 +210,18 @@ async fn a_burst_of_singles_beside_batches_keeps_the_ceiling() {
 async fn told_full_taking_a_siblings_unit_leaves_the_seat_refusing_under_hysteresis() {
     let ledger = MemoryLedger::new(T);
     let broker = Broker::new(Duration::ZERO);
-    let mut p = policy(40, false);
-    p.resume_below = Fraction::new(0.5).unwrap();
-    p.ttl = Duration::from_secs(5);
-    let all = Arc::new(replicas(2, &ledger, &broker, p).await);
-    fill(&all, &broker, 1).await; // past the grace
-    tokio::time::sleep(Duration::from_millis(600)).await; // the warm-up blocks' use is over
-    fill(&all, &broker, 1).await; // their leftovers given back
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    let all = two_replicas_with_hysteresis(&ledger, &broker).await;
     ledger.delay(all[0].fleet.replica(), Duration::from_millis(5));
     // A: its step runs now, its reply comes at 5 ms.
-    let a = {
+    let send_on_0 = || {
         let (all, broker) = (Arc::clone(&all), Arc::clone(&broker));
         tokio::spawn(async move { send(&all[0], &broker).await })
     };
+    let a = send_on_0();
     tokio::time::sleep(Duration::from_millis(1)).await;
-    // Replica 1 takes every unit left with a batch.
-    let queue = QueueRef {
-        key: KEY,
-        terms: seat_of(&all[1]).terms(),
-    };
-    let view = ledger.look(queue).await.unwrap().unwrap();
-    let room = 40 - view.estimate().unwrap();
-    assert!(room > 0);
-    send_units(&all[1], &broker, room).await.unwrap();
+    take_the_room(&all, &ledger, &broker, 1).await;
     // B on replica 0: told full (A's block is in the estimate), its reply at 6 ms, after A's.
-    let b = {
-        let (all, broker) = (Arc::clone(&all), Arc::clone(&broker));
-        tokio::spawn(async move { send(&all[0], &broker).await })
-    };
+    let b = send_on_0();
     a.await.unwrap().unwrap();
     assert_eq!(b.await.unwrap(), Ok(()), "B took a unit A's grant left");
     {
@@ -204,16 +229,7 @@ async fn told_full_taking_a_siblings_unit_leaves_the_seat_refusing_under_hystere
         assert_eq!(state.mode, Mode::Refusing);
         assert!(state.full.is_some());
     }
-    // The rest of A's block, then refusals.
-    let mut more = 0;
-    loop {
-        match send(&all[0], &broker).await {
-            Ok(()) => more += 1,
-            Err(Refusal::QueueFull { .. }) => break,
-            Err(other) => panic!("{other:?}"),
-        }
-        assert!(more < 40);
-    }
+    admitted_until_full(&all[0], &broker).await; // the rest of A's block
     assert!(broker.stored() <= 40, "{}", broker.stored());
     // Half drained: still above the resume level (20), still refused after a new read.
     let keep: Vec<Instant> = broker.stored.lock().iter().take(25).copied().collect();
