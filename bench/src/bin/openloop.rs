@@ -1115,6 +1115,19 @@ fn retry_after_vs_needed(log: &Log) -> Value {
            "ratio_p50": percentile(&mut ratios, 0.5), "within_20pct": pct(within, ratios.len())})
 }
 
+/// Each phase's window, with its factor of D and its length.
+fn per_phase(log: &Log, phases: &[Phase], arrivals: &[Arrival]) -> Vec<Value> {
+    phases
+        .iter()
+        .map(|p| {
+            let mut w = window(log, p.start, p.start + p.secs, arrivals);
+            w["factor"] = json!(p.factor);
+            w["secs"] = json!(p.secs);
+            w
+        })
+        .collect()
+}
+
 fn summary(
     ctx: &Ctx,
     log: &Log,
@@ -1136,15 +1149,7 @@ fn summary(
         .count();
     let in_flight = arrivals.len() - log.messages.len();
     let sched_end = phases.last().map_or(0.0, |p| p.start + p.secs);
-    let per_phase: Vec<Value> = phases
-        .iter()
-        .map(|p| {
-            let mut w = window(log, p.start, p.start + p.secs, arrivals);
-            w["factor"] = json!(p.factor);
-            w["secs"] = json!(p.secs);
-            w
-        })
-        .collect();
+    let per_phase = per_phase(log, phases, arrivals);
     let mut refused_lat: Vec<f64> = log
         .attempts
         .iter()

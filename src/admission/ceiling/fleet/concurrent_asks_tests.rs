@@ -102,20 +102,12 @@ async fn a_ceiling_lowered_while_a_bursts_asks_are_out_is_kept() {
     for r in all.iter() {
         ledger.delay(r.fleet.replica(), Duration::from_millis(2));
     }
-    let sends: Vec<_> = (0..66)
-        .map(|i| {
-            let (all, broker) = (Arc::clone(&all), Arc::clone(&broker));
-            tokio::spawn(async move { send(&all[i % 3], &broker).await.is_ok() })
-        })
-        .collect();
+    let sends = burst(&all, &broker, 66);
     tokio::time::sleep(Duration::from_millis(1)).await;
     for r in all.iter() {
         lower_ceiling(r, 20);
     }
-    let mut admitted = 3;
-    for s in sends {
-        admitted += u64::from(s.await.unwrap());
-    }
+    let admitted = 3 + admitted_of(sends).await;
     assert_eq!(admitted, broker.stored());
     assert!(
         broker.stored() <= 20,

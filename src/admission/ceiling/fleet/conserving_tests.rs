@@ -191,16 +191,7 @@ async fn a_burst_at_the_end_of_the_grace_fills_the_empty_queue_near_its_ceiling(
     for r in all.iter() {
         ledger.delay(r.fleet.replica(), Duration::from_millis(2));
     }
-    let sends: Vec<_> = (0..66)
-        .map(|i| {
-            let (all, broker) = (Arc::clone(&all), Arc::clone(&broker));
-            tokio::spawn(async move { send(&all[i % 3], &broker).await.is_ok() })
-        })
-        .collect();
-    let mut admitted = 0;
-    for s in sends {
-        admitted += u64::from(s.await.unwrap());
-    }
+    let admitted = admitted_of(burst(&all, &broker, 66)).await;
     assert_eq!(admitted, broker.stored());
     assert!(
         (44..=50).contains(&admitted),

@@ -215,6 +215,30 @@ async fn fill(all: &[Replica], broker: &Broker, rounds: usize) -> (u64, Vec<Refu
     (admitted, refused)
 }
 
+/// `n` sends at once, round the replicas in turn, each answering whether it was admitted
+/// (and stored at once).
+fn burst(
+    all: &Arc<Vec<Replica>>,
+    broker: &Arc<Broker>,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<bool>> {
+    (0..n)
+        .map(|i| {
+            let (all, broker) = (Arc::clone(all), Arc::clone(broker));
+            tokio::spawn(async move { send(&all[i % all.len()], &broker).await.is_ok() })
+        })
+        .collect()
+}
+
+/// How many of a [`burst`]'s sends were admitted.
+async fn admitted_of(sends: Vec<tokio::task::JoinHandle<bool>>) -> u64 {
+    let mut admitted = 0;
+    for s in sends {
+        admitted += u64::from(s.await.unwrap());
+    }
+    admitted
+}
+
 #[tokio::test(start_paused = true)]
 async fn three_replicas_store_exactly_the_ceiling() {
     let ledger = MemoryLedger::new(T);
