@@ -246,26 +246,30 @@ async fn a_broker_stop_under_sendgate_send_ends_with_every_message_queued() {
             let mut seen = Vec::new();
             let started = Instant::now();
             while started.elapsed() < Duration::from_secs(40) {
+                let sent = Instant::now();
                 let r = Gateway::send(&app, &probe, "{}").await;
                 let status = r.status().as_u16();
                 let after = retry_after(&r);
                 let body: serde_json::Value = r.json().await.unwrap_or_default();
                 let code = body["code"].as_str().unwrap_or("-").to_owned();
-                seen.push((Instant::now(), status, code, after));
+                seen.push((sent, Instant::now(), status, code, after));
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             seen
         })
     };
     tokio::time::sleep(Duration::from_secs(4)).await;
+    // The broker is surely down from `stop_app`'s return to `start_app`'s call; `start_app`
+    // returns only once the node listens, so sends may be taken before it returns.
     let stop = tokio::task::spawn_blocking(move || {
         node.stop_app();
         let stopped = Instant::now();
         std::thread::sleep(Duration::from_secs(5));
+        let restarting = Instant::now();
         node.start_app();
-        (node, stopped, Instant::now())
+        (node, stopped, restarting, Instant::now())
     });
-    let (node, stopped, back) = stop.await.unwrap();
+    let (node, stopped, restarting, back) = stop.await.unwrap();
     feeding.await.unwrap();
     let output = tokio::time::timeout(Duration::from_secs(120), producer.wait_with_output())
         .await
@@ -273,15 +277,18 @@ async fn a_broker_stop_under_sendgate_send_ends_with_every_message_queued() {
         .unwrap();
     let seen = probing.await.unwrap();
     let mut during = BTreeMap::<String, u32>::new();
-    for (_, status, code, after) in seen.iter().filter(|s| s.0 >= stopped && s.0 < back) {
+    let sent_and_answered_while_down = |s: &&(Instant, Instant, u16, String, Option<u64>)| {
+        s.0 >= stopped && s.1 < restarting
+    };
+    for (_, _, status, code, after) in seen.iter().filter(sent_and_answered_while_down) {
         *during
             .entry(format!("{status} {code} retry-after {after:?}"))
             .or_default() += 1;
     }
     let first_201 = seen
         .iter()
-        .find(|s| s.0 >= back && s.1 == 201)
-        .map(|s| s.0 - back);
+        .find(|s| s.1 >= back && s.2 == 201)
+        .map(|s| s.1 - back);
     let summary = String::from_utf8_lossy(&output.stderr).into_owned();
     let summary = summary
         .lines()
