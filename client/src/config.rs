@@ -60,6 +60,9 @@ pub struct ClientConfig {
     /// Sent as `Sendgate-Criticality` on every send and batch when set: lowers the level
     /// the gateway weighs them at (never above the key's; contract section 2).
     pub criticality: Option<Criticality>,
+    /// Seeds the retries' jitter and the throttle's draws, so a run can be repeated;
+    /// `None` (the default) seeds them from the OS.
+    pub jitter_seed: Option<u64>,
 }
 
 /// How much a send matters when the queue is nearly full (the gateway refuses a lower one
@@ -108,6 +111,7 @@ impl fmt::Debug for ClientConfig {
             .field("max_batch_messages", &self.max_batch_messages)
             .field("max_batch_bytes", &self.max_batch_bytes)
             .field("criticality", &self.criticality)
+            .field("jitter_seed", &self.jitter_seed)
             .finish()
     }
 }
@@ -134,6 +138,7 @@ impl ClientConfig {
             max_batch_messages: 100,
             max_batch_bytes: 1 << 20,
             criticality: None,
+            jitter_seed: None,
         }
     }
 

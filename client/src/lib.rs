@@ -58,6 +58,7 @@
 
 mod batch;
 mod config;
+mod jitter;
 pub mod lifecycle;
 mod message;
 mod outcome;
@@ -108,6 +109,7 @@ struct Inner {
     budget: RetryBudget,
     throttle: Option<AdaptiveThrottle>,
     backoff: Backoff,
+    jitter: jitter::Jitter,
     deadline: Duration,
     deadline_cap: Duration,
     on_the_wire: Semaphore,
@@ -158,6 +160,7 @@ impl Client {
                 budget: RetryBudget::new(config.budget),
                 throttle: config.throttle.map(AdaptiveThrottle::new),
                 backoff: config.backoff,
+                jitter: jitter::Jitter::new(config.jitter_seed),
                 deadline: config.deadline,
                 deadline_cap: config.deadline_cap,
                 on_the_wire: Semaphore::new(config.max_concurrent_requests.max(1)),

@@ -115,7 +115,7 @@ impl Client {
             return Ok(Ready::Go);
         };
         let now = Instant::now();
-        if throttle.admit(now, rand::random()) {
+        if throttle.admit(now, self.inner.jitter.unit()) {
             return Ok(Ready::Go);
         }
         if !std::mem::replace(&mut tries.counted, true) {
@@ -126,7 +126,7 @@ impl Client {
         }
         self.inner.held.fetch_add(1, Ordering::Relaxed);
         let wake = now
-            .checked_add(throttle.hold_for(rand::random()))
+            .checked_add(throttle.hold_for(self.inner.jitter.unit()))
             .unwrap_or(deadline.at)
             .min(deadline.at);
         tokio::time::sleep_until(wake).await;
@@ -206,7 +206,7 @@ impl Client {
                     self.inner.deferrals.fetch_add(1, Ordering::Relaxed);
                     // Every send that met the closed port wakes a little apart.
                     let wake = until
-                        .checked_add(self.inner.backoff.jitter(rand::random()))
+                        .checked_add(self.inner.backoff.jitter(self.inner.jitter.unit()))
                         .unwrap_or(until)
                         .min(deadline.at);
                     tracing::info!(
@@ -253,7 +253,7 @@ impl Client {
         let i = &self.inner;
         let delay = i
             .backoff
-            .delay(tries.attempts, retry_after, rand::random())
+            .delay(tries.attempts, retry_after, i.jitter.unit())
             .ok_or(GaveUp::Attempts)?;
         let now = Instant::now();
         // The jitter on top of a Retry-After is the client's own: trimmed by the deadline
