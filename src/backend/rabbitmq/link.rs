@@ -12,7 +12,10 @@
 //! Reconnects are single-flight and back off exponentially, so a dead broker costs one
 //! connect attempt per backoff step, not one per send; sends in between fail fast. A
 //! refused connect (nothing listening: a broker restarting) backs off to 1 s at most, other
-//! failures to 5 s.
+//! failures to 5 s. A connect attempt is the link's, not a caller's: it runs to its own
+//! limit in a task of its own, and callers wait for it each up to its deadline. A caller
+//! whose deadline ends first neither ends the attempt nor counts as its failure, so a
+//! broker slower to connect than any one send's deadline is still connected to.
 //!
 //! A broker in a resource alarm blocks a connection only once it publishes: the publish
 //! that trips the block never completes until the alarm clears, and only then does the
@@ -41,7 +44,7 @@ use crate::domain::QueueName;
 const PUBLISH_CHANNELS: usize = 4;
 /// Sends in a row that end at their deadline before the connection is presumed wedged.
 pub const TIMEOUTS_BEFORE_REPLACE: u32 = 3;
-/// Longest one connect attempt may take (further bounded by the caller's deadline).
+/// Longest one connect attempt may take (a caller waits for it only up to its deadline).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The pause after the `n`-th failed connect in a row (a timeout, TLS, a refused credential).
 const RECONNECT_BACKOFF: Doubling =
@@ -235,12 +238,24 @@ struct ReconnectBackoff {
     last_error: Option<LinkError>,
 }
 
+/// A connect attempt under way, or its outcome once it ended.
+type Attempt = tokio::sync::watch::Receiver<Option<Result<Arc<Session>, LinkError>>>;
+
+/// What a caller without a live session found.
+enum Joined {
+    /// An attempt that ended since the caller looked left a session.
+    Live(Arc<Session>),
+    /// The attempt to wait for.
+    Waiting(Attempt),
+}
+
 pub struct Link {
     purpose: Purpose,
     uri: AMQPUri,
     queues: Vec<QueueName>,
     current: RwLock<Option<Arc<Session>>>,
-    connecting: tokio::sync::Mutex<()>,
+    /// The last connect attempt: one at a time.
+    attempt: Mutex<Option<Attempt>>,
     backoff: Mutex<ReconnectBackoff>,
     timeouts_in_a_row: AtomicU32,
     generations: AtomicU64,
@@ -248,17 +263,17 @@ pub struct Link {
 
 impl Link {
     /// The publishing link: it declares `queues` (unless they exist) on each connection.
-    pub fn new(uri: AMQPUri, queues: Vec<QueueName>) -> Self {
+    pub fn new(uri: AMQPUri, queues: Vec<QueueName>) -> Arc<Self> {
         Self::for_purpose(Purpose::Publish, uri, queues)
     }
 
     /// A link for depth reads alone, on a connection of its own.
-    pub fn reader(mut uri: AMQPUri) -> Self {
+    pub fn reader(mut uri: AMQPUri) -> Arc<Self> {
         uri.query.frame_max = Some(READ_FRAME_MAX);
         Self::for_purpose(Purpose::Read, uri, Vec::new())
     }
 
-    fn for_purpose(purpose: Purpose, mut uri: AMQPUri, queues: Vec<QueueName>) -> Self {
+    fn for_purpose(purpose: Purpose, mut uri: AMQPUri, queues: Vec<QueueName>) -> Arc<Self> {
         if uri.query.heartbeat.is_none() {
             uri.query.heartbeat = Some(DEFAULT_HEARTBEAT_S);
         }
@@ -270,16 +285,16 @@ impl Link {
         if uri.query.frame_max.is_none() {
             uri.query.frame_max = Some(DEFAULT_FRAME_MAX);
         }
-        Self {
+        Arc::new(Self {
             purpose,
             uri,
             queues,
             current: RwLock::new(None),
-            connecting: tokio::sync::Mutex::new(()),
+            attempt: Mutex::new(None),
             backoff: Mutex::new(ReconnectBackoff::default()),
             timeouts_in_a_row: AtomicU32::new(0),
             generations: AtomicU64::new(0),
-        }
+        })
     }
 
     /// The frame size asked for (the broker may lower it; the session's connection has
@@ -288,16 +303,35 @@ impl Link {
         self.uri.query.frame_max.unwrap_or(DEFAULT_FRAME_MAX)
     }
 
-    /// The current session, connecting first if there is none (or it died).
-    pub async fn session(&self, deadline: Instant) -> Result<Arc<Session>, LinkError> {
+    /// The current session, connecting first if there is none (or it died): the attempt
+    /// under way, or a new one unless the link is backing off, waited for up to `deadline`.
+    pub async fn session(self: &Arc<Self>, deadline: Instant) -> Result<Arc<Session>, LinkError> {
         if let Some(s) = self.live_session() {
             return Ok(s);
         }
-        let _turn = tokio::time::timeout_at(deadline, self.connecting.lock())
+        let mut attempt = match self.join_or_start()? {
+            Joined::Live(session) => return Ok(session),
+            Joined::Waiting(attempt) => attempt,
+        };
+        let ended = tokio::time::timeout_at(deadline, attempt.wait_for(Option::is_some))
             .await
-            .map_err(|_| LinkError::Timeout)?;
-        if let Some(s) = self.live_session() {
-            return Ok(s);
+            .map_err(|_| LinkError::Timeout)?
+            // The attempt's task was dropped unfinished (the runtime is shutting down).
+            .map_err(|_| LinkError::Unreachable("the connect attempt was dropped".into()))?
+            .clone();
+        ended.unwrap_or(Err(LinkError::Timeout))
+    }
+
+    /// The connect attempt to wait for: the one under way, or a new one unless backing off
+    /// (then the reason, at once). A live session set since the caller looked is no reason
+    /// to connect: the attempt that set it has ended with it.
+    fn join_or_start(self: &Arc<Self>) -> Result<Joined, LinkError> {
+        let mut attempt = self.attempt.lock();
+        if let Some(under_way) = attempt.as_ref().filter(|a| a.borrow().is_none()) {
+            return Ok(Joined::Waiting(under_way.clone()));
+        }
+        if let Some(session) = self.live_session() {
+            return Ok(Joined::Live(session));
         }
         {
             let backoff = self.backoff.lock();
@@ -308,10 +342,21 @@ impl Link {
                 });
             }
         }
-        let attempt_deadline = deadline.min(Instant::now() + CONNECT_TIMEOUT);
-        let outcome = tokio::time::timeout_at(attempt_deadline, self.connect())
-            .await
-            .unwrap_or(Err(LinkError::Timeout));
+        let (ended, started) = tokio::sync::watch::channel(None);
+        let link = Arc::clone(self);
+        tokio::spawn(async move {
+            let outcome = tokio::time::timeout(CONNECT_TIMEOUT, link.connect())
+                .await
+                .unwrap_or(Err(LinkError::Timeout));
+            let _ = ended.send(Some(link.record(outcome)));
+        });
+        *attempt = Some(started.clone());
+        Ok(Joined::Waiting(started))
+    }
+
+    /// An attempt's outcome, kept: its session becomes the current one, or its failure
+    /// sets the next attempt's time.
+    fn record(&self, outcome: Result<Arc<Session>, LinkError>) -> Result<Arc<Session>, LinkError> {
         let mut backoff = self.backoff.lock();
         match outcome {
             Ok(session) => {
@@ -551,7 +596,7 @@ mod tests {
     use super::*;
 
     /// A link to a port of this machine that `listen` serves (or nothing does, `None`).
-    fn link_to(port: u16) -> Link {
+    fn link_to(port: u16) -> Arc<Link> {
         let uri = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
         Link::new(uri.parse().expect("a valid URI"), Vec::new())
     }
@@ -563,13 +608,14 @@ mod tests {
     }
 
     /// How long the link will wait before its next connect attempt (from the failure), after
-    /// one more attempt made now with `failures` failed in a row before it.
-    async fn pause_after_another_failure(link: &Link, failures: u32) -> (LinkError, Duration) {
+    /// one more attempt made now with `failures` failed in a row before it (waited for to
+    /// its end: past its own limit).
+    async fn pause_after_another_failure(link: &Arc<Link>, failures: u32) -> (LinkError, Duration) {
         *link.backoff.lock() = ReconnectBackoff {
             failures,
             ..ReconnectBackoff::default()
         };
-        let deadline = Instant::now() + Duration::from_millis(500);
+        let deadline = Instant::now() + CONNECT_TIMEOUT + Duration::from_secs(1);
         let error = match link.session(deadline).await {
             Ok(_) => panic!("connected to a broker that is not there"),
             Err(e) => e,
@@ -592,6 +638,46 @@ mod tests {
                 "{pause:?} after {failures} refused before ({error})"
             );
         }
+    }
+
+    /// A broker slow to connect (every byte 60 ms late: a handshake, four publisher channels
+    /// and the probe take well over a second) behind sends of half a second each: the
+    /// connect is the link's, not a caller's, so one ending at its deadline does not end
+    /// the connect, and a later send finds the session.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connect_slower_than_every_callers_deadline_still_connects() {
+        sendgate_testkit::ensure::rabbitmq();
+        let proxy = sendgate_testkit::fault_proxy::FaultProxy::start(
+            sendgate_testkit::rabbit::AMQP.parse().expect("an address"),
+        )
+        .await;
+        proxy.set(sendgate_testkit::fault_proxy::Fault::Delay(
+            Duration::from_millis(60),
+        ));
+        let link = link_to(proxy.addr().port());
+        let started = Instant::now();
+        let mut timed_out = 0;
+        let connected = loop {
+            match link
+                .session(Instant::now() + Duration::from_millis(500))
+                .await
+            {
+                Ok(_) => break started.elapsed(),
+                Err(LinkError::Timeout) => timed_out += 1,
+                Err(e) => assert!(
+                    matches!(e, LinkError::BackingOff(_)),
+                    "{e:?} after {:?}",
+                    started.elapsed()
+                ),
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "never connected: {timed_out} sends timed out"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(timed_out >= 1, "the connect was not slower than a send");
+        assert!(connected < CONNECT_TIMEOUT, "{connected:?}");
     }
 
     /// A connect that does not complete (a listener that never speaks AMQP: a hung broker)

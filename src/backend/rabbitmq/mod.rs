@@ -37,10 +37,10 @@ use stats::StatsLag;
 const BLOCKED_RETRY_AFTER: Duration = Duration::from_secs(5);
 
 pub struct RabbitMq {
-    link: Link,
+    link: Arc<Link>,
     /// Depth reads by passive declare, on a connection of their own: the broker blocks the
     /// publishing one in a resource alarm, and the reads must go on through it.
-    reader: Link,
+    reader: Arc<Link>,
     management: Arc<Management>,
     depth_source: DepthSource,
     /// The management source's lag in force, kept measured by `measuring`.
