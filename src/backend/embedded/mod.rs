@@ -195,9 +195,11 @@ impl EmbeddedQueue {
                 .send(WriteJob { messages, reply })
                 .await
                 .map_err(|_| SendError::Unavailable("the embedded writer has stopped".into()))?;
-            answer
-                .await
-                .map_err(|_| SendError::Unavailable("the embedded writer has stopped".into()))?
+            // Handed over, then dropped unanswered: the writer died holding the job, after
+            // its commit or before it. Nothing says which.
+            answer.await.map_err(|_| {
+                SendError::Uncertain("the embedded writer stopped holding this send".into())
+            })?
         };
         // Dropping `write` at the deadline drops the reply receiver, which tells the
         // writer to skip the job if it has not committed it yet.
@@ -215,6 +217,7 @@ impl EmbeddedQueue {
 }
 
 fn write_loop(mut store: Store, mut inbox: mpsc::Receiver<WriteJob>, condition: &Condition) {
+    let _watch = WriterWatch(condition);
     let mut carried: Option<WriteJob> = None;
     let mut last_prune = std::time::Instant::now();
     loop {
@@ -229,6 +232,23 @@ fn write_loop(mut store: Store, mut inbox: mpsc::Receiver<WriteJob>, condition: 
             if let Err(e) = store.prune_seen_ids() {
                 tracing::warn!(error = %e, "could not prune the duplicate-detection history");
             }
+        }
+    }
+}
+
+/// Says so when the writer thread dies of a panic: nothing takes a job after it, so every
+/// send is refused from then on, and `/health/detailed`'s `store` names the cause.
+struct WriterWatch<'a>(&'a Condition);
+
+impl Drop for WriterWatch<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0
+                .failed("the embedded writer stopped (a panic); restart the gateway".into());
+            tracing::error!(
+                event = "embedded_writer_stopped",
+                "the embedded queue's writer stopped: every send is refused until a restart"
+            );
         }
     }
 }
@@ -575,6 +595,72 @@ mod tests {
             .iter()
             .all(|r| r == &Ok(SendReceipt { duplicate: false })));
         assert_eq!(queue.reader.lock().depth("q").unwrap(), size as u64);
+    }
+
+    /// A queue whose writer is `writer`, run on a thread of its own over the job channel.
+    fn queue_with_writer(
+        dir: &Path,
+        writer: impl FnOnce(mpsc::Receiver<WriteJob>) + Send + 'static,
+    ) -> EmbeddedQueue {
+        let (jobs, inbox) = mpsc::channel(QUEUE_ROOM);
+        std::thread::spawn(move || writer(inbox));
+        EmbeddedQueue {
+            jobs,
+            reader: Arc::new(Mutex::new(Store::open(dir).unwrap())),
+            condition: Arc::new(Condition::new()),
+        }
+    }
+
+    /// The writer dies holding the job (a panic, after its commit or before it): nothing
+    /// says whether the message was stored, so the send's outcome is unknown, a `504` the
+    /// producer retries with its key. `Unavailable` would say it never reached the store,
+    /// and the dispatcher would store it again on a fallback.
+    #[tokio::test]
+    async fn a_writer_that_dies_holding_a_send_leaves_its_outcome_unknown() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = queue_with_writer(dir.path(), |mut inbox| {
+            let _held = inbox.blocking_recv();
+            panic!("the writer fails after its commit");
+        });
+        let answer = queue.send(message("m-1"), soon()).await;
+        assert!(matches!(answer, Err(SendError::Uncertain(_))), "{answer:?}");
+    }
+
+    /// A writer that dies of a panic says so in the store's health.
+    #[test]
+    fn a_writer_dying_of_a_panic_marks_the_store_failed() {
+        let condition = Arc::new(Condition::new());
+        let watched = Arc::clone(&condition);
+        let died = std::thread::spawn(move || {
+            let _watch = WriterWatch(&watched);
+            panic!("a bug in the writer");
+        })
+        .join();
+        assert!(died.is_err());
+        let health = condition.0.lock();
+        assert!(!health.ok);
+        assert!(health.error.as_deref().unwrap().contains("writer stopped"));
+        drop(health);
+        // Ending without a panic (the channel closed at shutdown) is no failure.
+        let calm = Condition::new();
+        drop(WriterWatch(&calm));
+        assert!(calm.0.lock().ok);
+    }
+
+    /// A writer gone before the send was handed to it never saw the message: it may go
+    /// elsewhere.
+    #[tokio::test]
+    async fn a_writer_gone_before_the_send_was_handed_over_never_saw_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = queue_with_writer(dir.path(), drop);
+        while !queue.jobs.is_closed() {
+            tokio::task::yield_now().await;
+        }
+        let answer = queue.send(message("m-1"), soon()).await;
+        assert!(
+            matches!(answer, Err(SendError::Unavailable(_))),
+            "{answer:?}"
+        );
     }
 
     fn job(size: usize) -> (WriteJob, oneshot::Receiver<Result<Vec<Stored>, SendError>>) {
