@@ -277,9 +277,8 @@ async fn a_broker_stop_under_sendgate_send_ends_with_every_message_queued() {
         .unwrap();
     let seen = probing.await.unwrap();
     let mut during = BTreeMap::<String, u32>::new();
-    let sent_and_answered_while_down = |s: &&(Instant, Instant, u16, String, Option<u64>)| {
-        s.0 >= stopped && s.1 < restarting
-    };
+    let sent_and_answered_while_down =
+        |s: &&(Instant, Instant, u16, String, Option<u64>)| s.0 >= stopped && s.1 < restarting;
     for (_, _, status, code, after) in seen.iter().filter(sent_and_answered_while_down) {
         *during
             .entry(format!("{status} {code} retry-after {after:?}"))

@@ -15,7 +15,10 @@
 //! failures to 5 s. A connect attempt is the link's, not a caller's: it runs to its own
 //! limit in a task of its own, and callers wait for it each up to its deadline. A caller
 //! whose deadline ends first neither ends the attempt nor counts as its failure, so a
-//! broker slower to connect than any one send's deadline is still connected to.
+//! broker slower to connect than any one send's deadline is still connected to. The price:
+//! against a hung broker, a send arriving while an attempt runs waits its whole deadline
+//! (with deadlines under the attempt's 5 s, more of them than when each caller cut its own
+//! attempt short); between attempts, sends still fail at once.
 //!
 //! A broker in a resource alarm blocks a connection only once it publishes: the publish
 //! that trips the block never completes until the alarm clears, and only then does the
@@ -241,6 +244,27 @@ struct ReconnectBackoff {
 /// A connect attempt under way, or its outcome once it ended.
 type Attempt = tokio::sync::watch::Receiver<Option<Result<Arc<Session>, LinkError>>>;
 
+/// An attempt's task ended before its connect did (a panic in it, its runtime shut down):
+/// counted as a failed connect, so the next attempt waits out the backoff rather than
+/// every send starting one that may fail the same way.
+struct Unfinished(Option<Arc<Link>>);
+
+impl Unfinished {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(link) = self.0.take() {
+            let _ = link.record(Err(LinkError::Unreachable(
+                "the connect attempt ended unfinished".into(),
+            )));
+        }
+    }
+}
+
 /// What a caller without a live session found.
 enum Joined {
     /// An attempt that ended since the caller looked left a session.
@@ -327,7 +351,12 @@ impl Link {
     /// to connect: the attempt that set it has ended with it.
     fn join_or_start(self: &Arc<Self>) -> Result<Joined, LinkError> {
         let mut attempt = self.attempt.lock();
-        if let Some(under_way) = attempt.as_ref().filter(|a| a.borrow().is_none()) {
+        // An attempt whose task was dropped unfinished (a panic, its runtime shut down)
+        // closed its channel without an outcome: it is not under way.
+        if let Some(under_way) = attempt
+            .as_ref()
+            .filter(|a| a.borrow().is_none() && !a.is_closed())
+        {
             return Ok(Joined::Waiting(under_way.clone()));
         }
         if let Some(session) = self.live_session() {
@@ -345,10 +374,17 @@ impl Link {
         let (ended, started) = tokio::sync::watch::channel(None);
         let link = Arc::clone(self);
         tokio::spawn(async move {
+            let unfinished = Unfinished(Some(Arc::clone(&link)));
             let outcome = tokio::time::timeout(CONNECT_TIMEOUT, link.connect())
                 .await
                 .unwrap_or(Err(LinkError::Timeout));
-            let _ = ended.send(Some(link.record(outcome)));
+            unfinished.disarm();
+            let outcome = link.record(outcome);
+            // The waiters have their own receivers; the link keeps no ended attempt (nor
+            // the session in its outcome, which may be discarded before the next attempt).
+            let mut slot = link.attempt.lock();
+            let _ = ended.send(Some(outcome));
+            *slot = None;
         });
         *attempt = Some(started.clone());
         Ok(Joined::Waiting(started))
@@ -678,6 +714,113 @@ mod tests {
         };
         assert!(timed_out >= 1, "the connect was not slower than a send");
         assert!(connected < CONNECT_TIMEOUT, "{connected:?}");
+    }
+
+    /// Callers arriving while an attempt is under way join it: one connection at the broker
+    /// for any number of callers whose deadlines end first, and none of those endings
+    /// counts as a failed connect (no backoff while the attempt runs).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn callers_during_an_attempt_join_it_and_their_deadlines_are_no_failure() {
+        // A hung broker: the kernel accepts, nothing speaks AMQP.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a free port");
+        let link = link_to(listener.local_addr().expect("its address").port());
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counting = Arc::clone(&accepted);
+        let serving = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                counting.fetch_add(1, Ordering::SeqCst);
+                held.push(socket);
+            }
+        });
+        // One after another, then several at once, each for 100 ms: 1.2 s in all.
+        for _ in 0..6 {
+            let e = link
+                .session(Instant::now() + Duration::from_millis(100))
+                .await;
+            assert_eq!(e.err(), Some(LinkError::Timeout));
+        }
+        let at_once: Vec<_> = (0..6)
+            .map(|_| {
+                let link = Arc::clone(&link);
+                tokio::spawn(async move {
+                    link.session(Instant::now() + Duration::from_millis(600))
+                        .await
+                })
+            })
+            .collect();
+        for caller in at_once {
+            let e = caller.await.expect("the caller ran");
+            assert_eq!(e.err(), Some(LinkError::Timeout));
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "connections at the broker"
+        );
+        let backoff = link.backoff.lock();
+        assert_eq!(backoff.failures, 0);
+        assert!(backoff.next_attempt.is_none());
+        drop(backoff);
+        serving.abort();
+    }
+
+    /// An attempt whose task is dropped unfinished (its runtime shut down; a panic inside
+    /// the connect ends a task the same way) leaves no attempt under way: the next caller
+    /// starts another, rather than joining the dropped one for ever.
+    #[test]
+    fn an_attempt_dropped_unfinished_does_not_wedge_the_link() {
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime")
+        };
+        // A hung broker first (the attempt runs to its 5 s), nothing listening after.
+        let hung = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        let link = link_to(hung.local_addr().expect("its address").port());
+        let first = runtime();
+        let early = first.block_on(link.session(Instant::now() + Duration::from_millis(200)));
+        assert_eq!(early.err(), Some(LinkError::Timeout));
+        drop(first); // drops the attempt's task, unfinished
+        assert!(
+            link.backoff.lock().next_attempt.is_some(),
+            "counted as a failed connect"
+        );
+        drop(hung);
+        let second = runtime();
+        for _ in 0..3 {
+            let later = second.block_on(async {
+                tokio::time::sleep(Duration::from_millis(1100)).await; // past any backoff
+                link.session(Instant::now() + Duration::from_secs(2)).await
+            });
+            let later = later.err();
+            assert!(matches!(later, Some(LinkError::Refused(_))), "{later:?}");
+        }
+    }
+
+    /// A session discarded (a wedged connection) is let go of: nothing of the link's keeps
+    /// it (its connection, its channels and their buffers) until the next connect.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_discarded_session_is_not_kept_by_the_link() {
+        sendgate_testkit::ensure::rabbitmq();
+        let port: std::net::SocketAddr =
+            sendgate_testkit::rabbit::AMQP.parse().expect("an address");
+        let link = link_to(port.port());
+        let session = link
+            .session(Instant::now() + CONNECT_TIMEOUT)
+            .await
+            .expect("connected");
+        link.discard(&session);
+        let weak = Arc::downgrade(&session);
+        drop(session);
+        tokio::time::sleep(Duration::from_millis(1500)).await; // the close, in the background
+        assert!(
+            weak.upgrade().is_none(),
+            "the discarded session is still held"
+        );
     }
 
     /// A connect that does not complete (a listener that never speaks AMQP: a hung broker)
