@@ -676,6 +676,64 @@ mod tests {
         }
     }
 
+    /// A failed connect counts once, and until the backoff's pause has passed every caller
+    /// is answered at once, without another attempt.
+    #[tokio::test]
+    async fn between_attempts_callers_are_answered_at_once_and_a_failure_counts_once() {
+        let link = link_to(closed_port());
+        let soon = || Instant::now() + Duration::from_secs(2);
+        let first = link.session(soon()).await.err();
+        assert!(matches!(first, Some(LinkError::Refused(_))), "{first:?}");
+        assert_eq!(link.backoff.lock().failures, 1);
+        for _ in 0..5 {
+            let next = link.session(soon()).await.err();
+            assert!(matches!(next, Some(LinkError::BackingOff(_))), "{next:?}");
+        }
+        assert_eq!(
+            link.backoff.lock().failures,
+            1,
+            "no attempt while backing off"
+        );
+    }
+
+    /// A live session is handed to every caller: one connection, not one per send.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_live_session_is_shared_by_the_callers() {
+        sendgate_testkit::ensure::rabbitmq();
+        let broker: std::net::SocketAddr =
+            sendgate_testkit::rabbit::AMQP.parse().expect("an address");
+        let link = link_to(broker.port());
+        let deadline = || Instant::now() + CONNECT_TIMEOUT;
+        let first = link.session(deadline()).await.expect("connected");
+        let second = link.session(deadline()).await.expect("connected");
+        assert!(Arc::ptr_eq(&first, &second));
+    }
+
+    /// A refused credential stays the answer while backing off: the producer hears that the
+    /// credential is wrong (`backend_auth_failed`), not that a reconnect is on its way.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_credential_is_the_answer_while_backing_off() {
+        sendgate_testkit::ensure::rabbitmq();
+        let uri = format!("amqp://nobody:wrong@{}/%2f", sendgate_testkit::rabbit::AMQP);
+        let link = Link::new(uri.parse().expect("a valid URI"), Vec::new());
+        let deadline = || Instant::now() + CONNECT_TIMEOUT;
+        let first = link.session(deadline()).await.err();
+        assert!(
+            matches!(first, Some(LinkError::AccessRefused(_))),
+            "{first:?}"
+        );
+        let next = link.session(deadline()).await.err();
+        assert!(
+            matches!(next, Some(LinkError::AccessRefused(_))),
+            "{next:?}"
+        );
+        assert_eq!(
+            link.backoff.lock().failures,
+            1,
+            "answered without an attempt"
+        );
+    }
+
     /// A broker slow to connect (every byte 60 ms late: a handshake, four publisher channels
     /// and the probe take well over a second) behind sends of half a second each: the
     /// connect is the link's, not a caller's, so one ending at its deadline does not end
