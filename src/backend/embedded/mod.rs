@@ -173,7 +173,13 @@ impl EmbeddedQueue {
         let kept = condition.clone();
         std::thread::Builder::new()
             .name("sendgate-embedded-writer".into())
-            .spawn(move || write_loop(writer, inbox, &kept))
+            .spawn({
+                let data_dir = data_dir.to_owned();
+                move || {
+                    let reopen = || Store::open(&data_dir);
+                    write_while_alive(writer, reopen, inbox, &kept, commit);
+                }
+            })
             .map_err(StoreError::Output)?;
         Ok(Self {
             jobs,
@@ -207,7 +213,8 @@ impl EmbeddedQueue {
             .await
             .map_err(|_| SendError::Timeout)??;
         if duplicates.len() != count {
-            return Err(SendError::Failed(format!(
+            // Its transaction went through: which of them it holds is not known.
+            return Err(SendError::Uncertain(format!(
                 "the embedded writer answered for {} of {count} messages",
                 duplicates.len()
             )));
@@ -216,39 +223,70 @@ impl EmbeddedQueue {
     }
 }
 
-fn write_loop(mut store: Store, mut inbox: mpsc::Receiver<WriteJob>, condition: &Condition) {
-    let _watch = WriterWatch(condition);
+/// The writer thread: the write loop, begun again on a store opened afresh when it dies of a
+/// panic (a bug). The jobs it held then are dropped unanswered (their sends' outcome is
+/// unknown: it may have committed them); those still in the channel are taken by the loop
+/// begun again. `/health/detailed`'s `store` says so until the next commit goes through.
+/// Ends when every sender is gone (shutdown), or when the store cannot be opened again:
+/// then nothing takes a job, and every send is answered as never handed over.
+fn write_while_alive(
+    mut store: Store,
+    mut reopen: impl FnMut() -> Result<Store, StoreError>,
+    mut inbox: mpsc::Receiver<WriteJob>,
+    condition: &Condition,
+    mut commit: impl FnMut(&mut Store, Vec<WriteJob>, &Condition),
+) {
+    loop {
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            write_loop(&mut store, &mut inbox, condition, &mut commit);
+        }));
+        if ran.is_ok() {
+            return;
+        }
+        // The old connection is dropped, and with it any transaction the panic left open.
+        store = match reopen() {
+            Ok(fresh) => fresh,
+            Err(e) => {
+                condition.failed(format!(
+                    "the embedded writer stopped (a panic) and cannot reopen the store: {e}"
+                ));
+                tracing::error!(
+                    event = "embedded_writer_stopped",
+                    error = %e,
+                    "the embedded queue's writer stopped and cannot reopen the store: no send is stored until a restart"
+                );
+                return;
+            }
+        };
+        condition.failed("the embedded writer stopped (a panic) and began again".into());
+        tracing::error!(
+            event = "embedded_writer_restarted",
+            "the embedded queue's writer stopped (a panic) and began again: the sends it held have an unknown outcome"
+        );
+    }
+}
+
+/// Take jobs, a transaction's worth at a time, until every sender is gone.
+fn write_loop(
+    store: &mut Store,
+    inbox: &mut mpsc::Receiver<WriteJob>,
+    condition: &Condition,
+    commit: &mut impl FnMut(&mut Store, Vec<WriteJob>, &Condition),
+) {
     let mut carried: Option<WriteJob> = None;
     let mut last_prune = std::time::Instant::now();
     loop {
         let Some(first) = carried.take().or_else(|| inbox.blocking_recv()) else {
             return;
         };
-        let (jobs, next) = gather(first, &mut inbox);
+        let (jobs, next) = gather(first, inbox);
         carried = next;
-        commit(&mut store, jobs, condition);
+        commit(store, jobs, condition);
         if last_prune.elapsed() >= PRUNE_EVERY {
             last_prune = std::time::Instant::now();
             if let Err(e) = store.prune_seen_ids() {
                 tracing::warn!(error = %e, "could not prune the duplicate-detection history");
             }
-        }
-    }
-}
-
-/// Says so when the writer thread dies of a panic: nothing takes a job after it, so every
-/// send is refused from then on, and `/health/detailed`'s `store` names the cause.
-struct WriterWatch<'a>(&'a Condition);
-
-impl Drop for WriterWatch<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.0
-                .failed("the embedded writer stopped (a panic); restart the gateway".into());
-            tracing::error!(
-                event = "embedded_writer_stopped",
-                "the embedded queue's writer stopped: every send is refused until a restart"
-            );
         }
     }
 }
@@ -626,25 +664,98 @@ mod tests {
         assert!(matches!(answer, Err(SendError::Uncertain(_))), "{answer:?}");
     }
 
-    /// A writer that dies of a panic says so in the store's health.
-    #[test]
-    fn a_writer_dying_of_a_panic_marks_the_store_failed() {
+    /// The real writer thread over a commit that fails as `commit` says, and its queue.
+    fn queue_over_commit(
+        dir: &Path,
+        reopen: impl FnMut() -> Result<Store, StoreError> + Send + 'static,
+        commit: impl FnMut(&mut Store, Vec<WriteJob>, &Condition) + Send + 'static,
+    ) -> (EmbeddedQueue, std::thread::JoinHandle<()>) {
+        let (jobs, inbox) = mpsc::channel(QUEUE_ROOM);
         let condition = Arc::new(Condition::new());
-        let watched = Arc::clone(&condition);
-        let died = std::thread::spawn(move || {
-            let _watch = WriterWatch(&watched);
-            panic!("a bug in the writer");
-        })
-        .join();
-        assert!(died.is_err());
-        let health = condition.0.lock();
+        let kept = Arc::clone(&condition);
+        let store = Store::open(dir).unwrap();
+        let writer =
+            std::thread::spawn(move || write_while_alive(store, reopen, inbox, &kept, commit));
+        let queue = EmbeddedQueue {
+            jobs,
+            reader: Arc::new(Mutex::new(Store::open(dir).unwrap())),
+            condition,
+        };
+        (queue, writer)
+    }
+
+    /// A commit that panics once (a bug): the send it held has an unknown outcome, the
+    /// store's health says the writer began again, and the next send is stored by the loop
+    /// begun again, which clears it.
+    #[tokio::test]
+    async fn a_writer_that_dies_of_a_panic_begins_again_and_the_next_send_is_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_owned();
+        let mut panicked = false;
+        let (queue, _writer) = queue_over_commit(
+            dir.path(),
+            move || Store::open(&path),
+            move |store, jobs, condition| {
+                if !std::mem::replace(&mut panicked, true) {
+                    panic!("a bug in the commit");
+                }
+                commit(store, jobs, condition);
+            },
+        );
+        let held = queue.send(message("m-1"), soon()).await;
+        assert!(matches!(held, Err(SendError::Uncertain(_))), "{held:?}");
+        let health = queue.store_health().unwrap();
         assert!(!health.ok);
-        assert!(health.error.as_deref().unwrap().contains("writer stopped"));
-        drop(health);
-        // Ending without a panic (the channel closed at shutdown) is no failure.
-        let calm = Condition::new();
-        drop(WriterWatch(&calm));
-        assert!(calm.0.lock().ok);
+        assert!(health.error.unwrap().contains("began again"));
+        let next = queue.send(message("m-2"), soon()).await;
+        assert_eq!(next, Ok(SendReceipt { duplicate: false }));
+        assert!(queue.store_health().unwrap().ok);
+        assert_eq!(queue.reader.lock().depth("q").unwrap(), 1);
+    }
+
+    /// A writer that cannot open the store again stops: the store's health says why, and
+    /// every send after it is answered as never handed over (it may go to a fallback).
+    #[tokio::test]
+    async fn a_writer_that_cannot_reopen_the_store_stops_and_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let (queue, writer) = queue_over_commit(
+            dir.path(),
+            || {
+                Err(StoreError::Output(std::io::Error::other(
+                    "no room for a connection",
+                )))
+            },
+            |_, _, _| panic!("a bug in the commit"),
+        );
+        let held = queue.send(message("m-1"), soon()).await;
+        assert!(matches!(held, Err(SendError::Uncertain(_))), "{held:?}");
+        writer.join().unwrap();
+        let health = queue.store_health().unwrap();
+        assert!(!health.ok);
+        assert!(health.error.unwrap().contains("cannot reopen the store"));
+        let after = queue.send(message("m-2"), soon()).await;
+        assert!(matches!(after, Err(SendError::Unavailable(_))), "{after:?}");
+    }
+
+    /// A batch handed over whole and dropped unanswered: every entry's outcome is unknown
+    /// (the dispatcher reroutes a batch only when every entry is `Unavailable`).
+    #[tokio::test]
+    async fn a_writer_that_dies_holding_a_batch_leaves_every_entry_unknown() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = queue_with_writer(dir.path(), |mut inbox| {
+            let _held = inbox.blocking_recv();
+            panic!("the writer fails holding a batch");
+        });
+        let answers = queue
+            .send_batch(vec![message("b-1"), message("b-2"), message("b-3")], soon())
+            .await;
+        assert_eq!(answers.len(), 3);
+        assert!(
+            answers
+                .iter()
+                .all(|a| matches!(a, Err(SendError::Uncertain(_)))),
+            "{answers:?}"
+        );
     }
 
     /// A writer gone before the send was handed to it never saw the message: it may go
