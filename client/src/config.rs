@@ -60,8 +60,10 @@ pub struct ClientConfig {
     /// Sent as `Sendgate-Criticality` on every send and batch when set: lowers the level
     /// the gateway weighs them at (never above the key's; contract section 2).
     pub criticality: Option<Criticality>,
-    /// Seeds the retries' jitter and the throttle's draws, so a run can be repeated;
-    /// `None` (the default) seeds them from the OS.
+    /// Seeds the retries' jitter and the throttle's draws, so a run can be repeated (on a
+    /// deterministic scheduler: tokio's current-thread runtime, a paused clock); `None`
+    /// (the default) seeds them from the OS. Producers given one seed retry in lockstep,
+    /// which is what jitter is there to prevent: leave it `None` in production.
     pub jitter_seed: Option<u64>,
 }
 
