@@ -704,7 +704,15 @@ mod tests {
         );
         let held = queue.send(message("m-1"), soon()).await;
         assert!(matches!(held, Err(SendError::Uncertain(_))), "{held:?}");
-        let health = queue.store_health().unwrap();
+        // The held reply is dropped as the panic unwinds, before the writer begins again.
+        let mut health = queue.store_health().unwrap();
+        for _ in 0..500 {
+            if !health.ok {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            health = queue.store_health().unwrap();
+        }
         assert!(!health.ok);
         assert!(health.error.unwrap().contains("began again"));
         let next = queue.send(message("m-2"), soon()).await;
