@@ -734,8 +734,8 @@ mod tests {
         );
     }
 
-    /// A broker slow to connect (every byte 60 ms late: a handshake, four publisher channels
-    /// and the probe take well over a second) behind sends of half a second each: the
+    /// A broker slow to connect (every byte 30 ms late: a handshake, four publisher channels
+    /// and the probe take over a second) behind sends of half a second each: the
     /// connect is the link's, not a caller's, so one ending at its deadline does not end
     /// the connect, and a later send finds the session.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -746,7 +746,7 @@ mod tests {
         )
         .await;
         proxy.set(sendgate_testkit::fault_proxy::Fault::Delay(
-            Duration::from_millis(60),
+            Duration::from_millis(30),
         ));
         let link = link_to(proxy.addr().port());
         let started = Instant::now();
@@ -770,6 +770,7 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
+        println!("connected after {connected:?}; {timed_out} sends timed out before");
         assert!(timed_out >= 1, "the connect was not slower than a send");
         assert!(connected < CONNECT_TIMEOUT, "{connected:?}");
     }
