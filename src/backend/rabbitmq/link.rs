@@ -709,6 +709,29 @@ mod tests {
         assert!(Arc::ptr_eq(&first, &second));
     }
 
+    /// A depth read never declares: a queue the broker lacks is a failed read, and is still
+    /// missing after it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_depth_read_of_a_missing_queue_fails_and_creates_nothing() {
+        sendgate_testkit::ensure::rabbitmq();
+        let broker: std::net::SocketAddr =
+            sendgate_testkit::rabbit::AMQP.parse().expect("an address");
+        let link = Link::reader(
+            format!("amqp://guest:guest@127.0.0.1:{}/%2f", broker.port())
+                .parse()
+                .expect("a valid URI"),
+        );
+        let session = link
+            .session(Instant::now() + CONNECT_TIMEOUT)
+            .await
+            .expect("connected");
+        let missing =
+            QueueName::parse(&sendgate_testkit::rabbit::unique("sg-missing")).expect("a name");
+        for _ in 0..2 {
+            assert!(session.ready_messages(&missing).await.is_err());
+        }
+    }
+
     /// A refused credential stays the answer while backing off: the producer hears that the
     /// credential is wrong (`backend_auth_failed`), not that a reconnect is on its way.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
