@@ -649,17 +649,20 @@ mod tests {
         }
     }
 
+    /// A writer that takes one job and dies of a panic holding it.
+    fn dies_holding_a_job(mut inbox: mpsc::Receiver<WriteJob>) {
+        let _held = inbox.blocking_recv();
+        panic!("the writer fails holding a job");
+    }
+
     /// The writer dies holding the job (a panic, after its commit or before it): nothing
-    /// says whether the message was stored, so the send's outcome is unknown, a `504` the
-    /// producer retries with its key. `Unavailable` would say it never reached the store,
+    /// says whether the message was stored, so the send's outcome is unknown (`502
+    /// send_failed`, `outcome: unknown`): the producer retries with its key. `Unavailable` would say it never reached the store,
     /// and the dispatcher would store it again on a fallback.
     #[tokio::test]
     async fn a_writer_that_dies_holding_a_send_leaves_its_outcome_unknown() {
         let dir = tempfile::tempdir().unwrap();
-        let queue = queue_with_writer(dir.path(), |mut inbox| {
-            let _held = inbox.blocking_recv();
-            panic!("the writer fails after its commit");
-        });
+        let queue = queue_with_writer(dir.path(), dies_holding_a_job);
         let answer = queue.send(message("m-1"), soon()).await;
         assert!(matches!(answer, Err(SendError::Uncertain(_))), "{answer:?}");
     }
@@ -750,10 +753,7 @@ mod tests {
     #[tokio::test]
     async fn a_writer_that_dies_holding_a_batch_leaves_every_entry_unknown() {
         let dir = tempfile::tempdir().unwrap();
-        let queue = queue_with_writer(dir.path(), |mut inbox| {
-            let _held = inbox.blocking_recv();
-            panic!("the writer fails holding a batch");
-        });
+        let queue = queue_with_writer(dir.path(), dies_holding_a_job);
         let answers = queue
             .send_batch(vec![message("b-1"), message("b-2"), message("b-3")], soon())
             .await;

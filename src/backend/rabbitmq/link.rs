@@ -637,6 +637,12 @@ mod tests {
         Link::new(uri.parse().expect("a valid URI"), Vec::new())
     }
 
+    /// The machine's RabbitMQ (started if it is down).
+    fn machine_broker() -> std::net::SocketAddr {
+        sendgate_testkit::ensure::rabbitmq();
+        sendgate_testkit::rabbit::AMQP.parse().expect("an address")
+    }
+
     /// A port nothing listens on: connects to it are refused.
     fn closed_port() -> u16 {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
@@ -699,10 +705,7 @@ mod tests {
     /// A live session is handed to every caller: one connection, not one per send.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_live_session_is_shared_by_the_callers() {
-        sendgate_testkit::ensure::rabbitmq();
-        let broker: std::net::SocketAddr =
-            sendgate_testkit::rabbit::AMQP.parse().expect("an address");
-        let link = link_to(broker.port());
+        let link = link_to(machine_broker().port());
         let deadline = || Instant::now() + CONNECT_TIMEOUT;
         let first = link.session(deadline()).await.expect("connected");
         let second = link.session(deadline()).await.expect("connected");
@@ -713,11 +716,8 @@ mod tests {
     /// missing after it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_depth_read_of_a_missing_queue_fails_and_creates_nothing() {
-        sendgate_testkit::ensure::rabbitmq();
-        let broker: std::net::SocketAddr =
-            sendgate_testkit::rabbit::AMQP.parse().expect("an address");
         let link = Link::reader(
-            format!("amqp://guest:guest@127.0.0.1:{}/%2f", broker.port())
+            format!("amqp://guest:guest@{}/%2f", machine_broker())
                 .parse()
                 .expect("a valid URI"),
         );
@@ -736,8 +736,7 @@ mod tests {
     /// credential is wrong (`backend_auth_failed`), not that a reconnect is on its way.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_refused_credential_is_the_answer_while_backing_off() {
-        sendgate_testkit::ensure::rabbitmq();
-        let uri = format!("amqp://nobody:wrong@{}/%2f", sendgate_testkit::rabbit::AMQP);
+        let uri = format!("amqp://nobody:wrong@{}/%2f", machine_broker());
         let link = Link::new(uri.parse().expect("a valid URI"), Vec::new());
         let deadline = || Instant::now() + CONNECT_TIMEOUT;
         let first = link.session(deadline()).await.err();
@@ -763,11 +762,7 @@ mod tests {
     /// the connect, and a later send finds the session.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_connect_slower_than_every_callers_deadline_still_connects() {
-        sendgate_testkit::ensure::rabbitmq();
-        let proxy = sendgate_testkit::fault_proxy::FaultProxy::start(
-            sendgate_testkit::rabbit::AMQP.parse().expect("an address"),
-        )
-        .await;
+        let proxy = sendgate_testkit::fault_proxy::FaultProxy::start(machine_broker()).await;
         proxy.set(sendgate_testkit::fault_proxy::Fault::Delay(
             Duration::from_millis(30),
         ));
@@ -887,10 +882,7 @@ mod tests {
     /// it (its connection, its channels and their buffers) until the next connect.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_discarded_session_is_not_kept_by_the_link() {
-        sendgate_testkit::ensure::rabbitmq();
-        let port: std::net::SocketAddr =
-            sendgate_testkit::rabbit::AMQP.parse().expect("an address");
-        let link = link_to(port.port());
+        let link = link_to(machine_broker().port());
         let session = link
             .session(Instant::now() + CONNECT_TIMEOUT)
             .await
