@@ -22,10 +22,13 @@ use crate::backend::{OutgoingMessage, SendError, SendReceipt};
 use crate::config::ForceBackend;
 use crate::domain::{Attributes, Field, QueueName};
 use breaker::Outcome;
-use ceiling::{BacklogEffect, Refusal};
+use ceiling::{BacklogEffect, ClaimKey, Refusal};
 use fair::Asker;
 use inflight::InFlight;
 pub use lane::{BackendRole, Lane, ProbeStatus};
+
+/// Who asks for the queue's room, and the place a send's `Idempotency-Key` may claim.
+type Asking = (Asker, Option<ClaimKey>);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DispatchError {
@@ -186,7 +189,7 @@ impl Dispatcher {
     pub async fn send(&self, message: OutgoingMessage) -> Dispatched {
         let queue = message.queue.clone();
         let attributes = std::sync::Arc::clone(&message.attributes);
-        self.send_with(&queue, &attributes, Asker::OPEN, || message)
+        self.send_with(&queue, &attributes, Asker::OPEN, None, || message)
             .await
     }
 
@@ -213,7 +216,7 @@ impl Dispatcher {
         self.route(
             queue,
             attributes,
-            asker,
+            (asker, None),
             messages,
             |lane, admitted, messages| async move {
                 Ok(self.deliver_batch(lane, admitted, messages).await)
@@ -225,17 +228,19 @@ impl Dispatcher {
     /// [`Dispatcher::send`], with the message made only once the send is admitted: a
     /// refused send (a 429 from the cached backlog) never builds it (no message id).
     /// `attributes` are the message's: a backend that cannot carry one refuses it first.
+    /// `claim`: its `Idempotency-Key`, which may claim a place a refusal promised it.
     pub async fn send_with(
         &self,
         queue: &QueueName,
         attributes: &Attributes,
         asker: Asker,
+        claim: Option<ClaimKey>,
         message: impl FnOnce() -> OutgoingMessage,
     ) -> Dispatched {
         self.route(
             queue,
             &[attributes],
-            asker,
+            (asker, claim),
             message,
             |lane, admitted, message| self.deliver(lane, admitted, message),
         )
@@ -248,7 +253,7 @@ impl Dispatcher {
         &'d self,
         queue: &QueueName,
         attributes: &[&Attributes],
-        asker: Asker,
+        asker: Asking,
         make: impl FnOnce() -> M,
         deliver: impl Fn(&'d Lane, Admitted, M) -> F,
     ) -> Routed<T>
@@ -310,7 +315,7 @@ impl Dispatcher {
         &self,
         queue: &QueueName,
         attributes: &[&Attributes],
-        asker: Asker,
+        asker: Asking,
         deadline: Instant,
     ) -> Option<(&Lane, Admitted)> {
         let fallback = self.fallback.as_ref()?;
@@ -332,7 +337,7 @@ impl Dispatcher {
         &self,
         queue: &QueueName,
         attributes: &[&Attributes],
-        asker: Asker,
+        asker: Asking,
     ) -> Result<(&Lane, Admitted), (Option<BackendRole>, DispatchError)> {
         let mut lane = self.choose();
         let mut admitted = self.admit(lane, queue, attributes, asker).await;
@@ -365,7 +370,7 @@ impl Dispatcher {
         lane: &Lane,
         queue: &QueueName,
         attributes: &[&Attributes],
-        asker: Asker,
+        asker: Asking,
     ) -> Result<Admitted, DispatchError> {
         let gate = lane.gate(queue).ok_or(DispatchError::UnknownQueue)?;
         if let Some(attribute) = attributes
@@ -378,8 +383,9 @@ impl Dispatcher {
             });
         }
         let units = attributes.len().max(1) as u64;
+        let (asker, claim) = asker;
         let reservation = gate
-            .admit_units_for(asker, units)
+            .admit_claiming(asker, units, claim)
             .await
             .map_err(DispatchError::Refused)?;
         // Not `now`: a send counted alone was counted before its replica's own gate read the

@@ -17,6 +17,7 @@ use super::headers::{
     self, spelling, CORRELATION_ID, IDEMPOTENCY_KEY, SENDGATE_BACKEND, TRACEPARENT, TRACESTATE,
 };
 use super::state::{authorize, AppState, Edge};
+use crate::admission::ceiling::ClaimKey;
 use crate::admission::fair::Asker;
 use crate::admission::tenants::Criticality;
 use crate::admission::BackendRole;
@@ -272,6 +273,16 @@ pub(crate) struct Key {
 }
 
 impl Key {
+    /// The place a refusal may have promised this send: its id at the broker, when the
+    /// client gave a key (a made-up id is never sent again).
+    fn claim(&self) -> Option<ClaimKey> {
+        let key = self.given.as_ref()?;
+        Some(match &self.caller {
+            Some(caller) => ClaimKey::of(scoped_message_id(&caller.name, key).as_str()),
+            None => ClaimKey::of(key.as_str()),
+        })
+    }
+
     /// The id as the client knows it (echoed in every answer), and as the broker stores it.
     /// A client's key is scoped to the caller at the broker: another key holder on the
     /// same queue cannot suppress this message by reusing its Idempotency-Key.
@@ -424,9 +435,10 @@ async fn dispatch(
     } = message;
     let traceparent = trace.parent.to_string();
     let mut answered: Option<MessageId> = None;
+    let claim = key.claim();
     let dispatched = state
         .dispatcher
-        .send_with(&queue, &attributes, asker, || {
+        .send_with(&queue, &attributes, asker, claim, || {
             let (id, at_broker) = key.ids();
             answered = Some(id);
             OutgoingMessage {

@@ -753,6 +753,25 @@ impl LocalGate {
         }
     }
 
+    /// A `queue_full` as the estimate stands now (the last good read and the sends counted
+    /// since), when it leaves fewer than `room` units under the ceiling; `None` when it
+    /// leaves that many, or without a good read (the send is then decided as any other).
+    pub fn full_short_of(&self, room: u64) -> Option<Refusal> {
+        let state = self.state.lock();
+        let LastRead::Ok { backlog, at, .. } = state.last_read else {
+            return None;
+        };
+        let policy = self.policy.load();
+        let estimate = backlog
+            .saturating_add(state.since_read)
+            .saturating_add(state.in_flight);
+        if policy.limit.saturating_sub(estimate) >= room {
+            return None;
+        }
+        let until_next_read = (at + policy.ttl).saturating_duration_since(Instant::now());
+        Some(policy.queue_full(estimate, state.drain.rate(), until_next_read))
+    }
+
     /// The gate as it stands; `reads` are the admin-plane reads this process made for
     /// the queue in any mode (a counter in /metrics never goes down at a switch of mode).
     pub fn snapshot(&self, other_reads: (u64, u64)) -> GateSnapshot {

@@ -12,14 +12,19 @@
 //!    ├─────▶ fleet/ ──▶ policy.rs, window.rs, local.rs (its bounds), coordination::port
 //!    ├─────▶ reservation.rs ──▶ local.rs, fleet/
 //!    ├─────▶ pacing.rs ──▶ policy.rs
+//!    ├─────▶ claims.rs
 //!    └─────▶ fair (one send's Judging, handed to local.rs as policy.rs's Judge)
 //! ```
 //! Whoever refused a send for room, its wait is spread here, once, behind the producers
-//! refused before it (`pacing.rs`), at the drain rate of whoever decides.
+//! refused before it (`pacing.rs`), at the drain rate of whoever decides. A gate alone by
+//! design and without tenants keeps the places it promised for the sends whose keys claim
+//! them (`claims.rs`), before it asks who decides: `claims.rs` knows nothing of reads,
+//! fairness or the fleet, and the deciders nothing of claims.
 //! `local.rs` knows nothing of a fleet or Redis; `fleet/` nothing of the local gate but
 //! the bounds it hands it; neither anything of fairness. Each gate is built whole from its
 //! [`GateParts`] (start-up: `admission::assemble`).
 
+mod claims;
 mod fleet;
 mod local;
 mod pacing;
@@ -35,6 +40,7 @@ use crate::backend::Backend;
 use crate::coordination::redis_client::CONNECT_DEADLINE;
 use crate::domain::QueueName;
 
+pub use claims::ClaimKey;
 pub use fleet::{FleetSeat, Goodbye, Held, USE_BLOCK_FOR};
 pub use local::LocalBounds;
 pub use policy::{
@@ -42,9 +48,10 @@ pub use policy::{
 };
 pub use reservation::Reservation;
 
+use claims::{Claims, Standing};
 use fleet::{AloneAnswer, FleetAnswer, Judged};
 use local::LocalGate;
-use pacing::{Ask, Pacing};
+use pacing::{whole_seconds, Ask, Pacing};
 use reservation::Decider;
 
 pub struct CapacityGate {
@@ -56,6 +63,8 @@ pub struct CapacityGate {
     fairness: Option<QueueFairness>,
     /// The waits promised to the producers refused for room.
     pacing: Pacing,
+    /// Alone by design and without tenants: the places promised, kept for their producers.
+    claims: Option<Claims>,
 }
 
 /// What a queue's gate is made of (at start-up).
@@ -133,12 +142,14 @@ impl CapacityGate {
             fairness,
             seat,
         } = parts;
+        let claims = (seat.is_none() && fairness.is_none()).then(Claims::default);
         Arc::new(Self {
             local: LocalGate::new(queue, Arc::clone(&policy), backend),
             policy,
             seat,
             fairness,
             pacing: Pacing::default(),
+            claims,
         })
     }
 
@@ -197,7 +208,19 @@ impl CapacityGate {
         asker: Asker,
         units: u64,
     ) -> Result<Reservation, Refusal> {
+        self.admit_claiming(asker, units, None).await
+    }
+
+    /// As [`Self::admit_units_for`], for a send whose `Idempotency-Key` (`claim`) may claim
+    /// a place it was promised when refused before (`claims.rs`).
+    pub async fn admit_claiming(
+        self: &Arc<Self>,
+        asker: Asker,
+        units: u64,
+        claim: Option<ClaimKey>,
+    ) -> Result<Reservation, Refusal> {
         let units = units.max(1);
+        let standing = self.standing(asker, units, claim)?;
         if let Some(fairness) = &self.fairness {
             fairness.lease_rate(asker.tenant, units).await;
         }
@@ -213,17 +236,82 @@ impl CapacityGate {
             },
             Mode::CutOff(seat) => self.admit_cut_off(seat, judging, units).await,
         };
-        decision.map_err(|refusal| {
-            self.pacing.pace(
-                refusal,
-                Ask {
-                    criticality: asker.criticality,
-                    units,
-                    per_second: self.drain_share(),
-                    max: self.policy.load().retry_after_max,
-                },
-            )
-        })
+        match decision {
+            Ok(reservation) => {
+                if let Some(claims) = &self.claims {
+                    claims.claimed(claim);
+                }
+                Ok(reservation)
+            }
+            Err(refusal) if standing == Standing::Due => {
+                Err(self.keep_place(refusal, units, claim))
+            }
+            Err(refusal) => Err(self.refuse_for_room(refusal, asker, units, claim)),
+        }
+    }
+
+    /// Where a send stands with the places promised: one not yet due is told the rest of
+    /// its wait; a fresh one is refused while the room left is what due places need.
+    fn standing(
+        &self,
+        asker: Asker,
+        units: u64,
+        claim: Option<ClaimKey>,
+    ) -> Result<Standing, Refusal> {
+        let Some(claims) = &self.claims else {
+            return Ok(Standing::Fresh);
+        };
+        let now = tokio::time::Instant::now();
+        match claims.standing(claim, now) {
+            Standing::Early(left) => match self.local.full_short_of(u64::MAX) {
+                Some(full) => Err(full.told(whole_seconds(left))),
+                None => Ok(Standing::Fresh),
+            },
+            Standing::Fresh => {
+                let kept = claims.kept(self.policy.load().limit, now);
+                match (kept > 0).then(|| self.local.full_short_of(units + kept)) {
+                    Some(Some(full)) => Err(self.refuse_for_room(full, asker, units, claim)),
+                    _ => Ok(Standing::Fresh),
+                }
+            }
+            Standing::Due => Ok(Standing::Due),
+        }
+    }
+
+    /// A refusal for room takes its place behind those refused before it (`pacing.rs`),
+    /// kept for `claim`.
+    fn refuse_for_room(
+        &self,
+        refusal: Refusal,
+        asker: Asker,
+        units: u64,
+        claim: Option<ClaimKey>,
+    ) -> Refusal {
+        let (refusal, opens) = self.pacing.place(
+            refusal,
+            Ask {
+                criticality: asker.criticality,
+                units,
+                per_second: self.drain_share(),
+                max: self.policy.load().retry_after_max,
+            },
+        );
+        if let (Some(claims), Some(opens), Some(told)) = (&self.claims, opens, refusal.room_wait())
+        {
+            claims.promise(claim, tokio::time::Instant::now(), opens, told, units);
+        }
+        refusal
+    }
+
+    /// A producer back for its due place found the room taken: it keeps the head of the
+    /// line, told the refusal's own wait (when the next place opens), not a place behind it.
+    fn keep_place(&self, refusal: Refusal, units: u64, claim: Option<ClaimKey>) -> Refusal {
+        if let (Some(claims), Some(opens)) = (&self.claims, refusal.room_wait()) {
+            let told = whole_seconds(opens);
+            claims.promise(claim, tokio::time::Instant::now(), opens, told, units);
+            return refusal.told(told);
+        }
+        refusal
     }
 
     /// Messages a second this gate's refused producers are served at: the queue's measured

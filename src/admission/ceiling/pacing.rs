@@ -37,9 +37,10 @@
 //! owed than `max` of drain: the producers told `max` share its second, and the line does
 //! not run on beyond what anyone was told.
 //!
-//! **What it cannot see**: a producer that ignores its wait and sends again is refused
-//! again and takes another place, pushing back those who wait as told; the places are
-//! promises, not reservations (the gate cannot tell a returning producer from a new one).
+//! **Who gets the place**: a producer that retries with the same `Idempotency-Key` has
+//! its place kept for it (`claims.rs`): fresh sends do not take the room its place needs.
+//! One without a key cannot be told from a new producer: if it sends again before its
+//! place, it is refused again and takes another, pushing back those who wait as told.
 //!
 //! With no drain rate measured the refusal's own answer stands (the time to the next read).
 //! Other refusals keep theirs: a tenant's share or quota is a wait for a round or a rate of
@@ -103,52 +104,41 @@ fn level(criticality: Criticality) -> usize {
 }
 
 impl Pacing {
-    /// `refusal` with its wait spread behind the producers refused before it (a refusal
-    /// for room with a drain rate measured; any other as it is).
+    /// [`Self::place`]'s refusal alone.
+    #[cfg(test)]
     pub fn pace(&self, refusal: Refusal, ask: Ask) -> Refusal {
-        let Some(per_second) = ask.per_second.filter(|r| r.is_finite() && *r > 0.0) else {
-            return refusal;
-        };
-        let wait = |base: Duration| {
-            let place = Place {
-                base,
-                units: ask.units.max(1) as f64,
-                per_second,
-            };
-            self.lines
-                .lock()
-                .promise(level(ask.criticality), Instant::now(), place, ask.max)
-        };
-        match refusal {
-            Refusal::QueueFull {
-                backlog,
-                limit,
-                retry_after,
-                drain_rate,
-                room,
-            } => Refusal::QueueFull {
-                backlog,
-                limit,
-                retry_after: wait(retry_after),
-                drain_rate,
-                room,
-            },
-            Refusal::Shed {
-                criticality,
-                backlog,
-                cut,
-                retry_after,
-                room,
-            } => Refusal::Shed {
-                criticality,
-                backlog,
-                cut,
-                retry_after: wait(retry_after),
-                room,
-            },
-            other => other,
-        }
+        self.place(refusal, ask).0
     }
+
+    /// `refusal` with its wait spread behind the producers refused before it (a refusal
+    /// for room with a drain rate measured; any other as it is), and when the refused
+    /// producer's place opens, to the instant (what it is told is that, rounded up to
+    /// whole seconds); `None` for a refusal not paced.
+    pub fn place(&self, refusal: Refusal, ask: Ask) -> (Refusal, Option<Duration>) {
+        let Some(per_second) = ask.per_second.filter(|r| r.is_finite() && *r > 0.0) else {
+            return (refusal, None);
+        };
+        let Some(base) = refusal.room_wait() else {
+            return (refusal, None);
+        };
+        let place = Place {
+            base,
+            units: ask.units.max(1) as f64,
+            per_second,
+        };
+        let max = Duration::from_secs(ask.max.as_secs()).max(Duration::from_secs(1));
+        let opens = self
+            .lines
+            .lock()
+            .promise(level(ask.criticality), Instant::now(), place, max);
+        (refusal.told(whole_seconds(opens).min(max)), Some(opens))
+    }
+}
+
+/// A wait as `Retry-After` says it: whole seconds, rounded up, at least one.
+pub(super) fn whole_seconds(wait: Duration) -> Duration {
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    Duration::from_secs(secs.max(1))
 }
 
 /// One refusal's place: when the first place opens, its units, and the rate places open at.
@@ -160,11 +150,9 @@ struct Place {
 }
 
 impl Lines {
-    /// The wait for a place at `level` (whole seconds, within `[1 s, max]`), adding the
-    /// place's units to its line and every lower level's.
+    /// When a place at `level` opens (at most `max`, whole seconds), adding the place's
+    /// units to its line and every lower level's.
     fn promise(&mut self, level: usize, now: Instant, place: Place, max: Duration) -> Duration {
-        let one = Duration::from_secs(1);
-        let max = Duration::from_secs(max.as_secs()).max(one);
         let rate = place.per_second;
         let base = place.base.min(max).as_secs_f64();
         let most = max.as_secs_f64() * rate;
@@ -175,9 +163,7 @@ impl Lines {
         for line in &mut self.0[..=level] {
             line.owed = (line.owed.max(base * rate) + place.units).min(most);
         }
-        let wait = Duration::try_from_secs_f64(wait).unwrap_or(max);
-        let whole = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-        Duration::from_secs(whole).clamp(one, max)
+        Duration::try_from_secs_f64(wait).unwrap_or(max).min(max)
     }
 }
 

@@ -259,6 +259,27 @@ pub trait Judge {
 }
 
 impl Refusal {
+    /// A refusal for room (a `queue_full`, or a criticality's `Shed`): how long it says to
+    /// wait; any other: `None`.
+    pub fn room_wait(&self) -> Option<Duration> {
+        match self {
+            Refusal::QueueFull { retry_after, .. } | Refusal::Shed { retry_after, .. } => {
+                Some(*retry_after)
+            }
+            _ => None,
+        }
+    }
+
+    /// A refusal for room told to wait `wait` instead; any other as it is.
+    pub fn told(mut self, wait: Duration) -> Self {
+        if let Refusal::QueueFull { retry_after, .. } | Refusal::Shed { retry_after, .. } =
+            &mut self
+        {
+            *retry_after = wait;
+        }
+        self
+    }
+
     /// A `queue_full` that names the `room` there was (a batch refused whole); any other
     /// refusal as it is.
     pub fn with_room(self, room: u64) -> Self {

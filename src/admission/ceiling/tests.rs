@@ -1755,3 +1755,88 @@ async fn the_snapshot_shows_the_depth_read_beside_the_estimate() {
 /// Work conservation, in a file of its own beside this one.
 #[path = "conserving_tests.rs"]
 mod conserving;
+
+/// A gate with a ceiling of 10 that has measured a drain of 1/s and is full at 10 (reads
+/// of 12, 11, 10 a second apart), its next read (`then`) showing room.
+async fn full_draining(then: &[u64]) -> (Arc<CapacityGate>, Arc<ScriptedDepth>) {
+    let backend = depths([12, 11, 10].into_iter().chain(then.iter().copied()));
+    let g = gate(policy(10, 1000, false, 3), &backend);
+    read_each_second(&g, 3).await;
+    (g, backend)
+}
+
+fn claim(n: u32) -> Option<ClaimKey> {
+    Some(ClaimKey::of(&format!("producer-{n}")))
+}
+
+async fn claiming(g: &Arc<CapacityGate>, key: Option<ClaimKey>) -> Result<(), Duration> {
+    match g.admit_claiming(Asker::OPEN, 1, key).await {
+        Ok(held) => {
+            held.finish(BacklogEffect::Stored);
+            Ok(())
+        }
+        Err(refusal) => Err(refusal.room_wait().expect("refused for room")),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_producer_back_for_its_place_is_admitted_before_a_fresh_send() {
+    for keyed in [true, false] {
+        let (g, _) = full_draining(&[9, 9, 9, 9]).await;
+        let key = keyed.then(|| claim(1)).flatten();
+        let told = claiming(&g, key).await.expect_err("full");
+        tokio::time::advance(told).await;
+        // The read now shows a place: kept for the producer it was promised to.
+        let fresh = claiming(&g, claim(2)).await;
+        let back = claiming(&g, key).await;
+        if keyed {
+            assert!(fresh.is_err(), "the room is kept: {fresh:?}");
+            assert_eq!(back, Ok(()), "told {told:?}");
+        } else {
+            assert_eq!(fresh, Ok(()), "nothing kept without a key");
+            assert!(back.is_err());
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_producer_back_early_is_told_the_rest_of_its_wait_and_keeps_its_place() {
+    let (g, _) = full_draining(&[10, 10, 10, 9]).await;
+    let told = claiming(&g, claim(1)).await.expect_err("full");
+    // Others refused behind it: the line the early one would go to the back of.
+    let behind = claiming(&g, claim(2)).await.expect_err("full");
+    assert!(behind >= told, "{behind:?} {told:?}");
+    tokio::time::advance(told / 2).await;
+    let rest = claiming(&g, claim(1)).await.expect_err("not yet due");
+    assert!(rest <= told, "the rest of its wait, {rest:?} of {told:?}");
+    assert!(
+        rest < behind + Duration::from_secs(1),
+        "not a new place behind the line"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_promise_nobody_claims_keeps_no_room_past_its_lapse() {
+    let (g, _) = full_draining(&[9, 9, 9, 9, 9, 9, 9, 9]).await;
+    let told = claiming(&g, claim(1)).await.expect_err("full");
+    tokio::time::advance(told).await;
+    assert!(claiming(&g, None).await.is_err(), "kept for the first");
+    tokio::time::advance(claims::LEAST_GRACE.max(told / 2)).await;
+    assert_eq!(
+        claiming(&g, claim(3)).await,
+        Ok(()),
+        "the first never came back"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_gate_with_tenants_keeps_no_promises() {
+    let backend = depths([0]);
+    let fair = fair_parts(
+        &two_tenants(),
+        fair(crate::admission::fair::share::ShareMode::Enforce),
+    );
+    let with_tenants = gate_with(policy(10, 1000, false, 3), &backend, fair);
+    assert!(with_tenants.claims.is_none());
+    assert!(gate(policy(10, 1000, false, 3), &backend).claims.is_some());
+}

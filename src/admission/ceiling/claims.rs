@@ -1,0 +1,276 @@
+//! The places promised to refused producers, kept so that the producer who comes back for
+//! its place gets it before a fresh send (contract section 2, "Claiming a place").
+//!
+//! `pacing.rs` tells each producer refused for room when its place opens, as if the
+//! places that open went to the line in order. Without more, they do not: a fresh send
+//! arriving as a place opens takes it as readily as the producer it was promised to, and
+//! under a sustained overload fresh sends take most of them. The producer comes back on
+//! time, finds the queue full, and is refused again, behind the whole line.
+//!
+//! So a gate alone by design keeps the promise it made to a send that carries an
+//! `Idempotency-Key` (its [`ClaimKey`]): the place is *due* from the instant the producer
+//! was told until a window after it (`lapse`, below), and while places are due and
+//! unclaimed, a fresh send is refused if it would take the room they need. What must hold,
+//! and why each rule keeps it:
+//!
+//! - **The ceiling is untouched.** A claim is admitted only as any send is, under the
+//!   ceiling; the rule here only refuses more (fresh sends), never admits.
+//! - **No idle workers for a promise.** The room kept for due places is at most half the
+//!   ceiling ([`Claims::kept`]): a fresh send is refused for it only while the queue holds
+//!   more than half its ceiling less the send, so never beside an empty queue.
+//! - **No lock-out.** A promise ends when it is claimed, or at its lapse. Promises are made
+//!   only as refusals are, at most one per key, and at most [`MOST_PROMISES`] at once; a
+//!   producer that never comes back holds nothing after its lapse, and one that sends many
+//!   keys holds at most the half of the room above, for their lapses. A refused fresh
+//!   send is given a place like any other, so it is served in its turn, not shut out.
+//! - **Coming back early changes nothing.** A send whose place is not yet due is told the
+//!   rest of its wait and keeps its place: it does not take another behind the line.
+//! - **A late producer is a fresh one.** After the lapse its key is forgotten.
+//!
+//! `lapse`: due plus half the wait, and at least [`LEAST_GRACE`]: a producer that adds its
+//! own jitter on top of `Retry-After` (the project's client, up to 0.2 s; a generic one up
+//! to half the wait) still finds its place.
+//!
+//! What it assumes: the producer retries with the same `Idempotency-Key` (the project's
+//! client always does). In a fleet a retry reaches any replica, which would not know the
+//! promise, so a fleet's gates keep none (docs/fleet.md); nor does a gate with tenants, whose
+//! shares decide who gets the room (docs/fairness.md).
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+/// A send's claim on a place: its `Idempotency-Key` as scoped at the broker, hashed (a
+/// collision would need a second preimage of SHA-256).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ClaimKey(u128);
+
+impl ClaimKey {
+    /// The claim of a send whose message id at the broker is `id`: every retry of one
+    /// message by one caller has the same.
+    pub fn of(id: &str) -> Self {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(id.as_bytes());
+        let mut first = [0u8; 16];
+        first.copy_from_slice(&digest[..16]);
+        Self(u128::from_be_bytes(first))
+    }
+}
+
+/// The most promises kept at once; a refusal past it is paced as before but not kept.
+pub const MOST_PROMISES: usize = 65_536;
+
+/// The shortest window after a place is due in which its producer may still claim it.
+pub const LEAST_GRACE: Duration = Duration::from_secs(2);
+
+/// Where a send stands with the promises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// No promise for it (no key, none made, or lapsed): a fresh send.
+    Fresh,
+    /// Its place is due: it goes before fresh sends.
+    Due,
+    /// Its place opens in this long: it is told so, and keeps it.
+    Early(Duration),
+}
+
+/// One promise: its place opens at `due`, it may be claimed until `lapse`, for `units`.
+#[derive(Debug, Clone, Copy)]
+struct Promise {
+    due: Instant,
+    lapse: Instant,
+    units: u64,
+}
+
+/// The promises of one queue's gate.
+#[derive(Debug, Default)]
+pub struct Claims {
+    book: Mutex<Book>,
+}
+
+#[derive(Debug, Default)]
+struct Book {
+    promises: HashMap<ClaimKey, Promise>,
+    /// The same promises, by their lapse: `(lapse, key)`.
+    lapses: BTreeSet<(Instant, ClaimKey)>,
+    /// The units of all the promises.
+    units: u64,
+}
+
+impl Book {
+    /// Forget the promises past their lapse.
+    fn lapse(&mut self, now: Instant) {
+        while let Some(&(lapse, key)) = self.lapses.first() {
+            if lapse > now {
+                break;
+            }
+            self.forget(key);
+        }
+    }
+
+    /// Drop the promise made to `key`, if any.
+    fn forget(&mut self, key: ClaimKey) {
+        if let Some(promise) = self.promises.remove(&key) {
+            self.lapses.remove(&(promise.lapse, key));
+            self.units -= promise.units;
+        }
+    }
+}
+
+impl Claims {
+    /// Where a send with `key` stands at `now`.
+    pub fn standing(&self, key: Option<ClaimKey>, now: Instant) -> Standing {
+        let Some(key) = key else {
+            return Standing::Fresh;
+        };
+        let mut book = self.book.lock();
+        book.lapse(now);
+        match book.promises.get(&key) {
+            None => Standing::Fresh,
+            Some(promise) if promise.due > now => Standing::Early(promise.due - now),
+            Some(_) => Standing::Due,
+        }
+    }
+
+    /// The room kept at `now` for the places promised: their units, at most half of `limit`.
+    pub fn kept(&self, limit: u64, now: Instant) -> u64 {
+        let mut book = self.book.lock();
+        book.lapse(now);
+        book.units.min(limit / 2)
+    }
+
+    /// Promise `key` a place of `units` that opens `opens` from `now`, its producer told to
+    /// come back in `told` (`opens` rounded up to whole seconds). A promise already made to
+    /// the key is replaced: the latest answer is the one it heard.
+    pub fn promise(
+        &self,
+        key: Option<ClaimKey>,
+        now: Instant,
+        opens: Duration,
+        told: Duration,
+        units: u64,
+    ) {
+        let Some(key) = key else {
+            return;
+        };
+        let mut book = self.book.lock();
+        book.lapse(now);
+        book.forget(key);
+        if book.promises.len() >= MOST_PROMISES {
+            return;
+        }
+        let due = now + opens;
+        let lapse = now + told + (told / 2).max(LEAST_GRACE);
+        book.promises.insert(key, Promise { due, lapse, units });
+        book.lapses.insert((lapse, key));
+        book.units += units;
+    }
+
+    /// The send with `key` was admitted: its promise, if any, is kept.
+    pub fn claimed(&self, key: Option<ClaimKey>) {
+        if let Some(key) = key {
+            self.book.lock().forget(key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(n: u32) -> Option<ClaimKey> {
+        Some(ClaimKey::of(&format!("message-{n}")))
+    }
+
+    fn secs(s: f64) -> Duration {
+        Duration::from_secs_f64(s)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_promise_is_early_then_due_until_its_lapse_then_forgotten() {
+        let claims = Claims::default();
+        let start = Instant::now();
+        claims.promise(key(1), start, secs(1.4), secs(2.0), 1);
+        assert_eq!(claims.standing(None, start), Standing::Fresh);
+        assert_eq!(claims.standing(key(2), start), Standing::Fresh);
+        assert_eq!(
+            claims.standing(key(1), start + secs(0.4)),
+            Standing::Early(secs(1.0))
+        );
+        assert_eq!(claims.standing(key(1), start + secs(1.4)), Standing::Due);
+        // Told 2 s: due until 2 s + the least grace (2 s, more than half of 2 s).
+        assert_eq!(claims.standing(key(1), start + secs(3.99)), Standing::Due);
+        assert_eq!(claims.kept(100, start + secs(3.99)), 1);
+        assert_eq!(claims.standing(key(1), start + secs(4.0)), Standing::Fresh);
+        assert_eq!(claims.kept(100, start + secs(4.0)), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_wait_may_be_claimed_until_half_of_it_again() {
+        let claims = Claims::default();
+        let start = Instant::now();
+        claims.promise(key(1), start, secs(9.5), secs(10.0), 3);
+        assert_eq!(claims.standing(key(1), start + secs(14.99)), Standing::Due);
+        assert_eq!(claims.kept(100, start + secs(14.99)), 3);
+        assert_eq!(claims.standing(key(1), start + secs(15.0)), Standing::Fresh);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_room_kept_is_every_promise_at_most_half_the_ceiling() {
+        let claims = Claims::default();
+        let now = Instant::now();
+        for n in 0..8 {
+            claims.promise(key(n), now, secs(5.0), secs(5.0), 2);
+        }
+        assert_eq!(claims.kept(100, now), 16);
+        assert_eq!(claims.kept(20, now), 10);
+        assert_eq!(claims.kept(21, now), 10);
+        assert_eq!(claims.kept(1, now), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claimed_or_replaced_promise_keeps_nothing_more() {
+        let claims = Claims::default();
+        let now = Instant::now();
+        claims.promise(key(1), now, secs(1.0), secs(1.0), 2);
+        claims.promise(key(1), now, secs(3.0), secs(3.0), 1);
+        assert_eq!(
+            claims.kept(100, now),
+            1,
+            "the latest promise replaces the first"
+        );
+        assert_eq!(
+            claims.standing(key(1), now + secs(1.0)),
+            Standing::Early(secs(2.0))
+        );
+        claims.promise(key(2), now, secs(1.0), secs(1.0), 4);
+        claims.claimed(key(1));
+        claims.claimed(None);
+        assert_eq!(claims.kept(100, now), 4);
+        assert_eq!(claims.standing(key(1), now + secs(3.0)), Standing::Fresh);
+        // Forgotten from the lapse order too: its old lapse takes nothing from the others.
+        assert_eq!(claims.kept(100, now + secs(2.9)), 4);
+        claims.promise(None, now, secs(1.0), secs(1.0), 9);
+        assert_eq!(claims.kept(100, now), 4, "no key, no promise");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_more_than_the_most_promises_are_kept() {
+        let claims = Claims::default();
+        let now = Instant::now();
+        for n in 0..=MOST_PROMISES as u32 {
+            claims.promise(key(n), now, secs(1.0), secs(1.0), 1);
+        }
+        assert_eq!(claims.kept(u64::MAX, now), MOST_PROMISES as u64);
+        let last = key(MOST_PROMISES as u32);
+        assert_eq!(claims.standing(last, now + secs(1.0)), Standing::Fresh);
+        // A key already promised may still be promised again at the cap.
+        claims.promise(key(0), now, secs(2.0), secs(2.0), 1);
+        assert_eq!(
+            claims.standing(key(0), now + secs(1.0)),
+            Standing::Early(secs(1.0))
+        );
+    }
+}
