@@ -249,7 +249,7 @@ mod tests {
         claims.claimed(key(1));
         claims.claimed(None);
         assert_eq!(claims.kept(100, now), 4);
-        assert_eq!(claims.standing(key(1), now + secs(3.0)), Standing::Fresh);
+        assert_eq!(claims.standing(key(1), now + secs(2.0)), Standing::Fresh);
         // Forgotten from the lapse order too: its old lapse takes nothing from the others.
         assert_eq!(claims.kept(100, now + secs(2.9)), 4);
         claims.promise(None, now, secs(1.0), secs(1.0), 9);
