@@ -124,7 +124,14 @@ enum Producer {
     /// Waits `Retry-After` (plus up to half of it again, so retries spread), until
     /// [`GIVE_UP`] from its first intended send.
     HonoursRetryAfter,
+    /// As [`Producer::HonoursRetryAfter`], each message with an `Idempotency-Key` of its
+    /// own, the same on every attempt (which claims the place a refusal promised), until
+    /// [`GIVE_UP_CLAIMING`].
+    ClaimsItsPlace,
 }
+
+/// A producer claiming its place keeps a message this long: its waits grow with the line.
+const GIVE_UP_CLAIMING: Duration = Duration::from_secs(30);
 
 /// One attempt: when it was meant to go (the message's arrival, or its retry's due time),
 /// when its answer came, the status, the level it was sent at, and whether it was the
@@ -206,14 +213,16 @@ async fn drive(
             let mut intended = at;
             for attempt in 0u32.. {
                 tokio::time::sleep_until(t0 + intended).await;
-                let answer = client
+                let mut request = client
                     .post(&url)
                     .bearer_auth(TOKEN)
                     .header("Sendgate-Criticality", level)
                     .header("Content-Type", "application/json")
-                    .body(format!("{{\"n\":{n}}}"))
-                    .send()
-                    .await;
+                    .body(format!("{{\"n\":{n}}}"));
+                if producer == Producer::ClaimsItsPlace {
+                    request = request.header("Idempotency-Key", format!("message-{n}"));
+                }
+                let answer = request.send().await;
                 let answered = t0.elapsed();
                 let (status, retry_after) = match &answer {
                     Ok(r) => (
@@ -231,9 +240,14 @@ async fn drive(
                 });
                 let wait =
                     Duration::from_secs_f64(retry_after as f64 * (1.0 + jitter(n, attempt) / 2.0));
-                let retry = producer == Producer::HonoursRetryAfter
+                let give_up = match producer {
+                    Producer::Once => Duration::ZERO,
+                    Producer::HonoursRetryAfter => GIVE_UP,
+                    Producer::ClaimsItsPlace => GIVE_UP_CLAIMING,
+                };
+                let retry = producer != Producer::Once
                     && matches!(status, 0 | 429 | 503)
-                    && answered + wait <= at + GIVE_UP;
+                    && answered + wait <= at + give_up;
                 if !retry {
                     return;
                 }
@@ -366,6 +380,66 @@ async fn critical_sends_find_room_while_lower_levels_are_refused_at_five_times_t
     assert!(
         critical.1 > 0 && refused_lower > 0,
         "the scenario did not overload the queue: {refused_lower} lower sends refused"
+    );
+    verdict(broken);
+}
+
+/// A sustained overload (1.6 times the drain, the capacity drop of issue 39) with producers
+/// that honour `Retry-After` and retry with the message's own `Idempotency-Key`: the place
+/// a refusal names is kept for its producer (contract section 2, "Claiming a place"), so a
+/// refused message is admitted on its first retry, not refused again behind fresh sends.
+/// Without the claim (the same run with no key) most refused producers came back to find
+/// their place taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn producers_back_with_their_keys_are_admitted_on_their_first_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let gw = gateway(dir.path()).await;
+    let worker = Worker::start(dir.path().join("data"));
+    // 0.5× for 2 s (the drain is measured), 1.6× for 8 s, 0.4× for 12 s: the line is
+    // served by the end.
+    let step = Step {
+        phases: [(0.5, 2), (1.6, 8), (0.4, 12)],
+    };
+    let attempts = drive(&gw, &step, Producer::ClaimsItsPlace, |_| "default").await;
+    let (max_depth, taken, short) = worker.stop();
+
+    let refused_first: Vec<&Attempt> = attempts
+        .iter()
+        .filter(|a| a.first && a.status == 429)
+        .collect();
+    let retries = attempts.iter().filter(|a| !a.first).count();
+    let refused_again = attempts
+        .iter()
+        .filter(|a| !a.first && a.status == 429)
+        .count();
+    let admitted = attempts.iter().filter(|a| a.status == 201).count();
+    let mut broken = Vec::new();
+    if max_depth > CEILING {
+        broken.push(format!(
+            "the backlog reached {max_depth}, over the ceiling {CEILING}"
+        ));
+    }
+    if refused_first.len() < 20 {
+        broken.push(format!(
+            "only {} first attempts were refused: the overload did not happen ({admitted} \
+             admitted, the worker took {taken}, {short} takes short)",
+            refused_first.len()
+        ));
+    }
+    // Retries that found their place taken again, per message refused at first.
+    let again = refused_again as f64 / refused_first.len().max(1) as f64;
+    if again > 0.2 {
+        broken.push(format!(
+            "{refused_again} retries were refused again ({again:.2} per message refused at \
+             first, {} of them; {retries} retries in all): at most 0.2",
+            refused_first.len()
+        ));
+    }
+    println!(
+        "claimed places: {} attempts, {} refused at first, {retries} retries, {refused_again} \
+         refused again, {admitted} admitted; the backlog at most {max_depth}",
+        attempts.len(),
+        refused_first.len()
     );
     verdict(broken);
 }

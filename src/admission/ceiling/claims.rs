@@ -31,10 +31,13 @@
 //! own jitter on top of `Retry-After` (the project's client, up to 0.2 s; a generic one up
 //! to half the wait) still finds its place.
 //!
+//! **Criticality**: a fresh send yields only to the promises at its level and above, as
+//! `pacing.rs`'s lines: a `critical` send never waits for room kept for a `sheddable` one.
+//!
 //! What it assumes: the producer retries with the same `Idempotency-Key` (the project's
 //! client always does). In a fleet a retry reaches any replica, which would not know the
-//! promise, so a fleet's gates keep none (docs/fleet.md); nor does a gate with tenants, whose
-//! shares decide who gets the room (docs/fairness.md).
+//! promise, so a fleet's gates keep none; nor does the gate of a queue shared by two
+//! tenants or more, whose shares decide who gets the room (docs/fairness.md).
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -65,6 +68,16 @@ pub const MOST_PROMISES: usize = 65_536;
 /// The shortest window after a place is due in which its producer may still claim it.
 pub const LEAST_GRACE: Duration = Duration::from_secs(2);
 
+/// A place promised: it opens `opens` from the refusal, its producer was told `told`
+/// (`opens` rounded up to whole seconds), for `units` at `level`.
+#[derive(Debug, Clone, Copy)]
+pub struct Place {
+    pub opens: Duration,
+    pub told: Duration,
+    pub units: u64,
+    pub level: usize,
+}
+
 /// Where a send stands with the promises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Standing {
@@ -76,12 +89,14 @@ pub enum Standing {
     Early(Duration),
 }
 
-/// One promise: its place opens at `due`, it may be claimed until `lapse`, for `units`.
+/// One promise: its place opens at `due`, it may be claimed until `lapse`, for `units`
+/// at a criticality's `level` (0 the lowest).
 #[derive(Debug, Clone, Copy)]
 struct Promise {
     due: Instant,
     lapse: Instant,
     units: u64,
+    level: usize,
 }
 
 /// The promises of one queue's gate.
@@ -95,9 +110,12 @@ struct Book {
     promises: HashMap<ClaimKey, Promise>,
     /// The same promises, by their lapse: `(lapse, key)`.
     lapses: BTreeSet<(Instant, ClaimKey)>,
-    /// The units of all the promises.
-    units: u64,
+    /// The units of all the promises, by level.
+    units: [u64; LEVELS],
 }
+
+/// The criticalities a promise may be made at (`pacing.rs`'s lines).
+pub const LEVELS: usize = 3;
 
 impl Book {
     /// Forget the promises past their lapse.
@@ -114,7 +132,7 @@ impl Book {
     fn forget(&mut self, key: ClaimKey) {
         if let Some(promise) = self.promises.remove(&key) {
             self.lapses.remove(&(promise.lapse, key));
-            self.units -= promise.units;
+            self.units[promise.level] -= promise.units;
         }
     }
 }
@@ -134,24 +152,20 @@ impl Claims {
         }
     }
 
-    /// The room kept at `now` for the places promised: their units, at most half of `limit`.
-    pub fn kept(&self, limit: u64, now: Instant) -> u64 {
+    /// The room kept at `now`, from a fresh send at `level`, for the places promised at
+    /// that level or above (a lower criticality waits behind a higher one, never a higher
+    /// behind a lower): their units, at most half of `limit`.
+    pub fn kept(&self, limit: u64, level: usize, now: Instant) -> u64 {
         let mut book = self.book.lock();
         book.lapse(now);
-        book.units.min(limit / 2)
+        let units: u64 = book.units[level.min(LEVELS - 1)..].iter().sum();
+        units.min(limit / 2)
     }
 
-    /// Promise `key` a place of `units` that opens `opens` from `now`, its producer told to
-    /// come back in `told` (`opens` rounded up to whole seconds). A promise already made to
-    /// the key is replaced: the latest answer is the one it heard.
-    pub fn promise(
-        &self,
-        key: Option<ClaimKey>,
-        now: Instant,
-        opens: Duration,
-        told: Duration,
-        units: u64,
-    ) {
+    /// Promise `key` a place of `units` at `level` that opens `opens` from `now`, its
+    /// producer told to come back in `told` (`opens` rounded up to whole seconds). A promise
+    /// already made to the key is replaced: the latest answer is the one it heard.
+    pub fn promise(&self, key: Option<ClaimKey>, now: Instant, place: Place) {
         let Some(key) = key else {
             return;
         };
@@ -161,11 +175,26 @@ impl Claims {
         if book.promises.len() >= MOST_PROMISES {
             return;
         }
+        let Place {
+            opens,
+            told,
+            units,
+            level,
+        } = place;
+        let level = level.min(LEVELS - 1);
         let due = now + opens;
         let lapse = now + told + (told / 2).max(LEAST_GRACE);
-        book.promises.insert(key, Promise { due, lapse, units });
+        book.promises.insert(
+            key,
+            Promise {
+                due,
+                lapse,
+                units,
+                level,
+            },
+        );
         book.lapses.insert((lapse, key));
-        book.units += units;
+        book.units[level] += units;
     }
 
     /// The send with `key` was admitted: its promise, if any, is kept.
@@ -188,11 +217,20 @@ mod tests {
         Duration::from_secs_f64(s)
     }
 
+    fn place(opens: f64, told: f64, units: u64) -> Place {
+        Place {
+            opens: secs(opens),
+            told: secs(told),
+            units,
+            level: 1,
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_promise_is_early_then_due_until_its_lapse_then_forgotten() {
         let claims = Claims::default();
         let start = Instant::now();
-        claims.promise(key(1), start, secs(1.4), secs(2.0), 1);
+        claims.promise(key(1), start, place(1.4, 2.0, 1));
         assert_eq!(claims.standing(None, start), Standing::Fresh);
         assert_eq!(claims.standing(key(2), start), Standing::Fresh);
         assert_eq!(
@@ -202,18 +240,18 @@ mod tests {
         assert_eq!(claims.standing(key(1), start + secs(1.4)), Standing::Due);
         // Told 2 s: due until 2 s + the least grace (2 s, more than half of 2 s).
         assert_eq!(claims.standing(key(1), start + secs(3.99)), Standing::Due);
-        assert_eq!(claims.kept(100, start + secs(3.99)), 1);
+        assert_eq!(claims.kept(100, 0, start + secs(3.99)), 1);
         assert_eq!(claims.standing(key(1), start + secs(4.0)), Standing::Fresh);
-        assert_eq!(claims.kept(100, start + secs(4.0)), 0);
+        assert_eq!(claims.kept(100, 0, start + secs(4.0)), 0);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_long_wait_may_be_claimed_until_half_of_it_again() {
         let claims = Claims::default();
         let start = Instant::now();
-        claims.promise(key(1), start, secs(9.5), secs(10.0), 3);
+        claims.promise(key(1), start, place(9.5, 10.0, 3));
         assert_eq!(claims.standing(key(1), start + secs(14.99)), Standing::Due);
-        assert_eq!(claims.kept(100, start + secs(14.99)), 3);
+        assert_eq!(claims.kept(100, 0, start + secs(14.99)), 3);
         assert_eq!(claims.standing(key(1), start + secs(15.0)), Standing::Fresh);
     }
 
@@ -222,22 +260,45 @@ mod tests {
         let claims = Claims::default();
         let now = Instant::now();
         for n in 0..8 {
-            claims.promise(key(n), now, secs(5.0), secs(5.0), 2);
+            claims.promise(key(n), now, place(5.0, 5.0, 2));
         }
-        assert_eq!(claims.kept(100, now), 16);
-        assert_eq!(claims.kept(20, now), 10);
-        assert_eq!(claims.kept(21, now), 10);
-        assert_eq!(claims.kept(1, now), 0);
+        assert_eq!(claims.kept(100, 0, now), 16);
+        assert_eq!(claims.kept(20, 0, now), 10);
+        assert_eq!(claims.kept(21, 0, now), 10);
+        assert_eq!(claims.kept(1, 0, now), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fresh_send_yields_to_the_promises_at_its_level_and_above_only() {
+        let claims = Claims::default();
+        let now = Instant::now();
+        for (n, level) in [(1, 0), (2, 1), (3, 1), (4, 2)] {
+            let place = Place {
+                level,
+                ..place(1.0, 1.0, 1)
+            };
+            claims.promise(key(n), now, place);
+        }
+        assert_eq!(claims.kept(100, 0, now), 4, "sheddable waits behind all");
+        assert_eq!(claims.kept(100, 1, now), 3);
+        assert_eq!(
+            claims.kept(100, 2, now),
+            1,
+            "critical behind critical alone"
+        );
+        claims.claimed(key(4));
+        assert_eq!(claims.kept(100, 2, now), 0);
+        assert_eq!(claims.kept(100, 9, now), 0, "past the top is the top");
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_claimed_or_replaced_promise_keeps_nothing_more() {
         let claims = Claims::default();
         let now = Instant::now();
-        claims.promise(key(1), now, secs(1.0), secs(1.0), 2);
-        claims.promise(key(1), now, secs(3.0), secs(3.0), 1);
+        claims.promise(key(1), now, place(1.0, 1.0, 2));
+        claims.promise(key(1), now, place(3.0, 3.0, 1));
         assert_eq!(
-            claims.kept(100, now),
+            claims.kept(100, 0, now),
             1,
             "the latest promise replaces the first"
         );
@@ -245,15 +306,15 @@ mod tests {
             claims.standing(key(1), now + secs(1.0)),
             Standing::Early(secs(2.0))
         );
-        claims.promise(key(2), now, secs(1.0), secs(1.0), 4);
+        claims.promise(key(2), now, place(1.0, 1.0, 4));
         claims.claimed(key(1));
         claims.claimed(None);
-        assert_eq!(claims.kept(100, now), 4);
+        assert_eq!(claims.kept(100, 0, now), 4);
         assert_eq!(claims.standing(key(1), now + secs(2.0)), Standing::Fresh);
         // Forgotten from the lapse order too: its old lapse takes nothing from the others.
-        assert_eq!(claims.kept(100, now + secs(2.9)), 4);
-        claims.promise(None, now, secs(1.0), secs(1.0), 9);
-        assert_eq!(claims.kept(100, now), 4, "no key, no promise");
+        assert_eq!(claims.kept(100, 0, now + secs(2.9)), 4);
+        claims.promise(None, now, place(1.0, 1.0, 9));
+        assert_eq!(claims.kept(100, 0, now), 4, "no key, no promise");
     }
 
     #[tokio::test(start_paused = true)]
@@ -261,13 +322,13 @@ mod tests {
         let claims = Claims::default();
         let now = Instant::now();
         for n in 0..=MOST_PROMISES as u32 {
-            claims.promise(key(n), now, secs(1.0), secs(1.0), 1);
+            claims.promise(key(n), now, place(1.0, 1.0, 1));
         }
-        assert_eq!(claims.kept(u64::MAX, now), MOST_PROMISES as u64);
+        assert_eq!(claims.kept(u64::MAX, 0, now), MOST_PROMISES as u64);
         let last = key(MOST_PROMISES as u32);
         assert_eq!(claims.standing(last, now + secs(1.0)), Standing::Fresh);
         // A key already promised may still be promised again at the cap.
-        claims.promise(key(0), now, secs(2.0), secs(2.0), 1);
+        claims.promise(key(0), now, place(2.0, 2.0, 1));
         assert_eq!(
             claims.standing(key(0), now + secs(1.0)),
             Standing::Early(secs(1.0))

@@ -33,6 +33,7 @@ mod reservation;
 mod window;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::admission::fair::judging::{Decision, FleetView, Judging};
 use crate::admission::fair::{Asker, QueueFairness, TenantView};
@@ -51,6 +52,7 @@ pub use reservation::Reservation;
 use claims::{Claims, Standing};
 use fleet::{AloneAnswer, FleetAnswer, Judged};
 use local::LocalGate;
+use pacing::level;
 use pacing::{whole_seconds, Ask, Pacing};
 use reservation::Decider;
 
@@ -142,7 +144,10 @@ impl CapacityGate {
             fairness,
             seat,
         } = parts;
-        let claims = (seat.is_none() && fairness.is_none()).then(Claims::default);
+        // In a fleet a retry may reach another replica, which knows nothing of the promise;
+        // between tenants, their shares decide who gets the room.
+        let shared = fairness.as_ref().is_some_and(QueueFairness::is_shared);
+        let claims = (seat.is_none() && !shared).then(Claims::default);
         Arc::new(Self {
             local: LocalGate::new(queue, Arc::clone(&policy), backend),
             policy,
@@ -220,7 +225,17 @@ impl CapacityGate {
         claim: Option<ClaimKey>,
     ) -> Result<Reservation, Refusal> {
         let units = units.max(1);
-        let standing = self.standing(asker, units, claim)?;
+        let standing = match self.standing(asker, units, claim) {
+            Ok(standing) => standing,
+            Err(refusal) => {
+                let judging =
+                    Judging::new(self.fairness.as_ref(), asker, units, &self.policy.load());
+                judging.settle(Decision::Answered(&Err(refusal.clone())), || {
+                    self.local.reads()
+                });
+                return Err(refusal);
+            }
+        };
         if let Some(fairness) = &self.fairness {
             fairness.lease_rate(asker.tenant, units).await;
         }
@@ -244,7 +259,7 @@ impl CapacityGate {
                 Ok(reservation)
             }
             Err(refusal) if standing == Standing::Due => {
-                Err(self.keep_place(refusal, units, claim))
+                Err(self.keep_place(refusal, asker, units, claim))
             }
             Err(refusal) => Err(self.refuse_for_room(refusal, asker, units, claim)),
         }
@@ -268,7 +283,8 @@ impl CapacityGate {
                 None => Ok(Standing::Fresh),
             },
             Standing::Fresh => {
-                let kept = claims.kept(self.policy.load().limit, now);
+                let level = level(asker.criticality);
+                let kept = claims.kept(self.policy.load().limit, level, now);
                 match (kept > 0).then(|| self.local.full_short_of(units + kept)) {
                     Some(Some(full)) => Err(self.refuse_for_room(full, asker, units, claim)),
                     _ => Ok(Standing::Fresh),
@@ -298,17 +314,31 @@ impl CapacityGate {
         );
         if let (Some(claims), Some(opens), Some(told)) = (&self.claims, opens, refusal.room_wait())
         {
-            claims.promise(claim, tokio::time::Instant::now(), opens, told, units);
+            claims.promise(
+                claim,
+                tokio::time::Instant::now(),
+                place(opens, told, asker, units),
+            );
         }
         refusal
     }
 
     /// A producer back for its due place found the room taken: it keeps the head of the
     /// line, told the refusal's own wait (when the next place opens), not a place behind it.
-    fn keep_place(&self, refusal: Refusal, units: u64, claim: Option<ClaimKey>) -> Refusal {
+    fn keep_place(
+        &self,
+        refusal: Refusal,
+        asker: Asker,
+        units: u64,
+        claim: Option<ClaimKey>,
+    ) -> Refusal {
         if let (Some(claims), Some(opens)) = (&self.claims, refusal.room_wait()) {
             let told = whole_seconds(opens);
-            claims.promise(claim, tokio::time::Instant::now(), opens, told, units);
+            claims.promise(
+                claim,
+                tokio::time::Instant::now(),
+                place(opens, told, asker, units),
+            );
             return refusal.told(told);
         }
         refusal
@@ -481,6 +511,16 @@ impl CapacityGate {
                 ..local
             },
         }
+    }
+}
+
+/// The place a refusal promised `asker`'s `units`.
+fn place(opens: Duration, told: Duration, asker: Asker, units: u64) -> claims::Place {
+    claims::Place {
+        opens,
+        told,
+        units,
+        level: level(asker.criticality),
     }
 }
 

@@ -95,7 +95,8 @@ pub struct Ask {
     pub max: Duration,
 }
 
-fn level(criticality: Criticality) -> usize {
+/// A criticality's line, 0 the lowest.
+pub(super) fn level(criticality: Criticality) -> usize {
     match criticality {
         Criticality::Sheddable => 0,
         Criticality::Default => 1,

@@ -1830,13 +1830,14 @@ async fn a_promise_nobody_claims_keeps_no_room_past_its_lapse() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_gate_with_tenants_keeps_no_promises() {
+async fn a_gate_shared_by_tenants_keeps_no_promises_and_one_with_a_single_tenant_does() {
+    use crate::admission::fair::share::ShareMode;
     let backend = depths([0]);
-    let fair = fair_parts(
-        &two_tenants(),
-        fair(crate::admission::fair::share::ShareMode::Enforce),
-    );
-    let with_tenants = gate_with(policy(10, 1000, false, 3), &backend, fair);
-    assert!(with_tenants.claims.is_none());
+    let shared = fair_parts(&two_tenants(), fair(ShareMode::Enforce));
+    let shared = gate_with(policy(10, 1000, false, 3), &backend, shared);
+    assert!(shared.claims.is_none());
+    let single = fair_parts(&tenants(&[1]), fair(ShareMode::Enforce));
+    let single = gate_with(policy(10, 1000, false, 3), &backend, single);
+    assert!(single.claims.is_some());
     assert!(gate(policy(10, 1000, false, 3), &backend).claims.is_some());
 }
