@@ -755,9 +755,21 @@ impl LocalGate {
 
     /// A `queue_full` as the estimate stands now (the last good read and the sends counted
     /// since), when it leaves fewer than `room` units under the ceiling; `None` when it
-    /// leaves that many, or without a good read (the send is then decided as any other).
-    pub fn full_short_of(&self, room: u64) -> Option<Refusal> {
+    /// leaves that many, or without a good read (the send is then decided as any other). A
+    /// read past its TTL is made again first, as a send's decision would (one read shared
+    /// with the sends asking meanwhile).
+    pub async fn full_short_of(&self, room: u64) -> Option<Refusal> {
+        let stale = {
+            let state = self.state.lock();
+            let now = Instant::now();
+            let usable = self.is_fresh(&state, now) || self.is_being_refreshed(&state, now);
+            (!usable).then_some(state.generation)
+        };
+        if let Some(generation) = stale {
+            self.refresh(generation, Read::ForSend).await;
+        }
         let state = self.state.lock();
+        let now = Instant::now();
         let LastRead::Ok { backlog, at, .. } = state.last_read else {
             return None;
         };
@@ -768,7 +780,7 @@ impl LocalGate {
         if policy.limit.saturating_sub(estimate) >= room {
             return None;
         }
-        let until_next_read = (at + policy.ttl).saturating_duration_since(Instant::now());
+        let until_next_read = (at + policy.ttl).saturating_duration_since(now);
         Some(policy.queue_full(estimate, state.drain.rate(), until_next_read))
     }
 

@@ -225,7 +225,7 @@ impl CapacityGate {
         claim: Option<ClaimKey>,
     ) -> Result<Reservation, Refusal> {
         let units = units.max(1);
-        let standing = match self.standing(asker, units, claim) {
+        let standing = match self.standing(asker, units, claim).await {
             Ok(standing) => standing,
             Err(refusal) => {
                 let judging =
@@ -258,16 +258,23 @@ impl CapacityGate {
                 }
                 Ok(reservation)
             }
-            Err(refusal) if standing == Standing::Due => {
-                Err(self.keep_place(refusal, asker, units, claim))
-            }
-            Err(refusal) => Err(self.refuse_for_room(refusal, asker, units, claim)),
+            Err(refusal) => Err(match standing {
+                Standing::Due => self.keep_place(refusal, asker, units, claim),
+                // Refused on room its place does not need yet: it keeps its place.
+                Standing::Early(left) if refusal.room_wait().is_some() => {
+                    refusal.told(whole_seconds(left))
+                }
+                _ => self.refuse_for_room(refusal, asker, units, claim),
+            }),
         }
     }
 
-    /// Where a send stands with the places promised: one not yet due is told the rest of
-    /// its wait; a fresh one is refused while the room left is what due places need.
-    fn standing(
+    /// Where a send stands with the places promised. While the room left is less than the
+    /// promises at its level and above need (with the send), a fresh send is refused and
+    /// takes a place, and one whose place is not yet due is told the rest of its wait; with
+    /// room beyond them (a queue under half its ceiling always has), both are decided as
+    /// any send.
+    async fn standing(
         &self,
         asker: Asker,
         units: u64,
@@ -277,21 +284,21 @@ impl CapacityGate {
             return Ok(Standing::Fresh);
         };
         let now = tokio::time::Instant::now();
-        match claims.standing(claim, now) {
-            Standing::Early(left) => match self.local.full_short_of(u64::MAX) {
-                Some(full) => Err(full.told(whole_seconds(left))),
-                None => Ok(Standing::Fresh),
-            },
-            Standing::Fresh => {
-                let level = level(asker.criticality);
-                let kept = claims.kept(self.policy.load().limit, level, now);
-                match (kept > 0).then(|| self.local.full_short_of(units + kept)) {
-                    Some(Some(full)) => Err(self.refuse_for_room(full, asker, units, claim)),
-                    _ => Ok(Standing::Fresh),
-                }
-            }
-            Standing::Due => Ok(Standing::Due),
+        let standing = claims.standing(claim, now);
+        if standing == Standing::Due {
+            return Ok(standing);
         }
+        let kept = claims.kept(self.policy.load().limit, level(asker.criticality), now);
+        if kept == 0 {
+            return Ok(standing);
+        }
+        let Some(full) = self.local.full_short_of(units.saturating_add(kept)).await else {
+            return Ok(standing);
+        };
+        Err(match standing {
+            Standing::Early(left) => full.told(whole_seconds(left)),
+            _ => self.refuse_for_room(full, asker, units, claim),
+        })
     }
 
     /// A refusal for room takes its place behind those refused before it (`pacing.rs`),

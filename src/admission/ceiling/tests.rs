@@ -1841,3 +1841,26 @@ async fn a_gate_shared_by_tenants_keeps_no_promises_and_one_with_a_single_tenant
     assert!(single.claims.is_some());
     assert!(gate(policy(10, 1000, false, 3), &backend).claims.is_some());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_producer_back_early_to_a_queue_with_room_is_admitted() {
+    // The queue empties after the refusal (every read from the next one shows 0).
+    let (g, _) = full_draining(&[0]).await;
+    let told = claiming(&g, claim(1)).await.expect_err("full");
+    assert!(told > Duration::from_secs(1), "{told:?}");
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(claiming(&g, claim(1)).await, Ok(()), "room beyond what is kept");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_read_past_its_ttl_is_made_again_before_room_is_kept() {
+    let (g, backend) = full_draining(&[0]).await;
+    let told = claiming(&g, claim(1)).await.expect_err("full");
+    // Quiet until the read is stale; the queue emptied meanwhile.
+    tokio::time::advance(told).await;
+    let reads = backend.reads();
+    tokio::time::advance(Duration::from_secs(1)).await;
+    // A fresh send is decided on a new read, not refused on the stale one for the promise.
+    assert_eq!(claiming(&g, None).await, Ok(()));
+    assert!(backend.reads() > reads);
+}
