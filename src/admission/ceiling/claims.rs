@@ -197,7 +197,8 @@ impl Claims {
         book.units[level] += units;
     }
 
-    /// The send with `key` was admitted: its promise, if any, is kept.
+    /// The send with `key` was admitted and stored (or may have been): its promise, if
+    /// any, is kept. One admitted but never sent keeps its place (`Reservation::finish`).
     pub fn claimed(&self, key: Option<ClaimKey>) {
         if let Some(key) = key {
             self.book.lock().forget(key);

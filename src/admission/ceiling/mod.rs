@@ -66,7 +66,7 @@ pub struct CapacityGate {
     /// The waits promised to the producers refused for room.
     pacing: Pacing,
     /// Alone by design and without tenants: the places promised, kept for their producers.
-    claims: Option<Claims>,
+    claims: Option<Arc<Claims>>,
 }
 
 /// What a queue's gate is made of (at start-up).
@@ -147,7 +147,7 @@ impl CapacityGate {
         // In a fleet a retry may reach another replica, which knows nothing of the promise;
         // between tenants, their shares decide who gets the room.
         let shared = fairness.as_ref().is_some_and(QueueFairness::is_shared);
-        let claims = (seat.is_none() && !shared).then(Claims::default);
+        let claims = (seat.is_none() && !shared).then(Arc::<Claims>::default);
         Arc::new(Self {
             local: LocalGate::new(queue, Arc::clone(&policy), backend),
             policy,
@@ -252,12 +252,13 @@ impl CapacityGate {
             Mode::CutOff(seat) => self.admit_cut_off(seat, judging, units).await,
         };
         match decision {
-            Ok(reservation) => {
-                if let Some(claims) = &self.claims {
-                    claims.claimed(claim);
-                }
-                Ok(reservation)
-            }
+            // Its promise, if any, is kept until the send is stored (or may have been): one
+            // admitted here but never sent (no in-flight slot, no breaker ticket, the broker
+            // never reached) keeps its place for its retry.
+            Ok(reservation) => Ok(match (&self.claims, claim) {
+                (Some(claims), Some(key)) => reservation.claiming(Arc::clone(claims), key),
+                _ => reservation,
+            }),
             Err(refusal) => Err(match standing {
                 Standing::Due => self.keep_place(refusal, asker, units, claim),
                 // Refused on room its place does not need yet: it keeps its place.

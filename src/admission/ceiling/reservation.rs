@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
+use super::claims::{ClaimKey, Claims};
 use super::fleet::{FleetSeat, Held};
 use super::local::LocalGate;
 use super::policy::BacklogEffect;
@@ -27,6 +28,9 @@ pub struct Reservation {
     units: u64,
     counted_at: Instant,
     finished: bool,
+    /// The place it was admitted on (`claims.rs`), claimed once the send is stored or may
+    /// have been; kept when nothing was stored, for the retry.
+    claim: Option<(Arc<Claims>, ClaimKey)>,
 }
 
 impl Reservation {
@@ -42,6 +46,20 @@ impl Reservation {
             units,
             counted_at,
             finished: false,
+            claim: None,
+        }
+    }
+
+    /// Admitted on the place promised to `key`.
+    pub(super) fn claiming(mut self, claims: Arc<Claims>, key: ClaimKey) -> Self {
+        self.claim = Some((claims, key));
+        self
+    }
+
+    /// The send ended, `stored` or not: a place it was admitted on is claimed if stored.
+    fn settle_claim(&mut self, stored: bool) {
+        if let (true, Some((claims, key))) = (stored, self.claim.take()) {
+            claims.claimed(Some(key));
         }
     }
 
@@ -59,6 +77,7 @@ impl Reservation {
     /// Every unit ended with `outcome`.
     pub fn finish(mut self, outcome: BacklogEffect) {
         self.finished = true;
+        self.settle_claim(outcome != BacklogEffect::NotStored);
         for _ in 0..self.units {
             self.settle(outcome);
         }
@@ -69,10 +88,13 @@ impl Reservation {
     pub fn finish_each(mut self, outcomes: impl IntoIterator<Item = BacklogEffect>) {
         self.finished = true;
         let mut left = self.units;
+        let mut stored = false;
         for outcome in outcomes.into_iter().take(self.units as usize) {
             self.settle(outcome);
+            stored |= outcome != BacklogEffect::NotStored;
             left -= 1;
         }
+        self.settle_claim(stored || left > 0);
         for _ in 0..left {
             self.settle(BacklogEffect::Unknown);
         }
@@ -89,6 +111,7 @@ impl Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         if !self.finished {
+            self.settle_claim(true);
             for _ in 0..self.units {
                 self.settle(BacklogEffect::Unknown);
             }

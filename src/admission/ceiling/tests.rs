@@ -1849,7 +1849,11 @@ async fn a_producer_back_early_to_a_queue_with_room_is_admitted() {
     let told = claiming(&g, claim(1)).await.expect_err("full");
     assert!(told > Duration::from_secs(1), "{told:?}");
     tokio::time::advance(Duration::from_secs(1)).await;
-    assert_eq!(claiming(&g, claim(1)).await, Ok(()), "room beyond what is kept");
+    assert_eq!(
+        claiming(&g, claim(1)).await,
+        Ok(()),
+        "room beyond what is kept"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -1863,4 +1867,28 @@ async fn a_read_past_its_ttl_is_made_again_before_room_is_kept() {
     // A fresh send is decided on a new read, not refused on the stale one for the promise.
     assert_eq!(claiming(&g, None).await, Ok(()));
     assert!(backend.reads() > reads);
+}
+
+/// Review of the claims (2fa043c): a claim admitted by the gate but never sent (the
+/// dispatcher then found no in-flight slot, `503 saturated`, or no breaker ticket, or the
+/// send never reached the broker) lost its promise at the admission: its retry was a fresh
+/// send, refused behind the whole line. The promise is kept until the send is stored (or
+/// may have been).
+#[tokio::test(start_paused = true)]
+async fn a_claim_admitted_but_never_sent_keeps_its_place() {
+    let (g, _) = full_draining(&[9, 9, 9, 9]).await;
+    let told = claiming(&g, claim(1)).await.expect_err("full");
+    tokio::time::advance(told).await;
+    let held = g
+        .admit_claiming(Asker::OPEN, 1, claim(1))
+        .await
+        .expect("its place");
+    // No slot, no ticket, or the broker never reached: nothing stored.
+    held.finish(BacklogEffect::NotStored);
+    assert!(claiming(&g, claim(2)).await.is_err(), "still kept for it");
+    assert_eq!(claiming(&g, claim(1)).await, Ok(()), "the retry claims it");
+    // Stored: the promise is kept no more.
+    let now = tokio::time::Instant::now();
+    let standing = g.claims.as_ref().unwrap().standing(claim(1), now);
+    assert_eq!(standing, claims::Standing::Fresh, "claimed once stored");
 }
