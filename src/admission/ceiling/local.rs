@@ -754,11 +754,12 @@ impl LocalGate {
     }
 
     /// A `queue_full` as the estimate stands now (the last good read and the sends counted
-    /// since), when it leaves fewer than `room` units under the ceiling; `None` when it
-    /// leaves that many, or without a good read (the send is then decided as any other). A
+    /// since), when it leaves less room under the ceiling than `units` with `kept` units on
+    /// top (its `room` says what is left beside the units kept); `None` when it leaves that
+    /// much, or without a good read (the send is then decided as any other). A
     /// read past its TTL is made again first, as a send's decision would (one read shared
     /// with the sends asking meanwhile).
-    pub async fn full_short_of(&self, room: u64) -> Option<Refusal> {
+    pub async fn full_short_of(&self, units: u64, kept: u64) -> Option<Refusal> {
         let stale = {
             let state = self.state.lock();
             let now = Instant::now();
@@ -777,11 +778,13 @@ impl LocalGate {
         let estimate = backlog
             .saturating_add(state.since_read)
             .saturating_add(state.in_flight);
-        if policy.limit.saturating_sub(estimate) >= room {
+        let left = policy.limit.saturating_sub(estimate);
+        if left >= units.saturating_add(kept) {
             return None;
         }
         let until_next_read = (at + policy.ttl).saturating_duration_since(now);
-        Some(policy.queue_full(estimate, state.drain.rate(), until_next_read))
+        let full = policy.queue_full(estimate, state.drain.rate(), until_next_read);
+        Some(full.with_room(left.saturating_sub(kept)))
     }
 
     /// The gate as it stands; `reads` are the admin-plane reads this process made for

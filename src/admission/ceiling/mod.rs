@@ -293,7 +293,7 @@ impl CapacityGate {
         if kept == 0 {
             return Ok(standing);
         }
-        let Some(full) = self.local.full_short_of(units.saturating_add(kept)).await else {
+        let Some(full) = self.local.full_short_of(units, kept).await else {
             return Ok(standing);
         };
         Err(match standing {

@@ -1892,3 +1892,15 @@ async fn a_claim_admitted_but_never_sent_keeps_its_place() {
     let standing = g.claims.as_ref().unwrap().standing(claim(1), now);
     assert_eq!(standing, claims::Standing::Fresh, "claimed once stored");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_refused_for_the_room_kept_is_told_the_room_beside_it() {
+    let (g, _) = full_draining(&[5]).await;
+    let told = claiming(&g, claim(1)).await.expect_err("full");
+    tokio::time::advance(told).await;
+    // The read now shows 5 units of room, one of them kept for the producer told to come.
+    match g.admit_claiming(Asker::OPEN, 5, None).await {
+        Err(Refusal::QueueFull { room, .. }) => assert_eq!(room, 4),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+}
