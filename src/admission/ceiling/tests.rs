@@ -1904,3 +1904,41 @@ async fn a_batch_refused_for_the_room_kept_is_told_the_room_beside_it() {
         other => panic!("{:?}", other.map(|_| ())),
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_producer_back_for_its_place_to_a_full_queue_keeps_the_head_of_the_line() {
+    let (g, _) = full_draining(&[10]).await;
+    let told = claiming(&g, claim(1)).await.expect_err("full");
+    // Ten more behind it: at 1/s, the line runs ten seconds past its place.
+    for n in 2..12 {
+        claiming(&g, claim(n)).await.expect_err("full");
+    }
+    tokio::time::advance(told).await;
+    let again = claiming(&g, claim(1)).await.expect_err("still full");
+    let fresh = claiming(&g, claim(99)).await.expect_err("full");
+    // Told the refusal's own wait (when the next place opens), not a place behind the ten.
+    assert!(
+        fresh >= again + Duration::from_secs(5),
+        "{fresh:?} {again:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_producer_back_early_refused_while_the_gate_resumes_keeps_its_place() {
+    // Resuming at 5 of 10: refused from 10 until the backlog is at 5, whatever the room.
+    let backend = depths([12, 11, 10, 8]);
+    let p = CapacityPolicy {
+        resume_below: Fraction::new(0.5).unwrap(),
+        ..policy(10, 1000, false, 3)
+    };
+    let g = gate(p, &backend);
+    read_each_second(&g, 3).await;
+    let told = claiming(&g, claim(1)).await.expect_err("full");
+    for n in 2..6 {
+        claiming(&g, claim(n)).await.expect_err("full");
+    }
+    tokio::time::advance(Duration::from_secs(1)).await;
+    // 8: two units of room, more than the one kept, but still above the resume level.
+    let rest = claiming(&g, claim(1)).await.expect_err("resuming");
+    assert!(rest < told, "the rest of its wait, {rest:?} of {told:?}");
+}
