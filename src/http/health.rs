@@ -267,9 +267,22 @@ pub struct QueueHealth {
     /// The streak at which the gate, when on, refuses (`SERVICEBUS_SEND_FAILCLOSED_STREAK`).
     #[schema(minimum = 1)]
     streak_threshold: u32,
+    /// The places promised to producers refused for room, outstanding (contract section 2,
+    /// "Claiming a place"); `null` for a gate that keeps none (in a fleet, or a queue
+    /// shared by two tenants or more).
+    promised: Option<PromisedHealth>,
     /// Each tenant this queue has answered since start-up (the keys file's tenants; open
     /// mode: the one tenant `open`), in the keys file's order; empty before any send.
     tenants: Vec<TenantHealth>,
+}
+
+/// The places a queue's gate promised and has not seen claimed nor lapse.
+#[derive(Serialize, ToSchema)]
+pub struct PromisedHealth {
+    /// Promises outstanding (at most 65,536).
+    promises: u64,
+    /// Their units: room a fresh send leaves them, at most half the ceiling.
+    units: u64,
 }
 
 /// A depth read as the admin plane answered it.
@@ -488,6 +501,10 @@ fn queues_of(lane: &Lane) -> BTreeMap<String, QueueHealth> {
                 refusing_until_backlog: s.refusing_until_backlog,
                 fail_closed_enabled: policy.fail_closed,
                 streak_threshold: policy.streak_threshold,
+                promised: gate.promised().map(|p| PromisedHealth {
+                    promises: p.promises,
+                    units: p.units,
+                }),
                 tenants: gate.tenants(&s).into_iter().map(TenantHealth::of).collect(),
             };
             (gate.queue().to_string(), health)

@@ -69,6 +69,14 @@ impl TestApp {
         Store::open(&self.data_dir).unwrap().depth(queue).unwrap()
     }
 
+    /// Take up to `n` messages off `queue` (a consumer); how many there were.
+    pub fn receive(&self, queue: &str, n: usize) -> usize {
+        Store::open(&self.data_dir)
+            .unwrap()
+            .receive(queue, n, |_| Ok(()))
+            .unwrap()
+    }
+
     /// Take everything off `queue`.
     pub fn receive_all(&self, queue: &str) -> Vec<StoredMessage> {
         let mut out = Vec::new();

@@ -283,3 +283,55 @@ async fn a_flag_that_is_not_on_leaves_the_gate_off() {
     app.faults().fail_depth_reads(true);
     assert_eq!(statuses(&app, 3).await, [201, 201, 201]);
 }
+
+/// A send refused at a full queue with its `Idempotency-Key` is promised its place
+/// (contract section 2, "Claiming a place"): `/health/detailed` counts it until its retry
+/// with the same key is admitted. A send without a key is promised nothing.
+#[tokio::test]
+async fn a_refused_send_with_a_key_is_promised_its_place_until_its_retry_is_admitted() {
+    let app = spawn_app_with(&[
+        ("SERVICEBUS_SEND_MAX_QUEUE_DEPTH", "10"),
+        ("SENDGATE_DEPTH_TTL_MS", "100"),
+    ])
+    .await;
+    let promised = |d: &serde_json::Value| d["queues"]["requests"]["promised"].clone();
+    while app.send("requests", "{}").await.status() == 201 {}
+    assert_eq!(
+        promised(&app.detailed().await),
+        serde_json::json!({"promises": 0, "units": 0})
+    );
+    // A consumer takes 4 a second while the queue stays full: the drain is measured.
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_secs(4) {
+        app.receive("requests", 1);
+        while app.send("requests", "{}").await.status() == 201 {}
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    let rate = app.detailed().await["queues"]["requests"]["drain_rate_per_s"].as_f64();
+    assert!(rate.is_some_and(|r| r > 0.0), "drain measured: {rate:?}");
+    let unkeyed = app.send("requests", "{}").await;
+    assert_eq!(unkeyed.status(), 429);
+    assert_eq!(
+        promised(&app.detailed().await)["promises"],
+        0,
+        "no key, no place"
+    );
+
+    let keyed = [("Idempotency-Key", "claim-me")];
+    let refused = app.send_with("requests", "{}", &keyed).await;
+    assert_eq!(refused.status(), 429);
+    let told = retry_after(&refused).unwrap();
+    assert_eq!(
+        promised(&app.detailed().await),
+        serde_json::json!({"promises": 1, "units": 1})
+    );
+    // The consumer makes room; the producer comes back when told.
+    app.receive("requests", 5);
+    tokio::time::sleep(std::time::Duration::from_secs(told)).await;
+    let back = app.send_with("requests", "{}", &keyed).await;
+    assert_eq!(back.status(), 201, "{:?}", body_json(back).await);
+    assert_eq!(
+        promised(&app.detailed().await),
+        serde_json::json!({"promises": 0, "units": 0})
+    );
+}

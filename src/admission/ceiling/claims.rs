@@ -78,6 +78,13 @@ pub struct Place {
     pub level: usize,
 }
 
+/// What a gate has promised and not yet seen claimed or lapse (`/health/detailed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Promised {
+    pub promises: u64,
+    pub units: u64,
+}
+
 /// Where a send stands with the promises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Standing {
@@ -195,6 +202,16 @@ impl Claims {
         );
         book.lapses.insert((lapse, key));
         book.units[level] += units;
+    }
+
+    /// The promises outstanding at `now`, and their units.
+    pub fn outstanding(&self, now: Instant) -> Promised {
+        let mut book = self.book.lock();
+        book.lapse(now);
+        Promised {
+            promises: book.promises.len() as u64,
+            units: book.units.iter().sum(),
+        }
     }
 
     /// The send with `key` was admitted and stored (or may have been): its promise, if

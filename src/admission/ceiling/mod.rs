@@ -41,7 +41,7 @@ use crate::backend::Backend;
 use crate::coordination::redis_client::CONNECT_DEADLINE;
 use crate::domain::QueueName;
 
-pub use claims::ClaimKey;
+pub use claims::{ClaimKey, Promised};
 pub use fleet::{FleetSeat, Goodbye, Held, USE_BLOCK_FOR};
 pub use local::LocalBounds;
 pub use policy::{
@@ -170,6 +170,13 @@ impl CapacityGate {
             .as_ref()
             .map(|f| f.tenants(snapshot, &self.policy.load()))
             .unwrap_or_default()
+    }
+
+    /// The places promised and outstanding; `None` for a gate that keeps none (in a fleet,
+    /// or a queue shared by tenants).
+    pub fn promised(&self) -> Option<Promised> {
+        let claims = self.claims.as_ref()?;
+        Some(claims.outstanding(tokio::time::Instant::now()))
     }
 
     /// The replica drained: leave the fleet, if in one (how it went is logged there).
