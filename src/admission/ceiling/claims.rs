@@ -8,28 +8,33 @@
 //! time, finds the queue full, and is refused again, behind the whole line.
 //!
 //! So a gate alone by design keeps the promise it made to a send that carries an
-//! `Idempotency-Key` (its [`ClaimKey`]): the place is *due* from the instant the producer
-//! was told until a window after it (`lapse`, below), and while places are due and
-//! unclaimed, a fresh send is refused if it would take the room they need. What must hold,
-//! and why each rule keeps it:
+//! `Idempotency-Key` (its [`ClaimKey`]): the place may be claimed from the instant it opens
+//! until a window after the wait its producer was told (`lapse`, below), and while
+//! promises are outstanding, a fresh send is refused if it would take the room they need.
+//! Room is kept from the promise on, not only once the place opens: a place opens as room
+//! does, and a fresh send arriving in between would take exactly that room. What must
+//! hold, and why each rule keeps it:
 //!
 //! - **The ceiling is untouched.** A claim is admitted only as any send is, under the
 //!   ceiling; the rule here only refuses more (fresh sends), never admits.
-//! - **No idle workers for a promise.** The room kept for due places is at most half the
-//!   ceiling ([`Claims::kept`]): a fresh send is refused for it only while the queue holds
-//!   more than half its ceiling less the send, so never beside an empty queue.
-//! - **No lock-out.** A promise ends when it is claimed, or at its lapse. Promises are made
-//!   only as refusals are, at most one per key, and at most [`MOST_PROMISES`] at once; a
-//!   producer that never comes back holds nothing after its lapse, and one that sends many
-//!   keys holds at most the half of the room above, for their lapses. A refused fresh
-//!   send is given a place like any other, so it is served in its turn, not shut out.
-//! - **Coming back early changes nothing.** A send whose place is not yet due is told the
-//!   rest of its wait and keeps its place: it does not take another behind the line.
+//! - **No idle workers for a promise.** The room kept is at most half the ceiling
+//!   ([`Claims::kept`]): a fresh send is refused for it only while the queue holds more
+//!   than half its ceiling less the send, so never beside an empty queue. It is judged on a
+//!   read within its TTL (a stale one is made again first), never on an old one.
+//! - **No lock-out.** A promise ends when it is claimed (its send stored, or maybe
+//!   stored), or at its lapse. Promises are made only as refusals are, at most one per key,
+//!   and at most [`MOST_PROMISES`] at once; a producer that never comes back holds nothing
+//!   after its lapse, and one that sends many keys holds at most the half of the room
+//!   above, for their lapses. A refused fresh send is given a place like any other, so it
+//!   is served in its turn, not shut out.
+//! - **Coming back early changes nothing.** A send whose place has not opened is decided as
+//!   a fresh one that takes no new place: with room beyond what is kept it is admitted,
+//!   else told the rest of its wait, and it keeps its place.
 //! - **A late producer is a fresh one.** After the lapse its key is forgotten.
 //!
-//! `lapse`: due plus half the wait, and at least [`LEAST_GRACE`]: a producer that adds its
-//! own jitter on top of `Retry-After` (the project's client, up to 0.2 s; a generic one up
-//! to half the wait) still finds its place.
+//! `lapse`: the told wait plus half of it, and at least [`LEAST_GRACE`]: a producer that
+//! adds its own jitter on top of `Retry-After` (the project's client, up to 0.2 s; a
+//! generic one up to half the wait) still finds its place.
 //!
 //! **Criticality**: a fresh send yields only to the promises at its level and above, as
 //! `pacing.rs`'s lines: a `critical` send never waits for room kept for a `sheddable` one.
