@@ -50,6 +50,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
+use crate::admission::tenants::TenantIndex;
+
 /// A send's claim on a place: its `Idempotency-Key` as scoped at the broker, hashed (a
 /// collision would need a second preimage of SHA-256).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -74,12 +76,13 @@ pub const MOST_PROMISES: usize = 65_536;
 pub const LEAST_GRACE: Duration = Duration::from_secs(2);
 
 /// A place promised: it opens `opens` from the refusal, its producer was told `told`
-/// (`opens` rounded up to whole seconds), for `units` at `level`.
+/// (`opens` rounded up to whole seconds), for `units` of `tenant` at `level`.
 #[derive(Debug, Clone, Copy)]
 pub struct Place {
     pub opens: Duration,
     pub told: Duration,
     pub units: u64,
+    pub tenant: TenantIndex,
     pub level: usize,
 }
 
@@ -101,13 +104,14 @@ pub enum Standing {
     Early(Duration),
 }
 
-/// One promise: its place opens at `due`, it may be claimed until `lapse`, for `units`
-/// at a criticality's `level` (0 the lowest).
+/// One promise: its place opens at `due`, it may be claimed until `lapse`, for `units` of
+/// `tenant` at a criticality's `level` (0 the lowest).
 #[derive(Debug, Clone, Copy)]
 struct Promise {
     due: Instant,
     lapse: Instant,
     units: u64,
+    tenant: TenantIndex,
     level: usize,
 }
 
@@ -122,8 +126,8 @@ struct Book {
     promises: HashMap<ClaimKey, Promise>,
     /// The same promises, by their lapse: `(lapse, key)`.
     lapses: BTreeSet<(Instant, ClaimKey)>,
-    /// The units of all the promises, by level.
-    units: [u64; LEVELS],
+    /// The units of all the promises, by tenant and level (a tenant with none has no entry).
+    units: HashMap<TenantIndex, [u64; LEVELS]>,
 }
 
 /// The criticalities a promise may be made at (`pacing.rs`'s lines).
@@ -144,7 +148,12 @@ impl Book {
     fn forget(&mut self, key: ClaimKey) {
         if let Some(promise) = self.promises.remove(&key) {
             self.lapses.remove(&(promise.lapse, key));
-            self.units[promise.level] -= promise.units;
+            if let Some(levels) = self.units.get_mut(&promise.tenant) {
+                levels[promise.level] -= promise.units;
+                if levels.iter().all(|u| *u == 0) {
+                    self.units.remove(&promise.tenant);
+                }
+            }
         }
     }
 }
@@ -164,13 +173,17 @@ impl Claims {
         }
     }
 
-    /// The room kept at `now`, from a fresh send at `level`, for the places promised at
-    /// that level or above (a lower criticality waits behind a higher one, never a higher
-    /// behind a lower): their units, at most half of `limit`.
-    pub fn kept(&self, limit: u64, level: usize, now: Instant) -> u64 {
+    /// The room kept at `now`, from a fresh send of `tenant` at `level`, for the places
+    /// promised to the same tenant at that level or above (a lower criticality waits behind
+    /// a higher one, never a higher behind a lower; a tenant behind its own line, never
+    /// another's: their shares decide between them): their units, at most half of `limit`.
+    pub fn kept(&self, limit: u64, tenant: TenantIndex, level: usize, now: Instant) -> u64 {
         let mut book = self.book.lock();
         book.lapse(now);
-        let units: u64 = book.units[level.min(LEVELS - 1)..].iter().sum();
+        let units: u64 = book
+            .units
+            .get(&tenant)
+            .map_or(0, |levels| levels[level.min(LEVELS - 1)..].iter().sum());
         units.min(limit / 2)
     }
 
@@ -191,6 +204,7 @@ impl Claims {
             opens,
             told,
             units,
+            tenant,
             level,
         } = place;
         let level = level.min(LEVELS - 1);
@@ -202,11 +216,12 @@ impl Claims {
                 due,
                 lapse,
                 units,
+                tenant,
                 level,
             },
         );
         book.lapses.insert((lapse, key));
-        book.units[level] += units;
+        book.units.entry(tenant).or_default()[level] += units;
     }
 
     /// The promises outstanding at `now`, and their units.
@@ -215,7 +230,7 @@ impl Claims {
         book.lapse(now);
         Promised {
             promises: book.promises.len() as u64,
-            units: book.units.iter().sum(),
+            units: book.units.values().flatten().sum(),
         }
     }
 
@@ -245,9 +260,12 @@ mod tests {
             opens: secs(opens),
             told: secs(told),
             units,
+            tenant: T,
             level: 1,
         }
     }
+
+    const T: TenantIndex = TenantIndex(0);
 
     #[tokio::test(start_paused = true)]
     async fn a_promise_is_early_then_due_until_its_lapse_then_forgotten() {
@@ -263,9 +281,9 @@ mod tests {
         assert_eq!(claims.standing(key(1), start + secs(1.4)), Standing::Due);
         // Told 2 s: due until 2 s + the least grace (2 s, more than half of 2 s).
         assert_eq!(claims.standing(key(1), start + secs(3.99)), Standing::Due);
-        assert_eq!(claims.kept(100, 0, start + secs(3.99)), 1);
+        assert_eq!(claims.kept(100, T, 0, start + secs(3.99)), 1);
         assert_eq!(claims.standing(key(1), start + secs(4.0)), Standing::Fresh);
-        assert_eq!(claims.kept(100, 0, start + secs(4.0)), 0);
+        assert_eq!(claims.kept(100, T, 0, start + secs(4.0)), 0);
     }
 
     #[tokio::test(start_paused = true)]
@@ -274,7 +292,7 @@ mod tests {
         let start = Instant::now();
         claims.promise(key(1), start, place(9.5, 10.0, 3));
         assert_eq!(claims.standing(key(1), start + secs(14.99)), Standing::Due);
-        assert_eq!(claims.kept(100, 0, start + secs(14.99)), 3);
+        assert_eq!(claims.kept(100, T, 0, start + secs(14.99)), 3);
         assert_eq!(claims.standing(key(1), start + secs(15.0)), Standing::Fresh);
     }
 
@@ -285,10 +303,10 @@ mod tests {
         for n in 0..8 {
             claims.promise(key(n), now, place(5.0, 5.0, 2));
         }
-        assert_eq!(claims.kept(100, 0, now), 16);
-        assert_eq!(claims.kept(20, 0, now), 10);
-        assert_eq!(claims.kept(21, 0, now), 10);
-        assert_eq!(claims.kept(1, 0, now), 0);
+        assert_eq!(claims.kept(100, T, 0, now), 16);
+        assert_eq!(claims.kept(20, T, 0, now), 10);
+        assert_eq!(claims.kept(21, T, 0, now), 10);
+        assert_eq!(claims.kept(1, T, 0, now), 0);
     }
 
     #[tokio::test(start_paused = true)]
@@ -302,16 +320,36 @@ mod tests {
             };
             claims.promise(key(n), now, place);
         }
-        assert_eq!(claims.kept(100, 0, now), 4, "sheddable waits behind all");
-        assert_eq!(claims.kept(100, 1, now), 3);
+        assert_eq!(claims.kept(100, T, 0, now), 4, "sheddable waits behind all");
+        assert_eq!(claims.kept(100, T, 1, now), 3);
         assert_eq!(
-            claims.kept(100, 2, now),
+            claims.kept(100, T, 2, now),
             1,
             "critical behind critical alone"
         );
         claims.claimed(key(4));
-        assert_eq!(claims.kept(100, 2, now), 0);
-        assert_eq!(claims.kept(100, 9, now), 0, "past the top is the top");
+        assert_eq!(claims.kept(100, T, 2, now), 0);
+        assert_eq!(claims.kept(100, T, 9, now), 0, "past the top is the top");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fresh_send_yields_to_its_own_tenants_promises_only() {
+        let claims = Claims::default();
+        let now = Instant::now();
+        let other = TenantIndex(3);
+        claims.promise(key(1), now, place(1.0, 1.0, 2));
+        let theirs = Place {
+            tenant: other,
+            ..place(1.0, 1.0, 5)
+        };
+        claims.promise(key(2), now, theirs);
+        assert_eq!(claims.kept(100, T, 0, now), 2);
+        assert_eq!(claims.kept(100, other, 0, now), 5);
+        assert_eq!(claims.kept(100, TenantIndex(1), 0, now), 0);
+        assert_eq!(claims.outstanding(now), Promised { promises: 2, units: 7 });
+        claims.claimed(key(2));
+        assert_eq!(claims.kept(100, other, 0, now), 0);
+        assert_eq!(claims.outstanding(now), Promised { promises: 1, units: 2 });
     }
 
     #[tokio::test(start_paused = true)]
@@ -321,7 +359,7 @@ mod tests {
         claims.promise(key(1), now, place(1.0, 1.0, 2));
         claims.promise(key(1), now, place(3.0, 3.0, 1));
         assert_eq!(
-            claims.kept(100, 0, now),
+            claims.kept(100, T, 0, now),
             1,
             "the latest promise replaces the first"
         );
@@ -332,12 +370,12 @@ mod tests {
         claims.promise(key(2), now, place(1.0, 1.0, 4));
         claims.claimed(key(1));
         claims.claimed(None);
-        assert_eq!(claims.kept(100, 0, now), 4);
+        assert_eq!(claims.kept(100, T, 0, now), 4);
         assert_eq!(claims.standing(key(1), now + secs(2.0)), Standing::Fresh);
         // Forgotten from the lapse order too: its old lapse takes nothing from the others.
-        assert_eq!(claims.kept(100, 0, now + secs(2.9)), 4);
+        assert_eq!(claims.kept(100, T, 0, now + secs(2.9)), 4);
         claims.promise(None, now, place(1.0, 1.0, 9));
-        assert_eq!(claims.kept(100, 0, now), 4, "no key, no promise");
+        assert_eq!(claims.kept(100, T, 0, now), 4, "no key, no promise");
     }
 
     #[tokio::test(start_paused = true)]
@@ -347,7 +385,7 @@ mod tests {
         for n in 0..=MOST_PROMISES as u32 {
             claims.promise(key(n), now, place(1.0, 1.0, 1));
         }
-        assert_eq!(claims.kept(u64::MAX, 0, now), MOST_PROMISES as u64);
+        assert_eq!(claims.kept(u64::MAX, T, 0, now), MOST_PROMISES as u64);
         let last = key(MOST_PROMISES as u32);
         assert_eq!(claims.standing(last, now + secs(1.0)), Standing::Fresh);
         // A key already promised may still be promised again at the cap.

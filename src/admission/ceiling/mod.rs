@@ -144,10 +144,8 @@ impl CapacityGate {
             fairness,
             seat,
         } = parts;
-        // In a fleet a retry may reach another replica, which knows nothing of the promise;
-        // between tenants, their shares decide who gets the room.
-        let shared = fairness.as_ref().is_some_and(QueueFairness::is_shared);
-        let claims = (seat.is_none() && !shared).then(Arc::<Claims>::default);
+        // In a fleet a retry may reach another replica, which knows nothing of the promise.
+        let claims = seat.is_none().then(Arc::<Claims>::default);
         Arc::new(Self {
             local: LocalGate::new(queue, Arc::clone(&policy), backend),
             policy,
@@ -172,8 +170,7 @@ impl CapacityGate {
             .unwrap_or_default()
     }
 
-    /// The places promised and outstanding; `None` for a gate that keeps none (in a fleet,
-    /// or a queue shared by tenants).
+    /// The places promised and outstanding; `None` for a gate that keeps none (in a fleet).
     pub fn promised(&self) -> Option<Promised> {
         let claims = self.claims.as_ref()?;
         Some(claims.outstanding(tokio::time::Instant::now()))
@@ -296,7 +293,8 @@ impl CapacityGate {
         if standing == Standing::Due {
             return Ok(standing);
         }
-        let kept = claims.kept(self.policy.load().limit, level(asker.criticality), now);
+        let limit = self.policy.load().limit;
+        let kept = claims.kept(limit, asker.tenant, level(asker.criticality), now);
         if kept == 0 {
             return Ok(standing);
         }
@@ -535,6 +533,7 @@ fn place(opens: Duration, told: Duration, asker: Asker, units: u64) -> claims::P
         opens,
         told,
         units,
+        tenant: asker.tenant,
         level: level(asker.criticality),
     }
 }

@@ -1830,16 +1830,26 @@ async fn a_promise_nobody_claims_keeps_no_room_past_its_lapse() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_gate_shared_by_tenants_keeps_no_promises_and_one_with_a_single_tenant_does() {
+async fn a_fresh_send_yields_only_to_the_promises_of_its_own_tenant() {
     use crate::admission::fair::share::ShareMode;
-    let backend = depths([0]);
-    let shared = fair_parts(&two_tenants(), fair(ShareMode::Enforce));
-    let shared = gate_with(policy(10, 1000, false, 3), &backend, shared);
-    assert!(shared.claims.is_none());
-    let single = fair_parts(&tenants(&[1]), fair(ShareMode::Enforce));
-    let single = gate_with(policy(10, 1000, false, 3), &backend, single);
-    assert!(single.claims.is_some());
-    assert!(gate(policy(10, 1000, false, 3), &backend).claims.is_some());
+    use crate::admission::tenants::Criticality::Default as D;
+    // Shares off: the ceiling and the promises alone decide.
+    let backend = depths([12, 11, 10, 9]);
+    let parts = fair_parts(&two_tenants(), fair(ShareMode::Off));
+    let g = gate_with(policy(10, 1000, false, 3), &backend, parts);
+    read_each_second(&g, 3).await;
+    let (a, b) = (asker(0, D), asker(1, D));
+    let told = match g.admit_claiming(a, 1, claim(1)).await {
+        Err(refusal) => refusal.room_wait().expect("refused for room"),
+        Ok(_) => panic!("full"),
+    };
+    tokio::time::advance(told).await;
+    // One unit of room, kept for A's promise: A's fresh send yields to it, B's does not.
+    assert!(g.admit_claiming(a, 1, None).await.is_err());
+    g.admit_claiming(b, 1, None)
+        .await
+        .expect("B is not behind A's line")
+        .finish(BacklogEffect::Stored);
 }
 
 #[tokio::test(start_paused = true)]

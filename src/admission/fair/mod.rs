@@ -87,8 +87,6 @@ pub struct QueueFairness {
     /// Counted once per decision, by whoever decided, after its judge.
     tally: Tally,
     quotas: Option<QueueQuotas>,
-    /// Two tenants or more: their shares decide who gets the room.
-    shared: bool,
     /// In a fleet: units the judge admitted that the seat has not answered yet. The view
     /// the judge weighs a send by cannot show them, so it adds them: else concurrent sends
     /// judged by one view would each take the room another tenant is owed.
@@ -130,17 +128,11 @@ impl QueueFairness {
         Self {
             queue,
             book,
-            shared: tenants.len() >= 2,
             policy: FairCell::new(policy),
             tally: Tally::new(&tenants),
             quotas,
             unanswered: AtomicU64::new(0),
         }
-    }
-
-    /// Whether two tenants or more share the queue's room.
-    pub fn is_shared(&self) -> bool {
-        self.shared
     }
 
     /// Put the queue's runtime overrides of the fair policy in force (an empty one
