@@ -1952,3 +1952,41 @@ async fn a_producer_back_early_refused_while_the_gate_resumes_keeps_its_place() 
     let rest = claiming(&g, claim(1)).await.expect_err("resuming");
     assert!(rest < told, "the rest of its wait, {rest:?} of {told:?}");
 }
+
+/// Review 2: a batch is a fresh send, and the contract says a fresh send is never refused
+/// for the room kept "while the queue holds less than half of it" (no idle workers for a
+/// promise). A batch of more than half the ceiling was refused at an empty queue while
+/// promises were outstanding.
+#[tokio::test(start_paused = true)]
+async fn a_batch_is_never_refused_for_the_room_kept_below_half_the_ceiling() {
+    // The queue empties after the refusals (every read from the next one shows 0).
+    let (g, _) = full_draining(&[0]).await;
+    for n in 1..6 {
+        claiming(&g, claim(n)).await.expect_err("full");
+    }
+    tokio::time::advance(Duration::from_secs(1)).await;
+    // Five units kept (half of 10); the queue is empty: a batch of 6 fits under the ceiling.
+    match g.admit_claiming(Asker::OPEN, 6, None).await {
+        Ok(held) => held.finish(BacklogEffect::Stored),
+        Err(refusal) => panic!("refused at an empty queue: {refusal:?}"),
+    }
+}
+
+/// Review 2: with `SENDGATE_DEPTH_TTL_MS=0` (a read before every send), a send while
+/// promises are outstanding read the depth twice (once for the room kept, once for its
+/// decision): twice the admin-plane load, and a failing admin plane added two to the
+/// streak per send (the contract: one per failed read, fail-closed at the third send).
+#[tokio::test(start_paused = true)]
+async fn with_no_ttl_a_send_reads_once_while_promises_are_kept() {
+    // The queue empties after the refusal: the send is decided past the room kept.
+    let (g, backend) = full_draining(&[0]).await;
+    claiming(&g, claim(1)).await.expect_err("full");
+    g.policy_cell().apply(&PolicyOverride {
+        ttl: Some(Duration::ZERO),
+        ..PolicyOverride::default()
+    });
+    tokio::time::advance(Duration::from_millis(100)).await;
+    let reads = backend.reads();
+    assert_eq!(claiming(&g, None).await, Ok(()), "room beyond the one kept");
+    assert_eq!(backend.reads(), reads + 1, "one read for one send");
+}
