@@ -268,8 +268,7 @@ pub struct QueueHealth {
     #[schema(minimum = 1)]
     streak_threshold: u32,
     /// The places promised to producers refused for room, outstanding (contract section 2,
-    /// "Claiming a place"); `null` for a gate that keeps none (in a fleet, or a queue
-    /// shared by two tenants or more).
+    /// "Claiming a place"); `null` in a fleet, where none is kept.
     promised: Option<PromisedHealth>,
     /// Each tenant this queue has answered since start-up (the keys file's tenants; open
     /// mode: the one tenant `open`), in the keys file's order; empty before any send.

@@ -18,15 +18,16 @@
 //! - **The ceiling is untouched.** A claim is admitted only as any send is, under the
 //!   ceiling; the rule here only refuses more (fresh sends), never admits.
 //! - **No idle workers for a promise.** The room kept is at most half the ceiling
-//!   ([`Claims::kept`]): a fresh send is refused for it only while the queue holds more
-//!   than half its ceiling less the send, so never beside an empty queue. It is judged on a
-//!   read within its TTL (a stale one is made again first), never on an old one.
+//!   ([`Claims::kept`]): a fresh send (a batch too) is refused for it only while the queue
+//!   holds half its ceiling or more, so never beside an empty queue. It is judged on a
+//!   read within its TTL (a stale one is made again first, and the send's decision reuses
+//!   it), never on an old one.
 //! - **No lock-out.** A promise ends when it is claimed (its send stored, or maybe
 //!   stored), or at its lapse. Promises are made only as refusals are, at most one per key,
 //!   and at most [`MOST_PROMISES`] at once; a producer that never comes back holds nothing
 //!   after its lapse, and one that sends many keys holds at most the half of the room
-//!   above, for their lapses. A refused fresh send is given a place like any other, so it
-//!   is served in its turn, not shut out.
+//!   above, for their lapses, and from its own tenant's fresh sends only. A refused fresh
+//!   send is given a place like any other, so it is served in its turn, not shut out.
 //! - **Coming back early changes nothing.** A send whose place has not opened is decided as
 //!   a fresh one that takes no new place: with room beyond what is kept it is admitted,
 //!   else told the rest of its wait, and it keeps its place.
@@ -41,8 +42,11 @@
 //!
 //! What it assumes: the producer retries with the same `Idempotency-Key` (the project's
 //! client always does). In a fleet a retry reaches any replica, which would not know the
-//! promise, so a fleet's gates keep none; nor does the gate of a queue shared by two
-//! tenants or more, whose shares decide who gets the room (docs/fairness.md).
+//! promise, so a fleet's gates keep none.
+//!
+//! **Tenants**: a fresh send yields only to its own tenant's promises. Between tenants the
+//! shares decide who gets the room (docs/fairness.md); a line may order a tenant's own
+//! sends, never one tenant behind another's.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -346,10 +350,22 @@ mod tests {
         assert_eq!(claims.kept(100, T, 0, now), 2);
         assert_eq!(claims.kept(100, other, 0, now), 5);
         assert_eq!(claims.kept(100, TenantIndex(1), 0, now), 0);
-        assert_eq!(claims.outstanding(now), Promised { promises: 2, units: 7 });
+        assert_eq!(
+            claims.outstanding(now),
+            Promised {
+                promises: 2,
+                units: 7
+            }
+        );
         claims.claimed(key(2));
         assert_eq!(claims.kept(100, other, 0, now), 0);
-        assert_eq!(claims.outstanding(now), Promised { promises: 1, units: 2 });
+        assert_eq!(
+            claims.outstanding(now),
+            Promised {
+                promises: 1,
+                units: 2
+            }
+        );
     }
 
     #[tokio::test(start_paused = true)]

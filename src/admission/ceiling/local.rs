@@ -261,11 +261,30 @@ impl LocalGate {
         units: u64,
         judge: &mut (dyn Judge + Send),
     ) -> Result<(), Refusal> {
+        self.admit_units_read(None, bounds, units, judge).await
+    }
+
+    /// As [`Self::admit_units`], for a send that already waited for the read of generation
+    /// `read` ([`Self::full_short_of`]): that read is its own, reused even past its TTL
+    /// while no other read has landed (a TTL of 0 reads once per send, not twice, and a
+    /// failing admin plane adds one to the streak per send, not two).
+    pub async fn admit_units_read(
+        self: &Arc<Self>,
+        read: Option<u64>,
+        bounds: Option<LocalBounds>,
+        units: u64,
+        judge: &mut (dyn Judge + Send),
+    ) -> Result<(), Refusal> {
         let cached = {
             let mut state = self.state.lock();
             let now = Instant::now();
-            if self.is_fresh(&state, now) || self.is_being_refreshed(&state, now) {
-                let ahead = self.should_refresh_ahead(&mut state, now);
+            let fresh = self.is_fresh(&state, now) || self.is_being_refreshed(&state, now);
+            if fresh || read == Some(state.generation) {
+                // Its own read past its TTL (a TTL of 0) is not read ahead of: the next
+                // send reads.
+                let ahead = fresh
+                    .then(|| self.should_refresh_ahead(&mut state, now))
+                    .flatten();
                 let decision = self.decide(&mut state, bounds, units, judge);
                 let background = ahead
                     .or_else(|| self.should_read_at_ceiling(&mut state, bounds, now, &decision));
@@ -755,11 +774,14 @@ impl LocalGate {
 
     /// A `queue_full` as the estimate stands now (the last good read and the sends counted
     /// since), when it leaves less room under the ceiling than `units` with `kept` units on
-    /// top (its `room` says what is left beside the units kept); `None` when it leaves that
-    /// much, or without a good read (the send is then decided as any other). A
-    /// read past its TTL is made again first, as a send's decision would (one read shared
-    /// with the sends asking meanwhile).
-    pub async fn full_short_of(&self, units: u64, kept: u64) -> Option<Refusal> {
+    /// top and the queue holds half its ceiling or more (its `room` says what is left beside
+    /// the units kept); `None` when it leaves that much, when the queue holds less than
+    /// half (a batch too: no idle workers for a promise), or without a good read (the send
+    /// is then decided as any other). A read past its TTL is made again first, as a send's
+    /// decision would (one read shared with the sends asking meanwhile); the second value
+    /// is that read's generation, which the send's decision reuses
+    /// ([`Self::admit_units_read`]): with a TTL of 0, one read per send, not two.
+    pub async fn full_short_of(&self, units: u64, kept: u64) -> (Option<Refusal>, Option<u64>) {
         let stale = {
             let state = self.state.lock();
             let now = Instant::now();
@@ -770,21 +792,22 @@ impl LocalGate {
             self.refresh(generation, Read::ForSend).await;
         }
         let state = self.state.lock();
+        let read = stale.map(|_| state.generation);
         let now = Instant::now();
         let LastRead::Ok { backlog, at, .. } = state.last_read else {
-            return None;
+            return (None, read);
         };
         let policy = self.policy.load();
         let estimate = backlog
             .saturating_add(state.since_read)
             .saturating_add(state.in_flight);
         let left = policy.limit.saturating_sub(estimate);
-        if left >= units.saturating_add(kept) {
-            return None;
+        if left >= units.saturating_add(kept) || estimate.saturating_mul(2) < policy.limit {
+            return (None, read);
         }
         let until_next_read = (at + policy.ttl).saturating_duration_since(now);
         let full = policy.queue_full(estimate, state.drain.rate(), until_next_read);
-        Some(full.with_room(left.saturating_sub(kept)))
+        (Some(full.with_room(left.saturating_sub(kept))), read)
     }
 
     /// The gate as it stands; `reads` are the admin-plane reads this process made for

@@ -17,7 +17,7 @@
 //! ```
 //! Whoever refused a send for room, its wait is spread here, once, behind the producers
 //! refused before it (`pacing.rs`), at the drain rate of whoever decides. A gate alone by
-//! design and without tenants keeps the places it promised for the sends whose keys claim
+//! design keeps the places it promised for the sends whose keys claim
 //! them (`claims.rs`), before it asks who decides: `claims.rs` knows nothing of reads,
 //! fairness or the fleet, and the deciders nothing of claims.
 //! `local.rs` knows nothing of a fleet or Redis; `fleet/` nothing of the local gate but
@@ -65,7 +65,7 @@ pub struct CapacityGate {
     fairness: Option<QueueFairness>,
     /// The waits promised to the producers refused for room.
     pacing: Pacing,
-    /// Alone by design and without tenants: the places promised, kept for their producers.
+    /// Alone by design: the places promised, kept for their producers.
     claims: Option<Arc<Claims>>,
 }
 
@@ -229,7 +229,7 @@ impl CapacityGate {
         claim: Option<ClaimKey>,
     ) -> Result<Reservation, Refusal> {
         let units = units.max(1);
-        let standing = match self.standing(asker, units, claim).await {
+        let (standing, read) = match self.standing(asker, units, claim).await {
             Ok(standing) => standing,
             Err(refusal) => {
                 let judging =
@@ -245,7 +245,7 @@ impl CapacityGate {
         }
         let judging = Judging::new(self.fairness.as_ref(), asker, units, &self.policy.load());
         let decision = match self.mode() {
-            Mode::Local => self.admit_locally(judging, units).await,
+            Mode::Local => self.admit_locally(judging, units, read).await,
             Mode::Fleet(seat) => match self.admit_in_fleet(seat, judging, units).await {
                 InFleet::Decided(decision) => decision,
                 // The replica's own gate decides it now, and counts it.
@@ -278,28 +278,30 @@ impl CapacityGate {
     /// promises at its level and above need (with the send), a fresh send is refused and
     /// takes a place, and one whose place is not yet due is told the rest of its wait; with
     /// room beyond them (a queue under half its ceiling always has), both are decided as
-    /// any send.
+    /// any send. With it, the generation of the depth read it waited for, if any: the
+    /// send's decision reuses it.
     async fn standing(
         &self,
         asker: Asker,
         units: u64,
         claim: Option<ClaimKey>,
-    ) -> Result<Standing, Refusal> {
+    ) -> Result<(Standing, Option<u64>), Refusal> {
         let Some(claims) = &self.claims else {
-            return Ok(Standing::Fresh);
+            return Ok((Standing::Fresh, None));
         };
         let now = tokio::time::Instant::now();
         let standing = claims.standing(claim, now);
         if standing == Standing::Due {
-            return Ok(standing);
+            return Ok((standing, None));
         }
         let limit = self.policy.load().limit;
         let kept = claims.kept(limit, asker.tenant, level(asker.criticality), now);
         if kept == 0 {
-            return Ok(standing);
+            return Ok((standing, None));
         }
-        let Some(full) = self.local.full_short_of(units, kept).await else {
-            return Ok(standing);
+        let (full, read) = self.local.full_short_of(units, kept).await;
+        let Some(full) = full else {
+            return Ok((standing, read));
         };
         Err(match standing {
             Standing::Early(left) => full.told(whole_seconds(left)),
@@ -379,8 +381,12 @@ impl CapacityGate {
         self: &Arc<Self>,
         mut judging: Judging<'_>,
         units: u64,
+        read: Option<u64>,
     ) -> Result<Reservation, Refusal> {
-        let decision = self.local.admit_units(None, units, &mut judging).await;
+        let decision = self
+            .local
+            .admit_units_read(read, None, units, &mut judging)
+            .await;
         judging.settle(Decision::Answered(&decision), || self.local.reads());
         decision.map(|()| Reservation::new(Decider::Local(Arc::clone(&self.local)), units))
     }
