@@ -32,6 +32,11 @@
 # plots (PNG, matplotlib in .venv-bench, installed by scripts/pyvenv.sh). `--out DIR` appends
 # to DIR/results.jsonl instead (a second backend added to a first run's report), `--bin DIR`
 # takes the binaries from DIR without building; ./bench/run.sh passes both and --no-report.
+#
+# OPENLOOP_KEYS=0 sends the none, naive and honour producers' messages without an
+# Idempotency-Key (openloop --keys off; by default each message has its own, on every
+# attempt), so a queue_full promises them no place to claim: with --label, the run before
+# claiming places, on the same binaries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -49,7 +54,7 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift ;;
     --no-report) REPORT=0 ;;
     --bin) BIN="$2"; BUILD=0; shift ;;
-    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
     *) echo "overload.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -65,6 +70,11 @@ else
 fi
 D=100; CEILING=200
 GIVE_UP=120
+case "${OPENLOOP_KEYS:-1}" in
+  1) KEYS_ARG=on ;;
+  0) KEYS_ARG=off ;;
+  *) echo "overload.sh: OPENLOOP_KEYS is 0 or 1, not ${OPENLOOP_KEYS}" >&2; exit 2 ;;
+esac
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${BENCH_TARGET_DIR:-$ROOT/target/bench}}"
 BIN=${BIN:-$CARGO_TARGET_DIR/release}
@@ -213,7 +223,7 @@ run_one() { # backend, scenario, side, ceiling, openloop args...
   gateway_up "$backend" "$ceiling" "$name"
   local line
   line=$(timeout 900 "$BIN/openloop" --addr "$GW_ADDR" --queue $Q --ceiling "$ceiling" \
-    --timeline "$OUT/timeline-$name.csv" \
+    --timeline "$OUT/timeline-$name.csv" --keys "$KEYS_ARG" \
     "${DRAIN_ARGS[@]}" "$@" 2>"$OUT/openloop-$name.log" | tail -1 || true)
   gateway_down "$backend"
   if ! echo "$line" | jq -e '.summary == true' >/dev/null 2>&1; then

@@ -14,6 +14,7 @@
 //!          [--sendgate BIN --data-dir D] [--tick-ms 100]        # --drain embedded
 //!          [--amqp-url amqp://...] [--sample-ms 100]            # --drain amqp
 //!          [--max-conns 1024] [--timeline FILE]                    # every event, CSV
+//!          [--keys on|off]                                      # Idempotency-Key per message
 //! ```
 //!
 //! Producers' retry policies: `none` (a refusal is dropped), `naive` (three immediate
@@ -22,6 +23,13 @@
 //! up at once), `client` (each message handed to the project's `sendgate_client::Client`,
 //! one client per tenant and criticality, its deadline the give-up; its attempts are its
 //! `stats().requests`, so the per-second refusals of this policy are not seen).
+//!
+//! `--keys on` (the default): every message sent over HTTP here (`none`, `naive`, `honour`)
+//! carries an `Idempotency-Key` of its own, `ol-<run>-<id>`, the same on each of its
+//! attempts, as a producer that retries safely would: a `queue_full` refusal then promises
+//! the message its place and the retry claims it (docs/contract.md section 2, "Claiming a
+//! place"). `--keys off` sends none, for comparing the two on one binary. The `client`
+//! policy's keys are the client's own, whatever this says.
 //!
 //! The consumer takes D messages a second and no more, with no credit for the moments the
 //! queue was short: `embedded` runs `sendgate queue receive --max K` every `tick-ms` (the
@@ -443,6 +451,9 @@ struct Ctx {
     mix: Vec<String>,
     policy: Policy,
     give_up: f64,
+    /// `--keys`: the `Idempotency-Key` prefix for this run's messages (`ol-<run>-`), or
+    /// `None` to send without keys.
+    keys: Option<String>,
     log: Mutex<Log>,
     /// One client per (tenant, criticality) for `--policy client`.
     clients: Vec<Client>,
@@ -466,9 +477,14 @@ impl Ctx {
         } else {
             format!("Sendgate-Criticality: {crit}\r\n")
         };
+        // The same key on every attempt of a message (the body is the same too: on the
+        // embedded backend another body under the key would be refused as reused).
+        let key = self.keys.as_ref().map_or(String::new(), |prefix| {
+            format!("Idempotency-Key: {prefix}{}\r\n", a.id)
+        });
         format!(
             "POST /v1/queues/{}/messages HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-             Authorization: Bearer {}\r\n{crit}Content-Length: {}\r\n\r\n{body}",
+             Authorization: Bearer {}\r\n{crit}{key}Content-Length: {}\r\n\r\n{body}",
             self.queue,
             t.token,
             body.len()
@@ -1166,6 +1182,7 @@ fn summary(
     json!({
         "summary": true,
         "policy": ctx.policy.name(), "give_up_s": ctx.give_up, "ceiling": ceiling,
+        "keys": ctx.keys.is_some() && ctx.policy != Policy::Client,
         "duration_s": end, "messages": arrivals.len(), "messages_ended": log.messages.len(),
         "messages_in_flight_at_end": in_flight, "attempts": attempts,
         "attempts_per_message": attempts as f64 / arrivals.len().max(1) as f64,
@@ -1206,8 +1223,27 @@ async fn drain(ctx: Arc<Ctx>, args: Args, plan: DrainPlan, stop: Arc<AtomicBool>
     }
 }
 
+/// `--keys`: `on` (the default) or `off`.
+fn keys_on(args: &Args) -> bool {
+    match get::<String>(args, "keys", Some("on".into())).as_str() {
+        "on" | "1" | "true" => true,
+        "off" | "0" | "false" => false,
+        other => die(&format!("--keys: on or off, not {other:?}")),
+    }
+}
+
+/// This run's `Idempotency-Key` prefix: a message's key must not be one an earlier run
+/// used (its dedup window, on a gateway or broker that outlives a run, would take the
+/// message for a retry of another), and the schedule's ids repeat from run to run.
+fn run_prefix() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("ol-{:x}{:x}-", nanos, std::process::id())
+}
+
 /// What every message's task shares: the gateways, the connection cap, the producers'
-/// policy and the log.
+/// policy, the run's keys and the log.
 fn context(
     args: &Args,
     tenants: Vec<Tenant>,
@@ -1235,6 +1271,7 @@ fn context(
         mix: mix_names,
         policy,
         give_up,
+        keys: keys_on(args).then(run_prefix),
         log: Mutex::default(),
         clients,
     })
