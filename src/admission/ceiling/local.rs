@@ -312,13 +312,20 @@ impl LocalGate {
             }
         };
         // Logged after the lock is released: stderr must not serialise a queue's sends.
+        self.log_failclosed(log, &decision);
+        decision
+    }
+
+    /// A fail-closed refusal's `send_failclosed` line, when one is due (`log`: the
+    /// refusals since the last).
+    fn log_failclosed(&self, log: Option<u64>, decision: &Result<(), Refusal>) {
         if let (
             Some(refused_since_last_log),
             Err(Refusal::CapacityUnknown {
                 consecutive_failures,
                 ..
             }),
-        ) = (log, &decision)
+        ) = (log, decision)
         {
             tracing::warn!(
                 event = "send_failclosed",
@@ -329,7 +336,6 @@ impl LocalGate {
                 "queue depth unknown: refusing sends (fail-closed)"
             );
         }
-        decision
     }
 
     /// Read the depth in a task of its own: the send that started it is answered now.
