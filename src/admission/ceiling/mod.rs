@@ -327,15 +327,17 @@ impl CapacityGate {
                 max: self.policy.load().retry_after_max,
             },
         );
-        if let (Some(claims), Some(opens), Some(told)) = (&self.claims, opens, refusal.room_wait())
-        {
-            claims.promise(
-                claim,
-                tokio::time::Instant::now(),
-                place(opens, told, asker, units),
-            );
+        if let (Some(opens), Some(told)) = (opens, refusal.room_wait()) {
+            self.promise(claim, place(opens, told, asker, units));
         }
         refusal
+    }
+
+    /// Keep `place` for `claim` (a gate that keeps places).
+    fn promise(&self, claim: Option<ClaimKey>, place: claims::Place) {
+        if let Some(claims) = &self.claims {
+            claims.promise(claim, tokio::time::Instant::now(), place);
+        }
     }
 
     /// A producer back for its due place found the room taken: it keeps the head of the
@@ -347,16 +349,14 @@ impl CapacityGate {
         units: u64,
         claim: Option<ClaimKey>,
     ) -> Refusal {
-        if let (Some(claims), Some(opens)) = (&self.claims, refusal.room_wait()) {
-            let told = whole_seconds(opens);
-            claims.promise(
-                claim,
-                tokio::time::Instant::now(),
-                place(opens, told, asker, units),
-            );
-            return refusal.told(told);
+        match refusal.room_wait().filter(|_| self.claims.is_some()) {
+            Some(opens) => {
+                let told = whole_seconds(opens);
+                self.promise(claim, place(opens, told, asker, units));
+                refusal.told(told)
+            }
+            None => refusal,
         }
-        refusal
     }
 
     /// Messages a second this gate's refused producers are served at: the queue's measured
