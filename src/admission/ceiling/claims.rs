@@ -331,9 +331,26 @@ mod tests {
             1,
             "critical behind critical alone"
         );
+        assert_eq!(claims.kept(100, T, 9, now), 1, "past the top is the top");
+        // One of two at a level: the tenant's other promises, every level, stay counted.
+        claims.claimed(key(2));
+        assert_eq!(claims.kept(100, T, 0, now), 3);
+        claims.promise(key(2), now, place(1.0, 1.0, 1));
         claims.claimed(key(4));
         assert_eq!(claims.kept(100, T, 2, now), 0);
-        assert_eq!(claims.kept(100, T, 9, now), 0, "past the top is the top");
+        assert_eq!(claims.kept(100, T, 9, now), 0);
+        // The tenant's other promises stay counted when one level empties.
+        assert_eq!(claims.kept(100, T, 0, now), 3);
+        claims.claimed(key(2));
+        claims.claimed(key(3));
+        claims.claimed(key(1));
+        assert_eq!(
+            claims.outstanding(now),
+            Promised {
+                promises: 0,
+                units: 0
+            }
+        );
     }
 
     #[tokio::test(start_paused = true)]
