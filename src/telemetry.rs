@@ -467,6 +467,26 @@ impl Captured {
     pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
     }
+
+    /// Sends this thread's events to `subscriber` until the guard drops, whatever other
+    /// tests' threads do meanwhile. tracing caches a callsite's interest once for the
+    /// process, asked (while one dispatcher is registered) of the thread that reaches it
+    /// first: a sibling test's thread without a subscriber would cache it as never, and
+    /// this thread's subscriber would see none of that callsite's events. A process-wide
+    /// default that is interested in everything and writes nothing (a bare registry) makes
+    /// every thread's answer "interested".
+    pub(crate) fn install(
+        subscriber: impl tracing::Subscriber + Send + Sync + 'static,
+    ) -> tracing::subscriber::DefaultGuard {
+        static ANCHOR: std::sync::Once = std::sync::Once::new();
+        ANCHOR.call_once(|| {
+            // Another test may have set one first: any global default anchors as well.
+            let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry());
+        });
+        let guard = tracing::subscriber::set_default(subscriber);
+        tracing::callsite::rebuild_interest_cache();
+        guard
+    }
 }
 
 #[cfg(test)]
@@ -491,6 +511,29 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A callsite another thread, one without a subscriber, reaches first (as a sibling
+    /// test's does) still reaches the subscriber a test installed.
+    #[test]
+    fn an_installed_subscriber_sees_a_callsite_another_thread_reached_first() {
+        fn shared_callsite(n: u32) {
+            tracing::warn!(event = "shared_callsite", n);
+        }
+        let out = Captured::default();
+        let _logging = Captured::install(
+            tracing_subscriber::fmt()
+                .with_writer(out.clone())
+                .with_ansi(false)
+                .finish(),
+        );
+        std::thread::spawn(|| shared_callsite(1))
+            .join()
+            .expect("the other thread");
+        shared_callsite(2);
+        let text = out.text();
+        assert!(text.contains("n=2"), "{text}");
+        assert!(!text.contains("n=1"), "{text}");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_throttled_event_is_let_through_once_a_period_with_the_count_held_back() {

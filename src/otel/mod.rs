@@ -655,9 +655,9 @@ mod tests {
                 .with_writer(out.clone())
                 .with_ansi(false)
                 .finish();
-            let otel = tracing::subscriber::with_default(subscriber, || {
-                Otel::build(&settings.otel).expect("builds")
-            });
+            let logging = Captured::install(subscriber);
+            let otel = Otel::build(&settings.otel).expect("builds");
+            drop(logging);
             drop(otel);
             let text = out.text();
             assert!(text.contains("otel_exporting"), "{text}");
@@ -690,9 +690,9 @@ mod tests {
             .json()
             .with_writer(out.clone())
             .finish();
-        let otel = tracing::subscriber::with_default(subscriber, || {
-            Otel::build(&settings.otel).expect("builds")
-        });
+        let logging = Captured::install(subscriber);
+        let otel = Otel::build(&settings.otel).expect("builds");
+        drop(logging);
         drop(otel);
         let warned: Vec<serde_json::Value> = out
             .text()

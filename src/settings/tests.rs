@@ -94,7 +94,7 @@ async fn a_lapsed_override_the_file_cannot_drop_is_not_in_force_and_dropped_late
         .json()
         .with_writer(out.clone())
         .finish();
-    let logging = tracing::subscriber::set_default(subscriber);
+    let logging = crate::telemetry::Captured::install(subscriber);
     raised.sync(&dispatcher).await;
     drop(logging);
 

@@ -2212,7 +2212,7 @@ async fn cut_off_and_failing_closed_refusals_are_logged_once_per_period() {
         .json()
         .with_writer(out.clone())
         .finish();
-    let _logging = tracing::subscriber::set_default(subscriber);
+    let _logging = crate::telemetry::Captured::install(subscriber);
     let ledger = MemoryLedger::new(T);
     let broker = Broker::new(Duration::ZERO);
     let all = replicas(1, &ledger, &broker, policy(60, true)).await;
