@@ -1815,6 +1815,34 @@ async fn a_producer_back_early_is_told_the_rest_of_its_wait_and_keeps_its_place(
     );
 }
 
+/// A fresh send refused for the room kept waits at least until the next depth read, as one
+/// refused at the ceiling does: no read before then can show it the room it needs.
+#[tokio::test(start_paused = true)]
+async fn a_fresh_send_refused_for_the_room_kept_is_told_no_sooner_than_the_next_read() {
+    let backend = depths([30, 20, 10, 0]);
+    let g = gate(policy(10, 5000, false, 3), &backend);
+    for _ in 0..2 {
+        refused(&g).await;
+        tokio::time::advance(Duration::from_secs(5)).await;
+    }
+    let told = claiming(&g, claim(1))
+        .await
+        .expect_err("full, draining 2/s");
+    assert_eq!(told, Duration::from_secs(5), "until the next read");
+    // The line before it is served, and the read made now finds the queue emptied: fresh
+    // sends fill it up to the unit kept for the first.
+    tokio::time::advance(told + Duration::from_millis(100)).await;
+    for n in 0..9 {
+        assert_eq!(claiming(&g, None).await, Ok(()), "send {n}");
+    }
+    let fresh = claiming(&g, None).await.expect_err("the last unit is kept");
+    assert_eq!(
+        fresh,
+        Duration::from_secs(5),
+        "until the read after this one"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_promise_nobody_claims_keeps_no_room_past_its_lapse() {
     let (g, _) = full_draining(&[9, 9, 9, 9, 9, 9, 9, 9]).await;
