@@ -318,19 +318,21 @@ impl CapacityGate {
         units: u64,
         claim: Option<ClaimKey>,
     ) -> Refusal {
-        let (refusal, opens) = self.pacing.place(
-            refusal,
-            Ask {
-                criticality: asker.criticality,
-                units,
-                per_second: self.drain_share(),
-                max: self.policy.load().retry_after_max,
-            },
-        );
+        let (refusal, opens) = self.pacing.place(refusal, self.ask(asker, units));
         if let (Some(opens), Some(told)) = (opens, refusal.room_wait()) {
             self.promise(claim, place(opens, told, asker, units));
         }
         refusal
+    }
+
+    /// What a refusal of `asker`'s `units` asks of the pacing.
+    fn ask(&self, asker: Asker, units: u64) -> Ask {
+        Ask {
+            criticality: asker.criticality,
+            units,
+            per_second: self.drain_share(),
+            max: self.policy.load().retry_after_max,
+        }
     }
 
     /// Keep `place` for `claim` (a gate that keeps places).
@@ -341,7 +343,7 @@ impl CapacityGate {
     }
 
     /// A producer back for its due place found the room taken: it keeps the head of the
-    /// line, told the refusal's own wait (when the next place opens), not a place behind it.
+    /// line (`Pacing::head`), not a place behind it.
     fn keep_place(
         &self,
         refusal: Refusal,
@@ -349,14 +351,14 @@ impl CapacityGate {
         units: u64,
         claim: Option<ClaimKey>,
     ) -> Refusal {
-        match refusal.room_wait().filter(|_| self.claims.is_some()) {
-            Some(opens) => {
-                let told = whole_seconds(opens);
-                self.promise(claim, place(opens, told, asker, units));
-                refusal.told(told)
-            }
-            None => refusal,
+        if self.claims.is_none() {
+            return refusal;
         }
+        let (refusal, opens) = self.pacing.head(refusal, self.ask(asker, units));
+        if let (Some(opens), Some(told)) = (opens, refusal.room_wait()) {
+            self.promise(claim, place(opens, told, asker, units));
+        }
+        refusal
     }
 
     /// Messages a second this gate's refused producers are served at: the queue's measured

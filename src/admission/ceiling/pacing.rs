@@ -42,6 +42,13 @@
 //! One without a key cannot be told from a new producer: if it sends again before its
 //! place, it is refused again and takes another, pushing back those who wait as told.
 //!
+//! **The head of the line**: a producer back for its place who finds the room taken (the
+//! drain slowed after it was promised) was counted as served too soon. Its units are owed
+//! again, and it takes a place in a line of its own ahead of the others (`heads`), served
+//! at the same rate from its refusal's own wait: those back together are spread over the
+//! places as they open, not all told the next one to be refused together again. A place
+//! promised after them opens after theirs.
+//!
 //! With no drain rate measured the refusal's own answer stands (the time to the next read).
 //! Other refusals keep theirs: a tenant's share or quota is a wait for a round or a rate of
 //! the tenant's own, not a place in the queue's drain.
@@ -57,7 +64,15 @@ use crate::admission::tenants::Criticality;
 /// One queue gate's promises to the producers it refused for room.
 #[derive(Debug, Default)]
 pub struct Pacing {
-    lines: Mutex<Lines>,
+    lines: Mutex<Book>,
+}
+
+/// The line, and ahead of it the producers back for places that had not opened yet (the
+/// drain slowed since they were promised), served first at the same rate.
+#[derive(Debug, Default)]
+struct Book {
+    line: Lines,
+    heads: Lines,
 }
 
 /// The places promised and not yet served at each criticality, indexed by [`level`].
@@ -116,22 +131,30 @@ impl Pacing {
     /// producer's place opens, to the instant (what it is told is that, rounded up to
     /// whole seconds); `None` for a refusal not paced.
     pub fn place(&self, refusal: Refusal, ask: Ask) -> (Refusal, Option<Duration>) {
-        let Some(per_second) = ask.per_second.filter(|r| r.is_finite() && *r > 0.0) else {
+        let Some((place, max)) = Place::of(&refusal, &ask) else {
             return (refusal, None);
         };
-        let Some(base) = refusal.room_wait() else {
+        let (level, now) = (level(ask.criticality), Instant::now());
+        let mut book = self.lines.lock();
+        let Book { line, heads } = &mut *book;
+        heads.serve(level, now, place.per_second);
+        let opens = line.promise(level, now, place, max, heads.0[level].owed);
+        (refusal.told(whole_seconds(opens).min(max)), Some(opens))
+    }
+
+    /// As [`Self::place`], for a producer back for its place who found the room taken:
+    /// the drain slowed after it was promised, so the places open later than said. It
+    /// keeps the head of the line: behind only the others back for theirs, spread with
+    /// them at the drain rate (not all told the same next opening, to come back together
+    /// and be refused again). A refusal placed after it is placed after it.
+    pub fn head(&self, refusal: Refusal, ask: Ask) -> (Refusal, Option<Duration>) {
+        let Some((place, max)) = Place::of(&refusal, &ask) else {
             return (refusal, None);
         };
-        let place = Place {
-            base,
-            units: ask.units.max(1) as f64,
-            per_second,
-        };
-        let max = Duration::from_secs(ask.max.as_secs()).max(Duration::from_secs(1));
-        let opens = self
-            .lines
-            .lock()
-            .promise(level(ask.criticality), Instant::now(), place, max);
+        let (level, now) = (level(ask.criticality), Instant::now());
+        let mut book = self.lines.lock();
+        let opens = book.heads.promise(level, now, place, max, 0.0);
+        book.line.owe_again(level, now, place, max);
         (refusal.told(whole_seconds(opens).min(max)), Some(opens))
     }
 }
@@ -150,21 +173,60 @@ struct Place {
     per_second: f64,
 }
 
+impl Place {
+    /// `refusal`'s place and the longest wait, for a refusal for room once a drain rate
+    /// is measured.
+    fn of(refusal: &Refusal, ask: &Ask) -> Option<(Self, Duration)> {
+        let per_second = ask.per_second.filter(|r| r.is_finite() && *r > 0.0)?;
+        let place = Place {
+            base: refusal.room_wait()?,
+            units: ask.units.max(1) as f64,
+            per_second,
+        };
+        Some((
+            place,
+            Duration::from_secs(ask.max.as_secs()).max(Duration::from_secs(1)),
+        ))
+    }
+}
+
 impl Lines {
-    /// When a place at `level` opens (at most `max`, whole seconds), adding the place's
-    /// units to its line and every lower level's.
-    fn promise(&mut self, level: usize, now: Instant, place: Place, max: Duration) -> Duration {
+    /// When a place at `level` opens (at most `max`, whole seconds), behind `ahead` units
+    /// owed before the line, adding the place's units to its line and every lower level's.
+    fn promise(
+        &mut self,
+        level: usize,
+        now: Instant,
+        place: Place,
+        max: Duration,
+        ahead: f64,
+    ) -> Duration {
         let rate = place.per_second;
         let base = place.base.min(max).as_secs_f64();
         let most = max.as_secs_f64() * rate;
+        self.serve(level, now, rate);
+        let wait = base.max(self.0[level].owed.max(ahead) / rate);
         for line in &mut self.0[..=level] {
-            line.served_until(now, rate);
-        }
-        let wait = base.max(self.0[level].owed / rate);
-        for line in &mut self.0[..=level] {
-            line.owed = (line.owed.max(base * rate) + place.units).min(most);
+            line.owed = (line.owed.max(ahead).max(base * rate) + place.units).min(most);
         }
         Duration::try_from_secs_f64(wait).unwrap_or(max).min(max)
+    }
+
+    /// The lines at `level` and below owe `place`'s units again: a place they counted as
+    /// served was not.
+    fn owe_again(&mut self, level: usize, now: Instant, place: Place, max: Duration) {
+        let most = max.as_secs_f64() * place.per_second;
+        self.serve(level, now, place.per_second);
+        for line in &mut self.0[..=level] {
+            line.owed = (line.owed + place.units).min(most);
+        }
+    }
+
+    /// The lines at `level` and below as served at `per_second` until `now`.
+    fn serve(&mut self, level: usize, now: Instant, per_second: f64) {
+        for line in &mut self.0[..=level] {
+            line.served_until(now, per_second);
+        }
     }
 }
 
@@ -210,6 +272,33 @@ mod tests {
     /// A refusal at a full queue (base 1 s), at `level`, of `units`, with the drain at 100/s.
     fn refuse(p: &Pacing, criticality: Criticality, units: u64) -> Duration {
         wait(&p.pace(full(secs(1)), ask(criticality, units, 100.0)))
+    }
+
+    /// Producers back together for places a slowed drain has not opened yet are each told
+    /// a place of their own ahead of the line, at the drain rate, not all the next opening;
+    /// a refusal after them waits behind them.
+    #[tokio::test(start_paused = true)]
+    async fn producers_back_for_places_not_yet_open_are_spread_ahead_of_the_line() {
+        let p = Pacing::default();
+        for _ in 0..30 {
+            p.pace(full(secs(1)), ask(Criticality::Default, 1, 10.0));
+        }
+        tokio::time::advance(secs(4)).await;
+        let heads: Vec<_> = (0..20)
+            .map(|_| {
+                let (refusal, opens) = p.head(full(secs(1)), ask(Criticality::Default, 1, 10.0));
+                (wait(&refusal), opens.expect("paced"))
+            })
+            .collect();
+        // At 10/s the 20 heads' places open from 1 s to 2.9 s.
+        assert_eq!(heads[0], (secs(1), secs(1)));
+        assert_eq!(heads[19].1, Duration::from_millis(2900));
+        assert_eq!(heads[19].0, secs(3));
+        assert!(heads.windows(2).all(|w| w[0].1 < w[1].1), "{heads:?}");
+        // The line (its 30 served at 10/s in 3 s) owes nothing more; a new refusal comes
+        // after the 20 heads.
+        let behind = p.place(full(secs(1)), ask(Criticality::Default, 1, 10.0));
+        assert_eq!(behind.1, Some(Duration::from_secs(3)), "after the heads");
     }
 
     /// Issue 39: at 5× a drain of 100/s, ~400 producers are refused a second. Each was
