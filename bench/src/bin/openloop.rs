@@ -1196,6 +1196,26 @@ fn summary(
         "retry_after_p50_s": percentile(&mut ras.clone(), 0.5), "retry_after_p99_s": percentile(&mut ras.clone(), 0.99),
         "backlog_max": max_backlog, "depth_samples": log.depths.len(), "depth_samples_over_ceiling": over,
         "phases": per_phase, "series": series,
+        "client": (ctx.policy == Policy::Client).then(|| client_retries(ctx, log)),
+    })
+}
+
+/// What the project's client's retries bought: a message admitted within half a second of
+/// its arrival got in at its first attempt (a retry waits a `Retry-After` of a second or
+/// more), so the others admitted got in on a retry, and the rest of its retries were
+/// refused again.
+fn client_retries(ctx: &Ctx, log: &Log) -> Value {
+    let stats = ctx.clients.iter().map(|c| c.stats()).fold((0, 0), |(r, b), s| {
+        (r + s.retries, b + s.budget_refusals)
+    });
+    let admitted = log.messages.iter().filter_map(|m| m.admitted_at.map(|t| t - m.at));
+    let (first, later) = admitted.fold((0u64, 0u64), |(f, l), waited| {
+        if waited < 0.5 { (f + 1, l) } else { (f, l + 1) }
+    });
+    json!({
+        "retries": stats.0, "budget_refusals": stats.1,
+        "admitted_at_first_attempt": first, "admitted_on_a_retry": later,
+        "retries_refused_again": stats.0.saturating_sub(later),
     })
 }
 
