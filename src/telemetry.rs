@@ -517,7 +517,7 @@ mod tests {
     #[test]
     fn an_installed_subscriber_sees_a_callsite_another_thread_reached_first() {
         fn shared_callsite(n: u32) {
-            tracing::warn!(event = "shared_callsite", n);
+            tracing::warn!(n, "one callsite, two threads");
         }
         let out = Captured::default();
         let _logging = Captured::install(
