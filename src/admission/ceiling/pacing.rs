@@ -301,6 +301,31 @@ mod tests {
         assert_eq!(behind.1, Some(Duration::from_secs(3)), "after the heads");
     }
 
+    /// Review s51 (849ec9c): a producer refused on its claim has its units owed again by
+    /// the line even when the line, served at the rate measured now (the slowed one), still
+    /// counts its place as owed: every such place is counted twice, and a fresh refusal is
+    /// put far past the end of the line. 30 places at 10/s from 1 s (due 1.0…3.9 s); the
+    /// drain halves, measured at once; each producer comes back when told and is refused.
+    /// At 3.9 s, 40 places were promised and 19.5 served at 5/s: about 20 owed, 4.1 s
+    /// (the heads line says 4.3 s); the line says 50.5 owed, 10.1 s.
+    #[tokio::test(start_paused = true)]
+    async fn review_s51_a_place_the_slowed_line_still_owes_is_not_owed_twice() {
+        let p = Pacing::default();
+        for _ in 0..30 {
+            p.pace(full(secs(1)), ask(Criticality::Default, 1, 10.0));
+        }
+        let mut t = Duration::ZERO;
+        for k in 0..30u64 {
+            let due = Duration::from_millis(1000 + 100 * k);
+            tokio::time::advance(due - t).await;
+            t = due;
+            p.head(full(secs(1)), ask(Criticality::Default, 1, 5.0));
+        }
+        let fresh = p.place(full(secs(1)), ask(Criticality::Default, 1, 5.0));
+        let opens = fresh.1.expect("paced");
+        assert!(opens <= secs(6), "told {:?}, opens {opens:?}", wait(&fresh.0));
+    }
+
     /// Issue 39: at 5× a drain of 100/s, ~400 producers are refused a second. Each was
     /// told 1 s (the time until one place opens); spread over the time it takes to serve
     /// them, they are told 1 s to 4 s, a quarter of them each second.
