@@ -43,11 +43,14 @@
 //! place, it is refused again and takes another, pushing back those who wait as told.
 //!
 //! **The head of the line**: a producer back for its place who finds the room taken (the
-//! drain slowed after it was promised) was counted as served too soon. Its units are owed
-//! again, and it takes a place in a line of its own ahead of the others (`heads`), served
-//! at the same rate from its refusal's own wait: those back together are spread over the
-//! places as they open, not all told the next one to be refused together again. A place
-//! promised after them opens after theirs.
+//! drain slowed after it was promised, or others back at the same moment took it) takes a
+//! place in a line of its own ahead of the others (`heads`), served at the same rate from
+//! its refusal's own wait: those back together are spread over the places as they open,
+//! not all told the next one to be refused together again. A place promised after them at
+//! their level or below opens after theirs. The line itself still owes their places: it is
+//! served at the rate measured now, so a drain that slowed leaves them owed (owing them
+//! again would count them twice, and tell later producers to wait past the line's end
+//! while the queue runs dry).
 //!
 //! With no drain rate measured the refusal's own answer stands (the time to the next read).
 //! Other refusals keep theirs: a tenant's share or quota is a wait for a round or a rate of
@@ -142,19 +145,18 @@ impl Pacing {
         (refusal.told(whole_seconds(opens).min(max)), Some(opens))
     }
 
-    /// As [`Self::place`], for a producer back for its place who found the room taken:
-    /// the drain slowed after it was promised, so the places open later than said. It
+    /// As [`Self::place`], for a producer back for its place who found the room taken
+    /// (the drain slowed after it was promised, so the places open later than said). It
     /// keeps the head of the line: behind only the others back for theirs, spread with
     /// them at the drain rate (not all told the same next opening, to come back together
-    /// and be refused again). A refusal placed after it is placed after it.
+    /// and be refused again). A refusal placed after it at its level or below is placed
+    /// after it.
     pub fn head(&self, refusal: Refusal, ask: Ask) -> (Refusal, Option<Duration>) {
         let Some((place, max)) = Place::of(&refusal, &ask) else {
             return (refusal, None);
         };
         let (level, now) = (level(ask.criticality), Instant::now());
-        let mut book = self.lines.lock();
-        let opens = book.heads.promise(level, now, place, max, 0.0);
-        book.line.owe_again(level, now, place, max);
+        let opens = self.lines.lock().heads.promise(level, now, place, max, 0.0);
         (refusal.told(whole_seconds(opens).min(max)), Some(opens))
     }
 }
@@ -210,16 +212,6 @@ impl Lines {
             line.owed = (line.owed.max(ahead).max(base * rate) + place.units).min(most);
         }
         Duration::try_from_secs_f64(wait).unwrap_or(max).min(max)
-    }
-
-    /// The lines at `level` and below owe `place`'s units again: a place they counted as
-    /// served was not.
-    fn owe_again(&mut self, level: usize, now: Instant, place: Place, max: Duration) {
-        let most = max.as_secs_f64() * place.per_second;
-        self.serve(level, now, place.per_second);
-        for line in &mut self.0[..=level] {
-            line.owed = (line.owed + place.units).min(most);
-        }
     }
 
     /// The lines at `level` and below as served at `per_second` until `now`.
@@ -301,15 +293,14 @@ mod tests {
         assert_eq!(behind.1, Some(Duration::from_secs(3)), "after the heads");
     }
 
-    /// Review s51 (849ec9c): a producer refused on its claim has its units owed again by
-    /// the line even when the line, served at the rate measured now (the slowed one), still
-    /// counts its place as owed: every such place is counted twice, and a fresh refusal is
-    /// put far past the end of the line. 30 places at 10/s from 1 s (due 1.0…3.9 s); the
-    /// drain halves, measured at once; each producer comes back when told and is refused.
-    /// At 3.9 s, 40 places were promised and 19.5 served at 5/s: about 20 owed, 4.1 s
-    /// (the heads line says 4.3 s); the line says 50.5 owed, 10.1 s.
+    /// The line, served at the rate measured now, still owes the places of producers
+    /// refused on their claims once the drain slowed: a refusal after them is not put
+    /// behind those places twice. 30 places at 10/s from 1 s (due 1.0…3.9 s); the drain
+    /// halves, measured at once; each producer comes back when told and is refused. At
+    /// 3.9 s, 40 places were promised and 19.5 served at 5/s: about 20 owed, 4.1 s (the
+    /// heads' line says 4.3 s), not 50.5 and 10.1 s.
     #[tokio::test(start_paused = true)]
-    async fn review_s51_a_place_the_slowed_line_still_owes_is_not_owed_twice() {
+    async fn a_place_the_slowed_line_still_owes_is_not_owed_twice() {
         let p = Pacing::default();
         for _ in 0..30 {
             p.pace(full(secs(1)), ask(Criticality::Default, 1, 10.0));
@@ -323,7 +314,11 @@ mod tests {
         }
         let fresh = p.place(full(secs(1)), ask(Criticality::Default, 1, 5.0));
         let opens = fresh.1.expect("paced");
-        assert!(opens <= secs(6), "told {:?}, opens {opens:?}", wait(&fresh.0));
+        assert!(
+            opens <= secs(6),
+            "told {:?}, opens {opens:?}",
+            wait(&fresh.0)
+        );
     }
 
     /// Issue 39: at 5× a drain of 100/s, ~400 producers are refused a second. Each was
