@@ -480,7 +480,9 @@ impl Captured {
     ) -> tracing::subscriber::DefaultGuard {
         static ANCHOR: std::sync::Once = std::sync::Once::new();
         ANCHOR.call_once(|| {
-            // Another test may have set one first: any global default anchors as well.
+            // Nothing else in the test process sets a global default (`init` runs only in
+            // `serve`). A callsite a sibling thread registers while no dispatcher exists yet
+            // (before the first install) may still be cached as never until this rebuild.
             let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry());
         });
         let guard = tracing::subscriber::set_default(subscriber);

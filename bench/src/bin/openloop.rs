@@ -1200,10 +1200,12 @@ fn summary(
     })
 }
 
-/// What the project's client's retries bought: a message admitted within half a second of
-/// its arrival got in at its first attempt (a retry waits a `Retry-After` of a second or
-/// more), so the others admitted got in on a retry, and the rest of its retries were
-/// refused again.
+/// What the project's client's retries bought, approximately (the client does not say
+/// how many attempts a message took): a message admitted within half a second of its
+/// arrival is taken as in at its first attempt (a retry after a `429` waits a second or
+/// more; one after a transient failure only the backoff, so it would count as a first
+/// attempt), the others admitted as in on a retry, and the rest of the retries as refused
+/// again (a retry cut off at the end of the run too).
 fn client_retries(ctx: &Ctx, log: &Log) -> Value {
     let stats = ctx.clients.iter().map(|c| c.stats()).fold((0, 0), |(r, b), s| {
         (r + s.retries, b + s.budget_refusals)
