@@ -266,6 +266,24 @@ mod tests {
         wait(&p.pace(full(secs(1)), ask(criticality, units, 100.0)))
     }
 
+    /// A rate that is no rate (none measured, zero, not a number, infinite) paces
+    /// nothing: the refusal's own wait stands, and no place is promised.
+    #[tokio::test(start_paused = true)]
+    async fn a_rate_that_is_no_rate_promises_no_place() {
+        let p = Pacing::default();
+        for per_second in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let (refusal, opens) = p.place(full(secs(7)), ask(Criticality::Default, 1, per_second));
+            assert_eq!((wait(&refusal), opens), (secs(7), None), "{per_second}");
+            let (refusal, opens) = p.head(full(secs(7)), ask(Criticality::Default, 1, per_second));
+            assert_eq!((wait(&refusal), opens), (secs(7), None), "{per_second}");
+        }
+        let unmeasured = Ask {
+            per_second: None,
+            ..ask(Criticality::Default, 1, 1.0)
+        };
+        assert_eq!(p.place(full(secs(7)), unmeasured).1, None);
+    }
+
     /// Producers back together for places a slowed drain has not opened yet are each told
     /// a place of their own ahead of the line, at the drain rate, not all the next opening;
     /// a refusal after them waits behind them.
