@@ -318,11 +318,8 @@ impl CapacityGate {
         units: u64,
         claim: Option<ClaimKey>,
     ) -> Refusal {
-        let (refusal, opens) = self.pacing.place(refusal, self.ask(asker, units));
-        if let (Some(opens), Some(told)) = (opens, refusal.room_wait()) {
-            self.promise(claim, place(opens, told, asker, units));
-        }
-        refusal
+        let paced = self.pacing.place(refusal, self.ask(asker, units));
+        self.promise(paced, asker, units, claim)
     }
 
     /// What a refusal of `asker`'s `units` asks of the pacing.
@@ -335,15 +332,25 @@ impl CapacityGate {
         }
     }
 
-    /// Keep `place` for `claim` (a gate that keeps places).
-    fn promise(&self, claim: Option<ClaimKey>, place: claims::Place) {
-        if let Some(claims) = &self.claims {
-            claims.promise(claim, tokio::time::Instant::now(), place);
+    /// A paced refusal (and when its place opens), the place kept for `claim` in a gate
+    /// that keeps places.
+    fn promise(
+        &self,
+        (refusal, opens): (Refusal, Option<Duration>),
+        asker: Asker,
+        units: u64,
+        claim: Option<ClaimKey>,
+    ) -> Refusal {
+        if let (Some(claims), Some(opens), Some(told)) = (&self.claims, opens, refusal.room_wait())
+        {
+            let now = tokio::time::Instant::now();
+            claims.promise(claim, now, place(opens, told, asker, units));
         }
+        refusal
     }
 
-    /// A producer back for its due place found the room taken: it keeps the head of the
-    /// line (`Pacing::head`), not a place behind it.
+    /// A producer back for its due place (so in a gate that keeps places) found the room
+    /// taken: it keeps the head of the line (`Pacing::head`), not a place behind it.
     fn keep_place(
         &self,
         refusal: Refusal,
@@ -351,14 +358,8 @@ impl CapacityGate {
         units: u64,
         claim: Option<ClaimKey>,
     ) -> Refusal {
-        if self.claims.is_none() {
-            return refusal;
-        }
-        let (refusal, opens) = self.pacing.head(refusal, self.ask(asker, units));
-        if let (Some(opens), Some(told)) = (opens, refusal.room_wait()) {
-            self.promise(claim, place(opens, told, asker, units));
-        }
-        refusal
+        let paced = self.pacing.head(refusal, self.ask(asker, units));
+        self.promise(paced, asker, units, claim)
     }
 
     /// Messages a second this gate's refused producers are served at: the queue's measured
